@@ -1,0 +1,202 @@
+/* dt_util.c — see dt_util.h. */
+#include "dt_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dt_error.h"
+#include "dt_log.h"
+
+uint64_t dt_now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double dt_now_ms(void)
+{
+  return (double)dt_now_ns() / 1e6;
+}
+
+void *dt_calloc_aligned(size_t bytes, const char *what)
+{
+  void *p = NULL;
+  size_t rounded = (bytes + 63) & ~(size_t)63;
+  if (rounded == 0)
+    rounded = 64;
+  if (posix_memalign(&p, 64, rounded) != 0) {
+    DT_ERROR(INIT, "out of memory allocating %zu bytes for %s", bytes, what);
+    return NULL;
+  }
+  memset(p, 0, rounded);
+  return p;
+}
+
+void dt_free_aligned(void *p)
+{
+  free(p);
+}
+
+int dt_afile_open(dt_afile_t *af, const char *path)
+{
+  memset(af, 0, sizeof *af);
+  if (strlen(path) + 32 >= sizeof af->tmp) {
+    DT_ERROR(INIT, "%s: path too long", path);
+    return DT_EINVAL;
+  }
+  snprintf(af->path, sizeof af->path, "%s", path);
+  snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld", path, (long)getpid());
+  af->fp = fopen(af->tmp, "wb");
+  if (!af->fp) {
+    int e = errno;
+    DT_ERROR(INIT, "%s: cannot create: %s", af->tmp, strerror(e));
+    return dt_err_from_errno(e);
+  }
+  return 0;
+}
+
+int dt_afile_write(dt_afile_t *af, const void *buf, size_t n)
+{
+  if (n && fwrite(buf, 1, n, af->fp) != n) {
+    DT_ERROR(INIT, "%s: write failed: %s", af->tmp, strerror(errno));
+    return DT_EIO;
+  }
+  return 0;
+}
+
+int dt_afile_commit(dt_afile_t *af)
+{
+  int ret = 0;
+  if (fflush(af->fp) != 0 || fsync(fileno(af->fp)) != 0) {
+    DT_ERROR(INIT, "%s: flush/fsync failed: %s", af->tmp, strerror(errno));
+    ret = DT_EIO;
+  }
+  if (fclose(af->fp) != 0 && ret == 0) {
+    DT_ERROR(INIT, "%s: close failed: %s", af->tmp, strerror(errno));
+    ret = DT_EIO;
+  }
+  af->fp = NULL;
+  if (ret == 0 && rename(af->tmp, af->path) != 0) {
+    int e = errno;
+    DT_ERROR(INIT, "rename %s -> %s failed: %s", af->tmp, af->path, strerror(e));
+    ret = dt_err_from_errno(e);
+  }
+  if (ret != 0) {
+    unlink(af->tmp);
+    return ret;
+  }
+  return dt_fsync_parent(af->path);
+}
+
+void dt_afile_abort(dt_afile_t *af)
+{
+  if (af->fp) {
+    fclose(af->fp);
+    af->fp = NULL;
+  }
+  if (af->tmp[0])
+    unlink(af->tmp);
+}
+
+int dt_mkdir_p(const char *path)
+{
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return DT_EINVAL;
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+      return dt_err_from_errno(errno);
+    *p = '/';
+  }
+  if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+    return dt_err_from_errno(errno);
+  struct stat st;
+  if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+    return DT_EEXIST;
+  return 0;
+}
+
+int dt_fsync_parent(const char *path)
+{
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", path);
+  const char *dir = dirname(buf);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) {
+    int e = errno;
+    DT_ERROR(INIT, "%s: cannot open directory for fsync: %s", dir, strerror(e));
+    return dt_err_from_errno(e);
+  }
+  int rc = fsync(fd);
+  int e = errno;
+  close(fd);
+  if (rc != 0) {
+    DT_ERROR(INIT, "%s: fsync failed: %s", dir, strerror(e));
+    return DT_EIO;
+  }
+  return 0;
+}
+
+/* CRC-32C, byte-at-a-time table (4 KiB, built on first use). Checkpoint shards are checksummed
+ * once per save, so table speed is ample; a hardware (SSE4.2) path can come later. */
+static uint32_t g_crc_table[256];
+static void crc_init(void)
+{
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++)
+      c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    g_crc_table[i] = c;
+  }
+}
+
+uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n)
+{
+  static _Atomic int inited;
+  if (!inited) {
+    crc_init();
+    inited = 1;
+  }
+  const uint8_t *p = buf;
+  crc = ~crc;
+  for (size_t i = 0; i < n; i++)
+    crc = g_crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+int dt_parse_i64(const char *s, int64_t *out)
+{
+  if (!s || !*s)
+    return DT_EINVAL;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno != 0 || *end != '\0')
+    return DT_EINVAL;
+  *out = v;
+  return 0;
+}
+
+int dt_parse_f64(const char *s, double *out)
+{
+  if (!s || !*s)
+    return DT_EINVAL;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno != 0 || *end != '\0' || !isfinite(v))
+    return DT_EINVAL;
+  *out = v;
+  return 0;
+}

@@ -1,0 +1,48 @@
+/* dt_util.h — small helpers shared by every binary: clocks, checked allocation, durable file
+ * writes (temporary name, fsync, rename, fsync of the directory), checksums, string parsing. */
+#ifndef DT_UTIL_H
+#define DT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define DT_MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define DT_MAX(a, b)     ((a) > (b) ? (a) : (b))
+
+/* Monotonic clock. */
+double dt_now_ms(void);
+uint64_t dt_now_ns(void);
+
+/* 64-byte aligned, zeroed allocation; NULL (and an error log naming what) on failure. */
+void *dt_calloc_aligned(size_t bytes, const char *what);
+void dt_free_aligned(void *p);
+
+/* Durable atomic file creation: dt_afile_open writes to "<path>.tmp.<pid>"; dt_afile_commit
+ * flushes, fsyncs, renames over path and fsyncs the directory; dt_afile_abort removes the
+ * temporary. An existing file at path is untouched until commit succeeds. */
+typedef struct {
+  FILE *fp;
+  char path[4096];
+  char tmp[4096];
+} dt_afile_t;
+int dt_afile_open(dt_afile_t *af, const char *path);
+int dt_afile_commit(dt_afile_t *af);
+void dt_afile_abort(dt_afile_t *af);
+/* Writes n bytes; DT_EIO with the path logged on a short write. */
+int dt_afile_write(dt_afile_t *af, const void *buf, size_t n);
+
+/* mkdir -p; 0 if it exists. */
+int dt_mkdir_p(const char *path);
+/* fsyncs the directory that holds path (so a rename inside it is durable). */
+int dt_fsync_parent(const char *path);
+
+/* CRC-32C (Castagnoli) over a buffer, chainable: crc = dt_crc32c(crc, buf, n), start with 0. */
+uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
+
+/* Strict number parsing: the whole string must be a number in range. 0 or DT_EINVAL. */
+int dt_parse_i64(const char *s, int64_t *out);
+int dt_parse_f64(const char *s, double *out);
+
+#endif

@@ -1,0 +1,41 @@
+/* cpu_kernels.h — the CPU implementations behind dt_ops_cpu(); see kernels/ops.h for the shape
+ * and accumulation contract of each. Exposed so that tests and kernel harnesses can call them
+ * directly. Threading: OpenMP over rows; GEMMs through OpenBLAS (the OpenMP build, so a GEMM
+ * inside a parallel region runs single-threaded instead of oversubscribing the cores). */
+#ifndef DT_KERNELS_CPU_H
+#define DT_KERNELS_CPU_H
+
+#include <stddef.h>
+
+/* Channel block for reductions over rows (bias and LayerNorm weight gradients): each block is
+ * summed by one thread in row order, so results do not depend on the thread count. */
+#define DT_CPU_CBLOCK 64
+
+void dt_cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                            int T, int C);
+void dt_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                             int T, int C);
+void dt_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+void dt_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+void dt_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC, int ldo);
+void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC, int ldd);
+void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+void dt_cpu_gelu_forward(float *out, const float *inp, size_t n);
+void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void dt_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+void dt_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
+                                          float dloss, int N, int V, int Vp);
+void dt_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                         int t);
+double dt_cpu_sum_squares(const float *x, size_t n);
+
+#endif

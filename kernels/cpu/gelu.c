@@ -1,0 +1,32 @@
+/* gelu.c — GELU with the tanh approximation (GPT-2's), forward and backward:
+ *   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+#include <math.h>
+
+#include "cpu_kernels.h"
+#include "vecmath.h"
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+void dt_cpu_gelu_forward(float *out, const float *inp, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(u));
+  }
+}
+
+void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    float local =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = local * dout[i];
+  }
+}

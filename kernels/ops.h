@@ -1,0 +1,110 @@
+/* ops.h — the kernel table every compute backend fills in.
+ *
+ * The trainer calls layers only through a dt_ops_t, so a CUDA backend (kernels/cuda/) can stand
+ * in for the CPU one (kernels/cpu/) without touching the model code. One entry per layer,
+ * forward and backward side by side; the CPU implementation of each is also the reference the
+ * GPU kernels are tested against.
+ *
+ * Conventions (all tensors fp32, row-major, contiguous unless a stride is given):
+ *   N  = number of rows (B*T tokens), C = channels, OC = output channels, NH = heads,
+ *   hs = C/NH head size, Vp = padded vocabulary, V = real vocabulary.
+ *   Parameter gradients ACCUMULATE (+=): they are summed over the micro-batches of a step and
+ *   zeroed by the optimizer. Activation gradients are WRITTEN (=) unless a comment says +=; the
+ *   residual-stream gradient is the one activation gradient that accumulates, because both the
+ *   branch and the skip path feed it. */
+#ifndef DT_KERNELS_OPS_H
+#define DT_KERNELS_OPS_H
+
+#include <stddef.h>
+
+typedef struct dt_ops {
+  const char *name; /* "cpu", "cuda" */
+
+  /* out = wte[inp] + wpe[t] */
+  void (*encoder_forward)(float *out,       /* (N=B*T, C) */
+                          const int *inp,   /* (B, T) token ids < V */
+                          const float *wte, /* (Vp, C) */
+                          const float *wpe, /* (maxT, C) */
+                          int B, int T, int C);
+  /* dwte[inp] += dout; dwpe[t] += dout */
+  void (*encoder_backward)(float *dwte,       /* (Vp, C) += */
+                           float *dwpe,       /* (maxT, C) += */
+                           const float *dout, /* (B*T, C) */
+                           const int *inp,    /* (B, T) */
+                           int B, int T, int C);
+
+  /* out = (inp - mean) * rstd * weight + bias, eps 1e-5; mean/rstd saved for backward */
+  void (*layernorm_forward)(float *out,          /* (N, C) */
+                            float *mean,         /* (N) */
+                            float *rstd,         /* (N) */
+                            const float *inp,    /* (N, C) */
+                            const float *weight, /* (C) */
+                            const float *bias,   /* (C) */
+                            int N, int C);
+  void (*layernorm_backward)(float *dinp,         /* (N, C) += (residual stream) */
+                             float *dweight,      /* (C) += */
+                             float *dbias,        /* (C) += */
+                             const float *dout,   /* (N, C) */
+                             const float *inp,    /* (N, C) */
+                             const float *weight, /* (C) */
+                             const float *mean,   /* (N) */
+                             const float *rstd,   /* (N) */
+                             int N, int C);
+
+  /* out = inp @ weight^T + bias (bias may be NULL); out has row stride ldo >= OC */
+  void (*matmul_forward)(float *out,          /* (N, ldo) */
+                         const float *inp,    /* (N, C) */
+                         const float *weight, /* (OC, C) */
+                         const float *bias,   /* (OC) or NULL */
+                         int N, int C, int OC, int ldo);
+  /* dinp = dout @ weight (dinp may be NULL); dweight += dout^T @ inp; dbias += sum_n dout */
+  void (*matmul_backward)(float *dinp,         /* (N, C) = */
+                          float *dweight,      /* (OC, C) += */
+                          float *dbias,        /* (OC) += or NULL */
+                          const float *dout,   /* (N, ldd) */
+                          const float *inp,    /* (N, C) */
+                          const float *weight, /* (OC, C) */
+                          int N, int C, int OC, int ldd);
+
+  /* causal multi-head self-attention over packed qkv; att keeps the softmax probabilities */
+  void (*attention_forward)(float *out,       /* (B, T, C) heads concatenated */
+                            float *att,       /* (B, NH, T, T) probabilities, upper part 0 */
+                            const float *qkv, /* (B, T, 3C) q | k | v */
+                            int B, int T, int C, int NH);
+  void (*attention_backward)(float *dqkv,       /* (B, T, 3C) = */
+                             float *scratch,    /* (B, NH, T, T) workspace */
+                             const float *dout, /* (B, T, C) */
+                             const float *qkv,  /* (B, T, 3C) */
+                             const float *att,  /* (B, NH, T, T) */
+                             int B, int T, int C, int NH);
+
+  /* GELU, tanh approximation */
+  void (*gelu_forward)(float *out, const float *inp, size_t n);
+  /* dinp = dout * gelu'(inp); dinp may alias dout */
+  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+
+  /* out = a + b */
+  void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+
+  /* Fused softmax + cross-entropy over the first V of Vp columns, forward and backward in one
+   * pass. losses[i] = -log softmax(logits[i])[targets[i]]. When dloss != 0, logits is
+   * overwritten in place by dlogits = (softmax - onehot) * dloss (columns >= V set to 0). */
+  void (*crossentropy_forward_backward)(float *losses,      /* (N) */
+                                        float *logits,      /* (N, Vp) in: logits, out: dlogits */
+                                        const int *targets, /* (N) */
+                                        float dloss, int N, int V, int Vp);
+
+  /* PyTorch AdamW, one tensor: p *= 1 - lr*wd; m,v moments; p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2)
+   * + eps) with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t; grad is multiplied by grad_scale first
+   * (clip). */
+  void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                       int t);
+  /* sum of squares, accumulated in double */
+  double (*sum_squares)(const float *x, size_t n);
+} dt_ops_t;
+
+/* The CPU backend (always available). */
+const dt_ops_t *dt_ops_cpu(void);
+
+#endif

@@ -1,0 +1,597 @@
+/* checkpoint.c — see checkpoint.h for the formats and the commit protocol. */
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dt_log.h"
+#include "dt_util.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* llm.c format                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+#define LLMC_HEADER 256 /* int32 words */
+
+static int64_t llmc_num_params(const dt_gpt2_config_t *c)
+{
+  int64_t n = 0;
+#define DT__ADD(name, count, wd) n += (int64_t)(count);
+  DT_GPT2_TENSORS(DT__ADD, *c)
+#undef DT__ADD
+  return n;
+}
+
+static int file_size(const char *path, FILE *fp, int64_t *size)
+{
+  struct stat st;
+  if (fstat(fileno(fp), &st) != 0) {
+    DT_ERROR(CKPT, "%s: stat failed: %s", path, strerror(errno));
+    return DT_EIO;
+  }
+  *size = st.st_size;
+  return 0;
+}
+
+static FILE *open_read(const char *path, int *err)
+{
+  FILE *fp = fopen(path, "rb");
+  if (!fp) {
+    int e = errno;
+    DT_ERROR(CKPT, "%s: cannot open: %s", path, strerror(e));
+    *err = dt_err_from_errno(e);
+  }
+  return fp;
+}
+
+static int llmc_read_header(const char *path, FILE *fp, dt_gpt2_config_t *cfg)
+{
+  int32_t h[LLMC_HEADER];
+  int64_t size;
+  DT_CHECK(file_size(path, fp, &size));
+  if (fread(h, sizeof h, 1, fp) != 1) {
+    DT_ERROR(CKPT,
+             "%s: truncated llm.c checkpoint: expected a %zu-byte header, file has %lld "
+             "bytes",
+             path, sizeof h, (long long)size);
+    return DT_EFORMAT;
+  }
+  if (h[0] != DT_LLMC_MAGIC) {
+    DT_ERROR(CKPT, "%s: bad magic %d: expected %d (llm.c model checkpoint)", path, h[0],
+             DT_LLMC_MAGIC);
+    return DT_EFORMAT;
+  }
+  if (h[1] != DT_LLMC_VERSION) {
+    DT_ERROR(CKPT, "%s: llm.c checkpoint version %d is not supported: expected %d (fp32)%s", path,
+             h[1], DT_LLMC_VERSION, h[1] == 5 ? "; version 5 is bf16" : "");
+    return DT_EFORMAT;
+  }
+  cfg->max_seq = h[2], cfg->vocab = h[3], cfg->layers = h[4], cfg->heads = h[5];
+  cfg->channels = h[6], cfg->padded_vocab = h[7];
+  char why[256];
+  if (dt_gpt2_config_validate(cfg, why, sizeof why) != 0) {
+    DT_ERROR(CKPT, "%s: invalid model config in header: %s", path, why);
+    return DT_EFORMAT;
+  }
+  int64_t expect = (int64_t)sizeof h + llmc_num_params(cfg) * 4;
+  if (size != expect) {
+    DT_ERROR(CKPT, "%s: file is %lld bytes, expected %lld for its header's model%s", path,
+             (long long)size, (long long)expect, size < expect ? " (truncated)" : "");
+    return DT_EFORMAT;
+  }
+  return 0;
+}
+
+int dt_llmc_read_config(const char *path, dt_gpt2_config_t *cfg)
+{
+  int ret = 0;
+  FILE *fp = open_read(path, &ret);
+  if (!fp)
+    return ret;
+  ret = llmc_read_header(path, fp, cfg);
+  fclose(fp);
+  return ret;
+}
+
+static int config_equal(const dt_gpt2_config_t *a, const dt_gpt2_config_t *b)
+{
+  return a->max_seq == b->max_seq && a->vocab == b->vocab && a->padded_vocab == b->padded_vocab &&
+         a->layers == b->layers && a->heads == b->heads && a->channels == b->channels;
+}
+
+static void config_str(const dt_gpt2_config_t *c, char *buf, size_t n)
+{
+  snprintf(buf, n, "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d", c->layers, c->heads, c->channels, c->vocab,
+           c->padded_vocab, c->max_seq);
+}
+
+static int config_mismatch(const char *path, const dt_gpt2_config_t *want,
+                           const dt_gpt2_config_t *have)
+{
+  char a[128], b[128];
+  config_str(want, a, sizeof a);
+  config_str(have, b, sizeof b);
+  DT_ERROR(CKPT, "%s: checkpoint model (%s) does not match the configured model (%s)", path, b, a);
+  return DT_ESHAPE;
+}
+
+int dt_llmc_load(dt_gpt2_t *m, const char *path)
+{
+  int ret = 0;
+  dt_gpt2_config_t cfg;
+  FILE *fp = open_read(path, &ret);
+  if (!fp)
+    return ret;
+  DT_CHECK_GOTO(llmc_read_header(path, fp, &cfg), ret, out);
+  if (!config_equal(&cfg, &m->cfg)) {
+    ret = config_mismatch(path, &m->cfg, &cfg);
+    goto out;
+  }
+  if (fread(m->params_flat, sizeof(float), m->num_params, fp) != m->num_params) {
+    DT_ERROR(CKPT, "%s: short read of %zu parameters", path, m->num_params);
+    ret = DT_EIO;
+  }
+out:
+  fclose(fp);
+  return ret;
+}
+
+int dt_llmc_save(const dt_gpt2_t *m, const char *path)
+{
+  int32_t h[LLMC_HEADER] = {DT_LLMC_MAGIC, DT_LLMC_VERSION, m->cfg.max_seq,  m->cfg.vocab,
+                            m->cfg.layers, m->cfg.heads,    m->cfg.channels, m->cfg.padded_vocab};
+  dt_afile_t af;
+  int ret = 0;
+  DT_CHECK(dt_afile_open(&af, path));
+  DT_CHECK_GOTO(dt_afile_write(&af, h, sizeof h), ret, fail);
+  DT_CHECK_GOTO(dt_afile_write(&af, m->params_flat, m->bytes_params), ret, fail);
+  return dt_afile_commit(&af);
+fail:
+  dt_afile_abort(&af);
+  return ret;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* distrain checkpoints                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CKPT_FLAG_OPTIM 1u
+#define MANIFEST_NAME   "MANIFEST"
+#define MANIFEST_MAGIC  "distrain-checkpoint"
+
+typedef struct {
+  uint32_t magic, version, header_bytes, flags;
+  int32_t max_seq, vocab, padded_vocab, layers, heads, channels;
+  int32_t rank, world;
+  int64_t step, num_params, lo, hi;
+  int64_t data_epoch, data_shard, data_window;
+  uint64_t rng[4];
+  uint64_t payload_bytes;
+  uint32_t payload_crc32c;
+  uint32_t reserved0;
+  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8];
+} ckpt_header_t;
+_Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
+
+static void step_dir(char *buf, size_t n, const char *dir, int64_t step)
+{
+  snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
+}
+
+static int path_exists(const char *path)
+{
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
+                        int rank, int world, int64_t lo, int64_t hi, dt_ckpt_shard_info_t *info)
+{
+  char sdir[4096], path[4200], manifest[4200];
+  int ret = 0;
+  if (lo < 0 || hi > (int64_t)m->num_params || lo > hi) {
+    DT_ERROR(CKPT, "invalid shard range [%lld, %lld) of %zu parameters", (long long)lo,
+             (long long)hi, m->num_params);
+    return DT_ERANGE;
+  }
+  step_dir(sdir, sizeof sdir, dir, state->step);
+  snprintf(manifest, sizeof manifest, "%s/" MANIFEST_NAME, sdir);
+  if (path_exists(manifest)) {
+    DT_ERROR(CKPT, "%s: step %lld is already committed; refusing to overwrite it", sdir,
+             (long long)state->step);
+    return DT_EEXIST;
+  }
+  int rc = dt_mkdir_p(sdir);
+  if (rc != 0) {
+    DT_ERROR(CKPT, "%s: cannot create checkpoint directory: %s", sdir, dt_strerror(rc));
+    return rc;
+  }
+  memset(info, 0, sizeof *info);
+  info->rank = rank, info->lo = lo, info->hi = hi;
+  snprintf(info->name, sizeof info->name, "shard-%05d-of-%05d.bin", rank, world);
+  snprintf(path, sizeof path, "%s/%s", sdir, info->name);
+
+  const int has_optim = m->m_flat != NULL;
+  const size_t n = (size_t)(hi - lo);
+  const float *bufs[3] = {m->params_flat + lo, has_optim ? m->m_flat + lo : NULL,
+                          has_optim ? m->v_flat + lo : NULL};
+  ckpt_header_t h;
+  memset(&h, 0, sizeof h);
+  h.magic = DT_CKPT_MAGIC, h.version = DT_CKPT_VERSION, h.header_bytes = sizeof h;
+  h.flags = has_optim ? CKPT_FLAG_OPTIM : 0;
+  h.max_seq = m->cfg.max_seq, h.vocab = m->cfg.vocab, h.padded_vocab = m->cfg.padded_vocab;
+  h.layers = m->cfg.layers, h.heads = m->cfg.heads, h.channels = m->cfg.channels;
+  h.rank = rank, h.world = world;
+  h.step = state->step, h.num_params = (int64_t)m->num_params, h.lo = lo, h.hi = hi;
+  h.data_epoch = state->data.epoch, h.data_shard = state->data.shard;
+  h.data_window = state->data.window;
+  memcpy(h.rng, state->rng.s, sizeof h.rng);
+  uint32_t crc = 0;
+  for (int k = 0; k < (has_optim ? 3 : 1); k++) {
+    crc = dt_crc32c(crc, bufs[k], n * sizeof(float));
+    h.payload_bytes += n * sizeof(float);
+  }
+  h.payload_crc32c = crc;
+
+  dt_afile_t af;
+  DT_CHECK(dt_afile_open(&af, path));
+  DT_CHECK_GOTO(dt_afile_write(&af, &h, sizeof h), ret, fail);
+  for (int k = 0; k < (has_optim ? 3 : 1); k++)
+    DT_CHECK_GOTO(dt_afile_write(&af, bufs[k], n * sizeof(float)), ret, fail);
+  DT_CHECK_GOTO(dt_afile_commit(&af), ret, out);
+  info->bytes = sizeof h + h.payload_bytes;
+  info->crc32c = crc;
+  return 0;
+fail:
+  dt_afile_abort(&af);
+out:
+  return ret;
+}
+
+int dt_ckpt_commit(const char *dir, int64_t step, int64_t num_params, int world,
+                   const dt_ckpt_shard_info_t *shards)
+{
+  char sdir[4096], path[4200];
+  int ret = 0;
+  /* The shards must tile [0, P) in rank order. */
+  int64_t expect_lo = 0;
+  for (int r = 0; r < world; r++) {
+    if (shards[r].lo != expect_lo || shards[r].hi < shards[r].lo) {
+      DT_ERROR(CKPT, "step %lld: shard %d covers [%lld, %lld), expected to start at %lld",
+               (long long)step, r, (long long)shards[r].lo, (long long)shards[r].hi,
+               (long long)expect_lo);
+      return DT_EINVAL;
+    }
+    expect_lo = shards[r].hi;
+  }
+  if (expect_lo != num_params) {
+    DT_ERROR(CKPT, "step %lld: shards cover %lld of %lld parameters", (long long)step,
+             (long long)expect_lo, (long long)num_params);
+    return DT_EINVAL;
+  }
+  step_dir(sdir, sizeof sdir, dir, step);
+  snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
+  dt_afile_t af;
+  DT_CHECK(dt_afile_open(&af, path));
+  fprintf(af.fp, MANIFEST_MAGIC " %d\nstep %" PRId64 "\nnum_params %" PRId64 "\nworld %d\n",
+          DT_CKPT_VERSION, step, num_params, world);
+  for (int r = 0; r < world; r++)
+    fprintf(af.fp, "shard %d %" PRId64 " %" PRId64 " %" PRIu64 " %08x %s\n", shards[r].rank,
+            shards[r].lo, shards[r].hi, shards[r].bytes, shards[r].crc32c, shards[r].name);
+  if (ferror(af.fp)) {
+    dt_afile_abort(&af);
+    return DT_EIO;
+  }
+  DT_CHECK_GOTO(dt_afile_commit(&af), ret, out);
+  DT_INFO(CKPT, "committed checkpoint %s", sdir);
+out:
+  return ret;
+}
+
+/* Calls fn for every committed step directory under dir. */
+static int list_steps(const char *dir, int64_t **steps_out, int *n_out)
+{
+  *steps_out = NULL;
+  *n_out = 0;
+  DIR *d = opendir(dir);
+  if (!d)
+    return errno == ENOENT ? 0 : dt_err_from_errno(errno);
+  int cap = 0, n = 0;
+  int64_t *steps = NULL;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int64_t s;
+    if (strncmp(e->d_name, "step-", 5) != 0 || dt_parse_i64(e->d_name + 5, &s) != 0 || s < 0)
+      continue;
+    char manifest[4200];
+    snprintf(manifest, sizeof manifest, "%s/%s/" MANIFEST_NAME, dir, e->d_name);
+    if (!path_exists(manifest))
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      int64_t *grown = realloc(steps, (size_t)cap * sizeof *steps);
+      if (!grown) {
+        free(steps);
+        closedir(d);
+        return DT_ENOMEM;
+      }
+      steps = grown;
+    }
+    steps[n++] = s;
+  }
+  closedir(d);
+  *steps_out = steps;
+  *n_out = n;
+  return 0;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+int dt_ckpt_latest(const char *dir, int64_t *step)
+{
+  int64_t *steps;
+  int n;
+  DT_CHECK(list_steps(dir, &steps, &n));
+  if (n == 0)
+    return DT_ENOENT;
+  int64_t best = steps[0];
+  for (int i = 1; i < n; i++)
+    best = steps[i] > best ? steps[i] : best;
+  free(steps);
+  *step = best;
+  return 0;
+}
+
+int dt_ckpt_prune(const char *dir, int keep)
+{
+  if (keep <= 0)
+    return 0;
+  int64_t *steps;
+  int n;
+  DT_CHECK(list_steps(dir, &steps, &n));
+  qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
+  for (int i = 0; i + keep < n; i++) {
+    char sdir[4096], path[4400];
+    step_dir(sdir, sizeof sdir, dir, steps[i]);
+    /* Uncommit first (the manifest goes), then the shards: a crash midway leaves an
+     * uncommitted directory that loaders ignore, never a committed one with missing shards. */
+    snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
+    unlink(path);
+    dt_fsync_parent(path);
+    DIR *d = opendir(sdir);
+    if (d) {
+      struct dirent *e;
+      while ((e = readdir(d)))
+        if (e->d_name[0] != '.') {
+          snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
+          unlink(path);
+        }
+      closedir(d);
+    }
+    rmdir(sdir);
+    DT_DEBUG(CKPT, "pruned %s", sdir);
+  }
+  free(steps);
+  return 0;
+}
+
+/* A parsed manifest. */
+typedef struct {
+  int64_t step, num_params;
+  int world;
+  dt_ckpt_shard_info_t *shards;
+} manifest_t;
+
+/* Resolves path (a step dir, or a checkpoint root whose newest committed step is used). */
+static int resolve_step_dir(const char *path, char *sdir, size_t n)
+{
+  char manifest[4200];
+  snprintf(manifest, sizeof manifest, "%s/" MANIFEST_NAME, path);
+  if (path_exists(manifest)) {
+    snprintf(sdir, n, "%s", path);
+    return 0;
+  }
+  int64_t step;
+  int rc = dt_ckpt_latest(path, &step);
+  if (rc == DT_ENOENT) {
+    DT_ERROR(CKPT, "%s: no committed checkpoint (no step-*/" MANIFEST_NAME ")", path);
+    return rc;
+  }
+  if (rc != 0) {
+    DT_ERROR(CKPT, "%s: cannot list checkpoints: %s", path, dt_strerror(rc));
+    return rc;
+  }
+  step_dir(sdir, n, path, step);
+  return 0;
+}
+
+static int manifest_read(const char *sdir, manifest_t *mf)
+{
+  char path[4200], line[512];
+  int ret = 0, version = 0, seen = 0;
+  memset(mf, 0, sizeof *mf);
+  snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
+  FILE *fp = open_read(path, &ret);
+  if (!fp)
+    return ret;
+  if (!fgets(line, sizeof line, fp) || sscanf(line, MANIFEST_MAGIC " %d", &version) != 1 ||
+      version != DT_CKPT_VERSION)
+    goto bad;
+  if (!fgets(line, sizeof line, fp) || sscanf(line, "step %" SCNd64, &mf->step) != 1)
+    goto bad;
+  if (!fgets(line, sizeof line, fp) || sscanf(line, "num_params %" SCNd64, &mf->num_params) != 1)
+    goto bad;
+  if (!fgets(line, sizeof line, fp) || sscanf(line, "world %d", &mf->world) != 1 || mf->world < 1 ||
+      mf->world > 1 << 20)
+    goto bad;
+  mf->shards = calloc((size_t)mf->world, sizeof *mf->shards);
+  if (!mf->shards) {
+    ret = DT_ENOMEM;
+    goto out;
+  }
+  while (fgets(line, sizeof line, fp)) {
+    dt_ckpt_shard_info_t s;
+    memset(&s, 0, sizeof s);
+    if (sscanf(line, "shard %d %" SCNd64 " %" SCNd64 " %" SCNu64 " %x %63s", &s.rank, &s.lo, &s.hi,
+               &s.bytes, &s.crc32c, s.name) != 6 ||
+        s.rank < 0 || s.rank >= mf->world || strchr(s.name, '/'))
+      goto bad;
+    mf->shards[s.rank] = s;
+    seen++;
+  }
+  if (seen != mf->world)
+    goto bad;
+  goto out;
+bad:
+  DT_ERROR(CKPT,
+           "%s: malformed manifest (expected '" MANIFEST_MAGIC " %d', step, num_params, "
+           "world and one shard line per rank)",
+           path, DT_CKPT_VERSION);
+  ret = DT_EFORMAT;
+out:
+  fclose(fp);
+  if (ret != 0) {
+    free(mf->shards);
+    mf->shards = NULL;
+  }
+  return ret;
+}
+
+/* Reads and checks one shard header against the manifest entry. */
+static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_header_t *h, FILE **fpo,
+                      char *path, size_t pathn)
+{
+  int ret = 0;
+  int64_t size;
+  snprintf(path, pathn, "%s/%s", sdir, s->name);
+  FILE *fp = open_read(path, &ret);
+  if (!fp)
+    return ret;
+  DT_CHECK_GOTO(file_size(path, fp, &size), ret, fail);
+  if (fread(h, sizeof *h, 1, fp) != 1 || h->magic != DT_CKPT_MAGIC) {
+    DT_ERROR(CKPT, "%s: not a distrain checkpoint shard (expected magic 0x%08x)", path,
+             DT_CKPT_MAGIC);
+    ret = DT_EFORMAT;
+    goto fail;
+  }
+  if (h->version != DT_CKPT_VERSION || h->header_bytes != sizeof *h) {
+    DT_ERROR(CKPT, "%s: checkpoint version %u (header %u bytes): expected version %d (%zu bytes)",
+             path, h->version, h->header_bytes, DT_CKPT_VERSION, sizeof *h);
+    ret = DT_EFORMAT;
+    goto fail;
+  }
+  uint64_t nfloats = (uint64_t)(h->hi - h->lo) * ((h->flags & CKPT_FLAG_OPTIM) ? 3 : 1);
+  if ((uint64_t)size != s->bytes || h->payload_bytes != nfloats * 4 ||
+      (uint64_t)size != sizeof *h + h->payload_bytes || h->lo != s->lo || h->hi != s->hi) {
+    DT_ERROR(CKPT,
+             "%s: size %lld bytes / range [%lld, %lld) disagree with the manifest "
+             "(%llu bytes, [%lld, %lld))",
+             path, (long long)size, (long long)h->lo, (long long)h->hi,
+             (unsigned long long)s->bytes, (long long)s->lo, (long long)s->hi);
+    ret = DT_EFORMAT;
+    goto fail;
+  }
+  *fpo = fp;
+  return 0;
+fail:
+  fclose(fp);
+  return ret;
+}
+
+static void header_config(const ckpt_header_t *h, dt_gpt2_config_t *c)
+{
+  c->max_seq = h->max_seq, c->vocab = h->vocab, c->padded_vocab = h->padded_vocab;
+  c->layers = h->layers, c->heads = h->heads, c->channels = h->channels;
+}
+
+int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg)
+{
+  char sdir[4096], spath[4200];
+  manifest_t mf;
+  ckpt_header_t h;
+  FILE *fp;
+  DT_CHECK(resolve_step_dir(path, sdir, sizeof sdir));
+  DT_CHECK(manifest_read(sdir, &mf));
+  int ret = shard_open(sdir, &mf.shards[0], &h, &fp, spath, sizeof spath);
+  free(mf.shards);
+  if (ret != 0)
+    return ret;
+  fclose(fp);
+  header_config(&h, cfg);
+  return 0;
+}
+
+int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
+{
+  char sdir[4096], spath[4200];
+  manifest_t mf;
+  int ret = 0;
+  DT_CHECK(resolve_step_dir(path, sdir, sizeof sdir));
+  DT_CHECK(manifest_read(sdir, &mf));
+  if (mf.num_params != (int64_t)m->num_params) {
+    DT_ERROR(CKPT, "%s: checkpoint has %lld parameters, the configured model %zu", sdir,
+             (long long)mf.num_params, m->num_params);
+    ret = DT_ESHAPE;
+    goto out;
+  }
+  DT_CHECK_GOTO(dt_gpt2_alloc_optimizer(m), ret, out);
+  for (int r = 0; r < mf.world; r++) {
+    ckpt_header_t h;
+    FILE *fp;
+    DT_CHECK_GOTO(shard_open(sdir, &mf.shards[r], &h, &fp, spath, sizeof spath), ret, out);
+    dt_gpt2_config_t cfg;
+    header_config(&h, &cfg);
+    if (!config_equal(&cfg, &m->cfg)) {
+      ret = config_mismatch(spath, &m->cfg, &cfg);
+      fclose(fp);
+      goto out;
+    }
+    if (!(h.flags & CKPT_FLAG_OPTIM)) {
+      DT_ERROR(CKPT, "%s: shard holds no optimizer state; cannot resume training from it", spath);
+      ret = DT_EFORMAT;
+      fclose(fp);
+      goto out;
+    }
+    size_t n = (size_t)(h.hi - h.lo);
+    float *dst[3] = {m->params_flat + h.lo, m->m_flat + h.lo, m->v_flat + h.lo};
+    uint32_t crc = 0;
+    for (int k = 0; k < 3 && ret == 0; k++) {
+      if (fread(dst[k], sizeof(float), n, fp) != n) {
+        DT_ERROR(CKPT, "%s: short read", spath);
+        ret = DT_EIO;
+      }
+      crc = dt_crc32c(crc, dst[k], n * sizeof(float));
+    }
+    fclose(fp);
+    if (ret != 0)
+      goto out;
+    if (crc != h.payload_crc32c || crc != mf.shards[r].crc32c) {
+      DT_ERROR(CKPT,
+               "%s: checksum mismatch (CRC-32C %08x, header %08x, manifest %08x): the "
+               "shard is corrupt",
+               spath, crc, h.payload_crc32c, mf.shards[r].crc32c);
+      ret = DT_EFORMAT;
+      goto out;
+    }
+    if (r == 0) {
+      state->step = h.step;
+      state->data.epoch = h.data_epoch, state->data.shard = h.data_shard;
+      state->data.window = h.data_window;
+      memcpy(state->rng.s, h.rng, sizeof h.rng);
+    }
+  }
+  DT_INFO(CKPT, "loaded checkpoint %s (step %lld)", sdir, (long long)state->step);
+out:
+  free(mf.shards);
+  return ret;
+}

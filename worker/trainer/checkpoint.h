@@ -1,0 +1,66 @@
+/* checkpoint.h — model files: llm.c fp32 checkpoints in and out, and distrain's own sharded
+ * training checkpoints (weights, AdamW moments, step, data position, RNG).
+ *
+ * distrain checkpoint layout:
+ *   <dir>/step-<S, 8 digits>/shard-<rank>-of-<world>.bin   one per writer, a flat range
+ *   <dir>/step-<S>/MANIFEST                                 written last: commits step S
+ * Each shard file is written to a temporary name, fsynced and renamed; the manifest lists every
+ * shard with its size and CRC-32C and is itself written atomically, so a step directory without
+ * a MANIFEST is an incomplete save that loaders ignore. Shards hold flat ranges [lo, hi) of the
+ * parameter/moment buffers, which is what lets a later load reshard (dp=4 -> dp=3). */
+#ifndef DT_TRAINER_CHECKPOINT_H
+#define DT_TRAINER_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "dataloader.h"
+#include "gpt2.h"
+#include "rng.h"
+
+#define DT_LLMC_MAGIC   20240326
+#define DT_LLMC_VERSION 3 /* fp32 weights */
+
+#define DT_CKPT_MAGIC   0x4B435444u /* "DTCK" little-endian */
+#define DT_CKPT_VERSION 1
+
+/* Training state saved beside the weights. */
+typedef struct {
+  int64_t step; /* optimizer steps completed */
+  dt_data_pos_t data;
+  dt_rng_t rng;
+} dt_train_state_t;
+
+/* Reads only the config from an llm.c checkpoint header. */
+int dt_llmc_read_config(const char *path, dt_gpt2_config_t *cfg);
+/* Loads llm.c weights into a model created with the same config. */
+int dt_llmc_load(dt_gpt2_t *m, const char *path);
+/* Exports the weights in llm.c format (version 3, fp32). */
+int dt_llmc_save(const dt_gpt2_t *m, const char *path);
+
+/* What a writer reports about the shard it wrote (the coordinator collects these). */
+typedef struct {
+  int rank;
+  int64_t lo, hi;  /* flat parameter range held */
+  uint64_t bytes;  /* file size */
+  uint32_t crc32c; /* CRC-32C of the payload after the header */
+  char name[64];   /* file name inside the step directory */
+} dt_ckpt_shard_info_t;
+
+/* Writes this writer's shard of step state->step: the flat range [lo, hi) of the weights and,
+ * when the model has them, the AdamW moments. Refuses to touch an already committed step. */
+int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
+                        int rank, int world, int64_t lo, int64_t hi, dt_ckpt_shard_info_t *info);
+/* Commits step: writes the manifest naming all world shards (which must cover [0, P)). */
+int dt_ckpt_commit(const char *dir, int64_t step, int64_t num_params, int world,
+                   const dt_ckpt_shard_info_t *shards);
+/* Finds the newest committed step under dir: 0 and *step set, or DT_ENOENT if none. */
+int dt_ckpt_latest(const char *dir, int64_t *step);
+/* Loads a committed step (weights, moments, state), verifying sizes, checksums and that the
+ * checkpoint's model config equals m's. path is a checkpoint dir (newest step) or a step dir. */
+int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path);
+/* Reads the model config of a committed checkpoint (dir or step dir). */
+int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg);
+/* Deletes committed steps older than the newest keep (keep <= 0: delete nothing). */
+int dt_ckpt_prune(const char *dir, int keep);
+
+#endif

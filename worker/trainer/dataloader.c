@@ -1,0 +1,292 @@
+/* dataloader.c — see dataloader.h. */
+#include "dataloader.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dt_log.h"
+#include "dt_util.h"
+#include "rng.h"
+
+/* Distinct streams for the two permutations, so that shard and window orders are unrelated. */
+#define SHUFFLE_SHARDS_SALT  0x5348415244ull /* "SHARD" */
+#define SHUFFLE_WINDOWS_SALT 0x57494E44ull   /* "WIND" */
+
+static int64_t window_tokens(const dt_dataloader_t *dl)
+{
+  return (int64_t)dl->world * dl->B * dl->T;
+}
+
+/* Reads and checks one shard header; returns its token count through ntok. */
+static int shard_check_header(const char *path, int64_t *ntok)
+{
+  int32_t hdr[DT_SHARD_HEADER];
+  int ret = 0;
+  FILE *fp = fopen(path, "rb");
+  if (!fp) {
+    int e = errno;
+    DT_ERROR(DATA, "%s: cannot open token shard: %s", path, strerror(e));
+    return dt_err_from_errno(e);
+  }
+  struct stat st;
+  if (fstat(fileno(fp), &st) != 0 || fread(hdr, sizeof hdr, 1, fp) != 1) {
+    DT_ERROR(DATA, "%s: truncated token shard: expected a %zu-byte header", path, sizeof hdr);
+    ret = DT_EFORMAT;
+    goto out;
+  }
+  if (hdr[0] != DT_SHARD_MAGIC) {
+    DT_ERROR(DATA, "%s: bad magic %d in token shard header: expected %d (llm.c token shard)", path,
+             hdr[0], DT_SHARD_MAGIC);
+    ret = DT_EFORMAT;
+    goto out;
+  }
+  if (hdr[1] != DT_SHARD_VERSION) {
+    DT_ERROR(DATA, "%s: unsupported token shard version %d: expected %d", path, hdr[1],
+             DT_SHARD_VERSION);
+    ret = DT_EFORMAT;
+    goto out;
+  }
+  int64_t n = hdr[2];
+  int64_t expect = (int64_t)sizeof hdr + n * 2;
+  if (n < 0 || st.st_size != expect) {
+    DT_ERROR(DATA,
+             "%s: token shard size %lld bytes does not match its header (%lld tokens): "
+             "expected %lld bytes%s",
+             path, (long long)st.st_size, (long long)n, (long long)expect,
+             st.st_size < expect ? " (truncated)" : "");
+    ret = DT_EFORMAT;
+    goto out;
+  }
+  *ntok = n;
+out:
+  fclose(fp);
+  return ret;
+}
+
+static void unload_shard(dt_dataloader_t *dl)
+{
+  if (dl->map)
+    munmap(dl->map, dl->map_bytes);
+  dl->map = NULL;
+  dl->tokens = NULL;
+  dl->loaded = -1;
+}
+
+/* Maps shard index s and prepares its window order for the current epoch. */
+static int load_shard(dt_dataloader_t *dl, int64_t s)
+{
+  const char *path = dl->paths[s];
+  if (dl->loaded != s) {
+    unload_shard(dl);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+      int e = errno;
+      DT_ERROR(DATA, "%s: cannot open token shard: %s", path, strerror(e));
+      return dt_err_from_errno(e);
+    }
+    dl->map_bytes = (size_t)(DT_SHARD_HEADER * 4 + dl->ntok_of[s] * 2);
+    dl->map = mmap(NULL, dl->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (dl->map == MAP_FAILED) {
+      dl->map = NULL;
+      DT_ERROR(DATA, "%s: mmap failed: %s", path, strerror(errno));
+      return DT_EIO;
+    }
+    dl->tokens = (const uint16_t *)((const char *)dl->map + DT_SHARD_HEADER * 4);
+    dl->ntok = dl->ntok_of[s];
+    dl->loaded = (int)s;
+    if (!dl->checked[s]) {
+      for (int64_t i = 0; i < dl->ntok; i++) {
+        if (dl->tokens[i] >= dl->vocab) {
+          DT_ERROR(DATA, "%s: token %u at position %lld is >= vocab %d", path, dl->tokens[i],
+                   (long long)i, dl->vocab);
+          unload_shard(dl);
+          return DT_ERANGE;
+        }
+      }
+      dl->checked[s] = 1;
+    }
+  }
+  dl->nwindows = (dl->ntok - 1) / window_tokens(dl);
+  free(dl->window_order);
+  dl->window_order = NULL;
+  if (dl->shuffle) {
+    dl->window_order = malloc((size_t)dl->nwindows * sizeof(int64_t));
+    if (!dl->window_order)
+      return DT_ENOMEM;
+    dt_rng_t rng;
+    dt_rng_seed(&rng, dl->seed ^ SHUFFLE_WINDOWS_SALT ^ ((uint64_t)dl->pos.epoch << 32) ^
+                          (uint64_t)s * 0x9E3779B97F4A7C15ull);
+    dt_rng_permutation(&rng, dl->window_order, dl->nwindows);
+  }
+  return 0;
+}
+
+static void draw_shard_order(dt_dataloader_t *dl)
+{
+  if (dl->shuffle) {
+    dt_rng_t rng;
+    dt_rng_seed(&rng, dl->seed ^ SHUFFLE_SHARDS_SALT ^ ((uint64_t)dl->pos.epoch << 32));
+    dt_rng_permutation(&rng, dl->shard_order, dl->nshards);
+  } else {
+    for (int i = 0; i < dl->nshards; i++)
+      dl->shard_order[i] = i;
+  }
+}
+
+int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
+                       int vocab, int shuffle, uint64_t seed)
+{
+  int ret = 0;
+  glob_t g;
+  memset(dl, 0, sizeof *dl);
+  dl->loaded = -1;
+  if (B < 1 || T < 1 || world < 1 || rank < 0 || rank >= world || vocab < 1) {
+    DT_ERROR(DATA, "invalid data loader arguments: B=%d T=%d rank=%d world=%d vocab=%d", B, T, rank,
+             world, vocab);
+    return DT_EINVAL;
+  }
+  dl->B = B, dl->T = T, dl->rank = rank, dl->world = world, dl->vocab = vocab;
+  dl->shuffle = shuffle, dl->seed = seed;
+  int grc = glob(pattern, GLOB_ERR, NULL, &g);
+  if (grc != 0) {
+    DT_ERROR(DATA, "%s: no token shard matches this path or pattern", pattern);
+    if (grc != GLOB_NOMATCH)
+      globfree(&g);
+    return DT_ENOENT;
+  }
+  dl->nshards = (int)g.gl_pathc; /* glob sorts the names */
+  dl->paths = calloc((size_t)dl->nshards, sizeof(char *));
+  dl->ntok_of = calloc((size_t)dl->nshards, sizeof(int64_t));
+  dl->shard_order = calloc((size_t)dl->nshards, sizeof(int64_t));
+  dl->checked = calloc((size_t)dl->nshards, 1);
+  dl->inputs = calloc((size_t)B * T, sizeof(int));
+  dl->targets = calloc((size_t)B * T, sizeof(int));
+  if (!dl->paths || !dl->ntok_of || !dl->shard_order || !dl->checked || !dl->inputs ||
+      !dl->targets) {
+    ret = DT_ENOMEM;
+    goto fail;
+  }
+  for (int i = 0; i < dl->nshards; i++) {
+    dl->paths[i] = strdup(g.gl_pathv[i]);
+    if (!dl->paths[i]) {
+      ret = DT_ENOMEM;
+      goto fail;
+    }
+    DT_CHECK_GOTO(shard_check_header(dl->paths[i], &dl->ntok_of[i]), ret, fail);
+    if (dl->ntok_of[i] < window_tokens(dl) + 1) {
+      DT_ERROR(DATA,
+               "%s: %lld tokens is too few for one batch: need at least %lld "
+               "(world %d x batch %d x seq %d + 1)",
+               dl->paths[i], (long long)dl->ntok_of[i], (long long)window_tokens(dl) + 1, world, B,
+               T);
+      ret = DT_EFORMAT;
+      goto fail;
+    }
+  }
+  globfree(&g);
+  DT_CHECK_GOTO(dt_dataloader_reset(dl), ret, fail_noglob);
+  return 0;
+fail:
+  globfree(&g);
+fail_noglob:
+  dt_dataloader_free(dl);
+  return ret;
+}
+
+int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
+{
+  if (pos.epoch < 0 || pos.shard < 0 || pos.shard >= dl->nshards || pos.window < 0) {
+    DT_ERROR(DATA, "invalid data position epoch=%lld shard=%lld window=%lld (%d shards)",
+             (long long)pos.epoch, (long long)pos.shard, (long long)pos.window, dl->nshards);
+    return DT_ERANGE;
+  }
+  dl->pos = pos;
+  draw_shard_order(dl);
+  DT_CHECK(load_shard(dl, dl->shard_order[pos.shard]));
+  if (pos.window > dl->nwindows) {
+    DT_ERROR(DATA, "data position window %lld is past the end of %s (%lld windows)",
+             (long long)pos.window, dl->paths[dl->loaded], (long long)dl->nwindows);
+    return DT_ERANGE;
+  }
+  return 0;
+}
+
+int dt_dataloader_reset(dt_dataloader_t *dl)
+{
+  dt_data_pos_t zero = {0, 0, 0};
+  return dt_dataloader_seek(dl, zero);
+}
+
+int dt_dataloader_next(dt_dataloader_t *dl)
+{
+  if (dl->pos.window >= dl->nwindows) {
+    /* Next shard, or the next epoch after the last one. */
+    dl->pos.window = 0;
+    if (++dl->pos.shard >= dl->nshards) {
+      dl->pos.shard = 0;
+      dl->pos.epoch++;
+      draw_shard_order(dl);
+    }
+    DT_CHECK(load_shard(dl, dl->shard_order[dl->pos.shard]));
+  }
+  int64_t w = dl->shuffle ? dl->window_order[dl->pos.window] : dl->pos.window;
+  const uint16_t *src = dl->tokens + w * window_tokens(dl) + (int64_t)dl->rank * dl->B * dl->T;
+  const size_t n = (size_t)dl->B * dl->T;
+  for (size_t i = 0; i < n; i++) {
+    dl->inputs[i] = src[i];
+    dl->targets[i] = src[i + 1];
+  }
+  dl->pos.window++;
+  return 0;
+}
+
+int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl)
+{
+  int64_t total = 0;
+  for (int i = 0; i < dl->nshards; i++)
+    total += (dl->ntok_of[i] - 1) / window_tokens(dl);
+  return total;
+}
+
+void dt_dataloader_free(dt_dataloader_t *dl)
+{
+  unload_shard(dl);
+  if (dl->paths)
+    for (int i = 0; i < dl->nshards; i++)
+      free(dl->paths[i]);
+  free(dl->paths);
+  free(dl->ntok_of);
+  free(dl->shard_order);
+  free(dl->window_order);
+  free(dl->checked);
+  free(dl->inputs);
+  free(dl->targets);
+  memset(dl, 0, sizeof *dl);
+  dl->loaded = -1;
+}
+
+int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok)
+{
+  if (ntok < 0 || ntok > INT32_MAX) {
+    DT_ERROR(DATA, "%s: %lld tokens do not fit one shard (max %d)", path, (long long)ntok,
+             INT32_MAX);
+    return DT_ERANGE;
+  }
+  int32_t hdr[DT_SHARD_HEADER] = {DT_SHARD_MAGIC, DT_SHARD_VERSION, (int32_t)ntok};
+  dt_afile_t af;
+  int ret = 0;
+  DT_CHECK(dt_afile_open(&af, path));
+  DT_CHECK_GOTO(dt_afile_write(&af, hdr, sizeof hdr), ret, fail);
+  DT_CHECK_GOTO(dt_afile_write(&af, tokens, (size_t)ntok * sizeof(uint16_t)), ret, fail);
+  return dt_afile_commit(&af);
+fail:
+  dt_afile_abort(&af);
+  return ret;
+}

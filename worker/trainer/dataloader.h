@@ -1,0 +1,68 @@
+/* dataloader.h — llm.c token shards in, (B, T) input/target batches out.
+ *
+ * Shard format (llm.c): 256 int32 header {20240520, 1, ntok, 0...} then ntok uint16 tokens.
+ * A pattern may be one file or a glob; shards are used in sorted order.
+ *
+ * Windows: a "global window" is world*B*T consecutive tokens (plus one for the last target);
+ * rank r of a data-parallel group of size world reads its slice [r*B*T, (r+1)*B*T + 1) of every
+ * global window. Windows are taken sequentially from the start of each shard (llm.c's
+ * unshuffled order) or, with shuffling, in a seeded permutation of shards and of windows
+ * within each shard, re-drawn every epoch. The position is (epoch, shard, window): a pure
+ * function of the seed, so a checkpoint stores those three numbers and nothing else.
+ *
+ * Every shard's header and size are checked when the loader opens; its tokens are checked
+ * against the vocabulary the first time the shard is loaded. Errors name the file. */
+#ifndef DT_TRAINER_DATALOADER_H
+#define DT_TRAINER_DATALOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DT_SHARD_MAGIC   20240520
+#define DT_SHARD_VERSION 1
+#define DT_SHARD_HEADER  256 /* int32 words */
+
+typedef struct {
+  int64_t epoch;  /* completed passes over all shards */
+  int64_t shard;  /* position in this epoch's shard order */
+  int64_t window; /* position in this shard's window order */
+} dt_data_pos_t;
+
+typedef struct {
+  int B, T, rank, world, vocab, shuffle;
+  uint64_t seed;
+  char **paths;     /* sorted shard paths */
+  int64_t *ntok_of; /* tokens per shard, from the headers */
+  int nshards;
+  int64_t *shard_order;  /* (nshards) this epoch's order */
+  int64_t *window_order; /* (nwindows) this shard's order, when shuffled */
+  uint8_t *checked;      /* (nshards) tokens validated once */
+  dt_data_pos_t pos;
+  /* the current shard, memory-mapped */
+  int loaded; /* index into paths, -1 when none */
+  void *map;
+  size_t map_bytes;
+  const uint16_t *tokens; /* (ntok) */
+  int64_t ntok, nwindows;
+  int *inputs;  /* (B, T) */
+  int *targets; /* (B, T) */
+} dt_dataloader_t;
+
+/* Opens the shards matching pattern. vocab bounds the token ids (tokens >= vocab are an
+ * error). rank/world select the data-parallel slice (0/1 for one process). */
+int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
+                       int vocab, int shuffle, uint64_t seed);
+/* Fills dl->inputs / dl->targets with the next batch and advances. */
+int dt_dataloader_next(dt_dataloader_t *dl);
+/* Back to the first window of the first epoch. */
+int dt_dataloader_reset(dt_dataloader_t *dl);
+/* Moves to a saved position (from a checkpoint). */
+int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos);
+/* Number of global windows in one epoch (all shards). */
+int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl);
+void dt_dataloader_free(dt_dataloader_t *dl);
+
+/* Writes tokens as an llm.c shard (temporary name, fsync, rename). */
+int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok);
+
+#endif

@@ -1,0 +1,153 @@
+/* gpt2.h — the GPT-2 model: parameters, activations, forward, backward, optimizer step.
+ *
+ * Architecture exactly as llm.c / PyTorch GPT-2: learned token and position embeddings,
+ * pre-LayerNorm blocks (eps 1e-5) with causal multi-head attention and a 4x GELU(tanh) MLP,
+ * final LayerNorm, LM head tied to the token embedding, vocabulary padded to Vp.
+ *
+ * Invariants:
+ *  - All parameters live in one flat fp32 buffer in llm.c's checkpoint order (16 tensors, see
+ *    DT_GPT2_TENSORS); gradients and AdamW moments use the same flat layout, so a ZeRO shard is
+ *    a flat range [lo, hi) of every buffer.
+ *  - Gradients accumulate over micro-batches until dt_gpt2_zero_grad.
+ *  - The backward pass keeps one residual-stream gradient and reuses a handful of scratch
+ *    buffers across layers instead of llm.c's full mirror of the activations. */
+#ifndef DT_TRAINER_GPT2_H
+#define DT_TRAINER_GPT2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+typedef struct {
+  int max_seq;      /* maxT */
+  int vocab;        /* V: real vocabulary */
+  int padded_vocab; /* Vp: V rounded up to a multiple of 128 (llm.c) */
+  int layers;       /* L */
+  int heads;        /* NH */
+  int channels;     /* C */
+} dt_gpt2_config_t;
+
+/* name, shape as (a, b, c) element counts, is a weight matrix (takes weight decay) */
+#define DT_GPT2_TENSORS(X, cfg)                                                                    \
+  X(wte, (size_t)(cfg).padded_vocab *(cfg).channels, 1)                                            \
+  X(wpe, (size_t)(cfg).max_seq *(cfg).channels, 1)                                                 \
+  X(ln1w, (size_t)(cfg).layers *(cfg).channels, 0)                                                 \
+  X(ln1b, (size_t)(cfg).layers *(cfg).channels, 0)                                                 \
+  X(qkvw, (size_t)(cfg).layers * 3 * (cfg).channels * (cfg).channels, 1)                           \
+  X(qkvb, (size_t)(cfg).layers * 3 * (cfg).channels, 0)                                            \
+  X(attprojw, (size_t)(cfg).layers *(cfg).channels *(cfg).channels, 1)                             \
+  X(attprojb, (size_t)(cfg).layers *(cfg).channels, 0)                                             \
+  X(ln2w, (size_t)(cfg).layers *(cfg).channels, 0)                                                 \
+  X(ln2b, (size_t)(cfg).layers *(cfg).channels, 0)                                                 \
+  X(fcw, (size_t)(cfg).layers * 4 * (cfg).channels * (cfg).channels, 1)                            \
+  X(fcb, (size_t)(cfg).layers * 4 * (cfg).channels, 0)                                             \
+  X(fcprojw, (size_t)(cfg).layers *(cfg).channels * 4 * (cfg).channels, 1)                         \
+  X(fcprojb, (size_t)(cfg).layers *(cfg).channels, 0)                                              \
+  X(lnfw, (size_t)(cfg).channels, 0)                                                               \
+  X(lnfb, (size_t)(cfg).channels, 0)
+
+#define DT_GPT2_NUM_TENSORS 16
+
+/* Pointers into one flat buffer (parameters, or gradients with the same layout). */
+typedef struct {
+  float *wte;      /* (Vp, C) */
+  float *wpe;      /* (maxT, C) */
+  float *ln1w;     /* (L, C) */
+  float *ln1b;     /* (L, C) */
+  float *qkvw;     /* (L, 3C, C) */
+  float *qkvb;     /* (L, 3C) */
+  float *attprojw; /* (L, C, C) */
+  float *attprojb; /* (L, C) */
+  float *ln2w;     /* (L, C) */
+  float *ln2b;     /* (L, C) */
+  float *fcw;      /* (L, 4C, C) */
+  float *fcb;      /* (L, 4C) */
+  float *fcprojw;  /* (L, C, 4C) */
+  float *fcprojb;  /* (L, C) */
+  float *lnfw;     /* (C) */
+  float *lnfb;     /* (C) */
+} dt_gpt2_tensors_t;
+
+/* Forward activations kept for the backward pass, for a (B, T) batch; N = B*T. */
+typedef struct {
+  float *encoded;   /* (N, C) residual stream entering layer 0 */
+  float *ln1;       /* (L, N, C) */
+  float *ln1_mean;  /* (L, N) */
+  float *ln1_rstd;  /* (L, N) */
+  float *qkv;       /* (L, N, 3C) */
+  float *atty;      /* (L, N, C) attention output, heads concatenated */
+  float *att;       /* (L, B, NH, T, T) softmax probabilities */
+  float *residual2; /* (L, N, C) after the attention branch */
+  float *ln2;       /* (L, N, C) */
+  float *ln2_mean;  /* (L, N) */
+  float *ln2_rstd;  /* (L, N) */
+  float *fch;       /* (L, N, 4C) MLP pre-activation */
+  float *fch_gelu;  /* (L, N, 4C) */
+  float *residual3; /* (L, N, C) after the MLP branch = next layer's input */
+  float *lnf;       /* (N, C) */
+  float *lnf_mean;  /* (N) */
+  float *lnf_rstd;  /* (N) */
+  float *logits;    /* (N, Vp); overwritten by dlogits in a training step */
+  float *losses;    /* (N) per-token loss */
+  /* backward scratch, shared by all layers */
+  float *dresidual; /* (N, C) gradient of the residual stream */
+  float *dbuf;      /* (N, C) */
+  float *dbuf4;     /* (N, 4C) */
+  float *dqkv;      /* (N, 3C) */
+  float *datt;      /* (B, NH, T, T) */
+  float *tmp;       /* (N, C) branch outputs before the residual add */
+  int *targets;     /* (N) copy of the targets of the last forward */
+  int B, T;         /* the size these buffers were allocated for */
+} dt_gpt2_acts_t;
+
+typedef struct {
+  dt_gpt2_config_t cfg;
+  const dt_ops_t *ops;
+  size_t num_params; /* P, total elements of the flat buffer */
+  size_t tensor_sizes[DT_GPT2_NUM_TENSORS];
+  size_t tensor_offsets[DT_GPT2_NUM_TENSORS];
+  float *params_flat;     /* (P) */
+  float *grads_flat;      /* (P) */
+  float *m_flat, *v_flat; /* (P) AdamW moments, allocated on first step */
+  dt_gpt2_tensors_t params, grads;
+  dt_gpt2_acts_t acts;
+  size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
+} dt_gpt2_t;
+
+/* AdamW hyper-parameters of one step (the schedule is applied by the caller). */
+typedef struct {
+  float lr, beta1, beta2, eps, weight_decay;
+} dt_adamw_t;
+
+/* Rounds V up to llm.c's padded vocabulary (multiple of 128). */
+int dt_gpt2_padded_vocab(int vocab);
+/* Checks a configuration; on failure writes a one-line reason into why. */
+int dt_gpt2_config_validate(const dt_gpt2_config_t *cfg, char *why, size_t whylen);
+/* Allocates parameters and gradients (zeroed). ops is the kernel backend. */
+int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops);
+void dt_gpt2_destroy(dt_gpt2_t *m);
+/* GPT-2 initialisation from a seed: N(0, 0.02) weights, residual projections scaled by
+ * 1/sqrt(2L), zero biases, unit LayerNorm weights; padded vocabulary rows zero. */
+void dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed);
+/* Allocates activations for batches up to (B, T). */
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T);
+/* Allocates the AdamW moments (zeroed) if not yet allocated. */
+int dt_gpt2_alloc_optimizer(dt_gpt2_t *m);
+
+/* Forward pass to logits: inputs (B, T) with B*T <= the allocated batch. */
+void dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
+/* Mean loss over (B, T) without touching gradients. */
+float dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T);
+/* Forward + backward of one micro-batch; gradients of (mean loss * grad_scale) accumulate into
+ * m->grads. Returns the micro-batch's mean loss. */
+float dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                               float grad_scale);
+void dt_gpt2_zero_grad(dt_gpt2_t *m);
+/* L2 norm of all gradients. */
+float dt_gpt2_grad_norm(dt_gpt2_t *m);
+/* One AdamW step at 1-based step t; grad_scale multiplies every gradient (clipping). Weight
+ * decay applies to the weight matrices and embeddings only (GPT-2/nanoGPT/llm.c convention). */
+int dt_gpt2_adamw_step(dt_gpt2_t *m, const dt_adamw_t *h, float grad_scale, int t);
+
+#endif

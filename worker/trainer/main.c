@@ -1,0 +1,304 @@
+/* main.c — distrain-train's command line: parses flags into dt_train_opts_t and runs it.
+ * Every malformed flag value is an error naming the flag; nothing is silently defaulted. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_log.h"
+#include "dt_util.h"
+#include "trainer.h"
+
+static void usage(FILE *out)
+{
+  fprintf(
+      out,
+      "usage: distrain-train --train GLOB [options]\n"
+      "\n"
+      "model (default: the demo's byte-level L4 H4 C256 V256 maxT256):\n"
+      "  --init llmc:PATH | seed:N   start from llm.c fp32 weights, or GPT-2 init from a seed\n"
+      "  --seed N                    init and shuffle seed (default 1337)\n"
+      "  --layers N --heads N --channels N --vocab N --max-seq N\n"
+      "data:\n"
+      "  --train GLOB --val GLOB     llm.c token shards (file or glob)\n"
+      "  --shuffle                   seeded shuffling of shards and windows (default: sequential)\n"
+      "  --val-every N --val-batches N (default 20)\n"
+      "batch:\n"
+      "  --batch B --seq T --grad-accum K --steps N\n"
+      "optimizer (AdamW):\n"
+      "  --lr X --warmup N --schedule constant|cosine --min-lr-frac X\n"
+      "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
+      "checkpoints:\n"
+      "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
+      "output:\n"
+      "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n");
+}
+
+enum {
+  OPT_INIT = 256,
+  OPT_SEED,
+  OPT_LAYERS,
+  OPT_HEADS,
+  OPT_CHANNELS,
+  OPT_VOCAB,
+  OPT_MAXSEQ,
+  OPT_TRAIN,
+  OPT_VAL,
+  OPT_SHUFFLE,
+  OPT_VAL_EVERY,
+  OPT_VAL_BATCHES,
+  OPT_BATCH,
+  OPT_SEQ,
+  OPT_ACCUM,
+  OPT_STEPS,
+  OPT_LR,
+  OPT_WARMUP,
+  OPT_SCHEDULE,
+  OPT_MINLR,
+  OPT_WD,
+  OPT_BETA1,
+  OPT_BETA2,
+  OPT_EPS,
+  OPT_CLIP,
+  OPT_CKPT_DIR,
+  OPT_SAVE_EVERY,
+  OPT_KEEP,
+  OPT_RESUME,
+  OPT_EXPORT,
+  OPT_METRICS,
+  OPT_SAMPLE,
+  OPT_SAMPLE_TEMP,
+  OPT_THREADS,
+  OPT_QUIET,
+  OPT_HELP,
+};
+
+static const struct option g_opts[] = {
+    {"init", required_argument, 0, OPT_INIT},
+    {"seed", required_argument, 0, OPT_SEED},
+    {"layers", required_argument, 0, OPT_LAYERS},
+    {"heads", required_argument, 0, OPT_HEADS},
+    {"channels", required_argument, 0, OPT_CHANNELS},
+    {"vocab", required_argument, 0, OPT_VOCAB},
+    {"max-seq", required_argument, 0, OPT_MAXSEQ},
+    {"train", required_argument, 0, OPT_TRAIN},
+    {"val", required_argument, 0, OPT_VAL},
+    {"shuffle", no_argument, 0, OPT_SHUFFLE},
+    {"val-every", required_argument, 0, OPT_VAL_EVERY},
+    {"val-batches", required_argument, 0, OPT_VAL_BATCHES},
+    {"batch", required_argument, 0, OPT_BATCH},
+    {"seq", required_argument, 0, OPT_SEQ},
+    {"grad-accum", required_argument, 0, OPT_ACCUM},
+    {"steps", required_argument, 0, OPT_STEPS},
+    {"lr", required_argument, 0, OPT_LR},
+    {"warmup", required_argument, 0, OPT_WARMUP},
+    {"schedule", required_argument, 0, OPT_SCHEDULE},
+    {"min-lr-frac", required_argument, 0, OPT_MINLR},
+    {"weight-decay", required_argument, 0, OPT_WD},
+    {"beta1", required_argument, 0, OPT_BETA1},
+    {"beta2", required_argument, 0, OPT_BETA2},
+    {"eps", required_argument, 0, OPT_EPS},
+    {"grad-clip", required_argument, 0, OPT_CLIP},
+    {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
+    {"save-every", required_argument, 0, OPT_SAVE_EVERY},
+    {"keep", required_argument, 0, OPT_KEEP},
+    {"resume", optional_argument, 0, OPT_RESUME},
+    {"export-llmc", required_argument, 0, OPT_EXPORT},
+    {"metrics", required_argument, 0, OPT_METRICS},
+    {"sample", required_argument, 0, OPT_SAMPLE},
+    {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
+    {"threads", required_argument, 0, OPT_THREADS},
+    {"quiet", no_argument, 0, OPT_QUIET},
+    {"help", no_argument, 0, OPT_HELP},
+    {0, 0, 0, 0},
+};
+
+static const char *opt_name(int code)
+{
+  for (const struct option *o = g_opts; o->name; o++)
+    if (o->val == code)
+      return o->name;
+  return "?";
+}
+
+static int parse_int(int code, const char *s, int *out)
+{
+  int64_t v;
+  if (dt_parse_i64(s, &v) != 0 || v < -2147483647 || v > 2147483647) {
+    fprintf(stderr, "distrain-train: --%s: expected an integer, got '%s'\n", opt_name(code), s);
+    return DT_EINVAL;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_float(int code, const char *s, double *out)
+{
+  if (dt_parse_f64(s, out) != 0) {
+    fprintf(stderr, "distrain-train: --%s: expected a number, got '%s'\n", opt_name(code), s);
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
+static int parse_init(const char *s, dt_train_opts_t *o)
+{
+  if (strncmp(s, "llmc:", 5) == 0 && s[5]) {
+    o->init_llmc = s + 5;
+    return 0;
+  }
+  int64_t seed;
+  if (strncmp(s, "seed:", 5) == 0 && dt_parse_i64(s + 5, &seed) == 0 && seed >= 0) {
+    o->seed = (uint64_t)seed;
+    return 0;
+  }
+  fprintf(stderr, "distrain-train: --init: expected llmc:PATH or seed:N, got '%s'\n", s);
+  return DT_EINVAL;
+}
+
+static int parse_args(int argc, char **argv, dt_train_opts_t *o)
+{
+  int c, iv;
+  double dv;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", g_opts, NULL)) != -1) {
+    int rc = 0;
+    switch (c) {
+    case OPT_INIT:
+      rc = parse_init(optarg, o);
+      break;
+    case OPT_SEED:
+      rc = parse_int(c, optarg, &iv);
+      o->seed = (uint64_t)iv;
+      break;
+#define MODEL_FLAG(code, field, bit)                                                               \
+  case code:                                                                                       \
+    rc = parse_int(c, optarg, &o->model.field);                                                    \
+    o->model_set_mask |= bit;                                                                      \
+    break;
+      MODEL_FLAG(OPT_LAYERS, layers, DT_MODEL_LAYERS)
+      MODEL_FLAG(OPT_HEADS, heads, DT_MODEL_HEADS)
+      MODEL_FLAG(OPT_CHANNELS, channels, DT_MODEL_CHANNELS)
+      MODEL_FLAG(OPT_VOCAB, vocab, DT_MODEL_VOCAB)
+      MODEL_FLAG(OPT_MAXSEQ, max_seq, DT_MODEL_MAXSEQ)
+#undef MODEL_FLAG
+    case OPT_TRAIN:
+      o->train_pattern = optarg;
+      break;
+    case OPT_VAL:
+      o->val_pattern = optarg;
+      break;
+    case OPT_SHUFFLE:
+      o->shuffle = 1;
+      break;
+    case OPT_VAL_EVERY:
+      rc = parse_int(c, optarg, &o->val_every);
+      break;
+    case OPT_VAL_BATCHES:
+      rc = parse_int(c, optarg, &o->val_batches);
+      break;
+    case OPT_BATCH:
+      rc = parse_int(c, optarg, &o->batch);
+      break;
+    case OPT_SEQ:
+      rc = parse_int(c, optarg, &o->seq);
+      break;
+    case OPT_ACCUM:
+      rc = parse_int(c, optarg, &o->grad_accum);
+      break;
+    case OPT_STEPS:
+      rc = parse_int(c, optarg, &o->steps);
+      break;
+    case OPT_LR:
+      rc = parse_float(c, optarg, &o->sched.lr);
+      break;
+    case OPT_WARMUP:
+      rc = parse_int(c, optarg, &o->sched.warmup);
+      break;
+    case OPT_SCHEDULE:
+      if (strcmp(optarg, "constant") == 0)
+        o->sched.schedule = DT_SCHEDULE_CONSTANT;
+      else if (strcmp(optarg, "cosine") == 0)
+        o->sched.schedule = DT_SCHEDULE_COSINE;
+      else {
+        fprintf(stderr, "distrain-train: --schedule: expected constant or cosine, got '%s'\n",
+                optarg);
+        rc = DT_EINVAL;
+      }
+      break;
+    case OPT_MINLR:
+      rc = parse_float(c, optarg, &o->sched.min_lr_frac);
+      break;
+#define FLOAT_FLAG(code, field)                                                                    \
+  case code:                                                                                       \
+    rc = parse_float(c, optarg, &dv);                                                              \
+    o->field = (float)dv;                                                                          \
+    break;
+      FLOAT_FLAG(OPT_WD, weight_decay)
+      FLOAT_FLAG(OPT_BETA1, beta1)
+      FLOAT_FLAG(OPT_BETA2, beta2)
+      FLOAT_FLAG(OPT_EPS, eps)
+      FLOAT_FLAG(OPT_CLIP, grad_clip)
+      FLOAT_FLAG(OPT_SAMPLE_TEMP, sample_temp)
+#undef FLOAT_FLAG
+    case OPT_CKPT_DIR:
+      o->ckpt_dir = optarg;
+      break;
+    case OPT_SAVE_EVERY:
+      rc = parse_int(c, optarg, &o->save_every);
+      break;
+    case OPT_KEEP:
+      rc = parse_int(c, optarg, &o->keep);
+      break;
+    case OPT_RESUME:
+      o->resume = 1;
+      o->resume_path = optarg;
+      break;
+    case OPT_EXPORT:
+      o->export_llmc = optarg;
+      break;
+    case OPT_METRICS:
+      o->metrics_path = optarg;
+      break;
+    case OPT_SAMPLE:
+      rc = parse_int(c, optarg, &o->sample_tokens);
+      break;
+    case OPT_THREADS:
+      rc = parse_int(c, optarg, &o->threads);
+      break;
+    case OPT_QUIET:
+      o->quiet = 1;
+      break;
+    case OPT_HELP:
+    case 'h':
+      usage(stdout);
+      exit(0);
+    default:
+      fprintf(stderr, "distrain-train: unknown or incomplete option '%s'\n", argv[optind - 1]);
+      usage(stderr);
+      return DT_EINVAL;
+    }
+    if (rc != 0)
+      return rc;
+  }
+  if (optind < argc) {
+    fprintf(stderr, "distrain-train: unexpected argument '%s'\n", argv[optind]);
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  dt_train_opts_t o;
+  dt_log_init();
+  dt_train_opts_default(&o);
+  if (parse_args(argc, argv, &o) != 0)
+    return 2;
+  int rc = dt_train_run(&o);
+  if (rc != 0) {
+    fprintf(stderr, "distrain-train: failed: %s\n", dt_strerror(rc));
+    return 1;
+  }
+  return 0;
+}

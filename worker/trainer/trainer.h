@@ -1,0 +1,80 @@
+/* trainer.h — the single-process training loop behind distrain-train: options, the learning
+ * rate schedule, and dt_train_run (init or resume, steps with gradient accumulation, clipping,
+ * AdamW, validation, checkpoints, export, sampling). The CLI (main.c) only fills the options. */
+#ifndef DT_TRAINER_TRAINER_H
+#define DT_TRAINER_TRAINER_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpt2.h"
+
+typedef enum { DT_SCHEDULE_CONSTANT = 0, DT_SCHEDULE_COSINE = 1 } dt_schedule_t;
+
+typedef struct {
+  double lr, min_lr_frac; /* min_lr = lr * min_lr_frac (cosine floor) */
+  int warmup;             /* linear warmup steps */
+  int total_steps;
+  dt_schedule_t schedule;
+} dt_lr_schedule_t;
+
+/* Learning rate of 0-based step s: linear warmup lr*(s+1)/warmup, then constant or cosine from
+ * lr down to min_lr at total_steps. */
+double dt_lr_at(const dt_lr_schedule_t *sch, int s);
+
+/* Per-step figures, as written to --metrics (step is 1-based: steps completed). */
+typedef struct {
+  int64_t step;
+  float loss, grad_norm;
+  double lr, ms, tokens_per_s;
+  int has_val;
+  float val_loss;
+} dt_step_metrics_t;
+
+typedef struct {
+  /* model: either from init_llmc / a checkpoint, or these (the config must agree with a file) */
+  dt_gpt2_config_t model;
+  int model_set_mask;    /* which model fields were given explicitly (bit per field) */
+  const char *init_llmc; /* llm.c weights to start from */
+  uint64_t seed;         /* init seed, and the data shuffle seed */
+  /* data */
+  const char *train_pattern, *val_pattern;
+  int shuffle, val_every, val_batches;
+  /* batch */
+  int batch, seq, grad_accum, steps;
+  /* optimizer */
+  dt_lr_schedule_t sched;
+  float beta1, beta2, eps, weight_decay, grad_clip;
+  /* checkpoints */
+  const char *ckpt_dir;
+  int save_every, keep;
+  int resume;              /* resume from the newest committed step (of resume_path or ckpt_dir) */
+  const char *resume_path; /* a checkpoint dir or step dir; NULL means ckpt_dir */
+  const char *export_llmc;
+  /* output */
+  const char *metrics_path;
+  int sample_tokens;
+  float sample_temp;
+  int threads;
+  int quiet;
+  /* observer for tests and the agent: called after every step */
+  void (*on_step)(void *ud, const dt_step_metrics_t *m);
+  void *on_step_ud;
+} dt_train_opts_t;
+
+enum {
+  DT_MODEL_LAYERS = 1,
+  DT_MODEL_HEADS = 2,
+  DT_MODEL_CHANNELS = 4,
+  DT_MODEL_VOCAB = 8,
+  DT_MODEL_MAXSEQ = 16,
+};
+
+/* The defaults: the demo's tiny byte-level model and llm.c's optimizer settings. */
+void dt_train_opts_default(dt_train_opts_t *o);
+/* Checks the options; writes a one-line reason on failure. */
+int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t whylen);
+/* Runs training to o->steps. 0 on success, or a negative DT_E* (the reason is logged). */
+int dt_train_run(const dt_train_opts_t *o);
+
+#endif
