@@ -8,7 +8,7 @@
 #include <stddef.h>
 
 /* Channel block for reductions over rows (bias and LayerNorm weight gradients): each block is
- * summed by one thread in row order, so results do not depend on the thread count. */
+ * summed by one thread in row order, so our reductions do not depend on the thread count. */
 #define DT_CPU_CBLOCK 64
 
 void dt_cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,

@@ -34,7 +34,8 @@ void dt_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
 
 /* dinp is computed in parallel over rows. dweight/dbias are reductions over rows; they are
  * computed in parallel over blocks of channels, each block summing its rows in order, so the
- * result is bit-identical whatever the thread count (a resumed run may use other threads). */
+ * result is bit-identical whatever the thread count. (OpenBLAS's GEMMs are not: their rounding
+ * changes with the thread count, so bit-identical resume needs the same --threads.) */
 void dt_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C)

@@ -174,7 +174,7 @@ typedef struct {
   uint64_t rng[4];
   uint64_t payload_bytes;
   uint32_t payload_crc32c;
-  uint32_t reserved0;
+  int32_t threads; /* compute threads of the writer (GEMM rounding depends on it) */
   uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
@@ -232,6 +232,7 @@ int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const
   h.data_epoch = state->data.epoch, h.data_shard = state->data.shard;
   h.data_window = state->data.window;
   memcpy(h.rng, state->rng.s, sizeof h.rng);
+  h.threads = state->threads;
   uint32_t crc = 0;
   for (int k = 0; k < (has_optim ? 3 : 1); k++) {
     crc = dt_crc32c(crc, bufs[k], n * sizeof(float));
@@ -588,6 +589,7 @@ int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
       state->data.epoch = h.data_epoch, state->data.shard = h.data_shard;
       state->data.window = h.data_window;
       memcpy(state->rng.s, h.rng, sizeof h.rng);
+      state->threads = h.threads;
     }
   }
   DT_INFO(CKPT, "loaded checkpoint %s (step %lld)", sdir, (long long)state->step);

@@ -28,6 +28,7 @@ typedef struct {
   int64_t step; /* optimizer steps completed */
   dt_data_pos_t data;
   dt_rng_t rng;
+  int threads; /* compute threads of the run that wrote it */
 } dt_train_state_t;
 
 /* Reads only the config from an llm.c checkpoint header. */

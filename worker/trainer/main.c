@@ -24,7 +24,8 @@ static void usage(FILE *out)
       "  --shuffle                   seeded shuffling of shards and windows (default: sequential)\n"
       "  --val-every N --val-batches N (default 20)\n"
       "batch:\n"
-      "  --batch B --seq T --grad-accum K --steps N\n"
+      "  --batch B --seq T --grad-accum K --steps N (total; sets the schedule)\n"
+      "  --stop-at S                 stop after step S with a checkpoint (resume later)\n"
       "optimizer (AdamW):\n"
       "  --lr X --warmup N --schedule constant|cosine --min-lr-frac X\n"
       "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
@@ -51,6 +52,7 @@ enum {
   OPT_SEQ,
   OPT_ACCUM,
   OPT_STEPS,
+  OPT_STOP_AT,
   OPT_LR,
   OPT_WARMUP,
   OPT_SCHEDULE,
@@ -90,6 +92,7 @@ static const struct option g_opts[] = {
     {"seq", required_argument, 0, OPT_SEQ},
     {"grad-accum", required_argument, 0, OPT_ACCUM},
     {"steps", required_argument, 0, OPT_STEPS},
+    {"stop-at", required_argument, 0, OPT_STOP_AT},
     {"lr", required_argument, 0, OPT_LR},
     {"warmup", required_argument, 0, OPT_WARMUP},
     {"schedule", required_argument, 0, OPT_SCHEDULE},
@@ -208,6 +211,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_STEPS:
       rc = parse_int(c, optarg, &o->steps);
+      break;
+    case OPT_STOP_AT:
+      rc = parse_int(c, optarg, &o->stop_at);
       break;
     case OPT_LR:
       rc = parse_float(c, optarg, &o->sched.lr);

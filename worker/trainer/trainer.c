@@ -104,6 +104,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample must be >= 0 and --sample-temp > 0";
   else if (o->threads < 0)
     msg = "--threads must be >= 0";
+  else if (o->stop_at < 0)
+    msg = "--stop-at must be >= 0";
   if (msg) {
     snprintf(why, n, "%s", msg);
     return DT_EINVAL;
@@ -298,6 +300,7 @@ int dt_train_run(const dt_train_opts_t *o)
   else
     dt_gpt2_init_weights(&model, o->seed);
   dt_rng_seed(&state.rng, o->seed);
+  state.threads = omp_get_max_threads();
 
   DT_CHECK_GOTO(dt_dataloader_init(&train, o->train_pattern, o->batch, o->seq, 0, 1, cfg.vocab,
                                    o->shuffle, o->seed),
@@ -309,6 +312,12 @@ int dt_train_run(const dt_train_opts_t *o)
     DT_CHECK_GOTO(prepare_ckpt_dir(o->ckpt_dir, resume_from != NULL), ret, out);
   if (resume_from) {
     DT_CHECK_GOTO(dt_ckpt_load(&model, &state, resume_from), ret, out);
+    if (state.threads != omp_get_max_threads())
+      DT_WARN(TRAIN,
+              "resuming with %d threads; the checkpoint was written with %d: GEMM "
+              "rounding differs, so losses match an uninterrupted run only to ~1e-6",
+              omp_get_max_threads(), state.threads);
+    state.threads = omp_get_max_threads();
     DT_CHECK_GOTO(dt_dataloader_seek(&train, state.data), ret, out);
   }
   DT_CHECK_GOTO(dt_gpt2_alloc_activations(&model, o->batch, o->seq), ret, out);
@@ -343,7 +352,8 @@ int dt_train_run(const dt_train_opts_t *o)
                            .eps = o->eps,
                            .weight_decay = o->weight_decay};
   const double tokens_per_step = (double)o->batch * o->seq * o->grad_accum;
-  while (state.step < o->steps) {
+  const int end = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+  while (state.step < end) {
     const int s = (int)state.step;
     double t0 = dt_now_ms();
     dt_gpt2_zero_grad(&model);
@@ -382,7 +392,7 @@ int dt_train_run(const dt_train_opts_t *o)
                             .lr = lr,
                             .ms = ms,
                             .tokens_per_s = tokens_per_step * 1000.0 / ms};
-    const int last = state.step == o->steps;
+    const int last = state.step == end;
     if (o->val_every > 0 && (state.step % o->val_every == 0 || last)) {
       sm.has_val = 1;
       sm.val_loss = evaluate(&model, &val, o->val_batches);

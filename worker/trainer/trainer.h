@@ -42,6 +42,8 @@ typedef struct {
   int shuffle, val_every, val_batches;
   /* batch */
   int batch, seq, grad_accum, steps;
+  int stop_at; /* > 0: stop (with a checkpoint) once this step is reached, e.g. before a
+                  scheduler's time limit; the schedule still runs to steps */
   /* optimizer */
   dt_lr_schedule_t sched;
   float beta1, beta2, eps, weight_decay, grad_clip;
