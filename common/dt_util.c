@@ -1,6 +1,7 @@
 /* dt_util.c — see dt_util.h. */
 #include "dt_util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -175,9 +176,16 @@ uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n)
   return ~crc;
 }
 
+/* strtoll/strtod skip leading white space; a strict parse must not (" 12" is not a number any
+ * more than "12 " is). */
+static int starts_like_number(const char *s)
+{
+  return s && *s && !isspace((unsigned char)*s);
+}
+
 int dt_parse_i64(const char *s, int64_t *out)
 {
-  if (!s || !*s)
+  if (!starts_like_number(s))
     return DT_EINVAL;
   char *end;
   errno = 0;
@@ -190,7 +198,7 @@ int dt_parse_i64(const char *s, int64_t *out)
 
 int dt_parse_f64(const char *s, double *out)
 {
-  if (!s || !*s)
+  if (!starts_like_number(s))
     return DT_EINVAL;
   char *end;
   errno = 0;

@@ -174,10 +174,18 @@ typedef struct {
   uint64_t rng[4];
   uint64_t payload_bytes;
   uint32_t payload_crc32c;
-  int32_t threads; /* compute threads of the writer (GEMM rounding depends on it) */
-  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8];
+  int32_t threads;        /* compute threads of the writer (GEMM rounding depends on it) */
+  uint32_t header_crc32c; /* CRC-32C of this header with this field zero */
+  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
+
+static uint32_t header_crc(const ckpt_header_t *h)
+{
+  ckpt_header_t copy = *h;
+  copy.header_crc32c = 0;
+  return dt_crc32c(0, &copy, sizeof copy);
+}
 
 static void step_dir(char *buf, size_t n, const char *dir, int64_t step)
 {
@@ -239,6 +247,7 @@ int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const
     h.payload_bytes += n * sizeof(float);
   }
   h.payload_crc32c = crc;
+  h.header_crc32c = header_crc(&h);
 
   dt_afile_t af;
   DT_CHECK(dt_afile_open(&af, path));
@@ -416,6 +425,18 @@ static int resolve_step_dir(const char *path, char *sdir, size_t n)
   return 0;
 }
 
+/* Whether the shards cover [0, num_params) in rank order without gaps or overlaps. */
+static int shards_tile(const dt_ckpt_shard_info_t *shards, int world, int64_t num_params)
+{
+  int64_t expect_lo = 0;
+  for (int r = 0; r < world; r++) {
+    if (shards[r].lo != expect_lo || shards[r].hi < shards[r].lo)
+      return 0;
+    expect_lo = shards[r].hi;
+  }
+  return expect_lo == num_params;
+}
+
 static int manifest_read(const char *sdir, manifest_t *mf)
 {
   char path[4200], line[512];
@@ -452,11 +473,15 @@ static int manifest_read(const char *sdir, manifest_t *mf)
   }
   if (seen != mf->world)
     goto bad;
+  /* The shards must tile [0, num_params) in rank order, as dt_ckpt_commit requires: otherwise a
+   * load would leave a hole of unread weights, or write past the model. */
+  if (!shards_tile(mf->shards, mf->world, mf->num_params))
+    goto bad;
   goto out;
 bad:
   DT_ERROR(CKPT,
            "%s: malformed manifest (expected '" MANIFEST_MAGIC " %d', step, num_params, "
-           "world and one shard line per rank)",
+           "world and one shard line per rank, the shards tiling [0, num_params))",
            path, DT_CKPT_VERSION);
   ret = DT_EFORMAT;
 out:
@@ -488,6 +513,11 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
   if (h->version != DT_CKPT_VERSION || h->header_bytes != sizeof *h) {
     DT_ERROR(CKPT, "%s: checkpoint version %u (header %u bytes): expected version %d (%zu bytes)",
              path, h->version, h->header_bytes, DT_CKPT_VERSION, sizeof *h);
+    ret = DT_EFORMAT;
+    goto fail;
+  }
+  if (h->header_crc32c != header_crc(h)) {
+    DT_ERROR(CKPT, "%s: header checksum mismatch: the shard header is corrupt", path);
     ret = DT_EFORMAT;
     goto fail;
   }

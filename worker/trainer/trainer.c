@@ -352,6 +352,16 @@ int dt_train_run(const dt_train_opts_t *o)
                            .eps = o->eps,
                            .weight_decay = o->weight_decay};
   const double tokens_per_step = (double)o->batch * o->seq * o->grad_accum;
+  if (o->val_every > 0 && state.step == 0) {
+    /* The starting point, so that the fall of the validation loss is visible. */
+    float v0 = evaluate(&model, &val, o->val_batches);
+    if (!o->quiet)
+      DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, v0);
+    if (metrics) {
+      fprintf(metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v0);
+      fflush(metrics);
+    }
+  }
   const int end = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
   while (state.step < end) {
     const int s = (int)state.step;

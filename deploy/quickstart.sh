@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# quickstart.sh — the README's two commands.
+#
+#   deploy/quickstart.sh demo   install deps, build, train the demo model on the KJV Bible (CPU)
+#   deploy/quickstart.sh test   install deps, build, run every test and the quality gates
+#
+# Both are idempotent and run as root on a fresh Debian bookworm machine (sudo otherwise).
+# Environment: BUILD_DIR (default build), JOBS (default nproc), DEMO_STEPS (default 600).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+
+build() { # build DIR [cmake args...]
+  local dir=$1
+  shift
+  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}
+
+demo() {
+  build "$BUILD_DIR"
+  local bin="$BUILD_DIR/worker/trainer" work="$BUILD_DIR/demo"
+  mkdir -p "$work"
+  if [ ! -f "$work/data/val.bin" ]; then
+    echo "== preparing the King James Bible as byte-level token shards"
+    bible -f Gen1:1-Rev22:21 >"$work/kjv.txt"
+    "$bin/distrain-prep" --input "$work/kjv.txt" --out "$work/data" --val-fraction 0.05
+  fi
+  rm -rf "$work/ckpt"
+  echo "== training a 4-layer byte-level GPT on $(nproc) CPU cores"
+  "$bin/distrain-train" \
+    --train "$work/data/train_*.bin" --val "$work/data/val.bin" --shuffle \
+    --layers 4 --heads 4 --channels 128 --vocab 256 --max-seq 128 \
+    --batch 16 --seq 128 --steps "${DEMO_STEPS:-600}" \
+    --lr 2e-3 --warmup 30 --schedule cosine --min-lr-frac 0.1 --weight-decay 0.1 --grad-clip 1.0 \
+    --val-every 100 --val-batches 10 \
+    --ckpt-dir "$work/ckpt" --save-every 200 --keep 2 \
+    --metrics "$work/metrics.jsonl" --sample 400
+  echo "== done: checkpoints in $work/ckpt, per-step metrics in $work/metrics.jsonl"
+}
+
+tests() {
+  echo "== release build + all tests"
+  build "$BUILD_DIR"
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j 2)
+  echo "== clang-format check"
+  git ls-files '*.c' '*.h' '*.cu' | xargs clang-format --dry-run --Werror
+  echo "== ASan/UBSan build + unit and numerics tests"
+  cmake -S "$ROOT" -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DDT_SANITIZE=ON \
+    -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON -DCMAKE_CUDA_COMPILER=NOTFOUND >/dev/null
+  cmake --build "$BUILD_DIR-asan" -j "$JOBS"
+  (cd "$BUILD_DIR-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L 'unit|numerics|integration')
+}
+
+case "${1:-}" in
+demo | test)
+  deploy/install-deps.sh
+  if [ "$1" = demo ]; then demo; else tests; fi
+  ;;
+*)
+  echo "usage: deploy/quickstart.sh demo|test" >&2
+  exit 2
+  ;;
+esac

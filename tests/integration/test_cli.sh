@@ -1,0 +1,281 @@
+#!/bin/bash
+# test_cli.sh — runs the real distrain-train and distrain-prep binaries on bad input and checks
+# that each failure exits non-zero with a one-line error on stderr naming the file and what was
+# expected (and that nothing is left half-written); then checks the happy path: prep makes shards
+# of the right sizes and a few training steps write one JSON metrics line per step.
+#
+#   bash test_cli.sh PATH/TO/distrain-train PATH/TO/distrain-prep
+set -u
+
+TRAIN=${1:?usage: test_cli.sh DISTRAIN_TRAIN DISTRAIN_PREP}
+PREP=${2:?usage: test_cli.sh DISTRAIN_TRAIN DISTRAIN_PREP}
+PY=/usr/bin/python3
+export OMP_NUM_THREADS=2
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/dt-cli-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+
+FAILS=0
+CHECKS=0
+ok() { CHECKS=$((CHECKS + 1)); echo "ok   - $*"; }
+bad() {
+  CHECKS=$((CHECKS + 1))
+  FAILS=$((FAILS + 1))
+  echo "FAIL - $*"
+}
+
+# The tiny model every run uses (fast; byte-level vocabulary).
+MODEL=(--layers 1 --heads 2 --channels 16 --vocab 256 --max-seq 32 --batch 2 --seq 16 --threads 2)
+
+# run NAME CMD... : runs the command, leaving its exit code in RC and stderr in $T/NAME.err.
+run() {
+  local name=$1
+  shift
+  "$@" >"$T/$name.out" 2>"$T/$name.err"
+  RC=$?
+}
+
+# expect_error NAME WANT_RC PATTERN1 PATTERN2 : the last run exited with WANT_RC ("nonzero" for
+# any non-zero code) and one stderr line contains both fixed strings.
+expect_error() {
+  local name=$1 want=$2 p1=$3 p2=$4
+  if [[ $want == nonzero && $RC -eq 0 ]] || [[ $want != nonzero && $RC -ne $want ]]; then
+    bad "$name: exit code $RC, expected $want"
+    sed 's/^/    | /' "$T/$name.err" | tail -5
+    return
+  fi
+  if grep -F -- "$p1" "$T/$name.err" | grep -qF -- "$p2"; then
+    ok "$name (exit $RC): $(grep -F -- "$p1" "$T/$name.err" | grep -F -- "$p2" | head -1)"
+  else
+    bad "$name: no stderr line containing both '$p1' and '$p2'"
+    sed 's/^/    | /' "$T/$name.err" | tail -5
+  fi
+}
+
+# A listing with checksums of everything under a directory, to prove it was left alone.
+snapshot() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r md5sum); }
+
+# Tokens in a shard, from its header (int32 word 2).
+shard_ntok() { od -An -t d4 -j 8 -N 4 "$1" | tr -d ' '; }
+
+# ------------------------------------------------------------------------------------------
+# distrain-prep: a small text into train_000000.bin and val.bin of the right sizes
+# ------------------------------------------------------------------------------------------
+for i in $(seq 1 150); do echo "the quick brown fox number $i jumps over the lazy dog"; done >"$T/text.txt"
+NBYTES=$(stat -c %s "$T/text.txt")
+NVAL=$((NBYTES / 10)) # --val-fraction 0.1 (the default), rounded down
+NTRAIN=$((NBYTES - NVAL))
+run prep "$PREP" --input "$T/text.txt" --out "$T/data"
+DATA=$T/data/train_000000.bin
+VAL=$T/data/val.bin
+if [[ $RC -eq 0 && -f $DATA && -f $VAL ]]; then
+  ok "prep wrote train_000000.bin and val.bin"
+else
+  bad "prep: exit $RC, files: $(ls "$T/data" 2>/dev/null | tr '\n' ' ')"
+  cat "$T/prep.err"
+  echo "cannot continue without data"
+  exit 1
+fi
+for f in "$DATA:$NTRAIN" "$VAL:$NVAL"; do
+  path=${f%:*} want=${f##*:}
+  got=$(shard_ntok "$path")
+  size=$(stat -c %s "$path")
+  if [[ $got -eq $want && $size -eq $((1024 + 2 * want)) ]]; then
+    ok "$(basename "$path"): $got tokens, $size bytes"
+  else
+    bad "$(basename "$path"): header says $got tokens ($size bytes), expected $want tokens"
+  fi
+done
+# The tokens are the text's bytes.
+if $PY - "$DATA" "$T/text.txt" "$NTRAIN" <<'EOF'; then
+import struct, sys
+shard, text, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+raw = open(shard, "rb").read()
+hdr = struct.unpack("<256i", raw[:1024])
+assert hdr[:3] == (20240520, 1, n), hdr[:3]
+toks = struct.unpack("<%dH" % n, raw[1024:])
+assert bytes(toks) == open(text, "rb").read()[:n]
+EOF
+  ok "train shard tokens are the first $NTRAIN bytes of the text"
+else
+  bad "train shard tokens differ from the text"
+fi
+ls "$T/data" | grep -q tmp && bad "prep left a temporary file behind"
+
+run prep_bad_frac "$PREP" --input "$T/text.txt" --out "$T/data2" --val-fraction 1.5
+expect_error prep_bad_frac 2 "--val-fraction" "expected"
+run prep_missing "$PREP" --input "$T/no-such.txt" --out "$T/data2"
+expect_error prep_missing nonzero "$T/no-such.txt" "No such file"
+
+# ------------------------------------------------------------------------------------------
+# distrain-train, happy path: --metrics has one JSON object per step
+# ------------------------------------------------------------------------------------------
+run good "$TRAIN" --train "$DATA" --val "$VAL" --val-every 2 --val-batches 2 "${MODEL[@]}" \
+  --steps 4 --metrics "$T/metrics.jsonl" --export-llmc "$T/model.bin" --quiet
+if [[ $RC -eq 0 ]]; then
+  ok "train 4 steps"
+else
+  bad "train 4 steps: exit $RC"
+  tail -5 "$T/good.err"
+fi
+if $PY - "$T/metrics.jsonl" <<'EOF'; then
+import json, math, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 5, "%d lines" % len(lines)
+m0 = json.loads(lines[0])  # the validation loss before training
+assert m0["step"] == 0 and math.isfinite(m0["val_loss"]) and set(m0) == {"step", "val_loss"}, m0
+lines = lines[1:]
+for i, line in enumerate(lines):
+    m = json.loads(line)  # one complete JSON object per line
+    assert m["step"] == i + 1, m
+    for k in ("loss", "lr", "grad_norm", "ms", "tokens_per_s"):
+        assert isinstance(m[k], (int, float)) and math.isfinite(m[k]), (k, m)
+    assert 0 < m["loss"] < 20, m
+    assert ("val_loss" in m) == (m["step"] % 2 == 0), m
+EOF
+  ok "metrics: step-0 val line, then 4 JSON lines, steps 1..4, val_loss on even steps"
+else
+  bad "metrics file is not one valid JSON line per step:"
+  sed 's/^/    | /' "$T/metrics.jsonl"
+fi
+
+# ------------------------------------------------------------------------------------------
+# Bad token shards
+# ------------------------------------------------------------------------------------------
+cp "$DATA" "$T/magic.bin"
+printf '\x01\x02\x03\x04' | dd of="$T/magic.bin" bs=1 seek=0 conv=notrunc status=none
+run magic "$TRAIN" --train "$T/magic.bin" "${MODEL[@]}" --steps 1
+expect_error magic 1 "$T/magic.bin" "expected 20240520"
+
+cp "$DATA" "$T/version.bin"
+printf '\x07\x00\x00\x00' | dd of="$T/version.bin" bs=1 seek=4 conv=notrunc status=none
+run version "$TRAIN" --train "$T/version.bin" "${MODEL[@]}" --steps 1
+expect_error version 1 "$T/version.bin" "version 7: expected 1"
+
+cp "$DATA" "$T/trunc.bin"
+truncate -s -3 "$T/trunc.bin"
+run trunc "$TRAIN" --train "$T/trunc.bin" "${MODEL[@]}" --steps 1
+expect_error trunc 1 "$T/trunc.bin" "expected $((1024 + 2 * NTRAIN)) bytes (truncated)"
+
+head -c 100 "$DATA" >"$T/header.bin"
+run header "$TRAIN" --train "$T/header.bin" "${MODEL[@]}" --steps 1
+expect_error header 1 "$T/header.bin" "expected a 1024-byte header"
+
+# Byte-level data has letters (>= 97) that a 64-token vocabulary cannot hold.
+run vocab "$TRAIN" --train "$DATA" --layers 1 --heads 2 --channels 16 --vocab 64 --max-seq 32 \
+  --batch 2 --seq 16 --steps 1
+expect_error vocab 1 "$DATA" ">= vocab 64"
+
+run nomatch "$TRAIN" --train "$T/nothing_*.bin" "${MODEL[@]}" --steps 1
+expect_error nomatch 1 "$T/nothing_*.bin" "no token shard matches"
+
+# ------------------------------------------------------------------------------------------
+# llm.c checkpoints that disagree with the flags, or are damaged
+# ------------------------------------------------------------------------------------------
+if [[ -f $T/model.bin ]]; then
+  run llmc_layers "$TRAIN" --train "$DATA" --init "llmc:$T/model.bin" --layers 2 --steps 1
+  expect_error llmc_layers 1 "$T/model.bin" "checkpoint has layers 1 but 2 was given"
+  run llmc_channels "$TRAIN" --train "$DATA" --init "llmc:$T/model.bin" --channels 32 --steps 1
+  expect_error llmc_channels 1 "$T/model.bin" "checkpoint has channels 16 but 32 was given"
+  # agreeing flags are accepted
+  run llmc_ok "$TRAIN" --train "$DATA" --init "llmc:$T/model.bin" "${MODEL[@]}" --steps 1 --quiet
+  [[ $RC -eq 0 ]] && ok "llm.c init with agreeing flags" || bad "llm.c init with agreeing flags: exit $RC"
+
+  cp "$T/model.bin" "$T/model_v5.bin"
+  printf '\x05\x00\x00\x00' | dd of="$T/model_v5.bin" bs=1 seek=4 conv=notrunc status=none
+  run llmc_v5 "$TRAIN" --train "$DATA" --init "llmc:$T/model_v5.bin" --steps 1
+  expect_error llmc_v5 1 "$T/model_v5.bin" "expected 3 (fp32); version 5 is bf16"
+
+  cp "$T/model.bin" "$T/model_trunc.bin"
+  truncate -s -4 "$T/model_trunc.bin"
+  run llmc_trunc "$TRAIN" --train "$DATA" --init "llmc:$T/model_trunc.bin" --steps 1
+  expect_error llmc_trunc 1 "$T/model_trunc.bin" "(truncated)"
+else
+  bad "--export-llmc did not write $T/model.bin"
+fi
+
+# ------------------------------------------------------------------------------------------
+# Checkpoint directories
+# ------------------------------------------------------------------------------------------
+: >"$T/plainfile"
+run ckpt_unwritable "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 2 --ckpt-dir "$T/plainfile/ckpt" \
+  --metrics "$T/unwritable.jsonl"
+expect_error ckpt_unwritable 1 "$T/plainfile/ckpt" "cannot create checkpoint directory"
+# refused before any step was spent
+[[ -s $T/unwritable.jsonl ]] && bad "steps ran although the checkpoint dir is unusable" ||
+  ok "no step ran with an unusable checkpoint dir"
+
+run ckpt_first "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 2 --ckpt-dir "$T/ck" --quiet
+if [[ $RC -eq 0 && -f $T/ck/step-00000002/MANIFEST ]]; then
+  ok "first run committed $T/ck/step-00000002"
+else
+  bad "first run: exit $RC, $(ls "$T/ck" 2>/dev/null)"
+fi
+before=$(snapshot "$T/ck")
+run ckpt_clobber "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 4 --ckpt-dir "$T/ck"
+expect_error ckpt_clobber 1 "$T/ck" "pass --resume"
+[[ "$(snapshot "$T/ck")" == "$before" ]] && ok "existing checkpoint dir left untouched" ||
+  bad "existing checkpoint dir was modified"
+# ... while --resume continues it
+run ckpt_resume "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 3 --ckpt-dir "$T/ck" --resume --quiet
+[[ $RC -eq 0 && -f $T/ck/step-00000003/MANIFEST ]] && ok "--resume continued to step 3" ||
+  bad "--resume: exit $RC"
+
+# ------------------------------------------------------------------------------------------
+# Divergence: a huge learning rate makes the loss non-finite
+# ------------------------------------------------------------------------------------------
+run nan "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 6 --lr 1e30 --save-every 1 \
+  --ckpt-dir "$T/nan" --metrics "$T/nan.jsonl"
+expect_error nan nonzero "non-finite" "step "
+bad_step=$(grep -o 'step [0-9]*: loss' "$T/nan.err" | head -1 | grep -o '[0-9]*')
+if [[ -n $bad_step ]]; then
+  bad_dir=$(printf '%s/nan/step-%08d' "$T" "$bad_step")
+  if [[ -e $bad_dir ]]; then
+    bad "a checkpoint was written for the diverged step $bad_step"
+  else
+    ok "no checkpoint for the diverged step $bad_step"
+  fi
+  newer=$(cd "$T/nan" 2>/dev/null && ls -d step-* 2>/dev/null | sed 's/step-0*//' |
+    awk -v s="$bad_step" '$1 >= s' | head -1)
+  [[ -z $newer ]] && ok "no checkpoint at or after step $bad_step" || bad "checkpoint step $newer exists"
+  # and every checkpoint that was committed holds finite numbers only
+  if $PY - "$T/nan" <<'EOF'; then
+import glob, math, struct, sys
+for path in glob.glob(sys.argv[1] + "/step-*/shard-*.bin"):
+    raw = open(path, "rb").read()[256:]
+    vals = struct.unpack("<%df" % (len(raw) // 4), raw)
+    assert all(math.isfinite(v) for v in vals), path
+EOF
+    ok "committed checkpoints before the divergence are finite"
+  else
+    bad "a committed checkpoint holds non-finite values"
+  fi
+  lines=$(wc -l <"$T/nan.jsonl")
+  [[ $lines -eq $((bad_step - 1)) ]] && ok "metrics stop before the diverged step" ||
+    bad "metrics has $lines lines for divergence at step $bad_step"
+else
+  bad "could not find the diverged step in stderr"
+fi
+
+# ------------------------------------------------------------------------------------------
+# Bad flags: exit 2 with a message naming the flag
+# ------------------------------------------------------------------------------------------
+run flag_batch "$TRAIN" --train "$DATA" --batch abc
+expect_error flag_batch 2 "--batch" "expected an integer, got 'abc'"
+run flag_batch_trailing "$TRAIN" --train "$DATA" --batch 4x
+expect_error flag_batch_trailing 2 "--batch" "got '4x'"
+run flag_schedule "$TRAIN" --train "$DATA" --schedule foo
+expect_error flag_schedule 2 "--schedule" "expected constant or cosine, got 'foo'"
+run flag_lr "$TRAIN" --train "$DATA" --lr nan
+expect_error flag_lr 2 "--lr" "expected a number, got 'nan'"
+run flag_unknown "$TRAIN" --train "$DATA" --frobnicate 3
+expect_error flag_unknown 2 "--frobnicate" "unknown"
+run flag_missing_arg "$TRAIN" --train "$DATA" --steps
+expect_error flag_missing_arg 2 "--steps" "option"
+run flag_init "$TRAIN" --train "$DATA" --init bogus
+expect_error flag_init 2 "--init" "expected llmc:PATH or seed:N"
+run flag_extra "$TRAIN" --train "$DATA" stray
+expect_error flag_extra 2 "stray" "unexpected argument"
+
+echo "$CHECKS checks, $FAILS failed"
+[[ $FAILS -eq 0 ]]

@@ -1,0 +1,625 @@
+/* test_common.c — Check suite for common/: the error table, DT_PARAM, strict number parsing,
+ * CRC-32C, durable atomic files, mkdir -p and the RNG. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "dt_error.h"
+#include "dt_param.h"
+#include "dt_util.h"
+#include "rng.h"
+#include "ut_fs.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every entry of the X-macro table must round-trip through both string functions. */
+START_TEST(test_strerror_every_code)
+{
+  int count = 0;
+#define CHECK_ONE(name, val, msg)                                                                  \
+  ck_assert_int_eq(DT_##name, (val));                                                              \
+  ck_assert_int_lt(DT_##name, 0);                                                                  \
+  ck_assert_str_eq(dt_strerror(DT_##name), (msg));                                                 \
+  ck_assert_str_eq(dt_err_name(DT_##name), "DT_" #name);                                           \
+  count++;
+  DT_ERRNO_MAP(CHECK_ONE)
+#undef CHECK_ONE
+  ck_assert_int_eq(count, 22);
+  ck_assert_str_eq(dt_strerror(0), "success");
+  ck_assert_str_eq(dt_err_name(0), "OK");
+}
+END_TEST
+
+/* Codes must be distinct, or two errors would print the same name. */
+START_TEST(test_error_codes_distinct)
+{
+  static const int codes[] = {
+#define CODE(name, val, msg) DT_##name,
+      DT_ERRNO_MAP(CODE)
+#undef CODE
+  };
+  const size_t n = sizeof codes / sizeof codes[0];
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = i + 1; j < n; j++)
+      ck_assert_int_ne(codes[i], codes[j]);
+}
+END_TEST
+
+START_TEST(test_strerror_unknown)
+{
+  const int unknown[] = {-23, -999, 1, 5, -2147483647};
+  for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+    ck_assert_str_eq(dt_strerror(unknown[i]), "unknown error");
+    ck_assert_str_eq(dt_err_name(unknown[i]), "DT_UNKNOWN");
+  }
+}
+END_TEST
+
+START_TEST(test_err_from_errno)
+{
+  ck_assert_int_eq(dt_err_from_errno(0), 0);
+  ck_assert_int_eq(dt_err_from_errno(ENOENT), DT_ENOENT);
+  ck_assert_int_eq(dt_err_from_errno(ENOTDIR), DT_ENOENT);
+  ck_assert_int_eq(dt_err_from_errno(EACCES), DT_EACCES);
+  ck_assert_int_eq(dt_err_from_errno(EPERM), DT_EACCES);
+  ck_assert_int_eq(dt_err_from_errno(EROFS), DT_EACCES);
+  ck_assert_int_eq(dt_err_from_errno(ENOMEM), DT_ENOMEM);
+  ck_assert_int_eq(dt_err_from_errno(EEXIST), DT_EEXIST);
+  ck_assert_int_eq(dt_err_from_errno(EINVAL), DT_EINVAL);
+  ck_assert_int_eq(dt_err_from_errno(ETIMEDOUT), DT_ETIMEDOUT);
+  ck_assert_int_eq(dt_err_from_errno(ERANGE), DT_ERANGE);
+  ck_assert_int_eq(dt_err_from_errno(ECANCELED), DT_ECANCELED);
+  ck_assert_int_eq(dt_err_from_errno(EIO), DT_EIO);
+  ck_assert_int_eq(dt_err_from_errno(ENOSPC), DT_EIO);
+  ck_assert_int_eq(dt_err_from_errno(EDQUOT), DT_EIO);
+  /* Anything else is a generic system failure, never success or a positive value. */
+  ck_assert_int_eq(dt_err_from_errno(EBADF), DT_ESYS);
+  ck_assert_int_eq(dt_err_from_errno(EPIPE), DT_ESYS);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* DT_PARAM                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Each parameter caches its first read, so every case gets its own parameter. */
+DT_PARAM(UtValid, "UT_PARAM_VALID", 7)
+DT_PARAM(UtNegative, "UT_PARAM_NEGATIVE", 7)
+DT_PARAM(UtUnset, "UT_PARAM_UNSET", 11)
+DT_PARAM(UtEmpty, "UT_PARAM_EMPTY", 12)
+DT_PARAM(UtTrailing, "UT_PARAM_TRAILING", 13)
+DT_PARAM(UtFloat, "UT_PARAM_FLOAT", 14)
+DT_PARAM(UtOverflow, "UT_PARAM_OVERFLOW", 15)
+DT_PARAM(UtCached, "UT_PARAM_CACHED", 16)
+DT_PARAM(UtBig, "UT_PARAM_BIG", 0)
+
+START_TEST(test_param_valid)
+{
+  setenv("DISTRAIN_UT_PARAM_VALID", "4096", 1);
+  ck_assert_int_eq(dt_param_UtValid(), 4096);
+  setenv("DISTRAIN_UT_PARAM_NEGATIVE", "-3", 1);
+  ck_assert_int_eq(dt_param_UtNegative(), -3);
+  setenv("DISTRAIN_UT_PARAM_BIG", "9000000000", 1); /* needs 64 bits */
+  ck_assert_int_eq(dt_param_UtBig(), 9000000000ll);
+}
+END_TEST
+
+START_TEST(test_param_unset_and_empty)
+{
+  unsetenv("DISTRAIN_UT_PARAM_UNSET");
+  ck_assert_int_eq(dt_param_UtUnset(), 11);
+  setenv("DISTRAIN_UT_PARAM_EMPTY", "", 1);
+  ck_assert_int_eq(dt_param_UtEmpty(), 12);
+}
+END_TEST
+
+START_TEST(test_param_malformed_uses_default)
+{
+  setenv("DISTRAIN_UT_PARAM_TRAILING", "12abc", 1);
+  ck_assert_int_eq(dt_param_UtTrailing(), 13);
+  setenv("DISTRAIN_UT_PARAM_FLOAT", "1.5", 1);
+  ck_assert_int_eq(dt_param_UtFloat(), 14);
+  setenv("DISTRAIN_UT_PARAM_OVERFLOW", "99999999999999999999", 1);
+  ck_assert_int_eq(dt_param_UtOverflow(), 15);
+}
+END_TEST
+
+START_TEST(test_param_read_once)
+{
+  setenv("DISTRAIN_UT_PARAM_CACHED", "1", 1);
+  ck_assert_int_eq(dt_param_UtCached(), 1);
+  setenv("DISTRAIN_UT_PARAM_CACHED", "2", 1);
+  ck_assert_int_eq(dt_param_UtCached(), 1);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Number parsing                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_parse_i64)
+{
+  int64_t v = 0;
+  ck_assert_int_eq(dt_parse_i64("42", &v), 0);
+  ck_assert_int_eq(v, 42);
+  ck_assert_int_eq(dt_parse_i64("-7", &v), 0);
+  ck_assert_int_eq(v, -7);
+  ck_assert_int_eq(dt_parse_i64("0", &v), 0);
+  ck_assert_int_eq(v, 0);
+  ck_assert_int_eq(dt_parse_i64("9223372036854775807", &v), 0);
+  ck_assert_int_eq(v, INT64_MAX);
+  ck_assert_int_eq(dt_parse_i64("-9223372036854775808", &v), 0);
+  ck_assert_int_eq(v, INT64_MIN);
+
+  /* Rejected, and the output left alone. */
+  const char *bad[] = {"",
+                       "abc",
+                       "12abc",
+                       "1.5",
+                       "0x10",
+                       "12 ",
+                       " 12",
+                       "\t3",
+                       "1e3",
+                       "-",
+                       "+",
+                       "--1",
+                       "9223372036854775808",
+                       "-9223372036854775809",
+                       "nan"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    v = 12345;
+    ck_assert_msg(dt_parse_i64(bad[i], &v) == DT_EINVAL, "'%s' was accepted", bad[i]);
+    ck_assert_int_eq(v, 12345);
+  }
+  ck_assert_int_eq(dt_parse_i64(NULL, &v), DT_EINVAL);
+}
+END_TEST
+
+START_TEST(test_parse_f64)
+{
+  double v = 0;
+  ck_assert_int_eq(dt_parse_f64("1.5", &v), 0);
+  ck_assert(v == 1.5);
+  ck_assert_int_eq(dt_parse_f64("-2e3", &v), 0);
+  ck_assert(v == -2000.0);
+  ck_assert_int_eq(dt_parse_f64("3e-4", &v), 0);
+  ck_assert(v == 3e-4);
+  ck_assert_int_eq(dt_parse_f64("7", &v), 0);
+  ck_assert(v == 7.0);
+  ck_assert_int_eq(dt_parse_f64("1e30", &v), 0);
+  ck_assert(v == 1e30);
+
+  const char *bad[] = {"",    "abc",  "1.5x",  "1.5 ",   " 1.5", "nan", "NaN",
+                       "inf", "-inf", "1e400", "-1e400", ".",    "e5",  "1,5"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    v = 42.0;
+    ck_assert_msg(dt_parse_f64(bad[i], &v) == DT_EINVAL, "'%s' was accepted", bad[i]);
+    ck_assert(v == 42.0);
+  }
+  ck_assert_int_eq(dt_parse_f64(NULL, &v), DT_EINVAL);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* CRC-32C                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_crc32c_check_value)
+{
+  ck_assert_uint_eq(dt_crc32c(0, "123456789", 9), 0xE3069283u);
+  ck_assert_uint_eq(dt_crc32c(0, "", 0), 0u);
+  /* RFC 3720 (iSCSI) B.4 test vectors. */
+  uint8_t buf[32];
+  memset(buf, 0, sizeof buf);
+  ck_assert_uint_eq(dt_crc32c(0, buf, sizeof buf), 0x8A9136AAu);
+  memset(buf, 0xFF, sizeof buf);
+  ck_assert_uint_eq(dt_crc32c(0, buf, sizeof buf), 0x62A8AB43u);
+  for (int i = 0; i < 32; i++)
+    buf[i] = (uint8_t)i;
+  ck_assert_uint_eq(dt_crc32c(0, buf, sizeof buf), 0x46DD794Eu);
+}
+END_TEST
+
+START_TEST(test_crc32c_chaining)
+{
+  uint8_t data[1000];
+  dt_rng_t r;
+  dt_rng_seed(&r, 99);
+  for (size_t i = 0; i < sizeof data; i++)
+    data[i] = (uint8_t)dt_rng_u64(&r);
+  const uint32_t whole = dt_crc32c(0, data, sizeof data);
+  for (size_t split = 0; split <= sizeof data; split += 37) {
+    uint32_t c = dt_crc32c(0, data, split);
+    c = dt_crc32c(c, data + split, sizeof data - split);
+    ck_assert_uint_eq(c, whole);
+  }
+  /* Three pieces, one of them empty. */
+  uint32_t c = dt_crc32c(0, data, 10);
+  c = dt_crc32c(c, data + 10, 0);
+  c = dt_crc32c(c, data + 10, sizeof data - 10);
+  ck_assert_uint_eq(c, whole);
+  /* A single flipped bit changes the checksum. */
+  data[500] ^= 0x10;
+  ck_assert_uint_ne(dt_crc32c(0, data, sizeof data), whole);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Atomic files and mkdir -p                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_afile_commit_replaces)
+{
+  char dir[256], path[512];
+  size_t n;
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/file.bin", dir);
+  ut_write_all(path, "old contents", 12);
+
+  dt_afile_t af;
+  ck_assert_int_eq(dt_afile_open(&af, path), 0);
+  ck_assert_int_eq(dt_afile_write(&af, "new", 3), 0);
+  ck_assert_int_eq(dt_afile_write(&af, " data!", 6), 0);
+  ck_assert_int_eq(dt_afile_write(&af, NULL, 0), 0);
+  /* Before the commit the old file is intact and the new data sits in a temporary. */
+  uint8_t *before = ut_read_all(path, &n);
+  ck_assert_int_eq(n, 12);
+  ck_assert_int_eq(memcmp(before, "old contents", 12), 0);
+  free(before);
+  ck_assert(ut_exists(af.tmp));
+  ck_assert_int_eq(ut_count_entries(dir, NULL), 2);
+
+  ck_assert_int_eq(dt_afile_commit(&af), 0);
+  uint8_t *after = ut_read_all(path, &n);
+  ck_assert_int_eq(n, 9);
+  ck_assert_int_eq(memcmp(after, "new data!", 9), 0);
+  free(after);
+  ck_assert_int_eq(ut_count_entries(dir, ".tmp"), 0);
+  ck_assert_int_eq(ut_count_entries(dir, NULL), 1);
+
+  /* A commit onto a path that did not exist creates it. */
+  snprintf(path, sizeof path, "%s/fresh.bin", dir);
+  ck_assert_int_eq(dt_afile_open(&af, path), 0);
+  ck_assert_int_eq(dt_afile_write(&af, "x", 1), 0);
+  ck_assert_int_eq(dt_afile_commit(&af), 0);
+  ck_assert_int_eq(ut_file_size(path), 1);
+  ck_assert_int_eq(ut_count_entries(dir, ".tmp"), 0);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_afile_abort_leaves_old)
+{
+  char dir[256], path[512];
+  size_t n;
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/file.bin", dir);
+  ut_write_all(path, "keep me", 7);
+
+  dt_afile_t af;
+  ck_assert_int_eq(dt_afile_open(&af, path), 0);
+  ck_assert_int_eq(dt_afile_write(&af, "garbage garbage", 15), 0);
+  dt_afile_abort(&af);
+  uint8_t *buf = ut_read_all(path, &n);
+  ck_assert_int_eq(n, 7);
+  ck_assert_int_eq(memcmp(buf, "keep me", 7), 0);
+  free(buf);
+  ck_assert_int_eq(ut_count_entries(dir, NULL), 1);
+  ck_assert_int_eq(ut_count_entries(dir, ".tmp"), 0);
+
+  /* Abort of a file that never existed leaves nothing at all. */
+  snprintf(path, sizeof path, "%s/never.bin", dir);
+  ck_assert_int_eq(dt_afile_open(&af, path), 0);
+  dt_afile_abort(&af);
+  ck_assert(!ut_exists(path));
+  ck_assert_int_eq(ut_count_entries(dir, NULL), 1);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_afile_missing_dir)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/no/such/dir/file.bin", dir);
+  dt_afile_t af;
+  int rc = dt_afile_open(&af, path);
+  ck_assert_int_eq(rc, DT_ENOENT);
+  ck_assert_ptr_null(af.fp);
+  dt_afile_abort(&af); /* harmless after a failed open */
+  ck_assert(!ut_exists(path));
+  /* Below a regular file: not a directory, still an error. */
+  snprintf(path, sizeof path, "%s/plain", dir);
+  ut_write_all(path, "x", 1);
+  snprintf(path, sizeof path, "%s/plain/file.bin", dir);
+  ck_assert_int_lt(dt_afile_open(&af, path), 0);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_mkdir_p)
+{
+  char dir[256], path[512];
+  struct stat st;
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/a/b/c", dir);
+  ck_assert_int_eq(dt_mkdir_p(path), 0);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert(S_ISDIR(st.st_mode));
+  /* Existing: still success. Trailing slash: fine. */
+  ck_assert_int_eq(dt_mkdir_p(path), 0);
+  snprintf(path, sizeof path, "%s/a/b/d/", dir);
+  ck_assert_int_eq(dt_mkdir_p(path), 0);
+  snprintf(path, sizeof path, "%s/a/b/d", dir);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert(S_ISDIR(st.st_mode));
+  /* A regular file where the directory should be. */
+  snprintf(path, sizeof path, "%s/file", dir);
+  ut_write_all(path, "x", 1);
+  ck_assert_int_eq(dt_mkdir_p(path), DT_EEXIST);
+  /* A path below a regular file. */
+  snprintf(path, sizeof path, "%s/file/sub/dir", dir);
+  ck_assert_int_lt(dt_mkdir_p(path), 0);
+  ck_assert(!ut_exists(path));
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_calloc_aligned)
+{
+  for (size_t bytes = 0; bytes < 300; bytes += 37) {
+    uint8_t *p = dt_calloc_aligned(bytes, "test");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq((uintptr_t)p % 64, 0);
+    for (size_t i = 0; i < bytes; i++)
+      ck_assert_uint_eq(p[i], 0);
+    dt_free_aligned(p);
+  }
+  double a = dt_now_ms();
+  uint64_t b = dt_now_ns();
+  ck_assert(dt_now_ms() >= a);
+  ck_assert_uint_ge(dt_now_ns(), b);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* RNG                                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_rng_deterministic)
+{
+  dt_rng_t a, b, c;
+  dt_rng_seed(&a, 1337);
+  dt_rng_seed(&b, 1337);
+  dt_rng_seed(&c, 1338);
+  int differ = 0;
+  for (int i = 0; i < 1000; i++) {
+    uint64_t x = dt_rng_u64(&a), y = dt_rng_u64(&b), z = dt_rng_u64(&c);
+    ck_assert_uint_eq(x, y);
+    differ += x != z;
+  }
+  ck_assert_int_gt(differ, 990);
+  /* The state is the whole story: a copy continues the same stream (checkpoint resume). */
+  dt_rng_t saved = a;
+  uint64_t next[4];
+  for (int i = 0; i < 4; i++)
+    next[i] = dt_rng_u64(&a);
+  for (int i = 0; i < 4; i++)
+    ck_assert_uint_eq(dt_rng_u64(&saved), next[i]);
+  /* Seed 0 must not produce the all-zero (stuck) xoshiro state. */
+  dt_rng_t z;
+  dt_rng_seed(&z, 0);
+  ck_assert(z.s[0] | z.s[1] | z.s[2] | z.s[3]);
+  ck_assert_uint_ne(dt_rng_u64(&z), dt_rng_u64(&z));
+}
+END_TEST
+
+START_TEST(test_rng_uniform_range)
+{
+  dt_rng_t r;
+  dt_rng_seed(&r, 5);
+  double sum = 0.0;
+  const int n = 100000;
+  for (int i = 0; i < n; i++) {
+    float u = dt_rng_uniform(&r);
+    ck_assert(u >= 0.0f && u < 1.0f);
+    sum += u;
+  }
+  ck_assert_double_eq_tol(sum / n, 0.5, 0.01);
+}
+END_TEST
+
+START_TEST(test_rng_below)
+{
+  dt_rng_t r;
+  dt_rng_seed(&r, 7);
+  const uint64_t ns[] = {1, 2, 3, 7, 10, 1000, (1ull << 32) + 1, (1ull << 63) + 5, UINT64_MAX};
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+    for (int i = 0; i < 2000; i++)
+      ck_assert_uint_lt(dt_rng_below(&r, ns[k]), ns[k]);
+  /* Every value of a small range appears, in roughly equal numbers. */
+  int hist[7] = {0};
+  const int draws = 70000;
+  for (int i = 0; i < draws; i++)
+    hist[dt_rng_below(&r, 7)]++;
+  for (int v = 0; v < 7; v++)
+    ck_assert_msg(abs(hist[v] - draws / 7) < draws / 7 / 10, "value %d drawn %d times", v, hist[v]);
+  /* Just above 1000 (and for a power of two) the values stay in range and fill both ends. */
+  const uint64_t edge[] = {1001, 1024};
+  for (size_t k = 0; k < 2; k++) {
+    uint64_t lo = edge[k], hi = 0;
+    for (int i = 0; i < 20000; i++) {
+      uint64_t x = dt_rng_below(&r, edge[k]);
+      ck_assert_uint_lt(x, edge[k]);
+      lo = x < lo ? x : lo;
+      hi = x > hi ? x : hi;
+    }
+    ck_assert_uint_eq(lo, 0);
+    ck_assert_uint_eq(hi, edge[k] - 1);
+  }
+  /* Large n: both halves are reached (a modulo-only bug would skew this heavily). */
+  int upper = 0;
+  const uint64_t big = (1ull << 63) + (1ull << 62);
+  for (int i = 0; i < 10000; i++)
+    upper += dt_rng_below(&r, big) >= big / 2;
+  ck_assert_int_gt(upper, 4500);
+  ck_assert_int_lt(upper, 5500);
+}
+END_TEST
+
+START_TEST(test_rng_permutation)
+{
+  dt_rng_t r;
+  dt_rng_seed(&r, 11);
+  const int64_t sizes[] = {0, 1, 2, 5, 100, 1000};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    const int64_t n = sizes[k];
+    int64_t *perm = malloc((size_t)(n ? n : 1) * sizeof *perm);
+    uint8_t *seen = calloc((size_t)(n ? n : 1), 1);
+    dt_rng_permutation(&r, perm, n);
+    int64_t fixed = 0;
+    for (int64_t i = 0; i < n; i++) {
+      ck_assert(perm[i] >= 0 && perm[i] < n);
+      ck_assert_msg(!seen[perm[i]], "value %lld repeated", (long long)perm[i]);
+      seen[perm[i]] = 1;
+      fixed += perm[i] == i;
+    }
+    if (n >= 100)
+      ck_assert_int_lt(fixed, n / 10); /* actually shuffled */
+    free(perm);
+    free(seen);
+  }
+  /* Uniform over all n! orders: for n = 3 each of the 6 permutations turns up about equally
+   * often (Sattolo's variant, an off-by-one in Fisher-Yates, only makes the 2 cyclic ones). */
+  int counts[27] = {0};
+  const int draws = 6000;
+  for (int i = 0; i < draws; i++) {
+    int64_t p[3];
+    dt_rng_permutation(&r, p, 3);
+    counts[p[0] * 9 + p[1] * 3 + p[2]]++;
+  }
+  int kinds = 0;
+  for (int i = 0; i < 27; i++) {
+    if (counts[i] == 0)
+      continue;
+    kinds++;
+    ck_assert_msg(abs(counts[i] - draws / 6) < draws / 6 / 5, "permutation %d drawn %d times", i,
+                  counts[i]);
+  }
+  ck_assert_int_eq(kinds, 6);
+
+  /* Same seed, same permutation; other seed, another one. */
+  int64_t p1[50], p2[50], p3[50];
+  dt_rng_t a, b, c;
+  dt_rng_seed(&a, 3);
+  dt_rng_seed(&b, 3);
+  dt_rng_seed(&c, 4);
+  dt_rng_permutation(&a, p1, 50);
+  dt_rng_permutation(&b, p2, 50);
+  dt_rng_permutation(&c, p3, 50);
+  ck_assert_int_eq(memcmp(p1, p2, sizeof p1), 0);
+  ck_assert_int_ne(memcmp(p1, p3, sizeof p1), 0);
+}
+END_TEST
+
+START_TEST(test_rng_normal)
+{
+  const size_t n = 200001; /* odd: the last sample comes from an unpaired draw */
+  float *x = malloc(n * sizeof *x);
+  dt_rng_t r;
+  dt_rng_seed(&r, 21);
+  dt_rng_normal(&r, x, n, 3.0f, 2.0f);
+  double sum = 0.0, sq = 0.0;
+  size_t within1 = 0;
+  for (size_t i = 0; i < n; i++) {
+    ck_assert(isfinite(x[i]));
+    sum += x[i];
+    within1 += fabs(x[i] - 3.0) < 2.0;
+  }
+  const double mean = sum / (double)n;
+  for (size_t i = 0; i < n; i++)
+    sq += (x[i] - mean) * (x[i] - mean);
+  const double std = sqrt(sq / (double)(n - 1));
+  ck_assert_double_eq_tol(mean, 3.0, 0.03);
+  ck_assert_double_eq_tol(std, 2.0, 0.03);
+  /* 68.3% within one standard deviation: a uniform or mis-scaled generator would miss this. */
+  ck_assert_double_eq_tol((double)within1 / (double)n, 0.6827, 0.01);
+  /* Successive samples are independent (Box-Muller's cos and sin halves are uncorrelated). */
+  double cov = 0.0;
+  for (size_t i = 0; i + 1 < n; i += 2)
+    cov += (x[i] - mean) * (x[i + 1] - mean);
+  const double corr = cov / (double)(n / 2) / (std * std);
+  ck_assert_msg(fabs(corr) < 0.02, "correlation of sample pairs %g", corr);
+  /* Deterministic for a seed. */
+  float y[5], z[5];
+  dt_rng_seed(&r, 21);
+  dt_rng_normal(&r, y, 5, 3.0f, 2.0f);
+  ck_assert_int_eq(memcmp(x, y, sizeof y), 0);
+  dt_rng_seed(&r, 22);
+  dt_rng_normal(&r, z, 5, 3.0f, 2.0f);
+  ck_assert_int_ne(memcmp(y, z, sizeof y), 0);
+  free(x);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+
+static Suite *common_suite(void)
+{
+  Suite *s = suite_create("common");
+  TCase *t = tcase_create("errors");
+  tcase_add_test(t, test_strerror_every_code);
+  tcase_add_test(t, test_error_codes_distinct);
+  tcase_add_test(t, test_strerror_unknown);
+  tcase_add_test(t, test_err_from_errno);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("param");
+  tcase_add_test(t, test_param_valid);
+  tcase_add_test(t, test_param_unset_and_empty);
+  tcase_add_test(t, test_param_malformed_uses_default);
+  tcase_add_test(t, test_param_read_once);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("parse");
+  tcase_add_test(t, test_parse_i64);
+  tcase_add_test(t, test_parse_f64);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("crc32c");
+  tcase_add_test(t, test_crc32c_check_value);
+  tcase_add_test(t, test_crc32c_chaining);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("files");
+  tcase_add_test(t, test_afile_commit_replaces);
+  tcase_add_test(t, test_afile_abort_leaves_old);
+  tcase_add_test(t, test_afile_missing_dir);
+  tcase_add_test(t, test_mkdir_p);
+  tcase_add_test(t, test_calloc_aligned);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("rng");
+  tcase_add_test(t, test_rng_deterministic);
+  tcase_add_test(t, test_rng_uniform_range);
+  tcase_add_test(t, test_rng_below);
+  tcase_add_test(t, test_rng_permutation);
+  tcase_add_test(t, test_rng_normal);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(common_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,617 @@
+/* test_dataloader.c — Check suite for worker/trainer/dataloader: exact sequential windows,
+ * rank slicing, shard and epoch order, seeded shuffling, seek (what resume relies on) and the
+ * validation of bad shards.
+ *
+ * Shard k holds tokens k*SHARD_BASE + i, so every token names its shard and position and a
+ * batch can be checked against the exact slice it must come from. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "dataloader.h"
+#include "dt_error.h"
+#include "ut_fs.h"
+
+#define VOCAB      65536
+#define SHARD_BASE 10000
+
+/* Writes shard k of ntok tokens (token i = k*SHARD_BASE + i) to dir/name. */
+static void write_shard(const char *dir, const char *name, int k, int64_t ntok)
+{
+  char path[512];
+  uint16_t *tok = malloc((size_t)(ntok ? ntok : 1) * sizeof *tok);
+  ck_assert_ptr_nonnull(tok);
+  for (int64_t i = 0; i < ntok; i++)
+    tok[i] = (uint16_t)(k * SHARD_BASE + i);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  ck_assert_int_eq(dt_shard_write(path, tok, ntok), 0);
+  free(tok);
+}
+
+/* Writes a raw shard: a header as given, then n tokens of value tokval. */
+static void write_raw(const char *path, int32_t magic, int32_t version, int32_t hdr_ntok, int64_t n,
+                      uint16_t tokval)
+{
+  FILE *fp = fopen(path, "wb");
+  ck_assert_ptr_nonnull(fp);
+  int32_t hdr[DT_SHARD_HEADER] = {magic, version, hdr_ntok};
+  ck_assert_int_eq(fwrite(hdr, sizeof hdr, 1, fp), 1);
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_int_eq(fwrite(&tokval, 2, 1, fp), 1);
+  ck_assert_int_eq(fclose(fp), 0);
+}
+
+/* The batch must be inputs = base + [start, start+BT) and targets shifted by one. */
+static void expect_batch(const dt_dataloader_t *dl, int k, int64_t start)
+{
+  const int n = dl->B * dl->T;
+  for (int i = 0; i < n; i++) {
+    ck_assert_msg(dl->inputs[i] == (int)(k * SHARD_BASE + start + i),
+                  "input %d = %d, expected shard %d token %lld", i, dl->inputs[i], k,
+                  (long long)(start + i));
+    ck_assert_int_eq(dl->targets[i], k * SHARD_BASE + start + i + 1);
+  }
+}
+
+/* Which (shard, global window) the current rank-0 batch came from. */
+static int64_t batch_id(const dt_dataloader_t *dl)
+{
+  const int64_t wt = (int64_t)dl->world * dl->B * dl->T;
+  const int k = dl->inputs[0] / SHARD_BASE;
+  const int64_t off = dl->inputs[0] % SHARD_BASE;
+  ck_assert_int_eq(off % wt, (int64_t)dl->rank * dl->B * dl->T);
+  return (int64_t)k * 1000 + off / wt;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sequential order                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_sequential_windows)
+{
+  char dir[256], pat[512];
+  ut_mkdtemp(dir, sizeof dir);
+  const int B = 2, T = 4;                  /* BT = 8 */
+  write_shard(dir, "s.bin", 0, 8 * 5 + 1); /* exactly 5 windows */
+  snprintf(pat, sizeof pat, "%s/s.bin", dir);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, B, T, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dl.nshards, 1);
+  ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), 5);
+  for (int epoch = 0; epoch < 3; epoch++) {
+    for (int w = 0; w < 5; w++) {
+      ck_assert_int_eq(dt_dataloader_next(&dl), 0);
+      expect_batch(&dl, 0, (int64_t)w * B * T);
+    }
+  }
+  ck_assert_int_eq(dl.pos.epoch, 2);
+  ck_assert_int_eq(dl.pos.window, 5);
+  /* reset goes back to the very first window */
+  ck_assert_int_eq(dt_dataloader_reset(&dl), 0);
+  ck_assert_int_eq(dt_dataloader_next(&dl), 0);
+  expect_batch(&dl, 0, 0);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* The "+1" for the last target: a shard of exactly k*BT tokens has only k-1 windows. */
+START_TEST(test_window_needs_one_extra_token)
+{
+  char dir[256], pat[512];
+  ut_mkdtemp(dir, sizeof dir);
+  write_shard(dir, "s.bin", 0, 8 * 3);
+  snprintf(pat, sizeof pat, "%s/s.bin", dir);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 4, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), 2);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_rank_slicing)
+{
+  char dir[256], pat[512];
+  ut_mkdtemp(dir, sizeof dir);
+  const int B = 2, T = 3, world = 3, BT = B * T;                 /* global window 18 tokens */
+  write_shard(dir, "s.bin", 0, (int64_t)world * BT * 4 + 1 + 5); /* 4 windows + a tail */
+  snprintf(pat, sizeof pat, "%s/s.bin", dir);
+  dt_dataloader_t dl[3];
+  for (int r = 0; r < world; r++) {
+    ck_assert_int_eq(dt_dataloader_init(&dl[r], pat, B, T, r, world, VOCAB, 0, 0), 0);
+    ck_assert_int_eq(dt_dataloader_epoch_windows(&dl[r]), 4);
+  }
+  for (int step = 0; step < 9; step++) {
+    const int w = step % 4; /* wraps to the next epoch after 4 */
+    for (int r = 0; r < world; r++) {
+      ck_assert_int_eq(dt_dataloader_next(&dl[r]), 0);
+      expect_batch(&dl[r], 0, (int64_t)w * world * BT + (int64_t)r * BT);
+    }
+    /* the ranks' slices tile the global window: rank r's last target is rank r+1's first input */
+    for (int r = 0; r + 1 < world; r++)
+      ck_assert_int_eq(dl[r].targets[BT - 1], dl[r + 1].inputs[0]);
+  }
+  for (int r = 0; r < world; r++)
+    dt_dataloader_free(&dl[r]);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_multi_shard_sorted_and_epochs)
+{
+  char dir[256], pat[512];
+  ut_mkdtemp(dir, sizeof dir);
+  const int B = 1, T = 8;
+  /* Written out of order, with different lengths; glob order is by name. */
+  write_shard(dir, "train_002.bin", 2, 8 * 1 + 1);
+  write_shard(dir, "train_000.bin", 0, 8 * 3 + 1);
+  write_shard(dir, "train_001.bin", 1, 8 * 2 + 4);
+  write_shard(dir, "other_000.bin", 7, 100); /* not matched */
+  snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, B, T, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dl.nshards, 3);
+  ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), 6);
+  const int expect_shard[6] = {0, 0, 0, 1, 1, 2};
+  const int expect_window[6] = {0, 1, 2, 0, 1, 0};
+  for (int epoch = 0; epoch < 3; epoch++) {
+    for (int i = 0; i < 6; i++) {
+      ck_assert_int_eq(dt_dataloader_next(&dl), 0);
+      expect_batch(&dl, expect_shard[i], (int64_t)expect_window[i] * T);
+      ck_assert_int_eq(dl.pos.epoch, epoch);
+      ck_assert_int_eq(dl.pos.shard, expect_shard[i]);
+      ck_assert_int_eq(dl.pos.window, expect_window[i] + 1);
+    }
+  }
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shuffling                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+#define SH_SHARDS  3
+#define SH_WINDOWS 20
+
+static void make_shuffle_data(char *dir, size_t n, char *pat, size_t patn)
+{
+  ut_mkdtemp(dir, n);
+  for (int k = 0; k < SH_SHARDS; k++) {
+    char name[64];
+    snprintf(name, sizeof name, "shard_%d.bin", k);
+    write_shard(dir, name, k, 4 * SH_WINDOWS + 1 + k); /* B*T = 4 */
+  }
+  snprintf(pat, patn, "%s/shard_*.bin", dir);
+}
+
+/* Draws n batches and records their ids. */
+static void draw(dt_dataloader_t *dl, int64_t *ids, int n)
+{
+  for (int i = 0; i < n; i++) {
+    ck_assert_int_eq(dt_dataloader_next(dl), 0);
+    /* Whatever the order, a batch is still a contiguous, shifted slice. */
+    expect_batch(dl, dl->inputs[0] / SHARD_BASE, dl->inputs[0] % SHARD_BASE);
+    ids[i] = batch_id(dl);
+  }
+}
+
+START_TEST(test_shuffle_is_permutation_per_epoch)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 42), 0);
+  const int E = SH_SHARDS * SH_WINDOWS;
+  ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), E);
+  int64_t ids[2][SH_SHARDS * SH_WINDOWS];
+  for (int epoch = 0; epoch < 2; epoch++) {
+    draw(&dl, ids[epoch], E);
+    uint8_t seen[SH_SHARDS][SH_WINDOWS];
+    memset(seen, 0, sizeof seen);
+    int in_order = 0;
+    for (int i = 0; i < E; i++) {
+      int64_t k = ids[epoch][i] / 1000, w = ids[epoch][i] % 1000;
+      ck_assert(k >= 0 && k < SH_SHARDS && w >= 0 && w < SH_WINDOWS);
+      ck_assert_msg(!seen[k][w], "epoch %d: window (%lld, %lld) drawn twice", epoch, (long long)k,
+                    (long long)w);
+      seen[k][w] = 1;
+      in_order += i > 0 && ids[epoch][i] == ids[epoch][i - 1] + 1;
+      /* shards are visited one at a time: windows of a shard are contiguous in the order */
+      if (i % SH_WINDOWS != 0)
+        ck_assert_int_eq(k, ids[epoch][i - 1] / 1000);
+    }
+    ck_assert_int_lt(in_order, E / 4); /* really shuffled, not sequential */
+  }
+  /* Re-drawn every epoch: the shard order, and the window order inside every shard. */
+  ck_assert_int_ne(memcmp(ids[0], ids[1], sizeof ids[0]), 0);
+  int64_t order[2][SH_SHARDS][SH_WINDOWS];
+  for (int epoch = 0; epoch < 2; epoch++)
+    for (int i = 0; i < E; i++)
+      order[epoch][ids[epoch][i] / 1000][i % SH_WINDOWS] = ids[epoch][i] % 1000;
+  for (int k = 0; k < SH_SHARDS; k++)
+    ck_assert_msg(memcmp(order[0][k], order[1][k], sizeof order[0][k]) != 0,
+                  "shard %d: same window order in epochs 0 and 1", k);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_shuffle_deterministic_per_seed)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  const int N = 2 * SH_SHARDS * SH_WINDOWS + 7;
+  int64_t a[2 * SH_SHARDS * SH_WINDOWS + 7], b[2 * SH_SHARDS * SH_WINDOWS + 7],
+      c[2 * SH_SHARDS * SH_WINDOWS + 7];
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 42), 0);
+  draw(&dl, a, N);
+  dt_dataloader_free(&dl);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 42), 0);
+  draw(&dl, b, N);
+  dt_dataloader_free(&dl);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 43), 0);
+  draw(&dl, c, N);
+  dt_dataloader_free(&dl);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  ck_assert_int_ne(memcmp(a, c, sizeof a), 0);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* The shard order is drawn from the seed and the epoch: over a handful of seeds (and of
+ * epochs) three shards must not always come in the same order. */
+START_TEST(test_shuffle_shard_order_varies)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  const int E = SH_SHARDS * SH_WINDOWS;
+  int64_t ids[SH_SHARDS * SH_WINDOWS];
+  int by_seed[6] = {0}, by_epoch[6] = {0}, distinct_seed = 0, distinct_epoch = 0;
+  dt_dataloader_t dl;
+  for (uint64_t seed = 1; seed <= 12; seed++) {
+    ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, seed), 0);
+    for (int epoch = 0; epoch < (seed == 1 ? 12 : 1); epoch++) {
+      draw(&dl, ids, E);
+      /* encode the order of the three shards as a number in [0, 6) */
+      const int a = (int)(ids[0] / 1000), b = (int)(ids[SH_WINDOWS] / 1000);
+      const int code = a * 2 + (b > a ? b - 1 : b);
+      if (epoch == 0)
+        distinct_seed += by_seed[code]++ == 0;
+      if (seed == 1)
+        distinct_epoch += by_epoch[code]++ == 0;
+    }
+    dt_dataloader_free(&dl);
+  }
+  ck_assert_int_ge(distinct_seed, 2);
+  ck_assert_int_ge(distinct_epoch, 2);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* With shuffling and world > 1 every rank must see the same window order. */
+START_TEST(test_shuffle_ranks_agree)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  dt_dataloader_t r0, r1;
+  ck_assert_int_eq(dt_dataloader_init(&r0, pat, 1, 2, 0, 2, VOCAB, 1, 9), 0);
+  ck_assert_int_eq(dt_dataloader_init(&r1, pat, 1, 2, 1, 2, VOCAB, 1, 9), 0);
+  for (int i = 0; i < 2 * SH_SHARDS * SH_WINDOWS; i++) {
+    ck_assert_int_eq(dt_dataloader_next(&r0), 0);
+    ck_assert_int_eq(dt_dataloader_next(&r1), 0);
+    ck_assert_int_eq(r0.targets[1], r1.inputs[0]);
+    ck_assert_int_eq(batch_id(&r0), batch_id(&r1));
+  }
+  dt_dataloader_free(&r0);
+  dt_dataloader_free(&r1);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Seek (resume)                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static void check_seek_reproduces(int shuffle)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  const int E = SH_SHARDS * SH_WINDOWS;
+  /* Save points: start, mid-shard, end of a shard, an epoch boundary, into the second epoch. */
+  const int saves[] = {0, 7, SH_WINDOWS, E, E + SH_WINDOWS + 3};
+  for (size_t k = 0; k < sizeof saves / sizeof saves[0]; k++) {
+    dt_dataloader_t a, b;
+    ck_assert_int_eq(dt_dataloader_init(&a, pat, 2, 2, 0, 1, VOCAB, shuffle, 77), 0);
+    int64_t skip[2 * SH_SHARDS * SH_WINDOWS];
+    draw(&a, skip, saves[k]);
+    dt_data_pos_t pos = a.pos;
+    int64_t ref[SH_SHARDS * SH_WINDOWS + 5], got[SH_SHARDS * SH_WINDOWS + 5];
+    draw(&a, ref, E + 5);
+
+    /* A fresh loader (a resumed process) seeks to the saved position. */
+    ck_assert_int_eq(dt_dataloader_init(&b, pat, 2, 2, 0, 1, VOCAB, shuffle, 77), 0);
+    ck_assert_int_eq(dt_dataloader_seek(&b, pos), 0);
+    draw(&b, got, E + 5);
+    ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "seek after %d batches diverged", saves[k]);
+
+    /* And the same loader seeking backwards replays too. */
+    ck_assert_int_eq(dt_dataloader_seek(&a, pos), 0);
+    draw(&a, got, E + 5);
+    ck_assert_int_eq(memcmp(ref, got, sizeof ref), 0);
+    dt_dataloader_free(&a);
+    dt_dataloader_free(&b);
+  }
+  ut_rm_rf(dir);
+}
+
+START_TEST(test_seek_reproduces_sequential)
+{
+  check_seek_reproduces(0);
+}
+END_TEST
+
+START_TEST(test_seek_reproduces_shuffled)
+{
+  check_seek_reproduces(1);
+}
+END_TEST
+
+START_TEST(test_seek_invalid)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 0, 0), 0);
+  const dt_data_pos_t bad[] = {
+      {-1, 0, 0}, {0, -1, 0}, {0, SH_SHARDS, 0}, {0, 0, -1}, {0, 0, SH_WINDOWS + 1}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ck_assert_int_eq(dt_dataloader_seek(&dl, bad[i]), DT_ERANGE);
+  /* The end of a shard is a valid position: the next batch is the next shard's first. */
+  dt_data_pos_t end = {0, 0, SH_WINDOWS};
+  ck_assert_int_eq(dt_dataloader_seek(&dl, end), 0);
+  ck_assert_int_eq(dt_dataloader_next(&dl), 0);
+  expect_batch(&dl, 1, 0);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bad input                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static int init_one(const char *path, int vocab)
+{
+  dt_dataloader_t dl;
+  int rc = dt_dataloader_init(&dl, path, 2, 4, 0, 1, vocab, 0, 0);
+  if (rc == 0)
+    dt_dataloader_free(&dl);
+  else
+    ck_assert_ptr_null(dl.paths); /* a failed init cleans up after itself */
+  return rc;
+}
+
+START_TEST(test_bad_magic)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC + 1, DT_SHARD_VERSION, 100, 100, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  write_raw(path, 20240326 /* an llm.c model checkpoint */, 3, 100, 100, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_bad_version)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC, 2, 100, 100, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  write_raw(path, DT_SHARD_MAGIC, 0, 100, 100, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  /* and the good version of the same file loads */
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 100, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), 0);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_truncated)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  /* shorter than the header */
+  ut_write_all(path, "\x28\x0e\x35\x01", 4);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  ut_write_all(path, "", 0);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  /* a good shard cut short by one byte */
+  write_shard(dir, "s.bin", 0, 100);
+  ck_assert_int_eq(init_one(path, VOCAB), 0);
+  ck_assert_int_eq(truncate(path, ut_file_size(path) - 1), 0);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  /* trailing bytes the header does not account for */
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 101, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_header_claims_more_tokens)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 1000, 500, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, -5, 0, 1);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_token_out_of_vocab)
+{
+  char dir[256], path[512], pat[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/a.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 100, 49);
+  ck_assert_int_eq(init_one(path, 50), 0);
+  ck_assert_int_eq(init_one(path, 49), DT_ERANGE); /* token == vocab is out of range */
+  ck_assert_int_eq(init_one(path, 10), DT_ERANGE);
+
+  /* In a later shard it is caught when that shard is first loaded. */
+  snprintf(path, sizeof path, "%s/b.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 100, 1);
+  snprintf(path, sizeof path, "%s/c.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 100, 60);
+  snprintf(path, sizeof path, "%s/a.bin", dir);
+  write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 100, 1);
+  snprintf(pat, sizeof pat, "%s/*.bin", dir);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 4, 0, 1, 50, 0, 0), 0);
+  int rc = 0, steps = 0;
+  while (rc == 0 && steps < 100) {
+    rc = dt_dataloader_next(&dl);
+    steps++;
+  }
+  ck_assert_int_eq(rc, DT_ERANGE);
+  ck_assert_int_eq(steps, 2 * 12 + 1); /* a.bin and b.bin have 12 windows each */
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_too_few_tokens)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  write_shard(dir, "s.bin", 0, 8); /* B*T = 8 needs 9 */
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  write_shard(dir, "s.bin", 0, 0);
+  ck_assert_int_eq(init_one(path, VOCAB), DT_EFORMAT);
+  write_shard(dir, "s.bin", 0, 9);
+  ck_assert_int_eq(init_one(path, VOCAB), 0);
+  /* world multiplies the window: 9 tokens are too few for two ranks */
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 1, 2, VOCAB, 0, 0), DT_EFORMAT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_no_match)
+{
+  char dir[256], pat[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
+  ck_assert_int_eq(init_one(pat, VOCAB), DT_ENOENT);
+  snprintf(pat, sizeof pat, "%s/missing.bin", dir);
+  ck_assert_int_eq(init_one(pat, VOCAB), DT_ENOENT);
+  snprintf(pat, sizeof pat, "%s/no/such/dir/*.bin", dir);
+  ck_assert_int_eq(init_one(pat, VOCAB), DT_ENOENT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_invalid_args)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  write_shard(dir, "s.bin", 0, 100);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  dt_dataloader_t dl;
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 0, 4, 0, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 0, 0, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 2, 2, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, -1, 2, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 0, 0, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 0, 1, 0, 0, 0), DT_EINVAL);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_shard_write_format)
+{
+  char dir[256], path[512];
+  size_t n;
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/s.bin", dir);
+  const uint16_t tok[5] = {1, 2, 65535, 0, 7};
+  ck_assert_int_eq(dt_shard_write(path, tok, 5), 0);
+  uint8_t *buf = ut_read_all(path, &n);
+  ck_assert_int_eq(n, DT_SHARD_HEADER * 4 + 10);
+  int32_t hdr[DT_SHARD_HEADER];
+  memcpy(hdr, buf, sizeof hdr);
+  ck_assert_int_eq(hdr[0], DT_SHARD_MAGIC);
+  ck_assert_int_eq(hdr[1], DT_SHARD_VERSION);
+  ck_assert_int_eq(hdr[2], 5);
+  for (int i = 3; i < DT_SHARD_HEADER; i++)
+    ck_assert_int_eq(hdr[i], 0);
+  ck_assert_int_eq(memcmp(buf + sizeof hdr, tok, sizeof tok), 0);
+  free(buf);
+  ck_assert_int_eq(ut_count_entries(dir, NULL), 1); /* no temporary left behind */
+  ck_assert_int_eq(dt_shard_write(path, tok, -1), DT_ERANGE);
+  snprintf(path, sizeof path, "%s/missing/s.bin", dir);
+  ck_assert_int_eq(dt_shard_write(path, tok, 5), DT_ENOENT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+
+static Suite *dataloader_suite(void)
+{
+  Suite *s = suite_create("dataloader");
+  TCase *t = tcase_create("order");
+  tcase_add_test(t, test_sequential_windows);
+  tcase_add_test(t, test_window_needs_one_extra_token);
+  tcase_add_test(t, test_rank_slicing);
+  tcase_add_test(t, test_multi_shard_sorted_and_epochs);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("shuffle");
+  tcase_add_test(t, test_shuffle_is_permutation_per_epoch);
+  tcase_add_test(t, test_shuffle_deterministic_per_seed);
+  tcase_add_test(t, test_shuffle_shard_order_varies);
+  tcase_add_test(t, test_shuffle_ranks_agree);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("seek");
+  tcase_add_test(t, test_seek_reproduces_sequential);
+  tcase_add_test(t, test_seek_reproduces_shuffled);
+  tcase_add_test(t, test_seek_invalid);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("bad_input");
+  tcase_add_test(t, test_bad_magic);
+  tcase_add_test(t, test_bad_version);
+  tcase_add_test(t, test_truncated);
+  tcase_add_test(t, test_header_claims_more_tokens);
+  tcase_add_test(t, test_token_out_of_vocab);
+  tcase_add_test(t, test_too_few_tokens);
+  tcase_add_test(t, test_no_match);
+  tcase_add_test(t, test_invalid_args);
+  tcase_add_test(t, test_shard_write_format);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(dataloader_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
