@@ -162,9 +162,6 @@ fail:
 /* ------------------------------------------------------------------------------------------ */
 
 #define CKPT_FLAG_OPTIM 1u
-#define MANIFEST_NAME   "MANIFEST"
-#define MANIFEST_MAGIC  "distrain-checkpoint"
-
 typedef struct {
   uint32_t magic, version, header_bytes, flags;
   int32_t max_seq, vocab, padded_vocab, layers, heads, channels;
@@ -187,17 +184,6 @@ static uint32_t header_crc(const ckpt_header_t *h)
   return dt_crc32c(0, &copy, sizeof copy);
 }
 
-static void step_dir(char *buf, size_t n, const char *dir, int64_t step)
-{
-  snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
-}
-
-static int path_exists(const char *path)
-{
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
 int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
                         int rank, int world, int64_t lo, int64_t hi, dt_ckpt_shard_info_t *info)
 {
@@ -208,9 +194,9 @@ int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const
              (long long)hi, m->num_params);
     return DT_ERANGE;
   }
-  step_dir(sdir, sizeof sdir, dir, state->step);
-  snprintf(manifest, sizeof manifest, "%s/" MANIFEST_NAME, sdir);
-  if (path_exists(manifest)) {
+  dt_ckpt_step_dir(sdir, sizeof sdir, dir, state->step);
+  snprintf(manifest, sizeof manifest, "%s/" DT_CKPT_MANIFEST_NAME, sdir);
+  if (access(manifest, F_OK) == 0) {
     DT_ERROR(CKPT, "%s: step %lld is already committed; refusing to overwrite it", sdir,
              (long long)state->step);
     return DT_EEXIST;
@@ -261,235 +247,6 @@ int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const
 fail:
   dt_afile_abort(&af);
 out:
-  return ret;
-}
-
-int dt_ckpt_commit(const char *dir, int64_t step, int64_t num_params, int world,
-                   const dt_ckpt_shard_info_t *shards)
-{
-  char sdir[4096], path[4200];
-  int ret = 0;
-  /* The shards must tile [0, P) in rank order. */
-  int64_t expect_lo = 0;
-  for (int r = 0; r < world; r++) {
-    if (shards[r].lo != expect_lo || shards[r].hi < shards[r].lo) {
-      DT_ERROR(CKPT, "step %lld: shard %d covers [%lld, %lld), expected to start at %lld",
-               (long long)step, r, (long long)shards[r].lo, (long long)shards[r].hi,
-               (long long)expect_lo);
-      return DT_EINVAL;
-    }
-    expect_lo = shards[r].hi;
-  }
-  if (expect_lo != num_params) {
-    DT_ERROR(CKPT, "step %lld: shards cover %lld of %lld parameters", (long long)step,
-             (long long)expect_lo, (long long)num_params);
-    return DT_EINVAL;
-  }
-  step_dir(sdir, sizeof sdir, dir, step);
-  snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
-  dt_afile_t af;
-  DT_CHECK(dt_afile_open(&af, path));
-  fprintf(af.fp, MANIFEST_MAGIC " %d\nstep %" PRId64 "\nnum_params %" PRId64 "\nworld %d\n",
-          DT_CKPT_VERSION, step, num_params, world);
-  for (int r = 0; r < world; r++)
-    fprintf(af.fp, "shard %d %" PRId64 " %" PRId64 " %" PRIu64 " %08x %s\n", shards[r].rank,
-            shards[r].lo, shards[r].hi, shards[r].bytes, shards[r].crc32c, shards[r].name);
-  if (ferror(af.fp)) {
-    dt_afile_abort(&af);
-    return DT_EIO;
-  }
-  DT_CHECK_GOTO(dt_afile_commit(&af), ret, out);
-  DT_INFO(CKPT, "committed checkpoint %s", sdir);
-out:
-  return ret;
-}
-
-/* Calls fn for every committed step directory under dir. */
-static int list_steps(const char *dir, int64_t **steps_out, int *n_out)
-{
-  *steps_out = NULL;
-  *n_out = 0;
-  DIR *d = opendir(dir);
-  if (!d)
-    return errno == ENOENT ? 0 : dt_err_from_errno(errno);
-  int cap = 0, n = 0;
-  int64_t *steps = NULL;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    int64_t s;
-    if (strncmp(e->d_name, "step-", 5) != 0 || dt_parse_i64(e->d_name + 5, &s) != 0 || s < 0)
-      continue;
-    char manifest[4200];
-    snprintf(manifest, sizeof manifest, "%s/%s/" MANIFEST_NAME, dir, e->d_name);
-    if (!path_exists(manifest))
-      continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      int64_t *grown = realloc(steps, (size_t)cap * sizeof *steps);
-      if (!grown) {
-        free(steps);
-        closedir(d);
-        return DT_ENOMEM;
-      }
-      steps = grown;
-    }
-    steps[n++] = s;
-  }
-  closedir(d);
-  *steps_out = steps;
-  *n_out = n;
-  return 0;
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
-int dt_ckpt_latest(const char *dir, int64_t *step)
-{
-  int64_t *steps;
-  int n;
-  DT_CHECK(list_steps(dir, &steps, &n));
-  if (n == 0)
-    return DT_ENOENT;
-  int64_t best = steps[0];
-  for (int i = 1; i < n; i++)
-    best = steps[i] > best ? steps[i] : best;
-  free(steps);
-  *step = best;
-  return 0;
-}
-
-int dt_ckpt_prune(const char *dir, int keep)
-{
-  if (keep <= 0)
-    return 0;
-  int64_t *steps;
-  int n;
-  DT_CHECK(list_steps(dir, &steps, &n));
-  qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
-  for (int i = 0; i + keep < n; i++) {
-    char sdir[4096], path[4400];
-    step_dir(sdir, sizeof sdir, dir, steps[i]);
-    /* Uncommit first (the manifest goes), then the shards: a crash midway leaves an
-     * uncommitted directory that loaders ignore, never a committed one with missing shards. */
-    snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
-    unlink(path);
-    dt_fsync_parent(path);
-    DIR *d = opendir(sdir);
-    if (d) {
-      struct dirent *e;
-      while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-          snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
-          unlink(path);
-        }
-      closedir(d);
-    }
-    rmdir(sdir);
-    DT_DEBUG(CKPT, "pruned %s", sdir);
-  }
-  free(steps);
-  return 0;
-}
-
-/* A parsed manifest. */
-typedef struct {
-  int64_t step, num_params;
-  int world;
-  dt_ckpt_shard_info_t *shards;
-} manifest_t;
-
-/* Resolves path (a step dir, or a checkpoint root whose newest committed step is used). */
-static int resolve_step_dir(const char *path, char *sdir, size_t n)
-{
-  char manifest[4200];
-  snprintf(manifest, sizeof manifest, "%s/" MANIFEST_NAME, path);
-  if (path_exists(manifest)) {
-    snprintf(sdir, n, "%s", path);
-    return 0;
-  }
-  int64_t step;
-  int rc = dt_ckpt_latest(path, &step);
-  if (rc == DT_ENOENT) {
-    DT_ERROR(CKPT, "%s: no committed checkpoint (no step-*/" MANIFEST_NAME ")", path);
-    return rc;
-  }
-  if (rc != 0) {
-    DT_ERROR(CKPT, "%s: cannot list checkpoints: %s", path, dt_strerror(rc));
-    return rc;
-  }
-  step_dir(sdir, n, path, step);
-  return 0;
-}
-
-/* Whether the shards cover [0, num_params) in rank order without gaps or overlaps. */
-static int shards_tile(const dt_ckpt_shard_info_t *shards, int world, int64_t num_params)
-{
-  int64_t expect_lo = 0;
-  for (int r = 0; r < world; r++) {
-    if (shards[r].lo != expect_lo || shards[r].hi < shards[r].lo)
-      return 0;
-    expect_lo = shards[r].hi;
-  }
-  return expect_lo == num_params;
-}
-
-static int manifest_read(const char *sdir, manifest_t *mf)
-{
-  char path[4200], line[512];
-  int ret = 0, version = 0, seen = 0;
-  memset(mf, 0, sizeof *mf);
-  snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
-  FILE *fp = open_read(path, &ret);
-  if (!fp)
-    return ret;
-  if (!fgets(line, sizeof line, fp) || sscanf(line, MANIFEST_MAGIC " %d", &version) != 1 ||
-      version != DT_CKPT_VERSION)
-    goto bad;
-  if (!fgets(line, sizeof line, fp) || sscanf(line, "step %" SCNd64, &mf->step) != 1)
-    goto bad;
-  if (!fgets(line, sizeof line, fp) || sscanf(line, "num_params %" SCNd64, &mf->num_params) != 1)
-    goto bad;
-  if (!fgets(line, sizeof line, fp) || sscanf(line, "world %d", &mf->world) != 1 || mf->world < 1 ||
-      mf->world > 1 << 20)
-    goto bad;
-  mf->shards = calloc((size_t)mf->world, sizeof *mf->shards);
-  if (!mf->shards) {
-    ret = DT_ENOMEM;
-    goto out;
-  }
-  while (fgets(line, sizeof line, fp)) {
-    dt_ckpt_shard_info_t s;
-    memset(&s, 0, sizeof s);
-    if (sscanf(line, "shard %d %" SCNd64 " %" SCNd64 " %" SCNu64 " %x %63s", &s.rank, &s.lo, &s.hi,
-               &s.bytes, &s.crc32c, s.name) != 6 ||
-        s.rank < 0 || s.rank >= mf->world || strchr(s.name, '/'))
-      goto bad;
-    mf->shards[s.rank] = s;
-    seen++;
-  }
-  if (seen != mf->world)
-    goto bad;
-  /* The shards must tile [0, num_params) in rank order, as dt_ckpt_commit requires: otherwise a
-   * load would leave a hole of unread weights, or write past the model. */
-  if (!shards_tile(mf->shards, mf->world, mf->num_params))
-    goto bad;
-  goto out;
-bad:
-  DT_ERROR(CKPT,
-           "%s: malformed manifest (expected '" MANIFEST_MAGIC " %d', step, num_params, "
-           "world and one shard line per rank, the shards tiling [0, num_params))",
-           path, DT_CKPT_VERSION);
-  ret = DT_EFORMAT;
-out:
-  fclose(fp);
-  if (ret != 0) {
-    free(mf->shards);
-    mf->shards = NULL;
-  }
   return ret;
 }
 
@@ -548,11 +305,11 @@ static void header_config(const ckpt_header_t *h, dt_gpt2_config_t *c)
 int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg)
 {
   char sdir[4096], spath[4200];
-  manifest_t mf;
+  dt_ckpt_manifest_t mf;
   ckpt_header_t h;
   FILE *fp;
-  DT_CHECK(resolve_step_dir(path, sdir, sizeof sdir));
-  DT_CHECK(manifest_read(sdir, &mf));
+  DT_CHECK(dt_ckpt_resolve_step_dir(path, sdir, sizeof sdir));
+  DT_CHECK(dt_ckpt_manifest_read(sdir, &mf));
   int ret = shard_open(sdir, &mf.shards[0], &h, &fp, spath, sizeof spath);
   free(mf.shards);
   if (ret != 0)
@@ -565,10 +322,10 @@ int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg)
 int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
 {
   char sdir[4096], spath[4200];
-  manifest_t mf;
+  dt_ckpt_manifest_t mf;
   int ret = 0;
-  DT_CHECK(resolve_step_dir(path, sdir, sizeof sdir));
-  DT_CHECK(manifest_read(sdir, &mf));
+  DT_CHECK(dt_ckpt_resolve_step_dir(path, sdir, sizeof sdir));
+  DT_CHECK(dt_ckpt_manifest_read(sdir, &mf));
   if (mf.num_params != (int64_t)m->num_params) {
     DT_ERROR(CKPT, "%s: checkpoint has %lld parameters, the configured model %zu", sdir,
              (long long)mf.num_params, m->num_params);

@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include "checkpoint_manifest.h"
 #include "dataloader.h"
 #include "gpt2.h"
 #include "rng.h"
@@ -20,8 +21,7 @@
 #define DT_LLMC_MAGIC   20240326
 #define DT_LLMC_VERSION 3 /* fp32 weights */
 
-#define DT_CKPT_MAGIC   0x4B435444u /* "DTCK" little-endian */
-#define DT_CKPT_VERSION 1
+#define DT_CKPT_MAGIC 0x4B435444u /* "DTCK" little-endian */
 
 /* Training state saved beside the weights. */
 typedef struct {
@@ -38,30 +38,14 @@ int dt_llmc_load(dt_gpt2_t *m, const char *path);
 /* Exports the weights in llm.c format (version 3, fp32). */
 int dt_llmc_save(const dt_gpt2_t *m, const char *path);
 
-/* What a writer reports about the shard it wrote (the coordinator collects these). */
-typedef struct {
-  int rank;
-  int64_t lo, hi;  /* flat parameter range held */
-  uint64_t bytes;  /* file size */
-  uint32_t crc32c; /* CRC-32C of the payload after the header */
-  char name[64];   /* file name inside the step directory */
-} dt_ckpt_shard_info_t;
-
 /* Writes this writer's shard of step state->step: the flat range [lo, hi) of the weights and,
  * when the model has them, the AdamW moments. Refuses to touch an already committed step. */
 int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
                         int rank, int world, int64_t lo, int64_t hi, dt_ckpt_shard_info_t *info);
-/* Commits step: writes the manifest naming all world shards (which must cover [0, P)). */
-int dt_ckpt_commit(const char *dir, int64_t step, int64_t num_params, int world,
-                   const dt_ckpt_shard_info_t *shards);
-/* Finds the newest committed step under dir: 0 and *step set, or DT_ENOENT if none. */
-int dt_ckpt_latest(const char *dir, int64_t *step);
 /* Loads a committed step (weights, moments, state), verifying sizes, checksums and that the
  * checkpoint's model config equals m's. path is a checkpoint dir (newest step) or a step dir. */
 int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path);
 /* Reads the model config of a committed checkpoint (dir or step dir). */
 int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg);
-/* Deletes committed steps older than the newest keep (keep <= 0: delete nothing). */
-int dt_ckpt_prune(const char *dir, int keep);
 
 #endif

@@ -1,0 +1,774 @@
+/* rpc.c — see rpc.h. The server side is a small state machine per call:
+ *
+ *   slot posted (grpc_server_request_registered_call) --NEW--> call live on the loop
+ *   call live: a RECV_CLOSE_ON_SERVER batch is started at once (CLOSED completes when the call
+ *   ends: after our status, or when the client cancels); a reply starts a SEND batch (SENT).
+ *   The call is freed when it is closed and no send is pending.
+ *
+ * Every tag handed to gRPC is a dt__rpc_tag_t naming its kind and object; the completion-queue
+ * thread only forwards (tag, ok) pairs to the loop. */
+#include "rpc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dt_log.h"
+#include "dt_param.h"
+#include "dt_util.h"
+
+/* Requests kept posted per method, so bursts (thousands of heartbeats) never wait for the
+ * loop to re-post one. */
+DT_PARAM(RpcPendingPerMethod, "RPC_PENDING_PER_METHOD", 32)
+
+typedef enum { TAG_NEW, TAG_NEW_UNKNOWN, TAG_CLOSED, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
+
+typedef struct {
+  tag_kind_t kind;
+  void *obj;
+} dt__rpc_tag_t;
+
+typedef struct {
+  const char *name; /* method name ("Heartbeat") */
+  const ProtobufCMessageDescriptor *input;
+  void *registered; /* grpc_server_register_method handle */
+  dt_rpc_handler_t fn;
+  void *ud;
+} method_t;
+
+struct dt_rpc_call {
+  dt_rpc_server_t *server;
+  method_t *method; /* NULL for an unknown method */
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_byte_buffer *payload;
+  grpc_call_details details; /* unknown methods only */
+  dt__rpc_tag_t tag_new, tag_closed, tag_sent;
+  int cancelled;
+  int closed, send_pending, replied;
+  dt_rpc_cancel_cb cancel_cb;
+  void *cancel_ud;
+  char *peer;
+  /* storage that must outlive the send batch */
+  grpc_byte_buffer *send_buf;
+  grpc_slice status_details;
+};
+
+typedef struct {
+  void *tag;
+  int ok;
+} event_t;
+
+struct dt_rpc_server {
+  uv_loop_t *loop;
+  uv_async_t async;
+  uv_thread_t thread;
+  uv_mutex_t lock;
+  event_t *events; /* queue filled by the cq thread, drained by the loop */
+  size_t nevents, cap;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  const ProtobufCServiceDescriptor *service;
+  method_t *methods;
+  char token[256];
+  char bearer[300];
+  int started, shutting_down;
+  dt__rpc_tag_t tag_shutdown;
+  void (*close_cb)(void *);
+  void *close_ud;
+};
+
+static void ensure_grpc_init(void)
+{
+  /* grpc_init is reference counted; we never call grpc_shutdown while the process lives
+   * because gRPC's background threads may still be draining. */
+  static _Atomic int done;
+  if (!done) {
+    grpc_init();
+    done = 1;
+  }
+}
+
+static grpc_channel_args *message_size_args(void)
+{
+  static grpc_arg args[2];
+  static grpc_channel_args ca = {2, args};
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = DT_RPC_MAX_MESSAGE;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[1].value.integer = DT_RPC_MAX_MESSAGE;
+  return &ca;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Completion-queue thread → loop                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static void cq_thread(void *arg)
+{
+  dt_rpc_server_t *s = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN)
+      return;
+    if (ev.type != GRPC_OP_COMPLETE)
+      continue;
+    uv_mutex_lock(&s->lock);
+    if (s->nevents == s->cap) {
+      size_t cap = s->cap ? s->cap * 2 : 256;
+      event_t *grown = realloc(s->events, cap * sizeof *grown);
+      if (!grown) {
+        /* Cannot queue: this is fatal for the daemon's RPC layer; say so loudly. */
+        uv_mutex_unlock(&s->lock);
+        DT_ERROR(RPC, "out of memory queueing a gRPC completion; dropping it");
+        continue;
+      }
+      s->events = grown, s->cap = cap;
+    }
+    s->events[s->nevents++] = (event_t){ev.tag, ev.success};
+    uv_mutex_unlock(&s->lock);
+    uv_async_send(&s->async);
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Calls                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static void call_free(dt_rpc_call_t *c)
+{
+  if (c->call)
+    grpc_call_unref(c->call);
+  grpc_metadata_array_destroy(&c->md);
+  if (c->payload)
+    grpc_byte_buffer_destroy(c->payload);
+  if (!c->method)
+    grpc_call_details_destroy(&c->details);
+  if (c->send_buf)
+    grpc_byte_buffer_destroy(c->send_buf);
+  grpc_slice_unref(c->status_details);
+  if (c->peer)
+    gpr_free(c->peer);
+  free(c);
+}
+
+static int post_slot(dt_rpc_server_t *s, method_t *m)
+{
+  dt_rpc_call_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return DT_ENOMEM;
+  c->server = s;
+  c->method = m;
+  c->status_details = grpc_empty_slice();
+  grpc_metadata_array_init(&c->md);
+  c->tag_new = (dt__rpc_tag_t){m ? TAG_NEW : TAG_NEW_UNKNOWN, c};
+  c->tag_closed = (dt__rpc_tag_t){TAG_CLOSED, c};
+  c->tag_sent = (dt__rpc_tag_t){TAG_SENT, c};
+  grpc_call_error e;
+  if (m) {
+    e = grpc_server_request_registered_call(s->server, m->registered, &c->call, &c->deadline,
+                                            &c->md, &c->payload, s->cq, s->cq, &c->tag_new);
+  } else {
+    grpc_call_details_init(&c->details);
+    e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq,
+                                 &c->tag_new);
+  }
+  if (e != GRPC_CALL_OK) {
+    DT_ERROR(RPC, "posting a call slot failed (grpc_call_error %d)", (int)e);
+    c->call = NULL;
+    call_free(c);
+    return DT_ERPC;
+  }
+  return 0;
+}
+
+static void maybe_free(dt_rpc_call_t *c)
+{
+  if (c->closed && !c->send_pending)
+    call_free(c);
+}
+
+/* Starts the final batch: initial metadata, optional message, status. */
+static int send_final(dt_rpc_call_t *c, grpc_byte_buffer *msg, int status, const char *details)
+{
+  if (c->replied) {
+    DT_ERROR(RPC, "internal: second reply on one call");
+    if (msg)
+      grpc_byte_buffer_destroy(msg);
+    return DT_EINTERNAL;
+  }
+  c->replied = 1;
+  if (c->closed) { /* client already gone: nothing to send */
+    if (msg)
+      grpc_byte_buffer_destroy(msg);
+    return DT_ECANCELED;
+  }
+  grpc_op ops[3];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (msg) {
+    c->send_buf = msg;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = msg;
+  }
+  c->status_details = grpc_slice_from_copied_string(details ? details : "");
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = (grpc_status_code)status;
+  ops[n].data.send_status_from_server.status_details = &c->status_details;
+  n++;
+  grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tag_sent, NULL);
+  if (e != GRPC_CALL_OK) {
+    DT_ERROR(RPC, "sending a reply failed (grpc_call_error %d)", (int)e);
+    return DT_ERPC;
+  }
+  c->send_pending = 1;
+  return 0;
+}
+
+int dt_rpc_call_reply(dt_rpc_call_t *c, const ProtobufCMessage *resp)
+{
+  size_t len = protobuf_c_message_get_packed_size(resp);
+  grpc_slice slice = grpc_slice_malloc(len);
+  protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(slice));
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
+  grpc_slice_unref(slice);
+  return send_final(c, bb, DT_RPC_OK, NULL);
+}
+
+int dt_rpc_call_fail(dt_rpc_call_t *c, int status, const char *fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return send_final(c, NULL, status, msg);
+}
+
+void dt_rpc_call_on_cancel(dt_rpc_call_t *c, dt_rpc_cancel_cb cb, void *ud)
+{
+  c->cancel_cb = cb;
+  c->cancel_ud = ud;
+}
+
+int64_t dt_rpc_call_remaining_ms(const dt_rpc_call_t *c)
+{
+  gpr_timespec dl = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+  if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0)
+    return INT64_MAX;
+  gpr_timespec left = gpr_time_sub(dl, gpr_now(GPR_CLOCK_MONOTONIC));
+  int64_t ms = (int64_t)left.tv_sec * 1000 + left.tv_nsec / 1000000;
+  return ms < 0 ? 0 : ms;
+}
+
+const char *dt_rpc_call_peer(dt_rpc_call_t *c)
+{
+  if (!c->peer)
+    c->peer = grpc_call_get_peer(c->call);
+  return c->peer;
+}
+
+static int authorized(const dt_rpc_server_t *s, const grpc_metadata_array *md)
+{
+  for (size_t i = 0; i < md->count; i++) {
+    if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") == 0)
+      return grpc_slice_str_cmp(md->metadata[i].value, s->bearer) == 0;
+  }
+  return 0;
+}
+
+/* A new call arrived: re-post its slot, watch for its end, check the token, dispatch. */
+static void on_new_call(dt_rpc_server_t *s, dt_rpc_call_t *c, int ok)
+{
+  if (!ok || s->shutting_down) { /* the server is shutting down: the slot was never used */
+    if (c->call) {
+      grpc_call_unref(c->call);
+      c->call = NULL;
+    }
+    call_free(c);
+    return;
+  }
+  post_slot(s, c->method);
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  if (grpc_call_start_batch(c->call, &op, 1, &c->tag_closed, NULL) != GRPC_CALL_OK) {
+    DT_ERROR(RPC, "cannot watch a call's end; dropping it");
+    c->closed = 1;
+    call_free(c);
+    return;
+  }
+  if (!c->method) {
+    char *m = grpc_slice_to_c_string(c->details.method);
+    DT_DEBUG(RPC, "unimplemented method %s from %s", m, dt_rpc_call_peer(c));
+    dt_rpc_call_fail(c, DT_RPC_UNIMPLEMENTED, "method %s is not implemented", m);
+    gpr_free(m);
+    return;
+  }
+  if (!authorized(s, &c->md)) {
+    DT_WARN(RPC, "%s: rejected %s call without a valid bearer token", dt_rpc_call_peer(c),
+            c->method->name);
+    dt_rpc_call_fail(c, DT_RPC_UNAUTHENTICATED, "missing or invalid bearer token");
+    return;
+  }
+  if (!c->payload) {
+    dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "no request message");
+    return;
+  }
+  grpc_byte_buffer_reader reader;
+  if (!grpc_byte_buffer_reader_init(&reader, c->payload)) {
+    dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "unreadable request payload");
+    return;
+  }
+  grpc_slice slice = grpc_byte_buffer_reader_readall(&reader);
+  grpc_byte_buffer_reader_destroy(&reader);
+  ProtobufCMessage *req = protobuf_c_message_unpack(c->method->input, NULL,
+                                                    GRPC_SLICE_LENGTH(slice),
+                                                    GRPC_SLICE_START_PTR(slice));
+  grpc_slice_unref(slice);
+  if (!req) {
+    dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "malformed %s message",
+                     c->method->input->name);
+    return;
+  }
+  if (!c->method->fn) {
+    dt_rpc_call_fail(c, DT_RPC_UNIMPLEMENTED, "method %s has no handler", c->method->name);
+  } else {
+    c->method->fn(c, req, c->method->ud);
+  }
+  protobuf_c_message_free_unpacked(req, NULL);
+}
+
+static void finish_shutdown(dt_rpc_server_t *s);
+
+/* Handles one completion on the loop thread; returns 1 for the shutdown tag. */
+static int dispatch(dt_rpc_server_t *s, const event_t *ev)
+{
+  dt__rpc_tag_t *tag = ev->tag;
+  dt_rpc_call_t *c = tag->obj;
+  switch (tag->kind) {
+  case TAG_NEW:
+  case TAG_NEW_UNKNOWN:
+    on_new_call(s, c, ev->ok);
+    break;
+  case TAG_CLOSED:
+    c->closed = 1;
+    if (!c->replied && c->cancel_cb) {
+      dt_rpc_cancel_cb cb = c->cancel_cb;
+      c->cancel_cb = NULL;
+      cb(c, c->cancel_ud);
+    }
+    maybe_free(c);
+    break;
+  case TAG_SENT:
+    c->send_pending = 0;
+    maybe_free(c);
+    break;
+  case TAG_SHUTDOWN:
+    return 1;
+  }
+  return 0;
+}
+
+static void on_async(uv_async_t *h)
+{
+  dt_rpc_server_t *s = h->data;
+  int shutdown = 0;
+  for (;;) {
+    event_t batch[256];
+    uv_mutex_lock(&s->lock);
+    size_t n = DT_MIN(s->nevents, DT_ARRAY_SIZE(batch));
+    memcpy(batch, s->events, n * sizeof *batch);
+    memmove(s->events, s->events + n, (s->nevents - n) * sizeof *batch);
+    s->nevents -= n;
+    uv_mutex_unlock(&s->lock);
+    if (n == 0)
+      break;
+    for (size_t i = 0; i < n; i++)
+      shutdown |= dispatch(s, &batch[i]);
+  }
+  if (shutdown)
+    finish_shutdown(s); /* frees s */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Server lifecycle                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
+                         const ProtobufCServiceDescriptor *service, dt_rpc_server_t **out)
+{
+  if (!token || !*token || strlen(token) >= sizeof((dt_rpc_server_t *)0)->token) {
+    DT_ERROR(RPC, "a non-empty bearer token (< 256 bytes) is required");
+    return DT_EINVAL;
+  }
+  ensure_grpc_init();
+  dt_rpc_server_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return DT_ENOMEM;
+  s->loop = loop;
+  s->service = service;
+  snprintf(s->token, sizeof s->token, "%s", token);
+  snprintf(s->bearer, sizeof s->bearer, "Bearer %s", token);
+  s->methods = calloc(service->n_methods, sizeof *s->methods);
+  s->cq = grpc_completion_queue_create_for_next(NULL);
+  s->server = grpc_server_create(message_size_args(), NULL);
+  if (!s->methods || !s->cq || !s->server) {
+    free(s->methods);
+    free(s);
+    return DT_ENOMEM;
+  }
+  grpc_server_register_completion_queue(s->server, s->cq, NULL);
+  for (unsigned i = 0; i < service->n_methods; i++) {
+    char path[256];
+    snprintf(path, sizeof path, "/%s/%s", service->name, service->methods[i].name);
+    s->methods[i].name = service->methods[i].name;
+    s->methods[i].input = service->methods[i].input;
+    s->methods[i].registered = grpc_server_register_method(
+        s->server, path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  }
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  int port = grpc_server_add_http2_port(s->server, listen, creds);
+  grpc_server_credentials_release(creds);
+  if (port == 0) {
+    DT_ERROR(RPC, "cannot listen on %s (address in use or invalid)", listen);
+    grpc_server_destroy(s->server);
+    grpc_completion_queue_shutdown(s->cq);
+    grpc_completion_queue_destroy(s->cq);
+    free(s->methods);
+    free(s);
+    return DT_EUNAVAIL;
+  }
+  s->tag_shutdown = (dt__rpc_tag_t){TAG_SHUTDOWN, s};
+  /* the bound port is remembered in started until start() reports it */
+  s->started = -port;
+  *out = s;
+  return 0;
+}
+
+int dt_rpc_server_handle(dt_rpc_server_t *s, const char *method, dt_rpc_handler_t fn, void *ud)
+{
+  for (unsigned i = 0; i < s->service->n_methods; i++) {
+    if (strcmp(s->methods[i].name, method) == 0) {
+      s->methods[i].fn = fn;
+      s->methods[i].ud = ud;
+      return 0;
+    }
+  }
+  DT_ERROR(RPC, "service %s has no method %s", s->service->name, method);
+  return DT_EINVAL;
+}
+
+int dt_rpc_server_start(dt_rpc_server_t *s, int *port)
+{
+  int bound = -s->started;
+  uv_mutex_init(&s->lock);
+  uv_async_init(s->loop, &s->async, on_async);
+  s->async.data = s;
+  grpc_server_start(s->server);
+  const int pending = (int)DT_MAX(1, dt_param_RpcPendingPerMethod());
+  for (unsigned i = 0; i < s->service->n_methods; i++)
+    for (int k = 0; k < pending; k++)
+      DT_CHECK(post_slot(s, &s->methods[i]));
+  for (int k = 0; k < 4; k++)
+    DT_CHECK(post_slot(s, NULL));
+  if (uv_thread_create(&s->thread, cq_thread, s) != 0)
+    return DT_ESYS;
+  s->started = 1;
+  if (port)
+    *port = bound;
+  return 0;
+}
+
+static void on_async_closed(uv_handle_t *h)
+{
+  dt_rpc_server_t *s = h->data;
+  void (*cb)(void *) = s->close_cb;
+  void *ud = s->close_ud;
+  uv_mutex_destroy(&s->lock);
+  free(s->events);
+  free(s->methods);
+  free(s);
+  if (cb)
+    cb(ud);
+}
+
+static void finish_shutdown(dt_rpc_server_t *s)
+{
+  /* Every call has been cancelled and every posted slot returned before the shutdown tag;
+   * stop the queue, join its thread, and handle whatever completions raced with the tag. */
+  grpc_server_destroy(s->server);
+  grpc_completion_queue_shutdown(s->cq);
+  uv_thread_join(&s->thread);
+  for (size_t i = 0; i < s->nevents; i++)
+    dispatch(s, &s->events[i]);
+  s->nevents = 0;
+  grpc_completion_queue_destroy(s->cq);
+  uv_close((uv_handle_t *)&s->async, on_async_closed);
+}
+
+void dt_rpc_server_close(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud)
+{
+  s->close_cb = cb;
+  s->close_ud = ud;
+  if (s->started != 1) { /* created but never started */
+    grpc_server_destroy(s->server);
+    grpc_completion_queue_shutdown(s->cq);
+    grpc_completion_queue_destroy(s->cq);
+    free(s->methods);
+    free(s);
+    if (cb)
+      cb(ud);
+    return;
+  }
+  s->shutting_down = 1;
+  grpc_server_shutdown_and_notify(s->server, s->cq, &s->tag_shutdown);
+  grpc_server_cancel_all_calls(s->server);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Client                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+struct dt_rpc_client {
+  grpc_channel *channel;
+  const ProtobufCServiceDescriptor *service;
+  char bearer[300];
+  char target[256];
+};
+
+int dt_rpc_client_create(const char *target, const char *token,
+                         const ProtobufCServiceDescriptor *service, dt_rpc_client_t **out)
+{
+  ensure_grpc_init();
+  dt_rpc_client_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return DT_ENOMEM;
+  snprintf(c->bearer, sizeof c->bearer, "Bearer %s", token ? token : "");
+  snprintf(c->target, sizeof c->target, "%s", target);
+  c->service = service;
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  c->channel = grpc_channel_create(target, creds, message_size_args());
+  grpc_channel_credentials_release(creds);
+  if (!c->channel) {
+    free(c);
+    return DT_ERPC;
+  }
+  *out = c;
+  return 0;
+}
+
+void dt_rpc_client_destroy(dt_rpc_client_t *c)
+{
+  if (!c)
+    return;
+  grpc_channel_destroy(c->channel);
+  free(c);
+}
+
+int dt_rpc_status_to_err(int status)
+{
+  switch (status) {
+  case DT_RPC_OK:
+    return 0;
+  case DT_RPC_UNAVAILABLE:
+    return DT_EUNAVAIL;
+  case DT_RPC_DEADLINE_EXCEEDED:
+    return DT_ETIMEDOUT;
+  case DT_RPC_UNAUTHENTICATED:
+    return DT_EAUTH;
+  case DT_RPC_INVALID_ARGUMENT:
+    return DT_EINVAL;
+  case DT_RPC_NOT_FOUND:
+    return DT_ENOENT;
+  case DT_RPC_ALREADY_EXISTS:
+    return DT_EEXIST;
+  case DT_RPC_FAILED_PRECONDITION:
+    return DT_ESTALE;
+  case DT_RPC_UNIMPLEMENTED:
+    return DT_ENOTSUP;
+  case DT_RPC_CANCELLED:
+    return DT_ECANCELED;
+  default:
+    return DT_ERPC;
+  }
+}
+
+int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
+                       ProtobufCMessage **resp, int timeout_ms, int flags, char *err,
+                       size_t errlen)
+{
+  const ProtobufCMethodDescriptor *md =
+      protobuf_c_service_descriptor_get_method_by_name(c->service, method);
+  char path[256];
+  int ret = 0;
+  if (err && errlen)
+    err[0] = '\0';
+  *resp = NULL;
+  if (!md) {
+    snprintf(path, sizeof path, "/%s/%s", c->service->name, method);
+  } else {
+    snprintf(path, sizeof path, "/%s/%s", c->service->name, md->name);
+  }
+
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  gpr_timespec deadline =
+      timeout_ms > 0 ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                    gpr_time_from_millis(timeout_ms, GPR_TIMESPAN))
+                     : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  grpc_slice method_slice = grpc_slice_from_copied_string(path);
+  grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                             method_slice, NULL, deadline, NULL);
+  grpc_slice_unref(method_slice);
+
+  size_t len = protobuf_c_message_get_packed_size(req);
+  grpc_slice payload = grpc_slice_malloc(len);
+  protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(payload));
+  grpc_byte_buffer *send_bb = grpc_raw_byte_buffer_create(&payload, 1);
+  grpc_slice_unref(payload);
+
+  grpc_metadata auth;
+  memset(&auth, 0, sizeof auth);
+  auth.key = grpc_slice_from_static_string("authorization");
+  auth.value = grpc_slice_from_copied_string(c->bearer);
+
+  grpc_metadata_array recv_md, trailing_md;
+  grpc_metadata_array_init(&recv_md);
+  grpc_metadata_array_init(&trailing_md);
+  grpc_byte_buffer *recv_bb = NULL;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = 1;
+  ops[0].data.send_initial_metadata.metadata = &auth;
+  if (flags & DT_RPC_WAIT_FOR_READY)
+    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY |
+                   GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send_bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &recv_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &recv_bb;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+  ops[5].data.recv_status_on_client.status = &status;
+  ops[5].data.recv_status_on_client.status_details = &details;
+
+  int tag;
+  grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
+  if (e == GRPC_CALL_OK) {
+    grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type != GRPC_OP_COMPLETE || !ev.success)
+      status = GRPC_STATUS_INTERNAL;
+  } else {
+    status = GRPC_STATUS_INTERNAL;
+  }
+  if (status == GRPC_STATUS_OK) {
+    grpc_byte_buffer_reader reader;
+    if (recv_bb && grpc_byte_buffer_reader_init(&reader, recv_bb)) {
+      grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
+      grpc_byte_buffer_reader_destroy(&reader);
+      *resp = protobuf_c_message_unpack(md ? md->output : NULL, NULL, GRPC_SLICE_LENGTH(s),
+                                        GRPC_SLICE_START_PTR(s));
+      grpc_slice_unref(s);
+    }
+    if (!*resp) {
+      ret = DT_ERPC;
+      if (err)
+        snprintf(err, errlen, "%s: malformed response", method);
+    }
+  } else {
+    ret = dt_rpc_status_to_err(status);
+    if (err) {
+      char *d = grpc_slice_to_c_string(details);
+      snprintf(err, errlen, "%s", *d ? d : dt_strerror(ret));
+      gpr_free(d);
+    }
+  }
+
+  if (recv_bb)
+    grpc_byte_buffer_destroy(recv_bb);
+  grpc_byte_buffer_destroy(send_bb);
+  grpc_slice_unref(details);
+  grpc_slice_unref(auth.value);
+  grpc_metadata_array_destroy(&recv_md);
+  grpc_metadata_array_destroy(&trailing_md);
+  grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  grpc_completion_queue_destroy(cq);
+  return ret;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokens                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt_rpc_read_token(const char *path, char *token, size_t len)
+{
+  FILE *fp = fopen(path, "r");
+  if (!fp) {
+    int e = errno;
+    DT_ERROR(RPC, "%s: cannot read token file: %s", path, strerror(e));
+    return dt_err_from_errno(e);
+  }
+  if (!fgets(token, (int)len, fp))
+    token[0] = '\0';
+  fclose(fp);
+  size_t n = strlen(token);
+  while (n && (token[n - 1] == '\n' || token[n - 1] == '\r' || token[n - 1] == ' '))
+    token[--n] = '\0';
+  if (n == 0) {
+    DT_ERROR(RPC, "%s: token file is empty", path);
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
+int dt_rpc_write_new_token(const char *path, char *token, size_t len)
+{
+  unsigned char raw[24];
+  int fd = open("/dev/urandom", O_RDONLY);
+  if (fd < 0 || read(fd, raw, sizeof raw) != (ssize_t)sizeof raw) {
+    if (fd >= 0)
+      close(fd);
+    DT_ERROR(RPC, "cannot read /dev/urandom for a token");
+    return DT_ESYS;
+  }
+  close(fd);
+  if (len < 2 * sizeof raw + 1)
+    return DT_EINVAL;
+  for (size_t i = 0; i < sizeof raw; i++)
+    snprintf(token + 2 * i, 3, "%02x", raw[i]);
+  int out = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (out < 0) {
+    int e = errno;
+    DT_ERROR(RPC, "%s: cannot create token file: %s", path, strerror(e));
+    return dt_err_from_errno(e);
+  }
+  size_t n = strlen(token);
+  int ok = write(out, token, n) == (ssize_t)n && write(out, "\n", 1) == 1 && fsync(out) == 0;
+  close(out);
+  return ok ? 0 : DT_EIO;
+}
