@@ -2,6 +2,7 @@
  * concurrent processes sharing stderr (trainers under one agent) never interleave. */
 #include "dt_log.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -13,6 +14,10 @@ static unsigned g_subsys = ~0u;
 static int g_journal = 0;
 static int g_inited = 0;
 static char g_tag[64];
+/* The text of the latest ERROR line, for a process that reports why it failed (a trainer
+ * tells its agent). Written under a mutex; errors are rare. */
+static char g_last_error[512];
+static pthread_mutex_t g_last_error_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const g_level_names[] = {"ERROR", "WARN", "INFO", "DEBUG", "TRACE"};
 /* journald/syslog priorities: err, warning, info, debug, debug */
@@ -97,12 +102,25 @@ void dt_log_write(dt_log_level_t level, unsigned subsys, const char *file, int l
   (void)subsys;
   va_list ap;
   va_start(ap, fmt);
+  int msg_start = n < (int)sizeof buf ? n : (int)sizeof buf - 1;
   if (n < (int)sizeof buf)
     n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
   va_end(ap);
+  if (level == DT_LOG_ERROR) {
+    pthread_mutex_lock(&g_last_error_lock);
+    snprintf(g_last_error, sizeof g_last_error, "%s", buf + msg_start);
+    pthread_mutex_unlock(&g_last_error_lock);
+  }
   if (n > (int)sizeof buf - 2)
     n = (int)sizeof buf - 2;
   buf[n++] = '\n';
   ssize_t w = write(STDERR_FILENO, buf, (size_t)n);
   (void)w;
+}
+
+void dt_log_last_error(char *out, size_t n)
+{
+  pthread_mutex_lock(&g_last_error_lock);
+  snprintf(out, n, "%s", g_last_error);
+  pthread_mutex_unlock(&g_last_error_lock);
 }

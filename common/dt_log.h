@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "dt_error.h"
@@ -53,6 +54,8 @@ void dt_log_set_level(dt_log_level_t level);
 /* Prefixes every line with this tag ("rank 3", "coordinator"); NULL for none. */
 void dt_log_set_tag(const char *tag);
 int dt_log_enabled(dt_log_level_t level, unsigned subsys);
+/* Copies the message of the latest ERROR line ("" if none) into out. */
+void dt_log_last_error(char *out, size_t n);
 void dt_log_write(dt_log_level_t level, unsigned subsys, const char *file, int line,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

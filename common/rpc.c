@@ -339,13 +339,11 @@ static void on_new_call(dt_rpc_server_t *s, dt_rpc_call_t *c, int ok)
   }
   grpc_slice slice = grpc_byte_buffer_reader_readall(&reader);
   grpc_byte_buffer_reader_destroy(&reader);
-  ProtobufCMessage *req = protobuf_c_message_unpack(c->method->input, NULL,
-                                                    GRPC_SLICE_LENGTH(slice),
-                                                    GRPC_SLICE_START_PTR(slice));
+  ProtobufCMessage *req = protobuf_c_message_unpack(
+      c->method->input, NULL, GRPC_SLICE_LENGTH(slice), GRPC_SLICE_START_PTR(slice));
   grpc_slice_unref(slice);
   if (!req) {
-    dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "malformed %s message",
-                     c->method->input->name);
+    dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "malformed %s message", c->method->input->name);
     return;
   }
   if (!c->method->fn) {
@@ -547,11 +545,20 @@ void dt_rpc_server_close(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud)
 /* Client                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Calls in flight, so that dt_rpc_client_cancel_all can reach them from another thread. */
+typedef struct inflight {
+  struct inflight *next;
+  grpc_call *call;
+} inflight_t;
+
 struct dt_rpc_client {
   grpc_channel *channel;
   const ProtobufCServiceDescriptor *service;
   char bearer[300];
   char target[256];
+  uv_mutex_t lock;
+  inflight_t *inflight;
+  int cancelled; /* set by cancel_all: later calls fail at once */
 };
 
 int dt_rpc_client_create(const char *target, const char *token,
@@ -564,6 +571,7 @@ int dt_rpc_client_create(const char *target, const char *token,
   snprintf(c->bearer, sizeof c->bearer, "Bearer %s", token ? token : "");
   snprintf(c->target, sizeof c->target, "%s", target);
   c->service = service;
+  uv_mutex_init(&c->lock);
   grpc_channel_credentials *creds = grpc_insecure_credentials_create();
   c->channel = grpc_channel_create(target, creds, message_size_args());
   grpc_channel_credentials_release(creds);
@@ -580,7 +588,17 @@ void dt_rpc_client_destroy(dt_rpc_client_t *c)
   if (!c)
     return;
   grpc_channel_destroy(c->channel);
+  uv_mutex_destroy(&c->lock);
   free(c);
+}
+
+void dt_rpc_client_cancel_all(dt_rpc_client_t *c)
+{
+  uv_mutex_lock(&c->lock);
+  c->cancelled = 1;
+  for (inflight_t *f = c->inflight; f; f = f->next)
+    grpc_call_cancel(f->call, NULL);
+  uv_mutex_unlock(&c->lock);
 }
 
 int dt_rpc_status_to_err(int status)
@@ -612,8 +630,7 @@ int dt_rpc_status_to_err(int status)
 }
 
 int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
-                       ProtobufCMessage **resp, int timeout_ms, int flags, char *err,
-                       size_t errlen)
+                       ProtobufCMessage **resp, int timeout_ms, int flags, char *err, size_t errlen)
 {
   const ProtobufCMethodDescriptor *md =
       protobuf_c_service_descriptor_get_method_by_name(c->service, method);
@@ -629,10 +646,10 @@ int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMe
   }
 
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-  gpr_timespec deadline =
-      timeout_ms > 0 ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                    gpr_time_from_millis(timeout_ms, GPR_TIMESPAN))
-                     : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  gpr_timespec deadline = timeout_ms > 0
+                              ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                             gpr_time_from_millis(timeout_ms, GPR_TIMESPAN))
+                              : gpr_inf_future(GPR_CLOCK_MONOTONIC);
   grpc_slice method_slice = grpc_slice_from_copied_string(path);
   grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                              method_slice, NULL, deadline, NULL);
@@ -662,8 +679,8 @@ int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMe
   ops[0].data.send_initial_metadata.count = 1;
   ops[0].data.send_initial_metadata.metadata = &auth;
   if (flags & DT_RPC_WAIT_FOR_READY)
-    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY |
-                   GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET;
+    ops[0].flags =
+        GRPC_INITIAL_METADATA_WAIT_FOR_READY | GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -676,6 +693,16 @@ int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMe
   ops[5].data.recv_status_on_client.status = &status;
   ops[5].data.recv_status_on_client.status_details = &details;
 
+  inflight_t me = {NULL, call};
+  uv_mutex_lock(&c->lock);
+  int cancelled = c->cancelled;
+  if (!cancelled) {
+    me.next = c->inflight;
+    c->inflight = &me;
+  }
+  uv_mutex_unlock(&c->lock);
+  if (cancelled)
+    grpc_call_cancel(call, NULL);
   int tag;
   grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
   if (e == GRPC_CALL_OK) {
@@ -685,6 +712,14 @@ int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMe
   } else {
     status = GRPC_STATUS_INTERNAL;
   }
+  uv_mutex_lock(&c->lock);
+  for (inflight_t **pp = &c->inflight; *pp; pp = &(*pp)->next) {
+    if (*pp == &me) {
+      *pp = me.next;
+      break;
+    }
+  }
+  uv_mutex_unlock(&c->lock);
   if (status == GRPC_STATUS_OK) {
     grpc_byte_buffer_reader reader;
     if (recv_bb && grpc_byte_buffer_reader_init(&reader, recv_bb)) {

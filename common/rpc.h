@@ -83,6 +83,9 @@ typedef struct dt_rpc_client dt_rpc_client_t;
 int dt_rpc_client_create(const char *target, const char *token,
                          const ProtobufCServiceDescriptor *service, dt_rpc_client_t **out);
 void dt_rpc_client_destroy(dt_rpc_client_t *c);
+/* Cancels every call in flight (from any thread) and makes later calls fail at once with
+ * DT_ECANCELED: how a daemon's shutdown unblocks its long-polls. */
+void dt_rpc_client_cancel_all(dt_rpc_client_t *c);
 /* Blocking unary call of method (by name). On success *resp holds the unpacked answer (free
  * with protobuf_c_message_free_unpacked(*resp, NULL)). Errors: DT_EUNAVAIL (no server),
  * DT_ETIMEDOUT (deadline), DT_EAUTH, DT_EINVAL, DT_ENOENT, DT_ESTALE (failed precondition),

@@ -7,6 +7,7 @@
 
 #include "dt_log.h"
 #include "dt_util.h"
+#include "link.h"
 #include "trainer.h"
 
 static void usage(FILE *out)
@@ -301,10 +302,15 @@ int main(int argc, char **argv)
   dt_train_opts_default(&o);
   if (parse_args(argc, argv, &o) != 0)
     return 2;
+  if (dt_link_open(&o.link) != 0)
+    return 1;
   int rc = dt_train_run(&o);
   if (rc != 0) {
+    char why[512];
+    dt_log_last_error(why, sizeof why);
+    dt_link_error(o.link, why[0] ? why : dt_strerror(rc));
     fprintf(stderr, "distrain-train: failed: %s\n", dt_strerror(rc));
-    return 1;
   }
-  return 0;
+  dt_link_close(o.link);
+  return rc != 0;
 }

@@ -19,6 +19,7 @@
 #include "dataloader.h"
 #include "dt_log.h"
 #include "dt_util.h"
+#include "link.h"
 #include "rng.h"
 
 /* OpenBLAS's own thread control (not in cblas.h of every build). */
@@ -225,6 +226,7 @@ static void generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float tem
     fflush(stdout);
   }
   fprintf(stdout, "\n---- end of sample ----\n");
+  fflush(stdout);
   free(ctx);
 }
 
@@ -245,6 +247,23 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s)
     fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
   fprintf(fp, "}\n");
   fflush(fp);
+}
+
+/* Writes this process's shard of the step just completed and commits it: itself when
+ * standalone, through the coordinator (which writes the manifest) under one. */
+static int save_checkpoint(const dt_train_opts_t *o, const dt_gpt2_t *m,
+                           const dt_train_state_t *state)
+{
+  dt_ckpt_shard_info_t info;
+  int committed = 0;
+  DT_CHECK(dt_ckpt_write_shard(m, state, o->ckpt_dir, 0, 1, 0, (int64_t)m->num_params, &info));
+  if (dt_link_has_coordinator(o->link)) {
+    DT_CHECK(dt_link_report_checkpoint(o->link, state->step, 1, &info, &committed));
+  } else {
+    DT_CHECK(dt_ckpt_commit(o->ckpt_dir, state->step, (int64_t)m->num_params, 1, &info));
+    committed = 1;
+  }
+  return committed ? dt_ckpt_prune(o->ckpt_dir, o->keep) : 0;
 }
 
 /* Resolves the model config from (in order) the checkpoint to resume, the llm.c file, or the
@@ -418,15 +437,10 @@ int dt_train_run(const dt_train_opts_t *o)
       write_metrics(metrics, &sm);
     if (o->on_step)
       o->on_step(o->on_step_ud, &sm);
-    if (o->ckpt_dir && ((o->save_every > 0 && state.step % o->save_every == 0) || last)) {
-      dt_ckpt_shard_info_t info;
-      DT_CHECK_GOTO(dt_ckpt_write_shard(&model, &state, o->ckpt_dir, 0, 1, 0,
-                                        (int64_t)model.num_params, &info),
-                    ret, out);
-      DT_CHECK_GOTO(dt_ckpt_commit(o->ckpt_dir, state.step, (int64_t)model.num_params, 1, &info),
-                    ret, out);
-      DT_CHECK_GOTO(dt_ckpt_prune(o->ckpt_dir, o->keep), ret, out);
-    }
+    if (o->link)
+      dt_link_step(o->link, &sm);
+    if (o->ckpt_dir && ((o->save_every > 0 && state.step % o->save_every == 0) || last))
+      DT_CHECK_GOTO(save_checkpoint(o, &model, &state), ret, out);
   }
   if (o->export_llmc) {
     DT_CHECK_GOTO(dt_llmc_save(&model, o->export_llmc), ret, out);

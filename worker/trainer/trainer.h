@@ -59,7 +59,9 @@ typedef struct {
   float sample_temp;
   int threads;
   int quiet;
-  /* observer for tests and the agent: called after every step */
+  /* the agent/coordinator link (link.h), NULL when standalone */
+  struct dt_link *link;
+  /* observer for tests: called after every step */
   void (*on_step)(void *ud, const dt_step_metrics_t *m);
   void *on_step_ud;
 } dt_train_opts_t;

@@ -1,0 +1,137 @@
+/* coord.c — coordinator lifecycle: open the state, serve RPCs, watch node liveness.
+ *
+ * The liveness timer runs every DT_PARAM LivenessScanMs (100 ms): a node silent for
+ * heartbeat_ms x dead_after_missed is declared dead, so detection takes at most that plus one
+ * scan interval. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coord.h"
+#include "dt_log.h"
+#include "dt_param.h"
+#include "dt_util.h"
+
+DT_PARAM(LivenessScanMs, "LIVENESS_SCAN_MS", 100)
+
+double dt_coord_now_ms(void)
+{
+  return dt_now_ms();
+}
+
+static void on_liveness(uv_timer_t *t)
+{
+  dt_coord_t *c = t->data;
+  const double limit = (double)c->cfg.heartbeat_ms * c->cfg.dead_after_missed;
+  const double now = dt_coord_now_ms();
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    dt_node_t *n = c->nodes[i];
+    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && now - n->last_seen_ms > limit)
+      dt_coord_node_dead(c, n);
+  }
+}
+
+int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
+{
+  int ret;
+  memset(c, 0, sizeof *c);
+  c->loop = loop;
+  c->cfg = *cfg;
+  c->next_job = 1;
+  c->kv = dt_kv_create();
+  if (!c->kv)
+    return DT_ENOMEM;
+  DT_CHECK_GOTO(dt_store_open(&c->store, cfg->state_dir), ret, fail);
+  DT_CHECK_GOTO(dt_store_load(c->store, c), ret, fail);
+  for (size_t i = 0; i < c->n_jobs; i++) {
+    /* A restarted coordinator resumes its jobs as they were; the trainers never stopped. */
+    Distrain__V1__Job *job = c->jobs[i]->job;
+    if (job->state != DISTRAIN__V1__JOB_STATE__JOB_COMPLETED &&
+        job->state != DISTRAIN__V1__JOB_STATE__JOB_FAILED &&
+        job->state != DISTRAIN__V1__JOB_STATE__JOB_STOPPED)
+      DT_INFO(COORD, "restored job %s: state %d, generation %llu, step %lld", c->jobs[i]->id,
+              job->state, (unsigned long long)job->generation, (long long)job->step);
+  }
+  if (c->n_nodes)
+    DT_INFO(COORD, "restored %zu nodes and %zu jobs from %s", c->n_nodes, c->n_jobs,
+            cfg->state_dir);
+  DT_CHECK_GOTO(dt_rpc_server_create(loop, cfg->listen, cfg->token,
+                                     &distrain__v1__coordinator__descriptor, &c->rpc),
+                ret, fail);
+  DT_CHECK_GOTO(dt_coord_register_handlers(c), ret, fail_rpc);
+  DT_CHECK_GOTO(dt_rpc_server_start(c->rpc, &c->port), ret, fail_rpc);
+  uv_timer_init(loop, &c->liveness);
+  c->liveness.data = c;
+  uint64_t scan = (uint64_t)DT_MAX(10, dt_param_LivenessScanMs());
+  uv_timer_start(&c->liveness, on_liveness, scan, scan);
+  return 0;
+fail_rpc:
+  dt_rpc_server_close(c->rpc, NULL, NULL);
+  c->rpc = NULL;
+fail:
+  dt_store_close(c->store);
+  dt_kv_destroy(c->kv);
+  return ret;
+}
+
+/* Shutdown order: stop taking calls (their cancel callbacks forget held calls), then free
+ * state once every node's timer handle has been closed. */
+typedef struct {
+  dt_coord_t *c;
+  void (*cb)(void *);
+  void *ud;
+  size_t pending;
+} close_ctx_t;
+
+static void finish_close(close_ctx_t *x)
+{
+  dt_coord_t *c = x->c;
+  for (size_t i = 0; i < c->n_nodes; i++)
+    dt_node_free(c->nodes[i]);
+  free(c->nodes);
+  for (size_t i = 0; i < c->n_jobs; i++)
+    dt_job_free(c->jobs[i]);
+  free(c->jobs);
+  dt_store_close(c->store);
+  void (*cb)(void *) = x->cb;
+  void *ud = x->ud;
+  free(x);
+  if (cb)
+    cb(ud);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+  close_ctx_t *x = h->data; /* every handle closed at shutdown points at the context */
+  if (--x->pending == 0)
+    finish_close(x);
+}
+
+static void on_rpc_closed(void *ud)
+{
+  close_ctx_t *x = ud;
+  dt_coord_t *c = x->c;
+  dt_kv_destroy(c->kv);
+  c->kv = NULL;
+  x->pending = 1;
+  c->liveness.data = x;
+  uv_close((uv_handle_t *)&c->liveness, on_handle_closed);
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    if (c->nodes[i]) {
+      x->pending++;
+      c->nodes[i]->watch_timer.data = x;
+      uv_close((uv_handle_t *)&c->nodes[i]->watch_timer, on_handle_closed);
+    }
+  }
+}
+
+void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud)
+{
+  close_ctx_t *x = calloc(1, sizeof *x);
+  if (!x)
+    return;
+  x->c = c, x->cb = cb, x->ud = ud;
+  c->closing = 1;
+  uv_timer_stop(&c->liveness);
+  dt_rpc_server_close(c->rpc, on_rpc_closed, x);
+}

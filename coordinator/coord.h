@@ -1,0 +1,156 @@
+/* coord.h — the coordinator's state and its internal API.
+ *
+ * Everything here is owned by the one loop thread: RPC handlers (handlers.c), the liveness
+ * timer, the job state machine (jobs.c), the key-value store (kv.c) and persistence
+ * (store.c) all run on it, so nothing is locked.
+ *
+ * Invariants:
+ *  - A node's id is "node-<index>", index into coord->nodes; ids survive restarts (SQLite).
+ *  - A job's generation only grows; an assignment, a key-value entry and a trainer status
+ *    all carry the generation they belong to, and anything older than the job's current
+ *    generation is stale: never served, never counted.
+ *  - Every state change is written to SQLite before it is visible over RPC (write-through),
+ *    so a coordinator killed with SIGKILL comes back with the same jobs, generations, nodes,
+ *    assignments and committed checkpoints. */
+#ifndef DT_COORD_H
+#define DT_COORD_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "distrain.pb-c.h"
+#include "rpc.h"
+
+typedef struct dt_coord dt_coord_t;
+typedef struct dt_store dt_store_t;
+
+typedef struct {
+  const char *listen;    /* "host:port" */
+  const char *state_dir; /* SQLite database lives here */
+  const char *token;     /* bearer token every RPC must carry */
+  int heartbeat_ms;      /* period agents are told to keep */
+  int dead_after_missed; /* heartbeats missed before a node is dead */
+} dt_coord_config_t;
+
+/* One registered node. */
+typedef struct {
+  int index;
+  char id[32];
+  Distrain__V1__NodeInfo *info; /* owned */
+  Distrain__V1__NodeState state;
+  double last_seen_ms; /* monotonic */
+  int64_t last_seen_wall_ms;
+  uint64_t assign_version;                /* bumped whenever its assignments change */
+  int job;                                /* index of the job using it, -1 if idle */
+  Distrain__V1__TrainerStatus **trainers; /* last heartbeat's statuses (owned) */
+  size_t n_trainers;
+  dt_rpc_call_t *watch;         /* a held WatchAssignment, or NULL */
+  struct dt_coord *watch_owner; /* for the watch timer's callback */
+  uv_timer_t watch_timer;
+  int watch_timer_active;
+} dt_node_t;
+
+/* Per-rank bookkeeping of the current generation. */
+typedef struct {
+  int node; /* node index */
+  int local_rank;
+  Distrain__V1__TrainerState state;
+  int64_t step;
+} dt_rank_slot_t;
+
+/* A checkpoint step being collected from its writers. */
+typedef struct {
+  int64_t step;
+  int world, received;
+  Distrain__V1__ReportCheckpointRequest **reports; /* (world) owned copies */
+} dt_ckpt_pending_t;
+
+typedef struct {
+  char id[32];
+  Distrain__V1__Job *job; /* owned; job->spec is the submitted spec */
+  /* current generation's plan */
+  int world, dp, grad_accum;
+  dt_rank_slot_t *ranks; /* (world) */
+  int *nodes;            /* node indices in rank order of their first rank */
+  int n_nodes;
+  int resume; /* trainers start from the newest committed checkpoint */
+  /* rank 0's per-step metrics (the --metrics stream) */
+  Distrain__V1__StepMetrics **metrics;
+  size_t n_metrics, cap_metrics;
+  dt_ckpt_pending_t *ckpts;
+  size_t n_ckpts;
+} dt_job_t;
+
+struct dt_coord {
+  uv_loop_t *loop;
+  dt_coord_config_t cfg;
+  dt_rpc_server_t *rpc;
+  dt_store_t *store;
+  int port;
+  dt_node_t **nodes;
+  size_t n_nodes, cap_nodes;
+  dt_job_t **jobs;
+  size_t n_jobs, cap_jobs;
+  uint64_t next_job;
+  struct dt_kv *kv;
+  uv_timer_t liveness;
+  int closing;
+};
+
+/* ---- lifecycle (coord.c) ---- */
+int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg);
+void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud);
+double dt_coord_now_ms(void);
+
+/* ---- nodes and jobs (jobs.c) ---- */
+dt_node_t *dt_coord_node_by_id(dt_coord_t *c, const char *id);
+dt_job_t *dt_coord_job_by_id(dt_coord_t *c, const char *id);
+/* Sets a job's state with a logged, persisted reason. */
+void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState to, const char *fmt,
+                             ...) __attribute__((format(printf, 4, 5)));
+/* Plans every job that waits (PENDING, RECOVERING) over the idle alive nodes. */
+void dt_coord_schedule(dt_coord_t *c);
+/* A node stopped heartbeating: fail over every job on it. */
+void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
+/* Folds one heartbeat's trainer statuses into the job state machines. */
+void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n);
+/* Removes a job's assignments from its nodes (agents stop its trainers). */
+void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j);
+/* Builds the node's WatchAssignment answer. */
+Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, dt_node_t *n);
+void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r);
+/* Wakes a node's held WatchAssignment call, if any, after its assignments changed. */
+void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n);
+/* Records a checkpoint shard report; writes the manifest when the step is complete. */
+int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
+                               const Distrain__V1__ReportCheckpointRequest *r, int *committed,
+                               char *err, size_t errlen);
+void dt_job_free(dt_job_t *j);
+void dt_node_free(dt_node_t *n);
+
+/* ---- handlers (handlers.c) ---- */
+int dt_coord_register_handlers(dt_coord_t *c);
+
+/* ---- key-value store (kv.c) ---- */
+struct dt_kv *dt_kv_create(void);
+void dt_kv_destroy(struct dt_kv *kv);
+/* Stores a value for (job, generation, key) and answers the calls waiting on it. */
+int dt_kv_put(struct dt_kv *kv, const char *job, uint64_t gen, const char *key, const uint8_t *val,
+              size_t len);
+/* Answers call now if the key exists, else holds it until a put or timeout_ms. */
+void dt_kv_get(struct dt_kv *kv, uv_loop_t *loop, dt_rpc_call_t *call, const char *job,
+               uint64_t gen, const char *key, uint32_t timeout_ms);
+/* Drops every key of a job older than gen; waiting calls for them fail as stale. */
+void dt_kv_expire(struct dt_kv *kv, const char *job, uint64_t gen);
+
+/* ---- persistence (store.c) ---- */
+int dt_store_open(dt_store_t **out, const char *state_dir);
+void dt_store_close(dt_store_t *s);
+int dt_store_put_node(dt_store_t *s, const dt_node_t *n);
+int dt_store_put_job(dt_store_t *s, const dt_job_t *j);
+int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,
+                         size_t n);
+/* Loads every node and job (with plans and metrics) into c. */
+int dt_store_load(dt_store_t *s, dt_coord_t *c);
+
+#endif

@@ -1,0 +1,385 @@
+/* ctl.c — distrainctl's client side: specs in, jobs and nodes out, progress followed. */
+#include "ctl.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dt_log.h"
+#include "dt_param.h"
+#include "dt_util.h"
+#include "jobspec.h"
+
+DT_PARAM(CtlPollMs, "CTL_POLL_MS", 500)
+DT_PARAM(CtlRpcTimeoutMs, "CTL_RPC_TIMEOUT_MS", 10000)
+
+static const char *const k_states[] = {"UNKNOWN",    "PENDING",   "RENDEZVOUS", "RUNNING",
+                                       "RECOVERING", "COMPLETED", "FAILED",     "STOPPED"};
+
+const char *dt_ctl_state_name(Distrain__V1__JobState s)
+{
+  return (unsigned)s < DT_ARRAY_SIZE(k_states) ? k_states[s] : "?";
+}
+
+int dt_ctl_connect(const dt_ctl_opts_t *o, dt_rpc_client_t **out)
+{
+  char token[256];
+  DT_CHECK(dt_rpc_read_token(o->token_file, token, sizeof token));
+  return dt_rpc_client_create(o->coordinator, token, &distrain__v1__coordinator__descriptor, out);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Specs                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Replaces a relative path field by base/path. */
+static int absolutize(char **field, const char *base, const char *prefix)
+{
+  const char *v = *field;
+  size_t plen = prefix ? strlen(prefix) : 0;
+  if (!v || !*v || (prefix && strncmp(v, prefix, plen) != 0))
+    return 0;
+  if (v[plen] == '/' || v[plen] == '\0')
+    return 0;
+  char buf[PATH_MAX * 2];
+  snprintf(buf, sizeof buf, "%.*s%s/%s", (int)plen, v, base, v + plen);
+  char *copy = strdup(buf);
+  if (!copy)
+    return DT_ENOMEM;
+  if (*field != protobuf_c_empty_string)
+    free(*field);
+  *field = copy;
+  return 0;
+}
+
+int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__JobSpec **out)
+{
+  char err[2048];
+  Distrain__V1__JobSpec *spec;
+  DT_CHECK(dt_jobspec_new_default(&spec));
+  int rc = dt_jobspec_parse_file(path, spec, err, sizeof err);
+  for (int i = 0; rc == 0 && i < nsets; i++)
+    rc = dt_jobspec_set(spec, sets[i], err, sizeof err);
+  if (rc == 0)
+    rc = dt_jobspec_validate(spec, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "distrainctl: %s\n", err);
+    dt_jobspec_free(spec);
+    return rc;
+  }
+  /* Paths in a job file are relative to the file, wherever distrainctl runs. */
+  char copy[PATH_MAX], base[PATH_MAX];
+  snprintf(copy, sizeof copy, "%s", path);
+  if (!realpath(dirname(copy), base)) {
+    fprintf(stderr, "distrainctl: %s: %s\n", path, strerror(errno));
+    dt_jobspec_free(spec);
+    return DT_ENOENT;
+  }
+  rc = absolutize(&spec->data->train, base, NULL);
+  if (rc == 0)
+    rc = absolutize(&spec->data->val, base, NULL);
+  if (rc == 0)
+    rc = absolutize(&spec->checkpoint->dir, base, NULL);
+  if (rc == 0)
+    rc = absolutize(&spec->model->init, base, "llmc:");
+  if (rc == 0 && strncmp(spec->model->init, "seed:", 5) != 0 &&
+      strncmp(spec->model->init, "llmc:", 5) != 0)
+    rc = absolutize(&spec->model->init, base, NULL);
+  if (rc != 0) {
+    dt_jobspec_free(spec);
+    return rc;
+  }
+  *out = spec;
+  return 0;
+}
+
+int dt_ctl_submit(dt_rpc_client_t *c, const Distrain__V1__JobSpec *spec, char *job_id, size_t len)
+{
+  Distrain__V1__SubmitJobRequest req = DISTRAIN__V1__SUBMIT_JOB_REQUEST__INIT;
+  req.spec = (Distrain__V1__JobSpec *)spec;
+  ProtobufCMessage *resp;
+  char err[1024];
+  int rc = dt_rpc_client_call(c, "SubmitJob", &req.base, &resp, (int)dt_param_CtlRpcTimeoutMs(),
+                              DT_RPC_WAIT_FOR_READY, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "distrainctl: the coordinator refused the job: %s\n", err);
+    return rc;
+  }
+  snprintf(job_id, len, "%s", ((Distrain__V1__SubmitJobResponse *)resp)->job_id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Output                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+void dt_json_string(FILE *out, const char *s)
+{
+  fputc('"', out);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    switch (*p) {
+    case '"':
+      fputs("\\\"", out);
+      break;
+    case '\\':
+      fputs("\\\\", out);
+      break;
+    case '\n':
+      fputs("\\n", out);
+      break;
+    case '\r':
+      fputs("\\r", out);
+      break;
+    case '\t':
+      fputs("\\t", out);
+      break;
+    default:
+      if (*p < 0x20)
+        fprintf(out, "\\u%04x", *p);
+      else
+        fputc(*p, out);
+    }
+  }
+  fputc('"', out);
+}
+
+static void json_job(FILE *out, const Distrain__V1__Job *j)
+{
+  fprintf(out, "{\"job_id\": ");
+  dt_json_string(out, j->job_id);
+  fprintf(out, ", \"name\": ");
+  dt_json_string(out, j->spec ? j->spec->name : "");
+  fprintf(out, ", \"state\": ");
+  dt_json_string(out, dt_ctl_state_name(j->state));
+  fprintf(out, ", \"reason\": ");
+  dt_json_string(out, j->reason);
+  fprintf(out,
+          ", \"generation\": %llu, \"restarts\": %d, \"world_size\": %d, \"step\": %lld, "
+          "\"steps\": %d, \"loss\": %.9g, \"tokens_per_s\": %.1f, \"committed_step\": %lld, "
+          "\"failed_nodes\": [",
+          (unsigned long long)j->generation, j->restarts, j->world_size, (long long)j->step,
+          j->spec && j->spec->training ? j->spec->training->steps : 0, j->loss, j->tokens_per_s,
+          (long long)j->committed_step);
+  for (size_t i = 0; i < j->n_failed_nodes; i++) {
+    if (i)
+      fputs(", ", out);
+    dt_json_string(out, j->failed_nodes[i]);
+  }
+  fprintf(out, "], \"created_ms\": %lld, \"updated_ms\": %lld}", (long long)j->created_ms,
+          (long long)j->updated_ms);
+}
+
+void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
+{
+  if (json) {
+    json_job(out, j);
+    fputc('\n', out);
+    return;
+  }
+  const int steps = j->spec && j->spec->training ? j->spec->training->steps : 0;
+  fprintf(out, "job:         %s%s%s\n", j->job_id, j->spec && j->spec->name[0] ? "  " : "",
+          j->spec ? j->spec->name : "");
+  fprintf(out, "state:       %s (generation %llu, %d restart%s)\n", dt_ctl_state_name(j->state),
+          (unsigned long long)j->generation, j->restarts, j->restarts == 1 ? "" : "s");
+  fprintf(out, "reason:      %s\n", j->reason);
+  fprintf(out, "world:       %d\n", j->world_size);
+  fprintf(out, "progress:    step %lld/%d, loss %.4f, %.0f tokens/s\n", (long long)j->step, steps,
+          j->loss, j->tokens_per_s);
+  if (j->committed_step > 0)
+    fprintf(out, "checkpoint:  step %lld committed in %s\n", (long long)j->committed_step,
+            j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
+  for (size_t i = 0; i < j->n_failed_nodes; i++)
+    fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
+}
+
+void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json)
+{
+  if (json) {
+    fputc('[', out);
+    for (size_t i = 0; i < n; i++) {
+      if (i)
+        fputs(", ", out);
+      json_job(out, jobs[i]);
+    }
+    fputs("]\n", out);
+    return;
+  }
+  fprintf(out, "%-10s %-12s %4s %6s %13s %9s  %s\n", "JOB", "STATE", "GEN", "WORLD", "STEP", "LOSS",
+          "REASON");
+  for (size_t i = 0; i < n; i++) {
+    const Distrain__V1__Job *j = jobs[i];
+    char step[32];
+    snprintf(step, sizeof step, "%lld/%d", (long long)j->step,
+             j->spec && j->spec->training ? j->spec->training->steps : 0);
+    fprintf(out, "%-10s %-12s %4llu %6d %13s %9.4f  %s\n", j->job_id, dt_ctl_state_name(j->state),
+            (unsigned long long)j->generation, j->world_size, step, j->loss, j->reason);
+  }
+}
+
+static const char *node_state(Distrain__V1__NodeState s)
+{
+  return s == DISTRAIN__V1__NODE_STATE__NODE_ALIVE  ? "ALIVE"
+         : s == DISTRAIN__V1__NODE_STATE__NODE_DEAD ? "DEAD"
+                                                    : "UNKNOWN";
+}
+
+void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json)
+{
+  if (json)
+    fputc('[', out);
+  else
+    fprintf(out, "%-10s %-20s %-6s %8s %9s  %s\n", "NODE", "HOST", "STATE", "DEVICES", "TRAINERS",
+            "LAST HEARTBEAT");
+  time_t now = time(NULL);
+  for (size_t i = 0; i < n; i++) {
+    const Distrain__V1__Node *nd = nodes[i];
+    const Distrain__V1__NodeInfo *info = nd->info;
+    size_t ndev = info ? info->n_devices : 0;
+    const char *kind = ndev ? info->devices[0]->kind : "-";
+    if (json) {
+      if (i)
+        fputs(", ", out);
+      fprintf(out, "{\"node_id\": ");
+      dt_json_string(out, nd->node_id);
+      fprintf(out, ", \"hostname\": ");
+      dt_json_string(out, info ? info->hostname : "");
+      fprintf(out, ", \"state\": ");
+      dt_json_string(out, node_state(nd->state));
+      fprintf(out, ", \"devices\": %zu, \"device_kind\": ", ndev);
+      dt_json_string(out, kind);
+      fprintf(out, ", \"trainers\": %zu, \"last_heartbeat_ms\": %lld}", nd->n_trainers,
+              (long long)nd->last_heartbeat_ms);
+    } else {
+      char dev[32];
+      snprintf(dev, sizeof dev, "%zu %s", ndev, kind);
+      fprintf(out, "%-10s %-20s %-6s %8s %9zu  %llds ago\n", nd->node_id,
+              info ? info->hostname : "?", node_state(nd->state), dev, nd->n_trainers,
+              (long long)(now - nd->last_heartbeat_ms / 1000));
+    }
+  }
+  if (json)
+    fputs("]\n", out);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Following a job                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
+{
+  fprintf(fp,
+          "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+          "\"tokens_per_s\": %.1f",
+          (long long)m->step, m->loss, m->lr, m->grad_norm, m->ms, m->tokens_per_s);
+  if (m->has_val)
+    fprintf(fp, ", \"val_loss\": %.9g", m->val_loss);
+  fputs("}\n", fp);
+}
+
+static void fmt_eta(char *buf, size_t n, double seconds)
+{
+  if (!(seconds >= 0) || seconds > 1e7)
+    snprintf(buf, n, "?");
+  else if (seconds >= 3600)
+    snprintf(buf, n, "%dh%02dm", (int)(seconds / 3600), (int)fmod(seconds / 60, 60));
+  else if (seconds >= 60)
+    snprintf(buf, n, "%dm%02ds", (int)(seconds / 60), (int)fmod(seconds, 60));
+  else
+    snprintf(buf, n, "%.0fs", seconds);
+}
+
+int dt_ctl_follow(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id)
+{
+  return dt_ctl_follow_until(c, o, job_id, NULL);
+}
+
+int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id,
+                        volatile sig_atomic_t *stop)
+{
+  FILE *mf = NULL;
+  if (o->metrics_path && !(mf = fopen(o->metrics_path, "w"))) {
+    fprintf(stderr, "distrainctl: %s: %s\n", o->metrics_path, strerror(errno));
+    return DT_EACCES;
+  }
+  int64_t after = 0;
+  Distrain__V1__JobState last_state = DISTRAIN__V1__JOB_STATE__JOB_UNKNOWN;
+  uint64_t last_gen = 0;
+  int ret = 0, failures = 0;
+  double ms_ewma = 0.0;
+  while (!(stop && *stop)) {
+    char err[512];
+    Distrain__V1__GetJobRequest greq = DISTRAIN__V1__GET_JOB_REQUEST__INIT;
+    greq.job_id = (char *)job_id;
+    ProtobufCMessage *resp;
+    int rc = dt_rpc_client_call(c, "GetJob", &greq.base, &resp, (int)dt_param_CtlRpcTimeoutMs(),
+                                DT_RPC_WAIT_FOR_READY, err, sizeof err);
+    if (rc != 0) {
+      /* The coordinator may be restarting; give it a while before giving up. */
+      if (++failures > 60) {
+        fprintf(stderr, "distrainctl: lost the coordinator: %s\n", err);
+        ret = rc;
+        break;
+      }
+      usleep(500000);
+      continue;
+    }
+    failures = 0;
+    Distrain__V1__Job *j = (void *)resp;
+    const int steps = j->spec->training->steps;
+    if (j->state != last_state || j->generation != last_gen) {
+      if (!o->json)
+        fprintf(stderr, "[%s] %s (generation %llu): %s\n", job_id, dt_ctl_state_name(j->state),
+                (unsigned long long)j->generation, j->reason);
+      last_state = j->state;
+      last_gen = j->generation;
+    }
+    Distrain__V1__GetJobMetricsRequest mreq = DISTRAIN__V1__GET_JOB_METRICS_REQUEST__INIT;
+    mreq.job_id = (char *)job_id;
+    mreq.after_step = after;
+    ProtobufCMessage *mresp;
+    if (dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &mresp, (int)dt_param_CtlRpcTimeoutMs(),
+                           0, err, sizeof err) == 0) {
+      Distrain__V1__GetJobMetricsResponse *m = (void *)mresp;
+      const int every = steps >= 20 ? steps / 20 : 1;
+      for (size_t i = 0; i < m->n_metrics; i++) {
+        const Distrain__V1__StepMetrics *s = m->metrics[i];
+        ms_ewma = ms_ewma > 0 ? 0.9 * ms_ewma + 0.1 * s->ms : s->ms;
+        if (mf)
+          write_metric(mf, s);
+        if (!o->json && (s->has_val || s->step % every == 0 || s->step == steps)) {
+          char eta[32], val[32] = "";
+          fmt_eta(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
+          if (s->has_val)
+            snprintf(val, sizeof val, " | val %.4f", s->val_loss);
+          fprintf(stderr, "step %6lld/%d | loss %.4f%s | %8.0f tok/s | ETA %s\n",
+                  (long long)s->step, steps, s->loss, val, s->tokens_per_s, eta);
+        }
+        after = s->step;
+      }
+      if (mf)
+        fflush(mf);
+      protobuf_c_message_free_unpacked(mresp, NULL);
+    }
+    int done = j->state == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED ||
+               j->state == DISTRAIN__V1__JOB_STATE__JOB_FAILED ||
+               j->state == DISTRAIN__V1__JOB_STATE__JOB_STOPPED;
+    if (done) {
+      if (o->json)
+        dt_ctl_print_job(stdout, j, 1);
+      ret = j->state == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED ? 0 : 1;
+      protobuf_c_message_free_unpacked(resp, NULL);
+      break;
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    usleep((useconds_t)dt_param_CtlPollMs() * 1000);
+  }
+  if (mf)
+    fclose(mf);
+  return stop && *stop ? 1 : ret;
+}

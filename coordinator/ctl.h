@@ -1,0 +1,48 @@
+/* ctl.h — distrainctl's pieces: talking to a coordinator, printing jobs, following progress,
+ * and the embedded local cluster behind `run --local`. */
+#ifndef DT_CTL_H
+#define DT_CTL_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "distrain.pb-c.h"
+#include "rpc.h"
+
+typedef struct {
+  const char *coordinator; /* host:port */
+  const char *token_file;
+  int json;
+  const char *metrics_path; /* --metrics: rank 0's per-step JSON lines */
+} dt_ctl_opts_t;
+
+/* A connected client (token read from opts->token_file). */
+int dt_ctl_connect(const dt_ctl_opts_t *o, dt_rpc_client_t **out);
+/* Loads JOB.yaml onto the defaults, applies --set overrides, validates, and makes the paths
+ * in it absolute (relative to the job file's directory). Errors are printed. */
+int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__JobSpec **out);
+/* Submits; prints nothing. */
+int dt_ctl_submit(dt_rpc_client_t *c, const Distrain__V1__JobSpec *spec, char *job_id, size_t len);
+/* Follows a job until it ends, printing progress lines (and metrics to o->metrics_path).
+ * Returns 0 if it completed, 1 if it failed or was stopped, <0 on RPC errors. */
+int dt_ctl_follow(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id);
+/* Same, returning early (1) once *stop becomes non-zero (a signal handler sets it). */
+int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id,
+                        volatile sig_atomic_t *stop);
+/* Human table or JSON of jobs / nodes. */
+void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json);
+void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);
+void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json);
+const char *dt_ctl_state_name(Distrain__V1__JobState s);
+
+/* run --local: a coordinator and nodes agents on loopback, then submit and follow. */
+typedef struct {
+  int nodes, devices_per_node;
+  const char *run_dir;
+} dt_ctl_local_t;
+int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, const Distrain__V1__JobSpec *spec);
+
+/* JSON output helpers (emitting only; strings are escaped per RFC 8259). */
+void dt_json_string(FILE *out, const char *s);
+
+#endif

@@ -1,0 +1,233 @@
+/* ctl_local.c — `distrainctl run --local`: the embedded default cluster.
+ *
+ * Starts a distrain-coordinator and N distrain-worker agents (the binaries installed beside
+ * distrainctl, or found in the build tree) on loopback, with a fresh state directory and a
+ * random token under the run directory, submits the job, follows it to the end, then stops the
+ * agents (which stop their trainers) and the coordinator. Ctrl-C stops the job first. Run
+ * layout: <run_dir>/{token,coordinator.log,state/,node-<i>/{agent.log,<job>/rank-<r>.log}}. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "dt_log.h"
+#include "dt_util.h"
+
+extern char **environ;
+
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig)
+{
+  (void)sig;
+  g_interrupted = 1;
+}
+
+/* Finds a sibling binary: beside distrainctl (installed), or in the build tree. */
+static int find_binary(const char *name, const char *build_subdir, char *out, size_t n)
+{
+  char self[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0)
+    return DT_ESYS;
+  self[len] = '\0';
+  char *dir = dirname(self);
+  snprintf(out, n, "%s/%s", dir, name);
+  if (access(out, X_OK) == 0)
+    return 0;
+  snprintf(out, n, "%s/../%s/%s", dir, build_subdir, name);
+  if (access(out, X_OK) == 0)
+    return 0;
+  fprintf(stderr, "distrainctl: cannot find %s next to distrainctl\n", name);
+  return DT_ENOENT;
+}
+
+/* Starts argv with stdout/stderr appended to log; returns the pid or -1. */
+static pid_t spawn_logged(char *const argv[], const char *log)
+{
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  pid_t pid;
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    fprintf(stderr, "distrainctl: cannot start %s: %s\n", argv[0], strerror(rc));
+    return -1;
+  }
+  return pid;
+}
+
+/* SIGTERM, then SIGKILL if it has not exited within grace_ms. */
+static void stop_process(pid_t pid, int grace_ms)
+{
+  if (pid <= 0)
+    return;
+  kill(pid, SIGTERM);
+  for (int waited = 0; waited < grace_ms; waited += 50) {
+    if (waitpid(pid, NULL, WNOHANG) == pid)
+      return;
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}
+
+static int wait_port_file(const char *path, pid_t pid, int timeout_ms, int *port)
+{
+  for (int waited = 0; waited < timeout_ms; waited += 20) {
+    FILE *fp = fopen(path, "r");
+    if (fp) {
+      int ok = fscanf(fp, "%d", port) == 1;
+      fclose(fp);
+      if (ok)
+        return 0;
+    }
+    if (waitpid(pid, NULL, WNOHANG) == pid)
+      return DT_EREMOTE;
+    usleep(20000);
+  }
+  return DT_ETIMEDOUT;
+}
+
+static void stop_job(dt_rpc_client_t *c, const char *job_id)
+{
+  Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
+  req.job_id = (char *)job_id;
+  ProtobufCMessage *resp;
+  char err[256];
+  if (dt_rpc_client_call(c, "StopJob", &req.base, &resp, 5000, 0, err, sizeof err) == 0)
+    protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, const Distrain__V1__JobSpec *spec)
+{
+  char coord_bin[PATH_MAX], worker_bin[PATH_MAX], dir[PATH_MAX], path[PATH_MAX + 128];
+  char token_path[PATH_MAX + 64], port_path[PATH_MAX + 64], addr[64], token[256];
+  pid_t coord = -1, *agents = calloc((size_t)l->nodes, sizeof(pid_t));
+  dt_rpc_client_t *client = NULL;
+  int ret = 0, port = 0;
+  if (!agents)
+    return DT_ENOMEM;
+  DT_CHECK_GOTO(find_binary("distrain-coordinator", "coordinator", coord_bin, sizeof coord_bin),
+                ret, out);
+  DT_CHECK_GOTO(find_binary("distrain-worker", "worker/agent", worker_bin, sizeof worker_bin), ret,
+                out);
+  if (dt_mkdir_p(l->run_dir) != 0 || !realpath(l->run_dir, dir)) {
+    fprintf(stderr, "distrainctl: cannot create run directory %s\n", l->run_dir);
+    ret = DT_EACCES;
+    goto out;
+  }
+  /* A fresh cluster every run: old state would resurrect old jobs. */
+  char cmd[4 * PATH_MAX + 128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s/state' '%s'/node-* '%s/port' '%s'/*.log", dir, dir, dir,
+           dir);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "distrainctl: cannot clean %s\n", dir);
+    ret = DT_EIO;
+    goto out;
+  }
+  snprintf(token_path, sizeof token_path, "%s/token", dir);
+  snprintf(port_path, sizeof port_path, "%s/port", dir);
+  DT_CHECK_GOTO(dt_rpc_write_new_token(token_path, token, sizeof token), ret, out);
+
+  char state[PATH_MAX + 16], log[PATH_MAX + 32];
+  snprintf(state, sizeof state, "%s/state", dir);
+  snprintf(log, sizeof log, "%s/coordinator.log", dir);
+  char hb[16];
+  snprintf(hb, sizeof hb, "%d",
+           spec->elastic->heartbeat_ms > 0 ? spec->elastic->heartbeat_ms : 500);
+  char *cargv[] = {
+      coord_bin,  "--listen",    "127.0.0.1:0", "--state-dir",    state, "--token-file",
+      token_path, "--port-file", port_path,     "--heartbeat-ms", hb,    NULL};
+  coord = spawn_logged(cargv, log);
+  if (coord < 0 || wait_port_file(port_path, coord, 10000, &port) != 0) {
+    fprintf(stderr, "distrainctl: the coordinator did not start; see %s\n", log);
+    ret = DT_EREMOTE;
+    goto out;
+  }
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  fprintf(stderr,
+          "distrainctl: local cluster in %s: coordinator on %s, %d node%s x %d CPU "
+          "device%s\n",
+          dir, addr, l->nodes, l->nodes == 1 ? "" : "s", l->devices_per_node,
+          l->devices_per_node == 1 ? "" : "s");
+  for (int i = 0; i < l->nodes; i++) {
+    char work[PATH_MAX + 32], alog[PATH_MAX + 64], host[32], devs[16];
+    snprintf(work, sizeof work, "%s/node-%d", dir, i);
+    snprintf(alog, sizeof alog, "%s/agent.log", work);
+    snprintf(host, sizeof host, "local-%d", i);
+    snprintf(devs, sizeof devs, "%d", l->devices_per_node);
+    if (dt_mkdir_p(work) != 0) {
+      ret = DT_EIO;
+      goto out;
+    }
+    char *wargv[] = {worker_bin, "--coordinator",
+                     addr,       "--token-file",
+                     token_path, "--work-dir",
+                     work,       "--hostname",
+                     host,       "--cpu-devices",
+                     devs,       "--grace-ms",
+                     "5000",     NULL};
+    agents[i] = spawn_logged(wargv, alog);
+    if (agents[i] < 0) {
+      ret = DT_EREMOTE;
+      goto out;
+    }
+  }
+  o->coordinator = addr;
+  o->token_file = token_path;
+  DT_CHECK_GOTO(dt_ctl_connect(o, &client), ret, out);
+  char job_id[64];
+  DT_CHECK_GOTO(dt_ctl_submit(client, spec, job_id, sizeof job_id), ret, out);
+  fprintf(stderr, "distrainctl: submitted %s; trainer logs in %s/node-*/%s/\n", job_id, dir,
+          job_id);
+  struct sigaction sa, old_int, old_term;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  ret = dt_ctl_follow_until(client, o, job_id, &g_interrupted);
+  if (g_interrupted) {
+    fprintf(stderr, "distrainctl: interrupted: stopping %s\n", job_id);
+    stop_job(client, job_id);
+    ret = 1;
+  }
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  /* The sample and the last lines of rank 0, for the person watching. */
+  if (ret == 0) {
+    snprintf(path, sizeof path, "%s/node-0/%s/rank-0.log", dir, job_id);
+    FILE *fp = fopen(path, "r");
+    if (fp) {
+      char line[4096];
+      int in_sample = 0;
+      while (fgets(line, sizeof line, fp)) {
+        if (strncmp(line, "---- sample", 11) == 0)
+          in_sample = 1;
+        if (in_sample)
+          fputs(line, stdout);
+        if (strncmp(line, "---- end of sample", 18) == 0)
+          in_sample = 0;
+      }
+      fclose(fp);
+    }
+  }
+out:
+  dt_rpc_client_destroy(client);
+  for (int i = 0; i < l->nodes; i++)
+    stop_process(agents[i], 10000);
+  stop_process(coord, 5000);
+  free(agents);
+  return ret;
+}

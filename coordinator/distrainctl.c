@@ -1,0 +1,352 @@
+/* distrainctl.c — the user's CLI.
+ *
+ *   distrainctl run --local [--nodes N] [--devices-per-node M] [--run-dir DIR] JOB.yaml
+ *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch]
+ *   distrainctl stop JOB                   distrainctl nodes
+ *   distrainctl logs JOB [--rank R] [--work-dir DIR]
+ * Common: --coordinator HOST:PORT (default $DISTRAIN_COORDINATOR or 127.0.0.1:7470),
+ * --token-file FILE ($DISTRAIN_TOKEN_FILE or /etc/distrain/token), --json, --set S.K=V,
+ * --metrics FILE. Exit codes: 0 success (run: the job completed), 1 the job failed or an
+ * operation failed, 2 usage errors. */
+#include <getopt.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl.h"
+#include "dt_log.h"
+#include "dt_util.h"
+#include "jobspec.h"
+
+#define MAX_SETS 128
+
+typedef struct {
+  dt_ctl_opts_t o;
+  dt_ctl_local_t local;
+  int is_local, watch, rank;
+  const char *work_dir;
+  char *sets[MAX_SETS];
+  int nsets;
+  char *pos[8];
+  int npos;
+} args_t;
+
+static void usage(FILE *out)
+{
+  fprintf(out,
+          "usage: distrainctl COMMAND [options]\n"
+          "  run --local [--nodes N] [--devices-per-node M] [--run-dir DIR] JOB.yaml\n"
+          "                     start a coordinator and N agents here, run the job, exit with "
+          "its result\n"
+          "  submit JOB.yaml    submit to a running coordinator; prints the job id\n"
+          "  status [JOB] [--watch]   all jobs, or one (follow it with --watch)\n"
+          "  stop JOB           stop a job\n"
+          "  nodes              registered nodes\n"
+          "  logs JOB [--rank R] [--work-dir DIR]   trainer logs on this machine\n"
+          "options: --coordinator HOST:PORT  --token-file FILE  --json  --set SECTION.KEY=VALUE\n"
+          "         --metrics FILE (rank 0's per-step JSON, with run and status --watch)\n");
+}
+
+static int parse(int argc, char **argv, args_t *a)
+{
+  static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
+                                       {"token-file", required_argument, 0, 't'},
+                                       {"json", no_argument, 0, 'j'},
+                                       {"metrics", required_argument, 0, 'm'},
+                                       {"set", required_argument, 0, 's'},
+                                       {"local", no_argument, 0, 'L'},
+                                       {"nodes", required_argument, 0, 'n'},
+                                       {"devices-per-node", required_argument, 0, 'd'},
+                                       {"run-dir", required_argument, 0, 'r'},
+                                       {"watch", no_argument, 0, 'w'},
+                                       {"rank", required_argument, 0, 'R'},
+                                       {"work-dir", required_argument, 0, 'W'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  int ch;
+  int64_t v;
+  opterr = 0;
+  while ((ch = getopt_long(argc, argv, "-h", opts, NULL)) != -1) {
+    switch (ch) {
+    case 1: /* positional, in order */
+      if (a->npos == (int)DT_ARRAY_SIZE(a->pos))
+        return DT_EINVAL;
+      a->pos[a->npos++] = optarg;
+      break;
+    case 'c':
+      a->o.coordinator = optarg;
+      break;
+    case 't':
+      a->o.token_file = optarg;
+      break;
+    case 'j':
+      a->o.json = 1;
+      break;
+    case 'm':
+      a->o.metrics_path = optarg;
+      break;
+    case 's':
+      if (a->nsets == MAX_SETS) {
+        fprintf(stderr, "distrainctl: too many --set options (max %d)\n", MAX_SETS);
+        return DT_EINVAL;
+      }
+      a->sets[a->nsets++] = optarg;
+      break;
+    case 'L':
+      a->is_local = 1;
+      break;
+    case 'w':
+      a->watch = 1;
+      break;
+    case 'r':
+      a->local.run_dir = optarg;
+      break;
+    case 'W':
+      a->work_dir = optarg;
+      break;
+    case 'n':
+    case 'd':
+    case 'R':
+      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'R' ? 0 : 1) || v > 4096) {
+        fprintf(stderr, "distrainctl: %s: expected a %s integer, got '%s'\n", argv[optind - 1],
+                ch == 'R' ? "non-negative" : "positive", optarg);
+        return DT_EINVAL;
+      }
+      *(ch == 'n' ? &a->local.nodes : ch == 'd' ? &a->local.devices_per_node : &a->rank) = (int)v;
+      break;
+    case 'h':
+      usage(stdout);
+      exit(0);
+    default:
+      fprintf(stderr, "distrainctl: unknown or incomplete option '%s'\n", argv[optind - 1]);
+      return DT_EINVAL;
+    }
+  }
+  return 0;
+}
+
+static int need(const args_t *a, int n, const char *what)
+{
+  if (a->npos != n + 1) {
+    fprintf(stderr, "distrainctl %s: expected %s\n", a->pos[0], what);
+    return 0;
+  }
+  return 1;
+}
+
+static int cmd_run(args_t *a)
+{
+  if (!a->is_local) {
+    fprintf(stderr, "distrainctl run: only --local is supported; use submit for a cluster\n");
+    return 2;
+  }
+  if (!need(a, 1, "JOB.yaml"))
+    return 2;
+  Distrain__V1__JobSpec *spec;
+  if (dt_ctl_load_spec(a->pos[1], a->sets, a->nsets, &spec) != 0)
+    return 1;
+  int rc = dt_ctl_run_local(&a->local, &a->o, spec);
+  dt_jobspec_free(spec);
+  return rc == 0 ? 0 : 1;
+}
+
+static int with_client(args_t *a, dt_rpc_client_t **c)
+{
+  if (dt_ctl_connect(&a->o, c) != 0) {
+    fprintf(stderr, "distrainctl: cannot connect to %s (token %s)\n", a->o.coordinator,
+            a->o.token_file);
+    return 0;
+  }
+  return 1;
+}
+
+static int call(dt_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
+                ProtobufCMessage **resp)
+{
+  char err[1024];
+  int rc = dt_rpc_client_call(c, method, req, resp, 10000, 0, err, sizeof err);
+  if (rc != 0)
+    fprintf(stderr, "distrainctl: %s: %s\n", method, err);
+  return rc;
+}
+
+static int cmd_submit(args_t *a)
+{
+  if (!need(a, 1, "JOB.yaml"))
+    return 2;
+  Distrain__V1__JobSpec *spec;
+  dt_rpc_client_t *c;
+  if (dt_ctl_load_spec(a->pos[1], a->sets, a->nsets, &spec) != 0)
+    return 1;
+  if (!with_client(a, &c)) {
+    dt_jobspec_free(spec);
+    return 1;
+  }
+  char id[64];
+  int rc = dt_ctl_submit(c, spec, id, sizeof id);
+  if (rc == 0) {
+    if (a->o.json) {
+      fputs("{\"job_id\": ", stdout);
+      dt_json_string(stdout, id);
+      fputs("}\n", stdout);
+    } else {
+      printf("%s\n", id);
+    }
+  }
+  dt_jobspec_free(spec);
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
+static int cmd_status(args_t *a)
+{
+  dt_rpc_client_t *c;
+  ProtobufCMessage *resp;
+  int rc;
+  if (a->npos > 2) {
+    fprintf(stderr, "distrainctl status: expected at most one JOB\n");
+    return 2;
+  }
+  if (!with_client(a, &c))
+    return 1;
+  if (a->npos == 2 && a->watch) {
+    rc = dt_ctl_follow(c, &a->o, a->pos[1]);
+  } else if (a->npos == 2) {
+    Distrain__V1__GetJobRequest req = DISTRAIN__V1__GET_JOB_REQUEST__INIT;
+    req.job_id = a->pos[1];
+    if ((rc = call(c, "GetJob", &req.base, &resp)) == 0) {
+      dt_ctl_print_job(stdout, (void *)resp, a->o.json);
+      protobuf_c_message_free_unpacked(resp, NULL);
+    }
+  } else {
+    Distrain__V1__ListJobsRequest req = DISTRAIN__V1__LIST_JOBS_REQUEST__INIT;
+    if ((rc = call(c, "ListJobs", &req.base, &resp)) == 0) {
+      Distrain__V1__ListJobsResponse *r = (void *)resp;
+      dt_ctl_print_jobs(stdout, r->jobs, r->n_jobs, a->o.json);
+      protobuf_c_message_free_unpacked(resp, NULL);
+    }
+  }
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
+static int cmd_stop(args_t *a)
+{
+  if (!need(a, 1, "JOB"))
+    return 2;
+  dt_rpc_client_t *c;
+  ProtobufCMessage *resp;
+  if (!with_client(a, &c))
+    return 1;
+  Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
+  req.job_id = a->pos[1];
+  int rc = call(c, "StopJob", &req.base, &resp);
+  if (rc == 0) {
+    dt_ctl_print_job(stdout, (void *)resp, a->o.json);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
+static int cmd_nodes(args_t *a)
+{
+  dt_rpc_client_t *c;
+  ProtobufCMessage *resp;
+  if (!need(a, 0, "no arguments") || !with_client(a, &c))
+    return a->npos == 1 ? 1 : 2;
+  Distrain__V1__ListNodesRequest req = DISTRAIN__V1__LIST_NODES_REQUEST__INIT;
+  int rc = call(c, "ListNodes", &req.base, &resp);
+  if (rc == 0) {
+    Distrain__V1__ListNodesResponse *r = (void *)resp;
+    dt_ctl_print_nodes(stdout, r->nodes, r->n_nodes, a->o.json);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
+/* Trainer logs live on the nodes; this prints the ones reachable from here (run --local
+ * directories, or a shared/local agent work directory). */
+static int cmd_logs(args_t *a)
+{
+  if (!need(a, 1, "JOB"))
+    return 2;
+  char pattern[4200];
+  const char *dirs[3];
+  int ndirs = 0;
+  if (a->work_dir) {
+    dirs[ndirs++] = a->work_dir;
+  } else {
+    dirs[ndirs++] = "distrain-run/node-*";
+    dirs[ndirs++] = "/var/lib/distrain/worker";
+  }
+  int found = 0;
+  for (int d = 0; d < ndirs; d++) {
+    if (a->rank >= 0)
+      snprintf(pattern, sizeof pattern, "%s/%s/rank-%d.log", dirs[d], a->pos[1], a->rank);
+    else
+      snprintf(pattern, sizeof pattern, "%s/%s/rank-*.log", dirs[d], a->pos[1]);
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) != 0)
+      continue;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+      FILE *fp = fopen(g.gl_pathv[i], "r");
+      if (!fp)
+        continue;
+      found++;
+      if (g.gl_pathc > 1 || a->rank < 0)
+        printf("==> %s <==\n", g.gl_pathv[i]);
+      char buf[8192];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof buf, fp)) > 0)
+        fwrite(buf, 1, n, stdout);
+      fclose(fp);
+    }
+    globfree(&g);
+  }
+  if (!found) {
+    fprintf(stderr,
+            "distrainctl logs: no logs of %s%s on this machine (looked in %s%s%s; "
+            "use --work-dir)\n",
+            a->pos[1], a->rank >= 0 ? " for that rank" : "", dirs[0], ndirs > 1 ? " and " : "",
+            ndirs > 1 ? dirs[1] : "");
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  args_t a;
+  memset(&a, 0, sizeof a);
+  a.rank = -1;
+  a.local.nodes = 1;
+  a.local.devices_per_node = 1;
+  a.local.run_dir = "distrain-run";
+  const char *env_coord = getenv("DISTRAIN_COORDINATOR"), *env_tok = getenv("DISTRAIN_TOKEN_FILE");
+  a.o.coordinator = env_coord && *env_coord ? env_coord : "127.0.0.1:7470";
+  a.o.token_file = env_tok && *env_tok ? env_tok : "/etc/distrain/token";
+  dt_log_init();
+  dt_log_set_tag("distrainctl");
+  if (parse(argc, argv, &a) != 0) {
+    usage(stderr);
+    return 2;
+  }
+  if (a.npos == 0) {
+    usage(stderr);
+    return 2;
+  }
+  static const struct {
+    const char *name;
+    int (*fn)(args_t *);
+  } cmds[] = {{"run", cmd_run},   {"submit", cmd_submit}, {"status", cmd_status},
+              {"stop", cmd_stop}, {"nodes", cmd_nodes},   {"logs", cmd_logs}};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(cmds); i++)
+    if (strcmp(a.pos[0], cmds[i].name) == 0)
+      return cmds[i].fn(&a);
+  fprintf(stderr, "distrainctl: unknown command '%s'\n", a.pos[0]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,456 @@
+/* handlers.c — one function per RPC of distrain.v1.Coordinator, all on the loop thread.
+ * Handlers validate their input, change state through jobs.c, and answer; the two that
+ * wait (WatchAssignment, KvGet) keep their call and answer later. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coord.h"
+#include "dt_log.h"
+#include "dt_util.h"
+#include "jobspec.h"
+
+#define WATCH_DEFAULT_MS 30000u
+#define WATCH_MAX_MS     300000u
+#define KV_MAX_WAIT_MS   600000u
+
+static int64_t wall_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Deep copy of any message through its wire form (owned, free_unpacked frees it). */
+static void *copy_message(const ProtobufCMessage *m)
+{
+  size_t len = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf)
+    return NULL;
+  protobuf_c_message_pack(m, buf);
+  void *copy = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
+  free(buf);
+  return copy;
+}
+
+static dt_node_t *node_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *id)
+{
+  dt_node_t *n = dt_coord_node_by_id(c, id);
+  if (!n)
+    dt_rpc_call_fail(call, DT_RPC_NOT_FOUND, "unknown node '%s'", id);
+  return n;
+}
+
+static dt_job_t *job_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *id)
+{
+  dt_job_t *j = dt_coord_job_by_id(c, id);
+  if (!j)
+    dt_rpc_call_fail(call, DT_RPC_NOT_FOUND, "unknown job '%s'", id);
+  return j;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Nodes                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static int grow_nodes(dt_coord_t *c)
+{
+  if (c->n_nodes < c->cap_nodes)
+    return 0;
+  size_t cap = c->cap_nodes ? c->cap_nodes * 2 : 64;
+  dt_node_t **grown = realloc(c->nodes, cap * sizeof *grown);
+  if (!grown)
+    return DT_ENOMEM;
+  memset(grown + c->cap_nodes, 0, (cap - c->cap_nodes) * sizeof *grown);
+  c->nodes = grown;
+  c->cap_nodes = cap;
+  return 0;
+}
+
+static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__RegisterWorkerRequest *req = (const void *)m;
+  if (!req->node || !req->node->hostname[0] || req->node->n_devices == 0) {
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "a node needs a hostname and devices");
+    return;
+  }
+  Distrain__V1__NodeInfo *info = copy_message(&req->node->base);
+  if (!info) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  dt_node_t *n = req->node_id[0] ? dt_coord_node_by_id(c, req->node_id) : NULL;
+  if (n) {
+    /* The agent restarted: its trainers died with it. */
+    distrain__v1__node_info__free_unpacked(n->info, NULL);
+    n->info = info;
+    if (n->job >= 0 && (size_t)n->job < c->n_jobs) {
+      DT_WARN(COORD, "node %s (%s) re-registered while running job %s: its trainers are gone",
+              n->id, info->hostname, c->jobs[n->job]->id);
+      n->last_seen_ms = 0; /* fail it over now, then take it back as a fresh node */
+      dt_coord_node_dead(c, n);
+    }
+  } else {
+    if (grow_nodes(c) != 0 || !(n = calloc(1, sizeof *n))) {
+      distrain__v1__node_info__free_unpacked(info, NULL);
+      dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+    n->index = (int)c->n_nodes;
+    snprintf(n->id, sizeof n->id, "node-%d", n->index);
+    n->info = info;
+    n->job = -1;
+    uv_timer_init(c->loop, &n->watch_timer);
+    n->watch_timer.data = n;
+    n->watch_owner = c;
+    c->nodes[c->n_nodes++] = n;
+  }
+  n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  n->last_seen_ms = dt_coord_now_ms();
+  n->last_seen_wall_ms = wall_ms();
+  dt_store_put_node(c->store, n);
+  DT_INFO(COORD, "node %s registered: %s, %zu %s device(s)", n->id, info->hostname, info->n_devices,
+          info->devices[0]->kind);
+  Distrain__V1__RegisterWorkerResponse resp = DISTRAIN__V1__REGISTER_WORKER_RESPONSE__INIT;
+  resp.node_id = n->id;
+  resp.heartbeat_ms = (uint32_t)c->cfg.heartbeat_ms;
+  dt_rpc_call_reply(call, &resp.base);
+  dt_coord_schedule(c);
+}
+
+static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__HeartbeatRequest *req = (const void *)m;
+  Distrain__V1__HeartbeatResponse resp = DISTRAIN__V1__HEARTBEAT_RESPONSE__INIT;
+  dt_node_t *n = dt_coord_node_by_id(c, req->node_id);
+  if (!n) {
+    resp.reregister = 1;
+    dt_rpc_call_reply(call, &resp.base);
+    return;
+  }
+  n->last_seen_ms = dt_coord_now_ms();
+  n->last_seen_wall_ms = wall_ms();
+  int revived = n->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  if (revived) {
+    DT_INFO(COORD, "node %s (%s) is back", n->id, n->info->hostname);
+    n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+    dt_store_put_node(c->store, n);
+  }
+  for (size_t i = 0; i < n->n_trainers; i++)
+    distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
+  free(n->trainers);
+  n->trainers = calloc(req->n_trainers ? req->n_trainers : 1, sizeof *n->trainers);
+  n->n_trainers = 0;
+  for (size_t i = 0; n->trainers && i < req->n_trainers; i++) {
+    Distrain__V1__TrainerStatus *ts = copy_message(&req->trainers[i]->base);
+    if (ts)
+      n->trainers[n->n_trainers++] = ts;
+  }
+  dt_coord_trainer_status(c, n);
+  if (revived)
+    dt_coord_schedule(c);
+  resp.assignment_version = n->assign_version;
+  dt_rpc_call_reply(call, &resp.base);
+}
+
+static void on_watch_cancel(dt_rpc_call_t *call, void *ud)
+{
+  dt_node_t *n = ud;
+  if (n->watch == call) {
+    n->watch = NULL;
+    uv_timer_stop(&n->watch_timer);
+  }
+}
+
+static void on_watch_timeout(uv_timer_t *t)
+{
+  dt_node_t *n = t->data;
+  dt_coord_t *c = n->watch_owner;
+  dt_coord_notify_node(c, n); /* nothing changed: answer with the same version */
+}
+
+static void handle_watch(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__WatchAssignmentRequest *req = (const void *)m;
+  dt_node_t *n = node_or_fail(c, call, req->node_id);
+  if (!n)
+    return;
+  if (n->watch) /* superseded: the agent only ever has one watch outstanding */
+    dt_coord_notify_node(c, n);
+  if (req->known_version != n->assign_version) {
+    Distrain__V1__WatchAssignmentResponse *r = dt_coord_assignments_for(c, n);
+    if (!r) {
+      dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+    dt_rpc_call_reply(call, &r->base);
+    dt_coord_free_assignments(r);
+    return;
+  }
+  uint64_t wait = req->timeout_ms ? req->timeout_ms : WATCH_DEFAULT_MS;
+  wait = DT_MIN(wait, WATCH_MAX_MS);
+  n->watch = call;
+  n->watch_owner = c;
+  dt_rpc_call_on_cancel(call, on_watch_cancel, n);
+  uv_timer_start(&n->watch_timer, on_watch_timeout, wait, 0);
+}
+
+static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  (void)m;
+  Distrain__V1__ListNodesResponse resp = DISTRAIN__V1__LIST_NODES_RESPONSE__INIT;
+  Distrain__V1__Node *nodes = calloc(c->n_nodes + 1, sizeof *nodes);
+  Distrain__V1__Node **ptrs = calloc(c->n_nodes + 1, sizeof *ptrs);
+  if (!nodes || !ptrs) {
+    free(nodes);
+    free(ptrs);
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    dt_node_t *n = c->nodes[i];
+    if (!n)
+      continue;
+    Distrain__V1__Node *o = &nodes[resp.n_nodes];
+    distrain__v1__node__init(o);
+    o->node_id = n->id;
+    o->info = n->info;
+    o->state = n->state;
+    o->last_heartbeat_ms = n->last_seen_wall_ms;
+    o->trainers = n->trainers;
+    o->n_trainers = n->n_trainers;
+    ptrs[resp.n_nodes++] = o;
+  }
+  resp.nodes = ptrs;
+  dt_rpc_call_reply(call, &resp.base);
+  free(nodes);
+  free(ptrs);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Jobs                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* What this trainer build can run; anything else is refused at submit, not at run time. */
+static int trainer_supports(const Distrain__V1__JobSpec *spec, char *why, size_t n)
+{
+  const Distrain__V1__ParallelSpec *p = spec->parallel;
+  if (p->tp > 1 || p->pp > 1 || p->cp > 1) {
+    snprintf(why, n,
+             "tensor, pipeline and context parallelism (tp=%d pp=%d cp=%d) are not "
+             "supported by this version; use dp",
+             p->tp, p->pp, p->cp);
+    return 0;
+  }
+  return 1;
+}
+
+static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__SubmitJobRequest *req = (const void *)m;
+  char err[1024];
+  if (!req->spec || !req->spec->model || !req->spec->data || !req->spec->training ||
+      !req->spec->optimizer || !req->spec->parallel || !req->spec->checkpoint ||
+      !req->spec->elastic) {
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "spec: every section must be present");
+    return;
+  }
+  if (dt_jobspec_validate(req->spec, err, sizeof err) != 0 ||
+      !trainer_supports(req->spec, err, sizeof err)) {
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "%s", err);
+    return;
+  }
+  if (c->n_jobs == c->cap_jobs) {
+    size_t cap = c->cap_jobs ? c->cap_jobs * 2 : 16;
+    void *grown = realloc(c->jobs, cap * sizeof *c->jobs);
+    if (!grown) {
+      dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+    c->jobs = grown, c->cap_jobs = cap;
+  }
+  dt_job_t *j = calloc(1, sizeof *j);
+  if (!j) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->next_job++);
+  Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
+  tmpl.job_id = j->id;
+  tmpl.spec = req->spec;
+  tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
+  tmpl.created_ms = tmpl.updated_ms = wall_ms();
+  tmpl.reason = "submitted";
+  j->job = copy_message(&tmpl.base);
+  if (!j->job) {
+    free(j);
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  c->jobs[c->n_jobs++] = j;
+  dt_store_put_job(c->store, j);
+  DT_INFO(COORD, "job %s submitted%s%s", j->id, req->spec->name[0] ? ": " : "", req->spec->name);
+  Distrain__V1__SubmitJobResponse resp = DISTRAIN__V1__SUBMIT_JOB_RESPONSE__INIT;
+  resp.job_id = j->id;
+  dt_rpc_call_reply(call, &resp.base);
+  dt_coord_schedule(c);
+}
+
+static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  const Distrain__V1__GetJobRequest *req = (const void *)m;
+  dt_job_t *j = job_or_fail(ud, call, req->job_id);
+  if (j)
+    dt_rpc_call_reply(call, &j->job->base);
+}
+
+static void handle_list_jobs(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  (void)m;
+  Distrain__V1__ListJobsResponse resp = DISTRAIN__V1__LIST_JOBS_RESPONSE__INIT;
+  Distrain__V1__Job **jobs = calloc(c->n_jobs + 1, sizeof *jobs);
+  if (!jobs) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < c->n_jobs; i++)
+    jobs[i] = c->jobs[i]->job;
+  resp.jobs = jobs;
+  resp.n_jobs = c->n_jobs;
+  dt_rpc_call_reply(call, &resp.base);
+  free(jobs);
+}
+
+static void handle_stop_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__StopJobRequest *req = (const void *)m;
+  dt_job_t *j = job_or_fail(c, call, req->job_id);
+  if (!j)
+    return;
+  Distrain__V1__JobState s = j->job->state;
+  if (s != DISTRAIN__V1__JOB_STATE__JOB_COMPLETED && s != DISTRAIN__V1__JOB_STATE__JOB_FAILED &&
+      s != DISTRAIN__V1__JOB_STATE__JOB_STOPPED) {
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_STOPPED, "stopped by the user");
+    dt_coord_release_nodes(c, j);
+    dt_coord_schedule(c);
+  }
+  dt_rpc_call_reply(call, &j->job->base);
+}
+
+static void handle_metrics(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  const Distrain__V1__GetJobMetricsRequest *req = (const void *)m;
+  dt_job_t *j = job_or_fail(ud, call, req->job_id);
+  if (!j)
+    return;
+  /* metrics are sorted by step: binary search for the first step > after_step */
+  size_t lo = 0, hi = j->n_metrics;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (j->metrics[mid]->step <= req->after_step)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  Distrain__V1__GetJobMetricsResponse resp = DISTRAIN__V1__GET_JOB_METRICS_RESPONSE__INIT;
+  resp.metrics = j->metrics + lo;
+  resp.n_metrics = j->n_metrics - lo;
+  dt_rpc_call_reply(call, &resp.base);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Rendezvous store and checkpoints                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A trainer's generation must be the job's current one. */
+static dt_job_t *current_job(dt_coord_t *c, dt_rpc_call_t *call, const char *id, uint64_t gen)
+{
+  dt_job_t *j = job_or_fail(c, call, id);
+  if (j && gen != j->job->generation) {
+    dt_rpc_call_fail(call, DT_RPC_FAILED_PRECONDITION,
+                     "generation %llu of job %s is stale (current %llu)", (unsigned long long)gen,
+                     id, (unsigned long long)j->job->generation);
+    return NULL;
+  }
+  return j;
+}
+
+static void handle_kv_put(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__KvPutRequest *req = (const void *)m;
+  if (!current_job(c, call, req->job_id, req->generation))
+    return;
+  if (!req->key[0]) {
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "empty key");
+    return;
+  }
+  if (dt_kv_put(c->kv, req->job_id, req->generation, req->key, req->value.data, req->value.len) !=
+      0) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  Distrain__V1__KvPutResponse resp = DISTRAIN__V1__KV_PUT_RESPONSE__INIT;
+  dt_rpc_call_reply(call, &resp.base);
+}
+
+static void handle_kv_get(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__KvGetRequest *req = (const void *)m;
+  if (!current_job(c, call, req->job_id, req->generation))
+    return;
+  uint32_t wait = DT_MIN(req->timeout_ms, KV_MAX_WAIT_MS);
+  dt_kv_get(c->kv, c->loop, call, req->job_id, req->generation, req->key, wait);
+}
+
+static void handle_report_ckpt(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__ReportCheckpointRequest *req = (const void *)m;
+  dt_job_t *j = current_job(c, call, req->job_id, req->generation);
+  if (!j)
+    return;
+  char err[512];
+  int committed = 0;
+  int rc = dt_coord_checkpoint_report(c, j, req, &committed, err, sizeof err);
+  if (rc != 0) {
+    dt_rpc_call_fail(call, rc == DT_EINVAL ? DT_RPC_INVALID_ARGUMENT : DT_RPC_INTERNAL, "%s", err);
+    return;
+  }
+  Distrain__V1__ReportCheckpointResponse resp = DISTRAIN__V1__REPORT_CHECKPOINT_RESPONSE__INIT;
+  resp.committed = committed;
+  dt_rpc_call_reply(call, &resp.base);
+}
+
+int dt_coord_register_handlers(dt_coord_t *c)
+{
+  static const struct {
+    const char *name;
+    dt_rpc_handler_t fn;
+  } table[] = {
+      {"RegisterWorker", handle_register},
+      {"Heartbeat", handle_heartbeat},
+      {"WatchAssignment", handle_watch},
+      {"SubmitJob", handle_submit},
+      {"GetJob", handle_get_job},
+      {"ListJobs", handle_list_jobs},
+      {"StopJob", handle_stop_job},
+      {"ListNodes", handle_list_nodes},
+      {"GetJobMetrics", handle_metrics},
+      {"KvPut", handle_kv_put},
+      {"KvGet", handle_kv_get},
+      {"ReportCheckpoint", handle_report_ckpt},
+  };
+  for (size_t i = 0; i < DT_ARRAY_SIZE(table); i++)
+    DT_CHECK(dt_rpc_server_handle(c->rpc, table[i].name, table[i].fn, c));
+  return 0;
+}

@@ -1,0 +1,578 @@
+/* jobs.c — the job state machine, planning and failure handling.
+ *
+ *   PENDING --(min_nodes idle, placement fits)--> RENDEZVOUS --(every rank RUNNING)--> RUNNING
+ *   RUNNING/RENDEZVOUS --(rank failed, node dead)--> RECOVERING --(re-plan)--> RENDEZVOUS
+ *   RUNNING --(every rank SUCCEEDED)--> COMPLETED;  any --(stop)--> STOPPED;
+ *   RECOVERING --(restarts > max_restarts)--> FAILED
+ *
+ * Every planning step bumps the generation. Re-planning keeps tp x pp x cp and shrinks dp to
+ * what the healthy nodes hold, as long as the global batch still divides (gradient
+ * accumulation makes up the difference), and resumes from the newest committed checkpoint. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checkpoint_manifest.h"
+#include "coord.h"
+#include "dt_log.h"
+#include "dt_util.h"
+#include "jobspec.h"
+#include "mesh.h"
+
+static const char *const k_state_names[] = {"UNKNOWN",    "PENDING",   "RENDEZVOUS", "RUNNING",
+                                            "RECOVERING", "COMPLETED", "FAILED",     "STOPPED"};
+
+static const char *state_name(Distrain__V1__JobState s)
+{
+  return (unsigned)s < DT_ARRAY_SIZE(k_state_names) ? k_state_names[s] : "?";
+}
+
+static int64_t wall_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int is_terminal(Distrain__V1__JobState s)
+{
+  return s == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED || s == DISTRAIN__V1__JOB_STATE__JOB_FAILED ||
+         s == DISTRAIN__V1__JOB_STATE__JOB_STOPPED;
+}
+
+dt_node_t *dt_coord_node_by_id(dt_coord_t *c, const char *id)
+{
+  int64_t idx;
+  if (!id || strncmp(id, "node-", 5) != 0 || dt_parse_i64(id + 5, &idx) != 0 || idx < 0 ||
+      (size_t)idx >= c->n_nodes)
+    return NULL;
+  return c->nodes[idx];
+}
+
+dt_job_t *dt_coord_job_by_id(dt_coord_t *c, const char *id)
+{
+  for (size_t i = 0; i < c->n_jobs; i++)
+    if (strcmp(c->jobs[i]->id, id) == 0)
+      return c->jobs[i];
+  return NULL;
+}
+
+static int job_index(dt_coord_t *c, const dt_job_t *j)
+{
+  for (size_t i = 0; i < c->n_jobs; i++)
+    if (c->jobs[i] == j)
+      return (int)i;
+  return -1;
+}
+
+static void set_string(char **field, const char *value)
+{
+  char *copy = strdup(value);
+  if (!copy)
+    return; /* keep the old text rather than lose the field */
+  if (*field && *field != protobuf_c_empty_string)
+    free(*field);
+  *field = copy;
+}
+
+void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState to, const char *fmt,
+                             ...)
+{
+  char reason[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  Distrain__V1__Job *job = j->job;
+  DT_INFO(COORD, "job %s: %s -> %s (generation %llu): %s", j->id, state_name(job->state),
+          state_name(to), (unsigned long long)job->generation, reason);
+  job->state = to;
+  job->updated_ms = wall_ms();
+  set_string(&job->reason, reason);
+  dt_store_put_job(c->store, j);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Assignments                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n)
+{
+  if (!n->watch)
+    return;
+  dt_rpc_call_t *call = n->watch;
+  n->watch = NULL;
+  uv_timer_stop(&n->watch_timer);
+  dt_rpc_call_on_cancel(call, NULL, NULL);
+  Distrain__V1__WatchAssignmentResponse *r = dt_coord_assignments_for(c, n);
+  if (!r) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  dt_rpc_call_reply(call, &r->base);
+  dt_coord_free_assignments(r);
+}
+
+static void node_assignments_changed(dt_coord_t *c, dt_node_t *n)
+{
+  n->assign_version++;
+  dt_store_put_node(c->store, n);
+  dt_coord_notify_node(c, n);
+}
+
+void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j)
+{
+  int idx = job_index(c, j);
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    dt_node_t *n = c->nodes[i];
+    if (n && n->job == idx) {
+      n->job = -1;
+      node_assignments_changed(c, n);
+    }
+  }
+}
+
+void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
+{
+  if (!r)
+    return;
+  for (size_t i = 0; i < r->n_assignments; i++) {
+    Distrain__V1__Assignment *a = r->assignments[i];
+    for (size_t k = 0; k < a->n_ranks; k++)
+      free(a->ranks[k]);
+    free(a->ranks);
+    /* a->spec is borrowed from the job, a->job_id from the job id */
+    free(a);
+  }
+  free(r->assignments);
+  free(r);
+}
+
+Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, dt_node_t *n)
+{
+  Distrain__V1__WatchAssignmentResponse *r = calloc(1, sizeof *r);
+  if (!r)
+    return NULL;
+  distrain__v1__watch_assignment_response__init(r);
+  r->version = n->assign_version;
+  if (n->job < 0 || (size_t)n->job >= c->n_jobs)
+    return r;
+  dt_job_t *j = c->jobs[n->job];
+  if (is_terminal(j->job->state) || j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
+      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+    return r;
+  Distrain__V1__Assignment *a = calloc(1, sizeof *a);
+  r->assignments = calloc(1, sizeof *r->assignments);
+  if (!a || !r->assignments) {
+    free(a);
+    dt_coord_free_assignments(r);
+    return NULL;
+  }
+  distrain__v1__assignment__init(a);
+  r->assignments[0] = a;
+  r->n_assignments = 1;
+  a->job_id = j->id;
+  a->generation = j->job->generation;
+  a->world_size = j->world;
+  a->spec = j->job->spec;
+  a->resume = j->resume;
+  dt_mesh_t mesh;
+  dt_jobspec_mesh(j->job->spec, &mesh);
+  mesh.dp = j->dp;
+  int local = 0;
+  for (int rank = 0; rank < j->world; rank++)
+    local += j->ranks[rank].node == n->index;
+  a->local_world_size = local;
+  a->ranks = calloc((size_t)DT_MAX(local, 1), sizeof *a->ranks);
+  if (!a->ranks) {
+    dt_coord_free_assignments(r);
+    return NULL;
+  }
+  for (int rank = 0; rank < j->world; rank++) {
+    if (j->ranks[rank].node != n->index)
+      continue;
+    Distrain__V1__RankAssignment *ra = calloc(1, sizeof *ra);
+    if (!ra) {
+      dt_coord_free_assignments(r);
+      return NULL;
+    }
+    distrain__v1__rank_assignment__init(ra);
+    dt_mesh_coord_t co;
+    dt_mesh_coords(&mesh, rank, &co);
+    ra->rank = rank;
+    ra->local_rank = j->ranks[rank].local_rank;
+    ra->device_index = j->ranks[rank].local_rank;
+    ra->pp = co.pp, ra->dp = co.dp, ra->cp = co.cp, ra->tp = co.tp;
+    a->ranks[a->n_ranks++] = ra;
+  }
+  return r;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Planning                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Tries to place job j on idle alive nodes. Returns 1 when planned. */
+static int plan_job(dt_coord_t *c, dt_job_t *j)
+{
+  Distrain__V1__JobSpec *spec = j->job->spec;
+  const Distrain__V1__ElasticSpec *el = spec->elastic;
+  int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->n_nodes;
+  int *idle = malloc((c->n_nodes + 1) * sizeof *idle);
+  int *devs = malloc((c->n_nodes + 1) * sizeof *devs);
+  int nidle = 0, planned = 0;
+  char why[256] = "";
+  if (!idle || !devs)
+    goto out;
+  for (size_t i = 0; i < c->n_nodes && nidle < max_nodes; i++) {
+    dt_node_t *n = c->nodes[i];
+    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && n->job < 0) {
+      idle[nidle] = (int)i;
+      devs[nidle++] = (int)n->info->n_devices;
+    }
+  }
+  if (nidle < el->min_nodes) {
+    snprintf(why, sizeof why, "waiting for nodes: %d idle, min_nodes %d", nidle, el->min_nodes);
+    goto wait;
+  }
+  dt_mesh_t mesh;
+  if (dt_jobspec_mesh(spec, &mesh) != 0) {
+    snprintf(why, sizeof why, "invalid mesh");
+    goto wait;
+  }
+  /* Keep tp x pp x cp; take the largest dp <= the spec's that fits and divides the batch. */
+  dt_placement_t pl;
+  memset(&pl, 0, sizeof pl);
+  int dp = -1;
+  for (int d = spec->parallel->dp; d >= 1; d--) {
+    if (dt_jobspec_grad_accum(spec, d) < 1)
+      continue;
+    dt_mesh_t m = mesh;
+    m.dp = d;
+    char reason[256];
+    if (dt_mesh_place(&m, devs, nidle, &pl, reason, sizeof reason) == 0) {
+      dp = d;
+      break;
+    }
+    if (!why[0])
+      snprintf(why, sizeof why, "%s", reason);
+    dt_placement_free(&pl);
+  }
+  if (dp < 0)
+    goto wait;
+
+  /* Commit the plan: a new generation. */
+  free(j->ranks);
+  j->ranks = calloc((size_t)pl.world, sizeof *j->ranks);
+  if (!j->ranks) {
+    dt_placement_free(&pl);
+    goto out;
+  }
+  j->world = pl.world;
+  j->dp = dp;
+  j->grad_accum = dt_jobspec_grad_accum(spec, dp);
+  spec->parallel->dp = dp; /* agents read the current generation's mesh from the spec */
+  for (int r = 0; r < pl.world; r++) {
+    j->ranks[r].node = idle[pl.ranks[r].node];
+    j->ranks[r].local_rank = pl.ranks[r].local_rank;
+    j->ranks[r].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING;
+    j->ranks[r].step = 0;
+  }
+  j->resume = j->job->committed_step > 0;
+  j->job->generation++;
+  j->job->world_size = pl.world;
+  dt_kv_expire(c->kv, j->id, j->job->generation);
+  int jidx = job_index(c, j);
+  char nodes[256] = "";
+  for (int k = 0; k < nidle; k++) {
+    if (pl.node_nranks[k] == 0)
+      continue;
+    dt_node_t *n = c->nodes[idle[k]];
+    n->job = jidx;
+    size_t len = strlen(nodes);
+    snprintf(nodes + len, sizeof nodes - len, "%s%s", len ? "," : "", n->id);
+  }
+  char meshbuf[64];
+  mesh.dp = dp;
+  dt_mesh_format(&mesh, meshbuf, sizeof meshbuf);
+  dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS,
+                          "world %d (%s), grad accum %d, on %s%s", pl.world, meshbuf, j->grad_accum,
+                          nodes, j->resume ? ", resuming from checkpoint" : "");
+  for (int k = 0; k < nidle; k++)
+    if (pl.node_nranks[k] > 0)
+      node_assignments_changed(c, c->nodes[idle[k]]);
+  dt_placement_free(&pl);
+  planned = 1;
+  goto out;
+wait:
+  if (strcmp(j->job->reason ? j->job->reason : "", why) != 0 &&
+      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING) {
+    set_string(&j->job->reason, why);
+    dt_store_put_job(c->store, j);
+  }
+out:
+  free(idle);
+  free(devs);
+  return planned;
+}
+
+void dt_coord_schedule(dt_coord_t *c)
+{
+  for (size_t i = 0; i < c->n_jobs; i++) {
+    dt_job_t *j = c->jobs[i];
+    Distrain__V1__JobState s = j->job->state;
+    if (s == DISTRAIN__V1__JOB_STATE__JOB_PENDING || s == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+      plan_job(c, j);
+  }
+}
+
+/* A failure in the current generation: restart from the last checkpoint, or give up. */
+static void recover(dt_coord_t *c, dt_job_t *j, const char *reason)
+{
+  if (is_terminal(j->job->state) || j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+    return;
+  const int max_restarts = j->job->spec->elastic->max_restarts;
+  if (j->job->restarts >= max_restarts) {
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_FAILED,
+                            "%s; giving up after %d restarts (max_restarts %d)", reason,
+                            j->job->restarts, max_restarts);
+    dt_coord_release_nodes(c, j);
+    return;
+  }
+  j->job->restarts++;
+  dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
+                          "%s; restart %d of %d from %s", reason, j->job->restarts, max_restarts,
+                          j->job->committed_step > 0 ? "the last committed checkpoint"
+                                                     : "the beginning (no checkpoint yet)");
+  dt_coord_release_nodes(c, j);
+  dt_kv_expire(c->kv, j->id, j->job->generation + 1);
+}
+
+void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
+{
+  double silent = dt_coord_now_ms() - n->last_seen_ms;
+  n->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
+  DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
+          silent);
+  int jidx = n->job;
+  dt_store_put_node(c->store, n);
+  if (jidx >= 0 && (size_t)jidx < c->n_jobs) {
+    dt_job_t *j = c->jobs[jidx];
+    Distrain__V1__Job *job = j->job;
+    char **grown = realloc(job->failed_nodes, (job->n_failed_nodes + 1) * sizeof(char *));
+    if (grown) {
+      job->failed_nodes = grown;
+      job->failed_nodes[job->n_failed_nodes] = strdup(n->id);
+      if (job->failed_nodes[job->n_failed_nodes])
+        job->n_failed_nodes++;
+    }
+    char reason[256];
+    snprintf(reason, sizeof reason, "node %s (%s) missed heartbeats for %.0f ms", n->id,
+             n->info->hostname, silent);
+    recover(c, j, reason);
+  }
+  dt_coord_schedule(c);
+}
+
+static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__TrainerStatus *ts)
+{
+  size_t first_new = j->n_metrics;
+  for (size_t i = 0; i < ts->n_metrics; i++) {
+    const Distrain__V1__StepMetrics *m = ts->metrics[i];
+    /* A restarted generation replays steps after the checkpoint: its values replace ours. */
+    while (j->n_metrics > 0 && j->metrics[j->n_metrics - 1]->step >= m->step) {
+      distrain__v1__step_metrics__free_unpacked(j->metrics[--j->n_metrics], NULL);
+      first_new = DT_MIN(first_new, j->n_metrics);
+    }
+    if (j->n_metrics == j->cap_metrics) {
+      size_t cap = j->cap_metrics ? j->cap_metrics * 2 : 256;
+      void *grown = realloc(j->metrics, cap * sizeof *j->metrics);
+      if (!grown)
+        return;
+      j->metrics = grown, j->cap_metrics = cap;
+    }
+    /* Copy through the wire encoding: the status is freed after the handler. */
+    uint8_t buf[256];
+    size_t len = distrain__v1__step_metrics__pack(m, buf);
+    Distrain__V1__StepMetrics *copy = distrain__v1__step_metrics__unpack(NULL, len, buf);
+    if (!copy)
+      return;
+    j->metrics[j->n_metrics++] = copy;
+  }
+  dt_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
+}
+
+void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
+{
+  for (size_t t = 0; t < n->n_trainers; t++) {
+    const Distrain__V1__TrainerStatus *ts = n->trainers[t];
+    dt_job_t *j = dt_coord_job_by_id(c, ts->job_id);
+    if (!j || ts->generation != j->job->generation || is_terminal(j->job->state) || ts->rank < 0 ||
+        ts->rank >= j->world || j->ranks[ts->rank].node != n->index)
+      continue; /* stale generation, or not ours */
+    dt_rank_slot_t *slot = &j->ranks[ts->rank];
+    slot->state = ts->state;
+    slot->step = ts->step;
+    if (ts->rank == 0) {
+      j->job->step = ts->step;
+      j->job->loss = ts->loss;
+      j->job->tokens_per_s = ts->tokens_per_s;
+      append_metrics(c, j, ts);
+    }
+    if (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED) {
+      char reason[512];
+      if (ts->term_signal)
+        snprintf(reason, sizeof reason, "rank %d on %s was killed by signal %d%s%s", ts->rank,
+                 n->id, ts->term_signal, ts->last_error[0] ? ": " : "", ts->last_error);
+      else
+        snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
+                 ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
+      recover(c, j, reason);
+    }
+  }
+  /* Whole-job transitions, once per job this node touches. */
+  for (size_t i = 0; i < c->n_jobs; i++) {
+    dt_job_t *j = c->jobs[i];
+    Distrain__V1__JobState s = j->job->state;
+    if (s != DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && s != DISTRAIN__V1__JOB_STATE__JOB_RUNNING)
+      continue;
+    int running = 0, done = 0;
+    for (int r = 0; r < j->world; r++) {
+      running += j->ranks[r].state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+      done += j->ranks[r].state == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
+    }
+    if (done == j->world) {
+      dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_COMPLETED,
+                              "all %d ranks finished step %lld", j->world, (long long)j->job->step);
+      dt_coord_release_nodes(c, j);
+      dt_coord_schedule(c);
+    } else if (s == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && running + done == j->world) {
+      dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RUNNING,
+                              "all %d ranks are training", j->world);
+    } else {
+      dt_store_put_job(c->store, j); /* progress (step, loss) */
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Checkpoints                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
+                               const Distrain__V1__ReportCheckpointRequest *r, int *committed,
+                               char *err, size_t errlen)
+{
+  *committed = 0;
+  if (r->world < 1 || r->rank < 0 || r->rank >= r->world || r->world > 1 << 20 || r->step < 1) {
+    snprintf(err, errlen, "invalid report: rank %d of world %d, step %lld", r->rank, r->world,
+             (long long)r->step);
+    return DT_EINVAL;
+  }
+  dt_ckpt_pending_t *p = NULL;
+  for (size_t i = 0; i < j->n_ckpts; i++)
+    if (j->ckpts[i].step == r->step)
+      p = &j->ckpts[i];
+  if (!p) {
+    dt_ckpt_pending_t *grown = realloc(j->ckpts, (j->n_ckpts + 1) * sizeof *grown);
+    if (!grown)
+      return DT_ENOMEM;
+    j->ckpts = grown;
+    p = &j->ckpts[j->n_ckpts++];
+    memset(p, 0, sizeof *p);
+    p->step = r->step;
+    p->world = r->world;
+    p->reports = calloc((size_t)r->world, sizeof *p->reports);
+    if (!p->reports)
+      return DT_ENOMEM;
+  }
+  if (r->world != p->world) {
+    snprintf(err, errlen, "step %lld: world %d disagrees with earlier reports (%d)",
+             (long long)r->step, r->world, p->world);
+    return DT_EINVAL;
+  }
+  if (!p->reports[r->rank]) {
+    uint8_t *buf = malloc(distrain__v1__report_checkpoint_request__get_packed_size(r));
+    if (!buf)
+      return DT_ENOMEM;
+    size_t len = distrain__v1__report_checkpoint_request__pack(r, buf);
+    p->reports[r->rank] = distrain__v1__report_checkpoint_request__unpack(NULL, len, buf);
+    free(buf);
+    if (!p->reports[r->rank])
+      return DT_ENOMEM;
+    p->received++;
+  }
+  if (p->received < p->world)
+    return 0;
+  /* Every shard is in: write the manifest, which commits the step. */
+  dt_ckpt_shard_info_t *shards = calloc((size_t)p->world, sizeof *shards);
+  if (!shards)
+    return DT_ENOMEM;
+  int64_t num_params = 0;
+  for (int k = 0; k < p->world; k++) {
+    const Distrain__V1__ReportCheckpointRequest *q = p->reports[k];
+    shards[k].rank = q->rank;
+    shards[k].lo = q->lo;
+    shards[k].hi = q->hi;
+    shards[k].bytes = q->bytes;
+    shards[k].crc32c = q->crc32c;
+    snprintf(shards[k].name, sizeof shards[k].name, "%s", q->name);
+    num_params = DT_MAX(num_params, q->hi);
+  }
+  int rc = dt_ckpt_commit(j->job->spec->checkpoint->dir, p->step, num_params, p->world, shards);
+  free(shards);
+  for (int k = 0; k < p->world; k++)
+    distrain__v1__report_checkpoint_request__free_unpacked(p->reports[k], NULL);
+  free(p->reports);
+  int64_t step = p->step;
+  *p = j->ckpts[--j->n_ckpts];
+  if (rc != 0) {
+    snprintf(err, errlen, "writing the manifest of step %lld failed: %s", (long long)step,
+             dt_strerror(rc));
+    return rc;
+  }
+  if (step > j->job->committed_step)
+    j->job->committed_step = step;
+  dt_store_put_job(c->store, j);
+  *committed = 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Freeing                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+void dt_job_free(dt_job_t *j)
+{
+  if (!j)
+    return;
+  if (j->job)
+    distrain__v1__job__free_unpacked(j->job, NULL);
+  for (size_t i = 0; i < j->n_metrics; i++)
+    distrain__v1__step_metrics__free_unpacked(j->metrics[i], NULL);
+  free(j->metrics);
+  for (size_t i = 0; i < j->n_ckpts; i++) {
+    for (int k = 0; k < j->ckpts[i].world; k++)
+      if (j->ckpts[i].reports[k])
+        distrain__v1__report_checkpoint_request__free_unpacked(j->ckpts[i].reports[k], NULL);
+    free(j->ckpts[i].reports);
+  }
+  free(j->ckpts);
+  free(j->ranks);
+  free(j->nodes);
+  free(j);
+}
+
+void dt_node_free(dt_node_t *n)
+{
+  if (!n)
+    return;
+  if (n->info)
+    distrain__v1__node_info__free_unpacked(n->info, NULL);
+  for (size_t i = 0; i < n->n_trainers; i++)
+    distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
+  free(n->trainers);
+  free(n);
+}

@@ -1,0 +1,145 @@
+/* main.c — distrain-coordinator: flags, signals, and the loop.
+ *
+ *   distrain-coordinator [--listen HOST:PORT] [--state-dir DIR] [--token-file FILE]
+ *                        [--heartbeat-ms N] [--dead-after N] [--port-file FILE]
+ *
+ * The state directory defaults to $STATE_DIRECTORY (set by systemd's StateDirectory=) or
+ * /var/lib/distrain. SIGTERM/SIGINT shut down cleanly: calls are cancelled, state is already
+ * on disk (write-through), and the process exits 0. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "coord.h"
+#include "dt_log.h"
+#include "dt_util.h"
+
+static void usage(FILE *out)
+{
+  fprintf(out, "usage: distrain-coordinator [--listen HOST:PORT] [--state-dir DIR] "
+               "[--token-file FILE]\n"
+               "                            [--heartbeat-ms N] [--dead-after MISSED] "
+               "[--port-file FILE]\n");
+}
+
+static uv_signal_t g_sigterm, g_sigint;
+
+static void on_closed(void *ud)
+{
+  uv_loop_t *loop = ud;
+  uv_close((uv_handle_t *)&g_sigterm, NULL);
+  uv_close((uv_handle_t *)&g_sigint, NULL);
+  (void)loop;
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+  dt_coord_t *c = h->data;
+  if (c->closing)
+    return;
+  DT_INFO(COORD, "signal %d: shutting down", signum);
+  dt_coord_close(c, on_closed, c->loop);
+}
+
+int main(int argc, char **argv)
+{
+  const char *listen = "0.0.0.0:7470", *token_file = NULL, *port_file = NULL;
+  const char *state_dir = getenv("STATE_DIRECTORY");
+  int heartbeat_ms = 500, dead_after = 3;
+  static const struct option opts[] = {{"listen", required_argument, 0, 'l'},
+                                       {"state-dir", required_argument, 0, 's'},
+                                       {"token-file", required_argument, 0, 't'},
+                                       {"heartbeat-ms", required_argument, 0, 'b'},
+                                       {"dead-after", required_argument, 0, 'd'},
+                                       {"port-file", required_argument, 0, 'p'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  dt_log_init();
+  dt_log_set_tag("coordinator");
+  int ch;
+  int64_t v;
+  while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (ch) {
+    case 'l':
+      listen = optarg;
+      break;
+    case 's':
+      state_dir = optarg;
+      break;
+    case 't':
+      token_file = optarg;
+      break;
+    case 'p':
+      port_file = optarg;
+      break;
+    case 'b':
+    case 'd':
+      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'b' ? 10 : 1) || v > 3600000) {
+        fprintf(stderr, "distrain-coordinator: --%s: expected a positive integer, got '%s'\n",
+                ch == 'b' ? "heartbeat-ms" : "dead-after", optarg);
+        return 2;
+      }
+      *(ch == 'b' ? &heartbeat_ms : &dead_after) = (int)v;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "distrain-coordinator: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!state_dir || !*state_dir)
+    state_dir = "/var/lib/distrain";
+  if (!token_file) {
+    fprintf(stderr, "distrain-coordinator: --token-file is required (every RPC is "
+                    "authenticated with its bearer token)\n");
+    return 2;
+  }
+  char token[256];
+  if (dt_rpc_read_token(token_file, token, sizeof token) != 0)
+    return 1;
+
+  signal(SIGPIPE, SIG_IGN);
+  uv_loop_t *loop = uv_default_loop();
+  static dt_coord_t coord;
+  dt_coord_config_t cfg = {.listen = listen,
+                           .state_dir = state_dir,
+                           .token = token,
+                           .heartbeat_ms = heartbeat_ms,
+                           .dead_after_missed = dead_after};
+  int rc = dt_coord_start(&coord, loop, &cfg);
+  if (rc != 0) {
+    fprintf(stderr, "distrain-coordinator: cannot start: %s\n", dt_strerror(rc));
+    return 1;
+  }
+  DT_INFO(COORD, "listening on port %d (state %s, heartbeat %d ms, dead after %d missed)",
+          coord.port, state_dir, heartbeat_ms, dead_after);
+  if (port_file) {
+    /* Written atomically so a launcher polling for it never reads half a number. */
+    dt_afile_t af;
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%d\n", coord.port);
+    if (dt_afile_open(&af, port_file) != 0 || dt_afile_write(&af, buf, (size_t)n) != 0 ||
+        dt_afile_commit(&af) != 0) {
+      fprintf(stderr, "distrain-coordinator: cannot write %s\n", port_file);
+      return 1;
+    }
+  }
+  uv_signal_init(loop, &g_sigterm);
+  uv_signal_init(loop, &g_sigint);
+  g_sigterm.data = g_sigint.data = &coord;
+  uv_signal_start(&g_sigterm, on_signal, SIGTERM);
+  uv_signal_start(&g_sigint, on_signal, SIGINT);
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_loop_close(loop);
+  DT_INFO(COORD, "stopped");
+  return 0;
+}

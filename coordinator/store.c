@@ -1,0 +1,341 @@
+/* store.c — the coordinator's state in SQLite (<state-dir>/coordinator.db).
+ *
+ * Write-through: every change the loop makes is written before it is visible over RPC. Rows
+ * hold protobuf-encoded messages (the wire contract doubles as the storage format) plus a
+ * small binary plan per job. WAL mode with synchronous=NORMAL: a committed transaction
+ * survives the process being killed (the case that matters: kill -9 and restart); a power
+ * loss may drop the last transactions, never corrupt the database. */
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "dt_log.h"
+#include "dt_util.h"
+
+struct dt_store {
+  sqlite3 *db;
+  char path[4200];
+};
+
+#define STORE_SCHEMA_VERSION 1
+
+static const char *const k_schema =
+    "PRAGMA journal_mode=WAL;"
+    "PRAGMA synchronous=NORMAL;"
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS nodes ("
+    "  idx INTEGER PRIMARY KEY, id TEXT NOT NULL, info BLOB NOT NULL, state INTEGER NOT NULL,"
+    "  assign_version INTEGER NOT NULL, job INTEGER NOT NULL, last_seen_wall INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS jobs ("
+    "  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, job BLOB NOT NULL, plan BLOB);"
+    "CREATE TABLE IF NOT EXISTS metrics ("
+    "  job TEXT NOT NULL, step INTEGER NOT NULL, m BLOB NOT NULL, PRIMARY KEY (job, step));";
+
+static int sql_fail(dt_store_t *s, const char *what)
+{
+  DT_ERROR(COORD, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
+  return DT_EIO;
+}
+
+int dt_store_open(dt_store_t **out, const char *state_dir)
+{
+  int rc = dt_mkdir_p(state_dir);
+  if (rc != 0) {
+    DT_ERROR(COORD, "%s: cannot create state directory: %s", state_dir, dt_strerror(rc));
+    return rc;
+  }
+  dt_store_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return DT_ENOMEM;
+  snprintf(s->path, sizeof s->path, "%s/coordinator.db", state_dir);
+  if (sqlite3_open(s->path, &s->db) != SQLITE_OK) {
+    rc = sql_fail(s, "cannot open database");
+    goto fail;
+  }
+  sqlite3_busy_timeout(s->db, 5000);
+  char *msg = NULL;
+  if (sqlite3_exec(s->db, k_schema, NULL, NULL, &msg) != SQLITE_OK) {
+    DT_ERROR(COORD, "%s: schema: %s", s->path, msg ? msg : "?");
+    sqlite3_free(msg);
+    rc = DT_EIO;
+    goto fail;
+  }
+  /* A database from a different schema version is refused, not misread. */
+  sqlite3_stmt *st;
+  sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key='schema'", -1, &st, NULL);
+  int have = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+  sqlite3_finalize(st);
+  if (have == -1) {
+    char sql[128];
+    snprintf(sql, sizeof sql, "INSERT INTO meta VALUES ('schema', %d)", STORE_SCHEMA_VERSION);
+    sqlite3_exec(s->db, sql, NULL, NULL, NULL);
+  } else if (have != STORE_SCHEMA_VERSION) {
+    DT_ERROR(COORD, "%s: state schema version %d, this coordinator expects %d", s->path, have,
+             STORE_SCHEMA_VERSION);
+    rc = DT_EFORMAT;
+    goto fail;
+  }
+  *out = s;
+  return 0;
+fail:
+  sqlite3_close(s->db);
+  free(s);
+  return rc;
+}
+
+void dt_store_close(dt_store_t *s)
+{
+  if (!s)
+    return;
+  sqlite3_close(s->db);
+  free(s);
+}
+
+/* Packs a protobuf-c message into a malloc'ed buffer. */
+static uint8_t *pack(const ProtobufCMessage *m, size_t *len)
+{
+  *len = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(*len ? *len : 1);
+  if (buf)
+    protobuf_c_message_pack(m, buf);
+  return buf;
+}
+
+int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
+{
+  size_t len;
+  uint8_t *info = pack(&n->info->base, &len);
+  if (!info)
+    return DT_ENOMEM;
+  sqlite3_stmt *st;
+  int ret = 0;
+  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?)", -1, &st,
+                         NULL) != SQLITE_OK) {
+    free(info);
+    return sql_fail(s, "prepare node");
+  }
+  sqlite3_bind_int(st, 1, n->index);
+  sqlite3_bind_text(st, 2, n->id, -1, SQLITE_STATIC);
+  sqlite3_bind_blob(st, 3, info, (int)len, SQLITE_STATIC);
+  sqlite3_bind_int(st, 4, (int)n->state);
+  sqlite3_bind_int64(st, 5, (sqlite3_int64)n->assign_version);
+  sqlite3_bind_int(st, 6, n->job);
+  sqlite3_bind_int64(st, 7, n->last_seen_wall_ms);
+  if (sqlite3_step(st) != SQLITE_DONE)
+    ret = sql_fail(s, "write node");
+  sqlite3_finalize(st);
+  free(info);
+  return ret;
+}
+
+/* plan blob: int32 world, dp, grad_accum, resume, then (node, local_rank) per rank */
+int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
+{
+  size_t len;
+  uint8_t *blob = pack(&j->job->base, &len);
+  size_t plan_len = (size_t)(4 + 2 * j->world) * sizeof(int32_t);
+  int32_t *plan = malloc(plan_len);
+  if (!blob || !plan) {
+    free(blob);
+    free(plan);
+    return DT_ENOMEM;
+  }
+  plan[0] = j->world, plan[1] = j->dp, plan[2] = j->grad_accum, plan[3] = j->resume;
+  for (int r = 0; r < j->world; r++) {
+    plan[4 + 2 * r] = j->ranks[r].node;
+    plan[5 + 2 * r] = j->ranks[r].local_rank;
+  }
+  int64_t seq = 0;
+  sscanf(j->id, "job-%lld", (long long *)&seq);
+  sqlite3_stmt *st;
+  int ret = 0;
+  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?)", -1, &st, NULL) !=
+      SQLITE_OK) {
+    free(blob);
+    free(plan);
+    return sql_fail(s, "prepare job");
+  }
+  sqlite3_bind_text(st, 1, j->id, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 2, seq);
+  sqlite3_bind_blob(st, 3, blob, (int)len, SQLITE_STATIC);
+  sqlite3_bind_blob(st, 4, plan, (int)plan_len, SQLITE_STATIC);
+  if (sqlite3_step(st) != SQLITE_DONE)
+    ret = sql_fail(s, "write job");
+  sqlite3_finalize(st);
+  free(blob);
+  free(plan);
+  return ret;
+}
+
+int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,
+                         size_t n)
+{
+  if (n == 0)
+    return 0;
+  sqlite3_stmt *st;
+  int ret = 0;
+  sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL);
+  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO metrics VALUES (?,?,?)", -1, &st, NULL) !=
+      SQLITE_OK) {
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return sql_fail(s, "prepare metrics");
+  }
+  for (size_t i = 0; i < n && ret == 0; i++) {
+    size_t len;
+    uint8_t *blob = pack(&m[i]->base, &len);
+    if (!blob) {
+      ret = DT_ENOMEM;
+      break;
+    }
+    sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, m[i]->step);
+    sqlite3_bind_blob(st, 3, blob, (int)len, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) != SQLITE_DONE)
+      ret = sql_fail(s, "write metrics");
+    sqlite3_reset(st);
+    free(blob);
+  }
+  sqlite3_finalize(st);
+  sqlite3_exec(s->db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+  return ret;
+}
+
+static int load_nodes(dt_store_t *s, dt_coord_t *c)
+{
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(s->db,
+                         "SELECT idx, id, info, state, assign_version, job, "
+                         "last_seen_wall FROM nodes ORDER BY idx",
+                         -1, &st, NULL) != SQLITE_OK)
+    return sql_fail(s, "read nodes");
+  int ret = 0;
+  while (ret == 0 && sqlite3_step(st) == SQLITE_ROW) {
+    int idx = sqlite3_column_int(st, 0);
+    dt_node_t *n = calloc(1, sizeof *n);
+    if (!n) {
+      ret = DT_ENOMEM;
+      break;
+    }
+    n->index = idx;
+    snprintf(n->id, sizeof n->id, "%s", (const char *)sqlite3_column_text(st, 1));
+    n->info = distrain__v1__node_info__unpack(NULL, (size_t)sqlite3_column_bytes(st, 2),
+                                              sqlite3_column_blob(st, 2));
+    n->state = (Distrain__V1__NodeState)sqlite3_column_int(st, 3);
+    n->assign_version = (uint64_t)sqlite3_column_int64(st, 4);
+    n->job = sqlite3_column_int(st, 5);
+    n->last_seen_wall_ms = sqlite3_column_int64(st, 6);
+    /* The agents get a full dead-interval to reach the restarted coordinator. */
+    n->last_seen_ms = dt_coord_now_ms();
+    uv_timer_init(c->loop, &n->watch_timer);
+    n->watch_timer.data = n;
+    n->watch_owner = c;
+    if (!n->info || idx < 0) {
+      free(n);
+      ret = sql_fail(s, "corrupt node row");
+      break;
+    }
+    while ((size_t)idx >= c->cap_nodes) {
+      size_t cap = c->cap_nodes ? c->cap_nodes * 2 : 64;
+      dt_node_t **grown = realloc(c->nodes, cap * sizeof *grown);
+      if (!grown) {
+        ret = DT_ENOMEM;
+        break;
+      }
+      memset(grown + c->cap_nodes, 0, (cap - c->cap_nodes) * sizeof *grown);
+      c->nodes = grown, c->cap_nodes = cap;
+    }
+    if (ret == 0) {
+      c->nodes[idx] = n;
+      c->n_nodes = DT_MAX(c->n_nodes, (size_t)idx + 1);
+    }
+  }
+  sqlite3_finalize(st);
+  return ret;
+}
+
+static int load_metrics(dt_store_t *s, dt_job_t *j)
+{
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(s->db, "SELECT m FROM metrics WHERE job=? ORDER BY step", -1, &st, NULL) !=
+      SQLITE_OK)
+    return sql_fail(s, "read metrics");
+  sqlite3_bind_text(st, 1, j->id, -1, SQLITE_STATIC);
+  int ret = 0;
+  while (ret == 0 && sqlite3_step(st) == SQLITE_ROW) {
+    Distrain__V1__StepMetrics *m = distrain__v1__step_metrics__unpack(
+        NULL, (size_t)sqlite3_column_bytes(st, 0), sqlite3_column_blob(st, 0));
+    if (!m) {
+      ret = sql_fail(s, "corrupt metrics row");
+      break;
+    }
+    if (j->n_metrics == j->cap_metrics) {
+      size_t cap = j->cap_metrics ? j->cap_metrics * 2 : 256;
+      void *grown = realloc(j->metrics, cap * sizeof *j->metrics);
+      if (!grown) {
+        distrain__v1__step_metrics__free_unpacked(m, NULL);
+        ret = DT_ENOMEM;
+        break;
+      }
+      j->metrics = grown, j->cap_metrics = cap;
+    }
+    j->metrics[j->n_metrics++] = m;
+  }
+  sqlite3_finalize(st);
+  return ret;
+}
+
+static int load_jobs(dt_store_t *s, dt_coord_t *c)
+{
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(s->db, "SELECT id, seq, job, plan FROM jobs ORDER BY seq", -1, &st,
+                         NULL) != SQLITE_OK)
+    return sql_fail(s, "read jobs");
+  int ret = 0;
+  while (ret == 0 && sqlite3_step(st) == SQLITE_ROW) {
+    dt_job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+      ret = DT_ENOMEM;
+      break;
+    }
+    snprintf(j->id, sizeof j->id, "%s", (const char *)sqlite3_column_text(st, 0));
+    c->next_job = DT_MAX(c->next_job, (uint64_t)sqlite3_column_int64(st, 1) + 1);
+    j->job = distrain__v1__job__unpack(NULL, (size_t)sqlite3_column_bytes(st, 2),
+                                       sqlite3_column_blob(st, 2));
+    const int32_t *plan = sqlite3_column_blob(st, 3);
+    int plan_bytes = sqlite3_column_bytes(st, 3);
+    if (!j->job || plan_bytes < 16 || plan_bytes != (4 + 2 * plan[0]) * 4) {
+      free(j);
+      ret = sql_fail(s, "corrupt job row");
+      break;
+    }
+    j->world = plan[0], j->dp = plan[1], j->grad_accum = plan[2], j->resume = plan[3];
+    j->ranks = calloc((size_t)DT_MAX(j->world, 1), sizeof *j->ranks);
+    for (int r = 0; j->ranks && r < j->world; r++) {
+      j->ranks[r].node = plan[4 + 2 * r];
+      j->ranks[r].local_rank = plan[5 + 2 * r];
+    }
+    if (c->n_jobs == c->cap_jobs) {
+      size_t cap = c->cap_jobs ? c->cap_jobs * 2 : 16;
+      void *grown = realloc(c->jobs, cap * sizeof *c->jobs);
+      if (!grown) {
+        dt_job_free(j);
+        ret = DT_ENOMEM;
+        break;
+      }
+      c->jobs = grown, c->cap_jobs = cap;
+    }
+    c->jobs[c->n_jobs++] = j;
+    ret = load_metrics(s, j);
+  }
+  sqlite3_finalize(st);
+  return ret;
+}
+
+int dt_store_load(dt_store_t *s, dt_coord_t *c)
+{
+  DT_CHECK(load_nodes(s, c));
+  DT_CHECK(load_jobs(s, c));
+  return 0;
+}

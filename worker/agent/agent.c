@@ -1,0 +1,801 @@
+/* agent.c — see agent.h. */
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dt_log.h"
+#include "dt_param.h"
+#include "dt_util.h"
+#include "jobspec.h"
+
+#ifdef DT_HAVE_CUDA
+#include "cuda_kernels.h"
+#endif
+
+DT_PARAM(WatchTimeoutMs, "WATCH_TIMEOUT_MS", 10000)
+DT_PARAM(RpcTimeoutMs, "AGENT_RPC_TIMEOUT_MS", 5000)
+
+extern char **environ;
+
+/* ------------------------------------------------------------------------------------------ */
+/* State                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct trainer {
+  struct trainer *next;
+  dt_agent_t *agent;
+  uv_process_t proc;
+  uv_pipe_t pipe;        /* TrainerReports from the trainer */
+  uv_timer_t kill_timer; /* SIGKILL after the grace period */
+  int pipe_open, timer_open, proc_open;
+  int exited, stopping;
+  Distrain__V1__TrainerStatus status; /* strings below are owned */
+  char job_id[64];
+  char last_error[512];
+  uint8_t *rbuf; /* partial report bytes */
+  size_t rlen, rcap;
+  Distrain__V1__StepMetrics **pending; /* to forward on the next heartbeat (rank 0) */
+  size_t n_pending;
+} trainer_t;
+
+struct dt_agent {
+  uv_loop_t *loop;
+  dt_agent_config_t cfg;
+  char token[256];
+  char token_file_abs[4096];
+  dt_rpc_client_t *rpc;
+  char node_id[32];
+  Distrain__V1__NodeInfo info;
+  Distrain__V1__Device *devices;
+  Distrain__V1__Device **device_ptrs;
+  uint32_t heartbeat_ms;
+  uv_timer_t hb_timer, retry_timer;
+  uv_work_t hb_work, watch_work, reg_work;
+  int hb_busy, watch_busy, reg_busy, registered, closing;
+  uint64_t hb_seq, known_version;
+  /* work results, filled on the threadpool and read back on the loop */
+  Distrain__V1__HeartbeatRequest hb_req;
+  Distrain__V1__TrainerStatus **hb_statuses;
+  ProtobufCMessage *hb_resp, *watch_resp, *reg_resp;
+  int hb_rc, watch_rc, reg_rc;
+  char hb_err[256], watch_err[256], reg_err[256];
+  /* the desired state and the trainers */
+  Distrain__V1__WatchAssignmentResponse *assignment;
+  trainer_t *trainers;
+  void (*close_cb)(void *);
+  void *close_ud;
+};
+
+static void reconcile(dt_agent_t *a);
+static void start_watch(dt_agent_t *a);
+static void start_register(dt_agent_t *a);
+static void on_heartbeat(uv_timer_t *h);
+static void maybe_finish_close(dt_agent_t *a);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Trainers                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static void trainer_free(trainer_t *t)
+{
+  for (size_t i = 0; i < t->n_pending; i++)
+    distrain__v1__step_metrics__free_unpacked(t->pending[i], NULL);
+  free(t->pending);
+  free(t->rbuf);
+  free(t);
+}
+
+static void on_trainer_handle_closed(uv_handle_t *h)
+{
+  trainer_t *t = h->data;
+  if (h == (uv_handle_t *)&t->pipe)
+    t->pipe_open = 0;
+  else if (h == (uv_handle_t *)&t->kill_timer)
+    t->timer_open = 0;
+  else
+    t->proc_open = 0;
+  if (!t->pipe_open && !t->timer_open && !t->proc_open) {
+    dt_agent_t *a = t->agent;
+    for (trainer_t **pp = &a->trainers; *pp; pp = &(*pp)->next) {
+      if (*pp == t) {
+        *pp = t->next;
+        break;
+      }
+    }
+    trainer_free(t);
+    maybe_finish_close(a);
+  }
+}
+
+/* Closes a trainer's handles once it has exited; keeps the record while its job is assigned
+ * so the coordinator sees its final state. */
+static void trainer_release(trainer_t *t)
+{
+  if (t->pipe_open == 1) {
+    t->pipe_open = 2;
+    uv_close((uv_handle_t *)&t->pipe, on_trainer_handle_closed);
+  }
+  if (t->timer_open == 1) {
+    t->timer_open = 2;
+    uv_close((uv_handle_t *)&t->kill_timer, on_trainer_handle_closed);
+  }
+  if (t->proc_open == 1) {
+    t->proc_open = 2;
+    uv_close((uv_handle_t *)&t->proc, on_trainer_handle_closed);
+  }
+}
+
+static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
+{
+  Distrain__V1__TrainerReport *r = distrain__v1__trainer_report__unpack(NULL, len, data);
+  if (!r) {
+    DT_WARN(WORKER, "rank %d: malformed trainer report (%zu bytes)", t->status.rank, len);
+    return;
+  }
+  if (r->memory_bytes)
+    t->status.memory_bytes = r->memory_bytes;
+  if (r->step) {
+    t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+    t->status.step = r->step->step;
+    t->status.loss = r->step->loss;
+    t->status.tokens_per_s = r->step->tokens_per_s;
+    if (t->status.rank == 0) {
+      Distrain__V1__StepMetrics **grown =
+          realloc(t->pending, (t->n_pending + 1) * sizeof *t->pending);
+      if (grown) {
+        t->pending = grown;
+        t->pending[t->n_pending++] = r->step;
+        r->step = NULL; /* moved */
+      }
+    }
+  }
+  if (r->error && r->error[0])
+    snprintf(t->last_error, sizeof t->last_error, "%s", r->error);
+  distrain__v1__trainer_report__free_unpacked(r, NULL);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  trainer_t *t = h->data;
+  if (t->rcap - t->rlen < suggested) {
+    size_t cap = t->rlen + suggested;
+    uint8_t *grown = realloc(t->rbuf, cap);
+    if (!grown) {
+      *buf = uv_buf_init(NULL, 0);
+      return;
+    }
+    t->rbuf = grown, t->rcap = cap;
+  }
+  *buf = uv_buf_init((char *)t->rbuf + t->rlen, (unsigned)(t->rcap - t->rlen));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+  trainer_t *t = s->data;
+  (void)buf;
+  if (n < 0) {
+    uv_read_stop(s); /* EOF: the trainer closed its end (exiting) */
+    return;
+  }
+  t->rlen += (size_t)n;
+  size_t off = 0;
+  while (t->rlen - off >= 4) {
+    const uint8_t *p = t->rbuf + off;
+    size_t len = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+    if (len > 1 << 20) {
+      DT_WARN(WORKER, "rank %d: report of %zu bytes is not plausible; ignoring the stream",
+              t->status.rank, len);
+      uv_read_stop(s);
+      return;
+    }
+    if (t->rlen - off - 4 < len)
+      break;
+    handle_report(t, p + 4, len);
+    off += 4 + len;
+  }
+  memmove(t->rbuf, t->rbuf + off, t->rlen - off);
+  t->rlen -= off;
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
+{
+  trainer_t *t = p->data;
+  dt_agent_t *a = t->agent;
+  t->exited = 1;
+  t->status.exit_code = (int32_t)status;
+  t->status.term_signal = term_signal;
+  t->status.pid = 0;
+  if (t->stopping)
+    t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED;
+  else if (status == 0 && term_signal == 0)
+    t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
+  else
+    t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED;
+  if (t->status.state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED)
+    DT_WARN(WORKER, "job %s rank %d exited (code %lld, signal %d)%s%s", t->job_id, t->status.rank,
+            (long long)status, term_signal, t->last_error[0] ? ": " : "", t->last_error);
+  else
+    DT_INFO(WORKER, "job %s rank %d %s (code %lld, signal %d)", t->job_id, t->status.rank,
+            t->stopping ? "stopped" : "finished", (long long)status, term_signal);
+  if (t->timer_open == 1)
+    uv_timer_stop(&t->kill_timer);
+  if (a->closing) {
+    trainer_release(t);
+    return;
+  }
+  reconcile(a); /* a waiting generation may start now */
+}
+
+static void on_kill_timer(uv_timer_t *h)
+{
+  trainer_t *t = h->data;
+  if (!t->exited) {
+    DT_WARN(WORKER, "job %s rank %d ignored SIGTERM for %d ms: SIGKILL", t->job_id, t->status.rank,
+            t->agent->cfg.grace_ms);
+    uv_process_kill(&t->proc, SIGKILL);
+  }
+}
+
+static void trainer_stop(trainer_t *t)
+{
+  if (t->exited || t->stopping)
+    return;
+  t->stopping = 1;
+  DT_INFO(WORKER, "stopping job %s rank %d (pid %d)", t->job_id, t->status.rank, t->proc.pid);
+  uv_process_kill(&t->proc, SIGTERM);
+  uv_timer_start(&t->kill_timer, on_kill_timer, (uint64_t)t->agent->cfg.grace_ms, 0);
+}
+
+/* Builds KEY=VALUE strings for the trainer: our environment plus the rank's. */
+static char **trainer_env(dt_agent_t *a, const Distrain__V1__Assignment *as,
+                          const Distrain__V1__RankAssignment *r, int threads)
+{
+  size_t n = 0;
+  while (environ[n])
+    n++;
+  char **env = calloc(n + 32, sizeof *env);
+  if (!env)
+    return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    /* ours win: drop inherited values of the variables we set */
+    if (strncmp(environ[i], "RANK=", 5) == 0 || strncmp(environ[i], "WORLD_SIZE=", 11) == 0 ||
+        strncmp(environ[i], "LOCAL_RANK=", 11) == 0 ||
+        strncmp(environ[i], "LOCAL_WORLD_SIZE=", 17) == 0 ||
+        strncmp(environ[i], "DISTRAIN_", 9) == 0 ||
+        strncmp(environ[i], "OMP_NUM_THREADS=", 16) == 0)
+      continue;
+    env[k++] = strdup(environ[i]);
+  }
+  const Distrain__V1__ParallelSpec *p = as->spec->parallel;
+  char buf[4200];
+#define ENV(...)                                                                                   \
+  do {                                                                                             \
+    snprintf(buf, sizeof buf, __VA_ARGS__);                                                        \
+    env[k++] = strdup(buf);                                                                        \
+  } while (0)
+  ENV("RANK=%d", r->rank);
+  ENV("LOCAL_RANK=%d", r->local_rank);
+  ENV("WORLD_SIZE=%d", as->world_size);
+  ENV("LOCAL_WORLD_SIZE=%d", as->local_world_size);
+  ENV("DISTRAIN_JOB_ID=%s", as->job_id);
+  ENV("DISTRAIN_GENERATION=%llu", (unsigned long long)as->generation);
+  ENV("DISTRAIN_MESH=pp%d,dp%d,cp%d,tp%d", p->pp, p->dp, p->cp, p->tp);
+  ENV("DISTRAIN_PP_RANK=%d", r->pp);
+  ENV("DISTRAIN_DP_RANK=%d", r->dp);
+  ENV("DISTRAIN_CP_RANK=%d", r->cp);
+  ENV("DISTRAIN_TP_RANK=%d", r->tp);
+  ENV("DISTRAIN_DEVICE=%d", r->device_index);
+  ENV("DISTRAIN_COORDINATOR=%s", a->cfg.coordinator);
+  ENV("DISTRAIN_TOKEN_FILE=%s", a->token_file_abs);
+  ENV("DISTRAIN_STATUS_FD=3");
+  ENV("DISTRAIN_AGENT_PID=%d", (int)getpid());
+  ENV("OMP_NUM_THREADS=%d", threads);
+#undef ENV
+  env[k] = NULL;
+  for (size_t i = 0; i < k; i++)
+    if (!env[i]) {
+      dt_argv_free(env);
+      return NULL;
+    }
+  return env;
+}
+
+static trainer_t *find_trainer(dt_agent_t *a, const char *job, int rank)
+{
+  for (trainer_t *t = a->trainers; t; t = t->next)
+    if (t->status.rank == rank && strcmp(t->job_id, job) == 0)
+      return t;
+  return NULL;
+}
+
+static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
+                         const Distrain__V1__RankAssignment *r)
+{
+  int ret = 0, logfd = -1;
+  char **args = NULL, **env = NULL, **argv = NULL;
+  trainer_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return DT_ENOMEM;
+  t->agent = a;
+  distrain__v1__trainer_status__init(&t->status);
+  snprintf(t->job_id, sizeof t->job_id, "%s", as->job_id);
+  t->status.job_id = t->job_id;
+  t->status.last_error = t->last_error;
+  t->status.generation = as->generation;
+  t->status.rank = r->rank;
+  t->status.local_rank = r->local_rank;
+  t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING;
+
+  int argc;
+  DT_CHECK_GOTO(dt_jobspec_trainer_argv(as->spec, as->spec->parallel->dp, as->resume, &args, &argc),
+                ret, fail);
+  argv = calloc((size_t)argc + 2, sizeof *argv);
+  if (!argv) {
+    ret = DT_ENOMEM;
+    goto fail;
+  }
+  argv[0] = (char *)a->cfg.trainer;
+  for (int i = 0; i < argc; i++)
+    argv[i + 1] = args[i];
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = as->spec->training->threads > 0
+                    ? as->spec->training->threads
+                    : (int)DT_MAX(1, cores / DT_MAX(1, as->local_world_size));
+  env = trainer_env(a, as, r, threads);
+  if (!env) {
+    ret = DT_ENOMEM;
+    goto fail;
+  }
+  char dir[4200], log[4300];
+  snprintf(dir, sizeof dir, "%s/%s", a->cfg.work_dir, as->job_id);
+  DT_CHECK_GOTO(dt_mkdir_p(dir), ret, fail);
+  snprintf(log, sizeof log, "%s/rank-%d.log", dir, r->rank);
+  logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (logfd < 0) {
+    DT_ERROR(WORKER, "%s: cannot open trainer log: %s", log, strerror(errno));
+    ret = DT_EIO;
+    goto fail;
+  }
+  dprintf(logfd, "==== job %s generation %llu rank %d: %s", as->job_id,
+          (unsigned long long)as->generation, r->rank, a->cfg.trainer);
+  for (int i = 0; i < argc; i++)
+    dprintf(logfd, " %s", args[i]);
+  dprintf(logfd, "\n");
+
+  uv_pipe_init(a->loop, &t->pipe, 0);
+  t->pipe.data = t;
+  t->pipe_open = 1;
+  uv_timer_init(a->loop, &t->kill_timer);
+  t->kill_timer.data = t;
+  t->timer_open = 1;
+  uv_stdio_container_t stdio[4];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_INHERIT_FD;
+  stdio[1].data.fd = logfd;
+  stdio[2].flags = UV_INHERIT_FD;
+  stdio[2].data.fd = logfd;
+  stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *)&t->pipe;
+  uv_process_options_t opts;
+  memset(&opts, 0, sizeof opts);
+  opts.file = a->cfg.trainer;
+  opts.args = argv;
+  opts.env = env;
+  opts.cwd = a->cfg.work_dir;
+  opts.stdio = stdio;
+  opts.stdio_count = 4;
+  opts.exit_cb = on_exit_cb;
+  t->proc.data = t;
+  int uerr = uv_spawn(a->loop, &t->proc, &opts);
+  close(logfd);
+  logfd = -1;
+  if (uerr != 0) {
+    DT_ERROR(WORKER, "cannot start %s: %s", a->cfg.trainer, uv_strerror(uerr));
+    snprintf(t->last_error, sizeof t->last_error, "cannot start %s: %s", a->cfg.trainer,
+             uv_strerror(uerr));
+    t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED;
+    t->exited = 1;
+    t->proc_open = 1; /* uv_spawn failures still need uv_close */
+  } else {
+    t->proc_open = 1;
+    t->status.pid = t->proc.pid;
+    uv_read_start((uv_stream_t *)&t->pipe, on_alloc, on_read);
+    DT_INFO(WORKER, "started job %s generation %llu rank %d (pid %d, %d threads), log %s",
+            as->job_id, (unsigned long long)as->generation, r->rank, t->proc.pid, threads, log);
+  }
+  t->next = a->trainers;
+  a->trainers = t;
+  dt_argv_free(args);
+  dt_argv_free(env);
+  free(argv);
+  return 0;
+fail:
+  if (logfd >= 0)
+    close(logfd);
+  dt_argv_free(args);
+  dt_argv_free(env);
+  free(argv);
+  free(t);
+  return ret;
+}
+
+/* Brings the running trainers in line with the assignment. */
+static void reconcile(dt_agent_t *a)
+{
+  const Distrain__V1__WatchAssignmentResponse *w = a->assignment;
+  /* 1. Stop what is not assigned (other jobs, older generations); forget exited records of
+   *    jobs that are no longer assigned. */
+  for (trainer_t *t = a->trainers, *next; t; t = next) {
+    next = t->next;
+    int wanted = 0, job_assigned = 0;
+    for (size_t i = 0; w && i < w->n_assignments; i++) {
+      const Distrain__V1__Assignment *as = w->assignments[i];
+      if (strcmp(as->job_id, t->job_id) != 0)
+        continue;
+      job_assigned = as->generation == t->status.generation;
+      for (size_t k = 0; k < as->n_ranks; k++)
+        wanted |= job_assigned && as->ranks[k]->rank == t->status.rank;
+    }
+    if (!wanted && !t->exited)
+      trainer_stop(t);
+    else if (!job_assigned && t->exited)
+      trainer_release(t);
+  }
+  /* 2. Start assigned ranks, once nothing of an older generation of that job still runs. */
+  for (size_t i = 0; w && i < w->n_assignments; i++) {
+    const Distrain__V1__Assignment *as = w->assignments[i];
+    int busy = 0;
+    for (trainer_t *t = a->trainers; t; t = t->next)
+      busy |= strcmp(t->job_id, as->job_id) == 0 && t->status.generation != as->generation &&
+              !t->exited;
+    if (busy)
+      continue; /* on_exit_cb calls us again */
+    for (size_t k = 0; k < as->n_ranks; k++) {
+      trainer_t *t = find_trainer(a, as->job_id, as->ranks[k]->rank);
+      if (t && t->status.generation == as->generation)
+        continue; /* running, or finished in this generation */
+      if (t && t->exited)
+        trainer_release(t); /* an older generation's record */
+      spawn_trainer(a, as, as->ranks[k]);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Coordinator RPCs on the threadpool                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static void reg_work(uv_work_t *w)
+{
+  dt_agent_t *a = w->data;
+  Distrain__V1__RegisterWorkerRequest req = DISTRAIN__V1__REGISTER_WORKER_REQUEST__INIT;
+  req.node = &a->info;
+  req.node_id = a->node_id;
+  a->reg_rc = dt_rpc_client_call(a->rpc, "RegisterWorker", &req.base, &a->reg_resp,
+                                 (int)dt_param_RpcTimeoutMs(), DT_RPC_WAIT_FOR_READY, a->reg_err,
+                                 sizeof a->reg_err);
+}
+
+static void on_retry(uv_timer_t *h)
+{
+  dt_agent_t *a = h->data;
+  if (!a->registered)
+    start_register(a);
+  else
+    start_watch(a);
+}
+
+static void reg_done(uv_work_t *w, int status)
+{
+  dt_agent_t *a = w->data;
+  (void)status;
+  a->reg_busy = 0;
+  if (a->closing) {
+    if (a->reg_resp)
+      protobuf_c_message_free_unpacked(a->reg_resp, NULL);
+    maybe_finish_close(a);
+    return;
+  }
+  if (a->reg_rc != 0) {
+    DT_WARN(WORKER, "registering with %s failed: %s; retrying", a->cfg.coordinator, a->reg_err);
+    uv_timer_start(&a->retry_timer, on_retry, 1000, 0);
+    return;
+  }
+  Distrain__V1__RegisterWorkerResponse *r = (void *)a->reg_resp;
+  snprintf(a->node_id, sizeof a->node_id, "%s", r->node_id);
+  a->heartbeat_ms = r->heartbeat_ms ? r->heartbeat_ms : 500;
+  protobuf_c_message_free_unpacked(a->reg_resp, NULL);
+  a->reg_resp = NULL;
+  a->registered = 1;
+  a->known_version = 0;
+  DT_INFO(WORKER, "registered as %s with %s (heartbeat %u ms)", a->node_id, a->cfg.coordinator,
+          a->heartbeat_ms);
+  uv_timer_start(&a->hb_timer, on_heartbeat, 0, a->heartbeat_ms);
+  start_watch(a);
+}
+
+static void start_register(dt_agent_t *a)
+{
+  if (a->reg_busy || a->closing)
+    return;
+  a->reg_busy = 1;
+  a->registered = 0;
+  a->reg_work.data = a;
+  uv_queue_work(a->loop, &a->reg_work, reg_work, reg_done);
+}
+
+static void hb_work(uv_work_t *w)
+{
+  dt_agent_t *a = w->data;
+  a->hb_rc = dt_rpc_client_call(a->rpc, "Heartbeat", &a->hb_req.base, &a->hb_resp,
+                                (int)dt_param_RpcTimeoutMs(), 0, a->hb_err, sizeof a->hb_err);
+}
+
+static void hb_done(uv_work_t *w, int status)
+{
+  dt_agent_t *a = w->data;
+  (void)status;
+  a->hb_busy = 0;
+  /* The metrics went out only if the heartbeat succeeded; otherwise hand them back to their
+   * trainer (if it still exists) for the next one, so --metrics streams stay complete. */
+  for (size_t i = 0; i < a->hb_req.n_trainers; i++) {
+    Distrain__V1__TrainerStatus *ts = a->hb_statuses[i];
+    trainer_t *t = a->hb_rc != 0 ? find_trainer(a, ts->job_id, ts->rank) : NULL;
+    if (t && t->status.generation == ts->generation && ts->n_metrics) {
+      Distrain__V1__StepMetrics **merged = malloc((ts->n_metrics + t->n_pending) * sizeof *merged);
+      if (merged) {
+        memcpy(merged, ts->metrics, ts->n_metrics * sizeof *merged);
+        memcpy(merged + ts->n_metrics, t->pending, t->n_pending * sizeof *merged);
+        free(t->pending);
+        t->pending = merged;
+        t->n_pending += ts->n_metrics;
+        ts->n_metrics = 0;
+      }
+    }
+    for (size_t k = 0; k < ts->n_metrics; k++)
+      distrain__v1__step_metrics__free_unpacked(ts->metrics[k], NULL);
+    free(ts->metrics);
+    free(ts->job_id);
+    free(ts->last_error);
+    free(ts);
+  }
+  free(a->hb_statuses);
+  a->hb_statuses = NULL;
+  a->hb_req.n_trainers = 0;
+  if (a->closing) {
+    if (a->hb_resp)
+      protobuf_c_message_free_unpacked(a->hb_resp, NULL);
+    maybe_finish_close(a);
+    return;
+  }
+  if (a->hb_rc != 0) {
+    DT_DEBUG(WORKER, "heartbeat failed: %s", a->hb_err);
+    return;
+  }
+  Distrain__V1__HeartbeatResponse *r = (void *)a->hb_resp;
+  int rereg = r->reregister;
+  uint64_t version = r->assignment_version;
+  protobuf_c_message_free_unpacked(a->hb_resp, NULL);
+  a->hb_resp = NULL;
+  if (rereg) {
+    DT_WARN(WORKER, "the coordinator does not know %s: registering again", a->node_id);
+    a->node_id[0] = '\0';
+    start_register(a);
+    return;
+  }
+  if (version != a->known_version)
+    start_watch(a);
+}
+
+static void on_heartbeat(uv_timer_t *h)
+{
+  dt_agent_t *a = h->data;
+  if (a->hb_busy || !a->registered || a->closing)
+    return;
+  size_t n = 0;
+  for (trainer_t *t = a->trainers; t; t = t->next)
+    n++;
+  a->hb_statuses = calloc(n ? n : 1, sizeof *a->hb_statuses);
+  if (!a->hb_statuses)
+    return;
+  /* Snapshot of the statuses, taking over the pending metrics (hb_done returns them to their
+   * trainer if the heartbeat fails). */
+  size_t k = 0;
+  for (trainer_t *t = a->trainers; t; t = t->next) {
+    Distrain__V1__TrainerStatus *ts = malloc(sizeof *ts);
+    if (!ts)
+      break;
+    /* The RPC packs this on a threadpool thread while the loop goes on: own every string. */
+    *ts = t->status;
+    ts->job_id = strdup(t->job_id);
+    ts->last_error = strdup(t->last_error);
+    if (!ts->job_id || !ts->last_error) {
+      free(ts->job_id);
+      free(ts->last_error);
+      free(ts);
+      break;
+    }
+    ts->metrics = t->pending;
+    ts->n_metrics = t->n_pending;
+    t->pending = NULL;
+    t->n_pending = 0;
+    a->hb_statuses[k++] = ts;
+  }
+  distrain__v1__heartbeat_request__init(&a->hb_req);
+  a->hb_req.node_id = a->node_id;
+  a->hb_req.seq = ++a->hb_seq;
+  a->hb_req.trainers = a->hb_statuses;
+  a->hb_req.n_trainers = k;
+  a->hb_busy = 1;
+  a->hb_work.data = a;
+  uv_queue_work(a->loop, &a->hb_work, hb_work, hb_done);
+}
+
+static void watch_work(uv_work_t *w)
+{
+  dt_agent_t *a = w->data;
+  Distrain__V1__WatchAssignmentRequest req = DISTRAIN__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
+  req.node_id = a->node_id;
+  req.known_version = a->known_version;
+  req.timeout_ms = (uint32_t)dt_param_WatchTimeoutMs();
+  a->watch_rc = dt_rpc_client_call(a->rpc, "WatchAssignment", &req.base, &a->watch_resp,
+                                   (int)req.timeout_ms + 5000, DT_RPC_WAIT_FOR_READY, a->watch_err,
+                                   sizeof a->watch_err);
+}
+
+static void watch_done(uv_work_t *w, int status)
+{
+  dt_agent_t *a = w->data;
+  (void)status;
+  a->watch_busy = 0;
+  if (a->closing) {
+    if (a->watch_resp)
+      protobuf_c_message_free_unpacked(a->watch_resp, NULL);
+    maybe_finish_close(a);
+    return;
+  }
+  if (a->watch_rc != 0) {
+    if (a->watch_rc == DT_ENOENT) { /* the coordinator forgot us */
+      a->node_id[0] = '\0';
+      start_register(a);
+    } else {
+      DT_DEBUG(WORKER, "watch failed: %s; retrying", a->watch_err);
+      uv_timer_start(&a->retry_timer, on_retry, 500, 0);
+    }
+    return;
+  }
+  Distrain__V1__WatchAssignmentResponse *r = (void *)a->watch_resp;
+  a->watch_resp = NULL;
+  if (r->version != a->known_version) {
+    a->known_version = r->version;
+    if (a->assignment)
+      distrain__v1__watch_assignment_response__free_unpacked(a->assignment, NULL);
+    a->assignment = r;
+    reconcile(a);
+  } else {
+    distrain__v1__watch_assignment_response__free_unpacked(r, NULL);
+  }
+  start_watch(a);
+}
+
+static void start_watch(dt_agent_t *a)
+{
+  if (a->watch_busy || !a->registered || a->closing)
+    return;
+  a->watch_busy = 1;
+  a->watch_work.data = a;
+  uv_queue_work(a->loop, &a->watch_work, watch_work, watch_done);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lifecycle                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static int detect_devices(dt_agent_t *a)
+{
+  int n = 0;
+  const char *kind = "cpu";
+#ifdef DT_HAVE_CUDA
+  int gpus = 0;
+  if (dt_cuda_device_count(&gpus) == 0 && gpus > 0) {
+    n = gpus;
+    kind = "cuda";
+  }
+#endif
+  if (n == 0)
+    n = a->cfg.cpu_devices;
+  a->devices = calloc((size_t)n, sizeof *a->devices);
+  a->device_ptrs = calloc((size_t)n, sizeof *a->device_ptrs);
+  if (!a->devices || !a->device_ptrs)
+    return DT_ENOMEM;
+  for (int i = 0; i < n; i++) {
+    distrain__v1__device__init(&a->devices[i]);
+    a->devices[i].kind = (char *)kind;
+    a->devices[i].index = i;
+    a->devices[i].name = (char *)kind;
+    a->device_ptrs[i] = &a->devices[i];
+  }
+  distrain__v1__node_info__init(&a->info);
+  a->info.hostname = (char *)a->cfg.hostname;
+  a->info.devices = a->device_ptrs;
+  a->info.n_devices = (size_t)n;
+  a->info.agent_version = "0.1.0";
+  return 0;
+}
+
+int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *cfg)
+{
+  dt_agent_t *a = calloc(1, sizeof *a);
+  int ret = 0;
+  if (!a)
+    return DT_ENOMEM;
+  a->loop = loop;
+  a->cfg = *cfg;
+  if (!realpath(cfg->token_file, a->token_file_abs)) {
+    DT_ERROR(WORKER, "%s: %s", cfg->token_file, strerror(errno));
+    free(a);
+    return DT_ENOENT;
+  }
+  DT_CHECK_GOTO(dt_rpc_read_token(cfg->token_file, a->token, sizeof a->token), ret, fail);
+  DT_CHECK_GOTO(dt_mkdir_p(cfg->work_dir), ret, fail);
+  DT_CHECK_GOTO(detect_devices(a), ret, fail);
+  DT_CHECK_GOTO(dt_rpc_client_create(cfg->coordinator, a->token,
+                                     &distrain__v1__coordinator__descriptor, &a->rpc),
+                ret, fail);
+  uv_timer_init(loop, &a->hb_timer);
+  a->hb_timer.data = a;
+  uv_timer_init(loop, &a->retry_timer);
+  a->retry_timer.data = a;
+  a->heartbeat_ms = 500;
+  start_register(a);
+  *out = a;
+  return 0;
+fail:
+  free(a->devices);
+  free(a->device_ptrs);
+  free(a);
+  return ret;
+}
+
+static void maybe_finish_close(dt_agent_t *a)
+{
+  if (!a->closing || a->trainers || a->hb_busy || a->watch_busy || a->reg_busy || a->closing == 2)
+    return;
+  a->closing = 2;
+  uv_close((uv_handle_t *)&a->hb_timer, NULL);
+  uv_close((uv_handle_t *)&a->retry_timer, NULL);
+  if (a->assignment)
+    distrain__v1__watch_assignment_response__free_unpacked(a->assignment, NULL);
+  dt_rpc_client_destroy(a->rpc);
+  void (*cb)(void *) = a->close_cb;
+  void *ud = a->close_ud;
+  free(a->devices);
+  free(a->device_ptrs);
+  free(a);
+  if (cb)
+    cb(ud);
+}
+
+void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud)
+{
+  a->closing = 1;
+  a->close_cb = cb;
+  a->close_ud = ud;
+  uv_timer_stop(&a->hb_timer);
+  uv_timer_stop(&a->retry_timer);
+  dt_rpc_client_cancel_all(a->rpc); /* the watch long-poll must not hold the exit */
+  for (trainer_t *t = a->trainers; t; t = t->next) {
+    if (t->exited)
+      trainer_release(t);
+    else
+      trainer_stop(t);
+  }
+  maybe_finish_close(a);
+}

@@ -1,0 +1,38 @@
+/* agent.h — distrain-worker: the node agent.
+ *
+ * One libuv loop thread. It registers the node, heartbeats every heartbeat_ms (the RPC runs on
+ * the libuv threadpool so a slow coordinator never stalls the loop), keeps one WatchAssignment
+ * long-poll outstanding, and reconciles the trainers it runs with the assignment it was given:
+ * trainers no longer assigned are stopped (SIGTERM, then SIGKILL after the grace period),
+ * assigned ranks not running are spawned with uv_spawn. Each trainer writes its output to a
+ * per-rank log file and its TrainerReports to a pipe; their statuses ride on the heartbeats.
+ *
+ * Invariants: at most one heartbeat and one watch in flight; a new generation of a job starts
+ * only after every trainer of its previous generation on this node has exited; trainers die
+ * with the agent (PR_SET_PDEATHSIG, set by the trainer itself from DISTRAIN_AGENT_PID). */
+#ifndef DT_AGENT_H
+#define DT_AGENT_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "distrain.pb-c.h"
+#include "rpc.h"
+
+typedef struct {
+  const char *coordinator; /* host:port */
+  const char *token_file;
+  const char *trainer;  /* path of distrain-train */
+  const char *work_dir; /* per-rank logs: <work_dir>/<job>/rank-<R>.log */
+  const char *hostname;
+  int cpu_devices; /* devices to offer when there is no GPU */
+  int grace_ms;    /* SIGTERM -> SIGKILL */
+} dt_agent_config_t;
+
+typedef struct dt_agent dt_agent_t;
+
+int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *cfg);
+/* Stops every trainer (SIGTERM, SIGKILL after grace) and frees; cb runs when all exited. */
+void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud);
+
+#endif

@@ -1,0 +1,150 @@
+/* main.c — distrain-worker: flags, signals, and the loop.
+ *
+ *   distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]
+ *                   [--work-dir DIR] [--trainer PATH] [--hostname NAME] [--grace-ms N]
+ *
+ * SIGTERM/SIGINT stop every trainer (SIGTERM, SIGKILL after the grace period) before exiting,
+ * so the agent never leaves orphans. */
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "agent.h"
+#include "dt_log.h"
+#include "dt_util.h"
+
+static uv_signal_t g_sigterm, g_sigint;
+static dt_agent_t *g_agent;
+
+static void on_closed(void *ud)
+{
+  (void)ud;
+  uv_close((uv_handle_t *)&g_sigterm, NULL);
+  uv_close((uv_handle_t *)&g_sigint, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+  (void)h;
+  if (!g_agent)
+    return;
+  DT_INFO(WORKER, "signal %d: stopping trainers and exiting", signum);
+  dt_agent_t *a = g_agent;
+  g_agent = NULL;
+  dt_agent_close(a, on_closed, NULL);
+}
+
+static void usage(FILE *out)
+{
+  fprintf(out,
+          "usage: distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]\n"
+          "                       [--work-dir DIR] [--trainer PATH] [--hostname NAME] "
+          "[--grace-ms N]\n");
+}
+
+int main(int argc, char **argv)
+{
+  static char trainer[PATH_MAX], host[256], work[PATH_MAX];
+  dt_agent_config_t cfg = {.cpu_devices = 1, .grace_ms = 10000};
+  static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
+                                       {"token-file", required_argument, 0, 't'},
+                                       {"cpu-devices", required_argument, 0, 'n'},
+                                       {"work-dir", required_argument, 0, 'w'},
+                                       {"trainer", required_argument, 0, 'x'},
+                                       {"hostname", required_argument, 0, 'H'},
+                                       {"grace-ms", required_argument, 0, 'g'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  dt_log_init();
+  int ch;
+  int64_t v;
+  while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (ch) {
+    case 'c':
+      cfg.coordinator = optarg;
+      break;
+    case 't':
+      cfg.token_file = optarg;
+      break;
+    case 'w':
+      cfg.work_dir = optarg;
+      break;
+    case 'x':
+      cfg.trainer = optarg;
+      break;
+    case 'H':
+      cfg.hostname = optarg;
+      break;
+    case 'n':
+    case 'g':
+      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'n' ? 1 : 0) || v > 1000000) {
+        fprintf(stderr, "distrain-worker: --%s: expected a positive integer, got '%s'\n",
+                ch == 'n' ? "cpu-devices" : "grace-ms", optarg);
+        return 2;
+      }
+      *(ch == 'n' ? &cfg.cpu_devices : &cfg.grace_ms) = (int)v;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (optind < argc || !cfg.coordinator || !cfg.token_file) {
+    fprintf(stderr, "distrain-worker: --coordinator and --token-file are required\n");
+    usage(stderr);
+    return 2;
+  }
+  if (!cfg.trainer) {
+    /* default: distrain-train installed beside us, or in the build tree's trainer dir */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+      self[n] = '\0';
+      char *dir = dirname(self);
+      snprintf(trainer, sizeof trainer, "%s/distrain-train", dir);
+      if (access(trainer, X_OK) != 0)
+        snprintf(trainer, sizeof trainer, "%s/../trainer/distrain-train", dir);
+    }
+    cfg.trainer = trainer;
+  }
+  if (access(cfg.trainer, X_OK) != 0) {
+    fprintf(stderr, "distrain-worker: trainer %s is not executable (use --trainer PATH)\n",
+            cfg.trainer);
+    return 2;
+  }
+  if (!cfg.hostname) {
+    gethostname(host, sizeof host - 1);
+    cfg.hostname = host;
+  }
+  if (!cfg.work_dir) {
+    const char *st = getenv("STATE_DIRECTORY");
+    snprintf(work, sizeof work, "%s/worker", st && *st ? st : "/var/lib/distrain");
+    cfg.work_dir = work;
+  }
+  char tag[300];
+  snprintf(tag, sizeof tag, "worker %s", cfg.hostname);
+  dt_log_set_tag(tag);
+  signal(SIGPIPE, SIG_IGN);
+  uv_loop_t *loop = uv_default_loop();
+  int rc = dt_agent_start(&g_agent, loop, &cfg);
+  if (rc != 0) {
+    fprintf(stderr, "distrain-worker: cannot start: %s\n", dt_strerror(rc));
+    return 1;
+  }
+  uv_signal_init(loop, &g_sigterm);
+  uv_signal_init(loop, &g_sigint);
+  uv_signal_start(&g_sigterm, on_signal, SIGTERM);
+  uv_signal_start(&g_sigint, on_signal, SIGINT);
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_loop_close(loop);
+  return 0;
+}

@@ -1,0 +1,184 @@
+/* link.c — see link.h. */
+#include "link.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "distrain.pb-c.h"
+#include "dt_log.h"
+#include "dt_param.h"
+#include "dt_util.h"
+#include "rpc.h"
+
+DT_PARAM(CkptReportTimeoutMs, "CKPT_REPORT_TIMEOUT_MS", 30000)
+
+struct dt_link {
+  int status_fd;          /* -1 when no agent */
+  dt_rpc_client_t *coord; /* NULL when no coordinator */
+  char job_id[64];
+  uint64_t generation;
+};
+
+static uint64_t peak_rss_bytes(void)
+{
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (uint64_t)ru.ru_maxrss * 1024u;
+}
+
+int dt_link_open(dt_link_t **out)
+{
+  *out = NULL;
+  const char *fd = getenv("DISTRAIN_STATUS_FD"), *coord = getenv("DISTRAIN_COORDINATOR");
+  const char *agent = getenv("DISTRAIN_AGENT_PID");
+  int64_t v;
+  if (agent && dt_parse_i64(agent, &v) == 0) {
+    /* Die with the agent: an orphaned trainer would hold devices and ports forever. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != (pid_t)v) {
+      DT_ERROR(TRAIN, "agent %lld exited before this trainer started", (long long)v);
+      return DT_EREMOTE;
+    }
+  }
+  if (!fd && !coord)
+    return 0;
+  dt_link_t *l = calloc(1, sizeof *l);
+  if (!l)
+    return DT_ENOMEM;
+  l->status_fd = -1;
+  if (fd) {
+    if (dt_parse_i64(fd, &v) != 0 || v < 0) {
+      DT_ERROR(TRAIN, "DISTRAIN_STATUS_FD='%s' is not a file descriptor", fd);
+      free(l);
+      return DT_EINVAL;
+    }
+    l->status_fd = (int)v;
+  }
+  if (coord) {
+    const char *job = getenv("DISTRAIN_JOB_ID"), *gen = getenv("DISTRAIN_GENERATION");
+    const char *token_file = getenv("DISTRAIN_TOKEN_FILE");
+    char token[256];
+    int64_t g;
+    if (!job || !gen || dt_parse_i64(gen, &g) != 0 || !token_file) {
+      DT_ERROR(TRAIN, "DISTRAIN_COORDINATOR is set but DISTRAIN_JOB_ID, DISTRAIN_GENERATION or "
+                      "DISTRAIN_TOKEN_FILE is missing");
+      dt_link_close(l);
+      return DT_EINVAL;
+    }
+    int rc = dt_rpc_read_token(token_file, token, sizeof token);
+    if (rc == 0)
+      rc = dt_rpc_client_create(coord, token, &distrain__v1__coordinator__descriptor, &l->coord);
+    if (rc != 0) {
+      dt_link_close(l);
+      return rc;
+    }
+    snprintf(l->job_id, sizeof l->job_id, "%s", job);
+    l->generation = (uint64_t)g;
+  }
+  *out = l;
+  return 0;
+}
+
+void dt_link_close(dt_link_t *l)
+{
+  if (!l)
+    return;
+  if (l->status_fd >= 0)
+    close(l->status_fd);
+  dt_rpc_client_destroy(l->coord);
+  free(l);
+}
+
+int dt_link_has_coordinator(const dt_link_t *l)
+{
+  return l && l->coord;
+}
+
+/* Length-prefixed (4 bytes, little-endian) TrainerReport on the status pipe. */
+static void send_report(dt_link_t *l, const Distrain__V1__TrainerReport *r)
+{
+  if (!l || l->status_fd < 0)
+    return;
+  size_t len = distrain__v1__trainer_report__get_packed_size(r);
+  uint8_t buf[1024];
+  if (len + 4 > sizeof buf)
+    return;
+  buf[0] = (uint8_t)len, buf[1] = (uint8_t)(len >> 8), buf[2] = (uint8_t)(len >> 16);
+  buf[3] = (uint8_t)(len >> 24);
+  distrain__v1__trainer_report__pack(r, buf + 4);
+  size_t off = 0, total = len + 4;
+  while (off < total) {
+    ssize_t w = write(l->status_fd, buf + off, total - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) { /* the agent is gone; keep training, stop reporting */
+      close(l->status_fd);
+      l->status_fd = -1;
+      return;
+    }
+    off += (size_t)w;
+  }
+}
+
+void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
+{
+  Distrain__V1__StepMetrics s = DISTRAIN__V1__STEP_METRICS__INIT;
+  s.step = m->step;
+  s.loss = m->loss;
+  s.lr = m->lr;
+  s.grad_norm = m->grad_norm;
+  s.ms = m->ms;
+  s.tokens_per_s = m->tokens_per_s;
+  s.has_val = m->has_val;
+  s.val_loss = m->val_loss;
+  Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
+  r.step = &s;
+  r.memory_bytes = peak_rss_bytes();
+  send_report(l, &r);
+}
+
+void dt_link_error(dt_link_t *l, const char *msg)
+{
+  Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", msg);
+  r.error = buf;
+  r.memory_bytes = peak_rss_bytes();
+  send_report(l, &r);
+}
+
+int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
+                              const dt_ckpt_shard_info_t *info, int *committed)
+{
+  *committed = 0;
+  Distrain__V1__ReportCheckpointRequest req = DISTRAIN__V1__REPORT_CHECKPOINT_REQUEST__INIT;
+  req.job_id = l->job_id;
+  req.generation = l->generation;
+  req.step = step;
+  req.rank = info->rank;
+  req.world = world;
+  req.lo = info->lo;
+  req.hi = info->hi;
+  req.bytes = info->bytes;
+  req.crc32c = info->crc32c;
+  req.name = (char *)info->name;
+  ProtobufCMessage *resp;
+  char err[512];
+  int rc = dt_rpc_client_call(l->coord, "ReportCheckpoint", &req.base, &resp,
+                              (int)dt_param_CkptReportTimeoutMs(), DT_RPC_WAIT_FOR_READY, err,
+                              sizeof err);
+  if (rc != 0) {
+    DT_ERROR(CKPT, "reporting checkpoint step %lld to the coordinator failed: %s", (long long)step,
+             err);
+    return rc;
+  }
+  *committed = ((Distrain__V1__ReportCheckpointResponse *)resp)->committed;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}

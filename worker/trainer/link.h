@@ -1,0 +1,30 @@
+/* link.h — a trainer's links to the system that started it.
+ *
+ * Under an agent (DISTRAIN_STATUS_FD set) the trainer streams TrainerReport messages to the
+ * agent over a pipe: one per completed step, and the reason before a failed exit. Under a
+ * coordinator (DISTRAIN_COORDINATOR set) checkpoint shards are reported to it, and the
+ * coordinator writes the manifest that commits the step once every writer's shard is in.
+ * Standalone (neither set) the trainer commits its own checkpoints; these calls are no-ops. */
+#ifndef DT_TRAINER_LINK_H
+#define DT_TRAINER_LINK_H
+
+#include <stdint.h>
+
+#include "checkpoint_manifest.h"
+#include "trainer.h"
+
+typedef struct dt_link dt_link_t;
+
+/* Reads the environment; *out is NULL when running standalone. Also arranges for the trainer
+ * to die with its agent (PR_SET_PDEATHSIG) when DISTRAIN_AGENT_PID names its parent. */
+int dt_link_open(dt_link_t **out);
+void dt_link_close(dt_link_t *l);
+/* 1 when checkpoints are committed by the coordinator. */
+int dt_link_has_coordinator(const dt_link_t *l);
+void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m);
+void dt_link_error(dt_link_t *l, const char *msg);
+/* Reports a written shard; *committed is set when this report completed the step. */
+int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
+                              const dt_ckpt_shard_info_t *info, int *committed);
+
+#endif
