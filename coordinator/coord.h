@@ -73,7 +73,9 @@ typedef struct {
   dt_rank_slot_t *ranks; /* (world) */
   int *nodes;            /* node indices in rank order of their first rank */
   int n_nodes;
-  int resume; /* trainers start from the newest committed checkpoint */
+  int resume;            /* trainers start from the newest committed checkpoint */
+  int n_running, n_done; /* ranks of this generation RUNNING / SUCCEEDED */
+  double persisted_ms;   /* when progress (step, loss) was last written */
   /* rank 0's per-step metrics (the --metrics stream) */
   Distrain__V1__StepMetrics **metrics;
   size_t n_metrics, cap_metrics;
@@ -146,6 +148,8 @@ void dt_kv_expire(struct dt_kv *kv, const char *job, uint64_t gen);
 /* ---- persistence (store.c) ---- */
 int dt_store_open(dt_store_t **out, const char *state_dir);
 void dt_store_close(dt_store_t *s);
+void dt_store_begin(dt_store_t *s);
+int dt_store_commit(dt_store_t *s);
 int dt_store_put_node(dt_store_t *s, const dt_node_t *n);
 int dt_store_put_job(dt_store_t *s, const dt_job_t *j);
 int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,

@@ -125,6 +125,7 @@ static void node_assignments_changed(dt_coord_t *c, dt_node_t *n)
 void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j)
 {
   int idx = job_index(c, j);
+  dt_store_begin(c->store);
   for (size_t i = 0; i < c->n_nodes; i++) {
     dt_node_t *n = c->nodes[i];
     if (n && n->job == idx) {
@@ -132,6 +133,7 @@ void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j)
       node_assignments_changed(c, n);
     }
   }
+  dt_store_commit(c->store);
 }
 
 void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
@@ -271,6 +273,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     goto out;
   }
   j->world = pl.world;
+  j->n_running = j->n_done = 0;
   j->dp = dp;
   j->grad_accum = dt_jobspec_grad_accum(spec, dp);
   spec->parallel->dp = dp; /* agents read the current generation's mesh from the spec */
@@ -296,6 +299,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   }
   char meshbuf[64];
   mesh.dp = dp;
+  dt_store_begin(c->store);
   dt_mesh_format(&mesh, meshbuf, sizeof meshbuf);
   dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS,
                           "world %d (%s), grad accum %d, on %s%s", pl.world, meshbuf, j->grad_accum,
@@ -303,6 +307,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   for (int k = 0; k < nidle; k++)
     if (pl.node_nranks[k] > 0)
       node_assignments_changed(c, c->nodes[idle[k]]);
+  dt_store_commit(c->store);
   dt_placement_free(&pl);
   planned = 1;
   goto out;
@@ -404,22 +409,58 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
   dt_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
 }
 
+/* Job-level transitions after its rank counts changed. */
+static void evaluate_job(dt_coord_t *c, dt_job_t *j)
+{
+  Distrain__V1__JobState s = j->job->state;
+  if (s != DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && s != DISTRAIN__V1__JOB_STATE__JOB_RUNNING)
+    return;
+  if (j->n_done == j->world) {
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_COMPLETED,
+                            "all %d ranks finished step %lld", j->world, (long long)j->job->step);
+    dt_coord_release_nodes(c, j);
+    dt_coord_schedule(c);
+  } else if (s == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && j->n_running + j->n_done == j->world) {
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RUNNING, "all %d ranks are training",
+                            j->world);
+  }
+}
+
+static void slot_set_state(dt_job_t *j, dt_rank_slot_t *slot, Distrain__V1__TrainerState to)
+{
+  j->n_running -= slot->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  j->n_done -= slot->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
+  slot->state = to;
+  j->n_running += to == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  j->n_done += to == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
+}
+
 void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
 {
+  /* Cost per heartbeat: O(trainers on the node), independent of the job's world size. */
   for (size_t t = 0; t < n->n_trainers; t++) {
     const Distrain__V1__TrainerStatus *ts = n->trainers[t];
-    dt_job_t *j = dt_coord_job_by_id(c, ts->job_id);
+    dt_job_t *j =
+        n->job >= 0 && (size_t)n->job < c->n_jobs && strcmp(c->jobs[n->job]->id, ts->job_id) == 0
+            ? c->jobs[n->job]
+            : dt_coord_job_by_id(c, ts->job_id);
     if (!j || ts->generation != j->job->generation || is_terminal(j->job->state) || ts->rank < 0 ||
         ts->rank >= j->world || j->ranks[ts->rank].node != n->index)
       continue; /* stale generation, or not ours */
     dt_rank_slot_t *slot = &j->ranks[ts->rank];
-    slot->state = ts->state;
+    int changed = slot->state != ts->state;
+    slot_set_state(j, slot, ts->state);
     slot->step = ts->step;
     if (ts->rank == 0) {
       j->job->step = ts->step;
       j->job->loss = ts->loss;
       j->job->tokens_per_s = ts->tokens_per_s;
       append_metrics(c, j, ts);
+      if (dt_coord_now_ms() - j->persisted_ms > 1000.0) {
+        /* progress (step, loss): at most once a second, not once per heartbeat */
+        j->persisted_ms = dt_coord_now_ms();
+        dt_store_put_job(c->store, j);
+      }
     }
     if (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED) {
       char reason[512];
@@ -430,29 +471,8 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
       recover(c, j, reason);
-    }
-  }
-  /* Whole-job transitions, once per job this node touches. */
-  for (size_t i = 0; i < c->n_jobs; i++) {
-    dt_job_t *j = c->jobs[i];
-    Distrain__V1__JobState s = j->job->state;
-    if (s != DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && s != DISTRAIN__V1__JOB_STATE__JOB_RUNNING)
-      continue;
-    int running = 0, done = 0;
-    for (int r = 0; r < j->world; r++) {
-      running += j->ranks[r].state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
-      done += j->ranks[r].state == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
-    }
-    if (done == j->world) {
-      dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_COMPLETED,
-                              "all %d ranks finished step %lld", j->world, (long long)j->job->step);
-      dt_coord_release_nodes(c, j);
-      dt_coord_schedule(c);
-    } else if (s == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && running + done == j->world) {
-      dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RUNNING,
-                              "all %d ranks are training", j->world);
-    } else {
-      dt_store_put_job(c->store, j); /* progress (step, loss) */
+    } else if (changed) {
+      evaluate_job(c, j);
     }
   }
 }

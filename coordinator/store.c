@@ -16,6 +16,7 @@
 
 struct dt_store {
   sqlite3 *db;
+  int depth; /* dt_store_begin nesting */
   char path[4200];
 };
 
@@ -103,6 +104,23 @@ static uint8_t *pack(const ProtobufCMessage *m, size_t *len)
   return buf;
 }
 
+/* Groups the writes between begin and commit in one transaction (one fsync of the WAL instead
+ * of one per row): planning a 10,000-rank job touches 10,000 node rows. Nestable. */
+void dt_store_begin(dt_store_t *s)
+{
+  if (s->depth++ == 0)
+    sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL);
+}
+
+int dt_store_commit(dt_store_t *s)
+{
+  if (--s->depth > 0)
+    return 0;
+  if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+    return sql_fail(s, "commit");
+  return 0;
+}
+
 int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
 {
   size_t len;
@@ -176,12 +194,10 @@ int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetri
     return 0;
   sqlite3_stmt *st;
   int ret = 0;
-  sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL);
   if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO metrics VALUES (?,?,?)", -1, &st, NULL) !=
-      SQLITE_OK) {
-    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+      SQLITE_OK)
     return sql_fail(s, "prepare metrics");
-  }
+  dt_store_begin(s);
   for (size_t i = 0; i < n && ret == 0; i++) {
     size_t len;
     uint8_t *blob = pack(&m[i]->base, &len);
@@ -198,8 +214,8 @@ int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetri
     free(blob);
   }
   sqlite3_finalize(st);
-  sqlite3_exec(s->db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
-  return ret;
+  int rc = dt_store_commit(s);
+  return ret ? ret : rc;
 }
 
 static int load_nodes(dt_store_t *s, dt_coord_t *c)
