@@ -32,6 +32,11 @@
 /* Requests kept posted per method, so bursts (thousands of heartbeats) never wait for the
  * loop to re-post one. */
 DT_PARAM(RpcPendingPerMethod, "RPC_PENDING_PER_METHOD", 32)
+/* Client reconnect backoff. gRPC's defaults (1 s, growing x1.6 up to 120 s) would leave an
+ * agent silent for many heartbeat periods after a coordinator restart, and the restarted
+ * coordinator would declare its node dead although its trainers never stopped. */
+DT_PARAM(RpcReconnectInitialMs, "RPC_RECONNECT_INITIAL_MS", 100)
+DT_PARAM(RpcReconnectMaxMs, "RPC_RECONNECT_MAX_MS", 1000)
 
 typedef enum { TAG_NEW, TAG_NEW_UNKNOWN, TAG_CLOSED, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
 
@@ -112,6 +117,23 @@ static grpc_channel_args *message_size_args(void)
   args[1].type = GRPC_ARG_INTEGER;
   args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
   args[1].value.integer = DT_RPC_MAX_MESSAGE;
+  return &ca;
+}
+
+/* Client channels: the message sizes, and a reconnect backoff bounded by a second. */
+static grpc_channel_args *client_args(void)
+{
+  static grpc_arg args[4];
+  static grpc_channel_args ca = {4, args};
+  args[0] = message_size_args()->args[0];
+  args[1] = message_size_args()->args[1];
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
+  args[2].value.integer = (int)DT_MAX(10, dt_param_RpcReconnectInitialMs());
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+  args[3].value.integer =
+      (int)DT_MAX(args[2].value.integer, DT_MIN(dt_param_RpcReconnectMaxMs(), 120000));
   return &ca;
 }
 
@@ -573,7 +595,7 @@ int dt_rpc_client_create(const char *target, const char *token,
   c->service = service;
   uv_mutex_init(&c->lock);
   grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-  c->channel = grpc_channel_create(target, creds, message_size_args());
+  c->channel = grpc_channel_create(target, creds, client_args());
   grpc_channel_credentials_release(creds);
   if (!c->channel) {
     free(c);

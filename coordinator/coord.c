@@ -13,6 +13,10 @@
 #include "dt_util.h"
 
 DT_PARAM(LivenessScanMs, "LIVENESS_SCAN_MS", 100)
+/* After a restart, the nodes restored from the state get at least this long to reach the new
+ * coordinator: their agents must notice the restart and reconnect, backing off up to
+ * RPC_RECONNECT_MAX_MS (1 s) between attempts, before their next heartbeat can arrive. */
+DT_PARAM(RestartGraceMs, "RESTART_GRACE_MS", 3000)
 
 double dt_coord_now_ms(void)
 {
@@ -55,6 +59,12 @@ int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
   if (c->n_nodes)
     DT_INFO(COORD, "restored %zu nodes and %zu jobs from %s", c->n_nodes, c->n_jobs,
             cfg->state_dir);
+  /* dt_store_load gave every node one dead-interval from now; stretch it to the grace. */
+  const double extra = DT_MAX(0.0, (double)dt_param_RestartGraceMs() -
+                                       (double)cfg->heartbeat_ms * cfg->dead_after_missed);
+  for (size_t i = 0; i < c->n_nodes; i++)
+    if (c->nodes[i])
+      c->nodes[i]->last_seen_ms += extra;
   DT_CHECK_GOTO(dt_rpc_server_create(loop, cfg->listen, cfg->token,
                                      &distrain__v1__coordinator__descriptor, &c->rpc),
                 ret, fail);

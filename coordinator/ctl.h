@@ -35,12 +35,13 @@ void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);
 void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json);
 const char *dt_ctl_state_name(Distrain__V1__JobState s);
 
-/* run --local: a coordinator and nodes agents on loopback, then submit and follow. */
+/* run --local: a coordinator and nodes agents on loopback, then submit and follow. Splits the
+ * machine's cores among the trainers when the spec leaves training.threads at 0. */
 typedef struct {
   int nodes, devices_per_node;
   const char *run_dir;
 } dt_ctl_local_t;
-int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, const Distrain__V1__JobSpec *spec);
+int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__JobSpec *spec);
 
 /* JSON output helpers (emitting only; strings are escaped per RFC 8259). */
 void dt_json_string(FILE *out, const char *s);

@@ -110,7 +110,7 @@ static void stop_job(dt_rpc_client_t *c, const char *job_id)
     protobuf_c_message_free_unpacked(resp, NULL);
 }
 
-int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, const Distrain__V1__JobSpec *spec)
+int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__JobSpec *spec)
 {
   char coord_bin[PATH_MAX], worker_bin[PATH_MAX], dir[PATH_MAX], path[PATH_MAX + 128];
   char token_path[PATH_MAX + 64], port_path[PATH_MAX + 64], addr[64], token[256];
@@ -184,6 +184,13 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, const Distrain__
       ret = DT_EREMOTE;
       goto out;
     }
+  }
+  /* Every agent of a local cluster shares this machine's cores: split them among all the
+   * trainers instead of letting each agent hand out all of them. */
+  if (spec->training->threads == 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long trainers = (long)l->nodes * l->devices_per_node;
+    spec->training->threads = (int32_t)(cores / trainers > 0 ? cores / trainers : 1);
   }
   o->coordinator = addr;
   o->token_file = token_path;

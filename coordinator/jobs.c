@@ -357,7 +357,9 @@ static void recover(dt_coord_t *c, dt_job_t *j, const char *reason)
 
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
 {
-  double silent = dt_coord_now_ms() - n->last_seen_ms;
+  /* From the wall clock of its last heartbeat: last_seen_ms of a node restored after a
+   * coordinator restart includes the restart grace, not the node's real silence. */
+  double silent = (double)(wall_ms() - n->last_seen_wall_ms);
   n->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
   DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
           silent);
@@ -437,6 +439,7 @@ static void slot_set_state(dt_job_t *j, dt_rank_slot_t *slot, Distrain__V1__Trai
 
 void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
 {
+  int replan = 0;
   /* Cost per heartbeat: O(trainers on the node), independent of the job's world size. */
   for (size_t t = 0; t < n->n_trainers; t++) {
     const Distrain__V1__TrainerStatus *ts = n->trainers[t];
@@ -471,10 +474,15 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
       recover(c, j, reason);
+      replan = 1;
     } else if (changed) {
       evaluate_job(c, j);
     }
   }
+  /* A recovering job's nodes are healthy and idle again: re-plan it now (nothing else would
+   * until some node registers, dies or finishes a job). */
+  if (replan)
+    dt_coord_schedule(c);
 }
 
 /* ------------------------------------------------------------------------------------------ */

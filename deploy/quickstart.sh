@@ -21,7 +21,8 @@ build() { # build DIR [cmake args...]
 
 demo() {
   build "$BUILD_DIR"
-  local bin="$BUILD_DIR/worker/trainer" work="$BUILD_DIR/demo"
+  local bin="$BUILD_DIR/worker/trainer" work
+  work="$(cd "$BUILD_DIR" && pwd)/demo"
   mkdir -p "$work"
   if [ ! -f "$work/data/val.bin" ]; then
     echo "== preparing the King James Bible as byte-level token shards"
@@ -29,16 +30,12 @@ demo() {
     "$bin/distrain-prep" --input "$work/kjv.txt" --out "$work/data" --val-fraction 0.05
   fi
   rm -rf "$work/ckpt"
-  echo "== training a 4-layer byte-level GPT on $(nproc) CPU cores"
-  "$bin/distrain-train" \
-    --train "$work/data/train_*.bin" --val "$work/data/val.bin" --shuffle \
-    --layers 4 --heads 4 --channels 128 --vocab 256 --max-seq 128 \
-    --batch 16 --seq 128 --steps "${DEMO_STEPS:-600}" \
-    --lr 2e-3 --warmup 30 --schedule cosine --min-lr-frac 0.1 --weight-decay 0.1 --grad-clip 1.0 \
-    --val-every 100 --val-batches 10 \
-    --ckpt-dir "$work/ckpt" --save-every 200 --keep 2 \
-    --metrics "$work/metrics.jsonl" --sample 400
-  echo "== done: checkpoints in $work/ckpt, per-step metrics in $work/metrics.jsonl"
+  echo "== training a 4-layer byte-level GPT on $(nproc) CPU cores (local coordinator + agent)"
+  "$BUILD_DIR/coordinator/distrainctl" run --local --run-dir "$work/run" \
+    --set data.train="$work/data/train_*.bin" --set data.val="$work/data/val.bin" \
+    --set checkpoint.dir="$work/ckpt" --set training.steps="${DEMO_STEPS:-600}" \
+    --metrics "$work/metrics.jsonl" deploy/jobs/kjv-demo.yaml
+  echo "== done: checkpoints in $work/ckpt, per-step metrics in $work/metrics.jsonl, logs in $work/run"
 }
 
 tests() {

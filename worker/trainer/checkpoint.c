@@ -142,19 +142,24 @@ out:
   return ret;
 }
 
-int dt_llmc_save(const dt_gpt2_t *m, const char *path)
+int dt_llmc_save_params(const dt_gpt2_config_t *c, const float *params, size_t n, const char *path)
 {
-  int32_t h[LLMC_HEADER] = {DT_LLMC_MAGIC, DT_LLMC_VERSION, m->cfg.max_seq,  m->cfg.vocab,
-                            m->cfg.layers, m->cfg.heads,    m->cfg.channels, m->cfg.padded_vocab};
+  int32_t h[LLMC_HEADER] = {DT_LLMC_MAGIC, DT_LLMC_VERSION, c->max_seq,  c->vocab,
+                            c->layers,     c->heads,        c->channels, c->padded_vocab};
   dt_afile_t af;
   int ret = 0;
   DT_CHECK(dt_afile_open(&af, path));
   DT_CHECK_GOTO(dt_afile_write(&af, h, sizeof h), ret, fail);
-  DT_CHECK_GOTO(dt_afile_write(&af, m->params_flat, m->bytes_params), ret, fail);
+  DT_CHECK_GOTO(dt_afile_write(&af, params, n * sizeof(float)), ret, fail);
   return dt_afile_commit(&af);
 fail:
   dt_afile_abort(&af);
   return ret;
+}
+
+int dt_llmc_save(const dt_gpt2_t *m, const char *path)
+{
+  return dt_llmc_save_params(&m->cfg, m->params_flat, m->num_params, path);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -184,14 +189,16 @@ static uint32_t header_crc(const ckpt_header_t *h)
   return dt_crc32c(0, &copy, sizeof copy);
 }
 
-int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
-                        int rank, int world, int64_t lo, int64_t hi, dt_ckpt_shard_info_t *info)
+int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
+                        const dt_train_state_t *state, const char *dir, int rank, int world,
+                        const dt_ckpt_range_t *rg, dt_ckpt_shard_info_t *info)
 {
   char sdir[4096], path[4200], manifest[4200];
   int ret = 0;
-  if (lo < 0 || hi > (int64_t)m->num_params || lo > hi) {
-    DT_ERROR(CKPT, "invalid shard range [%lld, %lld) of %zu parameters", (long long)lo,
-             (long long)hi, m->num_params);
+  const int64_t lo = rg->lo, hi = rg->hi;
+  if (lo < 0 || hi > num_params || lo > hi) {
+    DT_ERROR(CKPT, "invalid shard range [%lld, %lld) of %lld parameters", (long long)lo,
+             (long long)hi, (long long)num_params);
     return DT_ERANGE;
   }
   dt_ckpt_step_dir(sdir, sizeof sdir, dir, state->step);
@@ -211,18 +218,17 @@ int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const
   snprintf(info->name, sizeof info->name, "shard-%05d-of-%05d.bin", rank, world);
   snprintf(path, sizeof path, "%s/%s", sdir, info->name);
 
-  const int has_optim = m->m_flat != NULL;
+  const int has_optim = rg->m != NULL && rg->v != NULL;
   const size_t n = (size_t)(hi - lo);
-  const float *bufs[3] = {m->params_flat + lo, has_optim ? m->m_flat + lo : NULL,
-                          has_optim ? m->v_flat + lo : NULL};
+  const float *bufs[3] = {rg->params, rg->m, rg->v};
   ckpt_header_t h;
   memset(&h, 0, sizeof h);
   h.magic = DT_CKPT_MAGIC, h.version = DT_CKPT_VERSION, h.header_bytes = sizeof h;
   h.flags = has_optim ? CKPT_FLAG_OPTIM : 0;
-  h.max_seq = m->cfg.max_seq, h.vocab = m->cfg.vocab, h.padded_vocab = m->cfg.padded_vocab;
-  h.layers = m->cfg.layers, h.heads = m->cfg.heads, h.channels = m->cfg.channels;
+  h.max_seq = cfg->max_seq, h.vocab = cfg->vocab, h.padded_vocab = cfg->padded_vocab;
+  h.layers = cfg->layers, h.heads = cfg->heads, h.channels = cfg->channels;
   h.rank = rank, h.world = world;
-  h.step = state->step, h.num_params = (int64_t)m->num_params, h.lo = lo, h.hi = hi;
+  h.step = state->step, h.num_params = num_params, h.lo = lo, h.hi = hi;
   h.data_epoch = state->data.epoch, h.data_shard = state->data.shard;
   h.data_window = state->data.window;
   memcpy(h.rng, state->rng.s, sizeof h.rng);
@@ -248,6 +254,19 @@ fail:
   dt_afile_abort(&af);
 out:
   return ret;
+}
+
+int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
+                        int rank, int world, int64_t lo, int64_t hi, dt_ckpt_shard_info_t *info)
+{
+  if (lo < 0 || hi > (int64_t)m->num_params || lo > hi) {
+    DT_ERROR(CKPT, "invalid shard range [%lld, %lld) of %zu parameters", (long long)lo,
+             (long long)hi, m->num_params);
+    return DT_ERANGE;
+  }
+  dt_ckpt_range_t rg = {lo, hi, m->params_flat + lo, m->m_flat ? m->m_flat + lo : NULL,
+                        m->v_flat ? m->v_flat + lo : NULL};
+  return dt_ckpt_write_range(&m->cfg, (int64_t)m->num_params, state, dir, rank, world, &rg, info);
 }
 
 /* Reads and checks one shard header against the manifest entry. */
@@ -319,28 +338,49 @@ int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg)
   return 0;
 }
 
-int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
+/* Streams one section of n floats: checksums all of it, copies the part in [lo, hi). */
+static int read_section(FILE *fp, const char *path, int64_t sec_lo, size_t n, int64_t lo,
+                        int64_t hi, float *dst, uint32_t *crc)
+{
+  float buf[16384];
+  for (size_t done = 0; done < n;) {
+    size_t k = DT_MIN(n - done, DT_ARRAY_SIZE(buf));
+    if (fread(buf, sizeof(float), k, fp) != k) {
+      DT_ERROR(CKPT, "%s: short read", path);
+      return DT_EIO;
+    }
+    *crc = dt_crc32c(*crc, buf, k * sizeof(float));
+    int64_t a = DT_MAX(sec_lo + (int64_t)done, lo), b = DT_MIN(sec_lo + (int64_t)(done + k), hi);
+    if (dst && a < b)
+      memcpy(dst + (a - lo), buf + (a - sec_lo - (int64_t)done), (size_t)(b - a) * sizeof(float));
+    done += k;
+  }
+  return 0;
+}
+
+int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t num_params,
+                       int64_t lo, int64_t hi, float *params, float *m, float *v,
+                       dt_train_state_t *state)
 {
   char sdir[4096], spath[4200];
   dt_ckpt_manifest_t mf;
   int ret = 0;
   DT_CHECK(dt_ckpt_resolve_step_dir(path, sdir, sizeof sdir));
   DT_CHECK(dt_ckpt_manifest_read(sdir, &mf));
-  if (mf.num_params != (int64_t)m->num_params) {
-    DT_ERROR(CKPT, "%s: checkpoint has %lld parameters, the configured model %zu", sdir,
-             (long long)mf.num_params, m->num_params);
+  if (mf.num_params != num_params) {
+    DT_ERROR(CKPT, "%s: checkpoint has %lld parameters, the configured model %lld", sdir,
+             (long long)mf.num_params, (long long)num_params);
     ret = DT_ESHAPE;
     goto out;
   }
-  DT_CHECK_GOTO(dt_gpt2_alloc_optimizer(m), ret, out);
   for (int r = 0; r < mf.world; r++) {
     ckpt_header_t h;
     FILE *fp;
     DT_CHECK_GOTO(shard_open(sdir, &mf.shards[r], &h, &fp, spath, sizeof spath), ret, out);
     dt_gpt2_config_t cfg;
     header_config(&h, &cfg);
-    if (!config_equal(&cfg, &m->cfg)) {
-      ret = config_mismatch(spath, &m->cfg, &cfg);
+    if (!config_equal(&cfg, want)) {
+      ret = config_mismatch(spath, want, &cfg);
       fclose(fp);
       goto out;
     }
@@ -350,16 +390,13 @@ int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
       fclose(fp);
       goto out;
     }
+    /* Every shard is read whole (its checksum covers all of it); only the overlap with
+     * [lo, hi) is kept, which is what lets dp=4 shards load into dp=3 ranks. */
     size_t n = (size_t)(h.hi - h.lo);
-    float *dst[3] = {m->params_flat + h.lo, m->m_flat + h.lo, m->v_flat + h.lo};
+    float *dst[3] = {params, m, v};
     uint32_t crc = 0;
-    for (int k = 0; k < 3 && ret == 0; k++) {
-      if (fread(dst[k], sizeof(float), n, fp) != n) {
-        DT_ERROR(CKPT, "%s: short read", spath);
-        ret = DT_EIO;
-      }
-      crc = dt_crc32c(crc, dst[k], n * sizeof(float));
-    }
+    for (int k = 0; k < 3 && ret == 0; k++)
+      ret = read_section(fp, spath, h.lo, n, lo, hi, dst[k], &crc);
     fclose(fp);
     if (ret != 0)
       goto out;
@@ -383,4 +420,11 @@ int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
 out:
   free(mf.shards);
   return ret;
+}
+
+int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
+{
+  DT_CHECK(dt_gpt2_alloc_optimizer(m));
+  return dt_ckpt_load_range(path, &m->cfg, (int64_t)m->num_params, 0, (int64_t)m->num_params,
+                            m->params_flat, m->m_flat, m->v_flat, state);
 }

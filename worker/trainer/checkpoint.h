@@ -37,6 +37,27 @@ int dt_llmc_read_config(const char *path, dt_gpt2_config_t *cfg);
 int dt_llmc_load(dt_gpt2_t *m, const char *path);
 /* Exports the weights in llm.c format (version 3, fp32). */
 int dt_llmc_save(const dt_gpt2_t *m, const char *path);
+/* Same, from a flat buffer of n parameters (e.g. gathered from ZeRO-3 shards). */
+int dt_llmc_save_params(const dt_gpt2_config_t *cfg, const float *params, size_t n,
+                        const char *path);
+
+/* A writer's flat range [lo, hi) of the weights and (optionally) the AdamW moments; the
+ * pointers address element lo. m and v NULL: weights only (cannot be resumed from). */
+typedef struct {
+  int64_t lo, hi;
+  const float *params, *m, *v;
+} dt_ckpt_range_t;
+
+/* Writes one shard of step state->step holding rg. Refuses an already committed step. */
+int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
+                        const dt_train_state_t *state, const char *dir, int rank, int world,
+                        const dt_ckpt_range_t *rg, dt_ckpt_shard_info_t *info);
+/* Loads the flat range [lo, hi) of a committed step (any number of writers, any ranges) into
+ * params/m/v (each (hi - lo) floats, addressing element lo; m or v may be NULL), verifying
+ * every shard's size and checksum and that the model config is want's. */
+int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t num_params,
+                       int64_t lo, int64_t hi, float *params, float *m, float *v,
+                       dt_train_state_t *state);
 
 /* Writes this writer's shard of step state->step: the flat range [lo, hi) of the weights and,
  * when the model has them, the AdamW moments. Refuses to touch an already committed step. */

@@ -197,19 +197,71 @@ int dt_gpt2_alloc_optimizer(dt_gpt2_t *m)
 /* Forward                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------------------------ */
+/* Units                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt_gpt2_unit_ranges(const dt_gpt2_t *m, int unit, dt_flat_range_t *r)
+{
+  const int L = m->cfg.layers;
+  int n = 0;
+  if (unit == DT_UNIT_EMBED || unit == DT_UNIT_FINAL) {
+    int first = unit == DT_UNIT_EMBED ? DT_T_WTE : DT_T_LNFW;
+    for (int k = first; k < first + 2; k++)
+      r[n++] = (dt_flat_range_t){m->tensor_offsets[k], m->tensor_sizes[k], k};
+    return n;
+  }
+  for (int k = DT_T_LN1W; k <= DT_T_FCPROJB; k++) {
+    size_t per = m->tensor_sizes[k] / (size_t)L;
+    r[n++] = (dt_flat_range_t){m->tensor_offsets[k] + (size_t)unit * per, per, k};
+  }
+  return n;
+}
+
+void dt_gpt2_unit_view(const dt_gpt2_t *m, int unit, float *flat, dt_gpt2_view_t *v)
+{
+  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
+  int n = dt_gpt2_unit_ranges(m, unit, r);
+  memset(v, 0, sizeof *v);
+  for (int i = 0; i < n; i++)
+    v->t[r[i].tensor] = flat + r[i].off;
+}
+
+static int acquire(dt_gpt2_t *m, int unit, int grads, dt_gpt2_view_t *p, dt_gpt2_view_t *g)
+{
+  if (m->hooks)
+    return m->hooks->acquire(m->hooks->ud, unit, grads, p, g);
+  dt_gpt2_unit_view(m, unit, m->params_flat, p);
+  if (grads)
+    dt_gpt2_unit_view(m, unit, m->grads_flat, g);
+  return 0;
+}
+
+static int release(dt_gpt2_t *m, int unit, int grads)
+{
+  return m->hooks ? m->hooks->release(m->hooks->ud, unit, grads) : 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forward                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
 /* Runs the model to the final LayerNorm and the logits. A batch (B, T) smaller than the
- * allocated one uses the buffers with the per-layer strides of the allocated size. */
-void dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
+ * allocated one uses the buffers with the per-layer strides of the allocated size. The
+ * embeddings stay acquired from the LM head to the caller (the backward pass needs them). */
+static int forward_to_logits(dt_gpt2_t *m, const int *inputs, int B, int T)
 {
   const dt_ops_t *k = m->ops;
   const dt_gpt2_config_t *c = &m->cfg;
   const int C = c->channels, NH = c->heads, L = c->layers;
   const size_t N = (size_t)B * T, An = (size_t)m->acts.B * m->acts.T;
   const size_t att_stride = (size_t)m->acts.B * NH * m->acts.T * m->acts.T;
-  dt_gpt2_tensors_t *p = &m->params;
   dt_gpt2_acts_t *a = &m->acts;
+  dt_gpt2_view_t p, unused;
 
-  k->encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
+  DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
+  k->encoder_forward(a->encoded, inputs, p.t[DT_T_WTE], p.t[DT_T_WPE], B, T, C);
+  DT_CHECK(release(m, DT_UNIT_EMBED, 0));
   const float *x = a->encoded;
   for (int l = 0; l < L; l++) {
     float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * C;
@@ -217,27 +269,36 @@ void dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
     float *res2 = a->residual2 + l * An * C, *ln2 = a->ln2 + l * An * C;
     float *fch = a->fch + l * An * 4 * C, *fchg = a->fch_gelu + l * An * 4 * C;
     float *res3 = a->residual3 + l * An * C;
-    k->layernorm_forward(ln1, a->ln1_mean + l * An, a->ln1_rstd + l * An, x,
-                         p->ln1w + (size_t)l * C, p->ln1b + (size_t)l * C, (int)N, C);
-    k->matmul_forward(qkv, ln1, p->qkvw + (size_t)l * 3 * C * C, p->qkvb + (size_t)l * 3 * C,
-                      (int)N, C, 3 * C, 3 * C);
+    DT_CHECK(acquire(m, l, 0, &p, &unused));
+    k->layernorm_forward(ln1, a->ln1_mean + l * An, a->ln1_rstd + l * An, x, p.t[DT_T_LN1W],
+                         p.t[DT_T_LN1B], (int)N, C);
+    k->matmul_forward(qkv, ln1, p.t[DT_T_QKVW], p.t[DT_T_QKVB], (int)N, C, 3 * C, 3 * C);
     k->attention_forward(atty, att, qkv, B, T, C, NH);
-    k->matmul_forward(a->tmp, atty, p->attprojw + (size_t)l * C * C, p->attprojb + (size_t)l * C,
-                      (int)N, C, C, C);
+    k->matmul_forward(a->tmp, atty, p.t[DT_T_ATTPROJW], p.t[DT_T_ATTPROJB], (int)N, C, C, C);
     k->residual_forward(res2, x, a->tmp, N * C);
-    k->layernorm_forward(ln2, a->ln2_mean + l * An, a->ln2_rstd + l * An, res2,
-                         p->ln2w + (size_t)l * C, p->ln2b + (size_t)l * C, (int)N, C);
-    k->matmul_forward(fch, ln2, p->fcw + (size_t)l * 4 * C * C, p->fcb + (size_t)l * 4 * C, (int)N,
-                      C, 4 * C, 4 * C);
+    k->layernorm_forward(ln2, a->ln2_mean + l * An, a->ln2_rstd + l * An, res2, p.t[DT_T_LN2W],
+                         p.t[DT_T_LN2B], (int)N, C);
+    k->matmul_forward(fch, ln2, p.t[DT_T_FCW], p.t[DT_T_FCB], (int)N, C, 4 * C, 4 * C);
     k->gelu_forward(fchg, fch, N * 4 * C);
-    k->matmul_forward(a->tmp, fchg, p->fcprojw + (size_t)l * 4 * C * C, p->fcprojb + (size_t)l * C,
-                      (int)N, 4 * C, C, C);
+    k->matmul_forward(a->tmp, fchg, p.t[DT_T_FCPROJW], p.t[DT_T_FCPROJB], (int)N, 4 * C, C, C);
     k->residual_forward(res3, res2, a->tmp, N * C);
+    DT_CHECK(release(m, l, 0));
     x = res3;
   }
-  k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->lnfw, p->lnfb, (int)N, C);
+  DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
+  k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW], p.t[DT_T_LNFB], (int)N,
+                       C);
+  DT_CHECK(release(m, DT_UNIT_FINAL, 0));
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
-  k->matmul_forward(a->logits, a->lnf, p->wte, NULL, (int)N, C, c->vocab, c->padded_vocab);
+  DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
+  k->matmul_forward(a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, c->vocab, c->padded_vocab);
+  return 0;
+}
+
+int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
+{
+  DT_CHECK(forward_to_logits(m, inputs, B, T));
+  return release(m, DT_UNIT_EMBED, 0);
 }
 
 static float mean_loss(const float *losses, size_t n)
@@ -248,43 +309,50 @@ static float mean_loss(const float *losses, size_t n)
   return (float)(acc / (double)n);
 }
 
-float dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T)
+int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                      float *loss)
 {
-  dt_gpt2_forward(m, inputs, B, T);
+  DT_CHECK(dt_gpt2_forward(m, inputs, B, T));
   const size_t N = (size_t)B * T;
   m->ops->crossentropy_forward_backward(m->acts.losses, m->acts.logits, targets, 0.0f, (int)N,
                                         m->cfg.vocab, m->cfg.padded_vocab);
-  return mean_loss(m->acts.losses, N);
+  *loss = mean_loss(m->acts.losses, N);
+  return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Backward                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-float dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
-                               float grad_scale)
+int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                             float grad_scale, float *loss)
 {
   const dt_ops_t *k = m->ops;
   const dt_gpt2_config_t *c = &m->cfg;
   const int C = c->channels, NH = c->heads, L = c->layers;
   const size_t N = (size_t)B * T, An = (size_t)m->acts.B * m->acts.T;
   const size_t att_stride = (size_t)m->acts.B * NH * m->acts.T * m->acts.T;
-  dt_gpt2_tensors_t *p = &m->params, *g = &m->grads;
   dt_gpt2_acts_t *a = &m->acts;
+  dt_gpt2_view_t p, g, ep, eg;
 
-  dt_gpt2_forward(m, inputs, B, T);
+  DT_CHECK(forward_to_logits(m, inputs, B, T)); /* leaves the embeddings acquired */
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
   k->crossentropy_forward_backward(a->losses, a->logits, targets, grad_scale / (float)N, (int)N,
                                    c->vocab, c->padded_vocab);
-  float loss = mean_loss(a->losses, N);
+  *loss = mean_loss(a->losses, N);
 
+  /* The embeddings' gradients accumulate from the LM head now and the encoder at the end. */
+  DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
+  DT_CHECK(release(m, DT_UNIT_EMBED, 0));
   /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
-  k->matmul_backward(a->dbuf, g->wte, NULL, a->logits, a->lnf, p->wte, (int)N, C, c->vocab,
-                     c->padded_vocab);
+  k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N, C,
+                     c->vocab, c->padded_vocab);
   memset(a->dresidual, 0, N * C * sizeof(float));
   const float *xL = L > 0 ? a->residual3 + (size_t)(L - 1) * An * C : a->encoded;
-  k->layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->dbuf, xL, p->lnfw, a->lnf_mean,
-                        a->lnf_rstd, (int)N, C);
+  DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
+  k->layernorm_backward(a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], a->dbuf, xL, p.t[DT_T_LNFW],
+                        a->lnf_mean, a->lnf_rstd, (int)N, C);
+  DT_CHECK(release(m, DT_UNIT_FINAL, 1));
 
   for (int l = L - 1; l >= 0; l--) {
     const float *x = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * An * C;
@@ -292,27 +360,27 @@ float dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targe
     float *atty = a->atty + l * An * C, *att = a->att + l * att_stride;
     float *res2 = a->residual2 + l * An * C, *ln2 = a->ln2 + l * An * C;
     float *fch = a->fch + l * An * 4 * C, *fchg = a->fch_gelu + l * An * 4 * C;
+    DT_CHECK(acquire(m, l, 1, &p, &g));
     /* MLP branch: the residual gradient flows unchanged into the branch output. */
-    k->matmul_backward(a->dbuf4, g->fcprojw + (size_t)l * 4 * C * C, g->fcprojb + (size_t)l * C,
-                       a->dresidual, fchg, p->fcprojw + (size_t)l * 4 * C * C, (int)N, 4 * C, C, C);
+    k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], a->dresidual, fchg,
+                       p.t[DT_T_FCPROJW], (int)N, 4 * C, C, C);
     k->gelu_backward(a->dbuf4, fch, a->dbuf4, N * 4 * C);
-    k->matmul_backward(a->dbuf, g->fcw + (size_t)l * 4 * C * C, g->fcb + (size_t)l * 4 * C,
-                       a->dbuf4, ln2, p->fcw + (size_t)l * 4 * C * C, (int)N, C, 4 * C, 4 * C);
-    k->layernorm_backward(a->dresidual, g->ln2w + (size_t)l * C, g->ln2b + (size_t)l * C, a->dbuf,
-                          res2, p->ln2w + (size_t)l * C, a->ln2_mean + l * An, a->ln2_rstd + l * An,
-                          (int)N, C);
+    k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, ln2, p.t[DT_T_FCW], (int)N,
+                       C, 4 * C, 4 * C);
+    k->layernorm_backward(a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], a->dbuf, res2,
+                          p.t[DT_T_LN2W], a->ln2_mean + l * An, a->ln2_rstd + l * An, (int)N, C);
     /* Attention branch. */
-    k->matmul_backward(a->dbuf, g->attprojw + (size_t)l * C * C, g->attprojb + (size_t)l * C,
-                       a->dresidual, atty, p->attprojw + (size_t)l * C * C, (int)N, C, C, C);
+    k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], a->dresidual, atty,
+                       p.t[DT_T_ATTPROJW], (int)N, C, C, C);
     k->attention_backward(a->dqkv, a->datt, a->dbuf, qkv, att, B, T, C, NH);
-    k->matmul_backward(a->dbuf, g->qkvw + (size_t)l * 3 * C * C, g->qkvb + (size_t)l * 3 * C,
-                       a->dqkv, ln1, p->qkvw + (size_t)l * 3 * C * C, (int)N, C, 3 * C, 3 * C);
-    k->layernorm_backward(a->dresidual, g->ln1w + (size_t)l * C, g->ln1b + (size_t)l * C, a->dbuf,
-                          x, p->ln1w + (size_t)l * C, a->ln1_mean + l * An, a->ln1_rstd + l * An,
-                          (int)N, C);
+    k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, ln1, p.t[DT_T_QKVW],
+                       (int)N, C, 3 * C, 3 * C);
+    k->layernorm_backward(a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], a->dbuf, x, p.t[DT_T_LN1W],
+                          a->ln1_mean + l * An, a->ln1_rstd + l * An, (int)N, C);
+    DT_CHECK(release(m, l, 1));
   }
-  k->encoder_backward(g->wte, g->wpe, a->dresidual, inputs, B, T, C);
-  return loss;
+  k->encoder_backward(eg.t[DT_T_WTE], eg.t[DT_T_WPE], a->dresidual, inputs, B, T, C);
+  return release(m, DT_UNIT_EMBED, 1);
 }
 
 void dt_gpt2_zero_grad(dt_gpt2_t *m)
@@ -325,19 +393,24 @@ float dt_gpt2_grad_norm(dt_gpt2_t *m)
   return (float)sqrt(m->ops->sum_squares(m->grads_flat, m->num_params));
 }
 
+int dt_gpt2_tensor_decays(int tensor)
+{
+  static const int decays[DT_GPT2_NUM_TENSORS] = {
+#define DT__WD(name, n, wd) wd,
+      DT_GPT2_TENSORS(DT__WD, (dt_gpt2_config_t){0})
+#undef DT__WD
+  };
+  return tensor >= 0 && tensor < DT_GPT2_NUM_TENSORS && decays[tensor];
+}
+
 int dt_gpt2_adamw_step(dt_gpt2_t *m, const dt_adamw_t *h, float grad_scale, int t)
 {
   DT_CHECK(dt_gpt2_alloc_optimizer(m));
-  static const int decays[DT_GPT2_NUM_TENSORS] = {
-#define DT__WD(name, n, wd) wd,
-      DT_GPT2_TENSORS(DT__WD, m->cfg)
-#undef DT__WD
-  };
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
     size_t off = m->tensor_offsets[i];
     m->ops->adamw_update(m->params_flat + off, m->grads_flat + off, m->m_flat + off,
                          m->v_flat + off, m->tensor_sizes[i], h->lr, h->beta1, h->beta2, h->eps,
-                         decays[i] ? h->weight_decay : 0.0f, grad_scale, t);
+                         dt_gpt2_tensor_decays(i) ? h->weight_decay : 0.0f, grad_scale, t);
   }
   return 0;
 }

@@ -69,6 +69,54 @@ typedef struct {
   float *lnfb;     /* (C) */
 } dt_gpt2_tensors_t;
 
+/* Index of each tensor in DT_GPT2_TENSORS order (= the flat layout and llm.c's file order). */
+enum {
+  DT_T_WTE,
+  DT_T_WPE,
+  DT_T_LN1W,
+  DT_T_LN1B,
+  DT_T_QKVW,
+  DT_T_QKVB,
+  DT_T_ATTPROJW,
+  DT_T_ATTPROJB,
+  DT_T_LN2W,
+  DT_T_LN2B,
+  DT_T_FCW,
+  DT_T_FCB,
+  DT_T_FCPROJW,
+  DT_T_FCPROJB,
+  DT_T_LNFW,
+  DT_T_LNFB,
+};
+
+/* Units: the groups of parameters the model uses together. Layer l is unit l (0..L-1) and
+ * holds layer l's slice of tensors DT_T_LN1W..DT_T_FCPROJB; the embeddings (wte, wpe) and the
+ * final LayerNorm (lnfw, lnfb) are units of their own. A unit is a list of flat ranges. */
+#define DT_UNIT_EMBED      (-1)
+#define DT_UNIT_FINAL      (-2)
+#define DT_UNIT_MAX_RANGES 12
+
+typedef struct {
+  size_t off, len; /* flat offset and element count */
+  int tensor;      /* DT_T_* */
+} dt_flat_range_t;
+
+/* Pointers to a unit's tensors: t[DT_T_x] addresses that tensor's slice for the unit (layer
+ * units: the layer's slice; other entries are unused). */
+typedef struct {
+  float *t[DT_GPT2_NUM_TENSORS];
+} dt_gpt2_view_t;
+
+/* How the model obtains parameters and gradient accumulators, unit by unit. Without hooks it
+ * uses its own full buffers. With them (ZeRO-3, ZeRO-2) another component supplies gathered
+ * parameters and working gradient buffers, and learns when each unit's gradients of the
+ * current micro-batch are complete (release with grads=1) so it can reduce them. */
+typedef struct {
+  void *ud;
+  int (*acquire)(void *ud, int unit, int grads, dt_gpt2_view_t *params, dt_gpt2_view_t *gradv);
+  int (*release)(void *ud, int unit, int grads);
+} dt_gpt2_hooks_t;
+
 /* Forward activations kept for the backward pass, for a (B, T) batch; N = B*T. */
 typedef struct {
   float *encoded;   /* (N, C) residual stream entering layer 0 */
@@ -113,6 +161,7 @@ typedef struct {
   dt_gpt2_tensors_t params, grads;
   dt_gpt2_acts_t acts;
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
+  const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
 
 /* AdamW hyper-parameters of one step (the schedule is applied by the caller). */
@@ -135,17 +184,25 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T);
 /* Allocates the AdamW moments (zeroed) if not yet allocated. */
 int dt_gpt2_alloc_optimizer(dt_gpt2_t *m);
 
-/* Forward pass to logits: inputs (B, T) with B*T <= the allocated batch. */
-void dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
-/* Mean loss over (B, T) without touching gradients. */
-float dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T);
+/* The flat ranges of a unit; returns how many (<= DT_UNIT_MAX_RANGES). */
+int dt_gpt2_unit_ranges(const dt_gpt2_t *m, int unit, dt_flat_range_t *ranges);
+/* Points a view at a unit's tensors inside a flat buffer laid out like the parameters. */
+void dt_gpt2_unit_view(const dt_gpt2_t *m, int unit, float *flat, dt_gpt2_view_t *v);
+
+/* Forward pass to logits: inputs (B, T) with B*T <= the allocated batch. 0 or a hook's error. */
+int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
+/* Mean loss over (B, T) into *loss, without touching gradients. */
+int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                      float *loss);
 /* Forward + backward of one micro-batch; gradients of (mean loss * grad_scale) accumulate into
- * m->grads. Returns the micro-batch's mean loss. */
-float dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
-                               float grad_scale);
+ * the gradient buffers (or the hooks'). *loss gets the micro-batch's mean loss. */
+int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                             float grad_scale, float *loss);
 void dt_gpt2_zero_grad(dt_gpt2_t *m);
 /* L2 norm of all gradients. */
 float dt_gpt2_grad_norm(dt_gpt2_t *m);
+/* 1 if the tensor (DT_T_*) takes weight decay: weight matrices and embeddings. */
+int dt_gpt2_tensor_decays(int tensor);
 /* One AdamW step at 1-based step t; grad_scale multiplies every gradient (clipping). Weight
  * decay applies to the weight matrices and embeddings only (GPT-2/nanoGPT/llm.c convention). */
 int dt_gpt2_adamw_step(dt_gpt2_t *m, const dt_adamw_t *h, float grad_scale, int t);

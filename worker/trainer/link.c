@@ -182,3 +182,71 @@ int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
   protobuf_c_message_free_unpacked(resp, NULL);
   return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* The coordinator's per-job, per-generation key-value store as a dt_kv_t                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static int kv_put(void *ud, const char *key, const void *val, size_t len)
+{
+  dt_link_t *l = ud;
+  Distrain__V1__KvPutRequest req = DISTRAIN__V1__KV_PUT_REQUEST__INIT;
+  req.job_id = l->job_id;
+  req.generation = l->generation;
+  req.key = (char *)key;
+  req.value.data = (uint8_t *)val;
+  req.value.len = len;
+  ProtobufCMessage *resp;
+  char err[512];
+  int rc =
+      dt_rpc_client_call(l->coord, "KvPut", &req.base, &resp, (int)dt_param_CkptReportTimeoutMs(),
+                         DT_RPC_WAIT_FOR_READY, err, sizeof err);
+  if (rc != 0) {
+    DT_ERROR(COMM, "KvPut '%s': %s", key, err);
+    return rc;
+  }
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+static int kv_get(void *ud, const char *key, void **val, size_t *len, int timeout_ms)
+{
+  dt_link_t *l = ud;
+  Distrain__V1__KvGetRequest req = DISTRAIN__V1__KV_GET_REQUEST__INIT;
+  req.job_id = l->job_id;
+  req.generation = l->generation;
+  req.key = (char *)key;
+  req.timeout_ms = (uint32_t)(timeout_ms > 0 ? timeout_ms : 0);
+  ProtobufCMessage *resp;
+  char err[512];
+  /* The server holds the call up to timeout_ms; give the RPC a little more. */
+  int rc = dt_rpc_client_call(l->coord, "KvGet", &req.base, &resp, timeout_ms + 10000,
+                              DT_RPC_WAIT_FOR_READY, err, sizeof err);
+  if (rc == DT_ENOENT && timeout_ms <= 0)
+    return DT_ETIMEDOUT; /* a single probe of a missing key */
+  if (rc != 0) {
+    if (rc != DT_ETIMEDOUT)
+      DT_ERROR(COMM, "KvGet '%s': %s", key, err);
+    return rc;
+  }
+  Distrain__V1__KvGetResponse *r = (void *)resp;
+  *val = malloc(r->value.len ? r->value.len : 1);
+  if (!*val) {
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return DT_ENOMEM;
+  }
+  memcpy(*val, r->value.data, r->value.len);
+  *len = r->value.len;
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return 0;
+}
+
+int dt_link_kv(dt_link_t *l, dt_kv_t *kv)
+{
+  if (!dt_link_has_coordinator(l))
+    return DT_EINVAL;
+  kv->put = kv_put;
+  kv->get = kv_get;
+  kv->ud = l;
+  return 0;
+}

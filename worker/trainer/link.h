@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "checkpoint_manifest.h"
+#include "comm.h"
 #include "trainer.h"
 
 typedef struct dt_link dt_link_t;
@@ -26,5 +27,8 @@ void dt_link_error(dt_link_t *l, const char *msg);
 /* Reports a written shard; *committed is set when this report completed the step. */
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
                               const dt_ckpt_shard_info_t *info, int *committed);
+
+/* The coordinator's key-value store (scoped to this trainer's job and generation). */
+int dt_link_kv(dt_link_t *l, struct dt_kv *kv);
 
 #endif

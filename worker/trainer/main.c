@@ -7,6 +7,8 @@
 
 #include "dt_log.h"
 #include "dt_util.h"
+#include "comm.h"
+#include "dt_param.h"
 #include "link.h"
 #include "trainer.h"
 
@@ -33,7 +35,11 @@ static void usage(FILE *out)
       "checkpoints:\n"
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
       "output:\n"
-      "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n");
+      "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
+      "data parallelism (one process per rank; environment as torchrun sets it):\n"
+      "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
+      "  (a shared directory) for rendezvous; --zero-stage 0..3 shards optimizer state,\n"
+      "  gradients and parameters (ZeRO-1/2/3)\n");
 }
 
 enum {
@@ -72,6 +78,7 @@ enum {
   OPT_SAMPLE,
   OPT_SAMPLE_TEMP,
   OPT_THREADS,
+  OPT_ZERO,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -112,6 +119,7 @@ static const struct option g_opts[] = {
     {"sample", required_argument, 0, OPT_SAMPLE},
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
     {"threads", required_argument, 0, OPT_THREADS},
+    {"zero-stage", required_argument, 0, OPT_ZERO},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -270,6 +278,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     case OPT_SAMPLE:
       rc = parse_int(c, optarg, &o->sample_tokens);
       break;
+    case OPT_ZERO:
+      rc = parse_int(c, optarg, &o->zero_stage);
+      break;
     case OPT_THREADS:
       rc = parse_int(c, optarg, &o->threads);
       break;
@@ -295,6 +306,54 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
   return 0;
 }
 
+DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
+
+/* Joins the data-parallel group described by the environment (WORLD_SIZE, RANK or
+ * DISTRAIN_DP_RANK), rendezvousing through the coordinator's key-value store (under an agent)
+ * or a shared directory (DISTRAIN_KV_DIR). *have_kv: 1 file store, 2 coordinator store. */
+static int setup_comm(dt_train_opts_t *o, dt_kv_t *kv, int *have_kv)
+{
+  const char *ws = getenv("WORLD_SIZE"), *rk = getenv("DISTRAIN_DP_RANK");
+  int64_t world = 1, rank = 0;
+  if (!rk)
+    rk = getenv("RANK");
+  if (ws && (dt_parse_i64(ws, &world) != 0 || world < 1)) {
+    fprintf(stderr, "distrain-train: WORLD_SIZE='%s' is not a positive integer\n", ws);
+    return DT_EINVAL;
+  }
+  if (world == 1)
+    return 0;
+  if (!rk || dt_parse_i64(rk, &rank) != 0 || rank < 0 || rank >= world) {
+    fprintf(stderr, "distrain-train: WORLD_SIZE=%lld needs RANK in [0, %lld)\n", (long long)world,
+            (long long)world);
+    return DT_EINVAL;
+  }
+  const char *dir = getenv("DISTRAIN_KV_DIR");
+  char prefix[160];
+  if (dt_link_has_coordinator(o->link)) {
+    DT_CHECK(dt_link_kv(o->link, kv));
+    *have_kv = 2;
+    snprintf(prefix, sizeof prefix, "dp");
+  } else if (dir && *dir) {
+    DT_CHECK(dt_kv_file_create(kv, dir));
+    *have_kv = 1;
+    const char *p = getenv("DISTRAIN_KV_PREFIX");
+    snprintf(prefix, sizeof prefix, "%s", p && *p ? p : "dp");
+  } else {
+    fprintf(stderr,
+            "distrain-train: WORLD_SIZE=%lld needs a rendezvous store: run under "
+            "distrain-worker, or set DISTRAIN_KV_DIR to a directory all ranks share\n",
+            (long long)world);
+    return DT_EINVAL;
+  }
+  o->kv = kv;
+  char tag[32];
+  snprintf(tag, sizeof tag, "rank %lld", (long long)rank);
+  dt_log_set_tag(tag);
+  return dt_comm_init(&o->comm, "cpu", kv, prefix, (int)rank, (int)world,
+                      (int)dt_param_CommTimeoutMs());
+}
+
 int main(int argc, char **argv)
 {
   dt_train_opts_t o;
@@ -304,13 +363,19 @@ int main(int argc, char **argv)
     return 2;
   if (dt_link_open(&o.link) != 0)
     return 1;
-  int rc = dt_train_run(&o);
+  dt_kv_t kv;
+  int have_kv = 0, rc = setup_comm(&o, &kv, &have_kv);
+  if (rc == 0)
+    rc = dt_train_run(&o);
   if (rc != 0) {
     char why[512];
     dt_log_last_error(why, sizeof why);
     dt_link_error(o.link, why[0] ? why : dt_strerror(rc));
     fprintf(stderr, "distrain-train: failed: %s\n", dt_strerror(rc));
   }
+  dt_comm_destroy(o.comm);
+  if (have_kv == 1)
+    dt_kv_file_destroy(&kv);
   dt_link_close(o.link);
   return rc != 0;
 }

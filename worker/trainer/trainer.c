@@ -17,6 +17,7 @@
 
 #include "checkpoint.h"
 #include "dataloader.h"
+#include "dp.h"
 #include "dt_log.h"
 #include "dt_util.h"
 #include "link.h"
@@ -107,6 +108,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--threads must be >= 0";
   else if (o->stop_at < 0)
     msg = "--stop-at must be >= 0";
+  else if (o->zero_stage < 0 || o->zero_stage > 3)
+    msg = "--zero-stage must be 0, 1, 2 or 3";
   if (msg) {
     snprintf(why, n, "%s", msg);
     return DT_EINVAL;
@@ -165,18 +168,22 @@ static int prepare_ckpt_dir(const char *dir, int resuming)
   return 0;
 }
 
-static float evaluate(dt_gpt2_t *m, dt_dataloader_t *val, int batches)
+/* Mean validation loss over the first batches of the validation set; each data-parallel rank
+ * takes its slice of every window and the result is averaged over the ranks. */
+static int evaluate(dt_gpt2_t *m, dt_dp_t *dp, dt_dataloader_t *val, int batches, float *out)
 {
   int64_t avail = dt_dataloader_epoch_windows(val);
   int n = batches < avail ? batches : (int)avail;
   double acc = 0.0;
-  dt_dataloader_reset(val);
+  DT_CHECK(dt_dataloader_reset(val));
   for (int i = 0; i < n; i++) {
-    if (dt_dataloader_next(val) != 0)
-      return NAN;
-    acc += dt_gpt2_eval_loss(m, val->inputs, val->targets, val->B, val->T);
+    float loss;
+    DT_CHECK(dt_dataloader_next(val));
+    DT_CHECK(dt_gpt2_eval_loss(m, val->inputs, val->targets, val->B, val->T, &loss));
+    acc += loss;
   }
-  return (float)(acc / n);
+  *out = (float)(acc / n);
+  return dt_dp_average(dp, out);
 }
 
 /* Multinomial sampling with temperature from the last position's logits. */
@@ -205,29 +212,40 @@ static void print_token(FILE *out, int tok, int byte_vocab)
     fputc(tok, out);
 }
 
-/* Generates n tokens after a prompt taken from the start of the given batch. */
-static void generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp, dt_rng_t *rng)
+/* Generates n tokens after a prompt taken from the start of the given batch; prints them
+ * when print is set (every data-parallel rank runs the same sampling). */
+static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
+                    int print)
 {
   const int T = m->acts.T, V = m->cfg.vocab, byte_vocab = m->cfg.vocab == 256;
   int *ctx = calloc((size_t)(plen + n), sizeof(int));
+  int ret = 0;
   if (!ctx)
-    return;
+    return DT_ENOMEM;
   memcpy(ctx, prompt, (size_t)plen * sizeof(int));
-  fprintf(stdout, "---- sample (temperature %.2f) ----\n", temp);
-  for (int i = 0; i < plen; i++)
-    print_token(stdout, ctx[i], byte_vocab);
+  if (print) {
+    fprintf(stdout, "---- sample (temperature %.2f) ----\n", temp);
+    for (int i = 0; i < plen; i++)
+      print_token(stdout, ctx[i], byte_vocab);
+  }
   for (int len = plen; len < plen + n; len++) {
     int start = len > T ? len - T : 0;
     int tlen = len - start;
-    dt_gpt2_forward(m, ctx + start, 1, tlen);
+    DT_CHECK_GOTO(dt_gpt2_forward(m, ctx + start, 1, tlen), ret, out);
     int tok = sample_token(m->acts.logits + (size_t)(tlen - 1) * m->cfg.padded_vocab, V, temp, rng);
     ctx[len] = tok;
-    print_token(stdout, tok, byte_vocab);
+    if (print) {
+      print_token(stdout, tok, byte_vocab);
+      fflush(stdout);
+    }
+  }
+  if (print) {
+    fprintf(stdout, "\n---- end of sample ----\n");
     fflush(stdout);
   }
-  fprintf(stdout, "\n---- end of sample ----\n");
-  fflush(stdout);
+out:
   free(ctx);
+  return ret;
 }
 
 static double peak_rss_mb(void)
@@ -249,18 +267,51 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s)
   fflush(fp);
 }
 
-/* Writes this process's shard of the step just completed and commits it: itself when
- * standalone, through the coordinator (which writes the manifest) under one. */
-static int save_checkpoint(const dt_train_opts_t *o, const dt_gpt2_t *m,
-                           const dt_train_state_t *state)
+/* Writes this process's shard of the step just completed and commits the step: itself when
+ * standalone (rank 0, after collecting the other writers' shard reports through the key-value
+ * store), through the coordinator (which writes the manifest) under one. */
+static int save_checkpoint(const dt_train_opts_t *o, dt_dp_t *dp, const dt_gpt2_t *m,
+                           const dt_train_state_t *state, int rank)
 {
+  dt_ckpt_range_t rg;
   dt_ckpt_shard_info_t info;
-  int committed = 0;
-  DT_CHECK(dt_ckpt_write_shard(m, state, o->ckpt_dir, 0, 1, 0, (int64_t)m->num_params, &info));
+  int writes, writers, wrank, committed = 0;
+  dt_dp_ckpt_range(dp, &rg, &writes, &writers, &wrank);
+  if (!writes)
+    return 0;
+  DT_CHECK(dt_ckpt_write_range(&m->cfg, (int64_t)m->num_params, state, o->ckpt_dir, wrank, writers,
+                               &rg, &info));
   if (dt_link_has_coordinator(o->link)) {
-    DT_CHECK(dt_link_report_checkpoint(o->link, state->step, 1, &info, &committed));
-  } else {
+    DT_CHECK(dt_link_report_checkpoint(o->link, state->step, writers, &info, &committed));
+  } else if (writers == 1) {
     DT_CHECK(dt_ckpt_commit(o->ckpt_dir, state->step, (int64_t)m->num_params, 1, &info));
+    committed = 1;
+  } else {
+    char key[64];
+    snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)state->step, wrank);
+    DT_CHECK(o->kv->put(o->kv->ud, key, &info, sizeof info));
+    if (rank != 0)
+      return 0;
+    dt_ckpt_shard_info_t *all = calloc((size_t)writers, sizeof *all);
+    if (!all)
+      return DT_ENOMEM;
+    int rc = 0;
+    for (int r = 0; r < writers && rc == 0; r++) {
+      void *val;
+      size_t len;
+      snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)state->step, r);
+      rc = o->kv->get(o->kv->ud, key, &val, &len, 600000);
+      if (rc == 0 && len == sizeof *all)
+        memcpy(&all[r], val, sizeof *all);
+      else if (rc == 0)
+        rc = DT_EFORMAT;
+      if (rc == 0)
+        free(val);
+    }
+    if (rc == 0)
+      rc = dt_ckpt_commit(o->ckpt_dir, state->step, (int64_t)m->num_params, writers, all);
+    free(all);
+    DT_CHECK(rc);
     committed = 1;
   }
   return committed ? dt_ckpt_prune(o->ckpt_dir, o->keep) : 0;
@@ -285,6 +336,22 @@ static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const
   return 0;
 }
 
+static void print_memory(const dt_train_opts_t *o, const dt_gpt2_t *m, dt_dp_t *dp, int world)
+{
+  const double MiB = 1024.0 * 1024.0, P = (double)m->num_params, N = world;
+  dt_dp_memory_t mem;
+  dt_dp_memory(dp, &mem);
+  /* The ZeRO formulas for fp32 AdamW, in bytes (16P baseline). */
+  const double formula[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
+  const double have = (double)(mem.params + mem.grads + mem.optim);
+  DT_INFO(TRAIN,
+          "memory (ZeRO-%d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB = %.2f MiB "
+          "(formula %.2f MiB, %+.2f%%) + working %.2f MiB; activations %.1f MiB",
+          o->zero_stage, world, mem.params / MiB, mem.grads / MiB, mem.optim / MiB, have / MiB,
+          formula[o->zero_stage] / MiB, 100.0 * (have / formula[o->zero_stage] - 1.0),
+          mem.working / MiB, m->bytes_acts / MiB);
+}
+
 int dt_train_run(const dt_train_opts_t *o)
 {
   int ret = 0;
@@ -292,9 +359,11 @@ int dt_train_run(const dt_train_opts_t *o)
   dt_gpt2_t model;
   dt_dataloader_t train, val;
   dt_train_state_t state;
+  dt_dp_t *dp = NULL;
   FILE *metrics = NULL;
   const char *resume_from;
   dt_gpt2_config_t cfg;
+  float *gathered = NULL;
   memset(&model, 0, sizeof model);
   memset(&train, 0, sizeof train);
   memset(&val, 0, sizeof val);
@@ -302,6 +371,13 @@ int dt_train_run(const dt_train_opts_t *o)
 
   if (dt_train_opts_validate(o, why, sizeof why) != 0) {
     DT_ERROR(TRAIN, "%s", why);
+    return DT_EINVAL;
+  }
+  const int rank = o->comm ? dt_comm_rank(o->comm) : 0;
+  const int world = o->comm ? dt_comm_world(o->comm) : 1;
+  const int lead = rank == 0; /* rank 0 reports, logs steps and writes files */
+  if (world > 1 && !o->kv) {
+    DT_ERROR(TRAIN, "data parallelism needs the rendezvous key-value store");
     return DT_EINVAL;
   }
   if (o->threads > 0) {
@@ -321,16 +397,19 @@ int dt_train_run(const dt_train_opts_t *o)
   dt_rng_seed(&state.rng, o->seed);
   state.threads = omp_get_max_threads();
 
-  DT_CHECK_GOTO(dt_dataloader_init(&train, o->train_pattern, o->batch, o->seq, 0, 1, cfg.vocab,
-                                   o->shuffle, o->seed),
+  /* Each data-parallel rank reads its slice of every global window. */
+  DT_CHECK_GOTO(dt_dataloader_init(&train, o->train_pattern, o->batch, o->seq, rank, world,
+                                   cfg.vocab, o->shuffle, o->seed),
                 ret, out);
   if (o->val_pattern)
-    DT_CHECK_GOTO(dt_dataloader_init(&val, o->val_pattern, o->batch, o->seq, 0, 1, cfg.vocab, 0, 0),
-                  ret, out);
+    DT_CHECK_GOTO(
+        dt_dataloader_init(&val, o->val_pattern, o->batch, o->seq, rank, world, cfg.vocab, 0, 0),
+        ret, out);
   if (o->ckpt_dir)
     DT_CHECK_GOTO(prepare_ckpt_dir(o->ckpt_dir, resume_from != NULL), ret, out);
+  DT_CHECK_GOTO(dt_dp_create(&dp, &model, o->comm, o->zero_stage), ret, out);
   if (resume_from) {
-    DT_CHECK_GOTO(dt_ckpt_load(&model, &state, resume_from), ret, out);
+    DT_CHECK_GOTO(dt_dp_load(dp, resume_from, &state), ret, out);
     if (state.threads != omp_get_max_threads())
       DT_WARN(TRAIN,
               "resuming with %d threads; the checkpoint was written with %d: GEMM "
@@ -340,8 +419,7 @@ int dt_train_run(const dt_train_opts_t *o)
     DT_CHECK_GOTO(dt_dataloader_seek(&train, state.data), ret, out);
   }
   DT_CHECK_GOTO(dt_gpt2_alloc_activations(&model, o->batch, o->seq), ret, out);
-  DT_CHECK_GOTO(dt_gpt2_alloc_optimizer(&model), ret, out);
-  if (o->metrics_path) {
+  if (o->metrics_path && lead) {
     metrics = fopen(o->metrics_path, resume_from ? "a" : "w");
     if (!metrics) {
       DT_ERROR(TRAIN, "%s: cannot open metrics file: %m", o->metrics_path);
@@ -350,17 +428,14 @@ int dt_train_run(const dt_train_opts_t *o)
     }
   }
 
-  const double MiB = 1024.0 * 1024.0;
   DT_INFO(TRAIN, "model: L=%d NH=%d C=%d V=%d (Vp %d) maxT=%d, %zu parameters; %d threads",
           cfg.layers, cfg.heads, cfg.channels, cfg.vocab, cfg.padded_vocab, cfg.max_seq,
           model.num_params, omp_get_max_threads());
+  print_memory(o, &model, dp, world);
   DT_INFO(TRAIN,
-          "memory: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB",
-          model.bytes_params / MiB, model.bytes_grads / MiB, model.bytes_optim / MiB,
-          model.bytes_acts / MiB);
-  DT_INFO(TRAIN,
-          "batch %d x seq %d x accum %d = %d tokens/step; %lld windows per epoch; steps %lld..%d",
-          o->batch, o->seq, o->grad_accum, o->batch * o->seq * o->grad_accum,
+          "batch %d x seq %d x accum %d x dp %d = %d tokens/step; %lld windows per epoch; "
+          "steps %lld..%d",
+          o->batch, o->seq, o->grad_accum, world, o->batch * o->seq * o->grad_accum * world,
           (long long)dt_dataloader_epoch_windows(&train), (long long)state.step, o->steps);
 
   dt_lr_schedule_t sched = o->sched;
@@ -370,11 +445,12 @@ int dt_train_run(const dt_train_opts_t *o)
                            .beta2 = o->beta2,
                            .eps = o->eps,
                            .weight_decay = o->weight_decay};
-  const double tokens_per_step = (double)o->batch * o->seq * o->grad_accum;
+  const double tokens_per_step = (double)o->batch * o->seq * o->grad_accum * world;
   if (o->val_every > 0 && state.step == 0) {
     /* The starting point, so that the fall of the validation loss is visible. */
-    float v0 = evaluate(&model, &val, o->val_batches);
-    if (!o->quiet)
+    float v0;
+    DT_CHECK_GOTO(evaluate(&model, dp, &val, o->val_batches, &v0), ret, out);
+    if (!o->quiet && lead)
       DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, v0);
     if (metrics) {
       fprintf(metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v0);
@@ -385,15 +461,20 @@ int dt_train_run(const dt_train_opts_t *o)
   while (state.step < end) {
     const int s = (int)state.step;
     double t0 = dt_now_ms();
-    dt_gpt2_zero_grad(&model);
+    dt_dp_zero_grad(dp);
     double loss_acc = 0.0;
     for (int k = 0; k < o->grad_accum; k++) {
       DT_CHECK_GOTO(dt_dataloader_next(&train), ret, out);
-      loss_acc += dt_gpt2_forward_backward(&model, train.inputs, train.targets, o->batch, o->seq,
-                                           1.0f / (float)o->grad_accum);
+      float micro_loss;
+      DT_CHECK_GOTO(dt_gpt2_forward_backward(&model, train.inputs, train.targets, o->batch, o->seq,
+                                             1.0f / (float)o->grad_accum, &micro_loss),
+                    ret, out);
+      loss_acc += micro_loss;
     }
-    float loss = (float)(loss_acc / o->grad_accum);
-    float norm = dt_gpt2_grad_norm(&model);
+    DT_CHECK_GOTO(dt_dp_reduce_grads(dp), ret, out);
+    float loss = (float)(loss_acc / o->grad_accum), norm;
+    DT_CHECK_GOTO(dt_dp_average(dp, &loss), ret, out);
+    DT_CHECK_GOTO(dt_dp_grad_norm(dp, &norm), ret, out);
     if (!isfinite(loss) || !isfinite(norm)) {
       DT_ERROR(TRAIN,
                "step %d: loss %g, gradient norm %g: training diverged (non-finite); "
@@ -410,7 +491,7 @@ int dt_train_run(const dt_train_opts_t *o)
     dt_adamw_t h = base;
     double lr = dt_lr_at(&sched, s);
     h.lr = (float)lr;
-    DT_CHECK_GOTO(dt_gpt2_adamw_step(&model, &h, scale, s + 1), ret, out);
+    DT_CHECK_GOTO(dt_dp_step(dp, &h, scale, s + 1), ret, out);
     state.step = s + 1;
     state.data = train.pos;
     double ms = dt_now_ms() - t0;
@@ -424,39 +505,55 @@ int dt_train_run(const dt_train_opts_t *o)
     const int last = state.step == end;
     if (o->val_every > 0 && (state.step % o->val_every == 0 || last)) {
       sm.has_val = 1;
-      sm.val_loss = evaluate(&model, &val, o->val_batches);
+      DT_CHECK_GOTO(evaluate(&model, dp, &val, o->val_batches, &sm.val_loss), ret, out);
     }
-    if (!o->quiet) {
-      char valbuf[48] = "";
-      if (sm.has_val)
-        snprintf(valbuf, sizeof valbuf, " | val %.4f", sm.val_loss);
-      DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
-              (long long)state.step, o->steps, loss, valbuf, lr, norm, ms, sm.tokens_per_s);
+    if (lead) {
+      if (!o->quiet) {
+        char valbuf[48] = "";
+        if (sm.has_val)
+          snprintf(valbuf, sizeof valbuf, " | val %.4f", sm.val_loss);
+        DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
+                (long long)state.step, o->steps, loss, valbuf, lr, norm, ms, sm.tokens_per_s);
+      }
+      if (metrics)
+        write_metrics(metrics, &sm);
+      if (o->on_step)
+        o->on_step(o->on_step_ud, &sm);
+      if (o->link)
+        dt_link_step(o->link, &sm);
     }
-    if (metrics)
-      write_metrics(metrics, &sm);
-    if (o->on_step)
-      o->on_step(o->on_step_ud, &sm);
-    if (o->link)
-      dt_link_step(o->link, &sm);
     if (o->ckpt_dir && ((o->save_every > 0 && state.step % o->save_every == 0) || last))
-      DT_CHECK_GOTO(save_checkpoint(o, &model, &state), ret, out);
+      DT_CHECK_GOTO(save_checkpoint(o, dp, &model, &state, rank), ret, out);
   }
   if (o->export_llmc) {
-    DT_CHECK_GOTO(dt_llmc_save(&model, o->export_llmc), ret, out);
-    DT_INFO(TRAIN, "exported llm.c checkpoint %s", o->export_llmc);
+    gathered = malloc(model.num_params * sizeof(float));
+    if (!gathered) {
+      ret = DT_ENOMEM;
+      goto out;
+    }
+    DT_CHECK_GOTO(dt_dp_gather_params(dp, gathered), ret, out);
+    if (lead) {
+      DT_CHECK_GOTO(dt_llmc_save_params(&cfg, gathered, model.num_params, o->export_llmc), ret,
+                    out);
+      DT_INFO(TRAIN, "exported llm.c checkpoint %s", o->export_llmc);
+    }
   }
   if (o->sample_tokens > 0) {
+    /* Every rank generates (ZeRO-3 forwards are collective); rank 0 prints. */
     dt_dataloader_t *src = o->val_pattern ? &val : &train;
     DT_CHECK_GOTO(dt_dataloader_reset(src), ret, out);
     DT_CHECK_GOTO(dt_dataloader_next(src), ret, out);
     int plen = o->seq < 32 ? o->seq : 32;
-    generate(&model, src->inputs, plen, o->sample_tokens, o->sample_temp, &state.rng);
+    DT_CHECK_GOTO(
+        generate(&model, src->inputs, plen, o->sample_tokens, o->sample_temp, &state.rng, lead),
+        ret, out);
   }
   DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)state.step, peak_rss_mb());
 out:
+  free(gathered);
   if (metrics)
     fclose(metrics);
+  dt_dp_destroy(dp);
   dt_dataloader_free(&train);
   dt_dataloader_free(&val);
   dt_gpt2_destroy(&model);

@@ -61,6 +61,11 @@ typedef struct {
   int quiet;
   /* the agent/coordinator link (link.h), NULL when standalone */
   struct dt_link *link;
+  /* data parallelism: the dp communicator (NULL: one process), the rendezvous store used to
+   * commit multi-writer checkpoints when standalone, and the ZeRO stage (0..3) */
+  struct dt_comm *comm;
+  const struct dt_kv *kv;
+  int zero_stage;
   /* observer for tests: called after every step */
   void (*on_step)(void *ud, const dt_step_metrics_t *m);
   void *on_step_ud;

@@ -1,0 +1,1001 @@
+/* test_comm.c — Check suite for worker/comm: the key-value stores, and the cpu (Gloo) backend
+ * with 2, 3 and 4 forked processes on loopback rendezvousing through a directory store.
+ *
+ * Every multi-process test forks one child per rank. Children check their own results with
+ * CHILD_CHECK (print and _exit(1): Check's asserts belong to the test process only) and the
+ * test asserts that every child exited 0 within a deadline, killing stragglers so that a hang
+ * is a failure, never a stuck suite. Data are small integers in float32, so every sum is exact
+ * and results are compared for equality. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "comm.h"
+#include "dt_error.h"
+#include "dt_util.h"
+#include "ut_fs.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Harness                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+#define MAX_RANKS 8
+
+#define CHILD_CHECK(cond, ...)                                                                     \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "[child %d] %s:%d: check failed: %s: ", (int)getpid(), __FILE__, __LINE__,   \
+              #cond);                                                                              \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+      _exit(1);                                                                                    \
+    }                                                                                              \
+  } while (0)
+
+#define CHILD_RC(call)                                                                             \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    CHILD_CHECK(rc_ == 0, "%s returned %s", #call, dt_err_name(rc_));                              \
+  } while (0)
+
+typedef struct {
+  char dir[512];  /* the KV directory (and scratch files) of this test */
+  char prefix[128];
+  int world;      /* ranks of the communicator */
+  int timeout_ms; /* communicator timeout */
+  int arg;        /* test-specific */
+} ctx_t;
+
+typedef void (*rank_fn)(const ctx_t *c, int rank);
+
+static void ctx_init(ctx_t *c, int world, int timeout_ms, const char *prefix)
+{
+  memset(c, 0, sizeof *c);
+  ut_mkdtemp(c->dir, sizeof c->dir);
+  snprintf(c->prefix, sizeof c->prefix, "%s", prefix);
+  c->world = world;
+  c->timeout_ms = timeout_ms;
+}
+
+/* In a child: a file store on the test directory and a communicator on it (asserting success). */
+static dt_comm_t *child_comm(const ctx_t *c, int rank)
+{
+  static dt_kv_t kv; /* one per child process; lives until _exit */
+  CHILD_RC(dt_kv_file_create(&kv, c->dir));
+  dt_comm_t *comm = NULL;
+  CHILD_RC(dt_comm_init(&comm, "cpu", &kv, c->prefix, rank, c->world, c->timeout_ms));
+  CHILD_CHECK(dt_comm_rank(comm) == rank && dt_comm_world(comm) == c->world, "rank/world");
+  return comm;
+}
+
+/* Forks fn for each rank in ranks[0..n) with stderr, if log is set, appended to <dir>/log. */
+static void spawn(const ctx_t *c, rank_fn fn, const int *ranks, int n, pid_t *pids, int log)
+{
+  for (int i = 0; i < n; i++) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      if (log) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/log", c->dir);
+        FILE *fp = fopen(path, "a");
+        if (fp)
+          dup2(fileno(fp), 2);
+      }
+      fn(c, ranks[i]);
+      _exit(0);
+    }
+    pids[i] = pid;
+  }
+}
+
+/* Waits for the children up to limit_ms; kills and fails on a straggler. Returns elapsed ms;
+ * statuses are stored in status (may be NULL: then every child must have exited 0). */
+static double reap(pid_t *pids, int n, double limit_ms, int *status)
+{
+  double t0 = dt_now_ms();
+  int left = n, st[MAX_RANKS] = {0}, done[MAX_RANKS] = {0};
+  while (left > 0 && dt_now_ms() - t0 < limit_ms) {
+    for (int i = 0; i < n; i++) {
+      if (!done[i] && waitpid(pids[i], &st[i], WNOHANG) == pids[i]) {
+        done[i] = 1;
+        left--;
+      }
+    }
+    if (left > 0) {
+      struct timespec ts = {0, 2 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  double elapsed = dt_now_ms() - t0;
+  for (int i = 0; i < n; i++) {
+    if (!done[i]) {
+      kill(pids[i], SIGKILL);
+      waitpid(pids[i], &st[i], 0);
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    ck_assert_msg(done[i], "child %d (pid %d) still running after %.0f ms", i, (int)pids[i],
+                  limit_ms);
+    if (status) {
+      status[i] = st[i];
+    } else {
+      ck_assert_msg(WIFEXITED(st[i]) && WEXITSTATUS(st[i]) == 0,
+                    "child %d exited with status 0x%x", i, st[i]);
+    }
+  }
+  return elapsed;
+}
+
+/* Runs fn on ranks 0..world-1 and requires all to pass within limit_ms. */
+static void run_all(const ctx_t *c, rank_fn fn, double limit_ms)
+{
+  int ranks[MAX_RANKS];
+  pid_t pids[MAX_RANKS] = {0};
+  for (int r = 0; r < c->world; r++)
+    ranks[r] = r;
+  spawn(c, fn, ranks, c->world, pids, 0);
+  reap(pids, c->world, limit_ms, NULL);
+}
+
+static char *read_log(const ctx_t *c)
+{
+  char path[600];
+  size_t n;
+  snprintf(path, sizeof path, "%s/log", c->dir);
+  if (!ut_exists(path))
+    return strdup("");
+  return (char *)ut_read_all(path, &n);
+}
+
+/* Rank r's value at index i: small integers, so sums over <= 8 ranks are exact in float32. */
+static float val(int r, size_t i)
+{
+  return (float)((r + 1) * (int)(i % 97) + r);
+}
+
+static float sum_over(int world, size_t i)
+{
+  float s = 0;
+  for (int r = 0; r < world; r++)
+    s += val(r, i);
+  return s;
+}
+
+static float *alloc_floats(size_t n)
+{
+  float *p = malloc((n ? n : 1) * sizeof *p);
+  CHILD_CHECK(p != NULL, "out of memory");
+  return p;
+}
+
+static void sleep_ms(int ms)
+{
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Key-value stores                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+  dt_kv_t *kv;
+  int delay_ms;
+} late_put_t;
+
+static void *late_put(void *arg)
+{
+  late_put_t *lp = arg;
+  sleep_ms(lp->delay_ms);
+  lp->kv->put(lp->kv->ud, "late/key", "v2", 2);
+  return NULL;
+}
+
+/* The contract both stores share: round trip, overwrite, zero-length values, odd key bytes,
+ * a timed-out get, and a get that waits for a put from another thread. */
+static void kv_contract(dt_kv_t *kv)
+{
+  void *v = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(kv->put(kv->ud, "job1/gen0/a", "hello", 5), 0);
+  ck_assert_int_eq(kv->get(kv->ud, "job1/gen0/a", &v, &len, 0), 0);
+  ck_assert_uint_eq(len, 5);
+  ck_assert_int_eq(memcmp(v, "hello", 5), 0);
+  free(v);
+
+  ck_assert_int_eq(kv->put(kv->ud, "job1/gen0/a", "xy", 2), 0);
+  ck_assert_int_eq(kv->get(kv->ud, "job1/gen0/a", &v, &len, 0), 0);
+  ck_assert_uint_eq(len, 2);
+  ck_assert_int_eq(memcmp(v, "xy", 2), 0);
+  free(v);
+
+  /* Keys that differ only in characters the file store escapes stay distinct. */
+  const char *odd[] = {".hidden", "a b/c%d", "a_b/c%d", "..", "k\n\x01\xff"};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(odd); i++)
+    ck_assert_int_eq(kv->put(kv->ud, odd[i], odd[i], strlen(odd[i])), 0);
+  for (size_t i = 0; i < DT_ARRAY_SIZE(odd); i++) {
+    ck_assert_int_eq(kv->get(kv->ud, odd[i], &v, &len, 0), 0);
+    ck_assert_uint_eq(len, strlen(odd[i]));
+    ck_assert_int_eq(memcmp(v, odd[i], len), 0);
+    free(v);
+  }
+
+  ck_assert_int_eq(kv->put(kv->ud, "empty", NULL, 0), 0);
+  ck_assert_int_eq(kv->get(kv->ud, "empty", &v, &len, 0), 0);
+  ck_assert_uint_eq(len, 0);
+  free(v);
+
+  /* A missing key times out, after roughly the timeout. */
+  double t0 = dt_now_ms();
+  ck_assert_int_eq(kv->get(kv->ud, "job1/gen1/a", &v, &len, 80), DT_ETIMEDOUT);
+  double dt = dt_now_ms() - t0;
+  ck_assert_msg(dt >= 75 && dt < 1000, "get timed out after %.1f ms", dt);
+
+  /* A get waits for a put that happens later. */
+  pthread_t th;
+  late_put_t lp = {kv, 50};
+  ck_assert_int_eq(pthread_create(&th, NULL, late_put, &lp), 0);
+  ck_assert_int_eq(kv->get(kv->ud, "late/key", &v, &len, 5000), 0);
+  ck_assert_uint_eq(len, 2);
+  ck_assert_int_eq(memcmp(v, "v2", 2), 0);
+  free(v);
+  pthread_join(th, NULL);
+
+  ck_assert_int_eq(kv->get(kv->ud, "x", &v, &len, -1), DT_EINVAL);
+}
+
+START_TEST(test_kv_file)
+{
+  char dir[512], sub[600];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(sub, sizeof sub, "%s/made/by/create", dir);
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_file_create(&kv, sub), 0);
+  kv_contract(&kv);
+  /* Keys become single escaped files in the directory; no temporaries are left behind. */
+  ck_assert_int_eq(ut_count_entries(sub, "job1%2Fgen0%2Fa"), 1);
+  ck_assert_int_eq(ut_count_entries(sub, ".tmp"), 0);
+  char longkey[400];
+  memset(longkey, '/', sizeof longkey - 1);
+  longkey[sizeof longkey - 1] = '\0';
+  ck_assert_int_eq(kv.put(kv.ud, longkey, "x", 1), DT_EINVAL);
+  dt_kv_file_destroy(&kv);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_kv_mem)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  kv_contract(&kv);
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Collectives (world 2, 3, 4: the loop index)                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static void check_all_reduce(dt_comm_t *comm, int rank, int world)
+{
+  static const size_t sizes[] = {0, 1, 7, 1000, 600001}; /* 600001: many Gloo segments */
+  for (size_t si = 0; si < DT_ARRAY_SIZE(sizes); si++) {
+    size_t n = sizes[si];
+    float *buf = alloc_floats(n);
+    for (int op = DT_COMM_SUM; op <= DT_COMM_AVG; op++) {
+      for (size_t i = 0; i < n; i++)
+        buf[i] = val(rank, i);
+      CHILD_RC(dt_comm_all_reduce(comm, buf, n, (dt_comm_op_t)op));
+      for (size_t i = 0; i < n; i++) {
+        float want = op == DT_COMM_SUM ? sum_over(world, i) : sum_over(world, i) / (float)world;
+        CHILD_CHECK(buf[i] == want, "all_reduce n=%zu op=%d [%zu] = %g, want %g", n, op, i,
+                    buf[i], want);
+      }
+    }
+    free(buf);
+  }
+}
+
+/* Chunk c of every rank's input holds global indices off[c]..; rank r gets chunk r reduced. */
+static void check_reduce_scatter_counts(dt_comm_t *comm, int rank, int world, const size_t *counts,
+                                        int equal)
+{
+  size_t total = 0, mine = 0;
+  for (int c = 0; c < world; c++) {
+    if (c < rank)
+      mine += counts[c];
+    total += counts[c];
+  }
+  float *in = alloc_floats(total), *out = alloc_floats(counts[rank]);
+  for (int op = DT_COMM_SUM; op <= DT_COMM_AVG; op++) {
+    for (size_t i = 0; i < total; i++)
+      in[i] = val(rank, i);
+    for (size_t i = 0; i < counts[rank]; i++)
+      out[i] = -12345.f;
+    if (equal)
+      CHILD_RC(dt_comm_reduce_scatter(comm, in, out, counts[0], (dt_comm_op_t)op));
+    else
+      CHILD_RC(dt_comm_reduce_scatter_v(comm, in, out, counts, (dt_comm_op_t)op));
+    for (size_t i = 0; i < counts[rank]; i++) {
+      float s = sum_over(world, mine + i);
+      float want = op == DT_COMM_SUM ? s : s / (float)world;
+      CHILD_CHECK(out[i] == want, "reduce_scatter count=%zu op=%d [%zu] = %g, want %g",
+                  counts[rank], op, i, out[i], want);
+    }
+    for (size_t i = 0; i < total; i++) /* the input is left alone */
+      CHILD_CHECK(in[i] == val(rank, i), "reduce_scatter modified its input at %zu", i);
+  }
+  free(in);
+  free(out);
+}
+
+static void check_reduce_scatter(dt_comm_t *comm, int rank, int world)
+{
+  static const size_t equal[] = {0, 1, 5, 200003}; /* 200003 > one 128 Ki-element segment */
+  size_t counts[MAX_RANKS];
+  for (size_t k = 0; k < DT_ARRAY_SIZE(equal); k++) {
+    for (int c = 0; c < world; c++)
+      counts[c] = equal[k];
+    check_reduce_scatter_counts(comm, rank, world, counts, 1);
+  }
+  /* Uneven, zeros included (rank 1 gets nothing), one chunk spanning several segments. */
+  static const size_t pattern[] = {3, 0, 300001, 1};
+  for (int c = 0; c < world; c++)
+    counts[c] = pattern[c % 4];
+  check_reduce_scatter_counts(comm, rank, world, counts, 0);
+  for (int c = 0; c < world; c++)
+    counts[c] = (size_t)(world - c) * 1001;
+  check_reduce_scatter_counts(comm, rank, world, counts, 0);
+}
+
+static void check_all_gather_counts(dt_comm_t *comm, int rank, int world, const size_t *counts,
+                                    int equal, int in_place)
+{
+  size_t total = 0, mine = 0;
+  for (int c = 0; c < world; c++) {
+    if (c < rank)
+      mine += counts[c];
+    total += counts[c];
+  }
+  float *out = alloc_floats(total), *in = in_place ? out + mine : alloc_floats(counts[rank]);
+  for (size_t i = 0; i < total; i++)
+    out[i] = -1.f;
+  for (size_t i = 0; i < counts[rank]; i++)
+    in[i] = val(rank, i);
+  if (equal)
+    CHILD_RC(dt_comm_all_gather(comm, in, out, counts[0]));
+  else
+    CHILD_RC(dt_comm_all_gather_v(comm, in, out, counts));
+  size_t o = 0;
+  for (int r = 0; r < world; r++)
+    for (size_t i = 0; i < counts[r]; i++, o++)
+      CHILD_CHECK(out[o] == val(r, i), "all_gather from rank %d [%zu] = %g, want %g", r, i,
+                  out[o], val(r, i));
+  if (!in_place)
+    free(in);
+  free(out);
+}
+
+static void check_all_gather(dt_comm_t *comm, int rank, int world)
+{
+  static const size_t equal[] = {0, 1, 5, 100003};
+  size_t counts[MAX_RANKS];
+  for (size_t k = 0; k < DT_ARRAY_SIZE(equal); k++) {
+    for (int c = 0; c < world; c++)
+      counts[c] = equal[k];
+    check_all_gather_counts(comm, rank, world, counts, 1, 0);
+    check_all_gather_counts(comm, rank, world, counts, 1, 1);
+  }
+  static const size_t pattern[] = {3, 0, 70001, 1};
+  for (int c = 0; c < world; c++)
+    counts[c] = pattern[c % 4];
+  check_all_gather_counts(comm, rank, world, counts, 0, 0);
+  check_all_gather_counts(comm, rank, world, counts, 0, 1);
+}
+
+static void check_broadcast(dt_comm_t *comm, int rank, int world)
+{
+  static const size_t sizes[] = {0, 1, 1000, 300000};
+  for (size_t si = 0; si < DT_ARRAY_SIZE(sizes); si++) {
+    size_t n = sizes[si];
+    float *buf = alloc_floats(n);
+    for (int root = 0; root < world; root++) {
+      for (size_t i = 0; i < n; i++)
+        buf[i] = rank == root ? val(root, i) : -1.f;
+      CHILD_RC(dt_comm_broadcast(comm, buf, n, root));
+      for (size_t i = 0; i < n; i++)
+        CHILD_CHECK(buf[i] == val(root, i), "broadcast n=%zu root=%d [%zu] = %g", n, root, i,
+                    buf[i]);
+    }
+    free(buf);
+  }
+}
+
+/* The last rank arrives 200 ms late; nobody may leave the barrier before it arrives. */
+static void check_barrier(dt_comm_t *comm, int rank, int world)
+{
+  CHILD_RC(dt_comm_barrier(comm));
+  double t0 = dt_now_ms();
+  if (rank == world - 1)
+    sleep_ms(200);
+  CHILD_RC(dt_comm_barrier(comm));
+  double dt = dt_now_ms() - t0;
+  CHILD_CHECK(dt >= 190, "left the barrier after %.1f ms, before the late rank arrived", dt);
+}
+
+static void collectives_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  check_all_reduce(comm, rank, c->world);
+  check_reduce_scatter(comm, rank, c->world);
+  check_all_gather(comm, rank, c->world);
+  check_broadcast(comm, rank, c->world);
+  check_barrier(comm, rank, c->world);
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_collectives)
+{
+  ctx_t c;
+  ctx_init(&c, _i, 10000, "job1/gen0");
+  run_all(&c, collectives_rank, 25000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Point-to-point                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static void p2p_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  const int w = c->world, right = (rank + 1) % w, left = (rank + w - 1) % w;
+  const size_t n = 250000;
+  float *a = alloc_floats(n), *b = alloc_floats(n);
+
+  /* A ring shift: every rank sends and receives at once (blocking send-then-recv would
+   * deadlock here). Then the same with zero bytes. */
+  for (size_t i = 0; i < n; i++)
+    a[i] = val(rank, i);
+  CHILD_RC(dt_comm_sendrecv(comm, a, n * sizeof *a, right, b, n * sizeof *b, left, 7));
+  for (size_t i = 0; i < n; i++)
+    CHILD_CHECK(b[i] == val(left, i), "sendrecv [%zu] = %g", i, b[i]);
+  CHILD_RC(dt_comm_sendrecv(comm, NULL, 0, right, NULL, 0, left, 8));
+
+  /* Blocking send/recv along a chain 0 -> 1 -> ... -> w-1, two tags in flight, in order. */
+  for (int t = 0; t < 2; t++) {
+    if (rank > 0) {
+      CHILD_RC(dt_comm_recv(comm, b, (size_t)(t + 1) * 1000 * sizeof *b, rank - 1, t));
+      for (size_t i = 0; i < (size_t)(t + 1) * 1000; i++)
+        CHILD_CHECK(b[i] == val(0, i + (size_t)t), "recv tag %d [%zu] = %g", t, i, b[i]);
+    } else {
+      for (size_t i = 0; i < n; i++)
+        b[i] = val(0, i + (size_t)t);
+    }
+    if (rank < w - 1)
+      CHILD_RC(dt_comm_send(comm, b, (size_t)(t + 1) * 1000 * sizeof *b, rank + 1, t));
+  }
+
+  /* Argument errors are caught before any traffic and leave the communicator usable. */
+  CHILD_CHECK(dt_comm_send(comm, a, 4, rank, 0) == DT_EINVAL, "send to self");
+  CHILD_CHECK(dt_comm_send(comm, a, 4, w, 0) == DT_EINVAL, "send out of range");
+  CHILD_CHECK(dt_comm_recv(comm, a, 4, right, -1) == DT_EINVAL, "negative tag");
+  CHILD_RC(dt_comm_barrier(comm));
+  free(a);
+  free(b);
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_p2p)
+{
+  ctx_t c;
+  ctx_init(&c, _i, 10000, "job1/gen0");
+  run_all(&c, p2p_rank, 15000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* A receive expecting a different size fails on both sides instead of corrupting memory or
+ * ending the process. */
+static void p2p_mismatch_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  float buf[64] = {0};
+  int rc;
+  if (rank == 0) {
+    rc = dt_comm_send(comm, buf, sizeof buf, 1, 3);
+    CHILD_CHECK(rc == DT_EREMOTE || rc == 0, "sender got %s", dt_err_name(rc));
+    if (rc == 0) /* the payload may have left before the receiver failed; the next op fails */
+      rc = dt_comm_recv(comm, buf, sizeof buf, 1, 4);
+    CHILD_CHECK(rc == DT_EREMOTE, "sender side got %s", dt_err_name(rc));
+  } else {
+    rc = dt_comm_recv(comm, buf, sizeof buf / 2, 0, 3);
+    CHILD_CHECK(rc == DT_ESHAPE, "receiver got %s", dt_err_name(rc));
+    /* The communicator is poisoned: the next operation fails at once with the same error. */
+    CHILD_CHECK(dt_comm_barrier(comm) == DT_ESHAPE, "poisoned");
+  }
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_p2p_size_mismatch)
+{
+  ctx_t c;
+  ctx_init(&c, 2, 5000, "job1/gen0");
+  run_all(&c, p2p_mismatch_rank, 10000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Split                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* World 4 -> two groups by rank parity, with keys reversing the order inside each group; then
+ * a second split (tp-like pairs {0,1}, {2,3}) with rank 3 opting out; collectives in each. */
+static void split_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank), *dp = NULL, *tp = NULL;
+  int color = rank % 2;
+  CHILD_RC(dt_comm_split(comm, color, -rank, &dp));
+  CHILD_CHECK(dp != NULL, "no sub-communicator");
+  /* members of color k: {k, k+2}; key -rank puts the higher parent rank first */
+  int want_rank = rank < 2 ? 1 : 0;
+  CHILD_CHECK(dt_comm_world(dp) == 2 && dt_comm_rank(dp) == want_rank, "dp rank %d/%d",
+              dt_comm_rank(dp), dt_comm_world(dp));
+  CHILD_CHECK(strcmp(dt_comm_prefix(dp), color ? "job1/gen0/split0/c1" : "job1/gen0/split0/c0") ==
+                  0,
+              "prefix %s", dt_comm_prefix(dp));
+  float x[3] = {(float)rank, 1.f, (float)(10 * rank)};
+  CHILD_RC(dt_comm_all_reduce(dp, x, 3, DT_COMM_SUM));
+  float want0 = (float)(color + color + 2);
+  CHILD_CHECK(x[0] == want0 && x[1] == 2.f && x[2] == 10.f * want0, "dp sum %g %g %g", x[0],
+              x[1], x[2]);
+  float g[2] = {0};
+  float mine = (float)rank;
+  CHILD_RC(dt_comm_all_gather(dp, &mine, g, 1));
+  CHILD_CHECK(g[0] == (float)(color + 2) && g[1] == (float)color, "dp gather %g %g", g[0], g[1]);
+
+  /* The parent still works alongside its child. */
+  float y = 1.f;
+  CHILD_RC(dt_comm_all_reduce(comm, &y, 1, DT_COMM_SUM));
+  CHILD_CHECK(y == 4.f, "parent sum %g", y);
+
+  CHILD_RC(dt_comm_split(comm, rank == 3 ? DT_COMM_NO_COLOR : rank / 2, 0, &tp));
+  if (rank == 3) {
+    CHILD_CHECK(tp == NULL, "opted-out rank got a communicator");
+  } else {
+    CHILD_CHECK(tp != NULL && dt_comm_world(tp) == (rank < 2 ? 2 : 1) &&
+                    dt_comm_rank(tp) == rank % 2,
+                "tp rank %d/%d", tp ? dt_comm_rank(tp) : -1, tp ? dt_comm_world(tp) : -1);
+    float z = (float)(rank + 1);
+    CHILD_RC(dt_comm_all_reduce(tp, &z, 1, DT_COMM_AVG));
+    CHILD_CHECK(z == (rank < 2 ? 1.5f : 3.f), "tp avg %g", z);
+  }
+  /* Children and parent are independent: destroy the parent first. */
+  dt_comm_destroy(comm);
+  CHILD_RC(dt_comm_barrier(dp));
+  dt_comm_destroy(dp);
+  dt_comm_destroy(tp);
+}
+
+START_TEST(test_split)
+{
+  ctx_t c;
+  ctx_init(&c, 4, 10000, "job1/gen0");
+  run_all(&c, split_rank, 15000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+static int count_fds(void)
+{
+  return ut_count_entries("/proc/self/fd", NULL);
+}
+
+/* Many short generations back to back, each ending with ranks destroying their communicator
+ * as soon as their own part of the last operation is done, while peers may still be finishing
+ * theirs: a peer that has sent everything and left is not a failure. Nothing leaks (threads
+ * are joined, sockets and the event loop closed). */
+static void generations_rank(const ctx_t *c, int rank)
+{
+  static dt_kv_t kv;
+  CHILD_RC(dt_kv_file_create(&kv, c->dir));
+  int fds0 = count_fds();
+  float buf[1000];
+  for (int gen = 0; gen < 25; gen++) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "job1/gen%d", gen);
+    dt_comm_t *comm = NULL;
+    CHILD_RC(dt_comm_init(&comm, "cpu", &kv, prefix, rank, c->world, c->timeout_ms));
+    for (size_t i = 0; i < 1000; i++)
+      buf[i] = val(rank, i);
+    CHILD_RC(dt_comm_all_reduce(comm, buf, 1000, DT_COMM_SUM));
+    CHILD_CHECK(buf[999] == sum_over(c->world, 999), "gen %d sum", gen);
+    CHILD_RC(dt_comm_barrier(comm));
+    if (gen % 2)
+      CHILD_RC(dt_comm_broadcast(comm, buf, 1000, gen % c->world));
+    dt_comm_destroy(comm);
+  }
+  int fds1 = count_fds();
+  CHILD_CHECK(fds1 == fds0, "file descriptors: %d before, %d after", fds0, fds1);
+}
+
+START_TEST(test_generations_back_to_back)
+{
+  ctx_t c;
+  ctx_init(&c, _i, 10000, "unused");
+  run_all(&c, generations_rank, 20000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Failures                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Ranks 0 and 1 of a world of 4 start; 2 and 3 never do. */
+static void missing_rank(const ctx_t *c, int rank)
+{
+  dt_kv_t kv;
+  CHILD_RC(dt_kv_file_create(&kv, c->dir));
+  dt_comm_t *comm = (dt_comm_t *)&kv; /* must be overwritten with NULL */
+  double t0 = dt_now_ms();
+  int rc = dt_comm_init(&comm, "cpu", &kv, c->prefix, rank, c->world, c->timeout_ms);
+  double dt = dt_now_ms() - t0;
+  CHILD_CHECK(rc == DT_ETIMEDOUT, "init returned %s", dt_err_name(rc));
+  CHILD_CHECK(comm == NULL, "*out set on failure");
+  CHILD_CHECK(dt >= c->timeout_ms - 5 && dt < c->timeout_ms + 1500, "timed out after %.0f ms",
+              dt);
+}
+
+START_TEST(test_missing_peer_times_out)
+{
+  ctx_t c;
+  ctx_init(&c, 4, 800, "job1/gen0");
+  int ranks[2] = {0, 1};
+  pid_t pids[2] = {0};
+  spawn(&c, missing_rank, ranks, 2, pids, 1);
+  reap(pids, 2, 5000, NULL);
+  char *log = read_log(&c);
+  ck_assert_msg(strstr(log, "rank 0/4: rendezvous timed out after 800 ms; missing ranks 2, 3"),
+                "log does not name the missing ranks:\n%s", log);
+  ck_assert_msg(strstr(log, "rank 1/4: rendezvous timed out after 800 ms; missing ranks 2, 3"),
+                "log does not name the missing ranks:\n%s", log);
+  free(log);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* All ranks loop on all-reduces of 4 MiB; the last rank is SIGKILLed by the test after 700 ms,
+ * usually in the middle of a message. Survivors must report an error (never hang, never die)
+ * long before the timeout. */
+static void killed_peer_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  const size_t n = 1 << 20;
+  float *buf = alloc_floats(n);
+  for (size_t i = 0; i < n; i++)
+    buf[i] = 0.f;
+  int rc = 0;
+  for (int it = 0; it < 100000 && rc == 0; it++)
+    rc = dt_comm_all_reduce(comm, buf, n, DT_COMM_SUM);
+  CHILD_CHECK(rc == DT_EREMOTE || rc == DT_ETIMEDOUT, "all_reduce returned %s", dt_err_name(rc));
+  CHILD_CHECK(dt_comm_all_reduce(comm, buf, 1, DT_COMM_SUM) == rc, "poisoned communicator");
+  free(buf);
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_killed_peer_fails_collective)
+{
+  ctx_t c;
+  ctx_init(&c, _i, 4000, "job1/gen0");
+  int ranks[MAX_RANKS];
+  pid_t pids[MAX_RANKS] = {0};
+  for (int r = 0; r < c.world; r++)
+    ranks[r] = r;
+  spawn(&c, killed_peer_rank, ranks, c.world, pids, 1);
+  sleep_ms(700);
+  ck_assert_int_eq(kill(pids[c.world - 1], SIGKILL), 0);
+  double t0 = dt_now_ms();
+  int st[MAX_RANKS];
+  reap(pids, c.world - 1, c.timeout_ms + 3000, st);
+  double dt = dt_now_ms() - t0;
+  int victim;
+  waitpid(pids[c.world - 1], &victim, 0);
+  char *log = read_log(&c);
+  for (int r = 0; r < c.world - 1; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status 0x%x; log:\n%s", r,
+                  st[r], log);
+  /* A dead peer's sockets close at once: survivors must notice long before the timeout. */
+  ck_assert_msg(dt < c.timeout_ms / 2, "survivors took %.0f ms", dt);
+  free(log);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+typedef struct {
+  dt_comm_t *comm;
+  int delay_ms;
+} aborter_t;
+
+static void *aborter(void *arg)
+{
+  aborter_t *a = arg;
+  sleep_ms(a->delay_ms);
+  dt_comm_abort(a->comm);
+  return NULL;
+}
+
+/* Rank 0 blocks in an all-reduce that rank 1 never joins (rank 1 waits in a recv instead); a
+ * second thread aborts rank 0 after 300 ms. Rank 0's all-reduce must return DT_ECANCELED at
+ * once, and rank 1's recv must see the failure (DT_EREMOTE) long before the 20 s timeout. */
+static void abort_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  float buf[1000] = {0};
+  double t0 = dt_now_ms();
+  if (rank == 0) {
+    pthread_t th;
+    aborter_t a = {comm, 300};
+    CHILD_CHECK(pthread_create(&th, NULL, aborter, &a) == 0, "pthread_create");
+    int rc = dt_comm_all_reduce(comm, buf, 1000, DT_COMM_SUM);
+    double dt = dt_now_ms() - t0;
+    pthread_join(th, NULL);
+    CHILD_CHECK(rc == DT_ECANCELED, "aborted all_reduce returned %s", dt_err_name(rc));
+    CHILD_CHECK(dt >= 290 && dt < 2000, "abort took effect after %.0f ms", dt);
+    /* Later operations fail at once; abort is idempotent. */
+    CHILD_CHECK(dt_comm_barrier(comm) == DT_ECANCELED, "after abort");
+    CHILD_CHECK(dt_comm_abort(comm) == 0, "second abort");
+    CHILD_CHECK(dt_comm_send(comm, buf, 4, 1, 0) == DT_ECANCELED, "after abort");
+  } else {
+    int rc = dt_comm_recv(comm, buf, sizeof buf, 0, 0);
+    double dt = dt_now_ms() - t0;
+    CHILD_CHECK(rc == DT_EREMOTE, "peer of aborted rank got %s", dt_err_name(rc));
+    CHILD_CHECK(dt < 3000, "peer noticed after %.0f ms", dt);
+  }
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_abort_unblocks)
+{
+  ctx_t c;
+  ctx_init(&c, 2, 20000, "job1/gen0");
+  run_all(&c, abort_rank, 10000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* An abort before any operation, and an abort of a communicator in the middle of a split:
+ * rank 1 never calls split, so rank 0 waits in it until its own thread aborts the parent. */
+static void abort_split_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank), *sub = NULL;
+  if (rank == 0) {
+    pthread_t th;
+    aborter_t a = {comm, 300};
+    CHILD_CHECK(pthread_create(&th, NULL, aborter, &a) == 0, "pthread_create");
+    double t0 = dt_now_ms();
+    int rc = dt_comm_split(comm, 0, 0, &sub);
+    double dt = dt_now_ms() - t0;
+    pthread_join(th, NULL);
+    CHILD_CHECK(rc == DT_ECANCELED && sub == NULL, "split returned %s", dt_err_name(rc));
+    CHILD_CHECK(dt < 2000, "abort took %.0f ms", dt);
+  } else {
+    sleep_ms(600);
+    CHILD_RC(dt_comm_abort(comm));
+    float x = 0;
+    CHILD_CHECK(dt_comm_all_reduce(comm, &x, 1, DT_COMM_SUM) == DT_ECANCELED, "after abort");
+  }
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_abort_split)
+{
+  ctx_t c;
+  ctx_init(&c, 2, 20000, "job1/gen0");
+  run_all(&c, abort_split_rank, 10000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+static void gen_ok_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  float x = 1.f;
+  CHILD_RC(dt_comm_all_reduce(comm, &x, 1, DT_COMM_SUM));
+  CHILD_CHECK(x == (float)c->world, "sum %g", x);
+  dt_comm_destroy(comm);
+}
+
+/* Generation 0 completes and leaves its keys behind. In generation 1 only rank 0 starts: it
+ * must time out rather than connect to generation 0's stale addresses. Then a full
+ * generation 1 succeeds beside the stale keys. */
+START_TEST(test_stale_generation_ignored)
+{
+  ctx_t c;
+  ctx_init(&c, 2, 600, "job1/gen0");
+  c.timeout_ms = 10000;
+  run_all(&c, gen_ok_rank, 15000);
+  ck_assert_int_eq(ut_count_entries(c.dir, "job1%2Fgen0%2Fcpu%2Faddr%2F"), 2);
+
+  snprintf(c.prefix, sizeof c.prefix, "job1/gen1");
+  c.timeout_ms = 600;
+  c.world = 2;
+  int ranks[1] = {0};
+  pid_t pids[1] = {0};
+  spawn(&c, missing_rank, ranks, 1, pids, 1);
+  reap(pids, 1, 5000, NULL);
+  char *log = read_log(&c);
+  ck_assert_msg(strstr(log, "missing rank 1"), "log:\n%s", log);
+  free(log);
+
+  snprintf(c.prefix, sizeof c.prefix, "job1/gen2");
+  c.timeout_ms = 10000;
+  run_all(&c, gen_ok_rank, 15000);
+  ck_assert_int_eq(ut_count_entries(c.dir, "job1%2Fgen1%2Fcpu%2Faddr%2F"), 1);
+  ck_assert_int_eq(ut_count_entries(c.dir, "job1%2Fgen2%2Fcpu%2Faddr%2F"), 2);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* One process: threads as ranks, world 1, argument checks                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+  dt_kv_t *kv;
+  int rank, world, rc;
+  float out[4];
+} thread_rank_t;
+
+static void *thread_rank(void *arg)
+{
+  thread_rank_t *t = arg;
+  dt_comm_t *comm = NULL;
+  t->rc = dt_comm_init(&comm, NULL, t->kv, "threads/gen0", t->rank, t->world, 10000);
+  if (t->rc < 0)
+    return NULL;
+  float in[2] = {(float)t->rank, (float)(t->rank * 2)};
+  t->rc = dt_comm_all_reduce(comm, in, 2, DT_COMM_SUM);
+  if (t->rc == 0)
+    t->rc = dt_comm_all_gather(comm, in, t->out, 2);
+  dt_comm_destroy(comm);
+  return NULL;
+}
+
+START_TEST(test_threads_mem_kv)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  pthread_t th[2];
+  thread_rank_t t[2];
+  for (int r = 0; r < 2; r++) {
+    t[r] = (thread_rank_t){.kv = &kv, .rank = r, .world = 2};
+    ck_assert_int_eq(pthread_create(&th[r], NULL, thread_rank, &t[r]), 0);
+  }
+  for (int r = 0; r < 2; r++) {
+    pthread_join(th[r], NULL);
+    ck_assert_int_eq(t[r].rc, 0);
+    ck_assert(t[r].out[0] == 1.f && t[r].out[1] == 2.f && t[r].out[2] == 1.f &&
+              t[r].out[3] == 2.f);
+  }
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
+START_TEST(test_world1)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  dt_comm_t *comm = NULL, *sub = NULL;
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "solo/gen0", 0, 1, 1000), 0);
+  float a[3] = {1, 2, 3}, b[3] = {0};
+  ck_assert_int_eq(dt_comm_all_reduce(comm, a, 3, DT_COMM_AVG), 0);
+  ck_assert(a[0] == 1 && a[1] == 2 && a[2] == 3);
+  ck_assert_int_eq(dt_comm_reduce_scatter(comm, a, b, 3, DT_COMM_SUM), 0);
+  ck_assert(b[0] == 1 && b[1] == 2 && b[2] == 3);
+  memset(b, 0, sizeof b);
+  ck_assert_int_eq(dt_comm_all_gather(comm, a, b, 3), 0);
+  ck_assert(b[0] == 1 && b[1] == 2 && b[2] == 3);
+  ck_assert_int_eq(dt_comm_broadcast(comm, a, 3, 0), 0);
+  ck_assert_int_eq(dt_comm_barrier(comm), 0);
+  ck_assert_int_eq(dt_comm_split(comm, 5, 0, &sub), 0);
+  ck_assert_ptr_nonnull(sub);
+  ck_assert_int_eq(dt_comm_world(sub), 1);
+  ck_assert_int_eq(dt_comm_all_reduce(sub, a, 3, DT_COMM_SUM), 0);
+  dt_comm_destroy(sub);
+  ck_assert_int_eq(dt_comm_abort(comm), 0);
+  ck_assert_int_eq(dt_comm_barrier(comm), DT_ECANCELED);
+  dt_comm_destroy(comm);
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
+START_TEST(test_invalid_arguments)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  dt_comm_t *comm = NULL, *sub = NULL;
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", 2, 2, 1000), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", -1, 2, 1000), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "", 0, 1, 1000), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", 0, 1, -5), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", NULL, "p", 0, 1, 1000), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_init(&comm, "carrier-pigeon", &kv, "p", 0, 1, 1000), DT_ENOTSUP);
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", 0, 1, 1000), 0);
+  float x = 1;
+  ck_assert_int_eq(dt_comm_all_reduce(comm, NULL, 4, DT_COMM_SUM), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_all_reduce(comm, &x, 1, (dt_comm_op_t)7), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_broadcast(comm, &x, 1, 1), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_reduce_scatter_v(comm, &x, &x, NULL, DT_COMM_SUM), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_split(comm, -2, 0, &sub), DT_EINVAL);
+  ck_assert_ptr_null(sub);
+  ck_assert_int_eq(dt_comm_all_reduce(NULL, &x, 1, DT_COMM_SUM), DT_EINVAL);
+  /* Argument errors do not poison. */
+  ck_assert_int_eq(dt_comm_all_reduce(comm, &x, 1, DT_COMM_SUM), 0);
+  dt_comm_destroy(comm);
+  dt_comm_destroy(NULL);
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+
+static Suite *comm_suite(void)
+{
+  Suite *s = suite_create("comm");
+  TCase *t = tcase_create("kv");
+  tcase_add_test(t, test_kv_file);
+  tcase_add_test(t, test_kv_mem);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("collectives");
+  tcase_set_timeout(t, 60);
+  tcase_add_loop_test(t, test_collectives, 2, 5);
+  tcase_add_loop_test(t, test_p2p, 2, 4);
+  tcase_add_test(t, test_p2p_size_mismatch);
+  tcase_add_test(t, test_split);
+  tcase_add_loop_test(t, test_generations_back_to_back, 2, 5);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("failures");
+  tcase_set_timeout(t, 60);
+  tcase_add_test(t, test_missing_peer_times_out);
+  tcase_add_loop_test(t, test_killed_peer_fails_collective, 2, 5);
+  tcase_add_test(t, test_abort_unblocks);
+  tcase_add_test(t, test_abort_split);
+  tcase_add_test(t, test_stale_generation_ignored);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("local");
+  tcase_set_timeout(t, 30);
+  tcase_add_test(t, test_threads_mem_kv);
+  tcase_add_test(t, test_world1);
+  tcase_add_test(t, test_invalid_arguments);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void)
+{
+  /* Loopback only, whatever this host's name resolves to. */
+  setenv("DISTRAIN_COMM_HOST", "127.0.0.1", 0);
+  SRunner *sr = srunner_create(comm_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

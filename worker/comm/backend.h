@@ -1,0 +1,59 @@
+/* backend.h — the table a communication backend fills in (internal to worker/comm).
+ *
+ * comm.c owns everything backend-independent: argument checks, the poisoned/aborted state,
+ * zero-size shortcuts, the split protocol. A backend only moves data. Its functions see valid
+ * arguments (non-NULL buffers where sizes are non-zero, ranks in range, counts with a non-zero
+ * total) and return 0 or a negative DT_E* code after logging the cause once; they must turn
+ * every foreign error (C++ exception, NCCL result) into such a code. Buffers are host memory for
+ * "cpu" and device memory for "nccl". To add a backend: write its table, add it to
+ * g_backends in comm.c. */
+#ifndef DT_COMM_BACKEND_H
+#define DT_COMM_BACKEND_H
+
+#include <stddef.h>
+
+#include "comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_comm_backend {
+  const char *name;
+  /* Rendezvous and connect (see dt_comm_init). share is NULL or a live instance of this backend
+   * (the parent of a split): the new instance may share its resources (threads, devices), and
+   * an abort of share must cancel this init promptly. */
+  int (*init)(void **impl, const dt_kv_t *kv, const char *prefix, int rank, int world,
+              int timeout_ms, void *share);
+  /* Frees the instance; in-flight peers see its connections close. */
+  void (*destroy)(void *impl);
+  /* From any thread: fail the blocked operation and all later ones with DT_ECANCELED. */
+  void (*abort)(void *impl);
+
+  int (*all_reduce)(void *impl, float *buf /* (n) */, size_t n, dt_comm_op_t op);
+  /* in: (sum(counts)), out: (counts[rank]) */
+  int (*reduce_scatter)(void *impl, const float *in, float *out, const size_t *counts,
+                        dt_comm_op_t op);
+  /* in: (counts[rank]), out: (sum(counts)) */
+  int (*all_gather)(void *impl, const float *in, float *out, const size_t *counts);
+  int (*broadcast)(void *impl, float *buf /* (n) */, size_t n, int root);
+  /* dst < 0: receive only; src < 0: send only. Sizes may be zero. */
+  int (*sendrecv)(void *impl, const void *sendbuf, size_t send_bytes, int dst, void *recvbuf,
+                  size_t recv_bytes, int src, int tag);
+  int (*barrier)(void *impl);
+} dt_comm_backend_t;
+
+/* Waits for key until deadline_ms (dt_now_ms() clock) in slices of at most 100 ms, giving up
+ * early with DT_ECANCELED once canceled(arg) returns non-zero (canceled may be NULL).
+ * DT_ETIMEDOUT at the deadline; other KV errors are returned as they come. */
+int dt__comm_kv_wait(const dt_kv_t *kv, const char *key, void **val, size_t *len,
+                     double deadline_ms, int (*canceled)(void *arg), void *arg);
+
+/* worker/comm/cpu/gloo_backend.cc */
+extern const dt_comm_backend_t dt__comm_cpu_backend;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

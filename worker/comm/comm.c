@@ -1,0 +1,495 @@
+/* comm.c — the backend-independent half of dt_comm: the backend registry, argument checks,
+ * the poisoned/aborted state, zero-size shortcuts and the split protocol (see comm.h).
+ *
+ * Invariant: comm->err is 0 until an operation fails; from then on every operation returns it
+ * without touching the backend, so a failure is reported once (by the backend, with its cause)
+ * and never turns into a hang on a half-dead connection. DT_EINVAL from argument checks is
+ * returned before any communication and leaves the communicator usable. */
+#include "comm.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dt_error.h"
+#include "dt_log.h"
+#include "dt_util.h"
+
+struct dt_comm {
+  const dt_comm_backend_t *be;
+  void *impl;
+  dt_kv_t kv;
+  char *prefix;
+  int rank, world, timeout_ms;
+  unsigned split_seq; /* splits started on this communicator: names their keys */
+  int err;            /* first failure (0 while healthy); only the operating thread writes it */
+  atomic_int aborted; /* set by dt_comm_abort from any thread */
+};
+
+static const dt_comm_backend_t *const g_backends[] = {&dt__comm_cpu_backend};
+
+/* Slice of a blocking KV get: bounds how long an abort waits to be noticed during rendezvous. */
+#define DT_COMM_KV_SLICE_MS 100
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt__comm_kv_wait(const dt_kv_t *kv, const char *key, void **val, size_t *len,
+                     double deadline_ms, int (*canceled)(void *arg), void *arg)
+{
+  for (;;) {
+    if (canceled && canceled(arg))
+      return DT_ECANCELED;
+    double left = deadline_ms - dt_now_ms();
+    int slice = left <= 0 ? 0 : (int)DT_MIN(left + 1, (double)DT_COMM_KV_SLICE_MS);
+    int rc = kv->get(kv->ud, key, val, len, slice);
+    if (rc != DT_ETIMEDOUT)
+      return rc;
+    if (left <= 0)
+      return DT_ETIMEDOUT;
+  }
+}
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *str_printf(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    return NULL;
+  char *s = malloc((size_t)n + 1);
+  if (!s)
+    return NULL;
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+static int comm_canceled(void *arg)
+{
+  return atomic_load(&((dt_comm_t *)arg)->aborted);
+}
+
+/* Gate at the start of every operation. */
+static int comm_enter(dt_comm_t *comm)
+{
+  if (!comm)
+    return DT_EINVAL;
+  if (atomic_load(&comm->aborted))
+    return DT_ECANCELED;
+  return comm->err;
+}
+
+/* Records the first failure of an operation (argument errors excepted). */
+static int comm_leave(dt_comm_t *comm, int rc)
+{
+  if (rc < 0 && rc != DT_EINVAL) {
+    if (atomic_load(&comm->aborted))
+      rc = DT_ECANCELED;
+    if (!comm->err)
+      comm->err = rc;
+  }
+  return rc;
+}
+
+static int sum_counts(const dt_comm_t *comm, const size_t *counts, size_t *total)
+{
+  size_t t = 0;
+  for (int r = 0; r < comm->world; r++) {
+    if (counts[r] > SIZE_MAX / sizeof(float) - t)
+      return DT_ERANGE;
+    t += counts[r];
+  }
+  *total = t;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lifetime                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int comm_create(dt_comm_t **out, const dt_comm_backend_t *be, const dt_kv_t *kv,
+                       const char *prefix, int rank, int world, int timeout_ms, void *share)
+{
+  int rc = DT_ENOMEM;
+  dt_comm_t *comm = calloc(1, sizeof *comm);
+  if (!comm)
+    goto fail;
+  comm->prefix = strdup(prefix);
+  if (!comm->prefix)
+    goto fail_comm;
+  comm->be = be;
+  comm->kv = *kv;
+  comm->rank = rank;
+  comm->world = world;
+  comm->timeout_ms = timeout_ms;
+  atomic_init(&comm->aborted, 0);
+  double t0 = dt_now_ms();
+  rc = be->init(&comm->impl, kv, prefix, rank, world, timeout_ms, share);
+  if (rc < 0)
+    goto fail_prefix;
+  DT_DEBUG(COMM, "comm %s: rank %d/%d up (%s) in %.1f ms", prefix, rank, world, be->name,
+           dt_now_ms() - t0);
+  *out = comm;
+  return 0;
+
+fail_prefix:
+  free(comm->prefix);
+fail_comm:
+  free(comm);
+fail:
+  return rc;
+}
+
+int dt_comm_init(dt_comm_t **out, const char *backend, const dt_kv_t *kv, const char *prefix,
+                 int rank, int world, int timeout_ms)
+{
+  if (!out || !kv || !kv->put || !kv->get || !prefix || !*prefix || world < 1 || rank < 0 ||
+      rank >= world || timeout_ms < 0) {
+    DT_ERROR(COMM, "dt_comm_init: invalid arguments (rank %d, world %d, timeout %d ms)", rank,
+             world, timeout_ms);
+    return DT_EINVAL;
+  }
+  *out = NULL;
+  dt_log_init();
+  const char *name = backend ? backend : "cpu";
+  for (size_t i = 0; i < DT_ARRAY_SIZE(g_backends); i++)
+    if (strcmp(g_backends[i]->name, name) == 0)
+      return comm_create(out, g_backends[i], kv, prefix, rank, world, timeout_ms, NULL);
+  DT_ERROR(COMM, "dt_comm_init: unknown backend \"%s\" (this build has: cpu)", name);
+  return DT_ENOTSUP;
+}
+
+int dt_comm_abort(dt_comm_t *comm)
+{
+  if (!comm)
+    return DT_EINVAL;
+  if (atomic_exchange(&comm->aborted, 1) == 0) {
+    DT_INFO(COMM, "comm %s: rank %d/%d aborted", comm->prefix, comm->rank, comm->world);
+    comm->be->abort(comm->impl);
+  }
+  return 0;
+}
+
+void dt_comm_destroy(dt_comm_t *comm)
+{
+  if (!comm)
+    return;
+  comm->be->destroy(comm->impl);
+  free(comm->prefix);
+  free(comm);
+}
+
+int dt_comm_rank(const dt_comm_t *comm)
+{
+  return comm->rank;
+}
+
+int dt_comm_world(const dt_comm_t *comm)
+{
+  return comm->world;
+}
+
+const char *dt_comm_prefix(const dt_comm_t *comm)
+{
+  return comm->prefix;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Collectives                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static int valid_op(dt_comm_op_t op)
+{
+  return op == DT_COMM_SUM || op == DT_COMM_AVG;
+}
+
+int dt_comm_all_reduce(dt_comm_t *comm, float *buf, size_t n, dt_comm_op_t op)
+{
+  DT_CHECK(comm_enter(comm));
+  if ((n && !buf) || !valid_op(op))
+    return DT_EINVAL;
+  if (n == 0)
+    return 0;
+  return comm_leave(comm, comm->be->all_reduce(comm->impl, buf, n, op));
+}
+
+int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const size_t *counts,
+                             dt_comm_op_t op)
+{
+  DT_CHECK(comm_enter(comm));
+  size_t total;
+  if (!counts || !valid_op(op) || sum_counts(comm, counts, &total) < 0)
+    return DT_EINVAL;
+  if ((total && !in) || (counts[comm->rank] && !out))
+    return DT_EINVAL;
+  if (total == 0)
+    return 0;
+  return comm_leave(comm, comm->be->reduce_scatter(comm->impl, in, out, counts, op));
+}
+
+int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in, float *out, size_t n,
+                           dt_comm_op_t op)
+{
+  DT_CHECK(comm_enter(comm));
+  size_t *counts = malloc((size_t)comm->world * sizeof *counts);
+  if (!counts)
+    return DT_ENOMEM;
+  for (int r = 0; r < comm->world; r++)
+    counts[r] = n;
+  int rc = dt_comm_reduce_scatter_v(comm, in, out, counts, op);
+  free(counts);
+  return rc;
+}
+
+int dt_comm_all_gather_v(dt_comm_t *comm, const float *in, float *out, const size_t *counts)
+{
+  DT_CHECK(comm_enter(comm));
+  size_t total;
+  if (!counts || sum_counts(comm, counts, &total) < 0)
+    return DT_EINVAL;
+  if ((counts[comm->rank] && !in) || (total && !out))
+    return DT_EINVAL;
+  if (total == 0)
+    return 0;
+  return comm_leave(comm, comm->be->all_gather(comm->impl, in, out, counts));
+}
+
+int dt_comm_all_gather(dt_comm_t *comm, const float *in, float *out, size_t n)
+{
+  DT_CHECK(comm_enter(comm));
+  size_t *counts = malloc((size_t)comm->world * sizeof *counts);
+  if (!counts)
+    return DT_ENOMEM;
+  for (int r = 0; r < comm->world; r++)
+    counts[r] = n;
+  int rc = dt_comm_all_gather_v(comm, in, out, counts);
+  free(counts);
+  return rc;
+}
+
+int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
+{
+  DT_CHECK(comm_enter(comm));
+  if ((n && !buf) || root < 0 || root >= comm->world)
+    return DT_EINVAL;
+  if (n == 0)
+    return 0;
+  return comm_leave(comm, comm->be->broadcast(comm->impl, buf, n, root));
+}
+
+int dt_comm_barrier(dt_comm_t *comm)
+{
+  DT_CHECK(comm_enter(comm));
+  return comm_leave(comm, comm->be->barrier(comm->impl));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Point-to-point                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static int valid_peer(const dt_comm_t *comm, int peer)
+{
+  return peer >= 0 && peer < comm->world && peer != comm->rank;
+}
+
+int dt_comm_sendrecv(dt_comm_t *comm, const void *sendbuf, size_t send_bytes, int dst,
+                     void *recvbuf, size_t recv_bytes, int src, int tag)
+{
+  DT_CHECK(comm_enter(comm));
+  if (tag < 0 || (dst >= 0 && (!valid_peer(comm, dst) || (send_bytes && !sendbuf))) ||
+      (src >= 0 && (!valid_peer(comm, src) || (recv_bytes && !recvbuf))) || (dst < 0 && src < 0))
+    return DT_EINVAL;
+  return comm_leave(comm, comm->be->sendrecv(comm->impl, sendbuf, send_bytes, dst, recvbuf,
+                                             recv_bytes, src, tag));
+}
+
+int dt_comm_send(dt_comm_t *comm, const void *buf, size_t bytes, int peer, int tag)
+{
+  if (comm && !valid_peer(comm, peer))
+    return DT_EINVAL;
+  return dt_comm_sendrecv(comm, buf, bytes, peer, NULL, 0, -1, tag);
+}
+
+int dt_comm_recv(dt_comm_t *comm, void *buf, size_t bytes, int peer, int tag)
+{
+  if (comm && !valid_peer(comm, peer))
+    return DT_EINVAL;
+  return dt_comm_sendrecv(comm, NULL, 0, -1, buf, bytes, peer, tag);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Split                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Protocol (all keys under base = "<prefix>/split<seq>"): every rank puts "base/ck/<rank>" =
+ * "<color> <key>"; rank 0 collects them and puts the whole table as "base/table"; every other
+ * rank reads that one key. So the KV sees O(world) requests rather than O(world^2). Each rank
+ * then derives its group from the table and joins it under "base/c<color>". */
+
+typedef struct {
+  int color, key, rank;
+} split_entry_t;
+
+static int split_cmp(const void *a, const void *b)
+{
+  const split_entry_t *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* Rank 0: gathers every rank's (color, key) into a table of world lines "<color> <key>\n". */
+static int split_gather(dt_comm_t *comm, const char *base, double deadline, char **table,
+                        size_t *table_len)
+{
+  int rc = 0;
+  size_t cap = (size_t)comm->world * 24 + 1, len = 0;
+  char *t = malloc(cap);
+  if (!t)
+    return DT_ENOMEM;
+  for (int r = 0; r < comm->world; r++) {
+    char key[512];
+    void *val = NULL;
+    size_t vlen = 0;
+    snprintf(key, sizeof key, "%s/ck/%d", base, r);
+    rc = dt__comm_kv_wait(&comm->kv, key, &val, &vlen, deadline, comm_canceled, comm);
+    if (rc == DT_ETIMEDOUT) {
+      DT_ERROR(COMM, "comm %s: split timed out after %d ms: rank %d (and maybe later ones) "
+               "never posted its color", comm->prefix, comm->timeout_ms, r);
+    }
+    if (rc < 0)
+      goto fail;
+    int color, k;
+    char line[24];
+    int ok = vlen < sizeof line;
+    if (ok) {
+      memcpy(line, val, vlen);
+      line[vlen] = '\0';
+      ok = sscanf(line, "%d %d", &color, &k) == 2;
+    }
+    free(val);
+    if (!ok) {
+      DT_ERROR(COMM, "comm %s: malformed split entry under %s", comm->prefix, key);
+      rc = DT_EFORMAT;
+      goto fail;
+    }
+    len += (size_t)snprintf(t + len, cap - len, "%d %d\n", color, k);
+  }
+  *table = t;
+  *table_len = len;
+  return 0;
+
+fail:
+  free(t);
+  return rc;
+}
+
+/* Parses the table into entries (world of them). */
+static int split_parse(const dt_comm_t *comm, const char *table, size_t len, split_entry_t *e)
+{
+  const char *p = table, *end = table + len;
+  for (int r = 0; r < comm->world; r++) {
+    char *next;
+    long c = strtol(p, &next, 10);
+    if (next == p || next >= end)
+      return DT_EFORMAT;
+    p = next;
+    long k = strtol(p, &next, 10);
+    if (next == p || next >= end || *next != '\n')
+      return DT_EFORMAT;
+    p = next + 1;
+    e[r] = (split_entry_t){.color = (int)c, .key = (int)k, .rank = r};
+  }
+  return 0;
+}
+
+static int split_run(dt_comm_t *comm, int color, int key, dt_comm_t **out)
+{
+  int rc;
+  double deadline = dt_now_ms() + comm->timeout_ms;
+  char *base = str_printf("%s/split%u", comm->prefix, comm->split_seq++);
+  char *table = NULL, *child_prefix = NULL;
+  size_t table_len = 0;
+  split_entry_t *e = calloc((size_t)comm->world, sizeof *e);
+  if (!base || !e) {
+    rc = DT_ENOMEM;
+    goto out;
+  }
+
+  char k[512], v[32];
+  int vlen = snprintf(v, sizeof v, "%d %d", color, key);
+  snprintf(k, sizeof k, "%s/ck/%d", base, comm->rank);
+  DT_CHECK_GOTO(comm->kv.put(comm->kv.ud, k, v, (size_t)vlen), rc, out);
+  snprintf(k, sizeof k, "%s/table", base);
+  if (comm->rank == 0) {
+    DT_CHECK_GOTO(split_gather(comm, base, deadline, &table, &table_len), rc, out);
+    DT_CHECK_GOTO(comm->kv.put(comm->kv.ud, k, table, table_len), rc, out);
+  } else {
+    void *val = NULL;
+    rc = dt__comm_kv_wait(&comm->kv, k, &val, &table_len, deadline, comm_canceled, comm);
+    if (rc == DT_ETIMEDOUT)
+      DT_ERROR(COMM, "comm %s: split timed out after %d ms waiting for rank 0's table (%s)",
+               comm->prefix, comm->timeout_ms, k);
+    if (rc < 0)
+      goto out;
+    table = val;
+  }
+  rc = split_parse(comm, table, table_len, e);
+  if (rc < 0) {
+    DT_ERROR(COMM, "comm %s: malformed split table under %s", comm->prefix, k);
+    goto out;
+  }
+
+  if (color < 0) {
+    *out = NULL;
+    rc = 0;
+    goto out;
+  }
+  /* Keep this color's members, ordered by (key, parent rank). */
+  int n = 0;
+  for (int r = 0; r < comm->world; r++)
+    if (e[r].color == color)
+      e[n++] = e[r];
+  qsort(e, (size_t)n, sizeof *e, split_cmp);
+  int new_rank = -1;
+  for (int i = 0; i < n; i++)
+    if (e[i].rank == comm->rank)
+      new_rank = i;
+  if (new_rank < 0) { /* our own entry must be there, or the table is not ours */
+    DT_ERROR(COMM, "comm %s: split table under %s lacks rank %d", comm->prefix, k, comm->rank);
+    rc = DT_EFORMAT;
+    goto out;
+  }
+  child_prefix = str_printf("%s/c%d", base, color);
+  if (!child_prefix) {
+    rc = DT_ENOMEM;
+    goto out;
+  }
+  rc = comm_create(out, comm->be, &comm->kv, child_prefix, new_rank, n, comm->timeout_ms,
+                   comm->impl);
+
+out:
+  free(child_prefix);
+  free(table);
+  free(e);
+  free(base);
+  return rc;
+}
+
+int dt_comm_split(dt_comm_t *comm, int color, int key, dt_comm_t **out)
+{
+  DT_CHECK(comm_enter(comm));
+  if (!out || color < DT_COMM_NO_COLOR)
+    return DT_EINVAL;
+  *out = NULL;
+  return comm_leave(comm, split_run(comm, color, key, out));
+}

@@ -1,0 +1,140 @@
+/* comm.h — distrain's communication layer: communicators over a pluggable backend.
+ *
+ * A communicator (dt_comm_t, opaque) joins `world` processes, each with a distinct `rank`, for
+ * collectives on float32 buffers (all-reduce, reduce-scatter, all-gather, broadcast, barrier)
+ * and point-to-point transfers. Peers find each other through a key-value store (dt_kv_t): the
+ * trainer binds it to the coordinator's per-job KV RPCs; tests use the directory-backed or the
+ * in-process store below. Backends: "cpu" (Gloo over TCP, worker/comm/cpu/); "nccl" later.
+ *
+ * Invariants and contracts, as in NCCL:
+ *  - Every collective is called by every rank of the communicator, in the same order, with
+ *    matching sizes (n, counts, root). Point-to-point calls pair up by (peer, tag) in order.
+ *  - Operations on one communicator are issued from one thread at a time. dt_comm_abort() is the
+ *    exception: any thread may call it while an operation is blocked.
+ *  - Every call returns 0 or a negative DT_E* code and never aborts the process. Blocking is
+ *    bounded by the communicator's timeout: every wait for a peer (rendezvous, or progress
+ *    inside an operation) gives up after timeout_ms with DT_ETIMEDOUT.
+ *  - A failed operation poisons the communicator (as a NCCL error does): later operations fail
+ *    at once with the first error (DT_ECANCELED after an abort). Peers see the failure too,
+ *    because the backend closes its connections: a dead or failed peer surfaces as DT_EREMOTE
+ *    (or DT_ETIMEDOUT). Recovery is: destroy, and rendezvous again under a new generation.
+ *    Argument errors (DT_EINVAL) are caught before any communication and poison nothing.
+ *  - Keys: every key is "<prefix>/<backend key>", so giving each generation its own prefix
+ *    ("job7/gen3") guarantees that a new generation never reads a stale generation's keys. */
+#ifndef DT_COMM_COMM_H
+#define DT_COMM_COMM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Key-value store used for rendezvous                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* put stores len bytes under key (overwriting). get waits up to timeout_ms (0: a single probe)
+ * for key to exist, then returns a malloc'd copy of its value in *val (the caller frees it) and
+ * its length in *len; DT_ETIMEDOUT if the key did not appear in time. Both return 0 or a
+ * negative DT_E* code and must be safe to call from several threads. */
+typedef struct dt_kv {
+  int (*put)(void *ud, const char *key, const void *val, size_t len);
+  int (*get)(void *ud, const char *key, void **val, size_t *len, int timeout_ms);
+  void *ud;
+} dt_kv_t;
+
+/* A store in a directory shared by the processes (one node, or a shared file system): put
+ * writes a temporary file and renames it over the key's file (readers never see a partial
+ * value); get polls for the file. Keys may hold any byte except NUL: the file name escapes
+ * everything outside [A-Za-z0-9_.-] as %XX. The directory is created if missing and is not
+ * removed by destroy. */
+int dt_kv_file_create(dt_kv_t *kv, const char *dir);
+void dt_kv_file_destroy(dt_kv_t *kv);
+
+/* A store in this process's memory, for communicators whose ranks are threads. */
+int dt_kv_mem_create(dt_kv_t *kv);
+void dt_kv_mem_destroy(dt_kv_t *kv);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Communicators                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct dt_comm dt_comm_t;
+
+typedef enum {
+  DT_COMM_SUM = 0,
+  DT_COMM_AVG = 1, /* the sum divided by world (in float32, after the sum) */
+} dt_comm_op_t;
+
+/* dt_comm_split: a color meaning "this rank joins no sub-communicator" (*out becomes NULL). */
+#define DT_COMM_NO_COLOR (-1)
+
+/* Joins a communicator: posts this rank's connection details under prefix, waits for all other
+ * ranks', connects. backend is "cpu" (NULL means "cpu"). kv is copied (its ud must outlive the
+ * communicator). prefix names the job and generation, e.g. "job7/gen3" (non-empty, no NUL).
+ * Timeout: ranks that have not posted within timeout_ms give DT_ETIMEDOUT and a log line naming
+ * them. Environment: DISTRAIN_COMM_IFACE (network interface) or DISTRAIN_COMM_HOST (host name or
+ * address to bind; default: this host's name) choose the address the cpu backend listens on. */
+int dt_comm_init(dt_comm_t **out, const char *backend, const dt_kv_t *kv, const char *prefix,
+                 int rank, int world, int timeout_ms);
+
+int dt_comm_rank(const dt_comm_t *comm);
+int dt_comm_world(const dt_comm_t *comm);
+/* The key prefix this communicator rendezvoused under. */
+const char *dt_comm_prefix(const dt_comm_t *comm);
+
+/* In place: buf holds this rank's contribution and receives the reduction. */
+int dt_comm_all_reduce(dt_comm_t *comm, float *buf /* (n) */, size_t n, dt_comm_op_t op);
+
+/* Equal chunks: in is world chunks of n; rank r receives the reduction of chunk r. Callers with
+ * uneven shards either pad to a common n or use the _v form. in is not modified. */
+int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in /* (world*n) */,
+                           float *out /* (n) */, size_t n, dt_comm_op_t op);
+/* Uneven chunks: chunk c has counts[c] elements (zero allowed); the same counts on every rank. */
+int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in /* (sum(counts)) */,
+                             float *out /* (counts[rank]) */, const size_t *counts /* (world) */,
+                             dt_comm_op_t op);
+
+/* Rank r's n elements land at out + r*n on every rank. in may equal out + rank*n. */
+int dt_comm_all_gather(dt_comm_t *comm, const float *in /* (n) */, float *out /* (world*n) */,
+                       size_t n);
+/* Uneven: rank r contributes counts[r] elements, placed after those of ranks 0..r-1. */
+int dt_comm_all_gather_v(dt_comm_t *comm, const float *in /* (counts[rank]) */,
+                         float *out /* (sum(counts)) */, const size_t *counts /* (world) */);
+
+/* root's buf is copied into every other rank's buf. */
+int dt_comm_broadcast(dt_comm_t *comm, float *buf /* (n) */, size_t n, int root);
+
+/* Point-to-point (pipeline stages), in bytes. A send completes once the matching recv (same
+ * peer and tag, in order) has been posted and the data handed to the transport; the buffer is
+ * then reusable. Sizes must match. tag >= 0. */
+int dt_comm_send(dt_comm_t *comm, const void *buf, size_t bytes, int peer, int tag);
+int dt_comm_recv(dt_comm_t *comm, void *buf, size_t bytes, int peer, int tag);
+/* Posts the send and the recv together, then waits for both: a ring shift or a 1F1B
+ * send-forward/recv-backward exchange that would deadlock as a blocking send then recv. */
+int dt_comm_sendrecv(dt_comm_t *comm, const void *sendbuf, size_t send_bytes, int dst,
+                     void *recvbuf, size_t recv_bytes, int src, int tag);
+
+int dt_comm_barrier(dt_comm_t *comm);
+
+/* Collective over comm: ranks with the same color (>= 0) form a sub-communicator, ordered by
+ * (key, parent rank); DT_COMM_NO_COLOR joins none (*out = NULL, still 0). The children
+ * rendezvous through the parent's KV under "<parent prefix>/split<seq>/c<color>", where seq
+ * counts this parent's splits, so repeated splits never collide. Children are independent
+ * communicators: destroy each (in any order relative to the parent). */
+int dt_comm_split(dt_comm_t *comm, int color, int key, dt_comm_t **out);
+
+/* Callable from any thread, any number of times: the blocked operation (if any) and all later
+ * ones fail promptly with DT_ECANCELED; peers blocked on this rank fail with DT_EREMOTE. A
+ * split in progress on this communicator is canceled too. Not concurrent with destroy. */
+int dt_comm_abort(dt_comm_t *comm);
+
+/* Frees the communicator (NULL is fine). Not collective; does not wait for peers. */
+void dt_comm_destroy(dt_comm_t *comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

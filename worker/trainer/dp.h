@@ -1,0 +1,64 @@
+/* dp.h — data parallelism and ZeRO sharding over a communicator.
+ *
+ * Sharding is by flat parameter ranges: with P parameters and N ranks, rank r owns
+ * [r*S, min((r+1)*S, P)) with S = ceil(P/N) (the last ranks may own less, or nothing), so any
+ * parameter count works. What each stage keeps per rank (fp32 AdamW):
+ *   ZeRO-0  params P, grads P, moments 2P              grads all-reduced (average)
+ *   ZeRO-1  params P, grads P, moments 2P/N            all-reduce; update own range; all-gather
+ *   ZeRO-2  params P, grads P/N, moments 2P/N          each unit's grads reduce-scattered into
+ *                                                      the owned range as backward produces them
+ *   ZeRO-3  params P/N, grads P/N, moments 2P/N        + each unit's params all-gathered just
+ *                                                      before its forward and backward
+ * plus, for ZeRO-2/3, working buffers for the units in use (model hooks, gpt2.h).
+ *
+ * Every rank must make the same calls in the same order (they are collectives). Results equal
+ * the single-process run on the same global batch up to the summation order of the
+ * reductions (tests/integration/test_dp.py checks 1e-5 relative). */
+#ifndef DT_TRAINER_DP_H
+#define DT_TRAINER_DP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "comm.h"
+#include "gpt2.h"
+
+typedef struct dt_dp dt_dp_t;
+
+/* Per-rank memory for parameters, gradients and optimizer state, counted as allocated. */
+typedef struct {
+  size_t params, grads, optim, working;
+} dt_dp_memory_t;
+
+/* Takes over m's buffers as the stage needs (frees what the stage does not keep) and installs
+ * the model hooks for ZeRO-2/3. m must hold the initial full weights. */
+int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage);
+void dt_dp_destroy(dt_dp_t *dp);
+
+/* The range this rank owns. */
+void dt_dp_shard(const dt_dp_t *dp, int64_t *lo, int64_t *hi);
+void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem);
+
+/* Before the first micro-batch of a step. */
+void dt_dp_zero_grad(dt_dp_t *dp);
+/* After the last micro-batch: completes the gradient reduction. */
+int dt_dp_reduce_grads(dt_dp_t *dp);
+/* Global L2 norm of the (reduced) gradients; identical on every rank. */
+int dt_dp_grad_norm(dt_dp_t *dp, float *norm);
+/* AdamW on the owned range (the whole model for ZeRO-0), then whatever all-gather the stage
+ * needs so that every rank holds the parameters it computes with. */
+int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t);
+/* Averages a scalar over the ranks (validation loss). */
+int dt_dp_average(dt_dp_t *dp, float *x);
+
+/* Checkpoint: the shard this rank writes (writers = ranks that write; ZeRO-0: rank 0 only,
+ * *writes = 0 elsewhere). */
+void dt_dp_ckpt_range(const dt_dp_t *dp, dt_ckpt_range_t *r, int *writes, int *writers,
+                      int *writer_rank);
+/* Loads this rank's state from a committed checkpoint (written with any dp size). */
+int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state);
+/* Gathers the full weights into out (P floats) on every rank (export, ZeRO-3). */
+int dt_dp_gather_params(dt_dp_t *dp, float *out);
+
+#endif
