@@ -1,0 +1,970 @@
+#!/usr/bin/python3
+"""test_control_plane.py — loopback integration tests of distrain's control plane.
+
+Runs the real binaries (distrain-coordinator, distrain-worker, distrain-train, distrainctl,
+distrain-prep) on 127.0.0.1 and talks to the coordinator with a real gRPC client: Python stubs
+generated at test time from proto/distrain.proto (protoc + grpc_python_plugin), so the wire
+contract is exercised exactly as a third-party client would see it.
+
+    /usr/bin/python3 tests/integration/test_control_plane.py --build BUILD_DIR [unittest args]
+
+Every wait is bounded; every process a test starts (and every trainer its agents start) is
+killed in tearDown, and every temporary directory is removed. Needs python3-grpcio,
+python3-protobuf, protobuf-compiler (protoc) and protobuf-compiler-grpc (grpc_python_plugin).
+"""
+import argparse
+import ctypes
+import glob
+import importlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = None  # set by main()
+pb = None  # distrain_pb2
+pb_grpc = None  # distrain_pb2_grpc
+SERVICE = "distrain.v1.Coordinator"
+HEARTBEAT_MS = 200
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+def binary(sub, name):
+    path = os.path.join(BUILD, sub, name)
+    if not os.access(path, os.X_OK):
+        raise unittest.SkipTest("%s is not built" % path)
+    return path
+
+
+def gen_stubs(out_dir):
+    """Compiles proto/distrain.proto into Python modules under out_dir and imports them."""
+    global pb, pb_grpc
+    plugin = shutil.which("grpc_python_plugin")
+    protoc = shutil.which("protoc")
+    if not plugin or not protoc:
+        sys.exit("test_control_plane.py: protoc and grpc_python_plugin are required "
+                 "(packages protobuf-compiler, protobuf-compiler-grpc)")
+    subprocess.run([protoc, "-I", os.path.join(SRC, "proto"), "--python_out=" + out_dir,
+                    "--grpc_out=" + out_dir, "--plugin=protoc-gen-grpc=" + plugin,
+                    os.path.join(SRC, "proto", "distrain.proto")], check=True)
+    sys.path.insert(0, out_dir)
+    pb = importlib.import_module("distrain_pb2")
+    pb_grpc = importlib.import_module("distrain_pb2_grpc")
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_us():
+    # PR_SET_PDEATHSIG = 1: a daemon must not outlive a killed test runner.
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def proc_state(pid):
+    """'R', 'S', 'Z', ... or None when the process does not exist."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rindex(")") + 2]
+
+
+def proc_alive(pid):
+    s = proc_state(pid)
+    return s is not None and s not in ("Z", "X")
+
+
+def proc_ppid(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(")") + 2:].split()[1])
+
+
+def proc_comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def procs_under(root):
+    """Live processes whose working directory is inside root (trainers run in their agent's
+    work directory, so this finds every trainer a test's agents started)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink("/proc/%s/cwd" % d)
+        except OSError:
+            continue
+        if (cwd == root or cwd.startswith(root + "/")) and proc_alive(int(d)):
+            found.append(int(d))
+    return found
+
+
+def wait_until(pred, timeout, what, interval=0.02):
+    """Polls pred until it returns something truthy; returns it, or raises AssertionError."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while True:
+        try:
+            v = pred()
+            if v:
+                return v
+        except grpc.RpcError as e:  # the coordinator may be restarting
+            last_exc = e
+        if time.monotonic() >= deadline:
+            raise AssertionError("timed out after %.1f s waiting for %s%s" % (
+                timeout, what, " (last error: %s)" % last_exc.details() if last_exc else ""))
+        time.sleep(interval)
+
+
+def tail(path, n=25):
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return "(no %s)" % path
+    return "".join(lines[-n:])
+
+
+_SHARED = {}
+
+
+def shared_data():
+    """Byte-level token shards (a few hundred KB of generated text), made once with
+    distrain-prep and shared by every test."""
+    if "data" in _SHARED:
+        return _SHARED["data"]
+    root = tempfile.mkdtemp(prefix="dt-cp-data-")
+    _SHARED["root"] = root
+    rng = random.Random(7)
+    words = ("the quick brown fox jumps over a lazy dog while seven wise old owls watch "
+             "from the tall oak tree near the quiet river bank at dawn").split()
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) for _ in range(5000)]
+    text = os.path.join(root, "text.txt")
+    with open(text, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    out = os.path.join(root, "data")
+    subprocess.run([binary("worker/trainer", "distrain-prep"), "--input", text, "--out", out],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    train, val = os.path.join(out, "train_000000.bin"), os.path.join(out, "val.bin")
+    assert os.path.getsize(train) > 200 * 1024, os.path.getsize(train)
+    _SHARED["data"] = (train, val)
+    return _SHARED["data"]
+
+
+# Model shapes: TINY runs a step in ~1 ms (a whole job in well under a second); SLOW takes
+# ~8 ms per step on one thread, for jobs that must still be running while the test acts.
+TINY = dict(layers=2, heads=2, channels=32, vocab=256, max_seq=64, batch=4, seq=32, micro_batch=4)
+SLOW = dict(layers=2, heads=2, channels=64, vocab=256, max_seq=64, batch=8, seq=64, micro_batch=8)
+
+
+def job_yaml(ckpt_dir, steps, shape=TINY, every=20, val_every=20, name="tiny",
+             min_nodes=1, max_nodes=1, max_restarts=3):
+    train, val = shared_data()
+    s = shape
+    return (
+        "# written by test_control_plane.py\n"
+        "name: %s\n"
+        "model: {layers: %d, heads: %d, channels: %d, vocab: %d, max_seq: %d, init: \"seed:1\"}\n"
+        "data: {train: \"%s\", val: \"%s\"}\n"
+        "training: {batch: %d, seq: %d, micro_batch: %d, steps: %d, val_every: %d, "
+        "val_batches: 2, threads: 1, sample: 0}\n"
+        "optimizer: {lr: 1.0e-3, schedule: constant}\n"
+        "checkpoint: {dir: \"%s\", every: %d, keep: 0}\n"
+        "elastic: {min_nodes: %d, max_nodes: %d, max_restarts: %d, heartbeat_ms: %d}\n"
+        % (name, s["layers"], s["heads"], s["channels"], s["vocab"], s["max_seq"], train, val,
+           s["batch"], s["seq"], s["micro_batch"], steps, val_every, ckpt_dir, every, min_nodes,
+           max_nodes, max_restarts, HEARTBEAT_MS))
+
+
+def job_spec(ckpt_dir, steps, shape=TINY, every=0, name="py"):
+    """The same kind of job as job_yaml, as a JobSpec message with every section present."""
+    train, val = shared_data()
+    s = shape
+    return pb.JobSpec(
+        name=name,
+        model=pb.ModelSpec(layers=s["layers"], heads=s["heads"], channels=s["channels"],
+                           vocab=s["vocab"], max_seq=s["max_seq"], init="seed:1"),
+        data=pb.DataSpec(train=train, val=val),
+        training=pb.TrainingSpec(batch=s["batch"], seq=s["seq"], steps=steps,
+                                 micro_batch=s["micro_batch"], val_every=0, val_batches=2,
+                                 threads=1, sample=0),
+        optimizer=pb.OptimizerSpec(lr=1e-3, warmup=0, schedule="constant", min_lr_frac=0.0,
+                                   weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8,
+                                   grad_clip=1.0),
+        parallel=pb.ParallelSpec(dp=1, tp=1, pp=1, cp=1, zero_stage=0, schedule="1f1b"),
+        checkpoint=pb.CheckpointSpec(dir=ckpt_dir, every=every, keep=0),
+        elastic=pb.ElasticSpec(min_nodes=1, max_nodes=1, max_restarts=3,
+                               heartbeat_ms=HEARTBEAT_MS))
+
+
+# ---------------------------------------------------------------------------------------------
+# A loopback cluster: one coordinator, agents, and a Python client
+# ---------------------------------------------------------------------------------------------
+
+class ClusterTest(unittest.TestCase):
+    """Base class: a temp dir, process bookkeeping, a coordinator and agents on loopback."""
+
+    def setUp(self):
+        self.t0 = time.monotonic()
+        self.tmp = tempfile.mkdtemp(prefix="dt-cp-")
+        self.procs = []  # every Popen this test started
+        self.channels = []
+        self.coord = None
+        self.port = None
+        self.agents = {}  # hostname -> Popen
+        self.token_file = os.path.join(self.tmp, "token")
+        self.token = "%032x" % random.getrandbits(128)
+        with open(self.token_file, "w") as f:
+            f.write(self.token + "\n")
+        os.chmod(self.token_file, 0o600)
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", DISTRAIN_DEBUG="info")
+
+    def tearDown(self):
+        for ch in self.channels:
+            ch.close()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        # Trainers our agents started (they die with their agent; this is a safety net).
+        leftovers = procs_under(self.tmp)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self._failed() or os.environ.get("DT_KEEP_LOGS"):
+            self._dump_logs()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        sys.stderr.write("[%s: %.1f s] " % (self._testMethodName, time.monotonic() - self.t0))
+
+    def _failed(self):
+        outcome = getattr(self, "_outcome", None)
+        result = getattr(outcome, "result", None)
+        if result is None:
+            return False
+        for test, _ in list(result.failures) + list(result.errors):
+            if test is self:
+                return True
+        return not getattr(outcome, "success", True)
+
+    def _dump_logs(self):
+        for path in sorted(glob.glob(os.path.join(self.tmp, "**", "*.log"), recursive=True)):
+            sys.stderr.write("\n---- %s (tail) ----\n%s" % (os.path.relpath(path, self.tmp),
+                                                            tail(path)))
+
+    # -- processes --------------------------------------------------------------------------
+
+    def spawn(self, args, log, **kw):
+        logf = open(os.path.join(self.tmp, log), "ab")
+        p = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=self.env, cwd=kw.pop("cwd", self.tmp), preexec_fn=_die_with_us,
+                             **kw)
+        logf.close()
+        self.procs.append(p)
+        return p
+
+    def start_coordinator(self, port=0, heartbeat_ms=HEARTBEAT_MS):
+        port_file = os.path.join(self.tmp, "coord.port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        self.coord = self.spawn(
+            [binary("coordinator", "distrain-coordinator"), "--listen", "127.0.0.1:%d" % port,
+             "--port-file", port_file, "--state-dir", os.path.join(self.tmp, "state"),
+             "--token-file", self.token_file, "--heartbeat-ms", str(heartbeat_ms)],
+            "coordinator.log")
+
+        def port_written():
+            if self.coord.poll() is not None:
+                raise AssertionError("the coordinator exited with %s:\n%s" % (
+                    self.coord.returncode, tail(os.path.join(self.tmp, "coordinator.log"))))
+            try:
+                with open(port_file) as f:
+                    return int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                return 0
+
+        self.port = wait_until(port_written, 10, "the coordinator's port file")
+        # Fresh channels from here on. gRPC Python shares subchannels between channels with the
+        # same arguments, and a subchannel still holding the killed coordinator's connection
+        # (noticed only when polled) would first report READY, then IDLE, and not reconnect.
+        for ch in self.channels:
+            ch.close()
+        self.channels = []
+        self._starts = getattr(self, "_starts", 0) + 1
+        self._stub = None
+        if port:
+            self.assertEqual(self.port, port)
+        self.addr = "127.0.0.1:%d" % self.port
+        return self.coord
+
+    def start_agent(self, host, grace_ms=5000):
+        work = os.path.join(self.tmp, "work-" + host)
+        p = self.spawn([binary("worker/agent", "distrain-worker"), "--coordinator", self.addr,
+                        "--token-file", self.token_file, "--cpu-devices", "1", "--hostname", host,
+                        "--work-dir", work, "--grace-ms", str(grace_ms),
+                        "--trainer", binary("worker/trainer", "distrain-train")],
+                       "agent-%s.log" % host)
+        self.agents[host] = p
+        return p
+
+    def ctl(self, *args, timeout=60):
+        """Runs distrainctl; returns the CompletedProcess (text)."""
+        return subprocess.run([binary("coordinator", "distrainctl")] + list(args),
+                              capture_output=True, text=True, env=self.env, cwd=self.tmp,
+                              timeout=timeout)
+
+    # -- RPC --------------------------------------------------------------------------------
+
+    def stub(self):
+        ch = grpc.insecure_channel(self.addr, options=[("dt.coordinator_start", self._starts)])
+        self.channels.append(ch)
+        grpc.channel_ready_future(ch).result(timeout=10)
+        return pb_grpc.CoordinatorStub(ch), ch
+
+    def auth(self, token=None):
+        return (("authorization", "Bearer " + (token or self.token)),)
+
+    def call(self, method, req, timeout=5.0, token=None):
+        if getattr(self, "_stub", None) is None:
+            self._stub, _ = self.stub()
+        return getattr(self._stub, method)(req, metadata=self.auth(token), timeout=timeout,
+                                           wait_for_ready=True)
+
+    def get_job(self, job_id):
+        return self.call("GetJob", pb.GetJobRequest(job_id=job_id))
+
+    def nodes(self):
+        return list(self.call("ListNodes", pb.ListNodesRequest()).nodes)
+
+    def wait_nodes(self, n, timeout=15):
+        return wait_until(
+            lambda: len([x for x in self.nodes() if x.state == pb.NODE_ALIVE]) >= n, timeout,
+            "%d alive nodes" % n)
+
+    def wait_state(self, job_id, states, timeout, min_step=0):
+        names = [pb.JobState.Name(s) for s in states]
+
+        def check():
+            j = self.get_job(job_id)
+            if j.state in (pb.JOB_FAILED,) and pb.JOB_FAILED not in states:
+                raise AssertionError("job %s FAILED: %s" % (job_id, j.reason))
+            return j if j.state in states and j.step >= min_step else None
+
+        return wait_until(check, timeout, "job %s in %s (step >= %d)" % (job_id, names, min_step))
+
+    def trainer_of(self, job_id, generation=None):
+        """(node, TrainerStatus) of the job's RUNNING trainer with a pid, else None."""
+        for n in self.nodes():
+            for t in n.trainers:
+                if (t.job_id == job_id and t.state == pb.TRAINER_RUNNING and t.pid > 0 and
+                        (generation is None or t.generation == generation)):
+                    return n, t
+        return None
+
+    def submit_yaml(self, text, name="job.yaml"):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        r = self.ctl("submit", "--coordinator", self.addr, "--token-file", self.token_file, path)
+        self.assertEqual(r.returncode, 0, "distrainctl submit failed: %s" % r.stderr)
+        job_id = r.stdout.strip()
+        self.assertRegex(job_id, r"^job-\d+$")
+        return job_id
+
+    def assertCode(self, ctx, code):
+        self.assertEqual(ctx.exception.code(), code,
+                         "expected %s, got %s: %s" % (code, ctx.exception.code(),
+                                                      ctx.exception.details()))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The gRPC surface, from a Python client
+# ---------------------------------------------------------------------------------------------
+
+class T1_GrpcSurface(ClusterTest):
+    def test_auth_unknown_method_validation_and_pending_job(self):
+        self.start_coordinator()
+        stub, ch = self.stub()
+        # No token, a wrong token: UNAUTHENTICATED, and the call has no effect.
+        with self.assertRaises(grpc.RpcError) as cm:
+            stub.ListJobs(pb.ListJobsRequest(), timeout=5)
+        self.assertCode(cm, grpc.StatusCode.UNAUTHENTICATED)
+        with self.assertRaises(grpc.RpcError) as cm:
+            stub.ListJobs(pb.ListJobsRequest(), metadata=self.auth("not-the-token"), timeout=5)
+        self.assertCode(cm, grpc.StatusCode.UNAUTHENTICATED)
+        with self.assertRaises(grpc.RpcError) as cm:
+            stub.SubmitJob(pb.SubmitJobRequest(spec=job_spec("/tmp/x", 5)),
+                           metadata=self.auth(self.token + "x"), timeout=5)
+        self.assertCode(cm, grpc.StatusCode.UNAUTHENTICATED)
+        with self.assertRaises(grpc.RpcError) as cm:  # a prefix of the token is not the token
+            stub.ListJobs(pb.ListJobsRequest(), metadata=self.auth(self.token[:-1]), timeout=5)
+        self.assertCode(cm, grpc.StatusCode.UNAUTHENTICATED)
+        self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0,
+                         "an unauthenticated SubmitJob created a job")
+
+        # An unknown method: UNIMPLEMENTED, promptly (not after a deadline).
+        for path in ("/%s/Nope" % SERVICE, "/other.Service/Frob"):
+            nope = ch.unary_unary(path)
+            t = time.monotonic()
+            with self.assertRaises(grpc.RpcError) as cm:
+                nope(b"\x0a\x03abc", metadata=self.auth(), timeout=10)
+            took = time.monotonic() - t
+            self.assertCode(cm, grpc.StatusCode.UNIMPLEMENTED)
+            self.assertLess(took, 2.0, "UNIMPLEMENTED for %s took %.2f s" % (path, took))
+
+        # Invalid specs: INVALID_ARGUMENT naming every violated rule.
+        bad = job_spec("/tmp/x", 5)
+        bad.model.heads = 3  # channels 32 % 3 != 0
+        bad.training.batch = 6  # 6 % (micro_batch 4 x dp 1) != 0
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.call("SubmitJob", pb.SubmitJobRequest(spec=bad))
+        self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
+        msg = cm.exception.details()
+        self.assertIn("model.channels (32) must be divisible by model.heads (3)", msg)
+        self.assertIn("training.batch (6) must be divisible by training.micro_batch (4)", msg)
+        missing = job_spec("/tmp/x", 5)
+        missing.ClearField("elastic")
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.call("SubmitJob", pb.SubmitJobRequest(spec=missing))
+        self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
+        unsupported = job_spec("/tmp/x", 5)
+        unsupported.parallel.tp = 2
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.call("SubmitJob", pb.SubmitJobRequest(spec=unsupported))
+        self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("tp=2", cm.exception.details())
+        self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0,
+                         "a refused spec created a job")
+
+        # A valid job: stored as submitted, PENDING with a reason while there are no nodes.
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), 7, name="from-python")
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.assertRegex(job_id, r"^job-\d+$")
+        j = self.get_job(job_id)
+        self.assertEqual(j.job_id, job_id)
+        self.assertEqual(j.state, pb.JOB_PENDING, pb.JobState.Name(j.state))
+        self.assertIn("waiting for nodes", j.reason)
+        self.assertIn("min_nodes 1", j.reason)
+        self.assertEqual(j.spec, spec)
+        self.assertEqual(j.generation, 0)
+        self.assertGreater(j.created_ms, 0)
+        jobs = self.call("ListJobs", pb.ListJobsRequest()).jobs
+        self.assertEqual([x.job_id for x in jobs], [job_id])
+        self.assertEqual(jobs[0].state, pb.JOB_PENDING)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.call("GetJob", pb.GetJobRequest(job_id="job-999"))
+        self.assertCode(cm, grpc.StatusCode.NOT_FOUND)
+        # distrainctl reads the same job through its C client
+        r = self.ctl("status", job_id, "--json", "--coordinator", self.addr, "--token-file",
+                     self.token_file)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        st = json.loads(r.stdout)
+        self.assertEqual((st["job_id"], st["state"], st["name"]), (job_id, "PENDING", "from-python"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Garbage on the port
+# ---------------------------------------------------------------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def h2_frame(ftype, flags, stream, payload, claimed_len=None):
+    n = len(payload) if claimed_len is None else claimed_len
+    return struct.pack(">I", n)[1:] + bytes([ftype, flags]) + struct.pack(">I", stream) + payload
+
+
+class T2_Garbage(ClusterTest):
+    def _blast(self, data, rst=False, read=False):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+        try:
+            if data:
+                s.sendall(data)
+            if read:
+                try:
+                    s.recv(4096)
+                except (socket.timeout, OSError):
+                    pass
+        except OSError:
+            pass  # the server may close on us first: that is fine
+        finally:
+            if rst:  # close with RST instead of FIN
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+
+    def test_garbage_does_not_hurt_the_coordinator(self):
+        self.start_coordinator()
+        rng = random.Random(1234)
+        settings = h2_frame(0x4, 0, 0, struct.pack(">HI", 0x3, 100))  # MAX_CONCURRENT_STREAMS
+        headers_payload = bytes([0x82, 0x86, 0x84, 0x41, 0x0f]) + b"127.0.0.1:1234"
+        cases = []
+        # (a) random bytes, short and long
+        for _ in range(40):
+            cases.append((os.urandom(rng.choice([1, 7, 24, 100, 4096, 65536])), False, False))
+        # (b) a valid preface, then truncated or malformed frames
+        for _ in range(10):
+            cases += [
+                (PREFACE + settings[:rng.randint(1, len(settings) - 1)], False, False),
+                (PREFACE + h2_frame(0x4, 0, 0, b"\x00\x03", claimed_len=18), False, False),
+                (PREFACE + settings + h2_frame(0x1, 0x4, 1, headers_payload[:3],
+                                               claimed_len=len(headers_payload)), False, True),
+                (PREFACE + settings + h2_frame(0x1, 0x4, 1, os.urandom(40)), False, True),  # bad HPACK
+                (PREFACE + settings + h2_frame(0x1, 0x5, 2, headers_payload), False, True),  # even stream
+                (PREFACE + settings + h2_frame(0x0, 0x1, 1, b"\x00\x00\x00\x00\x10xx"), False, True),
+                (PREFACE + h2_frame(0x4, 0, 0, b"", claimed_len=0xFFFFFF), False, False),
+                (PREFACE + settings + h2_frame(0x8, 0, 0, b"\x7f\xff\xff\xff"), False, True),
+                (PREFACE + os.urandom(300), False, True),
+                (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", False, True),
+            ]
+        # (c) connections closed (FIN or RST) mid-preface and mid-frame
+        for _ in range(20):
+            cases += [
+                (PREFACE[:rng.randint(1, len(PREFACE) - 1)], rng.random() < 0.5, False),
+                (PREFACE + settings + h2_frame(0x1, 0x4, 1, headers_payload)[:rng.randint(1, 8)],
+                 rng.random() < 0.5, False),
+                (b"", True, False),
+            ]
+        cases = cases * 3  # every kind, many times
+        rng.shuffle(cases)
+        # Slow clients: connections that sent half a preface and stay open meanwhile.
+        idle = []
+        for _ in range(16):
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            s.sendall(PREFACE[:10])
+            idle.append(s)
+        try:
+            t = time.monotonic()
+            for data, rst, read in cases:
+                self._blast(data, rst=rst, read=read)
+            blast_s = time.monotonic() - t
+            self.assertIsNone(self.coord.poll(), "the coordinator died:\n" +
+                              tail(os.path.join(self.tmp, "coordinator.log")))
+            # While the slow connections are still open, a normal call is served promptly.
+            t = time.monotonic()
+            jobs = self.call("ListJobs", pb.ListJobsRequest(), timeout=5)
+            self.assertLess(time.monotonic() - t, 2.0)
+            self.assertEqual(len(jobs.jobs), 0)
+        finally:
+            for s in idle:
+                s.close()
+        # And the coordinator still does real work afterwards.
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(
+            spec=job_spec(os.path.join(self.tmp, "ck"), 3))).job_id
+        self.assertEqual(self.get_job(job_id).state, pb.JOB_PENDING)
+        time.sleep(0.2)
+        self.assertIsNone(self.coord.poll(), "the coordinator died")
+        sys.stderr.write("[%d garbage connections in %.1f s] " % (len(cases), blast_s))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. End to end through distrainctl run --local
+# ---------------------------------------------------------------------------------------------
+
+class T3_RunLocal(ClusterTest):
+    def test_run_local_end_to_end(self):
+        steps = 40
+        ckpt = os.path.join(self.tmp, "ckpt")
+        run_dir = os.path.join(self.tmp, "run")
+        metrics = os.path.join(self.tmp, "metrics.jsonl")
+        job = os.path.join(self.tmp, "job.yaml")
+        with open(job, "w") as f:
+            f.write(job_yaml(ckpt, steps, every=20, val_every=20))
+        r = self.ctl("run", "--local", "--run-dir", run_dir, "--metrics", metrics, job,
+                     timeout=120)
+        self.assertEqual(r.returncode, 0, "distrainctl run failed (%d):\n%s\n%s" % (
+            r.returncode, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
+        self.assertIn("COMPLETED", r.stderr)
+        # one JSON object per step, steps 1..N, validation at 20 and 40
+        with open(metrics) as f:
+            lines = f.read().splitlines()
+        ms = [json.loads(x) for x in lines]
+        self.assertEqual([m["step"] for m in ms], list(range(1, steps + 1)))
+        for m in ms:
+            for k in ("loss", "lr", "grad_norm", "ms", "tokens_per_s"):
+                self.assertIsInstance(m[k], (int, float), (k, m))
+            self.assertTrue(0 < m["loss"] < 10, m)
+            self.assertEqual("val_loss" in m, m["step"] % 20 == 0, m)
+        self.assertLess(ms[-1]["loss"], ms[0]["loss"], "the loss did not go down")
+        # committed checkpoints
+        for s in (20, 40):
+            d = os.path.join(ckpt, "step-%08d" % s)
+            self.assertTrue(os.path.isfile(os.path.join(d, "MANIFEST")), os.listdir(ckpt))
+            self.assertTrue(glob.glob(os.path.join(d, "shard-*.bin")))
+        # the run directory's layout, and distrainctl logs reading it
+        log = os.path.join(run_dir, "node-0", "job-1", "rank-0.log")
+        self.assertTrue(os.path.isfile(log), os.listdir(run_dir))
+        self.assertIn("==== job job-1 generation 1 rank 0", tail(log, 1000))
+        for f in ("coordinator.log", "node-0/agent.log", "token"):
+            self.assertTrue(os.path.exists(os.path.join(run_dir, f)), f)
+        r = self.ctl("logs", "job-1", "--work-dir", os.path.join(run_dir, "node-*"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("==== job job-1 generation 1 rank 0", r.stdout)
+        # nothing is left running
+        self.assertEqual(procs_under(run_dir), [])
+
+    def test_bad_yaml_is_refused_before_anything_starts(self):
+        job = os.path.join(self.tmp, "bad.yaml")
+        text = job_yaml(os.path.join(self.tmp, "ckpt"), 10).splitlines()
+        # line 5 (1-based) is the training section: add an unknown key to it
+        self.assertTrue(text[4].startswith("training:"), text[4])
+        text[4] = text[4].replace("threads: 1", "threads: 1, bogus_key: 3")
+        with open(job, "w") as f:
+            f.write("\n".join(text) + "\n")
+        run_dir = os.path.join(self.tmp, "run")
+        r = self.ctl("run", "--local", "--run-dir", run_dir, job, timeout=30)
+        self.assertIn(r.returncode, (1, 2), r.stderr)
+        self.assertIn("bogus_key", r.stderr)
+        self.assertIn("bad.yaml:5", r.stderr)
+        self.assertFalse(os.path.exists(run_dir), "a run directory was created for a bad job")
+        self.assertEqual(procs_under(self.tmp), [])
+        # submit refuses it the same way, without a coordinator to talk to
+        r = self.ctl("submit", "--coordinator", "127.0.0.1:1", "--token-file", self.token_file,
+                     job, timeout=30)
+        self.assertIn(r.returncode, (1, 2), r.stderr)
+        self.assertIn("bogus_key", r.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. An agent killed with SIGKILL
+# ---------------------------------------------------------------------------------------------
+
+class T4_AgentKilled(ClusterTest):
+    def test_killed_agent_is_detected_and_the_job_moves(self):
+        self.start_coordinator()
+        for i in range(3):
+            self.start_agent("h%d" % i)
+        self.wait_nodes(3)
+        job_id = self.submit_yaml(job_yaml(os.path.join(self.tmp, "ckpt"), 100000, shape=SLOW,
+                                           every=50, val_every=0))
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        self.assertEqual(j.generation, 1)
+        node, tr = wait_until(lambda: self.trainer_of(job_id, 1), 10, "a running trainer")
+        agent = self.agents[node.info.hostname]
+        self.assertEqual(proc_ppid(tr.pid), agent.pid, "the trainer is not the agent's child")
+        self.assertEqual(proc_comm(tr.pid), "distrain-train")
+        self.assertEqual(len([n for n in self.nodes() if n.trainers]), 1)
+
+        agent.send_signal(signal.SIGKILL)
+        t_kill = time.monotonic()
+        wall_kill = time.time() * 1000
+
+        def left_running():
+            j = self.get_job(job_id)
+            return j if (j.state != pb.JOB_RUNNING or j.generation != 1) else None
+
+        j = wait_until(left_running, 10, "the job to leave RUNNING", interval=0.01)
+        latency = time.monotonic() - t_kill
+        agent.wait(timeout=5)
+        # The trainer died with its agent (PR_SET_PDEATHSIG).
+        wait_until(lambda: not proc_alive(tr.pid), 2, "trainer pid %d to die" % tr.pid)
+
+        limit = HEARTBEAT_MS * 3 / 1000.0 + 1.0
+        sys.stderr.write("[agent SIGKILL -> job left RUNNING in %.0f ms (coordinator: %.0f ms), "
+                         "limit %.0f ms] " % (latency * 1000, j.updated_ms - wall_kill,
+                                               limit * 1000))
+        self.assertLess(latency, limit)
+        self.assertIn(node.node_id, list(j.failed_nodes))
+        self.assertEqual(j.restarts, 1)
+        if j.state == pb.JOB_RECOVERING:
+            self.assertIn(node.node_id, j.reason)
+        else:
+            # Idle nodes exist, so the job was re-planned at once onto another node.
+            self.assertIn(j.state, (pb.JOB_RENDEZVOUS, pb.JOB_RUNNING), pb.JobState.Name(j.state))
+            self.assertEqual(j.generation, 2)
+            self.assertNotIn(node.node_id, j.reason)  # "world 1 ..., on node-N"
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: \w+ -> RECOVERING .*%s \(%s\) missed heartbeats"
+                             % (job_id, node.node_id, node.info.hostname))
+        dead = [n for n in self.nodes() if n.node_id == node.node_id][0]
+        self.assertEqual(dead.state, pb.NODE_DEAD)
+        # Generation 2 runs on a different node.
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20)
+        self.assertEqual(j.generation, 2)
+        node2, tr2 = wait_until(lambda: self.trainer_of(job_id, 2), 10, "a generation-2 trainer")
+        self.assertNotEqual(node2.node_id, node.node_id)
+        self.assertNotEqual(tr2.pid, tr.pid)
+        self.assertEqual(proc_ppid(tr2.pid), self.agents[node2.info.hostname].pid)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The coordinator killed with SIGKILL and restarted mid-job
+# ---------------------------------------------------------------------------------------------
+
+class T5_CoordinatorRestart(ClusterTest):
+    def test_coordinator_restart_does_not_disturb_trainers(self):
+        port = free_port()
+        self.start_coordinator(port=port)
+        agent = self.start_agent("h0")
+        self.wait_nodes(1)
+        steps = 1000  # ~8 s of SLOW steps
+        ckpt = os.path.join(self.tmp, "ckpt")
+        job_id = self.submit_yaml(job_yaml(ckpt, steps, shape=SLOW, every=250, val_every=0))
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=20)
+        gen = j.generation
+        node, tr = wait_until(lambda: self.trainer_of(job_id, gen), 10, "a running trainer")
+        self.assertEqual(proc_ppid(tr.pid), agent.pid)
+
+        self.coord.send_signal(signal.SIGKILL)
+        self.coord.wait(timeout=5)
+        time.sleep(0.5)  # the agent's heartbeats fail meanwhile; the trainer keeps training
+        self.assertTrue(proc_alive(tr.pid))
+        self.start_coordinator(port=port)
+        t_restart = time.monotonic()
+
+        j2 = self.get_job(job_id)
+        self.assertEqual(j2.generation, gen)
+        self.assertIn(j2.state, (pb.JOB_RUNNING,), pb.JobState.Name(j2.state))
+        self.assertEqual(j2.spec, j.spec)
+        # The agent reconnects, reporting the same trainer: same pid, same generation.
+        node2, tr2 = wait_until(lambda: self.trainer_of(job_id), 10,
+                                "the agent to report its trainer to the new coordinator")
+        self.assertEqual(node2.node_id, node.node_id)
+        self.assertEqual((tr2.pid, tr2.generation), (tr.pid, gen))
+        self.assertGreater(tr2.step, j.step)
+        # ... and keeps doing so: the node is never declared dead, nothing is restarted.
+        while time.monotonic() - t_restart < 2.5:
+            jj = self.get_job(job_id)
+            if jj.state == pb.JOB_COMPLETED:
+                break
+            self.assertEqual((jj.state, jj.generation, jj.restarts), (pb.JOB_RUNNING, gen, 0),
+                             "after the restart: %s" % jj.reason)
+            self.assertTrue(proc_alive(tr.pid))
+            time.sleep(0.1)
+        j3 = self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        self.assertEqual((j3.generation, j3.restarts, j3.step), (gen, 0, steps))
+        self.assertEqual(list(j3.failed_nodes), [])
+        self.assertEqual(j3.committed_step, steps)
+        with open(os.path.join(self.tmp, "agent-h0.log")) as f:
+            self.assertEqual(f.read().count("started job %s" % job_id), 1,
+                             "the trainer was restarted")
+        # Every step's metrics reached the coordinator, including the ones made while it was down.
+        m = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([x.step for x in m], list(range(1, steps + 1)))
+        for s in range(250, steps + 1, 250):
+            self.assertTrue(os.path.isfile(os.path.join(ckpt, "step-%08d" % s, "MANIFEST")), s)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Stopping jobs and agents
+# ---------------------------------------------------------------------------------------------
+
+class T6_Stop(ClusterTest):
+    GRACE_MS = 3000
+
+    def test_stop_job_and_stop_agent(self):
+        self.start_coordinator()
+        agent = self.start_agent("h0", grace_ms=self.GRACE_MS)
+        self.wait_nodes(1)
+        work = os.path.join(self.tmp, "work-h0")
+        ckpt = os.path.join(self.tmp, "ckpt")
+        job1 = self.submit_yaml(job_yaml(ckpt, 100000, shape=SLOW, every=0, val_every=0))
+        self.wait_state(job1, [pb.JOB_RUNNING], 20, min_step=1)
+        _, tr = wait_until(lambda: self.trainer_of(job1), 10, "a running trainer")
+        self.assertEqual(proc_ppid(tr.pid), agent.pid)
+
+        r = self.ctl("stop", job1, "--coordinator", self.addr, "--token-file", self.token_file)
+        t_stop = time.monotonic()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("STOPPED", r.stdout)
+        j = self.wait_state(job1, [pb.JOB_STOPPED], 2)
+        self.assertIn("stopped", j.reason)
+        wait_until(lambda: not proc_alive(tr.pid), self.GRACE_MS / 1000.0,
+                   "the trainer to exit within the grace period")
+        gone_ms = (time.monotonic() - t_stop) * 1000
+        self.assertEqual(procs_under(work), [], "the agent left orphans")
+        self.assertIsNone(agent.poll(), "the agent exited")
+        # The job stays STOPPED; stopping it again is harmless.
+        time.sleep(0.5)
+        self.assertEqual(self.get_job(job1).state, pb.JOB_STOPPED)
+        r = self.ctl("stop", job1, "--coordinator", self.addr, "--token-file", self.token_file)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.ctl("stop", "job-404", "--coordinator", self.addr, "--token-file",
+                     self.token_file)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job-404", r.stderr)
+
+        # The node takes the next job; then the agent itself is stopped with SIGTERM.
+        job2 = self.submit_yaml(job_yaml(ckpt + "2", 100000, shape=SLOW, every=0, val_every=0),
+                                name="job2.yaml")
+        self.wait_state(job2, [pb.JOB_RUNNING], 20, min_step=1)
+        _, tr2 = wait_until(lambda: self.trainer_of(job2), 10, "job 2's trainer")
+        self.assertEqual(proc_ppid(tr2.pid), agent.pid)
+        agent.send_signal(signal.SIGTERM)
+        rc = agent.wait(timeout=self.GRACE_MS / 1000.0 + 5)
+        self.assertEqual(rc, 0)
+        self.assertFalse(proc_alive(tr2.pid))
+        self.assertEqual(procs_under(work), [], "the agent left orphans")
+        with open(os.path.join(self.tmp, "agent-h0.log")) as f:
+            log = f.read()
+        # The agent stopped the trainer itself (SIGTERM), it was not killed by PDEATHSIG.
+        self.assertIn("stopping job %s rank 0 (pid %d)" % (job2, tr2.pid), log)
+        self.assertRegex(log, r"job %s rank 0 stopped \(code \d+, signal %d\)"
+                         % (job2, signal.SIGTERM))
+        sys.stderr.write("[stop -> trainer gone in %.0f ms] " % gone_ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The rendezvous key-value store and stale generations
+# ---------------------------------------------------------------------------------------------
+
+class T7_KvGenerations(ClusterTest):
+    def test_kv_scoped_by_generation(self):
+        # A long heartbeat: the fake node below answers no heartbeats unless told to.
+        self.start_coordinator(heartbeat_ms=5000)
+        info = pb.NodeInfo(hostname="fake0", devices=[pb.Device(kind="cpu", index=0, name="cpu")])
+        node_id = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(
+            spec=job_spec(os.path.join(self.tmp, "ck"), 10))).job_id
+        j = self.get_job(job_id)
+        self.assertEqual((j.state, j.generation), (pb.JOB_RENDEZVOUS, 1), j.reason)
+        gen = j.generation
+
+        def kv_get(g, key, timeout_ms=0, deadline=10):
+            return self.call("KvGet", pb.KvGetRequest(job_id=job_id, generation=g, key=key,
+                                                      timeout_ms=timeout_ms),
+                             timeout=deadline).value
+
+        self.call("KvPut", pb.KvPutRequest(job_id=job_id, generation=gen, key="addr/0",
+                                           value=b"10.0.0.1:5000"))
+        self.assertEqual(kv_get(gen, "addr/0"), b"10.0.0.1:5000")
+
+        # A blocking get returns when another thread puts the key.
+        got = {}
+
+        def getter(key, g=gen):
+            t = time.monotonic()
+            try:
+                got[key] = (kv_get(g, key, timeout_ms=8000), time.monotonic() - t)
+            except grpc.RpcError as e:
+                got[key] = (e, time.monotonic() - t)
+
+        th = threading.Thread(target=getter, args=("nccl-id",))
+        th.start()
+        time.sleep(0.3)
+        self.assertNotIn("nccl-id", got, "KvGet returned before the key was put")
+        self.call("KvPut", pb.KvPutRequest(job_id=job_id, generation=gen, key="nccl-id",
+                                           value=b"\x00\x01\xfe\xff" * 32))
+        th.join(timeout=5)
+        self.assertFalse(th.is_alive())
+        value, took = got["nccl-id"]
+        self.assertEqual(value, b"\x00\x01\xfe\xff" * 32)
+        self.assertTrue(0.25 < took < 2.0, took)
+
+        # Any other generation is stale, for gets and puts alike.
+        for g in (gen - 1, gen + 1):
+            with self.assertRaises(grpc.RpcError) as cm:
+                kv_get(g, "addr/0")
+            self.assertCode(cm, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("stale", cm.exception.details())
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.call("KvPut", pb.KvPutRequest(job_id=job_id, generation=g, key="k",
+                                                   value=b"v"))
+            self.assertCode(cm, grpc.StatusCode.FAILED_PRECONDITION)
+
+        # A get that times out: DEADLINE_EXCEEDED naming the key, after the wait asked for.
+        t = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as cm:
+            kv_get(gen, "never/set", timeout_ms=300)
+        took = time.monotonic() - t
+        self.assertCode(cm, grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertIn("never/set", cm.exception.details())
+        self.assertTrue(0.25 < took < 2.0, took)
+        with self.assertRaises(grpc.RpcError) as cm:
+            kv_get(gen, "never/set", timeout_ms=0)
+        self.assertCode(cm, grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.call("KvGet", pb.KvGetRequest(job_id="job-404", generation=1, key="k"))
+        self.assertCode(cm, grpc.StatusCode.NOT_FOUND)
+
+        # The generation moves on (rank 0 reports a crash): a get still waiting on the old
+        # generation fails FAILED_PRECONDITION, and the new generation sees none of the old keys.
+        th = threading.Thread(target=getter, args=("late",))
+        th.start()
+        time.sleep(0.2)
+        failed = pb.TrainerStatus(job_id=job_id, generation=gen, rank=0, state=pb.TRAINER_FAILED,
+                                  exit_code=3, last_error="boom")
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=1, trainers=[failed]))
+        th.join(timeout=5)
+        self.assertFalse(th.is_alive())
+        err, took = got["late"]
+        self.assertIsInstance(err, grpc.RpcError)
+        self.assertEqual(err.code(), grpc.StatusCode.FAILED_PRECONDITION, err.details())
+        self.assertLess(took, 2.0)
+        j = self.get_job(job_id)
+        self.assertEqual(j.restarts, 1)
+        self.assertNotEqual(j.state, pb.JOB_RUNNING)
+        # The node is healthy and idle again, so the job is re-planned: generation 2.
+        j = wait_until(lambda: (lambda x: x if x.generation == gen + 1 else None)(
+            self.get_job(job_id)), 2, "generation %d (state now %s: %s)" % (
+                gen + 1, pb.JobState.Name(j.state), j.reason))
+        self.assertEqual(j.state, pb.JOB_RENDEZVOUS, j.reason)
+        with self.assertRaises(grpc.RpcError) as cm:
+            kv_get(gen + 1, "addr/0")
+        self.assertCode(cm, grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(grpc.RpcError) as cm:
+            kv_get(gen, "addr/0")
+        self.assertCode(cm, grpc.StatusCode.FAILED_PRECONDITION)
+        self.call("KvPut", pb.KvPutRequest(job_id=job_id, generation=gen + 1, key="addr/0",
+                                           value=b"new"))
+        self.assertEqual(kv_get(gen + 1, "addr/0"), b"new")
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    global BUILD
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True, help="the CMake build directory")
+    args, rest = ap.parse_known_args()
+    BUILD = os.path.abspath(args.build)
+    stub_dir = tempfile.mkdtemp(prefix="dt-cp-stubs-")
+    try:
+        gen_stubs(stub_dir)
+        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+        ok = prog.result.wasSuccessful()
+    finally:
+        shutil.rmtree(stub_dir, ignore_errors=True)
+        if "root" in _SHARED:
+            shutil.rmtree(_SHARED["root"], ignore_errors=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
