@@ -2,7 +2,7 @@
  *
  * The liveness timer runs every DT_PARAM LivenessScanMs (100 ms): a node silent for
  * heartbeat_ms x dead_after_missed is declared dead, so detection takes at most that plus one
- * scan interval. */
+ * scan interval (plus any time the loop itself was stalled: see on_liveness). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,11 +28,39 @@ static void on_liveness(uv_timer_t *t)
   dt_coord_t *c = t->data;
   const double limit = (double)c->cfg.heartbeat_ms * c->cfg.dead_after_missed;
   const double now = dt_coord_now_ms();
+  /* libuv runs timers before the I/O that queued up while the loop was busy: after a stall
+   * (planning and answering a 10,000-rank job, a slow disk) the heartbeats that arrived
+   * meanwhile are not handled yet. Credit every node with the time this scan is late, so a
+   * busy coordinator does not declare healthy nodes dead (a dead one is found that much
+   * later: it could not have been seen during the stall anyway). */
+  const double late = c->last_scan_ms > 0 ? now - c->last_scan_ms - c->scan_ms : 0;
+  c->last_scan_ms = now;
+  int in_txn = 0;
   for (size_t i = 0; i < c->n_nodes; i++) {
     dt_node_t *n = c->nodes[i];
-    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && now - n->last_seen_ms > limit)
+    if (n && late > c->scan_ms)
+      n->last_seen_ms += late;
+    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && now - n->last_seen_ms > limit) {
+      if (!in_txn) { /* many deaths in one scan: one transaction, not one per node */
+        dt_store_begin(c->store);
+        in_txn = 1;
+      }
       dt_coord_node_dead(c, n);
+    }
   }
+  if (in_txn)
+    dt_store_commit(c->store);
+}
+
+static void on_sched(uv_timer_t *t)
+{
+  dt_coord_schedule(t->data);
+}
+
+void dt_coord_schedule_soon(dt_coord_t *c)
+{
+  if (!c->closing && !uv_is_active((uv_handle_t *)&c->sched))
+    uv_timer_start(&c->sched, on_sched, 0, 0);
 }
 
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
@@ -73,7 +101,11 @@ int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
   uv_timer_init(loop, &c->liveness);
   c->liveness.data = c;
   uint64_t scan = (uint64_t)DT_MAX(10, dt_param_LivenessScanMs());
+  c->scan_ms = (double)scan;
+  c->last_scan_ms = dt_coord_now_ms();
   uv_timer_start(&c->liveness, on_liveness, scan, scan);
+  uv_timer_init(loop, &c->sched);
+  c->sched.data = c;
   return 0;
 fail_rpc:
   dt_rpc_server_close(c->rpc, NULL, NULL);
@@ -123,9 +155,11 @@ static void on_rpc_closed(void *ud)
   dt_coord_t *c = x->c;
   dt_kv_destroy(c->kv);
   c->kv = NULL;
-  x->pending = 1;
+  x->pending = 2;
   c->liveness.data = x;
   uv_close((uv_handle_t *)&c->liveness, on_handle_closed);
+  c->sched.data = x;
+  uv_close((uv_handle_t *)&c->sched, on_handle_closed);
   for (size_t i = 0; i < c->n_nodes; i++) {
     if (c->nodes[i]) {
       x->pending++;
@@ -143,5 +177,6 @@ void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud)
   x->c = c, x->cb = cb, x->ud = ud;
   c->closing = 1;
   uv_timer_stop(&c->liveness);
+  uv_timer_stop(&c->sched);
   dt_rpc_server_close(c->rpc, on_rpc_closed, x);
 }

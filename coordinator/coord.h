@@ -58,6 +58,11 @@ typedef struct {
   int64_t step;
 } dt_rank_slot_t;
 
+/* One rank of a job and the node it runs on (the job's by-node index). */
+typedef struct {
+  int node, rank;
+} dt_node_rank_t;
+
 /* A checkpoint step being collected from its writers. */
 typedef struct {
   int64_t step;
@@ -81,6 +86,11 @@ typedef struct {
   size_t n_metrics, cap_metrics;
   dt_ckpt_pending_t *ckpts;
   size_t n_ckpts;
+  /* ranks sorted by (node, rank), rebuilt lazily once per generation: a node's assignment
+   * then costs O(log world + its ranks), not O(world) */
+  dt_node_rank_t *by_node;
+  uint64_t by_node_gen;
+  int by_node_world;
 } dt_job_t;
 
 struct dt_coord {
@@ -96,6 +106,8 @@ struct dt_coord {
   uint64_t next_job;
   struct dt_kv *kv;
   uv_timer_t liveness;
+  double scan_ms, last_scan_ms; /* liveness scan period; when the last scan ran */
+  uv_timer_t sched;             /* dt_coord_schedule_soon: one planning pass per loop iteration */
   int closing;
 };
 
@@ -112,6 +124,9 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
                              ...) __attribute__((format(printf, 4, 5)));
 /* Plans every job that waits (PENDING, RECOVERING) over the idle alive nodes. */
 void dt_coord_schedule(dt_coord_t *c);
+/* The same, coalesced: runs dt_coord_schedule once on the next loop iteration however many
+ * nodes registered, came back or died in this one (a planning pass is O(nodes)). */
+void dt_coord_schedule_soon(dt_coord_t *c);
 /* A node stopped heartbeating: fail over every job on it. */
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
 /* Folds one heartbeat's trainer statuses into the job state machines. */

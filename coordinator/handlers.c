@@ -117,7 +117,7 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   resp.node_id = n->id;
   resp.heartbeat_ms = (uint32_t)c->cfg.heartbeat_ms;
   dt_rpc_call_reply(call, &resp.base);
-  dt_coord_schedule(c);
+  dt_coord_schedule_soon(c);
 }
 
 static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
@@ -151,7 +151,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   }
   dt_coord_trainer_status(c, n);
   if (revived)
-    dt_coord_schedule(c);
+    dt_coord_schedule_soon(c);
   resp.assignment_version = n->assign_version;
   dt_rpc_call_reply(call, &resp.base);
 }

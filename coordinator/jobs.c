@@ -152,6 +152,44 @@ void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
   free(r);
 }
 
+static int cmp_node_rank(const void *pa, const void *pb)
+{
+  const dt_node_rank_t *a = pa, *b = pb;
+  if (a->node != b->node)
+    return a->node < b->node ? -1 : 1;
+  return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+/* The ranks of the current generation on one node, ascending; NULL when out of memory. */
+static const dt_node_rank_t *ranks_on_node(dt_job_t *j, int node, int *count)
+{
+  if (!j->by_node || j->by_node_gen != j->job->generation || j->by_node_world != j->world) {
+    dt_node_rank_t *idx = malloc((size_t)DT_MAX(j->world, 1) * sizeof *idx);
+    if (!idx)
+      return NULL;
+    for (int r = 0; r < j->world; r++)
+      idx[r] = (dt_node_rank_t){j->ranks[r].node, r};
+    qsort(idx, (size_t)j->world, sizeof *idx, cmp_node_rank);
+    free(j->by_node);
+    j->by_node = idx;
+    j->by_node_gen = j->job->generation;
+    j->by_node_world = j->world;
+  }
+  size_t lo = 0, hi = (size_t)j->world;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (j->by_node[mid].node < node)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  size_t end = lo;
+  while (end < (size_t)j->world && j->by_node[end].node == node)
+    end++;
+  *count = (int)(end - lo);
+  return j->by_node + lo;
+}
+
 Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, dt_node_t *n)
 {
   Distrain__V1__WatchAssignmentResponse *r = calloc(1, sizeof *r);
@@ -184,17 +222,19 @@ Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, d
   dt_jobspec_mesh(j->job->spec, &mesh);
   mesh.dp = j->dp;
   int local = 0;
-  for (int rank = 0; rank < j->world; rank++)
-    local += j->ranks[rank].node == n->index;
+  const dt_node_rank_t *mine = ranks_on_node(j, n->index, &local);
+  if (!mine) {
+    dt_coord_free_assignments(r);
+    return NULL;
+  }
   a->local_world_size = local;
   a->ranks = calloc((size_t)DT_MAX(local, 1), sizeof *a->ranks);
   if (!a->ranks) {
     dt_coord_free_assignments(r);
     return NULL;
   }
-  for (int rank = 0; rank < j->world; rank++) {
-    if (j->ranks[rank].node != n->index)
-      continue;
+  for (int k = 0; k < local; k++) {
+    const int rank = mine[k].rank;
     Distrain__V1__RankAssignment *ra = calloc(1, sizeof *ra);
     if (!ra) {
       dt_coord_free_assignments(r);
@@ -380,7 +420,7 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
              n->info->hostname, silent);
     recover(c, j, reason);
   }
-  dt_coord_schedule(c);
+  dt_coord_schedule_soon(c);
 }
 
 static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__TrainerStatus *ts)
@@ -590,6 +630,7 @@ void dt_job_free(dt_job_t *j)
   free(j->ckpts);
   free(j->ranks);
   free(j->nodes);
+  free(j->by_node);
   free(j);
 }
 

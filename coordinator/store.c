@@ -16,7 +16,8 @@
 
 struct dt_store {
   sqlite3 *db;
-  int depth; /* dt_store_begin nesting */
+  sqlite3_stmt *put_node; /* prepared once: planning writes one node row per node */
+  int depth;              /* dt_store_begin nesting */
   char path[4200];
 };
 
@@ -90,6 +91,7 @@ void dt_store_close(dt_store_t *s)
 {
   if (!s)
     return;
+  sqlite3_finalize(s->put_node);
   sqlite3_close(s->db);
   free(s);
 }
@@ -127,13 +129,15 @@ int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
   uint8_t *info = pack(&n->info->base, &len);
   if (!info)
     return DT_ENOMEM;
-  sqlite3_stmt *st;
   int ret = 0;
-  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?)", -1, &st,
-                         NULL) != SQLITE_OK) {
+  if (!s->put_node &&
+      sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?)", -1,
+                         &s->put_node, NULL) != SQLITE_OK) {
+    s->put_node = NULL;
     free(info);
     return sql_fail(s, "prepare node");
   }
+  sqlite3_stmt *st = s->put_node;
   sqlite3_bind_int(st, 1, n->index);
   sqlite3_bind_text(st, 2, n->id, -1, SQLITE_STATIC);
   sqlite3_bind_blob(st, 3, info, (int)len, SQLITE_STATIC);
@@ -143,7 +147,8 @@ int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
   sqlite3_bind_int64(st, 7, n->last_seen_wall_ms);
   if (sqlite3_step(st) != SQLITE_DONE)
     ret = sql_fail(s, "write node");
-  sqlite3_finalize(st);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st); /* info and n->id are not ours to keep */
   free(info);
   return ret;
 }

@@ -19,7 +19,7 @@ pkgs=(
   libsystemd-dev                         # sd_notify
   libgloo-dev                            # CPU collectives
   check                                  # unit tests
-  python3 python3-numpy python3-grpcio python3-protobuf protobuf-compiler-grpc  # interop tests
+  python3 python3-numpy python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc  # interop tests (protoc + grpc_python_plugin)
   bible-kjv bible-kjv-text               # demo corpus
   clang-format valgrind                  # CI quality gates
 )

@@ -183,6 +183,26 @@ def shared_data():
     return _SHARED["data"]
 
 
+def slow_steps(seconds):
+    """Steps of the SLOW shape that take about `seconds` with this build on this machine
+    (sanitizer builds are several times slower): the median step time of 30 standalone steps,
+    measured once."""
+    if "slow_ms" not in _SHARED:
+        train, _ = shared_data()
+        s = SLOW
+        metrics = os.path.join(_SHARED["root"], "calibrate.jsonl")
+        args = [binary("worker/trainer", "distrain-train"), "--train", train, "--quiet",
+                "--threads", "1", "--steps", "30", "--metrics", metrics]
+        for k in ("layers", "heads", "channels", "vocab", "max_seq", "batch", "seq"):
+            args += ["--" + k.replace("_", "-"), str(s[k])]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+        with open(metrics) as f:
+            ms = sorted(json.loads(x)["ms"] for x in f if '"ms"' in x)
+        _SHARED["slow_ms"] = max(0.5, ms[len(ms) // 2])
+    return int(min(20000, max(100, seconds * 1000.0 / _SHARED["slow_ms"])))
+
+
 # Model shapes: TINY runs a step in ~1 ms (a whole job in well under a second); SLOW takes
 # ~8 ms per step on one thread, for jobs that must still be running while the test acts.
 TINY = dict(layers=2, heads=2, channels=32, vocab=256, max_seq=64, batch=4, seq=32, micro_batch=4)
@@ -733,9 +753,12 @@ class T5_CoordinatorRestart(ClusterTest):
         self.start_coordinator(port=port)
         agent = self.start_agent("h0")
         self.wait_nodes(1)
-        steps = 1000  # ~8 s of SLOW steps
+        steps = slow_steps(8.0)
         ckpt = os.path.join(self.tmp, "ckpt")
-        job_id = self.submit_yaml(job_yaml(ckpt, steps, shape=SLOW, every=250, val_every=0))
+        every = steps // 4
+        steps = 4 * every  # checkpoints at 1/4, 2/4, 3/4 and the end
+        sys.stderr.write("[%d steps of ~%.1f ms] " % (steps, _SHARED["slow_ms"]))
+        job_id = self.submit_yaml(job_yaml(ckpt, steps, shape=SLOW, every=every, val_every=0))
         j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=20)
         gen = j.generation
         node, tr = wait_until(lambda: self.trainer_of(job_id, gen), 10, "a running trainer")
@@ -777,7 +800,7 @@ class T5_CoordinatorRestart(ClusterTest):
         # Every step's metrics reached the coordinator, including the ones made while it was down.
         m = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
         self.assertEqual([x.step for x in m], list(range(1, steps + 1)))
-        for s in range(250, steps + 1, 250):
+        for s in range(every, 4 * every + 1, every):
             self.assertTrue(os.path.isfile(os.path.join(ckpt, "step-%08d" % s, "MANIFEST")), s)
 
 
@@ -799,8 +822,8 @@ class T6_Stop(ClusterTest):
         _, tr = wait_until(lambda: self.trainer_of(job1), 10, "a running trainer")
         self.assertEqual(proc_ppid(tr.pid), agent.pid)
 
-        r = self.ctl("stop", job1, "--coordinator", self.addr, "--token-file", self.token_file)
         t_stop = time.monotonic()
+        r = self.ctl("stop", job1, "--coordinator", self.addr, "--token-file", self.token_file)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("STOPPED", r.stdout)
         j = self.wait_state(job1, [pb.JOB_STOPPED], 2)

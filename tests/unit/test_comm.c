@@ -48,7 +48,7 @@
   } while (0)
 
 typedef struct {
-  char dir[512];  /* the KV directory (and scratch files) of this test */
+  char dir[512]; /* the KV directory (and scratch files) of this test */
   char prefix[128];
   int world;      /* ranks of the communicator */
   int timeout_ms; /* communicator timeout */
@@ -129,8 +129,8 @@ static double reap(pid_t *pids, int n, double limit_ms, int *status)
     if (status) {
       status[i] = st[i];
     } else {
-      ck_assert_msg(WIFEXITED(st[i]) && WEXITSTATUS(st[i]) == 0,
-                    "child %d exited with status 0x%x", i, st[i]);
+      ck_assert_msg(WIFEXITED(st[i]) && WEXITSTATUS(st[i]) == 0, "child %d exited with status 0x%x",
+                    i, st[i]);
     }
   }
   return elapsed;
@@ -300,8 +300,8 @@ static void check_all_reduce(dt_comm_t *comm, int rank, int world)
       CHILD_RC(dt_comm_all_reduce(comm, buf, n, (dt_comm_op_t)op));
       for (size_t i = 0; i < n; i++) {
         float want = op == DT_COMM_SUM ? sum_over(world, i) : sum_over(world, i) / (float)world;
-        CHILD_CHECK(buf[i] == want, "all_reduce n=%zu op=%d [%zu] = %g, want %g", n, op, i,
-                    buf[i], want);
+        CHILD_CHECK(buf[i] == want, "all_reduce n=%zu op=%d [%zu] = %g, want %g", n, op, i, buf[i],
+                    want);
       }
     }
     free(buf);
@@ -381,8 +381,8 @@ static void check_all_gather_counts(dt_comm_t *comm, int rank, int world, const 
   size_t o = 0;
   for (int r = 0; r < world; r++)
     for (size_t i = 0; i < counts[r]; i++, o++)
-      CHILD_CHECK(out[o] == val(r, i), "all_gather from rank %d [%zu] = %g, want %g", r, i,
-                  out[o], val(r, i));
+      CHILD_CHECK(out[o] == val(r, i), "all_gather from rank %d [%zu] = %g, want %g", r, i, out[o],
+                  val(r, i));
   if (!in_place)
     free(in);
   free(out);
@@ -561,8 +561,8 @@ static void split_rank(const ctx_t *c, int rank)
   float x[3] = {(float)rank, 1.f, (float)(10 * rank)};
   CHILD_RC(dt_comm_all_reduce(dp, x, 3, DT_COMM_SUM));
   float want0 = (float)(color + color + 2);
-  CHILD_CHECK(x[0] == want0 && x[1] == 2.f && x[2] == 10.f * want0, "dp sum %g %g %g", x[0],
-              x[1], x[2]);
+  CHILD_CHECK(x[0] == want0 && x[1] == 2.f && x[2] == 10.f * want0, "dp sum %g %g %g", x[0], x[1],
+              x[2]);
   float g[2] = {0};
   float mine = (float)rank;
   CHILD_RC(dt_comm_all_gather(dp, &mine, g, 1));
@@ -657,8 +657,7 @@ static void missing_rank(const ctx_t *c, int rank)
   double dt = dt_now_ms() - t0;
   CHILD_CHECK(rc == DT_ETIMEDOUT, "init returned %s", dt_err_name(rc));
   CHILD_CHECK(comm == NULL, "*out set on failure");
-  CHILD_CHECK(dt >= c->timeout_ms - 5 && dt < c->timeout_ms + 1500, "timed out after %.0f ms",
-              dt);
+  CHILD_CHECK(dt >= c->timeout_ms - 5 && dt < c->timeout_ms + 1500, "timed out after %.0f ms", dt);
 }
 
 START_TEST(test_missing_peer_times_out)
@@ -889,8 +888,7 @@ START_TEST(test_threads_mem_kv)
   for (int r = 0; r < 2; r++) {
     pthread_join(th[r], NULL);
     ck_assert_int_eq(t[r].rc, 0);
-    ck_assert(t[r].out[0] == 1.f && t[r].out[1] == 2.f && t[r].out[2] == 1.f &&
-              t[r].out[3] == 2.f);
+    ck_assert(t[r].out[0] == 1.f && t[r].out[1] == 2.f && t[r].out[2] == 1.f && t[r].out[3] == 2.f);
   }
   dt_kv_mem_destroy(&kv);
 }

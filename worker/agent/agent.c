@@ -552,7 +552,8 @@ static void hb_done(uv_work_t *w, int status)
       Distrain__V1__StepMetrics **merged = malloc((ts->n_metrics + t->n_pending) * sizeof *merged);
       if (merged) {
         memcpy(merged, ts->metrics, ts->n_metrics * sizeof *merged);
-        memcpy(merged + ts->n_metrics, t->pending, t->n_pending * sizeof *merged);
+        if (t->n_pending) /* t->pending is NULL when empty: memcpy from NULL is undefined */
+          memcpy(merged + ts->n_metrics, t->pending, t->n_pending * sizeof *merged);
         free(t->pending);
         t->pending = merged;
         t->n_pending += ts->n_metrics;

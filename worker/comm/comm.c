@@ -236,8 +236,7 @@ int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const
   return comm_leave(comm, comm->be->reduce_scatter(comm->impl, in, out, counts, op));
 }
 
-int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in, float *out, size_t n,
-                           dt_comm_op_t op)
+int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in, float *out, size_t n, dt_comm_op_t op)
 {
   DT_CHECK(comm_enter(comm));
   size_t *counts = malloc((size_t)comm->world * sizeof *counts);
@@ -363,8 +362,10 @@ static int split_gather(dt_comm_t *comm, const char *base, double deadline, char
     snprintf(key, sizeof key, "%s/ck/%d", base, r);
     rc = dt__comm_kv_wait(&comm->kv, key, &val, &vlen, deadline, comm_canceled, comm);
     if (rc == DT_ETIMEDOUT) {
-      DT_ERROR(COMM, "comm %s: split timed out after %d ms: rank %d (and maybe later ones) "
-               "never posted its color", comm->prefix, comm->timeout_ms, r);
+      DT_ERROR(COMM,
+               "comm %s: split timed out after %d ms: rank %d (and maybe later ones) "
+               "never posted its color",
+               comm->prefix, comm->timeout_ms, r);
     }
     if (rc < 0)
       goto fail;

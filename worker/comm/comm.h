@@ -19,6 +19,8 @@
  *    because the backend closes its connections: a dead or failed peer surfaces as DT_EREMOTE
  *    (or DT_ETIMEDOUT). Recovery is: destroy, and rendezvous again under a new generation.
  *    Argument errors (DT_EINVAL) are caught before any communication and poison nothing.
+ *    An operation fails only if it needs a peer that is gone: a rank may destroy its
+ *    communicator as soon as its own last operation returned, while peers finish theirs.
  *  - Keys: every key is "<prefix>/<backend key>", so giving each generation its own prefix
  *    ("job7/gen3") guarantees that a new generation never reads a stale generation's keys. */
 #ifndef DT_COMM_COMM_H
@@ -88,9 +90,10 @@ const char *dt_comm_prefix(const dt_comm_t *comm);
 int dt_comm_all_reduce(dt_comm_t *comm, float *buf /* (n) */, size_t n, dt_comm_op_t op);
 
 /* Equal chunks: in is world chunks of n; rank r receives the reduction of chunk r. Callers with
- * uneven shards either pad to a common n or use the _v form. in is not modified. */
-int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in /* (world*n) */,
-                           float *out /* (n) */, size_t n, dt_comm_op_t op);
+ * uneven shards either pad to a common n or use the _v form. in is not modified; out must not
+ * overlap it. */
+int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in /* (world*n) */, float *out /* (n) */,
+                           size_t n, dt_comm_op_t op);
 /* Uneven chunks: chunk c has counts[c] elements (zero allowed); the same counts on every rank. */
 int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in /* (sum(counts)) */,
                              float *out /* (counts[rank]) */, const size_t *counts /* (world) */,

@@ -31,8 +31,8 @@ static int key_path(const kv_file_t *kf, const char *key, char *path, size_t cap
   char name[256];
   size_t n = 0;
   for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
-    int plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                (*p >= '0' && *p <= '9') || *p == '_' || *p == '-' || (*p == '.' && p != (const unsigned char *)key);
+    int plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                *p == '_' || *p == '-' || (*p == '.' && p != (const unsigned char *)key);
     if (n + 4 > sizeof name)
       return DT_EINVAL;
     if (plain) {

@@ -15,6 +15,7 @@
 enum { W_EMBED = 0, W_FINAL = 1, W_LAYER = 2, W_KINDS = 3 };
 
 struct dt_dp {
+  double comm_ms; /* time this rank's compute thread spent blocked in collectives */
   dt_gpt2_t *m;
   dt_comm_t *comm; /* NULL for one process */
   int stage, rank, world;
@@ -43,6 +44,16 @@ static int collective(const dt_dp_t *dp)
   return dp->comm && dp->world > 1;
 }
 
+/* Runs a collective, charges its time to comm_ms (exposed communication) and returns its
+ * error from the calling function if it failed. */
+#define TIMED_CHECK(dp, call)                                                                      \
+  do {                                                                                             \
+    double dt__t0 = dt_now_ms();                                                                   \
+    int dt__crc = (call);                                                                          \
+    (dp)->comm_ms += dt_now_ms() - dt__t0;                                                         \
+    DT_CHECK(dt__crc);                                                                             \
+  } while (0)
+
 /* counts[r] = |[a, b) ∩ shard r|; returns the element offset of this rank's part in [a, b). */
 static void range_counts(const dt_dp_t *dp, size_t a, size_t b, size_t *counts)
 {
@@ -70,7 +81,7 @@ static int gather_unit(dt_dp_t *dp, int unit, float *dst)
     range_counts(dp, a, b, dp->rcounts);
     const float *in = dp->p_shard + (DT_MAX((int64_t)a, dp->lo) - dp->lo);
     if (collective(dp)) {
-      DT_CHECK(dt_comm_all_gather_v(dp->comm, in, dst + packed, dp->rcounts));
+      TIMED_CHECK(dp, dt_comm_all_gather_v(dp->comm, in, dst + packed, dp->rcounts));
     } else {
       memcpy(dst + packed, dp->p_shard + a, r[i].len * sizeof(float));
     }
@@ -290,7 +301,8 @@ int dt_dp_reduce_grads(dt_dp_t *dp)
 {
   if (dp->stage >= 2 || !collective(dp))
     return 0; /* ZeRO-2/3 reduced unit by unit during the backward pass */
-  return dt_comm_all_reduce(dp->comm, dp->m->grads_flat, (size_t)dp->P, DT_COMM_AVG);
+  TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, dp->m->grads_flat, (size_t)dp->P, DT_COMM_AVG));
+  return 0;
 }
 
 /* Sums a double across ranks exactly enough for a norm: as a float pair (hi, lo). */
@@ -301,7 +313,7 @@ static int sum_double(dt_dp_t *dp, double *x)
   float pair[2];
   pair[0] = (float)*x;
   pair[1] = (float)(*x - (double)pair[0]);
-  DT_CHECK(dt_comm_all_reduce(dp->comm, pair, 2, DT_COMM_SUM));
+  TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, pair, 2, DT_COMM_SUM));
   *x = (double)pair[0] + (double)pair[1];
   return 0;
 }
@@ -337,7 +349,16 @@ int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t)
   }
   if (dp->stage == 3 || !collective(dp))
     return 0;
-  return dt_comm_all_gather_v(dp->comm, m->params_flat + dp->lo, m->params_flat, dp->counts);
+  TIMED_CHECK(dp,
+              dt_comm_all_gather_v(dp->comm, m->params_flat + dp->lo, m->params_flat, dp->counts));
+  return 0;
+}
+
+double dt_dp_take_comm_ms(dt_dp_t *dp)
+{
+  double ms = dp->comm_ms;
+  dp->comm_ms = 0.0;
+  return ms;
 }
 
 int dt_dp_average(dt_dp_t *dp, float *x)

@@ -49,6 +49,9 @@ int dt_dp_grad_norm(dt_dp_t *dp, float *norm);
 /* AdamW on the owned range (the whole model for ZeRO-0), then whatever all-gather the stage
  * needs so that every rank holds the parameters it computes with. */
 int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t);
+/* Milliseconds the caller spent blocked in collectives since the last call (exposed, i.e.
+ * not overlapped, communication), and resets the counter. */
+double dt_dp_take_comm_ms(dt_dp_t *dp);
 /* Averages a scalar over the ranks (validation loss). */
 int dt_dp_average(dt_dp_t *dp, float *x);
 

@@ -259,8 +259,8 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s)
 {
   fprintf(fp,
           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
-          "\"tokens_per_s\": %.1f",
-          (long long)s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_s);
+          "\"tokens_per_s\": %.1f, \"comm_ms\": %.3f",
+          (long long)s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_s, s->comm_ms);
   if (s->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
   fprintf(fp, "}\n");
@@ -501,7 +501,8 @@ int dt_train_run(const dt_train_opts_t *o)
                             .grad_norm = norm,
                             .lr = lr,
                             .ms = ms,
-                            .tokens_per_s = tokens_per_step * 1000.0 / ms};
+                            .tokens_per_s = tokens_per_step * 1000.0 / ms,
+                            .comm_ms = dt_dp_take_comm_ms(dp)};
     const int last = state.step == end;
     if (o->val_every > 0 && (state.step % o->val_every == 0 || last)) {
       sm.has_val = 1;

@@ -27,6 +27,7 @@ typedef struct {
   int64_t step;
   float loss, grad_norm;
   double lr, ms, tokens_per_s;
+  double comm_ms; /* exposed (not overlapped) communication in this step */
   int has_val;
   float val_loss;
 } dt_step_metrics_t;

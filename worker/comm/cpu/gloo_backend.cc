@@ -20,9 +20,12 @@
  * whose message has not started arriving, but a wait on a message that is half-read stays
  * asleep until its timeout (measured: 2 of 15 runs of a 3-rank all-reduce with a SIGKILLed
  * peer took the full 4 s timeout instead of ~25 ms). Training timeouts are minutes, so abort
- * must not depend on them. Owning the waits lets the watchdog below interrupt them.
- * DISTRAIN_COMM_CPU_GLOO_ALLREDUCE=1 selects gloo::allreduce (ring) instead of ours, for
- * comparison in benchmarks only: it has the gap just described.
+ * must not depend on them. Owning the waits lets the watchdog below interrupt them. It costs
+ * no speed: on loopback with 2 ranks our all-reduce matched gloo::allreduce (ring) at 16 and
+ * 64 MiB and beat torch.distributed's gloo; at 1 MiB all three were within the scheduling noise
+ * of a shared 2-core machine (tests/bench/bench_allreduce.c, bench_allreduce_torch.py).
+ * DISTRAIN_COMM_CPU_GLOO_ALLREDUCE=1 selects gloo::allreduce instead of ours, for comparison
+ * in benchmarks only: it has the gap just described.
  *
  * Failure model. Gloo fails a pair when its socket breaks (a peer died, or closed its end), and
  * a whole transport context (tcp::Context::signalException: every pair failed, pending
@@ -67,7 +70,8 @@ extern "C" {
 #include "dt_util.h"
 }
 
-namespace {
+namespace
+{
 
 using ms = std::chrono::milliseconds;
 using gloo::transport::UnboundBuffer;
@@ -85,13 +89,14 @@ constexpr uint8_t kSlotSentinel = 0x45;
 /* Pipelining unit of the ring and chain algorithms (elements): small enough that a segment's
  * transfer overlaps the previous one's reduction and forwarding, large enough to amortise the
  * per-message cost (a notification round trip). */
-static size_t kSegElems = getenv("SEG") ? (size_t)atol(getenv("SEG")) : 128 * 1024;
+constexpr size_t kSegElems = 128 * 1024;
 
 /* "Forever" for the watchdog's wait: about 10 years, far from steady_clock overflow. */
 constexpr ms kForever = std::chrono::hours(24 * 365 * 10);
 
 /* A gloo::Context over a transport context that connect_mesh connected (for gloo::allreduce). */
-class MeshContext : public gloo::Context {
+class MeshContext : public gloo::Context
+{
 public:
   MeshContext(int my_rank, int nranks, std::shared_ptr<gloo::transport::Device> dev,
               std::shared_ptr<gloo::transport::Context> tctx, ms timeout)
@@ -178,27 +183,32 @@ void interrupt(Gloo *g)
   }
 }
 
-/* Registers an operation's buffers for interrupt() for its lifetime. Declare it after the
- * buffers (so that it unregisters them before they are destroyed) and before posting. */
-class Active {
+/* Registers buffers for interrupt() for its lifetime. Declare it after the buffers (so that it
+ * unregisters them before they are destroyed) and before posting anything on them. */
+class Active
+{
 public:
   Active(Gloo *g, std::initializer_list<UnboundBuffer *> bufs) : g_(g)
   {
     std::lock_guard<std::mutex> lock(g_->active_mu);
     for (UnboundBuffer *b : bufs)
-      if (b)
+      if (b) {
         g_->active.push_back(b);
+        mine_.push_back(b);
+      }
   }
   ~Active()
   {
     std::lock_guard<std::mutex> lock(g_->active_mu);
-    g_->active.clear();
+    for (UnboundBuffer *b : mine_)
+      g_->active.erase(std::find(g_->active.begin(), g_->active.end(), b));
   }
   Active(const Active &) = delete;
   Active &operator=(const Active &) = delete;
 
 private:
   Gloo *g_;
+  std::vector<UnboundBuffer *> mine_;
 };
 
 bool peer_dead(Gloo *g, int peer)
@@ -275,7 +285,7 @@ void watch(Gloo *g)
       return; /* every pair has failed: nothing left to watch */
     try {
       if (!cur->waitRecv(kForever))
-        return; /* destroy: abortWaitRecv */
+        return;     /* destroy: abortWaitRecv */
     } catch (...) { /* a pair failed */
     }
   }
@@ -309,8 +319,8 @@ int on_exception(Gloo *g, const char *what)
     DT_DEBUG(COMM, "comm %s rank %d/%d: %s canceled (%s)", g->prefix.c_str(), g->rank, g->world,
              what, msg.c_str());
   } else {
-    DT_ERROR(COMM, "comm %s rank %d/%d: %s failed (%s): %s", g->prefix.c_str(), g->rank,
-             g->world, what, dt_err_name(rc), msg.c_str());
+    DT_ERROR(COMM, "comm %s rank %d/%d: %s failed (%s): %s", g->prefix.c_str(), g->rank, g->world,
+             what, dt_err_name(rc), msg.c_str());
   }
   poison(g);
   return rc;
@@ -648,37 +658,56 @@ void ring_reduce_scatter(Gloo *g, const float *in, float *out, const Layout &L, 
 
 /* out holds every chunk at L.off; this rank's is already in place. In step s (0..W-2) rank r
  * sends chunk (r-s) mod W to r+1 and receives chunk (r-s-1) mod W from r-1, straight into its
- * final place, so every receive is posted up front and each received segment is forwarded as
- * soon as it lands (except in the last step). */
-void ring_all_gather(Gloo *g, float *out, const Layout &L)
+ * final place, so every receive is posted up front (the constructor) and each received
+ * segment is forwarded as soon as it lands, except in the last step (run). All-reduce
+ * constructs it before its reduce-scatter: with our receives announced early, each peer's
+ * all-gather sends leave at once instead of after a notification round trip. That is safe
+ * because chunk c reaches us only after its owner completed it, which needs every read this
+ * rank's reduce-scatter makes of chunk c (our contribution) to be over. */
+class RingAllGather
 {
-  const int W = g->world, r = g->rank;
-  const uint64_t slot = gloo::Slot::build(kSlotAllGather, g->seq++);
-  const int right = (r + 1) % W, left = (r + W - 1) % W;
-  Buf buf = g->tctx->createUnboundBuffer(out, L.off[W] * F);
-  Active active(g, {buf.get()});
-
-  for (int s = 0; s <= W - 2; s++) {
-    const int c = (r - s - 1 + 2 * W) % W;
-    for (size_t j = 0; j < L.nseg(c); j++)
-      buf->recv(left, slot, (L.off[c] + j * kSegElems) * F, L.seg_len(c, j) * F);
-  }
-  size_t sends = 0;
-  for (size_t j = 0; j < L.nseg(r); j++, sends++)
-    buf->send(right, slot, (L.off[r] + j * kSegElems) * F, L.seg_len(r, j) * F);
-  for (int s = 0; s <= W - 2; s++) {
-    const int c = (r - s - 1 + 2 * W) % W;
-    for (size_t j = 0; j < L.nseg(c); j++) {
-      wait_recv(g, buf.get(), left);
-      if (s < W - 2) {
-        buf->send(right, slot, (L.off[c] + j * kSegElems) * F, L.seg_len(c, j) * F);
-        sends++;
-      }
+public:
+  RingAllGather(Gloo *g, float *out, const Layout &L)
+      : g_(g), L_(L), slot_(gloo::Slot::build(kSlotAllGather, g->seq++)),
+        right_((g->rank + 1) % g->world), left_((g->rank + g->world - 1) % g->world),
+        buf_(g->tctx->createUnboundBuffer(out, L.off[g->world] * F)), active_(g, {buf_.get()})
+  {
+    const int W = g_->world, r = g_->rank;
+    for (int s = 0; s <= W - 2; s++) {
+      const int c = (r - s - 1 + 2 * W) % W;
+      for (size_t j = 0; j < L_.nseg(c); j++)
+        buf_->recv(left_, slot_, (L_.off[c] + j * kSegElems) * F, L_.seg_len(c, j) * F);
     }
   }
-  for (size_t k = 0; k < sends; k++)
-    wait_send(g, buf.get(), right);
-}
+
+  void run()
+  {
+    const int W = g_->world, r = g_->rank;
+    size_t sends = 0;
+    for (size_t j = 0; j < L_.nseg(r); j++, sends++)
+      buf_->send(right_, slot_, (L_.off[r] + j * kSegElems) * F, L_.seg_len(r, j) * F);
+    for (int s = 0; s <= W - 2; s++) {
+      const int c = (r - s - 1 + 2 * W) % W;
+      for (size_t j = 0; j < L_.nseg(c); j++) {
+        wait_recv(g_, buf_.get(), left_);
+        if (s < W - 2) {
+          buf_->send(right_, slot_, (L_.off[c] + j * kSegElems) * F, L_.seg_len(c, j) * F);
+          sends++;
+        }
+      }
+    }
+    for (size_t k = 0; k < sends; k++)
+      wait_send(g_, buf_.get(), right_);
+  }
+
+private:
+  Gloo *g_;
+  const Layout &L_;
+  const uint64_t slot_;
+  const int right_, left_;
+  Buf buf_;
+  Active active_;
+};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Backend entry points: collectives                                                           */
@@ -708,8 +737,9 @@ int gloo_all_reduce(void *impl, float *buf, size_t n, dt_comm_op_t op)
       for (size_t c = 0; c < n % W; c++)
         counts[c]++;
       Layout L(counts.data(), W);
+      RingAllGather gather(g, buf, L);
       ring_reduce_scatter(g, buf, buf + L.off[g->rank], L, true);
-      ring_all_gather(g, buf, L);
+      gather.run();
     }
     if (op == DT_COMM_AVG)
       scale_avg(buf, n, W);
@@ -743,7 +773,7 @@ int gloo_all_gather(void *impl, const float *in, float *out, const size_t *count
     if (counts[g->rank] && in != mine)
       memmove(mine, in, counts[g->rank] * F);
     if (g->world > 1)
-      ring_all_gather(g, out, L);
+      RingAllGather(g, out, L).run();
     return 0;
   });
 }
@@ -828,8 +858,8 @@ int gloo_sendrecv(void *impl, const void *sendbuf, size_t send_bytes, int dst, v
     Buf rh = src >= 0 ? tctx->createUnboundBuffer(&recv_hdr, sizeof recv_hdr) : nullptr;
     Buf rb = src >= 0 ? tctx->createUnboundBuffer(recvbuf, recv_bytes) : nullptr;
     Buf sh = dst >= 0 ? tctx->createUnboundBuffer(&send_hdr, sizeof send_hdr) : nullptr;
-    Buf sb = dst >= 0 ? tctx->createUnboundBuffer(const_cast<void *>(sendbuf), send_bytes)
-                      : nullptr;
+    Buf sb =
+        dst >= 0 ? tctx->createUnboundBuffer(const_cast<void *>(sendbuf), send_bytes) : nullptr;
     Active active(g, {rh.get(), rb.get(), sh.get(), sb.get()});
     if (rh)
       rh->recv(src, slot);
@@ -861,7 +891,7 @@ int gloo_sendrecv(void *impl, const void *sendbuf, size_t send_bytes, int dst, v
 } // namespace
 
 extern "C" const dt_comm_backend_t dt__comm_cpu_backend = {
-    "cpu",           gloo_init,          gloo_destroy,   gloo_abort,
+    "cpu",           gloo_init,           gloo_destroy,    gloo_abort,
     gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast,
     gloo_sendrecv,   gloo_barrier,
 };
