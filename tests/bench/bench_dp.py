@@ -32,8 +32,8 @@ def make_shard(path, tokens):
 
 
 def bench_distrain(build, shard, steps, zero, tmp):
-    kv = os.path.join(tmp, "kv")
-    metrics = os.path.join(tmp, "dp_metrics.jsonl")
+    kv = os.path.join(tmp, "kv%d" % zero)  # a fresh rendezvous directory per run
+    metrics = os.path.join(tmp, "dp_metrics%d.jsonl" % zero)
     args = [os.path.join(build, "worker/trainer/distrain-train"), "--seed", "1337", "--layers",
             "4", "--heads", "4", "--channels", "256", "--vocab", str(V), "--max-seq", "256",
             "--train", shard, "--batch", str(B_RANK), "--seq", str(T), "--steps", str(steps),

@@ -659,6 +659,37 @@ class T3_RunLocal(ClusterTest):
         # nothing is left running
         self.assertEqual(procs_under(run_dir), [])
 
+    def test_two_rank_job_on_three_agents(self):
+        """A dp=2 (ZeRO-1) job on 3 agents of 1 device: 2 nodes take a rank each, the
+        checkpoint is committed from 2 shards, and the losses equal a 1-rank run of the same
+        global batch (the ranks really cooperate: gradients are averaged across them)."""
+        steps = 12
+        losses = {}
+        for dp in (1, 2):
+            ckpt = os.path.join(self.tmp, "ckpt%d" % dp)
+            run_dir = os.path.join(self.tmp, "run%d" % dp)
+            metrics = os.path.join(self.tmp, "metrics%d.jsonl" % dp)
+            job = os.path.join(self.tmp, "job%d.yaml" % dp)
+            with open(job, "w") as f:
+                f.write(job_yaml(ckpt, steps, every=steps, val_every=0, min_nodes=dp,
+                                 max_nodes=dp))
+            args = ["run", "--local", "--nodes", "3", "--run-dir", run_dir, "--metrics", metrics,
+                    "--set", "parallel.dp=%d" % dp, "--set", "parallel.zero_stage=1",
+                    "--set", "training.micro_batch=%d" % (TINY["batch"] // dp), job]
+            r = self.ctl(*args, timeout=180)
+            self.assertEqual(r.returncode, 0, "dp=%d run failed:\n%s\n%s" % (
+                dp, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
+            self.assertIn("all %d ranks finished" % dp, r.stderr)
+            with open(metrics) as f:
+                losses[dp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
+            with open(os.path.join(ckpt, "step-%08d" % steps, "MANIFEST")) as f:
+                self.assertIn("world %d" % dp, f.read())
+            self.assertEqual(procs_under(run_dir), [])
+        self.assertEqual(len(losses[1]), steps)
+        self.assertEqual(len(losses[2]), steps)
+        for a, b in zip(losses[1], losses[2]):
+            self.assertLess(abs(a - b) / abs(a), 1e-5, (losses[1], losses[2]))
+
     def test_bad_yaml_is_refused_before_anything_starts(self):
         job = os.path.join(self.tmp, "bad.yaml")
         text = job_yaml(os.path.join(self.tmp, "ckpt"), 10).splitlines()

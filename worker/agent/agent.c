@@ -57,7 +57,7 @@ struct dt_agent {
   uint32_t heartbeat_ms;
   uv_timer_t hb_timer, retry_timer;
   uv_work_t hb_work, watch_work, reg_work;
-  int hb_busy, watch_busy, reg_busy, registered, closing;
+  int hb_busy, watch_busy, reg_busy, registered, closing, closing_handles;
   uint64_t hb_seq, known_version;
   /* work results, filled on the threadpool and read back on the loop */
   Distrain__V1__HeartbeatRequest hb_req;
@@ -765,16 +765,13 @@ fail:
   return ret;
 }
 
-static void maybe_finish_close(dt_agent_t *a)
+/* The agent is freed once both of its timers have finished closing (their memory is part of
+ * the agent, and libuv touches a closing handle until its close callback has run). */
+static void on_timer_closed(uv_handle_t *h)
 {
-  if (!a->closing || a->trainers || a->hb_busy || a->watch_busy || a->reg_busy || a->closing == 2)
+  dt_agent_t *a = h->data;
+  if (--a->closing_handles > 0)
     return;
-  a->closing = 2;
-  uv_close((uv_handle_t *)&a->hb_timer, NULL);
-  uv_close((uv_handle_t *)&a->retry_timer, NULL);
-  if (a->assignment)
-    distrain__v1__watch_assignment_response__free_unpacked(a->assignment, NULL);
-  dt_rpc_client_destroy(a->rpc);
   void (*cb)(void *) = a->close_cb;
   void *ud = a->close_ud;
   free(a->devices);
@@ -782,6 +779,21 @@ static void maybe_finish_close(dt_agent_t *a)
   free(a);
   if (cb)
     cb(ud);
+}
+
+static void maybe_finish_close(dt_agent_t *a)
+{
+  if (!a->closing || a->trainers || a->hb_busy || a->watch_busy || a->reg_busy || a->closing == 2)
+    return;
+  a->closing = 2;
+  if (a->assignment)
+    distrain__v1__watch_assignment_response__free_unpacked(a->assignment, NULL);
+  a->assignment = NULL;
+  dt_rpc_client_destroy(a->rpc);
+  a->rpc = NULL;
+  a->closing_handles = 2;
+  uv_close((uv_handle_t *)&a->hb_timer, on_timer_closed);
+  uv_close((uv_handle_t *)&a->retry_timer, on_timer_closed);
 }
 
 void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud)
