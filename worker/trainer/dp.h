@@ -3,7 +3,10 @@
  * Sharding is by flat parameter ranges: with P parameters and N ranks, rank r owns
  * [r*S, min((r+1)*S, P)) with S = ceil(P/N) (the last ranks may own less, or nothing), so any
  * parameter count works. What each stage keeps per rank (fp32 AdamW):
- *   ZeRO-0  params P, grads P, moments 2P              grads all-reduced (average)
+ *   ZeRO-0  params P, grads P, moments 2P              grads all-reduced (average), unit by
+ *                                                      unit on a comm thread during the last
+ *                                                      micro-batch's backward when a core is
+ *                                                      spare (DISTRAIN_DP_OVERLAP)
  *   ZeRO-1  params P, grads P, moments 2P/N            all-reduce; update own range; all-gather
  *   ZeRO-2  params P, grads P/N, moments 2P/N          each unit's grads reduce-scattered into
  *                                                      the owned range as backward produces them
@@ -42,6 +45,9 @@ void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem);
 
 /* Before the first micro-batch of a step. */
 void dt_dp_zero_grad(dt_dp_t *dp);
+/* Before each micro-batch's forward/backward: last is set for the last one of the step
+ * (ZeRO-0/1 start reducing a unit's gradients as soon as its backward is done). */
+void dt_dp_begin_micro(dt_dp_t *dp, int last);
 /* After the last micro-batch: completes the gradient reduction. */
 int dt_dp_reduce_grads(dt_dp_t *dp);
 /* Global L2 norm of the (reduced) gradients; identical on every rank. */

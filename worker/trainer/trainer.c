@@ -465,6 +465,7 @@ int dt_train_run(const dt_train_opts_t *o)
     double loss_acc = 0.0;
     for (int k = 0; k < o->grad_accum; k++) {
       DT_CHECK_GOTO(dt_dataloader_next(&train), ret, out);
+      dt_dp_begin_micro(dp, k == o->grad_accum - 1);
       float micro_loss;
       DT_CHECK_GOTO(dt_gpt2_forward_backward(&model, train.inputs, train.targets, o->batch, o->seq,
                                              1.0f / (float)o->grad_accum, &micro_loss),
