@@ -208,3 +208,16 @@ int dt_parse_f64(const char *s, double *out)
   *out = v;
   return 0;
 }
+
+int dt_parse_int_flag(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi,
+                      int *out)
+{
+  int64_t v;
+  if (dt_parse_i64(s, &v) != 0 || v < lo || v > hi) {
+    fprintf(stderr, "%s: --%s: expected an integer in [%lld, %lld], got '%s'\n", prog, flag,
+            (long long)lo, (long long)hi, s);
+    return DT_EINVAL;
+  }
+  *out = (int)v;
+  return 0;
+}

@@ -60,7 +60,6 @@ int main(int argc, char **argv)
   dt_log_init();
   dt_log_set_tag("coordinator");
   int ch;
-  int64_t v;
   while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (ch) {
     case 'l':
@@ -76,13 +75,14 @@ int main(int argc, char **argv)
       port_file = optarg;
       break;
     case 'b':
-    case 'd':
-      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'b' ? 10 : 1) || v > 3600000) {
-        fprintf(stderr, "distrain-coordinator: --%s: expected a positive integer, got '%s'\n",
-                ch == 'b' ? "heartbeat-ms" : "dead-after", optarg);
+      if (dt_parse_int_flag("distrain-coordinator", "heartbeat-ms", optarg, 10, 3600000,
+                            &heartbeat_ms) != 0)
         return 2;
-      }
-      *(ch == 'b' ? &heartbeat_ms : &dead_after) = (int)v;
+      break;
+    case 'd':
+      if (dt_parse_int_flag("distrain-coordinator", "dead-after", optarg, 1, 3600000,
+                            &dead_after) != 0)
+        return 2;
       break;
     case 'h':
       usage(stdout);

@@ -63,7 +63,6 @@ int main(int argc, char **argv)
                                        {0, 0, 0, 0}};
   dt_log_init();
   int ch;
-  int64_t v;
   while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (ch) {
     case 'c':
@@ -82,13 +81,13 @@ int main(int argc, char **argv)
       cfg.hostname = optarg;
       break;
     case 'n':
-    case 'g':
-      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'n' ? 1 : 0) || v > 1000000) {
-        fprintf(stderr, "distrain-worker: --%s: expected a positive integer, got '%s'\n",
-                ch == 'n' ? "cpu-devices" : "grace-ms", optarg);
+      if (dt_parse_int_flag("distrain-worker", "cpu-devices", optarg, 1, 4096, &cfg.cpu_devices) !=
+          0)
         return 2;
-      }
-      *(ch == 'n' ? &cfg.cpu_devices : &cfg.grace_ms) = (int)v;
+      break;
+    case 'g':
+      if (dt_parse_int_flag("distrain-worker", "grace-ms", optarg, 0, 1000000, &cfg.grace_ms) != 0)
+        return 2;
       break;
     case 'h':
       usage(stdout);
