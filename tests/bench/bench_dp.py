@@ -8,7 +8,8 @@ reference model of tests/numerics/gpt2_ref.py. Reported: median ms/step over ste
 tokens/s (global), and for distrain the fraction of the step spent in exposed (not
 overlapped) communication, from the trainer's per-step "comm_ms".
 
-    /usr/bin/python3 tests/bench/bench_dp.py --build build [--steps 20] [--zero 0]
+    /usr/bin/python3 tests/bench/bench_dp.py --build build [--steps 20] [--zero 0 ...]
+        [--overlap -1 ...]   (DISTRAIN_DP_OVERLAP: -1 auto, 0 off, 1 comm thread)
 """
 
 import argparse
@@ -31,9 +32,10 @@ def make_shard(path, tokens):
                    stdout=subprocess.DEVNULL)
 
 
-def bench_distrain(build, shard, steps, zero, tmp):
-    kv = os.path.join(tmp, "kv%d" % zero)  # a fresh rendezvous directory per run
-    metrics = os.path.join(tmp, "dp_metrics%d.jsonl" % zero)
+def bench_distrain(build, shard, steps, zero, overlap, tmp):
+    tag = "z%d_o%d" % (zero, overlap)
+    kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=tmp)  # fresh per run: no stale addresses
+    metrics = os.path.join(tmp, "dp_metrics_%s.jsonl" % tag)
     args = [os.path.join(build, "worker/trainer/distrain-train"), "--seed", "1337", "--layers",
             "4", "--heads", "4", "--channels", "256", "--vocab", str(V), "--max-seq", "256",
             "--train", shard, "--batch", str(B_RANK), "--seq", str(T), "--steps", str(steps),
@@ -42,7 +44,7 @@ def bench_distrain(build, shard, steps, zero, tmp):
     procs = []
     for r in range(WORLD):
         env = dict(os.environ, WORLD_SIZE=str(WORLD), RANK=str(r), DISTRAIN_KV_DIR=kv,
-                   OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1", DISTRAIN_DP_OVERLAP=str(overlap))
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
     for p in procs:
@@ -51,7 +53,7 @@ def bench_distrain(build, shard, steps, zero, tmp):
     rows = [json.loads(line) for line in open(metrics) if '"loss"' in line][2:]
     med = statistics.median(r["ms"] for r in rows)
     exposed = statistics.median(r["comm_ms"] / r["ms"] for r in rows)
-    return {"impl": "distrain", "zero": zero, "median_ms": round(med, 2),
+    return {"impl": "distrain", "zero": zero, "overlap": overlap, "median_ms": round(med, 2),
             "tokens_per_s": round(WORLD * B_RANK * T * 1000.0 / med, 1),
             "exposed_comm_frac": round(exposed, 3)}
 
@@ -109,27 +111,47 @@ def bench_torch(shard, steps, tmp):
             "tokens_per_s": round(WORLD * B_RANK * T * 1000.0 / med, 1)}
 
 
+def median_row(rows):
+    """The run with the median ms/step among rounds of one configuration."""
+    return sorted(rows, key=lambda r: r["median_ms"])[(len(rows) - 1) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--zero", type=int, nargs="+", default=[0])
+    ap.add_argument("--overlap", type=int, nargs="+", default=[-1],
+                    help="DISTRAIN_DP_OVERLAP values: -1 auto, 0 off, 1 comm thread")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternate the configurations this many times; report each one's "
+                         "median over rounds (load from other tenants drifts over minutes)")
     args = ap.parse_args()
+    configs = [(z, o) for z in args.zero for o in args.overlap]
+    runs = {c: [] for c in configs}
+    torch_runs = []
     with tempfile.TemporaryDirectory() as tmp:
         shard = os.path.join(tmp, "tokens.bin")
         make_shard(shard, args.steps * WORLD * B_RANK * T + 1 + 4096)
-        rows = [bench_distrain(args.build, shard, args.steps, z, tmp) for z in args.zero]
-        t = bench_torch(shard, args.steps, tmp)
-    print("workload gpt-tiny, dp=%d x 1 thread, global batch %d x %d, median of steps 3..%d"
-          % (WORLD, WORLD * B_RANK, T, args.steps))
-    print("%-18s %6s %10s %10s %14s" % ("impl", "zero", "ms/step", "tokens/s", "exposed comm"))
+        for _ in range(args.rounds):
+            for z, o in configs:
+                runs[(z, o)].append(bench_distrain(args.build, shard, args.steps, z, o, tmp))
+            t = bench_torch(shard, args.steps, tmp)
+            if t:
+                torch_runs.append(t)
+    rows = [median_row(runs[c]) for c in configs]
+    t = median_row(torch_runs) if torch_runs else None
+    print("workload gpt-tiny, dp=%d x 1 thread, global batch %d x %d, median of steps 3..%d, "
+          "median of %d alternating rounds" % (WORLD, WORLD * B_RANK, T, args.steps, args.rounds))
+    print("%-18s %6s %8s %10s %10s %14s" % ("impl", "zero", "overlap", "ms/step", "tokens/s",
+                                             "exposed comm"))
     for r in rows:
-        print("%-18s %6d %10.1f %10.1f %13.1f%%" % (r["impl"], r["zero"], r["median_ms"],
-                                                     r["tokens_per_s"],
-                                                     100 * r["exposed_comm_frac"]))
+        print("%-18s %6d %8d %10.1f %10.1f %13.1f%%" % (r["impl"], r["zero"], r["overlap"],
+                                                         r["median_ms"], r["tokens_per_s"],
+                                                         100 * r["exposed_comm_frac"]))
     if t:
-        print("%-18s %6s %10.1f %10.1f %14s" % (t["impl"], "-", t["median_ms"], t["tokens_per_s"],
-                                                "-"))
+        print("%-18s %6s %8s %10.1f %10.1f %14s" % (t["impl"], "-", "-", t["median_ms"],
+                                                    t["tokens_per_s"], "-"))
         print("speedup distrain (zero %d) / pytorch ddp: %.2fx"
               % (rows[0]["zero"], rows[0]["tokens_per_s"] / t["tokens_per_s"]))
     for r in rows + ([t] if t else []):

@@ -58,6 +58,8 @@ int main(void)
   tcase_add_test(tc, test_adamw_matches_cpu);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
+  /* CUDA is initialised above (the device count): a forked child could not use it. */
+  srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);

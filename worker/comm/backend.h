@@ -41,6 +41,18 @@ typedef struct dt_comm_backend {
   int (*sendrecv)(void *impl, const void *sendbuf, size_t send_bytes, int dst, void *recvbuf,
                   size_t recv_bytes, int src, int tag);
   int (*barrier)(void *impl);
+
+  /* Optional (NULL: comm.c splits by calling init on each child with share = the parent). A
+   * backend whose library has its own split (NCCL: ncclCommSplit) fills it in. comm.c has
+   * already run the split table protocol, so new_rank and new_world are this rank's place in its
+   * child (ordered by key, then parent rank: the backend must keep that order, e.g. by passing
+   * new_rank as its library's key); prefix names the child in log lines. Collective over the
+   * parent: comm.c calls it on every parent rank, DT_COMM_NO_COLOR ones included (color < 0,
+   * new_rank -1, new_world 0: *impl stays NULL). Bounded by timeout_ms; an abort of parent
+   * cancels it promptly (DT_ECANCELED). On failure the parent may be unusable (comm.c poisons
+   * it). */
+  int (*split)(void *parent, const char *prefix, int color, int new_rank, int new_world,
+               int timeout_ms, void **impl);
 } dt_comm_backend_t;
 
 /* Waits for key until deadline_ms (dt_now_ms() clock) in slices of at most 100 ms, giving up
@@ -51,6 +63,8 @@ int dt__comm_kv_wait(const dt_kv_t *kv, const char *key, void **val, size_t *len
 
 /* worker/comm/cpu/gloo_backend.cc */
 extern const dt_comm_backend_t dt__comm_cpu_backend;
+/* worker/comm/nccl/nccl_backend.c (built when CUDA and NCCL are found: DT_HAVE_NCCL) */
+extern const dt_comm_backend_t dt__comm_nccl_backend;
 
 #ifdef __cplusplus
 }

@@ -30,7 +30,12 @@ struct dt_comm {
   atomic_int aborted; /* set by dt_comm_abort from any thread */
 };
 
-static const dt_comm_backend_t *const g_backends[] = {&dt__comm_cpu_backend};
+static const dt_comm_backend_t *const g_backends[] = {
+    &dt__comm_cpu_backend,
+#ifdef DT_HAVE_NCCL
+    &dt__comm_nccl_backend,
+#endif
+};
 
 /* Slice of a blocking KV get: bounds how long an abort waits to be noticed during rendezvous. */
 #define DT_COMM_KV_SLICE_MS 100
@@ -116,10 +121,11 @@ static int sum_counts(const dt_comm_t *comm, const size_t *counts, size_t *total
 /* Lifetime                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static int comm_create(dt_comm_t **out, const dt_comm_backend_t *be, const dt_kv_t *kv,
-                       const char *prefix, int rank, int world, int timeout_ms, void *share)
+/* Wraps a live backend instance (from init or split, started at t0) in a dt_comm_t; destroys the
+ * instance if that fails. */
+static int comm_wrap(dt_comm_t **out, const dt_comm_backend_t *be, void *impl, const dt_kv_t *kv,
+                     const char *prefix, int rank, int world, int timeout_ms, double t0)
 {
-  int rc = DT_ENOMEM;
   dt_comm_t *comm = calloc(1, sizeof *comm);
   if (!comm)
     goto fail;
@@ -127,26 +133,31 @@ static int comm_create(dt_comm_t **out, const dt_comm_backend_t *be, const dt_kv
   if (!comm->prefix)
     goto fail_comm;
   comm->be = be;
+  comm->impl = impl;
   comm->kv = *kv;
   comm->rank = rank;
   comm->world = world;
   comm->timeout_ms = timeout_ms;
   atomic_init(&comm->aborted, 0);
-  double t0 = dt_now_ms();
-  rc = be->init(&comm->impl, kv, prefix, rank, world, timeout_ms, share);
-  if (rc < 0)
-    goto fail_prefix;
   DT_DEBUG(COMM, "comm %s: rank %d/%d up (%s) in %.1f ms", prefix, rank, world, be->name,
            dt_now_ms() - t0);
   *out = comm;
   return 0;
 
-fail_prefix:
-  free(comm->prefix);
 fail_comm:
   free(comm);
 fail:
-  return rc;
+  be->destroy(impl);
+  return DT_ENOMEM;
+}
+
+static int comm_create(dt_comm_t **out, const dt_comm_backend_t *be, const dt_kv_t *kv,
+                       const char *prefix, int rank, int world, int timeout_ms, void *share)
+{
+  void *impl = NULL;
+  double t0 = dt_now_ms();
+  DT_CHECK(be->init(&impl, kv, prefix, rank, world, timeout_ms, share));
+  return comm_wrap(out, be, impl, kv, prefix, rank, world, timeout_ms, t0);
 }
 
 int dt_comm_init(dt_comm_t **out, const char *backend, const dt_kv_t *kv, const char *prefix,
@@ -161,10 +172,14 @@ int dt_comm_init(dt_comm_t **out, const char *backend, const dt_kv_t *kv, const 
   *out = NULL;
   dt_log_init();
   const char *name = backend ? backend : "cpu";
-  for (size_t i = 0; i < DT_ARRAY_SIZE(g_backends); i++)
+  char have[64] = "";
+  for (size_t i = 0; i < DT_ARRAY_SIZE(g_backends); i++) {
     if (strcmp(g_backends[i]->name, name) == 0)
       return comm_create(out, g_backends[i], kv, prefix, rank, world, timeout_ms, NULL);
-  DT_ERROR(COMM, "dt_comm_init: unknown backend \"%s\" (this build has: cpu)", name);
+    size_t len = strlen(have);
+    snprintf(have + len, sizeof have - len, "%s%s", i ? ", " : "", g_backends[i]->name);
+  }
+  DT_ERROR(COMM, "dt_comm_init: unknown backend \"%s\" (this build has: %s)", name, have);
   return DT_ENOTSUP;
 }
 
@@ -450,33 +465,43 @@ static int split_run(dt_comm_t *comm, int color, int key, dt_comm_t **out)
     goto out;
   }
 
-  if (color < 0) {
-    *out = NULL;
-    rc = 0;
-    goto out;
+  /* Keep this color's members, ordered by (key, parent rank); NO_COLOR ranks have none. */
+  int n = 0, new_rank = -1;
+  if (color >= 0) {
+    for (int r = 0; r < comm->world; r++)
+      if (e[r].color == color)
+        e[n++] = e[r];
+    qsort(e, (size_t)n, sizeof *e, split_cmp);
+    for (int i = 0; i < n; i++)
+      if (e[i].rank == comm->rank)
+        new_rank = i;
+    if (new_rank < 0) { /* our own entry must be there, or the table is not ours */
+      DT_ERROR(COMM, "comm %s: split table under %s lacks rank %d", comm->prefix, k, comm->rank);
+      rc = DT_EFORMAT;
+      goto out;
+    }
   }
-  /* Keep this color's members, ordered by (key, parent rank). */
-  int n = 0;
-  for (int r = 0; r < comm->world; r++)
-    if (e[r].color == color)
-      e[n++] = e[r];
-  qsort(e, (size_t)n, sizeof *e, split_cmp);
-  int new_rank = -1;
-  for (int i = 0; i < n; i++)
-    if (e[i].rank == comm->rank)
-      new_rank = i;
-  if (new_rank < 0) { /* our own entry must be there, or the table is not ours */
-    DT_ERROR(COMM, "comm %s: split table under %s lacks rank %d", comm->prefix, k, comm->rank);
-    rc = DT_EFORMAT;
-    goto out;
-  }
-  child_prefix = str_printf("%s/c%d", base, color);
+  child_prefix = color >= 0 ? str_printf("%s/c%d", base, color) : str_printf("%s", base);
   if (!child_prefix) {
     rc = DT_ENOMEM;
     goto out;
   }
-  rc = comm_create(out, comm->be, &comm->kv, child_prefix, new_rank, n, comm->timeout_ms,
-                   comm->impl);
+  if (comm->be->split) {
+    /* The backend's own split (NCCL: ncclCommSplit) is collective over the parent, so NO_COLOR
+     * ranks call it too. */
+    void *impl = NULL;
+    double t0 = dt_now_ms();
+    rc = comm->be->split(comm->impl, child_prefix, color, new_rank, n, comm->timeout_ms, &impl);
+    if (rc == 0 && impl)
+      rc = comm_wrap(out, comm->be, impl, &comm->kv, child_prefix, new_rank, n, comm->timeout_ms,
+                     t0);
+  } else if (color >= 0) {
+    rc = comm_create(out, comm->be, &comm->kv, child_prefix, new_rank, n, comm->timeout_ms,
+                     comm->impl);
+  } else {
+    *out = NULL;
+    rc = 0;
+  }
 
 out:
   free(child_prefix);

@@ -4,7 +4,10 @@
  * collectives on float32 buffers (all-reduce, reduce-scatter, all-gather, broadcast, barrier)
  * and point-to-point transfers. Peers find each other through a key-value store (dt_kv_t): the
  * trainer binds it to the coordinator's per-job KV RPCs; tests use the directory-backed or the
- * in-process store below. Backends: "cpu" (Gloo over TCP, worker/comm/cpu/); "nccl" later.
+ * in-process store below. Backends: "cpu" (Gloo over TCP, worker/comm/cpu/; buffers in host
+ * memory) and, in builds with CUDA and NCCL, "nccl" (worker/comm/nccl/; buffers in device memory
+ * of the communicator's device, the one current on the thread that called dt_comm_init; inputs
+ * must be complete on the GPU when a call is made, results are complete when it returns).
  *
  * Invariants and contracts, as in NCCL:
  *  - Every collective is called by every rank of the communicator, in the same order, with
@@ -66,15 +69,17 @@ typedef struct dt_comm dt_comm_t;
 
 typedef enum {
   DT_COMM_SUM = 0,
-  DT_COMM_AVG = 1, /* the sum divided by world (in float32, after the sum) */
+  DT_COMM_AVG = 1, /* the sum divided by world (in float32, after the sum; "nccl" uses ncclAvg,
+                      which may instead scale each contribution by 1/world, then sum) */
 } dt_comm_op_t;
 
 /* dt_comm_split: a color meaning "this rank joins no sub-communicator" (*out becomes NULL). */
 #define DT_COMM_NO_COLOR (-1)
 
 /* Joins a communicator: posts this rank's connection details under prefix, waits for all other
- * ranks', connects. backend is "cpu" (NULL means "cpu"). kv is copied (its ud must outlive the
- * communicator). prefix names the job and generation, e.g. "job7/gen3" (non-empty, no NUL).
+ * ranks', connects. backend is "cpu" (NULL means "cpu") or "nccl" (DT_ENOTSUP where this build
+ * lacks it). kv is copied (its ud must outlive the communicator). prefix names the job and
+ * generation, e.g. "job7/gen3" (non-empty, no NUL).
  * Timeout: ranks that have not posted within timeout_ms give DT_ETIMEDOUT and a log line naming
  * them. Environment: DISTRAIN_COMM_IFACE (network interface) or DISTRAIN_COMM_HOST (host name or
  * address to bind; default: this host's name) choose the address the cpu backend listens on. */
@@ -124,16 +129,21 @@ int dt_comm_barrier(dt_comm_t *comm);
 /* Collective over comm: ranks with the same color (>= 0) form a sub-communicator, ordered by
  * (key, parent rank); DT_COMM_NO_COLOR joins none (*out = NULL, still 0). The children
  * rendezvous through the parent's KV under "<parent prefix>/split<seq>/c<color>", where seq
- * counts this parent's splits, so repeated splits never collide. Children are independent
- * communicators: destroy each (in any order relative to the parent). */
+ * counts this parent's splits, so repeated splits never collide ("nccl" agrees on the groups
+ * through the KV the same way, then makes the children with ncclCommSplit). Children are
+ * independent communicators: destroy each (in any order relative to the parent). */
 int dt_comm_split(dt_comm_t *comm, int color, int key, dt_comm_t **out);
 
 /* Callable from any thread, any number of times: the blocked operation (if any) and all later
- * ones fail promptly with DT_ECANCELED; peers blocked on this rank fail with DT_EREMOTE. A
- * split in progress on this communicator is canceled too. Not concurrent with destroy. */
+ * ones fail promptly with DT_ECANCELED; peers blocked on this rank fail with DT_EREMOTE (with
+ * "nccl", when NCCL notices, which may be only at their timeout: DT_ETIMEDOUT). A split in
+ * progress on this communicator is canceled too. Not concurrent with destroy. */
 int dt_comm_abort(dt_comm_t *comm);
 
-/* Frees the communicator (NULL is fine). Not collective; does not wait for peers. */
+/* Frees the communicator (NULL is fine). Not collective; does not wait for peers. Exception:
+ * a healthy "nccl" communicator is finalized first (ncclCommFinalize flushes NCCL's in-flight
+ * traffic and waits for this communicator's other ranks on this host to finalize too); if that
+ * takes longer than its timeout, it is aborted instead. */
 void dt_comm_destroy(dt_comm_t *comm);
 
 #ifdef __cplusplus

@@ -1,8 +1,21 @@
-/* dp.c — see dp.h. The ZeRO-2/3 paths run inside the model's backward/forward through the
- * unit hooks (gpt2.h): acquire gathers a unit's parameters (ZeRO-3) and hands out a zeroed
- * working gradient buffer (ZeRO-2/3); release with grads reduce-scatters that buffer into the
- * owned gradient range. Units are used one layer at a time, plus the embeddings (held from the
- * LM head through the encoder's backward) and the final LayerNorm: three working buffers. */
+/* dp.c — see dp.h.
+ *
+ * ZeRO-2/3 run inside the model's forward and backward through the unit hooks (gpt2.h).
+ * Working buffers live in slots: one for the embeddings (held from the LM head through the
+ * encoder's backward), one for the final LayerNorm and two for layers, so that one layer can be
+ * computed while the next is gathered (ZeRO-3 prefetch) or the previous one's gradients are
+ * reduce-scattered. A slot remembers whose parameters it holds: a unit is gathered again only
+ * after the optimizer step has changed the shards, so the embeddings are gathered once per
+ * step (not once for the encoder and once for the LM head, per micro-batch) and the backward
+ * pass starts with the last two layers still in place.
+ *
+ * Collectives of the forward and backward passes are tasks in one FIFO. With the comm thread
+ * (DISTRAIN_DP_OVERLAP) they run there, in the order posted (the same on every rank, since the
+ * schedule depends only on the model), while the compute thread goes on; without it they run
+ * in place when posted. Either way each unit costs one all-gather and one reduce-scatter: its
+ * ranges (12 per layer) are packed rank-major into a staging buffer, so the latency of a
+ * collective is paid once per unit, not once per tensor. The compute thread issues collectives
+ * of its own (norms, ZeRO-1's all-gather, averages) only after draining the FIFO. */
 #include "dp.h"
 
 #include <math.h>
@@ -16,11 +29,11 @@
 #include "dt_param.h"
 #include "dt_util.h"
 
-/* Overlap the ZeRO-0/1 gradient all-reduce with the backward pass on a comm thread: 1 on,
- * 0 off, -1 (default) on when the node has a core to spare for it beyond the compute threads
- * of all its ranks. Measured on a 2-core machine with 2 ranks x 1 thread (no spare core):
- * overlap made a gpt-tiny step slower, 536 ms vs 498 ms, because the comm thread and the
- * transport then take their cycles from the compute threads. */
+/* Run the data-parallel collectives on a comm thread, overlapped with compute: 1 on, 0 off,
+ * -1 (default) on when the node has a core to spare for it beyond the compute threads of all
+ * its ranks. Measured on a 2-core machine with 2 ranks x 1 thread (no spare core): overlap made
+ * a ZeRO-0 gpt-tiny step slower, 536 ms vs 498 ms, because the comm thread and the transport
+ * then take their cycles from the compute threads. */
 DT_PARAM(DpOverlap, "DP_OVERLAP", -1)
 
 static int want_overlap(void)
@@ -36,7 +49,26 @@ static int want_overlap(void)
   return cores > (long)omp_get_max_threads() * (local > 0 ? local : 1);
 }
 
-enum { W_EMBED = 0, W_FINAL = 1, W_LAYER = 2, W_KINDS = 3 };
+/* Working-buffer slots: fixed ones for the embeddings and the final LayerNorm, two for layers. */
+enum { S_EMBED = 0, S_FINAL = 1, S_LAYER0 = 2, S_COUNT = 4 };
+#define NO_UNIT (-1000)
+
+typedef struct {
+  float *p;     /* gathered parameters (ZeRO-3) */
+  float *g;     /* working gradients (ZeRO-2/3) */
+  size_t size;  /* floats in p and g */
+  int unit;     /* whose parameters p holds or is being gathered into; NO_UNIT */
+  int ref;      /* acquisitions outstanding */
+  uint64_t use; /* last acquisition (least recently used layer slot is reused first) */
+  uint64_t gather_seq, scatter_seq; /* tasks to wait for before reading p / reusing g */
+} slot_t;
+
+typedef enum { TASK_ALL_REDUCE, TASK_GATHER, TASK_SCATTER } task_kind_t;
+
+typedef struct {
+  task_kind_t kind;
+  int unit, slot;
+} task_t;
 
 struct dt_dp {
   double comm_ms; /* time this rank's compute thread spent blocked in collectives */
@@ -44,43 +76,41 @@ struct dt_dp {
   dt_comm_t *comm; /* NULL for one process */
   int stage, rank, world;
   int64_t P, lo, hi;
-  size_t n;                         /* hi - lo */
-  size_t *counts;                   /* (world) shard sizes */
-  size_t *rcounts;                  /* (world) per-range scratch */
-  float *p_shard;                   /* ZeRO-3 (n) */
-  float *g_shard;                   /* ZeRO-2/3 (n) */
-  float *m_shard, *v_shard;         /* ZeRO-1..3 (n) */
-  float *wp[W_KINDS], *wg[W_KINDS]; /* working params (ZeRO-3) / grads (ZeRO-2/3) */
-  size_t wsize[W_KINDS];
-  int ref[W_KINDS]; /* acquisitions outstanding per working buffer */
-  float *tmp;       /* reduce-scatter landing buffer */
+  size_t n;                 /* hi - lo */
+  size_t *counts;           /* (world) shard sizes */
+  int64_t *displs;          /* (world + 1) shard starts; displs[world] = P */
+  size_t *rcounts;          /* (world) per-collective scratch */
+  float *p_shard;           /* ZeRO-3 (n) */
+  float *g_shard;           /* ZeRO-2/3 (n) */
+  float *m_shard, *v_shard; /* ZeRO-1..3 (n) */
+  slot_t slots[S_COUNT];    /* ZeRO-2/3 */
+  uint64_t uses;
+  int lm_head_next; /* ZeRO-3: the forward pass's next embeddings acquisition is the LM head */
+  float *staging;   /* a unit's ranges packed rank-major (units up to staging_n floats) */
+  size_t staging_n;
+  float *tmp; /* reduce-scatter landing buffer */
   size_t tmp_n;
   dt_gpt2_hooks_t hooks;
-  /* ZeRO-0/1 overlap: a communication thread all-reduces each unit's gradient ranges as soon
-   * as the last micro-batch's backward pass has finished that unit, while the compute thread
-   * goes on with the next unit (disjoint memory). Only that thread issues collectives during
-   * the backward pass; the compute thread waits for it before any collective of its own. */
-  int overlap, last_micro, posted;
+  int last_micro; /* ZeRO-0/1 overlap: reduce during this micro-batch's backward */
+  int posted;     /* ZeRO-0/1 overlap: this step's all-reduces went to the comm thread */
+  /* Task FIFO. seq_posted/seq_done count tasks; a task's seq is seq_posted after posting it. */
+  int threaded;
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  dt_flat_range_t *queue; /* ranges for the comm thread; reset every step */
-  size_t q_head, q_tail, q_cap, in_flight;
+  task_t *queue;
+  size_t q_head, q_tail, q_cap;
+  uint64_t seq_posted, seq_done;
   int q_err, stop;
 };
-
-static int kind_of(int unit)
-{
-  return unit == DT_UNIT_EMBED ? W_EMBED : unit == DT_UNIT_FINAL ? W_FINAL : W_LAYER;
-}
 
 static int collective(const dt_dp_t *dp)
 {
   return dp->comm && dp->world > 1;
 }
 
-/* Runs a collective, charges its time to comm_ms (exposed communication) and returns its
- * error from the calling function if it failed. */
+/* Runs a collective from the compute thread, charges its time to comm_ms (exposed
+ * communication) and returns its error from the calling function if it failed. */
 #define TIMED_CHECK(dp, call)                                                                      \
   do {                                                                                             \
     double dt__t0 = dt_now_ms();                                                                   \
@@ -89,65 +119,31 @@ static int collective(const dt_dp_t *dp)
     DT_CHECK(dt__crc);                                                                             \
   } while (0)
 
-/* counts[r] = |[a, b) ∩ shard r|; returns the element offset of this rank's part in [a, b). */
-static void range_counts(const dt_dp_t *dp, size_t a, size_t b, size_t *counts)
+/* The part of range r inside rank q's shard: [*a, *a + return value). */
+static size_t part_of(const dt_dp_t *dp, const dt_flat_range_t *r, int q, int64_t *a)
 {
-  for (int r = 0; r < dp->world; r++) {
-    int64_t s_lo = 0;
-    for (int q = 0; q < r; q++)
-      s_lo += (int64_t)dp->counts[q];
-    int64_t s_hi = s_lo + (int64_t)dp->counts[r];
-    int64_t x = DT_MAX((int64_t)a, s_lo), y = DT_MIN((int64_t)b, s_hi);
-    counts[r] = y > x ? (size_t)(y - x) : 0;
+  int64_t x = DT_MAX((int64_t)r->off, dp->displs[q]);
+  int64_t y = DT_MIN((int64_t)(r->off + r->len), dp->displs[q + 1]);
+  *a = x;
+  return y > x ? (size_t)(y - x) : 0;
+}
+
+/* rcounts[q] = the elements of ranges r[0..nr) in rank q's shard. */
+static void unit_counts(dt_dp_t *dp, const dt_flat_range_t *r, int nr)
+{
+  int64_t a;
+  for (int q = 0; q < dp->world; q++) {
+    dp->rcounts[q] = 0;
+    for (int i = 0; i < nr; i++)
+      dp->rcounts[q] += part_of(dp, &r[i], q, &a);
   }
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Units: gather parameters, scatter gradients                                                 */
+/* Unit collectives                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-static int gather_unit(dt_dp_t *dp, int unit, float *dst)
-{
-  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
-  size_t packed = 0;
-  for (int i = 0; i < nr; i++) {
-    size_t a = r[i].off, b = r[i].off + r[i].len;
-    range_counts(dp, a, b, dp->rcounts);
-    const float *in = dp->p_shard + (DT_MAX((int64_t)a, dp->lo) - dp->lo);
-    if (collective(dp)) {
-      TIMED_CHECK(dp, dt_comm_all_gather_v(dp->comm, in, dst + packed, dp->rcounts));
-    } else {
-      memcpy(dst + packed, dp->p_shard + a, r[i].len * sizeof(float));
-    }
-    packed += r[i].len;
-  }
-  return 0;
-}
-
-static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
-{
-  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
-  size_t packed = 0;
-  for (int i = 0; i < nr; i++) {
-    size_t a = r[i].off, b = r[i].off + r[i].len;
-    range_counts(dp, a, b, dp->rcounts);
-    size_t mine = dp->rcounts[dp->rank];
-    float *acc = dp->g_shard + (DT_MAX((int64_t)a, dp->lo) - dp->lo);
-    if (collective(dp)) {
-      DT_CHECK(dt_comm_reduce_scatter_v(dp->comm, src + packed, dp->tmp, dp->rcounts, DT_COMM_AVG));
-      for (size_t j = 0; j < mine; j++)
-        acc[j] += dp->tmp[j];
-    } else {
-      for (size_t j = 0; j < r[i].len; j++)
-        acc[j] += src[packed + j];
-    }
-    packed += r[i].len;
-  }
-  return 0;
-}
-
+/* Points a view at a unit's tensors packed in order in base (a working buffer). */
 static void packed_view(const dt_dp_t *dp, int unit, float *base, dt_gpt2_view_t *v)
 {
   dt_flat_range_t r[DT_UNIT_MAX_RANGES];
@@ -160,9 +156,143 @@ static void packed_view(const dt_dp_t *dp, int unit, float *base, dt_gpt2_view_t
   }
 }
 
+/* A unit's parameters, gathered from the shards into dst (its ranges packed in order). Units
+ * that fit the staging buffer (layers, final LayerNorm) take one all-gather: each rank's parts
+ * of every range arrive rank-major and are unpacked. Bigger ones (the embeddings: two ranges)
+ * take one all-gather per range, straight into dst. */
+static int gather_unit(dt_dp_t *dp, int unit, float *dst)
+{
+  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
+  size_t poff[DT_UNIT_MAX_RANGES], total = 0;
+  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
+  for (int i = 0; i < nr; i++) {
+    poff[i] = total;
+    total += r[i].len;
+  }
+  int64_t a;
+  if (!collective(dp)) {
+    for (int i = 0; i < nr; i++)
+      memcpy(dst + poff[i], dp->p_shard + r[i].off, r[i].len * sizeof(float));
+    return 0;
+  }
+  if (total > dp->staging_n) {
+    for (int i = 0; i < nr; i++) {
+      unit_counts(dp, &r[i], 1);
+      part_of(dp, &r[i], dp->rank, &a);
+      DT_CHECK(
+          dt_comm_all_gather_v(dp->comm, dp->p_shard + (a - dp->lo), dst + poff[i], dp->rcounts));
+    }
+    return 0;
+  }
+  unit_counts(dp, r, nr);
+  float *mine = dp->staging;
+  for (int q = 0; q < dp->rank; q++)
+    mine += dp->rcounts[q];
+  size_t off = 0;
+  for (int i = 0; i < nr; i++) {
+    size_t len = part_of(dp, &r[i], dp->rank, &a);
+    memcpy(mine + off, dp->p_shard + (a - dp->lo), len * sizeof(float));
+    off += len;
+  }
+  DT_CHECK(dt_comm_all_gather_v(dp->comm, mine, dp->staging, dp->rcounts));
+  const float *src = dp->staging;
+  for (int q = 0; q < dp->world; q++)
+    for (int i = 0; i < nr; i++) {
+      size_t len = part_of(dp, &r[i], q, &a);
+      memcpy(dst + poff[i] + (size_t)(a - (int64_t)r[i].off), src, len * sizeof(float));
+      src += len;
+    }
+  return 0;
+}
+
+/* A unit's working gradients (src, packed like gather_unit's dst) averaged over the ranks and
+ * added into the owned gradient shard: the mirror image of gather_unit. */
+static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
+{
+  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
+  size_t poff[DT_UNIT_MAX_RANGES], total = 0;
+  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
+  for (int i = 0; i < nr; i++) {
+    poff[i] = total;
+    total += r[i].len;
+  }
+  int64_t a;
+  if (!collective(dp)) {
+    for (int i = 0; i < nr; i++)
+      for (size_t j = 0; j < r[i].len; j++)
+        dp->g_shard[r[i].off + j] += src[poff[i] + j];
+    return 0;
+  }
+  if (total > dp->staging_n) {
+    for (int i = 0; i < nr; i++) {
+      unit_counts(dp, &r[i], 1);
+      size_t len = part_of(dp, &r[i], dp->rank, &a);
+      DT_CHECK(
+          dt_comm_reduce_scatter_v(dp->comm, src + poff[i], dp->tmp, dp->rcounts, DT_COMM_AVG));
+      float *acc = dp->g_shard + (a - dp->lo);
+      for (size_t j = 0; j < len; j++)
+        acc[j] += dp->tmp[j];
+    }
+    return 0;
+  }
+  unit_counts(dp, r, nr);
+  float *dst = dp->staging;
+  for (int q = 0; q < dp->world; q++)
+    for (int i = 0; i < nr; i++) {
+      size_t len = part_of(dp, &r[i], q, &a);
+      memcpy(dst, src + poff[i] + (size_t)(a - (int64_t)r[i].off), len * sizeof(float));
+      dst += len;
+    }
+  DT_CHECK(dt_comm_reduce_scatter_v(dp->comm, dp->staging, dp->tmp, dp->rcounts, DT_COMM_AVG));
+  const float *got = dp->tmp;
+  for (int i = 0; i < nr; i++) {
+    size_t len = part_of(dp, &r[i], dp->rank, &a);
+    float *acc = dp->g_shard + (a - dp->lo);
+    for (size_t j = 0; j < len; j++)
+      acc[j] += got[j];
+    got += len;
+  }
+  return 0;
+}
+
+/* ZeRO-0/1: a unit's gradients (in the model's full buffer) averaged over the ranks, in one
+ * all-reduce when the unit fits the staging buffer, else one per range. */
+static int all_reduce_unit(dt_dp_t *dp, int unit)
+{
+  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
+  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
+  float *grads = dp->m->grads_flat;
+  size_t total = 0;
+  for (int i = 0; i < nr; i++)
+    total += r[i].len;
+  if (total > dp->staging_n) {
+    for (int i = 0; i < nr; i++)
+      DT_CHECK(dt_comm_all_reduce(dp->comm, grads + r[i].off, r[i].len, DT_COMM_AVG));
+    return 0;
+  }
+  for (size_t i = 0, off = 0; i < (size_t)nr; off += r[i++].len)
+    memcpy(dp->staging + off, grads + r[i].off, r[i].len * sizeof(float));
+  DT_CHECK(dt_comm_all_reduce(dp->comm, dp->staging, total, DT_COMM_AVG));
+  for (size_t i = 0, off = 0; i < (size_t)nr; off += r[i++].len)
+    memcpy(grads + r[i].off, dp->staging + off, r[i].len * sizeof(float));
+  return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
-/* ZeRO-0/1: overlapped all-reduce                                                             */
+/* Task FIFO and the comm thread                                                               */
 /* ------------------------------------------------------------------------------------------ */
+
+static int run_task(dt_dp_t *dp, const task_t *t)
+{
+  switch (t->kind) {
+  case TASK_ALL_REDUCE:
+    return all_reduce_unit(dp, t->unit);
+  case TASK_GATHER:
+    return gather_unit(dp, t->unit, dp->slots[t->slot].p);
+  default:
+    return scatter_unit(dp, t->unit, dp->slots[t->slot].g);
+  }
+}
 
 static void *comm_thread(void *arg)
 {
@@ -173,60 +303,84 @@ static void *comm_thread(void *arg)
       pthread_cond_wait(&dp->cond, &dp->lock);
     if (dp->stop)
       break;
-    dt_flat_range_t r = dp->queue[dp->q_head++];
+    task_t t = dp->queue[dp->q_head++];
     int err = dp->q_err;
     pthread_mutex_unlock(&dp->lock);
-    if (!err)
-      err = dt_comm_all_reduce(dp->comm, dp->m->grads_flat + r.off, r.len, DT_COMM_AVG);
+    if (!err) /* after a failure the rest is skipped (the communicator is poisoned anyway) */
+      err = run_task(dp, &t);
     pthread_mutex_lock(&dp->lock);
     if (err && !dp->q_err)
       dp->q_err = err;
-    dp->in_flight--;
+    dp->seq_done++;
     pthread_cond_broadcast(&dp->cond);
   }
   pthread_mutex_unlock(&dp->lock);
   return NULL;
 }
 
-/* Queues a unit's gradient ranges for the comm thread. */
-static int post_unit(dt_dp_t *dp, int unit)
+/* Hands a task to the comm thread (or runs it now, without one); *seq identifies it for
+ * wait_task. Returns the first error of any task so far. */
+static int post_task(dt_dp_t *dp, task_t t, uint64_t *seq)
 {
-  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
+  if (!dp->threaded) {
+    double t0 = dt_now_ms();
+    int rc = run_task(dp, &t);
+    dp->comm_ms += dt_now_ms() - t0;
+    *seq = dp->seq_done = ++dp->seq_posted;
+    return rc;
+  }
   pthread_mutex_lock(&dp->lock);
-  for (int i = 0; i < nr; i++) {
-    if (dp->q_tail == dp->q_cap) { /* the queue is reset every step: grow, never wrap */
-      size_t cap = dp->q_cap ? dp->q_cap * 2 : 64;
-      dt_flat_range_t *grown = realloc(dp->queue, cap * sizeof *grown);
-      if (!grown) {
-        pthread_mutex_unlock(&dp->lock);
-        return DT_ENOMEM;
-      }
+  int err = dp->q_err;
+  if (!err && dp->q_head == dp->q_tail)
+    dp->q_head = dp->q_tail = 0; /* drained: start over instead of growing */
+  if (!err && dp->q_tail == dp->q_cap) {
+    size_t cap = dp->q_cap ? dp->q_cap * 2 : 64;
+    task_t *grown = realloc(dp->queue, cap * sizeof *grown);
+    if (grown) {
       dp->queue = grown;
       dp->q_cap = cap;
+    } else {
+      err = DT_ENOMEM;
     }
-    dp->queue[dp->q_tail++] = r[i];
-    dp->in_flight++;
   }
-  dp->posted = 1;
-  pthread_cond_broadcast(&dp->cond);
-  pthread_mutex_unlock(&dp->lock);
-  return 0;
-}
-
-/* Waits until the comm thread has drained its queue; returns its first error. */
-static int wait_posted(dt_dp_t *dp)
-{
-  pthread_mutex_lock(&dp->lock);
-  while (dp->in_flight > 0)
-    pthread_cond_wait(&dp->cond, &dp->lock);
-  int err = dp->q_err;
-  dp->q_head = dp->q_tail = 0;
-  dp->q_err = 0;
+  if (!err) {
+    dp->queue[dp->q_tail++] = t;
+    *seq = ++dp->seq_posted;
+    pthread_cond_broadcast(&dp->cond);
+  }
   pthread_mutex_unlock(&dp->lock);
   return err;
 }
 
+/* Waits until task seq (and every task before it) has run; the wait is exposed communication.
+ * Returns the first error of any task so far. */
+static int wait_task(dt_dp_t *dp, uint64_t seq)
+{
+  if (!dp->threaded)
+    return 0;
+  double t0 = dt_now_ms();
+  pthread_mutex_lock(&dp->lock);
+  while (dp->seq_done < seq)
+    pthread_cond_wait(&dp->cond, &dp->lock);
+  int err = dp->q_err;
+  pthread_mutex_unlock(&dp->lock);
+  dp->comm_ms += dt_now_ms() - t0;
+  return err;
+}
+
+/* Before the compute thread issues a collective itself. */
+static int drain(dt_dp_t *dp)
+{
+  return wait_task(dp, dp->seq_posted);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hooks                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* ZeRO-0/1 with the comm thread: a unit's gradient ranges are all-reduced as soon as the last
+ * micro-batch's backward has finished with them, while compute goes on with the next unit
+ * (disjoint memory). */
 static int overlap_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_gpt2_view_t *g)
 {
   dt_dp_t *dp = ud;
@@ -239,26 +393,95 @@ static int overlap_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_
 static int overlap_release(void *ud, int unit, int grads)
 {
   dt_dp_t *dp = ud;
-  return grads && dp->last_micro ? post_unit(dp, unit) : 0;
+  if (!grads || !dp->last_micro)
+    return 0;
+  uint64_t seq;
+  dp->posted = 1;
+  return post_task(dp, (task_t){.kind = TASK_ALL_REDUCE, .unit = unit}, &seq);
+}
+
+/* The slot for a unit: its fixed slot, or the layer slot that holds it, or else the least
+ * recently used free layer slot; -1 if both layer slots are in use. */
+static int slot_for(const dt_dp_t *dp, int unit)
+{
+  if (unit == DT_UNIT_EMBED)
+    return S_EMBED;
+  if (unit == DT_UNIT_FINAL)
+    return S_FINAL;
+  int best = -1;
+  for (int s = S_LAYER0; s < S_COUNT; s++) {
+    if (dp->slots[s].unit == unit)
+      return s;
+    if (dp->slots[s].ref == 0 && (best < 0 || dp->slots[s].use < dp->slots[best].use))
+      best = s;
+  }
+  return best;
+}
+
+/* The unit the model acquires after this one (gpt2.c's order): forward embeddings, layers
+ * up, final LayerNorm, embeddings again (LM head); backward the reverse. NO_UNIT at the end,
+ * and after the LM head's acquisition (the backward pass starts with units still in place). */
+static int next_unit(dt_dp_t *dp, int unit, int backward)
+{
+  const int L = dp->m->cfg.layers;
+  if (!backward) {
+    if (unit == DT_UNIT_FINAL) {
+      dp->lm_head_next = 1;
+      return NO_UNIT;
+    }
+    if (unit == DT_UNIT_EMBED && dp->lm_head_next) {
+      dp->lm_head_next = 0;
+      return NO_UNIT;
+    }
+    if (unit == DT_UNIT_EMBED)
+      return L > 0 ? 0 : DT_UNIT_FINAL;
+    return unit + 1 < L ? unit + 1 : DT_UNIT_FINAL;
+  }
+  if (unit == DT_UNIT_EMBED)
+    return DT_UNIT_FINAL;
+  if (unit == DT_UNIT_FINAL)
+    return L > 0 ? L - 1 : NO_UNIT;
+  return unit > 0 ? unit - 1 : NO_UNIT;
+}
+
+/* ZeRO-3: makes sure slot s holds (or will hold) unit's parameters. */
+static int ensure_gathered(dt_dp_t *dp, int s, int unit)
+{
+  slot_t *sl = &dp->slots[s];
+  if (sl->unit == unit)
+    return 0;
+  sl->unit = unit;
+  return post_task(dp, (task_t){.kind = TASK_GATHER, .unit = unit, .slot = s}, &sl->gather_seq);
 }
 
 static int hook_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_gpt2_view_t *g)
 {
   dt_dp_t *dp = ud;
-  int k = kind_of(unit);
+  int s = slot_for(dp, unit);
+  if (s < 0) {
+    DT_ERROR(TRAIN, "dp: unit %d acquired while both layer buffers are in use", unit);
+    return DT_EINVAL;
+  }
+  slot_t *sl = &dp->slots[s];
+  sl->ref++;
+  sl->use = ++dp->uses;
   if (dp->stage == 3) {
-    /* Gathered when first acquired, "freed" (the buffer is free for the next unit of its
-     * kind) when the last holder releases it. */
-    if (dp->ref[k] == 0)
-      DT_CHECK(gather_unit(dp, unit, dp->wp[k]));
-    packed_view(dp, unit, dp->wp[k], p);
+    DT_CHECK(ensure_gathered(dp, s, unit));
+    DT_CHECK(wait_task(dp, sl->gather_seq));
+    packed_view(dp, unit, sl->p, p);
+    /* Prefetch the next unit into a free slot while this one computes. */
+    int next = next_unit(dp, unit, grads);
+    int ns = next == NO_UNIT ? -1 : slot_for(dp, next);
+    if (ns >= 0 && ns != s)
+      DT_CHECK(ensure_gathered(dp, ns, next));
   } else {
+    sl->unit = unit;
     dt_gpt2_unit_view(dp->m, unit, dp->m->params_flat, p);
   }
-  dp->ref[k]++;
   if (grads) {
-    memset(dp->wg[k], 0, dp->wsize[k] * sizeof(float));
-    packed_view(dp, unit, dp->wg[k], g);
+    DT_CHECK(wait_task(dp, sl->scatter_seq)); /* its previous gradients have left */
+    memset(sl->g, 0, sl->size * sizeof(float));
+    packed_view(dp, unit, sl->g, g);
   }
   return 0;
 }
@@ -266,9 +489,19 @@ static int hook_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_gpt
 static int hook_release(void *ud, int unit, int grads)
 {
   dt_dp_t *dp = ud;
-  int k = kind_of(unit);
-  dp->ref[k]--;
-  return grads ? scatter_unit(dp, unit, dp->wg[k]) : 0;
+  slot_t *sl = &dp->slots[slot_for(dp, unit)];
+  sl->ref--;
+  if (!grads)
+    return 0;
+  int s = (int)(sl - dp->slots);
+  return post_task(dp, (task_t){.kind = TASK_SCATTER, .unit = unit, .slot = s}, &sl->scatter_seq);
+}
+
+/* After the shards changed (optimizer step, checkpoint load): no slot holds valid parameters. */
+static void invalidate_slots(dt_dp_t *dp)
+{
+  for (int s = 0; s < S_COUNT; s++)
+    dp->slots[s].unit = NO_UNIT;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -280,12 +513,75 @@ static float *alloc_floats(size_t n, const char *what)
   return dt_calloc_aligned((n ? n : 1) * sizeof(float), what);
 }
 
+static size_t unit_size(const dt_gpt2_t *m, int unit, size_t *biggest_range)
+{
+  dt_flat_range_t r[DT_UNIT_MAX_RANGES];
+  int nr = dt_gpt2_unit_ranges(m, unit, r);
+  size_t total = 0;
+  for (int i = 0; i < nr; i++) {
+    total += r[i].len;
+    *biggest_range = DT_MAX(*biggest_range, r[i].len);
+  }
+  return total;
+}
+
+/* ZeRO-2/3 working buffers; the model's full gradient (and ZeRO-3: parameter) buffers go. */
+static int create_slots(dt_dp_t *dp)
+{
+  dt_gpt2_t *m = dp->m;
+  size_t biggest_range = 0;
+  for (int s = 0; s < S_COUNT; s++) {
+    slot_t *sl = &dp->slots[s];
+    int unit = s == S_EMBED ? DT_UNIT_EMBED : s == S_FINAL ? DT_UNIT_FINAL : 0;
+    sl->size = m->cfg.layers > 0 || s < S_LAYER0 ? unit_size(m, unit, &biggest_range) : 0;
+    sl->unit = NO_UNIT;
+    if (!(sl->g = alloc_floats(sl->size, "working gradients")))
+      return DT_ENOMEM;
+    if (dp->stage == 3 && !(sl->p = alloc_floats(sl->size, "gathered parameters")))
+      return DT_ENOMEM;
+  }
+  dp->g_shard = alloc_floats(dp->n, "gradient shard");
+  dp->tmp_n = DT_MIN(DT_MAX(biggest_range, dp->staging_n), DT_MAX(dp->n, (size_t)1));
+  dp->tmp = alloc_floats(dp->tmp_n, "reduce-scatter buffer");
+  if (!dp->g_shard || !dp->tmp)
+    return DT_ENOMEM;
+  dt_free_aligned(m->grads_flat);
+  m->grads_flat = NULL;
+  m->bytes_grads = 0;
+  memset(&m->grads, 0, sizeof m->grads);
+  if (dp->stage == 3) {
+    if (!(dp->p_shard = alloc_floats(dp->n, "parameter shard")))
+      return DT_ENOMEM;
+    memcpy(dp->p_shard, m->params_flat + dp->lo, dp->n * sizeof(float));
+    dt_free_aligned(m->params_flat);
+    m->params_flat = NULL;
+    m->bytes_params = 0;
+    memset(&m->params, 0, sizeof m->params);
+  }
+  return 0;
+}
+
+static int start_thread(dt_dp_t *dp)
+{
+  pthread_mutex_init(&dp->lock, NULL);
+  pthread_cond_init(&dp->cond, NULL);
+  if (pthread_create(&dp->thread, NULL, comm_thread, dp) != 0) {
+    pthread_mutex_destroy(&dp->lock);
+    pthread_cond_destroy(&dp->cond);
+    DT_ERROR(TRAIN, "dp: cannot start the comm thread");
+    return DT_ESYS;
+  }
+  dp->threaded = 1;
+  return 0;
+}
+
 int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage)
 {
   if (zero_stage < 0 || zero_stage > 3) {
     DT_ERROR(TRAIN, "zero stage %d: expected 0, 1, 2 or 3", zero_stage);
     return DT_EINVAL;
   }
+  int rc = DT_ENOMEM;
   dt_dp_t *dp = calloc(1, sizeof *dp);
   if (!dp)
     return DT_ENOMEM;
@@ -296,93 +592,60 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage)
   dp->world = comm ? dt_comm_world(comm) : 1;
   dp->P = (int64_t)m->num_params;
   dp->counts = calloc((size_t)dp->world, sizeof *dp->counts);
+  dp->displs = calloc((size_t)dp->world + 1, sizeof *dp->displs);
   dp->rcounts = calloc((size_t)dp->world, sizeof *dp->rcounts);
-  if (!dp->counts || !dp->rcounts)
-    goto oom;
+  if (!dp->counts || !dp->displs || !dp->rcounts)
+    goto fail;
   const int64_t S = (dp->P + dp->world - 1) / dp->world;
-  for (int r = 0; r < dp->world; r++) {
-    int64_t a = DT_MIN((int64_t)r * S, dp->P), b = DT_MIN((int64_t)(r + 1) * S, dp->P);
-    dp->counts[r] = (size_t)(b - a);
-    if (r == dp->rank)
-      dp->lo = a, dp->hi = b;
-  }
+  for (int r = 0; r <= dp->world; r++)
+    dp->displs[r] = DT_MIN((int64_t)r * S, dp->P);
+  for (int r = 0; r < dp->world; r++)
+    dp->counts[r] = (size_t)(dp->displs[r + 1] - dp->displs[r]);
+  dp->lo = dp->displs[dp->rank];
+  dp->hi = dp->displs[dp->rank + 1];
   dp->n = (size_t)(dp->hi - dp->lo);
   if (zero_stage == 0) {
     if (dt_gpt2_alloc_optimizer(m) != 0)
-      goto oom;
+      goto fail;
   } else {
     dp->m_shard = alloc_floats(dp->n, "AdamW first moment shard");
     dp->v_shard = alloc_floats(dp->n, "AdamW second moment shard");
     if (!dp->m_shard || !dp->v_shard)
-      goto oom;
+      goto fail;
   }
-  if (zero_stage >= 2) {
-    dp->g_shard = alloc_floats(dp->n, "gradient shard");
-    if (!dp->g_shard)
-      goto oom;
-    const int units[W_KINDS] = {DT_UNIT_EMBED, DT_UNIT_FINAL, 0};
-    size_t biggest = 0;
-    for (int k = 0; k < W_KINDS; k++) {
-      dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-      int nr = dt_gpt2_unit_ranges(m, units[k], r);
-      for (int i = 0; i < nr; i++) {
-        dp->wsize[k] += r[i].len;
-        biggest = DT_MAX(biggest, r[i].len);
-      }
-      dp->wg[k] = alloc_floats(dp->wsize[k], "working gradients");
-      if (!dp->wg[k])
-        goto oom;
-      if (zero_stage == 3 && !(dp->wp[k] = alloc_floats(dp->wsize[k], "gathered parameters")))
-        goto oom;
-    }
-    dp->tmp_n = DT_MIN(biggest, DT_MAX(dp->n, (size_t)1));
-    if (!(dp->tmp = alloc_floats(dp->tmp_n, "reduce-scatter buffer")))
-      goto oom;
-    /* Gradients now live in the shard and the working buffers. */
-    dt_free_aligned(m->grads_flat);
-    m->grads_flat = NULL;
-    m->bytes_grads = 0;
-    memset(&m->grads, 0, sizeof m->grads);
+  int overlap = collective(dp) && want_overlap();
+  if (collective(dp) && (zero_stage >= 2 || overlap)) {
+    /* Every unit but the embeddings (two ranges, the biggest) is packed through staging. */
+    size_t unused = 0;
+    dp->staging_n = DT_MAX(unit_size(m, DT_UNIT_FINAL, &unused),
+                           m->cfg.layers > 0 ? unit_size(m, 0, &unused) : 0);
+    if (!(dp->staging = alloc_floats(dp->staging_n, "staging buffer")))
+      goto fail;
   }
-  if (zero_stage == 3) {
-    dp->p_shard = alloc_floats(dp->n, "parameter shard");
-    if (!dp->p_shard)
-      goto oom;
-    memcpy(dp->p_shard, m->params_flat + dp->lo, dp->n * sizeof(float));
-    dt_free_aligned(m->params_flat);
-    m->params_flat = NULL;
-    m->bytes_params = 0;
-    memset(&m->params, 0, sizeof m->params);
-  }
+  if (zero_stage >= 2)
+    DT_CHECK_GOTO(create_slots(dp), rc, fail);
+  if (overlap)
+    DT_CHECK_GOTO(start_thread(dp), rc, fail);
   if (zero_stage >= 2) {
     dp->hooks = (dt_gpt2_hooks_t){.ud = dp, .acquire = hook_acquire, .release = hook_release};
     m->hooks = &dp->hooks;
-  } else if (collective(dp) && want_overlap()) {
-    pthread_mutex_init(&dp->lock, NULL);
-    pthread_cond_init(&dp->cond, NULL);
-    if (pthread_create(&dp->thread, NULL, comm_thread, dp) != 0) {
-      pthread_mutex_destroy(&dp->lock);
-      pthread_cond_destroy(&dp->cond);
-      dt_dp_destroy(dp);
-      return DT_ESYS;
-    }
-    dp->overlap = 1;
+  } else if (overlap) {
     dp->last_micro = 1;
     dp->hooks = (dt_gpt2_hooks_t){.ud = dp, .acquire = overlap_acquire, .release = overlap_release};
     m->hooks = &dp->hooks;
   }
   *out = dp;
   return 0;
-oom:
+fail:
   dt_dp_destroy(dp);
-  return DT_ENOMEM;
+  return rc;
 }
 
 void dt_dp_destroy(dt_dp_t *dp)
 {
   if (!dp)
     return;
-  if (dp->overlap) {
+  if (dp->threaded) {
     pthread_mutex_lock(&dp->lock);
     dp->stop = 1;
     pthread_cond_broadcast(&dp->cond);
@@ -390,20 +653,22 @@ void dt_dp_destroy(dt_dp_t *dp)
     pthread_join(dp->thread, NULL);
     pthread_mutex_destroy(&dp->lock);
     pthread_cond_destroy(&dp->cond);
-    free(dp->queue);
   }
+  free(dp->queue);
   if (dp->m && dp->m->hooks == &dp->hooks)
     dp->m->hooks = NULL;
   free(dp->counts);
+  free(dp->displs);
   free(dp->rcounts);
   dt_free_aligned(dp->p_shard);
   dt_free_aligned(dp->g_shard);
   dt_free_aligned(dp->m_shard);
   dt_free_aligned(dp->v_shard);
-  for (int k = 0; k < W_KINDS; k++) {
-    dt_free_aligned(dp->wp[k]);
-    dt_free_aligned(dp->wg[k]);
+  for (int s = 0; s < S_COUNT; s++) {
+    dt_free_aligned(dp->slots[s].p);
+    dt_free_aligned(dp->slots[s].g);
   }
+  dt_free_aligned(dp->staging);
   dt_free_aligned(dp->tmp);
   free(dp);
 }
@@ -420,9 +685,10 @@ void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem)
   mem->params = (dp->stage == 3 ? dp->n : P) * F;
   mem->grads = (dp->stage >= 2 ? dp->n : P) * F;
   mem->optim = 2 * (dp->stage >= 1 ? dp->n : P) * F;
-  mem->working = dp->tmp ? dp->tmp_n * F : 0;
-  for (int k = 0; k < W_KINDS; k++)
-    mem->working += ((dp->wp[k] ? dp->wsize[k] : 0) + (dp->wg[k] ? dp->wsize[k] : 0)) * F;
+  mem->working = ((dp->tmp ? dp->tmp_n : 0) + (dp->staging ? dp->staging_n : 0)) * F;
+  for (int s = 0; s < S_COUNT; s++)
+    mem->working +=
+        ((dp->slots[s].p ? dp->slots[s].size : 0) + (dp->slots[s].g ? dp->slots[s].size : 0)) * F;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -444,15 +710,13 @@ void dt_dp_begin_micro(dt_dp_t *dp, int last)
 
 int dt_dp_reduce_grads(dt_dp_t *dp)
 {
-  if (dp->stage >= 2 || !collective(dp))
-    return 0; /* ZeRO-2/3 reduced unit by unit during the backward pass */
-  if (dp->overlap && dp->posted) {
-    /* Most of it went out during the backward pass: only the wait is exposed. */
+  if (dp->stage >= 2) /* reduce-scattered unit by unit during the backward pass */
+    return drain(dp);
+  if (!collective(dp))
+    return 0;
+  if (dp->posted) { /* most of it went out during the backward pass: only the wait is exposed */
     dp->posted = 0;
-    double t0 = dt_now_ms();
-    int rc = wait_posted(dp);
-    dp->comm_ms += dt_now_ms() - t0;
-    return rc;
+    return drain(dp);
   }
   TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, dp->m->grads_flat, (size_t)dp->P, DT_COMM_AVG));
   return 0;
@@ -466,6 +730,7 @@ static int sum_double(dt_dp_t *dp, double *x)
   float pair[2];
   pair[0] = (float)*x;
   pair[1] = (float)(*x - (double)pair[0]);
+  DT_CHECK(drain(dp));
   TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, pair, 2, DT_COMM_SUM));
   *x = (double)pair[0] + (double)pair[1];
   return 0;
@@ -486,6 +751,7 @@ int dt_dp_grad_norm(dt_dp_t *dp, float *norm)
 int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t)
 {
   dt_gpt2_t *m = dp->m;
+  DT_CHECK(drain(dp));
   if (dp->stage == 0)
     return dt_gpt2_adamw_step(m, h, grad_scale, t);
   /* The owned range, tensor by tensor (weight decay differs between tensors). */
@@ -500,6 +766,7 @@ int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t)
                          dp->v_shard + (a - dp->lo), (size_t)(b - a), h->lr, h->beta1, h->beta2,
                          h->eps, dt_gpt2_tensor_decays(k) ? h->weight_decay : 0.0f, grad_scale, t);
   }
+  invalidate_slots(dp);
   if (dp->stage == 3 || !collective(dp))
     return 0;
   TIMED_CHECK(dp,
@@ -518,6 +785,7 @@ int dt_dp_average(dt_dp_t *dp, float *x)
 {
   if (!collective(dp))
     return 0;
+  DT_CHECK(drain(dp));
   return dt_comm_all_reduce(dp->comm, x, 1, DT_COMM_AVG);
 }
 
@@ -547,6 +815,8 @@ int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state)
 {
   dt_gpt2_t *m = dp->m;
   const dt_gpt2_config_t *cfg = &m->cfg;
+  DT_CHECK(drain(dp));
+  invalidate_slots(dp);
   switch (dp->stage) {
   case 0:
     return dt_ckpt_load_range(path, cfg, dp->P, 0, dp->P, m->params_flat, m->m_flat, m->v_flat,
@@ -572,5 +842,6 @@ int dt_dp_gather_params(dt_dp_t *dp, float *out)
     memcpy(out, dp->p_shard, dp->n * sizeof(float));
     return 0;
   }
+  DT_CHECK(drain(dp));
   return dt_comm_all_gather_v(dp->comm, dp->p_shard, out, dp->counts);
 }

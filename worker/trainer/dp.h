@@ -3,16 +3,22 @@
  * Sharding is by flat parameter ranges: with P parameters and N ranks, rank r owns
  * [r*S, min((r+1)*S, P)) with S = ceil(P/N) (the last ranks may own less, or nothing), so any
  * parameter count works. What each stage keeps per rank (fp32 AdamW):
- *   ZeRO-0  params P, grads P, moments 2P              grads all-reduced (average), unit by
- *                                                      unit on a comm thread during the last
- *                                                      micro-batch's backward when a core is
- *                                                      spare (DISTRAIN_DP_OVERLAP)
+ *   ZeRO-0  params P, grads P, moments 2P              grads all-reduced (average)
  *   ZeRO-1  params P, grads P, moments 2P/N            all-reduce; update own range; all-gather
  *   ZeRO-2  params P, grads P/N, moments 2P/N          each unit's grads reduce-scattered into
  *                                                      the owned range as backward produces them
- *   ZeRO-3  params P/N, grads P/N, moments 2P/N        + each unit's params all-gathered just
- *                                                      before its forward and backward
- * plus, for ZeRO-2/3, working buffers for the units in use (model hooks, gpt2.h).
+ *   ZeRO-3  params P/N, grads P/N, moments 2P/N        + each unit's params all-gathered before
+ *                                                      its forward and backward, the next unit
+ *                                                      prefetched while this one computes
+ * plus working buffers (dt_dp_memory_t.working): for ZeRO-2/3 the gradients (ZeRO-3: and
+ * parameters) of the embeddings, the final LayerNorm and two layers, and a staging buffer of
+ * one layer through which a unit's ranges travel packed, one collective per unit.
+ *
+ * Overlap (DISTRAIN_DP_OVERLAP): with it, the collectives of the forward and backward passes
+ * run on a comm thread while compute goes on: ZeRO-0/1 all-reduce each unit's gradients as
+ * soon as the last micro-batch's backward has finished with it, ZeRO-2/3 reduce-scatter them,
+ * ZeRO-3 gathers the next unit ahead. Without it ZeRO-0/1 all-reduce all gradients once
+ * after the backward pass, and ZeRO-2/3 run the same unit collectives in place.
  *
  * Every rank must make the same calls in the same order (they are collectives). Results equal
  * the single-process run on the same global batch up to the summation order of the

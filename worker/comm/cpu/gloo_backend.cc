@@ -890,8 +890,9 @@ int gloo_sendrecv(void *impl, const void *sendbuf, size_t send_bytes, int dst, v
 
 } // namespace
 
+/* No split entry (nullptr): comm.c splits by a child init sharing the parent's Gloo device. */
 extern "C" const dt_comm_backend_t dt__comm_cpu_backend = {
     "cpu",           gloo_init,           gloo_destroy,    gloo_abort,
     gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast,
-    gloo_sendrecv,   gloo_barrier,
+    gloo_sendrecv,   gloo_barrier,        nullptr,
 };
