@@ -450,6 +450,7 @@ static int ensure_gathered(dt_dp_t *dp, int s, int unit)
   slot_t *sl = &dp->slots[s];
   if (sl->unit == unit)
     return 0;
+  DT_DEBUG(TRAIN, "dp: gather unit %d into slot %d", unit, s);
   sl->unit = unit;
   return post_task(dp, (task_t){.kind = TASK_GATHER, .unit = unit, .slot = s}, &sl->gather_seq);
 }
