@@ -54,7 +54,19 @@ static void on_liveness(uv_timer_t *t)
 
 static void on_sched(uv_timer_t *t)
 {
-  dt_coord_schedule(t->data);
+  dt_coord_t *c = t->data;
+  dt_coord_schedule(c);
+  /* Committed by now (every transaction ends within the callback that began it). */
+  if (!c->notify_pending)
+    return;
+  c->notify_pending = 0;
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    dt_node_t *n = c->nodes[i];
+    if (n && n->notify_pending) {
+      n->notify_pending = 0;
+      dt_coord_notify_node(c, n);
+    }
+  }
 }
 
 void dt_coord_schedule_soon(dt_coord_t *c)

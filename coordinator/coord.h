@@ -41,6 +41,7 @@ typedef struct {
   double last_seen_ms; /* monotonic */
   int64_t last_seen_wall_ms;
   uint64_t assign_version;                /* bumped whenever its assignments change */
+  int notify_pending;                     /* its held watch is answered on the next turn */
   int job;                                /* index of the job using it, -1 if idle */
   Distrain__V1__TrainerStatus **trainers; /* last heartbeat's statuses (owned) */
   size_t n_trainers;
@@ -108,6 +109,7 @@ struct dt_coord {
   uv_timer_t liveness;
   double scan_ms, last_scan_ms; /* liveness scan period; when the last scan ran */
   uv_timer_t sched;             /* dt_coord_schedule_soon: one planning pass per loop iteration */
+  int notify_pending;           /* some node's notify_pending is set */
   int closing;
 };
 
@@ -127,6 +129,10 @@ void dt_coord_schedule(dt_coord_t *c);
 /* The same, coalesced: runs dt_coord_schedule once on the next loop iteration however many
  * nodes registered, came back or died in this one (a planning pass is O(nodes)). */
 void dt_coord_schedule_soon(dt_coord_t *c);
+/* A node's assignments changed: bumps its version, persists it, and answers its held
+ * WatchAssignment on the next loop iteration, that is after the caller's store transaction
+ * has committed (an agent never acts on an assignment a crash could take back). */
+void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n);
 /* A node stopped heartbeating: fail over every job on it. */
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
 /* Folds one heartbeat's trainer statuses into the job state machines. */

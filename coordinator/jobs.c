@@ -115,11 +115,13 @@ void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n)
   dt_coord_free_assignments(r);
 }
 
-static void node_assignments_changed(dt_coord_t *c, dt_node_t *n)
+void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n)
 {
   n->assign_version++;
   dt_store_put_node(c->store, n);
-  dt_coord_notify_node(c, n);
+  n->notify_pending = 1;
+  c->notify_pending = 1;
+  dt_coord_schedule_soon(c);
 }
 
 void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j)
@@ -130,7 +132,7 @@ void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j)
     dt_node_t *n = c->nodes[i];
     if (n && n->job == idx) {
       n->job = -1;
-      node_assignments_changed(c, n);
+      dt_coord_assignments_changed(c, n);
     }
   }
   dt_store_commit(c->store);
@@ -346,7 +348,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
                           nodes, j->resume ? ", resuming from checkpoint" : "");
   for (int k = 0; k < nidle; k++)
     if (pl.node_nranks[k] > 0)
-      node_assignments_changed(c, c->nodes[idle[k]]);
+      dt_coord_assignments_changed(c, c->nodes[idle[k]]);
   dt_store_commit(c->store);
   dt_placement_free(&pl);
   planned = 1;

@@ -79,6 +79,8 @@ class DataParallel(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        print("\n  largest relative loss difference against one process: %.2g" % cls.worst,
+              file=sys.stderr)
 
     def single_run(self, global_batch, accum):
         key = (global_batch, accum)
@@ -89,11 +91,14 @@ class DataParallel(unittest.TestCase):
             self.single[key] = read_metrics(m)
         return self.single[key]
 
+    worst = 0.0  # largest relative loss difference seen, printed at the end
+
     def assert_close(self, ref, got, what):
         self.assertEqual(len(ref), len(got), what)
         for a, b in zip(ref, got):
             self.assertEqual(a["step"], b["step"])
             rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
+            DataParallel.worst = max(DataParallel.worst, rel)
             self.assertLess(rel, REL_TOL, "%s step %d: loss %.9g vs one process %.9g"
                             % (what, a["step"], b["loss"], a["loss"]))
 
