@@ -4,13 +4,15 @@ Runs the real distrain-train binary as N processes (WORLD_SIZE/RANK, rendezvous 
 shared DISTRAIN_KV_DIR, as under a launcher without a coordinator) on the tiny golden model
 and data, and checks:
   * dp in {2, 4} x ZeRO in {0, 1, 2, 3}, with and without gradient accumulation: the per-step
-    loss equals the single-process run on the same global batch within 1e-5 relative;
+    loss equals the single-process run on the same global batch within 1e-5 relative; again
+    with the comm thread forced on (DISTRAIN_DP_OVERLAP=1: overlap, ZeRO-3 prefetch);
   * the per-rank parameter + gradient + optimizer bytes the trainer reports match the ZeRO
     formula (16P, 8P + 8P/N, 4P + 12P/N, 16P/N) within 5%;
   * a checkpoint written by dp=4 (ZeRO-1 shards) resumes on dp=3 (ZeRO-2) and continues the
     single-process trajectory;
   * a peer that never arrives: rank 0 fails within the timeout and names the missing rank;
-  * a peer killed mid-training: the survivor fails with an error, not a hang.
+  * a peer killed mid-training: the survivor fails with an error, not a hang (collectives on
+    the compute thread, and on the comm thread).
 
     /usr/bin/python3 tests/integration/test_dp.py --build build
 """
@@ -179,10 +181,19 @@ class DataParallel(unittest.TestCase):
         self.assertIn("timed out", p.stderr.lower())
 
     def test_peer_dies_mid_training(self):
-        kv = os.path.join(self.tmp, "kv_dies")
-        metrics = os.path.join(self.tmp, "dies.jsonl")
-        procs = launch(2, lambda r: base_args(4, 1, metrics, steps=100000), kv,
-                       {"DISTRAIN_COMM_TIMEOUT_MS": "5000"})
+        # Collectives on the compute thread (ZeRO-0 here), and on the comm thread while the
+        # compute thread waits for a prefetched unit (ZeRO-3, overlap forced on).
+        for zero, overlap in ((0, -1), (3, 1)):
+            with self.subTest(zero=zero, overlap=overlap):
+                self.peer_dies(zero, overlap)
+
+    def peer_dies(self, zero, overlap):
+        tag = "dies_z%d_o%d" % (zero, overlap)
+        kv = os.path.join(self.tmp, "kv_" + tag)
+        metrics = os.path.join(self.tmp, tag + ".jsonl")
+        procs = launch(2, lambda r: base_args(4, 1, metrics, steps=100000)
+                       + ["--zero-stage", str(zero)], kv,
+                       {"DISTRAIN_COMM_TIMEOUT_MS": "5000", "DISTRAIN_DP_OVERLAP": str(overlap)})
         # wait until training is under way (rank 0 wrote a few steps)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -198,8 +209,8 @@ class DataParallel(unittest.TestCase):
         self.assertNotEqual(procs[0].returncode, 0, "the survivor must fail, not finish")
         self.assertLess(elapsed, 5.0 + 5.0, "survivor took %.1f s to fail" % elapsed)
         self.assertRegex(err, r"(?i)(closed|remote|peer|timed out)")
-        print("\n  survivor failed %.2f s after its peer was killed" % elapsed, file=sys.stderr)
-
+        print("\n  %s: survivor failed %.2f s after its peer was killed" % (tag, elapsed),
+              file=sys.stderr)
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
