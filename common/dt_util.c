@@ -27,6 +27,15 @@ double dt_now_ms(void)
   return (double)dt_now_ns() / 1e6;
 }
 
+void dt_sleep_ms(double ms)
+{
+  if (ms <= 0)
+    return;
+  struct timespec ts = {.tv_sec = (time_t)(ms / 1000.0), .tv_nsec = (long)(fmod(ms, 1000.0) * 1e6)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
+}
+
 void *dt_calloc_aligned(size_t bytes, const char *what)
 {
   void *p = NULL;

@@ -13,6 +13,8 @@
 
 /* Monotonic clock. */
 double dt_now_ms(void);
+/* Sleeps ms milliseconds (fractions allowed), resuming after signals. */
+void dt_sleep_ms(double ms);
 uint64_t dt_now_ns(void);
 
 /* 64-byte aligned, zeroed allocation; NULL (and an error log naming what) on failure. */

@@ -82,17 +82,17 @@ int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
   c->loop = loop;
   c->cfg = *cfg;
   c->next_job = 1;
-  c->kv = dt_kv_create();
-  if (!c->kv)
-    return DT_ENOMEM;
-  DT_CHECK_GOTO(dt_store_open(&c->store, cfg->state_dir), ret, fail);
+  DT_CHECK(dt_store_open(&c->store, cfg->state_dir));
+  c->kv = dt_kv_create(c->store);
+  if (!c->kv) {
+    ret = DT_ENOMEM;
+    goto fail;
+  }
   DT_CHECK_GOTO(dt_store_load(c->store, c), ret, fail);
   for (size_t i = 0; i < c->n_jobs; i++) {
     /* A restarted coordinator resumes its jobs as they were; the trainers never stopped. */
     Distrain__V1__Job *job = c->jobs[i]->job;
-    if (job->state != DISTRAIN__V1__JOB_STATE__JOB_COMPLETED &&
-        job->state != DISTRAIN__V1__JOB_STATE__JOB_FAILED &&
-        job->state != DISTRAIN__V1__JOB_STATE__JOB_STOPPED)
+    if (!dt_coord_state_terminal(job->state))
       DT_INFO(COORD, "restored job %s: state %d, generation %llu, step %lld", c->jobs[i]->id,
               job->state, (unsigned long long)job->generation, (long long)job->step);
   }

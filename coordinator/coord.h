@@ -121,6 +121,8 @@ double dt_coord_now_ms(void);
 /* ---- nodes and jobs (jobs.c) ---- */
 dt_node_t *dt_coord_node_by_id(dt_coord_t *c, const char *id);
 dt_job_t *dt_coord_job_by_id(dt_coord_t *c, const char *id);
+/* COMPLETED, FAILED or STOPPED: the job will never run again. */
+int dt_coord_state_terminal(Distrain__V1__JobState s);
 /* Sets a job's state with a logged, persisted reason. */
 void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState to, const char *fmt,
                              ...) __attribute__((format(printf, 4, 5)));
@@ -155,15 +157,21 @@ void dt_node_free(dt_node_t *n);
 int dt_coord_register_handlers(dt_coord_t *c);
 
 /* ---- key-value store (kv.c) ---- */
-struct dt_kv *dt_kv_create(void);
+/* store: where keys are written through (NULL: memory only). */
+struct dt_kv *dt_kv_create(dt_store_t *store);
 void dt_kv_destroy(struct dt_kv *kv);
-/* Stores a value for (job, generation, key) and answers the calls waiting on it. */
+/* Stores a value for (job, generation, key), writes it through to the store, and answers the
+ * calls waiting on it. DT_EIO if the store refused it (nothing changed then). */
 int dt_kv_put(struct dt_kv *kv, const char *job, uint64_t gen, const char *key, const uint8_t *val,
               size_t len);
+/* The same without writing to the store (loading it). */
+int dt_kv_restore(struct dt_kv *kv, const char *job, uint64_t gen, const char *key,
+                  const uint8_t *val, size_t len);
 /* Answers call now if the key exists, else holds it until a put or timeout_ms. */
 void dt_kv_get(struct dt_kv *kv, uv_loop_t *loop, dt_rpc_call_t *call, const char *job,
                uint64_t gen, const char *key, uint32_t timeout_ms);
-/* Drops every key of a job older than gen; waiting calls for them fail as stale. */
+/* Drops every key of a job older than gen (UINT64_MAX: all of them; the job ended) from memory
+ * and the store; waiting calls for them fail as stale. */
 void dt_kv_expire(struct dt_kv *kv, const char *job, uint64_t gen);
 
 /* ---- persistence (store.c) ---- */
@@ -175,7 +183,12 @@ int dt_store_put_node(dt_store_t *s, const dt_node_t *n);
 int dt_store_put_job(dt_store_t *s, const dt_job_t *j);
 int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,
                          size_t n);
-/* Loads every node and job (with plans and metrics) into c. */
+/* Loads every node and job (with plans and metrics) into c, and the rendezvous keys of their
+ * current generations into c->kv (deleting the rest). */
 int dt_store_load(dt_store_t *s, dt_coord_t *c);
+int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *key,
+                    const uint8_t *val, size_t len);
+/* Deletes a job's keys of generations older than gen. */
+int dt_store_expire_kv(dt_store_t *s, const char *job, uint64_t gen);
 
 #endif

@@ -393,9 +393,11 @@ static void handle_kv_put(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "empty key");
     return;
   }
-  if (dt_kv_put(c->kv, req->job_id, req->generation, req->key, req->value.data, req->value.len) !=
-      0) {
-    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+  int rc =
+      dt_kv_put(c->kv, req->job_id, req->generation, req->key, req->value.data, req->value.len);
+  if (rc != 0) {
+    dt_rpc_call_fail(call, rc == DT_ENOMEM ? DT_RPC_RESOURCE_EXHAUSTED : DT_RPC_INTERNAL,
+                     "storing key %s: %s", req->key, dt_strerror(rc));
     return;
   }
   Distrain__V1__KvPutResponse resp = DISTRAIN__V1__KV_PUT_RESPONSE__INIT;

@@ -36,7 +36,7 @@ static int64_t wall_ms(void)
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int is_terminal(Distrain__V1__JobState s)
+int dt_coord_state_terminal(Distrain__V1__JobState s)
 {
   return s == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED || s == DISTRAIN__V1__JOB_STATE__JOB_FAILED ||
          s == DISTRAIN__V1__JOB_STATE__JOB_STOPPED;
@@ -92,6 +92,8 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   job->updated_ms = wall_ms();
   set_string(&job->reason, reason);
   dt_store_put_job(c->store, j);
+  if (dt_coord_state_terminal(to))
+    dt_kv_expire(c->kv, j->id, UINT64_MAX); /* no generation of it will rendezvous again */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -202,7 +204,8 @@ Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, d
   if (n->job < 0 || (size_t)n->job >= c->n_jobs)
     return r;
   dt_job_t *j = c->jobs[n->job];
-  if (is_terminal(j->job->state) || j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
+  if (dt_coord_state_terminal(j->job->state) ||
+      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
     return r;
   Distrain__V1__Assignment *a = calloc(1, sizeof *a);
@@ -378,7 +381,8 @@ void dt_coord_schedule(dt_coord_t *c)
 /* A failure in the current generation: restart from the last checkpoint, or give up. */
 static void recover(dt_coord_t *c, dt_job_t *j, const char *reason)
 {
-  if (is_terminal(j->job->state) || j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+  if (dt_coord_state_terminal(j->job->state) ||
+      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
     return;
   const int max_restarts = j->job->spec->elastic->max_restarts;
   if (j->job->restarts >= max_restarts) {
@@ -489,8 +493,8 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         n->job >= 0 && (size_t)n->job < c->n_jobs && strcmp(c->jobs[n->job]->id, ts->job_id) == 0
             ? c->jobs[n->job]
             : dt_coord_job_by_id(c, ts->job_id);
-    if (!j || ts->generation != j->job->generation || is_terminal(j->job->state) || ts->rank < 0 ||
-        ts->rank >= j->world || j->ranks[ts->rank].node != n->index)
+    if (!j || ts->generation != j->job->generation || dt_coord_state_terminal(j->job->state) ||
+        ts->rank < 0 || ts->rank >= j->world || j->ranks[ts->rank].node != n->index)
       continue; /* stale generation, or not ours */
     dt_rank_slot_t *slot = &j->ranks[ts->rank];
     int changed = slot->state != ts->state;

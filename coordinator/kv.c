@@ -3,8 +3,10 @@
  * Trainers exchange communicator ids and addresses through it: rank 0 puts, the others get
  * with a timeout (the call is held until the key appears). Keys are scoped by (job,
  * generation): a new generation never sees an old one's keys, and calls still waiting on an
- * old generation are failed FAILED_PRECONDITION when the generation moves on. The store is
- * not persisted: rendezvous state is only meaningful to trainers of the live generation. */
+ * old generation are failed FAILED_PRECONDITION when the generation moves on. Keys are written
+ * through to the coordinator's SQLite store before a put is answered, so trainers in the
+ * middle of a rendezvous ride out a coordinator restart (they retry their calls; the restarted
+ * coordinator reloads the live generations' keys). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,11 +33,15 @@ typedef struct kv_waiter {
 struct dt_kv {
   kv_entry_t *entries;
   kv_waiter_t *waiters;
+  dt_store_t *store; /* NULL: memory only */
 };
 
-struct dt_kv *dt_kv_create(void)
+struct dt_kv *dt_kv_create(dt_store_t *store)
 {
-  return calloc(1, sizeof(struct dt_kv));
+  struct dt_kv *kv = calloc(1, sizeof(struct dt_kv));
+  if (kv)
+    kv->store = store;
+  return kv;
 }
 
 static void entry_free(kv_entry_t *e)
@@ -99,6 +105,14 @@ static void reply_value(dt_rpc_call_t *call, const kv_entry_t *e)
 
 int dt_kv_put(struct dt_kv *kv, const char *job, uint64_t gen, const char *key, const uint8_t *val,
               size_t len)
+{
+  if (kv->store)
+    DT_CHECK(dt_store_put_kv(kv->store, job, gen, key, val, len));
+  return dt_kv_restore(kv, job, gen, key, val, len);
+}
+
+int dt_kv_restore(struct dt_kv *kv, const char *job, uint64_t gen, const char *key,
+                  const uint8_t *val, size_t len)
 {
   kv_entry_t *e = find(kv, job, gen, key);
   if (!e) {
@@ -183,6 +197,8 @@ void dt_kv_get(struct dt_kv *kv, uv_loop_t *loop, dt_rpc_call_t *call, const cha
 
 void dt_kv_expire(struct dt_kv *kv, const char *job, uint64_t gen)
 {
+  if (kv->store)
+    dt_store_expire_kv(kv->store, job, gen);
   for (kv_entry_t **pp = &kv->entries; *pp;) {
     kv_entry_t *e = *pp;
     if (e->gen < gen && strcmp(e->job, job) == 0) {

@@ -17,6 +17,7 @@
 struct dt_store {
   sqlite3 *db;
   sqlite3_stmt *put_node; /* prepared once: planning writes one node row per node */
+  sqlite3_stmt *put_kv;   /* prepared once: a rendezvous puts one key per rank */
   int depth;              /* dt_store_begin nesting */
   char path[4200];
 };
@@ -33,7 +34,10 @@ static const char *const k_schema =
     "CREATE TABLE IF NOT EXISTS jobs ("
     "  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, job BLOB NOT NULL, plan BLOB);"
     "CREATE TABLE IF NOT EXISTS metrics ("
-    "  job TEXT NOT NULL, step INTEGER NOT NULL, m BLOB NOT NULL, PRIMARY KEY (job, step));";
+    "  job TEXT NOT NULL, step INTEGER NOT NULL, m BLOB NOT NULL, PRIMARY KEY (job, step));"
+    "CREATE TABLE IF NOT EXISTS kv ("
+    "  job TEXT NOT NULL, generation INTEGER NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
+    "  PRIMARY KEY (job, generation, key));";
 
 static int sql_fail(dt_store_t *s, const char *what)
 {
@@ -92,6 +96,7 @@ void dt_store_close(dt_store_t *s)
   if (!s)
     return;
   sqlite3_finalize(s->put_node);
+  sqlite3_finalize(s->put_kv);
   sqlite3_close(s->db);
   free(s);
 }
@@ -354,9 +359,71 @@ static int load_jobs(dt_store_t *s, dt_coord_t *c)
   return ret;
 }
 
+int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *key,
+                    const uint8_t *val, size_t len)
+{
+  if (!s->put_kv && sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO kv VALUES (?,?,?,?)", -1,
+                                       &s->put_kv, NULL) != SQLITE_OK)
+    return sql_fail(s, "prepare kv");
+  sqlite3_bind_text(s->put_kv, 1, job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(s->put_kv, 2, (int64_t)gen);
+  sqlite3_bind_text(s->put_kv, 3, key, -1, SQLITE_STATIC);
+  sqlite3_bind_blob(s->put_kv, 4, len ? val : (const void *)"", (int)len, SQLITE_STATIC);
+  int ret = sqlite3_step(s->put_kv) == SQLITE_DONE ? 0 : sql_fail(s, "write kv");
+  sqlite3_reset(s->put_kv);
+  return ret;
+}
+
+int dt_store_expire_kv(dt_store_t *s, const char *job, uint64_t gen)
+{
+  sqlite3_stmt *st;
+  /* Generations are small positive integers; UINT64_MAX (every generation) is not an int64. */
+  const char *sql = gen > INT64_MAX ? "DELETE FROM kv WHERE job=?"
+                                    : "DELETE FROM kv WHERE job=? AND generation<?";
+  if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+    return sql_fail(s, "prepare kv expiry");
+  sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+  if (gen <= INT64_MAX)
+    sqlite3_bind_int64(st, 2, (int64_t)gen);
+  int ret = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(s, "expire kv");
+  sqlite3_finalize(st);
+  return ret;
+}
+
+/* The current generation's keys of every job still in progress; the rest is deleted. */
+static int load_kv(dt_store_t *s, dt_coord_t *c)
+{
+  sqlite3_stmt *st;
+  int ret = 0;
+  for (size_t i = 0; i < c->n_jobs && ret == 0; i++) {
+    const dt_job_t *j = c->jobs[i];
+    ret = dt_store_expire_kv(
+        s, j->id, dt_coord_state_terminal(j->job->state) ? UINT64_MAX : j->job->generation);
+  }
+  if (ret != 0)
+    return ret;
+  if (sqlite3_prepare_v2(s->db, "SELECT job, generation, key, value FROM kv", -1, &st, NULL) !=
+      SQLITE_OK)
+    return sql_fail(s, "read kv");
+  size_t n = 0;
+  while (ret == 0 && sqlite3_step(st) == SQLITE_ROW) {
+    const char *job = (const char *)sqlite3_column_text(st, 0);
+    uint64_t gen = (uint64_t)sqlite3_column_int64(st, 1);
+    const char *key = (const char *)sqlite3_column_text(st, 2);
+    const uint8_t *val = sqlite3_column_blob(st, 3);
+    size_t len = (size_t)sqlite3_column_bytes(st, 3);
+    ret = dt_kv_restore(c->kv, job, gen, key, val ? val : (const uint8_t *)"", len);
+    n++;
+  }
+  sqlite3_finalize(st);
+  if (n)
+    DT_INFO(COORD, "%s: %zu rendezvous keys of live generations restored", s->path, n);
+  return ret;
+}
+
 int dt_store_load(dt_store_t *s, dt_coord_t *c)
 {
   DT_CHECK(load_nodes(s, c));
   DT_CHECK(load_jobs(s, c));
-  return 0;
+  return load_kv(s, c);
 }

@@ -901,7 +901,8 @@ class T6_Stop(ClusterTest):
 class T7_KvGenerations(ClusterTest):
     def test_kv_scoped_by_generation(self):
         # A long heartbeat: the fake node below answers no heartbeats unless told to.
-        self.start_coordinator(heartbeat_ms=5000)
+        port = free_port()
+        self.start_coordinator(port=port, heartbeat_ms=5000)
         info = pb.NodeInfo(hostname="fake0", devices=[pb.Device(kind="cpu", index=0, name="cpu")])
         node_id = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(
@@ -998,6 +999,16 @@ class T7_KvGenerations(ClusterTest):
         self.call("KvPut", pb.KvPutRequest(job_id=job_id, generation=gen + 1, key="addr/0",
                                            value=b"new"))
         self.assertEqual(kv_get(gen + 1, "addr/0"), b"new")
+
+        # The coordinator is killed and restarted in the middle of this rendezvous: the live
+        # generation's keys are still there (trainers waiting on them retry and carry on).
+        self.coord.send_signal(signal.SIGKILL)
+        self.coord.wait(timeout=5)
+        self.start_coordinator(port=port, heartbeat_ms=5000)
+        self.assertEqual(kv_get(gen + 1, "addr/0"), b"new")
+        with self.assertRaises(grpc.RpcError) as cm:
+            kv_get(gen, "addr/0")
+        self.assertCode(cm, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,9 +160,7 @@ static int kv_file_get(void *ud, const char *key, void **val, size_t *len, int t
     double left_ms = deadline - dt_now_ms();
     if (left_ms <= 0)
       return DT_ETIMEDOUT;
-    long us = (long)DT_MIN((double)sleep_us, left_ms * 1000.0);
-    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    dt_sleep_ms(DT_MIN(sleep_us / 1000.0, left_ms));
     sleep_us = DT_MIN(sleep_us * 2, 10000);
   }
 }
