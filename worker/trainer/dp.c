@@ -143,17 +143,29 @@ static void unit_counts(dt_dp_t *dp, const dt_flat_range_t *r, int nr)
 /* Unit collectives                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A unit's ranges (returns how many), where each starts when they are packed in order, and
+ * their total size. */
+static int unit_layout(const dt_gpt2_t *m, int unit, dt_flat_range_t *r, size_t *poff,
+                       size_t *total)
+{
+  int nr = dt_gpt2_unit_ranges(m, unit, r);
+  *total = 0;
+  for (int i = 0; i < nr; i++) {
+    poff[i] = *total;
+    *total += r[i].len;
+  }
+  return nr;
+}
+
 /* Points a view at a unit's tensors packed in order in base (a working buffer). */
 static void packed_view(const dt_dp_t *dp, int unit, float *base, dt_gpt2_view_t *v)
 {
   dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
+  size_t poff[DT_UNIT_MAX_RANGES], total;
+  int nr = unit_layout(dp->m, unit, r, poff, &total);
   memset(v, 0, sizeof *v);
-  size_t packed = 0;
-  for (int i = 0; i < nr; i++) {
-    v->t[r[i].tensor] = base + packed;
-    packed += r[i].len;
-  }
+  for (int i = 0; i < nr; i++)
+    v->t[r[i].tensor] = base + poff[i];
 }
 
 /* A unit's parameters, gathered from the shards into dst (its ranges packed in order). Units
@@ -163,12 +175,8 @@ static void packed_view(const dt_dp_t *dp, int unit, float *base, dt_gpt2_view_t
 static int gather_unit(dt_dp_t *dp, int unit, float *dst)
 {
   dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  size_t poff[DT_UNIT_MAX_RANGES], total = 0;
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
-  for (int i = 0; i < nr; i++) {
-    poff[i] = total;
-    total += r[i].len;
-  }
+  size_t poff[DT_UNIT_MAX_RANGES], total;
+  int nr = unit_layout(dp->m, unit, r, poff, &total);
   int64_t a;
   if (!collective(dp)) {
     for (int i = 0; i < nr; i++)
@@ -210,12 +218,8 @@ static int gather_unit(dt_dp_t *dp, int unit, float *dst)
 static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
 {
   dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  size_t poff[DT_UNIT_MAX_RANGES], total = 0;
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
-  for (int i = 0; i < nr; i++) {
-    poff[i] = total;
-    total += r[i].len;
-  }
+  size_t poff[DT_UNIT_MAX_RANGES], total;
+  int nr = unit_layout(dp->m, unit, r, poff, &total);
   int64_t a;
   if (!collective(dp)) {
     for (int i = 0; i < nr; i++)
@@ -260,21 +264,19 @@ static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
 static int all_reduce_unit(dt_dp_t *dp, int unit)
 {
   dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  int nr = dt_gpt2_unit_ranges(dp->m, unit, r);
+  size_t poff[DT_UNIT_MAX_RANGES], total;
+  int nr = unit_layout(dp->m, unit, r, poff, &total);
   float *grads = dp->m->grads_flat;
-  size_t total = 0;
-  for (int i = 0; i < nr; i++)
-    total += r[i].len;
   if (total > dp->staging_n) {
     for (int i = 0; i < nr; i++)
       DT_CHECK(dt_comm_all_reduce(dp->comm, grads + r[i].off, r[i].len, DT_COMM_AVG));
     return 0;
   }
-  for (size_t i = 0, off = 0; i < (size_t)nr; off += r[i++].len)
-    memcpy(dp->staging + off, grads + r[i].off, r[i].len * sizeof(float));
+  for (int i = 0; i < nr; i++)
+    memcpy(dp->staging + poff[i], grads + r[i].off, r[i].len * sizeof(float));
   DT_CHECK(dt_comm_all_reduce(dp->comm, dp->staging, total, DT_COMM_AVG));
-  for (size_t i = 0, off = 0; i < (size_t)nr; off += r[i++].len)
-    memcpy(grads + r[i].off, dp->staging + off, r[i].len * sizeof(float));
+  for (int i = 0; i < nr; i++)
+    memcpy(grads + r[i].off, dp->staging + poff[i], r[i].len * sizeof(float));
   return 0;
 }
 
@@ -517,12 +519,10 @@ static float *alloc_floats(size_t n, const char *what)
 static size_t unit_size(const dt_gpt2_t *m, int unit, size_t *biggest_range)
 {
   dt_flat_range_t r[DT_UNIT_MAX_RANGES];
-  int nr = dt_gpt2_unit_ranges(m, unit, r);
-  size_t total = 0;
-  for (int i = 0; i < nr; i++) {
-    total += r[i].len;
+  size_t poff[DT_UNIT_MAX_RANGES], total;
+  int nr = unit_layout(m, unit, r, poff, &total);
+  for (int i = 0; i < nr; i++)
     *biggest_range = DT_MAX(*biggest_range, r[i].len);
-  }
   return total;
 }
 
