@@ -2,7 +2,9 @@
  * algorithms) between forked processes on this host, rendezvousing through a directory store.
  *
  * For each size (1, 16, 64 MiB of float32 by default): warm-up iterations, then `iters` timed
- * ones, each started right after a barrier and timed on rank 0; the median is reported.
+ * ones, each a barrier and then `inner` back-to-back operations timed together on rank 0 (as
+ * nccl-tests does: the skew of leaving the barrier is amortised); the median per-operation
+ * time is reported.
  * Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n for all-reduce
  * and * (n-1)/n for reduce-scatter and all-gather (bytes = the full buffer: the all-reduce
  * buffer, the reduce-scatter input, the all-gather output). A table goes to stderr and one JSON
@@ -14,8 +16,8 @@
  * (GB/s = 1e9 bytes per second.) DISTRAIN_COMM_CPU_GLOO_ALLREDUCE=1 times gloo::allreduce
  * instead of ours (impl "gloo-allreduce").
  *
- *   bench_allreduce [--world N] [--iters K] [--warmup W] [--op all_reduce|reduce_scatter|
- *                   all_gather] [--mib S]... */
+ *   bench_allreduce [--world N] [--iters K] [--inner I] [--warmup W] [--op
+ * all_reduce|reduce_scatter| all_gather] [--mib S]... */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,7 @@ typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER } op_t;
 static const char *const g_op_names[] = {"all_reduce", "reduce_scatter", "all_gather"};
 
 typedef struct {
-  int world, iters, warmup;
+  int world, iters, inner, warmup;
   op_t op;
   int nsizes;
   size_t mib[MAX_SIZES];
@@ -110,12 +112,13 @@ static void run_rank(const opts_t *o, int rank)
       if ((rc = dt_comm_barrier(comm)) < 0)
         die("barrier", rc);
       double t0 = dt_now_ms();
-      if ((rc = run_op(comm, o->op, a, b, n, o->world)) < 0)
-        die(g_op_names[o->op], rc);
+      for (int k = 0; k < o->inner; k++)
+        if ((rc = run_op(comm, o->op, a, b, n, o->world)) < 0)
+          die(g_op_names[o->op], rc);
       if (it >= o->warmup)
-        t[it - o->warmup] = dt_now_ms() - t0;
+        t[it - o->warmup] = (dt_now_ms() - t0) / o->inner;
     }
-    double cpu = (cpu_ms() - cpu0) / o->iters; /* per iteration, barrier included */
+    double cpu = (cpu_ms() - cpu0) / ((double)o->iters * o->inner); /* per op, barriers included */
     qsort(t, (size_t)o->iters, sizeof *t, cmp_double);
     double med = o->iters % 2 ? t[o->iters / 2] : 0.5 * (t[o->iters / 2 - 1] + t[o->iters / 2]);
     double nbytes = (double)(n * sizeof(float)), w = o->world;
@@ -158,14 +161,14 @@ static void rm_flat_dir(const char *dir)
 
 static void usage(void)
 {
-  fprintf(stderr, "usage: bench_allreduce [--world N] [--iters K] [--warmup W] "
+  fprintf(stderr, "usage: bench_allreduce [--world N] [--iters K] [--inner I] [--warmup W] "
                   "[--op all_reduce|reduce_scatter|all_gather] [--mib S]...\n");
   exit(2);
 }
 
 int main(int argc, char **argv)
 {
-  opts_t o = {.world = 2, .iters = 10, .warmup = 3, .op = OP_ALL_REDUCE};
+  opts_t o = {.world = 2, .iters = 10, .inner = 5, .warmup = 3, .op = OP_ALL_REDUCE};
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v)
@@ -174,6 +177,8 @@ int main(int argc, char **argv)
       o.world = atoi(v);
     else if (strcmp(argv[i], "--iters") == 0)
       o.iters = atoi(v);
+    else if (strcmp(argv[i], "--inner") == 0)
+      o.inner = atoi(v);
     else if (strcmp(argv[i], "--warmup") == 0)
       o.warmup = atoi(v);
     else if (strcmp(argv[i], "--mib") == 0 && o.nsizes < MAX_SIZES)
@@ -191,7 +196,7 @@ int main(int argc, char **argv)
       usage();
     i++;
   }
-  if (o.world < 1 || o.world > 64 || o.iters < 1 || o.warmup < 0)
+  if (o.world < 1 || o.world > 64 || o.iters < 1 || o.inner < 1 || o.warmup < 0)
     usage();
   if (o.nsizes == 0) {
     size_t def[] = {1, 16, 64};

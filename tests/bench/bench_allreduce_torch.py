@@ -2,7 +2,8 @@
 
 Runs `world` processes on this host (torch.multiprocessing, init_method file://), and for each
 size (1, 16, 64 MiB of float32 by default) does warm-up iterations, then `iters` timed ones,
-each started right after a barrier and timed on rank 0; the median is reported. Bandwidths
+each a barrier and then `inner` back-to-back all-reduces timed together on rank 0; the median
+per-operation time is reported. Bandwidths
 follow nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n (GB/s = 1e9 bytes/s).
 A table goes to stderr and one JSON line per size to stdout, with the same keys as
 bench_allreduce.c:
@@ -11,7 +12,8 @@ bench_allreduce.c:
 cpu_ms is rank 0's process CPU time (user + system, all threads, Gloo's included) per timed
 iteration, barrier included.
 
-    /usr/bin/python3 tests/bench/bench_allreduce_torch.py [--world 2] [--iters 10] [--mib 1 16 64]
+    /usr/bin/python3 tests/bench/bench_allreduce_torch.py [--world 2] [--iters 10] [--inner 5]
+        [--mib 1 16 64]
 """
 
 import argparse
@@ -51,11 +53,12 @@ def run(rank, args, init_file):
                 cpu0 = cpu_ms()
             dist.barrier()
             t0 = time.perf_counter()
-            dist.all_reduce(x)
-            dt = (time.perf_counter() - t0) * 1e3
+            for _ in range(args.inner):
+                dist.all_reduce(x)
+            dt = (time.perf_counter() - t0) * 1e3 / args.inner
             if it >= args.warmup:
                 times.append(dt)
-        cpu = (cpu_ms() - cpu0) / args.iters
+        cpu = (cpu_ms() - cpu0) / (args.iters * args.inner)
         med = statistics.median(times)
         nbytes = n * 4
         algbw = nbytes / (med * 1e-3) / 1e9
@@ -75,6 +78,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--inner", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64])
     args = ap.parse_args()
