@@ -288,9 +288,30 @@ END_TEST
 /* Collectives (world 2, 3, 4: the loop index)                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Sums of inexact floats: every rank must end with bitwise the same result (data-parallel
+ * replicas stay identical), whichever algorithm the size selects. */
+static void check_all_reduce_same_bits(dt_comm_t *comm, int rank, int world, size_t n)
+{
+  float *buf = alloc_floats(n), *all = alloc_floats(n * (size_t)world);
+  uint32_t x = 2654435761u * (uint32_t)(rank + 1);
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1664525u + 1013904223u;
+    buf[i] = (float)(x >> 8) / 16777216.0f - 0.5f;
+  }
+  CHILD_RC(dt_comm_all_reduce(comm, buf, n, DT_COMM_AVG));
+  CHILD_RC(dt_comm_all_gather(comm, buf, all, n));
+  for (int r = 0; r < world; r++)
+    CHILD_CHECK(memcmp(all + (size_t)r * n, buf, n * sizeof(float)) == 0,
+                "all_reduce n=%zu: rank %d's result differs from rank %d's", n, r, rank);
+  free(buf);
+  free(all);
+}
+
 static void check_all_reduce(dt_comm_t *comm, int rank, int world)
 {
-  static const size_t sizes[] = {0, 1, 7, 1000, 600001}; /* 600001: many Gloo segments */
+  /* 600001: many Gloo segments; 1100001 (4.4 MB): past the recursive-doubling limit (4 MiB)
+   * of world 4, which so takes both algorithms (world 2 always doubles, world 3 rings). */
+  static const size_t sizes[] = {0, 1, 7, 1000, 600001, 1100001};
   for (size_t si = 0; si < DT_ARRAY_SIZE(sizes); si++) {
     size_t n = sizes[si];
     float *buf = alloc_floats(n);
@@ -306,6 +327,8 @@ static void check_all_reduce(dt_comm_t *comm, int rank, int world)
     }
     free(buf);
   }
+  check_all_reduce_same_bits(comm, rank, world, 100003);
+  check_all_reduce_same_bits(comm, rank, world, 1100001);
 }
 
 /* Chunk c of every rank's input holds global indices off[c]..; rank r gets chunk r reduced. */
