@@ -2,7 +2,8 @@
 # test_valgrind.sh — the daemons under valgrind memcheck through a real job.
 #
 # Starts distrain-coordinator and one distrain-worker under memcheck (children, i.e. the
-# trainers, run natively), submits a small job with distrainctl, waits for it to complete,
+# trainers, run natively), submits a small two-rank data-parallel job with distrainctl (so the
+# rendezvous goes through the coordinator's key-value store), waits for it to complete,
 # stops both daemons with SIGTERM, and fails if valgrind reports any memory error or any
 # definitely lost block (gRPC's process-lifetime allocations show as "still reachable" and
 # are not counted).
@@ -30,14 +31,15 @@ for _ in $(seq 300); do [ -s "$T/port" ] && break; sleep 0.1; done
 [ -s "$T/port" ] || { echo "FAIL: coordinator did not start"; cat "$T/coord.log"; exit 1; }
 ADDR=127.0.0.1:$(cat "$T/port")
 "${VG[@]}" --log-file="$T/vg-worker.txt" "$BUILD/worker/agent/distrain-worker" \
-  --coordinator "$ADDR" --token-file "$T/token" --work-dir "$T/work" --hostname vg \
+  --coordinator "$ADDR" --token-file "$T/token" --work-dir "$T/work" --hostname vg --cpu-devices 2 \
   --trainer "$BUILD/worker/trainer/distrain-train" >"$T/worker.log" 2>&1 &
 WORKER=$!
 
 cat >"$T/job.yaml" <<EOF
 model: {layers: 1, heads: 2, channels: 16, vocab: 256, max_seq: 32, init: "seed:1"}
 data: {train: "$T/data/train_*.bin", val: "$T/data/val.bin"}
-training: {batch: 2, seq: 16, micro_batch: 2, steps: 10, val_every: 5, val_batches: 1, threads: 1}
+training: {batch: 4, seq: 16, micro_batch: 2, steps: 10, val_every: 5, val_batches: 1, threads: 1}
+parallel: {dp: 2, zero_stage: 3}
 checkpoint: {dir: "$T/ckpt", every: 5, keep: 1}
 elastic: {heartbeat_ms: 500}
 EOF
