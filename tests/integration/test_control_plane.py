@@ -1012,6 +1012,76 @@ class T7_KvGenerations(ClusterTest):
 
 
 # ---------------------------------------------------------------------------------------------
+# 8. A trainer in the middle of its rendezvous rides out a coordinator restart
+# ---------------------------------------------------------------------------------------------
+
+class T8_RendezvousAcrossRestart(ClusterTest):
+    def test_trainer_waits_through_a_coordinator_restart(self):
+        """A dp=2 job on a real agent and a fake node that never starts its trainer: the real
+        trainer posts its address and waits for its peer's. The coordinator is killed and
+        restarted meanwhile: the trainer's KV calls are retried (it does not fail, the job is
+        not restarted) and its key is still there."""
+        port = free_port()
+        self.start_coordinator(port=port)
+        info = pb.NodeInfo(hostname="fake0", devices=[pb.Device(kind="cpu", index=0, name="cpu")])
+        node_id = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
+        stop = threading.Event()
+
+        def heartbeat():  # keeps the fake node alive, through the restart too
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                try:
+                    self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=seq),
+                              timeout=1.0)
+                except grpc.RpcError:
+                    pass
+                stop.wait(HEARTBEAT_MS / 2000.0)
+
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
+        self.addCleanup(beat.join)
+        self.addCleanup(stop.set)
+        self.start_agent("h0")
+        self.wait_nodes(2)
+        spec = job_spec(os.path.join(self.tmp, "ck"), 10)
+        spec.parallel.dp = 2
+        spec.training.micro_batch = TINY["batch"] // 2
+        spec.elastic.min_nodes = spec.elastic.max_nodes = 2
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        gen = self.wait_state(job_id, [pb.JOB_RENDEZVOUS], 10).generation
+
+        def posted():
+            for r in (0, 1):
+                try:
+                    return "dp/cpu/addr/%d" % r, self.call("KvGet", pb.KvGetRequest(
+                        job_id=job_id, generation=gen, key="dp/cpu/addr/%d" % r)).value
+                except grpc.RpcError:
+                    pass
+            return None
+
+        key, value = wait_until(posted, 20, "the real trainer to post its address")
+        trainers = procs_under(os.path.join(self.tmp, "work-h0"))
+        self.assertEqual(len(trainers), 1, trainers)
+
+        self.coord.send_signal(signal.SIGKILL)
+        self.coord.wait(timeout=5)
+        time.sleep(0.5)  # the trainer's KV calls fail meanwhile
+        self.start_coordinator(port=port)
+        self.assertEqual(self.call("KvGet", pb.KvGetRequest(job_id=job_id, generation=gen,
+                                                            key=key)).value, value)
+        time.sleep(2.0)  # time for a trainer that gave up to exit and be reported
+        logs = glob.glob(os.path.join(self.tmp, "work-h0", "**", "*.log"), recursive=True)
+        self.assertTrue(proc_alive(trainers[0]), "the trainer failed during the restart:\n" +
+                        "".join(tail(x) for x in logs))
+        j = self.get_job(job_id)
+        self.assertEqual((j.state, j.generation, j.restarts), (pb.JOB_RENDEZVOUS, gen, 0),
+                         j.reason)
+        self.call("StopJob", pb.StopJobRequest(job_id=job_id))
+        self.wait_state(job_id, [pb.JOB_STOPPED], 10)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main():
     global BUILD
