@@ -237,7 +237,12 @@ bool peer_dead(Gloo *g, int peer)
 template <bool kRecv> void wait_op(Gloo *g, UnboundBuffer *b, int peer)
 {
   for (;;) {
-    if (kRecv ? b->waitRecv(g->timeout) : b->waitSend(g->timeout))
+    /* A peer already known dead: no blocking wait. The watchdog's interrupt may have been
+     * consumed by an earlier wait on b whose message had completed, and this one may be on a
+     * half-read message that nothing else would wake before the timeout. (The watchdog marks
+     * the peer dead before interrupting, so a wait that starts after this check still sees
+     * the interrupt.) */
+    if (!peer_dead(g, peer) && (kRecv ? b->waitRecv(g->timeout) : b->waitSend(g->timeout)))
       return;
     if (g->aborted.load())
       throw Interrupted();
