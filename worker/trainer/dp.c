@@ -615,6 +615,10 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage)
       goto fail;
   }
   int overlap = collective(dp) && want_overlap();
+  if (collective(dp) && dp->rank == 0)
+    DT_INFO(TRAIN, "data parallel: %d ranks, ZeRO-%d, collectives %s (DISTRAIN_DP_OVERLAP=%lld)",
+            dp->world, zero_stage, overlap ? "on a comm thread, overlapped" : "in place",
+            (long long)dt_param_DpOverlap());
   if (collective(dp) && (zero_stage >= 2 || overlap)) {
     /* Every unit but the embeddings (two ranges, the biggest) is packed through staging. */
     size_t unused = 0;
