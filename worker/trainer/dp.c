@@ -492,11 +492,15 @@ static int hook_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_gpt
 static int hook_release(void *ud, int unit, int grads)
 {
   dt_dp_t *dp = ud;
-  slot_t *sl = &dp->slots[slot_for(dp, unit)];
+  int s = slot_for(dp, unit); /* the slot that holds it: acquired units are never evicted */
+  if (s < 0 || dp->slots[s].ref <= 0) {
+    DT_ERROR(TRAIN, "dp: unit %d released but not acquired", unit);
+    return DT_EINVAL;
+  }
+  slot_t *sl = &dp->slots[s];
   sl->ref--;
   if (!grads)
     return 0;
-  int s = (int)(sl - dp->slots);
   return post_task(dp, (task_t){.kind = TASK_SCATTER, .unit = unit, .slot = s}, &sl->scatter_seq);
 }
 
