@@ -65,6 +65,15 @@ static float val(int r, size_t i)
   return (float)((int)(i % 23) - 11 + 3 * r);
 }
 
+/* val(0, i) + ... + val(ranks - 1, i), in rank order (exact: small integers). */
+static float val_sum(int ranks, size_t i)
+{
+  float s = 0;
+  for (int r = 0; r < ranks; r++)
+    s += val(r, i);
+  return s;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* One GPU                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -258,19 +267,14 @@ static void *rank_thread(void *arg)
   T_RC(t, dt_comm_all_reduce(comm, d, N, DT_COMM_SUM));
   T_CHECK(t, download(g, d, N) == 0, "rank %d: download", R);
   for (size_t i = 0; i < N; i++) {
-    float want = 0;
-    for (int r = 0; r < W; r++)
-      want += val(r, i);
+    float want = val_sum(W, i);
     T_CHECK(t, g[i] == want, "rank %d: all-reduce sum [%zu] = %g, want %g", R, i, g[i], want);
   }
   T_CHECK(t, cudaMemcpy(d, h, N * sizeof *h, cudaMemcpyHostToDevice) == cudaSuccess, "copy");
   T_RC(t, dt_comm_all_reduce(comm, d, N, DT_COMM_AVG));
   T_CHECK(t, download(g, d, N) == 0, "rank %d: download", R);
   for (size_t i = 0; i < N; i++) {
-    double want = 0;
-    for (int r = 0; r < W; r++)
-      want += val(r, i);
-    want /= W;
+    double want = (double)val_sum(W, i) / W;
     T_CHECK(t, fabs(g[i] - want) <= 1e-5 * (1 + fabs(want)), "rank %d: avg [%zu] = %g, want %g", R,
             i, g[i], want);
   }
@@ -281,9 +285,7 @@ static void *rank_thread(void *arg)
   T_RC(t, dt_comm_reduce_scatter_v(comm, d, o, counts, DT_COMM_SUM));
   T_CHECK(t, download(g, o, N) == 0, "rank %d: download", R);
   for (size_t i = 0; i < counts[R]; i++) {
-    float want = 0;
-    for (int r = 0; r < W; r++)
-      want += val(r, off[R] + i);
+    float want = val_sum(W, off[R] + i);
     T_CHECK(t, g[i] == want, "rank %d: reduce-scatter-v [%zu] = %g, want %g", R, i, g[i], want);
   }
   T_CHECK(t, counts[R] > 0 || g[0] == 0, "rank %d: the empty chunk wrote out", R);
@@ -291,9 +293,7 @@ static void *rank_thread(void *arg)
   T_RC(t, dt_comm_reduce_scatter(comm, d, o, n, DT_COMM_SUM));
   T_CHECK(t, download(g, o, n) == 0, "rank %d: download", R);
   for (size_t i = 0; i < n; i++) {
-    float want = 0;
-    for (int r = 0; r < W; r++)
-      want += val(r, (size_t)R * n + i);
+    float want = val_sum(W, (size_t)R * n + i);
     T_CHECK(t, g[i] == want, "rank %d: reduce-scatter [%zu] = %g, want %g", R, i, g[i], want);
   }
 
@@ -336,9 +336,7 @@ static void *rank_thread(void *arg)
     T_RC(t, dt_comm_all_reduce(sub, d, N, DT_COMM_SUM));
     T_CHECK(t, download(g, d, N) == 0, "rank %d: download", R);
     for (size_t i = 0; i < N; i++) {
-      float want = 0;
-      for (int r = 0; r < W - 1; r++)
-        want += val(r, i);
+      float want = val_sum(W - 1, i);
       T_CHECK(t, g[i] == want, "rank %d: child sum [%zu] = %g, want %g", R, i, g[i], want);
     }
   }
