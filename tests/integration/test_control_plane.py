@@ -13,7 +13,6 @@ killed in tearDown, and every temporary directory is removed. Needs python3-grpc
 python3-protobuf, protobuf-compiler (protoc) and protobuf-compiler-grpc (grpc_python_plugin).
 """
 import argparse
-import ctypes
 import glob
 import importlib
 import json
@@ -67,12 +66,12 @@ def gen_stubs(out_dir):
     pb_grpc = importlib.import_module("distrain_pb2_grpc")
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_us():
-    # PR_SET_PDEATHSIG = 1: a daemon must not outlive a killed test runner.
-    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+# A daemon must not outlive a killed test runner: setpriv (util-linux, always present) sets
+# PR_SET_PDEATHSIG and execs the daemon, so the pid stays the daemon's. Not preexec_fn: that
+# makes Popen fork() instead of vfork(), and gRPC 1.51's fork handlers, which stop and restart
+# its thread pools in this process, race with a channel being torn down ("thread_pool.cc:225
+# assertion failed", an abort of this test process seen in CI).
+DIE_WITH_US = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def free_port():
@@ -313,8 +312,8 @@ class ClusterTest(unittest.TestCase):
 
     def spawn(self, args, log, **kw):
         logf = open(os.path.join(self.tmp, log), "ab")
-        p = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=self.env, cwd=kw.pop("cwd", self.tmp), preexec_fn=_die_with_us,
+        p = subprocess.Popen(DIE_WITH_US + args, stdout=logf, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=self.env, cwd=kw.pop("cwd", self.tmp),
                              **kw)
         logf.close()
         self.procs.append(p)
