@@ -1,5 +1,6 @@
 /* adamw.cu — the AdamW step on the GPU, operation for operation the CPU reference
- * (kernels/cpu/adamw.c), which follows PyTorch's AdamW. */
+ * (kernels/cpu/adamw.c), which follows PyTorch's AdamW: the two give bit-identical results, so
+ * a run's optimizer state does not depend on the backend. */
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -14,12 +15,14 @@ __global__ static void adamw_kernel(float *param, const float *grad, float *m, f
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n)
     return;
-  float g = grad[i] * grad_scale;
-  float p = param[i] * decay;
-  float mi = m[i] * beta1 + one_m_b1 * g;
-  float vi = v[i] * beta2 + one_m_b2 * g * g;
-  float denom = sqrtf(vi) / bc2_sqrt + eps;
-  param[i] = p + (-step_size * mi) / denom;
+  /* Each operation rounds on its own (the _rn intrinsics are never fused into an FMA), in the
+   * CPU reference's order: with IEEE sqrt and division the result is bit-identical to it. */
+  float g = __fmul_rn(grad[i], grad_scale);
+  float p = __fmul_rn(param[i], decay);
+  float mi = __fadd_rn(__fmul_rn(m[i], beta1), __fmul_rn(one_m_b1, g));
+  float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(one_m_b2, g), g));
+  float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+  param[i] = __fadd_rn(p, __fdiv_rn(__fmul_rn(-step_size, mi), denom));
   m[i] = mi;
   v[i] = vi;
 }
