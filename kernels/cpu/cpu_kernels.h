@@ -38,4 +38,8 @@ void dt_cpu_adamw_update(float *param, const float *grad, float *m, float *v, si
                          int t);
 double dt_cpu_sum_squares(const float *x, size_t n);
 
+/* The OPENBLAS_CORETYPE that would give this CPU its proper kernels when the loaded OpenBLAS
+ * fell back to its generic ones because it does not know the CPU; NULL otherwise (blas.c). */
+const char *dt_cpu_blas_better_coretype(void);
+
 #endif

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "cpu_kernels.h"
 #include "dt_log.h"
 #include "dt_util.h"
 #include "comm.h"
@@ -354,10 +356,30 @@ static int setup_comm(dt_train_opts_t *o, dt_kv_t *kv, int *have_kv)
                       (int)dt_param_CommTimeoutMs());
 }
 
+/* OpenBLAS reads OPENBLAS_CORETYPE only when it is loaded: when it took this CPU for a generic
+ * one (kernels/cpu/blas.c), run this program again with the variable set, before anything else
+ * has started (same pid, arguments and file descriptors). Once at most: the variable is then
+ * set, and a value the user set is never overridden. */
+static void reexec_for_blas(char **argv)
+{
+  const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : dt_cpu_blas_better_coretype();
+  if (!core)
+    return;
+  DT_INFO(KERNEL,
+          "OpenBLAS does not know this CPU and chose its generic kernels; restarting "
+          "with OPENBLAS_CORETYPE=%s",
+          core);
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  execv("/proc/self/exe", argv);
+  DT_WARN(KERNEL, "re-executing with OPENBLAS_CORETYPE=%s failed; GEMMs stay on generic kernels",
+          core);
+}
+
 int main(int argc, char **argv)
 {
   dt_train_opts_t o;
   dt_log_init();
+  reexec_for_blas(argv);
   dt_train_opts_default(&o);
   if (parse_args(argc, argv, &o) != 0)
     return 2;
