@@ -162,6 +162,10 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
           "device%s\n",
           dir, addr, l->nodes, l->nodes == 1 ? "" : "s", l->devices_per_node,
           l->devices_per_node == 1 ? "" : "s");
+  /* Every node of a local cluster is this machine: trainers reach each other over loopback,
+   * whatever the host name resolves to (unless the user chose an interface or address). */
+  if (!getenv("DISTRAIN_COMM_IFACE"))
+    setenv("DISTRAIN_COMM_HOST", "127.0.0.1", 0);
   for (int i = 0; i < l->nodes; i++) {
     char work[PATH_MAX + 32], alog[PATH_MAX + 64], host[32], devs[16];
     snprintf(work, sizeof work, "%s/node-%d", dir, i);

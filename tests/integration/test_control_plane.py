@@ -363,10 +363,10 @@ class ClusterTest(unittest.TestCase):
         self.agents[host] = p
         return p
 
-    def ctl(self, *args, timeout=60):
+    def ctl(self, *args, timeout=60, env=None):
         """Runs distrainctl; returns the CompletedProcess (text)."""
         return subprocess.run([binary("coordinator", "distrainctl")] + list(args),
-                              capture_output=True, text=True, env=self.env, cwd=self.tmp,
+                              capture_output=True, text=True, env=env or self.env, cwd=self.tmp,
                               timeout=timeout)
 
     # -- RPC --------------------------------------------------------------------------------
@@ -675,10 +675,17 @@ class T3_RunLocal(ClusterTest):
             args = ["run", "--local", "--nodes", "3", "--run-dir", run_dir, "--metrics", metrics,
                     "--set", "parallel.dp=%d" % dp, "--set", "parallel.zero_stage=1",
                     "--set", "training.micro_batch=%d" % (TINY["batch"] // dp), job]
-            r = self.ctl(*args, timeout=180)
+            # DISTRAIN_* tunables given to the agents reach their trainers: comm debug lines.
+            env = dict(self.env, DISTRAIN_DEBUG="debug", DISTRAIN_DEBUG_SUBSYS="comm")
+            r = self.ctl(*args, timeout=180, env=env)
             self.assertEqual(r.returncode, 0, "dp=%d run failed:\n%s\n%s" % (
                 dp, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
             self.assertIn("all %d ranks finished" % dp, r.stderr)
+            if dp == 2:
+                text = "".join(open(p).read() for p in glob.glob(
+                    os.path.join(run_dir, "node-*", "**", "rank-*.log"), recursive=True))
+                for rank in range(dp):
+                    self.assertIn("rank %d/2 up (cpu)" % rank, text)
             with open(metrics) as f:
                 losses[dp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
             with open(os.path.join(ckpt, "step-%08d" % steps, "MANIFEST")) as f:

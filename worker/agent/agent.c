@@ -252,6 +252,41 @@ static void trainer_stop(trainer_t *t)
   uv_timer_start(&t->kill_timer, on_kill_timer, (uint64_t)t->agent->cfg.grace_ms, 0);
 }
 
+/* The variables trainer_env sets, and the directory rendezvous that a trainer under an agent
+ * must not use: inherited values of these are dropped (ours win). Everything else in the agent's
+ * environment reaches the trainer, DISTRAIN_* tunables included (DISTRAIN_DEBUG,
+ * DISTRAIN_COMM_IFACE, DISTRAIN_COMM_TIMEOUT_MS, ...): the operator sets them on the agent, as
+ * with torchrun. */
+static const char *const trainer_vars[] = {"RANK",
+                                           "LOCAL_RANK",
+                                           "WORLD_SIZE",
+                                           "LOCAL_WORLD_SIZE",
+                                           "OMP_NUM_THREADS",
+                                           "DISTRAIN_JOB_ID",
+                                           "DISTRAIN_GENERATION",
+                                           "DISTRAIN_MESH",
+                                           "DISTRAIN_PP_RANK",
+                                           "DISTRAIN_DP_RANK",
+                                           "DISTRAIN_CP_RANK",
+                                           "DISTRAIN_TP_RANK",
+                                           "DISTRAIN_DEVICE",
+                                           "DISTRAIN_COORDINATOR",
+                                           "DISTRAIN_TOKEN_FILE",
+                                           "DISTRAIN_STATUS_FD",
+                                           "DISTRAIN_AGENT_PID",
+                                           "DISTRAIN_KV_DIR",
+                                           "DISTRAIN_KV_PREFIX"};
+
+static int is_trainer_var(const char *kv)
+{
+  for (size_t i = 0; i < sizeof trainer_vars / sizeof *trainer_vars; i++) {
+    size_t len = strlen(trainer_vars[i]);
+    if (strncmp(kv, trainer_vars[i], len) == 0 && kv[len] == '=')
+      return 1;
+  }
+  return 0;
+}
+
 /* Builds KEY=VALUE strings for the trainer: our environment plus the rank's. */
 static char **trainer_env(dt_agent_t *a, const Distrain__V1__Assignment *as,
                           const Distrain__V1__RankAssignment *r, int threads)
@@ -263,16 +298,9 @@ static char **trainer_env(dt_agent_t *a, const Distrain__V1__Assignment *as,
   if (!env)
     return NULL;
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    /* ours win: drop inherited values of the variables we set */
-    if (strncmp(environ[i], "RANK=", 5) == 0 || strncmp(environ[i], "WORLD_SIZE=", 11) == 0 ||
-        strncmp(environ[i], "LOCAL_RANK=", 11) == 0 ||
-        strncmp(environ[i], "LOCAL_WORLD_SIZE=", 17) == 0 ||
-        strncmp(environ[i], "DISTRAIN_", 9) == 0 ||
-        strncmp(environ[i], "OMP_NUM_THREADS=", 16) == 0)
-      continue;
-    env[k++] = strdup(environ[i]);
-  }
+  for (size_t i = 0; i < n; i++)
+    if (!is_trainer_var(environ[i]))
+      env[k++] = strdup(environ[i]);
   const Distrain__V1__ParallelSpec *p = as->spec->parallel;
   char buf[4200];
 #define ENV(...)                                                                                   \
