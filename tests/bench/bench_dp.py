@@ -24,6 +24,18 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 B_RANK, T, V, WORLD = 4, 256, 8192, 2
 OMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+RUN_TIMEOUT_S = 300
+# Both implementations' ranks share this host: they connect over loopback, whatever the host
+# name resolves to (DISTRAIN_COMM_HOST for distrain, GLOO_SOCKET_IFNAME for PyTorch's gloo).
+
+
+def wait(p):
+    """Waits for a rank, at most RUN_TIMEOUT_S: a run that hangs fails the benchmark."""
+    try:
+        return p.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise SystemExit("bench_dp: a rank ran longer than %d s" % RUN_TIMEOUT_S)
 
 
 def make_shard(path, tokens):
@@ -44,12 +56,13 @@ def bench_distrain(build, shard, steps, zero, overlap, tmp):
     procs = []
     for r in range(WORLD):
         env = dict(os.environ, WORLD_SIZE=str(WORLD), RANK=str(r), DISTRAIN_KV_DIR=kv,
-                   OMP_NUM_THREADS="1", DISTRAIN_DP_OVERLAP=str(overlap))
+                   OMP_NUM_THREADS="1", DISTRAIN_DP_OVERLAP=str(overlap),
+                   DISTRAIN_COMM_HOST="127.0.0.1", DISTRAIN_COMM_TIMEOUT_MS="60000")
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
     for p in procs:
-        if p.wait() != 0:
-            raise SystemExit("bench_dp: distrain-train failed")
+        if wait(p) != 0:
+            raise SystemExit("bench_dp: distrain-train failed (exit %s)" % p.returncode)
     rows = [json.loads(line) for line in open(metrics) if '"loss"' in line][2:]
     med = statistics.median(r["ms"] for r in rows)
     exposed = statistics.median(r["comm_ms"] / r["ms"] for r in rows)
@@ -96,14 +109,14 @@ def bench_torch(shard, steps, tmp):
     with open(script, "w") as f:
         f.write(TORCH_WORKER)
     init = os.path.join(tmp, "ddp_init")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     if os.path.isdir(OMP_BLAS):  # PyTorch's best BLAS setup here (see bench_train.py)
         env["LD_LIBRARY_PATH"] = OMP_BLAS + ":" + env.get("LD_LIBRARY_PATH", "")
     ref_dir = os.path.join(HERE, "..", "numerics")
     procs = [subprocess.Popen([sys.executable, script, ref_dir, str(r), str(WORLD), init, shard,
                                str(steps)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) for r in range(WORLD)]
-    outs = [p.communicate()[0] for p in procs]
+    outs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("bench_dp: the PyTorch DDP run failed")
     med = json.loads(outs[0].strip().splitlines()[-1])["median_ms"]
@@ -136,9 +149,11 @@ def main():
         for _ in range(args.rounds):
             for z, o in configs:
                 runs[(z, o)].append(bench_distrain(args.build, shard, args.steps, z, o, tmp))
+                print("# " + json.dumps(runs[(z, o)][-1]), file=sys.stderr, flush=True)
             t = bench_torch(shard, args.steps, tmp)
             if t:
                 torch_runs.append(t)
+                print("# " + json.dumps(t), file=sys.stderr, flush=True)
     rows = [median_row(runs[c]) for c in configs]
     t = median_row(torch_runs) if torch_runs else None
     print("workload gpt-tiny, dp=%d x 1 thread, global batch %d x %d, median of steps 3..%d, "
