@@ -973,6 +973,22 @@ START_TEST(test_invalid_arguments)
 }
 END_TEST
 
+/* An interface without an address is a settings error, at once, not a rendezvous timeout. */
+START_TEST(test_bad_interface)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  setenv("DISTRAIN_COMM_IFACE", "nosuchif0", 1);
+  dt_comm_t *comm = NULL;
+  double t0 = dt_now_ms();
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "badif", 0, 2, 20000), DT_EINVAL);
+  ck_assert_ptr_null(comm);
+  ck_assert_msg(dt_now_ms() - t0 < 5000, "took %.0f ms", dt_now_ms() - t0);
+  unsetenv("DISTRAIN_COMM_IFACE");
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *comm_suite(void)
@@ -1006,6 +1022,7 @@ static Suite *comm_suite(void)
   tcase_add_test(t, test_threads_mem_kv);
   tcase_add_test(t, test_world1);
   tcase_add_test(t, test_invalid_arguments);
+  tcase_add_test(t, test_bad_interface);
   suite_add_tcase(s, t);
   return s;
 }

@@ -361,21 +361,36 @@ template <class F> int guarded(Gloo *g, const char *what, F &&f)
 /* Rendezvous                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-std::shared_ptr<gloo::transport::Device> make_device()
+/* The TCP device this rank listens on: DISTRAIN_COMM_IFACE's address, else DISTRAIN_COMM_HOST's,
+ * else the host name's. An interface without an address or a name that does not resolve is a
+ * setting to fix, so the error names the setting rather than only Gloo's internal check. */
+int make_device(const Gloo *g, std::shared_ptr<gloo::transport::Device> *out)
 {
   gloo::transport::tcp::attr attr;
   const char *iface = getenv("DISTRAIN_COMM_IFACE");
   const char *host = getenv("DISTRAIN_COMM_HOST");
+  std::string from;
   if (iface && *iface) {
     attr.iface = iface;
+    from = std::string("DISTRAIN_COMM_IFACE=") + iface;
   } else if (host && *host) {
     attr.hostname = host;
+    from = std::string("DISTRAIN_COMM_HOST=") + host;
   } else {
     char name[256] = "";
     if (gethostname(name, sizeof name - 1) == 0 && *name)
       attr.hostname = name;
+    from = std::string("the host name '") + name +
+           "' (set DISTRAIN_COMM_IFACE or DISTRAIN_COMM_HOST to choose an address)";
   }
-  return gloo::transport::tcp::CreateDevice(attr);
+  try {
+    *out = gloo::transport::tcp::CreateDevice(attr);
+    return 0;
+  } catch (const std::exception &e) {
+    DT_ERROR(COMM, "comm %s rank %d/%d: no address to listen on from %s: %s", g->prefix.c_str(),
+             g->rank, g->world, from.c_str(), e.what());
+    return DT_EINVAL;
+  }
 }
 
 int canceled(void *arg)
@@ -521,7 +536,13 @@ int gloo_init(void **impl, const dt_kv_t *kv, const char *prefix, int rank, int 
   double deadline_ms = dt_now_ms() + timeout_ms;
   ignore_sigpipe();
   int rc = guarded(g, "rendezvous", [&]() -> int {
-    g->dev = g->parent ? g->parent->dev : make_device();
+    if (g->parent) {
+      g->dev = g->parent->dev;
+    } else {
+      int drc = make_device(g, &g->dev);
+      if (drc < 0)
+        return drc;
+    }
     {
       std::lock_guard<std::mutex> lock(g->tctx_mu);
       g->tctx = g->dev->createContext(rank, world);
