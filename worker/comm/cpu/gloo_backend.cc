@@ -44,7 +44,10 @@
  * Timeouts bound progress, not duration: every wait for a peer gives up after the
  * communicator's timeout, so a large transfer that keeps moving never times out and a stalled
  * one fails within one timeout. Rendezvous has one deadline for all peers. */
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -361,6 +364,32 @@ template <class F> int guarded(Gloo *g, const char *what, F &&f)
 /* Rendezvous                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The interfaces that are up and have an IPv4 or IPv6 address, as "lo, eth0"; *has_iface tells
+ * whether `iface` is among them. Checked before Gloo looks, because Gloo's own lookup leaks its
+ * getifaddrs list when it throws for a missing interface. */
+std::string interfaces_with_address(const char *iface, bool *has_iface)
+{
+  std::vector<std::string> names;
+  struct ifaddrs *list = nullptr;
+  *has_iface = false;
+  if (getifaddrs(&list) != 0)
+    return "?";
+  for (struct ifaddrs *a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr || !(a->ifa_flags & IFF_UP) ||
+        (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6))
+      continue;
+    if (strcmp(a->ifa_name, iface) == 0)
+      *has_iface = true;
+    if (std::find(names.begin(), names.end(), a->ifa_name) == names.end())
+      names.push_back(a->ifa_name);
+  }
+  freeifaddrs(list);
+  std::string out;
+  for (const auto &n : names)
+    out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 /* The TCP device this rank listens on: DISTRAIN_COMM_IFACE's address, else DISTRAIN_COMM_HOST's,
  * else the host name's. An interface without an address or a name that does not resolve is a
  * setting to fix, so the error names the setting rather than only Gloo's internal check. */
@@ -371,6 +400,15 @@ int make_device(const Gloo *g, std::shared_ptr<gloo::transport::Device> *out)
   const char *host = getenv("DISTRAIN_COMM_HOST");
   std::string from;
   if (iface && *iface) {
+    bool found = false;
+    std::string names = interfaces_with_address(iface, &found);
+    if (!found) {
+      DT_ERROR(COMM,
+               "comm %s rank %d/%d: DISTRAIN_COMM_IFACE=%s is not an interface that is up with an "
+               "IP address (these are: %s)",
+               g->prefix.c_str(), g->rank, g->world, iface, names.c_str());
+      return DT_EINVAL;
+    }
     attr.iface = iface;
     from = std::string("DISTRAIN_COMM_IFACE=") + iface;
   } else if (host && *host) {
