@@ -121,15 +121,17 @@ class DataParallel(unittest.TestCase):
                 ref = self.single_run(4 * world, accum)
                 for zero in (0, 1, 2, 3):
                     with self.subTest(dp=world, zero=zero, accum=accum):
-                        got, err = self.run_dp(world, zero, accum)
+                        # In place (no comm thread); test_exact_with_comm_thread has the other.
+                        got, err = self.run_dp(world, zero, accum, overlap=0)
                         self.assert_close(ref, got, "dp=%d zero=%d accum=%d" % (world, zero,
                                                                                   accum))
                         self.check_memory(err, world, zero)
 
     def test_exact_with_comm_thread(self):
-        # The comm thread (forced on: this machine has no core to spare, so auto leaves it off)
-        # runs every collective of the forward and backward passes, overlapped with compute
-        # (ZeRO-0/1 all-reduce, ZeRO-2/3 reduce-scatter, ZeRO-3 prefetch); same losses.
+        # The comm thread (forced on: the default leaves it off for ZeRO-0/1 on a machine with
+        # no core to spare) runs every collective of the forward and backward passes, overlapped
+        # with compute (ZeRO-0/1 all-reduce, ZeRO-2/3 reduce-scatter, ZeRO-3 prefetch); same
+        # losses.
         for world, accum in ((2, 2), (4, 1)):
             ref = self.single_run(4 * world, accum)
             for zero in (0, 1, 2, 3):
