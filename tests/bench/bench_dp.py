@@ -25,8 +25,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 B_RANK, T, V, WORLD = 4, 256, 8192, 2
 OMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 RUN_TIMEOUT_S = 300
-# Both implementations' ranks share this host: they connect over loopback, whatever the host
-# name resolves to (DISTRAIN_COMM_HOST for distrain, GLOO_SOCKET_IFNAME for PyTorch's gloo).
 
 
 def wait(p):
@@ -55,6 +53,8 @@ def bench_distrain(build, shard, steps, zero, overlap, tmp):
             "--quiet"]
     procs = []
     for r in range(WORLD):
+        # Both implementations' ranks connect over loopback, whatever the host name resolves to
+        # (DISTRAIN_COMM_HOST here, GLOO_SOCKET_IFNAME for PyTorch's gloo).
         env = dict(os.environ, WORLD_SIZE=str(WORLD), RANK=str(r), DISTRAIN_KV_DIR=kv,
                    OMP_NUM_THREADS="1", DISTRAIN_DP_OVERLAP=str(overlap),
                    DISTRAIN_COMM_HOST="127.0.0.1", DISTRAIN_COMM_TIMEOUT_MS="60000")

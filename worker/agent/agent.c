@@ -257,25 +257,14 @@ static void trainer_stop(trainer_t *t)
  * environment reaches the trainer, DISTRAIN_* tunables included (DISTRAIN_DEBUG,
  * DISTRAIN_COMM_IFACE, DISTRAIN_COMM_TIMEOUT_MS, ...): the operator sets them on the agent, as
  * with torchrun. */
-static const char *const trainer_vars[] = {"RANK",
-                                           "LOCAL_RANK",
-                                           "WORLD_SIZE",
-                                           "LOCAL_WORLD_SIZE",
-                                           "OMP_NUM_THREADS",
-                                           "DISTRAIN_JOB_ID",
-                                           "DISTRAIN_GENERATION",
-                                           "DISTRAIN_MESH",
-                                           "DISTRAIN_PP_RANK",
-                                           "DISTRAIN_DP_RANK",
-                                           "DISTRAIN_CP_RANK",
-                                           "DISTRAIN_TP_RANK",
-                                           "DISTRAIN_DEVICE",
-                                           "DISTRAIN_COORDINATOR",
-                                           "DISTRAIN_TOKEN_FILE",
-                                           "DISTRAIN_STATUS_FD",
-                                           "DISTRAIN_AGENT_PID",
-                                           "DISTRAIN_KV_DIR",
-                                           "DISTRAIN_KV_PREFIX"};
+// clang-format off
+static const char *const trainer_vars[] = {
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+    "DISTRAIN_JOB_ID", "DISTRAIN_GENERATION", "DISTRAIN_MESH", "DISTRAIN_PP_RANK",
+    "DISTRAIN_DP_RANK", "DISTRAIN_CP_RANK", "DISTRAIN_TP_RANK", "DISTRAIN_DEVICE",
+    "DISTRAIN_COORDINATOR", "DISTRAIN_TOKEN_FILE", "DISTRAIN_STATUS_FD", "DISTRAIN_AGENT_PID",
+    "DISTRAIN_KV_DIR", "DISTRAIN_KV_PREFIX"};
+// clang-format on
 
 static int is_trainer_var(const char *kv)
 {
