@@ -902,6 +902,13 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
         parallel->schedule ? parallel->schedule : "");
   if (parallel->tp > 0 && model->heads > 0 && model->heads % parallel->tp != 0)
     bad(&v, "model.heads (%d) must be divisible by parallel.tp (%d)", model->heads, parallel->tp);
+  /* The vocabulary is padded to a multiple of 128 (llm.c) and split by rows across tp. */
+  const int padded_vocab = (model->vocab + 127) / 128 * 128;
+  if (parallel->tp > 0 && model->vocab > 0 && padded_vocab % parallel->tp != 0)
+    bad(&v,
+        "the padded vocabulary (model.vocab %d padded to %d) must be divisible by "
+        "parallel.tp (%d)",
+        model->vocab, padded_vocab, parallel->tp);
   if (parallel->pp > 0 && model->layers > 0 && model->layers < parallel->pp)
     bad(&v, "model.layers (%d) must be >= parallel.pp (%d): every pipeline stage needs a layer",
         model->layers, parallel->pp);

@@ -20,17 +20,21 @@
 typedef struct dt_ops {
   const char *name; /* "cpu", "cuda" */
 
-  /* out = wte[inp] + wpe[t] */
-  void (*encoder_forward)(float *out,       /* (N=B*T, C) */
-                          const int *inp,   /* (B, T) token ids < V */
-                          const float *wte, /* (Vp, C) */
-                          const float *wpe, /* (maxT, C) */
+  /* out = wte[inp] + wpe[t]. wte may be a vocabulary-parallel slice holding the rows
+   * [vocab_lo, vocab_lo + vocab_n) of the table: other tokens contribute 0 (their rank adds
+   * them; the tensor-parallel all-reduce of the slices' outputs is exact). wpe NULL: no
+   * position term. */
+  void (*encoder_forward)(float *out,                                  /* (N=B*T, C) */
+                          const int *inp,                              /* (B, T) token ids < V */
+                          const float *wte,                            /* (vocab_n, C) */
+                          int vocab_lo, int vocab_n, const float *wpe, /* (maxT, C) or NULL */
                           int B, int T, int C);
-  /* dwte[inp] += dout; dwpe[t] += dout */
-  void (*encoder_backward)(float *dwte,       /* (Vp, C) += */
-                           float *dwpe,       /* (maxT, C) += */
-                           const float *dout, /* (B*T, C) */
-                           const int *inp,    /* (B, T) */
+  /* dwte[inp - vocab_lo] += dout for the tokens in the slice; dwpe[t] += dout (dwpe may be
+   * NULL) */
+  void (*encoder_backward)(float *dwte,                            /* (vocab_n, C) += */
+                           int vocab_lo, int vocab_n, float *dwpe, /* (maxT, C) += or NULL */
+                           const float *dout,                      /* (B*T, C) */
+                           const int *inp,                         /* (B, T) */
                            int B, int T, int C);
 
   /* out = (inp - mean) * rstd * weight + bias, eps 1e-5; mean/rstd saved for backward */
@@ -93,6 +97,21 @@ typedef struct dt_ops {
                                         float *logits,      /* (N, Vp) in: logits, out: dlogits */
                                         const int *targets, /* (N) */
                                         float dloss, int N, int V, int Vp);
+
+  /* Vocabulary-parallel cross-entropy over logits of columns [vocab_lo, vocab_lo + Vl)
+   * (row stride ldl >= Vl). stats gets per row (local max, local sum of exp(x - max), target
+   * logit if held here else 0); after the tensor-parallel group has exchanged them (all_stats:
+   * nranks blocks of (N, 3)), finish combines them into losses and, when dloss != 0,
+   * overwrites the logits with dlogits = (softmax - onehot) * dloss (columns >= Vl zeroed). */
+  void (*crossentropy_vp_stats)(float *stats,        /* (N, 3) */
+                                const float *logits, /* (N, ldl) */
+                                const int *targets,  /* (N) */
+                                int vocab_lo, int N, int Vl, int ldl);
+  void (*crossentropy_vp_finish)(float *losses,          /* (N) */
+                                 float *logits,          /* (N, ldl) in: logits, out: dlogits */
+                                 const float *all_stats, /* (nranks, N, 3) */
+                                 int nranks, const int *targets, int vocab_lo, float dloss, int N,
+                                 int Vl, int ldl);
 
   /* PyTorch AdamW, one tensor: p *= 1 - lr*wd; m,v moments; p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2)
    * + eps) with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t; grad is multiplied by grad_scale first

@@ -11,10 +11,10 @@
  * summed by one thread in row order, so our reductions do not depend on the thread count. */
 #define DT_CPU_CBLOCK 64
 
-void dt_cpu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
-                            int T, int C);
-void dt_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
-                             int T, int C);
+void dt_cpu_encoder_forward(float *out, const int *inp, const float *wte, int vocab_lo, int vocab_n,
+                            const float *wpe, int B, int T, int C);
+void dt_cpu_encoder_backward(float *dwte, int vocab_lo, int vocab_n, float *dwpe, const float *dout,
+                             const int *inp, int B, int T, int C);
 void dt_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
 void dt_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -36,6 +36,11 @@ void dt_cpu_crossentropy_forward_backward(float *losses, float *logits, const in
 void dt_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                          int t);
+void dt_cpu_crossentropy_vp_stats(float *stats, const float *logits, const int *targets,
+                                  int vocab_lo, int N, int Vl, int ldl);
+void dt_cpu_crossentropy_vp_finish(float *losses, float *logits, const float *all_stats, int nranks,
+                                   const int *targets, int vocab_lo, float dloss, int N, int Vl,
+                                   int ldl);
 double dt_cpu_sum_squares(const float *x, size_t n);
 
 /* The OPENBLAS_CORETYPE that would give this CPU its proper kernels when the loaded OpenBLAS

@@ -16,6 +16,8 @@ static const dt_ops_t g_cpu_ops = {
     .gelu_backward = dt_cpu_gelu_backward,
     .residual_forward = dt_cpu_residual_forward,
     .crossentropy_forward_backward = dt_cpu_crossentropy_forward_backward,
+    .crossentropy_vp_stats = dt_cpu_crossentropy_vp_stats,
+    .crossentropy_vp_finish = dt_cpu_crossentropy_vp_finish,
     .adamw_update = dt_cpu_adamw_update,
     .sum_squares = dt_cpu_sum_squares,
 };

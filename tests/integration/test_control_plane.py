@@ -484,11 +484,11 @@ class T1_GrpcSurface(ClusterTest):
             self.call("SubmitJob", pb.SubmitJobRequest(spec=missing))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
         unsupported = job_spec("/tmp/x", 5)
-        unsupported.parallel.tp = 2
+        unsupported.parallel.pp = 2
         with self.assertRaises(grpc.RpcError) as cm:
             self.call("SubmitJob", pb.SubmitJobRequest(spec=unsupported))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("tp=2", cm.exception.details())
+        self.assertIn("pp=2", cm.exception.details())
         self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0,
                          "a refused spec created a job")
 
@@ -692,6 +692,41 @@ class T3_RunLocal(ClusterTest):
                 self.assertIn("world %d" % dp, f.read())
             self.assertEqual(procs_under(run_dir), [])
         self.assertEqual(len(losses[1]), steps)
+        self.assertEqual(len(losses[2]), steps)
+        for a, b in zip(losses[1], losses[2]):
+            self.assertLess(abs(a - b) / abs(a), 1e-5, (losses[1], losses[2]))
+
+    def test_tensor_parallel_job(self):
+        """tp=2 on one agent with 2 devices: the agent gives both ranks the mesh, they form a
+        tensor-parallel group on that node, each logs the heads it holds, the checkpoint is
+        committed from 2 shards, and the losses equal a one-device run of the same job."""
+        steps = 10
+        losses = {}
+        for tp in (1, 2):
+            ckpt = os.path.join(self.tmp, "ckpt_tp%d" % tp)
+            run_dir = os.path.join(self.tmp, "run_tp%d" % tp)
+            metrics = os.path.join(self.tmp, "metrics_tp%d.jsonl" % tp)
+            job = os.path.join(self.tmp, "job_tp%d.yaml" % tp)
+            with open(job, "w") as f:
+                f.write(job_yaml(ckpt, steps, every=steps, val_every=0))
+            r = self.ctl("run", "--local", "--nodes", "1", "--devices-per-node", str(tp),
+                         "--run-dir", run_dir, "--metrics", metrics,
+                         "--set", "parallel.tp=%d" % tp, job, timeout=180)
+            self.assertEqual(r.returncode, 0, "tp=%d run failed:\n%s\n%s" % (
+                tp, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
+            if tp == 2:
+                for rank in range(2):
+                    text = tail(os.path.join(run_dir, "node-0", "job-1", "rank-%d.log" % rank),
+                                20000)
+                    self.assertIn("plan: rank %d of 2 in pp 1 x dp 1 x cp 1 x tp 2 at tp %d"
+                                  % (rank, rank), text)
+                    self.assertIn("heads %d..%d of 2" % (rank, rank), text)
+                    self.assertIn("replicated parameters identical on all 2 tp ranks", text)
+            with open(metrics) as f:
+                losses[tp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
+            with open(os.path.join(ckpt, "step-%08d" % steps, "MANIFEST")) as f:
+                self.assertIn("world %d" % tp, f.read())
+            self.assertEqual(procs_under(run_dir), [])
         self.assertEqual(len(losses[2]), steps)
         for a, b in zip(losses[1], losses[2]):
             self.assertLess(abs(a - b) / abs(a), 1e-5, (losses[1], losses[2]))

@@ -18,7 +18,7 @@ static const dt_gpt2_config_t TINY = {
 /* A model whose every parameter and moment is a distinct random value. */
 static void make_model(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, uint64_t seed, int optim)
 {
-  ck_assert_int_eq(dt_gpt2_create(m, cfg, dt_ops_cpu()), 0);
+  ck_assert_int_eq(dt_gpt2_create(m, cfg, dt_ops_cpu(), NULL), 0);
   dt_rng_t r;
   dt_rng_seed(&r, seed);
   dt_rng_normal(&r, m->params_flat, m->num_params, 0.0f, 1.0f);
@@ -256,8 +256,9 @@ START_TEST(test_ckpt_multi_shard)
   dt_ckpt_shard_info_t info[2];
   ck_assert_int_eq(dt_ckpt_write_shard(&a, &sa, dir, 0, 2, 0, k, &info[0]), 0);
   ck_assert_int_eq(dt_ckpt_write_shard(&a, &sa, dir, 1, 2, k, P, &info[1]), 0);
-  ck_assert_int_eq(info[0].bytes, 256 + (uint64_t)k * 12);
-  ck_assert_int_eq(info[1].bytes, 256 + (uint64_t)(P - k) * 12);
+  /* header, one run (global offset, length), params + two moments */
+  ck_assert_int_eq(info[0].bytes, 256 + 16 + (uint64_t)k * 12);
+  ck_assert_int_eq(info[1].bytes, 256 + 16 + (uint64_t)(P - k) * 12);
   ck_assert_str_eq(info[1].name, "shard-00001-of-00002.bin");
   /* not loadable before the commit */
   make_model(&b, &TINY, 21, 0);
@@ -379,7 +380,7 @@ START_TEST(test_ckpt_bad_shard_files)
     ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), DT_EFORMAT);
   }
   /* bad magic, bad version */
-  const uint32_t bad = 0xDEADBEEF, v2 = 2;
+  const uint32_t bad = 0xDEADBEEF, v2 = 7;
   ut_write_all(path, good, n);
   ut_patch(path, 0, &bad, 4);
   ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), DT_EFORMAT);
@@ -630,6 +631,105 @@ END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* Copies rank tr's part of a whole-model buffer into a local one, by the placement's runs. */
+static void scatter_runs(const dt_gpt2_t *m, int tr, const float *global, float *local)
+{
+  dt_gpt2_run_t *runs;
+  size_t n;
+  ck_assert_int_eq(dt_gpt2_runs(m, tr, 0, (int64_t)m->num_params, 1, &runs, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    memcpy(local + runs[i].local, global + runs[i].global, (size_t)runs[i].len * sizeof(float));
+  free(runs);
+}
+
+/* Tensor-parallel placement and checkpoints across layouts: the runs of all tp ranks (the
+ * replicated tensors from rank 0 only) tile the whole model exactly once; qkv rows of one rank
+ * are the same heads in q, k and v; shards written by tp ranks load into one process bit for
+ * bit, and a one-process checkpoint loads into every tp rank's local layout. */
+START_TEST(test_ckpt_tensor_parallel_layouts)
+{
+  char dir[256];
+  const dt_gpt2_config_t cfg = {
+      .max_seq = 8, .vocab = 200, .padded_vocab = 256, .layers = 2, .heads = 4, .channels = 16};
+  dt_gpt2_t whole;
+  dt_train_state_t st, got;
+  make_model(&whole, &cfg, 60, 1);
+  make_state(&st, 9);
+  const size_t P = whole.num_params;
+  for (int tp = 2; tp <= 4; tp *= 2) {
+    ut_mkdtemp(dir, sizeof dir);
+    dt_gpt2_t part[4];
+    int *cover = calloc(P, sizeof *cover);
+    dt_ckpt_shard_info_t info[4];
+    int64_t vlo = 0;
+    for (int r = 0; r < tp; r++) {
+      const dt_gpt2_tp_t t = {.tp = tp, .rank = r, .comm = NULL};
+      ck_assert_int_eq(dt_gpt2_create(&part[r], &cfg, dt_ops_cpu(), &t), 0);
+      ck_assert_int_eq(dt_gpt2_alloc_optimizer(&part[r]), 0);
+      const size_t R = part[r].replicated;
+      ck_assert_uint_eq(part[r].num_params, (P - R) / (size_t)tp + R);
+      ck_assert_uint_eq(part[r].global_params, P);
+      scatter_runs(&part[r], r, whole.params_flat, part[r].params_flat);
+      scatter_runs(&part[r], r, whole.m_flat, part[r].m_flat);
+      scatter_runs(&part[r], r, whole.v_flat, part[r].v_flat);
+      /* qkvw rows of head h of q, k and v sit C rows apart in the whole model */
+      const size_t C = (size_t)cfg.channels, hs = C / (size_t)cfg.heads;
+      const size_t rows = 3 * C / (size_t)tp, q0 = (size_t)r * (C / (size_t)tp);
+      for (size_t j = 0; j < 3; j++)
+        ck_assert(part[r].params.qkvw[j * rows / 3 * C] == whole.params.qkvw[(j * C + q0) * C]);
+      ck_assert_uint_eq(rows % hs, 0);
+
+      dt_gpt2_run_t *runs;
+      size_t n;
+      ck_assert_int_eq(dt_gpt2_runs(&part[r], r, 0, (int64_t)part[r].num_params, r == 0, &runs, &n),
+                       0);
+      int64_t count = 0;
+      for (size_t i = 0; i < n; i++) {
+        for (int64_t k = 0; k < runs[i].len; k++)
+          cover[runs[i].global + k]++;
+        count += runs[i].len;
+      }
+      ck_assert_int_eq(dt_ckpt_write_runs(&cfg, (int64_t)P, &st, dir, r, tp, vlo, runs, n,
+                                          part[r].params_flat, part[r].m_flat, part[r].v_flat,
+                                          &info[r]),
+                       0);
+      vlo += count;
+      free(runs);
+    }
+    for (size_t i = 0; i < P; i++)
+      ck_assert_msg(cover[i] == 1, "tp %d: global element %zu held %d times", tp, i, cover[i]);
+    ck_assert_int_eq(dt_ckpt_commit(dir, st.step, (int64_t)P, tp, info), 0);
+
+    /* tp shards -> one process */
+    dt_gpt2_t one;
+    make_model(&one, &cfg, 61, 1);
+    ck_assert_int_eq(dt_ckpt_load(&one, &got, dir), 0);
+    expect_same_model(&whole, &one);
+    expect_same_state(&st, &got);
+    dt_gpt2_destroy(&one);
+
+    /* one process (the tp checkpoint, now read back) -> every tp rank's local buffers */
+    for (int r = 0; r < tp; r++) {
+      dt_gpt2_t *pm = &part[r];
+      float *p = calloc(pm->num_params, sizeof *p), *m1 = calloc(pm->num_params, sizeof *m1);
+      dt_gpt2_run_t *runs;
+      size_t n;
+      ck_assert_int_eq(dt_gpt2_runs(pm, r, 0, (int64_t)pm->num_params, 1, &runs, &n), 0);
+      ck_assert_int_eq(dt_ckpt_load_runs(dir, &cfg, (int64_t)P, runs, n, p, m1, NULL, &got), 0);
+      ck_assert_int_eq(memcmp(p, pm->params_flat, pm->bytes_params), 0);
+      ck_assert_int_eq(memcmp(m1, pm->m_flat, pm->bytes_params), 0);
+      free(runs);
+      free(p);
+      free(m1);
+      dt_gpt2_destroy(pm);
+    }
+    free(cover);
+    ut_rm_rf(dir);
+  }
+  dt_gpt2_destroy(&whole);
+}
+END_TEST
+
 static Suite *checkpoint_suite(void)
 {
   Suite *s = suite_create("checkpoint");
@@ -652,6 +752,7 @@ static Suite *checkpoint_suite(void)
   tcase_add_test(t, test_ckpt_commit_must_tile);
   tcase_add_test(t, test_ckpt_bad_range);
   tcase_add_test(t, test_ckpt_prune);
+  tcase_add_test(t, test_ckpt_tensor_parallel_layouts);
   suite_add_tcase(s, t);
   return s;
 }

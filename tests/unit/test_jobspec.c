@@ -635,6 +635,9 @@ static const struct {
      "'interleaved'"},
     {{"model.heads=6", "model.channels=240", "parallel.tp=4"},
      "model.heads (6) must be divisible by parallel.tp (4)"},
+    {{"model.vocab=100", "parallel.tp=256", "model.heads=256", "model.channels=256"},
+     "the padded vocabulary (model.vocab 100 padded to 128) must be divisible by parallel.tp "
+     "(256)"},
     {{"parallel.pp=8"}, "model.layers (4) must be >= parallel.pp (8)"},
     {{"parallel.dp=3"},
      "training.batch (8) must be divisible by training.micro_batch (8) x parallel.dp (3) = 24"},

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "dt_util.h"
 #include "ops.h"
 #include "rng.h"
 
@@ -285,7 +286,7 @@ static void run_encoder(int B, int T, int C, int V, int Vp, uint64_t seed)
 
   /* forward */
   float *out = filled(nout, GARBAGE);
-  dt_cpu_encoder_forward(out, inp, wte, wpe, B, T, C);
+  dt_cpu_encoder_forward(out, inp, wte, 0, Vp, wpe, B, T, C);
   double *wte_d = to_double(wte, nwte), *wpe_d = to_double(wpe, nwpe), *out_d = dalloc(nout);
   ref_encoder_forward(out_d, inp, wte_d, wpe_d, B, T, C);
   CHECK_CLOSE("encoder out", out, out_d, nout, EXACT_RTOL, EXACT_ATOL);
@@ -294,7 +295,7 @@ static void run_encoder(int B, int T, int C, int V, int Vp, uint64_t seed)
   float *R = rand_normal(&rng, nout, 0.0f, 1.0f);
   float *dwte0 = rand_normal(&rng, nwte, 0.0f, 1.0f), *dwte = fcopy(dwte0, nwte);
   float *dwpe0 = rand_normal(&rng, nwpe, 0.0f, 1.0f), *dwpe = fcopy(dwpe0, nwpe);
-  dt_cpu_encoder_backward(dwte, dwpe, R, inp, B, T, C);
+  dt_cpu_encoder_backward(dwte, 0, Vp, dwpe, R, inp, B, T, C);
 
   struct enc_ctx ctx = {inp, wte_d, wpe_d, to_double(R, nout), out_d, B, T, C};
   double *g_wte = fd_gradient(enc_objective, &ctx, wte_d, nwte);
@@ -324,6 +325,48 @@ START_TEST(test_encoder)
   run_encoder(1, 1, 1, 1, 1, 2);     /* degenerate */
   run_encoder(3, 17, 70, 5, 5, 3);   /* many repeats, C past one 64-block */
   run_encoder(2, 33, 20, 50, 64, 4); /* unused wte rows get exactly their old contents */
+}
+END_TEST
+
+/* Vocabulary-parallel slices: the sum of the slices' outputs (rank 0 adds the positions) is
+ * bit-identical to the full lookup, and each slice's backward writes exactly its rows of the
+ * full backward. */
+static void run_encoder_slices(int B, int T, int C, int V, int Vp, int parts, uint64_t seed)
+{
+  dt_rng_t rng;
+  dt_rng_seed(&rng, seed);
+  const size_t nout = (size_t)B * T * C, nwte = (size_t)Vp * C, nwpe = (size_t)T * C;
+  const int rows = Vp / parts;
+  int *inp = rand_tokens(&rng, B * T, V);
+  float *wte = rand_normal(&rng, nwte, 0.0f, 1.0f), *wpe = rand_normal(&rng, nwpe, 0.0f, 1.0f);
+  float *full = filled(nout, GARBAGE), *sum = filled(nout, 0.0f), *part = filled(nout, GARBAGE);
+  dt_cpu_encoder_forward(full, inp, wte, 0, Vp, wpe, B, T, C);
+  for (int r = 0; r < parts; r++) {
+    dt_cpu_encoder_forward(part, inp, wte + (size_t)r * rows * C, r * rows, rows,
+                           r == 0 ? wpe : NULL, B, T, C);
+    for (size_t i = 0; i < nout; i++)
+      sum[i] += part[i];
+  }
+  ck_assert_msg(memcmp(sum, full, nout * sizeof(float)) == 0,
+                "encoder: the sum of %d vocabulary slices differs from the full lookup", parts);
+
+  float *dout = rand_normal(&rng, nout, 0.0f, 1.0f);
+  float *dfull = filled(nwte, 0.0f), *dslices = filled(nwte, 0.0f);
+  float *dwpe = filled(nwpe, 0.0f);
+  dt_cpu_encoder_backward(dfull, 0, Vp, dwpe, dout, inp, B, T, C);
+  for (int r = 0; r < parts; r++)
+    dt_cpu_encoder_backward(dslices + (size_t)r * rows * C, r * rows, rows, NULL, dout, inp, B, T,
+                            C);
+  ck_assert_msg(memcmp(dfull, dslices, nwte * sizeof(float)) == 0,
+                "encoder backward: %d vocabulary slices differ from the full table", parts);
+  tfree_all();
+}
+
+START_TEST(test_encoder_vocab_parallel)
+{
+  run_encoder_slices(2, 9, 12, 30, 32, 2, 11);
+  run_encoder_slices(3, 7, 70, 20, 32, 4, 12); /* the last slice holds padding only */
+  run_encoder_slices(1, 4, 5, 8, 8, 1, 13);
 }
 END_TEST
 
@@ -861,6 +904,69 @@ START_TEST(test_crossentropy)
 }
 END_TEST
 
+/* The vocabulary-parallel pair against the fused full-vocabulary kernel: the logits split into
+ * column slices, the stats of every slice exchanged (here: copied), then each slice finished. */
+static void run_crossentropy_vp(int N, int V, int Vp, int parts, float dloss, float offset,
+                                uint64_t seed)
+{
+  dt_rng_t rng;
+  dt_rng_seed(&rng, seed);
+  const size_t nl = (size_t)N * Vp;
+  const int cols = Vp / parts;
+  float *logits = filled(nl, GARBAGE);
+  for (int i = 0; i < N; i++) {
+    dt_rng_normal(&rng, logits + (size_t)i * Vp, (size_t)V, 0.0f, 2.0f);
+    for (int j = 0; j < V; j++)
+      logits[(size_t)i * Vp + j] += i == N - 1 ? offset : 0.0f;
+  }
+  int *targets = talloc((size_t)N * sizeof(int));
+  for (int i = 0; i < N; i++)
+    targets[i] = (int)dt_rng_below(&rng, (uint64_t)V);
+  targets[0] = V - 1;
+  float *ref = fcopy(logits, nl), *ref_loss = filled((size_t)N, GARBAGE);
+  dt_cpu_crossentropy_forward_backward(ref_loss, ref, targets, dloss, N, V, Vp);
+
+  /* slice r: columns [r*cols, (r+1)*cols) packed with row stride cols + 3 (a padded ldl) */
+  const int ldl = cols + 3;
+  float *slices = filled((size_t)parts * N * ldl, GARBAGE);
+  float *stats = filled((size_t)parts * N * 3, GARBAGE), *loss = filled((size_t)N, GARBAGE);
+  for (int r = 0; r < parts; r++) {
+    const int lo = r * cols, Vl = DT_MAX(0, DT_MIN(V - lo, cols));
+    float *x = slices + (size_t)r * N * ldl;
+    for (int i = 0; i < N; i++)
+      memcpy(x + (size_t)i * ldl, logits + (size_t)i * Vp + lo, (size_t)cols * sizeof(float));
+    dt_cpu_crossentropy_vp_stats(stats + (size_t)r * N * 3, x, targets, lo, N, Vl, ldl);
+  }
+  for (int r = 0; r < parts; r++) {
+    const int lo = r * cols, Vl = DT_MAX(0, DT_MIN(V - lo, cols));
+    float *x = slices + (size_t)r * N * ldl;
+    dt_cpu_crossentropy_vp_finish(loss, x, stats, parts, targets, lo, dloss, N, Vl, ldl);
+    for (int i = 0; i < N && dloss != 0.0f; i++)
+      for (int j = 0; j < ldl; j++) {
+        float want = j < cols ? ref[(size_t)i * Vp + lo + j] : 0.0f;
+        float got = x[(size_t)i * ldl + j];
+        ck_assert_msg(fabsf(got - want) <= 1e-6f + 1e-5f * fabsf(want),
+                      "vp crossentropy slice %d/%d dlogits[%d, %d] = %.9g, full kernel %.9g", r,
+                      parts, i, lo + j, got, want);
+      }
+  }
+  for (int i = 0; i < N; i++)
+    ck_assert_msg(fabsf(loss[i] - ref_loss[i]) <= 1e-5f * fabsf(ref_loss[i]) + 1e-6f,
+                  "vp crossentropy over %d slices: loss[%d] = %.9g, full kernel %.9g", parts, i,
+                  loss[i], ref_loss[i]);
+  tfree_all();
+}
+
+START_TEST(test_crossentropy_vocab_parallel)
+{
+  /* N, V, Vp, slices, dloss, offset of the last row, seed */
+  run_crossentropy_vp(6, 60, 64, 2, 1.0f / 6, 0.0f, 81);
+  run_crossentropy_vp(5, 40, 64, 4, 0.5f, 1000.0f, 82); /* slice 3 holds padding only */
+  run_crossentropy_vp(3, 64, 64, 1, 1.0f, -50.0f, 83);
+  run_crossentropy_vp(4, 100, 128, 8, 0.0f, 0.0f, 84); /* dloss 0: losses only */
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------
  * AdamW and sum of squares
  * ------------------------------------------------------------------------------------------- */
@@ -1019,7 +1125,7 @@ START_TEST(test_determinism_encoder)
     set_threads(k_threads[k]);
     dwte[k] = fcopy(dwte0, (size_t)Vp * C);
     dwpe[k] = fcopy(dwpe0, (size_t)T * C);
-    dt_cpu_encoder_backward(dwte[k], dwpe[k], dout, inp, B, T, C);
+    dt_cpu_encoder_backward(dwte[k], 0, Vp, dwpe[k], dout, inp, B, T, C);
   }
   for (int k = 1; k < NTHREADS; k++) {
     ck_assert_msg(memcmp(dwte[k], dwte[0], (size_t)Vp * C * sizeof(float)) == 0,
@@ -1097,6 +1203,7 @@ static Suite *kernels_suite(void)
 {
   Suite *s = suite_create("kernels_cpu");
   add_tcase(s, "encoder", test_encoder);
+  add_tcase(s, "encoder_vocab_parallel", test_encoder_vocab_parallel);
   add_tcase(s, "layernorm", test_layernorm);
   add_tcase(s, "matmul", test_matmul);
   add_tcase(s, "matmul_forward_large", test_matmul_forward_large);
@@ -1104,6 +1211,7 @@ static Suite *kernels_suite(void)
   add_tcase(s, "gelu", test_gelu);
   add_tcase(s, "residual", test_residual);
   add_tcase(s, "crossentropy", test_crossentropy);
+  add_tcase(s, "crossentropy_vocab_parallel", test_crossentropy_vocab_parallel);
   add_tcase(s, "adamw", test_adamw);
   add_tcase(s, "sum_squares", test_sum_squares);
   add_tcase(s, "determinism_layernorm", test_determinism_layernorm);

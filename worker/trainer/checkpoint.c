@@ -133,10 +133,21 @@ int dt_llmc_load(dt_gpt2_t *m, const char *path)
     ret = config_mismatch(path, &m->cfg, &cfg);
     goto out;
   }
-  if (fread(m->params_flat, sizeof(float), m->num_params, fp) != m->num_params) {
-    DT_ERROR(CKPT, "%s: short read of %zu parameters", path, m->num_params);
-    ret = DT_EIO;
+  /* The file holds the whole model: a tensor-parallel rank reads it, then keeps its part. */
+  float *global = m->tp.tp == 1 ? m->params_flat
+                                : dt_calloc_aligned(m->global_params * sizeof(float), "weights");
+  if (!global) {
+    ret = DT_ENOMEM;
+    goto out;
   }
+  if (fread(global, sizeof(float), m->global_params, fp) != m->global_params) {
+    DT_ERROR(CKPT, "%s: short read of %zu parameters", path, m->global_params);
+    ret = DT_EIO;
+  } else if (global != m->params_flat) {
+    ret = dt_gpt2_load_global(m, global);
+  }
+  if (global != m->params_flat)
+    dt_free_aligned(global);
 out:
   fclose(fp);
   return ret;
@@ -166,7 +177,12 @@ int dt_llmc_save(const dt_gpt2_t *m, const char *path)
 /* distrain checkpoints                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-#define CKPT_FLAG_OPTIM 1u
+/* Shard file versions: 1 holds the global flat range [lo, hi); 2 (written now) holds nruns
+ * (global offset, length) pairs after the header, then the data of those runs in order, so a
+ * tensor-parallel rank's non-contiguous part of the model is one shard. In version 2, [lo, hi)
+ * is the shard's place in the concatenation of all shards (what the manifest tiles). */
+#define CKPT_SHARD_VERSION 2
+#define CKPT_FLAG_OPTIM    1u
 typedef struct {
   uint32_t magic, version, header_bytes, flags;
   int32_t max_seq, vocab, padded_vocab, layers, heads, channels;
@@ -174,11 +190,13 @@ typedef struct {
   int64_t step, num_params, lo, hi;
   int64_t data_epoch, data_shard, data_window;
   uint64_t rng[4];
-  uint64_t payload_bytes;
+  uint64_t payload_bytes; /* run table included */
   uint32_t payload_crc32c;
   int32_t threads;        /* compute threads of the writer (GEMM rounding depends on it) */
   uint32_t header_crc32c; /* CRC-32C of this header with this field zero */
-  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4];
+  uint32_t reserved;
+  int64_t nruns; /* version 2 */
+  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
 
@@ -189,14 +207,24 @@ static uint32_t header_crc(const ckpt_header_t *h)
   return dt_crc32c(0, &copy, sizeof copy);
 }
 
-int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
-                        const dt_train_state_t *state, const char *dir, int rank, int world,
-                        const dt_ckpt_range_t *rg, dt_ckpt_shard_info_t *info)
+int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
+                       const dt_train_state_t *state, const char *dir, int rank, int world,
+                       int64_t lo, const dt_gpt2_run_t *runs, size_t nruns, const float *params,
+                       const float *m, const float *v, dt_ckpt_shard_info_t *info)
 {
   char sdir[4096], path[4200], manifest[4200];
   int ret = 0;
-  const int64_t lo = rg->lo, hi = rg->hi;
-  if (lo < 0 || hi > num_params || lo > hi) {
+  int64_t n = 0;
+  for (size_t i = 0; i < nruns; i++) {
+    if (runs[i].global < 0 || runs[i].len < 0 || runs[i].global + runs[i].len > num_params) {
+      DT_ERROR(CKPT, "invalid shard run [%lld, %lld) of %lld parameters", (long long)runs[i].global,
+               (long long)(runs[i].global + runs[i].len), (long long)num_params);
+      return DT_ERANGE;
+    }
+    n += runs[i].len;
+  }
+  const int64_t hi = lo + n;
+  if (lo < 0 || hi > num_params) {
     DT_ERROR(CKPT, "invalid shard range [%lld, %lld) of %lld parameters", (long long)lo,
              (long long)hi, (long long)num_params);
     return DT_ERANGE;
@@ -218,12 +246,17 @@ int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
   snprintf(info->name, sizeof info->name, "shard-%05d-of-%05d.bin", rank, world);
   snprintf(path, sizeof path, "%s/%s", sdir, info->name);
 
-  const int has_optim = rg->m != NULL && rg->v != NULL;
-  const size_t n = (size_t)(hi - lo);
-  const float *bufs[3] = {rg->params, rg->m, rg->v};
+  const int has_optim = m != NULL && v != NULL;
+  const float *bufs[3] = {params, m, v};
+  int64_t *table = malloc((nruns ? nruns : 1) * 2 * sizeof(int64_t));
+  if (!table)
+    return DT_ENOMEM;
+  for (size_t i = 0; i < nruns; i++)
+    table[2 * i] = runs[i].global, table[2 * i + 1] = runs[i].len;
+  const size_t table_bytes = nruns * 2 * sizeof(int64_t);
   ckpt_header_t h;
   memset(&h, 0, sizeof h);
-  h.magic = DT_CKPT_MAGIC, h.version = DT_CKPT_VERSION, h.header_bytes = sizeof h;
+  h.magic = DT_CKPT_MAGIC, h.version = CKPT_SHARD_VERSION, h.header_bytes = sizeof h;
   h.flags = has_optim ? CKPT_FLAG_OPTIM : 0;
   h.max_seq = cfg->max_seq, h.vocab = cfg->vocab, h.padded_vocab = cfg->padded_vocab;
   h.layers = cfg->layers, h.heads = cfg->heads, h.channels = cfg->channels;
@@ -233,27 +266,49 @@ int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
   h.data_window = state->data.window;
   memcpy(h.rng, state->rng.s, sizeof h.rng);
   h.threads = state->threads;
-  uint32_t crc = 0;
+  h.nruns = (int64_t)nruns;
+  uint32_t crc = dt_crc32c(0, table, table_bytes);
+  h.payload_bytes = table_bytes;
   for (int k = 0; k < (has_optim ? 3 : 1); k++) {
-    crc = dt_crc32c(crc, bufs[k], n * sizeof(float));
-    h.payload_bytes += n * sizeof(float);
+    for (size_t i = 0; i < nruns; i++)
+      crc = dt_crc32c(crc, bufs[k] + runs[i].local, (size_t)runs[i].len * sizeof(float));
+    h.payload_bytes += (uint64_t)n * sizeof(float);
   }
   h.payload_crc32c = crc;
   h.header_crc32c = header_crc(&h);
 
   dt_afile_t af;
-  DT_CHECK(dt_afile_open(&af, path));
+  DT_CHECK_GOTO(dt_afile_open(&af, path), ret, out);
   DT_CHECK_GOTO(dt_afile_write(&af, &h, sizeof h), ret, fail);
+  DT_CHECK_GOTO(dt_afile_write(&af, table, table_bytes), ret, fail);
   for (int k = 0; k < (has_optim ? 3 : 1); k++)
-    DT_CHECK_GOTO(dt_afile_write(&af, bufs[k], n * sizeof(float)), ret, fail);
+    for (size_t i = 0; i < nruns; i++)
+      DT_CHECK_GOTO(
+          dt_afile_write(&af, bufs[k] + runs[i].local, (size_t)runs[i].len * sizeof(float)), ret,
+          fail);
   DT_CHECK_GOTO(dt_afile_commit(&af), ret, out);
   info->bytes = sizeof h + h.payload_bytes;
   info->crc32c = crc;
-  return 0;
+  goto out;
 fail:
   dt_afile_abort(&af);
 out:
+  free(table);
   return ret;
+}
+
+int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
+                        const dt_train_state_t *state, const char *dir, int rank, int world,
+                        const dt_ckpt_range_t *rg, dt_ckpt_shard_info_t *info)
+{
+  if (rg->lo < 0 || rg->hi > num_params || rg->lo > rg->hi) {
+    DT_ERROR(CKPT, "invalid shard range [%lld, %lld) of %lld parameters", (long long)rg->lo,
+             (long long)rg->hi, (long long)num_params);
+    return DT_ERANGE;
+  }
+  dt_gpt2_run_t run = {.global = rg->lo, .local = 0, .len = rg->hi - rg->lo};
+  return dt_ckpt_write_runs(cfg, num_params, state, dir, rank, world, rg->lo, &run, 1, rg->params,
+                            rg->m, rg->v, info);
 }
 
 int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const char *dir,
@@ -286,9 +341,10 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
     ret = DT_EFORMAT;
     goto fail;
   }
-  if (h->version != DT_CKPT_VERSION || h->header_bytes != sizeof *h) {
-    DT_ERROR(CKPT, "%s: checkpoint version %u (header %u bytes): expected version %d (%zu bytes)",
-             path, h->version, h->header_bytes, DT_CKPT_VERSION, sizeof *h);
+  if ((h->version != 1 && h->version != CKPT_SHARD_VERSION) || h->header_bytes != sizeof *h) {
+    DT_ERROR(CKPT,
+             "%s: checkpoint version %u (header %u bytes): expected version 1 or %d (%zu bytes)",
+             path, h->version, h->header_bytes, CKPT_SHARD_VERSION, sizeof *h);
     ret = DT_EFORMAT;
     goto fail;
   }
@@ -297,8 +353,11 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
     ret = DT_EFORMAT;
     goto fail;
   }
+  if (h->version == 1)
+    h->nruns = 1; /* the range itself (the field was padding, hence zero, in version 1) */
   uint64_t nfloats = (uint64_t)(h->hi - h->lo) * ((h->flags & CKPT_FLAG_OPTIM) ? 3 : 1);
-  if ((uint64_t)size != s->bytes || h->payload_bytes != nfloats * 4 ||
+  uint64_t table = h->version == 1 ? 0 : (uint64_t)h->nruns * 16;
+  if ((uint64_t)size != s->bytes || h->nruns < 0 || h->payload_bytes != table + nfloats * 4 ||
       (uint64_t)size != sizeof *h + h->payload_bytes || h->lo != s->lo || h->hi != s->hi) {
     DT_ERROR(CKPT,
              "%s: size %lld bytes / range [%lld, %lld) disagree with the manifest "
@@ -338,35 +397,115 @@ int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg)
   return 0;
 }
 
-/* Streams one section of n floats: checksums all of it, copies the part in [lo, hi). */
-static int read_section(FILE *fp, const char *path, int64_t sec_lo, size_t n, int64_t lo,
-                        int64_t hi, float *dst, uint32_t *crc)
+/* Wanted runs sorted by global offset, for the merge with a shard's runs. */
+static int cmp_run_global(const void *a, const void *b)
+{
+  const dt_gpt2_run_t *x = a, *y = b;
+  return x->global < y->global ? -1 : x->global > y->global;
+}
+
+/* Copies the part of global [g, g + k) (values in src) that the wanted runs ask for; counts
+ * the elements delivered. want is sorted by global offset and non-overlapping. */
+static void deliver(const dt_gpt2_run_t *want, size_t nwant, int64_t g, size_t k, const float *src,
+                    float *dst, int64_t *delivered)
+{
+  /* the first wanted run that ends after g */
+  size_t lo = 0, hi = nwant;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (want[mid].global + want[mid].len <= g)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  for (size_t i = lo; i < nwant && want[i].global < g + (int64_t)k; i++) {
+    int64_t a = DT_MAX(g, want[i].global), b = DT_MIN(g + (int64_t)k, want[i].global + want[i].len);
+    if (a >= b)
+      continue;
+    if (dst)
+      memcpy(dst + want[i].local + (a - want[i].global), src + (a - g),
+             (size_t)(b - a) * sizeof(float));
+    *delivered += b - a;
+  }
+}
+
+/* Streams one section (the shard's runs in order, n floats): checksums all of it and delivers
+ * the wanted parts to dst. */
+static int read_section(FILE *fp, const char *path, const int64_t *table, int64_t nruns,
+                        const dt_gpt2_run_t *want, size_t nwant, float *dst, uint32_t *crc,
+                        int64_t *delivered)
 {
   float buf[16384];
-  for (size_t done = 0; done < n;) {
-    size_t k = DT_MIN(n - done, DT_ARRAY_SIZE(buf));
-    if (fread(buf, sizeof(float), k, fp) != k) {
-      DT_ERROR(CKPT, "%s: short read", path);
-      return DT_EIO;
+  for (int64_t r = 0; r < nruns; r++) {
+    const int64_t g0 = table[2 * r], len = table[2 * r + 1];
+    for (int64_t done = 0; done < len;) {
+      size_t k = (size_t)DT_MIN(len - done, (int64_t)DT_ARRAY_SIZE(buf));
+      if (fread(buf, sizeof(float), k, fp) != k) {
+        DT_ERROR(CKPT, "%s: short read", path);
+        return DT_EIO;
+      }
+      *crc = dt_crc32c(*crc, buf, k * sizeof(float));
+      deliver(want, nwant, g0 + done, k, buf, dst, delivered);
+      done += (int64_t)k;
     }
-    *crc = dt_crc32c(*crc, buf, k * sizeof(float));
-    int64_t a = DT_MAX(sec_lo + (int64_t)done, lo), b = DT_MIN(sec_lo + (int64_t)(done + k), hi);
-    if (dst && a < b)
-      memcpy(dst + (a - lo), buf + (a - sec_lo - (int64_t)done), (size_t)(b - a) * sizeof(float));
-    done += k;
   }
   return 0;
 }
 
-int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t num_params,
-                       int64_t lo, int64_t hi, float *params, float *m, float *v,
-                       dt_train_state_t *state)
+/* The shard's run table: read (version 2) or made from its range (version 1). Checks that the
+ * runs hold the shard's element count inside the model. */
+static int read_run_table(FILE *fp, const char *path, const ckpt_header_t *h, int64_t **table,
+                          uint32_t *crc)
+{
+  const int64_t nr = h->nruns;
+  int64_t *t = malloc((size_t)(nr ? nr : 1) * 2 * sizeof(int64_t)), total = 0;
+  if (!t)
+    return DT_ENOMEM;
+  if (h->version == 1) {
+    t[0] = h->lo, t[1] = h->hi - h->lo;
+  } else if (fread(t, 2 * sizeof(int64_t), (size_t)nr, fp) != (size_t)nr) {
+    DT_ERROR(CKPT, "%s: short read of the run table", path);
+    free(t);
+    return DT_EIO;
+  } else {
+    *crc = dt_crc32c(*crc, t, (size_t)nr * 2 * sizeof(int64_t));
+  }
+  for (int64_t r = 0; r < nr; r++) {
+    if (t[2 * r] < 0 || t[2 * r + 1] < 0 || t[2 * r] + t[2 * r + 1] > h->num_params) {
+      DT_ERROR(CKPT, "%s: run %lld lies outside the model's %lld parameters", path, (long long)r,
+               (long long)h->num_params);
+      free(t);
+      return DT_EFORMAT;
+    }
+    total += t[2 * r + 1];
+  }
+  if (total != h->hi - h->lo) {
+    DT_ERROR(CKPT, "%s: runs hold %lld elements, the header says %lld", path, (long long)total,
+             (long long)(h->hi - h->lo));
+    free(t);
+    return DT_EFORMAT;
+  }
+  *table = t;
+  return 0;
+}
+
+int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_t num_params,
+                      const dt_gpt2_run_t *runs, size_t nruns, float *params, float *m, float *v,
+                      dt_train_state_t *state)
 {
   char sdir[4096], spath[4200];
   dt_ckpt_manifest_t mf;
   int ret = 0;
-  DT_CHECK(dt_ckpt_resolve_step_dir(path, sdir, sizeof sdir));
-  DT_CHECK(dt_ckpt_manifest_read(sdir, &mf));
+  int64_t wanted = 0, got[3] = {0, 0, 0};
+  dt_gpt2_run_t *want = malloc((nruns ? nruns : 1) * sizeof *want);
+  if (!want)
+    return DT_ENOMEM;
+  memcpy(want, runs, nruns * sizeof *want);
+  qsort(want, nruns, sizeof *want, cmp_run_global);
+  for (size_t i = 0; i < nruns; i++)
+    wanted += want[i].len;
+  DT_CHECK_GOTO(dt_ckpt_resolve_step_dir(path, sdir, sizeof sdir), ret, free_want);
+  DT_CHECK_GOTO(dt_ckpt_manifest_read(sdir, &mf), ret, free_want);
   if (mf.num_params != num_params) {
     DT_ERROR(CKPT, "%s: checkpoint has %lld parameters, the configured model %lld", sdir,
              (long long)mf.num_params, (long long)num_params);
@@ -376,11 +515,12 @@ int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t n
   for (int r = 0; r < mf.world; r++) {
     ckpt_header_t h;
     FILE *fp;
+    int64_t *table = NULL;
     DT_CHECK_GOTO(shard_open(sdir, &mf.shards[r], &h, &fp, spath, sizeof spath), ret, out);
     dt_gpt2_config_t cfg;
     header_config(&h, &cfg);
-    if (!config_equal(&cfg, want)) {
-      ret = config_mismatch(spath, want, &cfg);
+    if (!config_equal(&cfg, want_cfg)) {
+      ret = config_mismatch(spath, want_cfg, &cfg);
       fclose(fp);
       goto out;
     }
@@ -390,13 +530,14 @@ int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t n
       fclose(fp);
       goto out;
     }
-    /* Every shard is read whole (its checksum covers all of it); only the overlap with
-     * [lo, hi) is kept, which is what lets dp=4 shards load into dp=3 ranks. */
-    size_t n = (size_t)(h.hi - h.lo);
-    float *dst[3] = {params, m, v};
+    /* Every shard is read whole (its checksum covers all of it); only the parts that the
+     * wanted runs ask for are kept, which is what lets any layout load any other's shards. */
     uint32_t crc = 0;
+    ret = read_run_table(fp, spath, &h, &table, &crc);
+    float *dst[3] = {params, m, v};
     for (int k = 0; k < 3 && ret == 0; k++)
-      ret = read_section(fp, spath, h.lo, n, lo, hi, dst[k], &crc);
+      ret = read_section(fp, spath, table, h.nruns, want, nruns, dst[k], &crc, &got[k]);
+    free(table);
     fclose(fp);
     if (ret != 0)
       goto out;
@@ -416,10 +557,28 @@ int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t n
       state->threads = h.threads;
     }
   }
+  if (got[0] != wanted) {
+    DT_ERROR(CKPT,
+             "%s: the shards hold %lld of the %lld parameters asked for (overlapping or "
+             "missing runs)",
+             sdir, (long long)got[0], (long long)wanted);
+    ret = DT_EFORMAT;
+    goto out;
+  }
   DT_INFO(CKPT, "loaded checkpoint %s (step %lld)", sdir, (long long)state->step);
 out:
   free(mf.shards);
+free_want:
+  free(want);
   return ret;
+}
+
+int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t num_params,
+                       int64_t lo, int64_t hi, float *params, float *m, float *v,
+                       dt_train_state_t *state)
+{
+  dt_gpt2_run_t run = {.global = lo, .local = 0, .len = hi - lo};
+  return dt_ckpt_load_runs(path, want, num_params, &run, 1, params, m, v, state);
 }
 
 int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)

@@ -48,7 +48,16 @@ typedef struct {
   const float *params, *m, *v;
 } dt_ckpt_range_t;
 
-/* Writes one shard of step state->step holding rg. Refuses an already committed step. */
+/* Writes one shard of step state->step: the runs (global offset, length) of a rank's part of
+ * the model, their data read at params/m/v + run.local (m and v NULL: weights only). lo is the
+ * shard's start in the concatenation of all writers' shards (the range the manifest tiles).
+ * Refuses an already committed step. */
+int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
+                       const dt_train_state_t *state, const char *dir, int rank, int world,
+                       int64_t lo, const dt_gpt2_run_t *runs, size_t nruns, const float *params,
+                       const float *m, const float *v, dt_ckpt_shard_info_t *info);
+/* Writes one shard of step state->step holding the global range rg. Refuses an already
+ * committed step. */
 int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
                         const dt_train_state_t *state, const char *dir, int rank, int world,
                         const dt_ckpt_range_t *rg, dt_ckpt_shard_info_t *info);
@@ -58,6 +67,13 @@ int dt_ckpt_write_range(const dt_gpt2_config_t *cfg, int64_t num_params,
 int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t num_params,
                        int64_t lo, int64_t hi, float *params, float *m, float *v,
                        dt_train_state_t *state);
+
+/* Loads the wanted runs (global offset, length) of a committed step (any writers, any
+ * layout) into params/m/v + run.local (m or v may be NULL), verifying every shard's size and
+ * checksum, that the model config is want's, and that every wanted element was found. */
+int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want, int64_t num_params,
+                      const dt_gpt2_run_t *runs, size_t nruns, float *params, float *m, float *v,
+                      dt_train_state_t *state);
 
 /* Writes this writer's shard of step state->step: the flat range [lo, hi) of the weights and,
  * when the model has them, the AdamW moments. Refuses to touch an already committed step. */

@@ -78,6 +78,7 @@ struct dt_dp {
   double comm_ms; /* time this rank's compute thread spent blocked in collectives */
   dt_gpt2_t *m;
   dt_comm_t *comm; /* NULL for one process */
+  dt_comm_t *mp;   /* the model-parallel group the gradient norm also sums over, or NULL */
   int stage, rank, world;
   int64_t P, lo, hi;
   size_t n;                 /* hi - lo */
@@ -584,7 +585,7 @@ static int start_thread(dt_dp_t *dp)
   return 0;
 }
 
-int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage)
+int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, int zero_stage)
 {
   if (zero_stage < 0 || zero_stage > 3) {
     DT_ERROR(TRAIN, "zero stage %d: expected 0, 1, 2 or 3", zero_stage);
@@ -596,6 +597,7 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage)
     return DT_ENOMEM;
   dp->m = m;
   dp->comm = comm;
+  dp->mp = mp;
   dp->stage = zero_stage;
   dp->rank = comm ? dt_comm_rank(comm) : 0;
   dp->world = comm ? dt_comm_world(comm) : 1;
@@ -735,28 +737,31 @@ int dt_dp_reduce_grads(dt_dp_t *dp)
   return 0;
 }
 
-/* Sums a double across ranks exactly enough for a norm: as a float pair (hi, lo). */
-static int sum_double(dt_dp_t *dp, double *x)
+/* Sums a double across a communicator's ranks exactly enough for a norm: as a float pair
+ * (hi, lo). */
+static int sum_double(dt_dp_t *dp, dt_comm_t *comm, double *x)
 {
-  if (!collective(dp))
+  if (!comm || dt_comm_world(comm) == 1)
     return 0;
   float pair[2];
   pair[0] = (float)*x;
   pair[1] = (float)(*x - (double)pair[0]);
   DT_CHECK(drain(dp));
-  TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, pair, 2, DT_COMM_SUM));
+  TIMED_CHECK(dp, dt_comm_all_reduce(comm, pair, 2, DT_COMM_SUM));
   *x = (double)pair[0] + (double)pair[1];
   return 0;
 }
 
 int dt_dp_grad_norm(dt_dp_t *dp, float *norm)
 {
-  if (dp->stage < 2) { /* every rank holds the whole reduced gradient */
-    *norm = dt_gpt2_grad_norm(dp->m);
-    return 0;
+  double ss;
+  if (dp->stage < 2) { /* every rank holds the whole reduced local gradient */
+    ss = dt_gpt2_sumsq(dp->m, dp->m->grads_flat, 0, dp->P);
+  } else {
+    ss = dt_gpt2_sumsq(dp->m, dp->g_shard, dp->lo, dp->hi);
+    DT_CHECK(sum_double(dp, collective(dp) ? dp->comm : NULL, &ss));
   }
-  double ss = dp->m->ops->sum_squares(dp->g_shard, dp->n);
-  DT_CHECK(sum_double(dp, &ss));
+  DT_CHECK(sum_double(dp, dp->mp, &ss));
   *norm = (float)sqrt(ss);
   return 0;
 }
@@ -824,24 +829,41 @@ void dt_dp_ckpt_range(const dt_dp_t *dp, dt_ckpt_range_t *r, int *writes, int *w
   *writer_rank = dp->rank;
 }
 
+void dt_dp_ckpt_range_of(const dt_dp_t *dp, int writer, int64_t *lo, int64_t *hi)
+{
+  *lo = dp->stage == 0 ? 0 : dp->displs[writer];
+  *hi = dp->stage == 0 ? dp->P : dp->displs[writer + 1];
+}
+
+/* Loads local range [lo, hi) of the parameters and/or moments from a checkpoint of any layout:
+ * the range's runs in the global layout are what is read. */
+static int load_local(dt_dp_t *dp, const char *path, int64_t lo, int64_t hi, float *params,
+                      float *m, float *v, dt_train_state_t *state)
+{
+  const dt_gpt2_t *model = dp->m;
+  dt_gpt2_run_t *runs;
+  size_t n;
+  DT_CHECK(dt_gpt2_runs(model, model->tp.rank, lo, hi, 1, &runs, &n));
+  int rc = dt_ckpt_load_runs(path, &model->cfg, (int64_t)model->global_params, runs, n, params, m,
+                             v, state);
+  free(runs);
+  return rc;
+}
+
 int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state)
 {
   dt_gpt2_t *m = dp->m;
-  const dt_gpt2_config_t *cfg = &m->cfg;
   DT_CHECK(drain(dp));
   invalidate_slots(dp);
   switch (dp->stage) {
   case 0:
-    return dt_ckpt_load_range(path, cfg, dp->P, 0, dp->P, m->params_flat, m->m_flat, m->v_flat,
-                              state);
+    return load_local(dp, path, 0, dp->P, m->params_flat, m->m_flat, m->v_flat, state);
   case 1:
   case 2:
-    DT_CHECK(dt_ckpt_load_range(path, cfg, dp->P, 0, dp->P, m->params_flat, NULL, NULL, state));
-    return dt_ckpt_load_range(path, cfg, dp->P, dp->lo, dp->hi, NULL, dp->m_shard, dp->v_shard,
-                              state);
+    DT_CHECK(load_local(dp, path, 0, dp->P, m->params_flat, NULL, NULL, state));
+    return load_local(dp, path, dp->lo, dp->hi, NULL, dp->m_shard, dp->v_shard, state);
   default:
-    return dt_ckpt_load_range(path, cfg, dp->P, dp->lo, dp->hi, dp->p_shard, dp->m_shard,
-                              dp->v_shard, state);
+    return load_local(dp, path, dp->lo, dp->hi, dp->p_shard, dp->m_shard, dp->v_shard, state);
   }
 }
 

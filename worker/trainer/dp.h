@@ -41,8 +41,10 @@ typedef struct {
 } dt_dp_memory_t;
 
 /* Takes over m's buffers as the stage needs (frees what the stage does not keep) and installs
- * the model hooks for ZeRO-2/3. m must hold the initial full weights. */
-int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, int zero_stage);
+ * the model hooks for ZeRO-2/3. m must hold the initial weights of its (local) buffer: under
+ * tensor parallelism ZeRO shards each rank's local buffer over the ranks of comm (its dp
+ * group), and the gradient norm also sums over mp (the tp group; NULL when none). */
+int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, int zero_stage);
 void dt_dp_destroy(dt_dp_t *dp);
 
 /* The range this rank owns. */
@@ -71,7 +73,9 @@ int dt_dp_average(dt_dp_t *dp, float *x);
  * *writes = 0 elsewhere). */
 void dt_dp_ckpt_range(const dt_dp_t *dp, dt_ckpt_range_t *r, int *writes, int *writers,
                       int *writer_rank);
-/* Loads this rank's state from a committed checkpoint (written with any dp size). */
+/* The local range that checkpoint writer `writer` (0 <= writer < *writers) of the group writes. */
+void dt_dp_ckpt_range_of(const dt_dp_t *dp, int writer, int64_t *lo, int64_t *hi);
+/* Loads this rank's state from a committed checkpoint (written with any dp and tp sizes). */
 int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state);
 /* Gathers the full weights into out (P floats) on every rank (export, ZeRO-3). */
 int dt_dp_gather_params(dt_dp_t *dp, float *out);

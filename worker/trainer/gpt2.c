@@ -4,10 +4,12 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dt_log.h"
 #include "dt_util.h"
+#include "comm.h"
 #include "rng.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -51,7 +53,47 @@ static void point_tensors(dt_gpt2_tensors_t *t, float *flat, const size_t *offse
     *ptrs[i] = flat + offsets[i];
 }
 
-int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops)
+int dt_gpt2_tp_validate(const dt_gpt2_config_t *c, int tp, char *why, size_t whylen)
+{
+  if (tp < 1)
+    snprintf(why, whylen, "tp must be >= 1, got %d", tp);
+  else if (c->heads % tp != 0)
+    snprintf(why, whylen, "model.heads (%d) must be divisible by parallel.tp (%d)", c->heads, tp);
+  else if (c->padded_vocab % tp != 0)
+    snprintf(why, whylen, "the padded vocabulary (%d) must be divisible by parallel.tp (%d)",
+             c->padded_vocab, tp);
+  else
+    return 0;
+  return DT_EINVAL;
+}
+
+/* The global shape and tensor-parallel split of every tensor (DT_GPT2_TENSORS order). */
+static void placement(const dt_gpt2_config_t *c, dt_gpt2_place_t *pl)
+{
+  const size_t L = (size_t)c->layers, C = (size_t)c->channels;
+  const dt_gpt2_place_t t[DT_GPT2_NUM_TENSORS] = {
+      {1, (size_t)c->padded_vocab, C, DT_SPLIT_ROWS, 1}, /* wte: vocabulary-parallel */
+      {1, (size_t)c->max_seq, C, DT_SPLIT_NONE, 1},      /* wpe */
+      {L, 1, C, DT_SPLIT_NONE, 1},                       /* ln1w */
+      {L, 1, C, DT_SPLIT_NONE, 1},                       /* ln1b */
+      {L, 3 * C, C, DT_SPLIT_ROWS, 3},                   /* qkvw: heads of q, k and v */
+      {L, 3 * C, 1, DT_SPLIT_ROWS, 3},                   /* qkvb */
+      {L, C, C, DT_SPLIT_COLS, 1},                       /* attprojw: row-parallel */
+      {L, 1, C, DT_SPLIT_NONE, 1},                       /* attprojb */
+      {L, 1, C, DT_SPLIT_NONE, 1},                       /* ln2w */
+      {L, 1, C, DT_SPLIT_NONE, 1},                       /* ln2b */
+      {L, 4 * C, C, DT_SPLIT_ROWS, 1},                   /* fcw: column-parallel */
+      {L, 4 * C, 1, DT_SPLIT_ROWS, 1},                   /* fcb */
+      {L, C, 4 * C, DT_SPLIT_COLS, 1},                   /* fcprojw: row-parallel */
+      {L, 1, C, DT_SPLIT_NONE, 1},                       /* fcprojb */
+      {1, 1, C, DT_SPLIT_NONE, 1},                       /* lnfw */
+      {1, 1, C, DT_SPLIT_NONE, 1},                       /* lnfb */
+  };
+  memcpy(pl, t, sizeof t);
+}
+
+int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops,
+                   const dt_gpt2_tp_t *tp)
 {
   char why[256];
   memset(m, 0, sizeof *m);
@@ -59,17 +101,29 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *op
     DT_ERROR(TRAIN, "invalid model config: %s", why);
     return DT_EINVAL;
   }
+  m->tp = tp ? *tp : (dt_gpt2_tp_t){.tp = 1, .rank = 0, .comm = NULL};
+  if (dt_gpt2_tp_validate(cfg, m->tp.tp, why, sizeof why) != 0 || m->tp.rank < 0 ||
+      m->tp.rank >= m->tp.tp) {
+    DT_ERROR(TRAIN, "invalid tensor parallelism (tp %d, rank %d): %s", m->tp.tp, m->tp.rank, why);
+    return DT_EINVAL;
+  }
   m->cfg = *cfg;
   m->ops = ops;
-  size_t i = 0, off = 0;
-#define DT__SIZE(name, n, wd)                                                                      \
-  m->tensor_sizes[i] = (n);                                                                        \
-  m->tensor_offsets[i] = off;                                                                      \
-  off += (n);                                                                                      \
-  i++;
-  DT_GPT2_TENSORS(DT__SIZE, *cfg)
-#undef DT__SIZE
+  placement(cfg, m->place);
+  size_t off = 0, goff = 0;
+  for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
+    const dt_gpt2_place_t *pl = &m->place[i];
+    const size_t whole = pl->layers * pl->rows * pl->cols;
+    const size_t n = pl->split == DT_SPLIT_NONE ? whole : whole / (size_t)m->tp.tp;
+    m->tensor_sizes[i] = n;
+    m->tensor_offsets[i] = off;
+    m->global_offsets[i] = goff;
+    m->replicated += pl->split == DT_SPLIT_NONE ? n : 0;
+    off += n;
+    goff += whole;
+  }
   m->num_params = off;
+  m->global_params = goff;
   m->bytes_params = m->bytes_grads = off * sizeof(float);
   m->params_flat = dt_calloc_aligned(m->bytes_params, "parameters");
   m->grads_flat = dt_calloc_aligned(m->bytes_grads, "gradients");
@@ -89,37 +143,163 @@ void dt_gpt2_destroy(dt_gpt2_t *m)
   dt_free_aligned(m->m_flat);
   dt_free_aligned(m->v_flat);
   dt_gpt2_acts_t *a = &m->acts;
-  float *bufs[] = {a->encoded,  a->ln1,      a->ln1_mean,  a->ln1_rstd,  a->qkv,
-                   a->atty,     a->att,      a->residual2, a->ln2,       a->ln2_mean,
-                   a->ln2_rstd, a->fch,      a->fch_gelu,  a->residual3, a->lnf,
-                   a->lnf_mean, a->lnf_rstd, a->logits,    a->losses,    a->dresidual,
-                   a->dbuf,     a->dbuf4,    a->dqkv,      a->datt,      a->tmp};
+  float *bufs[] = {a->encoded,  a->ln1,       a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
+                   a->att,      a->residual2, a->ln2,      a->ln2_mean, a->ln2_rstd, a->fch,
+                   a->fch_gelu, a->residual3, a->lnf,      a->lnf_mean, a->lnf_rstd, a->logits,
+                   a->losses,   a->dresidual, a->dbuf,     a->dbuf4,    a->dqkv,     a->datt,
+                   a->tmp,      a->ce_stats};
   for (size_t k = 0; k < DT_ARRAY_SIZE(bufs); k++)
     dt_free_aligned(bufs[k]);
   dt_free_aligned(a->targets);
   memset(m, 0, sizeof *m);
 }
 
-void dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed)
+/* GPT-2 initialisation of a global (llm.c layout) buffer. */
+static void init_global(const dt_gpt2_config_t *c, float *flat, uint64_t seed)
 {
-  const dt_gpt2_config_t *c = &m->cfg;
+  dt_gpt2_place_t pl[DT_GPT2_NUM_TENSORS];
+  float *t[DT_GPT2_NUM_TENSORS];
+  size_t n[DT_GPT2_NUM_TENSORS], off = 0;
+  placement(c, pl);
+  for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
+    n[i] = pl[i].layers * pl[i].rows * pl[i].cols;
+    t[i] = flat + off;
+    off += n[i];
+  }
   dt_rng_t rng;
   dt_rng_seed(&rng, seed);
-  memset(m->params_flat, 0, m->bytes_params);
+  memset(flat, 0, off * sizeof(float));
   const float std = 0.02f;
   const float proj_std = 0.02f / sqrtf(2.0f * (float)c->layers);
   /* Embeddings: only the real vocabulary rows; the padding stays zero. */
-  dt_rng_normal(&rng, m->params.wte, (size_t)c->vocab * c->channels, 0.0f, std);
-  dt_rng_normal(&rng, m->params.wpe, m->tensor_sizes[1], 0.0f, std);
-  dt_rng_normal(&rng, m->params.qkvw, m->tensor_sizes[4], 0.0f, std);
-  dt_rng_normal(&rng, m->params.attprojw, m->tensor_sizes[6], 0.0f, proj_std);
-  dt_rng_normal(&rng, m->params.fcw, m->tensor_sizes[10], 0.0f, std);
-  dt_rng_normal(&rng, m->params.fcprojw, m->tensor_sizes[12], 0.0f, proj_std);
-  float *ones[] = {m->params.ln1w, m->params.ln2w, m->params.lnfw};
-  size_t nones[] = {m->tensor_sizes[2], m->tensor_sizes[8], m->tensor_sizes[14]};
+  dt_rng_normal(&rng, t[DT_T_WTE], (size_t)c->vocab * c->channels, 0.0f, std);
+  dt_rng_normal(&rng, t[DT_T_WPE], n[DT_T_WPE], 0.0f, std);
+  dt_rng_normal(&rng, t[DT_T_QKVW], n[DT_T_QKVW], 0.0f, std);
+  dt_rng_normal(&rng, t[DT_T_ATTPROJW], n[DT_T_ATTPROJW], 0.0f, proj_std);
+  dt_rng_normal(&rng, t[DT_T_FCW], n[DT_T_FCW], 0.0f, std);
+  dt_rng_normal(&rng, t[DT_T_FCPROJW], n[DT_T_FCPROJW], 0.0f, proj_std);
+  const int ones[] = {DT_T_LN1W, DT_T_LN2W, DT_T_LNFW};
   for (int k = 0; k < 3; k++)
-    for (size_t j = 0; j < nones[k]; j++)
-      ones[k][j] = 1.0f;
+    for (size_t j = 0; j < n[ones[k]]; j++)
+      t[ones[k]][j] = 1.0f;
+}
+
+int dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed)
+{
+  if (m->tp.tp == 1) {
+    init_global(&m->cfg, m->params_flat, seed);
+    return 0;
+  }
+  /* The same weights as one process, then this rank's part: the whole model is held once,
+   * briefly, at start-up. */
+  float *global = dt_calloc_aligned(m->global_params * sizeof(float), "initial weights");
+  if (!global)
+    return DT_ENOMEM;
+  init_global(&m->cfg, global, seed);
+  int rc = dt_gpt2_load_global(m, global);
+  dt_free_aligned(global);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Placement: local <-> global                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+  dt_gpt2_run_t *v;
+  size_t n, cap;
+  int oom;
+} runs_t;
+
+/* Appends global [g, g + len) held at local l, clipped to the local range [lo, hi). */
+static void runs_add(runs_t *r, int64_t g, int64_t l, int64_t len, int64_t lo, int64_t hi)
+{
+  int64_t a = DT_MAX(l, lo), b = DT_MIN(l + len, hi);
+  if (a >= b || r->oom)
+    return;
+  g += a - l;
+  if (r->n > 0) {
+    dt_gpt2_run_t *last = &r->v[r->n - 1];
+    if (last->global + last->len == g && lo + last->local + last->len == a) {
+      last->len += b - a;
+      return;
+    }
+  }
+  if (r->n == r->cap) {
+    size_t cap = r->cap ? 2 * r->cap : 64;
+    dt_gpt2_run_t *grown = realloc(r->v, cap * sizeof *grown);
+    if (!grown) {
+      r->oom = 1;
+      return;
+    }
+    r->v = grown;
+    r->cap = cap;
+  }
+  r->v[r->n++] = (dt_gpt2_run_t){.global = g, .local = a - lo, .len = b - a};
+}
+
+int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int with_replicated,
+                 dt_gpt2_run_t **out, size_t *nout)
+{
+  runs_t r = {0};
+  const int64_t tp = m->tp.tp;
+  for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
+    const dt_gpt2_place_t *pl = &m->place[i];
+    const int64_t loc = (int64_t)m->tensor_offsets[i], glob = (int64_t)m->global_offsets[i];
+    const int64_t R = (int64_t)pl->rows, Cc = (int64_t)pl->cols, L = (int64_t)pl->layers;
+    if (loc >= hi || loc + (int64_t)m->tensor_sizes[i] <= lo)
+      continue;
+    if (pl->split == DT_SPLIT_NONE) {
+      if (with_replicated)
+        runs_add(&r, glob, loc, (int64_t)m->tensor_sizes[i], lo, hi);
+      continue;
+    }
+    int64_t l_off = loc;
+    for (int64_t l = 0; l < L; l++) {
+      const int64_t g_layer = glob + l * R * Cc;
+      if (pl->split == DT_SPLIT_ROWS) {
+        const int64_t block = R / pl->blocks, part = block / tp;
+        for (int b = 0; b < pl->blocks; b++, l_off += part * Cc)
+          runs_add(&r, g_layer + (b * block + tp_rank * part) * Cc, l_off, part * Cc, lo, hi);
+      } else {
+        const int64_t part = Cc / tp;
+        for (int64_t row = 0; row < R; row++, l_off += part)
+          runs_add(&r, g_layer + row * Cc + tp_rank * part, l_off, part, lo, hi);
+      }
+    }
+  }
+  if (r.oom) {
+    free(r.v);
+    return DT_ENOMEM;
+  }
+  *out = r.v;
+  *nout = r.n;
+  return 0;
+}
+
+int64_t dt_gpt2_replicated_in(const dt_gpt2_t *m, int64_t lo, int64_t hi)
+{
+  int64_t n = 0;
+  for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
+    if (m->place[i].split != DT_SPLIT_NONE)
+      continue;
+    int64_t a = DT_MAX(lo, (int64_t)m->tensor_offsets[i]);
+    int64_t b = DT_MIN(hi, (int64_t)(m->tensor_offsets[i] + m->tensor_sizes[i]));
+    n += b > a ? b - a : 0;
+  }
+  return n;
+}
+
+int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
+{
+  dt_gpt2_run_t *runs;
+  size_t n;
+  DT_CHECK(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)m->num_params, 1, &runs, &n));
+  for (size_t i = 0; i < n; i++)
+    memcpy(m->params_flat + runs[i].local, global + runs[i].global,
+           (size_t)runs[i].len * sizeof(float));
+  free(runs);
+  return 0;
 }
 
 int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T)
@@ -137,7 +317,8 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T)
     return DT_EINVAL;
   }
   const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
-  const size_t NH = (size_t)c->heads, Vp = (size_t)c->padded_vocab;
+  const size_t tp = (size_t)m->tp.tp, NH = (size_t)c->heads / tp;
+  const size_t Cl = C / tp, Vl = (size_t)c->padded_vocab / tp; /* local widths */
   size_t total = 0;
   int ok = 1;
 #define DT__ALLOC(field, count)                                                                    \
@@ -150,27 +331,29 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T)
   DT__ALLOC(ln1, L * N * C);
   DT__ALLOC(ln1_mean, L * N);
   DT__ALLOC(ln1_rstd, L * N);
-  DT__ALLOC(qkv, L * N * 3 * C);
-  DT__ALLOC(atty, L * N * C);
+  DT__ALLOC(qkv, L * N * 3 * Cl);
+  DT__ALLOC(atty, L * N * Cl);
   DT__ALLOC(att, L * B * NH * T * T);
   DT__ALLOC(residual2, L * N * C);
   DT__ALLOC(ln2, L * N * C);
   DT__ALLOC(ln2_mean, L * N);
   DT__ALLOC(ln2_rstd, L * N);
-  DT__ALLOC(fch, L * N * 4 * C);
-  DT__ALLOC(fch_gelu, L * N * 4 * C);
+  DT__ALLOC(fch, L * N * 4 * Cl);
+  DT__ALLOC(fch_gelu, L * N * 4 * Cl);
   DT__ALLOC(residual3, L * N * C);
   DT__ALLOC(lnf, N * C);
   DT__ALLOC(lnf_mean, N);
   DT__ALLOC(lnf_rstd, N);
-  DT__ALLOC(logits, N * Vp);
+  DT__ALLOC(logits, N * Vl);
   DT__ALLOC(losses, N);
   DT__ALLOC(dresidual, N * C);
   DT__ALLOC(dbuf, N * C);
-  DT__ALLOC(dbuf4, N * 4 * C);
-  DT__ALLOC(dqkv, N * 3 * C);
+  DT__ALLOC(dbuf4, N * 4 * Cl);
+  DT__ALLOC(dqkv, N * 3 * Cl);
   DT__ALLOC(datt, (size_t)B * NH * T * T);
   DT__ALLOC(tmp, N * C);
+  if (tp > 1)
+    DT__ALLOC(ce_stats, (tp + 1) * N * 3); /* all ranks' stats, then this rank's */
 #undef DT__ALLOC
   a->targets = dt_calloc_aligned(N * sizeof(int), "targets");
   if (!ok || !a->targets)
@@ -192,10 +375,6 @@ int dt_gpt2_alloc_optimizer(dt_gpt2_t *m)
   m->bytes_optim = 2 * m->bytes_params;
   return 0;
 }
-
-/* ------------------------------------------------------------------------------------------ */
-/* Forward                                                                                     */
-/* ------------------------------------------------------------------------------------------ */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Units                                                                                       */
@@ -246,41 +425,79 @@ static int release(dt_gpt2_t *m, int unit, int grads)
 /* Forward                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Local widths under tensor parallelism (all equal to the model's when tp = 1). */
+typedef struct {
+  int C, NH, Cl, NHl, Vl, vlo, Vreal; /* Vreal: real (< V) vocabulary columns of this rank */
+} dims_t;
+
+static dims_t dims(const dt_gpt2_t *m)
+{
+  const dt_gpt2_config_t *c = &m->cfg;
+  const int tp = m->tp.tp, Vl = c->padded_vocab / tp, vlo = m->tp.rank * Vl;
+  return (dims_t){.C = c->channels,
+                  .NH = c->heads,
+                  .Cl = c->channels / tp,
+                  .NHl = c->heads / tp,
+                  .Vl = Vl,
+                  .vlo = vlo,
+                  .Vreal = DT_MAX(0, DT_MIN(c->vocab - vlo, Vl))};
+}
+
+/* Sums a full-width partial result over the tensor-parallel group (row-parallel forward,
+ * column-parallel backward). */
+static int tp_sum(dt_gpt2_t *m, float *buf, size_t n)
+{
+  if (m->tp.tp == 1)
+    return 0;
+  if (!m->tp.comm) {
+    DT_ERROR(TRAIN, "a tensor-parallel model (tp %d) needs its communicator to run", m->tp.tp);
+    return DT_EINVAL;
+  }
+  return dt_comm_all_reduce(m->tp.comm, buf, n, DT_COMM_SUM);
+}
+
 /* Runs the model to the final LayerNorm and the logits. A batch (B, T) smaller than the
  * allocated one uses the buffers with the per-layer strides of the allocated size. The
- * embeddings stay acquired from the LM head to the caller (the backward pass needs them). */
+ * embeddings stay acquired from the LM head to the caller (the backward pass needs them).
+ * Row-parallel biases are added on tp rank 0 only, so that the all-reduce adds them once. */
 static int forward_to_logits(dt_gpt2_t *m, const int *inputs, int B, int T)
 {
   const dt_ops_t *k = m->ops;
-  const dt_gpt2_config_t *c = &m->cfg;
-  const int C = c->channels, NH = c->heads, L = c->layers;
+  const dims_t d = dims(m);
+  const int C = d.C, Cl = d.Cl, L = m->cfg.layers, lead = m->tp.rank == 0;
   const size_t N = (size_t)B * T, An = (size_t)m->acts.B * m->acts.T;
-  const size_t att_stride = (size_t)m->acts.B * NH * m->acts.T * m->acts.T;
+  const size_t att_stride = (size_t)m->acts.B * d.NHl * m->acts.T * m->acts.T;
   dt_gpt2_acts_t *a = &m->acts;
   dt_gpt2_view_t p, unused;
 
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
-  k->encoder_forward(a->encoded, inputs, p.t[DT_T_WTE], p.t[DT_T_WPE], B, T, C);
+  k->encoder_forward(a->encoded, inputs, p.t[DT_T_WTE], d.vlo, d.Vl, lead ? p.t[DT_T_WPE] : NULL, B,
+                     T, C);
   DT_CHECK(release(m, DT_UNIT_EMBED, 0));
+  DT_CHECK(tp_sum(m, a->encoded, N * C));
   const float *x = a->encoded;
   for (int l = 0; l < L; l++) {
-    float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * C;
-    float *atty = a->atty + l * An * C, *att = a->att + l * att_stride;
+    float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * Cl;
+    float *atty = a->atty + l * An * Cl, *att = a->att + l * att_stride;
     float *res2 = a->residual2 + l * An * C, *ln2 = a->ln2 + l * An * C;
-    float *fch = a->fch + l * An * 4 * C, *fchg = a->fch_gelu + l * An * 4 * C;
+    float *fch = a->fch + l * An * 4 * Cl, *fchg = a->fch_gelu + l * An * 4 * Cl;
     float *res3 = a->residual3 + l * An * C;
     DT_CHECK(acquire(m, l, 0, &p, &unused));
     k->layernorm_forward(ln1, a->ln1_mean + l * An, a->ln1_rstd + l * An, x, p.t[DT_T_LN1W],
                          p.t[DT_T_LN1B], (int)N, C);
-    k->matmul_forward(qkv, ln1, p.t[DT_T_QKVW], p.t[DT_T_QKVB], (int)N, C, 3 * C, 3 * C);
-    k->attention_forward(atty, att, qkv, B, T, C, NH);
-    k->matmul_forward(a->tmp, atty, p.t[DT_T_ATTPROJW], p.t[DT_T_ATTPROJB], (int)N, C, C, C);
+    k->matmul_forward(qkv, ln1, p.t[DT_T_QKVW], p.t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl);
+    k->attention_forward(atty, att, qkv, B, T, Cl, d.NHl);
+    k->matmul_forward(a->tmp, atty, p.t[DT_T_ATTPROJW], lead ? p.t[DT_T_ATTPROJB] : NULL, (int)N,
+                      Cl, C, C);
+    DT_CHECK(tp_sum(m, a->tmp, N * C));
     k->residual_forward(res2, x, a->tmp, N * C);
     k->layernorm_forward(ln2, a->ln2_mean + l * An, a->ln2_rstd + l * An, res2, p.t[DT_T_LN2W],
                          p.t[DT_T_LN2B], (int)N, C);
-    k->matmul_forward(fch, ln2, p.t[DT_T_FCW], p.t[DT_T_FCB], (int)N, C, 4 * C, 4 * C);
-    k->gelu_forward(fchg, fch, N * 4 * C);
-    k->matmul_forward(a->tmp, fchg, p.t[DT_T_FCPROJW], p.t[DT_T_FCPROJB], (int)N, 4 * C, C, C);
+    k->matmul_forward(fch, ln2, p.t[DT_T_FCW], p.t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl);
+    k->gelu_forward(fchg, fch, N * 4 * Cl);
+    k->matmul_forward(a->tmp, fchg, p.t[DT_T_FCPROJW], lead ? p.t[DT_T_FCPROJB] : NULL, (int)N,
+                      4 * Cl, C, C);
+    DT_CHECK(tp_sum(m, a->tmp, N * C));
     k->residual_forward(res3, res2, a->tmp, N * C);
     DT_CHECK(release(m, l, 0));
     x = res3;
@@ -291,7 +508,8 @@ static int forward_to_logits(dt_gpt2_t *m, const int *inputs, int B, int T)
   DT_CHECK(release(m, DT_UNIT_FINAL, 0));
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
-  k->matmul_forward(a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, c->vocab, c->padded_vocab);
+  if (d.Vreal > 0)
+    k->matmul_forward(a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal, d.Vl);
   return 0;
 }
 
@@ -309,13 +527,34 @@ static float mean_loss(const float *losses, size_t n)
   return (float)(acc / (double)n);
 }
 
+/* Per-token losses of the logits of the last forward into acts.losses and, when dloss != 0,
+ * dlogits in place of the logits. One process: the fused kernel. Tensor parallel: the
+ * vocabulary-parallel pair around one all-gather of 3N floats per rank. */
+static int cross_entropy(dt_gpt2_t *m, const int *targets, float dloss, int N)
+{
+  const dt_ops_t *k = m->ops;
+  const dims_t d = dims(m);
+  dt_gpt2_acts_t *a = &m->acts;
+  if (m->tp.tp == 1) {
+    k->crossentropy_forward_backward(a->losses, a->logits, targets, dloss, N, m->cfg.vocab,
+                                     m->cfg.padded_vocab);
+    return 0;
+  }
+  /* Stats are laid out with the allocated N as stride so a smaller batch fits. */
+  float *mine = a->ce_stats + (size_t)m->tp.tp * 3 * N;
+  k->crossentropy_vp_stats(mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl);
+  DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->ce_stats, 3 * (size_t)N));
+  k->crossentropy_vp_finish(a->losses, a->logits, a->ce_stats, m->tp.tp, targets, d.vlo, dloss, N,
+                            d.Vreal, d.Vl);
+  return 0;
+}
+
 int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                       float *loss)
 {
   DT_CHECK(dt_gpt2_forward(m, inputs, B, T));
   const size_t N = (size_t)B * T;
-  m->ops->crossentropy_forward_backward(m->acts.losses, m->acts.logits, targets, 0.0f, (int)N,
-                                        m->cfg.vocab, m->cfg.padded_vocab);
+  DT_CHECK(cross_entropy(m, targets, 0.0f, (int)N));
   *loss = mean_loss(m->acts.losses, N);
   return 0;
 }
@@ -328,25 +567,28 @@ int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets
                              float grad_scale, float *loss)
 {
   const dt_ops_t *k = m->ops;
-  const dt_gpt2_config_t *c = &m->cfg;
-  const int C = c->channels, NH = c->heads, L = c->layers;
+  const dims_t d = dims(m);
+  const int C = d.C, Cl = d.Cl, L = m->cfg.layers;
   const size_t N = (size_t)B * T, An = (size_t)m->acts.B * m->acts.T;
-  const size_t att_stride = (size_t)m->acts.B * NH * m->acts.T * m->acts.T;
+  const size_t att_stride = (size_t)m->acts.B * d.NHl * m->acts.T * m->acts.T;
   dt_gpt2_acts_t *a = &m->acts;
   dt_gpt2_view_t p, g, ep, eg;
 
   DT_CHECK(forward_to_logits(m, inputs, B, T)); /* leaves the embeddings acquired */
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
-  k->crossentropy_forward_backward(a->losses, a->logits, targets, grad_scale / (float)N, (int)N,
-                                   c->vocab, c->padded_vocab);
+  DT_CHECK(cross_entropy(m, targets, grad_scale / (float)N, (int)N));
   *loss = mean_loss(a->losses, N);
 
   /* The embeddings' gradients accumulate from the LM head now and the encoder at the end. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
   DT_CHECK(release(m, DT_UNIT_EMBED, 0));
   /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
-  k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N, C,
-                     c->vocab, c->padded_vocab);
+  if (d.Vreal > 0)
+    k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N, C,
+                       d.Vreal, d.Vl);
+  else
+    memset(a->dbuf, 0, N * C * sizeof(float));
+  DT_CHECK(tp_sum(m, a->dbuf, N * C));
   memset(a->dresidual, 0, N * C * sizeof(float));
   const float *xL = L > 0 ? a->residual3 + (size_t)(L - 1) * An * C : a->encoded;
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
@@ -356,30 +598,33 @@ int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets
 
   for (int l = L - 1; l >= 0; l--) {
     const float *x = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * An * C;
-    float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * C;
-    float *atty = a->atty + l * An * C, *att = a->att + l * att_stride;
+    float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * Cl;
+    float *atty = a->atty + l * An * Cl, *att = a->att + l * att_stride;
     float *res2 = a->residual2 + l * An * C, *ln2 = a->ln2 + l * An * C;
-    float *fch = a->fch + l * An * 4 * C, *fchg = a->fch_gelu + l * An * 4 * C;
+    float *fch = a->fch + l * An * 4 * Cl, *fchg = a->fch_gelu + l * An * 4 * Cl;
     DT_CHECK(acquire(m, l, 1, &p, &g));
-    /* MLP branch: the residual gradient flows unchanged into the branch output. */
+    /* MLP branch: the residual gradient flows unchanged into the branch output. The
+     * row-parallel bias gradient is the same sum on every tp rank (replicated). */
     k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], a->dresidual, fchg,
-                       p.t[DT_T_FCPROJW], (int)N, 4 * C, C, C);
-    k->gelu_backward(a->dbuf4, fch, a->dbuf4, N * 4 * C);
+                       p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C);
+    k->gelu_backward(a->dbuf4, fch, a->dbuf4, N * 4 * Cl);
     k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, ln2, p.t[DT_T_FCW], (int)N,
-                       C, 4 * C, 4 * C);
+                       C, 4 * Cl, 4 * Cl);
+    DT_CHECK(tp_sum(m, a->dbuf, N * C));
     k->layernorm_backward(a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], a->dbuf, res2,
                           p.t[DT_T_LN2W], a->ln2_mean + l * An, a->ln2_rstd + l * An, (int)N, C);
     /* Attention branch. */
     k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], a->dresidual, atty,
-                       p.t[DT_T_ATTPROJW], (int)N, C, C, C);
-    k->attention_backward(a->dqkv, a->datt, a->dbuf, qkv, att, B, T, C, NH);
+                       p.t[DT_T_ATTPROJW], (int)N, Cl, C, C);
+    k->attention_backward(a->dqkv, a->datt, a->dbuf, qkv, att, B, T, Cl, d.NHl);
     k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, ln1, p.t[DT_T_QKVW],
-                       (int)N, C, 3 * C, 3 * C);
+                       (int)N, C, 3 * Cl, 3 * Cl);
+    DT_CHECK(tp_sum(m, a->dbuf, N * C));
     k->layernorm_backward(a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], a->dbuf, x, p.t[DT_T_LN1W],
                           a->ln1_mean + l * An, a->ln1_rstd + l * An, (int)N, C);
     DT_CHECK(release(m, l, 1));
   }
-  k->encoder_backward(eg.t[DT_T_WTE], eg.t[DT_T_WPE], a->dresidual, inputs, B, T, C);
+  k->encoder_backward(eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], a->dresidual, inputs, B, T, C);
   return release(m, DT_UNIT_EMBED, 1);
 }
 
@@ -388,9 +633,18 @@ void dt_gpt2_zero_grad(dt_gpt2_t *m)
   memset(m->grads_flat, 0, m->bytes_grads);
 }
 
-float dt_gpt2_grad_norm(dt_gpt2_t *m)
+double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi)
 {
-  return (float)sqrt(m->ops->sum_squares(m->grads_flat, m->num_params));
+  if (m->tp.rank == 0 || m->replicated == 0)
+    return m->ops->sum_squares(buf, (size_t)(hi - lo));
+  double ss = 0.0;
+  for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
+    int64_t a = DT_MAX(lo, (int64_t)m->tensor_offsets[i]);
+    int64_t b = DT_MIN(hi, (int64_t)(m->tensor_offsets[i] + m->tensor_sizes[i]));
+    if (a < b && m->place[i].split != DT_SPLIT_NONE)
+      ss += m->ops->sum_squares(buf + (a - lo), (size_t)(b - a));
+  }
+  return ss;
 }
 
 int dt_gpt2_tensor_decays(int tensor)

@@ -4,10 +4,20 @@
  * pre-LayerNorm blocks (eps 1e-5) with causal multi-head attention and a 4x GELU(tanh) MLP,
  * final LayerNorm, LM head tied to the token embedding, vocabulary padded to Vp.
  *
+ * Tensor parallelism (Megatron-LM), when the model is created with tp > 1: attention heads
+ * and MLP columns are split across the tp ranks (QKV and fc column-parallel, the attention
+ * and MLP output projections row-parallel, one all-reduce per row-parallel layer forward and
+ * per column-parallel layer backward), the token embedding and the LM head are split by
+ * vocabulary rows with a vocabulary-parallel cross-entropy (no rank holds full-vocabulary
+ * logits), and the LayerNorms, wpe and the row-parallel biases are replicated: every tp rank
+ * computes them from bit-identical inputs, so they stay bit-identical without communication.
+ *
  * Invariants:
- *  - All parameters live in one flat fp32 buffer in llm.c's checkpoint order (16 tensors, see
- *    DT_GPT2_TENSORS); gradients and AdamW moments use the same flat layout, so a ZeRO shard is
- *    a flat range [lo, hi) of every buffer.
+ *  - All of a rank's parameters live in one flat fp32 buffer in llm.c's checkpoint order (16
+ *    tensors, see DT_GPT2_TENSORS) with this rank's *local* shapes (dt_gpt2_place_t); with
+ *    tp = 1 that is exactly llm.c's layout. Gradients and AdamW moments use the same flat
+ *    layout, so a ZeRO shard is a flat range [lo, hi) of every local buffer, and
+ *    dt_gpt2_runs maps any local range to the global (llm.c) offsets it holds.
  *  - Gradients accumulate over micro-batches until dt_gpt2_zero_grad.
  *  - The backward pass keeps one residual-stream gradient and reuses a handful of scratch
  *    buffers across layers instead of llm.c's full mirror of the activations. */
@@ -18,6 +28,8 @@
 #include <stdint.h>
 
 #include "ops.h"
+
+struct dt_comm;
 
 typedef struct {
   int max_seq;      /* maxT */
@@ -48,6 +60,35 @@ typedef struct {
   X(lnfb, (size_t)(cfg).channels, 0)
 
 #define DT_GPT2_NUM_TENSORS 16
+
+/* How a tensor is split across tensor-parallel ranks. Shapes are per layer: a layered tensor
+ * is `layers` equal (rows, cols) matrices (biases and LayerNorm vectors have cols 1 or rows 1).
+ *   NONE  replicated on every tp rank
+ *   ROWS  output rows split (column-parallel layers, vocabulary-parallel wte): the rows form
+ *         `blocks` equal blocks (qkvw: q, k, v) and rank r holds the r-th 1/tp of every block,
+ *         so its q, k and v rows belong to the same heads
+ *   COLS  input columns split (row-parallel layers): rank r holds columns [r*cols/tp, ...) */
+typedef enum { DT_SPLIT_NONE = 0, DT_SPLIT_ROWS = 1, DT_SPLIT_COLS = 2 } dt_split_t;
+
+typedef struct {
+  size_t layers, rows, cols; /* global shape: layers x (rows, cols) */
+  dt_split_t split;
+  int blocks; /* ROWS: equal row blocks split separately (3 for qkv), else 1 */
+} dt_gpt2_place_t;
+
+/* A contiguous piece of a local buffer and where it sits in the global (llm.c) layout. */
+typedef struct {
+  int64_t global; /* offset in the global flat layout */
+  int64_t local;  /* offset in the local buffer, relative to the range asked for */
+  int64_t len;
+} dt_gpt2_run_t;
+
+/* Tensor parallelism of one model replica: tp ranks, this one's position, its communicator
+ * (NULL when tp == 1; a tp > 1 model without one can be placed, loaded and saved, not run). */
+typedef struct {
+  int tp, rank;
+  struct dt_comm *comm;
+} dt_gpt2_tp_t;
 
 /* Pointers into one flat buffer (parameters, or gradients with the same layout). */
 typedef struct {
@@ -117,7 +158,9 @@ typedef struct {
   int (*release)(void *ud, int unit, int grads);
 } dt_gpt2_hooks_t;
 
-/* Forward activations kept for the backward pass, for a (B, T) batch; N = B*T. */
+/* Forward activations kept for the backward pass, for a (B, T) batch; N = B*T. Under tensor
+ * parallelism the attention and MLP activations have local widths (3C/tp, C/tp, 4C/tp, NH/tp
+ * heads); the residual stream and LayerNorm outputs are full width and replicated. */
 typedef struct {
   float *encoded;   /* (N, C) residual stream entering layer 0 */
   float *ln1;       /* (L, N, C) */
@@ -136,8 +179,10 @@ typedef struct {
   float *lnf;       /* (N, C) */
   float *lnf_mean;  /* (N) */
   float *lnf_rstd;  /* (N) */
-  float *logits;    /* (N, Vp); overwritten by dlogits in a training step */
+  float *logits;    /* (N, Vl) this rank's vocabulary columns (Vl = Vp/tp); overwritten by
+                       dlogits in a training step */
   float *losses;    /* (N) per-token loss */
+  float *ce_stats;  /* (tp, N, 3) vocabulary-parallel cross-entropy stats, all tp ranks */
   /* backward scratch, shared by all layers */
   float *dresidual; /* (N, C) gradient of the residual stream */
   float *dbuf;      /* (N, C) */
@@ -150,11 +195,16 @@ typedef struct {
 } dt_gpt2_acts_t;
 
 typedef struct {
-  dt_gpt2_config_t cfg;
+  dt_gpt2_config_t cfg; /* the global model */
   const dt_ops_t *ops;
-  size_t num_params; /* P, total elements of the flat buffer */
-  size_t tensor_sizes[DT_GPT2_NUM_TENSORS];
+  dt_gpt2_tp_t tp;
+  size_t num_params;    /* P, total elements of this rank's flat buffer (local shapes) */
+  size_t global_params; /* elements of the whole model (llm.c layout) */
+  size_t replicated;    /* elements of the local buffer that every tp rank holds */
+  dt_gpt2_place_t place[DT_GPT2_NUM_TENSORS];
+  size_t tensor_sizes[DT_GPT2_NUM_TENSORS]; /* local */
   size_t tensor_offsets[DT_GPT2_NUM_TENSORS];
+  size_t global_offsets[DT_GPT2_NUM_TENSORS];
   float *params_flat;     /* (P) */
   float *grads_flat;      /* (P) */
   float *m_flat, *v_flat; /* (P) AdamW moments, allocated on first step */
@@ -173,12 +223,27 @@ typedef struct {
 int dt_gpt2_padded_vocab(int vocab);
 /* Checks a configuration; on failure writes a one-line reason into why. */
 int dt_gpt2_config_validate(const dt_gpt2_config_t *cfg, char *why, size_t whylen);
-/* Allocates parameters and gradients (zeroed). ops is the kernel backend. */
-int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops);
+/* Checks that tp ranks can split the model (heads and padded vocabulary divisible by tp);
+ * writes a one-line reason naming the rule on failure. */
+int dt_gpt2_tp_validate(const dt_gpt2_config_t *cfg, int tp, char *why, size_t whylen);
+/* Allocates this rank's parameters and gradients (zeroed). ops is the kernel backend; tp NULL
+ * means the whole model on one rank. */
+int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops,
+                   const dt_gpt2_tp_t *tp);
 void dt_gpt2_destroy(dt_gpt2_t *m);
 /* GPT-2 initialisation from a seed: N(0, 0.02) weights, residual projections scaled by
- * 1/sqrt(2L), zero biases, unit LayerNorm weights; padded vocabulary rows zero. */
-void dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed);
+ * 1/sqrt(2L), zero biases, unit LayerNorm weights; padded vocabulary rows zero. Every tp layout
+ * gets its part of the same global weights. */
+int dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed);
+/* Copies this rank's part of a global (llm.c layout) parameter buffer into its parameters. */
+int dt_gpt2_load_global(dt_gpt2_t *m, const float *global);
+/* The runs of local range [lo, hi) of tp rank tp_rank's buffer (any rank of this model's tp
+ * group: they differ only in global offsets), in local order, merged where contiguous in both
+ * layouts; replicated tensors are left out unless with_replicated. *runs is malloc'd. */
+int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int with_replicated,
+                 dt_gpt2_run_t **runs, size_t *nruns);
+/* Elements of local range [lo, hi) in replicated tensors. */
+int64_t dt_gpt2_replicated_in(const dt_gpt2_t *m, int64_t lo, int64_t hi);
 /* Allocates activations for batches up to (B, T). */
 int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T);
 /* Allocates the AdamW moments (zeroed) if not yet allocated. */
@@ -199,8 +264,10 @@ int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B
 int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                              float grad_scale, float *loss);
 void dt_gpt2_zero_grad(dt_gpt2_t *m);
-/* L2 norm of all gradients. */
-float dt_gpt2_grad_norm(dt_gpt2_t *m);
+/* Sum of squares of the gradients (or any buffer laid out like them) of local range
+ * [lo, hi), buf addressing element lo. Replicated tensors count on tp rank 0 only, so the sum
+ * over the tp group is the whole model's. */
+double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi);
 /* 1 if the tensor (DT_T_*) takes weight decay: weight matrices and embeddings. */
 int dt_gpt2_tensor_decays(int tensor);
 /* One AdamW step at 1-based step t; grad_scale multiplies every gradient (clipping). Weight

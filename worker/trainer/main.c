@@ -12,6 +12,7 @@
 #include "comm.h"
 #include "dt_param.h"
 #include "link.h"
+#include "plan.h"
 #include "trainer.h"
 
 static void usage(FILE *out)
@@ -38,10 +39,11 @@ static void usage(FILE *out)
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
       "output:\n"
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
-      "data parallelism (one process per rank; environment as torchrun sets it):\n"
+      "parallelism (one process per rank; environment as torchrun sets it):\n"
       "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
-      "  (a shared directory) for rendezvous; --zero-stage 0..3 shards optimizer state,\n"
-      "  gradients and parameters (ZeRO-1/2/3)\n");
+      "  (a shared directory) for rendezvous; --tp N splits the model over N tensor-parallel\n"
+      "  ranks (neighbours in rank order), the rest is data parallel (dp = WORLD_SIZE / tp);\n"
+      "  --zero-stage 0..3 shards optimizer state, gradients and parameters over dp\n");
 }
 
 enum {
@@ -81,6 +83,7 @@ enum {
   OPT_SAMPLE_TEMP,
   OPT_THREADS,
   OPT_ZERO,
+  OPT_TP,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -122,6 +125,7 @@ static const struct option g_opts[] = {
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
     {"threads", required_argument, 0, OPT_THREADS},
     {"zero-stage", required_argument, 0, OPT_ZERO},
+    {"tp", required_argument, 0, OPT_TP},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -283,6 +287,13 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     case OPT_ZERO:
       rc = parse_int(c, optarg, &o->zero_stage);
       break;
+    case OPT_TP:
+      rc = parse_int(c, optarg, &o->tp);
+      if (rc == 0 && o->tp < 1) {
+        fprintf(stderr, "distrain-train: --tp must be >= 1, got %d\n", o->tp);
+        rc = DT_EINVAL;
+      }
+      break;
     case OPT_THREADS:
       rc = parse_int(c, optarg, &o->threads);
       break;
@@ -308,39 +319,70 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
   return 0;
 }
 
-DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
-
-/* Joins the data-parallel group described by the environment (WORLD_SIZE, RANK or
- * DISTRAIN_DP_RANK), rendezvousing through the coordinator's key-value store (under an agent)
- * or a shared directory (DISTRAIN_KV_DIR). *have_kv: 1 file store, 2 coordinator store. */
-static int setup_comm(dt_train_opts_t *o, dt_kv_t *kv, int *have_kv)
+/* The mesh the agent assigned (DISTRAIN_MESH), checked against WORLD_SIZE and --tp. */
+static int read_mesh(dt_train_opts_t *o, int64_t world)
 {
-  const char *ws = getenv("WORLD_SIZE"), *rk = getenv("DISTRAIN_DP_RANK");
+  const char *text = getenv("DISTRAIN_MESH");
+  char why[256];
+  if (!text || !*text)
+    return 0;
+  if (dt_plan_parse_mesh(text, &o->mesh, why, sizeof why) != 0) {
+    fprintf(stderr, "distrain-train: %s\n", why);
+    return DT_EINVAL;
+  }
+  if (dt_mesh_world(&o->mesh) != world) {
+    fprintf(stderr, "distrain-train: DISTRAIN_MESH='%s' has %d ranks but WORLD_SIZE is %lld\n",
+            text, dt_mesh_world(&o->mesh), (long long)world);
+    return DT_EINVAL;
+  }
+  if (o->tp > 0 && o->tp != o->mesh.tp) {
+    fprintf(stderr, "distrain-train: --tp %d disagrees with DISTRAIN_MESH='%s'\n", o->tp, text);
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
+/* The world described by the environment (WORLD_SIZE, RANK) and its rendezvous store: the
+ * coordinator's key-value store (under an agent) or a shared directory (DISTRAIN_KV_DIR). The
+ * trainer checks its plan, then joins the world and splits it into tensor- and data-parallel
+ * groups. *have_kv: 1 file store, 2 coordinator store. */
+static int setup_world(dt_train_opts_t *o, dt_kv_t *kv, int *have_kv, char *prefix,
+                       size_t prefixlen)
+{
+  const char *ws = getenv("WORLD_SIZE"), *rk = getenv("RANK");
   int64_t world = 1, rank = 0;
-  if (!rk)
-    rk = getenv("RANK");
   if (ws && (dt_parse_i64(ws, &world) != 0 || world < 1)) {
     fprintf(stderr, "distrain-train: WORLD_SIZE='%s' is not a positive integer\n", ws);
     return DT_EINVAL;
   }
-  if (world == 1)
+  DT_CHECK(read_mesh(o, world));
+  if (world == 1) {
+    if (o->tp > 1) {
+      fprintf(stderr, "distrain-train: --tp %d needs WORLD_SIZE >= %d ranks\n", o->tp, o->tp);
+      return DT_EINVAL;
+    }
     return 0;
+  }
   if (!rk || dt_parse_i64(rk, &rank) != 0 || rank < 0 || rank >= world) {
     fprintf(stderr, "distrain-train: WORLD_SIZE=%lld needs RANK in [0, %lld)\n", (long long)world,
             (long long)world);
     return DT_EINVAL;
   }
+  if (o->tp > 0 && world % o->tp != 0) {
+    fprintf(stderr, "distrain-train: --tp %d does not divide WORLD_SIZE %lld\n", o->tp,
+            (long long)world);
+    return DT_EINVAL;
+  }
   const char *dir = getenv("DISTRAIN_KV_DIR");
-  char prefix[160];
   if (dt_link_has_coordinator(o->link)) {
     DT_CHECK(dt_link_kv(o->link, kv));
     *have_kv = 2;
-    snprintf(prefix, sizeof prefix, "dp");
+    snprintf(prefix, prefixlen, "dp");
   } else if (dir && *dir) {
     DT_CHECK(dt_kv_file_create(kv, dir));
     *have_kv = 1;
     const char *p = getenv("DISTRAIN_KV_PREFIX");
-    snprintf(prefix, sizeof prefix, "%s", p && *p ? p : "dp");
+    snprintf(prefix, prefixlen, "%s", p && *p ? p : "dp");
   } else {
     fprintf(stderr,
             "distrain-train: WORLD_SIZE=%lld needs a rendezvous store: run under "
@@ -349,11 +391,13 @@ static int setup_comm(dt_train_opts_t *o, dt_kv_t *kv, int *have_kv)
     return DT_EINVAL;
   }
   o->kv = kv;
+  o->kv_prefix = prefix;
+  o->rank = (int)rank;
+  o->world = (int)world;
   char tag[32];
   snprintf(tag, sizeof tag, "rank %lld", (long long)rank);
   dt_log_set_tag(tag);
-  return dt_comm_init(&o->comm, "cpu", kv, prefix, (int)rank, (int)world,
-                      (int)dt_param_CommTimeoutMs());
+  return 0;
 }
 
 /* OpenBLAS reads OPENBLAS_CORETYPE only when it is loaded: when it took this CPU for a generic
@@ -386,7 +430,8 @@ int main(int argc, char **argv)
   if (dt_link_open(&o.link) != 0)
     return 1;
   dt_kv_t kv;
-  int have_kv = 0, rc = setup_comm(&o, &kv, &have_kv);
+  char prefix[160];
+  int have_kv = 0, rc = setup_world(&o, &kv, &have_kv, prefix, sizeof prefix);
   if (rc == 0)
     rc = dt_train_run(&o);
   if (rc != 0) {
@@ -395,7 +440,6 @@ int main(int argc, char **argv)
     dt_link_error(o.link, why[0] ? why : dt_strerror(rc));
     fprintf(stderr, "distrain-train: failed: %s\n", dt_strerror(rc));
   }
-  dt_comm_destroy(o.comm);
   if (have_kv == 1)
     dt_kv_file_destroy(&kv);
   dt_link_close(o.link);

@@ -18,10 +18,15 @@
 #include "checkpoint.h"
 #include "dataloader.h"
 #include "dp.h"
+#include "plan.h"
 #include "dt_log.h"
+#include "dt_param.h"
 #include "dt_util.h"
 #include "link.h"
 #include "rng.h"
+
+/* How long a rank waits for its peers, at rendezvous and inside a collective. */
+DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
 
 /* OpenBLAS's own thread control (not in cblas.h of every build). */
 extern void openblas_set_num_threads(int num_threads);
@@ -168,22 +173,45 @@ static int prepare_ckpt_dir(const char *dir, int resuming)
   return 0;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The trainer: setup, step, eval, finish                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+  const dt_train_opts_t *o;
+  dt_gpt2_config_t cfg;
+  dt_comm_t *world; /* NULL: one process */
+  dt_plan_t plan;
+  dt_gpt2_t model;
+  dt_dp_t *dp;
+  dt_dataloader_t train, val;
+  dt_train_state_t state;
+  FILE *metrics;
+  const char *resume_from;
+  int lead;   /* world rank 0: reports, logs steps and writes files */
+  int dprank; /* this rank's data-parallel coordinate and group size */
+  int dpsize;
+  dt_lr_schedule_t sched;
+  double tokens_per_step;
+} trainer_t;
+
 /* Mean validation loss over the first batches of the validation set; each data-parallel rank
  * takes its slice of every window and the result is averaged over the ranks. */
-static int evaluate(dt_gpt2_t *m, dt_dp_t *dp, dt_dataloader_t *val, int batches, float *out)
+static int evaluate(trainer_t *t, float *out)
 {
+  dt_dataloader_t *val = &t->val;
   int64_t avail = dt_dataloader_epoch_windows(val);
-  int n = batches < avail ? batches : (int)avail;
+  int n = t->o->val_batches < avail ? t->o->val_batches : (int)avail;
   double acc = 0.0;
   DT_CHECK(dt_dataloader_reset(val));
   for (int i = 0; i < n; i++) {
     float loss;
     DT_CHECK(dt_dataloader_next(val));
-    DT_CHECK(dt_gpt2_eval_loss(m, val->inputs, val->targets, val->B, val->T, &loss));
+    DT_CHECK(dt_gpt2_eval_loss(&t->model, val->inputs, val->targets, val->B, val->T, &loss));
     acc += loss;
   }
   *out = (float)(acc / n);
-  return dt_dp_average(dp, out);
+  return dt_dp_average(t->dp, out);
 }
 
 /* Multinomial sampling with temperature from the last position's logits. */
@@ -212,16 +240,32 @@ static void print_token(FILE *out, int tok, int byte_vocab)
     fputc(tok, out);
 }
 
+/* The last position's logits over the whole vocabulary into row (Vp floats): under tensor
+ * parallelism each rank holds a slice of the columns, gathered for this one row only. */
+static int last_logits(dt_gpt2_t *m, int tlen, float *row)
+{
+  const int Vl = m->cfg.padded_vocab / m->tp.tp;
+  const float *mine = m->acts.logits + (size_t)(tlen - 1) * Vl;
+  if (m->tp.tp == 1) {
+    memcpy(row, mine, (size_t)Vl * sizeof(float));
+    return 0;
+  }
+  return dt_comm_all_gather(m->tp.comm, mine, row, (size_t)Vl);
+}
+
 /* Generates n tokens after a prompt taken from the start of the given batch; prints them
- * when print is set (every data-parallel rank runs the same sampling). */
+ * when print is set (every rank runs the same sampling from the same RNG state). */
 static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
                     int print)
 {
   const int T = m->acts.T, V = m->cfg.vocab, byte_vocab = m->cfg.vocab == 256;
   int *ctx = calloc((size_t)(plen + n), sizeof(int));
+  float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
   int ret = 0;
-  if (!ctx)
-    return DT_ENOMEM;
+  if (!ctx || !row) {
+    ret = DT_ENOMEM;
+    goto out;
+  }
   memcpy(ctx, prompt, (size_t)plen * sizeof(int));
   if (print) {
     fprintf(stdout, "---- sample (temperature %.2f) ----\n", temp);
@@ -232,7 +276,8 @@ static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp
     int start = len > T ? len - T : 0;
     int tlen = len - start;
     DT_CHECK_GOTO(dt_gpt2_forward(m, ctx + start, 1, tlen), ret, out);
-    int tok = sample_token(m->acts.logits + (size_t)(tlen - 1) * m->cfg.padded_vocab, V, temp, rng);
+    DT_CHECK_GOTO(last_logits(m, tlen, row), ret, out);
+    int tok = sample_token(row, V, temp, rng);
     ctx[len] = tok;
     if (print) {
       print_token(stdout, tok, byte_vocab);
@@ -244,6 +289,7 @@ static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp
     fflush(stdout);
   }
 out:
+  free(row);
   free(ctx);
   return ret;
 }
@@ -267,54 +313,113 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s)
   fflush(fp);
 }
 
-/* Writes this process's shard of the step just completed and commits the step: itself when
- * standalone (rank 0, after collecting the other writers' shard reports through the key-value
- * store), through the coordinator (which writes the manifest) under one. */
-static int save_checkpoint(const dt_train_opts_t *o, dt_dp_t *dp, const dt_gpt2_t *m,
-                           const dt_train_state_t *state, int rank)
+/* Commits a step once every writer's shard is in: itself when standalone (rank 0, after
+ * collecting the other writers' reports through the key-value store), through the coordinator
+ * (which writes the manifest) under one. */
+static int commit_checkpoint(trainer_t *t, const dt_ckpt_shard_info_t *info, int writers, int wrank,
+                             int *committed)
+{
+  const dt_train_opts_t *o = t->o;
+  const int64_t step = t->state.step, P = (int64_t)t->model.global_params;
+  if (dt_link_has_coordinator(o->link))
+    return dt_link_report_checkpoint(o->link, step, writers, info, committed);
+  if (writers == 1) {
+    DT_CHECK(dt_ckpt_commit(o->ckpt_dir, step, P, 1, info));
+    *committed = 1;
+    return 0;
+  }
+  char key[64];
+  snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, wrank);
+  DT_CHECK(o->kv->put(o->kv->ud, key, info, sizeof *info));
+  if (!t->lead)
+    return 0;
+  dt_ckpt_shard_info_t *all = calloc((size_t)writers, sizeof *all);
+  if (!all)
+    return DT_ENOMEM;
+  int rc = 0;
+  for (int r = 0; r < writers && rc == 0; r++) {
+    void *val;
+    size_t len;
+    snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, r);
+    rc = o->kv->get(o->kv->ud, key, &val, &len, 600000);
+    if (rc == 0 && len == sizeof *all)
+      memcpy(&all[r], val, sizeof *all);
+    else if (rc == 0)
+      rc = DT_EFORMAT;
+    if (rc == 0)
+      free(val);
+  }
+  if (rc == 0)
+    rc = dt_ckpt_commit(o->ckpt_dir, step, P, writers, all);
+  free(all);
+  DT_CHECK(rc);
+  *committed = 1;
+  return 0;
+}
+
+/* Elements writer (tp rank tr, dp writer dw) writes: its local range, less the replicated
+ * tensors unless it is tp rank 0 (they are written once). */
+static int64_t writer_count(trainer_t *t, int tr, int dw)
+{
+  int64_t lo, hi;
+  dt_dp_ckpt_range_of(t->dp, dw, &lo, &hi);
+  return hi - lo - (tr != 0 ? dt_gpt2_replicated_in(&t->model, lo, hi) : 0);
+}
+
+/* Writes this rank's shard of the step just completed, then commits it. Writers are the
+ * data-parallel writers of every tp rank (tp-major); each writes the global runs of its local
+ * range, so any layout can read the checkpoint. */
+static int save_checkpoint(trainer_t *t)
 {
   dt_ckpt_range_t rg;
   dt_ckpt_shard_info_t info;
-  int writes, writers, wrank, committed = 0;
-  dt_dp_ckpt_range(dp, &rg, &writes, &writers, &wrank);
-  if (!writes)
-    return 0;
-  DT_CHECK(dt_ckpt_write_range(&m->cfg, (int64_t)m->num_params, state, o->ckpt_dir, wrank, writers,
-                               &rg, &info));
-  if (dt_link_has_coordinator(o->link)) {
-    DT_CHECK(dt_link_report_checkpoint(o->link, state->step, writers, &info, &committed));
-  } else if (writers == 1) {
-    DT_CHECK(dt_ckpt_commit(o->ckpt_dir, state->step, (int64_t)m->num_params, 1, &info));
-    committed = 1;
-  } else {
-    char key[64];
-    snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)state->step, wrank);
-    DT_CHECK(o->kv->put(o->kv->ud, key, &info, sizeof info));
-    if (rank != 0)
-      return 0;
-    dt_ckpt_shard_info_t *all = calloc((size_t)writers, sizeof *all);
-    if (!all)
-      return DT_ENOMEM;
-    int rc = 0;
-    for (int r = 0; r < writers && rc == 0; r++) {
-      void *val;
-      size_t len;
-      snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)state->step, r);
-      rc = o->kv->get(o->kv->ud, key, &val, &len, 600000);
-      if (rc == 0 && len == sizeof *all)
-        memcpy(&all[r], val, sizeof *all);
-      else if (rc == 0)
-        rc = DT_EFORMAT;
-      if (rc == 0)
-        free(val);
-    }
-    if (rc == 0)
-      rc = dt_ckpt_commit(o->ckpt_dir, state->step, (int64_t)m->num_params, writers, all);
-    free(all);
+  int writes, dpw, dwrank, committed = 0;
+  dt_dp_ckpt_range(t->dp, &rg, &writes, &dpw, &dwrank);
+  const int tr = t->plan.coord.tp, tp = t->plan.mesh.tp;
+  const int writers = tp * dpw, wrank = tr * dpw + dwrank;
+  if (writes) {
+    int64_t vlo = 0; /* where this shard starts in the concatenation of all shards */
+    for (int w = 0; w < wrank; w++)
+      vlo += writer_count(t, w / dpw, w % dpw);
+    dt_gpt2_run_t *runs;
+    size_t nruns;
+    DT_CHECK(dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, tr == 0, &runs, &nruns));
+    int rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &t->state, t->o->ckpt_dir,
+                                wrank, writers, vlo, runs, nruns, rg.params, rg.m, rg.v, &info);
+    free(runs);
     DT_CHECK(rc);
-    committed = 1;
+    DT_CHECK(commit_checkpoint(t, &info, writers, wrank, &committed));
   }
-  return committed ? dt_ckpt_prune(o->ckpt_dir, o->keep) : 0;
+  return committed ? dt_ckpt_prune(t->o->ckpt_dir, t->o->keep) : 0;
+}
+
+/* The whole model in llm.c layout on every rank (export): the dp group gathers the local
+ * buffer, the tp group exchanges local buffers, and each is placed by its rank's runs. */
+static int gather_global(trainer_t *t, float *out)
+{
+  dt_gpt2_t *m = &t->model;
+  const int tp = m->tp.tp;
+  const size_t P = m->num_params;
+  if (tp == 1)
+    return dt_dp_gather_params(t->dp, out);
+  int ret = 0;
+  float *all = dt_calloc_aligned((size_t)tp * P * sizeof(float), "gathered tp parts");
+  if (!all)
+    return DT_ENOMEM;
+  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, all + (size_t)m->tp.rank * P), ret, out);
+  DT_CHECK_GOTO(dt_comm_all_gather(m->tp.comm, all + (size_t)m->tp.rank * P, all, P), ret, out);
+  for (int r = 0; r < tp && ret == 0; r++) {
+    dt_gpt2_run_t *runs;
+    size_t n;
+    DT_CHECK_GOTO(dt_gpt2_runs(m, r, 0, (int64_t)P, r == 0, &runs, &n), ret, out);
+    for (size_t i = 0; i < n; i++)
+      memcpy(out + runs[i].global, all + (size_t)r * P + runs[i].local,
+             (size_t)runs[i].len * sizeof(float));
+    free(runs);
+  }
+out:
+  dt_free_aligned(all);
+  return ret;
 }
 
 /* Resolves the model config from (in order) the checkpoint to resume, the llm.c file, or the
@@ -336,228 +441,330 @@ static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const
   return 0;
 }
 
-static void print_memory(const dt_train_opts_t *o, const dt_gpt2_t *m, dt_dp_t *dp, int world)
+static void print_memory(trainer_t *t)
 {
-  const double MiB = 1024.0 * 1024.0, P = (double)m->num_params, N = world;
+  const double MiB = 1024.0 * 1024.0, P = (double)t->model.num_params, N = t->dpsize;
+  const int zero = t->o->zero_stage, tp = t->model.tp.tp;
   dt_dp_memory_t mem;
-  dt_dp_memory(dp, &mem);
-  /* The ZeRO formulas for fp32 AdamW, in bytes (16P baseline). */
+  dt_dp_memory(t->dp, &mem);
+  /* The ZeRO formulas for fp32 AdamW over the local parameters, in bytes (16P baseline). */
   const double formula[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
   const double have = (double)(mem.params + mem.grads + mem.optim);
+  if (tp > 1) {
+    const double R = (double)t->model.replicated, G = (double)t->model.global_params;
+    DT_INFO(TRAIN,
+            "tensor parallel: %.0f of %.0f parameters on this rank (formula (P - R)/tp + R = "
+            "%.0f, R = %.0f replicated)",
+            P, G, (G - R) / tp + R, R);
+  }
   DT_INFO(TRAIN,
           "memory (ZeRO-%d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB = %.2f MiB "
           "(formula %.2f MiB, %+.2f%%) + working %.2f MiB; activations %.1f MiB",
-          o->zero_stage, world, mem.params / MiB, mem.grads / MiB, mem.optim / MiB, have / MiB,
-          formula[o->zero_stage] / MiB, 100.0 * (have / formula[o->zero_stage] - 1.0),
-          mem.working / MiB, m->bytes_acts / MiB);
+          zero, t->dpsize, mem.params / MiB, mem.grads / MiB, mem.optim / MiB, have / MiB,
+          formula[zero] / MiB, 100.0 * (have / formula[zero] - 1.0), mem.working / MiB,
+          t->model.bytes_acts / MiB);
 }
 
-int dt_train_run(const dt_train_opts_t *o)
+/* The mesh: the one given (DISTRAIN_MESH), or dp = world / tp. */
+static int resolve_mesh(const dt_train_opts_t *o, int world, dt_mesh_t *mesh)
 {
-  int ret = 0;
-  char why[256];
-  dt_gpt2_t model;
-  dt_dataloader_t train, val;
-  dt_train_state_t state;
-  dt_dp_t *dp = NULL;
-  FILE *metrics = NULL;
-  const char *resume_from;
-  dt_gpt2_config_t cfg;
-  float *gathered = NULL;
-  memset(&model, 0, sizeof model);
-  memset(&train, 0, sizeof train);
-  memset(&val, 0, sizeof val);
-  memset(&state, 0, sizeof state);
+  if (o->mesh.tp > 0) {
+    *mesh = o->mesh;
+    return 0;
+  }
+  const int tp = o->tp > 0 ? o->tp : 1;
+  if (world % tp != 0) {
+    DT_ERROR(TRAIN, "--tp %d does not divide WORLD_SIZE %d", tp, world);
+    return DT_EINVAL;
+  }
+  return dt_mesh_init(mesh, 1, world / tp, 1, tp);
+}
 
+/* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
+static int setup(trainer_t *t, const dt_train_opts_t *o)
+{
+  char why[256];
+  dt_mesh_t mesh;
+  t->o = o;
   if (dt_train_opts_validate(o, why, sizeof why) != 0) {
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
-  const int rank = o->comm ? dt_comm_rank(o->comm) : 0;
-  const int world = o->comm ? dt_comm_world(o->comm) : 1;
-  const int lead = rank == 0; /* rank 0 reports, logs steps and writes files */
-  if (world > 1 && !o->kv) {
-    DT_ERROR(TRAIN, "data parallelism needs the rendezvous key-value store");
+  const int world = o->world > 1 ? o->world : 1;
+  t->lead = o->rank == 0;
+  if (world > 1 && (!o->kv || !o->kv_prefix)) {
+    DT_ERROR(TRAIN, "parallel training needs the rendezvous key-value store");
     return DT_EINVAL;
   }
   if (o->threads > 0) {
     omp_set_num_threads(o->threads);
     openblas_set_num_threads(o->threads);
   }
-  DT_CHECK(resolve_config(o, &cfg, &resume_from));
-  if (o->seq > cfg.max_seq) {
-    DT_ERROR(TRAIN, "--seq %d exceeds the model's max_seq %d", o->seq, cfg.max_seq);
+  DT_CHECK(resolve_config(o, &t->cfg, &t->resume_from));
+  if (o->seq > t->cfg.max_seq) {
+    DT_ERROR(TRAIN, "--seq %d exceeds the model's max_seq %d", o->seq, t->cfg.max_seq);
     return DT_EINVAL;
   }
-  DT_CHECK(dt_gpt2_create(&model, &cfg, dt_ops_cpu()));
+  /* Every layout rule is checked before this rank meets its peers. */
+  DT_CHECK(resolve_mesh(o, world, &mesh));
+  if (dt_plan_check(&mesh, &t->cfg, o->seq, why, sizeof why) != 0) {
+    DT_ERROR(TRAIN, "%s", why);
+    return DT_EINVAL;
+  }
+  if (world > 1)
+    DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
+                          (int)dt_param_CommTimeoutMs()));
+  DT_CHECK(dt_plan_create(&t->plan, &mesh, t->world));
+  t->dprank = t->plan.coord.dp;
+  t->dpsize = mesh.dp;
+  const dt_gpt2_tp_t tp = {.tp = mesh.tp, .rank = t->plan.coord.tp, .comm = t->plan.tp};
+  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dt_ops_cpu(), &tp));
   if (o->init_llmc)
-    DT_CHECK_GOTO(dt_llmc_load(&model, o->init_llmc), ret, out);
+    DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
   else
-    dt_gpt2_init_weights(&model, o->seed);
-  dt_rng_seed(&state.rng, o->seed);
-  state.threads = omp_get_max_threads();
+    DT_CHECK(dt_gpt2_init_weights(&t->model, o->seed));
+  dt_rng_seed(&t->state.rng, o->seed);
+  t->state.threads = omp_get_max_threads();
 
-  /* Each data-parallel rank reads its slice of every global window. */
-  DT_CHECK_GOTO(dt_dataloader_init(&train, o->train_pattern, o->batch, o->seq, rank, world,
-                                   cfg.vocab, o->shuffle, o->seed),
-                ret, out);
+  /* Each data-parallel rank reads its slice of every global window; tp peers read the same. */
+  DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
+                              t->cfg.vocab, o->shuffle, o->seed));
   if (o->val_pattern)
-    DT_CHECK_GOTO(
-        dt_dataloader_init(&val, o->val_pattern, o->batch, o->seq, rank, world, cfg.vocab, 0, 0),
-        ret, out);
+    DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
+                                t->cfg.vocab, 0, 0));
   if (o->ckpt_dir)
-    DT_CHECK_GOTO(prepare_ckpt_dir(o->ckpt_dir, resume_from != NULL), ret, out);
-  DT_CHECK_GOTO(dt_dp_create(&dp, &model, o->comm, o->zero_stage), ret, out);
-  if (resume_from) {
-    DT_CHECK_GOTO(dt_dp_load(dp, resume_from, &state), ret, out);
-    if (state.threads != omp_get_max_threads())
+    DT_CHECK(prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL));
+  DT_CHECK(dt_dp_create(&t->dp, &t->model, t->plan.dp, t->plan.tp, o->zero_stage));
+  if (t->resume_from) {
+    DT_CHECK(dt_dp_load(t->dp, t->resume_from, &t->state));
+    if (t->state.threads != omp_get_max_threads())
       DT_WARN(TRAIN,
               "resuming with %d threads; the checkpoint was written with %d: GEMM "
               "rounding differs, so losses match an uninterrupted run only to ~1e-6",
-              omp_get_max_threads(), state.threads);
-    state.threads = omp_get_max_threads();
-    DT_CHECK_GOTO(dt_dataloader_seek(&train, state.data), ret, out);
+              omp_get_max_threads(), t->state.threads);
+    t->state.threads = omp_get_max_threads();
+    DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
   }
-  DT_CHECK_GOTO(dt_gpt2_alloc_activations(&model, o->batch, o->seq), ret, out);
-  if (o->metrics_path && lead) {
-    metrics = fopen(o->metrics_path, resume_from ? "a" : "w");
-    if (!metrics) {
+  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq));
+  if (o->metrics_path && t->lead) {
+    t->metrics = fopen(o->metrics_path, t->resume_from ? "a" : "w");
+    if (!t->metrics) {
       DT_ERROR(TRAIN, "%s: cannot open metrics file: %m", o->metrics_path);
-      ret = DT_EACCES;
-      goto out;
+      return DT_EACCES;
     }
   }
 
+  const dt_gpt2_config_t *cfg = &t->cfg;
   DT_INFO(TRAIN, "model: L=%d NH=%d C=%d V=%d (Vp %d) maxT=%d, %zu parameters; %d threads",
-          cfg.layers, cfg.heads, cfg.channels, cfg.vocab, cfg.padded_vocab, cfg.max_seq,
-          model.num_params, omp_get_max_threads());
-  print_memory(o, &model, dp, world);
+          cfg->layers, cfg->heads, cfg->channels, cfg->vocab, cfg->padded_vocab, cfg->max_seq,
+          t->model.global_params, omp_get_max_threads());
+  if (world > 1)
+    dt_plan_log(&t->plan, cfg);
+  print_memory(t);
+  t->tokens_per_step = (double)o->batch * o->seq * o->grad_accum * t->dpsize;
   DT_INFO(TRAIN,
-          "batch %d x seq %d x accum %d x dp %d = %d tokens/step; %lld windows per epoch; "
+          "batch %d x seq %d x accum %d x dp %d = %.0f tokens/step; %lld windows per epoch; "
           "steps %lld..%d",
-          o->batch, o->seq, o->grad_accum, world, o->batch * o->seq * o->grad_accum * world,
-          (long long)dt_dataloader_epoch_windows(&train), (long long)state.step, o->steps);
+          o->batch, o->seq, o->grad_accum, t->dpsize, t->tokens_per_step,
+          (long long)dt_dataloader_epoch_windows(&t->train), (long long)t->state.step, o->steps);
+  t->sched = o->sched;
+  t->sched.total_steps = o->steps;
+  return 0;
+}
 
-  dt_lr_schedule_t sched = o->sched;
-  sched.total_steps = o->steps;
-  const dt_adamw_t base = {.lr = 0.0f,
-                           .beta1 = o->beta1,
-                           .beta2 = o->beta2,
-                           .eps = o->eps,
-                           .weight_decay = o->weight_decay};
-  const double tokens_per_step = (double)o->batch * o->seq * o->grad_accum * world;
-  if (o->val_every > 0 && state.step == 0) {
-    /* The starting point, so that the fall of the validation loss is visible. */
-    float v0;
-    DT_CHECK_GOTO(evaluate(&model, dp, &val, o->val_batches, &v0), ret, out);
-    if (!o->quiet && lead)
-      DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, v0);
-    if (metrics) {
-      fprintf(metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v0);
-      fflush(metrics);
-    }
+/* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
+static int step(trainer_t *t, dt_step_metrics_t *sm)
+{
+  const dt_train_opts_t *o = t->o;
+  const int s = (int)t->state.step;
+  double t0 = dt_now_ms();
+  dt_dp_zero_grad(t->dp);
+  double loss_acc = 0.0;
+  for (int k = 0; k < o->grad_accum; k++) {
+    DT_CHECK(dt_dataloader_next(&t->train));
+    dt_dp_begin_micro(t->dp, k == o->grad_accum - 1);
+    float micro_loss;
+    DT_CHECK(dt_gpt2_forward_backward(&t->model, t->train.inputs, t->train.targets, o->batch,
+                                      o->seq, 1.0f / (float)o->grad_accum, &micro_loss));
+    loss_acc += micro_loss;
   }
-  const int end = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
-  while (state.step < end) {
-    const int s = (int)state.step;
-    double t0 = dt_now_ms();
-    dt_dp_zero_grad(dp);
-    double loss_acc = 0.0;
-    for (int k = 0; k < o->grad_accum; k++) {
-      DT_CHECK_GOTO(dt_dataloader_next(&train), ret, out);
-      dt_dp_begin_micro(dp, k == o->grad_accum - 1);
-      float micro_loss;
-      DT_CHECK_GOTO(dt_gpt2_forward_backward(&model, train.inputs, train.targets, o->batch, o->seq,
-                                             1.0f / (float)o->grad_accum, &micro_loss),
-                    ret, out);
-      loss_acc += micro_loss;
-    }
-    DT_CHECK_GOTO(dt_dp_reduce_grads(dp), ret, out);
-    float loss = (float)(loss_acc / o->grad_accum), norm;
-    DT_CHECK_GOTO(dt_dp_average(dp, &loss), ret, out);
-    DT_CHECK_GOTO(dt_dp_grad_norm(dp, &norm), ret, out);
-    if (!isfinite(loss) || !isfinite(norm)) {
-      DT_ERROR(TRAIN,
-               "step %d: loss %g, gradient norm %g: training diverged (non-finite); "
-               "stopping before the update, last checkpoint kept",
-               s + 1, loss, norm);
-      ret = DT_ENAN;
-      goto out;
-    }
-    float scale = 1.0f;
-    if (o->grad_clip > 0.0f) {
-      scale = o->grad_clip / (norm + 1e-6f);
-      scale = scale > 1.0f ? 1.0f : scale;
-    }
-    dt_adamw_t h = base;
-    double lr = dt_lr_at(&sched, s);
-    h.lr = (float)lr;
-    DT_CHECK_GOTO(dt_dp_step(dp, &h, scale, s + 1), ret, out);
-    state.step = s + 1;
-    state.data = train.pos;
-    double ms = dt_now_ms() - t0;
-
-    dt_step_metrics_t sm = {.step = state.step,
+  DT_CHECK(dt_dp_reduce_grads(t->dp));
+  float loss = (float)(loss_acc / o->grad_accum), norm;
+  DT_CHECK(dt_dp_average(t->dp, &loss));
+  DT_CHECK(dt_dp_grad_norm(t->dp, &norm));
+  if (!isfinite(loss) || !isfinite(norm)) {
+    DT_ERROR(TRAIN,
+             "step %d: loss %g, gradient norm %g: training diverged (non-finite); "
+             "stopping before the update, last checkpoint kept",
+             s + 1, loss, norm);
+    return DT_ENAN;
+  }
+  float scale = 1.0f;
+  if (o->grad_clip > 0.0f) {
+    scale = o->grad_clip / (norm + 1e-6f);
+    scale = scale > 1.0f ? 1.0f : scale;
+  }
+  const double lr = dt_lr_at(&t->sched, s);
+  const dt_adamw_t h = {.lr = (float)lr,
+                        .beta1 = o->beta1,
+                        .beta2 = o->beta2,
+                        .eps = o->eps,
+                        .weight_decay = o->weight_decay};
+  DT_CHECK(dt_dp_step(t->dp, &h, scale, s + 1));
+  t->state.step = s + 1;
+  t->state.data = t->train.pos;
+  const double ms = dt_now_ms() - t0;
+  *sm = (dt_step_metrics_t){.step = t->state.step,
                             .loss = loss,
                             .grad_norm = norm,
                             .lr = lr,
                             .ms = ms,
-                            .tokens_per_s = tokens_per_step * 1000.0 / ms,
-                            .comm_ms = dt_dp_take_comm_ms(dp)};
-    const int last = state.step == end;
-    if (o->val_every > 0 && (state.step % o->val_every == 0 || last)) {
-      sm.has_val = 1;
-      DT_CHECK_GOTO(evaluate(&model, dp, &val, o->val_batches, &sm.val_loss), ret, out);
-    }
-    if (lead) {
-      if (!o->quiet) {
-        char valbuf[48] = "";
-        if (sm.has_val)
-          snprintf(valbuf, sizeof valbuf, " | val %.4f", sm.val_loss);
-        DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
-                (long long)state.step, o->steps, loss, valbuf, lr, norm, ms, sm.tokens_per_s);
-      }
-      if (metrics)
-        write_metrics(metrics, &sm);
-      if (o->on_step)
-        o->on_step(o->on_step_ud, &sm);
-      if (o->link)
-        dt_link_step(o->link, &sm);
-    }
-    if (o->ckpt_dir && ((o->save_every > 0 && state.step % o->save_every == 0) || last))
-      DT_CHECK_GOTO(save_checkpoint(o, dp, &model, &state, rank), ret, out);
+                            .tokens_per_s = t->tokens_per_step * 1000.0 / ms,
+                            .comm_ms = dt_dp_take_comm_ms(t->dp)};
+  return 0;
+}
+
+/* Rank 0's view of a completed step: the log line, the metrics file, the observers. */
+static void report(trainer_t *t, const dt_step_metrics_t *sm)
+{
+  const dt_train_opts_t *o = t->o;
+  if (!t->lead)
+    return;
+  if (!o->quiet) {
+    char valbuf[48] = "";
+    if (sm->has_val)
+      snprintf(valbuf, sizeof valbuf, " | val %.4f", sm->val_loss);
+    DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
+            (long long)sm->step, o->steps, sm->loss, valbuf, sm->lr, sm->grad_norm, sm->ms,
+            sm->tokens_per_s);
   }
-  if (o->export_llmc) {
-    gathered = malloc(model.num_params * sizeof(float));
-    if (!gathered) {
-      ret = DT_ENOMEM;
+  if (t->metrics)
+    write_metrics(t->metrics, sm);
+  if (o->on_step)
+    o->on_step(o->on_step_ud, sm);
+  if (o->link)
+    dt_link_step(o->link, sm);
+}
+
+/* Tensor parallelism keeps the replicated parameters (LayerNorms, wpe, row-parallel biases)
+ * identical on every tp rank without communicating them: each rank computes their update
+ * from bit-identical inputs. Checked at the end of a run: the CRC-32C of each rank's
+ * replicated tensors must agree across the tp group, bit for bit. */
+static int check_replicated(trainer_t *t)
+{
+  dt_gpt2_t *m = &t->model;
+  if (m->tp.tp == 1)
+    return 0;
+  int ret = 0;
+  float *local = dt_calloc_aligned(m->num_params * sizeof(float), "replica check");
+  float *crcs = calloc((size_t)m->tp.tp, sizeof *crcs);
+  if (!local || !crcs) {
+    ret = DT_ENOMEM;
+    goto out;
+  }
+  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, local), ret, out);
+  uint32_t crc = 0;
+  for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++)
+    if (m->place[i].split == DT_SPLIT_NONE)
+      crc = dt_crc32c(crc, local + m->tensor_offsets[i], m->tensor_sizes[i] * sizeof(float));
+  float bits; /* the CRC travels as the bits of a float: gathers copy, never compute */
+  memcpy(&bits, &crc, sizeof bits);
+  DT_CHECK_GOTO(dt_comm_all_gather(m->tp.comm, &bits, crcs, 1), ret, out);
+  for (int r = 0; r < m->tp.tp; r++) {
+    uint32_t theirs;
+    memcpy(&theirs, &crcs[r], sizeof theirs);
+    if (theirs != crc) {
+      DT_ERROR(TRAIN,
+               "replicated parameters differ between tp ranks %d (CRC-32C %08x) and %d "
+               "(%08x): tensor-parallel replicas diverged",
+               m->tp.rank, crc, r, theirs);
+      ret = DT_EINTERNAL;
       goto out;
     }
-    DT_CHECK_GOTO(dt_dp_gather_params(dp, gathered), ret, out);
-    if (lead) {
-      DT_CHECK_GOTO(dt_llmc_save_params(&cfg, gathered, model.num_params, o->export_llmc), ret,
-                    out);
+  }
+  DT_INFO(TRAIN, "replicated parameters identical on all %d tp ranks (CRC-32C %08x, %zu values)",
+          m->tp.tp, crc, m->replicated);
+out:
+  free(crcs);
+  dt_free_aligned(local);
+  return ret;
+}
+
+/* After the last step: export and sampling (both collective), then the summary. */
+static int finish(trainer_t *t)
+{
+  const dt_train_opts_t *o = t->o;
+  DT_CHECK(check_replicated(t));
+  if (o->export_llmc) {
+    float *gathered = malloc(t->model.global_params * sizeof(float));
+    if (!gathered)
+      return DT_ENOMEM;
+    int rc = gather_global(t, gathered);
+    if (rc == 0 && t->lead)
+      rc = dt_llmc_save_params(&t->cfg, gathered, t->model.global_params, o->export_llmc);
+    free(gathered);
+    DT_CHECK(rc);
+    if (t->lead)
       DT_INFO(TRAIN, "exported llm.c checkpoint %s", o->export_llmc);
-    }
   }
   if (o->sample_tokens > 0) {
-    /* Every rank generates (ZeRO-3 forwards are collective); rank 0 prints. */
-    dt_dataloader_t *src = o->val_pattern ? &val : &train;
-    DT_CHECK_GOTO(dt_dataloader_reset(src), ret, out);
-    DT_CHECK_GOTO(dt_dataloader_next(src), ret, out);
+    /* Every rank generates (ZeRO-3 and tensor-parallel forwards are collective); rank 0
+     * prints. */
+    dt_dataloader_t *src = o->val_pattern ? &t->val : &t->train;
+    DT_CHECK(dt_dataloader_reset(src));
+    DT_CHECK(dt_dataloader_next(src));
     int plen = o->seq < 32 ? o->seq : 32;
-    DT_CHECK_GOTO(
-        generate(&model, src->inputs, plen, o->sample_tokens, o->sample_temp, &state.rng, lead),
-        ret, out);
+    DT_CHECK(generate(&t->model, src->inputs, plen, o->sample_tokens, o->sample_temp, &t->state.rng,
+                      t->lead));
   }
-  DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)state.step, peak_rss_mb());
+  DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)t->state.step, peak_rss_mb());
+  return 0;
+}
+
+static void teardown(trainer_t *t)
+{
+  if (t->metrics)
+    fclose(t->metrics);
+  dt_dp_destroy(t->dp);
+  dt_dataloader_free(&t->train);
+  dt_dataloader_free(&t->val);
+  dt_gpt2_destroy(&t->model);
+  dt_plan_destroy(&t->plan);
+  dt_comm_destroy(t->world);
+}
+
+int dt_train_run(const dt_train_opts_t *o)
+{
+  trainer_t t;
+  memset(&t, 0, sizeof t);
+  int ret = setup(&t, o);
+  if (ret == 0 && o->val_every > 0 && t.state.step == 0) {
+    /* The starting point, so that the fall of the validation loss is visible. */
+    float v0;
+    ret = evaluate(&t, &v0);
+    if (ret == 0 && !o->quiet && t.lead)
+      DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, v0);
+    if (ret == 0 && t.metrics) {
+      fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v0);
+      fflush(t.metrics);
+    }
+  }
+  const int end = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+  while (ret == 0 && t.state.step < end) {
+    dt_step_metrics_t sm;
+    DT_CHECK_GOTO(step(&t, &sm), ret, out);
+    const int last = t.state.step == end;
+    if (o->val_every > 0 && (t.state.step % o->val_every == 0 || last)) {
+      sm.has_val = 1;
+      DT_CHECK_GOTO(evaluate(&t, &sm.val_loss), ret, out);
+    }
+    report(&t, &sm);
+    if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last))
+      DT_CHECK_GOTO(save_checkpoint(&t), ret, out);
+  }
+  if (ret == 0)
+    ret = finish(&t);
 out:
-  free(gathered);
-  if (metrics)
-    fclose(metrics);
-  dt_dp_destroy(dp);
-  dt_dataloader_free(&train);
-  dt_dataloader_free(&val);
-  dt_gpt2_destroy(&model);
+  teardown(&t);
   return ret;
 }

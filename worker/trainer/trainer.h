@@ -1,6 +1,7 @@
-/* trainer.h — the single-process training loop behind distrain-train: options, the learning
- * rate schedule, and dt_train_run (init or resume, steps with gradient accumulation, clipping,
- * AdamW, validation, checkpoints, export, sampling). The CLI (main.c) only fills the options. */
+/* trainer.h — the training loop behind distrain-train: options, the learning rate schedule,
+ * and dt_train_run (setup: plan, model, data, resume; steps with gradient accumulation,
+ * clipping, AdamW; validation; checkpoints; finish: export, sampling). One process, or one rank
+ * of a tp x dp mesh. The CLI (main.c) only fills the options. */
 #ifndef DT_TRAINER_TRAINER_H
 #define DT_TRAINER_TRAINER_H
 
@@ -8,6 +9,7 @@
 #include <stdio.h>
 
 #include "gpt2.h"
+#include "mesh.h"
 
 typedef enum { DT_SCHEDULE_CONSTANT = 0, DT_SCHEDULE_COSINE = 1 } dt_schedule_t;
 
@@ -62,10 +64,15 @@ typedef struct {
   int quiet;
   /* the agent/coordinator link (link.h), NULL when standalone */
   struct dt_link *link;
-  /* data parallelism: the dp communicator (NULL: one process), the rendezvous store used to
-   * commit multi-writer checkpoints when standalone, and the ZeRO stage (0..3) */
-  struct dt_comm *comm;
+  /* parallelism: this process's rank in a world of `world` (1: one process), the rendezvous
+   * store and key prefix its communicators meet under (also used to commit multi-writer
+   * checkpoints when standalone), the mesh (tp 0: dp = world / tp), the tensor-parallel degree
+   * (--tp) and the ZeRO stage (0..3) over the dp groups */
+  int rank, world;
   const struct dt_kv *kv;
+  const char *kv_prefix;
+  dt_mesh_t mesh;
+  int tp;
   int zero_stage;
   /* observer for tests: called after every step */
   void (*on_step)(void *ud, const dt_step_metrics_t *m);

@@ -1,0 +1,144 @@
+/* plan.c — see plan.h. */
+#include "plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_log.h"
+#include "dt_util.h"
+
+int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whylen)
+{
+  int v[DT_MESH_NAXES] = {0, 0, 0, 0};
+  const char *p = text;
+  while (p && *p) {
+    int axis = -1;
+    for (int a = 0; a < DT_MESH_NAXES; a++)
+      if (strncmp(p, dt_mesh_axis_name((dt_mesh_axis_t)a), 2) == 0)
+        axis = a;
+    char *end;
+    long n = axis >= 0 ? strtol(p + 2, &end, 10) : 0;
+    if (axis < 0 || end == p + 2 || n < 1 || n > 1 << 20 || v[axis] || (*end && *end != ',')) {
+      snprintf(why, whylen, "DISTRAIN_MESH='%s': expected pp<N>,dp<N>,cp<N>,tp<N>", text);
+      return DT_EINVAL;
+    }
+    v[axis] = (int)n;
+    p = *end ? end + 1 : end;
+  }
+  for (int a = 0; a < DT_MESH_NAXES; a++)
+    v[a] = v[a] ? v[a] : 1;
+  if (dt_mesh_init(mesh, v[DT_MESH_PP], v[DT_MESH_DP], v[DT_MESH_CP], v[DT_MESH_TP]) != 0) {
+    snprintf(why, whylen, "DISTRAIN_MESH='%s': the world it describes is too large", text);
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
+int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, char *why,
+                  size_t whylen)
+{
+  if (mesh->pp > 1) {
+    snprintf(why, whylen,
+             "parallel.pp = %d: pipeline parallelism is not in this version of the trainer "
+             "(tp and dp are)",
+             mesh->pp);
+    return DT_ENOTSUP;
+  }
+  if (mesh->cp > 1) {
+    snprintf(why, whylen,
+             "parallel.cp = %d: context parallelism is not in this version of the trainer "
+             "(tp and dp are)",
+             mesh->cp);
+    return DT_ENOTSUP;
+  }
+  if (mesh->pp > cfg->layers) {
+    snprintf(why, whylen, "parallel.pp (%d) must be <= model.layers (%d)", mesh->pp, cfg->layers);
+    return DT_EINVAL;
+  }
+  if (seq % mesh->cp != 0) {
+    snprintf(why, whylen, "training.seq (%d) must be divisible by parallel.cp (%d)", seq, mesh->cp);
+    return DT_EINVAL;
+  }
+  return dt_gpt2_tp_validate(cfg, mesh->tp, why, whylen);
+}
+
+/* The communicator of this rank's group along one axis: NULL for a group of one, the world
+ * for a group that spans it, else a split (collective over world: every rank splits every axis
+ * in the same order). Color: the group's first rank; key: the position along the axis. */
+static int group_comm(const dt_mesh_t *mesh, dt_comm_t *world, dt_mesh_axis_t axis, dt_comm_t **out,
+                      int *owned)
+{
+  const int n = dt_mesh_axis_size(mesh, axis), wsize = dt_mesh_world(mesh);
+  *out = NULL;
+  *owned = 0;
+  if (n == 1)
+    return 0;
+  if (n == wsize) {
+    *out = world;
+    return 0;
+  }
+  int *ranks = calloc((size_t)n, sizeof *ranks);
+  if (!ranks)
+    return DT_ENOMEM;
+  const int me = dt_comm_rank(world);
+  int rc = dt_mesh_group(mesh, me, axis, ranks);
+  int key = 0;
+  for (int i = 0; i < n; i++)
+    key = ranks[i] == me ? i : key;
+  if (rc >= 0)
+    rc = dt_comm_split(world, ranks[0], key, out);
+  free(ranks);
+  *owned = rc == 0;
+  return rc < 0 ? rc : 0;
+}
+
+int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, dt_comm_t *world)
+{
+  memset(plan, 0, sizeof *plan);
+  plan->mesh = *mesh;
+  plan->world = world ? dt_comm_world(world) : 1;
+  plan->rank = world ? dt_comm_rank(world) : 0;
+  if (dt_mesh_world(mesh) != plan->world) {
+    char m[96];
+    dt_mesh_format(mesh, m, sizeof m);
+    DT_ERROR(TRAIN, "the mesh (%s) has %d ranks but WORLD_SIZE is %d", m, dt_mesh_world(mesh),
+             plan->world);
+    return DT_EINVAL;
+  }
+  DT_CHECK(dt_mesh_coords(mesh, plan->rank, &plan->coord));
+  if (!world)
+    return 0;
+  int rc = group_comm(mesh, world, DT_MESH_TP, &plan->tp, &plan->owns_tp);
+  if (rc == 0)
+    rc = group_comm(mesh, world, DT_MESH_DP, &plan->dp, &plan->owns_dp);
+  if (rc != 0) {
+    DT_ERROR(TRAIN, "cannot form the tensor- and data-parallel groups: %s", dt_strerror(rc));
+    dt_plan_destroy(plan);
+  }
+  return rc;
+}
+
+void dt_plan_destroy(dt_plan_t *plan)
+{
+  if (plan->owns_tp)
+    dt_comm_destroy(plan->tp);
+  if (plan->owns_dp)
+    dt_comm_destroy(plan->dp);
+  memset(plan, 0, sizeof *plan);
+}
+
+void dt_plan_log(const dt_plan_t *plan, const dt_gpt2_config_t *cfg)
+{
+  char m[96];
+  const dt_mesh_t *ms = &plan->mesh;
+  const dt_mesh_coord_t *c = &plan->coord;
+  const int heads = cfg->heads / ms->tp, rows = cfg->padded_vocab / ms->tp;
+  dt_mesh_format(ms, m, sizeof m);
+  DT_INFO(TRAIN,
+          "plan: rank %d of %d in %s at tp %d dp %d: layers 0..%d, heads %d..%d of %d, "
+          "vocabulary rows %d..%d of %d, data-parallel shard %d of %d",
+          plan->rank, plan->world, m, c->tp, c->dp, cfg->layers - 1, c->tp * heads,
+          (c->tp + 1) * heads - 1, cfg->heads, c->tp * rows, (c->tp + 1) * rows - 1,
+          cfg->padded_vocab, c->dp, ms->dp);
+}

@@ -1,0 +1,43 @@
+/* plan.h — the parallel plan of one trainer: where this rank sits in the pp x dp x cp x tp
+ * mesh, whether the model can be laid out on it, and the communicators of its groups.
+ *
+ * Built once at start-up, before any weight is allocated. Every layout rule is checked here
+ * with one clear error naming the key and the rule (dt_plan_check), then the named groups are
+ * split from the world communicator (dt_plan_create): tp (tensor-parallel peers, neighbours in
+ * rank order), dp (the ranks holding the same part of the model). A group of one rank has no
+ * communicator (NULL); a group that is the whole world uses the world communicator itself.
+ *
+ * This version runs tp and dp (with ZeRO 0-3 over dp); pipeline (pp) and context (cp)
+ * parallelism are refused here with that reason. */
+#ifndef DT_TRAINER_PLAN_H
+#define DT_TRAINER_PLAN_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "gpt2.h"
+#include "mesh.h"
+
+typedef struct {
+  dt_mesh_t mesh;
+  dt_mesh_coord_t coord;
+  int rank, world;
+  dt_comm_t *tp; /* this rank's tensor-parallel group, or NULL (tp = 1) */
+  dt_comm_t *dp; /* its data-parallel group, or NULL (dp = 1) */
+  /* private: which of the above this plan created (and destroys) */
+  int owns_tp, owns_dp;
+} dt_plan_t;
+
+/* Parses DISTRAIN_MESH's "pp1,dp2,cp1,tp2" (each axis once, in any order). */
+int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whylen);
+/* Checks the mesh against the model and the sequence length; one-line reason on failure. */
+int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, char *why,
+                  size_t whylen);
+/* Splits the groups of rank dt_comm_rank(world) from world (NULL: one process); collective
+ * over world. The plan borrows world, which must outlive it. */
+int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, dt_comm_t *world);
+void dt_plan_destroy(dt_plan_t *plan);
+/* Logs which part of the model this rank holds (heads, vocabulary rows, dp shard). */
+void dt_plan_log(const dt_plan_t *plan, const dt_gpt2_config_t *cfg);
+
+#endif
