@@ -1278,6 +1278,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--sample", t->sample);
   if (spec->parallel && spec->parallel->zero_stage > 0)
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
+  if (spec->parallel && spec->parallel->pp > 1)
+    av_str(&a, "--pp-schedule", spec->parallel->schedule ? spec->parallel->schedule : "");
   if (resume)
     av_push(&a, "--resume");
 

@@ -240,11 +240,10 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
 static int trainer_supports(const Distrain__V1__JobSpec *spec, char *why, size_t n)
 {
   const Distrain__V1__ParallelSpec *p = spec->parallel;
-  if (p->pp > 1 || p->cp > 1) {
+  if (p->cp > 1) {
     snprintf(why, n,
-             "pipeline and context parallelism (pp=%d cp=%d) are not supported by this "
-             "version; use tp and dp",
-             p->pp, p->cp);
+             "context parallelism (cp=%d) is not supported by this version; use pp, dp and tp",
+             p->cp);
     return 0;
   }
   return 1;

@@ -484,11 +484,11 @@ class T1_GrpcSurface(ClusterTest):
             self.call("SubmitJob", pb.SubmitJobRequest(spec=missing))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
         unsupported = job_spec("/tmp/x", 5)
-        unsupported.parallel.pp = 2
+        unsupported.parallel.cp = 2
         with self.assertRaises(grpc.RpcError) as cm:
             self.call("SubmitJob", pb.SubmitJobRequest(spec=unsupported))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("pp=2", cm.exception.details())
+        self.assertIn("cp=2", cm.exception.details())
         self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0,
                          "a refused spec created a job")
 
@@ -696,36 +696,43 @@ class T3_RunLocal(ClusterTest):
         for a, b in zip(losses[1], losses[2]):
             self.assertLess(abs(a - b) / abs(a), 1e-5, (losses[1], losses[2]))
 
-    def test_tensor_parallel_job(self):
-        """tp=2 on one agent with 2 devices: the agent gives both ranks the mesh, they form a
-        tensor-parallel group on that node, each logs the heads it holds, the checkpoint is
-        committed from 2 shards, and the losses equal a one-device run of the same job."""
+    def test_pipeline_and_tensor_parallel_job(self):
+        """pp=2 x tp=2 on 2 agents with 2 devices each: the coordinator places each stage's
+        tensor-parallel pair on one node, every rank logs its part of the model, the
+        checkpoint is committed from 4 shards, and the losses equal a one-device run of the
+        same job (2 micro-batches per step through the 1F1B pipeline)."""
         steps = 10
         losses = {}
-        for tp in (1, 2):
-            ckpt = os.path.join(self.tmp, "ckpt_tp%d" % tp)
-            run_dir = os.path.join(self.tmp, "run_tp%d" % tp)
-            metrics = os.path.join(self.tmp, "metrics_tp%d.jsonl" % tp)
-            job = os.path.join(self.tmp, "job_tp%d.yaml" % tp)
+        for pp, tp in ((1, 1), (2, 2)):
+            tag = "pp%d_tp%d" % (pp, tp)
+            ckpt = os.path.join(self.tmp, "ckpt_" + tag)
+            run_dir = os.path.join(self.tmp, "run_" + tag)
+            metrics = os.path.join(self.tmp, "metrics_%s.jsonl" % tag)
+            job = os.path.join(self.tmp, "job_%s.yaml" % tag)
             with open(job, "w") as f:
-                f.write(job_yaml(ckpt, steps, every=steps, val_every=0))
-            r = self.ctl("run", "--local", "--nodes", "1", "--devices-per-node", str(tp),
+                f.write(job_yaml(ckpt, steps, every=steps, val_every=0, min_nodes=pp,
+                                 max_nodes=pp))
+            r = self.ctl("run", "--local", "--nodes", str(pp), "--devices-per-node", str(tp),
                          "--run-dir", run_dir, "--metrics", metrics,
-                         "--set", "parallel.tp=%d" % tp, job, timeout=180)
-            self.assertEqual(r.returncode, 0, "tp=%d run failed:\n%s\n%s" % (
-                tp, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
-            if tp == 2:
-                for rank in range(2):
-                    text = tail(os.path.join(run_dir, "node-0", "job-1", "rank-%d.log" % rank),
-                                20000)
-                    self.assertIn("plan: rank %d of 2 in pp 1 x dp 1 x cp 1 x tp 2 at tp %d"
-                                  % (rank, rank), text)
-                    self.assertIn("heads %d..%d of 2" % (rank, rank), text)
+                         "--set", "parallel.tp=%d" % tp, "--set", "parallel.pp=%d" % pp,
+                         "--set", "training.micro_batch=2", job, timeout=180)
+            self.assertEqual(r.returncode, 0, "%s run failed:\n%s\n%s" % (
+                tag, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
+            if pp == 2:
+                for rank in range(4):
+                    stage, t = rank // 2, rank % 2
+                    log = os.path.join(run_dir, "node-%d" % stage, "job-1", "rank-%d.log" % rank)
+                    text = tail(log, 20000)
+                    self.assertIn("plan: rank %d of 4 in pp 2 x dp 1 x cp 1 x tp 2 at pp %d tp %d "
+                                  "dp 0: layers %d..%d" % (rank, stage, t, stage, stage), text)
+                    self.assertIn("heads %d..%d of 2" % (t, t), text)
+                    self.assertIn("pipeline: stage %d of 2, schedule 1f1b, 2 micro-batches" % stage,
+                                  text)
                     self.assertIn("replicated parameters identical on all 2 tp ranks", text)
             with open(metrics) as f:
-                losses[tp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
+                losses[pp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
             with open(os.path.join(ckpt, "step-%08d" % steps, "MANIFEST")) as f:
-                self.assertIn("world %d" % tp, f.read())
+                self.assertIn("world %d" % (pp * tp), f.read())
             self.assertEqual(procs_under(run_dir), [])
         self.assertEqual(len(losses[2]), steps)
         for a, b in zip(losses[1], losses[2]):

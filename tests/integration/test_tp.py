@@ -20,6 +20,7 @@ on the tiny golden model (L2 H4 C64, V 100 padded to 128) and data, and checks:
 
 import argparse
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -93,17 +94,16 @@ class TensorParallel(unittest.TestCase):
     def check_ranks(self, errs, tp):
         params = None
         for r, err in enumerate(errs):
-            self.assertRegex(err, r"plan: rank %d of %d .* at tp %d dp %d: layers 0\.\.1, "
-                             r"heads %d\.\.%d of 4, vocabulary rows %d\.\.%d of 128"
+            self.assertRegex(err, r"plan: rank %d of %d .* at pp 0 tp %d dp %d: layers 0\.\.1 "
+                             r"\+ embeddings \+ LM head, heads %d\.\.%d of 4, vocabulary rows "
+                             r"%d\.\.%d of 128"
                              % (r, len(errs), r % tp, r // tp, (r % tp) * 4 // tp,
                                 (r % tp + 1) * 4 // tp - 1, (r % tp) * 128 // tp,
                                 (r % tp + 1) * 128 // tp - 1))
             self.assertIn("replicated parameters identical on all %d tp ranks" % tp, err)
-            line = [x for x in err.splitlines() if "tensor parallel:" in x][0]
-            have, whole, formula, rep = (float(x) for x in __import__("re").search(
-                r"([\d]+) of ([\d]+) parameters on this rank \(formula \(P - R\)/tp \+ R = "
-                r"([\d]+), R = ([\d]+)", line).groups())
-            self.assertEqual(have, (whole - rep) / tp + rep)
+            have, whole, formula = (int(x) for x in re.search(
+                r"model parallel: (\d+) of (\d+) parameters on this rank \(formula (\d+)",
+                err).groups())
             self.assertEqual(have, formula)
             params = have
         return params
@@ -167,7 +167,7 @@ class TensorParallel(unittest.TestCase):
         cases = [
             # (world, tp, what the error must say)
             (3, 3, "model.heads (4) must be divisible by parallel.tp (3)"),
-            (3, 2, "--tp 2 does not divide WORLD_SIZE 3"),
+            (3, 2, "--tp 2 x --pp 1 does not divide WORLD_SIZE 3"),
         ]
         for world, tp, msg in cases:
             with self.subTest(world=world, tp=tp):

@@ -18,7 +18,7 @@ static const dt_gpt2_config_t TINY = {
 /* A model whose every parameter and moment is a distinct random value. */
 static void make_model(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, uint64_t seed, int optim)
 {
-  ck_assert_int_eq(dt_gpt2_create(m, cfg, dt_ops_cpu(), NULL), 0);
+  ck_assert_int_eq(dt_gpt2_create(m, cfg, dt_ops_cpu(), NULL, NULL), 0);
   dt_rng_t r;
   dt_rng_seed(&r, seed);
   dt_rng_normal(&r, m->params_flat, m->num_params, 0.0f, 1.0f);
@@ -636,7 +636,7 @@ static void scatter_runs(const dt_gpt2_t *m, int tr, const float *global, float 
 {
   dt_gpt2_run_t *runs;
   size_t n;
-  ck_assert_int_eq(dt_gpt2_runs(m, tr, 0, (int64_t)m->num_params, 1, &runs, &n), 0);
+  ck_assert_int_eq(dt_gpt2_runs(m, tr, 0, (int64_t)m->num_params, 0, &runs, &n), 0);
   for (size_t i = 0; i < n; i++)
     memcpy(local + runs[i].local, global + runs[i].global, (size_t)runs[i].len * sizeof(float));
   free(runs);
@@ -664,7 +664,7 @@ START_TEST(test_ckpt_tensor_parallel_layouts)
     int64_t vlo = 0;
     for (int r = 0; r < tp; r++) {
       const dt_gpt2_tp_t t = {.tp = tp, .rank = r, .comm = NULL};
-      ck_assert_int_eq(dt_gpt2_create(&part[r], &cfg, dt_ops_cpu(), &t), 0);
+      ck_assert_int_eq(dt_gpt2_create(&part[r], &cfg, dt_ops_cpu(), &t, NULL), 0);
       ck_assert_int_eq(dt_gpt2_alloc_optimizer(&part[r]), 0);
       const size_t R = part[r].replicated;
       ck_assert_uint_eq(part[r].num_params, (P - R) / (size_t)tp + R);
@@ -681,8 +681,7 @@ START_TEST(test_ckpt_tensor_parallel_layouts)
 
       dt_gpt2_run_t *runs;
       size_t n;
-      ck_assert_int_eq(dt_gpt2_runs(&part[r], r, 0, (int64_t)part[r].num_params, r == 0, &runs, &n),
-                       0);
+      ck_assert_int_eq(dt_gpt2_runs(&part[r], r, 0, (int64_t)part[r].num_params, 1, &runs, &n), 0);
       int64_t count = 0;
       for (size_t i = 0; i < n; i++) {
         for (int64_t k = 0; k < runs[i].len; k++)
@@ -714,7 +713,7 @@ START_TEST(test_ckpt_tensor_parallel_layouts)
       float *p = calloc(pm->num_params, sizeof *p), *m1 = calloc(pm->num_params, sizeof *m1);
       dt_gpt2_run_t *runs;
       size_t n;
-      ck_assert_int_eq(dt_gpt2_runs(pm, r, 0, (int64_t)pm->num_params, 1, &runs, &n), 0);
+      ck_assert_int_eq(dt_gpt2_runs(pm, r, 0, (int64_t)pm->num_params, 0, &runs, &n), 0);
       ck_assert_int_eq(dt_ckpt_load_runs(dir, &cfg, (int64_t)P, runs, n, p, m1, NULL, &got), 0);
       ck_assert_int_eq(memcmp(p, pm->params_flat, pm->bytes_params), 0);
       ck_assert_int_eq(memcmp(m1, pm->m_flat, pm->bytes_params), 0);

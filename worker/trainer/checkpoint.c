@@ -133,9 +133,10 @@ int dt_llmc_load(dt_gpt2_t *m, const char *path)
     ret = config_mismatch(path, &m->cfg, &cfg);
     goto out;
   }
-  /* The file holds the whole model: a tensor-parallel rank reads it, then keeps its part. */
-  float *global = m->tp.tp == 1 ? m->params_flat
-                                : dt_calloc_aligned(m->global_params * sizeof(float), "weights");
+  /* The file holds the whole model: a model-parallel rank reads it, then keeps its part. */
+  float *global = m->num_params == m->global_params
+                      ? m->params_flat
+                      : dt_calloc_aligned(m->global_params * sizeof(float), "weights");
   if (!global) {
     ret = DT_ENOMEM;
     goto out;

@@ -6,8 +6,13 @@
  *   <dir>/step-<S>/MANIFEST                                 written last: commits step S
  * Each shard file is written to a temporary name, fsynced and renamed; the manifest lists every
  * shard with its size and CRC-32C and is itself written atomically, so a step directory without
- * a MANIFEST is an incomplete save that loaders ignore. Shards hold flat ranges [lo, hi) of the
- * parameter/moment buffers, which is what lets a later load reshard (dp=4 -> dp=3). */
+ * a MANIFEST is an incomplete save that loaders ignore. A shard holds a list of runs (global
+ * offset in llm.c's flat layout, length) and their parameters and moments: a data-parallel
+ * ZeRO shard is one run, a tensor-parallel rank's part of the model many (one per row block or
+ * per row of a split matrix). Replicated tensors are written by one writer only, so the shards
+ * hold every parameter exactly once, and any layout (dp, tp, ZeRO stage) loads any other's
+ * checkpoint: a loader asks for the global runs of its own part and verifies it got all of them.
+ * The manifest's [lo, hi) ranges tile the concatenation of the shards. */
 #ifndef DT_TRAINER_CHECKPOINT_H
 #define DT_TRAINER_CHECKPOINT_H
 

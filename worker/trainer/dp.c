@@ -90,8 +90,11 @@ struct dt_dp {
   float *m_shard, *v_shard; /* ZeRO-1..3 (n) */
   slot_t slots[S_COUNT];    /* ZeRO-2/3 */
   uint64_t uses;
-  int lm_head_next; /* ZeRO-3: the forward pass's next embeddings acquisition is the LM head */
-  float *staging;   /* a unit's ranges packed rank-major (units up to staging_n floats) */
+  int order[2][DT_UNIT_MAX_ORDER]; /* the model's unit order, forward and backward */
+  int norder[2], cursor[2];        /* ZeRO-3 prefetch: where each pass is in its order */
+  dt_comm_t *emb; /* pipeline: first and last stage, whose tied wte gradients are summed */
+  int emb_fresh;  /* ZeRO-2/3 with emb: the embeddings' working gradients start this step */
+  float *staging; /* a unit's ranges packed rank-major (units up to staging_n floats) */
   size_t staging_n;
   float *tmp; /* reduce-scatter landing buffer */
   size_t tmp_n;
@@ -425,30 +428,24 @@ static int slot_for(const dt_dp_t *dp, int unit)
   return best;
 }
 
-/* The unit the model acquires after this one (gpt2.c's order): forward embeddings, layers
- * up, final LayerNorm, embeddings again (LM head); backward the reverse. NO_UNIT at the end,
- * and after the LM head's acquisition (the backward pass starts with units still in place). */
+/* The unit the model acquires after this one, from the order the model publishes
+ * (dt_gpt2_unit_order); NO_UNIT at the end of a pass. A unit may appear twice in a pass (the
+ * embeddings: encoder and LM head), so each direction keeps a cursor. */
 static int next_unit(dt_dp_t *dp, int unit, int backward)
 {
-  const int L = dp->m->cfg.layers;
-  if (!backward) {
-    if (unit == DT_UNIT_FINAL) {
-      dp->lm_head_next = 1;
-      return NO_UNIT;
-    }
-    if (unit == DT_UNIT_EMBED && dp->lm_head_next) {
-      dp->lm_head_next = 0;
-      return NO_UNIT;
-    }
-    if (unit == DT_UNIT_EMBED)
-      return L > 0 ? 0 : DT_UNIT_FINAL;
-    return unit + 1 < L ? unit + 1 : DT_UNIT_FINAL;
+  const int *o = dp->order[backward], n = dp->norder[backward];
+  int i = dp->cursor[backward];
+  while (i < n && o[i] != unit)
+    i++;
+  if (i == n) /* not where the cursor expected it: a new pass */
+    for (i = 0; i < n && o[i] != unit; i++)
+      ;
+  if (i >= n - 1) {
+    dp->cursor[backward] = 0;
+    return NO_UNIT;
   }
-  if (unit == DT_UNIT_EMBED)
-    return DT_UNIT_FINAL;
-  if (unit == DT_UNIT_FINAL)
-    return L > 0 ? L - 1 : NO_UNIT;
-  return unit > 0 ? unit - 1 : NO_UNIT;
+  dp->cursor[backward] = i + 1;
+  return o[i + 1];
 }
 
 /* ZeRO-3: makes sure slot s holds (or will hold) unit's parameters. */
@@ -488,7 +485,12 @@ static int hook_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_gpt
   }
   if (grads) {
     DT_CHECK(wait_task(dp, sl->scatter_seq)); /* its previous gradients have left */
-    memset(sl->g, 0, sl->size * sizeof(float));
+    /* Under a pipeline the embeddings' gradients accumulate over the step's micro-batches
+     * and leave once, after the tied sum between the first and last stage. */
+    if (!(unit == DT_UNIT_EMBED && dp->emb) || dp->emb_fresh)
+      memset(sl->g, 0, sl->size * sizeof(float));
+    if (unit == DT_UNIT_EMBED)
+      dp->emb_fresh = 0;
     packed_view(dp, unit, sl->g, g);
   }
   return 0;
@@ -504,7 +506,7 @@ static int hook_release(void *ud, int unit, int grads)
   }
   slot_t *sl = &dp->slots[s];
   sl->ref--;
-  if (!grads)
+  if (!grads || (unit == DT_UNIT_EMBED && dp->emb))
     return 0;
   return post_task(dp, (task_t){.kind = TASK_SCATTER, .unit = unit, .slot = s}, &sl->scatter_seq);
 }
@@ -543,7 +545,7 @@ static int create_slots(dt_dp_t *dp)
   for (int s = 0; s < S_COUNT; s++) {
     slot_t *sl = &dp->slots[s];
     int unit = s == S_EMBED ? DT_UNIT_EMBED : s == S_FINAL ? DT_UNIT_FINAL : 0;
-    sl->size = m->cfg.layers > 0 || s < S_LAYER0 ? unit_size(m, unit, &biggest_range) : 0;
+    sl->size = m->L > 0 || s < S_LAYER0 ? unit_size(m, unit, &biggest_range) : 0;
     sl->unit = NO_UNIT;
     if (!(sl->g = alloc_floats(sl->size, "working gradients")))
       return DT_ENOMEM;
@@ -585,7 +587,8 @@ static int start_thread(dt_dp_t *dp)
   return 0;
 }
 
-int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, int zero_stage)
+int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt_comm_t *emb,
+                 int zero_stage)
 {
   if (zero_stage < 0 || zero_stage > 3) {
     DT_ERROR(TRAIN, "zero stage %d: expected 0, 1, 2 or 3", zero_stage);
@@ -598,6 +601,14 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, in
   dp->m = m;
   dp->comm = comm;
   dp->mp = mp;
+  dp->emb = emb;
+  if (m->L + 3 > DT_UNIT_MAX_ORDER) {
+    DT_ERROR(TRAIN, "%d layers on one stage: at most %d", m->L, DT_UNIT_MAX_ORDER - 3);
+    free(dp);
+    return DT_EINVAL;
+  }
+  dp->norder[0] = dt_gpt2_unit_order(m, 0, dp->order[0]);
+  dp->norder[1] = dt_gpt2_unit_order(m, 1, dp->order[1]);
   dp->stage = zero_stage;
   dp->rank = comm ? dt_comm_rank(comm) : 0;
   dp->world = comm ? dt_comm_world(comm) : 1;
@@ -632,8 +643,8 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, in
   if (collective(dp) && (zero_stage >= 2 || overlap)) {
     /* Every unit but the embeddings (two ranges, the biggest) is packed through staging. */
     size_t unused = 0;
-    dp->staging_n = DT_MAX(unit_size(m, DT_UNIT_FINAL, &unused),
-                           m->cfg.layers > 0 ? unit_size(m, 0, &unused) : 0);
+    dp->staging_n =
+        DT_MAX(unit_size(m, DT_UNIT_FINAL, &unused), m->L > 0 ? unit_size(m, 0, &unused) : 0);
     if (!(dp->staging = alloc_floats(dp->staging_n, "staging buffer")))
       goto fail;
   }
@@ -712,6 +723,7 @@ void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem)
 
 void dt_dp_zero_grad(dt_dp_t *dp)
 {
+  dp->emb_fresh = 1;
   if (dp->stage >= 2)
     memset(dp->g_shard, 0, dp->n * sizeof(float));
   else
@@ -723,18 +735,38 @@ void dt_dp_begin_micro(dt_dp_t *dp, int last)
   dp->last_micro = last;
 }
 
+/* Pipeline: the first and the last stage each hold wte (the LM head is tied to the token
+ * embedding) and each computed part of its gradient; both copies get the sum, so both take
+ * the same update. Linear, so it may follow the data-parallel average. */
+static int sum_tied(dt_dp_t *dp, float *wte_grad)
+{
+  const size_t n = dp->m->tensor_sizes[DT_T_WTE];
+  DT_CHECK(drain(dp));
+  TIMED_CHECK(dp, dt_comm_all_reduce(dp->emb, wte_grad, n, DT_COMM_SUM));
+  return 0;
+}
+
 int dt_dp_reduce_grads(dt_dp_t *dp)
 {
-  if (dp->stage >= 2) /* reduce-scattered unit by unit during the backward pass */
-    return drain(dp);
-  if (!collective(dp))
-    return 0;
-  if (dp->posted) { /* most of it went out during the backward pass: only the wait is exposed */
-    dp->posted = 0;
+  if (dp->stage >= 2) { /* reduce-scattered unit by unit during the backward pass */
+    if (dp->emb) {      /* but the embeddings once per step, after the tied sum */
+      slot_t *sl = &dp->slots[S_EMBED];
+      uint64_t seq;
+      DT_CHECK(sum_tied(dp, sl->g)); /* wte comes first in the packed unit */
+      DT_CHECK(post_task(dp, (task_t){.kind = TASK_SCATTER, .unit = DT_UNIT_EMBED, .slot = S_EMBED},
+                         &seq));
+    }
     return drain(dp);
   }
-  TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, dp->m->grads_flat, (size_t)dp->P, DT_COMM_AVG));
-  return 0;
+  if (collective(dp)) {
+    if (dp->posted) { /* most of it went out during the backward pass: only the wait is exposed */
+      dp->posted = 0;
+      DT_CHECK(drain(dp));
+    } else {
+      TIMED_CHECK(dp, dt_comm_all_reduce(dp->comm, dp->m->grads_flat, (size_t)dp->P, DT_COMM_AVG));
+    }
+  }
+  return dp->emb ? sum_tied(dp, dp->m->grads.wte) : 0;
 }
 
 /* Sums a double across a communicator's ranks exactly enough for a norm: as a float pair
@@ -843,7 +875,7 @@ static int load_local(dt_dp_t *dp, const char *path, int64_t lo, int64_t hi, flo
   const dt_gpt2_t *model = dp->m;
   dt_gpt2_run_t *runs;
   size_t n;
-  DT_CHECK(dt_gpt2_runs(model, model->tp.rank, lo, hi, 1, &runs, &n));
+  DT_CHECK(dt_gpt2_runs(model, model->tp.rank, lo, hi, 0, &runs, &n));
   int rc = dt_ckpt_load_runs(path, &model->cfg, (int64_t)model->global_params, runs, n, params, m,
                              v, state);
   free(runs);

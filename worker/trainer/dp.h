@@ -42,9 +42,12 @@ typedef struct {
 
 /* Takes over m's buffers as the stage needs (frees what the stage does not keep) and installs
  * the model hooks for ZeRO-2/3. m must hold the initial weights of its (local) buffer: under
- * tensor parallelism ZeRO shards each rank's local buffer over the ranks of comm (its dp
- * group), and the gradient norm also sums over mp (the tp group; NULL when none). */
-int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, int zero_stage);
+ * tensor and pipeline parallelism ZeRO shards each rank's local buffer over the ranks of comm
+ * (its dp group); the gradient norm also sums over mp (the ranks holding the other parts of
+ * the model: tp x pp; NULL when none), and emb (a pipeline's first and last stage; NULL when
+ * none) sums the tied wte gradients once per step. */
+int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt_comm_t *emb,
+                 int zero_stage);
 void dt_dp_destroy(dt_dp_t *dp);
 
 /* The range this rank owns. */

@@ -92,8 +92,35 @@ static void placement(const dt_gpt2_config_t *c, dt_gpt2_place_t *pl)
   memcpy(pl, t, sizeof t);
 }
 
+/* Tensors with one slice per layer. */
+static int layered(int i)
+{
+  return i >= DT_T_LN1W && i <= DT_T_FCPROJB;
+}
+
+/* Whether this rank holds tensor i, and whether it writes it (owns it): replicated tensors
+ * are written by tp rank 0, the last stage's copy of wte by nobody (the first stage's is). */
+static int holds(const dt_gpt2_t *m, int i)
+{
+  const dt_gpt2_stage_t *st = &m->stage;
+  if (i == DT_T_WTE)
+    return st->first || st->last;
+  if (i == DT_T_WPE)
+    return st->first;
+  if (i == DT_T_LNFW || i == DT_T_LNFB)
+    return st->last;
+  return 1;
+}
+
+static int owns(const dt_gpt2_t *m, int tp_rank, int i)
+{
+  if (i == DT_T_WTE && !m->stage.first)
+    return 0;
+  return m->place[i].split != DT_SPLIT_NONE || tp_rank == 0;
+}
+
 int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops,
-                   const dt_gpt2_tp_t *tp)
+                   const dt_gpt2_tp_t *tp, const dt_gpt2_stage_t *stage)
 {
   char why[256];
   memset(m, 0, sizeof *m);
@@ -107,6 +134,16 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *op
     DT_ERROR(TRAIN, "invalid tensor parallelism (tp %d, rank %d): %s", m->tp.tp, m->tp.rank, why);
     return DT_EINVAL;
   }
+  m->stage = stage
+                 ? *stage
+                 : (dt_gpt2_stage_t){.layer_lo = 0, .layer_hi = cfg->layers, .first = 1, .last = 1};
+  if (m->stage.layer_lo < 0 || m->stage.layer_hi > cfg->layers ||
+      m->stage.layer_lo >= m->stage.layer_hi) {
+    DT_ERROR(TRAIN, "invalid pipeline stage: layers [%d, %d) of %d", m->stage.layer_lo,
+             m->stage.layer_hi, cfg->layers);
+    return DT_EINVAL;
+  }
+  m->L = m->stage.layer_hi - m->stage.layer_lo;
   m->cfg = *cfg;
   m->ops = ops;
   placement(cfg, m->place);
@@ -114,11 +151,13 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *op
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
     const dt_gpt2_place_t *pl = &m->place[i];
     const size_t whole = pl->layers * pl->rows * pl->cols;
-    const size_t n = pl->split == DT_SPLIT_NONE ? whole : whole / (size_t)m->tp.tp;
+    const size_t here = layered(i) ? (size_t)m->L * pl->rows * pl->cols : whole;
+    const size_t n = !holds(m, i) ? 0 : pl->split == DT_SPLIT_NONE ? here : here / (size_t)m->tp.tp;
     m->tensor_sizes[i] = n;
     m->tensor_offsets[i] = off;
     m->global_offsets[i] = goff;
     m->replicated += pl->split == DT_SPLIT_NONE ? n : 0;
+    m->owned += owns(m, m->tp.rank, i) ? n : 0;
     off += n;
     goff += whole;
   }
@@ -136,13 +175,8 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *op
   return 0;
 }
 
-void dt_gpt2_destroy(dt_gpt2_t *m)
+static void free_acts(dt_gpt2_acts_t *a)
 {
-  dt_free_aligned(m->params_flat);
-  dt_free_aligned(m->grads_flat);
-  dt_free_aligned(m->m_flat);
-  dt_free_aligned(m->v_flat);
-  dt_gpt2_acts_t *a = &m->acts;
   float *bufs[] = {a->encoded,  a->ln1,       a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
                    a->att,      a->residual2, a->ln2,      a->ln2_mean, a->ln2_rstd, a->fch,
                    a->fch_gelu, a->residual3, a->lnf,      a->lnf_mean, a->lnf_rstd, a->logits,
@@ -150,7 +184,17 @@ void dt_gpt2_destroy(dt_gpt2_t *m)
                    a->tmp,      a->ce_stats};
   for (size_t k = 0; k < DT_ARRAY_SIZE(bufs); k++)
     dt_free_aligned(bufs[k]);
-  dt_free_aligned(a->targets);
+}
+
+void dt_gpt2_destroy(dt_gpt2_t *m)
+{
+  dt_free_aligned(m->params_flat);
+  dt_free_aligned(m->grads_flat);
+  dt_free_aligned(m->m_flat);
+  dt_free_aligned(m->v_flat);
+  for (int i = 0; i < m->nslots; i++)
+    free_acts(&m->acts[i]);
+  free(m->acts);
   memset(m, 0, sizeof *m);
 }
 
@@ -186,7 +230,7 @@ static void init_global(const dt_gpt2_config_t *c, float *flat, uint64_t seed)
 
 int dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed)
 {
-  if (m->tp.tp == 1) {
+  if (m->num_params == m->global_params) {
     init_global(&m->cfg, m->params_flat, seed);
     return 0;
   }
@@ -238,7 +282,7 @@ static void runs_add(runs_t *r, int64_t g, int64_t l, int64_t len, int64_t lo, i
   r->v[r->n++] = (dt_gpt2_run_t){.global = g, .local = a - lo, .len = b - a};
 }
 
-int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int with_replicated,
+int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int owned_only,
                  dt_gpt2_run_t **out, size_t *nout)
 {
   runs_t r = {0};
@@ -246,17 +290,18 @@ int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int wi
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
     const dt_gpt2_place_t *pl = &m->place[i];
     const int64_t loc = (int64_t)m->tensor_offsets[i], glob = (int64_t)m->global_offsets[i];
-    const int64_t R = (int64_t)pl->rows, Cc = (int64_t)pl->cols, L = (int64_t)pl->layers;
-    if (loc >= hi || loc + (int64_t)m->tensor_sizes[i] <= lo)
+    const int64_t R = (int64_t)pl->rows, Cc = (int64_t)pl->cols;
+    const int64_t L = layered(i) ? m->L : 1, l0 = layered(i) ? m->stage.layer_lo : 0;
+    if (loc >= hi || loc + (int64_t)m->tensor_sizes[i] <= lo || m->tensor_sizes[i] == 0 ||
+        (owned_only && !owns(m, tp_rank, i)))
       continue;
     if (pl->split == DT_SPLIT_NONE) {
-      if (with_replicated)
-        runs_add(&r, glob, loc, (int64_t)m->tensor_sizes[i], lo, hi);
+      runs_add(&r, glob + l0 * R * Cc, loc, (int64_t)m->tensor_sizes[i], lo, hi);
       continue;
     }
     int64_t l_off = loc;
     for (int64_t l = 0; l < L; l++) {
-      const int64_t g_layer = glob + l * R * Cc;
+      const int64_t g_layer = glob + (l0 + l) * R * Cc;
       if (pl->split == DT_SPLIT_ROWS) {
         const int64_t block = R / pl->blocks, part = block / tp;
         for (int b = 0; b < pl->blocks; b++, l_off += part * Cc)
@@ -277,11 +322,11 @@ int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int wi
   return 0;
 }
 
-int64_t dt_gpt2_replicated_in(const dt_gpt2_t *m, int64_t lo, int64_t hi)
+int64_t dt_gpt2_unowned_in(const dt_gpt2_t *m, int64_t lo, int64_t hi)
 {
   int64_t n = 0;
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
-    if (m->place[i].split != DT_SPLIT_NONE)
+    if (owns(m, m->tp.rank, i))
       continue;
     int64_t a = DT_MAX(lo, (int64_t)m->tensor_offsets[i]);
     int64_t b = DT_MIN(hi, (int64_t)(m->tensor_offsets[i] + m->tensor_sizes[i]));
@@ -294,7 +339,7 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
 {
   dt_gpt2_run_t *runs;
   size_t n;
-  DT_CHECK(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)m->num_params, 1, &runs, &n));
+  DT_CHECK(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)m->num_params, 0, &runs, &n));
   for (size_t i = 0; i < n; i++)
     memcpy(m->params_flat + runs[i].local, global + runs[i].global,
            (size_t)runs[i].len * sizeof(float));
@@ -302,21 +347,12 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
   return 0;
 }
 
-int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T)
+/* One activation slot; returns its bytes, 0 when out of memory. */
+static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 {
   const dt_gpt2_config_t *c = &m->cfg;
-  if (T > c->max_seq) {
-    DT_ERROR(TRAIN, "sequence length %d exceeds the model's max_seq %d", T, c->max_seq);
-    return DT_EINVAL;
-  }
-  dt_gpt2_acts_t *a = &m->acts;
-  if (a->B == B && a->T == T)
-    return 0;
-  if (a->encoded) {
-    DT_ERROR(TRAIN, "activations already allocated for B=%d T=%d", a->B, a->T);
-    return DT_EINVAL;
-  }
-  const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->layers;
+  const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)m->L;
+  const int last = m->stage.last;
   const size_t tp = (size_t)m->tp.tp, NH = (size_t)c->heads / tp;
   const size_t Cl = C / tp, Vl = (size_t)c->padded_vocab / tp; /* local widths */
   size_t total = 0;
@@ -341,26 +377,50 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T)
   DT__ALLOC(fch, L * N * 4 * Cl);
   DT__ALLOC(fch_gelu, L * N * 4 * Cl);
   DT__ALLOC(residual3, L * N * C);
-  DT__ALLOC(lnf, N * C);
-  DT__ALLOC(lnf_mean, N);
-  DT__ALLOC(lnf_rstd, N);
-  DT__ALLOC(logits, N * Vl);
-  DT__ALLOC(losses, N);
+  if (last) {
+    DT__ALLOC(lnf, N * C);
+    DT__ALLOC(lnf_mean, N);
+    DT__ALLOC(lnf_rstd, N);
+    DT__ALLOC(logits, N * Vl);
+    DT__ALLOC(losses, N);
+  }
   DT__ALLOC(dresidual, N * C);
   DT__ALLOC(dbuf, N * C);
   DT__ALLOC(dbuf4, N * 4 * Cl);
   DT__ALLOC(dqkv, N * 3 * Cl);
   DT__ALLOC(datt, (size_t)B * NH * T * T);
   DT__ALLOC(tmp, N * C);
-  if (tp > 1)
+  if (tp > 1 && last)
     DT__ALLOC(ce_stats, (tp + 1) * N * 3); /* all ranks' stats, then this rank's */
 #undef DT__ALLOC
-  a->targets = dt_calloc_aligned(N * sizeof(int), "targets");
-  if (!ok || !a->targets)
-    return DT_ENOMEM;
   a->B = B;
   a->T = T;
-  m->bytes_acts = total + N * sizeof(int);
+  return ok ? total : 0;
+}
+
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots)
+{
+  if (T > m->cfg.max_seq) {
+    DT_ERROR(TRAIN, "sequence length %d exceeds the model's max_seq %d", T, m->cfg.max_seq);
+    return DT_EINVAL;
+  }
+  if (m->nslots == nslots && m->acts[0].B == B && m->acts[0].T == T)
+    return 0;
+  if (m->nslots > 0 || nslots < 1) {
+    DT_ERROR(TRAIN, "activations: %d slots for B=%d T=%d asked for; %d allocated", nslots, B, T,
+             m->nslots);
+    return DT_EINVAL;
+  }
+  m->acts = calloc((size_t)nslots, sizeof *m->acts);
+  if (!m->acts)
+    return DT_ENOMEM;
+  m->nslots = nslots;
+  for (int i = 0; i < nslots; i++) {
+    size_t bytes = alloc_slot(m, &m->acts[i], B, T);
+    if (!bytes)
+      return DT_ENOMEM;
+    m->bytes_acts += bytes;
+  }
   return 0;
 }
 
@@ -382,18 +442,44 @@ int dt_gpt2_alloc_optimizer(dt_gpt2_t *m)
 
 int dt_gpt2_unit_ranges(const dt_gpt2_t *m, int unit, dt_flat_range_t *r)
 {
-  const int L = m->cfg.layers;
   int n = 0;
   if (unit == DT_UNIT_EMBED || unit == DT_UNIT_FINAL) {
     int first = unit == DT_UNIT_EMBED ? DT_T_WTE : DT_T_LNFW;
     for (int k = first; k < first + 2; k++)
-      r[n++] = (dt_flat_range_t){m->tensor_offsets[k], m->tensor_sizes[k], k};
+      if (m->tensor_sizes[k] > 0) /* a stage holds a subset of these */
+        r[n++] = (dt_flat_range_t){m->tensor_offsets[k], m->tensor_sizes[k], k};
     return n;
   }
   for (int k = DT_T_LN1W; k <= DT_T_FCPROJB; k++) {
-    size_t per = m->tensor_sizes[k] / (size_t)L;
+    size_t per = m->tensor_sizes[k] / (size_t)m->L;
     r[n++] = (dt_flat_range_t){m->tensor_offsets[k] + (size_t)unit * per, per, k};
   }
+  return n;
+}
+
+int dt_gpt2_unit_order(const dt_gpt2_t *m, int backward, int *u)
+{
+  const int first = m->stage.first, last = m->stage.last, L = m->L;
+  int n = 0;
+  if (!backward) {
+    if (first)
+      u[n++] = DT_UNIT_EMBED;
+    for (int l = 0; l < L; l++)
+      u[n++] = l;
+    if (last) {
+      u[n++] = DT_UNIT_FINAL;
+      u[n++] = DT_UNIT_EMBED; /* the LM head */
+    }
+    return n;
+  }
+  if (last) { /* LM head; one stage holds the embeddings on to the encoder */
+    u[n++] = DT_UNIT_EMBED;
+    u[n++] = DT_UNIT_FINAL;
+  }
+  for (int l = L - 1; l >= 0; l--)
+    u[n++] = l;
+  if (first && !last)
+    u[n++] = DT_UNIT_EMBED;
   return n;
 }
 
@@ -456,25 +542,27 @@ static int tp_sum(dt_gpt2_t *m, float *buf, size_t n)
   return dt_comm_all_reduce(m->tp.comm, buf, n, DT_COMM_SUM);
 }
 
-/* Runs the model to the final LayerNorm and the logits. A batch (B, T) smaller than the
- * allocated one uses the buffers with the per-layer strides of the allocated size. The
- * embeddings stay acquired from the LM head to the caller (the backward pass needs them).
- * Row-parallel biases are added on tp rank 0 only, so that the all-reduce adds them once. */
-static int forward_to_logits(dt_gpt2_t *m, const int *inputs, int B, int T)
+/* Runs one micro-batch through this stage's layers in activation slot a, from the embeddings
+ * (first stage) or the slot's input, to the final LayerNorm and the logits (last stage).
+ * A batch (B, T) smaller than the allocated one uses the buffers with the per-layer strides of
+ * the allocated size. Row-parallel biases are added on tp rank 0 only, so that the all-reduce
+ * adds them once. Every unit acquired is released. */
+static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int B, int T)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  const int C = d.C, Cl = d.Cl, L = m->cfg.layers, lead = m->tp.rank == 0;
-  const size_t N = (size_t)B * T, An = (size_t)m->acts.B * m->acts.T;
-  const size_t att_stride = (size_t)m->acts.B * d.NHl * m->acts.T * m->acts.T;
-  dt_gpt2_acts_t *a = &m->acts;
+  const int C = d.C, Cl = d.Cl, L = m->L, lead = m->tp.rank == 0;
+  const size_t N = (size_t)B * T, An = (size_t)a->B * a->T;
+  const size_t att_stride = (size_t)a->B * d.NHl * a->T * a->T;
   dt_gpt2_view_t p, unused;
 
-  DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
-  k->encoder_forward(a->encoded, inputs, p.t[DT_T_WTE], d.vlo, d.Vl, lead ? p.t[DT_T_WPE] : NULL, B,
-                     T, C);
-  DT_CHECK(release(m, DT_UNIT_EMBED, 0));
-  DT_CHECK(tp_sum(m, a->encoded, N * C));
+  if (m->stage.first) {
+    DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
+    k->encoder_forward(a->encoded, inputs, p.t[DT_T_WTE], d.vlo, d.Vl, lead ? p.t[DT_T_WPE] : NULL,
+                       B, T, C);
+    DT_CHECK(release(m, DT_UNIT_EMBED, 0));
+    DT_CHECK(tp_sum(m, a->encoded, N * C));
+  }
   const float *x = a->encoded;
   for (int l = 0; l < L; l++) {
     float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * Cl;
@@ -502,6 +590,8 @@ static int forward_to_logits(dt_gpt2_t *m, const int *inputs, int B, int T)
     DT_CHECK(release(m, l, 0));
     x = res3;
   }
+  if (!m->stage.last)
+    return 0;
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
   k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW], p.t[DT_T_LNFB], (int)N,
                        C);
@@ -510,13 +600,12 @@ static int forward_to_logits(dt_gpt2_t *m, const int *inputs, int B, int T)
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
     k->matmul_forward(a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal, d.Vl);
-  return 0;
+  return release(m, DT_UNIT_EMBED, 0);
 }
 
 int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
 {
-  DT_CHECK(forward_to_logits(m, inputs, B, T));
-  return release(m, DT_UNIT_EMBED, 0);
+  return forward_stage(m, &m->acts[0], inputs, B, T);
 }
 
 static float mean_loss(const float *losses, size_t n)
@@ -527,20 +616,18 @@ static float mean_loss(const float *losses, size_t n)
   return (float)(acc / (double)n);
 }
 
-/* Per-token losses of the logits of the last forward into acts.losses and, when dloss != 0,
- * dlogits in place of the logits. One process: the fused kernel. Tensor parallel: the
- * vocabulary-parallel pair around one all-gather of 3N floats per rank. */
-static int cross_entropy(dt_gpt2_t *m, const int *targets, float dloss, int N)
+/* Per-token losses of slot a's logits into a->losses and, when dloss != 0, dlogits in place of
+ * the logits. One process: the fused kernel. Tensor parallel: the vocabulary-parallel pair
+ * around one all-gather of 3N floats per rank. */
+static int cross_entropy(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *targets, float dloss, int N)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  dt_gpt2_acts_t *a = &m->acts;
   if (m->tp.tp == 1) {
     k->crossentropy_forward_backward(a->losses, a->logits, targets, dloss, N, m->cfg.vocab,
                                      m->cfg.padded_vocab);
     return 0;
   }
-  /* Stats are laid out with the allocated N as stride so a smaller batch fits. */
   float *mine = a->ce_stats + (size_t)m->tp.tp * 3 * N;
   k->crossentropy_vp_stats(mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl);
   DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->ce_stats, 3 * (size_t)N));
@@ -549,52 +636,76 @@ static int cross_entropy(dt_gpt2_t *m, const int *targets, float dloss, int N)
   return 0;
 }
 
+int dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, int B,
+                          int T, float grad_scale, float *loss)
+{
+  dt_gpt2_acts_t *a = &m->acts[slot];
+  DT_CHECK(forward_stage(m, a, inputs, B, T));
+  if (!m->stage.last)
+    return 0;
+  /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
+  const size_t N = (size_t)B * T;
+  DT_CHECK(cross_entropy(m, a, targets, grad_scale / (float)N, (int)N));
+  *loss = mean_loss(a->losses, N);
+  return 0;
+}
+
 int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                       float *loss)
 {
-  DT_CHECK(dt_gpt2_forward(m, inputs, B, T));
-  const size_t N = (size_t)B * T;
-  DT_CHECK(cross_entropy(m, targets, 0.0f, (int)N));
-  *loss = mean_loss(m->acts.losses, N);
-  return 0;
+  return dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, 0.0f, loss);
+}
+
+float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot)
+{
+  return m->acts[slot].encoded;
+}
+
+const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot)
+{
+  const dt_gpt2_acts_t *a = &m->acts[slot];
+  return a->residual3 + (size_t)(m->L - 1) * a->B * a->T * m->cfg.channels;
+}
+
+float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot)
+{
+  return m->acts[slot].dresidual;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Backward                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
-                             float grad_scale, float *loss)
+int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int T)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  const int C = d.C, Cl = d.Cl, L = m->cfg.layers;
-  const size_t N = (size_t)B * T, An = (size_t)m->acts.B * m->acts.T;
-  const size_t att_stride = (size_t)m->acts.B * d.NHl * m->acts.T * m->acts.T;
-  dt_gpt2_acts_t *a = &m->acts;
+  const int C = d.C, Cl = d.Cl, L = m->L, first = m->stage.first, last = m->stage.last;
+  dt_gpt2_acts_t *a = &m->acts[slot];
+  const size_t N = (size_t)B * T, An = (size_t)a->B * a->T;
+  const size_t att_stride = (size_t)a->B * d.NHl * a->T * a->T;
   dt_gpt2_view_t p, g, ep, eg;
 
-  DT_CHECK(forward_to_logits(m, inputs, B, T)); /* leaves the embeddings acquired */
-  /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
-  DT_CHECK(cross_entropy(m, targets, grad_scale / (float)N, (int)N));
-  *loss = mean_loss(a->losses, N);
-
-  /* The embeddings' gradients accumulate from the LM head now and the encoder at the end. */
-  DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
-  DT_CHECK(release(m, DT_UNIT_EMBED, 0));
-  /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
-  if (d.Vreal > 0)
-    k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N, C,
-                       d.Vreal, d.Vl);
-  else
-    memset(a->dbuf, 0, N * C * sizeof(float));
-  DT_CHECK(tp_sum(m, a->dbuf, N * C));
-  memset(a->dresidual, 0, N * C * sizeof(float));
-  const float *xL = L > 0 ? a->residual3 + (size_t)(L - 1) * An * C : a->encoded;
-  DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
-  k->layernorm_backward(a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], a->dbuf, xL, p.t[DT_T_LNFW],
-                        a->lnf_mean, a->lnf_rstd, (int)N, C);
-  DT_CHECK(release(m, DT_UNIT_FINAL, 1));
+  if (last) {
+    /* The embeddings' gradients accumulate from the LM head now (and, on one stage, from the
+     * encoder at the end: the unit stays acquired until then). */
+    DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
+    /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
+    if (d.Vreal > 0)
+      k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N,
+                         C, d.Vreal, d.Vl);
+    else
+      memset(a->dbuf, 0, N * C * sizeof(float));
+    if (!first)
+      DT_CHECK(release(m, DT_UNIT_EMBED, 1));
+    DT_CHECK(tp_sum(m, a->dbuf, N * C));
+    memset(a->dresidual, 0, N * C * sizeof(float));
+    const float *xL = a->residual3 + (size_t)(L - 1) * An * C;
+    DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
+    k->layernorm_backward(a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], a->dbuf, xL, p.t[DT_T_LNFW],
+                          a->lnf_mean, a->lnf_rstd, (int)N, C);
+    DT_CHECK(release(m, DT_UNIT_FINAL, 1));
+  } /* else: dresidual holds the next stage's input gradient */
 
   for (int l = L - 1; l >= 0; l--) {
     const float *x = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * An * C;
@@ -624,8 +735,19 @@ int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets
                           a->ln1_mean + l * An, a->ln1_rstd + l * An, (int)N, C);
     DT_CHECK(release(m, l, 1));
   }
+  if (!first)
+    return 0; /* dresidual now holds this stage's input gradient */
+  if (!last)
+    DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
   k->encoder_backward(eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], a->dresidual, inputs, B, T, C);
   return release(m, DT_UNIT_EMBED, 1);
+}
+
+int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
+                             float grad_scale, float *loss)
+{
+  DT_CHECK(dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, grad_scale, loss));
+  return dt_gpt2_stage_backward(m, 0, inputs, B, T);
 }
 
 void dt_gpt2_zero_grad(dt_gpt2_t *m)
@@ -635,13 +757,13 @@ void dt_gpt2_zero_grad(dt_gpt2_t *m)
 
 double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi)
 {
-  if (m->tp.rank == 0 || m->replicated == 0)
+  if (m->owned == m->num_params)
     return m->ops->sum_squares(buf, (size_t)(hi - lo));
   double ss = 0.0;
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
     int64_t a = DT_MAX(lo, (int64_t)m->tensor_offsets[i]);
     int64_t b = DT_MIN(hi, (int64_t)(m->tensor_offsets[i] + m->tensor_sizes[i]));
-    if (a < b && m->place[i].split != DT_SPLIT_NONE)
+    if (a < b && owns(m, m->tp.rank, i))
       ss += m->ops->sum_squares(buf + (a - lo), (size_t)(b - a));
   }
   return ss;

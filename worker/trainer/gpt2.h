@@ -90,6 +90,14 @@ typedef struct {
   struct dt_comm *comm;
 } dt_gpt2_tp_t;
 
+/* The pipeline stage a rank holds: layers [layer_lo, layer_hi); the first stage also holds
+ * the embeddings (wte, wpe), the last the final LayerNorm and the LM head (wte again, tied:
+ * the two copies' gradients are summed between the stages, so they stay identical). */
+typedef struct {
+  int layer_lo, layer_hi;
+  int first, last;
+} dt_gpt2_stage_t;
+
 /* Pointers into one flat buffer (parameters, or gradients with the same layout). */
 typedef struct {
   float *wte;      /* (Vp, C) */
@@ -136,6 +144,7 @@ enum {
 #define DT_UNIT_EMBED      (-1)
 #define DT_UNIT_FINAL      (-2)
 #define DT_UNIT_MAX_RANGES 12
+#define DT_UNIT_MAX_ORDER  4096 /* units in one pass: layers + 3 */
 
 typedef struct {
   size_t off, len; /* flat offset and element count */
@@ -162,7 +171,8 @@ typedef struct {
  * parallelism the attention and MLP activations have local widths (3C/tp, C/tp, 4C/tp, NH/tp
  * heads); the residual stream and LayerNorm outputs are full width and replicated. */
 typedef struct {
-  float *encoded;   /* (N, C) residual stream entering layer 0 */
+  float *encoded;   /* (N, C) residual stream entering the stage's first layer: the embeddings,
+                       or the previous stage's output */
   float *ln1;       /* (L, N, C) */
   float *ln1_mean;  /* (L, N) */
   float *ln1_rstd;  /* (L, N) */
@@ -190,7 +200,6 @@ typedef struct {
   float *dqkv;      /* (N, 3C) */
   float *datt;      /* (B, NH, T, T) */
   float *tmp;       /* (N, C) branch outputs before the residual add */
-  int *targets;     /* (N) copy of the targets of the last forward */
   int B, T;         /* the size these buffers were allocated for */
 } dt_gpt2_acts_t;
 
@@ -198,9 +207,13 @@ typedef struct {
   dt_gpt2_config_t cfg; /* the global model */
   const dt_ops_t *ops;
   dt_gpt2_tp_t tp;
+  dt_gpt2_stage_t stage;
+  int L;                /* layers held (units 0..L-1 are layers layer_lo..layer_hi-1) */
   size_t num_params;    /* P, total elements of this rank's flat buffer (local shapes) */
   size_t global_params; /* elements of the whole model (llm.c layout) */
   size_t replicated;    /* elements of the local buffer that every tp rank holds */
+  size_t owned;         /* elements this rank writes: replicated ones on tp rank 0 only, the
+                           last stage's copy of wte never (the first stage's is written) */
   dt_gpt2_place_t place[DT_GPT2_NUM_TENSORS];
   size_t tensor_sizes[DT_GPT2_NUM_TENSORS]; /* local */
   size_t tensor_offsets[DT_GPT2_NUM_TENSORS];
@@ -209,7 +222,8 @@ typedef struct {
   float *grads_flat;      /* (P) */
   float *m_flat, *v_flat; /* (P) AdamW moments, allocated on first step */
   dt_gpt2_tensors_t params, grads;
-  dt_gpt2_acts_t acts;
+  dt_gpt2_acts_t *acts; /* (nslots) activation slots: micro-batches in flight */
+  int nslots;
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -227,9 +241,9 @@ int dt_gpt2_config_validate(const dt_gpt2_config_t *cfg, char *why, size_t whyle
  * writes a one-line reason naming the rule on failure. */
 int dt_gpt2_tp_validate(const dt_gpt2_config_t *cfg, int tp, char *why, size_t whylen);
 /* Allocates this rank's parameters and gradients (zeroed). ops is the kernel backend; tp NULL
- * means the whole model on one rank. */
+ * means no tensor parallelism, stage NULL all layers with the embeddings and the head. */
 int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops,
-                   const dt_gpt2_tp_t *tp);
+                   const dt_gpt2_tp_t *tp, const dt_gpt2_stage_t *stage);
 void dt_gpt2_destroy(dt_gpt2_t *m);
 /* GPT-2 initialisation from a seed: N(0, 0.02) weights, residual projections scaled by
  * 1/sqrt(2L), zero biases, unit LayerNorm weights; padded vocabulary rows zero. Every tp layout
@@ -238,14 +252,18 @@ int dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed);
 /* Copies this rank's part of a global (llm.c layout) parameter buffer into its parameters. */
 int dt_gpt2_load_global(dt_gpt2_t *m, const float *global);
 /* The runs of local range [lo, hi) of tp rank tp_rank's buffer (any rank of this model's tp
- * group: they differ only in global offsets), in local order, merged where contiguous in both
- * layouts; replicated tensors are left out unless with_replicated. *runs is malloc'd. */
-int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int with_replicated,
+ * group and stage: they differ only in global offsets), in local order, merged where
+ * contiguous in both layouts. owned_only: only the tensors that rank writes (see owned). *runs
+ * is malloc'd. */
+int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int owned_only,
                  dt_gpt2_run_t **runs, size_t *nruns);
-/* Elements of local range [lo, hi) in replicated tensors. */
-int64_t dt_gpt2_replicated_in(const dt_gpt2_t *m, int64_t lo, int64_t hi);
-/* Allocates activations for batches up to (B, T). */
-int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T);
+/* Elements of local range [lo, hi) that this rank holds but does not own. */
+int64_t dt_gpt2_unowned_in(const dt_gpt2_t *m, int64_t lo, int64_t hi);
+/* Allocates nslots activation slots (micro-batches in flight) for batches up to (B, T). */
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots);
+/* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3
+ * prefetches by it. Returns the count (at most L + 3). */
+int dt_gpt2_unit_order(const dt_gpt2_t *m, int backward, int *units);
 /* Allocates the AdamW moments (zeroed) if not yet allocated. */
 int dt_gpt2_alloc_optimizer(dt_gpt2_t *m);
 
@@ -260,13 +278,28 @@ int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
 int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                       float *loss);
 /* Forward + backward of one micro-batch; gradients of (mean loss * grad_scale) accumulate into
- * the gradient buffers (or the hooks'). *loss gets the micro-batch's mean loss. */
+ * the gradient buffers (or the hooks'). *loss gets the micro-batch's mean loss. One stage. */
 int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                              float grad_scale, float *loss);
+
+/* Pipeline stages. A micro-batch's forward through this stage into activation slot `slot`:
+ * the first stage embeds inputs, the others start from dt_gpt2_stage_input (filled by the
+ * caller with the previous stage's output). The last stage ends with the loss: *loss gets
+ * the mean, and when grad_scale != 0 the logits become the gradient of (mean loss *
+ * grad_scale). Other stages leave their output in dt_gpt2_stage_output. */
+int dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, int B,
+                          int T, float grad_scale, float *loss);
+/* The backward of the micro-batch in slot: the last stage starts from its loss, the others
+ * from dt_gpt2_stage_grad (filled by the caller with the next stage's input gradient);
+ * stages other than the first leave the gradient of their input in dt_gpt2_stage_grad. */
+int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int T);
+float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot);        /* (B*T, C) */
+const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot); /* (B*T, C) */
+float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot);         /* (B*T, C) */
 void dt_gpt2_zero_grad(dt_gpt2_t *m);
 /* Sum of squares of the gradients (or any buffer laid out like them) of local range
- * [lo, hi), buf addressing element lo. Replicated tensors count on tp rank 0 only, so the sum
- * over the tp group is the whole model's. */
+ * [lo, hi), buf addressing element lo, over the elements this rank owns, so that the sum over
+ * the tp and pp groups counts every parameter of the model once. */
 double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi);
 /* 1 if the tensor (DT_T_*) takes weight decay: weight matrices and embeddings. */
 int dt_gpt2_tensor_decays(int tensor);

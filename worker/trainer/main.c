@@ -13,6 +13,7 @@
 #include "dt_param.h"
 #include "link.h"
 #include "plan.h"
+#include "schedule.h"
 #include "trainer.h"
 
 static void usage(FILE *out)
@@ -41,9 +42,11 @@ static void usage(FILE *out)
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
       "parallelism (one process per rank; environment as torchrun sets it):\n"
       "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
-      "  (a shared directory) for rendezvous; --tp N splits the model over N tensor-parallel\n"
-      "  ranks (neighbours in rank order), the rest is data parallel (dp = WORLD_SIZE / tp);\n"
-      "  --zero-stage 0..3 shards optimizer state, gradients and parameters over dp\n");
+      "  (a shared directory) for rendezvous; --tp N splits layers over N tensor-parallel\n"
+      "  ranks (neighbours in rank order), --pp N the layers into N pipeline stages\n"
+      "  (--pp-schedule 1f1b|gpipe, --grad-accum micro-batches per step), the rest is data\n"
+      "  parallel (dp = WORLD_SIZE / (tp x pp)); --zero-stage 0..3 shards optimizer state,\n"
+      "  gradients and parameters over dp\n");
 }
 
 enum {
@@ -84,6 +87,8 @@ enum {
   OPT_THREADS,
   OPT_ZERO,
   OPT_TP,
+  OPT_PP,
+  OPT_PP_SCHEDULE,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -126,6 +131,8 @@ static const struct option g_opts[] = {
     {"threads", required_argument, 0, OPT_THREADS},
     {"zero-stage", required_argument, 0, OPT_ZERO},
     {"tp", required_argument, 0, OPT_TP},
+    {"pp", required_argument, 0, OPT_PP},
+    {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -288,9 +295,19 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       rc = parse_int(c, optarg, &o->zero_stage);
       break;
     case OPT_TP:
-      rc = parse_int(c, optarg, &o->tp);
-      if (rc == 0 && o->tp < 1) {
-        fprintf(stderr, "distrain-train: --tp must be >= 1, got %d\n", o->tp);
+    case OPT_PP: {
+      int *v = c == OPT_TP ? &o->tp : &o->pp;
+      rc = parse_int(c, optarg, v);
+      if (rc == 0 && *v < 1) {
+        fprintf(stderr, "distrain-train: --%s must be >= 1, got %d\n", opt_name(c), *v);
+        rc = DT_EINVAL;
+      }
+      break;
+    }
+    case OPT_PP_SCHEDULE:
+      if (dt_pipe_parse(optarg, &o->pp_schedule) != 0) {
+        fprintf(stderr, "distrain-train: --pp-schedule: expected 1f1b or gpipe, got '%s'\n",
+                optarg);
         rc = DT_EINVAL;
       }
       break;
@@ -335,8 +352,8 @@ static int read_mesh(dt_train_opts_t *o, int64_t world)
             text, dt_mesh_world(&o->mesh), (long long)world);
     return DT_EINVAL;
   }
-  if (o->tp > 0 && o->tp != o->mesh.tp) {
-    fprintf(stderr, "distrain-train: --tp %d disagrees with DISTRAIN_MESH='%s'\n", o->tp, text);
+  if ((o->tp > 0 && o->tp != o->mesh.tp) || (o->pp > 0 && o->pp != o->mesh.pp)) {
+    fprintf(stderr, "distrain-train: --tp/--pp disagree with DISTRAIN_MESH='%s'\n", text);
     return DT_EINVAL;
   }
   return 0;
@@ -356,20 +373,10 @@ static int setup_world(dt_train_opts_t *o, dt_kv_t *kv, int *have_kv, char *pref
     return DT_EINVAL;
   }
   DT_CHECK(read_mesh(o, world));
-  if (world == 1) {
-    if (o->tp > 1) {
-      fprintf(stderr, "distrain-train: --tp %d needs WORLD_SIZE >= %d ranks\n", o->tp, o->tp);
-      return DT_EINVAL;
-    }
+  if (world == 1)
     return 0;
-  }
   if (!rk || dt_parse_i64(rk, &rank) != 0 || rank < 0 || rank >= world) {
     fprintf(stderr, "distrain-train: WORLD_SIZE=%lld needs RANK in [0, %lld)\n", (long long)world,
-            (long long)world);
-    return DT_EINVAL;
-  }
-  if (o->tp > 0 && world % o->tp != 0) {
-    fprintf(stderr, "distrain-train: --tp %d does not divide WORLD_SIZE %lld\n", o->tp,
             (long long)world);
     return DT_EINVAL;
   }

@@ -38,17 +38,10 @@ int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whyl
 int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, char *why,
                   size_t whylen)
 {
-  if (mesh->pp > 1) {
-    snprintf(why, whylen,
-             "parallel.pp = %d: pipeline parallelism is not in this version of the trainer "
-             "(tp and dp are)",
-             mesh->pp);
-    return DT_ENOTSUP;
-  }
   if (mesh->cp > 1) {
     snprintf(why, whylen,
              "parallel.cp = %d: context parallelism is not in this version of the trainer "
-             "(tp and dp are)",
+             "(pp, dp and tp are)",
              mesh->cp);
     return DT_ENOTSUP;
   }
@@ -61,6 +54,43 @@ int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, c
     return DT_EINVAL;
   }
   return dt_gpt2_tp_validate(cfg, mesh->tp, why, whylen);
+}
+
+int dt_plan_partition(const dt_gpt2_config_t *cfg, int pp, const int *explicit_layers, int *bounds,
+                      char *why, size_t whylen)
+{
+  const int L = cfg->layers;
+  bounds[0] = 0;
+  if (explicit_layers) {
+    for (int s = 0; s < pp; s++) {
+      if (explicit_layers[s] < 1) {
+        snprintf(why, whylen, "parallel.partition: stage %d gets %d layers; every stage needs >= 1",
+                 s, explicit_layers[s]);
+        return DT_EINVAL;
+      }
+      bounds[s + 1] = bounds[s] + explicit_layers[s];
+    }
+    if (bounds[pp] != L) {
+      snprintf(why, whylen,
+               "parallel.partition covers %d layers, model.layers is %d: the stages must cover "
+               "every layer once",
+               bounds[pp], L);
+      return DT_EINVAL;
+    }
+    return 0;
+  }
+  /* Costs in units of one layer: the LM head's GEMM against a layer's 12 C^2 per token. */
+  const double head = (double)cfg->padded_vocab / (12.0 * cfg->channels);
+  const double per_stage = (L + head) / pp;
+  for (int s = 1; s < pp; s++) {
+    /* As many layers as keep the stage near its share, at least one, leaving one per stage. */
+    int b = (int)(s * per_stage + 0.5);
+    b = DT_MAX(b, bounds[s - 1] + 1);
+    b = DT_MIN(b, L - (pp - s));
+    bounds[s] = b;
+  }
+  bounds[pp] = L;
+  return 0;
 }
 
 /* The communicator of this rank's group along one axis: NULL for a group of one, the world
@@ -93,7 +123,38 @@ static int group_comm(const dt_mesh_t *mesh, dt_comm_t *world, dt_mesh_axis_t ax
   return rc < 0 ? rc : 0;
 }
 
-int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, dt_comm_t *world)
+/* The first and last stage of this rank's pipeline: its embedding group. Collective over
+ * world: every rank takes part in the split, the middle stages with no color. */
+static int emb_comm(const dt_mesh_t *mesh, const dt_mesh_coord_t *c, dt_comm_t *world,
+                    dt_comm_t **out, int *owned)
+{
+  const int ends = c->pp == 0 || c->pp == mesh->pp - 1;
+  const int color = ends ? (c->dp * mesh->cp + c->cp) * mesh->tp + c->tp : DT_COMM_NO_COLOR;
+  *out = NULL;
+  int rc = dt_comm_split(world, color, c->pp, out);
+  *owned = rc == 0 && *out;
+  return rc;
+}
+
+/* The ranks holding the other parts of this rank's model replica: every pp and tp position
+ * at its dp (and cp) coordinates. */
+static int mp_comm(const dt_mesh_t *mesh, const dt_mesh_coord_t *c, dt_comm_t *world,
+                   dt_comm_t **out, int *owned)
+{
+  *out = NULL;
+  *owned = 0;
+  if (mesh->pp * mesh->tp == 1)
+    return 0;
+  if (mesh->dp * mesh->cp == 1) {
+    *out = world;
+    return 0;
+  }
+  int rc = dt_comm_split(world, c->dp * mesh->cp + c->cp, dt_comm_rank(world), out);
+  *owned = rc == 0;
+  return rc;
+}
+
+int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, dt_comm_t *world)
 {
   memset(plan, 0, sizeof *plan);
   plan->mesh = *mesh;
@@ -107,13 +168,21 @@ int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, dt_comm_t *world)
     return DT_EINVAL;
   }
   DT_CHECK(dt_mesh_coords(mesh, plan->rank, &plan->coord));
+  plan->layer_lo = bounds[plan->coord.pp];
+  plan->layer_hi = bounds[plan->coord.pp + 1];
   if (!world)
     return 0;
-  int rc = group_comm(mesh, world, DT_MESH_TP, &plan->tp, &plan->owns_tp);
+  int rc = group_comm(mesh, world, DT_MESH_TP, &plan->tp, &plan->owns[0]);
   if (rc == 0)
-    rc = group_comm(mesh, world, DT_MESH_DP, &plan->dp, &plan->owns_dp);
+    rc = group_comm(mesh, world, DT_MESH_DP, &plan->dp, &plan->owns[1]);
+  if (rc == 0)
+    rc = group_comm(mesh, world, DT_MESH_PP, &plan->pp, &plan->owns[2]);
+  if (rc == 0 && mesh->pp > 1)
+    rc = emb_comm(mesh, &plan->coord, world, &plan->emb, &plan->owns[3]);
+  if (rc == 0)
+    rc = mp_comm(mesh, &plan->coord, world, &plan->mp, &plan->owns[4]);
   if (rc != 0) {
-    DT_ERROR(TRAIN, "cannot form the tensor- and data-parallel groups: %s", dt_strerror(rc));
+    DT_ERROR(TRAIN, "cannot form the parallel groups: %s", dt_strerror(rc));
     dt_plan_destroy(plan);
   }
   return rc;
@@ -121,10 +190,10 @@ int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, dt_comm_t *world)
 
 void dt_plan_destroy(dt_plan_t *plan)
 {
-  if (plan->owns_tp)
-    dt_comm_destroy(plan->tp);
-  if (plan->owns_dp)
-    dt_comm_destroy(plan->dp);
+  dt_comm_t *comms[5] = {plan->tp, plan->dp, plan->pp, plan->emb, plan->mp};
+  for (int i = 0; i < 5; i++)
+    if (plan->owns[i])
+      dt_comm_destroy(comms[i]);
   memset(plan, 0, sizeof *plan);
 }
 
@@ -134,11 +203,13 @@ void dt_plan_log(const dt_plan_t *plan, const dt_gpt2_config_t *cfg)
   const dt_mesh_t *ms = &plan->mesh;
   const dt_mesh_coord_t *c = &plan->coord;
   const int heads = cfg->heads / ms->tp, rows = cfg->padded_vocab / ms->tp;
+  const int first = c->pp == 0, last = c->pp == ms->pp - 1;
   dt_mesh_format(ms, m, sizeof m);
   DT_INFO(TRAIN,
-          "plan: rank %d of %d in %s at tp %d dp %d: layers 0..%d, heads %d..%d of %d, "
-          "vocabulary rows %d..%d of %d, data-parallel shard %d of %d",
-          plan->rank, plan->world, m, c->tp, c->dp, cfg->layers - 1, c->tp * heads,
+          "plan: rank %d of %d in %s at pp %d tp %d dp %d: layers %d..%d%s%s, heads %d..%d of "
+          "%d, vocabulary rows %d..%d of %d, data-parallel shard %d of %d",
+          plan->rank, plan->world, m, c->pp, c->tp, c->dp, plan->layer_lo, plan->layer_hi - 1,
+          first ? " + embeddings" : "", last ? " + LM head" : "", c->tp * heads,
           (c->tp + 1) * heads - 1, cfg->heads, c->tp * rows, (c->tp + 1) * rows - 1,
           cfg->padded_vocab, c->dp, ms->dp);
 }

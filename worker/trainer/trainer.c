@@ -24,6 +24,7 @@
 #include "dt_util.h"
 #include "link.h"
 #include "rng.h"
+#include "schedule.h"
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
@@ -67,6 +68,7 @@ void dt_train_opts_default(dt_train_opts_t *o)
   o->weight_decay = 0.0f;
   o->grad_clip = 0.0f;
   o->keep = 0;
+  o->pp_schedule = DT_PIPE_1F1B;
   o->sample_temp = 0.8f;
 }
 
@@ -193,7 +195,35 @@ typedef struct {
   int dpsize;
   dt_lr_schedule_t sched;
   double tokens_per_step;
+  /* pipeline (pp > 1) */
+  int pp, stage;     /* stages, this rank's */
+  dt_pipe_op_t *ops; /* this stage's schedule for one step */
+  int nops;
+  int *mb_inputs, *mb_targets; /* (K, B*T) the step's micro-batches */
+  double busy_ms, idle_ms;     /* whole run: computing / waiting for neighbours */
 } trainer_t;
+
+/* The last stage's scalar on every stage of the pipeline. */
+static int from_last_stage(trainer_t *t, float *x)
+{
+  return t->pp > 1 ? dt_comm_broadcast(t->plan.pp, x, 1, t->pp - 1) : 0;
+}
+
+/* One micro-batch's forward through the pipeline without gradients (validation): activations
+ * flow stage to stage in slot 0; the last stage has the loss. */
+static int eval_batch(trainer_t *t, const int *inputs, const int *targets, int B, int T,
+                      float *loss)
+{
+  dt_gpt2_t *m = &t->model;
+  const size_t bytes = (size_t)B * T * t->cfg.channels * sizeof(float);
+  *loss = 0.0f;
+  if (t->pp > 1 && !m->stage.first)
+    DT_CHECK(dt_comm_recv(t->plan.pp, dt_gpt2_stage_input(m, 0), bytes, t->stage - 1, 0));
+  DT_CHECK(dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, 0.0f, loss));
+  if (t->pp > 1 && !m->stage.last)
+    DT_CHECK(dt_comm_send(t->plan.pp, dt_gpt2_stage_output(m, 0), bytes, t->stage + 1, 0));
+  return 0;
+}
 
 /* Mean validation loss over the first batches of the validation set; each data-parallel rank
  * takes its slice of every window and the result is averaged over the ranks. */
@@ -207,10 +237,11 @@ static int evaluate(trainer_t *t, float *out)
   for (int i = 0; i < n; i++) {
     float loss;
     DT_CHECK(dt_dataloader_next(val));
-    DT_CHECK(dt_gpt2_eval_loss(&t->model, val->inputs, val->targets, val->B, val->T, &loss));
+    DT_CHECK(eval_batch(t, val->inputs, val->targets, val->B, val->T, &loss));
     acc += loss;
   }
   *out = (float)(acc / n);
+  DT_CHECK(from_last_stage(t, out));
   return dt_dp_average(t->dp, out);
 }
 
@@ -245,7 +276,7 @@ static void print_token(FILE *out, int tok, int byte_vocab)
 static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 {
   const int Vl = m->cfg.padded_vocab / m->tp.tp;
-  const float *mine = m->acts.logits + (size_t)(tlen - 1) * Vl;
+  const float *mine = m->acts[0].logits + (size_t)(tlen - 1) * Vl;
   if (m->tp.tp == 1) {
     memcpy(row, mine, (size_t)Vl * sizeof(float));
     return 0;
@@ -258,7 +289,7 @@ static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
                     int print)
 {
-  const int T = m->acts.T, V = m->cfg.vocab, byte_vocab = m->cfg.vocab == 256;
+  const int T = m->acts[0].T, V = m->cfg.vocab, byte_vocab = m->cfg.vocab == 256;
   int *ctx = calloc((size_t)(plen + n), sizeof(int));
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
   int ret = 0;
@@ -357,18 +388,31 @@ static int commit_checkpoint(trainer_t *t, const dt_ckpt_shard_info_t *info, int
   return 0;
 }
 
-/* Elements writer (tp rank tr, dp writer dw) writes: its local range, less the replicated
- * tensors unless it is tp rank 0 (they are written once). */
-static int64_t writer_count(trainer_t *t, int tr, int dw)
+/* Where writer wrank's shard starts in the concatenation of all shards (in writer order): the
+ * writers' indices and element counts are exchanged as floats that carry integers below 2^24
+ * exactly (counts as two halves; a gather copies, it does not round). */
+static int shard_offset(trainer_t *t, int writes, int wrank, int64_t count, int64_t *vlo)
 {
-  int64_t lo, hi;
-  dt_dp_ckpt_range_of(t->dp, dw, &lo, &hi);
-  return hi - lo - (tr != 0 ? dt_gpt2_replicated_in(&t->model, lo, hi) : 0);
+  *vlo = 0;
+  if (!t->world)
+    return 0;
+  const int W = dt_comm_world(t->world);
+  float mine[3] = {(float)(writes ? wrank : -1), (float)(count >> 24), (float)(count & 0xFFFFFF)};
+  float *all = calloc(3 * (size_t)W, sizeof *all);
+  if (!all)
+    return DT_ENOMEM;
+  int rc = dt_comm_all_gather(t->world, mine, all, 3);
+  for (int r = 0; r < W && rc == 0; r++)
+    if (all[3 * r] >= 0 && (int)all[3 * r] < wrank)
+      *vlo += ((int64_t)all[3 * r + 1] << 24) + (int64_t)all[3 * r + 2];
+  free(all);
+  return rc;
 }
 
 /* Writes this rank's shard of the step just completed, then commits it. Writers are the
- * data-parallel writers of every tp rank (tp-major); each writes the global runs of its local
- * range, so any layout can read the checkpoint. */
+ * data-parallel writers of every (pp, tp) position; each writes the global runs of the part of
+ * its local range it owns (replicated tensors on tp rank 0, wte on the first stage), so the
+ * shards hold every parameter once and any layout can read the checkpoint. */
 static int save_checkpoint(trainer_t *t)
 {
   dt_ckpt_range_t rg;
@@ -376,14 +420,14 @@ static int save_checkpoint(trainer_t *t)
   int writes, dpw, dwrank, committed = 0;
   dt_dp_ckpt_range(t->dp, &rg, &writes, &dpw, &dwrank);
   const int tr = t->plan.coord.tp, tp = t->plan.mesh.tp;
-  const int writers = tp * dpw, wrank = tr * dpw + dwrank;
+  const int writers = t->pp * tp * dpw, wrank = (t->stage * tp + tr) * dpw + dwrank;
+  const int64_t count = rg.hi - rg.lo - dt_gpt2_unowned_in(&t->model, rg.lo, rg.hi);
+  int64_t vlo;
+  DT_CHECK(shard_offset(t, writes, wrank, count, &vlo));
   if (writes) {
-    int64_t vlo = 0; /* where this shard starts in the concatenation of all shards */
-    for (int w = 0; w < wrank; w++)
-      vlo += writer_count(t, w / dpw, w % dpw);
     dt_gpt2_run_t *runs;
     size_t nruns;
-    DT_CHECK(dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, tr == 0, &runs, &nruns));
+    DT_CHECK(dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, 1, &runs, &nruns));
     int rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &t->state, t->o->ckpt_dir,
                                 wrank, writers, vlo, runs, nruns, rg.params, rg.m, rg.v, &info);
     free(runs);
@@ -394,31 +438,30 @@ static int save_checkpoint(trainer_t *t)
 }
 
 /* The whole model in llm.c layout on every rank (export): the dp group gathers the local
- * buffer, the tp group exchanges local buffers, and each is placed by its rank's runs. */
+ * buffer, each rank places the parameters it owns, and the ranks holding the other parts
+ * (tp x pp) sum the buffers: every element has exactly one non-zero contribution, so the sum
+ * is exact. */
 static int gather_global(trainer_t *t, float *out)
 {
   dt_gpt2_t *m = &t->model;
-  const int tp = m->tp.tp;
   const size_t P = m->num_params;
-  if (tp == 1)
+  if (!t->plan.mp)
     return dt_dp_gather_params(t->dp, out);
   int ret = 0;
-  float *all = dt_calloc_aligned((size_t)tp * P * sizeof(float), "gathered tp parts");
-  if (!all)
+  dt_gpt2_run_t *runs = NULL;
+  size_t n;
+  float *local = dt_calloc_aligned(P * sizeof(float), "local parameters");
+  if (!local)
     return DT_ENOMEM;
-  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, all + (size_t)m->tp.rank * P), ret, out);
-  DT_CHECK_GOTO(dt_comm_all_gather(m->tp.comm, all + (size_t)m->tp.rank * P, all, P), ret, out);
-  for (int r = 0; r < tp && ret == 0; r++) {
-    dt_gpt2_run_t *runs;
-    size_t n;
-    DT_CHECK_GOTO(dt_gpt2_runs(m, r, 0, (int64_t)P, r == 0, &runs, &n), ret, out);
-    for (size_t i = 0; i < n; i++)
-      memcpy(out + runs[i].global, all + (size_t)r * P + runs[i].local,
-             (size_t)runs[i].len * sizeof(float));
-    free(runs);
-  }
+  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, local), ret, out);
+  DT_CHECK_GOTO(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)P, 1, &runs, &n), ret, out);
+  memset(out, 0, m->global_params * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    memcpy(out + runs[i].global, local + runs[i].local, (size_t)runs[i].len * sizeof(float));
+  ret = dt_comm_all_reduce(t->plan.mp, out, m->global_params, DT_COMM_SUM);
 out:
-  dt_free_aligned(all);
+  free(runs);
+  dt_free_aligned(local);
   return ret;
 }
 
@@ -450,12 +493,20 @@ static void print_memory(trainer_t *t)
   /* The ZeRO formulas for fp32 AdamW over the local parameters, in bytes (16P baseline). */
   const double formula[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
   const double have = (double)(mem.params + mem.grads + mem.optim);
-  if (tp > 1) {
-    const double R = (double)t->model.replicated, G = (double)t->model.global_params;
+  if (tp > 1 || t->pp > 1) {
+    /* Per layer 12C^2 + 7C split over tp, 6C replicated (LayerNorms, row-parallel biases);
+     * the first stage adds wte/tp and wpe, the last wte/tp (tied copy) and the final LN. */
+    const dt_gpt2_config_t *c = &t->cfg;
+    const double C = c->channels, n = t->model.L, wte = (double)c->padded_vocab * C / tp;
+    const int first = t->model.stage.first, last = t->model.stage.last;
+    const double formula_p = n * ((12 * C * C + 7 * C) / tp + 6 * C) +
+                             (first ? wte + (double)c->max_seq * C : 0) +
+                             (last ? (first ? 0 : wte) + 2 * C : 0);
     DT_INFO(TRAIN,
-            "tensor parallel: %.0f of %.0f parameters on this rank (formula (P - R)/tp + R = "
-            "%.0f, R = %.0f replicated)",
-            P, G, (G - R) / tp + R, R);
+            "model parallel: %.0f of %zu parameters on this rank (formula %.0f: %d layers / tp "
+            "%d%s%s)",
+            P, t->model.global_params, formula_p, t->model.L, tp, first ? " + embeddings" : "",
+            last ? " + LM head" : "");
   }
   DT_INFO(TRAIN,
           "memory (ZeRO-%d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB = %.2f MiB "
@@ -465,19 +516,19 @@ static void print_memory(trainer_t *t)
           t->model.bytes_acts / MiB);
 }
 
-/* The mesh: the one given (DISTRAIN_MESH), or dp = world / tp. */
+/* The mesh: the one given (DISTRAIN_MESH), or dp = world / (tp x pp). */
 static int resolve_mesh(const dt_train_opts_t *o, int world, dt_mesh_t *mesh)
 {
   if (o->mesh.tp > 0) {
     *mesh = o->mesh;
     return 0;
   }
-  const int tp = o->tp > 0 ? o->tp : 1;
-  if (world % tp != 0) {
-    DT_ERROR(TRAIN, "--tp %d does not divide WORLD_SIZE %d", tp, world);
+  const int tp = o->tp > 0 ? o->tp : 1, pp = o->pp > 0 ? o->pp : 1;
+  if (world % (tp * pp) != 0) {
+    DT_ERROR(TRAIN, "--tp %d x --pp %d does not divide WORLD_SIZE %d", tp, pp, world);
     return DT_EINVAL;
   }
-  return dt_mesh_init(mesh, 1, world / tp, 1, tp);
+  return dt_mesh_init(mesh, pp, world / (tp * pp), 1, tp);
 }
 
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
@@ -506,19 +557,34 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     return DT_EINVAL;
   }
   /* Every layout rule is checked before this rank meets its peers. */
+  int bounds[DT_UNIT_MAX_ORDER + 1];
   DT_CHECK(resolve_mesh(o, world, &mesh));
-  if (dt_plan_check(&mesh, &t->cfg, o->seq, why, sizeof why) != 0) {
+  if (dt_plan_check(&mesh, &t->cfg, o->seq, why, sizeof why) != 0 ||
+      dt_plan_partition(&t->cfg, mesh.pp, NULL, bounds, why, sizeof why) != 0) {
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
+  }
+  if (mesh.pp > 1 && o->sample_tokens > 0) {
+    DT_ERROR(TRAIN,
+             "--sample: generating text through a pipeline (pp %d) is not supported; "
+             "export the weights (--export-llmc) and sample from one process",
+             mesh.pp);
+    return DT_ENOTSUP;
   }
   if (world > 1)
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
                           (int)dt_param_CommTimeoutMs()));
-  DT_CHECK(dt_plan_create(&t->plan, &mesh, t->world));
+  DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, t->world));
   t->dprank = t->plan.coord.dp;
   t->dpsize = mesh.dp;
+  t->pp = mesh.pp;
+  t->stage = t->plan.coord.pp;
   const dt_gpt2_tp_t tp = {.tp = mesh.tp, .rank = t->plan.coord.tp, .comm = t->plan.tp};
-  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dt_ops_cpu(), &tp));
+  const dt_gpt2_stage_t stage = {.layer_lo = t->plan.layer_lo,
+                                 .layer_hi = t->plan.layer_hi,
+                                 .first = t->stage == 0,
+                                 .last = t->stage == t->pp - 1};
+  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dt_ops_cpu(), &tp, &stage));
   if (o->init_llmc)
     DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
   else
@@ -534,7 +600,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
                                 t->cfg.vocab, 0, 0));
   if (o->ckpt_dir)
     DT_CHECK(prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL));
-  DT_CHECK(dt_dp_create(&t->dp, &t->model, t->plan.dp, t->plan.tp, o->zero_stage));
+  DT_CHECK(dt_dp_create(&t->dp, &t->model, t->plan.dp, t->plan.mp, t->plan.emb, o->zero_stage));
   if (t->resume_from) {
     DT_CHECK(dt_dp_load(t->dp, t->resume_from, &t->state));
     if (t->state.threads != omp_get_max_threads())
@@ -545,7 +611,18 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     t->state.threads = omp_get_max_threads();
     DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
   }
-  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq));
+  int slots = 1;
+  if (t->pp > 1) {
+    const int K = o->grad_accum;
+    slots = dt_pipe_slots(o->pp_schedule, t->pp, t->stage, K);
+    t->ops = calloc(6 * (size_t)K, sizeof *t->ops);
+    t->mb_inputs = calloc((size_t)K * o->batch * o->seq, sizeof(int));
+    t->mb_targets = calloc((size_t)K * o->batch * o->seq, sizeof(int));
+    if (!t->ops || !t->mb_inputs || !t->mb_targets)
+      return DT_ENOMEM;
+    t->nops = dt_pipe_schedule(o->pp_schedule, t->pp, t->stage, K, t->ops);
+  }
+  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots));
   if (o->metrics_path && t->lead) {
     t->metrics = fopen(o->metrics_path, t->resume_from ? "a" : "w");
     if (!t->metrics) {
@@ -560,6 +637,12 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
           t->model.global_params, omp_get_max_threads());
   if (world > 1)
     dt_plan_log(&t->plan, cfg);
+  if (t->pp > 1)
+    DT_INFO(TRAIN,
+            "pipeline: stage %d of %d, schedule %s, %d micro-batches per step, %d activation "
+            "slots (%.1f MiB)",
+            t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, slots,
+            t->model.bytes_acts / (1024.0 * 1024.0));
   print_memory(t);
   t->tokens_per_step = (double)o->batch * o->seq * o->grad_accum * t->dpsize;
   DT_INFO(TRAIN,
@@ -572,15 +655,93 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   return 0;
 }
 
+/* Runs one op of this stage's pipeline schedule; compute time is busy, transfers idle. */
+static int pipe_op(trainer_t *t, const dt_pipe_op_t *op, double *loss_acc)
+{
+  const dt_train_opts_t *o = t->o;
+  dt_gpt2_t *m = &t->model;
+  dt_comm_t *pp = t->plan.pp;
+  const int K = o->grad_accum, BT = o->batch * o->seq, nslots = m->nslots;
+  const int prev = t->stage - 1, next = t->stage + 1;
+  const int first = m->stage.first, last = m->stage.last, slot = op->mb % nslots;
+  const size_t bytes = (size_t)BT * t->cfg.channels * sizeof(float);
+  const int *inputs = t->mb_inputs + (size_t)op->mb * BT;
+  const double t0 = dt_now_ms();
+  int rc = 0;
+  float loss;
+  switch (op->op) {
+  case DT_PIPE_FWD:
+    dt_dp_begin_micro(t->dp, op->mb == K - 1);
+    rc = dt_gpt2_stage_forward(m, slot, inputs, t->mb_targets + (size_t)op->mb * BT, o->batch,
+                               o->seq, 1.0f / (float)K, &loss);
+    *loss_acc += last && rc == 0 ? loss : 0.0f;
+    break;
+  case DT_PIPE_BWD:
+    dt_dp_begin_micro(t->dp, op->mb == K - 1);
+    rc = dt_gpt2_stage_backward(m, slot, inputs, o->batch, o->seq);
+    break;
+  case DT_PIPE_RECV_FWD:
+    rc = first ? 0 : dt_comm_recv(pp, dt_gpt2_stage_input(m, slot), bytes, prev, 0);
+    break;
+  case DT_PIPE_SEND_FWD:
+    rc = last ? 0 : dt_comm_send(pp, dt_gpt2_stage_output(m, slot), bytes, next, 0);
+    break;
+  case DT_PIPE_RECV_BWD:
+    rc = last ? 0 : dt_comm_recv(pp, dt_gpt2_stage_grad(m, slot), bytes, next, 0);
+    break;
+  case DT_PIPE_SEND_BWD:
+    rc = first ? 0 : dt_comm_send(pp, dt_gpt2_stage_grad(m, slot), bytes, prev, 0);
+    break;
+  case DT_PIPE_SEND_FWD_RECV_BWD:
+    rc = last ? 0
+              : dt_comm_sendrecv(pp, dt_gpt2_stage_output(m, slot), bytes, next,
+                                 dt_gpt2_stage_grad(m, op->mb2 % nslots), bytes, next, 0);
+    break;
+  case DT_PIPE_SEND_BWD_RECV_FWD:
+    rc = first ? 0
+               : dt_comm_sendrecv(pp, dt_gpt2_stage_grad(m, slot), bytes, prev,
+                                  dt_gpt2_stage_input(m, op->mb2 % nslots), bytes, prev, 0);
+    break;
+  }
+  const double ms = dt_now_ms() - t0;
+  if (op->op == DT_PIPE_FWD || op->op == DT_PIPE_BWD)
+    t->busy_ms += ms;
+  else
+    t->idle_ms += ms;
+  return rc;
+}
+
+/* The step's micro-batches through the pipeline, by this stage's schedule. Every stage reads
+ * the same micro-batches (the first needs the inputs, the last the targets, all keep the same
+ * data position for checkpoints). *loss_acc: the last stage's sum of micro-batch losses. */
+static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
+{
+  const dt_train_opts_t *o = t->o;
+  const size_t BT = (size_t)o->batch * o->seq;
+  for (int k = 0; k < o->grad_accum; k++) {
+    DT_CHECK(dt_dataloader_next(&t->train));
+    memcpy(t->mb_inputs + k * BT, t->train.inputs, BT * sizeof(int));
+    memcpy(t->mb_targets + k * BT, t->train.targets, BT * sizeof(int));
+  }
+  const double busy0 = t->busy_ms, idle0 = t->idle_ms;
+  for (int i = 0; i < t->nops; i++)
+    DT_CHECK(pipe_op(t, &t->ops[i], loss_acc));
+  const double busy = t->busy_ms - busy0, idle = t->idle_ms - idle0;
+  *bubble = busy + idle > 0 ? idle / (busy + idle) : 0.0;
+  return 0;
+}
+
 /* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
 static int step(trainer_t *t, dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
   const int s = (int)t->state.step;
-  double t0 = dt_now_ms();
+  double t0 = dt_now_ms(), bubble = 0.0;
   dt_dp_zero_grad(t->dp);
   double loss_acc = 0.0;
-  for (int k = 0; k < o->grad_accum; k++) {
+  if (t->pp > 1)
+    DT_CHECK(pipe_step(t, &loss_acc, &bubble));
+  for (int k = 0; k < o->grad_accum && t->pp == 1; k++) {
     DT_CHECK(dt_dataloader_next(&t->train));
     dt_dp_begin_micro(t->dp, k == o->grad_accum - 1);
     float micro_loss;
@@ -590,6 +751,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   }
   DT_CHECK(dt_dp_reduce_grads(t->dp));
   float loss = (float)(loss_acc / o->grad_accum), norm;
+  DT_CHECK(from_last_stage(t, &loss));
   DT_CHECK(dt_dp_average(t->dp, &loss));
   DT_CHECK(dt_dp_grad_norm(t->dp, &norm));
   if (!isfinite(loss) || !isfinite(norm)) {
@@ -620,7 +782,8 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                             .lr = lr,
                             .ms = ms,
                             .tokens_per_s = t->tokens_per_step * 1000.0 / ms,
-                            .comm_ms = dt_dp_take_comm_ms(t->dp)};
+                            .comm_ms = dt_dp_take_comm_ms(t->dp),
+                            .bubble = bubble};
   return 0;
 }
 
@@ -717,6 +880,13 @@ static int finish(trainer_t *t)
     DT_CHECK(generate(&t->model, src->inputs, plen, o->sample_tokens, o->sample_temp, &t->state.rng,
                       t->lead));
   }
+  if (t->pp > 1)
+    DT_INFO(TRAIN,
+            "pipeline stage %d: busy %.1f ms, waiting %.1f ms: bubble %.1f%% (a balanced %s "
+            "pipeline: %.1f%%)",
+            t->stage, t->busy_ms, t->idle_ms,
+            100.0 * t->idle_ms / DT_MAX(t->busy_ms + t->idle_ms, 1e-9),
+            dt_pipe_name(o->pp_schedule), 100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum));
   DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)t->state.step, peak_rss_mb());
   return 0;
 }
@@ -731,6 +901,9 @@ static void teardown(trainer_t *t)
   dt_gpt2_destroy(&t->model);
   dt_plan_destroy(&t->plan);
   dt_comm_destroy(t->world);
+  free(t->ops);
+  free(t->mb_inputs);
+  free(t->mb_targets);
 }
 
 int dt_train_run(const dt_train_opts_t *o)

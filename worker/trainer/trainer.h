@@ -10,6 +10,7 @@
 
 #include "gpt2.h"
 #include "mesh.h"
+#include "schedule.h"
 
 typedef enum { DT_SCHEDULE_CONSTANT = 0, DT_SCHEDULE_COSINE = 1 } dt_schedule_t;
 
@@ -30,6 +31,7 @@ typedef struct {
   float loss, grad_norm;
   double lr, ms, tokens_per_s;
   double comm_ms; /* exposed (not overlapped) communication in this step */
+  double bubble;  /* pipeline: the share of the step this stage waited for its neighbours */
   int has_val;
   float val_loss;
 } dt_step_metrics_t;
@@ -66,13 +68,14 @@ typedef struct {
   struct dt_link *link;
   /* parallelism: this process's rank in a world of `world` (1: one process), the rendezvous
    * store and key prefix its communicators meet under (also used to commit multi-writer
-   * checkpoints when standalone), the mesh (tp 0: dp = world / tp), the tensor-parallel degree
-   * (--tp) and the ZeRO stage (0..3) over the dp groups */
+   * checkpoints when standalone), the mesh (tp 0: dp = world / tp), the tensor- and pipeline-
+   * parallel degrees and the pipeline schedule, and the ZeRO stage (0..3) over the dp groups */
   int rank, world;
   const struct dt_kv *kv;
   const char *kv_prefix;
   dt_mesh_t mesh;
-  int tp;
+  int tp, pp;                 /* --tp, --pp (0: not given) */
+  dt_pipe_kind_t pp_schedule; /* pipeline schedule (pp > 1) */
   int zero_stage;
   /* observer for tests: called after every step */
   void (*on_step)(void *ud, const dt_step_metrics_t *m);

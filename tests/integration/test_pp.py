@@ -1,0 +1,170 @@
+"""Pipeline parallelism (GPipe, 1F1B) composed with tensor and data parallelism and ZeRO:
+exactness against one process, activation slots, checkpoints across layouts, bad input.
+
+Runs the real distrain-train binary as WORLD_SIZE processes (rendezvous through a shared
+DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp the rest) on a
+4-layer model (L4 H4 C64, V 100 padded to 128, GPT-2 init from a seed) and the golden data,
+4 micro-batches per step, and checks:
+  * pp in {2, 4} under GPipe and 1F1B, pp=2 x dp=2 under ZeRO-1 and ZeRO-3, pp=2 x tp=2 and
+    pp=2 x tp=2 x dp=2 under ZeRO-1: the per-step loss equals the single-process run on the
+    same global batch within 1e-5 relative, and so do the final weights (llm.c export);
+  * each stage logs its layers, and keeps at most min(pp - stage, m) micro-batches of
+    activations under 1F1B, m under GPipe;
+  * a pp=2 x tp=2 checkpoint resumes as dp=4 and as one process, and a one-process
+    checkpoint resumes as pp=2 x tp=2: every continuation follows the one-process trajectory;
+  * pp > layers: a one-line error naming the rule, before any training.
+
+    /usr/bin/python3 tests/integration/test_pp.py --build build
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_dp as dp  # noqa: E402  (the launcher)
+import test_tp as tpt  # noqa: E402  (llm.c weights reader)
+
+REL_TOL = 1e-5
+ACCUM = 4
+MODEL = ["--layers", "4", "--heads", "4", "--channels", "64", "--vocab", "100",
+         "--max-seq", "64"]
+
+
+def args(batch, metrics, weights=None, init=True):
+    a = dp.base_args(batch, ACCUM, metrics)
+    i = a.index("--init")
+    a[i:i + 2] = ["--init", "seed:7"] if init else []
+    a += MODEL
+    return a + (["--export-llmc", weights] if weights else [])
+
+
+class PipelineParallel(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="dt_pp_")
+        cls.single = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def single_run(self, global_batch):
+        if global_batch not in self.single:
+            m = os.path.join(self.tmp, "single_%d.jsonl" % global_batch)
+            w = os.path.join(self.tmp, "single_%d.bin" % global_batch)
+            subprocess.run(args(global_batch, m, w), check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            self.single[global_batch] = (dp.read_metrics(m), tpt.read_llmc(w))
+        return self.single[global_batch]
+
+    def run_mesh(self, pp, tp, dpn, zero=0, schedule="1f1b"):
+        tag = "pp%d_tp%d_dp%d_z%d_%s" % (pp, tp, dpn, zero, schedule)
+        kv = os.path.join(self.tmp, "kv_" + tag)
+        metrics = os.path.join(self.tmp, tag + ".jsonl")
+        weights = os.path.join(self.tmp, tag + ".bin")
+        world = pp * tp * dpn
+        outs = dp.wait_all(dp.launch(world, lambda r: args(4, metrics, weights) + [
+            "--pp", str(pp), "--tp", str(tp), "--zero-stage", str(zero),
+            "--pp-schedule", schedule], kv, {"DISTRAIN_COMM_TIMEOUT_MS": "60000"}), timeout=300)
+        for r, (rc, _, err) in enumerate(outs):
+            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
+        return dp.read_metrics(metrics), tpt.read_llmc(weights), [e for _, _, e in outs]
+
+    def check(self, pp, tp, dpn, zero=0, schedule="1f1b"):
+        what = "pp=%d tp=%d dp=%d ZeRO-%d %s" % (pp, tp, dpn, zero, schedule)
+        ref, wref = self.single_run(4 * dpn)
+        got, w, errs = self.run_mesh(pp, tp, dpn, zero, schedule)
+        self.assertEqual(len(ref), len(got), what)
+        for a, b in zip(ref, got):
+            rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
+            self.assertLess(rel, REL_TOL, "%s step %d: loss %.9g vs one process %.9g"
+                            % (what, a["step"], b["loss"], a["loss"]))
+        scale = max(abs(x) for x in wref)
+        worst = max(abs(a - b) for a, b in zip(wref, w))
+        self.assertLess(worst / scale, REL_TOL, "%s: final weights differ by %.3g" % (what, worst))
+        per = 4 // pp
+        for r, err in enumerate(errs):
+            stage = r // (tp * dpn)
+            self.assertRegex(err, r"at pp %d tp %d dp %d: layers %d\.\.%d%s%s" % (
+                stage, r % tp, (r // tp) % dpn, stage * per, stage * per + per - 1,
+                re.escape(" + embeddings") if stage == 0 else "",
+                re.escape(" + LM head") if stage == pp - 1 else ""))
+            slots = ACCUM if schedule == "gpipe" else min(pp - stage, ACCUM)
+            self.assertIn("pipeline: stage %d of %d, schedule %s, %d micro-batches per step, %d "
+                          "activation slots" % (stage, pp, schedule, ACCUM, slots), err)
+            have, formula = (int(x) for x in re.search(
+                r"model parallel: (\d+) of \d+ parameters on this rank \(formula (\d+)",
+                err).groups())
+            self.assertEqual(have, formula)
+
+    def test_pipeline_schedules(self):
+        for pp in (2, 4):
+            for schedule in ("gpipe", "1f1b"):
+                with self.subTest(pp=pp, schedule=schedule):
+                    self.check(pp, 1, 1, schedule=schedule)
+
+    def test_pipeline_with_dp_zero_and_tp(self):
+        for pp, tp, dpn, zero in ((2, 1, 2, 1), (2, 1, 2, 3), (2, 2, 1, 0), (2, 2, 2, 1)):
+            with self.subTest(pp=pp, tp=tp, dp=dpn, zero=zero):
+                self.check(pp, tp, dpn, zero)
+
+    def test_checkpoints_across_layouts(self):
+        ref, _ = self.single_run(8)
+
+        def part(pp, tp, dpn, zero, m, ckpt, first, extra):
+            world = pp * tp * dpn
+            kv = os.path.join(self.tmp, "kv_x_%s_%d_%d" % (os.path.basename(ckpt), world, first))
+            a = args(8 // dpn, m, init=first) + ["--ckpt-dir", ckpt, "--pp", str(pp), "--tp",
+                                                 str(tp), "--zero-stage", str(zero)] + extra
+            if not first:
+                a += ["--resume"]
+            outs = dp.wait_all(dp.launch(world, lambda r: a, kv), timeout=300)
+            for r, (rc, _, err) in enumerate(outs):
+                self.assertEqual(rc, 0, "pp %d tp %d dp %d rank %d:\n%s" % (pp, tp, dpn, r,
+                                                                          err[-3000:]))
+
+        def assert_follows(got, what):
+            self.assertEqual(len(ref), len(got), what)
+            for a, b in zip(ref, got):
+                self.assertLess(abs(a["loss"] - b["loss"]) / abs(a["loss"]), REL_TOL,
+                                "%s step %d: %.9g vs %.9g" % (what, a["step"], b["loss"],
+                                                              a["loss"]))
+
+        for name, layout in (("dp4", (1, 1, 4, 2)), ("one", (1, 1, 1, 0))):
+            with self.subTest(resume_as=name):
+                ckpt = os.path.join(self.tmp, "ckpt_pptp_to_" + name)
+                m1, m2 = (os.path.join(self.tmp, "x_%s_%d.jsonl" % (name, i)) for i in (1, 2))
+                part(2, 2, 1, 0, m1, ckpt, True, ["--stop-at", "4"])
+                with open(os.path.join(ckpt, "step-00000004", "MANIFEST")) as f:
+                    self.assertIn("world 4", f.read())
+                part(*layout, m2, ckpt, False, [])
+                assert_follows(dp.read_metrics(m1) + dp.read_metrics(m2), "pp2 x tp2 -> " + name)
+        with self.subTest(resume_as="pp2_tp2"):
+            ckpt = os.path.join(self.tmp, "ckpt_one_to_pptp")
+            m1, m2 = (os.path.join(self.tmp, "y_%d.jsonl" % i) for i in (1, 2))
+            part(1, 1, 1, 0, m1, ckpt, True, ["--stop-at", "4"])
+            part(2, 2, 1, 0, m2, ckpt, False, [])
+            assert_follows(dp.read_metrics(m1) + dp.read_metrics(m2), "one -> pp2 x tp2")
+
+    def test_bad_layouts(self):
+        kv = os.path.join(self.tmp, "kv_bad")
+        outs = dp.wait_all(dp.launch(8, lambda r: args(4, os.path.join(self.tmp, "bad.jsonl"))
+                                     + ["--pp", "8"], kv), timeout=60)
+        for rc, _, err in outs:
+            self.assertNotEqual(rc, 0)
+            self.assertIn("parallel.pp (8) must be <= model.layers (4)", err)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ns, rest = ap.parse_known_args()
+    dp.BUILD = os.path.abspath(ns.build)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
