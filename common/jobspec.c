@@ -1280,6 +1280,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
   if (spec->parallel && spec->parallel->pp > 1)
     av_str(&a, "--pp-schedule", spec->parallel->schedule ? spec->parallel->schedule : "");
+  if (spec->parallel && spec->parallel->activation_checkpointing)
+    av_push(&a, "--recompute");
   if (resume)
     av_push(&a, "--resume");
 

@@ -65,10 +65,20 @@ def launch(world, args_for_rank, kv, extra_env=None):
 
 
 def wait_all(procs, timeout=120):
+    """(returncode, stdout, stderr) of every process; past the timeout all are killed and the
+    failure shows what each rank printed last (a hang names where it hung)."""
     outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        outs.append((p.returncode, out, err))
+    deadline = time.time() + timeout
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+            outs.append((p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        tails = ["rank %d:\n%s" % (r, (p.communicate()[1] or "")[-1500:])
+                 for r, p in enumerate(procs)]
+        raise AssertionError("ranks still running after %d s:\n%s" % (timeout, "\n".join(tails)))
     return outs
 
 

@@ -6,7 +6,8 @@ DISTRAIN_KV_DIR, --tp N: tensor-parallel peers are neighbours in rank order, dp 
 on the tiny golden model (L2 H4 C64, V 100 padded to 128) and data, and checks:
   * tp in {2, 4}, and tp=2 x dp=2 under ZeRO-1 and ZeRO-3 (with and without gradient
     accumulation): the per-step loss equals the single-process run on the same global batch
-    within 1e-5 relative, and so do the final weights (exported in llm.c format);
+    within 1e-5 relative, and the final weights (exported in llm.c format) within 1e-5
+    relative (L2; no element off by more than 1e-4);
   * every rank logs its plan (heads and vocabulary rows it holds), the parameters per rank
     match (P - R)/tp + R, and the replicated parameters (LayerNorms, wpe, row-parallel biases)
     end bit-identical on all tp ranks (the trainer compares their CRC-32C and fails if not);
@@ -34,6 +35,19 @@ import test_dp as dp  # noqa: E402  (the launcher and the single-process referen
 
 REL_TOL = 1e-5
 STEPS = 8
+
+
+def assert_weights(test, ref, got, what):
+    """Final weights: relative L2 error below 1e-5, and no element off by more than 1e-4 (a
+    tenth of the learning rate: AdamW's m/sqrt(v) turns a last-bit difference in a gradient
+    near zero into an update difference of up to lr, so elements are not held to 1e-5)."""
+    test.assertEqual(len(ref), len(got), what)
+    diff = sum((a - b) ** 2 for a, b in zip(ref, got)) ** 0.5
+    norm = sum(a * a for a in ref) ** 0.5
+    worst = max(abs(a - b) for a, b in zip(ref, got))
+    test.assertLess(diff / norm, REL_TOL, "%s: final weights differ by %.3g (L2, relative)"
+                    % (what, diff / norm))
+    test.assertLess(worst, 1e-4, "%s: a final weight differs by %.3g" % (what, worst))
 
 
 def read_llmc(path):
@@ -65,7 +79,7 @@ class TensorParallel(unittest.TestCase):
 
     def run_tp(self, world, tp, zero, accum, extra=(), tag=None):
         tag = tag or "w%d_tp%d_z%d_k%d" % (world, tp, zero, accum)
-        kv = os.path.join(self.tmp, "kv_" + tag)
+        kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)  # fresh: no stale addresses
         metrics = os.path.join(self.tmp, tag + ".jsonl")
         weights = os.path.join(self.tmp, tag + ".bin")
         batch = 4  # per data-parallel rank
@@ -85,11 +99,7 @@ class TensorParallel(unittest.TestCase):
                             % (what, a["step"], b["loss"], a["loss"]))
 
     def assert_weights(self, ref, got, what):
-        self.assertEqual(len(ref), len(got), what)
-        scale = max(abs(x) for x in ref)
-        worst = max(abs(a - b) for a, b in zip(ref, got))
-        self.assertLess(worst / scale, REL_TOL, "%s: final weights differ by %.3g (largest "
-                        "weight %.3g)" % (what, worst, scale))
+        assert_weights(self, ref, got, what)
 
     def check_ranks(self, errs, tp):
         params = None

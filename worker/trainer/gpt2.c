@@ -363,19 +363,22 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
     total += (count) * sizeof(float);                                                              \
     ok = ok && a->field;                                                                           \
   } while (0)
+  /* With activation checkpointing a layer's inner activations are kept for one layer at a
+   * time (recomputed in the backward pass); the layer outputs (residual3) always for all. */
+  const size_t Lh = m->recompute ? 1 : L;
   DT__ALLOC(encoded, N * C);
-  DT__ALLOC(ln1, L * N * C);
-  DT__ALLOC(ln1_mean, L * N);
-  DT__ALLOC(ln1_rstd, L * N);
-  DT__ALLOC(qkv, L * N * 3 * Cl);
-  DT__ALLOC(atty, L * N * Cl);
-  DT__ALLOC(att, L * B * NH * T * T);
-  DT__ALLOC(residual2, L * N * C);
-  DT__ALLOC(ln2, L * N * C);
-  DT__ALLOC(ln2_mean, L * N);
-  DT__ALLOC(ln2_rstd, L * N);
-  DT__ALLOC(fch, L * N * 4 * Cl);
-  DT__ALLOC(fch_gelu, L * N * 4 * Cl);
+  DT__ALLOC(ln1, Lh * N * C);
+  DT__ALLOC(ln1_mean, Lh * N);
+  DT__ALLOC(ln1_rstd, Lh * N);
+  DT__ALLOC(qkv, Lh * N * 3 * Cl);
+  DT__ALLOC(atty, Lh * N * Cl);
+  DT__ALLOC(att, Lh * B * NH * T * T);
+  DT__ALLOC(residual2, Lh * N * C);
+  DT__ALLOC(ln2, Lh * N * C);
+  DT__ALLOC(ln2_mean, Lh * N);
+  DT__ALLOC(ln2_rstd, Lh * N);
+  DT__ALLOC(fch, Lh * N * 4 * Cl);
+  DT__ALLOC(fch_gelu, Lh * N * 4 * Cl);
   DT__ALLOC(residual3, L * N * C);
   if (last) {
     DT__ALLOC(lnf, N * C);
@@ -398,7 +401,7 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
   return ok ? total : 0;
 }
 
-int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots)
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recompute)
 {
   if (T > m->cfg.max_seq) {
     DT_ERROR(TRAIN, "sequence length %d exceeds the model's max_seq %d", T, m->cfg.max_seq);
@@ -414,6 +417,7 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots)
   m->acts = calloc((size_t)nslots, sizeof *m->acts);
   if (!m->acts)
     return DT_ENOMEM;
+  m->recompute = recompute;
   m->nslots = nslots;
   for (int i = 0; i < nslots; i++) {
     size_t bytes = alloc_slot(m, &m->acts[i], B, T);
@@ -547,13 +551,75 @@ static int tp_sum(dt_gpt2_t *m, float *buf, size_t n)
  * A batch (B, T) smaller than the allocated one uses the buffers with the per-layer strides of
  * the allocated size. Row-parallel biases are added on tp rank 0 only, so that the all-reduce
  * adds them once. Every unit acquired is released. */
+/* The activations of layer l inside slot a: the layer's own buffers, or with activation
+ * checkpointing the one layer's worth that every layer reuses. */
+typedef struct {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+      *fchg, *res3;
+} layer_acts_t;
+
+static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int l)
+{
+  const dims_t d = dims(m);
+  const size_t C = (size_t)d.C, Cl = (size_t)d.Cl, An = (size_t)a->B * a->T;
+  const size_t h = m->recompute ? 0 : (size_t)l, att_stride = (size_t)a->B * d.NHl * a->T * a->T;
+  return (layer_acts_t){.ln1 = a->ln1 + h * An * C,
+                        .ln1_mean = a->ln1_mean + h * An,
+                        .ln1_rstd = a->ln1_rstd + h * An,
+                        .qkv = a->qkv + h * An * 3 * Cl,
+                        .atty = a->atty + h * An * Cl,
+                        .att = a->att + h * att_stride,
+                        .res2 = a->residual2 + h * An * C,
+                        .ln2 = a->ln2 + h * An * C,
+                        .ln2_mean = a->ln2_mean + h * An,
+                        .ln2_rstd = a->ln2_rstd + h * An,
+                        .fch = a->fch + h * An * 4 * Cl,
+                        .fchg = a->fch_gelu + h * An * 4 * Cl,
+                        .res3 = a->residual3 + (size_t)l * An * C};
+}
+
+/* Layer l's forward from its input x with parameters p (acquired by the caller); also what
+ * activation checkpointing reruns before the layer's backward (deterministic kernels and
+ * collectives: the same bits as the first time). */
+static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x, int B, int T,
+                         const dt_gpt2_view_t *p)
+{
+  const dt_ops_t *k = m->ops;
+  const dims_t d = dims(m);
+  const int C = d.C, Cl = d.Cl, lead = m->tp.rank == 0;
+  const size_t N = (size_t)B * T;
+  const layer_acts_t y = layer_acts(m, a, l);
+  k->layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W], p->t[DT_T_LN1B], (int)N,
+                       C);
+  k->matmul_forward(y.qkv, y.ln1, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl);
+  k->attention_forward(y.atty, y.att, y.qkv, B, T, Cl, d.NHl);
+  k->matmul_forward(a->tmp, y.atty, p->t[DT_T_ATTPROJW], lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N,
+                    Cl, C, C);
+  DT_CHECK(tp_sum(m, a->tmp, N * C));
+  k->residual_forward(y.res2, x, a->tmp, N * C);
+  k->layernorm_forward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, p->t[DT_T_LN2W], p->t[DT_T_LN2B],
+                       (int)N, C);
+  k->matmul_forward(y.fch, y.ln2, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl);
+  k->gelu_forward(y.fchg, y.fch, N * 4 * Cl);
+  k->matmul_forward(a->tmp, y.fchg, p->t[DT_T_FCPROJW], lead ? p->t[DT_T_FCPROJB] : NULL, (int)N,
+                    4 * Cl, C, C);
+  DT_CHECK(tp_sum(m, a->tmp, N * C));
+  k->residual_forward(y.res3, y.res2, a->tmp, N * C);
+  return 0;
+}
+
+/* The input of layer l in slot a: the stage's input or the previous layer's output. */
+static const float *layer_input(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int l)
+{
+  return l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * a->B * a->T * m->cfg.channels;
+}
+
 static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int B, int T)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  const int C = d.C, Cl = d.Cl, L = m->L, lead = m->tp.rank == 0;
-  const size_t N = (size_t)B * T, An = (size_t)a->B * a->T;
-  const size_t att_stride = (size_t)a->B * d.NHl * a->T * a->T;
+  const int C = d.C, L = m->L, lead = m->tp.rank == 0;
+  const size_t N = (size_t)B * T;
   dt_gpt2_view_t p, unused;
 
   if (m->stage.first) {
@@ -563,33 +629,12 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
     DT_CHECK(release(m, DT_UNIT_EMBED, 0));
     DT_CHECK(tp_sum(m, a->encoded, N * C));
   }
-  const float *x = a->encoded;
   for (int l = 0; l < L; l++) {
-    float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * Cl;
-    float *atty = a->atty + l * An * Cl, *att = a->att + l * att_stride;
-    float *res2 = a->residual2 + l * An * C, *ln2 = a->ln2 + l * An * C;
-    float *fch = a->fch + l * An * 4 * Cl, *fchg = a->fch_gelu + l * An * 4 * Cl;
-    float *res3 = a->residual3 + l * An * C;
     DT_CHECK(acquire(m, l, 0, &p, &unused));
-    k->layernorm_forward(ln1, a->ln1_mean + l * An, a->ln1_rstd + l * An, x, p.t[DT_T_LN1W],
-                         p.t[DT_T_LN1B], (int)N, C);
-    k->matmul_forward(qkv, ln1, p.t[DT_T_QKVW], p.t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl);
-    k->attention_forward(atty, att, qkv, B, T, Cl, d.NHl);
-    k->matmul_forward(a->tmp, atty, p.t[DT_T_ATTPROJW], lead ? p.t[DT_T_ATTPROJB] : NULL, (int)N,
-                      Cl, C, C);
-    DT_CHECK(tp_sum(m, a->tmp, N * C));
-    k->residual_forward(res2, x, a->tmp, N * C);
-    k->layernorm_forward(ln2, a->ln2_mean + l * An, a->ln2_rstd + l * An, res2, p.t[DT_T_LN2W],
-                         p.t[DT_T_LN2B], (int)N, C);
-    k->matmul_forward(fch, ln2, p.t[DT_T_FCW], p.t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl);
-    k->gelu_forward(fchg, fch, N * 4 * Cl);
-    k->matmul_forward(a->tmp, fchg, p.t[DT_T_FCPROJW], lead ? p.t[DT_T_FCPROJB] : NULL, (int)N,
-                      4 * Cl, C, C);
-    DT_CHECK(tp_sum(m, a->tmp, N * C));
-    k->residual_forward(res3, res2, a->tmp, N * C);
+    DT_CHECK(layer_forward(m, a, l, layer_input(m, a, l), B, T, &p));
     DT_CHECK(release(m, l, 0));
-    x = res3;
   }
+  const float *x = layer_input(m, a, L);
   if (!m->stage.last)
     return 0;
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
@@ -682,8 +727,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
   const dims_t d = dims(m);
   const int C = d.C, Cl = d.Cl, L = m->L, first = m->stage.first, last = m->stage.last;
   dt_gpt2_acts_t *a = &m->acts[slot];
-  const size_t N = (size_t)B * T, An = (size_t)a->B * a->T;
-  const size_t att_stride = (size_t)a->B * d.NHl * a->T * a->T;
+  const size_t N = (size_t)B * T;
   dt_gpt2_view_t p, g, ep, eg;
 
   if (last) {
@@ -700,7 +744,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
       DT_CHECK(release(m, DT_UNIT_EMBED, 1));
     DT_CHECK(tp_sum(m, a->dbuf, N * C));
     memset(a->dresidual, 0, N * C * sizeof(float));
-    const float *xL = a->residual3 + (size_t)(L - 1) * An * C;
+    const float *xL = layer_input(m, a, L);
     DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
     k->layernorm_backward(a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], a->dbuf, xL, p.t[DT_T_LNFW],
                           a->lnf_mean, a->lnf_rstd, (int)N, C);
@@ -708,31 +752,30 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
   } /* else: dresidual holds the next stage's input gradient */
 
   for (int l = L - 1; l >= 0; l--) {
-    const float *x = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * An * C;
-    float *ln1 = a->ln1 + l * An * C, *qkv = a->qkv + l * An * 3 * Cl;
-    float *atty = a->atty + l * An * Cl, *att = a->att + l * att_stride;
-    float *res2 = a->residual2 + l * An * C, *ln2 = a->ln2 + l * An * C;
-    float *fch = a->fch + l * An * 4 * Cl, *fchg = a->fch_gelu + l * An * 4 * Cl;
+    const float *x = layer_input(m, a, l);
+    const layer_acts_t y = layer_acts(m, a, l);
     DT_CHECK(acquire(m, l, 1, &p, &g));
+    if (m->recompute) /* activation checkpointing: this layer's activations again */
+      DT_CHECK(layer_forward(m, a, l, x, B, T, &p));
     /* MLP branch: the residual gradient flows unchanged into the branch output. The
      * row-parallel bias gradient is the same sum on every tp rank (replicated). */
-    k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], a->dresidual, fchg,
+    k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], a->dresidual, y.fchg,
                        p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C);
-    k->gelu_backward(a->dbuf4, fch, a->dbuf4, N * 4 * Cl);
-    k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, ln2, p.t[DT_T_FCW], (int)N,
-                       C, 4 * Cl, 4 * Cl);
+    k->gelu_backward(a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl);
+    k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, y.ln2, p.t[DT_T_FCW],
+                       (int)N, C, 4 * Cl, 4 * Cl);
     DT_CHECK(tp_sum(m, a->dbuf, N * C));
-    k->layernorm_backward(a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], a->dbuf, res2,
-                          p.t[DT_T_LN2W], a->ln2_mean + l * An, a->ln2_rstd + l * An, (int)N, C);
+    k->layernorm_backward(a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], a->dbuf, y.res2,
+                          p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, (int)N, C);
     /* Attention branch. */
-    k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], a->dresidual, atty,
+    k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], a->dresidual, y.atty,
                        p.t[DT_T_ATTPROJW], (int)N, Cl, C, C);
-    k->attention_backward(a->dqkv, a->datt, a->dbuf, qkv, att, B, T, Cl, d.NHl);
-    k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, ln1, p.t[DT_T_QKVW],
+    k->attention_backward(a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl);
+    k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, y.ln1, p.t[DT_T_QKVW],
                        (int)N, C, 3 * Cl, 3 * Cl);
     DT_CHECK(tp_sum(m, a->dbuf, N * C));
     k->layernorm_backward(a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], a->dbuf, x, p.t[DT_T_LN1W],
-                          a->ln1_mean + l * An, a->ln1_rstd + l * An, (int)N, C);
+                          y.ln1_mean, y.ln1_rstd, (int)N, C);
     DT_CHECK(release(m, l, 1));
   }
   if (!first)

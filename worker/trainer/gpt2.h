@@ -224,6 +224,7 @@ typedef struct {
   dt_gpt2_tensors_t params, grads;
   dt_gpt2_acts_t *acts; /* (nslots) activation slots: micro-batches in flight */
   int nslots;
+  int recompute;                                             /* activation checkpointing */
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -259,8 +260,11 @@ int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int ow
                  dt_gpt2_run_t **runs, size_t *nruns);
 /* Elements of local range [lo, hi) that this rank holds but does not own. */
 int64_t dt_gpt2_unowned_in(const dt_gpt2_t *m, int64_t lo, int64_t hi);
-/* Allocates nslots activation slots (micro-batches in flight) for batches up to (B, T). */
-int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots);
+/* Allocates nslots activation slots (micro-batches in flight) for batches up to (B, T). With
+ * recompute (activation checkpointing) a slot keeps each layer's output only, and the backward
+ * pass reruns each layer's forward before its backward (same bits, about a third more
+ * compute, the layers' inner activations held for one layer at a time). */
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recompute);
 /* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3
  * prefetches by it. Returns the count (at most L + 3). */
 int dt_gpt2_unit_order(const dt_gpt2_t *m, int backward, int *units);

@@ -46,7 +46,8 @@ static void usage(FILE *out)
       "  ranks (neighbours in rank order), --pp N the layers into N pipeline stages\n"
       "  (--pp-schedule 1f1b|gpipe, --grad-accum micro-batches per step), the rest is data\n"
       "  parallel (dp = WORLD_SIZE / (tp x pp)); --zero-stage 0..3 shards optimizer state,\n"
-      "  gradients and parameters over dp\n");
+      "  gradients and parameters over dp; --recompute: activation checkpointing (keep each\n"
+      "  layer's output, recompute the rest in the backward pass)\n");
 }
 
 enum {
@@ -89,6 +90,7 @@ enum {
   OPT_TP,
   OPT_PP,
   OPT_PP_SCHEDULE,
+  OPT_RECOMPUTE,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -133,6 +135,7 @@ static const struct option g_opts[] = {
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
+    {"recompute", no_argument, 0, OPT_RECOMPUTE},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -316,6 +319,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_QUIET:
       o->quiet = 1;
+      break;
+    case OPT_RECOMPUTE:
+      o->recompute = 1;
       break;
     case OPT_HELP:
     case 'h':

@@ -622,7 +622,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       return DT_ENOMEM;
     t->nops = dt_pipe_schedule(o->pp_schedule, t->pp, t->stage, K, t->ops);
   }
-  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots));
+  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots, o->recompute));
   if (o->metrics_path && t->lead) {
     t->metrics = fopen(o->metrics_path, t->resume_from ? "a" : "w");
     if (!t->metrics) {
@@ -640,9 +640,11 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (t->pp > 1)
     DT_INFO(TRAIN,
             "pipeline: stage %d of %d, schedule %s, %d micro-batches per step, %d activation "
-            "slots (%.1f MiB)",
-            t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, slots,
-            t->model.bytes_acts / (1024.0 * 1024.0));
+            "slots",
+            t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, slots);
+  DT_INFO(TRAIN, "activations: %.2f MiB in %d slot%s%s", t->model.bytes_acts / (1024.0 * 1024.0),
+          slots, slots == 1 ? "" : "s",
+          o->recompute ? " (activation checkpointing: layer outputs only)" : "");
   print_memory(t);
   t->tokens_per_step = (double)o->batch * o->seq * o->grad_accum * t->dpsize;
   DT_INFO(TRAIN,

@@ -77,6 +77,7 @@ typedef struct {
   int tp, pp;                 /* --tp, --pp (0: not given) */
   dt_pipe_kind_t pp_schedule; /* pipeline schedule (pp > 1) */
   int zero_stage;
+  int recompute; /* activation checkpointing */
   /* observer for tests: called after every step */
   void (*on_step)(void *ud, const dt_step_metrics_t *m);
   void *on_step_ud;
