@@ -200,7 +200,8 @@ typedef struct {
   dt_pipe_op_t *ops; /* this stage's schedule for one step */
   int nops;
   int *mb_inputs, *mb_targets; /* (K, B*T) the step's micro-batches */
-  double busy_ms, idle_ms;     /* whole run: computing / waiting for neighbours */
+  double busy_ms, idle_ms;     /* the run after its first step: computing / waiting */
+  int warm;                    /* the first step is done */
 } trainer_t;
 
 /* The last stage's scalar on every stage of the pipeline. */
@@ -730,6 +731,10 @@ static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
     DT_CHECK(pipe_op(t, &t->ops[i], loss_acc));
   const double busy = t->busy_ms - busy0, idle = t->idle_ms - idle0;
   *bubble = busy + idle > 0 ? idle / (busy + idle) : 0.0;
+  if (!t->warm) { /* the run's bubble leaves out the first step (allocation, page faults) */
+    t->busy_ms = t->idle_ms = 0.0;
+    t->warm = 1;
+  }
   return 0;
 }
 
@@ -884,8 +889,8 @@ static int finish(trainer_t *t)
   }
   if (t->pp > 1)
     DT_INFO(TRAIN,
-            "pipeline stage %d: busy %.1f ms, waiting %.1f ms: bubble %.1f%% (a balanced %s "
-            "pipeline: %.1f%%)",
+            "pipeline stage %d after step 1: busy %.1f ms, waiting %.1f ms: bubble %.1f%% (a "
+            "balanced %s pipeline: %.1f%%)",
             t->stage, t->busy_ms, t->idle_ms,
             100.0 * t->idle_ms / DT_MAX(t->busy_ms + t->idle_ms, 1e-9),
             dt_pipe_name(o->pp_schedule), 100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum));

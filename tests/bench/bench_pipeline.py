@@ -1,0 +1,76 @@
+"""Benchmark: the pipeline bubble, measured against (p - 1) / (m + p - 1).
+
+Runs distrain-train as p pipeline stages (one process each, one compute thread, rendezvous
+through a temporary DISTRAIN_KV_DIR) on a balanced model (layers a multiple of p, a small
+vocabulary so the LM head weighs little), m micro-batches per step, under GPipe and 1F1B.
+Each stage reports the share of its pipeline time it spent waiting for its neighbours; the
+table prints the mean over the stages (and the range) next to the ideal bubble. Waiting
+includes the point-to-point transfers themselves (loopback TCP here).
+
+A stage needs a core of its own for its waiting time to mean anything: with p stages on
+fewer cores, stages also wait for the CPU, and the row is marked "oversubscribed".
+
+    /usr/bin/python3 tests/bench/bench_pipeline.py --build build [--stages 2 4] [--micro 4 8 16]
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(build, shard, p, m, schedule, steps, tmp):
+    kv = tempfile.mkdtemp(prefix="kv_p%d_m%d_%s_" % (p, m, schedule), dir=tmp)
+    cmd = [os.path.join(build, "worker", "trainer", "distrain-train"), "--init", "seed:1",
+           "--layers", str(4 * p), "--heads", "4", "--channels", "256", "--vocab", "256",
+           "--max-seq", "128", "--train", shard, "--batch", "2", "--seq", "128",
+           "--grad-accum", str(m), "--steps", str(steps), "--lr", "1e-4", "--threads", "1",
+           "--quiet", "--pp", str(p), "--pp-schedule", schedule]
+    procs = []
+    for r in range(p):
+        env = dict(os.environ, WORLD_SIZE=str(p), RANK=str(r), DISTRAIN_KV_DIR=kv,
+                   OMP_NUM_THREADS="1", DISTRAIN_COMM_HOST="127.0.0.1")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+    bubbles = []
+    for r, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            sys.exit("stage %d failed:\n%s" % (r, err[-2000:]))
+        bubbles.append(float(re.search(r"bubble ([\d.]+)%", err).group(1)))
+    return bubbles
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--micro", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp:
+        shard = os.path.join(tmp, "tokens.bin")
+        subprocess.run([sys.executable, os.path.join(HERE, "make_tokens.py"), "--out", shard,
+                        "--tokens", "2000000", "--vocab", "256", "--seed", "0"], check=True,
+                       stdout=subprocess.DEVNULL)
+        print("pipeline bubble: stages p, micro-batches m; 4 layers per stage of C256, "
+              "batch 2 x 128 per micro-batch; %d cores" % cores)
+        print("%-3s %-4s %-7s %9s %17s %9s" % ("p", "m", "sched", "ideal %", "measured % (min-max)",
+                                               ""))
+        for p in args.stages:
+            for m in args.micro:
+                for schedule in ("gpipe", "1f1b"):
+                    b = run(args.build, shard, p, m, schedule, args.steps, tmp)
+                    ideal = 100.0 * (p - 1) / (m + p - 1)
+                    print("%-3d %-4d %-7s %9.1f %8.1f (%.1f-%.1f) %s" % (
+                        p, m, schedule, ideal, sum(b) / len(b), min(b), max(b),
+                        "oversubscribed" if p > cores else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
