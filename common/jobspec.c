@@ -1282,6 +1282,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_str(&a, "--pp-schedule", spec->parallel->schedule ? spec->parallel->schedule : "");
   if (spec->parallel && spec->parallel->activation_checkpointing)
     av_push(&a, "--recompute");
+  if (spec->parallel && spec->parallel->sequence_parallel)
+    av_push(&a, "--sp");
   if (resume)
     av_push(&a, "--resume");
 

@@ -5,8 +5,8 @@ Runs the real distrain-train binary as WORLD_SIZE processes (rendezvous through 
 DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp the rest) on a
 4-layer model (L4 H4 C64, V 100 padded to 128, GPT-2 init from a seed) and the golden data,
 4 micro-batches per step, and checks:
-  * pp in {2, 4} under GPipe and 1F1B, pp=2 x dp=2 under ZeRO-1 and ZeRO-3, pp=2 x tp=2 and
-    pp=2 x tp=2 x dp=2 under ZeRO-1: the per-step loss equals the single-process run on the
+  * pp in {2, 4} under GPipe and 1F1B, pp=2 x dp=2 under ZeRO-1 and ZeRO-3, pp=2 x tp=2 (also
+    with sequence parallelism) and pp=2 x tp=2 x dp=2 under ZeRO-1: the per-step loss equals the single-process run on the
     same global batch within 1e-5 relative, and the final weights (llm.c export) within 1e-5
     relative (L2; no element off by more than 1e-4);
   * each stage logs its layers, and keeps at most min(pp - stage, m) micro-batches of
@@ -66,25 +66,27 @@ class PipelineParallel(unittest.TestCase):
             self.single[global_batch] = (dp.read_metrics(m), tpt.read_llmc(w))
         return self.single[global_batch]
 
-    def run_mesh(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False):
-        tag = "pp%d_tp%d_dp%d_z%d_%s_r%d" % (pp, tp, dpn, zero, schedule, recompute)
+    def run_mesh(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=()):
+        tag = "pp%d_tp%d_dp%d_z%d_%s_r%d%s" % (pp, tp, dpn, zero, schedule, recompute,
+                                                "".join(extra))
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)  # fresh: no stale addresses
         metrics = os.path.join(self.tmp, tag + ".jsonl")
         weights = os.path.join(self.tmp, tag + ".bin")
         world = pp * tp * dpn
         outs = dp.wait_all(dp.launch(world, lambda r: args(4, metrics, weights) + [
             "--pp", str(pp), "--tp", str(tp), "--zero-stage", str(zero),
-            "--pp-schedule", schedule] + (["--recompute"] if recompute else []), kv,
+            "--pp-schedule", schedule] + (["--recompute"] if recompute else []) + list(extra), kv,
             {"DISTRAIN_COMM_TIMEOUT_MS": "60000"}), timeout=300)
         for r, (rc, _, err) in enumerate(outs):
             self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
         return dp.read_metrics(metrics), tpt.read_llmc(weights), [e for _, _, e in outs]
 
-    def check(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False):
-        what = "pp=%d tp=%d dp=%d ZeRO-%d %s%s" % (pp, tp, dpn, zero, schedule,
-                                                   " recompute" if recompute else "")
+    def check(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=()):
+        what = "pp=%d tp=%d dp=%d ZeRO-%d %s%s%s" % (pp, tp, dpn, zero, schedule,
+                                                     " recompute" if recompute else "",
+                                                     " ".join(extra))
         ref, wref = self.single_run(4 * dpn)
-        got, w, errs = self.run_mesh(pp, tp, dpn, zero, schedule, recompute)
+        got, w, errs = self.run_mesh(pp, tp, dpn, zero, schedule, recompute, extra)
         self.assertEqual(len(ref), len(got), what)
         for a, b in zip(ref, got):
             rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
@@ -134,6 +136,8 @@ class PipelineParallel(unittest.TestCase):
         for pp, tp, dpn, zero in ((2, 1, 2, 1), (2, 1, 2, 3), (2, 2, 1, 0), (2, 2, 2, 1)):
             with self.subTest(pp=pp, tp=tp, dp=dpn, zero=zero):
                 self.check(pp, tp, dpn, zero)
+        with self.subTest(pp=2, tp=2, sequence_parallel=True):
+            self.check(2, 2, 1, 0, extra=["--sp"])
 
     def test_checkpoints_across_layouts(self):
         ref, _ = self.single_run(8)

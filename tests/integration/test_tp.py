@@ -13,6 +13,8 @@ on the tiny golden model (L2 H4 C64, V 100 padded to 128) and data, and checks:
     end bit-identical on all tp ranks (the trainer compares their CRC-32C and fails if not);
   * a tp=2 x dp=2 checkpoint resumes as dp=4 (no tp) and as one process, and a one-process
     checkpoint resumes as tp=2: every continuation follows the single-process trajectory;
+  * sequence parallelism (--sp) on tp=2, tp=4 and tp=2 x dp=2 under ZeRO-3: the same losses
+    and weights, less activation memory per rank (printed with and without);
   * tp that does not divide the heads or the padded vocabulary, or WORLD_SIZE: a one-line
     error naming the rule, before any training.
 
@@ -138,6 +140,28 @@ class TensorParallel(unittest.TestCase):
                     self.assert_losses(ref, got, what)
                     self.assert_weights(wref, w, what)
                     self.check_ranks(errs, 2)
+
+    def test_sequence_parallel(self):
+        """Megatron-SP: the LayerNorm and residual rows split over the tp group (all-gather
+        before column-parallel layers, reduce-scatter after row-parallel ones): the same
+        losses and weights, fewer activations per rank."""
+        def act_mib(err):
+            return float(re.search(r"activations: ([\d.]+) MiB", err).group(1))
+        for world, tp, zero, accum in ((2, 2, 0, 1), (4, 4, 0, 2), (4, 2, 3, 1)):
+            with self.subTest(world=world, tp=tp, zero=zero, accum=accum):
+                ref, wref = self.single_run(4 * world // tp, accum)
+                what = "tp=%d dp=%d ZeRO-%d accum=%d --sp" % (tp, world // tp, zero, accum)
+                got, w, errs = self.run_tp(world, tp, zero, accum, extra=["--sp"],
+                                           tag="sp_w%d_tp%d_z%d_k%d" % (world, tp, zero, accum))
+                self.assert_losses(ref, got, what)
+                self.assert_weights(wref, w, what)
+                self.check_ranks(errs, tp)
+                _, _, plain = self.run_tp(world, tp, zero, accum)
+                for r, err in enumerate(errs):
+                    self.assertIn("sequence parallel: residual stream split over tp", err)
+                    self.assertLess(act_mib(err), act_mib(plain[r]), "rank %d" % r)
+                    print("\n  %s rank %d: activations %.2f MiB, without SP %.2f MiB"
+                          % (what, r, act_mib(err), act_mib(plain[r])), file=sys.stderr)
 
     def test_checkpoints_across_layouts(self):
         ref, _ = self.single_run(8, 1)

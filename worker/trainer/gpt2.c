@@ -181,7 +181,7 @@ static void free_acts(dt_gpt2_acts_t *a)
                    a->att,      a->residual2, a->ln2,      a->ln2_mean, a->ln2_rstd, a->fch,
                    a->fch_gelu, a->residual3, a->lnf,      a->lnf_mean, a->lnf_rstd, a->logits,
                    a->losses,   a->dresidual, a->dbuf,     a->dbuf4,    a->dqkv,     a->datt,
-                   a->tmp,      a->ce_stats};
+                   a->tmp,      a->ce_stats,  a->gath,     a->tmps,     a->lngrad};
   for (size_t k = 0; k < DT_ARRAY_SIZE(bufs); k++)
     dt_free_aligned(bufs[k]);
 }
@@ -347,6 +347,12 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
   return 0;
 }
 
+/* Rows of the residual stream this rank holds for an allocated (B, T): all, or N/tp. */
+static size_t stream_rows(const dt_gpt2_t *m, size_t N)
+{
+  return m->sp ? N / (size_t)m->tp.tp : N;
+}
+
 /* One activation slot; returns its bytes, 0 when out of memory. */
 static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 {
@@ -364,30 +370,37 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
     ok = ok && a->field;                                                                           \
   } while (0)
   /* With activation checkpointing a layer's inner activations are kept for one layer at a
-   * time (recomputed in the backward pass); the layer outputs (residual3) always for all. */
-  const size_t Lh = m->recompute ? 1 : L;
-  DT__ALLOC(encoded, N * C);
-  DT__ALLOC(ln1, Lh * N * C);
-  DT__ALLOC(ln1_mean, Lh * N);
-  DT__ALLOC(ln1_rstd, Lh * N);
+   * time (recomputed in the backward pass); the layer outputs (residual3) always for all.
+   * With sequence parallelism the residual stream and the LayerNorm regions hold this rank's
+   * Ns = N / tp rows only. */
+  const size_t Lh = m->recompute ? 1 : L, Ns = m->sp ? N / tp : N;
+  DT__ALLOC(encoded, Ns * C);
+  DT__ALLOC(ln1, Lh * Ns * C);
+  DT__ALLOC(ln1_mean, Lh * Ns);
+  DT__ALLOC(ln1_rstd, Lh * Ns);
   DT__ALLOC(qkv, Lh * N * 3 * Cl);
   DT__ALLOC(atty, Lh * N * Cl);
   DT__ALLOC(att, Lh * B * NH * T * T);
-  DT__ALLOC(residual2, Lh * N * C);
-  DT__ALLOC(ln2, Lh * N * C);
-  DT__ALLOC(ln2_mean, Lh * N);
-  DT__ALLOC(ln2_rstd, Lh * N);
+  DT__ALLOC(residual2, Lh * Ns * C);
+  DT__ALLOC(ln2, Lh * Ns * C);
+  DT__ALLOC(ln2_mean, Lh * Ns);
+  DT__ALLOC(ln2_rstd, Lh * Ns);
   DT__ALLOC(fch, Lh * N * 4 * Cl);
   DT__ALLOC(fch_gelu, Lh * N * 4 * Cl);
-  DT__ALLOC(residual3, L * N * C);
+  DT__ALLOC(residual3, L * Ns * C);
   if (last) {
-    DT__ALLOC(lnf, N * C);
-    DT__ALLOC(lnf_mean, N);
-    DT__ALLOC(lnf_rstd, N);
+    DT__ALLOC(lnf, N * C); /* gathered: the LM head needs every row */
+    DT__ALLOC(lnf_mean, Ns);
+    DT__ALLOC(lnf_rstd, Ns);
     DT__ALLOC(logits, N * Vl);
     DT__ALLOC(losses, N);
   }
-  DT__ALLOC(dresidual, N * C);
+  if (m->sp) {
+    DT__ALLOC(gath, N * C);
+    DT__ALLOC(tmps, Ns * C);
+    DT__ALLOC(lngrad, 2 * C);
+  }
+  DT__ALLOC(dresidual, Ns * C);
   DT__ALLOC(dbuf, N * C);
   DT__ALLOC(dbuf4, N * 4 * Cl);
   DT__ALLOC(dqkv, N * 3 * Cl);
@@ -409,6 +422,11 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recomp
   }
   if (m->nslots == nslots && m->acts[0].B == B && m->acts[0].T == T)
     return 0;
+  if (m->sp && ((size_t)B * T) % (size_t)m->tp.tp != 0) {
+    DT_ERROR(TRAIN, "sequence parallelism: batch x seq (%d x %d) must be divisible by tp (%d)", B,
+             T, m->tp.tp);
+    return DT_EINVAL;
+  }
   if (m->nslots > 0 || nslots < 1) {
     DT_ERROR(TRAIN, "activations: %d slots for B=%d T=%d asked for; %d allocated", nslots, B, T,
              m->nslots);
@@ -426,6 +444,25 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recomp
     m->bytes_acts += bytes;
   }
   return 0;
+}
+
+int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
+{
+  if (on && m->tp.tp == 1) {
+    DT_ERROR(TRAIN, "sequence parallelism needs tensor parallelism (tp > 1)");
+    return DT_EINVAL;
+  }
+  if (m->nslots > 0) {
+    DT_ERROR(TRAIN, "sequence parallelism must be chosen before the activations are allocated");
+    return DT_EINVAL;
+  }
+  m->sp = on;
+  return 0;
+}
+
+size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T)
+{
+  return stream_rows(m, (size_t)B * T) * (size_t)m->cfg.channels;
 }
 
 int dt_gpt2_alloc_optimizer(dt_gpt2_t *m)
@@ -546,6 +583,58 @@ static int tp_sum(dt_gpt2_t *m, float *buf, size_t n)
   return dt_comm_all_reduce(m->tp.comm, buf, n, DT_COMM_SUM);
 }
 
+/* Sequence parallelism moves between the two layouts of the residual stream around the
+ * tensor-parallel layers. gather_rows: this rank's rows (N/tp) -> every row (N) in a->gath, the
+ * input of a column-parallel layer; without SP the rows are all here already. */
+static int gather_rows(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *mine, size_t N,
+                       const float **all)
+{
+  if (!m->sp) {
+    *all = mine;
+    return 0;
+  }
+  *all = a->gath;
+  return dt_comm_all_gather(m->tp.comm, mine, a->gath, N / (size_t)m->tp.tp * m->cfg.channels);
+}
+
+/* The sum over the tp group of a partial (N, C) result (a row-parallel layer's output, a
+ * column-parallel layer's input gradient), in the residual stream's layout: all rows in place
+ * (all-reduce), or with SP this rank's rows in a->tmps (reduce-scatter). */
+static int reduce_rows(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *partial, size_t N, const float **out)
+{
+  if (!m->sp) {
+    *out = partial;
+    return tp_sum(m, partial, N * m->cfg.channels);
+  }
+  *out = a->tmps;
+  return dt_comm_reduce_scatter(m->tp.comm, partial, a->tmps,
+                                N / (size_t)m->tp.tp * m->cfg.channels, DT_COMM_SUM);
+}
+
+/* LayerNorm backward over the rows this rank holds. With SP each rank sees N/tp rows, so the
+ * weight and bias gradients are partial sums: computed apart, summed over the tp group, then
+ * accumulated (the all-reduce must not see the accumulator of earlier micro-batches). */
+static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *dweight,
+                              float *dbias, const float *dout, const float *inp,
+                              const float *weight, const float *mean, const float *rstd,
+                              size_t rows)
+{
+  const int C = m->cfg.channels;
+  if (!m->sp) {
+    m->ops->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, (int)rows, C);
+    return 0;
+  }
+  memset(a->lngrad, 0, 2 * (size_t)C * sizeof(float));
+  m->ops->layernorm_backward(dinp, a->lngrad, a->lngrad + C, dout, inp, weight, mean, rstd,
+                             (int)rows, C);
+  DT_CHECK(dt_comm_all_reduce(m->tp.comm, a->lngrad, 2 * (size_t)C, DT_COMM_SUM));
+  for (int c = 0; c < C; c++) {
+    dweight[c] += a->lngrad[c];
+    dbias[c] += a->lngrad[C + c];
+  }
+  return 0;
+}
+
 /* Runs one micro-batch through this stage's layers in activation slot a, from the embeddings
  * (first stage) or the slot's input, to the final LayerNorm and the logits (last stage).
  * A batch (B, T) smaller than the allocated one uses the buffers with the per-layer strides of
@@ -562,20 +651,21 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
 {
   const dims_t d = dims(m);
   const size_t C = (size_t)d.C, Cl = (size_t)d.Cl, An = (size_t)a->B * a->T;
+  const size_t Rn = stream_rows(m, An); /* rows of the sequence-parallel buffers */
   const size_t h = m->recompute ? 0 : (size_t)l, att_stride = (size_t)a->B * d.NHl * a->T * a->T;
-  return (layer_acts_t){.ln1 = a->ln1 + h * An * C,
-                        .ln1_mean = a->ln1_mean + h * An,
-                        .ln1_rstd = a->ln1_rstd + h * An,
+  return (layer_acts_t){.ln1 = a->ln1 + h * Rn * C,
+                        .ln1_mean = a->ln1_mean + h * Rn,
+                        .ln1_rstd = a->ln1_rstd + h * Rn,
                         .qkv = a->qkv + h * An * 3 * Cl,
                         .atty = a->atty + h * An * Cl,
                         .att = a->att + h * att_stride,
-                        .res2 = a->residual2 + h * An * C,
-                        .ln2 = a->ln2 + h * An * C,
-                        .ln2_mean = a->ln2_mean + h * An,
-                        .ln2_rstd = a->ln2_rstd + h * An,
+                        .res2 = a->residual2 + h * Rn * C,
+                        .ln2 = a->ln2 + h * Rn * C,
+                        .ln2_mean = a->ln2_mean + h * Rn,
+                        .ln2_rstd = a->ln2_rstd + h * Rn,
                         .fch = a->fch + h * An * 4 * Cl,
                         .fchg = a->fch_gelu + h * An * 4 * Cl,
-                        .res3 = a->residual3 + (size_t)l * An * C};
+                        .res3 = a->residual3 + (size_t)l * Rn * C};
 }
 
 /* Layer l's forward from its input x with parameters p (acquired by the caller); also what
@@ -587,31 +677,36 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
   const int C = d.C, Cl = d.Cl, lead = m->tp.rank == 0;
-  const size_t N = (size_t)B * T;
+  const size_t N = (size_t)B * T, R = stream_rows(m, N);
   const layer_acts_t y = layer_acts(m, a, l);
-  k->layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W], p->t[DT_T_LN1B], (int)N,
+  const float *in, *branch;
+  k->layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W], p->t[DT_T_LN1B], (int)R,
                        C);
-  k->matmul_forward(y.qkv, y.ln1, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl);
+  DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
+  k->matmul_forward(y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl);
   k->attention_forward(y.atty, y.att, y.qkv, B, T, Cl, d.NHl);
   k->matmul_forward(a->tmp, y.atty, p->t[DT_T_ATTPROJW], lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N,
                     Cl, C, C);
-  DT_CHECK(tp_sum(m, a->tmp, N * C));
-  k->residual_forward(y.res2, x, a->tmp, N * C);
+  DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
+  k->residual_forward(y.res2, x, branch, R * C);
   k->layernorm_forward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, p->t[DT_T_LN2W], p->t[DT_T_LN2B],
-                       (int)N, C);
-  k->matmul_forward(y.fch, y.ln2, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl);
+                       (int)R, C);
+  DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
+  k->matmul_forward(y.fch, in, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl);
   k->gelu_forward(y.fchg, y.fch, N * 4 * Cl);
   k->matmul_forward(a->tmp, y.fchg, p->t[DT_T_FCPROJW], lead ? p->t[DT_T_FCPROJB] : NULL, (int)N,
                     4 * Cl, C, C);
-  DT_CHECK(tp_sum(m, a->tmp, N * C));
-  k->residual_forward(y.res3, y.res2, a->tmp, N * C);
+  DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
+  k->residual_forward(y.res3, y.res2, branch, R * C);
   return 0;
 }
 
 /* The input of layer l in slot a: the stage's input or the previous layer's output. */
 static const float *layer_input(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int l)
 {
-  return l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * a->B * a->T * m->cfg.channels;
+  return l == 0 ? a->encoded
+                : a->residual3 +
+                      (size_t)(l - 1) * stream_rows(m, (size_t)a->B * a->T) * m->cfg.channels;
 }
 
 static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int B, int T)
@@ -624,10 +719,13 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
 
   if (m->stage.first) {
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
-    k->encoder_forward(a->encoded, inputs, p.t[DT_T_WTE], d.vlo, d.Vl, lead ? p.t[DT_T_WPE] : NULL,
-                       B, T, C);
+    float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
+    const float *sum;
+    k->encoder_forward(e, inputs, p.t[DT_T_WTE], d.vlo, d.Vl, lead ? p.t[DT_T_WPE] : NULL, B, T, C);
     DT_CHECK(release(m, DT_UNIT_EMBED, 0));
-    DT_CHECK(tp_sum(m, a->encoded, N * C));
+    DT_CHECK(reduce_rows(m, a, e, N, &sum));
+    if (m->sp)
+      memcpy(a->encoded, sum, stream_rows(m, N) * C * sizeof(float));
   }
   for (int l = 0; l < L; l++) {
     DT_CHECK(acquire(m, l, 0, &p, &unused));
@@ -638,9 +736,13 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
   if (!m->stage.last)
     return 0;
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
-  k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW], p.t[DT_T_LNFB], (int)N,
+  const size_t R = stream_rows(m, N);
+  float *mine = a->lnf + (m->sp ? (size_t)m->tp.rank * R * C : 0); /* gathered in place */
+  k->layernorm_forward(mine, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW], p.t[DT_T_LNFB], (int)R,
                        C);
   DT_CHECK(release(m, DT_UNIT_FINAL, 0));
+  if (m->sp)
+    DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->lnf, R * C));
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
@@ -708,8 +810,7 @@ float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot)
 
 const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot)
 {
-  const dt_gpt2_acts_t *a = &m->acts[slot];
-  return a->residual3 + (size_t)(m->L - 1) * a->B * a->T * m->cfg.channels;
+  return layer_input(m, &m->acts[slot], m->L);
 }
 
 float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot)
@@ -727,8 +828,9 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
   const dims_t d = dims(m);
   const int C = d.C, Cl = d.Cl, L = m->L, first = m->stage.first, last = m->stage.last;
   dt_gpt2_acts_t *a = &m->acts[slot];
-  const size_t N = (size_t)B * T;
+  const size_t N = (size_t)B * T, R = stream_rows(m, N);
   dt_gpt2_view_t p, g, ep, eg;
+  const float *din, *dout, *in;
 
   if (last) {
     /* The embeddings' gradients accumulate from the LM head now (and, on one stage, from the
@@ -742,12 +844,11 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
       memset(a->dbuf, 0, N * C * sizeof(float));
     if (!first)
       DT_CHECK(release(m, DT_UNIT_EMBED, 1));
-    DT_CHECK(tp_sum(m, a->dbuf, N * C));
-    memset(a->dresidual, 0, N * C * sizeof(float));
-    const float *xL = layer_input(m, a, L);
+    DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
+    memset(a->dresidual, 0, R * C * sizeof(float));
     DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
-    k->layernorm_backward(a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], a->dbuf, xL, p.t[DT_T_LNFW],
-                          a->lnf_mean, a->lnf_rstd, (int)N, C);
+    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], din,
+                                layer_input(m, a, L), p.t[DT_T_LNFW], a->lnf_mean, a->lnf_rstd, R));
     DT_CHECK(release(m, DT_UNIT_FINAL, 1));
   } /* else: dresidual holds the next stage's input gradient */
 
@@ -757,32 +858,37 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
     DT_CHECK(acquire(m, l, 1, &p, &g));
     if (m->recompute) /* activation checkpointing: this layer's activations again */
       DT_CHECK(layer_forward(m, a, l, x, B, T, &p));
-    /* MLP branch: the residual gradient flows unchanged into the branch output. The
-     * row-parallel bias gradient is the same sum on every tp rank (replicated). */
-    k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], a->dresidual, y.fchg,
+    /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
+     * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
+    DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
+    k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, y.fchg,
                        p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C);
     k->gelu_backward(a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl);
-    k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, y.ln2, p.t[DT_T_FCW],
-                       (int)N, C, 4 * Cl, 4 * Cl);
-    DT_CHECK(tp_sum(m, a->dbuf, N * C));
-    k->layernorm_backward(a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], a->dbuf, y.res2,
-                          p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, (int)N, C);
+    DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
+    k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in, p.t[DT_T_FCW], (int)N,
+                       C, 4 * Cl, 4 * Cl);
+    DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
+    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
+                                p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
-    k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], a->dresidual, y.atty,
+    DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
+    k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, y.atty,
                        p.t[DT_T_ATTPROJW], (int)N, Cl, C, C);
     k->attention_backward(a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl);
-    k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, y.ln1, p.t[DT_T_QKVW],
-                       (int)N, C, 3 * Cl, 3 * Cl);
-    DT_CHECK(tp_sum(m, a->dbuf, N * C));
-    k->layernorm_backward(a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], a->dbuf, x, p.t[DT_T_LN1W],
-                          y.ln1_mean, y.ln1_rstd, (int)N, C);
+    DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
+    k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in, p.t[DT_T_QKVW], (int)N,
+                       C, 3 * Cl, 3 * Cl);
+    DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
+    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
+                                p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));
     DT_CHECK(release(m, l, 1));
   }
   if (!first)
     return 0; /* dresidual now holds this stage's input gradient */
   if (!last)
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
-  k->encoder_backward(eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], a->dresidual, inputs, B, T, C);
+  DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
+  k->encoder_backward(eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], dout, inputs, B, T, C);
   return release(m, DT_UNIT_EMBED, 1);
 }
 

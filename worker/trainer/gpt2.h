@@ -169,7 +169,9 @@ typedef struct {
 
 /* Forward activations kept for the backward pass, for a (B, T) batch; N = B*T. Under tensor
  * parallelism the attention and MLP activations have local widths (3C/tp, C/tp, 4C/tp, NH/tp
- * heads); the residual stream and LayerNorm outputs are full width and replicated. */
+ * heads); the residual stream and LayerNorm outputs are full width and replicated, or, with
+ * sequence parallelism (Megatron-SP), hold this rank's N/tp rows (encoded, ln1, ln2,
+ * residual2, residual3, dresidual and the LayerNorm statistics). */
 typedef struct {
   float *encoded;   /* (N, C) residual stream entering the stage's first layer: the embeddings,
                        or the previous stage's output */
@@ -193,6 +195,9 @@ typedef struct {
                        dlogits in a training step */
   float *losses;    /* (N) per-token loss */
   float *ce_stats;  /* (tp, N, 3) vocabulary-parallel cross-entropy stats, all tp ranks */
+  float *gath;      /* (N, C) sequence parallel: rows gathered from the tp group */
+  float *tmps;      /* (N/tp, C) sequence parallel: this rank's rows of a branch output */
+  float *lngrad;    /* (2C) sequence parallel: a LayerNorm's gradients over this rank's rows */
   /* backward scratch, shared by all layers */
   float *dresidual; /* (N, C) gradient of the residual stream */
   float *dbuf;      /* (N, C) */
@@ -224,7 +229,8 @@ typedef struct {
   dt_gpt2_tensors_t params, grads;
   dt_gpt2_acts_t *acts; /* (nslots) activation slots: micro-batches in flight */
   int nslots;
-  int recompute;                                             /* activation checkpointing */
+  int recompute; /* activation checkpointing */
+  int sp;        /* sequence parallelism over the tp group */
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -265,6 +271,13 @@ int64_t dt_gpt2_unowned_in(const dt_gpt2_t *m, int64_t lo, int64_t hi);
  * pass reruns each layer's forward before its backward (same bits, about a third more
  * compute, the layers' inner activations held for one layer at a time). */
 int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recompute);
+/* Sequence parallelism (Megatron-SP, tp > 1, before the activations are allocated): the
+ * LayerNorm and residual regions work on N/tp rows per rank, with an all-gather before each
+ * column-parallel layer and a reduce-scatter after each row-parallel one in place of the
+ * all-reduce. B*T must be divisible by tp. */
+int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on);
+/* Floats of a stage's input or output activation (the rows this rank holds, times C). */
+size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
 /* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3
  * prefetches by it. Returns the count (at most L + 3). */
 int dt_gpt2_unit_order(const dt_gpt2_t *m, int backward, int *units);

@@ -47,7 +47,8 @@ static void usage(FILE *out)
       "  (--pp-schedule 1f1b|gpipe, --grad-accum micro-batches per step), the rest is data\n"
       "  parallel (dp = WORLD_SIZE / (tp x pp)); --zero-stage 0..3 shards optimizer state,\n"
       "  gradients and parameters over dp; --recompute: activation checkpointing (keep each\n"
-      "  layer's output, recompute the rest in the backward pass)\n");
+      "  layer's output, recompute the rest in the backward pass); --sp: sequence parallelism\n"
+      "  (LayerNorm and residual rows split over the tp group)\n");
 }
 
 enum {
@@ -91,6 +92,7 @@ enum {
   OPT_PP,
   OPT_PP_SCHEDULE,
   OPT_RECOMPUTE,
+  OPT_SP,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -136,6 +138,7 @@ static const struct option g_opts[] = {
     {"pp", required_argument, 0, OPT_PP},
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
     {"recompute", no_argument, 0, OPT_RECOMPUTE},
+    {"sp", no_argument, 0, OPT_SP},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -322,6 +325,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_RECOMPUTE:
       o->recompute = 1;
+      break;
+    case OPT_SP:
+      o->sequence_parallel = 1;
       break;
     case OPT_HELP:
     case 'h':

@@ -216,7 +216,7 @@ static int eval_batch(trainer_t *t, const int *inputs, const int *targets, int B
                       float *loss)
 {
   dt_gpt2_t *m = &t->model;
-  const size_t bytes = (size_t)B * T * t->cfg.channels * sizeof(float);
+  const size_t bytes = dt_gpt2_stage_io_floats(m, B, T) * sizeof(float);
   *loss = 0.0f;
   if (t->pp > 1 && !m->stage.first)
     DT_CHECK(dt_comm_recv(t->plan.pp, dt_gpt2_stage_input(m, 0), bytes, t->stage - 1, 0));
@@ -565,12 +565,16 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
-  if (mesh.pp > 1 && o->sample_tokens > 0) {
-    DT_ERROR(TRAIN,
-             "--sample: generating text through a pipeline (pp %d) is not supported; "
-             "export the weights (--export-llmc) and sample from one process",
-             mesh.pp);
+  if ((mesh.pp > 1 || o->sequence_parallel) && o->sample_tokens > 0) {
+    DT_ERROR(TRAIN, "--sample: generating text through a pipeline or with sequence "
+                    "parallelism is not supported; export the weights (--export-llmc) and "
+                    "sample from one process");
     return DT_ENOTSUP;
+  }
+  if (o->sequence_parallel && (mesh.tp == 1 || (o->batch * o->seq) % mesh.tp != 0)) {
+    DT_ERROR(TRAIN, "--sp: sequence parallelism needs tp > 1 dividing batch x seq (%d x %d; tp %d)",
+             o->batch, o->seq, mesh.tp);
+    return DT_EINVAL;
   }
   if (world > 1)
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
@@ -623,6 +627,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       return DT_ENOMEM;
     t->nops = dt_pipe_schedule(o->pp_schedule, t->pp, t->stage, K, t->ops);
   }
+  DT_CHECK(dt_gpt2_set_sequence_parallel(&t->model, o->sequence_parallel));
   DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots, o->recompute));
   if (o->metrics_path && t->lead) {
     t->metrics = fopen(o->metrics_path, t->resume_from ? "a" : "w");
@@ -643,9 +648,10 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
             "pipeline: stage %d of %d, schedule %s, %d micro-batches per step, %d activation "
             "slots",
             t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, slots);
-  DT_INFO(TRAIN, "activations: %.2f MiB in %d slot%s%s", t->model.bytes_acts / (1024.0 * 1024.0),
+  DT_INFO(TRAIN, "activations: %.2f MiB in %d slot%s%s%s", t->model.bytes_acts / (1024.0 * 1024.0),
           slots, slots == 1 ? "" : "s",
-          o->recompute ? " (activation checkpointing: layer outputs only)" : "");
+          o->recompute ? " (activation checkpointing: layer outputs only)" : "",
+          o->sequence_parallel ? " (sequence parallel: residual stream split over tp)" : "");
   print_memory(t);
   t->tokens_per_step = (double)o->batch * o->seq * o->grad_accum * t->dpsize;
   DT_INFO(TRAIN,
@@ -667,7 +673,7 @@ static int pipe_op(trainer_t *t, const dt_pipe_op_t *op, double *loss_acc)
   const int K = o->grad_accum, BT = o->batch * o->seq, nslots = m->nslots;
   const int prev = t->stage - 1, next = t->stage + 1;
   const int first = m->stage.first, last = m->stage.last, slot = op->mb % nslots;
-  const size_t bytes = (size_t)BT * t->cfg.channels * sizeof(float);
+  const size_t bytes = dt_gpt2_stage_io_floats(m, o->batch, o->seq) * sizeof(float);
   const int *inputs = t->mb_inputs + (size_t)op->mb * BT;
   const double t0 = dt_now_ms();
   int rc = 0;

@@ -77,7 +77,8 @@ typedef struct {
   int tp, pp;                 /* --tp, --pp (0: not given) */
   dt_pipe_kind_t pp_schedule; /* pipeline schedule (pp > 1) */
   int zero_stage;
-  int recompute; /* activation checkpointing */
+  int recompute;         /* activation checkpointing */
+  int sequence_parallel; /* Megatron-SP over the tp group */
   /* observer for tests: called after every step */
   void (*on_step)(void *ud, const dt_step_metrics_t *m);
   void *on_step_ud;
