@@ -912,6 +912,15 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (parallel->pp > 0 && model->layers > 0 && model->layers < parallel->pp)
     bad(&v, "model.layers (%d) must be >= parallel.pp (%d): every pipeline stage needs a layer",
         model->layers, parallel->pp);
+  if (!str_empty(parallel->partition) && parallel->pp > 0 && model->layers >= parallel->pp) {
+    int layers[64];
+    char why[256];
+    if (parallel->pp > (int)DT_ARRAY_SIZE(layers))
+      bad(&v, "parallel.partition: at most %d stages can be listed", (int)DT_ARRAY_SIZE(layers));
+    else if (dt_mesh_parse_partition(parallel->partition, parallel->pp, model->layers, layers, why,
+                                     sizeof why) != 0)
+      bad(&v, "%s", why);
+  }
   if (parallel->cp > 0 && training->seq > 0 && training->seq % parallel->cp != 0)
     bad(&v, "training.seq (%d) must be divisible by parallel.cp (%d)", training->seq, parallel->cp);
   if (parallel->dp > 0 && training->micro_batch > 0 && training->batch > 0) {
@@ -1280,6 +1289,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
   if (spec->parallel && spec->parallel->pp > 1)
     av_str(&a, "--pp-schedule", spec->parallel->schedule ? spec->parallel->schedule : "");
+  if (spec->parallel && spec->parallel->pp > 1 && !str_empty(spec->parallel->partition))
+    av_str(&a, "--pp-partition", spec->parallel->partition);
   if (spec->parallel && spec->parallel->activation_checkpointing)
     av_push(&a, "--recompute");
   if (spec->parallel && spec->parallel->sequence_parallel)

@@ -140,6 +140,35 @@ int dt_mesh_group(const dt_mesh_t *mesh, int rank, dt_mesh_axis_t axis, int *ran
   return n;
 }
 
+int dt_mesh_parse_partition(const char *text, int pp, int total_layers, int *layers, char *why,
+                            size_t whylen)
+{
+  const char *p = text;
+  int n = 0, sum = 0;
+  while (*p) {
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 1 || v > total_layers || (*end && *end != ',') || n == pp) {
+      snprintf(why, whylen,
+               "parallel.partition '%s': expected %d positive layer counts separated by commas, "
+               "one per pipeline stage",
+               text, pp);
+      return DT_EINVAL;
+    }
+    layers[n++] = (int)v;
+    sum += (int)v;
+    p = *end ? end + 1 : end;
+  }
+  if (n != pp || sum != total_layers) {
+    snprintf(why, whylen,
+             "parallel.partition '%s' gives %d stages %d layers: it must give each of the %d "
+             "stages its layers and cover all %d",
+             text, n, sum, pp, total_layers);
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Placement                                                                                   */
 /* ------------------------------------------------------------------------------------------ */

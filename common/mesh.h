@@ -50,6 +50,12 @@ int dt_mesh_rank(const dt_mesh_t *mesh, const dt_mesh_coord_t *coord);
  * dt_mesh_axis_size(axis) entries. Returns that count, or DT_ERANGE / DT_EINVAL. */
 int dt_mesh_group(const dt_mesh_t *mesh, int rank, dt_mesh_axis_t axis, int *ranks);
 
+/* An explicit pipeline partition, "3,1": layers per stage, comma-separated. Fills layers[0..pp)
+ * after checking there are pp positive counts that add up to total_layers; otherwise DT_EINVAL
+ * and a one-line reason naming parallel.partition and the rule. */
+int dt_mesh_parse_partition(const char *text, int pp, int total_layers, int *layers, char *why,
+                            size_t whylen);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Placement                                                                                   */
 /* ------------------------------------------------------------------------------------------ */

@@ -14,7 +14,9 @@ DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp t
   * activation checkpointing (--recompute) gives the same results with fewer activations;
   * a pp=2 x tp=2 checkpoint resumes as dp=4 and as one process, and a one-process
     checkpoint resumes as pp=2 x tp=2: every continuation follows the one-process trajectory;
-  * pp > layers: a one-line error naming the rule, before any training.
+  * an explicit partition (--pp-partition 3,1) is followed exactly;
+  * pp > layers, or a partition that does not cover the layers: a one-line error naming the
+    rule, before any training.
 
     /usr/bin/python3 tests/integration/test_pp.py --build build
 """
@@ -177,6 +179,16 @@ class PipelineParallel(unittest.TestCase):
             part(2, 2, 1, 0, m2, ckpt, False, [])
             assert_follows(dp.read_metrics(m1) + dp.read_metrics(m2), "one -> pp2 x tp2")
 
+    def test_explicit_partition(self):
+        ref, wref = self.single_run(4)
+        got, w, errs = self.run_mesh(2, 1, 1, extra=("--pp-partition", "3,1"))
+        self.assertEqual(len(ref), len(got))
+        for a, b in zip(ref, got):
+            self.assertLess(abs(a["loss"] - b["loss"]) / abs(a["loss"]), REL_TOL)
+        tpt.assert_weights(self, wref, w, "pp=2 partition 3,1")
+        self.assertIn("at pp 0 tp 0 dp 0: layers 0..2 + embeddings,", errs[0])
+        self.assertIn("at pp 1 tp 0 dp 0: layers 3..3 + LM head,", errs[1])
+
     def test_bad_layouts(self):
         kv = os.path.join(self.tmp, "kv_bad")
         outs = dp.wait_all(dp.launch(8, lambda r: args(4, os.path.join(self.tmp, "bad.jsonl"))
@@ -184,6 +196,12 @@ class PipelineParallel(unittest.TestCase):
         for rc, _, err in outs:
             self.assertNotEqual(rc, 0)
             self.assertIn("parallel.pp (8) must be <= model.layers (4)", err)
+        kv = os.path.join(self.tmp, "kv_bad_partition")
+        outs = dp.wait_all(dp.launch(2, lambda r: args(4, os.path.join(self.tmp, "bad.jsonl"))
+                                     + ["--pp", "2", "--pp-partition", "2,1"], kv), timeout=60)
+        for rc, _, err in outs:
+            self.assertNotEqual(rc, 0)
+            self.assertIn("parallel.partition '2,1' gives 2 stages 3 layers", err)
 
 
 if __name__ == "__main__":

@@ -638,6 +638,11 @@ static const struct {
     {{"model.vocab=100", "parallel.tp=256", "model.heads=256", "model.channels=256"},
      "the padded vocabulary (model.vocab 100 padded to 128) must be divisible by parallel.tp "
      "(256)"},
+    {{"parallel.pp=2", "parallel.partition=3,3"},
+     "parallel.partition '3,3' gives 2 stages 6 layers: it must give each of the 2 stages its "
+     "layers and cover all 4"},
+    {{"parallel.pp=2", "parallel.partition=4,x"},
+     "parallel.partition '4,x': expected 2 positive layer counts separated by commas"},
     {{"parallel.pp=8"}, "model.layers (4) must be >= parallel.pp (8)"},
     {{"parallel.dp=3"},
      "training.batch (8) must be divisible by training.micro_batch (8) x parallel.dp (3) = 24"},

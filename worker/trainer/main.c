@@ -44,7 +44,8 @@ static void usage(FILE *out)
       "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
       "  (a shared directory) for rendezvous; --tp N splits layers over N tensor-parallel\n"
       "  ranks (neighbours in rank order), --pp N the layers into N pipeline stages\n"
-      "  (--pp-schedule 1f1b|gpipe, --grad-accum micro-batches per step), the rest is data\n"
+      "  (--pp-schedule 1f1b|gpipe, --pp-partition 3,1: layers per stage, default by cost;\n"
+      "  --grad-accum micro-batches per step), the rest is data\n"
       "  parallel (dp = WORLD_SIZE / (tp x pp)); --zero-stage 0..3 shards optimizer state,\n"
       "  gradients and parameters over dp; --recompute: activation checkpointing (keep each\n"
       "  layer's output, recompute the rest in the backward pass); --sp: sequence parallelism\n"
@@ -93,6 +94,7 @@ enum {
   OPT_PP_SCHEDULE,
   OPT_RECOMPUTE,
   OPT_SP,
+  OPT_PP_PARTITION,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -139,6 +141,7 @@ static const struct option g_opts[] = {
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
     {"recompute", no_argument, 0, OPT_RECOMPUTE},
     {"sp", no_argument, 0, OPT_SP},
+    {"pp-partition", required_argument, 0, OPT_PP_PARTITION},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -328,6 +331,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SP:
       o->sequence_parallel = 1;
+      break;
+    case OPT_PP_PARTITION:
+      o->pp_partition = optarg;
       break;
     case OPT_HELP:
     case 'h':

@@ -558,10 +558,13 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     return DT_EINVAL;
   }
   /* Every layout rule is checked before this rank meets its peers. */
-  int bounds[DT_UNIT_MAX_ORDER + 1];
+  int bounds[DT_UNIT_MAX_ORDER + 1], layers[DT_UNIT_MAX_ORDER];
   DT_CHECK(resolve_mesh(o, world, &mesh));
   if (dt_plan_check(&mesh, &t->cfg, o->seq, why, sizeof why) != 0 ||
-      dt_plan_partition(&t->cfg, mesh.pp, NULL, bounds, why, sizeof why) != 0) {
+      (o->pp_partition && dt_mesh_parse_partition(o->pp_partition, mesh.pp, t->cfg.layers, layers,
+                                                  why, sizeof why) != 0) ||
+      dt_plan_partition(&t->cfg, mesh.pp, o->pp_partition ? layers : NULL, bounds, why,
+                        sizeof why) != 0) {
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
