@@ -719,16 +719,22 @@ class T3_RunLocal(ClusterTest):
             self.assertEqual(r.returncode, 0, "%s run failed:\n%s\n%s" % (
                 tag, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
             if pp == 2:
+                nodes = {}
                 for rank in range(4):
                     stage, t = rank // 2, rank % 2
-                    log = os.path.join(run_dir, "node-%d" % stage, "job-1", "rank-%d.log" % rank)
-                    text = tail(log, 20000)
+                    logs = glob.glob(os.path.join(run_dir, "node-*", "job-1", "rank-%d.log" % rank))
+                    self.assertEqual(len(logs), 1, logs)
+                    nodes.setdefault(stage, set()).add(logs[0].split(os.sep)[-3])
+                    text = tail(logs[0], 20000)
                     self.assertIn("plan: rank %d of 4 in pp 2 x dp 1 x cp 1 x tp 2 at pp %d tp %d "
                                   "dp 0: layers %d..%d" % (rank, stage, t, stage, stage), text)
                     self.assertIn("heads %d..%d of 2" % (t, t), text)
                     self.assertIn("pipeline: stage %d of 2, schedule 1f1b, 2 micro-batches" % stage,
                                   text)
                     self.assertIn("replicated parameters identical on all 2 tp ranks", text)
+                # each stage's tensor-parallel pair on one node, the stages on different nodes
+                self.assertEqual([len(nodes[0]), len(nodes[1])], [1, 1], nodes)
+                self.assertNotEqual(nodes[0], nodes[1], nodes)
             with open(metrics) as f:
                 losses[pp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
             with open(os.path.join(ckpt, "step-%08d" % steps, "MANIFEST")) as f:

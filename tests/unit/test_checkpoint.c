@@ -729,6 +729,55 @@ START_TEST(test_ckpt_tensor_parallel_layouts)
 }
 END_TEST
 
+/* Checkpoints written before shards carried run tables (version 1: the header, then the
+ * parameters and moments of the global range [lo, hi)) still load. Made here from a version 2
+ * shard of one run: the run table dropped, the header fields of version 1 restored (offsets
+ * of the 256-byte header: version 4, payload_bytes 136, payload_crc32c 144, header_crc32c
+ * 152, nruns 160) and both checksums recomputed, then committed. */
+START_TEST(test_ckpt_reads_version_1_shards)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  dt_gpt2_t a, b;
+  dt_train_state_t st, sb;
+  make_model(&a, &TINY, 70, 1);
+  make_model(&b, &TINY, 71, 0);
+  make_state(&st, 3);
+  dt_ckpt_shard_info_t info;
+  ck_assert_int_eq(dt_ckpt_write_shard(&a, &st, dir, 0, 1, 0, (int64_t)a.num_params, &info), 0);
+  shard_path(path, sizeof path, dir, 3, 0, 1);
+  size_t n;
+  uint8_t *v2 = ut_read_all(path, &n);
+  ck_assert_uint_eq(n, 256 + 16 + a.num_params * 12);
+  uint8_t *v1 = malloc(n - 16);
+  memcpy(v1, v2, 256);
+  memcpy(v1 + 256, v2 + 256 + 16, n - 256 - 16);
+  const uint32_t version = 1, zero32 = 0;
+  const uint64_t payload = (uint64_t)a.num_params * 12;
+  const int64_t zero64 = 0;
+  const uint32_t crc = dt_crc32c(0, v1 + 256, n - 256 - 16);
+  memcpy(v1 + 4, &version, 4);
+  memcpy(v1 + 136, &payload, 8);
+  memcpy(v1 + 144, &crc, 4);
+  memcpy(v1 + 152, &zero32, 4);
+  memcpy(v1 + 160, &zero64, 8);
+  const uint32_t hcrc = dt_crc32c(0, v1, 256);
+  memcpy(v1 + 152, &hcrc, 4);
+  ut_write_all(path, v1, n - 16);
+  info.bytes = n - 16;
+  info.crc32c = crc;
+  ck_assert_int_eq(dt_ckpt_commit(dir, 3, (int64_t)a.num_params, 1, &info), 0);
+  ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), 0);
+  expect_same_model(&a, &b);
+  expect_same_state(&st, &sb);
+  free(v1);
+  free(v2);
+  dt_gpt2_destroy(&a);
+  dt_gpt2_destroy(&b);
+  ut_rm_rf(dir);
+}
+END_TEST
+
 static Suite *checkpoint_suite(void)
 {
   Suite *s = suite_create("checkpoint");
@@ -752,6 +801,7 @@ static Suite *checkpoint_suite(void)
   tcase_add_test(t, test_ckpt_bad_range);
   tcase_add_test(t, test_ckpt_prune);
   tcase_add_test(t, test_ckpt_tensor_parallel_layouts);
+  tcase_add_test(t, test_ckpt_reads_version_1_shards);
   suite_add_tcase(s, t);
   return s;
 }
