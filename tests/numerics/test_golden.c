@@ -81,13 +81,13 @@ START_TEST(test_grads_step0)
   dt_gpt2_t m;
   dt_dataloader_t dl;
   ck_assert_int_eq(dt_llmc_read_config(GOLDEN "tiny_model.bin", &cfg), 0);
-  ck_assert_int_eq(dt_gpt2_create(&m, &cfg, dt_ops_cpu(), NULL, NULL), 0);
+  ck_assert_int_eq(dt_gpt2_create(&m, &cfg, dt_device_cpu(), NULL, NULL), 0);
   ck_assert_int_eq(dt_llmc_load(&m, GOLDEN "tiny_model.bin"), 0);
   ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 4, 32, 1, 0), 0);
   ck_assert_int_eq(dt_dataloader_init(&dl, GOLDEN "tiny_train.bin", 4, 32, 0, 1, cfg.vocab, 0, 0),
                    0);
   ck_assert_int_eq(dt_dataloader_next(&dl), 0);
-  dt_gpt2_zero_grad(&m);
+  ck_assert_int_eq(dt_gpt2_zero_grad(&m), 0);
   float loss;
   ck_assert_int_eq(dt_gpt2_forward_backward(&m, dl.inputs, dl.targets, 4, 32, 1.0f, &loss), 0);
   golden_step_t g[GOLDEN_STEPS];

@@ -18,7 +18,7 @@ static const dt_gpt2_config_t TINY = {
 /* A model whose every parameter and moment is a distinct random value. */
 static void make_model(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, uint64_t seed, int optim)
 {
-  ck_assert_int_eq(dt_gpt2_create(m, cfg, dt_ops_cpu(), NULL, NULL), 0);
+  ck_assert_int_eq(dt_gpt2_create(m, cfg, dt_device_cpu(), NULL, NULL), 0);
   dt_rng_t r;
   dt_rng_seed(&r, seed);
   dt_rng_normal(&r, m->params_flat, m->num_params, 0.0f, 1.0f);
@@ -664,7 +664,7 @@ START_TEST(test_ckpt_tensor_parallel_layouts)
     int64_t vlo = 0;
     for (int r = 0; r < tp; r++) {
       const dt_gpt2_tp_t t = {.tp = tp, .rank = r, .comm = NULL};
-      ck_assert_int_eq(dt_gpt2_create(&part[r], &cfg, dt_ops_cpu(), &t, NULL), 0);
+      ck_assert_int_eq(dt_gpt2_create(&part[r], &cfg, dt_device_cpu(), &t, NULL), 0);
       ck_assert_int_eq(dt_gpt2_alloc_optimizer(&part[r]), 0);
       const size_t R = part[r].replicated;
       ck_assert_uint_eq(part[r].num_params, (P - R) / (size_t)tp + R);

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "device.h"
 #include "dt_util.h"
 #include "ops.h"
 #include "rng.h"
@@ -1164,6 +1165,39 @@ END_TEST
  * The kernel table
  * ------------------------------------------------------------------------------------------- */
 
+/* The CPU device: zeroed aligned allocations, copies in every direction, zeroing and the
+ * accumulate the ZeRO reductions use; its kernel table is the CPU one. */
+START_TEST(test_device_cpu)
+{
+  dt_device_t *d = dt_device_cpu();
+  ck_assert_str_eq(d->name, "cpu");
+  ck_assert_str_eq(d->comm_backend, "cpu");
+  ck_assert_ptr_eq(d->ops, dt_ops_cpu());
+  ck_assert_int_eq(d->host, 1);
+  float *a, *b;
+  const size_t n = 1000;
+  ck_assert_int_eq(d->alloc(d, n * sizeof(float), "test a", (void **)&a), 0);
+  ck_assert_int_eq(d->alloc(d, n * sizeof(float), "test b", (void **)&b), 0);
+  ck_assert_uint_eq((uintptr_t)a % 64, 0);
+  for (size_t i = 0; i < n; i++) {
+    ck_assert(a[i] == 0.0f);
+    b[i] = (float)i;
+  }
+  for (int dir = DT_COPY_H2D; dir <= DT_COPY_D2D; dir++) {
+    ck_assert_int_eq(d->zero(d, a, n * sizeof(float)), 0);
+    ck_assert_int_eq(d->copy(d, a, b, n * sizeof(float), (dt_copy_dir_t)dir), 0);
+    ck_assert_int_eq(memcmp(a, b, n * sizeof(float)), 0);
+  }
+  ck_assert_int_eq(d->accumulate(d, a, b, n), 0);
+  for (size_t i = 0; i < n; i++)
+    ck_assert(a[i] == 2.0f * (float)i);
+  ck_assert_int_eq(d->sync(d), 0);
+  d->free(d, a);
+  d->free(d, b);
+  d->free(d, NULL);
+}
+END_TEST
+
 START_TEST(test_ops_table)
 {
   const dt_ops_t *ops = dt_ops_cpu();
@@ -1202,6 +1236,7 @@ static void add_tcase(Suite *s, const char *name, const TTest *test)
 static Suite *kernels_suite(void)
 {
   Suite *s = suite_create("kernels_cpu");
+  add_tcase(s, "device_cpu", test_device_cpu);
   add_tcase(s, "encoder", test_encoder);
   add_tcase(s, "encoder_vocab_parallel", test_encoder_vocab_parallel);
   add_tcase(s, "layernorm", test_layernorm);

@@ -134,7 +134,7 @@ int dt_llmc_load(dt_gpt2_t *m, const char *path)
     goto out;
   }
   /* The file holds the whole model: a model-parallel rank reads it, then keeps its part. */
-  float *global = m->num_params == m->global_params
+  float *global = m->num_params == m->global_params && m->dev->host
                       ? m->params_flat
                       : dt_calloc_aligned(m->global_params * sizeof(float), "weights");
   if (!global) {

@@ -77,8 +77,9 @@ typedef struct {
 struct dt_dp {
   double comm_ms; /* time this rank's compute thread spent blocked in collectives */
   dt_gpt2_t *m;
-  dt_comm_t *comm; /* NULL for one process */
-  dt_comm_t *mp;   /* the model-parallel group the gradient norm also sums over, or NULL */
+  dt_device_t *dev; /* m's */
+  dt_comm_t *comm;  /* NULL for one process */
+  dt_comm_t *mp;    /* the model-parallel group the gradient norm also sums over, or NULL */
   int stage, rank, world;
   int64_t P, lo, hi;
   size_t n;                 /* hi - lo */
@@ -115,6 +116,17 @@ struct dt_dp {
 static int collective(const dt_dp_t *dp)
 {
   return dp->comm && dp->world > 1;
+}
+
+/* Tensor memory is the device's: copies, zeroing and sums go through it. */
+static int dcopy(dt_dp_t *dp, float *dst, const float *src, size_t n)
+{
+  return dp->dev->copy(dp->dev, dst, src, n * sizeof(float), DT_COPY_D2D);
+}
+
+static int dzero(dt_dp_t *dp, float *p, size_t n)
+{
+  return dp->dev->zero(dp->dev, p, n * sizeof(float));
 }
 
 /* Runs a collective from the compute thread, charges its time to comm_ms (exposed
@@ -188,7 +200,7 @@ static int gather_unit(dt_dp_t *dp, int unit, float *dst)
   int64_t a;
   if (!collective(dp)) {
     for (int i = 0; i < nr; i++)
-      memcpy(dst + poff[i], dp->p_shard + r[i].off, r[i].len * sizeof(float));
+      DT_CHECK(dcopy(dp, dst + poff[i], dp->p_shard + r[i].off, r[i].len));
     return 0;
   }
   if (total > dp->staging_n) {
@@ -207,7 +219,7 @@ static int gather_unit(dt_dp_t *dp, int unit, float *dst)
   size_t off = 0;
   for (int i = 0; i < nr; i++) {
     size_t len = part_of(dp, &r[i], dp->rank, &a);
-    memcpy(mine + off, dp->p_shard + (a - dp->lo), len * sizeof(float));
+    DT_CHECK(dcopy(dp, mine + off, dp->p_shard + (a - dp->lo), len));
     off += len;
   }
   DT_CHECK(dt_comm_all_gather_v(dp->comm, mine, dp->staging, dp->rcounts));
@@ -215,7 +227,7 @@ static int gather_unit(dt_dp_t *dp, int unit, float *dst)
   for (int q = 0; q < dp->world; q++)
     for (int i = 0; i < nr; i++) {
       size_t len = part_of(dp, &r[i], q, &a);
-      memcpy(dst + poff[i] + (size_t)(a - (int64_t)r[i].off), src, len * sizeof(float));
+      DT_CHECK(dcopy(dp, dst + poff[i] + (size_t)(a - (int64_t)r[i].off), src, len));
       src += len;
     }
   return 0;
@@ -231,8 +243,7 @@ static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
   int64_t a;
   if (!collective(dp)) {
     for (int i = 0; i < nr; i++)
-      for (size_t j = 0; j < r[i].len; j++)
-        dp->g_shard[r[i].off + j] += src[poff[i] + j];
+      DT_CHECK(dp->dev->accumulate(dp->dev, dp->g_shard + r[i].off, src + poff[i], r[i].len));
     return 0;
   }
   if (total > dp->staging_n) {
@@ -241,9 +252,7 @@ static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
       size_t len = part_of(dp, &r[i], dp->rank, &a);
       DT_CHECK(
           dt_comm_reduce_scatter_v(dp->comm, src + poff[i], dp->tmp, dp->rcounts, DT_COMM_AVG));
-      float *acc = dp->g_shard + (a - dp->lo);
-      for (size_t j = 0; j < len; j++)
-        acc[j] += dp->tmp[j];
+      DT_CHECK(dp->dev->accumulate(dp->dev, dp->g_shard + (a - dp->lo), dp->tmp, len));
     }
     return 0;
   }
@@ -252,16 +261,14 @@ static int scatter_unit(dt_dp_t *dp, int unit, const float *src)
   for (int q = 0; q < dp->world; q++)
     for (int i = 0; i < nr; i++) {
       size_t len = part_of(dp, &r[i], q, &a);
-      memcpy(dst, src + poff[i] + (size_t)(a - (int64_t)r[i].off), len * sizeof(float));
+      DT_CHECK(dcopy(dp, dst, src + poff[i] + (size_t)(a - (int64_t)r[i].off), len));
       dst += len;
     }
   DT_CHECK(dt_comm_reduce_scatter_v(dp->comm, dp->staging, dp->tmp, dp->rcounts, DT_COMM_AVG));
   const float *got = dp->tmp;
   for (int i = 0; i < nr; i++) {
     size_t len = part_of(dp, &r[i], dp->rank, &a);
-    float *acc = dp->g_shard + (a - dp->lo);
-    for (size_t j = 0; j < len; j++)
-      acc[j] += got[j];
+    DT_CHECK(dp->dev->accumulate(dp->dev, dp->g_shard + (a - dp->lo), got, len));
     got += len;
   }
   return 0;
@@ -281,10 +288,10 @@ static int all_reduce_unit(dt_dp_t *dp, int unit)
     return 0;
   }
   for (int i = 0; i < nr; i++)
-    memcpy(dp->staging + poff[i], grads + r[i].off, r[i].len * sizeof(float));
+    DT_CHECK(dcopy(dp, dp->staging + poff[i], grads + r[i].off, r[i].len));
   DT_CHECK(dt_comm_all_reduce(dp->comm, dp->staging, total, DT_COMM_AVG));
   for (int i = 0; i < nr; i++)
-    memcpy(grads + r[i].off, dp->staging + poff[i], r[i].len * sizeof(float));
+    DT_CHECK(dcopy(dp, grads + r[i].off, dp->staging + poff[i], r[i].len));
   return 0;
 }
 
@@ -488,7 +495,7 @@ static int hook_acquire(void *ud, int unit, int grads, dt_gpt2_view_t *p, dt_gpt
     /* Under a pipeline the embeddings' gradients accumulate over the step's micro-batches
      * and leave once, after the tied sum between the first and last stage. */
     if (!(unit == DT_UNIT_EMBED && dp->emb) || dp->emb_fresh)
-      memset(sl->g, 0, sl->size * sizeof(float));
+      DT_CHECK(dzero(dp, sl->g, sl->size));
     if (unit == DT_UNIT_EMBED)
       dp->emb_fresh = 0;
     packed_view(dp, unit, sl->g, g);
@@ -522,9 +529,10 @@ static void invalidate_slots(dt_dp_t *dp)
 /* Setup                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
-static float *alloc_floats(size_t n, const char *what)
+static float *alloc_floats(dt_dp_t *dp, size_t n, const char *what)
 {
-  return dt_calloc_aligned((n ? n : 1) * sizeof(float), what);
+  void *p = NULL;
+  return dp->dev->alloc(dp->dev, (n ? n : 1) * sizeof(float), what, &p) == 0 ? p : NULL;
 }
 
 static size_t unit_size(const dt_gpt2_t *m, int unit, size_t *biggest_range)
@@ -547,25 +555,25 @@ static int create_slots(dt_dp_t *dp)
     int unit = s == S_EMBED ? DT_UNIT_EMBED : s == S_FINAL ? DT_UNIT_FINAL : 0;
     sl->size = m->L > 0 || s < S_LAYER0 ? unit_size(m, unit, &biggest_range) : 0;
     sl->unit = NO_UNIT;
-    if (!(sl->g = alloc_floats(sl->size, "working gradients")))
+    if (!(sl->g = alloc_floats(dp, sl->size, "working gradients")))
       return DT_ENOMEM;
-    if (dp->stage == 3 && !(sl->p = alloc_floats(sl->size, "gathered parameters")))
+    if (dp->stage == 3 && !(sl->p = alloc_floats(dp, sl->size, "gathered parameters")))
       return DT_ENOMEM;
   }
-  dp->g_shard = alloc_floats(dp->n, "gradient shard");
+  dp->g_shard = alloc_floats(dp, dp->n, "gradient shard");
   dp->tmp_n = DT_MIN(DT_MAX(biggest_range, dp->staging_n), DT_MAX(dp->n, (size_t)1));
-  dp->tmp = alloc_floats(dp->tmp_n, "reduce-scatter buffer");
+  dp->tmp = alloc_floats(dp, dp->tmp_n, "reduce-scatter buffer");
   if (!dp->g_shard || !dp->tmp)
     return DT_ENOMEM;
-  dt_free_aligned(m->grads_flat);
+  dp->dev->free(dp->dev, m->grads_flat);
   m->grads_flat = NULL;
   m->bytes_grads = 0;
   memset(&m->grads, 0, sizeof m->grads);
   if (dp->stage == 3) {
-    if (!(dp->p_shard = alloc_floats(dp->n, "parameter shard")))
+    if (!(dp->p_shard = alloc_floats(dp, dp->n, "parameter shard")))
       return DT_ENOMEM;
-    memcpy(dp->p_shard, m->params_flat + dp->lo, dp->n * sizeof(float));
-    dt_free_aligned(m->params_flat);
+    DT_CHECK(dcopy(dp, dp->p_shard, m->params_flat + dp->lo, dp->n));
+    dp->dev->free(dp->dev, m->params_flat);
     m->params_flat = NULL;
     m->bytes_params = 0;
     memset(&m->params, 0, sizeof m->params);
@@ -599,6 +607,7 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
   if (!dp)
     return DT_ENOMEM;
   dp->m = m;
+  dp->dev = m->dev;
   dp->comm = comm;
   dp->mp = mp;
   dp->emb = emb;
@@ -630,8 +639,8 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
     if (dt_gpt2_alloc_optimizer(m) != 0)
       goto fail;
   } else {
-    dp->m_shard = alloc_floats(dp->n, "AdamW first moment shard");
-    dp->v_shard = alloc_floats(dp->n, "AdamW second moment shard");
+    dp->m_shard = alloc_floats(dp, dp->n, "AdamW first moment shard");
+    dp->v_shard = alloc_floats(dp, dp->n, "AdamW second moment shard");
     if (!dp->m_shard || !dp->v_shard)
       goto fail;
   }
@@ -645,7 +654,7 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
     size_t unused = 0;
     dp->staging_n =
         DT_MAX(unit_size(m, DT_UNIT_FINAL, &unused), m->L > 0 ? unit_size(m, 0, &unused) : 0);
-    if (!(dp->staging = alloc_floats(dp->staging_n, "staging buffer")))
+    if (!(dp->staging = alloc_floats(dp, dp->staging_n, "staging buffer")))
       goto fail;
   }
   if (zero_stage >= 2)
@@ -686,16 +695,17 @@ void dt_dp_destroy(dt_dp_t *dp)
   free(dp->counts);
   free(dp->displs);
   free(dp->rcounts);
-  dt_free_aligned(dp->p_shard);
-  dt_free_aligned(dp->g_shard);
-  dt_free_aligned(dp->m_shard);
-  dt_free_aligned(dp->v_shard);
+  dt_device_t *dev = dp->dev;
+  dev->free(dev, dp->p_shard);
+  dev->free(dev, dp->g_shard);
+  dev->free(dev, dp->m_shard);
+  dev->free(dev, dp->v_shard);
   for (int s = 0; s < S_COUNT; s++) {
-    dt_free_aligned(dp->slots[s].p);
-    dt_free_aligned(dp->slots[s].g);
+    dev->free(dev, dp->slots[s].p);
+    dev->free(dev, dp->slots[s].g);
   }
-  dt_free_aligned(dp->staging);
-  dt_free_aligned(dp->tmp);
+  dev->free(dev, dp->staging);
+  dev->free(dev, dp->tmp);
   free(dp);
 }
 
@@ -721,13 +731,12 @@ void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem)
 /* Step                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-void dt_dp_zero_grad(dt_dp_t *dp)
+int dt_dp_zero_grad(dt_dp_t *dp)
 {
   dp->emb_fresh = 1;
   if (dp->stage >= 2)
-    memset(dp->g_shard, 0, dp->n * sizeof(float));
-  else
-    dt_gpt2_zero_grad(dp->m);
+    return dzero(dp, dp->g_shard, dp->n);
+  return dt_gpt2_zero_grad(dp->m);
 }
 
 void dt_dp_begin_micro(dt_dp_t *dp, int last)
@@ -902,12 +911,10 @@ int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state)
 int dt_dp_gather_params(dt_dp_t *dp, float *out)
 {
   if (dp->stage < 3) {
-    memcpy(out, dp->m->params_flat, (size_t)dp->P * sizeof(float));
-    return 0;
+    return dcopy(dp, out, dp->m->params_flat, (size_t)dp->P);
   }
   if (!collective(dp)) {
-    memcpy(out, dp->p_shard, dp->n * sizeof(float));
-    return 0;
+    return dcopy(dp, out, dp->p_shard, dp->n);
   }
   DT_CHECK(drain(dp));
   return dt_comm_all_gather_v(dp->comm, dp->p_shard, out, dp->counts);

@@ -55,7 +55,7 @@ void dt_dp_shard(const dt_dp_t *dp, int64_t *lo, int64_t *hi);
 void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem);
 
 /* Before the first micro-batch of a step. */
-void dt_dp_zero_grad(dt_dp_t *dp);
+int dt_dp_zero_grad(dt_dp_t *dp);
 /* Before each micro-batch's forward/backward: last is set for the last one of the step
  * (ZeRO-0/1 start reducing a unit's gradients as soon as its backward is done). */
 void dt_dp_begin_micro(dt_dp_t *dp, int last);
@@ -80,7 +80,8 @@ void dt_dp_ckpt_range(const dt_dp_t *dp, dt_ckpt_range_t *r, int *writes, int *w
 void dt_dp_ckpt_range_of(const dt_dp_t *dp, int writer, int64_t *lo, int64_t *hi);
 /* Loads this rank's state from a committed checkpoint (written with any dp and tp sizes). */
 int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state);
-/* Gathers the full weights into out (P floats) on every rank (export, ZeRO-3). */
+/* Gathers this rank's full local weights into out (P floats of device memory) on every rank
+ * of the group (export, the replica check, ZeRO-3). */
 int dt_dp_gather_params(dt_dp_t *dp, float *out);
 
 #endif

@@ -119,7 +119,7 @@ static int owns(const dt_gpt2_t *m, int tp_rank, int i)
   return m->place[i].split != DT_SPLIT_NONE || tp_rank == 0;
 }
 
-int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops,
+int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
                    const dt_gpt2_tp_t *tp, const dt_gpt2_stage_t *stage)
 {
   char why[256];
@@ -145,7 +145,8 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *op
   }
   m->L = m->stage.layer_hi - m->stage.layer_lo;
   m->cfg = *cfg;
-  m->ops = ops;
+  m->dev = dev;
+  m->ops = dev->ops;
   placement(cfg, m->place);
   size_t off = 0, goff = 0;
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
@@ -164,18 +165,19 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *op
   m->num_params = off;
   m->global_params = goff;
   m->bytes_params = m->bytes_grads = off * sizeof(float);
-  m->params_flat = dt_calloc_aligned(m->bytes_params, "parameters");
-  m->grads_flat = dt_calloc_aligned(m->bytes_grads, "gradients");
-  if (!m->params_flat || !m->grads_flat) {
+  int rc = dev->alloc(dev, m->bytes_params, "parameters", (void **)&m->params_flat);
+  if (rc == 0)
+    rc = dev->alloc(dev, m->bytes_grads, "gradients", (void **)&m->grads_flat);
+  if (rc != 0) {
     dt_gpt2_destroy(m);
-    return DT_ENOMEM;
+    return rc;
   }
   point_tensors(&m->params, m->params_flat, m->tensor_offsets);
   point_tensors(&m->grads, m->grads_flat, m->tensor_offsets);
   return 0;
 }
 
-static void free_acts(dt_gpt2_acts_t *a)
+static void free_acts(dt_device_t *dev, dt_gpt2_acts_t *a)
 {
   float *bufs[] = {a->encoded,  a->ln1,       a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
                    a->att,      a->residual2, a->ln2,      a->ln2_mean, a->ln2_rstd, a->fch,
@@ -183,17 +185,22 @@ static void free_acts(dt_gpt2_acts_t *a)
                    a->losses,   a->dresidual, a->dbuf,     a->dbuf4,    a->dqkv,     a->datt,
                    a->tmp,      a->ce_stats,  a->gath,     a->tmps,     a->lngrad};
   for (size_t k = 0; k < DT_ARRAY_SIZE(bufs); k++)
-    dt_free_aligned(bufs[k]);
+    dev->free(dev, bufs[k]);
 }
 
 void dt_gpt2_destroy(dt_gpt2_t *m)
 {
-  dt_free_aligned(m->params_flat);
-  dt_free_aligned(m->grads_flat);
-  dt_free_aligned(m->m_flat);
-  dt_free_aligned(m->v_flat);
+  dt_device_t *dev = m->dev;
+  if (!dev) { /* never created */
+    memset(m, 0, sizeof *m);
+    return;
+  }
+  dev->free(dev, m->params_flat);
+  dev->free(dev, m->grads_flat);
+  dev->free(dev, m->m_flat);
+  dev->free(dev, m->v_flat);
   for (int i = 0; i < m->nslots; i++)
-    free_acts(&m->acts[i]);
+    free_acts(dev, &m->acts[i]);
   free(m->acts);
   memset(m, 0, sizeof *m);
 }
@@ -230,12 +237,12 @@ static void init_global(const dt_gpt2_config_t *c, float *flat, uint64_t seed)
 
 int dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed)
 {
-  if (m->num_params == m->global_params) {
+  if (m->num_params == m->global_params && m->dev->host) {
     init_global(&m->cfg, m->params_flat, seed);
     return 0;
   }
-  /* The same weights as one process, then this rank's part: the whole model is held once,
-   * briefly, at start-up. */
+  /* The same weights as one process, then this rank's part: the whole model is held once in
+   * host memory, briefly, at start-up. */
   float *global = dt_calloc_aligned(m->global_params * sizeof(float), "initial weights");
   if (!global)
     return DT_ENOMEM;
@@ -339,12 +346,13 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
 {
   dt_gpt2_run_t *runs;
   size_t n;
+  int rc = 0;
   DT_CHECK(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)m->num_params, 0, &runs, &n));
-  for (size_t i = 0; i < n; i++)
-    memcpy(m->params_flat + runs[i].local, global + runs[i].global,
-           (size_t)runs[i].len * sizeof(float));
+  for (size_t i = 0; i < n && rc == 0; i++)
+    rc = m->dev->copy(m->dev, m->params_flat + runs[i].local, global + runs[i].global,
+                      (size_t)runs[i].len * sizeof(float), DT_COPY_H2D);
   free(runs);
-  return 0;
+  return rc;
 }
 
 /* Rows of the residual stream this rank holds for an allocated (B, T): all, or N/tp. */
@@ -365,9 +373,9 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
   int ok = 1;
 #define DT__ALLOC(field, count)                                                                    \
   do {                                                                                             \
-    a->field = dt_calloc_aligned((count) * sizeof(float), "activation " #field);                   \
+    ok = ok && m->dev->alloc(m->dev, (count) * sizeof(float), "activation " #field,                \
+                             (void **)&a->field) == 0;                                             \
     total += (count) * sizeof(float);                                                              \
-    ok = ok && a->field;                                                                           \
   } while (0)
   /* With activation checkpointing a layer's inner activations are kept for one layer at a
    * time (recomputed in the backward pass); the layer outputs (residual3) always for all.
@@ -469,10 +477,9 @@ int dt_gpt2_alloc_optimizer(dt_gpt2_t *m)
 {
   if (m->m_flat)
     return 0;
-  m->m_flat = dt_calloc_aligned(m->bytes_params, "AdamW first moment");
-  m->v_flat = dt_calloc_aligned(m->bytes_params, "AdamW second moment");
-  if (!m->m_flat || !m->v_flat)
-    return DT_ENOMEM;
+  dt_device_t *dev = m->dev;
+  DT_CHECK(dev->alloc(dev, m->bytes_params, "AdamW first moment", (void **)&m->m_flat));
+  DT_CHECK(dev->alloc(dev, m->bytes_params, "AdamW second moment", (void **)&m->v_flat));
   m->bytes_optim = 2 * m->bytes_params;
   return 0;
 }
@@ -624,15 +631,12 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
     m->ops->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, (int)rows, C);
     return 0;
   }
-  memset(a->lngrad, 0, 2 * (size_t)C * sizeof(float));
+  DT_CHECK(m->dev->zero(m->dev, a->lngrad, 2 * (size_t)C * sizeof(float)));
   m->ops->layernorm_backward(dinp, a->lngrad, a->lngrad + C, dout, inp, weight, mean, rstd,
                              (int)rows, C);
   DT_CHECK(dt_comm_all_reduce(m->tp.comm, a->lngrad, 2 * (size_t)C, DT_COMM_SUM));
-  for (int c = 0; c < C; c++) {
-    dweight[c] += a->lngrad[c];
-    dbias[c] += a->lngrad[C + c];
-  }
-  return 0;
+  DT_CHECK(m->dev->accumulate(m->dev, dweight, a->lngrad, (size_t)C));
+  return m->dev->accumulate(m->dev, dbias, a->lngrad + C, (size_t)C);
 }
 
 /* Runs one micro-batch through this stage's layers in activation slot a, from the embeddings
@@ -725,7 +729,8 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
     DT_CHECK(release(m, DT_UNIT_EMBED, 0));
     DT_CHECK(reduce_rows(m, a, e, N, &sum));
     if (m->sp)
-      memcpy(a->encoded, sum, stream_rows(m, N) * C * sizeof(float));
+      DT_CHECK(m->dev->copy(m->dev, a->encoded, sum, stream_rows(m, N) * C * sizeof(float),
+                            DT_COPY_D2D));
   }
   for (int l = 0; l < L; l++) {
     DT_CHECK(acquire(m, l, 0, &p, &unused));
@@ -841,11 +846,11 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
       k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N,
                          C, d.Vreal, d.Vl);
     else
-      memset(a->dbuf, 0, N * C * sizeof(float));
+      DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
     if (!first)
       DT_CHECK(release(m, DT_UNIT_EMBED, 1));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
-    memset(a->dresidual, 0, R * C * sizeof(float));
+    DT_CHECK(m->dev->zero(m->dev, a->dresidual, R * C * sizeof(float)));
     DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], din,
                                 layer_input(m, a, L), p.t[DT_T_LNFW], a->lnf_mean, a->lnf_rstd, R));
@@ -899,9 +904,9 @@ int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets
   return dt_gpt2_stage_backward(m, 0, inputs, B, T);
 }
 
-void dt_gpt2_zero_grad(dt_gpt2_t *m)
+int dt_gpt2_zero_grad(dt_gpt2_t *m)
 {
-  memset(m->grads_flat, 0, m->bytes_grads);
+  return m->dev->zero(m->dev, m->grads_flat, m->bytes_grads);
 }
 
 double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi)

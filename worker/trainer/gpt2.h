@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device.h"
 #include "ops.h"
 
 struct dt_comm;
@@ -210,7 +211,8 @@ typedef struct {
 
 typedef struct {
   dt_gpt2_config_t cfg; /* the global model */
-  const dt_ops_t *ops;
+  dt_device_t *dev;     /* where its tensors live: every buffer below is device memory */
+  const dt_ops_t *ops;  /* dev's kernels */
   dt_gpt2_tp_t tp;
   dt_gpt2_stage_t stage;
   int L;                /* layers held (units 0..L-1 are layers layer_lo..layer_hi-1) */
@@ -247,9 +249,9 @@ int dt_gpt2_config_validate(const dt_gpt2_config_t *cfg, char *why, size_t whyle
 /* Checks that tp ranks can split the model (heads and padded vocabulary divisible by tp);
  * writes a one-line reason naming the rule on failure. */
 int dt_gpt2_tp_validate(const dt_gpt2_config_t *cfg, int tp, char *why, size_t whylen);
-/* Allocates this rank's parameters and gradients (zeroed). ops is the kernel backend; tp NULL
- * means no tensor parallelism, stage NULL all layers with the embeddings and the head. */
-int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, const dt_ops_t *ops,
+/* Allocates this rank's parameters and gradients (zeroed) on dev, whose kernels it runs; tp
+ * NULL means no tensor parallelism, stage NULL all layers with the embeddings and the head. */
+int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
                    const dt_gpt2_tp_t *tp, const dt_gpt2_stage_t *stage);
 void dt_gpt2_destroy(dt_gpt2_t *m);
 /* GPT-2 initialisation from a seed: N(0, 0.02) weights, residual projections scaled by
@@ -313,7 +315,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot);        /* (B*T, C) */
 const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot); /* (B*T, C) */
 float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot);         /* (B*T, C) */
-void dt_gpt2_zero_grad(dt_gpt2_t *m);
+int dt_gpt2_zero_grad(dt_gpt2_t *m);
 /* Sum of squares of the gradients (or any buffer laid out like them) of local range
  * [lo, hi), buf addressing element lo, over the elements this rank owns, so that the sum over
  * the tp and pp groups counts every parameter of the model once. */

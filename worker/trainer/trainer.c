@@ -592,7 +592,14 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
                                  .layer_hi = t->plan.layer_hi,
                                  .first = t->stage == 0,
                                  .last = t->stage == t->pp - 1};
-  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dt_ops_cpu(), &tp, &stage));
+  dt_device_t *dev = dt_device_cpu();
+  if (!dev->host) {
+    /* Checkpoints, export, the replica check and sampling read tensors in place. */
+    DT_ERROR(TRAIN, "device %s: the trainer reads parameters in host memory; not supported yet",
+             dev->name);
+    return DT_ENOTSUP;
+  }
+  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dev, &tp, &stage));
   if (o->init_llmc)
     DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
   else
@@ -753,7 +760,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   const dt_train_opts_t *o = t->o;
   const int s = (int)t->state.step;
   double t0 = dt_now_ms(), bubble = 0.0;
-  dt_dp_zero_grad(t->dp);
+  DT_CHECK(dt_dp_zero_grad(t->dp));
   double loss_acc = 0.0;
   if (t->pp > 1)
     DT_CHECK(pipe_step(t, &loss_acc, &bubble));

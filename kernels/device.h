@@ -1,0 +1,44 @@
+/* device.h — the device a trainer's tensors live on and its kernels run on.
+ *
+ * Model, ZeRO and pipeline code never touch tensor memory themselves: they allocate, zero,
+ * copy and accumulate through their dt_device_t and compute through its kernel table, so the
+ * CPU and CUDA backends differ only in their device and their kernels. Host code may read or
+ * write tensor memory directly only where the device says it is host memory (`host`): the CPU
+ * device is; a GPU device goes through copy() with a host buffer.
+ *
+ * Every entry returns 0 or a negative DT_E* code (a GPU call can fail), except free. Copies and
+ * kernels are ordered on the device's one stream; sync() waits for all of them, and results
+ * that the host reads after a D2H copy are complete when copy() returns. */
+#ifndef DT_KERNELS_DEVICE_H
+#define DT_KERNELS_DEVICE_H
+
+#include <stddef.h>
+
+#include "ops.h"
+
+typedef enum {
+  DT_COPY_H2D = 0, /* host to device */
+  DT_COPY_D2H = 1, /* device to host */
+  DT_COPY_D2D = 2, /* within the device */
+} dt_copy_dir_t;
+
+typedef struct dt_device {
+  const char *name;         /* "cpu", "cuda:0" */
+  const char *comm_backend; /* the dt_comm backend that moves this device's memory */
+  const dt_ops_t *ops;      /* its kernel table */
+  int host;                 /* its memory is host memory (the host may use it directly) */
+  /* bytes of zeroed memory, aligned for the kernels; what names it in an out-of-memory error */
+  int (*alloc)(struct dt_device *d, size_t bytes, const char *what, void **out);
+  void (*free)(struct dt_device *d, void *p); /* NULL is fine */
+  int (*zero)(struct dt_device *d, void *p, size_t bytes);
+  int (*copy)(struct dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_dir_t dir);
+  /* dst += src, n floats */
+  int (*accumulate)(struct dt_device *d, float *dst, const float *src, size_t n);
+  int (*sync)(struct dt_device *d);
+  void *impl;
+} dt_device_t;
+
+/* The CPU device (host memory, the OpenBLAS kernels, the "cpu" comm backend). */
+dt_device_t *dt_device_cpu(void);
+
+#endif
