@@ -15,6 +15,7 @@ DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp t
   * a pp=2 x tp=2 checkpoint resumes as dp=4 and as one process, and a one-process
     checkpoint resumes as pp=2 x tp=2: every continuation follows the one-process trajectory;
   * an explicit partition (--pp-partition 3,1) is followed exactly;
+  * a stage killed mid-training: its neighbour fails with an error at once;
   * pp > layers, or a partition that does not cover the layers: a one-line error naming the
     rule, before any training.
 
@@ -25,9 +26,11 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -188,6 +191,27 @@ class PipelineParallel(unittest.TestCase):
         tpt.assert_weights(self, wref, w, "pp=2 partition 3,1")
         self.assertIn("at pp 0 tp 0 dp 0: layers 0..2 + embeddings,", errs[0])
         self.assertIn("at pp 1 tp 0 dp 0: layers 3..3 + LM head,", errs[1])
+
+    def test_stage_dies_mid_training(self):
+        """A stage killed mid-step: its neighbour fails at once with an error, not a hang."""
+        metrics = os.path.join(self.tmp, "dies.jsonl")
+        a = args(4, metrics)
+        a[a.index("--steps") + 1] = "100000"
+        procs = dp.launch(2, lambda r: a + ["--pp", "2"],
+                          tempfile.mkdtemp(prefix="kv_dies", dir=self.tmp),
+                          {"DISTRAIN_COMM_TIMEOUT_MS": "5000"})
+        deadline = time.time() + 60
+        while time.time() < deadline and not (os.path.exists(metrics)
+                                              and len(dp.read_metrics(metrics)) >= 3):
+            time.sleep(0.05)
+        self.assertGreaterEqual(len(dp.read_metrics(metrics)), 3, "training never started")
+        procs[1].send_signal(signal.SIGKILL)
+        t0 = time.time()
+        _, err = procs[0].communicate(timeout=60)
+        procs[1].communicate()
+        self.assertNotEqual(procs[0].returncode, 0, "the survivor must fail, not finish")
+        self.assertLess(time.time() - t0, 5.0 + 5.0)
+        self.assertRegex(err, r"(?i)(closed|remote|peer|timed out)")
 
     def test_bad_layouts(self):
         kv = os.path.join(self.tmp, "kv_bad")

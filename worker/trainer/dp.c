@@ -709,12 +709,6 @@ void dt_dp_destroy(dt_dp_t *dp)
   free(dp);
 }
 
-void dt_dp_shard(const dt_dp_t *dp, int64_t *lo, int64_t *hi)
-{
-  *lo = dp->lo;
-  *hi = dp->hi;
-}
-
 void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem)
 {
   const size_t F = sizeof(float), P = (size_t)dp->P;

@@ -1,6 +1,8 @@
 /* dp.h — data parallelism and ZeRO sharding over a communicator.
  *
- * Sharding is by flat parameter ranges: with P parameters and N ranks, rank r owns
+ * Sharding is by flat ranges of the rank's local parameter buffer (its tensor-parallel and
+ * pipeline part of the model; the whole model without them): with P local parameters and N
+ * ranks in the data-parallel group, rank r owns
  * [r*S, min((r+1)*S, P)) with S = ceil(P/N) (the last ranks may own less, or nothing), so any
  * parameter count works. What each stage keeps per rank (fp32 AdamW):
  *   ZeRO-0  params P, grads P, moments 2P              grads all-reduced (average)
@@ -50,8 +52,6 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
                  int zero_stage);
 void dt_dp_destroy(dt_dp_t *dp);
 
-/* The range this rank owns. */
-void dt_dp_shard(const dt_dp_t *dp, int64_t *lo, int64_t *hi);
 void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem);
 
 /* Before the first micro-batch of a step. */

@@ -802,12 +802,6 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *
   return 0;
 }
 
-int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
-                      float *loss)
-{
-  return dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, 0.0f, loss);
-}
-
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot)
 {
   return m->acts[slot].encoded;

@@ -11,11 +11,17 @@
  * vocabulary rows with a vocabulary-parallel cross-entropy (no rank holds full-vocabulary
  * logits), and the LayerNorms, wpe and the row-parallel biases are replicated: every tp rank
  * computes them from bit-identical inputs, so they stay bit-identical without communication.
+ * Sequence parallelism (optional) also splits the LayerNorm and residual rows over the group.
+ *
+ * Pipeline parallelism: a model may hold one stage, a range of layers (dt_gpt2_stage_t), and
+ * runs a micro-batch's forward and backward through it in an activation slot; the caller moves
+ * the stage's input, output and their gradients between neighbours (schedule.h).
  *
  * Invariants:
  *  - All of a rank's parameters live in one flat fp32 buffer in llm.c's checkpoint order (16
- *    tensors, see DT_GPT2_TENSORS) with this rank's *local* shapes (dt_gpt2_place_t); with
- *    tp = 1 that is exactly llm.c's layout. Gradients and AdamW moments use the same flat
+ *    tensors, see DT_GPT2_TENSORS) with this rank's *local* shapes and layers
+ *    (dt_gpt2_place_t, dt_gpt2_stage_t; tensors a stage does not hold have size 0); with one
+ *    rank that is exactly llm.c's layout. Gradients and AdamW moments use the same flat
  *    layout, so a ZeRO shard is a flat range [lo, hi) of every local buffer, and
  *    dt_gpt2_runs maps any local range to the global (llm.c) offsets it holds.
  *  - Gradients accumulate over micro-batches until dt_gpt2_zero_grad.
@@ -293,9 +299,7 @@ void dt_gpt2_unit_view(const dt_gpt2_t *m, int unit, float *flat, dt_gpt2_view_t
 
 /* Forward pass to logits: inputs (B, T) with B*T <= the allocated batch. 0 or a hook's error. */
 int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
-/* Mean loss over (B, T) into *loss, without touching gradients. */
-int dt_gpt2_eval_loss(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
-                      float *loss);
+
 /* Forward + backward of one micro-batch; gradients of (mean loss * grad_scale) accumulate into
  * the gradient buffers (or the hooks'). *loss gets the micro-batch's mean loss. One stage. */
 int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
