@@ -1,7 +1,9 @@
 /* ops.h — the kernel table every compute backend fills in.
  *
  * The trainer calls layers only through a dt_ops_t, so a CUDA backend (kernels/cuda/) can stand
- * in for the CPU one (kernels/cpu/) without touching the model code. One entry per layer,
+ * in for the CPU one (kernels/cpu/) without touching the model code. Entries take the device
+ * (kernels/device.h) and return an error code; the CPU table adapts the plain reference
+ * kernels of cpu_kernels.h to that convention. One entry per layer,
  * forward and backward side by side; the CPU implementation of each is also the reference the
  * GPU kernels are tested against.
  *
@@ -17,6 +19,10 @@
 
 #include <stddef.h>
 
+struct dt_device;
+
+/* Every kernel takes the device it runs on (its stream, its handles) and returns 0 or a
+ * negative DT_E* code: a GPU launch can fail, a CPU kernel does not. */
 typedef struct dt_ops {
   const char *name; /* "cpu", "cuda" */
 
@@ -24,103 +30,105 @@ typedef struct dt_ops {
    * [vocab_lo, vocab_lo + vocab_n) of the table: other tokens contribute 0 (their rank adds
    * them; the tensor-parallel all-reduce of the slices' outputs is exact). wpe NULL: no
    * position term. */
-  void (*encoder_forward)(float *out,                                  /* (N=B*T, C) */
-                          const int *inp,                              /* (B, T) token ids < V */
-                          const float *wte,                            /* (vocab_n, C) */
-                          int vocab_lo, int vocab_n, const float *wpe, /* (maxT, C) or NULL */
-                          int B, int T, int C);
+  int (*encoder_forward)(struct dt_device *dev, float *out,           /* (N=B*T, C) */
+                         const int *inp,                              /* (B, T) token ids < V */
+                         const float *wte,                            /* (vocab_n, C) */
+                         int vocab_lo, int vocab_n, const float *wpe, /* (maxT, C) or NULL */
+                         int B, int T, int C);
   /* dwte[inp - vocab_lo] += dout for the tokens in the slice; dwpe[t] += dout (dwpe may be
    * NULL) */
-  void (*encoder_backward)(float *dwte,                            /* (vocab_n, C) += */
-                           int vocab_lo, int vocab_n, float *dwpe, /* (maxT, C) += or NULL */
-                           const float *dout,                      /* (B*T, C) */
-                           const int *inp,                         /* (B, T) */
-                           int B, int T, int C);
+  int (*encoder_backward)(struct dt_device *dev, float *dwte,     /* (vocab_n, C) += */
+                          int vocab_lo, int vocab_n, float *dwpe, /* (maxT, C) += or NULL */
+                          const float *dout,                      /* (B*T, C) */
+                          const int *inp,                         /* (B, T) */
+                          int B, int T, int C);
 
   /* out = (inp - mean) * rstd * weight + bias, eps 1e-5; mean/rstd saved for backward */
-  void (*layernorm_forward)(float *out,          /* (N, C) */
-                            float *mean,         /* (N) */
-                            float *rstd,         /* (N) */
-                            const float *inp,    /* (N, C) */
-                            const float *weight, /* (C) */
-                            const float *bias,   /* (C) */
+  int (*layernorm_forward)(struct dt_device *dev, float *out, /* (N, C) */
+                           float *mean,                       /* (N) */
+                           float *rstd,                       /* (N) */
+                           const float *inp,                  /* (N, C) */
+                           const float *weight,               /* (C) */
+                           const float *bias,                 /* (C) */
+                           int N, int C);
+  int (*layernorm_backward)(struct dt_device *dev, float *dinp, /* (N, C) += (residual stream) */
+                            float *dweight,                     /* (C) += */
+                            float *dbias,                       /* (C) += */
+                            const float *dout,                  /* (N, C) */
+                            const float *inp,                   /* (N, C) */
+                            const float *weight,                /* (C) */
+                            const float *mean,                  /* (N) */
+                            const float *rstd,                  /* (N) */
                             int N, int C);
-  void (*layernorm_backward)(float *dinp,         /* (N, C) += (residual stream) */
-                             float *dweight,      /* (C) += */
-                             float *dbias,        /* (C) += */
-                             const float *dout,   /* (N, C) */
-                             const float *inp,    /* (N, C) */
-                             const float *weight, /* (C) */
-                             const float *mean,   /* (N) */
-                             const float *rstd,   /* (N) */
-                             int N, int C);
 
   /* out = inp @ weight^T + bias (bias may be NULL); out has row stride ldo >= OC */
-  void (*matmul_forward)(float *out,          /* (N, ldo) */
-                         const float *inp,    /* (N, C) */
-                         const float *weight, /* (OC, C) */
-                         const float *bias,   /* (OC) or NULL */
-                         int N, int C, int OC, int ldo);
+  int (*matmul_forward)(struct dt_device *dev, float *out, /* (N, ldo) */
+                        const float *inp,                  /* (N, C) */
+                        const float *weight,               /* (OC, C) */
+                        const float *bias,                 /* (OC) or NULL */
+                        int N, int C, int OC, int ldo);
   /* dinp = dout @ weight (dinp may be NULL); dweight += dout^T @ inp; dbias += sum_n dout */
-  void (*matmul_backward)(float *dinp,         /* (N, C) = */
-                          float *dweight,      /* (OC, C) += */
-                          float *dbias,        /* (OC) += or NULL */
-                          const float *dout,   /* (N, ldd) */
-                          const float *inp,    /* (N, C) */
-                          const float *weight, /* (OC, C) */
-                          int N, int C, int OC, int ldd);
+  int (*matmul_backward)(struct dt_device *dev, float *dinp, /* (N, C) = */
+                         float *dweight,                     /* (OC, C) += */
+                         float *dbias,                       /* (OC) += or NULL */
+                         const float *dout,                  /* (N, ldd) */
+                         const float *inp,                   /* (N, C) */
+                         const float *weight,                /* (OC, C) */
+                         int N, int C, int OC, int ldd);
 
   /* causal multi-head self-attention over packed qkv; att keeps the softmax probabilities */
-  void (*attention_forward)(float *out,       /* (B, T, C) heads concatenated */
-                            float *att,       /* (B, NH, T, T) probabilities, upper part 0 */
-                            const float *qkv, /* (B, T, 3C) q | k | v */
+  int (*attention_forward)(struct dt_device *dev, float *out, /* (B, T, C) heads concatenated */
+                           float *att,       /* (B, NH, T, T) probabilities, upper part 0 */
+                           const float *qkv, /* (B, T, 3C) q | k | v */
+                           int B, int T, int C, int NH);
+  int (*attention_backward)(struct dt_device *dev, float *dqkv, /* (B, T, 3C) = */
+                            float *scratch,                     /* (B, NH, T, T) workspace */
+                            const float *dout,                  /* (B, T, C) */
+                            const float *qkv,                   /* (B, T, 3C) */
+                            const float *att,                   /* (B, NH, T, T) */
                             int B, int T, int C, int NH);
-  void (*attention_backward)(float *dqkv,       /* (B, T, 3C) = */
-                             float *scratch,    /* (B, NH, T, T) workspace */
-                             const float *dout, /* (B, T, C) */
-                             const float *qkv,  /* (B, T, 3C) */
-                             const float *att,  /* (B, NH, T, T) */
-                             int B, int T, int C, int NH);
 
   /* GELU, tanh approximation */
-  void (*gelu_forward)(float *out, const float *inp, size_t n);
+  int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
   /* dinp = dout * gelu'(inp); dinp may alias dout */
-  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+  int (*gelu_backward)(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
+                       size_t n);
 
   /* out = a + b */
-  void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+  int (*residual_forward)(struct dt_device *dev, float *out, const float *a, const float *b,
+                          size_t n);
 
   /* Fused softmax + cross-entropy over the first V of Vp columns, forward and backward in one
    * pass. losses[i] = -log softmax(logits[i])[targets[i]]. When dloss != 0, logits is
    * overwritten in place by dlogits = (softmax - onehot) * dloss (columns >= V set to 0). */
-  void (*crossentropy_forward_backward)(float *losses,      /* (N) */
-                                        float *logits,      /* (N, Vp) in: logits, out: dlogits */
-                                        const int *targets, /* (N) */
-                                        float dloss, int N, int V, int Vp);
+  int (*crossentropy_forward_backward)(struct dt_device *dev, float *losses, /* (N) */
+                                       float *logits,      /* (N, Vp) in: logits, out: dlogits */
+                                       const int *targets, /* (N) */
+                                       float dloss, int N, int V, int Vp);
 
   /* Vocabulary-parallel cross-entropy over logits of columns [vocab_lo, vocab_lo + Vl)
    * (row stride ldl >= Vl). stats gets per row (local max, local sum of exp(x - max), target
    * logit if held here else 0); after the tensor-parallel group has exchanged them (all_stats:
    * nranks blocks of (N, 3)), finish combines them into losses and, when dloss != 0,
    * overwrites the logits with dlogits = (softmax - onehot) * dloss (columns >= Vl zeroed). */
-  void (*crossentropy_vp_stats)(float *stats,        /* (N, 3) */
-                                const float *logits, /* (N, ldl) */
-                                const int *targets,  /* (N) */
-                                int vocab_lo, int N, int Vl, int ldl);
-  void (*crossentropy_vp_finish)(float *losses,          /* (N) */
-                                 float *logits,          /* (N, ldl) in: logits, out: dlogits */
-                                 const float *all_stats, /* (nranks, N, 3) */
-                                 int nranks, const int *targets, int vocab_lo, float dloss, int N,
-                                 int Vl, int ldl);
+  int (*crossentropy_vp_stats)(struct dt_device *dev, float *stats, /* (N, 3) */
+                               const float *logits,                 /* (N, ldl) */
+                               const int *targets,                  /* (N) */
+                               int vocab_lo, int N, int Vl, int ldl);
+  int (*crossentropy_vp_finish)(struct dt_device *dev, float *losses, /* (N) */
+                                float *logits,          /* (N, ldl) in: logits, out: dlogits */
+                                const float *all_stats, /* (nranks, N, 3) */
+                                int nranks, const int *targets, int vocab_lo, float dloss, int N,
+                                int Vl, int ldl);
 
   /* PyTorch AdamW, one tensor: p *= 1 - lr*wd; m,v moments; p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2)
    * + eps) with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t; grad is multiplied by grad_scale first
    * (clip). */
-  void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                       int t);
-  /* sum of squares, accumulated in double */
-  double (*sum_squares)(const float *x, size_t n);
+  int (*adamw_update)(struct dt_device *dev, float *param, const float *grad, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                      float grad_scale, int t);
+  /* *out = sum of squares, accumulated in double */
+  int (*sum_squares)(struct dt_device *dev, const float *x, size_t n, double *out);
 } dt_ops_t;
 
 /* The CPU backend (always available). */

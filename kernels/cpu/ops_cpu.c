@@ -1,25 +1,157 @@
-/* ops_cpu.c — the CPU backend's kernel table. */
+/* ops_cpu.c — the CPU backend's kernel table: the reference kernels of cpu_kernels.h, which take
+ * no device and cannot fail, adapted to the table's convention (ops.h). */
 #include "../ops.h"
 #include "cpu_kernels.h"
 
+static int encoder_forward(struct dt_device *dev, float *out, const int *inp, const float *wte,
+                           int vocab_lo, int vocab_n, const float *wpe, int B, int T, int C)
+{
+  (void)dev;
+  dt_cpu_encoder_forward(out, inp, wte, vocab_lo, vocab_n, wpe, B, T, C);
+  return 0;
+}
+
+static int encoder_backward(struct dt_device *dev, float *dwte, int vocab_lo, int vocab_n,
+                            float *dwpe, const float *dout, const int *inp, int B, int T, int C)
+{
+  (void)dev;
+  dt_cpu_encoder_backward(dwte, vocab_lo, vocab_n, dwpe, dout, inp, B, T, C);
+  return 0;
+}
+
+static int layernorm_forward(struct dt_device *dev, float *out, float *mean, float *rstd,
+                             const float *inp, const float *weight, const float *bias, int N, int C)
+{
+  (void)dev;
+  dt_cpu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  return 0;
+}
+
+static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight,
+                              const float *mean, const float *rstd, int N, int C)
+{
+  (void)dev;
+  dt_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  return 0;
+}
+
+static int matmul_forward(struct dt_device *dev, float *out, const float *inp, const float *weight,
+                          const float *bias, int N, int C, int OC, int ldo)
+{
+  (void)dev;
+  dt_cpu_matmul_forward(out, inp, weight, bias, N, C, OC, ldo);
+  return 0;
+}
+
+static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                           const float *dout, const float *inp, const float *weight, int N, int C,
+                           int OC, int ldd)
+{
+  (void)dev;
+  dt_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd);
+  return 0;
+}
+
+static int attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv, int B,
+                             int T, int C, int NH)
+{
+  (void)dev;
+  dt_cpu_attention_forward(out, att, qkv, B, T, C, NH);
+  return 0;
+}
+
+static int attention_backward(struct dt_device *dev, float *dqkv, float *scratch, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+  (void)dev;
+  dt_cpu_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  return 0;
+}
+
+static int gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
+{
+  (void)dev;
+  dt_cpu_gelu_forward(out, inp, n);
+  return 0;
+}
+
+static int gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
+                         size_t n)
+{
+  (void)dev;
+  dt_cpu_gelu_backward(dinp, inp, dout, n);
+  return 0;
+}
+
+static int residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,
+                            size_t n)
+{
+  (void)dev;
+  dt_cpu_residual_forward(out, a, b, n);
+  return 0;
+}
+
+static int crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
+                                         const int *targets, float dloss, int N, int V, int Vp)
+{
+  (void)dev;
+  dt_cpu_crossentropy_forward_backward(losses, logits, targets, dloss, N, V, Vp);
+  return 0;
+}
+
+static int crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
+                                 const int *targets, int vocab_lo, int N, int Vl, int ldl)
+{
+  (void)dev;
+  dt_cpu_crossentropy_vp_stats(stats, logits, targets, vocab_lo, N, Vl, ldl);
+  return 0;
+}
+
+static int crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,
+                                  const float *all_stats, int nranks, const int *targets,
+                                  int vocab_lo, float dloss, int N, int Vl, int ldl)
+{
+  (void)dev;
+  dt_cpu_crossentropy_vp_finish(losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl,
+                                ldl);
+  return 0;
+}
+
+static int adamw_update(struct dt_device *dev, float *param, const float *grad, float *m, float *v,
+                        size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                        float grad_scale, int t)
+{
+  (void)dev;
+  dt_cpu_adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+  return 0;
+}
+
+static int sum_squares(struct dt_device *dev, const float *x, size_t n, double *out)
+{
+  (void)dev;
+  *out = dt_cpu_sum_squares(x, n);
+  return 0;
+}
+
 static const dt_ops_t g_cpu_ops = {
     .name = "cpu",
-    .encoder_forward = dt_cpu_encoder_forward,
-    .encoder_backward = dt_cpu_encoder_backward,
-    .layernorm_forward = dt_cpu_layernorm_forward,
-    .layernorm_backward = dt_cpu_layernorm_backward,
-    .matmul_forward = dt_cpu_matmul_forward,
-    .matmul_backward = dt_cpu_matmul_backward,
-    .attention_forward = dt_cpu_attention_forward,
-    .attention_backward = dt_cpu_attention_backward,
-    .gelu_forward = dt_cpu_gelu_forward,
-    .gelu_backward = dt_cpu_gelu_backward,
-    .residual_forward = dt_cpu_residual_forward,
-    .crossentropy_forward_backward = dt_cpu_crossentropy_forward_backward,
-    .crossentropy_vp_stats = dt_cpu_crossentropy_vp_stats,
-    .crossentropy_vp_finish = dt_cpu_crossentropy_vp_finish,
-    .adamw_update = dt_cpu_adamw_update,
-    .sum_squares = dt_cpu_sum_squares,
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .residual_forward = residual_forward,
+    .crossentropy_forward_backward = crossentropy_forward_backward,
+    .crossentropy_vp_stats = crossentropy_vp_stats,
+    .crossentropy_vp_finish = crossentropy_vp_finish,
+    .adamw_update = adamw_update,
+    .sum_squares = sum_squares,
 };
 
 const dt_ops_t *dt_ops_cpu(void)

@@ -791,9 +791,9 @@ int dt_dp_grad_norm(dt_dp_t *dp, float *norm)
 {
   double ss;
   if (dp->stage < 2) { /* every rank holds the whole reduced local gradient */
-    ss = dt_gpt2_sumsq(dp->m, dp->m->grads_flat, 0, dp->P);
+    DT_CHECK(dt_gpt2_sumsq(dp->m, dp->m->grads_flat, 0, dp->P, &ss));
   } else {
-    ss = dt_gpt2_sumsq(dp->m, dp->g_shard, dp->lo, dp->hi);
+    DT_CHECK(dt_gpt2_sumsq(dp->m, dp->g_shard, dp->lo, dp->hi, &ss));
     DT_CHECK(sum_double(dp, collective(dp) ? dp->comm : NULL, &ss));
   }
   DT_CHECK(sum_double(dp, dp->mp, &ss));
@@ -815,9 +815,10 @@ int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t)
     int64_t b = DT_MIN(dp->hi, (int64_t)(m->tensor_offsets[k] + m->tensor_sizes[k]));
     if (a >= b)
       continue;
-    m->ops->adamw_update(params + a, grads + a, dp->m_shard + (a - dp->lo),
-                         dp->v_shard + (a - dp->lo), (size_t)(b - a), h->lr, h->beta1, h->beta2,
-                         h->eps, dt_gpt2_tensor_decays(k) ? h->weight_decay : 0.0f, grad_scale, t);
+    DT_CHECK(m->ops->adamw_update(
+        m->dev, params + a, grads + a, dp->m_shard + (a - dp->lo), dp->v_shard + (a - dp->lo),
+        (size_t)(b - a), h->lr, h->beta1, h->beta2, h->eps,
+        dt_gpt2_tensor_decays(k) ? h->weight_decay : 0.0f, grad_scale, t));
   }
   invalidate_slots(dp);
   if (dp->stage == 3 || !collective(dp))

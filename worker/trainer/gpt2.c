@@ -628,12 +628,13 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
 {
   const int C = m->cfg.channels;
   if (!m->sp) {
-    m->ops->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, (int)rows, C);
+    DT_CHECK(m->ops->layernorm_backward(m->dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+                                        (int)rows, C));
     return 0;
   }
   DT_CHECK(m->dev->zero(m->dev, a->lngrad, 2 * (size_t)C * sizeof(float)));
-  m->ops->layernorm_backward(dinp, a->lngrad, a->lngrad + C, dout, inp, weight, mean, rstd,
-                             (int)rows, C);
+  DT_CHECK(m->ops->layernorm_backward(m->dev, dinp, a->lngrad, a->lngrad + C, dout, inp, weight,
+                                      mean, rstd, (int)rows, C));
   DT_CHECK(dt_comm_all_reduce(m->tp.comm, a->lngrad, 2 * (size_t)C, DT_COMM_SUM));
   DT_CHECK(m->dev->accumulate(m->dev, dweight, a->lngrad, (size_t)C));
   return m->dev->accumulate(m->dev, dbias, a->lngrad + C, (size_t)C);
@@ -684,24 +685,26 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   const size_t N = (size_t)B * T, R = stream_rows(m, N);
   const layer_acts_t y = layer_acts(m, a, l);
   const float *in, *branch;
-  k->layernorm_forward(y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W], p->t[DT_T_LN1B], (int)R,
-                       C);
+  DT_CHECK(k->layernorm_forward(m->dev, y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W],
+                                p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-  k->matmul_forward(y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl);
-  k->attention_forward(y.atty, y.att, y.qkv, B, T, Cl, d.NHl);
-  k->matmul_forward(a->tmp, y.atty, p->t[DT_T_ATTPROJW], lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N,
-                    Cl, C, C);
+  DT_CHECK(k->matmul_forward(m->dev, y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C, 3 * Cl,
+                             3 * Cl));
+  DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
+  DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.atty, p->t[DT_T_ATTPROJW],
+                             lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
-  k->residual_forward(y.res2, x, branch, R * C);
-  k->layernorm_forward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, p->t[DT_T_LN2W], p->t[DT_T_LN2B],
-                       (int)R, C);
+  DT_CHECK(k->residual_forward(m->dev, y.res2, x, branch, R * C));
+  DT_CHECK(k->layernorm_forward(m->dev, y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, p->t[DT_T_LN2W],
+                                p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  k->matmul_forward(y.fch, in, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl);
-  k->gelu_forward(y.fchg, y.fch, N * 4 * Cl);
-  k->matmul_forward(a->tmp, y.fchg, p->t[DT_T_FCPROJW], lead ? p->t[DT_T_FCPROJB] : NULL, (int)N,
-                    4 * Cl, C, C);
+  DT_CHECK(k->matmul_forward(m->dev, y.fch, in, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl,
+                             4 * Cl));
+  DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
+  DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.fchg, p->t[DT_T_FCPROJW],
+                             lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
-  k->residual_forward(y.res3, y.res2, branch, R * C);
+  DT_CHECK(k->residual_forward(m->dev, y.res3, y.res2, branch, R * C));
   return 0;
 }
 
@@ -725,7 +728,8 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
     float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
     const float *sum;
-    k->encoder_forward(e, inputs, p.t[DT_T_WTE], d.vlo, d.Vl, lead ? p.t[DT_T_WPE] : NULL, B, T, C);
+    DT_CHECK(k->encoder_forward(m->dev, e, inputs, p.t[DT_T_WTE], d.vlo, d.Vl,
+                                lead ? p.t[DT_T_WPE] : NULL, B, T, C));
     DT_CHECK(release(m, DT_UNIT_EMBED, 0));
     DT_CHECK(reduce_rows(m, a, e, N, &sum));
     if (m->sp)
@@ -743,15 +747,16 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
   const size_t R = stream_rows(m, N);
   float *mine = a->lnf + (m->sp ? (size_t)m->tp.rank * R * C : 0); /* gathered in place */
-  k->layernorm_forward(mine, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW], p.t[DT_T_LNFB], (int)R,
-                       C);
+  DT_CHECK(k->layernorm_forward(m->dev, mine, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW],
+                                p.t[DT_T_LNFB], (int)R, C));
   DT_CHECK(release(m, DT_UNIT_FINAL, 0));
   if (m->sp)
     DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->lnf, R * C));
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    k->matmul_forward(a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal, d.Vl);
+    DT_CHECK(k->matmul_forward(m->dev, a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal,
+                               d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
 
@@ -776,15 +781,15 @@ static int cross_entropy(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *targets, fl
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
   if (m->tp.tp == 1) {
-    k->crossentropy_forward_backward(a->losses, a->logits, targets, dloss, N, m->cfg.vocab,
-                                     m->cfg.padded_vocab);
+    DT_CHECK(k->crossentropy_forward_backward(m->dev, a->losses, a->logits, targets, dloss, N,
+                                              m->cfg.vocab, m->cfg.padded_vocab));
     return 0;
   }
   float *mine = a->ce_stats + (size_t)m->tp.tp * 3 * N;
-  k->crossentropy_vp_stats(mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl);
+  DT_CHECK(k->crossentropy_vp_stats(m->dev, mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl));
   DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->ce_stats, 3 * (size_t)N));
-  k->crossentropy_vp_finish(a->losses, a->logits, a->ce_stats, m->tp.tp, targets, d.vlo, dloss, N,
-                            d.Vreal, d.Vl);
+  DT_CHECK(k->crossentropy_vp_finish(m->dev, a->losses, a->logits, a->ce_stats, m->tp.tp, targets,
+                                     d.vlo, dloss, N, d.Vreal, d.Vl));
   return 0;
 }
 
@@ -837,8 +842,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
-      k->matmul_backward(a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, ep.t[DT_T_WTE], (int)N,
-                         C, d.Vreal, d.Vl);
+      DT_CHECK(k->matmul_backward(m->dev, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf,
+                                  ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
     if (!first)
@@ -860,23 +865,24 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    k->matmul_backward(a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, y.fchg,
-                       p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C);
-    k->gelu_backward(a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl);
+    DT_CHECK(k->matmul_backward(m->dev, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout,
+                                y.fchg, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
+    DT_CHECK(k->gelu_backward(m->dev, a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-    k->matmul_backward(a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in, p.t[DT_T_FCW], (int)N,
-                       C, 4 * Cl, 4 * Cl);
+    DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in,
+                                p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
                                 p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    k->matmul_backward(a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, y.atty,
-                       p.t[DT_T_ATTPROJW], (int)N, Cl, C, C);
-    k->attention_backward(a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl);
+    DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout,
+                                y.atty, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
+    DT_CHECK(
+        k->attention_backward(m->dev, a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl));
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-    k->matmul_backward(a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in, p.t[DT_T_QKVW], (int)N,
-                       C, 3 * Cl, 3 * Cl);
+    DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in,
+                                p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));
@@ -887,7 +893,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
   if (!last)
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
   DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-  k->encoder_backward(eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], dout, inputs, B, T, C);
+  DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], dout, inputs, B,
+                               T, C));
   return release(m, DT_UNIT_EMBED, 1);
 }
 
@@ -903,18 +910,21 @@ int dt_gpt2_zero_grad(dt_gpt2_t *m)
   return m->dev->zero(m->dev, m->grads_flat, m->bytes_grads);
 }
 
-double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi)
+int dt_gpt2_sumsq(dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi, double *out)
 {
   if (m->owned == m->num_params)
-    return m->ops->sum_squares(buf, (size_t)(hi - lo));
-  double ss = 0.0;
+    return m->ops->sum_squares(m->dev, buf, (size_t)(hi - lo), out);
+  double ss = 0.0, part;
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
     int64_t a = DT_MAX(lo, (int64_t)m->tensor_offsets[i]);
     int64_t b = DT_MIN(hi, (int64_t)(m->tensor_offsets[i] + m->tensor_sizes[i]));
-    if (a < b && owns(m, m->tp.rank, i))
-      ss += m->ops->sum_squares(buf + (a - lo), (size_t)(b - a));
+    if (a < b && owns(m, m->tp.rank, i)) {
+      DT_CHECK(m->ops->sum_squares(m->dev, buf + (a - lo), (size_t)(b - a), &part));
+      ss += part;
+    }
   }
-  return ss;
+  *out = ss;
+  return 0;
 }
 
 int dt_gpt2_tensor_decays(int tensor)
@@ -932,9 +942,10 @@ int dt_gpt2_adamw_step(dt_gpt2_t *m, const dt_adamw_t *h, float grad_scale, int 
   DT_CHECK(dt_gpt2_alloc_optimizer(m));
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
     size_t off = m->tensor_offsets[i];
-    m->ops->adamw_update(m->params_flat + off, m->grads_flat + off, m->m_flat + off,
-                         m->v_flat + off, m->tensor_sizes[i], h->lr, h->beta1, h->beta2, h->eps,
-                         dt_gpt2_tensor_decays(i) ? h->weight_decay : 0.0f, grad_scale, t);
+    DT_CHECK(
+        m->ops->adamw_update(m->dev, m->params_flat + off, m->grads_flat + off, m->m_flat + off,
+                             m->v_flat + off, m->tensor_sizes[i], h->lr, h->beta1, h->beta2, h->eps,
+                             dt_gpt2_tensor_decays(i) ? h->weight_decay : 0.0f, grad_scale, t));
   }
   return 0;
 }

@@ -320,10 +320,10 @@ float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot);        /* (B*T, C) */
 const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot); /* (B*T, C) */
 float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot);         /* (B*T, C) */
 int dt_gpt2_zero_grad(dt_gpt2_t *m);
-/* Sum of squares of the gradients (or any buffer laid out like them) of local range
+/* *out = sum of squares of the gradients (or any buffer laid out like them) of local range
  * [lo, hi), buf addressing element lo, over the elements this rank owns, so that the sum over
  * the tp and pp groups counts every parameter of the model once. */
-double dt_gpt2_sumsq(const dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi);
+int dt_gpt2_sumsq(dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi, double *out);
 /* 1 if the tensor (DT_T_*) takes weight decay: weight matrices and embeddings. */
 int dt_gpt2_tensor_decays(int tensor);
 /* One AdamW step at 1-based step t; grad_scale multiplies every gradient (clipping). Weight
