@@ -101,6 +101,8 @@ class PipelineParallel(unittest.TestCase):
         per = 4 // pp
         if pp == 1:
             return errs
+        for m in got:  # the first stage's share of each step spent waiting
+            self.assertTrue(0.0 <= m["bubble"] < 1.0, m)
         for r, err in enumerate(errs):
             stage = r // (tp * dpn)
             self.assertRegex(err, r"at pp %d tp %d dp %d: layers %d\.\.%d%s%s" % (

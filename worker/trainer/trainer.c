@@ -333,7 +333,7 @@ static double peak_rss_mb(void)
   return (double)ru.ru_maxrss / 1024.0;
 }
 
-static void write_metrics(FILE *fp, const dt_step_metrics_t *s)
+static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
 {
   fprintf(fp,
           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
@@ -341,6 +341,8 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s)
           (long long)s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_s, s->comm_ms);
   if (s->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
+  if (pipelined) /* rank 0's stage: the first */
+    fprintf(fp, ", \"bubble\": %.4f", s->bubble);
   fprintf(fp, "}\n");
   fflush(fp);
 }
@@ -825,7 +827,7 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
             sm->tokens_per_s);
   }
   if (t->metrics)
-    write_metrics(t->metrics, sm);
+    write_metrics(t->metrics, sm, t->pp > 1);
   if (o->on_step)
     o->on_step(o->on_step_ud, sm);
   if (o->link)
