@@ -24,6 +24,7 @@
 #include "dt_util.h"
 #include "link.h"
 #include "rng.h"
+#include "pipeline.h"
 #include "schedule.h"
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
@@ -196,34 +197,15 @@ typedef struct {
   dt_lr_schedule_t sched;
   double tokens_per_step;
   /* pipeline (pp > 1) */
-  int pp, stage;     /* stages, this rank's */
-  dt_pipe_op_t *ops; /* this stage's schedule for one step */
-  int nops;
+  int pp, stage;               /* stages, this rank's */
+  dt_pipeline_t *pipe;         /* runs this stage's schedule; NULL when pp == 1 */
   int *mb_inputs, *mb_targets; /* (K, B*T) the step's micro-batches */
-  double busy_ms, idle_ms;     /* the run after its first step: computing / waiting */
-  int warm;                    /* the first step is done */
 } trainer_t;
 
 /* The last stage's scalar on every stage of the pipeline. */
 static int from_last_stage(trainer_t *t, float *x)
 {
   return t->pp > 1 ? dt_comm_broadcast(t->plan.pp, x, 1, t->pp - 1) : 0;
-}
-
-/* One micro-batch's forward through the pipeline without gradients (validation): activations
- * flow stage to stage in slot 0; the last stage has the loss. */
-static int eval_batch(trainer_t *t, const int *inputs, const int *targets, int B, int T,
-                      float *loss)
-{
-  dt_gpt2_t *m = &t->model;
-  const size_t bytes = dt_gpt2_stage_io_floats(m, B, T) * sizeof(float);
-  *loss = 0.0f;
-  if (t->pp > 1 && !m->stage.first)
-    DT_CHECK(dt_comm_recv(t->plan.pp, dt_gpt2_stage_input(m, 0), bytes, t->stage - 1, 0));
-  DT_CHECK(dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, 0.0f, loss));
-  if (t->pp > 1 && !m->stage.last)
-    DT_CHECK(dt_comm_send(t->plan.pp, dt_gpt2_stage_output(m, 0), bytes, t->stage + 1, 0));
-  return 0;
 }
 
 /* Mean validation loss over the first batches of the validation set; each data-parallel rank
@@ -238,7 +220,12 @@ static int evaluate(trainer_t *t, float *out)
   for (int i = 0; i < n; i++) {
     float loss;
     DT_CHECK(dt_dataloader_next(val));
-    DT_CHECK(eval_batch(t, val->inputs, val->targets, val->B, val->T, &loss));
+    if (t->pipe)
+      DT_CHECK(
+          dt_pipeline_eval(t->pipe, &t->model, val->inputs, val->targets, val->B, val->T, &loss));
+    else
+      DT_CHECK(dt_gpt2_stage_forward(&t->model, 0, val->inputs, val->targets, val->B, val->T, 0.0f,
+                                     &loss));
     acc += loss;
   }
   *out = (float)(acc / n);
@@ -632,12 +619,11 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (t->pp > 1) {
     const int K = o->grad_accum;
     slots = dt_pipe_slots(o->pp_schedule, t->pp, t->stage, K);
-    t->ops = calloc(6 * (size_t)K, sizeof *t->ops);
     t->mb_inputs = calloc((size_t)K * o->batch * o->seq, sizeof(int));
     t->mb_targets = calloc((size_t)K * o->batch * o->seq, sizeof(int));
-    if (!t->ops || !t->mb_inputs || !t->mb_targets)
+    if (!t->mb_inputs || !t->mb_targets)
       return DT_ENOMEM;
-    t->nops = dt_pipe_schedule(o->pp_schedule, t->pp, t->stage, K, t->ops);
+    DT_CHECK(dt_pipeline_create(&t->pipe, o->pp_schedule, t->pp, t->stage, K, t->plan.pp));
   }
   DT_CHECK(dt_gpt2_set_sequence_parallel(&t->model, o->sequence_parallel));
   DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots, o->recompute));
@@ -676,65 +662,9 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   return 0;
 }
 
-/* Runs one op of this stage's pipeline schedule; compute time is busy, transfers idle. */
-static int pipe_op(trainer_t *t, const dt_pipe_op_t *op, double *loss_acc)
-{
-  const dt_train_opts_t *o = t->o;
-  dt_gpt2_t *m = &t->model;
-  dt_comm_t *pp = t->plan.pp;
-  const int K = o->grad_accum, BT = o->batch * o->seq, nslots = m->nslots;
-  const int prev = t->stage - 1, next = t->stage + 1;
-  const int first = m->stage.first, last = m->stage.last, slot = op->mb % nslots;
-  const size_t bytes = dt_gpt2_stage_io_floats(m, o->batch, o->seq) * sizeof(float);
-  const int *inputs = t->mb_inputs + (size_t)op->mb * BT;
-  const double t0 = dt_now_ms();
-  int rc = 0;
-  float loss;
-  switch (op->op) {
-  case DT_PIPE_FWD:
-    dt_dp_begin_micro(t->dp, op->mb == K - 1);
-    rc = dt_gpt2_stage_forward(m, slot, inputs, t->mb_targets + (size_t)op->mb * BT, o->batch,
-                               o->seq, 1.0f / (float)K, &loss);
-    *loss_acc += last && rc == 0 ? loss : 0.0f;
-    break;
-  case DT_PIPE_BWD:
-    dt_dp_begin_micro(t->dp, op->mb == K - 1);
-    rc = dt_gpt2_stage_backward(m, slot, inputs, o->batch, o->seq);
-    break;
-  case DT_PIPE_RECV_FWD:
-    rc = first ? 0 : dt_comm_recv(pp, dt_gpt2_stage_input(m, slot), bytes, prev, 0);
-    break;
-  case DT_PIPE_SEND_FWD:
-    rc = last ? 0 : dt_comm_send(pp, dt_gpt2_stage_output(m, slot), bytes, next, 0);
-    break;
-  case DT_PIPE_RECV_BWD:
-    rc = last ? 0 : dt_comm_recv(pp, dt_gpt2_stage_grad(m, slot), bytes, next, 0);
-    break;
-  case DT_PIPE_SEND_BWD:
-    rc = first ? 0 : dt_comm_send(pp, dt_gpt2_stage_grad(m, slot), bytes, prev, 0);
-    break;
-  case DT_PIPE_SEND_FWD_RECV_BWD:
-    rc = last ? 0
-              : dt_comm_sendrecv(pp, dt_gpt2_stage_output(m, slot), bytes, next,
-                                 dt_gpt2_stage_grad(m, op->mb2 % nslots), bytes, next, 0);
-    break;
-  case DT_PIPE_SEND_BWD_RECV_FWD:
-    rc = first ? 0
-               : dt_comm_sendrecv(pp, dt_gpt2_stage_grad(m, slot), bytes, prev,
-                                  dt_gpt2_stage_input(m, op->mb2 % nslots), bytes, prev, 0);
-    break;
-  }
-  const double ms = dt_now_ms() - t0;
-  if (op->op == DT_PIPE_FWD || op->op == DT_PIPE_BWD)
-    t->busy_ms += ms;
-  else
-    t->idle_ms += ms;
-  return rc;
-}
-
-/* The step's micro-batches through the pipeline, by this stage's schedule. Every stage reads
- * the same micro-batches (the first needs the inputs, the last the targets, all keep the same
- * data position for checkpoints). *loss_acc: the last stage's sum of micro-batch losses. */
+/* The step's micro-batches through the pipeline. Every stage reads the same micro-batches (the
+ * first needs the inputs, the last the targets, all keep the same data position for
+ * checkpoints). */
 static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
 {
   const dt_train_opts_t *o = t->o;
@@ -744,16 +674,8 @@ static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
     memcpy(t->mb_inputs + k * BT, t->train.inputs, BT * sizeof(int));
     memcpy(t->mb_targets + k * BT, t->train.targets, BT * sizeof(int));
   }
-  const double busy0 = t->busy_ms, idle0 = t->idle_ms;
-  for (int i = 0; i < t->nops; i++)
-    DT_CHECK(pipe_op(t, &t->ops[i], loss_acc));
-  const double busy = t->busy_ms - busy0, idle = t->idle_ms - idle0;
-  *bubble = busy + idle > 0 ? idle / (busy + idle) : 0.0;
-  if (!t->warm) { /* the run's bubble leaves out the first step (allocation, page faults) */
-    t->busy_ms = t->idle_ms = 0.0;
-    t->warm = 1;
-  }
-  return 0;
+  return dt_pipeline_step(t->pipe, &t->model, t->dp, t->mb_inputs, t->mb_targets, o->batch, o->seq,
+                          loss_acc, bubble);
 }
 
 /* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
@@ -905,13 +827,15 @@ static int finish(trainer_t *t)
     DT_CHECK(generate(&t->model, src->inputs, plen, o->sample_tokens, o->sample_temp, &t->state.rng,
                       t->lead));
   }
-  if (t->pp > 1)
+  if (t->pipe) {
+    double busy, idle;
+    dt_pipeline_times(t->pipe, &busy, &idle);
     DT_INFO(TRAIN,
             "pipeline stage %d after step 1: busy %.1f ms, waiting %.1f ms: bubble %.1f%% (a "
             "balanced %s pipeline: %.1f%%)",
-            t->stage, t->busy_ms, t->idle_ms,
-            100.0 * t->idle_ms / DT_MAX(t->busy_ms + t->idle_ms, 1e-9),
+            t->stage, busy, idle, 100.0 * idle / DT_MAX(busy + idle, 1e-9),
             dt_pipe_name(o->pp_schedule), 100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum));
+  }
   DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)t->state.step, peak_rss_mb());
   return 0;
 }
@@ -926,7 +850,7 @@ static void teardown(trainer_t *t)
   dt_gpt2_destroy(&t->model);
   dt_plan_destroy(&t->plan);
   dt_comm_destroy(t->world);
-  free(t->ops);
+  dt_pipeline_destroy(t->pipe);
   free(t->mb_inputs);
   free(t->mb_targets);
 }

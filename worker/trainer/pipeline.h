@@ -1,0 +1,36 @@
+/* pipeline.h — runs a stage's part of a training step by its schedule (schedule.h): the
+ * forward and backward passes of the step's micro-batches through the model's activation slots,
+ * and the transfers of activations and their gradients to and from the neighbouring stages over
+ * the pipeline communicator. Also the forward-only pass of evaluation, and the time the stage
+ * spent computing and waiting (its bubble). */
+#ifndef DT_TRAINER_PIPELINE_H
+#define DT_TRAINER_PIPELINE_H
+
+#include "comm.h"
+#include "dp.h"
+#include "gpt2.h"
+#include "schedule.h"
+
+typedef struct dt_pipeline dt_pipeline_t;
+
+/* Stage s of p (the model's stage) running m micro-batches per step by schedule kind; comm is
+ * the pipeline group (its rank s is this stage; NULL when p == 1). */
+int dt_pipeline_create(dt_pipeline_t **out, dt_pipe_kind_t kind, int p, int s, int m,
+                       dt_comm_t *comm);
+void dt_pipeline_destroy(dt_pipeline_t *pl);
+
+/* One step: micro-batch i is (inputs, targets) + i*B*T. Gradients of each micro-batch's mean
+ * loss / m accumulate (dp is told before each pass which micro-batch is the step's last);
+ * *loss_sum gets the last stage's sum of micro-batch losses (0 on the other stages), *bubble
+ * the share of the step this stage waited for its neighbours. */
+int dt_pipeline_step(dt_pipeline_t *pl, dt_gpt2_t *m, dt_dp_t *dp, const int *inputs,
+                     const int *targets, int B, int T, double *loss_sum, double *bubble);
+/* One micro-batch forward through the stages, without gradients (evaluation): *loss is the
+ * mean loss on the last stage, 0 elsewhere. */
+int dt_pipeline_eval(dt_pipeline_t *pl, dt_gpt2_t *m, const int *inputs, const int *targets, int B,
+                     int T, float *loss);
+/* Milliseconds computing and waiting over the steps after the first (allocation and page
+ * faults make the first unrepresentative). */
+void dt_pipeline_times(const dt_pipeline_t *pl, double *busy_ms, double *idle_ms);
+
+#endif
