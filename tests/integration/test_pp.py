@@ -116,6 +116,8 @@ class PipelineParallel(unittest.TestCase):
                 r"model parallel: (\d+) of \d+ parameters on this rank \(formula (\d+)",
                 err).groups())
             self.assertEqual(have, formula)
+            off = float(re.search(r"\(formula [\d.]+ MiB, ([+-][\d.]+)%\)", err).group(1))
+            self.assertLess(abs(off), 1.0, "rank %d: ZeRO memory %+.2f%% off its formula" % (r, off))
         return errs
 
     def test_activation_checkpointing(self):

@@ -117,6 +117,9 @@ class TensorParallel(unittest.TestCase):
                 r"model parallel: (\d+) of (\d+) parameters on this rank \(formula (\d+)",
                 err).groups())
             self.assertEqual(have, formula)
+            # ZeRO's per-rank bytes over this rank's local parameters (16P, 8P + 8P/N, ...)
+            off = float(re.search(r"\(formula [\d.]+ MiB, ([+-][\d.]+)%\)", err).group(1))
+            self.assertLess(abs(off), 1.0, "rank %d: ZeRO memory %+.2f%% off its formula" % (r, off))
             params = have
         return params
 
