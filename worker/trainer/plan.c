@@ -19,7 +19,8 @@ int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whyl
         axis = a;
     char *end;
     long n = axis >= 0 ? strtol(p + 2, &end, 10) : 0;
-    if (axis < 0 || end == p + 2 || n < 1 || n > 1 << 20 || v[axis] || (*end && *end != ',')) {
+    if (axis < 0 || end == p + 2 || n < 1 || n > 1 << 20 || v[axis] || (*end && *end != ',') ||
+        (*end == ',' && !end[1])) {
       snprintf(why, whylen, "DISTRAIN_MESH='%s': expected pp<N>,dp<N>,cp<N>,tp<N>", text);
       return DT_EINVAL;
     }

@@ -549,6 +549,10 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   /* Every layout rule is checked before this rank meets its peers. */
   int bounds[DT_UNIT_MAX_ORDER + 1], layers[DT_UNIT_MAX_ORDER];
   DT_CHECK(resolve_mesh(o, world, &mesh));
+  if (mesh.pp > DT_UNIT_MAX_ORDER) {
+    DT_ERROR(TRAIN, "parallel.pp (%d): at most %d pipeline stages", mesh.pp, DT_UNIT_MAX_ORDER);
+    return DT_EINVAL;
+  }
   if (dt_plan_check(&mesh, &t->cfg, o->seq, why, sizeof why) != 0 ||
       (o->pp_partition && dt_mesh_parse_partition(o->pp_partition, mesh.pp, t->cfg.layers, layers,
                                                   why, sizeof why) != 0) ||
