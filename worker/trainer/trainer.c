@@ -427,32 +427,21 @@ static int save_checkpoint(trainer_t *t)
   return committed ? dt_ckpt_prune(t->o->ckpt_dir, t->o->keep) : 0;
 }
 
-/* The whole model in llm.c layout on every rank (export): the dp group gathers the local
- * buffer, each rank places the parameters it owns, and the ranks holding the other parts
+/* The whole model in llm.c layout on every rank (export), from this rank's gathered local
+ * parameters: each rank places the parameters it owns, and the ranks holding the other parts
  * (tp x pp) sum the buffers: every element has exactly one non-zero contribution, so the sum
  * is exact. */
-static int gather_global(trainer_t *t, float *out)
+static int gather_global(trainer_t *t, const float *local, float *out)
 {
   dt_gpt2_t *m = &t->model;
-  const size_t P = m->num_params;
-  if (!t->plan.mp)
-    return dt_dp_gather_params(t->dp, out);
-  int ret = 0;
-  dt_gpt2_run_t *runs = NULL;
+  dt_gpt2_run_t *runs;
   size_t n;
-  float *local = dt_calloc_aligned(P * sizeof(float), "local parameters");
-  if (!local)
-    return DT_ENOMEM;
-  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, local), ret, out);
-  DT_CHECK_GOTO(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)P, 1, &runs, &n), ret, out);
+  DT_CHECK(dt_gpt2_runs(m, m->tp.rank, 0, (int64_t)m->num_params, 1, &runs, &n));
   memset(out, 0, m->global_params * sizeof(float));
   for (size_t i = 0; i < n; i++)
     memcpy(out + runs[i].global, local + runs[i].local, (size_t)runs[i].len * sizeof(float));
-  ret = dt_comm_all_reduce(t->plan.mp, out, m->global_params, DT_COMM_SUM);
-out:
   free(runs);
-  dt_free_aligned(local);
-  return ret;
+  return dt_comm_all_reduce(t->plan.mp, out, m->global_params, DT_COMM_SUM);
 }
 
 /* Resolves the model config from (in order) the checkpoint to resume, the llm.c file, or the
@@ -764,19 +753,15 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
  * identical on every tp rank without communicating them: each rank computes their update
  * from bit-identical inputs. Checked at the end of a run: the CRC-32C of each rank's
  * replicated tensors must agree across the tp group, bit for bit. */
-static int check_replicated(trainer_t *t)
+static int check_replicated(trainer_t *t, const float *local)
 {
   dt_gpt2_t *m = &t->model;
   if (m->tp.tp == 1)
     return 0;
   int ret = 0;
-  float *local = dt_calloc_aligned(m->num_params * sizeof(float), "replica check");
   float *crcs = calloc((size_t)m->tp.tp, sizeof *crcs);
-  if (!local || !crcs) {
-    ret = DT_ENOMEM;
-    goto out;
-  }
-  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, local), ret, out);
+  if (!crcs)
+    return DT_ENOMEM;
   uint32_t crc = 0;
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++)
     if (m->place[i].split == DT_SPLIT_NONE)
@@ -800,27 +785,51 @@ static int check_replicated(trainer_t *t)
           m->tp.tp, crc, m->replicated);
 out:
   free(crcs);
+  return ret;
+}
+
+/* Export (collective), after the replica check; both read this rank's local parameters,
+ * gathered over the dp group once. */
+static int check_and_export(trainer_t *t)
+{
+  const dt_train_opts_t *o = t->o;
+  dt_gpt2_t *m = &t->model;
+  if (m->tp.tp == 1 && !o->export_llmc)
+    return 0;
+  int ret = 0;
+  float *global = NULL;
+  float *local = dt_calloc_aligned(m->num_params * sizeof(float), "local parameters");
+  if (!local)
+    return DT_ENOMEM;
+  DT_CHECK_GOTO(dt_dp_gather_params(t->dp, local), ret, out);
+  DT_CHECK_GOTO(check_replicated(t, local), ret, out);
+  if (!o->export_llmc)
+    goto out;
+  if (t->plan.mp) {
+    if (!(global = malloc(m->global_params * sizeof(float)))) {
+      ret = DT_ENOMEM;
+      goto out;
+    }
+    DT_CHECK_GOTO(gather_global(t, local, global), ret, out);
+  }
+  if (t->lead) {
+    DT_CHECK_GOTO(
+        dt_llmc_save_params(&t->cfg, global ? global : local, m->global_params, o->export_llmc),
+        ret, out);
+    DT_INFO(TRAIN, "exported llm.c checkpoint %s", o->export_llmc);
+  }
+out:
+  free(global);
   dt_free_aligned(local);
   return ret;
 }
 
-/* After the last step: export and sampling (both collective), then the summary. */
+/* After the last step: the replica check and export, sampling (all collective), then the
+ * summary. */
 static int finish(trainer_t *t)
 {
   const dt_train_opts_t *o = t->o;
-  DT_CHECK(check_replicated(t));
-  if (o->export_llmc) {
-    float *gathered = malloc(t->model.global_params * sizeof(float));
-    if (!gathered)
-      return DT_ENOMEM;
-    int rc = gather_global(t, gathered);
-    if (rc == 0 && t->lead)
-      rc = dt_llmc_save_params(&t->cfg, gathered, t->model.global_params, o->export_llmc);
-    free(gathered);
-    DT_CHECK(rc);
-    if (t->lead)
-      DT_INFO(TRAIN, "exported llm.c checkpoint %s", o->export_llmc);
-  }
+  DT_CHECK(check_and_export(t));
   if (o->sample_tokens > 0) {
     /* Every rank generates (ZeRO-3 and tensor-parallel forwards are collective); rank 0
      * prints. */
