@@ -896,10 +896,32 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   DT__POSITIVE(&v, parallel, cp);
   if (parallel->zero_stage < 0 || parallel->zero_stage > 3)
     bad(&v, "parallel.zero_stage (%d) must be in 0..3", parallel->zero_stage);
-  if (str_empty(parallel->schedule) ||
-      (strcmp(parallel->schedule, "1f1b") != 0 && strcmp(parallel->schedule, "gpipe") != 0))
-    bad(&v, "parallel.schedule must be 1f1b or gpipe, got '%s'",
+  const int interleaved =
+      !str_empty(parallel->schedule) && strcmp(parallel->schedule, "interleaved") == 0;
+  if (str_empty(parallel->schedule) || (strcmp(parallel->schedule, "1f1b") != 0 &&
+                                        strcmp(parallel->schedule, "gpipe") != 0 && !interleaved))
+    bad(&v, "parallel.schedule must be 1f1b, gpipe or interleaved, got '%s'",
         parallel->schedule ? parallel->schedule : "");
+  /* Interleaving: virtual_stages model chunks per stage (0: 2), pp x chunks virtual stages. */
+  const int chunks = parallel->virtual_stages ? parallel->virtual_stages : interleaved ? 2 : 1;
+  if (parallel->virtual_stages < 0 || parallel->virtual_stages > 16)
+    bad(&v, "parallel.virtual_stages (%d) must be in 0..16 (0: 2 with interleaved, else 1)",
+        parallel->virtual_stages);
+  else if (chunks > 1 && !interleaved)
+    bad(&v, "parallel.virtual_stages (%d) > 1 needs parallel.schedule interleaved",
+        parallel->virtual_stages);
+  else if (interleaved && (parallel->pp < 2 || chunks < 2))
+    bad(&v,
+        "parallel.schedule interleaved needs parallel.pp >= 2 (got %d) and "
+        "parallel.virtual_stages >= 2 (got %d)",
+        parallel->pp, chunks);
+  if (interleaved && parallel->pp > 1 && parallel->dp > 0 && training->micro_batch > 0 &&
+      training->batch % ((long long)training->micro_batch * parallel->dp) == 0 &&
+      training->batch / ((long long)training->micro_batch * parallel->dp) % parallel->pp != 0)
+    bad(&v,
+        "parallel.schedule interleaved: the micro-batches per step (training.batch %d / "
+        "(micro_batch %d x dp %d)) must be a multiple of parallel.pp (%d)",
+        training->batch, training->micro_batch, parallel->dp, parallel->pp);
   if (parallel->tp > 0 && model->heads > 0 && model->heads % parallel->tp != 0)
     bad(&v, "model.heads (%d) must be divisible by parallel.tp (%d)", model->heads, parallel->tp);
   /* The vocabulary is padded to a multiple of 128 (llm.c) and split by rows across tp. */
@@ -909,15 +931,18 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
         "the padded vocabulary (model.vocab %d padded to %d) must be divisible by "
         "parallel.tp (%d)",
         model->vocab, padded_vocab, parallel->tp);
-  if (parallel->pp > 0 && model->layers > 0 && model->layers < parallel->pp)
-    bad(&v, "model.layers (%d) must be >= parallel.pp (%d): every pipeline stage needs a layer",
-        model->layers, parallel->pp);
-  if (!str_empty(parallel->partition) && parallel->pp > 0 && model->layers >= parallel->pp) {
+  const int stages = parallel->pp * chunks; /* virtual stages */
+  if (parallel->pp > 0 && model->layers > 0 && model->layers < stages)
+    bad(&v,
+        "model.layers (%d) must be >= parallel.pp x parallel.virtual_stages (%d): every pipeline "
+        "stage needs a layer",
+        model->layers, stages);
+  if (!str_empty(parallel->partition) && parallel->pp > 0 && model->layers >= stages) {
     int layers[64];
     char why[256];
-    if (parallel->pp > (int)DT_ARRAY_SIZE(layers))
+    if (stages > (int)DT_ARRAY_SIZE(layers))
       bad(&v, "parallel.partition: at most %d stages can be listed", (int)DT_ARRAY_SIZE(layers));
-    else if (dt_mesh_parse_partition(parallel->partition, parallel->pp, model->layers, layers, why,
+    else if (dt_mesh_parse_partition(parallel->partition, stages, model->layers, layers, why,
                                      sizeof why) != 0)
       bad(&v, "%s", why);
   }
@@ -1289,6 +1314,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
   if (spec->parallel && spec->parallel->pp > 1)
     av_str(&a, "--pp-schedule", spec->parallel->schedule ? spec->parallel->schedule : "");
+  if (spec->parallel && spec->parallel->pp > 1 && spec->parallel->virtual_stages > 0)
+    av_int(&a, "--pp-virtual", spec->parallel->virtual_stages);
   if (spec->parallel && spec->parallel->pp > 1 && !str_empty(spec->parallel->partition))
     av_str(&a, "--pp-partition", spec->parallel->partition);
   if (spec->parallel && spec->parallel->activation_checkpointing)

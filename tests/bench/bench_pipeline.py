@@ -1,8 +1,9 @@
-"""Benchmark: the pipeline bubble, measured against (p - 1) / (m + p - 1).
+"""Benchmark: the pipeline bubble, measured against (p - 1) / (v m + p - 1).
 
 Runs distrain-train as p pipeline stages (one process each, one compute thread, rendezvous
 through a temporary DISTRAIN_KV_DIR) on a balanced model (layers a multiple of p, a small
-vocabulary so the LM head weighs little), m micro-batches per step, under GPipe and 1F1B.
+vocabulary so the LM head weighs little), m micro-batches per step, under GPipe, 1F1B and
+interleaved 1F1B with v = 2 model chunks per stage (v = 1 for the others).
 Each stage reports the share of its pipeline time it spent waiting for its neighbours; the
 table prints the mean over the stages (and the range) next to the ideal bubble. Waiting
 includes the point-to-point transfers themselves (loopback TCP here).
@@ -11,6 +12,7 @@ A stage needs a core of its own for its waiting time to mean anything: with p st
 fewer cores, stages also wait for the CPU, and the row is marked "oversubscribed".
 
     /usr/bin/python3 tests/bench/bench_pipeline.py --build build [--stages 2 4] [--micro 4 8 16]
+        [--schedules gpipe 1f1b interleaved]
 """
 
 import argparse
@@ -23,13 +25,15 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(build, shard, p, m, schedule, steps, tmp):
+def run(build, shard, p, m, schedule, steps, tmp, chunks):
     kv = tempfile.mkdtemp(prefix="kv_p%d_m%d_%s_" % (p, m, schedule), dir=tmp)
     cmd = [os.path.join(build, "worker", "trainer", "distrain-train"), "--init", "seed:1",
            "--layers", str(4 * p), "--heads", "4", "--channels", "256", "--vocab", "256",
            "--max-seq", "128", "--train", shard, "--batch", "2", "--seq", "128",
            "--grad-accum", str(m), "--steps", str(steps), "--lr", "1e-4", "--threads", "1",
            "--quiet", "--pp", str(p), "--pp-schedule", schedule]
+    if chunks > 1:
+        cmd += ["--pp-virtual", str(chunks)]
     procs = []
     for r in range(p):
         env = dict(os.environ, WORLD_SIZE=str(p), RANK=str(r), DISTRAIN_KV_DIR=kv,
@@ -51,6 +55,7 @@ def main():
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--micro", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved"])
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,15 +65,19 @@ def main():
                        stdout=subprocess.DEVNULL)
         print("pipeline bubble: stages p, micro-batches m; 4 layers per stage of C256, "
               "batch 2 x 128 per micro-batch; %d cores" % cores)
-        print("%-3s %-4s %-7s %9s %17s %9s" % ("p", "m", "sched", "ideal %", "measured % (min-max)",
-                                               ""))
+        print("%-3s %-4s %-14s %9s %17s %9s" % ("p", "m", "sched", "ideal %",
+                                                "measured % (min-max)", ""))
         for p in args.stages:
             for m in args.micro:
-                for schedule in ("gpipe", "1f1b"):
-                    b = run(args.build, shard, p, m, schedule, args.steps, tmp)
-                    ideal = 100.0 * (p - 1) / (m + p - 1)
-                    print("%-3d %-4d %-7s %9.1f %8.1f (%.1f-%.1f) %s" % (
-                        p, m, schedule, ideal, sum(b) / len(b), min(b), max(b),
+                for schedule in args.schedules:
+                    v = 2 if schedule == "interleaved" else 1
+                    if m % p and v > 1:
+                        continue  # interleaving takes micro-batches in groups of p
+                    b = run(args.build, shard, p, m, schedule, args.steps, tmp, v)
+                    ideal = 100.0 * (p - 1) / (v * m + p - 1)
+                    print("%-3d %-4d %-14s %9.1f %8.1f (%.1f-%.1f) %s" % (
+                        p, m, schedule + (" v=%d" % v if v > 1 else ""), ideal, sum(b) / len(b),
+                        min(b), max(b),
                         "oversubscribed" if p > cores else ""), flush=True)
 
 

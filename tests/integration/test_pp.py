@@ -1,4 +1,4 @@
-"""Pipeline parallelism (GPipe, 1F1B) composed with tensor and data parallelism and ZeRO:
+"""Pipeline parallelism (GPipe, 1F1B, interleaved 1F1B) composed with tensor and data parallelism and ZeRO:
 exactness against one process, activation slots, checkpoints across layouts, bad input.
 
 Runs the real distrain-train binary as WORLD_SIZE processes (rendezvous through a shared
@@ -6,18 +6,23 @@ DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp t
 4-layer model (L4 H4 C64, V 100 padded to 128, GPT-2 init from a seed) and the golden data,
 4 micro-batches per step, and checks:
   * pp in {2, 4} under GPipe and 1F1B, pp=2 x dp=2 under ZeRO-1 and ZeRO-3, pp=2 x tp=2 (also
-    with sequence parallelism) and pp=2 x tp=2 x dp=2 under ZeRO-1: the per-step loss equals the single-process run on the
-    same global batch within 1e-5 relative, and the final weights (llm.c export) within 1e-5
-    relative (L2; no element off by more than 1e-4);
+    with sequence parallelism) and pp=2 x tp=2 x dp=2 under ZeRO-1, and the interleaved
+    schedule (pp=2 with 2 chunks per stage, alone, with recompute, with tp=2 x dp=2 under
+    ZeRO-3; pp=4 with 2 chunks on an 8-layer model): the per-step loss equals the
+    single-process run on the same global batch within 1e-5 relative, and the final weights
+    (llm.c export) within 1e-5 relative (L2; no element off by more than 1e-4);
   * each stage logs its layers, and keeps at most min(pp - stage, m) micro-batches of
     activations under 1F1B, m under GPipe;
   * activation checkpointing (--recompute) gives the same results with fewer activations;
-  * a pp=2 x tp=2 checkpoint resumes as dp=4 and as one process, and a one-process
-    checkpoint resumes as pp=2 x tp=2: every continuation follows the one-process trajectory;
+  * a pp=2 x tp=2 checkpoint resumes as dp=4 and as one process, an interleaved pp=2 one as
+    one process, and a one-process checkpoint resumes as pp=2 x tp=2: every continuation
+    follows the one-process trajectory;
   * an explicit partition (--pp-partition 3,1) is followed exactly;
   * a stage killed mid-training: its neighbour fails with an error at once;
-  * pp > layers, or a partition that does not cover the layers: a one-line error naming the
-    rule, before any training.
+  * pp > layers, a partition that does not cover the layers, an interleaved schedule whose
+    micro-batches are not a multiple of pp or whose virtual stages outnumber the layers, and
+    virtual stages without the interleaved schedule: a one-line error naming the rule, before
+    any training.
 
     /usr/bin/python3 tests/integration/test_pp.py --build build
 """
@@ -44,11 +49,11 @@ MODEL = ["--layers", "4", "--heads", "4", "--channels", "64", "--vocab", "100",
          "--max-seq", "64"]
 
 
-def args(batch, metrics, weights=None, init=True):
+def args(batch, metrics, weights=None, init=True, layers=4):
     a = dp.base_args(batch, ACCUM, metrics)
     i = a.index("--init")
     a[i:i + 2] = ["--init", "seed:7"] if init else []
-    a += MODEL
+    a += MODEL + ["--layers", str(layers)]
     return a + (["--export-llmc", weights] if weights else [])
 
 
@@ -62,23 +67,25 @@ class PipelineParallel(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def single_run(self, global_batch):
-        if global_batch not in self.single:
-            m = os.path.join(self.tmp, "single_%d.jsonl" % global_batch)
-            w = os.path.join(self.tmp, "single_%d.bin" % global_batch)
-            subprocess.run(args(global_batch, m, w), check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-            self.single[global_batch] = (dp.read_metrics(m), tpt.read_llmc(w))
-        return self.single[global_batch]
+    def single_run(self, global_batch, layers=4):
+        key = (global_batch, layers)
+        if key not in self.single:
+            m = os.path.join(self.tmp, "single_%d_L%d.jsonl" % key)
+            w = os.path.join(self.tmp, "single_%d_L%d.bin" % key)
+            subprocess.run(args(global_batch, m, w, layers=layers), check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.single[key] = (dp.read_metrics(m), tpt.read_llmc(w))
+        return self.single[key]
 
-    def run_mesh(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=()):
-        tag = "pp%d_tp%d_dp%d_z%d_%s_r%d%s" % (pp, tp, dpn, zero, schedule, recompute,
-                                                "".join(extra))
+    def run_mesh(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=(),
+                 layers=4):
+        tag = "pp%d_tp%d_dp%d_z%d_%s_r%d_L%d%s" % (pp, tp, dpn, zero, schedule, recompute, layers,
+                                                    "".join(extra))
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)  # fresh: no stale addresses
         metrics = os.path.join(self.tmp, tag + ".jsonl")
         weights = os.path.join(self.tmp, tag + ".bin")
         world = pp * tp * dpn
-        outs = dp.wait_all(dp.launch(world, lambda r: args(4, metrics, weights) + [
+        outs = dp.wait_all(dp.launch(world, lambda r: args(4, metrics, weights, layers=layers) + [
             "--pp", str(pp), "--tp", str(tp), "--zero-stage", str(zero),
             "--pp-schedule", schedule] + (["--recompute"] if recompute else []) + list(extra), kv,
             {"DISTRAIN_COMM_TIMEOUT_MS": "60000"}), timeout=300)
@@ -86,32 +93,40 @@ class PipelineParallel(unittest.TestCase):
             self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
         return dp.read_metrics(metrics), tpt.read_llmc(weights), [e for _, _, e in outs]
 
-    def check(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=()):
+    def check(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=(), layers=4,
+              chunks=1):
         what = "pp=%d tp=%d dp=%d ZeRO-%d %s%s%s" % (pp, tp, dpn, zero, schedule,
                                                      " recompute" if recompute else "",
                                                      " ".join(extra))
-        ref, wref = self.single_run(4 * dpn)
-        got, w, errs = self.run_mesh(pp, tp, dpn, zero, schedule, recompute, extra)
+        if chunks > 1:
+            extra = tuple(extra) + ("--pp-virtual", str(chunks))
+        ref, wref = self.single_run(4 * dpn, layers)
+        got, w, errs = self.run_mesh(pp, tp, dpn, zero, schedule, recompute, extra, layers)
         self.assertEqual(len(ref), len(got), what)
         for a, b in zip(ref, got):
             rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
             self.assertLess(rel, REL_TOL, "%s step %d: loss %.9g vs one process %.9g"
                             % (what, a["step"], b["loss"], a["loss"]))
         tpt.assert_weights(self, wref, w, what)
-        per = 4 // pp
+        per = layers // (pp * chunks)
         if pp == 1:
             return errs
         for m in got:  # the first stage's share of each step spent waiting
             self.assertTrue(0.0 <= m["bubble"] < 1.0, m)
         for r, err in enumerate(errs):
             stage = r // (tp * dpn)
-            self.assertRegex(err, r"at pp %d tp %d dp %d: layers %d\.\.%d%s%s" % (
-                stage, r % tp, (r // tp) % dpn, stage * per, stage * per + per - 1,
-                re.escape(" + embeddings") if stage == 0 else "",
-                re.escape(" + LM head") if stage == pp - 1 else ""))
-            slots = ACCUM if schedule == "gpipe" else min(pp - stage, ACCUM)
-            self.assertIn("pipeline: stage %d of %d, schedule %s, %d micro-batches per step, %d "
-                          "activation slots" % (stage, pp, schedule, ACCUM, slots), err)
+            held = ", ".join("%d..%d" % ((c * pp + stage) * per, (c * pp + stage) * per + per - 1)
+                             for c in range(chunks))
+            self.assertIn("at pp %d tp %d dp %d: layers %s%s%s," % (
+                stage, r % tp, (r // tp) % dpn, held, " + embeddings" if stage == 0 else "",
+                " + LM head" if stage == pp - 1 else ""), err)
+            slots = {"gpipe": ACCUM, "1f1b": min(pp - stage, ACCUM)}.get(schedule)
+            line = re.search(r"pipeline: stage %d of %d, schedule %s, %d micro-batches per step, "
+                             r"(\d+) activation slots over %d model chunks?" % (
+                                 stage, pp, schedule, ACCUM, chunks), err)
+            self.assertTrue(line, err)
+            if slots:
+                self.assertEqual(int(line.group(1)), slots)
             have, formula = (int(x) for x in re.search(
                 r"model parallel: (\d+) of \d+ parameters on this rank \(formula (\d+)",
                 err).groups())
@@ -140,6 +155,15 @@ class PipelineParallel(unittest.TestCase):
             for schedule in ("gpipe", "1f1b"):
                 with self.subTest(pp=pp, schedule=schedule):
                     self.check(pp, 1, 1, schedule=schedule)
+
+    def test_interleaved(self):
+        """Interleaved 1F1B: two chunks per stage (rank 0 holds layers 0 and 2), alone, with
+        recompute, composed with tp x dp and ZeRO-3, and pp=4 on an 8-layer model."""
+        for pp, tp, dpn, zero, recompute, layers in ((2, 1, 1, 0, False, 4), (2, 1, 1, 0, True, 4),
+                                                     (2, 2, 2, 3, False, 4),
+                                                     (4, 1, 1, 0, False, 8)):
+            with self.subTest(pp=pp, tp=tp, dp=dpn, zero=zero, recompute=recompute):
+                self.check(pp, tp, dpn, zero, "interleaved", recompute, layers=layers, chunks=2)
 
     def test_pipeline_with_dp_zero_and_tp(self):
         for pp, tp, dpn, zero in ((2, 1, 2, 1), (2, 1, 2, 3), (2, 2, 1, 0), (2, 2, 2, 1)):
@@ -179,6 +203,12 @@ class PipelineParallel(unittest.TestCase):
                     self.assertIn("world 4", f.read())
                 part(*layout, m2, ckpt, False, [])
                 assert_follows(dp.read_metrics(m1) + dp.read_metrics(m2), "pp2 x tp2 -> " + name)
+        with self.subTest(interleaved_resume_as="one"):
+            ckpt = os.path.join(self.tmp, "ckpt_interleaved_to_one")
+            m1, m2 = (os.path.join(self.tmp, "z_%d.jsonl" % i) for i in (1, 2))
+            part(2, 1, 1, 0, m1, ckpt, True, ["--stop-at", "4", "--pp-schedule", "interleaved"])
+            part(1, 1, 1, 0, m2, ckpt, False, [])
+            assert_follows(dp.read_metrics(m1) + dp.read_metrics(m2), "interleaved pp2 -> one")
         with self.subTest(resume_as="pp2_tp2"):
             ckpt = os.path.join(self.tmp, "ckpt_one_to_pptp")
             m1, m2 = (os.path.join(self.tmp, "y_%d.jsonl" % i) for i in (1, 2))
@@ -230,6 +260,20 @@ class PipelineParallel(unittest.TestCase):
         for rc, _, err in outs:
             self.assertNotEqual(rc, 0)
             self.assertIn("parallel.partition '2,1' gives 2 stages 3 layers", err)
+        for name, extra, rule in (
+                ("accum", ["--pp-schedule", "interleaved", "--grad-accum", "3"],
+                 "the micro-batches per step (3, the gradient accumulation) must be a multiple "
+                 "of parallel.pp (2)"),
+                ("layers", ["--pp-schedule", "interleaved", "--pp-virtual", "4"],
+                 "model.layers (4) must be >= parallel.pp x parallel.virtual_stages (8)"),
+                ("virtual", ["--pp-virtual", "2"],
+                 "parallel.virtual_stages (2) > 1 needs parallel.schedule interleaved")):
+            kv = os.path.join(self.tmp, "kv_bad_" + name)
+            outs = dp.wait_all(dp.launch(2, lambda r: args(4, os.path.join(self.tmp, "bad.jsonl"))
+                                         + ["--pp", "2"] + extra, kv), timeout=60)
+            for rc, _, err in outs:
+                self.assertNotEqual(rc, 0)
+                self.assertIn(rule, err)
 
 
 if __name__ == "__main__":

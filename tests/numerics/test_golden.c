@@ -83,7 +83,7 @@ START_TEST(test_grads_step0)
   ck_assert_int_eq(dt_llmc_read_config(GOLDEN "tiny_model.bin", &cfg), 0);
   ck_assert_int_eq(dt_gpt2_create(&m, &cfg, dt_device_cpu(), NULL, NULL), 0);
   ck_assert_int_eq(dt_llmc_load(&m, GOLDEN "tiny_model.bin"), 0);
-  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 4, 32, 1, 0), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 4, 32, (int[]){1}, 0), 0);
   ck_assert_int_eq(dt_dataloader_init(&dl, GOLDEN "tiny_train.bin", 4, 32, 0, 1, cfg.vocab, 0, 0),
                    0);
   ck_assert_int_eq(dt_dataloader_next(&dl), 0);

@@ -498,6 +498,28 @@ static void p2p_rank(const ctx_t *c, int rank)
     CHILD_CHECK(b[i] == val(left, i), "sendrecv [%zu] = %g", i, b[i]);
   CHILD_RC(dt_comm_sendrecv(comm, NULL, 0, right, NULL, 0, left, 8));
 
+  /* A batch with both neighbours at once, as an interleaved pipeline step posts it:
+   * activations to the right and gradients to the left on two tags (with two ranks both
+   * neighbours are the same peer), two messages of one tag in a row, then the bodies. */
+  enum { K = 1000 };
+  float *in = alloc_floats(4 * K);
+  for (size_t i = 0; i < 4 * K; i++)
+    a[i] = val(rank, i);
+  const dt_comm_p2p_t batch[6] = {
+      {in + 0 * K, K * sizeof *in, left, 0, 1}, {a + 0 * K, K * sizeof *a, right, 0, 0},
+      {a + 1 * K, K * sizeof *a, left, 1, 0},   {in + 1 * K, K * sizeof *in, right, 1, 1},
+      {a + 2 * K, K * sizeof *a, right, 0, 0},  {in + 2 * K, K * sizeof *in, left, 0, 1},
+  };
+  CHILD_RC(dt_comm_p2p(comm, batch, 6));
+  for (size_t i = 0; i < K; i++) {
+    CHILD_CHECK(in[i] == val(left, i), "batch activation [%zu] = %g", i, in[i]);
+    CHILD_CHECK(in[K + i] == val(right, K + i), "batch gradient [%zu] = %g", i, in[K + i]);
+    CHILD_CHECK(in[2 * K + i] == val(left, 2 * K + i), "batch 2nd activation [%zu]", i);
+  }
+  CHILD_CHECK(dt_comm_p2p(comm, batch, 0) == DT_EINVAL, "empty batch");
+  CHILD_CHECK(dt_comm_p2p(comm, batch, DT_COMM_P2P_MAX + 1) == DT_EINVAL, "batch too long");
+  free(in);
+
   /* Blocking send/recv along a chain 0 -> 1 -> ... -> w-1, two tags in flight, in order. */
   for (int t = 0; t < 2; t++) {
     if (rank > 0) {

@@ -630,9 +630,20 @@ static const struct {
     {{"parallel.cp=0"}, "parallel.cp (0) must be > 0"},
     {{"parallel.zero_stage=4"}, "parallel.zero_stage (4) must be in 0..3"},
     {{"parallel.zero_stage=-1"}, "parallel.zero_stage (-1) must be in 0..3"},
+    {{"parallel.schedule=zb-v"},
+     "parallel.schedule must be 1f1b, gpipe or interleaved, got 'zb-v'"},
     {{"parallel.schedule=interleaved"},
-     "parallel.schedule must be 1f1b or gpipe, got "
-     "'interleaved'"},
+     "parallel.schedule interleaved needs parallel.pp >= 2 (got 1) and parallel.virtual_stages "
+     ">= 2 (got 2)"},
+    {{"parallel.virtual_stages=2"},
+     "parallel.virtual_stages (2) > 1 needs parallel.schedule interleaved"},
+    {{"parallel.virtual_stages=-1"}, "parallel.virtual_stages (-1) must be in 0..16"},
+    {{"parallel.schedule=interleaved", "parallel.pp=2", "parallel.virtual_stages=4",
+      "training.micro_batch=2"},
+     "model.layers (4) must be >= parallel.pp x parallel.virtual_stages (8)"},
+    {{"parallel.schedule=interleaved", "parallel.pp=2"},
+     "parallel.schedule interleaved: the micro-batches per step (training.batch 8 / (micro_batch "
+     "8 x dp 1)) must be a multiple of parallel.pp (2)"},
     {{"model.heads=6", "model.channels=240", "parallel.tp=4"},
      "model.heads (6) must be divisible by parallel.tp (4)"},
     {{"model.vocab=100", "parallel.tp=256", "model.heads=256", "model.channels=256"},
@@ -643,7 +654,7 @@ static const struct {
      "layers and cover all 4"},
     {{"parallel.pp=2", "parallel.partition=4,x"},
      "parallel.partition '4,x': expected 2 positive layer counts separated by commas"},
-    {{"parallel.pp=8"}, "model.layers (4) must be >= parallel.pp (8)"},
+    {{"parallel.pp=8"}, "model.layers (4) must be >= parallel.pp x parallel.virtual_stages (8)"},
     {{"parallel.dp=3"},
      "training.batch (8) must be divisible by training.micro_batch (8) x parallel.dp (3) = 24"},
     {{"training.micro_batch=3"},
@@ -1042,6 +1053,18 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(strtod(flag_value(argv, "--lr"), NULL) == 0.1 + 0.2);
   ck_assert(strtod(flag_value(argv, "--beta2"), NULL) == 1.0 / 3.0);
   ck_assert(strtod(flag_value(argv, "--eps"), NULL) == 5e-324);
+  dt_argv_free(argv);
+
+  /* A pipeline passes its schedule, and the chunks per stage when given. */
+  set_ok(s, "parallel.pp=2");
+  set_ok(s, "parallel.schedule=interleaved");
+  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+  ck_assert_str_eq(flag_value(argv, "--pp-schedule"), "interleaved");
+  ck_assert(!has_arg(argv, "--pp-virtual"));
+  dt_argv_free(argv);
+  set_ok(s, "parallel.virtual_stages=3");
+  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+  ck_assert_str_eq(flag_value(argv, "--pp-virtual"), "3");
   dt_argv_free(argv);
 
   /* Missing sections are refused. */

@@ -37,9 +37,8 @@ typedef struct dt_comm_backend {
   /* in: (counts[rank]), out: (sum(counts)) */
   int (*all_gather)(void *impl, const float *in, float *out, const size_t *counts);
   int (*broadcast)(void *impl, float *buf /* (n) */, size_t n, int root);
-  /* dst < 0: receive only; src < 0: send only. Sizes may be zero. */
-  int (*sendrecv)(void *impl, const void *sendbuf, size_t send_bytes, int dst, void *recvbuf,
-                  size_t recv_bytes, int src, int tag);
+  /* n (1..DT_COMM_P2P_MAX) halves, posted together; sizes may be zero. */
+  int (*p2p)(void *impl, const dt_comm_p2p_t *ops, int n);
   int (*barrier)(void *impl);
 
   /* Optional (NULL: comm.c splits by calling init on each child with share = the parent). A

@@ -315,28 +315,36 @@ static int valid_peer(const dt_comm_t *comm, int peer)
   return peer >= 0 && peer < comm->world && peer != comm->rank;
 }
 
+int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
+{
+  DT_CHECK(comm_enter(comm));
+  if (n < 1 || n > DT_COMM_P2P_MAX || !ops)
+    return DT_EINVAL;
+  for (int i = 0; i < n; i++)
+    if (ops[i].tag < 0 || !valid_peer(comm, ops[i].peer) || (ops[i].bytes && !ops[i].buf))
+      return DT_EINVAL;
+  return comm_leave(comm, comm->be->p2p(comm->impl, ops, n));
+}
+
 int dt_comm_sendrecv(dt_comm_t *comm, const void *sendbuf, size_t send_bytes, int dst,
                      void *recvbuf, size_t recv_bytes, int src, int tag)
 {
-  DT_CHECK(comm_enter(comm));
-  if (tag < 0 || (dst >= 0 && (!valid_peer(comm, dst) || (send_bytes && !sendbuf))) ||
-      (src >= 0 && (!valid_peer(comm, src) || (recv_bytes && !recvbuf))) || (dst < 0 && src < 0))
-    return DT_EINVAL;
-  return comm_leave(comm, comm->be->sendrecv(comm->impl, sendbuf, send_bytes, dst, recvbuf,
-                                             recv_bytes, src, tag));
+  dt_comm_p2p_t ops[2];
+  int n = 0;
+  if (dst >= 0)
+    ops[n++] = (dt_comm_p2p_t){(void *)sendbuf, send_bytes, dst, tag, 0};
+  if (src >= 0)
+    ops[n++] = (dt_comm_p2p_t){recvbuf, recv_bytes, src, tag, 1};
+  return dt_comm_p2p(comm, ops, n);
 }
 
 int dt_comm_send(dt_comm_t *comm, const void *buf, size_t bytes, int peer, int tag)
 {
-  if (comm && !valid_peer(comm, peer))
-    return DT_EINVAL;
   return dt_comm_sendrecv(comm, buf, bytes, peer, NULL, 0, -1, tag);
 }
 
 int dt_comm_recv(dt_comm_t *comm, void *buf, size_t bytes, int peer, int tag)
 {
-  if (comm && !valid_peer(comm, peer))
-    return DT_EINVAL;
   return dt_comm_sendrecv(comm, NULL, 0, -1, buf, bytes, peer, tag);
 }
 

@@ -124,6 +124,24 @@ int dt_comm_recv(dt_comm_t *comm, void *buf, size_t bytes, int peer, int tag);
 int dt_comm_sendrecv(dt_comm_t *comm, const void *sendbuf, size_t send_bytes, int dst,
                      void *recvbuf, size_t recv_bytes, int src, int tag);
 
+/* One half of a batched exchange: send bytes of buf to peer, or receive them into buf. */
+typedef struct {
+  void *buf; /* read by a send, written by a receive */
+  size_t bytes;
+  int peer, tag; /* tag >= 0 */
+  int recv;      /* 0: send, 1: receive */
+} dt_comm_p2p_t;
+
+#define DT_COMM_P2P_MAX 8 /* halves in one batch */
+
+/* Posts every half at once, then waits for all of them (NCCL's group of sends and receives,
+ * PyTorch's batch_isend_irecv): an interleaved pipeline stage exchanges activations and
+ * gradients with both neighbours in one step, which no order of blocking calls could do
+ * without deadlock. Messages between two ranks pair up in order: per tag with "cpu", across
+ * tags with "nccl" (so both sides must post their halves to one peer in the same order of
+ * tags). At most DT_COMM_P2P_MAX halves. */
+int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n);
+
 int dt_comm_barrier(dt_comm_t *comm);
 
 /* Collective over comm: ranks with the same color (>= 0) form a sub-communicator, ordered by

@@ -134,16 +134,23 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
     DT_ERROR(TRAIN, "invalid tensor parallelism (tp %d, rank %d): %s", m->tp.tp, m->tp.rank, why);
     return DT_EINVAL;
   }
-  m->stage = stage
-                 ? *stage
-                 : (dt_gpt2_stage_t){.layer_lo = 0, .layer_hi = cfg->layers, .first = 1, .last = 1};
-  if (m->stage.layer_lo < 0 || m->stage.layer_hi > cfg->layers ||
-      m->stage.layer_lo >= m->stage.layer_hi) {
-    DT_ERROR(TRAIN, "invalid pipeline stage: layers [%d, %d) of %d", m->stage.layer_lo,
-             m->stage.layer_hi, cfg->layers);
+  m->stage =
+      stage ? *stage
+            : (dt_gpt2_stage_t){.chunks = 1, .lo = {0}, .hi = {cfg->layers}, .first = 1, .last = 1};
+  const dt_gpt2_stage_t *st = &m->stage;
+  if (st->chunks < 1 || st->chunks > DT_GPT2_MAX_CHUNKS) {
+    DT_ERROR(TRAIN, "invalid pipeline stage: %d chunks (1..%d)", st->chunks, DT_GPT2_MAX_CHUNKS);
     return DT_EINVAL;
   }
-  m->L = m->stage.layer_hi - m->stage.layer_lo;
+  for (int c = 0; c < st->chunks; c++) {
+    if (st->lo[c] < (c ? st->hi[c - 1] : 0) || st->hi[c] > cfg->layers || st->lo[c] >= st->hi[c]) {
+      DT_ERROR(TRAIN, "invalid pipeline stage: chunk %d holds layers [%d, %d) of %d", c, st->lo[c],
+               st->hi[c], cfg->layers);
+      return DT_EINVAL;
+    }
+    m->chunk_off[c + 1] = m->chunk_off[c] + st->hi[c] - st->lo[c];
+  }
+  m->L = m->chunk_off[st->chunks];
   m->cfg = *cfg;
   m->dev = dev;
   m->ops = dev->ops;
@@ -177,15 +184,35 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
   return 0;
 }
 
-static void free_acts(dt_device_t *dev, dt_gpt2_acts_t *a)
+/* The buffers of an activation slot, in a fixed order. */
+#define DT__ACTS_FIELDS(a)                                                                         \
+  {                                                                                                \
+    &(a)->encoded, &(a)->ln1, &(a)->ln1_mean, &(a)->ln1_rstd, &(a)->qkv, &(a)->atty, &(a)->att,    \
+        &(a)->residual2, &(a)->ln2, &(a)->ln2_mean, &(a)->ln2_rstd, &(a)->fch, &(a)->fch_gelu,     \
+        &(a)->residual3, &(a)->lnf, &(a)->lnf_mean, &(a)->lnf_rstd, &(a)->logits, &(a)->losses,    \
+        &(a)->dresidual, &(a)->dbuf, &(a)->dbuf4, &(a)->dqkv, &(a)->datt, &(a)->tmp,               \
+        &(a)->ce_stats, &(a)->gath, &(a)->tmps, &(a)->lngrad                                       \
+  }
+
+/* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
+static void free_acts(dt_device_t *dev, dt_gpt2_acts_t *a, dt_gpt2_acts_t *scratch)
 {
-  float *bufs[] = {a->encoded,  a->ln1,       a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,
-                   a->att,      a->residual2, a->ln2,      a->ln2_mean, a->ln2_rstd, a->fch,
-                   a->fch_gelu, a->residual3, a->lnf,      a->lnf_mean, a->lnf_rstd, a->logits,
-                   a->losses,   a->dresidual, a->dbuf,     a->dbuf4,    a->dqkv,     a->datt,
-                   a->tmp,      a->ce_stats,  a->gath,     a->tmps,     a->lngrad};
-  for (size_t k = 0; k < DT_ARRAY_SIZE(bufs); k++)
-    dev->free(dev, bufs[k]);
+  float **mine[] = DT__ACTS_FIELDS(a);
+  dt_gpt2_acts_t none = {0};
+  float **shared[] = DT__ACTS_FIELDS(scratch ? scratch : &none);
+  for (size_t k = 0; k < DT_ARRAY_SIZE(mine); k++)
+    if (*mine[k] != *shared[k])
+      dev->free(dev, *mine[k]);
+}
+
+/* Points a slot at the scratch's buffers (those the scratch has). */
+static void share_scratch(dt_gpt2_acts_t *a, dt_gpt2_acts_t *scratch)
+{
+  float **mine[] = DT__ACTS_FIELDS(a);
+  float **shared[] = DT__ACTS_FIELDS(scratch);
+  for (size_t k = 0; k < DT_ARRAY_SIZE(mine); k++)
+    if (*shared[k])
+      *mine[k] = *shared[k];
 }
 
 void dt_gpt2_destroy(dt_gpt2_t *m)
@@ -199,8 +226,10 @@ void dt_gpt2_destroy(dt_gpt2_t *m)
   dev->free(dev, m->grads_flat);
   dev->free(dev, m->m_flat);
   dev->free(dev, m->v_flat);
-  for (int i = 0; i < m->nslots; i++)
-    free_acts(dev, &m->acts[i]);
+  for (int c = 0; m->acts && c < m->stage.chunks; c++)
+    for (int j = 0; j < m->nslots[c]; j++)
+      free_acts(dev, &m->acts[m->slot_base[c] + j], &m->scratch);
+  free_acts(dev, &m->scratch, NULL);
   free(m->acts);
   memset(m, 0, sizeof *m);
 }
@@ -289,6 +318,15 @@ static void runs_add(runs_t *r, int64_t g, int64_t l, int64_t len, int64_t lo, i
   r->v[r->n++] = (dt_gpt2_run_t){.global = g, .local = a - lo, .len = b - a};
 }
 
+/* The global index of local layer l. */
+static int layer_of(const dt_gpt2_t *m, int l)
+{
+  int c = 0;
+  while (l >= m->chunk_off[c + 1])
+    c++;
+  return m->stage.lo[c] + l - m->chunk_off[c];
+}
+
 int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int owned_only,
                  dt_gpt2_run_t **out, size_t *nout)
 {
@@ -298,18 +336,21 @@ int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int ow
     const dt_gpt2_place_t *pl = &m->place[i];
     const int64_t loc = (int64_t)m->tensor_offsets[i], glob = (int64_t)m->global_offsets[i];
     const int64_t R = (int64_t)pl->rows, Cc = (int64_t)pl->cols;
-    const int64_t L = layered(i) ? m->L : 1, l0 = layered(i) ? m->stage.layer_lo : 0;
     if (loc >= hi || loc + (int64_t)m->tensor_sizes[i] <= lo || m->tensor_sizes[i] == 0 ||
         (owned_only && !owns(m, tp_rank, i)))
       continue;
-    if (pl->split == DT_SPLIT_NONE) {
-      runs_add(&r, glob + l0 * R * Cc, loc, (int64_t)m->tensor_sizes[i], lo, hi);
+    if (!layered(i) && pl->split == DT_SPLIT_NONE) {
+      runs_add(&r, glob, loc, (int64_t)m->tensor_sizes[i], lo, hi);
       continue;
     }
+    /* Layer by layer: local layer l is global layer layer_of(l). */
     int64_t l_off = loc;
-    for (int64_t l = 0; l < L; l++) {
-      const int64_t g_layer = glob + (l0 + l) * R * Cc;
-      if (pl->split == DT_SPLIT_ROWS) {
+    for (int l = 0; l < (layered(i) ? m->L : 1); l++) {
+      const int64_t g_layer = glob + (layered(i) ? layer_of(m, l) : 0) * R * Cc;
+      if (pl->split == DT_SPLIT_NONE) {
+        runs_add(&r, g_layer, l_off, R * Cc, lo, hi);
+        l_off += R * Cc;
+      } else if (pl->split == DT_SPLIT_ROWS) {
         const int64_t block = R / pl->blocks, part = block / tp;
         for (int b = 0; b < pl->blocks; b++, l_off += part * Cc)
           runs_add(&r, g_layer + (b * block + tp_rank * part) * Cc, l_off, part * Cc, lo, hi);
@@ -361,28 +402,24 @@ static size_t stream_rows(const dt_gpt2_t *m, size_t N)
   return m->sp ? N / (size_t)m->tp.tp : N;
 }
 
-/* One activation slot; returns its bytes, 0 when out of memory. */
-static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
-{
-  const dt_gpt2_config_t *c = &m->cfg;
-  const size_t N = (size_t)B * T, C = (size_t)c->channels, L = (size_t)m->L;
-  const int last = m->stage.last;
-  const size_t tp = (size_t)m->tp.tp, NH = (size_t)c->heads / tp;
-  const size_t Cl = C / tp, Vl = (size_t)c->padded_vocab / tp; /* local widths */
-  size_t total = 0;
-  int ok = 1;
 #define DT__ALLOC(field, count)                                                                    \
   do {                                                                                             \
     ok = ok && m->dev->alloc(m->dev, (count) * sizeof(float), "activation " #field,                \
                              (void **)&a->field) == 0;                                             \
     total += (count) * sizeof(float);                                                              \
   } while (0)
-  /* With activation checkpointing a layer's inner activations are kept for one layer at a
-   * time (recomputed in the backward pass); the layer outputs (residual3) always for all.
-   * With sequence parallelism the residual stream and the LayerNorm regions hold this rank's
-   * Ns = N / tp rows only. */
-  const size_t Lh = m->recompute ? 1 : L, Ns = m->sp ? N / tp : N;
-  DT__ALLOC(encoded, Ns * C);
+
+/* A layer's inner activations for Lh layers (the slot's layers, or with activation
+ * checkpointing one layer's worth in the scratch that every layer reuses). With sequence
+ * parallelism the residual stream and the LayerNorm regions hold this rank's Ns = N / tp rows
+ * only. Returns 0 when out of memory. */
+static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T, size_t *bytes)
+{
+  const dt_gpt2_config_t *c = &m->cfg;
+  const size_t N = (size_t)B * T, C = (size_t)c->channels, tp = (size_t)m->tp.tp;
+  const size_t NH = (size_t)c->heads / tp, Cl = C / tp, Ns = stream_rows(m, N);
+  size_t total = 0;
+  int ok = 1;
   DT__ALLOC(ln1, Lh * Ns * C);
   DT__ALLOC(ln1_mean, Lh * Ns);
   DT__ALLOC(ln1_rstd, Lh * Ns);
@@ -395,61 +432,102 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
   DT__ALLOC(ln2_rstd, Lh * Ns);
   DT__ALLOC(fch, Lh * N * 4 * Cl);
   DT__ALLOC(fch_gelu, Lh * N * 4 * Cl);
+  *bytes += total;
+  return ok;
+}
+
+/* The buffers every slot shares: the backward pass's and the collectives' scratch, which no
+ * pass keeps between calls. Returns its bytes, 0 when out of memory. */
+static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
+{
+  dt_gpt2_acts_t *a = &m->scratch;
+  const dt_gpt2_config_t *c = &m->cfg;
+  const size_t N = (size_t)B * T, C = (size_t)c->channels, tp = (size_t)m->tp.tp;
+  const size_t NH = (size_t)c->heads / tp, Cl = C / tp;
+  size_t total = 0;
+  int ok = !m->recompute || alloc_layers(m, a, 1, B, T, &total);
+  if (m->sp) {
+    DT__ALLOC(gath, N * C);
+    DT__ALLOC(tmps, N / tp * C);
+    DT__ALLOC(lngrad, 2 * C);
+  }
+  DT__ALLOC(dbuf, N * C);
+  DT__ALLOC(dbuf4, N * 4 * Cl);
+  DT__ALLOC(dqkv, N * 3 * Cl);
+  DT__ALLOC(datt, (size_t)B * NH * T * T);
+  DT__ALLOC(tmp, N * C);
+  if (tp > 1 && m->stage.last)
+    DT__ALLOC(ce_stats, (tp + 1) * N * 3); /* all ranks' stats, then this rank's */
+  return ok ? total : 0;
+}
+
+/* One activation slot of chunk; returns its bytes, 0 when out of memory. */
+static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, int B, int T)
+{
+  const dt_gpt2_config_t *c = &m->cfg;
+  const size_t N = (size_t)B * T, C = (size_t)c->channels, Ns = stream_rows(m, N);
+  const size_t L = (size_t)(m->chunk_off[chunk + 1] - m->chunk_off[chunk]);
+  const size_t Vl = (size_t)c->padded_vocab / (size_t)m->tp.tp;
+  size_t total = 0;
+  int ok = 1;
+  /* The layer outputs (residual3) are kept for every layer, with checkpointing too. */
+  DT__ALLOC(encoded, Ns * C);
+  ok = ok && (m->recompute || alloc_layers(m, a, L, B, T, &total));
   DT__ALLOC(residual3, L * Ns * C);
-  if (last) {
+  if (m->stage.last && chunk == m->stage.chunks - 1) {
     DT__ALLOC(lnf, N * C); /* gathered: the LM head needs every row */
     DT__ALLOC(lnf_mean, Ns);
     DT__ALLOC(lnf_rstd, Ns);
     DT__ALLOC(logits, N * Vl);
     DT__ALLOC(losses, N);
   }
-  if (m->sp) {
-    DT__ALLOC(gath, N * C);
-    DT__ALLOC(tmps, Ns * C);
-    DT__ALLOC(lngrad, 2 * C);
-  }
   DT__ALLOC(dresidual, Ns * C);
-  DT__ALLOC(dbuf, N * C);
-  DT__ALLOC(dbuf4, N * 4 * Cl);
-  DT__ALLOC(dqkv, N * 3 * Cl);
-  DT__ALLOC(datt, (size_t)B * NH * T * T);
-  DT__ALLOC(tmp, N * C);
-  if (tp > 1 && last)
-    DT__ALLOC(ce_stats, (tp + 1) * N * 3); /* all ranks' stats, then this rank's */
-#undef DT__ALLOC
+  share_scratch(a, &m->scratch);
   a->B = B;
   a->T = T;
   return ok ? total : 0;
 }
+#undef DT__ALLOC
 
-int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recompute)
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, const int *slots, int recompute)
 {
   if (T > m->cfg.max_seq) {
     DT_ERROR(TRAIN, "sequence length %d exceeds the model's max_seq %d", T, m->cfg.max_seq);
     return DT_EINVAL;
   }
-  if (m->nslots == nslots && m->acts[0].B == B && m->acts[0].T == T)
-    return 0;
   if (m->sp && ((size_t)B * T) % (size_t)m->tp.tp != 0) {
     DT_ERROR(TRAIN, "sequence parallelism: batch x seq (%d x %d) must be divisible by tp (%d)", B,
              T, m->tp.tp);
     return DT_EINVAL;
   }
-  if (m->nslots > 0 || nslots < 1) {
-    DT_ERROR(TRAIN, "activations: %d slots for B=%d T=%d asked for; %d allocated", nslots, B, T,
-             m->nslots);
+  int total = 0;
+  for (int c = 0; c < m->stage.chunks; c++) {
+    if (slots[c] < 1) {
+      DT_ERROR(TRAIN, "activations: %d slots for chunk %d asked for", slots[c], c);
+      return DT_EINVAL;
+    }
+    total += slots[c];
+  }
+  if (m->acts) {
+    DT_ERROR(TRAIN, "activations: already allocated");
     return DT_EINVAL;
   }
-  m->acts = calloc((size_t)nslots, sizeof *m->acts);
+  m->acts = calloc((size_t)total, sizeof *m->acts);
   if (!m->acts)
     return DT_ENOMEM;
   m->recompute = recompute;
-  m->nslots = nslots;
-  for (int i = 0; i < nslots; i++) {
-    size_t bytes = alloc_slot(m, &m->acts[i], B, T);
-    if (!bytes)
-      return DT_ENOMEM;
-    m->bytes_acts += bytes;
+  m->bytes_acts = alloc_scratch(m, B, T);
+  if (!m->bytes_acts)
+    return DT_ENOMEM;
+  for (int c = 0, base = 0; c < m->stage.chunks; base += slots[c++]) {
+    m->slot_base[c] = base;
+    m->nslots[c] = slots[c];
+    for (int j = 0; j < slots[c]; j++) {
+      size_t bytes = alloc_slot(m, &m->acts[base + j], c, B, T);
+      if (!bytes)
+        return DT_ENOMEM;
+      m->bytes_acts += bytes;
+    }
   }
   return 0;
 }
@@ -460,7 +538,7 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
     DT_ERROR(TRAIN, "sequence parallelism needs tensor parallelism (tp > 1)");
     return DT_EINVAL;
   }
-  if (m->nslots > 0) {
+  if (m->acts) {
     DT_ERROR(TRAIN, "sequence parallelism must be chosen before the activations are allocated");
     return DT_EINVAL;
   }
@@ -716,15 +794,33 @@ static const float *layer_input(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int
                       (size_t)(l - 1) * stream_rows(m, (size_t)a->B * a->T) * m->cfg.channels;
 }
 
-static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int B, int T)
+/* Whether chunk is the model's first (after the embeddings) or its last (before the head). */
+static int embeds(const dt_gpt2_t *m, int chunk)
+{
+  return m->stage.first && chunk == 0;
+}
+
+static int heads(const dt_gpt2_t *m, int chunk)
+{
+  return m->stage.last && chunk == m->stage.chunks - 1;
+}
+
+static dt_gpt2_acts_t *slot_acts(dt_gpt2_t *m, int chunk, int slot)
+{
+  return &m->acts[m->slot_base[chunk] + slot];
+}
+
+static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *inputs, int B,
+                         int T)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  const int C = d.C, L = m->L, lead = m->tp.rank == 0;
+  const int C = d.C, u0 = m->chunk_off[chunk], L = m->chunk_off[chunk + 1] - u0;
+  const int lead = m->tp.rank == 0;
   const size_t N = (size_t)B * T;
   dt_gpt2_view_t p, unused;
 
-  if (m->stage.first) {
+  if (embeds(m, chunk)) {
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
     float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
     const float *sum;
@@ -737,12 +833,12 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
                             DT_COPY_D2D));
   }
   for (int l = 0; l < L; l++) {
-    DT_CHECK(acquire(m, l, 0, &p, &unused));
+    DT_CHECK(acquire(m, u0 + l, 0, &p, &unused));
     DT_CHECK(layer_forward(m, a, l, layer_input(m, a, l), B, T, &p));
-    DT_CHECK(release(m, l, 0));
+    DT_CHECK(release(m, u0 + l, 0));
   }
   const float *x = layer_input(m, a, L);
-  if (!m->stage.last)
+  if (!heads(m, chunk))
     return 0;
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
   const size_t R = stream_rows(m, N);
@@ -762,7 +858,7 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *inputs, int
 
 int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
 {
-  return forward_stage(m, &m->acts[0], inputs, B, T);
+  return forward_stage(m, &m->acts[0], 0, inputs, B, T);
 }
 
 static float mean_loss(const float *losses, size_t n)
@@ -793,12 +889,12 @@ static int cross_entropy(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *targets, fl
   return 0;
 }
 
-int dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, int B,
-                          int T, float grad_scale, float *loss)
+int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, const int *targets,
+                          int B, int T, float grad_scale, float *loss)
 {
-  dt_gpt2_acts_t *a = &m->acts[slot];
-  DT_CHECK(forward_stage(m, a, inputs, B, T));
-  if (!m->stage.last)
+  dt_gpt2_acts_t *a = slot_acts(m, chunk, slot);
+  DT_CHECK(forward_stage(m, a, chunk, inputs, B, T));
+  if (!heads(m, chunk))
     return 0;
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
   const size_t N = (size_t)B * T;
@@ -807,31 +903,32 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *
   return 0;
 }
 
-float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot)
+float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot)
 {
-  return m->acts[slot].encoded;
+  return slot_acts(m, chunk, slot)->encoded;
 }
 
-const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot)
+const float *dt_gpt2_stage_output(dt_gpt2_t *m, int chunk, int slot)
 {
-  return layer_input(m, &m->acts[slot], m->L);
+  return layer_input(m, slot_acts(m, chunk, slot), m->chunk_off[chunk + 1] - m->chunk_off[chunk]);
 }
 
-float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot)
+float *dt_gpt2_stage_grad(dt_gpt2_t *m, int chunk, int slot)
 {
-  return m->acts[slot].dresidual;
+  return slot_acts(m, chunk, slot)->dresidual;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Backward                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int T)
+int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, int B, int T)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  const int C = d.C, Cl = d.Cl, L = m->L, first = m->stage.first, last = m->stage.last;
-  dt_gpt2_acts_t *a = &m->acts[slot];
+  const int C = d.C, Cl = d.Cl, u0 = m->chunk_off[chunk], L = m->chunk_off[chunk + 1] - u0;
+  const int first = embeds(m, chunk), last = heads(m, chunk);
+  dt_gpt2_acts_t *a = slot_acts(m, chunk, slot);
   const size_t N = (size_t)B * T, R = stream_rows(m, N);
   dt_gpt2_view_t p, g, ep, eg;
   const float *din, *dout, *in;
@@ -859,7 +956,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
   for (int l = L - 1; l >= 0; l--) {
     const float *x = layer_input(m, a, l);
     const layer_acts_t y = layer_acts(m, a, l);
-    DT_CHECK(acquire(m, l, 1, &p, &g));
+    DT_CHECK(acquire(m, u0 + l, 1, &p, &g));
     if (m->recompute) /* activation checkpointing: this layer's activations again */
       DT_CHECK(layer_forward(m, a, l, x, B, T, &p));
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
@@ -886,10 +983,10 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));
-    DT_CHECK(release(m, l, 1));
+    DT_CHECK(release(m, u0 + l, 1));
   }
   if (!first)
-    return 0; /* dresidual now holds this stage's input gradient */
+    return 0; /* dresidual now holds this chunk's input gradient */
   if (!last)
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
   DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
@@ -901,8 +998,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int
 int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                              float grad_scale, float *loss)
 {
-  DT_CHECK(dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, grad_scale, loss));
-  return dt_gpt2_stage_backward(m, 0, inputs, B, T);
+  DT_CHECK(dt_gpt2_stage_forward(m, 0, 0, inputs, targets, B, T, grad_scale, loss));
+  return dt_gpt2_stage_backward(m, 0, 0, inputs, B, T);
 }
 
 int dt_gpt2_zero_grad(dt_gpt2_t *m)

@@ -13,9 +13,11 @@
  * computes them from bit-identical inputs, so they stay bit-identical without communication.
  * Sequence parallelism (optional) also splits the LayerNorm and residual rows over the group.
  *
- * Pipeline parallelism: a model may hold one stage, a range of layers (dt_gpt2_stage_t), and
- * runs a micro-batch's forward and backward through it in an activation slot; the caller moves
- * the stage's input, output and their gradients between neighbours (schedule.h).
+ * Pipeline parallelism: a model may hold one stage: one range of layers, or with an
+ * interleaved schedule several (model chunks, each a virtual stage; dt_gpt2_stage_t). It runs
+ * a micro-batch's forward and backward through one chunk in an activation slot of that chunk;
+ * the caller moves each chunk's input, output and their gradients between neighbours
+ * (schedule.h).
  *
  * Invariants:
  *  - All of a rank's parameters live in one flat fp32 buffer in llm.c's checkpoint order (16
@@ -97,11 +99,16 @@ typedef struct {
   struct dt_comm *comm;
 } dt_gpt2_tp_t;
 
-/* The pipeline stage a rank holds: layers [layer_lo, layer_hi); the first stage also holds
- * the embeddings (wte, wpe), the last the final LayerNorm and the LM head (wte again, tied:
- * the two copies' gradients are summed between the stages, so they stay identical). */
+#define DT_GPT2_MAX_CHUNKS 16
+
+/* The pipeline stage a rank holds: chunks of layers, chunk c being global layers
+ * [lo[c], hi[c]) (ascending; one chunk without interleaving). The first stage also holds the
+ * embeddings (wte, wpe) before its chunk 0, the last the final LayerNorm and the LM head
+ * after its last chunk (wte again, tied: the two copies' gradients are summed between the
+ * stages, so they stay identical). */
 typedef struct {
-  int layer_lo, layer_hi;
+  int chunks;
+  int lo[DT_GPT2_MAX_CHUNKS], hi[DT_GPT2_MAX_CHUNKS];
   int first, last;
 } dt_gpt2_stage_t;
 
@@ -179,9 +186,11 @@ typedef struct {
  * heads); the residual stream and LayerNorm outputs are full width and replicated, or, with
  * sequence parallelism (Megatron-SP), hold this rank's N/tp rows (encoded, ln1, ln2,
  * residual2, residual3, dresidual and the LayerNorm statistics). */
+/* One slot holds one chunk's layers (L below); the scratch buffers (and, with activation
+ * checkpointing, a layer's inner activations) are shared by all slots. */
 typedef struct {
-  float *encoded;   /* (N, C) residual stream entering the stage's first layer: the embeddings,
-                       or the previous stage's output */
+  float *encoded;   /* (N, C) residual stream entering the chunk's first layer: the embeddings,
+                       or the previous virtual stage's output */
   float *ln1;       /* (L, N, C) */
   float *ln1_mean;  /* (L, N) */
   float *ln1_rstd;  /* (L, N) */
@@ -221,7 +230,8 @@ typedef struct {
   const dt_ops_t *ops;  /* dev's kernels */
   dt_gpt2_tp_t tp;
   dt_gpt2_stage_t stage;
-  int L;                /* layers held (units 0..L-1 are layers layer_lo..layer_hi-1) */
+  int L; /* layers held (units 0..L-1: the chunks' layers in order) */
+  int chunk_off[DT_GPT2_MAX_CHUNKS + 1]; /* chunk c: units [chunk_off[c], chunk_off[c + 1]) */
   size_t num_params;    /* P, total elements of this rank's flat buffer (local shapes) */
   size_t global_params; /* elements of the whole model (llm.c layout) */
   size_t replicated;    /* elements of the local buffer that every tp rank holds */
@@ -235,10 +245,12 @@ typedef struct {
   float *grads_flat;      /* (P) */
   float *m_flat, *v_flat; /* (P) AdamW moments, allocated on first step */
   dt_gpt2_tensors_t params, grads;
-  dt_gpt2_acts_t *acts; /* (nslots) activation slots: micro-batches in flight */
-  int nslots;
-  int recompute; /* activation checkpointing */
-  int sp;        /* sequence parallelism over the tp group */
+  dt_gpt2_acts_t *acts; /* activation slots (micro-batches in flight), chunk by chunk: chunk
+                           c's slot j is acts[slot_base[c] + j] */
+  int nslots[DT_GPT2_MAX_CHUNKS], slot_base[DT_GPT2_MAX_CHUNKS];
+  dt_gpt2_acts_t scratch; /* the buffers every slot shares */
+  int recompute;          /* activation checkpointing */
+  int sp;                 /* sequence parallelism over the tp group */
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -274,11 +286,11 @@ int dt_gpt2_runs(const dt_gpt2_t *m, int tp_rank, int64_t lo, int64_t hi, int ow
                  dt_gpt2_run_t **runs, size_t *nruns);
 /* Elements of local range [lo, hi) that this rank holds but does not own. */
 int64_t dt_gpt2_unowned_in(const dt_gpt2_t *m, int64_t lo, int64_t hi);
-/* Allocates nslots activation slots (micro-batches in flight) for batches up to (B, T). With
- * recompute (activation checkpointing) a slot keeps each layer's output only, and the backward
- * pass reruns each layer's forward before its backward (same bits, about a third more
- * compute, the layers' inner activations held for one layer at a time). */
-int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, int nslots, int recompute);
+/* Allocates slots[c] activation slots (micro-batches in flight) for each chunk c, for batches
+ * up to (B, T). With recompute (activation checkpointing) a slot keeps each layer's output
+ * only, and the backward pass reruns each layer's forward before its backward (same bits,
+ * about a third more compute, the layers' inner activations held for one layer at a time). */
+int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, const int *slots, int recompute);
 /* Sequence parallelism (Megatron-SP, tp > 1, before the activations are allocated): the
  * LayerNorm and residual regions work on N/tp rows per rank, with an all-gather before each
  * column-parallel layer and a reduce-scatter after each row-parallel one in place of the
@@ -305,20 +317,21 @@ int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
 int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
                              float grad_scale, float *loss);
 
-/* Pipeline stages. A micro-batch's forward through this stage into activation slot `slot`:
- * the first stage embeds inputs, the others start from dt_gpt2_stage_input (filled by the
- * caller with the previous stage's output). The last stage ends with the loss: *loss gets
- * the mean, and when grad_scale != 0 the logits become the gradient of (mean loss *
- * grad_scale). Other stages leave their output in dt_gpt2_stage_output. */
-int dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, int B,
-                          int T, float grad_scale, float *loss);
-/* The backward of the micro-batch in slot: the last stage starts from its loss, the others
- * from dt_gpt2_stage_grad (filled by the caller with the next stage's input gradient);
- * stages other than the first leave the gradient of their input in dt_gpt2_stage_grad. */
-int dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, const int *inputs, int B, int T);
-float *dt_gpt2_stage_input(dt_gpt2_t *m, int slot);        /* (B*T, C) */
-const float *dt_gpt2_stage_output(dt_gpt2_t *m, int slot); /* (B*T, C) */
-float *dt_gpt2_stage_grad(dt_gpt2_t *m, int slot);         /* (B*T, C) */
+/* Pipeline stages. A micro-batch's forward through chunk `chunk` into its activation slot
+ * `slot`: the model's first chunk embeds inputs, the others start from dt_gpt2_stage_input
+ * (filled by the caller with the previous virtual stage's output). The model's last chunk ends
+ * with the loss: *loss gets the mean, and when grad_scale != 0 the logits become the gradient
+ * of (mean loss * grad_scale). Other chunks leave their output in dt_gpt2_stage_output. */
+int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, const int *targets,
+                          int B, int T, float grad_scale, float *loss);
+/* The backward of the micro-batch in the chunk's slot: the model's last chunk starts from its
+ * loss, the others from dt_gpt2_stage_grad (filled by the caller with the next virtual
+ * stage's input gradient); chunks other than the model's first leave the gradient of their
+ * input in dt_gpt2_stage_grad. */
+int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, int B, int T);
+float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot);        /* (B*T, C) */
+const float *dt_gpt2_stage_output(dt_gpt2_t *m, int chunk, int slot); /* (B*T, C) */
+float *dt_gpt2_stage_grad(dt_gpt2_t *m, int chunk, int slot);         /* (B*T, C) */
 int dt_gpt2_zero_grad(dt_gpt2_t *m);
 /* *out = sum of squares of the gradients (or any buffer laid out like them) of local range
  * [lo, hi), buf addressing element lo, over the elements this rank owns, so that the sum over

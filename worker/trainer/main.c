@@ -44,8 +44,9 @@ static void usage(FILE *out)
       "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
       "  (a shared directory) for rendezvous; --tp N splits layers over N tensor-parallel\n"
       "  ranks (neighbours in rank order), --pp N the layers into N pipeline stages\n"
-      "  (--pp-schedule 1f1b|gpipe, --pp-partition 3,1: layers per stage, default by cost;\n"
-      "  --grad-accum micro-batches per step), the rest is data\n"
+      "  (--pp-schedule 1f1b|gpipe|interleaved, --pp-virtual V: model chunks per stage with\n"
+      "  interleaved, default 2; --pp-partition 3,1: layers per (virtual) stage, default by\n"
+      "  cost; --grad-accum micro-batches per step), the rest is data\n"
       "  parallel (dp = WORLD_SIZE / (tp x pp)); --zero-stage 0..3 shards optimizer state,\n"
       "  gradients and parameters over dp; --recompute: activation checkpointing (keep each\n"
       "  layer's output, recompute the rest in the backward pass); --sp: sequence parallelism\n"
@@ -95,6 +96,7 @@ enum {
   OPT_RECOMPUTE,
   OPT_SP,
   OPT_PP_PARTITION,
+  OPT_PP_VIRTUAL,
   OPT_QUIET,
   OPT_HELP,
 };
@@ -142,6 +144,7 @@ static const struct option g_opts[] = {
     {"recompute", no_argument, 0, OPT_RECOMPUTE},
     {"sp", no_argument, 0, OPT_SP},
     {"pp-partition", required_argument, 0, OPT_PP_PARTITION},
+    {"pp-virtual", required_argument, 0, OPT_PP_VIRTUAL},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
@@ -304,8 +307,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       rc = parse_int(c, optarg, &o->zero_stage);
       break;
     case OPT_TP:
-    case OPT_PP: {
-      int *v = c == OPT_TP ? &o->tp : &o->pp;
+    case OPT_PP:
+    case OPT_PP_VIRTUAL: {
+      int *v = c == OPT_TP ? &o->tp : c == OPT_PP ? &o->pp : &o->pp_virtual;
       rc = parse_int(c, optarg, v);
       if (rc == 0 && *v < 1) {
         fprintf(stderr, "distrain-train: --%s must be >= 1, got %d\n", opt_name(c), *v);
@@ -315,7 +319,8 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     }
     case OPT_PP_SCHEDULE:
       if (dt_pipe_parse(optarg, &o->pp_schedule) != 0) {
-        fprintf(stderr, "distrain-train: --pp-schedule: expected 1f1b or gpipe, got '%s'\n",
+        fprintf(stderr,
+                "distrain-train: --pp-schedule: expected 1f1b, gpipe or interleaved, got '%s'\n",
                 optarg);
         rc = DT_EINVAL;
       }

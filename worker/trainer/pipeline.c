@@ -1,4 +1,5 @@
-/* pipeline.c — see pipeline.h. Micro-batch i uses activation slot i % (the model's slots). */
+/* pipeline.c — see pipeline.h. Micro-batch i of chunk c uses the chunk's activation slot
+ * i % (its slots). */
 #include "pipeline.h"
 
 #include <stdlib.h>
@@ -8,24 +9,24 @@
 
 struct dt_pipeline {
   dt_comm_t *comm;
-  int p, s, m;
+  int p, s, m, v;
   dt_pipe_op_t *ops; /* this stage's schedule of one step */
   int nops;
   double busy_ms, idle_ms;
   int warm; /* a step has run */
 };
 
-int dt_pipeline_create(dt_pipeline_t **out, dt_pipe_kind_t kind, int p, int s, int m,
+int dt_pipeline_create(dt_pipeline_t **out, dt_pipe_kind_t kind, int p, int s, int m, int v,
                        dt_comm_t *comm)
 {
   dt_pipeline_t *pl = calloc(1, sizeof *pl);
-  if (!pl || !(pl->ops = calloc(6 * (size_t)m, sizeof *pl->ops))) {
+  if (!pl || !(pl->ops = calloc((size_t)dt_pipe_max_ops(m, v), sizeof *pl->ops))) {
     free(pl);
     return DT_ENOMEM;
   }
   pl->comm = comm;
-  pl->p = p, pl->s = s, pl->m = m;
-  pl->nops = dt_pipe_schedule(kind, p, s, m, pl->ops);
+  pl->p = p, pl->s = s, pl->m = m, pl->v = v;
+  pl->nops = dt_pipe_schedule(kind, p, s, m, v, pl->ops);
   *out = pl;
   return 0;
 }
@@ -38,57 +39,72 @@ void dt_pipeline_destroy(dt_pipeline_t *pl)
   free(pl);
 }
 
+int dt_pipeline_slots(const dt_pipeline_t *pl, int *slots)
+{
+  for (int c = 0; c < pl->v; c++)
+    slots[c] = dt_pipe_slots(pl->ops, pl->nops, c);
+  return pl->v;
+}
+
+/* A transfer's halves as one batch: activations on tag 0 to the next rank (from the
+ * previous), gradients on tag 1 to the previous (from the next). */
+static int transfer(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, size_t bytes)
+{
+  const int next = (pl->s + 1) % pl->p, prev = (pl->s + pl->p - 1) % pl->p;
+  dt_comm_p2p_t b[DT_PIPE_HALVES];
+  int n = 0;
+  for (int h = 0; h < DT_PIPE_HALVES; h++) {
+    const dt_pipe_ref_t r = op->half[h];
+    if (r.mb < 0)
+      continue;
+    const int slot = r.mb % m->nslots[r.chunk];
+    switch (h) {
+    case DT_PIPE_SEND_ACT:
+      b[n++] = (dt_comm_p2p_t){(void *)dt_gpt2_stage_output(m, r.chunk, slot), bytes, next, 0, 0};
+      break;
+    case DT_PIPE_RECV_ACT:
+      b[n++] = (dt_comm_p2p_t){dt_gpt2_stage_input(m, r.chunk, slot), bytes, prev, 0, 1};
+      break;
+    case DT_PIPE_SEND_GRAD:
+      b[n++] = (dt_comm_p2p_t){dt_gpt2_stage_grad(m, r.chunk, slot), bytes, prev, 1, 0};
+      break;
+    default:
+      b[n++] = (dt_comm_p2p_t){dt_gpt2_stage_grad(m, r.chunk, slot), bytes, next, 1, 1};
+      break;
+    }
+  }
+  return dt_comm_p2p(pl->comm, b, n);
+}
+
 /* Runs one op; compute time is busy, transfers idle. */
 static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp_t *dp,
                   const int *inputs, const int *targets, int B, int T, double *loss_sum)
 {
   const size_t BT = (size_t)B * T;
-  const size_t bytes = dt_gpt2_stage_io_floats(m, B, T) * sizeof(float);
-  const int first = m->stage.first, last = m->stage.last, prev = pl->s - 1, next = pl->s + 1;
-  const int slot = op->mb % m->nslots, slot2 = op->mb2 >= 0 ? op->mb2 % m->nslots : 0;
-  dt_comm_t *c = pl->comm;
+  const int mb = op->ref.mb, chunk = op->ref.chunk;
   const double t0 = dt_now_ms();
   int rc = 0;
   float loss = 0.0f;
   switch (op->op) {
   case DT_PIPE_FWD:
-    dt_dp_begin_micro(dp, op->mb == pl->m - 1);
-    rc = dt_gpt2_stage_forward(m, slot, inputs + op->mb * BT, targets + op->mb * BT, B, T,
-                               1.0f / (float)pl->m, &loss);
-    *loss_sum += last ? loss : 0.0f;
+    dt_dp_begin_micro(dp, mb == pl->m - 1);
+    rc = dt_gpt2_stage_forward(m, chunk, mb % m->nslots[chunk], inputs + mb * BT, targets + mb * BT,
+                               B, T, 1.0f / (float)pl->m, &loss);
+    *loss_sum += m->stage.last && chunk == m->stage.chunks - 1 ? loss : 0.0f;
     break;
   case DT_PIPE_BWD:
-    dt_dp_begin_micro(dp, op->mb == pl->m - 1);
-    rc = dt_gpt2_stage_backward(m, slot, inputs + op->mb * BT, B, T);
+    dt_dp_begin_micro(dp, mb == pl->m - 1);
+    rc = dt_gpt2_stage_backward(m, chunk, mb % m->nslots[chunk], inputs + mb * BT, B, T);
     break;
-  case DT_PIPE_RECV_FWD:
-    rc = first ? 0 : dt_comm_recv(c, dt_gpt2_stage_input(m, slot), bytes, prev, 0);
-    break;
-  case DT_PIPE_SEND_FWD:
-    rc = last ? 0 : dt_comm_send(c, dt_gpt2_stage_output(m, slot), bytes, next, 0);
-    break;
-  case DT_PIPE_RECV_BWD:
-    rc = last ? 0 : dt_comm_recv(c, dt_gpt2_stage_grad(m, slot), bytes, next, 0);
-    break;
-  case DT_PIPE_SEND_BWD:
-    rc = first ? 0 : dt_comm_send(c, dt_gpt2_stage_grad(m, slot), bytes, prev, 0);
-    break;
-  case DT_PIPE_SEND_FWD_RECV_BWD:
-    rc = last ? 0
-              : dt_comm_sendrecv(c, dt_gpt2_stage_output(m, slot), bytes, next,
-                                 dt_gpt2_stage_grad(m, slot2), bytes, next, 0);
-    break;
-  case DT_PIPE_SEND_BWD_RECV_FWD:
-    rc = first ? 0
-               : dt_comm_sendrecv(c, dt_gpt2_stage_grad(m, slot), bytes, prev,
-                                  dt_gpt2_stage_input(m, slot2), bytes, prev, 0);
+  case DT_PIPE_XFER:
+    rc = transfer(pl, op, m, dt_gpt2_stage_io_floats(m, B, T) * sizeof(float));
     break;
   }
   const double ms = dt_now_ms() - t0;
-  if (op->op == DT_PIPE_FWD || op->op == DT_PIPE_BWD)
-    pl->busy_ms += ms;
-  else
+  if (op->op == DT_PIPE_XFER)
     pl->idle_ms += ms;
+  else
+    pl->busy_ms += ms;
   return rc;
 }
 
@@ -112,12 +128,16 @@ int dt_pipeline_eval(dt_pipeline_t *pl, dt_gpt2_t *m, const int *inputs, const i
                      int T, float *loss)
 {
   const size_t bytes = dt_gpt2_stage_io_floats(m, B, T) * sizeof(float);
+  const int next = (pl->s + 1) % pl->p, prev = (pl->s + pl->p - 1) % pl->p;
   *loss = 0.0f;
-  if (!m->stage.first)
-    DT_CHECK(dt_comm_recv(pl->comm, dt_gpt2_stage_input(m, 0), bytes, pl->s - 1, 0));
-  DT_CHECK(dt_gpt2_stage_forward(m, 0, inputs, targets, B, T, 0.0f, loss));
-  if (!m->stage.last)
-    DT_CHECK(dt_comm_send(pl->comm, dt_gpt2_stage_output(m, 0), bytes, pl->s + 1, 0));
+  for (int c = 0; c < pl->v; c++) { /* virtual stage c p + s */
+    const int first = pl->s == 0 && c == 0, last = pl->s == pl->p - 1 && c == pl->v - 1;
+    if (!first)
+      DT_CHECK(dt_comm_recv(pl->comm, dt_gpt2_stage_input(m, c, 0), bytes, prev, 0));
+    DT_CHECK(dt_gpt2_stage_forward(m, c, 0, inputs, targets, B, T, 0.0f, loss));
+    if (!last)
+      DT_CHECK(dt_comm_send(pl->comm, dt_gpt2_stage_output(m, c, 0), bytes, next, 0));
+  }
   return 0;
 }
 

@@ -13,11 +13,14 @@
 
 typedef struct dt_pipeline dt_pipeline_t;
 
-/* Stage s of p (the model's stage) running m micro-batches per step by schedule kind; comm is
- * the pipeline group (its rank s is this stage; NULL when p == 1). */
-int dt_pipeline_create(dt_pipeline_t **out, dt_pipe_kind_t kind, int p, int s, int m,
+/* Stage s of p (the model's stage, with v chunks) running m micro-batches per step by schedule
+ * kind (arguments checked with dt_pipe_check); comm is the pipeline group (its rank s is this
+ * stage; NULL when p == 1). */
+int dt_pipeline_create(dt_pipeline_t **out, dt_pipe_kind_t kind, int p, int s, int m, int v,
                        dt_comm_t *comm);
 void dt_pipeline_destroy(dt_pipeline_t *pl);
+/* The activation slots each chunk needs into slots (v entries); returns v. */
+int dt_pipeline_slots(const dt_pipeline_t *pl, int *slots);
 
 /* One step: micro-batch i is (inputs, targets) + i*B*T. Gradients of each micro-batch's mean
  * loss / m accumulate (dp is told before each pass which micro-batch is the step's last);
@@ -25,8 +28,9 @@ void dt_pipeline_destroy(dt_pipeline_t *pl);
  * the share of the step this stage waited for its neighbours. */
 int dt_pipeline_step(dt_pipeline_t *pl, dt_gpt2_t *m, dt_dp_t *dp, const int *inputs,
                      const int *targets, int B, int T, double *loss_sum, double *bubble);
-/* One micro-batch forward through the stages, without gradients (evaluation): *loss is the
- * mean loss on the last stage, 0 elsewhere. */
+/* One micro-batch forward through the stages (every chunk in turn), without gradients
+ * (evaluation), in each chunk's slot 0: *loss is the mean loss on the last stage, 0
+ * elsewhere. */
 int dt_pipeline_eval(dt_pipeline_t *pl, dt_gpt2_t *m, const int *inputs, const int *targets, int B,
                      int T, float *loss);
 /* Milliseconds computing and waiting over the steps after the first (allocation and page

@@ -61,6 +61,13 @@ int dt_plan_partition(const dt_gpt2_config_t *cfg, int pp, const int *explicit_l
                       char *why, size_t whylen)
 {
   const int L = cfg->layers;
+  if (pp > L) {
+    snprintf(why, whylen,
+             "model.layers (%d) must be >= parallel.pp x parallel.virtual_stages (%d): every "
+             "pipeline stage needs a layer",
+             L, pp);
+    return DT_EINVAL;
+  }
   bounds[0] = 0;
   if (explicit_layers) {
     for (int s = 0; s < pp; s++) {
@@ -155,7 +162,8 @@ static int mp_comm(const dt_mesh_t *mesh, const dt_mesh_coord_t *c, dt_comm_t *w
   return rc;
 }
 
-int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, dt_comm_t *world)
+int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, int chunks,
+                   dt_comm_t *world)
 {
   memset(plan, 0, sizeof *plan);
   plan->mesh = *mesh;
@@ -169,8 +177,12 @@ int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, dt
     return DT_EINVAL;
   }
   DT_CHECK(dt_mesh_coords(mesh, plan->rank, &plan->coord));
-  plan->layer_lo = bounds[plan->coord.pp];
-  plan->layer_hi = bounds[plan->coord.pp + 1];
+  const int s = plan->coord.pp;
+  plan->stage = (dt_gpt2_stage_t){.chunks = chunks, .first = s == 0, .last = s == mesh->pp - 1};
+  for (int c = 0; c < chunks; c++) {
+    plan->stage.lo[c] = bounds[c * mesh->pp + s];
+    plan->stage.hi[c] = bounds[c * mesh->pp + s + 1];
+  }
   if (!world)
     return 0;
   int rc = group_comm(mesh, world, DT_MESH_TP, &plan->tp, &plan->owns[0]);
@@ -204,13 +216,17 @@ void dt_plan_log(const dt_plan_t *plan, const dt_gpt2_config_t *cfg)
   const dt_mesh_t *ms = &plan->mesh;
   const dt_mesh_coord_t *c = &plan->coord;
   const int heads = cfg->heads / ms->tp, rows = cfg->padded_vocab / ms->tp;
-  const int first = c->pp == 0, last = c->pp == ms->pp - 1;
+  const dt_gpt2_stage_t *st = &plan->stage;
+  char layers[256];
+  size_t n = 0;
+  for (int k = 0; k < st->chunks && n < sizeof layers; k++)
+    n += (size_t)snprintf(layers + n, sizeof layers - n, "%s%d..%d", k ? ", " : "", st->lo[k],
+                          st->hi[k] - 1);
   dt_mesh_format(ms, m, sizeof m);
   DT_INFO(TRAIN,
-          "plan: rank %d of %d in %s at pp %d tp %d dp %d: layers %d..%d%s%s, heads %d..%d of "
+          "plan: rank %d of %d in %s at pp %d tp %d dp %d: layers %s%s%s, heads %d..%d of "
           "%d, vocabulary rows %d..%d of %d, data-parallel shard %d of %d",
-          plan->rank, plan->world, m, c->pp, c->tp, c->dp, plan->layer_lo, plan->layer_hi - 1,
-          first ? " + embeddings" : "", last ? " + LM head" : "", c->tp * heads,
-          (c->tp + 1) * heads - 1, cfg->heads, c->tp * rows, (c->tp + 1) * rows - 1,
-          cfg->padded_vocab, c->dp, ms->dp);
+          plan->rank, plan->world, m, c->pp, c->tp, c->dp, layers, st->first ? " + embeddings" : "",
+          st->last ? " + LM head" : "", c->tp * heads, (c->tp + 1) * heads - 1, cfg->heads,
+          c->tp * rows, (c->tp + 1) * rows - 1, cfg->padded_vocab, c->dp, ms->dp);
 }

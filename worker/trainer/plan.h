@@ -22,21 +22,22 @@ typedef struct {
   dt_mesh_t mesh;
   dt_mesh_coord_t coord;
   int rank, world;
-  int layer_lo, layer_hi; /* this rank's pipeline stage holds layers [lo, hi) */
-  dt_comm_t *tp;          /* this rank's tensor-parallel group, or NULL (tp = 1) */
-  dt_comm_t *dp;          /* its data-parallel group, or NULL (dp = 1) */
-  dt_comm_t *pp;          /* its pipeline (the stages of its tp/dp position), or NULL (pp = 1) */
+  dt_gpt2_stage_t stage; /* this rank's pipeline stage: its chunks of layers */
+  dt_comm_t *tp;         /* this rank's tensor-parallel group, or NULL (tp = 1) */
+  dt_comm_t *dp;         /* its data-parallel group, or NULL (dp = 1) */
+  dt_comm_t *pp;         /* its pipeline (the stages of its tp/dp position), or NULL (pp = 1) */
   dt_comm_t *emb; /* first and last stage (tied embeddings), or NULL (pp = 1; other stages) */
   dt_comm_t *mp;  /* every rank holding a part of its replica (tp x pp), or NULL */
   /* private: which of the above this plan created (and destroys) */
   int owns[5];
 } dt_plan_t;
 
-/* Layers per stage: balanced by cost, the LM head counted on the last stage (its GEMM is
- * Vp x C per token against a layer's 12 C^2), or the explicit split given (NULL: balanced).
- * bounds gets pp + 1 entries: stage s holds layers [bounds[s], bounds[s + 1]). */
-int dt_plan_partition(const dt_gpt2_config_t *cfg, int pp, const int *explicit_layers, int *bounds,
-                      char *why, size_t whylen);
+/* Layers per virtual stage (pp x virtual stages per rank: stages of an interleaved
+ * pipeline): balanced by cost, the LM head counted on the last (its GEMM is Vp x C per token
+ * against a layer's 12 C^2), or the explicit split given (NULL: balanced). bounds gets
+ * stages + 1 entries: virtual stage k holds layers [bounds[k], bounds[k + 1]). */
+int dt_plan_partition(const dt_gpt2_config_t *cfg, int stages, const int *explicit_layers,
+                      int *bounds, char *why, size_t whylen);
 
 /* Parses DISTRAIN_MESH's "pp1,dp2,cp1,tp2" (each axis once, in any order). */
 int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whylen);
@@ -44,9 +45,11 @@ int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whyl
 int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, char *why,
                   size_t whylen);
 /* Splits the groups of rank dt_comm_rank(world) from world (NULL: one process); collective
- * over world. bounds: the partition (dt_plan_partition). The plan borrows world, which must
- * outlive it. */
-int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, dt_comm_t *world);
+ * over world. bounds: the partition into mesh->pp x chunks virtual stages
+ * (dt_plan_partition); stage s holds virtual stages s, s + pp, ... as its chunks. The plan
+ * borrows world, which must outlive it. */
+int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, int chunks,
+                   dt_comm_t *world);
 void dt_plan_destroy(dt_plan_t *plan);
 /* Logs which part of the model this rank holds (heads, vocabulary rows, dp shard). */
 void dt_plan_log(const dt_plan_t *plan, const dt_gpt2_config_t *cfg);

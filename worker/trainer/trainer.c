@@ -224,8 +224,8 @@ static int evaluate(trainer_t *t, float *out)
       DT_CHECK(
           dt_pipeline_eval(t->pipe, &t->model, val->inputs, val->targets, val->B, val->T, &loss));
     else
-      DT_CHECK(dt_gpt2_stage_forward(&t->model, 0, val->inputs, val->targets, val->B, val->T, 0.0f,
-                                     &loss));
+      DT_CHECK(dt_gpt2_stage_forward(&t->model, 0, 0, val->inputs, val->targets, val->B, val->T,
+                                     0.0f, &loss));
     acc += loss;
   }
   *out = (float)(acc / n);
@@ -538,14 +538,18 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   /* Every layout rule is checked before this rank meets its peers. */
   int bounds[DT_UNIT_MAX_ORDER + 1], layers[DT_UNIT_MAX_ORDER];
   DT_CHECK(resolve_mesh(o, world, &mesh));
-  if (mesh.pp > DT_UNIT_MAX_ORDER) {
-    DT_ERROR(TRAIN, "parallel.pp (%d): at most %d pipeline stages", mesh.pp, DT_UNIT_MAX_ORDER);
+  const int chunks = o->pp_virtual ? o->pp_virtual : o->pp_schedule == DT_PIPE_INTERLEAVED ? 2 : 1;
+  if (mesh.pp * chunks > DT_UNIT_MAX_ORDER) {
+    DT_ERROR(TRAIN, "parallel.pp (%d) x virtual_stages (%d): at most %d pipeline stages", mesh.pp,
+             chunks, DT_UNIT_MAX_ORDER);
     return DT_EINVAL;
   }
   if (dt_plan_check(&mesh, &t->cfg, o->seq, why, sizeof why) != 0 ||
-      (o->pp_partition && dt_mesh_parse_partition(o->pp_partition, mesh.pp, t->cfg.layers, layers,
-                                                  why, sizeof why) != 0) ||
-      dt_plan_partition(&t->cfg, mesh.pp, o->pp_partition ? layers : NULL, bounds, why,
+      (mesh.pp > 1 &&
+       dt_pipe_check(o->pp_schedule, mesh.pp, chunks, o->grad_accum, why, sizeof why) != 0) ||
+      (o->pp_partition && dt_mesh_parse_partition(o->pp_partition, mesh.pp * chunks, t->cfg.layers,
+                                                  layers, why, sizeof why) != 0) ||
+      dt_plan_partition(&t->cfg, mesh.pp * chunks, o->pp_partition ? layers : NULL, bounds, why,
                         sizeof why) != 0) {
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
@@ -564,16 +568,12 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (world > 1)
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
                           (int)dt_param_CommTimeoutMs()));
-  DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, t->world));
+  DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, mesh.pp > 1 ? chunks : 1, t->world));
   t->dprank = t->plan.coord.dp;
   t->dpsize = mesh.dp;
   t->pp = mesh.pp;
   t->stage = t->plan.coord.pp;
   const dt_gpt2_tp_t tp = {.tp = mesh.tp, .rank = t->plan.coord.tp, .comm = t->plan.tp};
-  const dt_gpt2_stage_t stage = {.layer_lo = t->plan.layer_lo,
-                                 .layer_hi = t->plan.layer_hi,
-                                 .first = t->stage == 0,
-                                 .last = t->stage == t->pp - 1};
   dt_device_t *dev = dt_device_cpu();
   if (!dev->host) {
     /* Checkpoints, export, the replica check and sampling read tensors in place. */
@@ -581,7 +581,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
              dev->name);
     return DT_ENOTSUP;
   }
-  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dev, &tp, &stage));
+  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dev, &tp, &t->plan.stage));
   if (o->init_llmc)
     DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
   else
@@ -608,15 +608,19 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     t->state.threads = omp_get_max_threads();
     DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
   }
-  int slots = 1;
+  int slots[DT_GPT2_MAX_CHUNKS] = {1}, nslots = 1;
   if (t->pp > 1) {
     const int K = o->grad_accum;
-    slots = dt_pipe_slots(o->pp_schedule, t->pp, t->stage, K);
     t->mb_inputs = calloc((size_t)K * o->batch * o->seq, sizeof(int));
     t->mb_targets = calloc((size_t)K * o->batch * o->seq, sizeof(int));
     if (!t->mb_inputs || !t->mb_targets)
       return DT_ENOMEM;
-    DT_CHECK(dt_pipeline_create(&t->pipe, o->pp_schedule, t->pp, t->stage, K, t->plan.pp));
+    DT_CHECK(dt_pipeline_create(&t->pipe, o->pp_schedule, t->pp, t->stage, K, t->plan.stage.chunks,
+                                t->plan.pp));
+    const int held = dt_pipeline_slots(t->pipe, slots);
+    nslots = 0;
+    for (int c = 0; c < held; c++)
+      nslots += slots[c];
   }
   DT_CHECK(dt_gpt2_set_sequence_parallel(&t->model, o->sequence_parallel));
   DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots, o->recompute));
@@ -637,10 +641,11 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (t->pp > 1)
     DT_INFO(TRAIN,
             "pipeline: stage %d of %d, schedule %s, %d micro-batches per step, %d activation "
-            "slots",
-            t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, slots);
+            "slots over %d model chunk%s",
+            t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, nslots,
+            t->model.stage.chunks, t->model.stage.chunks == 1 ? "" : "s");
   DT_INFO(TRAIN, "activations: %.2f MiB in %d slot%s%s%s", t->model.bytes_acts / (1024.0 * 1024.0),
-          slots, slots == 1 ? "" : "s",
+          nslots, nslots == 1 ? "" : "s",
           o->recompute ? " (activation checkpointing: layer outputs only)" : "",
           o->sequence_parallel ? " (sequence parallel: residual stream split over tp)" : "");
   print_memory(t);
@@ -847,7 +852,8 @@ static int finish(trainer_t *t)
             "pipeline stage %d after step 1: busy %.1f ms, waiting %.1f ms: bubble %.1f%% (a "
             "balanced %s pipeline: %.1f%%)",
             t->stage, busy, idle, 100.0 * idle / DT_MAX(busy + idle, 1e-9),
-            dt_pipe_name(o->pp_schedule), 100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum));
+            dt_pipe_name(o->pp_schedule),
+            100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum, t->model.stage.chunks));
   }
   DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)t->state.step, peak_rss_mb());
   return 0;

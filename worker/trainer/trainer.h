@@ -76,6 +76,7 @@ typedef struct {
   dt_mesh_t mesh;
   int tp, pp;                 /* --tp, --pp (0: not given) */
   dt_pipe_kind_t pp_schedule; /* pipeline schedule (pp > 1) */
+  int pp_virtual;             /* model chunks per stage (interleaved; 0: 2 there, else 1) */
   const char *pp_partition;   /* layers per stage, "3,1"; NULL: balanced by cost */
   int zero_stage;
   int recompute;         /* activation checkpointing */

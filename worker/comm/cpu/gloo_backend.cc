@@ -90,6 +90,7 @@ constexpr uint8_t kSlotBarrier = 0x43;
 constexpr uint8_t kSlotP2P = 0x44;
 constexpr uint8_t kSlotSentinel = 0x45;
 constexpr uint8_t kSlotAllReduce = 0x46;
+constexpr uint8_t kSlotP2PHeader = 0x47;
 
 /* Pipelining unit of the ring and chain algorithms (elements): small enough that a segment's
  * transfer overlaps the previous one's reduction and forwarding, large enough to amortise the
@@ -202,7 +203,11 @@ void interrupt(Gloo *g)
 class Active
 {
 public:
-  Active(Gloo *g, std::initializer_list<UnboundBuffer *> bufs) : g_(g)
+  Active(Gloo *g, std::initializer_list<UnboundBuffer *> bufs)
+      : Active(g, std::vector<UnboundBuffer *>(bufs))
+  {
+  }
+  Active(Gloo *g, const std::vector<UnboundBuffer *> &bufs) : g_(g)
   {
     std::lock_guard<std::mutex> lock(g_->active_mu);
     for (UnboundBuffer *b : bufs)
@@ -959,43 +964,58 @@ int gloo_barrier(void *impl)
 /* Each transfer is two messages on the tag's slot: the payload size (uint64), then the
  * payload. The receiver posts the payload receive only after checking the size, so a mismatch
  * fails both sides with an error (the receiver reports it and fails the context). */
-int gloo_sendrecv(void *impl, const void *sendbuf, size_t send_bytes, int dst, void *recvbuf,
-                  size_t recv_bytes, int src, int tag)
+/* Every half posted at once: the receives' size headers, the sends' headers and bodies. Then
+ * each receive's body is posted when its header has arrived (checked against the size
+ * expected), and everything is waited for. Headers travel on a slot of their own, so that two
+ * messages on one (peer, tag) pair up in order however the bodies interleave. */
+int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
 {
   Gloo *g = static_cast<Gloo *>(impl);
-  const char *what = dst >= 0 && src >= 0 ? "sendrecv" : dst >= 0 ? "send" : "recv";
-  return guarded(g, what, [&]() -> int {
-    const uint64_t slot = gloo::Slot::build(kSlotP2P, (uint32_t)tag);
-    uint64_t send_hdr = send_bytes, recv_hdr = 0;
+  return guarded(g, "send/recv", [&]() -> int {
     auto &tctx = g->tctx;
-    Buf rh = src >= 0 ? tctx->createUnboundBuffer(&recv_hdr, sizeof recv_hdr) : nullptr;
-    Buf rb = src >= 0 ? tctx->createUnboundBuffer(recvbuf, recv_bytes) : nullptr;
-    Buf sh = dst >= 0 ? tctx->createUnboundBuffer(&send_hdr, sizeof send_hdr) : nullptr;
-    Buf sb =
-        dst >= 0 ? tctx->createUnboundBuffer(const_cast<void *>(sendbuf), send_bytes) : nullptr;
-    Active active(g, {rh.get(), rb.get(), sh.get(), sb.get()});
-    if (rh)
-      rh->recv(src, slot);
-    if (sh) {
-      sh->send(dst, slot);
-      sb->send(dst, slot);
+    uint64_t hdr[DT_COMM_P2P_MAX];
+    Buf hb[DT_COMM_P2P_MAX], bb[DT_COMM_P2P_MAX];
+    std::vector<UnboundBuffer *> bufs;
+    for (int i = 0; i < n; i++) {
+      hdr[i] = ops[i].recv ? 0 : ops[i].bytes;
+      hb[i] = tctx->createUnboundBuffer(&hdr[i], sizeof hdr[i]);
+      bb[i] = tctx->createUnboundBuffer(ops[i].buf, ops[i].bytes);
+      bufs.push_back(hb[i].get());
+      bufs.push_back(bb[i].get());
     }
-    if (rh) {
-      wait_recv(g, rh.get(), src);
-      if (recv_hdr != recv_bytes) {
+    Active active(g, bufs);
+    auto slot = [&](uint8_t prefix, int i) {
+      return gloo::Slot::build(prefix, (uint32_t)ops[i].tag);
+    };
+    for (int i = 0; i < n; i++) {
+      if (ops[i].recv) {
+        hb[i]->recv(ops[i].peer, slot(kSlotP2PHeader, i));
+      } else {
+        hb[i]->send(ops[i].peer, slot(kSlotP2PHeader, i));
+        bb[i]->send(ops[i].peer, slot(kSlotP2P, i));
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      if (!ops[i].recv)
+        continue;
+      wait_recv(g, hb[i].get(), ops[i].peer);
+      if (hdr[i] != ops[i].bytes) {
         DT_ERROR(COMM,
                  "comm %s rank %d/%d: recv from rank %d (tag %d): peer sent %llu bytes, "
                  "expected %zu",
-                 g->prefix.c_str(), g->rank, g->world, src, tag, (unsigned long long)recv_hdr,
-                 recv_bytes);
+                 g->prefix.c_str(), g->rank, g->world, ops[i].peer, ops[i].tag,
+                 (unsigned long long)hdr[i], ops[i].bytes);
         return DT_ESHAPE;
       }
-      rb->recv(src, slot);
-      wait_recv(g, rb.get(), src);
+      bb[i]->recv(ops[i].peer, slot(kSlotP2P, i));
     }
-    if (sh) {
-      wait_send(g, sh.get(), dst);
-      wait_send(g, sb.get(), dst);
+    for (int i = 0; i < n; i++) {
+      if (ops[i].recv) {
+        wait_recv(g, bb[i].get(), ops[i].peer);
+      } else {
+        wait_send(g, hb[i].get(), ops[i].peer);
+        wait_send(g, bb[i].get(), ops[i].peer);
+      }
     }
     return 0;
   });
@@ -1007,5 +1027,5 @@ int gloo_sendrecv(void *impl, const void *sendbuf, size_t send_bytes, int dst, v
 extern "C" const dt_comm_backend_t dt__comm_cpu_backend = {
     "cpu",           gloo_init,           gloo_destroy,    gloo_abort,
     gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast,
-    gloo_sendrecv,   gloo_barrier,        nullptr,
+    gloo_p2p,        gloo_barrier,        nullptr,
 };

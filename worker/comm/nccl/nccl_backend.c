@@ -555,18 +555,17 @@ static int nccl_broadcast(void *impl, float *buf, size_t n, int root)
  * calls are blocking, so at most one send and one receive per peer are in flight, and comm.h's
  * "pair up by (peer, tag) in order" is that same order. NCCL cannot check that sizes match (the
  * cpu backend can): a mismatch is undefined and usually ends in a timeout. */
-static int nccl_sendrecv(void *impl, const void *sendbuf, size_t send_bytes, int dst, void *recvbuf,
-                         size_t recv_bytes, int src, int tag)
+static int nccl_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
 {
   nccl_t *c = impl;
   int prev;
-  (void)tag;
   DT_CHECK(op_begin(c, &prev));
   ncclResult_t r = ncclGroupStart();
-  if (dst >= 0)
-    r = first_err(r, ncclSend(sendbuf, send_bytes, ncclUint8, dst, c->comm, c->stream));
-  if (src >= 0)
-    r = first_err(r, ncclRecv(recvbuf, recv_bytes, ncclUint8, src, c->comm, c->stream));
+  for (int i = 0; i < n; i++)
+    r = first_err(
+        r, ops[i].recv
+               ? ncclRecv(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, c->comm, c->stream)
+               : ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, c->comm, c->stream));
   r = first_err(r, ncclGroupEnd());
   return op_end(c, "send/recv", r, prev);
 }
@@ -589,7 +588,7 @@ const dt_comm_backend_t dt__comm_nccl_backend = {
     .reduce_scatter = nccl_reduce_scatter,
     .all_gather = nccl_all_gather,
     .broadcast = nccl_broadcast,
-    .sendrecv = nccl_sendrecv,
+    .p2p = nccl_p2p,
     .barrier = nccl_barrier,
     .split = nccl_split,
 };
