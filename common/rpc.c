@@ -790,6 +790,14 @@ int dt_rpc_read_token(const char *path, char *token, size_t len)
     DT_ERROR(RPC, "%s: cannot read token file: %s", path, strerror(e));
     return dt_err_from_errno(e);
   }
+  /* Like ssh's private keys: a secret others can read is refused, not used. */
+  struct stat st;
+  if (fstat(fileno(fp), &st) == 0 && (st.st_mode & 077)) {
+    DT_ERROR(RPC, "%s: token file is accessible by group or others (mode %04o); chmod 600 it", path,
+             (unsigned)(st.st_mode & 07777));
+    fclose(fp);
+    return DT_EACCES;
+  }
   if (!fgets(token, (int)len, fp))
     token[0] = '\0';
   fclose(fp);

@@ -68,6 +68,7 @@ typedef struct {
 typedef struct {
   int64_t step;
   int world, received;
+  uint64_t generation;                             /* of the reports */
   Distrain__V1__ReportCheckpointRequest **reports; /* (world) owned copies */
 } dt_ckpt_pending_t;
 
@@ -190,5 +191,10 @@ int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *ke
                     const uint8_t *val, size_t len);
 /* Deletes a job's keys of generations older than gen. */
 int dt_store_expire_kv(dt_store_t *s, const char *job, uint64_t gen);
+/* A checkpoint shard report, kept until its step is committed or a newer generation reports
+ * the step again; drop deletes the reports of steps [from_step, to_step]. */
+int dt_store_put_ckpt_report(dt_store_t *s, const char *job,
+                             const Distrain__V1__ReportCheckpointRequest *r);
+int dt_store_drop_ckpt_reports(dt_store_t *s, const char *job, int64_t from_step, int64_t to_step);
 
 #endif

@@ -535,6 +535,14 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
 /* Checkpoints                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
+static void pending_free(dt_ckpt_pending_t *p)
+{
+  for (int k = 0; p->reports && k < p->world; k++)
+    if (p->reports[k])
+      distrain__v1__report_checkpoint_request__free_unpacked(p->reports[k], NULL);
+  free(p->reports);
+}
+
 int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen)
@@ -545,10 +553,20 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
              (long long)r->step);
     return DT_EINVAL;
   }
+  /* A report repeated after a coordinator restart, of a step since committed: done already. */
+  if (r->step <= j->job->committed_step)
+    return 0;
   dt_ckpt_pending_t *p = NULL;
   for (size_t i = 0; i < j->n_ckpts; i++)
     if (j->ckpts[i].step == r->step)
       p = &j->ckpts[i];
+  if (p && p->generation != r->generation) {
+    /* Left by a generation that failed before committing the step: start over. */
+    pending_free(p);
+    *p = j->ckpts[--j->n_ckpts];
+    p = NULL;
+    dt_store_drop_ckpt_reports(c->store, j->id, r->step, r->step);
+  }
   if (!p) {
     dt_ckpt_pending_t *grown = realloc(j->ckpts, (j->n_ckpts + 1) * sizeof *grown);
     if (!grown)
@@ -558,6 +576,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
     memset(p, 0, sizeof *p);
     p->step = r->step;
     p->world = r->world;
+    p->generation = r->generation;
     p->reports = calloc((size_t)r->world, sizeof *p->reports);
     if (!p->reports)
       return DT_ENOMEM;
@@ -568,6 +587,14 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
     return DT_EINVAL;
   }
   if (!p->reports[r->rank]) {
+    /* Kept in the store first: a restarted coordinator still has it (the writer does not
+     * report again once this call has succeeded). */
+    int rc = dt_store_put_ckpt_report(c->store, j->id, r);
+    if (rc != 0) {
+      snprintf(err, errlen, "step %lld: cannot record rank %d's report: %s", (long long)r->step,
+               r->rank, dt_strerror(rc));
+      return rc;
+    }
     uint8_t *buf = malloc(distrain__v1__report_checkpoint_request__get_packed_size(r));
     if (!buf)
       return DT_ENOMEM;
@@ -597,9 +624,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
   }
   int rc = dt_ckpt_commit(j->job->spec->checkpoint->dir, p->step, num_params, p->world, shards);
   free(shards);
-  for (int k = 0; k < p->world; k++)
-    distrain__v1__report_checkpoint_request__free_unpacked(p->reports[k], NULL);
-  free(p->reports);
+  pending_free(p);
   int64_t step = p->step;
   *p = j->ckpts[--j->n_ckpts];
   if (rc != 0) {
@@ -610,6 +635,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
   if (step > j->job->committed_step)
     j->job->committed_step = step;
   dt_store_put_job(c->store, j);
+  dt_store_drop_ckpt_reports(c->store, j->id, 0, step);
   *committed = 1;
   return 0;
 }
@@ -627,12 +653,8 @@ void dt_job_free(dt_job_t *j)
   for (size_t i = 0; i < j->n_metrics; i++)
     distrain__v1__step_metrics__free_unpacked(j->metrics[i], NULL);
   free(j->metrics);
-  for (size_t i = 0; i < j->n_ckpts; i++) {
-    for (int k = 0; k < j->ckpts[i].world; k++)
-      if (j->ckpts[i].reports[k])
-        distrain__v1__report_checkpoint_request__free_unpacked(j->ckpts[i].reports[k], NULL);
-    free(j->ckpts[i].reports);
-  }
+  for (size_t i = 0; i < j->n_ckpts; i++)
+    pending_free(&j->ckpts[i]);
   free(j->ckpts);
   free(j->ranks);
   free(j->nodes);

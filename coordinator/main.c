@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "coord.h"
@@ -108,6 +109,16 @@ int main(int argc, char **argv)
     return 1;
 
   signal(SIGPIPE, SIG_IGN);
+  /* Every agent, trainer and client holds a connection: the usual soft limit of 1024 open
+   * files is far below a cluster's. Raised to the hard limit, as the kernel allows. */
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    rlim_t was = nofile.rlim_cur;
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) == 0)
+      DT_INFO(COORD, "open files limit raised from %llu to %llu", (unsigned long long)was,
+              (unsigned long long)nofile.rlim_max);
+  }
   uv_loop_t *loop = uv_default_loop();
   static dt_coord_t coord;
   dt_coord_config_t cfg = {.listen = listen,

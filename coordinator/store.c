@@ -5,10 +5,14 @@
  * small binary plan per job. WAL mode with synchronous=NORMAL: a committed transaction
  * survives the process being killed (the case that matters: kill -9 and restart); a power
  * loss may drop the last transactions, never corrupt the database. */
+#include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "coord.h"
 #include "dt_log.h"
@@ -19,6 +23,7 @@ struct dt_store {
   sqlite3_stmt *put_node; /* prepared once: planning writes one node row per node */
   sqlite3_stmt *put_kv;   /* prepared once: a rendezvous puts one key per rank */
   int depth;              /* dt_store_begin nesting */
+  int lock_fd;            /* <state-dir>/LOCK, held (flock) while open */
   char path[4200];
 };
 
@@ -37,7 +42,10 @@ static const char *const k_schema =
     "  job TEXT NOT NULL, step INTEGER NOT NULL, m BLOB NOT NULL, PRIMARY KEY (job, step));"
     "CREATE TABLE IF NOT EXISTS kv ("
     "  job TEXT NOT NULL, generation INTEGER NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
-    "  PRIMARY KEY (job, generation, key));";
+    "  PRIMARY KEY (job, generation, key));"
+    "CREATE TABLE IF NOT EXISTS ckpt_reports ("
+    "  job TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, report BLOB NOT NULL,"
+    "  PRIMARY KEY (job, step, rank));";
 
 static int sql_fail(dt_store_t *s, const char *what)
 {
@@ -55,6 +63,33 @@ int dt_store_open(dt_store_t **out, const char *state_dir)
   dt_store_t *s = calloc(1, sizeof *s);
   if (!s)
     return DT_ENOMEM;
+  /* One coordinator per state directory: a second one would hand out the same job ids. The
+   * lock goes with the process (kill -9 included), so a restart never finds it stale. */
+  snprintf(s->path, sizeof s->path, "%s/LOCK", state_dir);
+  s->lock_fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char pid[32] = "?";
+    if (s->lock_fd >= 0) {
+      ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
+      pid[n > 0 ? n : 0] = '\0';
+      pid[strcspn(pid, "\n")] = '\0';
+    }
+    DT_ERROR(COORD, "%s: %s", s->path,
+             e == EWOULDBLOCK ? "the state directory is in use by another coordinator"
+                              : strerror(e));
+    if (e == EWOULDBLOCK)
+      DT_ERROR(COORD, "that coordinator's pid: %s; stop it, or give this one its own --state-dir",
+               pid);
+    if (s->lock_fd >= 0)
+      close(s->lock_fd);
+    free(s);
+    return e == EWOULDBLOCK ? DT_EEXIST : dt_err_from_errno(e);
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)n, 0) != n)
+    DT_WARN(COORD, "%s: cannot record this coordinator's pid: %m", s->path);
   snprintf(s->path, sizeof s->path, "%s/coordinator.db", state_dir);
   if (sqlite3_open(s->path, &s->db) != SQLITE_OK) {
     rc = sql_fail(s, "cannot open database");
@@ -87,6 +122,7 @@ int dt_store_open(dt_store_t **out, const char *state_dir)
   return 0;
 fail:
   sqlite3_close(s->db);
+  close(s->lock_fd);
   free(s);
   return rc;
 }
@@ -98,6 +134,7 @@ void dt_store_close(dt_store_t *s)
   sqlite3_finalize(s->put_node);
   sqlite3_finalize(s->put_kv);
   sqlite3_close(s->db);
+  close(s->lock_fd);
   free(s);
 }
 
@@ -421,9 +458,77 @@ static int load_kv(dt_store_t *s, dt_coord_t *c)
   return ret;
 }
 
+int dt_store_put_ckpt_report(dt_store_t *s, const char *job,
+                             const Distrain__V1__ReportCheckpointRequest *r)
+{
+  sqlite3_stmt *st;
+  size_t len;
+  uint8_t *buf = pack(&r->base, &len);
+  if (!buf)
+    return DT_ENOMEM;
+  if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO ckpt_reports VALUES (?,?,?,?)", -1, &st,
+                         NULL) != SQLITE_OK) {
+    free(buf);
+    return sql_fail(s, "prepare checkpoint report");
+  }
+  sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 2, r->step);
+  sqlite3_bind_int(st, 3, r->rank);
+  sqlite3_bind_blob(st, 4, buf, (int)len, SQLITE_STATIC);
+  int ret = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(s, "write checkpoint report");
+  sqlite3_finalize(st);
+  free(buf);
+  return ret;
+}
+
+int dt_store_drop_ckpt_reports(dt_store_t *s, const char *job, int64_t from_step, int64_t to_step)
+{
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(s->db, "DELETE FROM ckpt_reports WHERE job=? AND step BETWEEN ? AND ?", -1,
+                         &st, NULL) != SQLITE_OK)
+    return sql_fail(s, "prepare checkpoint report deletion");
+  sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 2, from_step);
+  sqlite3_bind_int64(st, 3, to_step);
+  int ret = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(s, "delete checkpoint reports");
+  sqlite3_finalize(st);
+  return ret;
+}
+
+/* The shard reports of checkpoints not yet committed: a restart keeps what the writers
+ * reported before it (they do not report again). */
+static int load_ckpt_reports(dt_store_t *s, dt_coord_t *c)
+{
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(s->db, "SELECT job, report FROM ckpt_reports ORDER BY job, step, rank", -1,
+                         &st, NULL) != SQLITE_OK)
+    return sql_fail(s, "read checkpoint reports");
+  int ret = 0;
+  while (ret == 0 && sqlite3_step(st) == SQLITE_ROW) {
+    dt_job_t *j = dt_coord_job_by_id(c, (const char *)sqlite3_column_text(st, 0));
+    Distrain__V1__ReportCheckpointRequest *r = distrain__v1__report_checkpoint_request__unpack(
+        NULL, (size_t)sqlite3_column_bytes(st, 1), sqlite3_column_blob(st, 1));
+    if (!r) {
+      ret = sql_fail(s, "corrupt checkpoint report row");
+      break;
+    }
+    if (j && !dt_coord_state_terminal(j->job->state)) {
+      char err[256];
+      int committed;
+      ret = dt_coord_checkpoint_report(c, j, r, &committed, err, sizeof err);
+      if (ret != 0)
+        DT_ERROR(COORD, "job %s: restoring a checkpoint report: %s", j->id, err);
+    }
+    distrain__v1__report_checkpoint_request__free_unpacked(r, NULL);
+  }
+  sqlite3_finalize(st);
+  return ret;
+}
+
 int dt_store_load(dt_store_t *s, dt_coord_t *c)
 {
   DT_CHECK(load_nodes(s, c));
   DT_CHECK(load_jobs(s, c));
-  return load_kv(s, c);
+  DT_CHECK(load_kv(s, c));
+  return load_ckpt_reports(s, c);
 }

@@ -18,6 +18,8 @@ import importlib
 import json
 import os
 import random
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -548,6 +550,45 @@ class T2_Garbage(ClusterTest):
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()
 
+    def test_state_dir_lock_and_token_permissions(self):
+        """A second coordinator on the same state directory refuses to start, naming the first
+        one's pid (two would hand out the same job ids); the first one is unharmed. A token
+        file others can read is refused by the coordinator and the agent."""
+        self.start_coordinator()
+        second = subprocess.run(
+            [binary("coordinator", "distrain-coordinator"), "--listen", "127.0.0.1:0",
+             "--state-dir", os.path.join(self.tmp, "state"), "--token-file", self.token_file],
+            capture_output=True, text=True, timeout=30, env=self.env)
+        self.assertNotEqual(second.returncode, 0)
+        self.assertIn("the state directory is in use by another coordinator", second.stderr)
+        self.assertIn("that coordinator's pid: %d" % self.coord.pid, second.stderr)
+        self.call("ListNodes", pb.ListNodesRequest())
+        # Its open-files limit: raised from a soft limit of 256 to the hard limit.
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        low = subprocess.Popen(
+            [binary("coordinator", "distrain-coordinator"), "--listen", "127.0.0.1:0",
+             "--state-dir", os.path.join(self.tmp, "state3"), "--token-file", self.token_file],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+        self.procs.append(low)
+        line = low.stderr.readline()
+        while line and "open files limit" not in line and "listening on port" not in line:
+            line = low.stderr.readline()
+        self.assertIn("open files limit raised from 256 to %d" % hard, line)
+        with open("/proc/%d/limits" % low.pid) as f:
+            self.assertEqual(int(re.search(r"Max open files\s+(\d+)", f.read()).group(1)), hard)
+        low.kill()
+        os.chmod(self.token_file, 0o644)
+        for cmd in ([binary("coordinator", "distrain-coordinator"), "--listen", "127.0.0.1:0",
+                     "--state-dir", os.path.join(self.tmp, "state2"), "--token-file",
+                     self.token_file],
+                    [binary("worker/agent", "distrain-worker"), "--coordinator",
+                     "127.0.0.1:%d" % self.port, "--token-file", self.token_file, "--work-dir",
+                     os.path.join(self.tmp, "w"), "--hostname", "x"]):
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=self.env)
+            self.assertNotEqual(r.returncode, 0, cmd[0])
+            self.assertIn("token file is accessible by group or others (mode 0644)", r.stderr)
+
     def test_garbage_does_not_hurt_the_coordinator(self):
         self.start_coordinator()
         rng = random.Random(1234)
@@ -889,6 +930,39 @@ class T5_CoordinatorRestart(ClusterTest):
             self.assertTrue(os.path.isfile(os.path.join(ckpt, "step-%08d" % s, "MANIFEST")), s)
 
 
+    def test_coordinator_killed_during_a_checkpoint_report(self):
+        """The coordinator stopped before a checkpoint boundary, then killed while the trainer's
+        report of its shard is in flight, then restarted: the trainer reports again to the new
+        coordinator and carries on; the step is committed, nothing is restarted."""
+        port = free_port()
+        self.start_coordinator(port=port)
+        self.start_agent("h0")
+        self.wait_nodes(1)
+        steps = slow_steps(6.0)
+        every = steps // 3
+        steps = 3 * every
+        ckpt = os.path.join(self.tmp, "ckpt")
+        job_id = self.submit_yaml(job_yaml(ckpt, steps, shape=SLOW, every=every, val_every=0))
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        self.assertLess(j.step, every // 2, "too late to stop the coordinator before step %d"
+                        % every)
+        self.coord.send_signal(signal.SIGSTOP)
+        first = os.path.join(ckpt, "step-%08d" % every)
+        wait_until(lambda: os.path.isdir(first) and os.listdir(first), 30,
+                   "the trainer to write its shard of step %d" % every)
+        time.sleep(0.5)  # its report is now waiting on the stopped coordinator
+        self.coord.send_signal(signal.SIGKILL)
+        self.coord.wait(timeout=5)
+        self.start_coordinator(port=port)
+        j2 = self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        self.assertEqual((j2.generation, j2.restarts, j2.step, j2.committed_step),
+                         (j.generation, 0, steps, steps), j2.reason)
+        self.assertTrue(os.path.isfile(os.path.join(first, "MANIFEST")))
+        with open(os.path.join(self.tmp, "agent-h0.log")) as f:
+            self.assertEqual(f.read().count("started job %s" % job_id), 1,
+                             "the trainer was restarted")
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. Stopping jobs and agents
 # ---------------------------------------------------------------------------------------------
@@ -1133,6 +1207,45 @@ class T8_RendezvousAcrossRestart(ClusterTest):
                          j.reason)
         self.call("StopJob", pb.StopJobRequest(job_id=job_id))
         self.wait_state(job_id, [pb.JOB_STOPPED], 10)
+
+
+    def test_checkpoint_reports_survive_a_restart(self):
+        """A checkpoint step half reported when the coordinator is killed: the restarted one
+        still has the first writer's report (which does not report again), and the second
+        writer's report commits the step. Repeated reports get the first answer."""
+        port = free_port()
+        self.start_coordinator(port=port, heartbeat_ms=5000)
+        info = pb.NodeInfo(hostname="fake0", devices=[
+            pb.Device(kind="cpu", index=i, name="cpu") for i in (0, 1)])
+        self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info))
+        ckpt = os.path.join(self.tmp, "ck")
+        spec = job_spec(ckpt, 10)
+        spec.parallel.dp = 2
+        spec.training.micro_batch = TINY["batch"] // 2
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        gen = self.wait_state(job_id, [pb.JOB_RENDEZVOUS], 10).generation
+        os.makedirs(os.path.join(ckpt, "step-%08d" % 5))
+
+        def report(rank):
+            return self.call("ReportCheckpoint", pb.ReportCheckpointRequest(
+                job_id=job_id, generation=gen, step=5, rank=rank, world=2, lo=100 * rank,
+                hi=100 * (rank + 1), bytes=400, crc32c=7 + rank,
+                name="shard-%05d.bin" % rank)).committed
+
+        self.assertFalse(report(0))
+        self.assertFalse(report(0))  # repeated (its first answer was lost): the same answer
+        self.coord.send_signal(signal.SIGKILL)
+        self.coord.wait(timeout=5)
+        self.start_coordinator(port=port, heartbeat_ms=5000)
+        self.assertTrue(report(1))
+        with open(os.path.join(ckpt, "step-%08d" % 5, "MANIFEST")) as f:
+            manifest = f.read()
+        self.assertIn("world 2", manifest)
+        self.assertIn("shard 0 0 100 400 00000007 shard-00000.bin", manifest)
+        self.assertIn("shard 1 100 200 400 00000008 shard-00001.bin", manifest)
+        self.assertEqual(self.get_job(job_id).committed_step, 5)
+        self.assertFalse(report(1))  # repeated after the commit: nothing more to do
+        self.call("StopJob", pb.StopJobRequest(job_id=job_id))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ head -c 300000 "$SRC/README.md" >"$T/text.txt"
 while [ "$(stat -c %s "$T/text.txt")" -lt 200000 ]; do cat "$T/text.txt" "$T/text.txt" >"$T/t2" && mv "$T/t2" "$T/text.txt"; done
 "$BUILD/worker/trainer/distrain-prep" --input "$T/text.txt" --out "$T/data" >/dev/null
 echo "valgrind-test-token" >"$T/token"
+chmod 600 "$T/token"
 
 "${VG[@]}" --log-file="$T/vg-coordinator.txt" "$BUILD/coordinator/distrain-coordinator" \
   --listen 127.0.0.1:0 --port-file "$T/port" --state-dir "$T/state" --token-file "$T/token" \

@@ -153,6 +153,25 @@ void dt_link_error(dt_link_t *l, const char *msg)
   send_report(l, &r);
 }
 
+/* Calls to the coordinator ride out its restart: a call cut off by the connection dropping
+ * (UNAVAILABLE) is made again, waiting for the coordinator to be back, until its deadline.
+ * The restarted coordinator has what the calls before it wrote (the generation's keys,
+ * checkpoint reports: write-through), and answers a repeated call as the first. */
+static int coord_call(dt_link_t *l, const char *method, const ProtobufCMessage *req,
+                      ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
+{
+  double deadline = dt_now_ms() + timeout_ms;
+  for (;;) {
+    int left = (int)DT_MAX(1.0, deadline - dt_now_ms());
+    int rc =
+        dt_rpc_client_call(l->coord, method, req, resp, left, DT_RPC_WAIT_FOR_READY, err, errlen);
+    if (rc != DT_EUNAVAIL || dt_now_ms() + 100 >= deadline)
+      return rc;
+    DT_WARN(COMM, "%s: %s; retrying until the coordinator is back", method, err);
+    dt_sleep_ms(100);
+  }
+}
+
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
                               const dt_ckpt_shard_info_t *info, int *committed)
 {
@@ -170,9 +189,8 @@ int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
   req.name = (char *)info->name;
   ProtobufCMessage *resp;
   char err[512];
-  int rc = dt_rpc_client_call(l->coord, "ReportCheckpoint", &req.base, &resp,
-                              (int)dt_param_CkptReportTimeoutMs(), DT_RPC_WAIT_FOR_READY, err,
-                              sizeof err);
+  int rc = coord_call(l, "ReportCheckpoint", &req.base, &resp, (int)dt_param_CkptReportTimeoutMs(),
+                      err, sizeof err);
   if (rc != 0) {
     DT_ERROR(CKPT, "reporting checkpoint step %lld to the coordinator failed: %s", (long long)step,
              err);
@@ -187,24 +205,6 @@ int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
 /* The coordinator's per-job, per-generation key-value store as a dt_kv_t                      */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Rendezvous calls ride out a coordinator restart: a call cut off by the connection dropping
- * (UNAVAILABLE) is made again, waiting for the coordinator to be back, until its deadline.
- * The restarted coordinator has the generation's keys (write-through, coordinator/kv.c). */
-static int kv_call(dt_link_t *l, const char *method, const ProtobufCMessage *req,
-                   ProtobufCMessage **resp, int timeout_ms, char *err, size_t errlen)
-{
-  double deadline = dt_now_ms() + timeout_ms;
-  for (;;) {
-    int left = (int)DT_MAX(1.0, deadline - dt_now_ms());
-    int rc =
-        dt_rpc_client_call(l->coord, method, req, resp, left, DT_RPC_WAIT_FOR_READY, err, errlen);
-    if (rc != DT_EUNAVAIL || dt_now_ms() + 100 >= deadline)
-      return rc;
-    DT_WARN(COMM, "%s: %s; retrying until the coordinator is back", method, err);
-    dt_sleep_ms(100);
-  }
-}
-
 static int kv_put(void *ud, const char *key, const void *val, size_t len)
 {
   dt_link_t *l = ud;
@@ -216,8 +216,8 @@ static int kv_put(void *ud, const char *key, const void *val, size_t len)
   req.value.len = len;
   ProtobufCMessage *resp;
   char err[512];
-  int rc =
-      kv_call(l, "KvPut", &req.base, &resp, (int)dt_param_CkptReportTimeoutMs(), err, sizeof err);
+  int rc = coord_call(l, "KvPut", &req.base, &resp, (int)dt_param_CkptReportTimeoutMs(), err,
+                      sizeof err);
   if (rc != 0) {
     DT_ERROR(COMM, "KvPut '%s': %s", key, err);
     return rc;
@@ -237,7 +237,7 @@ static int kv_get(void *ud, const char *key, void **val, size_t *len, int timeou
   ProtobufCMessage *resp;
   char err[512];
   /* The server holds the call up to timeout_ms; give the RPC a little more. */
-  int rc = kv_call(l, "KvGet", &req.base, &resp, timeout_ms + 10000, err, sizeof err);
+  int rc = coord_call(l, "KvGet", &req.base, &resp, timeout_ms + 10000, err, sizeof err);
   if (rc == DT_ENOENT && timeout_ms <= 0)
     return DT_ETIMEDOUT; /* a single probe of a missing key */
   if (rc != 0) {
