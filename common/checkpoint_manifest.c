@@ -172,6 +172,19 @@ int dt_ckpt_prune(const char *dir, int keep)
 /* A parsed manifest. */
 
 /* Resolves path (a step dir, or a checkpoint root whose newest committed step is used). */
+int dt_ckpt_mark_bad(const char *sdir)
+{
+  char from[4200], to[4200];
+  snprintf(from, sizeof from, "%s/" MANIFEST_NAME, sdir);
+  snprintf(to, sizeof to, "%s/" MANIFEST_NAME ".bad", sdir);
+  if (rename(from, to) != 0) {
+    int e = errno;
+    DT_ERROR(CKPT, "%s: cannot mark the checkpoint bad: %s", from, strerror(e));
+    return dt_err_from_errno(e);
+  }
+  return dt_fsync_parent(to);
+}
+
 int dt_ckpt_resolve_step_dir(const char *path, char *sdir, size_t n)
 {
   char manifest[4200];

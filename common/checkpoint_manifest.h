@@ -46,6 +46,9 @@ int dt_ckpt_latest(const char *dir, int64_t *step);
 int dt_ckpt_prune(const char *dir, int keep);
 /* path is a step dir (has a MANIFEST) or a checkpoint root (its newest committed step). */
 int dt_ckpt_resolve_step_dir(const char *path, char *sdir, size_t n);
+/* Uncommits a step whose shards failed verification: its MANIFEST becomes MANIFEST.bad (kept
+ * for inspection), so no loader or dt_ckpt_latest takes the step again. */
+int dt_ckpt_mark_bad(const char *sdir);
 /* Reads and checks sdir/MANIFEST (format, one line per rank, ranges tile [0, P)). */
 int dt_ckpt_manifest_read(const char *sdir, dt_ckpt_manifest_t *mf);
 

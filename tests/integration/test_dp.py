@@ -179,6 +179,34 @@ class DataParallel(unittest.TestCase):
         got = read_metrics(m1) + read_metrics(m2)
         self.assert_close(ref, got, "dp4 -> dp3 resume")
 
+    def test_corrupt_newest_checkpoint_is_skipped(self):
+        """The newest committed checkpoint has a corrupt shard: resuming marks it bad and
+        resumes from the one before it, on every rank, and the trajectory is unchanged."""
+        ref = self.single_run(8, 1)
+        ckpt = os.path.join(self.tmp, "corrupt_ckpt")
+        m1 = os.path.join(self.tmp, "corrupt_a.jsonl")
+        m2 = os.path.join(self.tmp, "corrupt_b.jsonl")
+        args = lambda m: base_args(4, 1, m) + ["--ckpt-dir", ckpt, "--save-every", "2",
+                                               "--zero-stage", "1"]
+        outs = wait_all(launch(2, lambda r: args(m1) + ["--stop-at", "6"],
+                               os.path.join(self.tmp, "kv_c1")))
+        self.assertTrue(all(rc == 0 for rc, _, _ in outs), outs[0][2][-2000:])
+        newest = os.path.join(ckpt, "step-00000006")
+        shard = sorted(f for f in os.listdir(newest) if f != "MANIFEST")[-1]
+        with open(os.path.join(newest, shard), "r+b") as f:
+            f.seek(-64, os.SEEK_END)
+            f.write(b"\xff" * 8)
+        resume = [a for a in args(m2) if not a.startswith("llmc:") and a != "--init"]
+        outs = wait_all(launch(2, lambda r: resume + ["--resume"], os.path.join(self.tmp, "kv_c2")))
+        for r, (rc, _, err) in enumerate(outs):
+            self.assertEqual(rc, 0, "rank %d:\n%s" % (r, err[-2000:]))
+            self.assertIn("step-00000006: fails verification on", err)
+        # Resumed from step 4; step 6 was trained again and committed anew.
+        self.assertEqual(read_metrics(m2)[0]["step"], 5)
+        got = read_metrics(m1)[:4] + read_metrics(m2)
+        self.assertEqual([m["step"] for m in got], list(range(1, STEPS + 1)))
+        self.assert_close(ref, got, "resumed from step 4 past a corrupt step 6")
+
     def test_peer_never_arrives(self):
         kv = os.path.join(self.tmp, "kv_missing")
         env = dict(os.environ, WORLD_SIZE="2", RANK="0", DISTRAIN_KV_DIR=kv,

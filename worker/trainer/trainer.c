@@ -510,6 +510,41 @@ static int resolve_mesh(const dt_train_opts_t *o, int world, dt_mesh_t *mesh)
   return dt_mesh_init(mesh, pp, world / (tp * pp), 1, tp);
 }
 
+/* Loads the checkpoint to resume from. From a checkpoint directory: its newest committed
+ * step that every rank reads intact; a step whose shards fail verification on any rank (CRC,
+ * size, a missing shard) is marked bad (dt_ckpt_mark_bad) and the one before it is tried, so
+ * a job never spends its restarts on the same corrupt step. An explicit step directory is
+ * loaded as it is. */
+static int resume(trainer_t *t)
+{
+  for (;;) {
+    char sdir[4096], manifest[4200];
+    DT_CHECK(dt_ckpt_resolve_step_dir(t->resume_from, sdir, sizeof sdir));
+    const int explicit_step = strcmp(sdir, t->resume_from) == 0;
+    int rc = dt_dp_load(t->dp, sdir, &t->state);
+    const int corrupt = rc == DT_EFORMAT || rc == DT_EIO || rc == DT_ENOENT;
+    float bad[2] = {corrupt, rc != 0 && !corrupt}; /* over every rank */
+    if (t->world)
+      DT_CHECK(dt_comm_all_reduce(t->world, bad, 2, DT_COMM_SUM));
+    if (bad[0] == 0.0f && bad[1] == 0.0f)
+      return 0;
+    if (bad[1] > 0.0f || explicit_step) {
+      DT_ERROR(TRAIN, "%s: cannot resume: %s", sdir,
+               rc ? dt_strerror(rc) : "the checkpoint failed on another rank");
+      return rc ? rc : DT_EREMOTE;
+    }
+    snprintf(manifest, sizeof manifest, "%s/MANIFEST", sdir);
+    DT_WARN(TRAIN,
+            "%s: fails verification on %.0f rank(s)%s; marked bad (MANIFEST.bad), resuming "
+            "from the committed step before it",
+            sdir, bad[0], corrupt ? " (this one included)" : "");
+    if (t->lead && access(manifest, F_OK) == 0)
+      DT_CHECK(dt_ckpt_mark_bad(sdir));
+    if (t->world)
+      DT_CHECK(dt_comm_barrier(t->world));
+  }
+}
+
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
 static int setup(trainer_t *t, const dt_train_opts_t *o)
 {
@@ -599,7 +634,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_CHECK(prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL));
   DT_CHECK(dt_dp_create(&t->dp, &t->model, t->plan.dp, t->plan.mp, t->plan.emb, o->zero_stage));
   if (t->resume_from) {
-    DT_CHECK(dt_dp_load(t->dp, t->resume_from, &t->state));
+    DT_CHECK(resume(t));
     if (t->state.threads != omp_get_max_threads())
       DT_WARN(TRAIN,
               "resuming with %d threads; the checkpoint was written with %d: GEMM "
