@@ -286,6 +286,7 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
   tmpl.created_ms = tmpl.updated_ms = wall_ms();
   tmpl.reason = "submitted";
+  tmpl.requested_dp = req->spec->parallel->dp;
   j->job = copy_message(&tmpl.base);
   if (!j->job) {
     free(j);

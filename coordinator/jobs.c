@@ -261,6 +261,62 @@ Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, d
 /* Planning                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/* parallel.dp as submitted (a job stored before requested_dp existed: its spec's). */
+static int requested_dp(const dt_job_t *j)
+{
+  return j->job->requested_dp > 0 ? j->job->requested_dp : j->job->spec->parallel->dp;
+}
+
+/* The largest dp in (j->dp, requested] that the job's nodes and the idle alive ones (up to
+ * max_nodes) can hold, or 0. */
+static int larger_dp(dt_coord_t *c, dt_job_t *j)
+{
+  const Distrain__V1__JobSpec *spec = j->job->spec;
+  const int jidx = job_index(c, j), max_nodes = spec->elastic->max_nodes;
+  int *devs = malloc((c->n_nodes + 1) * sizeof *devs), n = 0, best = 0;
+  dt_mesh_t mesh;
+  if (!devs || dt_jobspec_mesh(spec, &mesh) != 0) {
+    free(devs);
+    return 0;
+  }
+  for (size_t i = 0; i < c->n_nodes && (max_nodes <= 0 || n < max_nodes); i++) {
+    const dt_node_t *nd = c->nodes[i];
+    if (nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && (nd->job < 0 || nd->job == jidx))
+      devs[n++] = (int)nd->info->n_devices;
+  }
+  for (int d = requested_dp(j); d > j->dp && !best; d--) {
+    dt_placement_t pl;
+    char why[256];
+    mesh.dp = d;
+    memset(&pl, 0, sizeof pl);
+    if (dt_jobspec_grad_accum(spec, d) >= 1 &&
+        dt_mesh_place(&mesh, devs, n, &pl, why, sizeof why) == 0)
+      best = d;
+    dt_placement_free(&pl);
+  }
+  free(devs);
+  return best;
+}
+
+/* After a checkpoint commit: a job running below its submitted dp (it shrank when a node was
+ * lost) grows back when nodes have returned or spares registered. Its trainers stop and a new
+ * generation resumes from the step just committed on the larger world: the work lost is what
+ * ran past the commit, and the restart does not count against max_restarts. */
+static void maybe_grow(dt_coord_t *c, dt_job_t *j)
+{
+  if (j->job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING || j->dp >= requested_dp(j))
+    return;
+  const int dp = larger_dp(c, j);
+  if (!dp)
+    return;
+  dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
+                          "growing from dp %d to dp %d at checkpoint step %lld", j->dp, dp,
+                          (long long)j->job->committed_step);
+  dt_coord_release_nodes(c, j);
+  dt_kv_expire(c->kv, j->id, j->job->generation + 1);
+  dt_coord_schedule_soon(c);
+}
+
 /* Tries to place job j on idle alive nodes. Returns 1 when planned. */
 static int plan_job(dt_coord_t *c, dt_job_t *j)
 {
@@ -289,11 +345,12 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     snprintf(why, sizeof why, "invalid mesh");
     goto wait;
   }
-  /* Keep tp x pp x cp; take the largest dp <= the spec's that fits and divides the batch. */
+  /* Keep tp x pp x cp; take the largest dp <= the submitted one that fits and divides the
+   * batch. */
   dt_placement_t pl;
   memset(&pl, 0, sizeof pl);
   int dp = -1;
-  for (int d = spec->parallel->dp; d >= 1; d--) {
+  for (int d = requested_dp(j); d >= 1; d--) {
     if (dt_jobspec_grad_accum(spec, d) < 1)
       continue;
     dt_mesh_t m = mesh;
@@ -637,6 +694,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
   dt_store_put_job(c->store, j);
   dt_store_drop_ckpt_reports(c->store, j->id, 0, step);
   *committed = 1;
+  maybe_grow(c, j);
   return 0;
 }
 

@@ -869,6 +869,49 @@ class T4_AgentKilled(ClusterTest):
         self.assertEqual(proc_ppid(tr2.pid), self.agents[node2.info.hostname].pid)
 
 
+    def test_lost_node_shrinks_the_job_then_it_grows_back(self):
+        """A dp=2 job on two nodes loses one: it goes on as dp=1 on the other (gradient
+        accumulation keeps the global batch). When the node's agent is back, the job grows
+        back to dp=2 at its next checkpoint (a restart from that checkpoint that does not count
+        against max_restarts) and completes there."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        steps = slow_steps(12.0)
+        every = max(steps // 8, 1)
+        steps = 8 * every
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every)
+        spec.parallel.dp = 2
+        spec.training.micro_batch = SLOW["batch"] // 2
+        spec.elastic.max_nodes = 2
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        self.assertEqual((j.world_size, j.requested_dp), (2, 2))
+
+        self.agents["h1"].send_signal(signal.SIGKILL)
+        self.agents["h1"].wait(timeout=5)
+        shrunk = wait_until(lambda: (lambda x: x if x.state == pb.JOB_RUNNING and x.world_size
+                                     == 1 else None)(self.get_job(job_id)), 20,
+                            "the job to run on the remaining node")
+        self.assertEqual(shrunk.spec.parallel.dp, 1)
+        self.assertLess(shrunk.step, steps - 2 * every, "too late to see the job grow back")
+
+        self.start_agent("h1")
+        grown = wait_until(lambda: (lambda x: x if x.generation > shrunk.generation and x.state in (
+            pb.JOB_RUNNING, pb.JOB_COMPLETED) else None)(self.get_job(job_id)), 60,
+                           "the job to grow back")
+        self.assertEqual((grown.world_size, grown.spec.parallel.dp, grown.restarts),
+                         (2, 2, shrunk.restarts))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: RUNNING -> RECOVERING \(generation %d\): "
+                             r"growing from dp 1 to dp 2 at checkpoint step \d+"
+                             % (job_id, shrunk.generation))
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.generation, done.restarts, done.step, done.committed_step),
+                         (grown.generation, shrunk.restarts, steps, steps))
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. The coordinator killed with SIGKILL and restarted mid-job
 # ---------------------------------------------------------------------------------------------

@@ -767,10 +767,14 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   return 0;
 }
 
-/* Rank 0's view of a completed step: the log line, the metrics file, the observers. */
+/* A completed step: every rank tells its agent (the job is RUNNING once all ranks train, and
+ * each rank's progress is visible); rank 0 also logs it, writes the metrics file and calls the
+ * observers. */
 static void report(trainer_t *t, const dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
+  if (o->link)
+    dt_link_step(o->link, sm);
   if (!t->lead)
     return;
   if (!o->quiet) {
@@ -785,8 +789,6 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
     write_metrics(t->metrics, sm, t->pp > 1);
   if (o->on_step)
     o->on_step(o->on_step_ud, sm);
-  if (o->link)
-    dt_link_step(o->link, sm);
 }
 
 /* Tensor parallelism keeps the replicated parameters (LayerNorms, wpe, row-parallel biases)
