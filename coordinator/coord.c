@@ -50,6 +50,7 @@ static void on_liveness(uv_timer_t *t)
   }
   if (in_txn)
     dt_store_commit(c->store);
+  dt_coord_blame_expired(c);
 }
 
 static void on_sched(uv_timer_t *t)

@@ -80,7 +80,12 @@ typedef struct {
   dt_rank_slot_t *ranks; /* (world) */
   int *nodes;            /* node indices in rank order of their first rank */
   int n_nodes;
-  int resume;            /* trainers start from the newest committed checkpoint */
+  int resume; /* trainers start from the newest committed checkpoint */
+  /* A rank failed because a peer did (DT_EREMOTE): the peer's node may be dying, and its
+   * heartbeats are the better witness. Recovery waits until blame_deadline_ms (0: none) for a
+   * node of the job to be declared dead, then goes ahead with blame_reason. */
+  double blame_deadline_ms;
+  char blame_reason[512];
   int n_running, n_done; /* ranks of this generation RUNNING / SUCCEEDED */
   double persisted_ms;   /* when progress (step, loss) was last written */
   /* rank 0's per-step metrics (the --metrics stream) */
@@ -140,6 +145,8 @@ void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n);
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
 /* Folds one heartbeat's trainer statuses into the job state machines. */
 void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n);
+/* Recovers the jobs whose wait for a dying peer's node (blame_deadline_ms) is over. */
+void dt_coord_blame_expired(dt_coord_t *c);
 /* Removes a job's assignments from its nodes (agents stop its trainers). */
 void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j);
 /* Builds the node's WatchAssignment answer. */

@@ -438,6 +438,7 @@ void dt_coord_schedule(dt_coord_t *c)
 /* A failure in the current generation: restart from the last checkpoint, or give up. */
 static void recover(dt_coord_t *c, dt_job_t *j, const char *reason)
 {
+  j->blame_deadline_ms = 0;
   if (dt_coord_state_terminal(j->job->state) ||
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
     return;
@@ -576,6 +577,18 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       else
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
+      if (strstr(ts->last_error, "DT_EREMOTE") && !ts->term_signal) {
+        /* Its peer failed first: wait for the peer's node to be declared dead (one heartbeat
+         * window) rather than re-planning onto it and restarting twice. */
+        if (!j->blame_deadline_ms) {
+          j->blame_deadline_ms =
+              dt_coord_now_ms() + (double)c->cfg.heartbeat_ms * (c->cfg.dead_after_missed + 1);
+          snprintf(j->blame_reason, sizeof j->blame_reason, "%s", reason);
+          DT_INFO(COORD, "job %s: %s; waiting for the failed peer's node before recovering", j->id,
+                  reason);
+        }
+        continue;
+      }
       recover(c, j, reason);
       replan = 1;
     } else if (changed) {
@@ -584,6 +597,21 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
   }
   /* A recovering job's nodes are healthy and idle again: re-plan it now (nothing else would
    * until some node registers, dies or finishes a job). */
+  if (replan)
+    dt_coord_schedule(c);
+}
+
+void dt_coord_blame_expired(dt_coord_t *c)
+{
+  const double now = dt_coord_now_ms();
+  int replan = 0;
+  for (size_t i = 0; i < c->n_jobs; i++) {
+    dt_job_t *j = c->jobs[i];
+    if (j->blame_deadline_ms > 0 && now >= j->blame_deadline_ms) {
+      recover(c, j, j->blame_reason);
+      replan = 1;
+    }
+  }
   if (replan)
     dt_coord_schedule(c);
 }

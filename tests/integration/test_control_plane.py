@@ -871,7 +871,9 @@ class T4_AgentKilled(ClusterTest):
 
     def test_lost_node_shrinks_the_job_then_it_grows_back(self):
         """A dp=2 job on two nodes loses one: it goes on as dp=1 on the other (gradient
-        accumulation keeps the global batch). When the node's agent is back, the job grows
+        accumulation keeps the global batch) after one restart blamed on the lost node (the
+        survivor's "peer failed" error waits for that verdict). When the node's agent is back,
+        the job grows
         back to dp=2 at its next checkpoint (a restart from that checkpoint that does not count
         against max_restarts) and completes there."""
         self.start_coordinator()
@@ -894,8 +896,14 @@ class T4_AgentKilled(ClusterTest):
         shrunk = wait_until(lambda: (lambda x: x if x.state == pb.JOB_RUNNING and x.world_size
                                      == 1 else None)(self.get_job(job_id)), 20,
                             "the job to run on the remaining node")
-        self.assertEqual(shrunk.spec.parallel.dp, 1)
+        self.assertEqual((shrunk.spec.parallel.dp, shrunk.restarts), (1, 1))
         self.assertLess(shrunk.step, steps - 2 * every, "too late to see the job grow back")
+        # The survivor's "peer failed" error arrived first, but the recovery waited for the
+        # lost node's verdict: one restart, blamed on h1, not a second one onto the dying node.
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            log = f.read()
+        self.assertRegex(log, r"job %s: RUNNING -> RECOVERING \(generation 1\): node \S+ \(h1\) "
+                         r"missed heartbeats" % job_id)
 
         self.start_agent("h1")
         grown = wait_until(lambda: (lambda x: x if x.generation > shrunk.generation and x.state in (
