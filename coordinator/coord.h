@@ -154,8 +154,9 @@ Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, d
 void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r);
 /* Wakes a node's held WatchAssignment call, if any, after its assignments changed. */
 void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n);
-/* Records a checkpoint shard report; writes the manifest when the step is complete. */
-int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
+/* Records a checkpoint shard report (kept in the store first, unless restore: it is being read
+ * back from there); writes the manifest when the step is complete. */
+int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen);
 void dt_job_free(dt_job_t *j);

@@ -423,7 +423,7 @@ static void handle_report_ckpt(dt_rpc_call_t *call, const ProtobufCMessage *m, v
     return;
   char err[512];
   int committed = 0;
-  int rc = dt_coord_checkpoint_report(c, j, req, &committed, err, sizeof err);
+  int rc = dt_coord_checkpoint_report(c, j, 0, req, &committed, err, sizeof err);
   if (rc != 0) {
     dt_rpc_call_fail(call, rc == DT_EINVAL ? DT_RPC_INVALID_ARGUMENT : DT_RPC_INTERNAL, "%s", err);
     return;

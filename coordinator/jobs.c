@@ -628,7 +628,7 @@ static void pending_free(dt_ckpt_pending_t *p)
   free(p->reports);
 }
 
-int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
+int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen)
 {
@@ -674,7 +674,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j,
   if (!p->reports[r->rank]) {
     /* Kept in the store first: a restarted coordinator still has it (the writer does not
      * report again once this call has succeeded). */
-    int rc = dt_store_put_ckpt_report(c->store, j->id, r);
+    int rc = restore ? 0 : dt_store_put_ckpt_report(c->store, j->id, r);
     if (rc != 0) {
       snprintf(err, errlen, "step %lld: cannot record rank %d's report: %s", (long long)r->step,
                r->rank, dt_strerror(rc));

@@ -515,7 +515,7 @@ static int load_ckpt_reports(dt_store_t *s, dt_coord_t *c)
     if (j && !dt_coord_state_terminal(j->job->state)) {
       char err[256];
       int committed;
-      ret = dt_coord_checkpoint_report(c, j, r, &committed, err, sizeof err);
+      ret = dt_coord_checkpoint_report(c, j, 1, r, &committed, err, sizeof err);
       if (ret != 0)
         DT_ERROR(COORD, "job %s: restoring a checkpoint report: %s", j->id, err);
     }

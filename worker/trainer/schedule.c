@@ -241,7 +241,7 @@ int dt_pipe_schedule(dt_pipe_kind_t kind, int p, int s, int m, int v, dt_pipe_op
   return o.n;
 }
 
-/* The op's reference to a micro-batch of chunk, if any (-1 none). */
+/* Whether op refers to micro-batch mb of chunk (computes it or transfers its data). */
 static int touches(const dt_pipe_op_t *op, int chunk, int mb)
 {
   if (op->op != DT_PIPE_XFER)
