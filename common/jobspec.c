@@ -181,6 +181,8 @@ int dt_jobspec_new_default(spec_t **out)
   s->training->val_every = 0;
   s->training->val_batches = 20;
   s->training->threads = 0;
+  if (str_set0(&s->training->device, "auto") < 0)
+    goto nomem;
 
   s->optimizer->lr = 3e-4;
   s->optimizer->warmup = 0;
@@ -863,6 +865,10 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   DT__NONNEG(&v, training, val_every, " (0 disables validation)");
   DT__NONNEG(&v, training, threads, " (0 means cores / trainers on the node)");
   DT__NONNEG(&v, training, sample, " (0 means no sample)");
+  /* Empty: a client that predates the field (auto). */
+  if (!str_empty(training->device) && strcmp(training->device, "auto") != 0 &&
+      strcmp(training->device, "cpu") != 0 && strcmp(training->device, "cuda") != 0)
+    bad(&v, "training.device must be auto, cpu or cuda, got '%s'", training->device);
   if (model->max_seq > 0 && training->seq > model->max_seq)
     bad(&v, "training.seq (%d) must be <= model.max_seq (%d)", training->seq, model->max_seq);
   if (training->val_every > 0 && str_empty(data->val))
@@ -1286,6 +1292,7 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   av_int(&a, "--seq", t->seq);
   av_int(&a, "--grad-accum", accum);
   av_int(&a, "--steps", t->steps);
+  av_str(&a, "--device", str_empty(t->device) ? "auto" : t->device);
 
   av_double(&a, "--lr", o->lr);
   av_int(&a, "--warmup", o->warmup);

@@ -13,6 +13,7 @@
 #define DT_KERNELS_DEVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ops.h"
 
@@ -35,10 +36,32 @@ typedef struct dt_device {
   /* dst += src, n floats */
   int (*accumulate)(struct dt_device *d, float *dst, const float *src, size_t n);
   int (*sync)(struct dt_device *d);
+  /* p points into memory this device allocated (a communicator stages such buffers) */
+  int (*owns)(struct dt_device *d, const void *p);
   void *impl;
 } dt_device_t;
 
 /* The CPU device (host memory, the OpenBLAS kernels, the "cpu" comm backend). */
 dt_device_t *dt_device_cpu(void);
+
+/* The CPU kernels on memory the host must treat as a GPU's: host = 0, and the pointers it hands
+ * out lie outside the canonical address range (real address + DT_DEVICE_REMOTE_OFFSET), so
+ * any direct host access faults at once, while its copies and kernels translate them back.
+ * It runs the code paths of a GPU trainer (staged inputs and losses, device-to-host
+ * checkpoint reads, host-staged communication) on machines without a GPU: the CPU tests use
+ * it to prove those paths neither touch device memory nor change a result. */
+dt_device_t *dt_device_cpu_remote(void);
+
+#define DT_DEVICE_REMOTE_OFFSET ((unsigned long long)1 << 47)
+
+/* The host address behind a pointer of a CPU device: p itself on the CPU device (and for
+ * NULL), p - DT_DEVICE_REMOTE_OFFSET on the remote one. What the CPU kernel table calls its
+ * kernels with; only the two CPU devices run that table. */
+static inline void *dt_device_host_ptr(const struct dt_device *d, const void *p)
+{
+  if (!p || !d || d->host)
+    return (void *)p;
+  return (void *)((uintptr_t)p - DT_DEVICE_REMOTE_OFFSET);
+}
 
 #endif

@@ -1,8 +1,10 @@
-/* device_cpu.c — the CPU device: host memory, 64-byte aligned, and the CPU kernel table. */
+/* device_cpu.c — the CPU devices: host memory, 64-byte aligned, and the CPU kernel table; the
+ * remote one hands out translated pointers (device.h) so the host cannot use them directly. */
 #include <string.h>
 
 #include "device.h"
 #include "dt_error.h"
+#include "dt_log.h"
 #include "dt_util.h"
 
 static int cpu_alloc(dt_device_t *d, size_t bytes, const char *what, void **out)
@@ -48,6 +50,52 @@ static int cpu_sync(dt_device_t *d)
   return 0;
 }
 
+static int cpu_owns(dt_device_t *d, const void *p)
+{
+  (void)d;
+  (void)p;
+  return 1;
+}
+
+/* The remote device: the same operations on translated pointers. */
+#define H(p) dt_device_host_ptr(d, (p))
+
+static int remote_alloc(dt_device_t *d, size_t bytes, const char *what, void **out)
+{
+  void *p;
+  DT_CHECK(cpu_alloc(d, bytes, what, &p));
+  *out = (void *)((uintptr_t)p + DT_DEVICE_REMOTE_OFFSET);
+  return 0;
+}
+
+static void remote_free(dt_device_t *d, void *p)
+{
+  cpu_free(d, H(p));
+}
+
+static int remote_zero(dt_device_t *d, void *p, size_t bytes)
+{
+  return cpu_zero(d, H(p), bytes);
+}
+
+static int remote_copy(dt_device_t *d, void *dst, const void *src, size_t bytes, dt_copy_dir_t dir)
+{
+  void *to = dir == DT_COPY_D2H ? dst : H(dst);
+  const void *from = dir == DT_COPY_H2D ? src : H(src);
+  return cpu_copy(d, to, from, bytes, dir);
+}
+
+static int remote_accumulate(dt_device_t *d, float *dst, const float *src, size_t n)
+{
+  return cpu_accumulate(d, H(dst), H(src), n);
+}
+
+static int remote_owns(dt_device_t *d, const void *p)
+{
+  (void)d;
+  return (uintptr_t)p >= DT_DEVICE_REMOTE_OFFSET;
+}
+
 dt_device_t *dt_device_cpu(void)
 {
   static dt_device_t cpu = {.name = "cpu",
@@ -58,7 +106,24 @@ dt_device_t *dt_device_cpu(void)
                             .zero = cpu_zero,
                             .copy = cpu_copy,
                             .accumulate = cpu_accumulate,
-                            .sync = cpu_sync};
+                            .sync = cpu_sync,
+                            .owns = cpu_owns};
   cpu.ops = dt_ops_cpu();
   return &cpu;
+}
+
+dt_device_t *dt_device_cpu_remote(void)
+{
+  static dt_device_t remote = {.name = "cpu-remote",
+                               .comm_backend = "cpu",
+                               .host = 0,
+                               .alloc = remote_alloc,
+                               .free = remote_free,
+                               .zero = remote_zero,
+                               .copy = remote_copy,
+                               .accumulate = remote_accumulate,
+                               .sync = cpu_sync,
+                               .owns = remote_owns};
+  remote.ops = dt_ops_cpu();
+  return &remote;
 }

@@ -1,29 +1,31 @@
 /* ops_cpu.c — the CPU backend's kernel table: the reference kernels of cpu_kernels.h, which take
- * no device and cannot fail, adapted to the table's convention (ops.h). */
+ * no device and cannot fail, adapted to the table's convention (ops.h), on the host addresses
+ * behind the device's pointers (the remote CPU device translates them). */
 #include "../ops.h"
 #include "cpu_kernels.h"
+#include "device.h"
+
+/* Host addresses of the remote CPU device's pointers (device.h). */
+#define H(p) dt_device_host_ptr(dev, (p))
 
 static int encoder_forward(struct dt_device *dev, float *out, const int *inp, const float *wte,
                            int vocab_lo, int vocab_n, const float *wpe, int B, int T, int C)
 {
-  (void)dev;
-  dt_cpu_encoder_forward(out, inp, wte, vocab_lo, vocab_n, wpe, B, T, C);
+  dt_cpu_encoder_forward(H(out), H(inp), H(wte), vocab_lo, vocab_n, H(wpe), B, T, C);
   return 0;
 }
 
 static int encoder_backward(struct dt_device *dev, float *dwte, int vocab_lo, int vocab_n,
                             float *dwpe, const float *dout, const int *inp, int B, int T, int C)
 {
-  (void)dev;
-  dt_cpu_encoder_backward(dwte, vocab_lo, vocab_n, dwpe, dout, inp, B, T, C);
+  dt_cpu_encoder_backward(H(dwte), vocab_lo, vocab_n, H(dwpe), H(dout), H(inp), B, T, C);
   return 0;
 }
 
 static int layernorm_forward(struct dt_device *dev, float *out, float *mean, float *rstd,
                              const float *inp, const float *weight, const float *bias, int N, int C)
 {
-  (void)dev;
-  dt_cpu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  dt_cpu_layernorm_forward(H(out), H(mean), H(rstd), H(inp), H(weight), H(bias), N, C);
   return 0;
 }
 
@@ -31,16 +33,15 @@ static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight
                               const float *dout, const float *inp, const float *weight,
                               const float *mean, const float *rstd, int N, int C)
 {
-  (void)dev;
-  dt_cpu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  dt_cpu_layernorm_backward(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), H(mean),
+                            H(rstd), N, C);
   return 0;
 }
 
 static int matmul_forward(struct dt_device *dev, float *out, const float *inp, const float *weight,
                           const float *bias, int N, int C, int OC, int ldo)
 {
-  (void)dev;
-  dt_cpu_matmul_forward(out, inp, weight, bias, N, C, OC, ldo);
+  dt_cpu_matmul_forward(H(out), H(inp), H(weight), H(bias), N, C, OC, ldo);
   return 0;
 }
 
@@ -48,63 +49,55 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
                            const float *dout, const float *inp, const float *weight, int N, int C,
                            int OC, int ldd)
 {
-  (void)dev;
-  dt_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd);
+  dt_cpu_matmul_backward(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), N, C, OC, ldd);
   return 0;
 }
 
 static int attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv, int B,
                              int T, int C, int NH)
 {
-  (void)dev;
-  dt_cpu_attention_forward(out, att, qkv, B, T, C, NH);
+  dt_cpu_attention_forward(H(out), H(att), H(qkv), B, T, C, NH);
   return 0;
 }
 
 static int attention_backward(struct dt_device *dev, float *dqkv, float *scratch, const float *dout,
                               const float *qkv, const float *att, int B, int T, int C, int NH)
 {
-  (void)dev;
-  dt_cpu_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  dt_cpu_attention_backward(H(dqkv), H(scratch), H(dout), H(qkv), H(att), B, T, C, NH);
   return 0;
 }
 
 static int gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
 {
-  (void)dev;
-  dt_cpu_gelu_forward(out, inp, n);
+  dt_cpu_gelu_forward(H(out), H(inp), n);
   return 0;
 }
 
 static int gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                          size_t n)
 {
-  (void)dev;
-  dt_cpu_gelu_backward(dinp, inp, dout, n);
+  dt_cpu_gelu_backward(H(dinp), H(inp), H(dout), n);
   return 0;
 }
 
 static int residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,
                             size_t n)
 {
-  (void)dev;
-  dt_cpu_residual_forward(out, a, b, n);
+  dt_cpu_residual_forward(H(out), H(a), H(b), n);
   return 0;
 }
 
 static int crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
                                          const int *targets, float dloss, int N, int V, int Vp)
 {
-  (void)dev;
-  dt_cpu_crossentropy_forward_backward(losses, logits, targets, dloss, N, V, Vp);
+  dt_cpu_crossentropy_forward_backward(H(losses), H(logits), H(targets), dloss, N, V, Vp);
   return 0;
 }
 
 static int crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
                                  const int *targets, int vocab_lo, int N, int Vl, int ldl)
 {
-  (void)dev;
-  dt_cpu_crossentropy_vp_stats(stats, logits, targets, vocab_lo, N, Vl, ldl);
+  dt_cpu_crossentropy_vp_stats(H(stats), H(logits), H(targets), vocab_lo, N, Vl, ldl);
   return 0;
 }
 
@@ -112,9 +105,8 @@ static int crossentropy_vp_finish(struct dt_device *dev, float *losses, float *l
                                   const float *all_stats, int nranks, const int *targets,
                                   int vocab_lo, float dloss, int N, int Vl, int ldl)
 {
-  (void)dev;
-  dt_cpu_crossentropy_vp_finish(losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl,
-                                ldl);
+  dt_cpu_crossentropy_vp_finish(H(losses), H(logits), H(all_stats), nranks, H(targets), vocab_lo,
+                                dloss, N, Vl, ldl);
   return 0;
 }
 
@@ -122,15 +114,14 @@ static int adamw_update(struct dt_device *dev, float *param, const float *grad, 
                         size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                         float grad_scale, int t)
 {
-  (void)dev;
-  dt_cpu_adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+  dt_cpu_adamw_update(H(param), H(grad), H(m), H(v), n, lr, beta1, beta2, eps, weight_decay,
+                      grad_scale, t);
   return 0;
 }
 
 static int sum_squares(struct dt_device *dev, const float *x, size_t n, double *out)
 {
-  (void)dev;
-  *out = dt_cpu_sum_squares(x, n);
+  *out = dt_cpu_sum_squares(H(x), n);
   return 0;
 }
 

@@ -1,6 +1,14 @@
-/* cuda_kernels.h — the CUDA backend's entry points (built only when nvcc is present).
- * It grows into a full dt_ops_t in the CUDA-backend issue; each kernel is checked against its
- * CPU reference in kernels/cpu/ by a test labelled "gpu" that skips without a device. */
+/* cuda_kernels.h — the CUDA backend's public entry points (built only when nvcc is present).
+ *
+ * dt_device_cuda_create gives a dt_device_t (kernels/device.h) whose memory is GPU memory and
+ * whose kernel table is dt_ops_cuda(): the same contract as the CPU backend (kernels/ops.h),
+ * each kernel checked against its CPU reference in kernels/cpu/ by tests/unit/test_cuda.c
+ * (label "gpu", skipped without a device). All work of one device is ordered on its one stream.
+ *
+ * Threading: kernels run from the thread that created the device (create makes its GPU the
+ * thread's current device); copy, zero and accumulate may also be called from another thread
+ * (the data-parallel comm thread): they make the device's GPU current first. All of them share
+ * the one stream, so work is ordered by when it was issued. */
 #ifndef DT_KERNELS_CUDA_H
 #define DT_KERNELS_CUDA_H
 
@@ -10,11 +18,27 @@
 extern "C" {
 #endif
 
+#include "device.h"
+
 /* Number of usable CUDA devices. A machine without a GPU or driver gives 0 and returns 0
  * (cudaErrorNoDevice / cudaErrorInsufficientDriver are "no GPU", not failures). */
 int dt_cuda_device_count(int *count);
 
-/* AdamW on device buffers, same contract as dt_cpu_adamw_update (kernels/ops.h). */
+/* Opens GPU `ordinal`: makes it the calling thread's current device, creates its stream
+ * (non-blocking), its cuBLAS handle (fp32 math, no TF32) and an empty scratch workspace.
+ * *out is the device, name "cuda:<ordinal>", comm backend "nccl", kernel table dt_ops_cuda().
+ * 0, or DT_ECUDA / DT_ENOMEM with an error logged (*out NULL). */
+int dt_device_cuda_create(int ordinal, dt_device_t **out);
+/* Waits for the device's work, then frees its workspace, handle and stream. NULL is fine. Memory
+ * handed out by alloc() is not tracked: free it first. */
+void dt_device_cuda_destroy(dt_device_t *d);
+
+/* The CUDA kernel table; its entries take a device made by dt_device_cuda_create. */
+const dt_ops_t *dt_ops_cuda(void);
+
+/* AdamW on device buffers, same contract as dt_cpu_adamw_update (kernels/ops.h), issued on the
+ * legacy default stream; the kernel table's adamw_update runs the same kernel on the device's
+ * stream. */
 int dt_cuda_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                          int t);

@@ -1,22 +1,282 @@
-/* device.cu — CUDA device discovery that treats "no GPU here" as zero devices. */
-#include <cuda_runtime.h>
+/* device.cu — the CUDA device (kernels/device.h): memory, copies, the stream, the cuBLAS
+ * handle and the kernels' scratch buffers.
+ *
+ * Invariants:
+ * - One non-blocking stream per device carries all of its work; cuBLAS is bound to it.
+ * - alloc() returns zeroed memory that is ready when it returns (the memset is waited for), so
+ *   memory handed to another stream (NCCL) or read by the host is never seen unzeroed.
+ * - copy() to or from the host is complete when it returns (the stream is synchronised): the
+ *   host may read the destination, or reuse the source, at once, as with the CPU device.
+ *   Device-to-device copies are only ordered on the stream.
+ * - free() waits for the stream first, so queued kernels never touch freed memory.
+ * - A failed cudaMalloc also sets CUDA's last-error state; it is cleared at once, otherwise the
+ *   next kernel's launch check would report the stale out-of-memory error.
+ * - Kernels run from the thread that created the device (create() makes its GPU current
+ *   there); copy, zero and accumulate make it current themselves, for the comm thread. */
+#include <stdio.h>
+#include <stdlib.h>
 
-#include "cuda_kernels.h"
-#include "dt_error.h"
+#include "cuda_impl.h"
 
-extern "C" int dt_cuda_device_count(int *count)
+/* ------------------------------------------------------------------------------------------ */
+/* Memory                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static int cuda_alloc(dt_device_t *d, size_t bytes, const char *what, void **out)
 {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
-    cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
-    *count = 0;
-    return 0;
-  }
+  dt_cuda_impl_t *c = dt__cuda(d);
+  void *p = NULL;
+  *out = NULL;
+  /* Like the CPU device, an empty allocation is still a distinct non-NULL pointer. */
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
   if (e != cudaSuccess) {
-    *count = 0;
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      (void)cudaGetLastError();
+      free_b = total_b = 0;
+    }
+    const double mib = 1024.0 * 1024.0;
+    if (e == cudaErrorMemoryAllocation) {
+      DT_ERROR(KERNEL,
+               "%s: out of GPU memory for %s: %zu bytes (%.1f MiB) asked, %.1f MiB free of "
+               "%.1f MiB; lower micro_batch, enable activation checkpointing (--recompute), or "
+               "raise the ZeRO stage",
+               c->name, what ? what : "?", bytes, (double)bytes / mib, (double)free_b / mib,
+               (double)total_b / mib);
+      return DT_ENOMEM;
+    }
+    DT_ERROR(KERNEL, "%s: cudaMalloc of %zu bytes for %s failed: %s: %s", c->name, bytes,
+             what ? what : "?", cudaGetErrorName(e), cudaGetErrorString(e));
     return DT_ECUDA;
   }
-  *count = n;
+  int rc = 0;
+  DT_CUDA_CHECK_GOTO(cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream), rc, fail);
+  DT_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), rc, fail);
+  *out = p;
   return 0;
+fail:
+  (void)cudaFree(p);
+  return rc;
+}
+
+static void cuda_free(dt_device_t *d, void *p)
+{
+  dt_cuda_impl_t *c = dt__cuda(d);
+  if (!p)
+    return;
+  cudaError_t e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess)
+    DT_ERROR(KERNEL, "%s: free: waiting for the stream: %s", c->name, cudaGetErrorString(e));
+  e = cudaFree(p);
+  if (e != cudaSuccess)
+    DT_ERROR(KERNEL, "%s: cudaFree: %s", c->name, cudaGetErrorString(e));
+}
+
+static int cuda_zero(dt_device_t *d, void *p, size_t bytes)
+{
+  if (bytes == 0)
+    return 0;
+  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal)); /* the comm thread zeroes too */
+  DT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, dt__cuda(d)->stream));
+  return 0;
+}
+
+static int cuda_copy(dt_device_t *d, void *dst, const void *src, size_t bytes, dt_copy_dir_t dir)
+{
+  dt_cuda_impl_t *c = dt__cuda(d);
+  cudaMemcpyKind kind;
+  switch (dir) {
+  case DT_COPY_H2D:
+    kind = cudaMemcpyHostToDevice;
+    break;
+  case DT_COPY_D2H:
+    kind = cudaMemcpyDeviceToHost;
+    break;
+  case DT_COPY_D2D:
+    kind = cudaMemcpyDeviceToDevice;
+    break;
+  default:
+    DT_ERROR(KERNEL, "%s: copy: bad direction %d", c->name, (int)dir);
+    return DT_EINVAL;
+  }
+  if (bytes == 0 || dst == src)
+    return 0;
+  DT_CUDA_CHECK(cudaSetDevice(c->ordinal)); /* the comm thread copies too */
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
+  if (dir != DT_COPY_D2D)
+    DT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+__global__ static void accumulate_kernel(float *dst, const float *src, size_t n)
+{
+  DT__CUDA_FOR(i, n)
+  {
+    dst[i] += src[i];
+  }
+}
+
+static int cuda_accumulate(dt_device_t *d, float *dst, const float *src, size_t n)
+{
+  if (n == 0)
+    return 0;
+  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal)); /* the comm thread accumulates too */
+  accumulate_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
+                      dt__cuda(d)->stream>>>(dst, src, n);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
+static int cuda_sync(dt_device_t *d)
+{
+  DT_CUDA_CHECK(cudaStreamSynchronize(dt__cuda(d)->stream));
+  return 0;
+}
+
+/* Device memory of this GPU (from alloc, or from anyone's cudaMalloc on it); host memory, other
+ * GPUs' memory and NULL are not. A pointer CUDA does not know is not an error: the failed query
+ * is cleared from CUDA's last-error state. Needs no current device (any thread may ask). */
+static int cuda_owns(dt_device_t *d, const void *p)
+{
+  if (!p)
+    return 0;
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeDevice && a.device == dt__cuda(d)->ordinal;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scratch: the workspace and the ones vector                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Replaces *buf by a zeroed buffer of at least `want` bytes if it is smaller. Rounded up to
+ * 1 MiB so that slowly growing requests do not reallocate every time. */
+static int grow(dt_cuda_impl_t *c, void **buf, size_t *have, size_t want, const char *what)
+{
+  const size_t granule = (size_t)1 << 20;
+  if (want <= *have && *buf)
+    return 0;
+  if (*buf) {
+    /* Kernels queued earlier may still read the old buffer. */
+    DT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    DT_CUDA_CHECK(cudaFree(*buf));
+    *buf = NULL;
+    *have = 0;
+  }
+  size_t bytes = (want + granule - 1) / granule * granule;
+  if (bytes == 0)
+    bytes = granule;
+  int rc = cuda_alloc(&c->dev, bytes, what, buf);
+  if (rc < 0)
+    return rc;
+  *have = bytes;
+  return 0;
+}
+
+int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out)
+{
+  int rc = grow(c, &c->ws, &c->ws_bytes, bytes, "the CUDA kernels' workspace");
+  *out = rc < 0 ? NULL : c->ws;
+  return rc;
+}
+
+__global__ static void fill_kernel(float *x, float value, size_t n)
+{
+  DT__CUDA_FOR(i, n)
+  {
+    x[i] = value;
+  }
+}
+
+int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out)
+{
+  *out = NULL;
+  if (n > c->ones_n || !c->ones) {
+    size_t bytes = 0;
+    void *buf = c->ones;
+    int rc = grow(c, &buf, &bytes, n * sizeof(float), "the CUDA kernels' ones vector");
+    c->ones = (float *)buf;
+    c->ones_n = 0;
+    if (rc < 0)
+      return rc;
+    size_t len = bytes / sizeof(float);
+    fill_kernel<<<dt__cuda_grid(len, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, c->stream>>>(
+        c->ones, 1.0f, len);
+    DT_CUDA_CHECK(cudaGetLastError());
+    c->ones_n = len;
+  }
+  *out = c->ones;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Create / destroy                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Releases whatever create() got before it failed, or everything at destroy. */
+static void impl_free(dt_cuda_impl_t *c)
+{
+  if (c->stream) {
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+      DT_ERROR(KERNEL, "%s: destroy: waiting for the stream: %s", c->name, cudaGetErrorString(e));
+  }
+  if (c->ws)
+    (void)cudaFree(c->ws);
+  if (c->ones)
+    (void)cudaFree(c->ones);
+  if (c->blas)
+    (void)cublasDestroy(c->blas);
+  if (c->stream)
+    (void)cudaStreamDestroy(c->stream);
+  free(c);
+}
+
+extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
+{
+  int rc = 0;
+  *out = NULL;
+  dt_cuda_impl_t *c = (dt_cuda_impl_t *)calloc(1, sizeof *c);
+  if (!c) {
+    DT_ERROR(KERNEL, "cuda:%d: out of host memory for the device", ordinal);
+    return DT_ENOMEM;
+  }
+  c->dev.impl = c;
+  c->ordinal = ordinal;
+  snprintf(c->name, sizeof c->name, "cuda:%d", ordinal);
+  DT_CUDA_CHECK_GOTO(cudaSetDevice(ordinal), rc, fail);
+  DT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), rc, fail);
+  DT_CUBLAS_CHECK_GOTO(cublasCreate(&c->blas), rc, fail);
+  DT_CUBLAS_CHECK_GOTO(cublasSetStream(c->blas, c->stream), rc, fail);
+  /* Plain fp32 arithmetic: no TF32 tensor cores and no BF16x9 emulation, so that GEMMs agree
+   * with the CPU reference to fp32 rounding. */
+  DT_CUBLAS_CHECK_GOTO(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), rc, fail);
+
+  c->dev.name = c->name;
+  c->dev.comm_backend = "nccl";
+  c->dev.ops = dt_ops_cuda();
+  c->dev.host = 0;
+  c->dev.alloc = cuda_alloc;
+  c->dev.free = cuda_free;
+  c->dev.zero = cuda_zero;
+  c->dev.copy = cuda_copy;
+  c->dev.accumulate = cuda_accumulate;
+  c->dev.sync = cuda_sync;
+  c->dev.owns = cuda_owns;
+  *out = &c->dev;
+  return 0;
+fail:
+  impl_free(c);
+  return rc;
+}
+
+extern "C" void dt_device_cuda_destroy(dt_device_t *d)
+{
+  if (!d)
+    return;
+  impl_free(dt__cuda(d));
 }

@@ -20,7 +20,9 @@
 #include <check.h>
 
 #include "comm.h"
+#include "device.h"
 #include "dt_error.h"
+#include "dt_log.h"
 #include "dt_util.h"
 #include "ut_fs.h"
 
@@ -939,6 +941,105 @@ START_TEST(test_threads_mem_kv)
 }
 END_TEST
 
+/* Device memory on the host-staged backend: buffers of the remote CPU device (whose pointers
+ * fault if the host dereferences them, kernels/device.h) in every operation, mixed with host
+ * buffers, and in a split that inherits the staging. Without staging Gloo would touch them. */
+typedef struct {
+  dt_kv_t *kv;
+  int rank, rc;
+  float reduced[2], gathered[4], scattered, bcast[2], got[3], sub[2];
+} staged_rank_t;
+
+static int staged_is_device(void *ud, const void *p)
+{
+  dt_device_t *d = ud;
+  return d->owns(d, p);
+}
+
+static int staged_copy(void *ud, void *dst, const void *src, size_t bytes, int to_host)
+{
+  dt_device_t *d = ud;
+  return d->copy(d, dst, src, bytes, to_host ? DT_COPY_D2H : DT_COPY_H2D);
+}
+
+/* Runs the operations on device buffers, reading each result back to the host. */
+static int staged_ops(dt_comm_t *comm, dt_device_t *d, staged_rank_t *t)
+{
+  const int r = t->rank;
+  float *buf, *out, *big;
+  DT_CHECK(d->alloc(d, 8 * sizeof(float), "test", (void **)&buf));
+  DT_CHECK(d->alloc(d, 8 * sizeof(float), "test", (void **)&out));
+  DT_CHECK(d->alloc(d, 8 * sizeof(float), "test", (void **)&big));
+  float h[4] = {1.0f + r, 10.0f * (r + 1), 100.0f + r, 1000.0f + r};
+  DT_CHECK(d->copy(d, buf, h, sizeof h, DT_COPY_H2D));
+  DT_CHECK(dt_comm_all_reduce(comm, buf, 2, DT_COMM_SUM));
+  DT_CHECK(d->copy(d, t->reduced, buf, 2 * sizeof(float), DT_COPY_D2H));
+  DT_CHECK(dt_comm_all_gather(comm, buf + 2, t->gathered, 2));      /* device in, host out */
+  DT_CHECK(dt_comm_reduce_scatter(comm, buf, out, 1, DT_COMM_SUM)); /* device in and out */
+  DT_CHECK(d->copy(d, &t->scattered, out, sizeof(float), DT_COPY_D2H));
+  DT_CHECK(d->copy(d, big, h, sizeof h, DT_COPY_H2D));
+  DT_CHECK(dt_comm_broadcast(comm, big, 2, 1));
+  DT_CHECK(d->copy(d, t->bcast, big, 2 * sizeof(float), DT_COPY_D2H));
+  float mine[3] = {7.0f * (r + 1), 8.0f * (r + 1), 9.0f * (r + 1)};
+  DT_CHECK(d->copy(d, big, mine, sizeof mine, DT_COPY_H2D));
+  DT_CHECK(dt_comm_sendrecv(comm, big, sizeof mine, 1 - r, out, sizeof mine, 1 - r, 3));
+  DT_CHECK(d->copy(d, t->got, out, sizeof mine, DT_COPY_D2H));
+  dt_comm_t *sub = NULL;
+  DT_CHECK(dt_comm_split(comm, 0, -r, &sub)); /* reversed ranks */
+  DT_CHECK(d->copy(d, buf, h, 2 * sizeof(float), DT_COPY_H2D));
+  int rc = dt_comm_all_gather(sub, buf, big, 1);
+  if (rc == 0)
+    rc = d->copy(d, t->sub, big, 2 * sizeof(float), DT_COPY_D2H);
+  dt_comm_destroy(sub);
+  d->free(d, buf);
+  d->free(d, out);
+  d->free(d, big);
+  return rc;
+}
+
+static void *staged_rank(void *arg)
+{
+  staged_rank_t *t = arg;
+  dt_device_t *d = dt_device_cpu_remote();
+  const dt_comm_device_t dev = {d, staged_is_device, staged_copy};
+  dt_comm_t *comm = NULL;
+  t->rc = dt_comm_init(&comm, "cpu", t->kv, "staged/gen0", t->rank, 2, 10000);
+  if (t->rc < 0)
+    return NULL;
+  dt_comm_set_device(comm, &dev);
+  t->rc = staged_ops(comm, d, t);
+  dt_comm_destroy(comm);
+  return NULL;
+}
+
+START_TEST(test_device_buffers_staged)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  pthread_t th[2];
+  staged_rank_t t[2];
+  for (int r = 0; r < 2; r++) {
+    t[r] = (staged_rank_t){.kv = &kv, .rank = r};
+    ck_assert_int_eq(pthread_create(&th[r], NULL, staged_rank, &t[r]), 0);
+  }
+  for (int r = 0; r < 2; r++)
+    pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++) {
+    const staged_rank_t *x = &t[r];
+    ck_assert_int_eq(x->rc, 0);
+    ck_assert(x->reduced[0] == 3.0f && x->reduced[1] == 30.0f);
+    ck_assert(x->gathered[0] == 100.0f && x->gathered[1] == 1000.0f && x->gathered[2] == 101.0f &&
+              x->gathered[3] == 1001.0f);
+    ck_assert(x->scattered == 2 * x->reduced[r]);           /* chunk r of the pair, summed again */
+    ck_assert(x->bcast[0] == 2.0f && x->bcast[1] == 20.0f); /* rank 1's */
+    const int o = 2 - r;                                    /* the peer's multiplier */
+    ck_assert(x->got[0] == 7.0f * o && x->got[1] == 8.0f * o && x->got[2] == 9.0f * o);
+    ck_assert(x->sub[0] == 2.0f && x->sub[1] == 1.0f); /* sub rank 0 is rank 1 */
+  }
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
 START_TEST(test_world1)
 {
   dt_kv_t kv;
@@ -1042,6 +1143,7 @@ static Suite *comm_suite(void)
   t = tcase_create("local");
   tcase_set_timeout(t, 30);
   tcase_add_test(t, test_threads_mem_kv);
+  tcase_add_test(t, test_device_buffers_staged);
   tcase_add_test(t, test_world1);
   tcase_add_test(t, test_invalid_arguments);
   tcase_add_test(t, test_bad_interface);

@@ -1,64 +1,747 @@
-/* test_cuda.c — CUDA kernels against their CPU references (label "gpu").
+/* test_cuda.c — the CUDA backend against the CPU backend (label "gpu").
  *
  * Exits 77 (skipped) on a machine without a usable GPU, which CTest reports as skipped. With a
- * GPU, the AdamW kernel must match kernels/cpu/adamw.c bit for bit over several steps: both
- * follow PyTorch's formula operation by operation, each rounded on its own (the CPU build does
- * not contract into FMAs, the kernel uses the _rn intrinsics), and sqrt and division are IEEE on
- * both. (A relative tolerance would not do: parameters that cancel to ~0 turn a one-ulp
- * difference of an intermediate into a large relative one.) */
+ * GPU, every entry of the CUDA kernel table (dt_ops_cuda() on a dt_device_cuda_create device)
+ * runs on the same random inputs as the CPU table (dt_ops_cpu() on dt_device_cpu()), over odd
+ * sizes (n not a multiple of the block size, C not a multiple of 32, prime T, a vocabulary
+ * slice with vocab_lo > 0, NULL wpe / bias / dinp, row strides wider than the rows), and the
+ * outputs must agree. Outputs that are written (=) start from different garbage on the two
+ * sides; outputs that accumulate (+=) start from the same random values.
+ *
+ * Tolerance. Each output tensor must satisfy
+ *     max_i |gpu_i - cpu_i| / max(max_i |cpu_i|, 1e-30) <= 1e-5,
+ * the error measured against the tensor's scale rather than element by element: the two
+ * backends sum in different orders (cuBLAS vs OpenBLAS tiling, block vs serial reductions), so
+ * each element carries rounding of the order of fp32 epsilon times the magnitude of the terms
+ * summed, and an element that cancels to nearly 0 (a residual sum, a dlogit, a gradient) would
+ * show a huge element-wise relative error for an absolute error that is harmless. 1e-5 is about 80
+ * fp32 epsilons of the largest value: far above the rounding of these sums, far below any real bug
+ * (a missed term, a wrong stride or a wrong sign moves the result by O(1) of the scale). One
+ * case is looser, with its reason where it is used: column sums over 40000 rows (test_layernorm).
+ * Exact checks where the contract is exact: zeros above the attention diagonal and in padding
+ * columns, the vocabulary-parallel stats of an empty slice, AdamW (bit-identical, see below),
+ * the device entries, and run-to-run determinism (bit-identical).
+ *
+ * AdamW must match kernels/cpu/adamw.c bit for bit over several steps: both follow PyTorch's
+ * formula operation by operation, each rounded on its own (the CPU build does not contract into
+ * FMAs, the kernel uses the _rn intrinsics), and sqrt and division are IEEE on both. (A relative
+ * tolerance would not do: parameters that cancel to ~0 turn a one-ulp difference of an
+ * intermediate into a large relative one.) */
 #include <check.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "cuda_kernels.h"
+#include "device.h"
+#include "dt_error.h"
 #include "rng.h"
 
-#define N 100003
+#define TOL 1e-5
+
+static dt_device_t *g_gpu; /* the CUDA device, made in main */
+static dt_device_t *g_cpu;
+static const dt_ops_t *G; /* dt_ops_cuda() */
+static const dt_ops_t *H; /* dt_ops_cpu() */
+static dt_rng_t g_rng;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A tensor on both sides: h the CPU backend's copy, d the CUDA device's. */
+typedef struct {
+  float *h;
+  float *d;
+  size_t n;
+} pair_t;
+
+typedef struct {
+  int *h;
+  int *d;
+  size_t n;
+} ipair_t;
+
+static void *xmalloc(size_t bytes)
+{
+  void *p = malloc(bytes ? bytes : 1);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+  void *d = NULL;
+  ck_assert_int_eq(g_gpu->alloc(g_gpu, bytes, "test tensor", &d), 0);
+  ck_assert_ptr_nonnull(d);
+  return d;
+}
+
+static void to_dev(void *d, const void *h, size_t bytes)
+{
+  ck_assert_int_eq(g_gpu->copy(g_gpu, d, h, bytes, DT_COPY_H2D), 0);
+}
+
+static void to_host(void *h, const void *d, size_t bytes)
+{
+  ck_assert_int_eq(g_gpu->copy(g_gpu, h, d, bytes, DT_COPY_D2H), 0);
+}
+
+static float *host_rand(size_t n, float mean, float std)
+{
+  float *h = xmalloc(n * sizeof(float));
+  dt_rng_normal(&g_rng, h, n, mean, std);
+  return h;
+}
+
+/* The same random values on both sides (inputs, and outputs that accumulate). */
+static pair_t pair_rand(size_t n, float mean, float std)
+{
+  pair_t p = {host_rand(n, mean, std), dev_alloc(n * sizeof(float)), n};
+  to_dev(p.d, p.h, n * sizeof(float));
+  return p;
+}
+
+/* Different random values on the two sides (outputs that are written: a missed write shows). */
+static pair_t pair_garbage(size_t n)
+{
+  pair_t p = {host_rand(n, 0.0f, 1.0f), dev_alloc(n * sizeof(float)), n};
+  float *junk = host_rand(n, 3.0f, 7.0f);
+  to_dev(p.d, junk, n * sizeof(float));
+  free(junk);
+  return p;
+}
+
+/* Random ids in [0, hi) on both sides. */
+static ipair_t ipair_below(size_t n, int hi)
+{
+  ipair_t p = {xmalloc(n * sizeof(int)), dev_alloc(n * sizeof(int)), n};
+  for (size_t i = 0; i < n; i++)
+    p.h[i] = (int)dt_rng_below(&g_rng, (uint64_t)hi);
+  to_dev(p.d, p.h, n * sizeof(int));
+  return p;
+}
+
+static void pair_free(pair_t *p)
+{
+  free(p->h);
+  g_gpu->free(g_gpu, p->d);
+  p->h = p->d = NULL;
+}
+
+static void ipair_free(ipair_t *p)
+{
+  free(p->h);
+  g_gpu->free(g_gpu, p->d);
+  p->h = p->d = NULL;
+}
+
+/* The device copy, fetched into a new host buffer. */
+static float *fetch(const pair_t *p)
+{
+  float *g = xmalloc(p->n * sizeof(float));
+  to_host(g, p->d, p->n * sizeof(float));
+  return g;
+}
+
+/* max |gpu - cpu| / max(max |cpu|, 1e-30); infinite when the GPU gave a NaN or infinity. */
+static double rel_err(const float *gpu, const float *cpu, size_t n)
+{
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)gpu[i] - (double)cpu[i]);
+    if (isnan(d) || isinf(d))
+      return INFINITY;
+    worst = d > worst ? d : worst;
+    scale = fabs((double)cpu[i]) > scale ? fabs((double)cpu[i]) : scale;
+  }
+  return worst / (scale > 1e-30 ? scale : 1e-30);
+}
+
+/* The device copy of p must match its host copy within tol (see the top of the file). */
+static void expect_close_tol(const char *what, const pair_t *p, double tol)
+{
+  float *g = fetch(p);
+  double e = rel_err(g, p->h, p->n);
+  ck_assert_msg(e <= tol, "%s: relative error %.3g > %.0e over %zu values", what, e, tol, p->n);
+  free(g);
+}
+
+static void expect_close(const char *what, const pair_t *p)
+{
+  expect_close_tol(what, p, TOL);
+}
+
+/* The device copy of p must equal its host copy bit for bit. */
+static void expect_equal(const char *what, const pair_t *p)
+{
+  float *g = fetch(p);
+  ck_assert_msg(memcmp(g, p->h, p->n * sizeof(float)) == 0, "%s: device and host differ", what);
+  free(g);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The device                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_device_fields)
+{
+  ck_assert_str_eq(g_gpu->name, "cuda:0");
+  ck_assert_str_eq(g_gpu->comm_backend, "nccl");
+  ck_assert_int_eq(g_gpu->host, 0);
+  ck_assert_ptr_eq(g_gpu->ops, dt_ops_cuda());
+  ck_assert_str_eq(dt_ops_cuda()->name, "cuda");
+  ck_assert_int_eq(g_gpu->sync(g_gpu), 0);
+}
+END_TEST
+
+START_TEST(test_device_memory)
+{
+  const size_t n = 100003;
+  float *h = host_rand(n, 1.0f, 2.0f), *h2 = host_rand(n, -1.0f, 1.0f);
+  float *back = xmalloc(n * sizeof(float));
+
+  /* alloc is zeroed, even where a freed buffer full of data was. */
+  float *d = dev_alloc(n * sizeof(float));
+  to_dev(d, h, n * sizeof(float));
+  g_gpu->free(g_gpu, d);
+  d = dev_alloc(n * sizeof(float));
+  to_host(back, d, n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(back[i] == 0.0f, "alloc: [%zu] = %g, not 0", i, back[i]);
+
+  /* H2D, D2D, D2H round trip */
+  float *d2 = dev_alloc(n * sizeof(float));
+  to_dev(d, h, n * sizeof(float));
+  ck_assert_int_eq(g_gpu->copy(g_gpu, d2, d, n * sizeof(float), DT_COPY_D2D), 0);
+  to_host(back, d2, n * sizeof(float));
+  ck_assert(memcmp(back, h, n * sizeof(float)) == 0);
+
+  /* zero of a middle range */
+  ck_assert_int_eq(g_gpu->zero(g_gpu, d2 + 100, 1000 * sizeof(float)), 0);
+  to_host(back, d2, n * sizeof(float));
+  for (size_t i = 0; i < n; i++) {
+    float want = i >= 100 && i < 1100 ? 0.0f : h[i];
+    ck_assert_msg(back[i] == want, "zero: [%zu] = %g, want %g", i, back[i], want);
+  }
+
+  /* accumulate: the same single fp32 add as the host's */
+  to_dev(d, h, n * sizeof(float));
+  to_dev(d2, h2, n * sizeof(float));
+  ck_assert_int_eq(g_gpu->accumulate(g_gpu, d, d2, n), 0);
+  to_host(back, d, n * sizeof(float));
+  for (size_t i = 0; i < n; i++) {
+    float want = h[i] + h2[i];
+    ck_assert_msg(back[i] == want, "accumulate: [%zu] = %g, want %g", i, back[i], want);
+  }
+
+  /* owns: this device's memory only */
+  ck_assert(g_gpu->owns(g_gpu, d));
+  ck_assert(g_gpu->owns(g_gpu, d2 + 7));
+  ck_assert(!g_gpu->owns(g_gpu, h));
+  ck_assert(!g_gpu->owns(g_gpu, NULL));
+
+  /* An impossible allocation fails cleanly, and the device still works afterwards (the
+   * failure must not linger in CUDA's last-error state and fail the next launch check). */
+  void *huge = (void *)1;
+  ck_assert_int_eq(g_gpu->alloc(g_gpu, (size_t)1 << 50, "a test's impossible buffer", &huge),
+                   DT_ENOMEM);
+  ck_assert_ptr_null(huge);
+  ck_assert_int_eq(g_gpu->accumulate(g_gpu, d, d2, n), 0);
+  ck_assert_int_eq(g_gpu->sync(g_gpu), 0);
+
+  g_gpu->free(g_gpu, NULL);
+  g_gpu->free(g_gpu, d);
+  g_gpu->free(g_gpu, d2);
+  free(h), free(h2), free(back);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layers                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static void check_encoder(int B, int T, int C, int V, int vocab_lo, int vocab_n, int with_wpe)
+{
+  const size_t BT = (size_t)B * T;
+  const int maxT = T + 3;
+  ipair_t inp = ipair_below(BT, V);
+  pair_t wte = pair_rand((size_t)vocab_n * C, 0.0f, 1.0f);
+  pair_t wpe = {0};
+  if (with_wpe)
+    wpe = pair_rand((size_t)maxT * C, 0.0f, 1.0f);
+  pair_t out = pair_garbage(BT * C);
+  ck_assert_int_eq(
+      H->encoder_forward(g_cpu, out.h, inp.h, wte.h, vocab_lo, vocab_n, wpe.h, B, T, C), 0);
+  ck_assert_int_eq(
+      G->encoder_forward(g_gpu, out.d, inp.d, wte.d, vocab_lo, vocab_n, wpe.d, B, T, C), 0);
+  expect_close("encoder_forward out", &out);
+
+  pair_t dout = pair_rand(BT * C, 0.0f, 1.0f);
+  pair_t dwte = pair_rand((size_t)vocab_n * C, 0.0f, 1.0f);
+  pair_t dwpe = {0};
+  if (with_wpe)
+    dwpe = pair_rand((size_t)maxT * C, 0.0f, 1.0f);
+  ck_assert_int_eq(
+      H->encoder_backward(g_cpu, dwte.h, vocab_lo, vocab_n, dwpe.h, dout.h, inp.h, B, T, C), 0);
+  ck_assert_int_eq(
+      G->encoder_backward(g_gpu, dwte.d, vocab_lo, vocab_n, dwpe.d, dout.d, inp.d, B, T, C), 0);
+  expect_close("encoder_backward dwte", &dwte);
+  if (with_wpe)
+    expect_close("encoder_backward dwpe", &dwpe);
+
+  ipair_free(&inp);
+  pair_free(&wte), pair_free(&out), pair_free(&dout), pair_free(&dwte);
+  if (with_wpe)
+    pair_free(&wpe), pair_free(&dwpe);
+}
+
+START_TEST(test_encoder)
+{
+  check_encoder(3, 37, 67, 101, 0, 101, 1);  /* the full table, with positions */
+  check_encoder(2, 45, 96, 300, 120, 77, 0); /* a slice, tokens inside and outside it, no wpe */
+}
+END_TEST
+
+/* tol: for the column sums; see test_layernorm. */
+static void check_layernorm(int N, int C, double tol)
+{
+  const size_t NC = (size_t)N * C;
+  pair_t inp = pair_rand(NC, 0.5f, 1.5f);
+  pair_t weight = pair_rand((size_t)C, 1.0f, 0.2f), bias = pair_rand((size_t)C, 0.0f, 0.2f);
+  pair_t out = pair_garbage(NC), mean = pair_garbage((size_t)N), rstd = pair_garbage((size_t)N);
+  ck_assert_int_eq(
+      H->layernorm_forward(g_cpu, out.h, mean.h, rstd.h, inp.h, weight.h, bias.h, N, C), 0);
+  ck_assert_int_eq(
+      G->layernorm_forward(g_gpu, out.d, mean.d, rstd.d, inp.d, weight.d, bias.d, N, C), 0);
+  expect_close("layernorm_forward out", &out);
+  expect_close("layernorm_forward mean", &mean);
+  expect_close("layernorm_forward rstd", &rstd);
+
+  /* The backward takes the CPU's statistics on both sides, so it is tested on its own. */
+  to_dev(mean.d, mean.h, (size_t)N * sizeof(float));
+  to_dev(rstd.d, rstd.h, (size_t)N * sizeof(float));
+  pair_t dout = pair_rand(NC, 0.0f, 1.0f);
+  pair_t dinp = pair_rand(NC, 0.0f, 1.0f); /* += */
+  pair_t dweight = pair_rand((size_t)C, 0.0f, 1.0f), dbias = pair_rand((size_t)C, 0.0f, 1.0f);
+  ck_assert_int_eq(H->layernorm_backward(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h,
+                                         mean.h, rstd.h, N, C),
+                   0);
+  ck_assert_int_eq(G->layernorm_backward(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, inp.d, weight.d,
+                                         mean.d, rstd.d, N, C),
+                   0);
+  expect_close("layernorm_backward dinp", &dinp);
+  expect_close_tol("layernorm_backward dweight", &dweight, tol);
+  expect_close_tol("layernorm_backward dbias", &dbias, tol);
+
+  pair_free(&inp), pair_free(&weight), pair_free(&bias), pair_free(&out), pair_free(&mean);
+  pair_free(&rstd), pair_free(&dout), pair_free(&dinp), pair_free(&dweight), pair_free(&dbias);
+}
+
+START_TEST(test_layernorm)
+{
+  check_layernorm(77, 67, TOL);   /* a partial row chunk, C not a multiple of 32 */
+  check_layernorm(300, 768, TOL); /* GPT-2 small's width */
+  check_layernorm(4099, 64, TOL); /* many row chunks */
+  /* More rows per chunk than the minimum (the chunk count is capped). The CPU reference sums
+   * 40000 rows serially in fp32, which alone carries a relative error of a few 1e-6 (about
+   * u * sqrt(N) for unit roundoff u): the column sums get 1e-4, still far below a lost chunk. */
+  check_layernorm(40000, 40, 1e-4);
+}
+END_TEST
+
+static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_dinp)
+{
+  pair_t inp = pair_rand((size_t)N * C, 0.0f, 1.0f);
+  pair_t weight = pair_rand((size_t)OC * C, 0.0f, 0.1f);
+  pair_t bias = {0};
+  if (with_bias)
+    bias = pair_rand((size_t)OC, 0.0f, 1.0f);
+  /* Columns [OC, ld) must be left alone: the same values on both sides, compared at the end. */
+  pair_t out = pair_rand((size_t)N * ld, 5.0f, 1.0f);
+  ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
+  ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
+  expect_close("matmul_forward out", &out);
+
+  pair_t dout = pair_rand((size_t)N * ld, 0.0f, 1.0f);
+  pair_t dinp = {0};
+  if (with_dinp)
+    dinp = pair_garbage((size_t)N * C);
+  pair_t dweight = pair_rand((size_t)OC * C, 0.0f, 1.0f);
+  pair_t dbias = {0};
+  if (with_bias)
+    dbias = pair_rand((size_t)OC, 0.0f, 1.0f);
+  ck_assert_int_eq(
+      H->matmul_backward(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h, N, C, OC, ld),
+      0);
+  ck_assert_int_eq(
+      G->matmul_backward(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, inp.d, weight.d, N, C, OC, ld),
+      0);
+  if (with_dinp)
+    expect_close("matmul_backward dinp", &dinp);
+  expect_close("matmul_backward dweight", &dweight);
+  if (with_bias)
+    expect_close("matmul_backward dbias", &dbias);
+
+  pair_free(&inp), pair_free(&weight), pair_free(&out), pair_free(&dout), pair_free(&dweight);
+  if (with_bias)
+    pair_free(&bias), pair_free(&dbias);
+  if (with_dinp)
+    pair_free(&dinp);
+}
+
+START_TEST(test_matmul)
+{
+  check_matmul(75, 67, 45, 50, 1, 1);     /* row stride wider than OC, bias, dinp */
+  check_matmul(33, 64, 96, 96, 0, 0);     /* no bias, no dinp */
+  check_matmul(257, 200, 600, 600, 1, 1); /* N just over a block, larger K */
+}
+END_TEST
+
+static void check_attention(int B, int T, int C, int NH)
+{
+  const size_t BT = (size_t)B * T, att_n = (size_t)B * NH * T * T;
+  pair_t qkv = pair_rand(BT * 3 * C, 0.0f, 1.0f);
+  pair_t out = pair_garbage(BT * C), att = pair_garbage(att_n);
+  ck_assert_int_eq(H->attention_forward(g_cpu, out.h, att.h, qkv.h, B, T, C, NH), 0);
+  ck_assert_int_eq(G->attention_forward(g_gpu, out.d, att.d, qkv.d, B, T, C, NH), 0);
+  expect_close("attention_forward out", &out);
+  expect_close("attention_forward att", &att);
+  float *g = fetch(&att);
+  for (size_t m = 0; m < (size_t)B * NH; m++)
+    for (int t = 0; t < T; t++)
+      for (int j = t + 1; j < T; j++)
+        ck_assert_msg(g[(m * T + t) * T + j] == 0.0f, "att[%zu][%d][%d] = %g above the diagonal", m,
+                      t, j, g[(m * T + t) * T + j]);
+  free(g);
+
+  /* The backward takes the CPU's probabilities on both sides. */
+  to_dev(att.d, att.h, att_n * sizeof(float));
+  pair_t dout = pair_rand(BT * C, 0.0f, 1.0f);
+  pair_t dqkv = pair_garbage(BT * 3 * C), scratch = pair_garbage(att_n);
+  ck_assert_int_eq(
+      H->attention_backward(g_cpu, dqkv.h, scratch.h, dout.h, qkv.h, att.h, B, T, C, NH), 0);
+  ck_assert_int_eq(
+      G->attention_backward(g_gpu, dqkv.d, scratch.d, dout.d, qkv.d, att.d, B, T, C, NH), 0);
+  expect_close("attention_backward dqkv", &dqkv);
+
+  pair_free(&qkv), pair_free(&out), pair_free(&att), pair_free(&dout), pair_free(&dqkv);
+  pair_free(&scratch);
+}
+
+START_TEST(test_attention)
+{
+  check_attention(2, 37, 48, 4); /* hs 12, T prime */
+  check_attention(3, 70, 64, 2); /* hs 32, T over the CPU's 64-row block */
+  check_attention(1, 1, 24, 3);  /* a single position */
+}
+END_TEST
+
+START_TEST(test_gelu_residual)
+{
+  const size_t n = 10007; /* not a multiple of the block size */
+  pair_t inp = pair_rand(n, 0.0f, 2.0f), out = pair_garbage(n);
+  ck_assert_int_eq(H->gelu_forward(g_cpu, out.h, inp.h, n), 0);
+  ck_assert_int_eq(G->gelu_forward(g_gpu, out.d, inp.d, n), 0);
+  expect_close("gelu_forward", &out);
+
+  pair_t dout = pair_rand(n, 0.0f, 1.0f), dinp = pair_garbage(n);
+  ck_assert_int_eq(H->gelu_backward(g_cpu, dinp.h, inp.h, dout.h, n), 0);
+  ck_assert_int_eq(G->gelu_backward(g_gpu, dinp.d, inp.d, dout.d, n), 0);
+  expect_close("gelu_backward", &dinp);
+  /* in place: dinp aliases dout */
+  ck_assert_int_eq(H->gelu_backward(g_cpu, dout.h, inp.h, dout.h, n), 0);
+  ck_assert_int_eq(G->gelu_backward(g_gpu, dout.d, inp.d, dout.d, n), 0);
+  expect_close("gelu_backward in place", &dout);
+
+  pair_t b = pair_rand(n, 0.0f, 1.0f), sum = pair_garbage(n);
+  ck_assert_int_eq(H->residual_forward(g_cpu, sum.h, inp.h, b.h, n), 0);
+  ck_assert_int_eq(G->residual_forward(g_gpu, sum.d, inp.d, b.d, n), 0);
+  expect_close("residual_forward", &sum);
+
+  pair_free(&inp), pair_free(&out), pair_free(&dout), pair_free(&dinp), pair_free(&b);
+  pair_free(&sum);
+}
+END_TEST
+
+static void check_crossentropy(int N, int V, int Vp, float dloss)
+{
+  ipair_t targets = ipair_below((size_t)N, V);
+  pair_t logits = pair_rand((size_t)N * Vp, 0.0f, 2.0f);
+  pair_t losses = pair_garbage((size_t)N);
+  ck_assert_int_eq(
+      H->crossentropy_forward_backward(g_cpu, losses.h, logits.h, targets.h, dloss, N, V, Vp), 0);
+  ck_assert_int_eq(
+      G->crossentropy_forward_backward(g_gpu, losses.d, logits.d, targets.d, dloss, N, V, Vp), 0);
+  expect_close("crossentropy losses", &losses);
+  if (dloss == 0.0f) {
+    expect_equal("crossentropy logits untouched when dloss == 0", &logits);
+  } else {
+    expect_close("crossentropy dlogits", &logits);
+    float *g = fetch(&logits);
+    for (int i = 0; i < N; i++)
+      for (int j = V; j < Vp; j++)
+        ck_assert_msg(g[(size_t)i * Vp + j] == 0.0f, "dlogits[%d][%d] = %g in the padding", i, j,
+                      g[(size_t)i * Vp + j]);
+    free(g);
+  }
+  ipair_free(&targets), pair_free(&logits), pair_free(&losses);
+}
+
+START_TEST(test_crossentropy)
+{
+  check_crossentropy(13, 1000, 1024, 0.0f);
+  check_crossentropy(13, 1000, 1024, 1.0f / 13);
+  check_crossentropy(5, 3001, 3001, 0.25f); /* no padding, V over the block size several times */
+}
+END_TEST
+
+/* Vocabulary-parallel cross-entropy: a vocabulary of V split over nr "ranks" (the last one
+ * empty), each slice in its own (N, ldl) buffer with padding columns. */
+START_TEST(test_crossentropy_vp)
+{
+  enum { N = 13, V = 1000, NR = 4, LDL = 340 };
+  const int lo[NR] = {0, 333, 666, 1000}, vl[NR] = {333, 333, 334, 0};
+  float *full = host_rand((size_t)N * V, 0.0f, 2.0f);
+  ipair_t targets = ipair_below(N, V);
+  pair_t slice[NR], all_stats = pair_garbage((size_t)NR * N * 3);
+  for (int r = 0; r < NR; r++) {
+    slice[r] = pair_rand((size_t)N * LDL, 9.0f, 1.0f); /* padding: large values */
+    for (int i = 0; i < N; i++)
+      memcpy(slice[r].h + (size_t)i * LDL, full + (size_t)i * V + lo[r], vl[r] * sizeof(float));
+    to_dev(slice[r].d, slice[r].h, (size_t)N * LDL * sizeof(float));
+
+    pair_t stats = pair_garbage((size_t)N * 3);
+    ck_assert_int_eq(
+        H->crossentropy_vp_stats(g_cpu, stats.h, slice[r].h, targets.h, lo[r], N, vl[r], LDL), 0);
+    ck_assert_int_eq(
+        G->crossentropy_vp_stats(g_gpu, stats.d, slice[r].d, targets.d, lo[r], N, vl[r], LDL), 0);
+    if (vl[r] > 0) {
+      expect_close("crossentropy_vp_stats", &stats);
+    } else { /* (-inf, 0, 0) exactly */
+      expect_equal("crossentropy_vp_stats of an empty slice", &stats);
+      ck_assert(isinf(stats.h[0]) && stats.h[0] < 0 && stats.h[1] == 0.0f && stats.h[2] == 0.0f);
+    }
+    memcpy(all_stats.h + (size_t)r * N * 3, stats.h, (size_t)N * 3 * sizeof(float));
+    pair_free(&stats);
+  }
+  /* finish takes the CPU's gathered stats on both sides */
+  to_dev(all_stats.d, all_stats.h, (size_t)NR * N * 3 * sizeof(float));
+  const float dlosses[2] = {0.0f, 1.0f / N};
+  for (int k = 0; k < 2; k++) {
+    for (int r = 0; r < NR - 1; r++) {
+      pair_t logits = pair_rand((size_t)N * LDL, 0.0f, 1.0f);
+      memcpy(logits.h, slice[r].h, (size_t)N * LDL * sizeof(float));
+      to_dev(logits.d, logits.h, (size_t)N * LDL * sizeof(float));
+      pair_t losses = pair_garbage(N);
+      ck_assert_int_eq(H->crossentropy_vp_finish(g_cpu, losses.h, logits.h, all_stats.h, NR,
+                                                 targets.h, lo[r], dlosses[k], N, vl[r], LDL),
+                       0);
+      ck_assert_int_eq(G->crossentropy_vp_finish(g_gpu, losses.d, logits.d, all_stats.d, NR,
+                                                 targets.d, lo[r], dlosses[k], N, vl[r], LDL),
+                       0);
+      expect_close("crossentropy_vp_finish losses", &losses);
+      if (dlosses[k] == 0.0f) {
+        expect_equal("crossentropy_vp_finish logits untouched when dloss == 0", &logits);
+      } else {
+        expect_close("crossentropy_vp_finish dlogits", &logits);
+        float *g = fetch(&logits);
+        for (int i = 0; i < N; i++)
+          for (int j = vl[r]; j < LDL; j++)
+            ck_assert_msg(g[(size_t)i * LDL + j] == 0.0f, "vp dlogits[%d][%d] = %g in the padding",
+                          i, j, g[(size_t)i * LDL + j]);
+        free(g);
+      }
+      pair_free(&logits), pair_free(&losses);
+    }
+  }
+  for (int r = 0; r < NR; r++)
+    pair_free(&slice[r]);
+  pair_free(&all_stats), ipair_free(&targets);
+  free(full);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* AdamW and the gradient norm                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+#define ADAM_N 100003
 
 START_TEST(test_adamw_matches_cpu)
 {
-  float *p = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float));
-  float *m = calloc(N, sizeof(float)), *v = calloc(N, sizeof(float));
-  float *gp = malloc(N * sizeof(float));
+  float *p = malloc(ADAM_N * sizeof(float)), *g = malloc(ADAM_N * sizeof(float));
+  float *m = calloc(ADAM_N, sizeof(float)), *v = calloc(ADAM_N, sizeof(float));
+  float *gp = malloc(ADAM_N * sizeof(float));
   dt_rng_t rng;
   dt_rng_seed(&rng, 3);
-  dt_rng_normal(&rng, p, N, 0.0f, 0.1f);
+  dt_rng_normal(&rng, p, ADAM_N, 0.0f, 0.1f);
   float *dp, *dg, *dm, *dv;
-  ck_assert_int_eq(cudaMalloc((void **)&dp, N * sizeof(float)), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc((void **)&dg, N * sizeof(float)), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc((void **)&dm, N * sizeof(float)), cudaSuccess);
-  ck_assert_int_eq(cudaMalloc((void **)&dv, N * sizeof(float)), cudaSuccess);
-  cudaMemcpy(dp, p, N * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemset(dm, 0, N * sizeof(float));
-  cudaMemset(dv, 0, N * sizeof(float));
+  ck_assert_int_eq(cudaMalloc((void **)&dp, ADAM_N * sizeof(float)), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&dg, ADAM_N * sizeof(float)), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&dm, ADAM_N * sizeof(float)), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&dv, ADAM_N * sizeof(float)), cudaSuccess);
+  cudaMemcpy(dp, p, ADAM_N * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemset(dm, 0, ADAM_N * sizeof(float));
+  cudaMemset(dv, 0, ADAM_N * sizeof(float));
   for (int t = 1; t <= 5; t++) {
-    dt_rng_normal(&rng, g, N, 0.0f, 1.0f);
-    cudaMemcpy(dg, g, N * sizeof(float), cudaMemcpyHostToDevice);
-    dt_cpu_adamw_update(p, g, m, v, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+    dt_rng_normal(&rng, g, ADAM_N, 0.0f, 1.0f);
+    cudaMemcpy(dg, g, ADAM_N * sizeof(float), cudaMemcpyHostToDevice);
+    dt_cpu_adamw_update(p, g, m, v, ADAM_N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
     ck_assert_int_eq(
-        dt_cuda_adamw_update(dp, dg, dm, dv, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t), 0);
+        dt_cuda_adamw_update(dp, dg, dm, dv, ADAM_N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t), 0);
   }
-  float *gm = malloc(N * sizeof(float)), *gv = malloc(N * sizeof(float));
-  ck_assert_int_eq(cudaMemcpy(gp, dp, N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  ck_assert_int_eq(cudaMemcpy(gm, dm, N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  ck_assert_int_eq(cudaMemcpy(gv, dv, N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  float *gm = malloc(ADAM_N * sizeof(float)), *gv = malloc(ADAM_N * sizeof(float));
+  ck_assert_int_eq(cudaMemcpy(gp, dp, ADAM_N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(gm, dm, ADAM_N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ck_assert_int_eq(cudaMemcpy(gv, dv, ADAM_N * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   int differ = 0, first = -1;
   double worst = 0.0;
-  for (int i = 0; i < N; i++) {
+  for (int i = 0; i < ADAM_N; i++) {
     if (gp[i] != p[i] || gm[i] != m[i] || gv[i] != v[i]) {
       differ++;
       first = first < 0 ? i : first;
     }
     worst = fmax(worst, fabs((double)gp[i] - p[i]));
   }
-  ck_assert_msg(differ == 0,
-                "%d of %d elements differ (first [%d]: param %.9g vs %.9g); max |dparam| %.3g",
-                differ, N, first, first < 0 ? 0.0 : gp[first], first < 0 ? 0.0 : p[first], worst);
+  ck_assert_msg(
+      differ == 0, "%d of %d elements differ (first [%d]: param %.9g vs %.9g); max |dparam| %.3g",
+      differ, ADAM_N, first, first < 0 ? 0.0 : gp[first], first < 0 ? 0.0 : p[first], worst);
   free(gm), free(gv);
   cudaFree(dp), cudaFree(dg), cudaFree(dm), cudaFree(dv);
   free(p), free(g), free(m), free(v), free(gp);
+}
+END_TEST
+
+/* The kernel table's adamw_update (the device's stream) is the same kernel: bit-identical. */
+START_TEST(test_adamw_ops)
+{
+  pair_t p = pair_rand(ADAM_N, 0.0f, 0.1f);
+  pair_t m = pair_rand(ADAM_N, 0.0f, 0.01f), v = pair_rand(ADAM_N, 0.0f, 0.001f);
+  for (size_t i = 0; i < ADAM_N; i++) /* second moments are never negative */
+    v.h[i] = fabsf(v.h[i]);
+  to_dev(v.d, v.h, ADAM_N * sizeof(float));
+  for (int t = 1; t <= 3; t++) {
+    pair_t g = pair_rand(ADAM_N, 0.0f, 1.0f);
+    ck_assert_int_eq(H->adamw_update(g_cpu, p.h, g.h, m.h, v.h, ADAM_N, 6e-4f, 0.9f, 0.95f, 1e-8f,
+                                     0.1f, 0.5f, t),
+                     0);
+    ck_assert_int_eq(G->adamw_update(g_gpu, p.d, g.d, m.d, v.d, ADAM_N, 6e-4f, 0.9f, 0.95f, 1e-8f,
+                                     0.1f, 0.5f, t),
+                     0);
+    pair_free(&g);
+  }
+  expect_equal("adamw_update param", &p);
+  expect_equal("adamw_update m", &m);
+  expect_equal("adamw_update v", &v);
+  pair_free(&p), pair_free(&m), pair_free(&v);
+}
+END_TEST
+
+/* Both sum in double, in different orders: agreement to ~1e-16 relative is expected, 1e-12
+ * allows for long vectors. */
+START_TEST(test_sum_squares)
+{
+  const size_t sizes[] = {1, 5, 257, 1000003};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    pair_t x = pair_rand(sizes[k], 0.3f, 1.0f);
+    double cpu = -1.0, gpu = -1.0;
+    ck_assert_int_eq(H->sum_squares(g_cpu, x.h, x.n, &cpu), 0);
+    ck_assert_int_eq(G->sum_squares(g_gpu, x.d, x.n, &gpu), 0);
+    ck_assert_msg(fabs(gpu - cpu) <= 1e-12 * cpu, "sum_squares n=%zu: %.17g vs %.17g", x.n, gpu,
+                  cpu);
+    pair_free(&x);
+  }
+  double zero = -1.0;
+  ck_assert_int_eq(G->sum_squares(g_gpu, NULL, 0, &zero), 0);
+  ck_assert(zero == 0.0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Determinism: the same inputs give bit-identical results run after run                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Two device copies of the same host values. */
+static void twin(const float *h, size_t n, float **a, float **b)
+{
+  *a = dev_alloc(n * sizeof(float));
+  *b = dev_alloc(n * sizeof(float));
+  to_dev(*a, h, n * sizeof(float));
+  to_dev(*b, h, n * sizeof(float));
+}
+
+static void expect_twins_equal(const char *what, const float *a, const float *b, size_t n)
+{
+  float *ha = xmalloc(n * sizeof(float)), *hb = xmalloc(n * sizeof(float));
+  to_host(ha, a, n * sizeof(float));
+  to_host(hb, b, n * sizeof(float));
+  ck_assert_msg(memcmp(ha, hb, n * sizeof(float)) == 0, "%s: two runs differ", what);
+  free(ha), free(hb);
+}
+
+START_TEST(test_determinism)
+{
+  /* layernorm_backward: several row chunks per channel */
+  {
+    const int N = 4099, C = 768;
+    const size_t NC = (size_t)N * C;
+    pair_t inp = pair_rand(NC, 0.0f, 1.0f), dout = pair_rand(NC, 0.0f, 1.0f);
+    pair_t weight = pair_rand(C, 1.0f, 0.2f), bias = pair_rand(C, 0.0f, 0.2f);
+    pair_t out = pair_garbage(NC), mean = pair_garbage(N), rstd = pair_garbage(N);
+    ck_assert_int_eq(
+        G->layernorm_forward(g_gpu, out.d, mean.d, rstd.d, inp.d, weight.d, bias.d, N, C), 0);
+    float *h_dinp = host_rand(NC, 0.0f, 1.0f), *h_dw = host_rand(C, 0.0f, 1.0f);
+    float *dinp[2], *dw[2], *db[2];
+    twin(h_dinp, NC, &dinp[0], &dinp[1]);
+    twin(h_dw, C, &dw[0], &dw[1]);
+    twin(h_dw, C, &db[0], &db[1]);
+    for (int run = 0; run < 2; run++)
+      ck_assert_int_eq(G->layernorm_backward(g_gpu, dinp[run], dw[run], db[run], dout.d, inp.d,
+                                             weight.d, mean.d, rstd.d, N, C),
+                       0);
+    expect_twins_equal("layernorm_backward dinp", dinp[0], dinp[1], NC);
+    expect_twins_equal("layernorm_backward dweight", dw[0], dw[1], C);
+    expect_twins_equal("layernorm_backward dbias", db[0], db[1], C);
+    for (int run = 0; run < 2; run++) {
+      g_gpu->free(g_gpu, dinp[run]), g_gpu->free(g_gpu, dw[run]), g_gpu->free(g_gpu, db[run]);
+    }
+    free(h_dinp), free(h_dw);
+    pair_free(&inp), pair_free(&dout), pair_free(&weight), pair_free(&bias), pair_free(&out);
+    pair_free(&mean), pair_free(&rstd);
+  }
+  /* encoder_backward: a small vocabulary, so every token row is hit many times */
+  {
+    const int B = 8, T = 64, C = 96, V = 50, maxT = 64;
+    ipair_t inp = ipair_below((size_t)B * T, V);
+    pair_t dout = pair_rand((size_t)B * T * C, 0.0f, 1.0f);
+    float *h_wte = host_rand((size_t)V * C, 0.0f, 1.0f), *h_wpe = host_rand((size_t)maxT * C, 0, 1);
+    float *dwte[2], *dwpe[2];
+    twin(h_wte, (size_t)V * C, &dwte[0], &dwte[1]);
+    twin(h_wpe, (size_t)maxT * C, &dwpe[0], &dwpe[1]);
+    for (int run = 0; run < 2; run++)
+      ck_assert_int_eq(
+          G->encoder_backward(g_gpu, dwte[run], 0, V, dwpe[run], dout.d, inp.d, B, T, C), 0);
+    expect_twins_equal("encoder_backward dwte", dwte[0], dwte[1], (size_t)V * C);
+    expect_twins_equal("encoder_backward dwpe", dwpe[0], dwpe[1], (size_t)maxT * C);
+    for (int run = 0; run < 2; run++)
+      g_gpu->free(g_gpu, dwte[run]), g_gpu->free(g_gpu, dwpe[run]);
+    free(h_wte), free(h_wpe);
+    ipair_free(&inp), pair_free(&dout);
+  }
+  /* sum_squares */
+  {
+    pair_t x = pair_rand(3000017, 0.0f, 1.0f);
+    double s0 = 0.0, s1 = 1.0;
+    ck_assert_int_eq(G->sum_squares(g_gpu, x.d, x.n, &s0), 0);
+    ck_assert_int_eq(G->sum_squares(g_gpu, x.d, x.n, &s1), 0);
+    ck_assert_msg(memcmp(&s0, &s1, sizeof s0) == 0, "sum_squares: %.17g then %.17g", s0, s1);
+    pair_free(&x);
+  }
 }
 END_TEST
 
@@ -67,9 +750,31 @@ int main(void)
   int count = 0;
   if (dt_cuda_device_count(&count) != 0 || count == 0)
     return 77; /* no GPU here: skipped */
+  if (dt_device_cuda_create(0, &g_gpu) != 0) {
+    fprintf(stderr, "test_cuda: cannot open cuda:0\n");
+    return EXIT_FAILURE;
+  }
+  g_cpu = dt_device_cpu();
+  G = dt_ops_cuda();
+  H = dt_ops_cpu();
+  dt_rng_seed(&g_rng, 12345);
+
   Suite *s = suite_create("cuda");
   TCase *tc = tcase_create("kernels");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_device_fields);
+  tcase_add_test(tc, test_device_memory);
+  tcase_add_test(tc, test_encoder);
+  tcase_add_test(tc, test_layernorm);
+  tcase_add_test(tc, test_matmul);
+  tcase_add_test(tc, test_attention);
+  tcase_add_test(tc, test_gelu_residual);
+  tcase_add_test(tc, test_crossentropy);
+  tcase_add_test(tc, test_crossentropy_vp);
   tcase_add_test(tc, test_adamw_matches_cpu);
+  tcase_add_test(tc, test_adamw_ops);
+  tcase_add_test(tc, test_sum_squares);
+  tcase_add_test(tc, test_determinism);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   /* CUDA is initialised above (the device count): a forked child could not use it. */
@@ -77,5 +782,6 @@ int main(void)
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  dt_device_cuda_destroy(g_gpu);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

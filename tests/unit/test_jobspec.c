@@ -613,6 +613,7 @@ static const struct {
     {{"training.val_batches=0"}, "training.val_batches (0) must be > 0"},
     {{"training.val_every=-1"}, "training.val_every (-1) must be >= 0"},
     {{"training.threads=-2"}, "training.threads (-2) must be >= 0"},
+    {{"training.device=tpu"}, "training.device must be auto, cpu or cuda, got 'tpu'"},
     {{"training.seq=512"}, "training.seq (512) must be <= model.max_seq (256)"},
     {{"training.val_every=50"}, "training.val_every (50) needs data.val"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
@@ -938,6 +939,8 @@ START_TEST(test_trainer_argv_example)
       "1",
       "--steps",
       "200",
+      "--device",
+      "auto",
       "--lr",
       "0.0003",
       "--warmup",
@@ -1014,12 +1017,15 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
+  ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   dt_argv_free(argv);
+  set_ok(s, "training.device=cuda");
   set_ok(s, "training.threads=6");
   set_ok(s, "data.shuffle=true");
   set_ok(s, "data.val=v.bin");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
+  ck_assert_str_eq(flag_value(argv, "--device"), "cuda");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);

@@ -25,9 +25,12 @@ struct dt_comm {
   dt_kv_t kv;
   char *prefix;
   int rank, world, timeout_ms;
-  unsigned split_seq; /* splits started on this communicator: names their keys */
-  int err;            /* first failure (0 while healthy); only the operating thread writes it */
-  atomic_int aborted; /* set by dt_comm_abort from any thread */
+  unsigned split_seq;   /* splits started on this communicator: names their keys */
+  int err;              /* first failure (0 while healthy); only the operating thread writes it */
+  atomic_int aborted;   /* set by dt_comm_abort from any thread */
+  dt_comm_device_t dev; /* dev.is_device NULL: no staging (dt_comm_set_device) */
+  char *stage;          /* host staging buffer for device operands */
+  size_t stage_cap;
 };
 
 static const dt_comm_backend_t *const g_backends[] = {
@@ -199,6 +202,7 @@ void dt_comm_destroy(dt_comm_t *comm)
   if (!comm)
     return;
   comm->be->destroy(comm->impl);
+  free(comm->stage);
   free(comm->prefix);
   free(comm);
 }
@@ -218,6 +222,74 @@ const char *dt_comm_prefix(const dt_comm_t *comm)
   return comm->prefix;
 }
 
+void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev)
+{
+  /* Only the backends that work on host memory stage. */
+  if (strcmp(comm->be->name, "cpu") == 0)
+    comm->dev = *dev;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Host staging of device operands (dt_comm_set_device)                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One buffer of an operation: the caller's pointer, its size, whether the backend reads it
+ * (in) and writes it (out), and the pointer the backend gets (p, or a host staging copy). */
+typedef struct {
+  void *p;
+  size_t bytes;
+  int in, out;
+  void *h;
+} operand_t;
+
+#define STAGE_ALIGN 64
+
+/* Points each operand's h at p, or, for device memory, at its part of the staging buffer,
+ * filled from the device when the backend reads it. */
+static int stage_in(dt_comm_t *comm, operand_t *o, int n)
+{
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    o[i].h = o[i].p;
+    if (comm->dev.is_device && o[i].bytes && comm->dev.is_device(comm->dev.ud, o[i].p)) {
+      o[i].h = NULL;
+      total += (o[i].bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+    }
+  }
+  if (total == 0)
+    return 0;
+  if (total > comm->stage_cap) {
+    free(comm->stage);
+    comm->stage_cap = 0;
+    if (posix_memalign((void **)&comm->stage, STAGE_ALIGN, total) != 0) {
+      comm->stage = NULL;
+      DT_ERROR(COMM, "comm %s: out of host memory staging %zu bytes of device buffers",
+               comm->prefix, total);
+      return DT_ENOMEM;
+    }
+    comm->stage_cap = total;
+  }
+  char *h = comm->stage;
+  for (int i = 0; i < n; i++) {
+    if (o[i].h)
+      continue;
+    o[i].h = h;
+    h += (o[i].bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+    if (o[i].in)
+      DT_CHECK(comm->dev.copy(comm->dev.ud, o[i].h, o[i].p, o[i].bytes, 1));
+  }
+  return 0;
+}
+
+/* Copies the staged operands the backend wrote back to the device. */
+static int stage_out(dt_comm_t *comm, const operand_t *o, int n, int rc)
+{
+  for (int i = 0; i < n && rc == 0; i++)
+    if (o[i].out && o[i].h != o[i].p)
+      rc = comm->dev.copy(comm->dev.ud, o[i].p, o[i].h, o[i].bytes, 0);
+  return rc;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Collectives                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
@@ -234,7 +306,11 @@ int dt_comm_all_reduce(dt_comm_t *comm, float *buf, size_t n, dt_comm_op_t op)
     return DT_EINVAL;
   if (n == 0)
     return 0;
-  return comm_leave(comm, comm->be->all_reduce(comm->impl, buf, n, op));
+  operand_t o[1] = {{buf, n * sizeof(float), 1, 1, NULL}};
+  int rc = stage_in(comm, o, 1);
+  if (rc == 0)
+    rc = stage_out(comm, o, 1, comm->be->all_reduce(comm->impl, o[0].h, n, op));
+  return comm_leave(comm, rc);
 }
 
 int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const size_t *counts,
@@ -248,7 +324,12 @@ int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const
     return DT_EINVAL;
   if (total == 0)
     return 0;
-  return comm_leave(comm, comm->be->reduce_scatter(comm->impl, in, out, counts, op));
+  operand_t o[2] = {{(void *)in, total * sizeof(float), 1, 0, NULL},
+                    {out, counts[comm->rank] * sizeof(float), 0, 1, NULL}};
+  int rc = stage_in(comm, o, 2);
+  if (rc == 0)
+    rc = stage_out(comm, o, 2, comm->be->reduce_scatter(comm->impl, o[0].h, o[1].h, counts, op));
+  return comm_leave(comm, rc);
 }
 
 int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in, float *out, size_t n, dt_comm_op_t op)
@@ -274,7 +355,12 @@ int dt_comm_all_gather_v(dt_comm_t *comm, const float *in, float *out, const siz
     return DT_EINVAL;
   if (total == 0)
     return 0;
-  return comm_leave(comm, comm->be->all_gather(comm->impl, in, out, counts));
+  operand_t o[2] = {{(void *)in, counts[comm->rank] * sizeof(float), 1, 0, NULL},
+                    {out, total * sizeof(float), 0, 1, NULL}};
+  int rc = stage_in(comm, o, 2);
+  if (rc == 0)
+    rc = stage_out(comm, o, 2, comm->be->all_gather(comm->impl, o[0].h, o[1].h, counts));
+  return comm_leave(comm, rc);
 }
 
 int dt_comm_all_gather(dt_comm_t *comm, const float *in, float *out, size_t n)
@@ -297,7 +383,11 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
     return DT_EINVAL;
   if (n == 0)
     return 0;
-  return comm_leave(comm, comm->be->broadcast(comm->impl, buf, n, root));
+  operand_t o[1] = {{buf, n * sizeof(float), comm->rank == root, comm->rank != root, NULL}};
+  int rc = stage_in(comm, o, 1);
+  if (rc == 0)
+    rc = stage_out(comm, o, 1, comm->be->broadcast(comm->impl, o[0].h, n, root));
+  return comm_leave(comm, rc);
 }
 
 int dt_comm_barrier(dt_comm_t *comm)
@@ -323,7 +413,18 @@ int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
   for (int i = 0; i < n; i++)
     if (ops[i].tag < 0 || !valid_peer(comm, ops[i].peer) || (ops[i].bytes && !ops[i].buf))
       return DT_EINVAL;
-  return comm_leave(comm, comm->be->p2p(comm->impl, ops, n));
+  operand_t o[DT_COMM_P2P_MAX];
+  dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
+  for (int i = 0; i < n; i++)
+    o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
+  int rc = stage_in(comm, o, n);
+  for (int i = 0; i < n; i++) {
+    staged[i] = ops[i];
+    staged[i].buf = o[i].h;
+  }
+  if (rc == 0)
+    rc = stage_out(comm, o, n, comm->be->p2p(comm->impl, staged, n));
+  return comm_leave(comm, rc);
 }
 
 int dt_comm_sendrecv(dt_comm_t *comm, const void *sendbuf, size_t send_bytes, int dst,
@@ -510,6 +611,8 @@ static int split_run(dt_comm_t *comm, int color, int key, dt_comm_t **out)
     *out = NULL;
     rc = 0;
   }
+  if (rc == 0 && *out)
+    (*out)->dev = comm->dev;
 
 out:
   free(child_prefix);

@@ -91,6 +91,21 @@ int dt_comm_world(const dt_comm_t *comm);
 /* The key prefix this communicator rendezvoused under. */
 const char *dt_comm_prefix(const dt_comm_t *comm);
 
+/* Device memory on a host-memory backend ("cpu"): a GPU trainer on the host-staged backend
+ * hands the communicator buffers in device memory and host scalars alike. With a device set,
+ * every buffer that is_device() calls device memory is copied to a host staging buffer before
+ * the operation (those the operation reads) and back after it (those it writes); other buffers
+ * go to the backend as they are. Backends that take device memory ("nccl") ignore it. Splits
+ * made after the call inherit it. Set it before the first operation; ud must outlive the
+ * communicator. */
+typedef struct {
+  void *ud;
+  int (*is_device)(void *ud, const void *p);
+  /* bytes from src to dst; to_host: device to host, else host to device. 0 or a DT_E* code. */
+  int (*copy)(void *ud, void *dst, const void *src, size_t bytes, int to_host);
+} dt_comm_device_t;
+void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
+
 /* In place: buf holds this rank's contribution and receives the reduction. */
 int dt_comm_all_reduce(dt_comm_t *comm, float *buf /* (n) */, size_t n, dt_comm_op_t op);
 

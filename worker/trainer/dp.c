@@ -877,12 +877,28 @@ static int load_local(dt_dp_t *dp, const char *path, int64_t lo, int64_t hi, flo
                       float *m, float *v, dt_train_state_t *state)
 {
   const dt_gpt2_t *model = dp->m;
+  dt_device_t *dev = dp->dev;
+  const size_t len = (size_t)(hi - lo);
+  float *dst[3] = {params, m, v}, *host[3] = {params, m, v};
   dt_gpt2_run_t *runs;
   size_t n;
-  DT_CHECK(dt_gpt2_runs(model, model->tp.rank, lo, hi, 0, &runs, &n));
-  int rc = dt_ckpt_load_runs(path, &model->cfg, (int64_t)model->global_params, runs, n, params, m,
-                             v, state);
-  free(runs);
+  int rc = 0;
+  /* A device that is not host memory: read into host buffers, then copy them over. */
+  for (int k = 0; k < 3 && !dev->host; k++)
+    if (dst[k] && !(host[k] = dt_calloc_aligned(len * sizeof(float), "checkpoint staging")))
+      rc = DT_ENOMEM;
+  if (rc == 0)
+    rc = dt_gpt2_runs(model, model->tp.rank, lo, hi, 0, &runs, &n);
+  if (rc == 0) {
+    rc = dt_ckpt_load_runs(path, &model->cfg, (int64_t)model->global_params, runs, n, host[0],
+                           host[1], host[2], state);
+    free(runs);
+  }
+  for (int k = 0; k < 3 && !dev->host; k++) {
+    if (rc == 0 && dst[k])
+      rc = dev->copy(dev, dst[k], host[k], len * sizeof(float), DT_COPY_H2D);
+    dt_free_aligned(host[k]);
+  }
   return rc;
 }
 
@@ -905,12 +921,11 @@ int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state)
 
 int dt_dp_gather_params(dt_dp_t *dp, float *out)
 {
-  if (dp->stage < 3) {
-    return dcopy(dp, out, dp->m->params_flat, (size_t)dp->P);
-  }
-  if (!collective(dp)) {
-    return dcopy(dp, out, dp->p_shard, dp->n);
-  }
+  if (dp->stage < 3)
+    return dp->dev->copy(dp->dev, out, dp->m->params_flat, (size_t)dp->P * sizeof(float),
+                         DT_COPY_D2H);
+  if (!collective(dp))
+    return dp->dev->copy(dp->dev, out, dp->p_shard, dp->n * sizeof(float), DT_COPY_D2H);
   DT_CHECK(drain(dp));
   return dt_comm_all_gather_v(dp->comm, dp->p_shard, out, dp->counts);
 }

@@ -203,6 +203,7 @@ static void free_acts(dt_device_t *dev, dt_gpt2_acts_t *a, dt_gpt2_acts_t *scrat
   for (size_t k = 0; k < DT_ARRAY_SIZE(mine); k++)
     if (*mine[k] != *shared[k])
       dev->free(dev, *mine[k]);
+  dev->free(dev, a->tokens);
 }
 
 /* Points a slot at the scratch's buffers (those the scratch has). */
@@ -231,6 +232,7 @@ void dt_gpt2_destroy(dt_gpt2_t *m)
       free_acts(dev, &m->acts[m->slot_base[c] + j], &m->scratch);
   free_acts(dev, &m->scratch, NULL);
   free(m->acts);
+  free(m->host_losses);
   memset(m, 0, sizeof *m);
 }
 
@@ -482,6 +484,11 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, int B, int 
     DT__ALLOC(losses, N);
   }
   DT__ALLOC(dresidual, Ns * C);
+  if (!m->dev->host) {
+    ok = ok &&
+         m->dev->alloc(m->dev, 2 * N * sizeof(int), "micro-batch tokens", (void **)&a->tokens) == 0;
+    total += 2 * N * sizeof(int);
+  }
   share_scratch(a, &m->scratch);
   a->B = B;
   a->T = T;
@@ -516,6 +523,9 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, const int *slots, int 
   if (!m->acts)
     return DT_ENOMEM;
   m->recompute = recompute;
+  if (!m->dev->host && m->stage.last &&
+      !(m->host_losses = calloc((size_t)B * T, sizeof *m->host_losses)))
+    return DT_ENOMEM;
   m->bytes_acts = alloc_scratch(m, B, T);
   if (!m->bytes_acts)
     return DT_ENOMEM;
@@ -810,6 +820,21 @@ static dt_gpt2_acts_t *slot_acts(dt_gpt2_t *m, int chunk, int slot)
   return &m->acts[m->slot_base[chunk] + slot];
 }
 
+/* The kernels' view of a micro-batch's host tokens: the host array itself, or on a device that
+ * is not host memory, its copy in the slot (which = 0: inputs, 1: targets). */
+static int device_tokens(dt_gpt2_t *m, dt_gpt2_acts_t *a, int which, const int *host, size_t N,
+                         const int **out)
+{
+  if (m->dev->host) {
+    *out = host;
+    return 0;
+  }
+  int *dst = a->tokens + (size_t)which * N;
+  DT_CHECK(m->dev->copy(m->dev, dst, host, N * sizeof(int), DT_COPY_H2D));
+  *out = dst;
+  return 0;
+}
+
 static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *inputs, int B,
                          int T)
 {
@@ -821,6 +846,7 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   dt_gpt2_view_t p, unused;
 
   if (embeds(m, chunk)) {
+    DT_CHECK(device_tokens(m, a, 0, inputs, N, &inputs));
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
     float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
     const float *sum;
@@ -861,12 +887,19 @@ int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
   return forward_stage(m, &m->acts[0], 0, inputs, B, T);
 }
 
-static float mean_loss(const float *losses, size_t n)
+/* The mean of slot a's n per-token losses, read back from the device when it is not the host. */
+static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out)
 {
+  const float *losses = a->losses;
+  if (!m->dev->host) {
+    DT_CHECK(m->dev->copy(m->dev, m->host_losses, a->losses, n * sizeof(float), DT_COPY_D2H));
+    losses = m->host_losses;
+  }
   double acc = 0.0;
   for (size_t i = 0; i < n; i++)
     acc += losses[i];
-  return (float)(acc / (double)n);
+  *out = (float)(acc / (double)n);
+  return 0;
 }
 
 /* Per-token losses of slot a's logits into a->losses and, when dloss != 0, dlogits in place of
@@ -898,9 +931,9 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
     return 0;
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
   const size_t N = (size_t)B * T;
+  DT_CHECK(device_tokens(m, a, 1, targets, N, &targets));
   DT_CHECK(cross_entropy(m, a, targets, grad_scale / (float)N, (int)N));
-  *loss = mean_loss(a->losses, N);
-  return 0;
+  return mean_loss(m, a, N, loss);
 }
 
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot)
@@ -990,6 +1023,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
   if (!last)
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
   DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
+  if (!m->dev->host)
+    inputs = a->tokens; /* the forward pass copied them */
   DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], dout, inputs, B,
                                T, C));
   return release(m, DT_UNIT_EMBED, 1);

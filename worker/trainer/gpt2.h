@@ -221,6 +221,8 @@ typedef struct {
   float *dqkv;      /* (N, 3C) */
   float *datt;      /* (B, NH, T, T) */
   float *tmp;       /* (N, C) branch outputs before the residual add */
+  int *tokens;      /* (2, N) on a device that is not host memory: the micro-batch's inputs
+                       then targets, copied there by the forward pass (NULL on the host) */
   int B, T;         /* the size these buffers were allocated for */
 } dt_gpt2_acts_t;
 
@@ -249,6 +251,8 @@ typedef struct {
                            c's slot j is acts[slot_base[c] + j] */
   int nslots[DT_GPT2_MAX_CHUNKS], slot_base[DT_GPT2_MAX_CHUNKS];
   dt_gpt2_acts_t scratch; /* the buffers every slot shares */
+  float *host_losses;     /* (N) the last stage's per-token losses read back from a device
+                             that is not host memory (NULL on the host) */
   int recompute;          /* activation checkpointing */
   int sp;                 /* sequence parallelism over the tp group */
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */

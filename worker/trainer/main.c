@@ -40,6 +40,9 @@ static void usage(FILE *out)
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
       "output:\n"
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
+      "device:\n"
+      "  --device cpu|cuda|auto      where to train (default auto: the GPU that LOCAL_RANK picks\n"
+      "                              when a CUDA GPU is present, else the CPU)\n"
       "parallelism (one process per rank; environment as torchrun sets it):\n"
       "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
       "  (a shared directory) for rendezvous; --tp N splits layers over N tensor-parallel\n"
@@ -98,6 +101,7 @@ enum {
   OPT_PP_PARTITION,
   OPT_PP_VIRTUAL,
   OPT_QUIET,
+  OPT_DEVICE,
   OPT_HELP,
 };
 
@@ -138,6 +142,7 @@ static const struct option g_opts[] = {
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
     {"threads", required_argument, 0, OPT_THREADS},
     {"zero-stage", required_argument, 0, OPT_ZERO},
+    {"device", required_argument, 0, OPT_DEVICE},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
@@ -330,6 +335,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_QUIET:
       o->quiet = 1;
+      break;
+    case OPT_DEVICE:
+      o->device = optarg;
       break;
     case OPT_RECOMPUTE:
       o->recompute = 1;

@@ -17,6 +17,7 @@
 
 #include "checkpoint.h"
 #include "dataloader.h"
+#include "devices.h"
 #include "dp.h"
 #include "plan.h"
 #include "dt_log.h"
@@ -180,10 +181,25 @@ static int prepare_ckpt_dir(const char *dir, int resuming)
 /* The trainer: setup, step, eval, finish                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A device's memory as a communicator sees it (dt_comm_set_device). */
+static int comm_is_device(void *ud, const void *p)
+{
+  dt_device_t *dev = ud;
+  return dev->owns(dev, p);
+}
+
+static int comm_copy(void *ud, void *dst, const void *src, size_t bytes, int to_host)
+{
+  dt_device_t *dev = ud;
+  return dev->copy(dev, dst, src, bytes, to_host ? DT_COPY_D2H : DT_COPY_H2D);
+}
+
 typedef struct {
   const dt_train_opts_t *o;
   dt_gpt2_config_t cfg;
-  dt_comm_t *world; /* NULL: one process */
+  dt_device_t *dev;          /* where the model's tensors live and its kernels run */
+  dt_comm_device_t comm_dev; /* its memory, for communicators that stage it through the host */
+  dt_comm_t *world;          /* NULL: one process */
   dt_plan_t plan;
   dt_gpt2_t model;
   dt_dp_t *dp;
@@ -265,10 +281,8 @@ static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 {
   const int Vl = m->cfg.padded_vocab / m->tp.tp;
   const float *mine = m->acts[0].logits + (size_t)(tlen - 1) * Vl;
-  if (m->tp.tp == 1) {
-    memcpy(row, mine, (size_t)Vl * sizeof(float));
-    return 0;
-  }
+  if (m->tp.tp == 1)
+    return m->dev->copy(m->dev, row, mine, (size_t)Vl * sizeof(float), DT_COPY_D2H);
   return dt_comm_all_gather(m->tp.comm, mine, row, (size_t)Vl);
 }
 
@@ -399,6 +413,27 @@ static int shard_offset(trainer_t *t, int writes, int wrank, int64_t count, int6
   return rc;
 }
 
+/* Points rg at host copies of its tensors when they live in device memory that is not host
+ * memory (*staged: the copies' buffer, for the caller to free; NULL otherwise). */
+static int range_to_host(dt_device_t *dev, dt_ckpt_range_t *rg, float **staged)
+{
+  *staged = NULL;
+  if (dev->host)
+    return 0;
+  const size_t len = (size_t)(rg->hi - rg->lo);
+  const float **src[3] = {&rg->params, &rg->m, &rg->v};
+  if (!(*staged = dt_calloc_aligned(3 * len * sizeof(float) + 1, "checkpoint staging")))
+    return DT_ENOMEM;
+  for (int k = 0; k < 3; k++) {
+    if (!*src[k])
+      continue;
+    float *h = *staged + (size_t)k * len;
+    DT_CHECK(dev->copy(dev, h, *src[k], len * sizeof(float), DT_COPY_D2H));
+    *src[k] = h;
+  }
+  return 0;
+}
+
 /* Writes this rank's shard of the step just completed, then commits it. Writers are the
  * data-parallel writers of every (pp, tp) position; each writes the global runs of the part of
  * its local range it owns (replicated tensors on tp rank 0, wte on the first stage), so the
@@ -418,8 +453,12 @@ static int save_checkpoint(trainer_t *t)
     dt_gpt2_run_t *runs;
     size_t nruns;
     DT_CHECK(dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, 1, &runs, &nruns));
-    int rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &t->state, t->o->ckpt_dir,
-                                wrank, writers, vlo, runs, nruns, rg.params, rg.m, rg.v, &info);
+    float *staged = NULL;
+    int rc = range_to_host(t->dev, &rg, &staged);
+    if (rc == 0)
+      rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &t->state, t->o->ckpt_dir,
+                              wrank, writers, vlo, runs, nruns, rg.params, rg.m, rg.v, &info);
+    dt_free_aligned(staged);
     free(runs);
     DT_CHECK(rc);
     DT_CHECK(commit_checkpoint(t, &info, writers, wrank, &committed));
@@ -600,23 +639,24 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
              o->batch, o->seq, mesh.tp);
     return DT_EINVAL;
   }
-  if (world > 1)
+  DT_CHECK(dt_train_device_open(o->device, &t->dev));
+  if (world > 1) {
+    /* The host-staged "cpu" communicator on every device for now: NCCL's collectives take
+     * device memory only, and the trainer also exchanges host scalars. */
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
                           (int)dt_param_CommTimeoutMs()));
+    if (!t->dev->host) {
+      t->comm_dev = (dt_comm_device_t){t->dev, comm_is_device, comm_copy};
+      dt_comm_set_device(t->world, &t->comm_dev);
+    }
+  }
   DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, mesh.pp > 1 ? chunks : 1, t->world));
   t->dprank = t->plan.coord.dp;
   t->dpsize = mesh.dp;
   t->pp = mesh.pp;
   t->stage = t->plan.coord.pp;
   const dt_gpt2_tp_t tp = {.tp = mesh.tp, .rank = t->plan.coord.tp, .comm = t->plan.tp};
-  dt_device_t *dev = dt_device_cpu();
-  if (!dev->host) {
-    /* Checkpoints, export, the replica check and sampling read tensors in place. */
-    DT_ERROR(TRAIN, "device %s: the trainer reads parameters in host memory; not supported yet",
-             dev->name);
-    return DT_ENOTSUP;
-  }
-  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, dev, &tp, &t->plan.stage));
+  DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, t->dev, &tp, &t->plan.stage));
   if (o->init_llmc)
     DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
   else
@@ -909,6 +949,7 @@ static void teardown(trainer_t *t)
   dt_pipeline_destroy(t->pipe);
   free(t->mb_inputs);
   free(t->mb_targets);
+  dt_train_device_close(t->dev);
 }
 
 int dt_train_run(const dt_train_opts_t *o)

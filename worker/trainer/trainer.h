@@ -64,6 +64,7 @@ typedef struct {
   float sample_temp;
   int threads;
   int quiet;
+  const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */
   /* the agent/coordinator link (link.h), NULL when standalone */
   struct dt_link *link;
   /* parallelism: this process's rank in a world of `world` (1: one process), the rendezvous

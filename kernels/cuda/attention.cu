@@ -1,0 +1,141 @@
+/* attention.cu — causal multi-head self-attention on the GPU, fp32, forward and backward
+ * (reference: kernels/cpu/attention.c).
+ *
+ * The T x T probabilities are materialised, as the ops contract says. Per batch element b, each
+ * product is one cublasSgemmStridedBatched over the NH heads: head h's q, k and v start at
+ * columns h*hs, C + h*hs and 2C + h*hs of the packed (T, 3C) rows (leading dimension 3C, batch
+ * stride hs); its (T, T) block of att / scratch follows the previous head's (stride T*T). The
+ * products run over the full T x T square; the softmax kernels then write exact zeros above the
+ * diagonal, so the zeros make the following products equal to the causal ones.
+ *
+ * cuBLAS is column-major: a row-major (rows, cols) matrix with row stride ld is the
+ * column-major (cols, rows) matrix, its transpose, with leading dimension ld. Each row-major
+ * product Y = A B is issued as Y^T = B^T A^T; the comments give the view used.
+ *
+ * Invariants: att holds the probabilities with exact zeros above the diagonal; dqkv is written
+ * (=) in full (every column of q | k | v belongs to one head); the softmax reductions are block
+ * reductions of fixed shape (deterministic). */
+#include <math.h>
+
+#include "cuda_impl.h"
+
+#define ATT_THREADS 256 /* softmax kernels, one block per row of one (b, h) matrix */
+
+/* Row r of the (B*NH*T, T) matrix of scores is query t = r % T: probabilities over j <= t,
+ * exact zeros after. The scores arrive already scaled by 1/sqrt(hs) (the GEMM's alpha). */
+__global__ static void causal_softmax_kernel(float *att, int T)
+{
+  float *row = att + (size_t)blockIdx.x * T;
+  const int t = (int)(blockIdx.x % (unsigned)T);
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x)
+    m = row[j] > m ? row[j] : m;
+  m = dt__block_reduce(m, dt__max_op());
+  float s = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float e = expf(row[j] - m);
+    row[j] = e;
+    s += e;
+  }
+  s = dt__block_reduce(s, dt__sum_op());
+  const float inv = 1.0f / s;
+  /* Each thread rescales the entries it wrote itself above. */
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    row[j] = j <= t ? row[j] * inv : 0.0f;
+}
+
+/* Softmax backward with the 1/sqrt(hs) of the scores folded in, in place on the datt rows:
+ * dS = scale * A * (dA - sum_j A dA) for j <= t, exact zeros after. */
+__global__ static void causal_softmax_backward_kernel(float *dS, const float *att, int T,
+                                                      float scale)
+{
+  float *d = dS + (size_t)blockIdx.x * T;
+  const float *a = att + (size_t)blockIdx.x * T;
+  const int t = (int)(blockIdx.x % (unsigned)T);
+  float dot = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x)
+    dot += a[j] * d[j];
+  dot = dt__block_reduce(dot, dt__sum_op());
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    d[j] = j <= t ? scale * a[j] * (d[j] - dot) : 0.0f;
+}
+
+int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
+                               int B, int T, int C, int NH)
+{
+  dt_cuda_impl_t *cu = dt__cuda(dev);
+  if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
+    return 0;
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+  const long long TT = (long long)T * T;
+  for (int b = 0; b < B; b++) {
+    const float *q = qkv + (size_t)b * T * C3;
+    const float *k = q + C;
+    float *A = att + (size_t)b * NH * TT;
+    /* scores (T x T) = scale * Q K^T, as scores^T = scale * K Q^T:
+     * K as stored is column-major (hs x T, ld 3C) = K^T, op T gives K (T x hs);
+     * Q as stored is Q^T (hs x T), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale,
+                                              k, C3, hs, q, C3, hs, &zero, A, T, TT, NH));
+  }
+  causal_softmax_kernel<<<(unsigned)((size_t)B * NH * T), ATT_THREADS, 0, cu->stream>>>(att, T);
+  DT_CUDA_CHECK(cudaGetLastError());
+  for (int b = 0; b < B; b++) {
+    const float *v = qkv + (size_t)b * T * C3 + 2 * C;
+    const float *A = att + (size_t)b * NH * TT;
+    float *o = out + (size_t)b * T * C;
+    /* out (T x hs, ld C) = A V, as out^T (hs x T) = V^T A^T:
+     * V as stored is V^T (hs x T, ld 3C), op N; A as stored is A^T (ld T), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v,
+                                              C3, hs, A, T, TT, &zero, o, C, hs, NH));
+  }
+  return 0;
+}
+
+int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scratch,
+                                const float *dout, const float *qkv, const float *att, int B, int T,
+                                int C, int NH)
+{
+  dt_cuda_impl_t *cu = dt__cuda(dev);
+  if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
+    return 0;
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+  const long long TT = (long long)T * T;
+  for (int b = 0; b < B; b++) {
+    const float *v = qkv + (size_t)b * T * C3 + 2 * C;
+    const float *dO = dout + (size_t)b * T * C;
+    const float *A = att + (size_t)b * NH * TT;
+    float *dS = scratch + (size_t)b * NH * TT;
+    float *dv = dqkv + (size_t)b * T * C3 + 2 * C;
+    /* dA (T x T) = dO V^T, as dA^T = V dO^T:
+     * V as stored is V^T (hs x T, ld 3C), op T gives V (T x hs);
+     * dO as stored is dO^T (hs x T, ld C), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v,
+                                              C3, hs, dO, C, hs, &zero, dS, T, TT, NH));
+    /* dV (T x hs, ld 3C) = A^T dO, as dV^T (hs x T) = dO^T A:
+     * dO as stored is dO^T (hs x T, ld C), op N; A as stored is A^T (ld T), op T gives A. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one,
+                                              dO, C, hs, A, T, TT, &zero, dv, C3, hs, NH));
+  }
+  causal_softmax_backward_kernel<<<(unsigned)((size_t)B * NH * T), ATT_THREADS, 0, cu->stream>>>(
+      scratch, att, T, scale);
+  DT_CUDA_CHECK(cudaGetLastError());
+  for (int b = 0; b < B; b++) {
+    const float *q = qkv + (size_t)b * T * C3;
+    const float *k = q + C;
+    const float *dS = scratch + (size_t)b * NH * TT;
+    float *dq = dqkv + (size_t)b * T * C3;
+    float *dk = dq + C;
+    /* dQ (T x hs, ld 3C) = dS K, as dQ^T (hs x T) = K^T dS^T:
+     * K as stored is K^T (hs x T, ld 3C), op N; dS as stored is dS^T (ld T), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, k,
+                                              C3, hs, dS, T, TT, &zero, dq, C3, hs, NH));
+    /* dK (T x hs, ld 3C) = dS^T Q, as dK^T (hs x T) = Q^T dS:
+     * Q as stored is Q^T (hs x T, ld 3C), op N; dS as stored is dS^T (ld T), op T gives dS. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, q,
+                                              C3, hs, dS, T, TT, &zero, dk, C3, hs, NH));
+  }
+  return 0;
+}

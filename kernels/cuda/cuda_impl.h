@@ -1,0 +1,148 @@
+/* cuda_impl.h — what the CUDA backend's files share (internal, .cu files only): the device's
+ * private state, its scratch buffers, launch geometry, block reductions and the entries that
+ * ops_cuda.cu puts in the kernel table.
+ *
+ * Invariants every kernel file keeps:
+ * - All work is issued on the device's stream (dt__cuda(dev)->stream), including cuBLAS calls
+ *   (the handle is bound to that stream at create time).
+ * - No atomics: every reduction has a fixed shape that depends on the problem size only (not on
+ *   the GPU model or on timing), so results are bit-identical from run to run.
+ * - Elementwise kernels use size_t indices and grid-stride loops over a capped grid, so any n
+ *   works; per-row kernels take one block per row (N < 2^31 blocks is within gridDim.x).
+ * - Entries return 0 at once for empty problems (a zero-block launch is an error) and check
+ *   every launch with DT_CUDA_CHECK(cudaGetLastError()). */
+#ifndef DT_KERNELS_CUDA_IMPL_H
+#define DT_KERNELS_CUDA_IMPL_H
+
+#include <stddef.h>
+
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* The device                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct dt_cuda_impl {
+  dt_device_t dev; /* the public face; dev.impl points back to this struct */
+  int ordinal;
+  cudaStream_t stream; /* every kernel, memset, copy and cuBLAS call of this device */
+  cublasHandle_t blas; /* bound to stream, CUBLAS_DEFAULT_MATH (no TF32) */
+  void *ws;            /* scratch for partial sums; grows, never shrinks */
+  size_t ws_bytes;
+  float *ones; /* ones_n floats equal to 1.0f (column sums through GEMV) */
+  size_t ones_n;
+  char name[32]; /* "cuda:<ordinal>" */
+} dt_cuda_impl_t;
+
+static inline dt_cuda_impl_t *dt__cuda(struct dt_device *d)
+{
+  return (dt_cuda_impl_t *)d->impl;
+}
+
+/* At least `bytes` of device scratch, valid until the next call (one request per entry: a
+ * second request may move the buffer). Growing waits for the stream, since queued kernels may
+ * still read the old buffer. 0 or DT_ENOMEM / DT_ECUDA. */
+int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out);
+/* A device vector of at least n ones (its own buffer, independent of the workspace). */
+int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Launch geometry and block reductions                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+#define DT__CUDA_THREADS  256    /* elementwise kernels */
+#define DT__CUDA_MAX_GRID 65536u /* grid-stride loops cover the rest */
+
+/* Blocks for n elements at `threads` per block, at least 1, at most DT__CUDA_MAX_GRID. */
+static inline unsigned dt__cuda_grid(size_t n, unsigned threads)
+{
+  size_t blocks = (n + threads - 1) / threads;
+  if (blocks == 0)
+    blocks = 1;
+  return blocks > DT__CUDA_MAX_GRID ? DT__CUDA_MAX_GRID : (unsigned)blocks;
+}
+
+/* Grid-stride loop over [0, n) with a size_t index. */
+#define DT__CUDA_FOR(i, n)                                                                         \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+       i += (size_t)gridDim.x * blockDim.x)
+
+struct dt__sum_op {
+  template <typename T> __device__ T operator()(T a, T b) const
+  {
+    return a + b;
+  }
+};
+/* The CPU references' "x > m ? x : m" */
+struct dt__max_op {
+  template <typename T> __device__ T operator()(T a, T b) const
+  {
+    return b > a ? b : a;
+  }
+};
+
+/* Combines one value per thread over the whole block; every thread returns the result.
+ * blockDim.x must be a multiple of 32 (at most 1024) and every thread of the block must call it
+ * (it synchronises). Each warp folds its 32 values with shuffles, then every thread folds the
+ * warps' results in warp order: the order is fixed by the block size, hence deterministic.
+ * Consecutive calls may reuse the shared array: the first barrier waits for the previous
+ * call's readers. */
+template <typename T, typename Op> __device__ T dt__block_reduce(T v, Op op)
+{
+  __shared__ T partial[32];
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  for (int off = 16; off > 0; off >>= 1)
+    v = op(v, __shfl_down_sync(0xffffffffu, v, off));
+  __syncthreads();
+  if (lane == 0)
+    partial[warp] = v;
+  __syncthreads();
+  T r = partial[0];
+  for (unsigned w = 1; w < blockDim.x / 32; w++)
+    r = op(r, partial[w]);
+  return r;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernel-table entries (contracts in kernels/ops.h)                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt__cuda_encoder_forward(struct dt_device *dev, float *out, const int *inp, const float *wte,
+                             int vocab_lo, int vocab_n, const float *wpe, int B, int T, int C);
+int dt__cuda_encoder_backward(struct dt_device *dev, float *dwte, int vocab_lo, int vocab_n,
+                              float *dwpe, const float *dout, const int *inp, int B, int T, int C);
+int dt__cuda_layernorm_forward(struct dt_device *dev, float *out, float *mean, float *rstd,
+                               const float *inp, const float *weight, const float *bias, int N,
+                               int C);
+int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight,
+                                const float *mean, const float *rstd, int N, int C);
+int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
+                            const float *weight, const float *bias, int N, int C, int OC, int ldo);
+int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight, int N, int C,
+                             int OC, int ldd);
+int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
+                               int B, int T, int C, int NH);
+int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scratch,
+                                const float *dout, const float *qkv, const float *att, int B, int T,
+                                int C, int NH);
+int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
+int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
+                           size_t n);
+int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,
+                              size_t n);
+int dt__cuda_crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
+                                           const int *targets, float dloss, int N, int V, int Vp);
+int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
+                                   const int *targets, int vocab_lo, int N, int Vl, int ldl);
+int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,
+                                    const float *all_stats, int nranks, const int *targets,
+                                    int vocab_lo, float dloss, int N, int Vl, int ldl);
+int dt__cuda_adamw_update(struct dt_device *dev, float *param, const float *grad, float *m,
+                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, float grad_scale, int t);
+int dt__cuda_sum_squares(struct dt_device *dev, const float *x, size_t n, double *out);
+
+#endif

@@ -1,0 +1,38 @@
+/* ops_cuda.cu — the CUDA backend's kernel table (kernels/ops.h). Each entry lives in the file
+ * of its layer; every one takes a device made by dt_device_cuda_create and issues its work on
+ * that device's stream.
+ *
+ * The table is built by a constexpr function that names every field (C++17 has no designated
+ * initializers): it is a compile-time constant, a field of dt_ops_t not assigned here stays
+ * NULL rather than receiving a neighbour's entry, and the order of the fields does not matter. */
+#include "cuda_impl.h"
+
+static constexpr dt_ops_t make_cuda_ops(void)
+{
+  dt_ops_t o{};
+  o.name = "cuda";
+  o.encoder_forward = dt__cuda_encoder_forward;
+  o.encoder_backward = dt__cuda_encoder_backward;
+  o.layernorm_forward = dt__cuda_layernorm_forward;
+  o.layernorm_backward = dt__cuda_layernorm_backward;
+  o.matmul_forward = dt__cuda_matmul_forward;
+  o.matmul_backward = dt__cuda_matmul_backward;
+  o.attention_forward = dt__cuda_attention_forward;
+  o.attention_backward = dt__cuda_attention_backward;
+  o.gelu_forward = dt__cuda_gelu_forward;
+  o.gelu_backward = dt__cuda_gelu_backward;
+  o.residual_forward = dt__cuda_residual_forward;
+  o.crossentropy_forward_backward = dt__cuda_crossentropy_forward_backward;
+  o.crossentropy_vp_stats = dt__cuda_crossentropy_vp_stats;
+  o.crossentropy_vp_finish = dt__cuda_crossentropy_vp_finish;
+  o.adamw_update = dt__cuda_adamw_update;
+  o.sum_squares = dt__cuda_sum_squares;
+  return o;
+}
+
+static constexpr dt_ops_t g_cuda_ops = make_cuda_ops();
+
+extern "C" const dt_ops_t *dt_ops_cuda(void)
+{
+  return &g_cuda_ops;
+}

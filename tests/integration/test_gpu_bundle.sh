@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# test_gpu_bundle.sh — tests/gpu/run.sh end to end on a machine without a GPU: bundles BUILD_DIR
+# into a temporary directory, runs the bundle, and checks that the run exits 0, that the results
+# list every test labelled gpu (as CTest knows them) and each as SKIP, and that the bundle holds
+# no glibc and no NVIDIA library. Skips (77) where a GPU is present, since the gpu tests would
+# run there instead of skipping: use tests/gpu/run.sh directly.
+#
+#   tests/integration/test_gpu_bundle.sh BUILD_DIR [CTEST]
+set -euo pipefail
+BUILD=$(cd "${1:?usage: test_gpu_bundle.sh BUILD_DIR [CTEST]}" && pwd)
+export CTEST=${2:-ctest}
+RUN=$(cd "$(dirname "$0")/../gpu" && pwd)/run.sh
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "a GPU is present: skipping (run $RUN directly)"
+  exit 77
+fi
+T=$(mktemp -d "${TMPDIR:-/tmp}/dt-gpu-bundle-test-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+
+FAILS=0
+ok() { echo "ok   - $*"; }
+bad() {
+  echo "FAIL - $*"
+  FAILS=$((FAILS + 1))
+}
+
+"$RUN" bundle "$BUILD" "$T/bundle.tar.gz" || { bad "bundle failed"; exit 1; }
+rc=0
+"$RUN" run "$T/bundle.tar.gz" "$T/results.txt" >"$T/run.log" 2>&1 || rc=$?
+if [ $rc -eq 0 ]; then
+  ok "run exits 0"
+else
+  bad "run exited $rc:"
+  cat "$T/run.log"
+fi
+[ -f "$T/results.txt" ] || { bad "no results file"; exit 1; }
+
+# has_line PREFIX: a line of the results starts with PREFIX (a fixed string).
+has_line() { awk -v p="$1" 'index($0, p) == 1 { f = 1 } END { exit !f }' "$T/results.txt"; }
+
+mapfile -t want < <("$CTEST" --test-dir "$BUILD" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: *//p')
+for t in "${want[@]}"; do
+  if has_line "== $t: SKIP ("; then ok "$t: SKIP"; else bad "$t is not listed as SKIP"; fi
+done
+listed=$(grep -c '^== ' "$T/results.txt" || true)
+if [ "$listed" -eq ${#want[@]} ]; then
+  ok "results list ${#want[@]} gpu tests"
+else
+  bad "results list $listed tests, CTest has ${#want[@]} labelled gpu"
+fi
+if has_line "summary: "; then ok "summary line"; else bad "no summary line"; fi
+if has_line "bundle: commit: "; then ok "header names the commit"; else bad "no commit in the header"; fi
+
+forbidden=$(tar -tzf "$T/bundle.tar.gz" |
+  grep -E '/lib(-gcc)?/(libc|libm|libpthread|libdl|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvrtc|libnvidia-[^/]*)\.so' || true)
+if [ -z "$forbidden" ]; then ok "no glibc or NVIDIA library bundled"; else bad "bundled: $forbidden"; fi
+
+if [ $FAILS -gt 0 ]; then
+  echo "$FAILS checks failed"
+  exit 1
+fi
+echo "all checks passed"

@@ -1,0 +1,91 @@
+/* devices.c — the trainer's device choice (devices.h). */
+#include "devices.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_error.h"
+#include "dt_log.h"
+#ifdef DT_HAVE_CUDA
+#include "cuda_kernels.h"
+#endif
+
+#ifdef DT_HAVE_CUDA
+/* LOCAL_RANK as torchrun and the agent set it; 0 when absent. */
+static int local_rank(void)
+{
+  const char *s = getenv("LOCAL_RANK");
+  char *end;
+  long v = s ? strtol(s, &end, 10) : 0;
+  return s && *s && *end == '\0' && v >= 0 && v < 1 << 20 ? (int)v : 0;
+}
+#endif
+
+/* GPUs visible to this process (0 without a driver or without CUDA support in this build). */
+static int gpu_count(void)
+{
+  int n = 0;
+#ifdef DT_HAVE_CUDA
+  if (dt_cuda_device_count(&n) != 0)
+    n = 0;
+#endif
+  return n;
+}
+
+static int open_cuda(dt_device_t **out)
+{
+#ifdef DT_HAVE_CUDA
+  const int n = gpu_count(), lr = local_rank();
+  const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+  if (n == 0) {
+    DT_ERROR(TRAIN,
+             "--device cuda: no usable CUDA GPU (CUDA_VISIBLE_DEVICES=%s); check nvidia-smi, or "
+             "train on --device cpu",
+             visible ? visible : "(unset)");
+    return DT_ENOTSUP;
+  }
+  if (lr >= n)
+    DT_INFO(TRAIN, "LOCAL_RANK %d with %d visible GPU%s: sharing GPU %d", lr, n, n == 1 ? "" : "s",
+            lr % n);
+  return dt_device_cuda_create(lr % n, out);
+#else
+  (void)out;
+  DT_ERROR(TRAIN,
+           "--device cuda: this distrain-train was built without CUDA (no nvcc found at "
+           "configure time); rebuild on a machine with the CUDA toolkit, or use --device cpu");
+  return DT_ENOTSUP;
+#endif
+}
+
+int dt_train_device_open(const char *want, dt_device_t **out)
+{
+  *out = NULL;
+  if (!want || strcmp(want, "auto") == 0) {
+    if (gpu_count() > 0)
+      return open_cuda(out);
+    *out = dt_device_cpu();
+    return 0;
+  }
+  if (strcmp(want, "cpu") == 0) {
+    *out = dt_device_cpu();
+    return 0;
+  }
+  if (strcmp(want, "cpu-remote") == 0) {
+    *out = dt_device_cpu_remote();
+    return 0;
+  }
+  if (strcmp(want, "cuda") == 0)
+    return open_cuda(out);
+  DT_ERROR(TRAIN, "--device %s: expected cpu, cuda or auto", want);
+  return DT_EINVAL;
+}
+
+void dt_train_device_close(dt_device_t *dev)
+{
+#ifdef DT_HAVE_CUDA
+  if (dev && dev != dt_device_cpu() && dev != dt_device_cpu_remote())
+    dt_device_cuda_destroy(dev);
+#else
+  (void)dev;
+#endif
+}

@@ -1,0 +1,20 @@
+/* devices.h — which device a trainer computes on, and opening it.
+ *
+ * "cpu": host memory and the OpenBLAS kernels. "cuda": the GPU this process's LOCAL_RANK
+ * selects among those CUDA_VISIBLE_DEVICES leaves visible (modulo their count: several
+ * trainers may share one GPU on the host-staged communicator). "auto" (the default): cuda
+ * when this build has CUDA and a GPU is present, else cpu. "cpu-remote": the CPU kernels on
+ * memory the host must not touch (kernels/device.h), for tests of the GPU code paths. */
+#ifndef DT_TRAINER_DEVICES_H
+#define DT_TRAINER_DEVICES_H
+
+#include "device.h"
+
+/* Opens the device `want` names (NULL: "auto"); DT_EINVAL for an unknown name, DT_ENOTSUP
+ * when cuda was asked for and this build or machine cannot give it, each with a log line
+ * that says why. */
+int dt_train_device_open(const char *want, dt_device_t **out);
+/* Releases what open acquired (a GPU's stream and handles); NULL is fine. */
+void dt_train_device_close(dt_device_t *dev);
+
+#endif
