@@ -63,6 +63,7 @@ int dt_train_device_open(const char *want, dt_device_t **out)
   if (!want || strcmp(want, "auto") == 0) {
     if (gpu_count() > 0)
       return open_cuda(out);
+    DT_DEBUG(TRAIN, "--device auto: no CUDA GPU here, training on the CPU");
     *out = dt_device_cpu();
     return 0;
   }

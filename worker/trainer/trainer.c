@@ -708,9 +708,10 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   }
 
   const dt_gpt2_config_t *cfg = &t->cfg;
-  DT_INFO(TRAIN, "model: L=%d NH=%d C=%d V=%d (Vp %d) maxT=%d, %zu parameters; %d threads",
+  DT_INFO(TRAIN,
+          "model: L=%d NH=%d C=%d V=%d (Vp %d) maxT=%d, %zu parameters; device %s, %d threads",
           cfg->layers, cfg->heads, cfg->channels, cfg->vocab, cfg->padded_vocab, cfg->max_seq,
-          t->model.global_params, omp_get_max_threads());
+          t->model.global_params, t->dev->name, omp_get_max_threads());
   if (world > 1)
     dt_plan_log(&t->plan, cfg);
   if (t->pp > 1)
