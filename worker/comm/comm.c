@@ -244,6 +244,12 @@ typedef struct {
 
 #define STAGE_ALIGN 64
 
+/* An operand's share of the staging buffer. */
+static size_t stage_bytes(const operand_t *o)
+{
+  return (o->bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+}
+
 /* Points each operand's h at p, or, for device memory, at its part of the staging buffer,
  * filled from the device when the backend reads it. */
 static int stage_in(dt_comm_t *comm, operand_t *o, int n)
@@ -253,7 +259,7 @@ static int stage_in(dt_comm_t *comm, operand_t *o, int n)
     o[i].h = o[i].p;
     if (comm->dev.is_device && o[i].bytes && comm->dev.is_device(comm->dev.ud, o[i].p)) {
       o[i].h = NULL;
-      total += (o[i].bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+      total += stage_bytes(&o[i]);
     }
   }
   if (total == 0)
@@ -274,7 +280,7 @@ static int stage_in(dt_comm_t *comm, operand_t *o, int n)
     if (o[i].h)
       continue;
     o[i].h = h;
-    h += (o[i].bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+    h += stage_bytes(&o[i]);
     if (o[i].in)
       DT_CHECK(comm->dev.copy(comm->dev.ud, o[i].h, o[i].p, o[i].bytes, 1));
   }
