@@ -212,6 +212,7 @@ int dt_jobspec_new_default(spec_t **out)
   s->elastic->max_nodes = 1;
   s->elastic->max_restarts = 3;
   s->elastic->heartbeat_ms = 500;
+  s->elastic->hang_timeout_s = 30;
 
   *out = s;
   return 0;
@@ -985,6 +986,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   DT__NONNEG(&v, elastic, max_restarts, "");
   if (elastic->heartbeat_ms < 50)
     bad(&v, "elastic.heartbeat_ms (%d) must be >= 50", elastic->heartbeat_ms);
+  if (elastic->hang_timeout_s < 0 || elastic->hang_timeout_s > 86400)
+    bad(&v, "elastic.hang_timeout_s (%d) must be in [1, 86400] (0: the default, 30)",
+        elastic->hang_timeout_s);
 
   return v.count ? DT_EINVAL : 0;
 }

@@ -57,6 +57,9 @@ typedef struct {
   int local_rank;
   Distrain__V1__TrainerState state;
   int64_t step;
+  Distrain__V1__TrainerProgress *progress; /* its latest progress report (owned), or NULL */
+  double report_age_ms;                    /* its report's age when the heartbeat came... */
+  double heard_ms;                         /* ...at this time (0: no heartbeat yet) */
 } dt_rank_slot_t;
 
 /* One rank of a job and the node it runs on (the job's by-node index). */
@@ -86,8 +89,9 @@ typedef struct {
    * node of the job to be declared dead, then goes ahead with blame_reason. */
   double blame_deadline_ms;
   char blame_reason[512];
-  int n_running, n_done; /* ranks of this generation RUNNING / SUCCEEDED */
-  double persisted_ms;   /* when progress (step, loss) was last written */
+  int n_running, n_done;  /* ranks of this generation RUNNING / SUCCEEDED */
+  double hang_checked_ms; /* when a report past the hang timeout was last analysed */
+  double persisted_ms;    /* when progress (step, loss) was last written */
   /* rank 0's per-step metrics (the --metrics stream) */
   Distrain__V1__StepMetrics **metrics;
   size_t n_metrics, cap_metrics;
@@ -145,6 +149,9 @@ void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n);
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
 /* Folds one heartbeat's trainer statuses into the job state machines. */
 void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n);
+/* How long rank r of job j has been silent: its last report's age at its agent plus the time
+ * since that heartbeat (0 before the first). */
+double dt_coord_report_age_ms(const dt_job_t *j, int r);
 /* Recovers the jobs whose wait for a dying peer's node (blame_deadline_ms) is over. */
 void dt_coord_blame_expired(dt_coord_t *c);
 /* Removes a job's assignments from its nodes (agents stop its trainers). */

@@ -149,6 +149,13 @@ void dt_json_string(FILE *out, const char *s)
   fputc('"', out);
 }
 
+static const char *trainer_state(Distrain__V1__TrainerState s)
+{
+  const ProtobufCEnumValue *v =
+      protobuf_c_enum_descriptor_get_value(&distrain__v1__trainer_state__descriptor, (int)s);
+  return v ? v->name + strlen("TRAINER_") : "UNKNOWN";
+}
+
 static void json_job(FILE *out, const Distrain__V1__Job *j)
 {
   fprintf(out, "{\"job_id\": ");
@@ -171,8 +178,24 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
       fputs(", ", out);
     dt_json_string(out, j->failed_nodes[i]);
   }
-  fprintf(out, "], \"created_ms\": %lld, \"updated_ms\": %lld}", (long long)j->created_ms,
+  fprintf(out, "], \"created_ms\": %lld, \"updated_ms\": %lld", (long long)j->created_ms,
           (long long)j->updated_ms);
+  if (j->n_ranks) {
+    fputs(", \"ranks\": [", out);
+    for (size_t i = 0; i < j->n_ranks; i++) {
+      const Distrain__V1__RankStatus *r = j->ranks[i];
+      fprintf(out, "%s{\"rank\": %d, \"node_id\": ", i ? ", " : "", r->rank);
+      dt_json_string(out, r->node_id);
+      fputs(", \"hostname\": ", out);
+      dt_json_string(out, r->hostname);
+      fprintf(out, ", \"state\": \"%s\", \"step\": %lld, \"waiting\": ", trainer_state(r->state),
+              (long long)r->step);
+      dt_json_string(out, r->waiting);
+      fprintf(out, ", \"report_age_ms\": %u}", r->report_age_ms);
+    }
+    fputc(']', out);
+  }
+  fputc('}', out);
 }
 
 void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
@@ -196,6 +219,15 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
             j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
   for (size_t i = 0; i < j->n_failed_nodes; i++)
     fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
+  const size_t shown = DT_MIN(j->n_ranks, (size_t)32);
+  for (size_t i = 0; i < shown; i++) {
+    const Distrain__V1__RankStatus *r = j->ranks[i];
+    fprintf(out, "%-12s %-4d %s (%s)  %-9s step %-7lld%s%s\n", i ? "" : "ranks:", r->rank,
+            r->node_id, r->hostname, trainer_state(r->state), (long long)r->step,
+            r->waiting[0] ? "  blocked in " : "", r->waiting);
+  }
+  if (j->n_ranks > shown)
+    fprintf(out, "%-12s ... and %zu more ranks (--json lists them all)\n", "", j->n_ranks - shown);
 }
 
 void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json)

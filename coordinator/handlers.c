@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "hang.h"
 #include "dt_log.h"
 #include "dt_util.h"
 #include "jobspec.h"
@@ -302,12 +303,46 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   dt_coord_schedule(c);
 }
 
+/* GetJob adds the current generation's ranks: where each runs, its state and step, and the
+ * collective it is blocked in (ListJobs leaves them out: O(world) per job). */
 static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
 {
+  dt_coord_t *c = ud;
   const Distrain__V1__GetJobRequest *req = (const void *)m;
-  dt_job_t *j = job_or_fail(ud, call, req->job_id);
-  if (j)
-    dt_rpc_call_reply(call, &j->job->base);
+  dt_job_t *j = job_or_fail(c, call, req->job_id);
+  if (!j)
+    return;
+  const int live = !dt_coord_state_terminal(j->job->state) && j->ranks;
+  const size_t n = live ? (size_t)j->world : 0;
+  Distrain__V1__RankStatus *rs = calloc(n ? n : 1, sizeof *rs);
+  Distrain__V1__RankStatus **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+  char(*waiting)[96] = calloc(n ? n : 1, sizeof *waiting);
+  if (!rs || !ptrs || !waiting) {
+    free(rs), free(ptrs), free(waiting);
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  for (size_t r = 0; r < n; r++) {
+    const dt_rank_slot_t *s = &j->ranks[r];
+    const dt_node_t *nd = c->nodes[s->node];
+    const double age = dt_coord_report_age_ms(j, (int)r);
+    distrain__v1__rank_status__init(&rs[r]);
+    rs[r].rank = (int32_t)r;
+    rs[r].node_id = (char *)nd->id;
+    rs[r].hostname = nd->info->hostname;
+    rs[r].state = s->state;
+    rs[r].step = s->step;
+    dt_hang_describe(s->progress, age, waiting[r], sizeof waiting[r]);
+    rs[r].waiting = waiting[r];
+    rs[r].report_age_ms = (uint32_t)DT_MIN(age, 4e9);
+    ptrs[r] = &rs[r];
+  }
+  j->job->ranks = ptrs;
+  j->job->n_ranks = n;
+  dt_rpc_call_reply(call, &j->job->base);
+  j->job->ranks = NULL;
+  j->job->n_ranks = 0;
+  free(rs), free(ptrs), free(waiting);
 }
 
 static void handle_list_jobs(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)

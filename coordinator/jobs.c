@@ -16,6 +16,7 @@
 
 #include "checkpoint_manifest.h"
 #include "coord.h"
+#include "hang.h"
 #include "dt_log.h"
 #include "dt_util.h"
 #include "jobspec.h"
@@ -154,6 +155,15 @@ void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
   }
   free(r->assignments);
   free(r);
+}
+
+static void free_ranks(dt_job_t *j)
+{
+  for (int r = 0; j->ranks && r < j->world; r++)
+    if (j->ranks[r].progress)
+      distrain__v1__trainer_progress__free_unpacked(j->ranks[r].progress, NULL);
+  free(j->ranks);
+  j->ranks = NULL;
 }
 
 static int cmp_node_rank(const void *pa, const void *pb)
@@ -368,7 +378,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     goto wait;
 
   /* Commit the plan: a new generation. */
-  free(j->ranks);
+  free_ranks(j);
   j->ranks = calloc((size_t)pl.world, sizeof *j->ranks);
   if (!j->ranks) {
     dt_placement_free(&pl);
@@ -541,6 +551,62 @@ static void slot_set_state(dt_job_t *j, dt_rank_slot_t *slot, Distrain__V1__Trai
   j->n_done += to == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
 }
 
+double dt_coord_report_age_ms(const dt_job_t *j, int r)
+{
+  const dt_rank_slot_t *s = &j->ranks[r];
+  return s->heard_ms > 0 ? s->report_age_ms + (dt_coord_now_ms() - s->heard_ms) : 0.0;
+}
+
+static double hang_timeout_ms(const dt_job_t *j)
+{
+  const int s = j->job->spec->elastic->hang_timeout_s;
+  return 1000.0 * (s > 0 ? s : 30);
+}
+
+/* A progress report from rank r: if it has been blocked in a collective past the job's hang
+ * timeout, name the ranks it waits for and restart (at most one analysis a second per job).
+ * Returns 1 when the job was sent to recovery. */
+static int check_hang(dt_coord_t *c, dt_job_t *j, int r)
+{
+  const double timeout = hang_timeout_ms(j), now = dt_coord_now_ms();
+  const Distrain__V1__JobState st = j->job->state;
+  if ((st != DISTRAIN__V1__JOB_STATE__JOB_RUNNING &&
+       st != DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS) ||
+      now - j->hang_checked_ms < 1000.0)
+    return 0;
+  const Distrain__V1__TrainerProgress *p = j->ranks[r].progress;
+  int blocked = 0;
+  for (size_t k = 0; k < p->n_comms; k++)
+    blocked |= p->comms[k]->op[0] && p->comms[k]->waiting_ms >= timeout;
+  if (!blocked)
+    return 0;
+  j->hang_checked_ms = now;
+  dt_hang_rank_t *in = malloc((size_t)j->world * sizeof *in);
+  int *blamed = malloc((size_t)j->world * sizeof *blamed);
+  int nb = 0;
+  char why[768], reason[1024];
+  if (in && blamed) {
+    for (int k = 0; k < j->world; k++)
+      in[k] = (dt_hang_rank_t){j->ranks[k].progress, dt_coord_report_age_ms(j, k)};
+    /* Silent for half the timeout (the reports come every second): stopped. */
+    nb = dt_hang_analyze(in, j->world, timeout, DT_MIN(timeout / 2, 5000.0), blamed, why,
+                         sizeof why);
+  }
+  if (nb > 0) {
+    size_t at = (size_t)snprintf(reason, sizeof reason, "hang: %s; named:", why);
+    for (int i = 0; i < nb && i < 8 && at < sizeof reason; i++) {
+      const dt_node_t *n = c->nodes[j->ranks[blamed[i]].node];
+      at += (size_t)snprintf(reason + at, sizeof reason - at, "%s rank %d on %s (%s)", i ? "," : "",
+                             blamed[i], n->id, n->info->hostname);
+    }
+    DT_WARN(COORD, "job %s: %s", j->id, reason);
+    recover(c, j, reason);
+  }
+  free(in);
+  free(blamed);
+  return nb > 0;
+}
+
 void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
 {
   int replan = 0;
@@ -558,6 +624,15 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
     int changed = slot->state != ts->state;
     slot_set_state(j, slot, ts->state);
     slot->step = ts->step;
+    slot->report_age_ms = ts->report_age_ms;
+    slot->heard_ms = dt_coord_now_ms();
+    if (ts->progress) { /* sent once: keep the latest */
+      if (slot->progress)
+        distrain__v1__trainer_progress__free_unpacked(slot->progress, NULL);
+      slot->progress = ts->progress;
+      ((Distrain__V1__TrainerStatus *)ts)->progress = NULL; /* moved out of the node's copy */
+      replan |= check_hang(c, j, ts->rank);
+    }
     if (ts->rank == 0) {
       j->job->step = ts->step;
       j->job->loss = ts->loss;
@@ -742,7 +817,7 @@ void dt_job_free(dt_job_t *j)
   for (size_t i = 0; i < j->n_ckpts; i++)
     pending_free(&j->ckpts[i]);
   free(j->ckpts);
-  free(j->ranks);
+  free_ranks(j);
   free(j->nodes);
   free(j->by_node);
   free(j);

@@ -1300,6 +1300,87 @@ class T8_RendezvousAcrossRestart(ClusterTest):
 
 
 # ---------------------------------------------------------------------------------------------
+# 9. A hung rank: SIGSTOPped, named by the coordinator from the ranks' progress reports
+# ---------------------------------------------------------------------------------------------
+
+class T9_HungRank(ClusterTest):
+    HANG_S = 4
+
+    def test_stopped_trainer_is_named_and_the_job_recovers(self):
+        """A dp=2 job on two nodes; rank 1's trainer is SIGSTOPped. Rank 0 blocks in the
+        gradient all-reduce; within hang_timeout_s the coordinator names rank 1 and its node
+        (not the waiting rank 0, as a collective timeout would, 300 s later), restarts from the
+        last checkpoint, and the job completes. Meanwhile GetJob shows each rank's step and
+        what it is blocked in."""
+        self.start_coordinator()
+        self.start_agent("h0", grace_ms=1000)
+        self.start_agent("h1", grace_ms=1000)
+        self.wait_nodes(2)
+        steps = slow_steps(8.0)
+        every = max(steps // 4, 1)
+        steps = 6 * every
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every)
+        spec.parallel.dp = 2
+        spec.training.micro_batch = SLOW["batch"] // 2
+        spec.elastic.max_nodes = 2
+        spec.elastic.hang_timeout_s = self.HANG_S
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        # Every rank's step, once both have reported (the job's step is rank 0's).
+        j = wait_until(lambda: (lambda x: x if len(x.ranks) == 2 and min(
+            r.step for r in x.ranks) >= 1 else None)(self.get_job(job_id)), 20, "both ranks' steps")
+        self.assertEqual([r.state for r in j.ranks], [pb.TRAINER_RUNNING] * 2)
+        victim = [r for r in j.ranks if r.rank == 1][0]
+
+        def rank1():
+            for n in self.nodes():
+                for t in n.trainers:
+                    if t.job_id == job_id and t.rank == 1 and t.pid > 0 and t.generation == 1:
+                        return n, t
+            return None
+
+        node, tr = wait_until(rank1, 10, "rank 1's trainer")
+        self.assertEqual((node.node_id, node.info.hostname), (victim.node_id, victim.hostname))
+        os.kill(tr.pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        try:
+            # While it hangs: rank 0 is blocked in the all-reduce, rank 1 is silent.
+            blocked = wait_until(lambda: (lambda x: x if x.generation == 1 and any(
+                r.rank == 0 and "all_reduce" in r.waiting for r in x.ranks) else None)(
+                    self.get_job(job_id)), self.HANG_S, "rank 0 shown blocked in the all-reduce")
+            self.assertEqual([r.waiting for r in blocked.ranks if r.rank == 1], [""])
+            status = self.ctl("status", "--coordinator", self.addr, "--token-file",
+                              self.token_file, "--json", job_id)
+            self.assertEqual(status.returncode, 0, status.stderr)
+            ranks = json.loads(status.stdout)["ranks"]
+            self.assertEqual([r["rank"] for r in ranks], [0, 1])
+
+            j = wait_until(lambda: (lambda x: x if x.generation > 1 or x.state != pb.JOB_RUNNING
+                                    else None)(self.get_job(job_id)), self.HANG_S + 10,
+                           "the hang to be detected")
+            detected = time.monotonic() - t_stop
+        finally:
+            try:
+                os.kill(tr.pid, signal.SIGCONT)
+            except OSError:
+                pass
+        sys.stderr.write("[SIGSTOP -> rank named in %.1f s, hang_timeout_s %d] "
+                         % (detected, self.HANG_S))
+        self.assertLess(detected, self.HANG_S + 6)
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            log = f.read()
+        m = re.search(r"job %s: RUNNING -> RECOVERING \(generation 1\): hang: (.*)" % job_id, log)
+        self.assertIsNotNone(m, log[-3000:])
+        self.assertRegex(m.group(1), r"rank 0 has waited [\d.]+ s in world all_reduce #\d+; "
+                         r"rank 1 sent no report for [\d.]+ s \(stopped or wedged\); named: "
+                         r"rank 1 on %s \(%s\)" % (victim.node_id, victim.hostname))
+        self.assertNotIn("rank 0 on", m.group(1))
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.step, done.world_size), (1, steps, 2))
+        wait_until(lambda: not proc_alive(tr.pid), 10, "the stopped trainer to be killed")
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main():
     global BUILD

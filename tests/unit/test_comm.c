@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -941,6 +942,74 @@ START_TEST(test_threads_mem_kv)
 }
 END_TEST
 
+/* Progress: rank 1 holds back while rank 0 waits in an all-reduce; dt_comm_progress, from a
+ * third thread, shows rank 0 blocked in operation #2 of the group and rank 1 still at #1. */
+typedef struct {
+  dt_kv_t *kv;
+  int rank, rc;
+  atomic_int *go;
+} progress_rank_t;
+
+static void *progress_rank(void *arg)
+{
+  progress_rank_t *t = arg;
+  dt_comm_t *comm = NULL;
+  t->rc = dt_comm_init(&comm, NULL, t->kv, "progress/gen0", t->rank, 2, 10000);
+  if (t->rc < 0)
+    return NULL;
+  dt_comm_set_label(comm, "dp");
+  t->rc = dt_comm_barrier(comm);
+  while (t->rc == 0 && t->rank == 1 && !atomic_load(t->go))
+    sleep_ms(5);
+  float x[3] = {1, 2, 3};
+  if (t->rc == 0)
+    t->rc = dt_comm_all_reduce(comm, x, 3, DT_COMM_SUM);
+  dt_comm_destroy(comm);
+  return NULL;
+}
+
+START_TEST(test_progress)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  atomic_int go;
+  atomic_init(&go, 0);
+  pthread_t th[2];
+  progress_rank_t t[2];
+  for (int r = 0; r < 2; r++) {
+    t[r] = (progress_rank_t){.kv = &kv, .rank = r, .go = &go};
+    ck_assert_int_eq(pthread_create(&th[r], NULL, progress_rank, &t[r]), 0);
+  }
+  dt_comm_progress_t p[4], *waiter = NULL, *late = NULL;
+  for (double t0 = dt_now_ms(); !waiter && dt_now_ms() - t0 < 10000; sleep_ms(5)) {
+    int n = dt_comm_progress(p, 4);
+    ck_assert_int_le(n, 2);
+    for (int i = 0; i < n; i++)
+      if (p[i].rank == 0 && p[i].op && p[i].waiting_ms >= 100)
+        waiter = &p[i];
+    for (int i = 0; waiter && i < n; i++)
+      late = p[i].rank == 1 ? &p[i] : late;
+  }
+  ck_assert_msg(waiter, "rank 0 never showed as waiting in its all-reduce");
+  ck_assert_ptr_nonnull(late);
+  ck_assert_str_eq(waiter->op, "all_reduce");
+  ck_assert_str_eq(waiter->label, "dp");
+  ck_assert_str_eq(waiter->group, "progress/gen0");
+  ck_assert_str_eq(late->group, waiter->group);
+  ck_assert_int_eq(waiter->world, 2);
+  ck_assert_int_eq(waiter->peer, -1);
+  ck_assert(waiter->entered == 2 && waiter->done == 1);
+  ck_assert(late->entered == 1 && late->done == 1 && late->op == NULL);
+  atomic_store(&go, 1);
+  for (int r = 0; r < 2; r++) {
+    pthread_join(th[r], NULL);
+    ck_assert_int_eq(t[r].rc, 0);
+  }
+  ck_assert_int_eq(dt_comm_progress(p, 4), 0); /* destroyed communicators leave the list */
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
 /* Device memory on the host-staged backend: buffers of the remote CPU device (whose pointers
  * fault if the host dereferences them, kernels/device.h) in every operation, mixed with host
  * buffers, and in a split that inherits the staging. Without staging Gloo would touch them. */
@@ -1143,6 +1212,7 @@ static Suite *comm_suite(void)
   t = tcase_create("local");
   tcase_set_timeout(t, 30);
   tcase_add_test(t, test_threads_mem_kv);
+  tcase_add_test(t, test_progress);
   tcase_add_test(t, test_device_buffers_staged);
   tcase_add_test(t, test_world1);
   tcase_add_test(t, test_invalid_arguments);

@@ -144,6 +144,7 @@ START_TEST(test_defaults)
   ck_assert_int_eq(s->elastic->max_nodes, 1);
   ck_assert_int_eq(s->elastic->max_restarts, 3);
   ck_assert_int_eq(s->elastic->heartbeat_ms, 500);
+  ck_assert_int_eq(s->elastic->hang_timeout_s, 30);
   /* The defaults alone are invalid only for want of data. */
   char err[1024];
   ck_assert_int_eq(dt_jobspec_validate(s, err, sizeof err), DT_EINVAL);
@@ -672,6 +673,7 @@ static const struct {
      "elastic.max_nodes (2) must be >= elastic.min_nodes (3)"},
     {{"elastic.max_restarts=-1"}, "elastic.max_restarts (-1) must be >= 0"},
     {{"elastic.heartbeat_ms=49"}, "elastic.heartbeat_ms (49) must be >= 50"},
+    {{"elastic.hang_timeout_s=-1"}, "elastic.hang_timeout_s (-1) must be in [1, 86400]"},
 };
 
 START_TEST(test_validate_rules)

@@ -42,6 +42,7 @@ typedef struct trainer {
   size_t rlen, rcap;
   Distrain__V1__StepMetrics **pending; /* to forward on the next heartbeat (rank 0) */
   size_t n_pending;
+  uint64_t last_report_ms; /* loop time of its last report, or of its start */
 } trainer_t;
 
 struct dt_agent {
@@ -88,6 +89,8 @@ static void trainer_free(trainer_t *t)
     distrain__v1__step_metrics__free_unpacked(t->pending[i], NULL);
   free(t->pending);
   free(t->rbuf);
+  if (t->status.progress)
+    distrain__v1__trainer_progress__free_unpacked(t->status.progress, NULL);
   free(t);
 }
 
@@ -137,6 +140,13 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
   if (!r) {
     DT_WARN(WORKER, "rank %d: malformed trainer report (%zu bytes)", t->status.rank, len);
     return;
+  }
+  t->last_report_ms = uv_now(t->agent->loop);
+  if (r->progress) { /* the newest replaces one not yet sent */
+    if (t->status.progress)
+      distrain__v1__trainer_progress__free_unpacked(t->status.progress, NULL);
+    t->status.progress = r->progress;
+    r->progress = NULL; /* moved */
   }
   if (r->memory_bytes)
     t->status.memory_bytes = r->memory_bytes;
@@ -349,6 +359,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
   t->status.rank = r->rank;
   t->status.local_rank = r->local_rank;
   t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING;
+  t->last_report_ms = uv_now(a->loop);
 
   int argc;
   DT_CHECK_GOTO(dt_jobspec_trainer_argv(as->spec, as->spec->parallel->dp, as->resume, &args, &argc),
@@ -580,6 +591,8 @@ static void hb_done(uv_work_t *w, int status)
     for (size_t k = 0; k < ts->n_metrics; k++)
       distrain__v1__step_metrics__free_unpacked(ts->metrics[k], NULL);
     free(ts->metrics);
+    if (ts->progress)
+      distrain__v1__trainer_progress__free_unpacked(ts->progress, NULL);
     free(ts->job_id);
     free(ts->last_error);
     free(ts);
@@ -644,6 +657,8 @@ static void on_heartbeat(uv_timer_t *h)
     ts->n_metrics = t->n_pending;
     t->pending = NULL;
     t->n_pending = 0;
+    t->status.progress = NULL; /* sent once; the coordinator keeps the latest */
+    ts->report_age_ms = (uint32_t)DT_MIN(uv_now(a->loop) - t->last_report_ms, UINT32_MAX);
     a->hb_statuses[k++] = ts;
   }
   distrain__v1__heartbeat_request__init(&a->hb_req);

@@ -7,6 +7,7 @@
  * returned before any communication and leaves the communicator usable. */
 #include "comm.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -31,7 +32,18 @@ struct dt_comm {
   dt_comm_device_t dev; /* dev.is_device NULL: no staging (dt_comm_set_device) */
   char *stage;          /* host staging buffer for device operands */
   size_t stage_cap;
+  /* progress (dt_comm_progress): written by the operating thread, read by any */
+  char label[16];
+  atomic_uint_fast64_t entered, done;
+  _Atomic(const char *) op; /* the operation in progress (a string literal), or NULL */
+  atomic_int peer;
+  atomic_int_fast64_t op_start_us;
+  struct dt_comm *live_prev, *live_next; /* g_live, under g_live_lock */
 };
+
+/* Every live communicator of the process, for dt_comm_progress. */
+static pthread_mutex_t g_live_lock = PTHREAD_MUTEX_INITIALIZER;
+static dt_comm_t *g_live;
 
 static const dt_comm_backend_t *const g_backends[] = {
     &dt__comm_cpu_backend,
@@ -96,9 +108,22 @@ static int comm_enter(dt_comm_t *comm)
   return comm->err;
 }
 
-/* Records the first failure of an operation (argument errors excepted). */
+/* Marks the start of an operation that reaches the backend (peer: a point-to-point's first
+ * peer, else -1). Every rank of a group makes the same calls in the same order, so their counts
+ * agree while they progress; a rank blocked in operation n names the members still below n. */
+static void op_begin(dt_comm_t *comm, const char *op, int peer)
+{
+  atomic_store(&comm->op_start_us, (int_fast64_t)(dt_now_ms() * 1000.0));
+  atomic_store(&comm->peer, peer);
+  atomic_store(&comm->op, op);
+  atomic_fetch_add(&comm->entered, 1);
+}
+
+/* Ends the operation op_begin started; records its first failure (argument errors excepted). */
 static int comm_leave(dt_comm_t *comm, int rc)
 {
+  atomic_store(&comm->op, NULL);
+  atomic_fetch_add(&comm->done, 1);
   if (rc < 0 && rc != DT_EINVAL) {
     if (atomic_load(&comm->aborted))
       rc = DT_ECANCELED;
@@ -142,6 +167,18 @@ static int comm_wrap(dt_comm_t **out, const dt_comm_backend_t *be, void *impl, c
   comm->world = world;
   comm->timeout_ms = timeout_ms;
   atomic_init(&comm->aborted, 0);
+  snprintf(comm->label, sizeof comm->label, "%s", strchr(prefix, '/') ? "group" : "world");
+  atomic_init(&comm->entered, 0);
+  atomic_init(&comm->done, 0);
+  atomic_init(&comm->op, NULL);
+  atomic_init(&comm->peer, -1);
+  atomic_init(&comm->op_start_us, 0);
+  pthread_mutex_lock(&g_live_lock);
+  comm->live_next = g_live;
+  if (g_live)
+    g_live->live_prev = comm;
+  g_live = comm;
+  pthread_mutex_unlock(&g_live_lock);
   DT_DEBUG(COMM, "comm %s: rank %d/%d up (%s) in %.1f ms", prefix, rank, world, be->name,
            dt_now_ms() - t0);
   *out = comm;
@@ -201,6 +238,14 @@ void dt_comm_destroy(dt_comm_t *comm)
 {
   if (!comm)
     return;
+  pthread_mutex_lock(&g_live_lock);
+  if (comm->live_prev)
+    comm->live_prev->live_next = comm->live_next;
+  else
+    g_live = comm->live_next;
+  if (comm->live_next)
+    comm->live_next->live_prev = comm->live_prev;
+  pthread_mutex_unlock(&g_live_lock);
   comm->be->destroy(comm->impl);
   free(comm->stage);
   free(comm->prefix);
@@ -220,6 +265,37 @@ int dt_comm_world(const dt_comm_t *comm)
 const char *dt_comm_prefix(const dt_comm_t *comm)
 {
   return comm->prefix;
+}
+
+void dt_comm_set_label(dt_comm_t *comm, const char *label)
+{
+  pthread_mutex_lock(&g_live_lock);
+  snprintf(comm->label, sizeof comm->label, "%s", label);
+  pthread_mutex_unlock(&g_live_lock);
+}
+
+int dt_comm_progress(dt_comm_progress_t *out, int max)
+{
+  const double now_us = dt_now_ms() * 1000.0;
+  int n = 0;
+  pthread_mutex_lock(&g_live_lock);
+  for (const dt_comm_t *c = g_live; c; c = c->live_next, n++) {
+    if (n >= max)
+      continue;
+    dt_comm_progress_t *p = &out[n];
+    snprintf(p->group, sizeof p->group, "%s", c->prefix);
+    snprintf(p->label, sizeof p->label, "%s", c->label);
+    p->rank = c->rank;
+    p->world = c->world;
+    /* done before entered: a reader never sees more completed than started */
+    p->done = atomic_load(&c->done);
+    p->entered = atomic_load(&c->entered);
+    p->op = p->entered > p->done ? atomic_load(&c->op) : NULL;
+    p->peer = p->op ? atomic_load(&c->peer) : -1;
+    p->waiting_ms = p->op ? (now_us - (double)atomic_load(&c->op_start_us)) / 1000.0 : 0.0;
+  }
+  pthread_mutex_unlock(&g_live_lock);
+  return n;
 }
 
 void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev)
@@ -313,6 +389,7 @@ int dt_comm_all_reduce(dt_comm_t *comm, float *buf, size_t n, dt_comm_op_t op)
   if (n == 0)
     return 0;
   operand_t o[1] = {{buf, n * sizeof(float), 1, 1, NULL}};
+  op_begin(comm, "all_reduce", -1);
   int rc = stage_in(comm, o, 1);
   if (rc == 0)
     rc = stage_out(comm, o, 1, comm->be->all_reduce(comm->impl, o[0].h, n, op));
@@ -332,6 +409,7 @@ int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const
     return 0;
   operand_t o[2] = {{(void *)in, total * sizeof(float), 1, 0, NULL},
                     {out, counts[comm->rank] * sizeof(float), 0, 1, NULL}};
+  op_begin(comm, "reduce_scatter", -1);
   int rc = stage_in(comm, o, 2);
   if (rc == 0)
     rc = stage_out(comm, o, 2, comm->be->reduce_scatter(comm->impl, o[0].h, o[1].h, counts, op));
@@ -363,6 +441,7 @@ int dt_comm_all_gather_v(dt_comm_t *comm, const float *in, float *out, const siz
     return 0;
   operand_t o[2] = {{(void *)in, counts[comm->rank] * sizeof(float), 1, 0, NULL},
                     {out, total * sizeof(float), 0, 1, NULL}};
+  op_begin(comm, "all_gather", -1);
   int rc = stage_in(comm, o, 2);
   if (rc == 0)
     rc = stage_out(comm, o, 2, comm->be->all_gather(comm->impl, o[0].h, o[1].h, counts));
@@ -390,6 +469,7 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
   if (n == 0)
     return 0;
   operand_t o[1] = {{buf, n * sizeof(float), comm->rank == root, comm->rank != root, NULL}};
+  op_begin(comm, "broadcast", -1);
   int rc = stage_in(comm, o, 1);
   if (rc == 0)
     rc = stage_out(comm, o, 1, comm->be->broadcast(comm->impl, o[0].h, n, root));
@@ -399,6 +479,7 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
 int dt_comm_barrier(dt_comm_t *comm)
 {
   DT_CHECK(comm_enter(comm));
+  op_begin(comm, "barrier", -1);
   return comm_leave(comm, comm->be->barrier(comm->impl));
 }
 
@@ -423,6 +504,7 @@ int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
   dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
   for (int i = 0; i < n; i++)
     o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
+  op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", ops[0].peer);
   int rc = stage_in(comm, o, n);
   for (int i = 0; i < n; i++) {
     staged[i] = ops[i];
@@ -634,5 +716,6 @@ int dt_comm_split(dt_comm_t *comm, int color, int key, dt_comm_t **out)
   if (!out || color < DT_COMM_NO_COLOR)
     return DT_EINVAL;
   *out = NULL;
+  op_begin(comm, "split", -1);
   return comm_leave(comm, split_run(comm, color, key, out));
 }

@@ -106,6 +106,26 @@ typedef struct {
 } dt_comm_device_t;
 void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
 
+/* Progress, for naming the rank a hung group waits for. Every communicator counts the
+ * operations that reach its backend (entered, done) and remembers the one in progress. The
+ * ranks of a group make the same calls in the same order, so while they progress their counts
+ * agree; a rank blocked in operation #n waits for the members whose count is below n (or, for
+ * point-to-point, for its peer). dt_comm_progress() lists this process's live communicators from
+ * any thread (the trainer's health reporter): it fills up to max entries and returns how many
+ * communicators there are. */
+typedef struct {
+  char group[128]; /* the communicator's key prefix: the same on every member of one group */
+  char label[16];  /* dt_comm_set_label ("dp", "tp", ...); "world" or "group" by default */
+  int rank, world;
+  unsigned long long entered, done; /* operations started / returned */
+  const char *op;                   /* the operation in progress (entered > done), else NULL */
+  int peer;          /* the first peer (group rank) of the point-to-point in progress, else -1 */
+  double waiting_ms; /* how long the operation in progress has been running */
+} dt_comm_progress_t;
+int dt_comm_progress(dt_comm_progress_t *out, int max);
+/* Names the communicator in progress reports (at most 15 characters kept). */
+void dt_comm_set_label(dt_comm_t *comm, const char *label);
+
 /* In place: buf holds this rank's contribution and receives the reduction. */
 int dt_comm_all_reduce(dt_comm_t *comm, float *buf /* (n) */, size_t n, dt_comm_op_t op);
 

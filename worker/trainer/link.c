@@ -2,12 +2,14 @@
 #include "link.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "distrain.pb-c.h"
@@ -17,13 +19,22 @@
 #include "rpc.h"
 
 DT_PARAM(CkptReportTimeoutMs, "CKPT_REPORT_TIMEOUT_MS", 30000)
+DT_PARAM(ProgressMs, "PROGRESS_MS", 1000)
+
+#define MAX_COMMS 16 /* communicators in one progress report (a trainer has at most 6) */
 
 struct dt_link {
-  int status_fd;          /* -1 when no agent */
+  pthread_mutex_t lock; /* status_fd and writes to it: the main and the health thread */
+  int status_fd;        /* -1 when no agent */
+  pthread_t health;     /* sends progress every ProgressMs, whatever the main thread does */
+  pthread_cond_t wake;  /* stops it */
+  int health_on, stopping;
   dt_rpc_client_t *coord; /* NULL when no coordinator */
   char job_id[64];
   uint64_t generation;
 };
+
+static void *health_main(void *arg);
 
 static uint64_t peak_rss_bytes(void)
 {
@@ -52,6 +63,8 @@ int dt_link_open(dt_link_t **out)
   if (!l)
     return DT_ENOMEM;
   l->status_fd = -1;
+  pthread_mutex_init(&l->lock, NULL);
+  pthread_cond_init(&l->wake, NULL);
   if (fd) {
     if (dt_parse_i64(fd, &v) != 0 || v < 0) {
       DT_ERROR(TRAIN, "DISTRAIN_STATUS_FD='%s' is not a file descriptor", fd);
@@ -81,6 +94,8 @@ int dt_link_open(dt_link_t **out)
     snprintf(l->job_id, sizeof l->job_id, "%s", job);
     l->generation = (uint64_t)g;
   }
+  if (l->status_fd >= 0)
+    l->health_on = pthread_create(&l->health, NULL, health_main, l) == 0;
   *out = l;
   return 0;
 }
@@ -89,9 +104,18 @@ void dt_link_close(dt_link_t *l)
 {
   if (!l)
     return;
+  if (l->health_on) {
+    pthread_mutex_lock(&l->lock);
+    l->stopping = 1;
+    pthread_cond_signal(&l->wake);
+    pthread_mutex_unlock(&l->lock);
+    pthread_join(l->health, NULL);
+  }
   if (l->status_fd >= 0)
     close(l->status_fd);
   dt_rpc_client_destroy(l->coord);
+  pthread_cond_destroy(&l->wake);
+  pthread_mutex_destroy(&l->lock);
   free(l);
 }
 
@@ -100,13 +124,14 @@ int dt_link_has_coordinator(const dt_link_t *l)
   return l && l->coord;
 }
 
-/* Length-prefixed (4 bytes, little-endian) TrainerReport on the status pipe. */
-static void send_report(dt_link_t *l, const Distrain__V1__TrainerReport *r)
+/* Length-prefixed (4 bytes, little-endian) TrainerReport on the status pipe; the caller holds
+ * l->lock. */
+static void send_report_locked(dt_link_t *l, const Distrain__V1__TrainerReport *r)
 {
-  if (!l || l->status_fd < 0)
+  if (l->status_fd < 0)
     return;
   size_t len = distrain__v1__trainer_report__get_packed_size(r);
-  uint8_t buf[1024];
+  uint8_t buf[4096]; /* PIPE_BUF: one write, never interleaved */
   if (len + 4 > sizeof buf)
     return;
   buf[0] = (uint8_t)len, buf[1] = (uint8_t)(len >> 8), buf[2] = (uint8_t)(len >> 16);
@@ -124,6 +149,62 @@ static void send_report(dt_link_t *l, const Distrain__V1__TrainerReport *r)
     }
     off += (size_t)w;
   }
+}
+
+static void send_report(dt_link_t *l, const Distrain__V1__TrainerReport *r)
+{
+  if (!l)
+    return;
+  pthread_mutex_lock(&l->lock);
+  send_report_locked(l, r);
+  pthread_mutex_unlock(&l->lock);
+}
+
+/* The health reporter: every ProgressMs, this process's communicators' progress (operations
+ * started and finished, the one in progress and for how long). It runs while the main thread
+ * is blocked in a collective, which is when it matters: the coordinator compares the ranks'
+ * counts to name the one a group waits for. A stopped process stops reporting altogether. */
+static void *health_main(void *arg)
+{
+  dt_link_t *l = arg;
+  dt_comm_progress_t p[MAX_COMMS];
+  Distrain__V1__CommProgress c[MAX_COMMS], *cp[MAX_COMMS];
+  pthread_mutex_lock(&l->lock);
+  while (!l->stopping && l->status_fd >= 0) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = until.tv_nsec + dt_param_ProgressMs() * 1000000;
+    until.tv_sec += ns / 1000000000;
+    until.tv_nsec = ns % 1000000000;
+    while (!l->stopping && pthread_cond_timedwait(&l->wake, &l->lock, &until) != ETIMEDOUT) {
+    }
+    if (l->stopping)
+      break;
+    pthread_mutex_unlock(&l->lock);
+    int n = DT_MIN(dt_comm_progress(p, MAX_COMMS), MAX_COMMS);
+    for (int i = 0; i < n; i++) {
+      distrain__v1__comm_progress__init(&c[i]);
+      c[i].group = p[i].group;
+      c[i].label = p[i].label;
+      c[i].rank = p[i].rank;
+      c[i].world = p[i].world;
+      c[i].entered = p[i].entered;
+      c[i].done = p[i].done;
+      c[i].op = (char *)(p[i].op ? p[i].op : "");
+      c[i].peer = p[i].peer;
+      c[i].waiting_ms = (uint32_t)DT_MIN(p[i].waiting_ms, 4e9);
+      cp[i] = &c[i];
+    }
+    Distrain__V1__TrainerProgress prog = DISTRAIN__V1__TRAINER_PROGRESS__INIT;
+    prog.comms = cp;
+    prog.n_comms = (size_t)n;
+    Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
+    r.progress = &prog;
+    pthread_mutex_lock(&l->lock);
+    send_report_locked(l, &r);
+  }
+  pthread_mutex_unlock(&l->lock);
+  return NULL;
 }
 
 void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)

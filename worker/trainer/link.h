@@ -1,7 +1,9 @@
 /* link.h — a trainer's links to the system that started it.
  *
  * Under an agent (DISTRAIN_STATUS_FD set) the trainer streams TrainerReport messages to the
- * agent over a pipe: one per completed step, and the reason before a failed exit. Under a
+ * agent over a pipe: one per completed step, the reason before a failed exit, and every second
+ * (DISTRAIN_PROGRESS_MS) from a thread of its own the progress of its communicators, which the
+ * coordinator compares across ranks to name the rank a hung group waits for. Under a
  * coordinator (DISTRAIN_COORDINATOR set) checkpoint shards are reported to it, and the
  * coordinator writes the manifest that commits the step once every writer's shard is in.
  * Standalone (neither set) the trainer commits its own checkpoints; these calls are no-ops. */

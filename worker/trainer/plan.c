@@ -194,6 +194,12 @@ int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, in
     rc = emb_comm(mesh, &plan->coord, world, &plan->emb, &plan->owns[3]);
   if (rc == 0)
     rc = mp_comm(mesh, &plan->coord, world, &plan->mp, &plan->owns[4]);
+  /* Progress reports name the groups (a group that is the whole world stays "world"). */
+  dt_comm_t *comms[5] = {plan->tp, plan->dp, plan->pp, plan->emb, plan->mp};
+  static const char *const labels[5] = {"tp", "dp", "pp", "emb", "mp"};
+  for (int i = 0; rc == 0 && i < 5; i++)
+    if (plan->owns[i])
+      dt_comm_set_label(comms[i], labels[i]);
   if (rc != 0) {
     DT_ERROR(TRAIN, "cannot form the parallel groups: %s", dt_strerror(rc));
     dt_plan_destroy(plan);
