@@ -178,6 +178,9 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
       fputs(", ", out);
     dt_json_string(out, j->failed_nodes[i]);
   }
+  fprintf(out, "], \"skipped_steps\": [");
+  for (size_t i = 0; i < j->n_skipped_steps; i++)
+    fprintf(out, "%s%lld", i ? ", " : "", (long long)j->skipped_steps[i]);
   fprintf(out, "], \"created_ms\": %lld, \"updated_ms\": %lld", (long long)j->created_ms,
           (long long)j->updated_ms);
   if (j->n_ranks) {
@@ -219,6 +222,9 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
             j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
   for (size_t i = 0; i < j->n_failed_nodes; i++)
     fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
+  for (size_t i = 0; i < j->n_skipped_steps; i++)
+    fprintf(out, "skipped:     step %lld (non-finite loss or gradient; rolled back)\n",
+            (long long)j->skipped_steps[i]);
   const size_t shown = DT_MIN(j->n_ranks, (size_t)32);
   for (size_t i = 0; i < shown; i++) {
     const Distrain__V1__RankStatus *r = j->ranks[i];

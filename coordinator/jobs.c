@@ -150,7 +150,7 @@ void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
     for (size_t k = 0; k < a->n_ranks; k++)
       free(a->ranks[k]);
     free(a->ranks);
-    /* a->spec is borrowed from the job, a->job_id from the job id */
+    /* a->spec and a->skip_steps are borrowed from the job, a->job_id from the job id */
     free(a);
   }
   free(r->assignments);
@@ -233,6 +233,8 @@ Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, d
   a->world_size = j->world;
   a->spec = j->job->spec;
   a->resume = j->resume;
+  a->skip_steps = j->job->skipped_steps;
+  a->n_skip_steps = j->job->n_skipped_steps;
   dt_mesh_t mesh;
   dt_jobspec_mesh(j->job->spec, &mesh);
   mesh.dp = j->dp;
@@ -551,6 +553,25 @@ static void slot_set_state(dt_job_t *j, dt_rank_slot_t *slot, Distrain__V1__Trai
   j->n_done += to == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
 }
 
+/* Adds step to the job's skipped steps (kept ascending), unless it is there already (another
+ * rank's report of the same rollback). */
+static void skip_step_later(dt_job_t *j, int64_t step)
+{
+  Distrain__V1__Job *job = j->job;
+  size_t i = 0;
+  while (i < job->n_skipped_steps && job->skipped_steps[i] < step)
+    i++;
+  if (i < job->n_skipped_steps && job->skipped_steps[i] == step)
+    return;
+  int64_t *grown = realloc(job->skipped_steps, (job->n_skipped_steps + 1) * sizeof *grown);
+  if (!grown)
+    return;
+  memmove(grown + i + 1, grown + i, (job->n_skipped_steps - i) * sizeof *grown);
+  grown[i] = step;
+  job->skipped_steps = grown;
+  job->n_skipped_steps++;
+}
+
 double dt_coord_report_age_ms(const dt_job_t *j, int r)
 {
   const dt_rank_slot_t *s = &j->ranks[r];
@@ -652,7 +673,16 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       else
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
-      if (strstr(ts->last_error, "DT_EREMOTE") && !ts->term_signal) {
+      if (ts->nonfinite_step > 0) {
+        /* Roll back: the next generation resumes from the last checkpoint and takes this step
+         * without an update. Every rank stops at the same step; the first report decides. */
+        skip_step_later(j, ts->nonfinite_step);
+        snprintf(reason, sizeof reason,
+                 "rank %d on %s: the loss or gradient norm of step %lld was non-finite; rolling "
+                 "back, that step's batch will be skipped (%zu step%s skipped so far)",
+                 ts->rank, n->id, (long long)ts->nonfinite_step, j->job->n_skipped_steps,
+                 j->job->n_skipped_steps == 1 ? "" : "s");
+      } else if (strstr(ts->last_error, "DT_EREMOTE") && !ts->term_signal) {
         /* Its peer failed first: wait for the peer's node to be declared dead (one heartbeat
          * window) rather than re-planning onto it and restarting twice. */
         if (!j->blame_deadline_ms) {

@@ -268,6 +268,8 @@ run flag_schedule "$TRAIN" --train "$DATA" --schedule foo
 expect_error flag_schedule 2 "--schedule" "expected constant or cosine, got 'foo'"
 run flag_lr "$TRAIN" --train "$DATA" --lr nan
 expect_error flag_lr 2 "--lr" "expected a number, got 'nan'"
+run flag_skip "$TRAIN" --train "$DATA" --skip-steps 3,0
+expect_error flag_skip 2 "--skip-steps" "step numbers >= 1, comma-separated, got '3,0'"
 run flag_unknown "$TRAIN" --train "$DATA" --frobnicate 3
 expect_error flag_unknown 2 "--frobnicate" "unknown"
 run flag_missing_arg "$TRAIN" --train "$DATA" --steps

@@ -1380,6 +1380,64 @@ class T9_HungRank(ClusterTest):
         wait_until(lambda: not proc_alive(tr.pid), 10, "the stopped trainer to be killed")
 
 
+class T10_NonFinite(ClusterTest):
+    def test_nan_rolls_back_and_skips_the_batch(self):
+        """A dp=2 job whose loss turns NaN at step F (fault injection on every trainer:
+        DISTRAIN_FAULT_NAN_STEP): every rank stops before the update, the coordinator records F
+        as skipped and restarts from the last checkpoint; the new generation takes step F
+        without an update and completes. Its losses equal those of an uninterrupted
+        dp=2 run with --skip-steps F, so the rollback lost nothing."""
+        self.start_coordinator()
+        steps = slow_steps(4.0)
+        every = max(steps // 4, 2)
+        steps, fault = 4 * every, every + every // 2
+        self.env["DISTRAIN_FAULT_NAN_STEP"] = str(fault)
+        self.start_agent("h0")
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every)
+        spec.parallel.dp = 2
+        spec.training.micro_batch = SLOW["batch"] // 2
+        spec.elastic.max_nodes = 2
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
+                         (1, 2, [fault]))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: RUNNING -> RECOVERING \(generation 1\): rank \d "
+                             r"on node-\d: the loss or gradient norm of step %d was non-finite; "
+                             r"rolling back, that step's batch will be skipped \(1 step skipped "
+                             r"so far\); restart 1 of 3 from the last committed checkpoint"
+                             % (job_id, fault))
+        status = self.ctl("status", job_id, "--json", "--coordinator", self.addr, "--token-file",
+                          self.token_file)
+        self.assertEqual(json.loads(status.stdout)["skipped_steps"], [fault])
+        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([m.step for m in metrics], [s for s in range(1, steps + 1) if s != fault])
+
+        # The reference: the ranks' own command line, run uninterrupted by two processes.
+        logs = glob.glob(os.path.join(self.tmp, "work-*", job_id, "rank-0.log"))
+        with open(logs[0]) as f:
+            line = [x for x in f if x.startswith("==== job %s generation 1 " % job_id)][0]
+        args = line.split(": ", 1)[1].split()
+        for flag, value in (("--ckpt-dir", self.tmp + "/ref"), ("--save-every", "0")):
+            args[args.index(flag) + 1] = value
+        ref_metrics = os.path.join(self.tmp, "ref.jsonl")
+        procs = [subprocess.Popen(args + ["--skip-steps", str(fault), "--metrics", ref_metrics,
+                                          "--quiet"],
+                                  env=dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2",
+                                           RANK=str(r), DISTRAIN_KV_DIR=self.tmp + "/ref-kv"),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for r in range(2)]
+        self.assertEqual([p.wait(timeout=120) for p in procs], [0, 0])
+        with open(ref_metrics) as f:
+            ref = {m["step"]: m["loss"] for m in map(json.loads, f) if "loss" in m}
+        self.assertNotIn(fault, ref)
+        for m in metrics:  # bit for bit: the same processes, resumed from a checkpoint
+            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
+            self.assertEqual(m.loss, f32, "step %d" % m.step)
+
+
 # ---------------------------------------------------------------------------------------------
 
 def main():

@@ -167,6 +167,8 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
   }
   if (r->error && r->error[0])
     snprintf(t->last_error, sizeof t->last_error, "%s", r->error);
+  if (r->nonfinite_step > 0)
+    t->status.nonfinite_step = r->nonfinite_step;
   distrain__v1__trainer_report__free_unpacked(r, NULL);
 }
 
@@ -364,7 +366,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
   int argc;
   DT_CHECK_GOTO(dt_jobspec_trainer_argv(as->spec, as->spec->parallel->dp, as->resume, &args, &argc),
                 ret, fail);
-  argv = calloc((size_t)argc + 2, sizeof *argv);
+  argv = calloc((size_t)argc + 4, sizeof *argv);
   if (!argv) {
     ret = DT_ENOMEM;
     goto fail;
@@ -372,6 +374,15 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
   argv[0] = (char *)a->cfg.trainer;
   for (int i = 0; i < argc; i++)
     argv[i + 1] = args[i];
+  /* Steps rolled back after a NaN/Inf: taken without an update. */
+  char skip[2048] = "";
+  for (size_t i = 0, at = 0; i < as->n_skip_steps && at < sizeof skip; i++)
+    at += (size_t)snprintf(skip + at, sizeof skip - at, "%s%lld", i ? "," : "",
+                           (long long)as->skip_steps[i]);
+  if (skip[0]) {
+    argv[argc + 1] = (char *)"--skip-steps";
+    argv[argc + 2] = skip;
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int threads = as->spec->training->threads > 0
                     ? as->spec->training->threads
@@ -395,7 +406,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
           (unsigned long long)as->generation, r->rank, a->cfg.trainer);
   for (int i = 0; i < argc; i++)
     dprintf(logfd, " %s", args[i]);
-  dprintf(logfd, "\n");
+  dprintf(logfd, "%s%s\n", skip[0] ? " --skip-steps " : "", skip);
 
   uv_pipe_init(a->loop, &t->pipe, 0);
   t->pipe.data = t;

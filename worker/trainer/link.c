@@ -224,14 +224,25 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   send_report(l, &r);
 }
 
-void dt_link_error(dt_link_t *l, const char *msg)
+static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step)
 {
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
   char buf[512];
   snprintf(buf, sizeof buf, "%s", msg);
   r.error = buf;
   r.memory_bytes = peak_rss_bytes();
+  r.nonfinite_step = nonfinite_step;
   send_report(l, &r);
+}
+
+void dt_link_error(dt_link_t *l, const char *msg)
+{
+  send_error(l, msg, 0);
+}
+
+void dt_link_nonfinite(dt_link_t *l, int64_t step, const char *msg)
+{
+  send_error(l, msg, step);
 }
 
 /* Calls to the coordinator ride out its restart: a call cut off by the connection dropping

@@ -26,6 +26,9 @@ void dt_link_close(dt_link_t *l);
 int dt_link_has_coordinator(const dt_link_t *l);
 void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m);
 void dt_link_error(dt_link_t *l, const char *msg);
+/* The reason for a coming exit: step's loss or gradient norm was NaN/Inf (the coordinator rolls
+ * back and has the step skipped). */
+void dt_link_nonfinite(dt_link_t *l, int64_t step, const char *msg);
 /* Reports a written shard; *committed is set when this report completed the step. */
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
                               const dt_ckpt_shard_info_t *info, int *committed);

@@ -33,6 +33,8 @@ static void usage(FILE *out)
       "batch:\n"
       "  --batch B --seq T --grad-accum K --steps N (total; sets the schedule)\n"
       "  --stop-at S                 stop after step S with a checkpoint (resume later)\n"
+      "  --skip-steps S,S,...        take these steps without an update (their batches are\n"
+      "                              consumed; set by the coordinator after a NaN/Inf rollback)\n"
       "optimizer (AdamW):\n"
       "  --lr X --warmup N --schedule constant|cosine --min-lr-frac X\n"
       "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
@@ -74,6 +76,7 @@ enum {
   OPT_ACCUM,
   OPT_STEPS,
   OPT_STOP_AT,
+  OPT_SKIP_STEPS,
   OPT_LR,
   OPT_WARMUP,
   OPT_SCHEDULE,
@@ -123,6 +126,7 @@ static const struct option g_opts[] = {
     {"grad-accum", required_argument, 0, OPT_ACCUM},
     {"steps", required_argument, 0, OPT_STEPS},
     {"stop-at", required_argument, 0, OPT_STOP_AT},
+    {"skip-steps", required_argument, 0, OPT_SKIP_STEPS},
     {"lr", required_argument, 0, OPT_LR},
     {"warmup", required_argument, 0, OPT_WARMUP},
     {"schedule", required_argument, 0, OPT_SCHEDULE},
@@ -180,6 +184,36 @@ static int parse_float(int code, const char *s, double *out)
     fprintf(stderr, "distrain-train: --%s: expected a number, got '%s'\n", opt_name(code), s);
     return DT_EINVAL;
   }
+  return 0;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* "10,57": positive step numbers, kept ascending in a static array. */
+static int parse_skip_steps(const char *s, dt_train_opts_t *o)
+{
+  static int64_t steps[256];
+  int n = 0;
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int64_t v;
+    if (n == (int)(sizeof steps / sizeof *steps) || dt_parse_i64(tok, &v) != 0 || v < 1) {
+      fprintf(stderr,
+              "distrain-train: --skip-steps: expected at most %zu step numbers >= 1, "
+              "comma-separated, got '%s'\n",
+              sizeof steps / sizeof *steps, s);
+      return DT_EINVAL;
+    }
+    steps[n++] = v;
+  }
+  qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
+  o->skip_steps = steps;
+  o->n_skip_steps = n;
   return 0;
 }
 
@@ -253,6 +287,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_STOP_AT:
       rc = parse_int(c, optarg, &o->stop_at);
+      break;
+    case OPT_SKIP_STEPS:
+      rc = parse_skip_steps(optarg, o);
       break;
     case OPT_LR:
       rc = parse_float(c, optarg, &o->sched.lr);

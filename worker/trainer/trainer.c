@@ -30,6 +30,8 @@
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
+/* Fault injection (tests): the loss of this step becomes NaN on every rank. */
+DT_PARAM(FaultNanStep, "FAULT_NAN_STEP", 0)
 
 /* OpenBLAS's own thread control (not in cblas.h of every build). */
 extern void openblas_set_num_threads(int num_threads);
@@ -752,11 +754,35 @@ static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
                           loss_acc, bubble);
 }
 
+/* How many of the steps 1..step are to be skipped. */
+static int skipped_through(const dt_train_opts_t *o, int64_t step)
+{
+  int n = 0;
+  for (int i = 0; i < o->n_skip_steps; i++)
+    n += o->skip_steps[i] <= step;
+  return n;
+}
+
+/* A step of --skip-steps: the batches it would train on are consumed, nothing is updated. */
+static int skip_step(trainer_t *t, dt_step_metrics_t *sm)
+{
+  const dt_train_opts_t *o = t->o;
+  for (int k = 0; k < o->grad_accum; k++)
+    DT_CHECK(dt_dataloader_next(&t->train));
+  t->state.step++;
+  t->state.data = t->train.pos;
+  *sm = (dt_step_metrics_t){
+      .step = t->state.step, .lr = dt_lr_at(&t->sched, (int)t->state.step - 1), .skipped = 1};
+  return 0;
+}
+
 /* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
 static int step(trainer_t *t, dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
   const int s = (int)t->state.step;
+  if (skipped_through(o, s + 1) > skipped_through(o, s))
+    return skip_step(t, sm);
   double t0 = dt_now_ms(), bubble = 0.0;
   DT_CHECK(dt_dp_zero_grad(t->dp));
   double loss_acc = 0.0;
@@ -775,11 +801,17 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   DT_CHECK(from_last_stage(t, &loss));
   DT_CHECK(dt_dp_average(t->dp, &loss));
   DT_CHECK(dt_dp_grad_norm(t->dp, &norm));
+  if (dt_param_FaultNanStep() == s + 1)
+    loss = NAN; /* fault injection for the rollback tests: every rank sees it, as a real one */
   if (!isfinite(loss) || !isfinite(norm)) {
-    DT_ERROR(TRAIN,
-             "step %d: loss %g, gradient norm %g: training diverged (non-finite); "
-             "stopping before the update, last checkpoint kept",
+    /* Every rank sees the same (averaged) loss and global norm, so all stop here together. */
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "step %d: loss %g, gradient norm %g: non-finite; stopped before the update (the "
+             "coordinator rolls back to the last checkpoint and skips this step's batch)",
              s + 1, loss, norm);
+    DT_ERROR(TRAIN, "%s", msg);
+    dt_link_nonfinite(o->link, s + 1, msg);
     return DT_ENAN;
   }
   float scale = 1.0f;
@@ -793,7 +825,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                         .beta2 = o->beta2,
                         .eps = o->eps,
                         .weight_decay = o->weight_decay};
-  DT_CHECK(dt_dp_step(t->dp, &h, scale, s + 1));
+  DT_CHECK(dt_dp_step(t->dp, &h, scale, s + 1 - skipped_through(o, s)));
   t->state.step = s + 1;
   t->state.data = t->train.pos;
   const double ms = dt_now_ms() - t0;
@@ -814,6 +846,14 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
 static void report(trainer_t *t, const dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
+  if (sm->skipped) {
+    if (t->lead)
+      DT_WARN(TRAIN,
+              "step %5lld/%d | skipped: no update (its batch gave a non-finite loss or "
+              "gradient norm before the rollback)",
+              (long long)sm->step, o->steps);
+    return;
+  }
   if (o->link)
     dt_link_step(o->link, sm);
   if (!t->lead)

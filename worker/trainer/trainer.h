@@ -34,6 +34,7 @@ typedef struct {
   double bubble;  /* pipeline: the share of the step this stage waited for its neighbours */
   int has_val;
   float val_loss;
+  int skipped; /* a step of --skip-steps: its batch consumed, no update, no loss */
 } dt_step_metrics_t;
 
 typedef struct {
@@ -49,6 +50,11 @@ typedef struct {
   int batch, seq, grad_accum, steps;
   int stop_at; /* > 0: stop (with a checkpoint) once this step is reached, e.g. before a
                   scheduler's time limit; the schedule still runs to steps */
+  /* Steps taken without an update (--skip-steps; the coordinator's rollback after a NaN/Inf
+   * loss or gradient norm): the batches are consumed and the learning-rate schedule moves on;
+   * AdamW's bias correction counts the updates made. Ascending. */
+  const int64_t *skip_steps;
+  int n_skip_steps;
   /* optimizer */
   dt_lr_schedule_t sched;
   float beta1, beta2, eps, weight_decay, grad_clip;
