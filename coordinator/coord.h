@@ -60,6 +60,9 @@ typedef struct {
   Distrain__V1__TrainerProgress *progress; /* its latest progress report (owned), or NULL */
   double report_age_ms;                    /* its report's age when the heartbeat came... */
   double heard_ms;                         /* ...at this time (0: no heartbeat yet) */
+  double compute_ms; /* per step (StepMetrics.compute_ms), a moving average; 0: none yet */
+  int slow_checks;   /* consecutive straggler checks that found it slow */
+  int straggler;     /* reported as one (status, log) */
 } dt_rank_slot_t;
 
 /* One rank of a job and the node it runs on (the job's by-node index). */
@@ -89,9 +92,10 @@ typedef struct {
    * node of the job to be declared dead, then goes ahead with blame_reason. */
   double blame_deadline_ms;
   char blame_reason[512];
-  int n_running, n_done;  /* ranks of this generation RUNNING / SUCCEEDED */
-  double hang_checked_ms; /* when a report past the hang timeout was last analysed */
-  double persisted_ms;    /* when progress (step, loss) was last written */
+  int n_running, n_done;      /* ranks of this generation RUNNING / SUCCEEDED */
+  double hang_checked_ms;     /* when a report past the hang timeout was last analysed */
+  double straggle_checked_ms; /* when the ranks' compute times were last compared */
+  double persisted_ms;        /* when progress (step, loss) was last written */
   /* rank 0's per-step metrics (the --metrics stream) */
   Distrain__V1__StepMetrics **metrics;
   size_t n_metrics, cap_metrics;

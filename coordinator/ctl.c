@@ -194,7 +194,8 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
       fprintf(out, ", \"state\": \"%s\", \"step\": %lld, \"waiting\": ", trainer_state(r->state),
               (long long)r->step);
       dt_json_string(out, r->waiting);
-      fprintf(out, ", \"report_age_ms\": %u}", r->report_age_ms);
+      fprintf(out, ", \"report_age_ms\": %u, \"compute_ms\": %.3f, \"straggler\": %s}",
+              r->report_age_ms, r->compute_ms, r->straggler ? "true" : "false");
     }
     fputc(']', out);
   }
@@ -228,8 +229,9 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   const size_t shown = DT_MIN(j->n_ranks, (size_t)32);
   for (size_t i = 0; i < shown; i++) {
     const Distrain__V1__RankStatus *r = j->ranks[i];
-    fprintf(out, "%-12s %-4d %s (%s)  %-9s step %-7lld%s%s\n", i ? "" : "ranks:", r->rank,
-            r->node_id, r->hostname, trainer_state(r->state), (long long)r->step,
+    fprintf(out, "%-12s %-4d %s (%s)  %-9s step %-7lld %6.1f ms/step compute%s%s%s\n",
+            i ? "" : "ranks:", r->rank, r->node_id, r->hostname, trainer_state(r->state),
+            (long long)r->step, r->compute_ms, r->straggler ? "  STRAGGLER" : "",
             r->waiting[0] ? "  blocked in " : "", r->waiting);
   }
   if (j->n_ranks > shown)

@@ -335,6 +335,8 @@ static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void 
     dt_hang_describe(s->progress, age, waiting[r], sizeof waiting[r]);
     rs[r].waiting = waiting[r];
     rs[r].report_age_ms = (uint32_t)DT_MIN(age, 4e9);
+    rs[r].compute_ms = s->compute_ms;
+    rs[r].straggler = s->straggler;
     ptrs[r] = &rs[r];
   }
   j->job->ranks = ptrs;

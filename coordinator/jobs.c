@@ -628,6 +628,62 @@ static int check_hang(dt_coord_t *c, dt_job_t *j, int r)
   return nb > 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Stragglers: a rank whose compute per step (its step time less what it waited for peers)
+ * stays above STRAGGLER_FACTOR x the median rank's for STRAGGLER_CHECKS checks in a row (one a
+ * second) is reported in status and the log; it is not restarted. It stops being one once it
+ * is back under 1.2x the median. */
+#define STRAGGLER_FACTOR 1.5
+#define STRAGGLER_CHECKS 3
+
+static void check_stragglers(dt_coord_t *c, dt_job_t *j)
+{
+  const double now = dt_coord_now_ms();
+  if (j->world < 2 || j->job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING ||
+      now - j->straggle_checked_ms < 1000.0)
+    return;
+  double *v = malloc((size_t)j->world * sizeof *v);
+  if (!v)
+    return;
+  int n = 0;
+  for (int r = 0; r < j->world; r++)
+    if (j->ranks[r].compute_ms > 0)
+      v[n++] = j->ranks[r].compute_ms;
+  if (n < j->world) { /* every rank has reported a step */
+    free(v);
+    return;
+  }
+  j->straggle_checked_ms = now;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  const double median = v[(n - 1) / 2];
+  free(v);
+  for (int r = 0; r < j->world; r++) {
+    dt_rank_slot_t *s = &j->ranks[r];
+    const dt_node_t *nd = c->nodes[s->node];
+    if (s->compute_ms > STRAGGLER_FACTOR * median && s->compute_ms - median > 1.0) {
+      if (++s->slow_checks >= STRAGGLER_CHECKS && !s->straggler) {
+        s->straggler = 1;
+        DT_WARN(COORD,
+                "job %s: rank %d on %s (%s) is a straggler: %.1f ms of compute per step, the "
+                "median rank %.1f ms (reported, not restarted)",
+                j->id, r, nd->id, nd->info->hostname, s->compute_ms, median);
+      }
+    } else {
+      s->slow_checks = 0;
+      if (s->straggler && s->compute_ms < 1.2 * median) {
+        s->straggler = 0;
+        DT_INFO(COORD, "job %s: rank %d on %s is no longer a straggler (%.1f ms, median %.1f ms)",
+                j->id, r, nd->id, s->compute_ms, median);
+      }
+    }
+  }
+}
+
 void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
 {
   int replan = 0;
@@ -643,6 +699,11 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       continue; /* stale generation, or not ours */
     dt_rank_slot_t *slot = &j->ranks[ts->rank];
     int changed = slot->state != ts->state;
+    if (ts->step > slot->step && ts->compute_ms > 0) {
+      slot->compute_ms =
+          slot->compute_ms > 0 ? 0.7 * slot->compute_ms + 0.3 * ts->compute_ms : ts->compute_ms;
+      check_stragglers(c, j);
+    }
     slot_set_state(j, slot, ts->state);
     slot->step = ts->step;
     slot->report_age_ms = ts->report_age_ms;

@@ -315,8 +315,8 @@ class ClusterTest(unittest.TestCase):
     def spawn(self, args, log, **kw):
         logf = open(os.path.join(self.tmp, log), "ab")
         p = subprocess.Popen(DIE_WITH_US + args, stdout=logf, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=self.env, cwd=kw.pop("cwd", self.tmp),
-                             **kw)
+                             stdin=subprocess.DEVNULL, env=kw.pop("env", self.env),
+                             cwd=kw.pop("cwd", self.tmp), **kw)
         logf.close()
         self.procs.append(p)
         return p
@@ -355,13 +355,13 @@ class ClusterTest(unittest.TestCase):
         self.addr = "127.0.0.1:%d" % self.port
         return self.coord
 
-    def start_agent(self, host, grace_ms=5000):
+    def start_agent(self, host, grace_ms=5000, env=None):
         work = os.path.join(self.tmp, "work-" + host)
         p = self.spawn([binary("worker/agent", "distrain-worker"), "--coordinator", self.addr,
                         "--token-file", self.token_file, "--cpu-devices", "1", "--hostname", host,
                         "--work-dir", work, "--grace-ms", str(grace_ms),
                         "--trainer", binary("worker/trainer", "distrain-train")],
-                       "agent-%s.log" % host)
+                       "agent-%s.log" % host, env=dict(self.env, **(env or {})))
         self.agents[host] = p
         return p
 
@@ -1436,6 +1436,40 @@ class T10_NonFinite(ClusterTest):
         for m in metrics:  # bit for bit: the same processes, resumed from a checkpoint
             f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
             self.assertEqual(m.loss, f32, "step %d" % m.step)
+
+
+class T11_Straggler(ClusterTest):
+    def test_slow_rank_is_reported_not_restarted(self):
+        """A dp=2 job where one node's trainer takes 40 ms longer per step
+        (DISTRAIN_FAULT_SLOW_MS on that agent): the coordinator reports that rank, and only
+        it, as a straggler in status and its log, and the job goes on in its first
+        generation."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.start_agent("h1", env={"DISTRAIN_FAULT_SLOW_MS": "40"})
+        self.wait_nodes(2)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), 100000, shape=SLOW, every=0)
+        spec.parallel.dp = 2
+        spec.training.micro_batch = SLOW["batch"] // 2
+        spec.elastic.max_nodes = 2
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        j = wait_until(lambda: (lambda x: x if any(r.straggler for r in x.ranks) else None)(
+            self.get_job(job_id)), 20, "a straggler to be reported")
+        slow = [r for r in j.ranks if r.straggler]
+        self.assertEqual([r.hostname for r in slow], ["h1"])
+        fast = [r for r in j.ranks if not r.straggler][0]
+        self.assertGreater(slow[0].compute_ms, fast.compute_ms + 30)
+        self.assertEqual((j.state, j.generation, j.restarts), (pb.JOB_RUNNING, 1, 0))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: rank %d on %s \(h1\) is a straggler: [\d.]+ ms of "
+                             r"compute per step, the median rank [\d.]+ ms \(reported, not "
+                             r"restarted\)" % (job_id, slow[0].rank, slow[0].node_id))
+        status = self.ctl("status", job_id, "--coordinator", self.addr, "--token-file",
+                          self.token_file)
+        self.assertRegex(status.stdout, r"%d\s+%s \(h1\).*STRAGGLER" % (slow[0].rank,
+                                                                        slow[0].node_id))
+        self.call("StopJob", pb.StopJobRequest(job_id=job_id))
 
 
 # ---------------------------------------------------------------------------------------------

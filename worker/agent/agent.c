@@ -155,6 +155,7 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
     t->status.step = r->step->step;
     t->status.loss = r->step->loss;
     t->status.tokens_per_s = r->step->tokens_per_s;
+    t->status.compute_ms = r->step->compute_ms;
     if (t->status.rank == 0) {
       Distrain__V1__StepMetrics **grown =
           realloc(t->pending, (t->n_pending + 1) * sizeof *t->pending);

@@ -32,6 +32,8 @@
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
 /* Fault injection (tests): the loss of this step becomes NaN on every rank. */
 DT_PARAM(FaultNanStep, "FAULT_NAN_STEP", 0)
+/* Fault injection (tests): every step of this trainer takes this much longer (a straggler). */
+DT_PARAM(FaultSlowMs, "FAULT_SLOW_MS", 0)
 
 /* OpenBLAS's own thread control (not in cblas.h of every build). */
 extern void openblas_set_num_threads(int num_threads);
@@ -784,6 +786,8 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   if (skipped_through(o, s + 1) > skipped_through(o, s))
     return skip_step(t, sm);
   double t0 = dt_now_ms(), bubble = 0.0;
+  if (dt_param_FaultSlowMs() > 0)
+    dt_sleep_ms((double)dt_param_FaultSlowMs());
   DT_CHECK(dt_dp_zero_grad(t->dp));
   double loss_acc = 0.0;
   if (t->pp > 1)
