@@ -207,6 +207,33 @@ class DataParallel(unittest.TestCase):
         self.assertEqual([m["step"] for m in got], list(range(1, STEPS + 1)))
         self.assert_close(ref, got, "resumed from step 4 past a corrupt step 6")
 
+    def test_async_checkpoints_equal_sync_ones(self):
+        """Checkpoints written by the saver thread while training goes on (the default) are
+        byte for byte those the step writes itself (--ckpt-sync), for every saved step of a
+        dp=2 ZeRO-3 run, and the losses are the same: the snapshot is the step's state."""
+        runs = {}
+        for mode in ("sync", "async"):
+            ckpt = os.path.join(self.tmp, "ckpt_" + mode)
+            m = os.path.join(self.tmp, "ckpt_%s.jsonl" % mode)
+            extra = ["--ckpt-dir", ckpt, "--save-every", "2", "--keep", "0", "--zero-stage", "3"]
+            extra += ["--ckpt-sync"] if mode == "sync" else []
+            args = [a for a in base_args(4, 1, m) if a != "--quiet"] + extra
+            outs = wait_all(launch(2, lambda r: args, os.path.join(self.tmp, "kv_" + mode)))
+            self.assertTrue(all(rc == 0 for rc, _, _ in outs), outs[0][2][-2000:])
+            files = {}
+            for d in sorted(os.listdir(ckpt)):
+                for f in sorted(os.listdir(os.path.join(ckpt, d))):
+                    with open(os.path.join(ckpt, d, f), "rb") as fh:
+                        files[(d, f)] = fh.read()
+            runs[mode] = (files, [x["loss"] for x in read_metrics(m)], outs[0][2])
+        self.assertEqual(len([k for k in runs["sync"][0] if k[1] == "MANIFEST"]), STEPS // 2)
+        self.assertEqual(sorted(runs["sync"][0]), sorted(runs["async"][0]))
+        for k in runs["sync"][0]:
+            self.assertEqual(runs["sync"][0][k], runs["async"][0][k], "%s/%s differs" % k)
+        self.assertEqual(runs["sync"][1], runs["async"][1])
+        self.assertRegex(runs["async"][2], r"checkpoint step 2: the step paused [\d.]+ ms")
+        self.assertIn("written and committed in the background", runs["async"][2])
+
     def test_peer_never_arrives(self):
         kv = os.path.join(self.tmp, "kv_missing")
         env = dict(os.environ, WORLD_SIZE="2", RANK="0", DISTRAIN_KV_DIR=kv,

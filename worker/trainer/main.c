@@ -40,6 +40,8 @@ static void usage(FILE *out)
       "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
       "checkpoints:\n"
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
+      "  --ckpt-sync                 write each checkpoint in the step (default: the step pauses\n"
+      "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
       "device:\n"
@@ -90,6 +92,7 @@ enum {
   OPT_SAVE_EVERY,
   OPT_KEEP,
   OPT_RESUME,
+  OPT_CKPT_SYNC,
   OPT_EXPORT,
   OPT_METRICS,
   OPT_SAMPLE,
@@ -140,6 +143,7 @@ static const struct option g_opts[] = {
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"keep", required_argument, 0, OPT_KEEP},
     {"resume", optional_argument, 0, OPT_RESUME},
+    {"ckpt-sync", no_argument, 0, OPT_CKPT_SYNC},
     {"export-llmc", required_argument, 0, OPT_EXPORT},
     {"metrics", required_argument, 0, OPT_METRICS},
     {"sample", required_argument, 0, OPT_SAMPLE},
@@ -378,6 +382,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_RECOMPUTE:
       o->recompute = 1;
+      break;
+    case OPT_CKPT_SYNC:
+      o->ckpt_sync = 1;
       break;
     case OPT_SP:
       o->sequence_parallel = 1;

@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,13 @@ typedef struct {
   int pp, stage;               /* stages, this rank's */
   dt_pipeline_t *pipe;         /* runs this stage's schedule; NULL when pp == 1 */
   int *mb_inputs, *mb_targets; /* (K, B*T) the step's micro-batches */
+  /* checkpoint saves: the step's shard is snapshotted into snap, then written and committed
+   * by a thread of its own (--ckpt-sync: by the step itself); at most one in flight */
+  float *snap;
+  size_t snap_cap; /* floats */
+  pthread_t saver;
+  int saving;
+  struct save_job *save;
 } trainer_t;
 
 /* The last stage's scalar on every stage of the pipeline. */
@@ -355,11 +363,11 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
 /* Commits a step once every writer's shard is in: itself when standalone (rank 0, after
  * collecting the other writers' reports through the key-value store), through the coordinator
  * (which writes the manifest) under one. */
-static int commit_checkpoint(trainer_t *t, const dt_ckpt_shard_info_t *info, int writers, int wrank,
-                             int *committed)
+static int commit_checkpoint(trainer_t *t, int64_t step, const dt_ckpt_shard_info_t *info,
+                             int writers, int wrank, int *committed)
 {
   const dt_train_opts_t *o = t->o;
-  const int64_t step = t->state.step, P = (int64_t)t->model.global_params;
+  const int64_t P = (int64_t)t->model.global_params;
   if (dt_link_has_coordinator(o->link))
     return dt_link_report_checkpoint(o->link, step, writers, info, committed);
   if (writers == 1) {
@@ -417,57 +425,128 @@ static int shard_offset(trainer_t *t, int writes, int wrank, int64_t count, int6
   return rc;
 }
 
-/* Points rg at host copies of its tensors when they live in device memory that is not host
- * memory (*staged: the copies' buffer, for the caller to free; NULL otherwise). */
-static int range_to_host(dt_device_t *dev, dt_ckpt_range_t *rg, float **staged)
+/* One shard to write and commit, with a snapshot of its data: the step goes on meanwhile. */
+typedef struct save_job {
+  trainer_t *t;
+  dt_train_state_t state; /* of the step saved */
+  dt_gpt2_run_t *runs;
+  size_t nruns;
+  const float *params, *m, *v; /* in t->snap */
+  int64_t vlo;
+  int wrank, writers, rc;
+  int async; /* on a thread of its own */
+  double t0; /* when the save started */
+} save_job_t;
+
+static void *save_main(void *arg)
 {
-  *staged = NULL;
-  if (dev->host)
+  save_job_t *j = arg;
+  trainer_t *t = j->t;
+  dt_ckpt_shard_info_t info;
+  int committed = 0;
+  j->rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &j->state, t->o->ckpt_dir,
+                             j->wrank, j->writers, j->vlo, j->runs, j->nruns, j->params, j->m, j->v,
+                             &info);
+  if (j->rc == 0)
+    j->rc = commit_checkpoint(t, j->state.step, &info, j->writers, j->wrank, &committed);
+  if (j->rc == 0 && committed)
+    j->rc = dt_ckpt_prune(t->o->ckpt_dir, t->o->keep);
+  if (j->rc == 0 && t->lead && !t->o->quiet)
+    DT_INFO(CKPT, "checkpoint step %lld: written and committed%s in %.1f ms",
+            (long long)j->state.step, j->async ? " in the background" : "", dt_now_ms() - j->t0);
+  return NULL;
+}
+
+/* Waits for the save in flight, if any; its failure is the run's. */
+static int save_wait(trainer_t *t)
+{
+  save_job_t *j = t->save;
+  if (!j)
     return 0;
+  if (t->saving)
+    pthread_join(t->saver, NULL);
+  t->saving = 0;
+  t->save = NULL;
+  const int rc = j->rc;
+  free(j->runs);
+  free(j);
+  return rc;
+}
+
+/* Copies this rank's shard (params, m, v of rg) into t->snap: host memory the step will not
+ * touch while the shard is written. */
+static int snapshot(trainer_t *t, const dt_ckpt_range_t *rg, save_job_t *j)
+{
   const size_t len = (size_t)(rg->hi - rg->lo);
-  const float **src[3] = {&rg->params, &rg->m, &rg->v};
-  if (!(*staged = dt_calloc_aligned(3 * len * sizeof(float) + 1, "checkpoint staging")))
-    return DT_ENOMEM;
+  if (3 * len > t->snap_cap) {
+    dt_free_aligned(t->snap);
+    t->snap_cap = 0;
+    if (!(t->snap = dt_calloc_aligned(3 * len * sizeof(float) + 1, "checkpoint snapshot")))
+      return DT_ENOMEM;
+    t->snap_cap = 3 * len;
+  }
+  const float *src[3] = {rg->params, rg->m, rg->v};
+  const float **dst[3] = {&j->params, &j->m, &j->v};
   for (int k = 0; k < 3; k++) {
-    if (!*src[k])
+    *dst[k] = NULL;
+    if (!src[k] || !len)
       continue;
-    float *h = *staged + (size_t)k * len;
-    DT_CHECK(dev->copy(dev, h, *src[k], len * sizeof(float), DT_COPY_D2H));
-    *src[k] = h;
+    float *h = t->snap + (size_t)k * len;
+    DT_CHECK(t->dev->copy(t->dev, h, src[k], len * sizeof(float), DT_COPY_D2H));
+    *dst[k] = h;
   }
   return 0;
 }
 
-/* Writes this rank's shard of the step just completed, then commits it. Writers are the
+/* Saves this rank's shard of the step just completed: the step pauses only to snapshot it;
+ * a thread writes and commits it while training goes on (--ckpt-sync: the step does). The
+ * save before must have finished first: its error fails the run here. Writers are the
  * data-parallel writers of every (pp, tp) position; each writes the global runs of the part of
  * its local range it owns (replicated tensors on tp rank 0, wte on the first stage), so the
  * shards hold every parameter once and any layout can read the checkpoint. */
 static int save_checkpoint(trainer_t *t)
 {
+  const double t0 = dt_now_ms();
+  DT_CHECK(save_wait(t));
+  const double waited = dt_now_ms() - t0;
   dt_ckpt_range_t rg;
-  dt_ckpt_shard_info_t info;
-  int writes, dpw, dwrank, committed = 0;
+  int writes, dpw, dwrank;
   dt_dp_ckpt_range(t->dp, &rg, &writes, &dpw, &dwrank);
   const int tr = t->plan.coord.tp, tp = t->plan.mesh.tp;
   const int writers = t->pp * tp * dpw, wrank = (t->stage * tp + tr) * dpw + dwrank;
   const int64_t count = rg.hi - rg.lo - dt_gpt2_unowned_in(&t->model, rg.lo, rg.hi);
   int64_t vlo;
   DT_CHECK(shard_offset(t, writes, wrank, count, &vlo));
-  if (writes) {
-    dt_gpt2_run_t *runs;
-    size_t nruns;
-    DT_CHECK(dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, 1, &runs, &nruns));
-    float *staged = NULL;
-    int rc = range_to_host(t->dev, &rg, &staged);
-    if (rc == 0)
-      rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &t->state, t->o->ckpt_dir,
-                              wrank, writers, vlo, runs, nruns, rg.params, rg.m, rg.v, &info);
-    dt_free_aligned(staged);
-    free(runs);
-    DT_CHECK(rc);
-    DT_CHECK(commit_checkpoint(t, &info, writers, wrank, &committed));
+  if (!writes)
+    return 0;
+  save_job_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return DT_ENOMEM;
+  *j = (save_job_t){
+      .t = t, .state = t->state, .vlo = vlo, .wrank = wrank, .writers = writers, .t0 = t0};
+  int rc = dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, 1, &j->runs, &j->nruns);
+  if (rc == 0)
+    rc = snapshot(t, &rg, j);
+  if (rc != 0) {
+    free(j->runs);
+    free(j);
+    return rc;
   }
-  return committed ? dt_ckpt_prune(t->o->ckpt_dir, t->o->keep) : 0;
+  t->save = j;
+  j->async = !t->o->ckpt_sync;
+  if (j->async && pthread_create(&t->saver, NULL, save_main, j) == 0) {
+    t->saving = 1;
+    if (t->lead && !t->o->quiet)
+      DT_INFO(CKPT,
+              "checkpoint step %lld: the step paused %.1f ms (%.1f ms for the previous save, "
+              "%.1f ms to snapshot %.1f MiB)",
+              (long long)j->state.step, dt_now_ms() - t0, waited, dt_now_ms() - t0 - waited,
+              3.0 * (double)(rg.hi - rg.lo) * sizeof(float) / (1 << 20));
+    return 0;
+  }
+  j->async = 0; /* --ckpt-sync, or no thread to be had: write it now */
+  save_main(j);
+  return save_wait(t);
 }
 
 /* The whole model in llm.c layout on every rank (export), from this rank's gathered local
@@ -983,6 +1062,8 @@ static int finish(trainer_t *t)
 
 static void teardown(trainer_t *t)
 {
+  save_wait(t);
+  dt_free_aligned(t->snap);
   if (t->metrics)
     fclose(t->metrics);
   dt_dp_destroy(t->dp);
@@ -1026,6 +1107,8 @@ int dt_train_run(const dt_train_opts_t *o)
     if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last))
       DT_CHECK_GOTO(save_checkpoint(&t), ret, out);
   }
+  if (ret == 0)
+    ret = save_wait(&t); /* the last checkpoint is committed before the run ends */
   if (ret == 0)
     ret = finish(&t);
 out:

@@ -61,6 +61,7 @@ typedef struct {
   /* checkpoints */
   const char *ckpt_dir;
   int save_every, keep;
+  int ckpt_sync;           /* write checkpoints in the step, not on a thread of their own */
   int resume;              /* resume from the newest committed step (of resume_path or ckpt_dir) */
   const char *resume_path; /* a checkpoint dir or step dir; NULL means ckpt_dir */
   const char *export_llmc;
