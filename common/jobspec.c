@@ -587,6 +587,44 @@ static bool doc_is_empty(yaml_node_t *root)
   return is_null(&v);
 }
 
+/* A job spec nests three levels (section, key, list); libyaml's scanner does work per token
+ * in proportion to the nesting depth, so a deeply nested file costs quadratic time to load (a
+ * 1 MB one took minutes). A first pass over the events stops at the first node deeper than
+ * this, in time linear in the bytes read. */
+#define MAX_NESTING 32
+
+static int check_nesting(dt__ctx_t *c, const char *text, size_t len)
+{
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser))
+    return fail_nomem(c);
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+  int depth = 0, ret = 0;
+  for (;;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&parser, &ev)) {
+      ret = fail_yaml(c, &parser);
+      break;
+    }
+    const yaml_event_type_t type = ev.type;
+    const int line = (int)ev.start_mark.line + 1;
+    yaml_event_delete(&ev);
+    if (type == YAML_MAPPING_START_EVENT || type == YAML_SEQUENCE_START_EVENT)
+      depth++;
+    else if (type == YAML_MAPPING_END_EVENT || type == YAML_SEQUENCE_END_EVENT)
+      depth--;
+    if (depth > MAX_NESTING) {
+      ret = fail(c, line, "YAML nested more than %d levels deep (a job spec needs 3)",
+                 MAX_NESTING);
+      break;
+    }
+    if (type == YAML_STREAM_END_EVENT)
+      break;
+  }
+  yaml_parser_delete(&parser);
+  return ret;
+}
+
 int dt_jobspec_parse_yaml(const char *text, size_t len, const char *origin, spec_t *spec, char *err,
                           size_t errlen)
 {
@@ -603,6 +641,8 @@ int dt_jobspec_parse_yaml(const char *text, size_t len, const char *origin, spec
     return fail(&c, 0, "job spec is %zu bytes, more than the %u allowed", len,
                 DT_JOBSPEC_MAX_BYTES);
 
+  if ((ret = check_nesting(&c, text ? text : "", len)) != 0)
+    return ret;
   if (!yaml_parser_initialize(&parser))
     return fail_nomem(&c);
   yaml_parser_set_input_string(&parser, (const unsigned char *)(text ? text : ""), len);

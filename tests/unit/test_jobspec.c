@@ -451,6 +451,29 @@ START_TEST(test_error_syntax)
 }
 END_TEST
 
+/* Deep nesting is refused before libyaml builds the document (whose cost grows with the square
+ * of the depth: a 1 MB nested file took minutes; Check's 4 s timeout fails this test then). */
+static char *nested(size_t depth)
+{
+  char *t = malloc(2 * depth + 8);
+  ck_assert_ptr_nonnull(t);
+  memcpy(t, "name: ", 6);
+  memset(t + 6, '[', depth);
+  memset(t + 6 + depth, ']', depth);
+  memcpy(t + 6 + 2 * depth, "\n", 2);
+  return t;
+}
+
+START_TEST(test_error_nesting)
+{
+  char *ok = nested(31), *deep = nested(32), *huge = nested(500000);
+  parse_fails(ok, 1, "name: expected a string", NULL); /* 32 levels with the root: parsed */
+  parse_fails(deep, 1, "YAML nested more than 32 levels deep (a job spec needs 3)", NULL);
+  parse_fails(huge, 1, "YAML nested more than 32 levels deep", NULL);
+  free(ok), free(deep), free(huge);
+}
+END_TEST
+
 /* A failed parse leaves the spec exactly as it was, even when earlier keys were fine. */
 START_TEST(test_error_leaves_spec_alone)
 {
@@ -1076,6 +1099,7 @@ static Suite *jobspec_suite(void)
   tcase_add_test(t, test_error_types);
   tcase_add_test(t, test_error_duplicates);
   tcase_add_test(t, test_error_syntax);
+  tcase_add_test(t, test_error_nesting);
   tcase_add_test(t, test_error_leaves_spec_alone);
   tcase_add_test(t, test_parse_file);
   suite_add_tcase(s, t);
