@@ -2,8 +2,10 @@
  *
  *   slot posted (grpc_server_request_registered_call) --NEW--> call live on the loop
  *   call live: a RECV_CLOSE_ON_SERVER batch is started at once (CLOSED completes when the call
- *   ends: after our status, or when the client cancels); a reply starts a SEND batch (SENT).
- *   The call is freed when it is closed and no send is pending.
+ *   ends: after our status, or when the client cancels); the bearer token is checked, and
+ *   only then is the request message read (RECV: an unauthenticated body is never buffered);
+ *   then the handler runs, and a reply starts a SEND batch (SENT). The call is freed when it
+ *   is closed and no receive or send is pending.
  *
  * Every tag handed to gRPC is a dt__rpc_tag_t naming its kind and object; the completion-queue
  * thread only forwards (tag, ok) pairs to the loop. */
@@ -38,7 +40,7 @@ DT_PARAM(RpcPendingPerMethod, "RPC_PENDING_PER_METHOD", 32)
 DT_PARAM(RpcReconnectInitialMs, "RPC_RECONNECT_INITIAL_MS", 100)
 DT_PARAM(RpcReconnectMaxMs, "RPC_RECONNECT_MAX_MS", 1000)
 
-typedef enum { TAG_NEW, TAG_NEW_UNKNOWN, TAG_CLOSED, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
+typedef enum { TAG_NEW, TAG_NEW_UNKNOWN, TAG_RECV, TAG_CLOSED, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
 
 typedef struct {
   tag_kind_t kind;
@@ -61,9 +63,9 @@ struct dt_rpc_call {
   grpc_metadata_array md;
   grpc_byte_buffer *payload;
   grpc_call_details details; /* unknown methods only */
-  dt__rpc_tag_t tag_new, tag_closed, tag_sent;
+  dt__rpc_tag_t tag_new, tag_recv, tag_closed, tag_sent;
   int cancelled;
-  int closed, send_pending, replied;
+  int closed, recv_pending, send_pending, replied;
   dt_rpc_cancel_cb cancel_cb;
   void *cancel_ud;
   char *peer;
@@ -117,6 +119,23 @@ static grpc_channel_args *message_size_args(void)
   args[1].type = GRPC_ARG_INTEGER;
   args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
   args[1].value.integer = DT_RPC_MAX_MESSAGE;
+  return &ca;
+}
+
+/* The server: the message sizes, and no BDP probing, so a stream's receive window stays at
+ * HTTP/2's initial 64 KiB until a message is read. A request is read only once its token
+ * checks out, so an unauthenticated body stalls in the sender after 64 KiB instead of growing
+ * the window (and the coordinator's memory) to take it all. Requests are small; the large
+ * messages are replies, whose window is the client's. */
+static grpc_channel_args *server_args(void)
+{
+  static grpc_arg args[3];
+  static grpc_channel_args ca = {3, args};
+  args[0] = message_size_args()->args[0];
+  args[1] = message_size_args()->args[1];
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = (char *)GRPC_ARG_HTTP2_BDP_PROBE;
+  args[2].value.integer = 0;
   return &ca;
 }
 
@@ -199,12 +218,14 @@ static int post_slot(dt_rpc_server_t *s, method_t *m)
   c->status_details = grpc_empty_slice();
   grpc_metadata_array_init(&c->md);
   c->tag_new = (dt__rpc_tag_t){m ? TAG_NEW : TAG_NEW_UNKNOWN, c};
+  c->tag_recv = (dt__rpc_tag_t){TAG_RECV, c};
   c->tag_closed = (dt__rpc_tag_t){TAG_CLOSED, c};
   c->tag_sent = (dt__rpc_tag_t){TAG_SENT, c};
   grpc_call_error e;
   if (m) {
+    /* No payload yet: the request message is read only once the token checks out. */
     e = grpc_server_request_registered_call(s->server, m->registered, &c->call, &c->deadline,
-                                            &c->md, &c->payload, s->cq, s->cq, &c->tag_new);
+                                            &c->md, NULL, s->cq, s->cq, &c->tag_new);
   } else {
     grpc_call_details_init(&c->details);
     e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq,
@@ -221,7 +242,7 @@ static int post_slot(dt_rpc_server_t *s, method_t *m)
 
 static void maybe_free(dt_rpc_call_t *c)
 {
-  if (c->closed && !c->send_pending)
+  if (c->closed && !c->recv_pending && !c->send_pending)
     call_free(c);
 }
 
@@ -350,6 +371,20 @@ static void on_new_call(dt_rpc_server_t *s, dt_rpc_call_t *c, int ok)
     dt_rpc_call_fail(c, DT_RPC_UNAUTHENTICATED, "missing or invalid bearer token");
     return;
   }
+  /* Authorized: now read the request (an unauthorized one is never buffered). */
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->payload;
+  if (grpc_call_start_batch(c->call, &op, 1, &c->tag_recv, NULL) != GRPC_CALL_OK) {
+    dt_rpc_call_fail(c, DT_RPC_INTERNAL, "cannot read the request");
+    return;
+  }
+  c->recv_pending = 1;
+}
+
+/* The request message of an authorized call arrived: decode it, run the handler. */
+static void on_request(dt_rpc_call_t *c)
+{
   if (!c->payload) {
     dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "no request message");
     return;
@@ -387,6 +422,13 @@ static int dispatch(dt_rpc_server_t *s, const event_t *ev)
   case TAG_NEW:
   case TAG_NEW_UNKNOWN:
     on_new_call(s, c, ev->ok);
+    break;
+  case TAG_RECV:
+    c->recv_pending = 0;
+    if (ev->ok && !c->closed && !s->shutting_down)
+      on_request(c);
+    else
+      maybe_free(c);
     break;
   case TAG_CLOSED:
     c->closed = 1;
@@ -449,7 +491,7 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
   snprintf(s->bearer, sizeof s->bearer, "Bearer %s", token);
   s->methods = calloc(service->n_methods, sizeof *s->methods);
   s->cq = grpc_completion_queue_create_for_next(NULL);
-  s->server = grpc_server_create(message_size_args(), NULL);
+  s->server = grpc_server_create(server_args(), NULL);
   if (!s->methods || !s->cq || !s->server) {
     free(s->methods);
     free(s);
@@ -461,8 +503,8 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
     snprintf(path, sizeof path, "/%s/%s", service->name, service->methods[i].name);
     s->methods[i].name = service->methods[i].name;
     s->methods[i].input = service->methods[i].input;
-    s->methods[i].registered = grpc_server_register_method(
-        s->server, path, NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    s->methods[i].registered =
+        grpc_server_register_method(s->server, path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
   }
   grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
   int port = grpc_server_add_http2_port(s->server, listen, creds);
