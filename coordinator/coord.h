@@ -45,6 +45,8 @@ typedef struct {
   int job;                                /* index of the job using it, -1 if idle */
   Distrain__V1__TrainerStatus **trainers; /* last heartbeat's statuses (owned) */
   size_t n_trainers;
+  Distrain__V1__DeviceUsage **usage; /* last heartbeat's GPU usage (owned; memory only) */
+  size_t n_usage;
   dt_rpc_call_t *watch;         /* a held WatchAssignment, or NULL */
   struct dt_coord *watch_owner; /* for the watch timer's callback */
   uv_timer_t watch_timer;
@@ -172,6 +174,8 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                char *err, size_t errlen);
 void dt_job_free(dt_job_t *j);
 void dt_node_free(dt_node_t *n);
+/* Forgets a node's GPU usage (it re-registered: its GPUs may have changed). */
+void dt_node_clear_usage(dt_node_t *n);
 
 /* ---- handlers (handlers.c) ---- */
 int dt_coord_register_handlers(dt_coord_t *c);

@@ -5,6 +5,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -269,42 +270,128 @@ static const char *node_state(Distrain__V1__NodeState s)
                                                     : "UNKNOWN";
 }
 
-void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json)
+/* snprintf at buf + *off, advancing *off but never past the end (output is cut, not overrun). */
+static void appendf(char *buf, size_t n, size_t *off, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void appendf(char *buf, size_t n, size_t *off, const char *fmt, ...)
 {
-  if (json)
-    fputc('[', out);
-  else
-    fprintf(out, "%-10s %-20s %-6s %8s %9s  %s\n", "NODE", "HOST", "STATE", "DEVICES", "TRAINERS",
-            "LAST HEARTBEAT");
-  time_t now = time(NULL);
-  for (size_t i = 0; i < n; i++) {
-    const Distrain__V1__Node *nd = nodes[i];
-    const Distrain__V1__NodeInfo *info = nd->info;
-    size_t ndev = info ? info->n_devices : 0;
-    const char *kind = ndev ? info->devices[0]->kind : "-";
-    if (json) {
-      if (i)
-        fputs(", ", out);
-      fprintf(out, "{\"node_id\": ");
-      dt_json_string(out, nd->node_id);
-      fprintf(out, ", \"hostname\": ");
-      dt_json_string(out, info ? info->hostname : "");
-      fprintf(out, ", \"state\": ");
-      dt_json_string(out, node_state(nd->state));
-      fprintf(out, ", \"devices\": %zu, \"device_kind\": ", ndev);
-      dt_json_string(out, kind);
-      fprintf(out, ", \"trainers\": %zu, \"last_heartbeat_ms\": %lld}", nd->n_trainers,
-              (long long)nd->last_heartbeat_ms);
-    } else {
-      char dev[32];
-      snprintf(dev, sizeof dev, "%zu %s", ndev, kind);
-      fprintf(out, "%-10s %-20s %-6s %8s %9zu  %llds ago\n", nd->node_id,
-              info ? info->hostname : "?", node_state(nd->state), dev, nd->n_trainers,
-              (long long)(now - nd->last_heartbeat_ms / 1000));
+  if (*off >= n)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(buf + *off, n - *off, fmt, ap);
+  va_end(ap);
+  if (w > 0)
+    *off = DT_MIN(n - 1, *off + (size_t)w);
+}
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* A node's devices in one line: "2x NVIDIA H100 80GB HBM3, mem 24.6/159.2 GiB, util 86%".
+ * Devices are counted by name in the order listed; memory is summed over the GPUs with usage and
+ * utilisation averaged over those that report it. Without usage, the GPUs' total memory. */
+static void devices_summary(const Distrain__V1__Node *nd, char *buf, size_t n)
+{
+  const Distrain__V1__NodeInfo *info = nd->info;
+  const size_t ndev = info ? info->n_devices : 0;
+  size_t off = 0;
+  buf[0] = '\0';
+  if (ndev == 0) {
+    appendf(buf, n, &off, "-");
+    return;
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < ndev; i++) {
+    const Distrain__V1__Device *d = info->devices[i];
+    total += d->memory_bytes;
+    size_t first = 0, count = 0; /* the first device of this name, and how many there are */
+    while (strcmp(info->devices[first]->name, d->name) != 0)
+      first++;
+    if (first != i)
+      continue;
+    for (size_t k = i; k < ndev; k++)
+      count += strcmp(info->devices[k]->name, d->name) == 0;
+    appendf(buf, n, &off, "%s%zux %s", i ? ", " : "", count, d->name[0] ? d->name : d->kind);
+  }
+  uint64_t used = 0, have = 0;
+  int util = 0, n_util = 0;
+  for (size_t i = 0; i < nd->n_usage; i++) {
+    const Distrain__V1__DeviceUsage *u = nd->usage[i];
+    used += u->memory_used_bytes;
+    have += u->memory_total_bytes;
+    if (u->utilization_pct >= 0) {
+      util += u->utilization_pct;
+      n_util++;
     }
   }
-  if (json)
+  if (nd->n_usage) {
+    appendf(buf, n, &off, ", mem %.1f/%.1f GiB", (double)used / GIB, (double)have / GIB);
+    if (n_util)
+      appendf(buf, n, &off, ", util %d%%", (util + n_util / 2) / n_util);
+    if (nd->n_usage < ndev)
+      appendf(buf, n, &off, " (%zu of %zu reporting)", nd->n_usage, ndev);
+  } else if (total) {
+    appendf(buf, n, &off, ", %.1f GiB", (double)total / GIB);
+  }
+}
+
+static void json_node(FILE *out, const Distrain__V1__Node *nd)
+{
+  const Distrain__V1__NodeInfo *info = nd->info;
+  const size_t ndev = info ? info->n_devices : 0;
+  fprintf(out, "{\"node_id\": ");
+  dt_json_string(out, nd->node_id);
+  fprintf(out, ", \"hostname\": ");
+  dt_json_string(out, info ? info->hostname : "");
+  fprintf(out, ", \"state\": ");
+  dt_json_string(out, node_state(nd->state));
+  fprintf(out, ", \"device_kind\": ");
+  dt_json_string(out, ndev ? info->devices[0]->kind : "-");
+  fputs(", \"devices\": [", out);
+  for (size_t i = 0; i < ndev; i++) {
+    const Distrain__V1__Device *d = info->devices[i];
+    fprintf(out, "%s{\"kind\": ", i ? ", " : "");
+    dt_json_string(out, d->kind);
+    fprintf(out, ", \"index\": %d, \"name\": ", d->index);
+    dt_json_string(out, d->name);
+    fprintf(out, ", \"memory_bytes\": %llu}", (unsigned long long)d->memory_bytes);
+  }
+  fputs("], \"usage\": [", out);
+  for (size_t i = 0; i < nd->n_usage; i++) {
+    const Distrain__V1__DeviceUsage *u = nd->usage[i];
+    fprintf(out,
+            "%s{\"index\": %d, \"memory_used_bytes\": %llu, \"memory_total_bytes\": %llu, "
+            "\"utilization_pct\": %d}",
+            i ? ", " : "", u->index, (unsigned long long)u->memory_used_bytes,
+            (unsigned long long)u->memory_total_bytes, u->utilization_pct);
+  }
+  fprintf(out, "], \"trainers\": %zu, \"last_heartbeat_ms\": %lld}", nd->n_trainers,
+          (long long)nd->last_heartbeat_ms);
+}
+
+void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json)
+{
+  if (json) {
+    fputc('[', out);
+    for (size_t i = 0; i < n; i++) {
+      if (i)
+        fputs(", ", out);
+      json_node(out, nodes[i]);
+    }
     fputs("]\n", out);
+    return;
+  }
+  fprintf(out, "%-10s %-20s %-6s %8s  %-14s  %s\n", "NODE", "HOST", "STATE", "TRAINERS",
+          "LAST HEARTBEAT", "DEVICES");
+  const time_t now = time(NULL);
+  for (size_t i = 0; i < n; i++) {
+    const Distrain__V1__Node *nd = nodes[i];
+    char seen[32], dev[1024];
+    snprintf(seen, sizeof seen, "%llds ago", (long long)(now - nd->last_heartbeat_ms / 1000));
+    devices_summary(nd, dev, sizeof dev);
+    fprintf(out, "%-10s %-20s %-6s %8zu  %-14s  %s\n", nd->node_id,
+            nd->info ? nd->info->hostname : "?", node_state(nd->state), nd->n_trainers, seen, dev);
+  }
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -87,6 +87,7 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
     /* The agent restarted: its trainers died with it. */
     distrain__v1__node_info__free_unpacked(n->info, NULL);
     n->info = info;
+    dt_node_clear_usage(n);
     if (n->job >= 0 && (size_t)n->job < c->n_jobs) {
       DT_WARN(COORD, "node %s (%s) re-registered while running job %s: its trainers are gone",
               n->id, info->hostname, c->jobs[n->job]->id);
@@ -151,6 +152,15 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
       n->trainers[n->n_trainers++] = ts;
   }
   dt_coord_trainer_status(c, n);
+  /* The GPUs' usage: kept for ListNodes, replaced by every heartbeat. */
+  dt_node_clear_usage(n);
+  if (req->n_devices)
+    n->usage = calloc(req->n_devices, sizeof *n->usage);
+  for (size_t i = 0; n->usage && i < req->n_devices; i++) {
+    Distrain__V1__DeviceUsage *u = copy_message(&req->devices[i]->base);
+    if (u)
+      n->usage[n->n_usage++] = u;
+  }
   if (revived)
     dt_coord_schedule_soon(c);
   resp.assignment_version = n->assign_version;
@@ -225,6 +235,10 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
     o->last_heartbeat_ms = n->last_seen_wall_ms;
     o->trainers = n->trainers;
     o->n_trainers = n->n_trainers;
+    if (n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE) { /* a dead node's usage is stale */
+      o->usage = n->usage;
+      o->n_usage = n->n_usage;
+    }
     ptrs[resp.n_nodes++] = o;
   }
   resp.nodes = ptrs;

@@ -923,5 +923,15 @@ void dt_node_free(dt_node_t *n)
   for (size_t i = 0; i < n->n_trainers; i++)
     distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
   free(n->trainers);
+  dt_node_clear_usage(n);
   free(n);
+}
+
+void dt_node_clear_usage(dt_node_t *n)
+{
+  for (size_t i = 0; i < n->n_usage; i++)
+    distrain__v1__device_usage__free_unpacked(n->usage[i], NULL);
+  free(n->usage);
+  n->usage = NULL;
+  n->n_usage = 0;
 }

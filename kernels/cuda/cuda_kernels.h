@@ -19,10 +19,7 @@ extern "C" {
 #endif
 
 #include "device.h"
-
-/* Number of usable CUDA devices. A machine without a GPU or driver gives 0 and returns 0
- * (cudaErrorNoDevice / cudaErrorInsufficientDriver are "no GPU", not failures). */
-int dt_cuda_device_count(int *count);
+#include "probe.h" /* dt_cuda_device_count, dt_cuda_probe, dt_cuda_gpu_info */
 
 /* Opens GPU `ordinal`: makes it the calling thread's current device, creates its stream
  * (non-blocking), its cuBLAS handle (fp32 math, no TF32) and an empty scratch workspace.

@@ -837,11 +837,41 @@ class T3_RunLocal(ClusterTest):
 # ---------------------------------------------------------------------------------------------
 
 class T4_AgentKilled(ClusterTest):
+    def check_nodes_listing(self, hosts):
+        """distrainctl nodes (--json): each agent's devices, its CPU one here (cuda ones, with
+        a name and memory, where the machine has GPUs); usage only for GPUs."""
+        args = ["--coordinator", self.addr, "--token-file", self.token_file]
+        r = self.ctl("nodes", "--json", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        listed = json.loads(r.stdout)
+        self.assertEqual(sorted(n["hostname"] for n in listed), hosts)
+        for n in listed:
+            self.assertEqual(n["state"], "ALIVE")
+            self.assertGreaterEqual(len(n["devices"]), 1, n)
+            for i, d in enumerate(n["devices"]):
+                self.assertEqual(d["index"], i, n)
+                if d["kind"] == "cpu":
+                    self.assertEqual(d, {"kind": "cpu", "index": i, "name": "cpu",
+                                         "memory_bytes": 0})
+                else:
+                    self.assertEqual(d["kind"], "cuda", n)
+                    self.assertTrue(d["name"] and d["memory_bytes"] > 0, n)
+            if n["device_kind"] == "cpu":
+                self.assertEqual(n["usage"], [], n)
+        r = self.ctl("nodes", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 1 + len(hosts), r.stdout)
+        self.assertTrue(lines[0].startswith("NODE") and lines[0].endswith("DEVICES"), r.stdout)
+        for line in lines[1:]:
+            self.assertRegex(line, r"\b\d+x \S", r.stdout)
+
     def test_killed_agent_is_detected_and_the_job_moves(self):
         self.start_coordinator()
         for i in range(3):
             self.start_agent("h%d" % i)
         self.wait_nodes(3)
+        self.check_nodes_listing(["h0", "h1", "h2"])
         job_id = self.submit_yaml(job_yaml(os.path.join(self.tmp, "ckpt"), 100000, shape=SLOW,
                                            every=50, val_every=0))
         j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
@@ -1495,6 +1525,51 @@ class T11_Straggler(ClusterTest):
         self.assertRegex(status.stdout, r"%d\s+%s \(h1\).*STRAGGLER" % (slow[0].rank,
                                                                         slow[0].node_id))
         self.call("StopJob", pb.StopJobRequest(job_id=job_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. A GPU node's devices and usage, from its heartbeats to distrainctl nodes
+# ---------------------------------------------------------------------------------------------
+
+class T12_GpuUsage(ClusterTest):
+    def test_gpu_usage_reaches_distrainctl(self):
+        """A Python client stands in for a GPU node's agent: the devices it registers and the
+        usage each heartbeat carries are what ListNodes and distrainctl nodes show; the newest
+        heartbeat's usage replaces the last, and a dead node's is not shown."""
+        self.start_coordinator()
+        gib = 1 << 30
+        name = "NVIDIA H100 80GB HBM3"
+        info = pb.NodeInfo(hostname="gpu-a", agent_version="test", devices=[
+            pb.Device(kind="cuda", index=i, name=name, memory_bytes=80 * gib) for i in range(2)])
+        node_id = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
+        usage = [pb.DeviceUsage(index=0, memory_used_bytes=12 * gib, memory_total_bytes=80 * gib,
+                                utilization_pct=90),
+                 pb.DeviceUsage(index=1, memory_used_bytes=4 * gib, memory_total_bytes=80 * gib,
+                                utilization_pct=-1)]
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=1, devices=usage))
+        [n] = self.nodes()
+        self.assertEqual(list(n.usage), usage)
+
+        args = ["--coordinator", self.addr, "--token-file", self.token_file]
+        r = self.ctl("nodes", "--json", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [j] = json.loads(r.stdout)
+        self.assertEqual(j["devices"], [{"kind": "cuda", "index": i, "name": name,
+                                         "memory_bytes": 80 * gib} for i in range(2)])
+        self.assertEqual(j["usage"], [
+            {"index": 0, "memory_used_bytes": 12 * gib, "memory_total_bytes": 80 * gib,
+             "utilization_pct": 90},
+            {"index": 1, "memory_used_bytes": 4 * gib, "memory_total_bytes": 80 * gib,
+             "utilization_pct": -1}])
+        r = self.ctl("nodes", *args)
+        self.assertIn("2x %s, mem 16.0/160.0 GiB, util 90%%" % name, r.stdout)
+
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=2, devices=usage[:1]))
+        self.assertEqual(list(self.nodes()[0].usage), usage[:1])
+        wait_until(lambda: self.nodes()[0].state == pb.NODE_DEAD, 10, "the node to be dead")
+        self.assertEqual(list(self.nodes()[0].usage), [])
+        r = self.ctl("nodes", *args)
+        self.assertIn("2x %s, 160.0 GiB" % name, r.stdout)
 
 
 # ---------------------------------------------------------------------------------------------

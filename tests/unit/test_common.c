@@ -1,5 +1,5 @@
 /* test_common.c — Check suite for common/: the error table, DT_PARAM, strict number parsing,
- * CRC-32C, durable atomic files, mkdir -p and the RNG. */
+ * CRC-32C, durable atomic files, mkdir -p, the RNG and the CUDA version messages. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 
 #include <check.h>
 
+#include "cuda_version.h"
 #include "dt_error.h"
 #include "dt_param.h"
 #include "dt_util.h"
@@ -569,6 +570,53 @@ START_TEST(test_rng_normal)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* CUDA versions                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_cuda_version_str)
+{
+  char buf[16];
+  const struct {
+    int v;
+    const char *s;
+  } cases[] = {{12040, "12.4"}, {13000, "13.0"}, {11080, "11.8"}, {12090, "12.9"}, {10010, "10.1"}};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(cases); i++) {
+    dt_cuda_version_str(cases[i].v, buf, sizeof buf);
+    ck_assert_str_eq(buf, cases[i].s);
+  }
+}
+END_TEST
+
+START_TEST(test_cuda_driver_older)
+{
+  ck_assert(dt_cuda_driver_older(12040, 13000));
+  ck_assert(dt_cuda_driver_older(12020, 12040)); /* older; the runtime decides if it matters */
+  ck_assert(!dt_cuda_driver_older(13000, 13000));
+  ck_assert(!dt_cuda_driver_older(13010, 13000));
+  ck_assert(!dt_cuda_driver_older(0, 13000)); /* no driver: no GPU, not a mismatch */
+}
+END_TEST
+
+/* The message names the driver's CUDA version, the runtime's, and both ways out. */
+START_TEST(test_cuda_mismatch_message)
+{
+  char buf[256];
+  dt_cuda_mismatch_message(12040, 13000, buf, sizeof buf);
+  ck_assert_str_eq(buf, "CUDA driver supports up to 12.4, the runtime is 13.0: update the NVIDIA "
+                        "driver or use a CUDA 12.4 build");
+  dt_cuda_mismatch_message(11080, 12060, buf, sizeof buf);
+  ck_assert_str_eq(buf, "CUDA driver supports up to 11.8, the runtime is 12.6: update the NVIDIA "
+                        "driver or use a CUDA 11.8 build");
+  /* A short buffer is cut, terminated, and nothing past it is written. */
+  char small[24];
+  memset(small, 'x', sizeof small);
+  dt_cuda_mismatch_message(12040, 13000, small, 16);
+  ck_assert_str_eq(small, "CUDA driver sup");
+  ck_assert_int_eq(small[16], 'x');
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 
 static Suite *common_suite(void)
 {
@@ -611,6 +659,12 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_rng_below);
   tcase_add_test(t, test_rng_permutation);
   tcase_add_test(t, test_rng_normal);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("cuda_version");
+  tcase_add_test(t, test_cuda_version_str);
+  tcase_add_test(t, test_cuda_driver_older);
+  tcase_add_test(t, test_cuda_mismatch_message);
   suite_add_tcase(s, t);
   return s;
 }

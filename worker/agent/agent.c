@@ -12,10 +12,11 @@
 #include "dt_log.h"
 #include "dt_param.h"
 #include "dt_util.h"
+#include "gpu_usage.h"
 #include "jobspec.h"
 
 #ifdef DT_HAVE_CUDA
-#include "cuda_kernels.h"
+#include "probe.h"
 #endif
 
 DT_PARAM(WatchTimeoutMs, "WATCH_TIMEOUT_MS", 10000)
@@ -45,6 +46,14 @@ typedef struct trainer {
   uint64_t last_report_ms; /* loop time of its last report, or of its start */
 } trainer_t;
 
+/* One of the node's GPUs: NodeInfo.devices[i] describes it, usage rides on the heartbeats. */
+typedef struct {
+  char name[256];      /* devices[i].name points here */
+  char pci_bus_id[32]; /* how NVML finds it */
+  uint64_t memory_bytes;
+  Distrain__V1__DeviceUsage usage; /* the heartbeat in flight's sample */
+} gpu_t;
+
 struct dt_agent {
   uv_loop_t *loop;
   dt_agent_config_t cfg;
@@ -55,6 +64,15 @@ struct dt_agent {
   Distrain__V1__NodeInfo info;
   Distrain__V1__Device *devices;
   Distrain__V1__Device **device_ptrs;
+  gpu_t *gpus; /* (n_gpus) devices[0..n_gpus) are GPUs; none on a CPU node */
+  int n_gpus;
+  /* NVML: loaded once off the loop (usage_work), then sampled by every heartbeat's work. Only
+   * the loop sets usage; a heartbeat's work reads hb_nvml, set before it is queued. */
+  dt_gpu_usage_t *usage, *usage_loaded; /* usage_loaded: usage_work's result, for usage_done */
+  uv_work_t usage_work;
+  int usage_busy;
+  dt_gpu_usage_t *hb_nvml;              /* what the heartbeat in flight samples (or NULL) */
+  Distrain__V1__DeviceUsage **hb_usage; /* (n_gpus) the heartbeat's known samples */
   uint32_t heartbeat_ms;
   uv_timer_t hb_timer, retry_timer;
   uv_work_t hb_work, watch_work, reg_work;
@@ -571,9 +589,30 @@ static void start_register(dt_agent_t *a)
   uv_queue_work(a->loop, &a->reg_work, reg_work, reg_done);
 }
 
+/* On the threadpool, before the heartbeat goes out: the GPUs whose memory use NVML knows. */
+static void sample_gpus(dt_agent_t *a)
+{
+  size_t k = 0;
+  for (int i = 0; a->hb_nvml && i < a->n_gpus; i++) {
+    dt_gpu_sample_t s;
+    if (!dt_gpu_usage_sample(a->hb_nvml, i, &s))
+      continue;
+    Distrain__V1__DeviceUsage *u = &a->gpus[i].usage;
+    distrain__v1__device_usage__init(u);
+    u->index = i;
+    u->memory_used_bytes = s.used_bytes;
+    u->memory_total_bytes = s.total_bytes;
+    u->utilization_pct = s.utilization_pct;
+    a->hb_usage[k++] = u;
+  }
+  a->hb_req.devices = a->hb_usage;
+  a->hb_req.n_devices = k;
+}
+
 static void hb_work(uv_work_t *w)
 {
   dt_agent_t *a = w->data;
+  sample_gpus(a);
   a->hb_rc = dt_rpc_client_call(a->rpc, "Heartbeat", &a->hb_req.base, &a->hb_resp,
                                 (int)dt_param_RpcTimeoutMs(), 0, a->hb_err, sizeof a->hb_err);
 }
@@ -678,6 +717,7 @@ static void on_heartbeat(uv_timer_t *h)
   a->hb_req.seq = ++a->hb_seq;
   a->hb_req.trainers = a->hb_statuses;
   a->hb_req.n_trainers = k;
+  a->hb_nvml = a->usage;
   a->hb_busy = 1;
   a->hb_work.data = a;
   uv_queue_work(a->loop, &a->hb_work, hb_work, hb_done);
@@ -743,28 +783,80 @@ static void start_watch(dt_agent_t *a)
 /* Lifecycle                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-static int detect_devices(dt_agent_t *a)
+/* NVML's start can take seconds (it initialises every GPU), longer than the coordinator waits
+ * for a heartbeat: it runs on the threadpool, and heartbeats carry usage once it is done. */
+static void usage_work(uv_work_t *w)
 {
-  int n = 0;
-  const char *kind = "cpu";
+  dt_agent_t *a = w->data;
+  const char **ids = calloc((size_t)a->n_gpus, sizeof *ids);
+  if (!ids)
+    return;
+  for (int i = 0; i < a->n_gpus; i++)
+    ids[i] = a->gpus[i].pci_bus_id;
+  if (dt_gpu_usage_create(&a->usage_loaded, NULL, ids, a->n_gpus) != 0)
+    a->usage_loaded = NULL;
+  free(ids);
+}
+
+static void usage_done(uv_work_t *w, int status)
+{
+  dt_agent_t *a = w->data;
+  (void)status;
+  a->usage_busy = 0;
+  /* Heartbeats queued from now on sample it (on_heartbeat hands it to their work). */
+  a->usage = a->usage_loaded;
+  a->usage_loaded = NULL;
+  if (a->closing)
+    maybe_finish_close(a);
+}
+
+/* The node's GPUs, from the CUDA runtime (none in a build without CUDA): their names and memory
+ * go to NodeInfo.devices; a driver the runtime cannot use is said once, with both versions. */
+static int detect_gpus(dt_agent_t *a)
+{
 #ifdef DT_HAVE_CUDA
-  int gpus = 0;
-  if (dt_cuda_device_count(&gpus) == 0 && gpus > 0) {
-    n = gpus;
-    kind = "cuda";
+  char why[512];
+  int n = 0;
+  if (dt_cuda_probe(&n, why, sizeof why) != 0 || n == 0) {
+    if (why[0])
+      DT_WARN(WORKER, "no usable GPU: %s; offering %d CPU device%s", why, a->cfg.cpu_devices,
+              a->cfg.cpu_devices == 1 ? "" : "s");
+    return 0;
+  }
+  a->gpus = calloc((size_t)n, sizeof *a->gpus);
+  a->hb_usage = calloc((size_t)n, sizeof *a->hb_usage);
+  if (!a->gpus || !a->hb_usage)
+    return DT_ENOMEM;
+  a->n_gpus = n;
+  for (int i = 0; i < n; i++) {
+    dt_cuda_gpu_t g;
+    if (dt_cuda_gpu_info(i, &g) != 0) /* logged; offered all the same, as "cuda" */
+      snprintf(g.name, sizeof g.name, "cuda");
+    snprintf(a->gpus[i].name, sizeof a->gpus[i].name, "%s", g.name);
+    snprintf(a->gpus[i].pci_bus_id, sizeof a->gpus[i].pci_bus_id, "%s", g.pci_bus_id);
+    a->gpus[i].memory_bytes = g.memory_bytes;
+    DT_INFO(WORKER, "GPU %d: %s, %.1f GiB, PCI %s", i, g.name, (double)g.memory_bytes / (1 << 30),
+            g.pci_bus_id[0] ? g.pci_bus_id : "?");
   }
 #endif
-  if (n == 0)
-    n = a->cfg.cpu_devices;
+  return 0;
+}
+
+static int detect_devices(dt_agent_t *a)
+{
+  DT_CHECK(detect_gpus(a));
+  const int gpu = a->n_gpus > 0;
+  const int n = gpu ? a->n_gpus : a->cfg.cpu_devices;
   a->devices = calloc((size_t)n, sizeof *a->devices);
   a->device_ptrs = calloc((size_t)n, sizeof *a->device_ptrs);
   if (!a->devices || !a->device_ptrs)
     return DT_ENOMEM;
   for (int i = 0; i < n; i++) {
     distrain__v1__device__init(&a->devices[i]);
-    a->devices[i].kind = (char *)kind;
+    a->devices[i].kind = gpu ? "cuda" : "cpu";
     a->devices[i].index = i;
-    a->devices[i].name = (char *)kind;
+    a->devices[i].name = gpu ? a->gpus[i].name : "cpu";
+    a->devices[i].memory_bytes = gpu ? a->gpus[i].memory_bytes : 0;
     a->device_ptrs[i] = &a->devices[i];
   }
   distrain__v1__node_info__init(&a->info);
@@ -799,12 +891,19 @@ int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *c
   uv_timer_init(loop, &a->retry_timer);
   a->retry_timer.data = a;
   a->heartbeat_ms = 500;
+  if (a->n_gpus > 0) {
+    a->usage_busy = 1;
+    a->usage_work.data = a;
+    uv_queue_work(loop, &a->usage_work, usage_work, usage_done);
+  }
   start_register(a);
   *out = a;
   return 0;
 fail:
   free(a->devices);
   free(a->device_ptrs);
+  free(a->gpus);
+  free(a->hb_usage);
   free(a);
   return ret;
 }
@@ -820,6 +919,8 @@ static void on_timer_closed(uv_handle_t *h)
   void *ud = a->close_ud;
   free(a->devices);
   free(a->device_ptrs);
+  free(a->gpus);
+  free(a->hb_usage);
   free(a);
   if (cb)
     cb(ud);
@@ -827,9 +928,12 @@ static void on_timer_closed(uv_handle_t *h)
 
 static void maybe_finish_close(dt_agent_t *a)
 {
-  if (!a->closing || a->trainers || a->hb_busy || a->watch_busy || a->reg_busy || a->closing == 2)
+  if (!a->closing || a->trainers || a->hb_busy || a->watch_busy || a->reg_busy || a->usage_busy ||
+      a->closing == 2)
     return;
   a->closing = 2;
+  dt_gpu_usage_destroy(a->usage);
+  a->usage = NULL;
   if (a->assignment)
     distrain__v1__watch_assignment_response__free_unpacked(a->assignment, NULL);
   a->assignment = NULL;

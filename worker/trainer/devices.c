@@ -21,12 +21,14 @@ static int local_rank(void)
 }
 #endif
 
-/* GPUs visible to this process (0 without a driver or without CUDA support in this build). */
-static int gpu_count(void)
+/* GPUs visible to this process (0 without a driver or without CUDA support in this build).
+ * why: empty, or why a driver that is present cannot be used (its version and the runtime's). */
+static int gpu_count(char *why, size_t len)
 {
   int n = 0;
+  why[0] = '\0';
 #ifdef DT_HAVE_CUDA
-  if (dt_cuda_device_count(&n) != 0)
+  if (dt_cuda_probe(&n, why, len) != 0)
     n = 0;
 #endif
   return n;
@@ -35,8 +37,13 @@ static int gpu_count(void)
 static int open_cuda(dt_device_t **out)
 {
 #ifdef DT_HAVE_CUDA
-  const int n = gpu_count(), lr = local_rank();
+  char why[512];
+  const int n = gpu_count(why, sizeof why), lr = local_rank();
   const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+  if (n == 0 && why[0]) {
+    DT_ERROR(TRAIN, "--device cuda: %s", why);
+    return DT_ENOTSUP;
+  }
   if (n == 0) {
     DT_ERROR(TRAIN,
              "--device cuda: no usable CUDA GPU (CUDA_VISIBLE_DEVICES=%s); check nvidia-smi, or "
@@ -61,9 +68,13 @@ int dt_train_device_open(const char *want, dt_device_t **out)
 {
   *out = NULL;
   if (!want || strcmp(want, "auto") == 0) {
-    if (gpu_count() > 0)
+    char why[512];
+    if (gpu_count(why, sizeof why) > 0)
       return open_cuda(out);
-    DT_DEBUG(TRAIN, "--device auto: no CUDA GPU here, training on the CPU");
+    if (why[0])
+      DT_WARN(TRAIN, "--device auto: %s; training on the CPU", why);
+    else
+      DT_DEBUG(TRAIN, "--device auto: no CUDA GPU here, training on the CPU");
     *out = dt_device_cpu();
     return 0;
   }

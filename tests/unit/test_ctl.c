@@ -1,0 +1,230 @@
+/* test_ctl.c — Check suite for distrainctl's output (coordinator/ctl.c): `nodes` as a table
+ * and as JSON, for GPU nodes with and without usage, mixed and CPU nodes, from Node messages
+ * built here as ListNodes would return them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <check.h>
+
+#include "ctl.h"
+
+#define GIB (1024ull * 1024 * 1024)
+
+/* A node of up to 4 devices and their usage, all in one struct (no allocation). */
+typedef struct {
+  Distrain__V1__Node node;
+  Distrain__V1__NodeInfo info;
+  Distrain__V1__Device dev[4], *dev_ptrs[4];
+  Distrain__V1__DeviceUsage use[4], *use_ptrs[4];
+} node_t;
+
+static void node_make(node_t *n, const char *id, const char *host, const char *kind, int ndev)
+{
+  memset(n, 0, sizeof *n);
+  distrain__v1__node__init(&n->node);
+  distrain__v1__node_info__init(&n->info);
+  n->node.node_id = (char *)id;
+  n->node.info = &n->info;
+  n->node.state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  n->node.last_heartbeat_ms = (int64_t)time(NULL) * 1000;
+  n->info.hostname = (char *)host;
+  n->info.devices = n->dev_ptrs;
+  n->info.n_devices = (size_t)ndev;
+  for (int i = 0; i < ndev; i++) {
+    distrain__v1__device__init(&n->dev[i]);
+    n->dev[i].kind = (char *)kind;
+    n->dev[i].index = i;
+    n->dev[i].name = (char *)kind;
+    n->dev_ptrs[i] = &n->dev[i];
+  }
+  n->node.usage = n->use_ptrs;
+}
+
+static void node_gpu(node_t *n, int i, const char *name, uint64_t memory)
+{
+  n->dev[i].name = (char *)name;
+  n->dev[i].memory_bytes = memory;
+}
+
+static void node_usage(node_t *n, int index, uint64_t used, uint64_t total, int util)
+{
+  Distrain__V1__DeviceUsage *u = &n->use[n->node.n_usage];
+  distrain__v1__device_usage__init(u);
+  u->index = index;
+  u->memory_used_bytes = used;
+  u->memory_total_bytes = total;
+  u->utilization_pct = util;
+  n->use_ptrs[n->node.n_usage++] = u;
+}
+
+/* dt_ctl_print_nodes into a string (free it). */
+static char *print_nodes(node_t **nodes, size_t n, int json)
+{
+  Distrain__V1__Node *ptrs[8];
+  for (size_t i = 0; i < n; i++)
+    ptrs[i] = &nodes[i]->node;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(fp);
+  dt_ctl_print_nodes(fp, ptrs, n, json);
+  fclose(fp);
+  return buf;
+}
+
+/* Line `k` (0: the header) of s, without its newline, into line. */
+static void nth_line(const char *s, int k, char *line, size_t n)
+{
+  for (int i = 0; i < k && s; i++) {
+    s = strchr(s, '\n');
+    s = s ? s + 1 : NULL;
+  }
+  ck_assert_msg(s && *s, "no line %d", k);
+  size_t len = strcspn(s, "\n");
+  ck_assert_uint_lt(len, n);
+  memcpy(line, s, len);
+  line[len] = '\0';
+}
+
+/* The DEVICES column: what follows the last heartbeat's "ago" and its padding. */
+static const char *devices_col(const char *line)
+{
+  const char *p = strstr(line, "s ago");
+  ck_assert_ptr_nonnull(p);
+  p += strlen("s ago");
+  while (*p == ' ')
+    p++;
+  return p;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Table                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_nodes_table)
+{
+  node_t gpu, cpu, bare, part, mixed;
+  /* Two H100s reporting 12.5 and 10 GiB used of 80, 87% and 84% busy. */
+  node_make(&gpu, "node-0", "gpu-a", "cuda", 2);
+  node_gpu(&gpu, 0, "NVIDIA H100 80GB HBM3", 80 * GIB);
+  node_gpu(&gpu, 1, "NVIDIA H100 80GB HBM3", 80 * GIB);
+  node_usage(&gpu, 0, 25 * GIB / 2, 80 * GIB, 87);
+  node_usage(&gpu, 1, 10 * GIB, 80 * GIB, 84); /* a mean of 85.5: rounded, 86 */
+  gpu.node.n_trainers = 2;
+  /* The CPU fallback. */
+  node_make(&cpu, "node-1", "cpu-b", "cpu", 4);
+  /* A GPU without NVML: no usage, its total memory from the device list. */
+  node_make(&bare, "node-2", "gpu-c", "cuda", 1);
+  node_gpu(&bare, 0, "NVIDIA A100-SXM4-40GB", 40 * GIB);
+  /* Two GPUs, one reporting memory but not utilisation. */
+  node_make(&part, "node-3", "gpu-d", "cuda", 2);
+  node_gpu(&part, 0, "NVIDIA L4", 24 * GIB);
+  node_gpu(&part, 1, "NVIDIA L4", 24 * GIB);
+  node_usage(&part, 1, 6 * GIB, 24 * GIB, -1);
+  part.node.state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
+  /* Different GPU models on one node, counted per model in order. */
+  node_make(&mixed, "node-4", "gpu-e", "cuda", 3);
+  node_gpu(&mixed, 0, "NVIDIA A100", 40 * GIB);
+  node_gpu(&mixed, 1, "NVIDIA H100", 80 * GIB);
+  node_gpu(&mixed, 2, "NVIDIA A100", 40 * GIB);
+  node_usage(&mixed, 0, 1 * GIB, 40 * GIB, 10);
+  node_usage(&mixed, 1, 2 * GIB, 80 * GIB, 21);
+  node_usage(&mixed, 2, 3 * GIB, 40 * GIB, 0);
+
+  node_t *all[] = {&gpu, &cpu, &bare, &part, &mixed};
+  char *out = print_nodes(all, 5, 0);
+  char line[512];
+  nth_line(out, 0, line, sizeof line);
+  ck_assert_str_eq(line,
+                   "NODE       HOST                 STATE  TRAINERS  LAST HEARTBEAT  DEVICES");
+
+  nth_line(out, 1, line, sizeof line);
+  ck_assert_msg(strncmp(line, "node-0     gpu-a                ALIVE         2  ", 49) == 0, "%s",
+                line);
+  ck_assert_str_eq(devices_col(line), "2x NVIDIA H100 80GB HBM3, mem 22.5/160.0 GiB, util 86%");
+
+  nth_line(out, 2, line, sizeof line);
+  ck_assert_msg(strncmp(line, "node-1     cpu-b                ALIVE         0  ", 49) == 0, "%s",
+                line);
+  ck_assert_str_eq(devices_col(line), "4x cpu");
+
+  nth_line(out, 3, line, sizeof line);
+  ck_assert_str_eq(devices_col(line), "1x NVIDIA A100-SXM4-40GB, 40.0 GiB");
+
+  nth_line(out, 4, line, sizeof line);
+  ck_assert_msg(strncmp(line, "node-3     gpu-d                DEAD   ", 39) == 0, "%s", line);
+  ck_assert_str_eq(devices_col(line), "2x NVIDIA L4, mem 6.0/24.0 GiB (1 of 2 reporting)");
+
+  nth_line(out, 5, line, sizeof line);
+  ck_assert_str_eq(devices_col(line),
+                   "2x NVIDIA A100, 1x NVIDIA H100, mem 6.0/160.0 GiB, util 10%");
+  int lines = 0; /* a header and one line per node, nothing else */
+  for (const char *p = out; *p; p++)
+    lines += *p == '\n';
+  ck_assert_int_eq(lines, 6);
+  free(out);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* JSON                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_nodes_json)
+{
+  node_t gpu, cpu;
+  node_make(&gpu, "node-0", "gpu-a", "cuda", 2);
+  node_gpu(&gpu, 0, "NVIDIA H100 80GB HBM3", 85520809984ull);
+  node_gpu(&gpu, 1, "NVIDIA H100 80GB HBM3", 85520809984ull);
+  node_usage(&gpu, 0, 13207024435ull, 85520809984ull, 87);
+  node_usage(&gpu, 1, 1048576ull, 85520809984ull, -1);
+  gpu.node.n_trainers = 1;
+  gpu.node.last_heartbeat_ms = 1700000000123;
+  node_make(&cpu, "node-1", "cpu \"b\"", "cpu", 1);
+  cpu.node.last_heartbeat_ms = 1700000000456;
+
+  node_t *all[] = {&gpu, &cpu};
+  char *out = print_nodes(all, 2, 1);
+  ck_assert_str_eq(
+      out, "[{\"node_id\": \"node-0\", \"hostname\": \"gpu-a\", \"state\": \"ALIVE\", "
+           "\"device_kind\": \"cuda\", \"devices\": ["
+           "{\"kind\": \"cuda\", \"index\": 0, \"name\": \"NVIDIA H100 80GB HBM3\", "
+           "\"memory_bytes\": 85520809984}, "
+           "{\"kind\": \"cuda\", \"index\": 1, \"name\": \"NVIDIA H100 80GB HBM3\", "
+           "\"memory_bytes\": 85520809984}], \"usage\": ["
+           "{\"index\": 0, \"memory_used_bytes\": 13207024435, \"memory_total_bytes\": "
+           "85520809984, \"utilization_pct\": 87}, "
+           "{\"index\": 1, \"memory_used_bytes\": 1048576, \"memory_total_bytes\": 85520809984, "
+           "\"utilization_pct\": -1}], \"trainers\": 1, \"last_heartbeat_ms\": 1700000000123}, "
+           "{\"node_id\": \"node-1\", \"hostname\": \"cpu \\\"b\\\"\", \"state\": \"ALIVE\", "
+           "\"device_kind\": \"cpu\", \"devices\": ["
+           "{\"kind\": \"cpu\", \"index\": 0, \"name\": \"cpu\", \"memory_bytes\": 0}], "
+           "\"usage\": [], \"trainers\": 0, \"last_heartbeat_ms\": 1700000000456}]\n");
+  free(out);
+
+  out = print_nodes(all, 0, 1);
+  ck_assert_str_eq(out, "[]\n");
+  free(out);
+}
+END_TEST
+
+static Suite *ctl_suite(void)
+{
+  Suite *s = suite_create("ctl");
+  TCase *t = tcase_create("nodes");
+  tcase_add_test(t, test_nodes_table);
+  tcase_add_test(t, test_nodes_json);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(ctl_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,80 @@
+/* test_gpu_usage.c — Check suite for the agent's GPU usage (worker/agent/gpu_usage.c) against a
+ * stand-in NVML (fake_nvml.c, loaded from FAKE_NVML): GPUs found by PCI address, memory and
+ * utilisation sampled, unknown where NVML has no answer, NVML shut down on destroy; and without
+ * NVML at all, every GPU unknown and nothing failing. */
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <check.h>
+
+#include "gpu_usage.h"
+
+START_TEST(test_samples_by_pci_address)
+{
+  /* CUDA's order differs from NVML's: the PCI address, not the position, matches them. */
+  const char *ids[] = {"0000:86:00.0", "0000:3B:00.0", "0000:AF:00.0"};
+  dt_gpu_usage_t *u = NULL;
+  ck_assert_int_eq(dt_gpu_usage_create(&u, FAKE_NVML, ids, 3), 0);
+  ck_assert_ptr_nonnull(u);
+  dt_gpu_sample_t s;
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(s.known);
+  ck_assert_uint_eq(s.total_bytes, 40ull << 30);
+  ck_assert_uint_eq(s.used_bytes, 1ull << 30);
+  ck_assert_int_eq(s.utilization_pct, -1); /* NOT_SUPPORTED */
+  ck_assert(dt_gpu_usage_sample(u, 1, &s));
+  ck_assert_uint_eq(s.total_bytes, 80ull << 30);
+  ck_assert_uint_eq(s.used_bytes, 12ull << 30);
+  ck_assert_int_eq(s.utilization_pct, 87);
+  ck_assert(!dt_gpu_usage_sample(u, 2, &s)); /* NVML does not know it */
+  ck_assert(!s.known);
+  ck_assert_int_eq(s.utilization_pct, -1);
+  ck_assert(!dt_gpu_usage_sample(u, 3, &s)); /* out of range */
+  ck_assert(!dt_gpu_usage_sample(u, -1, &s));
+
+  /* The same library, so the stand-in's counters: initialised once, shut down by destroy. */
+  void *lib = dlopen(FAKE_NVML, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_ptr_nonnull(lib);
+  const int *inits = dlsym(lib, "fake_nvml_inits"), *shutdowns = dlsym(lib, "fake_nvml_shutdowns");
+  ck_assert(inits && shutdowns);
+  ck_assert_int_eq(*inits, 1);
+  ck_assert_int_eq(*shutdowns, 0);
+  dt_gpu_usage_destroy(u);
+  ck_assert_int_eq(*shutdowns, 1);
+  dlclose(lib);
+}
+END_TEST
+
+START_TEST(test_without_nvml)
+{
+  const char *ids[] = {"0000:3B:00.0"};
+  dt_gpu_usage_t *u = NULL;
+  ck_assert_int_eq(dt_gpu_usage_create(&u, "libdt-no-such-nvml.so.1", ids, 1), 0);
+  ck_assert_ptr_nonnull(u);
+  dt_gpu_sample_t s;
+  ck_assert(!dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(!s.known);
+  ck_assert_int_eq(s.utilization_pct, -1);
+  dt_gpu_usage_destroy(u);
+  dt_gpu_usage_destroy(NULL);
+}
+END_TEST
+
+static Suite *gpu_usage_suite(void)
+{
+  Suite *s = suite_create("gpu_usage");
+  TCase *t = tcase_create("nvml");
+  tcase_add_test(t, test_samples_by_pci_address);
+  tcase_add_test(t, test_without_nvml);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(gpu_usage_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,110 @@
+/* gpu_usage.c — see gpu_usage.h. */
+#include "gpu_usage.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include "dt_error.h"
+#include "dt_log.h"
+#include "nvml_api.h"
+
+struct dt_gpu_usage {
+  void *lib; /* NULL: no NVML, every sample unknown */
+  int n;
+  nvmlDevice_t *dev; /* (n) NULL where NVML does not know the GPU */
+  nvmlShutdown_fn shutdown;
+  nvmlDeviceGetHandleByPciBusId_v2_fn by_pci;
+  nvmlErrorString_fn error_string;
+  nvmlDeviceGetMemoryInfo_fn memory_info;
+  nvmlDeviceGetUtilizationRates_fn utilization;
+};
+
+static const char *nvml_error(const dt_gpu_usage_t *u, nvmlReturn_t r)
+{
+  const char *s = u->error_string ? u->error_string(r) : NULL;
+  return s ? s : "unknown NVML error";
+}
+
+/* dlopen and nvmlInit; on any failure u->lib stays NULL and the reason is logged. */
+static void load(dt_gpu_usage_t *u, const char *path)
+{
+  void *lib = dlopen(path ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    DT_WARN(WORKER, "NVML not available (%s): GPU memory use and utilisation stay unknown",
+            dlerror());
+    return;
+  }
+  /* dlsym gives void *; POSIX guarantees it converts to a function pointer. */
+  nvmlInit_v2_fn init = (nvmlInit_v2_fn)dlsym(lib, "nvmlInit_v2");
+  u->shutdown = (nvmlShutdown_fn)dlsym(lib, "nvmlShutdown");
+  u->error_string = (nvmlErrorString_fn)dlsym(lib, "nvmlErrorString");
+  u->memory_info = (nvmlDeviceGetMemoryInfo_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
+  u->utilization = (nvmlDeviceGetUtilizationRates_fn)dlsym(lib, "nvmlDeviceGetUtilizationRates");
+  u->by_pci = (nvmlDeviceGetHandleByPciBusId_v2_fn)dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+  if (!init || !u->shutdown || !u->memory_info || !u->by_pci) {
+    DT_WARN(WORKER, "NVML lacks an entry point the agent needs: GPU usage unknown");
+    dlclose(lib);
+    return;
+  }
+  nvmlReturn_t r = init();
+  if (r != NVML_SUCCESS) {
+    DT_WARN(WORKER, "nvmlInit failed: %s: GPU usage unknown", nvml_error(u, r));
+    dlclose(lib);
+    return;
+  }
+  u->lib = lib;
+}
+
+int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const *pci_bus_ids,
+                        int n)
+{
+  dt_gpu_usage_t *u = calloc(1, sizeof *u);
+  if (!u)
+    return DT_ENOMEM;
+  u->n = n;
+  u->dev = calloc(n > 0 ? (size_t)n : 1, sizeof *u->dev);
+  if (!u->dev) {
+    free(u);
+    return DT_ENOMEM;
+  }
+  load(u, lib);
+  for (int i = 0; u->lib && i < n; i++) {
+    nvmlReturn_t r = u->by_pci(pci_bus_ids[i], &u->dev[i]);
+    if (r != NVML_SUCCESS) {
+      DT_WARN(WORKER, "NVML does not know GPU %d (PCI %s): %s; its usage stays unknown", i,
+              pci_bus_ids[i], nvml_error(u, r));
+      u->dev[i] = NULL;
+    }
+  }
+  *out = u;
+  return 0;
+}
+
+int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
+{
+  *s = (dt_gpu_sample_t){.known = 0, .utilization_pct = -1};
+  if (i < 0 || i >= u->n || !u->dev[i])
+    return 0;
+  nvmlMemory_t mem;
+  if (u->memory_info(u->dev[i], &mem) != NVML_SUCCESS)
+    return 0;
+  s->known = 1;
+  s->used_bytes = mem.used;
+  s->total_bytes = mem.total;
+  nvmlUtilization_t util;
+  if (u->utilization && u->utilization(u->dev[i], &util) == NVML_SUCCESS)
+    s->utilization_pct = (int)util.gpu;
+  return 1;
+}
+
+void dt_gpu_usage_destroy(dt_gpu_usage_t *u)
+{
+  if (!u)
+    return;
+  if (u->lib) {
+    u->shutdown();
+    dlclose(u->lib);
+  }
+  free(u->dev);
+  free(u);
+}
