@@ -614,8 +614,7 @@ static int check_nesting(dt__ctx_t *c, const char *text, size_t len)
     else if (type == YAML_MAPPING_END_EVENT || type == YAML_SEQUENCE_END_EVENT)
       depth--;
     if (depth > MAX_NESTING) {
-      ret = fail(c, line, "YAML nested more than %d levels deep (a job spec needs 3)",
-                 MAX_NESTING);
+      ret = fail(c, line, "YAML nested more than %d levels deep (a job spec needs 3)", MAX_NESTING);
       break;
     }
     if (type == YAML_STREAM_END_EVENT)

@@ -93,6 +93,8 @@ struct dt_rpc_server {
   char token[256];
   char bearer[300];
   int started, shutting_down;
+  double auth_warned_ms; /* last warning about calls with a bad token; how many since */
+  unsigned auth_rejected;
   dt__rpc_tag_t tag_shutdown;
   void (*close_cb)(void *);
   void *close_ud;
@@ -366,8 +368,17 @@ static void on_new_call(dt_rpc_server_t *s, dt_rpc_call_t *c, int ok)
     return;
   }
   if (!authorized(s, &c->md)) {
-    DT_WARN(RPC, "%s: rejected %s call without a valid bearer token", dt_rpc_call_peer(c),
-            c->method->name);
+    /* One line per 10 s at most: a client with the wrong token retrying must not flood. */
+    const double now = dt_now_ms();
+    s->auth_rejected++;
+    if (now - s->auth_warned_ms >= 10000.0) {
+      DT_WARN(RPC,
+              "%s: rejected %s call without a valid bearer token (%u such calls since the "
+              "last report)",
+              dt_rpc_call_peer(c), c->method->name, s->auth_rejected);
+      s->auth_warned_ms = now;
+      s->auth_rejected = 0;
+    }
     dt_rpc_call_fail(c, DT_RPC_UNAUTHENTICATED, "missing or invalid bearer token");
     return;
   }

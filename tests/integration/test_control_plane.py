@@ -355,10 +355,10 @@ class ClusterTest(unittest.TestCase):
         self.addr = "127.0.0.1:%d" % self.port
         return self.coord
 
-    def start_agent(self, host, grace_ms=5000, env=None):
+    def start_agent(self, host, grace_ms=5000, env=None, token_file=None):
         work = os.path.join(self.tmp, "work-" + host)
         p = self.spawn([binary("worker/agent", "distrain-worker"), "--coordinator", self.addr,
-                        "--token-file", self.token_file, "--cpu-devices", "1", "--hostname", host,
+                        "--token-file", token_file or self.token_file, "--cpu-devices", "1", "--hostname", host,
                         "--work-dir", work, "--grace-ms", str(grace_ms),
                         "--trainer", binary("worker/trainer", "distrain-train")],
                        "agent-%s.log" % host, env=dict(self.env, **(env or {})))
@@ -588,6 +588,26 @@ class T2_Garbage(ClusterTest):
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=self.env)
             self.assertNotEqual(r.returncode, 0, cmd[0])
             self.assertIn("token file is accessible by group or others (mode 0644)", r.stderr)
+
+    def test_wrong_token_agent_backs_off(self):
+        """An agent with the wrong token retries after 1, 2, 4, ... s (not every second
+        forever), and the coordinator warns about rejected calls once per 10 s, not per call."""
+        self.start_coordinator()
+        bad = os.path.join(self.tmp, "bad-token")
+        with open(bad, "w") as f:
+            f.write("0" * 32 + "\n")
+        os.chmod(bad, 0o600)
+        self.start_agent("h0", token_file=bad)
+        time.sleep(7.5)  # attempts at 0, 1, 3, 7 s (every second before: 8)
+        with open(os.path.join(self.tmp, "agent-h0.log")) as f:
+            refused = re.findall(r"refused our token .*retrying in (\d+) s", f.read())
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            warned = re.findall(r"rejected RegisterWorker call without a valid bearer token",
+                                f.read())
+        self.assertIn(len(refused), (3, 4), refused)
+        self.assertEqual(refused[:3], ["1", "2", "4"])
+        self.assertEqual(len(warned), 1)
+        self.assertEqual(self.nodes(), [])
 
     def test_unauthenticated_bodies_are_not_buffered(self):
         """16 concurrent calls with a wrong token, each carrying a 32 MiB request: the token is

@@ -83,6 +83,7 @@ struct dt_agent {
   Distrain__V1__TrainerStatus **hb_statuses;
   ProtobufCMessage *hb_resp, *watch_resp, *reg_resp;
   int hb_rc, watch_rc, reg_rc;
+  int reg_refused; /* registrations refused for the token in a row (backoff) */
   char hb_err[256], watch_err[256], reg_err[256];
   /* the desired state and the trainers */
   Distrain__V1__WatchAssignmentResponse *assignment;
@@ -561,11 +562,27 @@ static void reg_done(uv_work_t *w, int status)
     maybe_finish_close(a);
     return;
   }
+  if (a->reg_rc == DT_EAUTH) {
+    /* A wrong token stays wrong: back off (1 s doubling to a minute), and say so less often. */
+    const int n = a->reg_refused++;
+    const uint64_t delay = n < 6 ? 1000u << n : 60000u;
+    if (n < 7)
+      DT_WARN(WORKER,
+              "the coordinator %s refused our token (%s): check --token-file / "
+              "DISTRAIN_TOKEN_FILE; retrying in %llu s%s",
+              a->cfg.coordinator, a->reg_err, (unsigned long long)delay / 1000,
+              n == 6 ? " and every minute from now on, quietly" : "");
+    else
+      DT_DEBUG(WORKER, "registering with %s refused: %s", a->cfg.coordinator, a->reg_err);
+    uv_timer_start(&a->retry_timer, on_retry, delay, 0);
+    return;
+  }
   if (a->reg_rc != 0) {
     DT_WARN(WORKER, "registering with %s failed: %s; retrying", a->cfg.coordinator, a->reg_err);
     uv_timer_start(&a->retry_timer, on_retry, 1000, 0);
     return;
   }
+  a->reg_refused = 0;
   Distrain__V1__RegisterWorkerResponse *r = (void *)a->reg_resp;
   snprintf(a->node_id, sizeof a->node_id, "%s", r->node_id);
   a->heartbeat_ms = r->heartbeat_ms ? r->heartbeat_ms : 500;
