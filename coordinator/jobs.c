@@ -734,6 +734,15 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       else
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
+      if (ts->input_error || (ts->exit_code == 2 && !ts->term_signal)) {
+        /* Its input is at fault (exit 2: options the trainer refuses): a restart would fail
+         * the same way, so the job fails now rather than after max_restarts tries. */
+        dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_FAILED,
+                                "%s (the job's input or configuration: not restarted)", reason);
+        dt_coord_release_nodes(c, j);
+        replan = 1;
+        continue;
+      }
       if (ts->nonfinite_step > 0) {
         /* Roll back: the next generation resumes from the last checkpoint and takes this step
          * without an update. Every rank stops at the same step; the first report decides. */

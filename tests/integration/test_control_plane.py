@@ -1513,6 +1513,24 @@ class T10_NonFinite(ClusterTest):
             self.assertEqual(m.loss, f32, "step %d" % m.step)
 
 
+class T10b_InputError(ClusterTest):
+    def test_missing_data_fails_the_job_without_restarts(self):
+        """A job whose training data does not exist on the node: the trainer reports an input
+        error and the job FAILS at once with the trainer's reason, instead of burning its
+        max_restarts on the same error."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.wait_nodes(1)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), 10)
+        spec.data.train = os.path.join(self.tmp, "missing", "train_*.bin")
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        j = self.wait_state(job_id, [pb.JOB_FAILED], 30)
+        self.assertEqual((j.restarts, j.generation), (0, 1))
+        self.assertRegex(j.reason, r"rank 0 on node-\d exited with code 1: .*missing/train_\*\.bin: "
+                         r"no token shard matches this path or pattern \(the job's input or "
+                         r"configuration: not restarted\)")
+
+
 class T11_Straggler(ClusterTest):
     def test_slow_rank_is_reported_not_restarted(self):
         """A dp=2 job where one node's trainer takes 40 ms longer per step

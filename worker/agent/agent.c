@@ -189,6 +189,8 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
     snprintf(t->last_error, sizeof t->last_error, "%s", r->error);
   if (r->nonfinite_step > 0)
     t->status.nonfinite_step = r->nonfinite_step;
+  if (r->input_error)
+    t->status.input_error = 1;
   distrain__v1__trainer_report__free_unpacked(r, NULL);
 }
 

@@ -246,6 +246,13 @@ void dt_link_nonfinite(dt_link_t *l, int64_t step, const char *msg)
   send_error(l, msg, step);
 }
 
+void dt_link_input_error(dt_link_t *l)
+{
+  Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
+  r.input_error = 1;
+  send_report(l, &r);
+}
+
 /* Calls to the coordinator ride out its restart: a call cut off by the connection dropping
  * (UNAVAILABLE) is made again, waiting for the coordinator to be back, until its deadline.
  * The restarted coordinator has what the calls before it wrote (the generation's keys,

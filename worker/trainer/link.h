@@ -29,6 +29,9 @@ void dt_link_error(dt_link_t *l, const char *msg);
 /* The reason for a coming exit: step's loss or gradient norm was NaN/Inf (the coordinator rolls
  * back and has the step skipped). */
 void dt_link_nonfinite(dt_link_t *l, int64_t step, const char *msg);
+/* The coming failure is the job's input's (a missing data file, a checkpoint of another
+ * model, an option this node cannot honour): restarting would fail the same way. */
+void dt_link_input_error(dt_link_t *l);
 /* Reports a written shard; *committed is set when this report completed the step. */
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
                               const dt_ckpt_shard_info_t *info, int *committed);

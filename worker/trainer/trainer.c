@@ -1060,6 +1060,13 @@ static int finish(trainer_t *t)
   return 0;
 }
 
+/* A failure to set up that the job's input causes: the same on every restart. */
+static int input_error(int rc)
+{
+  return rc == DT_EINVAL || rc == DT_ENOENT || rc == DT_EFORMAT || rc == DT_ESHAPE ||
+         rc == DT_ERANGE || rc == DT_EACCES || rc == DT_EEXIST || rc == DT_ENOTSUP;
+}
+
 static void teardown(trainer_t *t)
 {
   save_wait(t);
@@ -1083,6 +1090,8 @@ int dt_train_run(const dt_train_opts_t *o)
   trainer_t t;
   memset(&t, 0, sizeof t);
   int ret = setup(&t, o);
+  if (input_error(ret))
+    dt_link_input_error(o->link);
   if (ret == 0 && o->val_every > 0 && t.state.step == 0) {
     /* The starting point, so that the fall of the validation loss is visible. */
     float v0;
