@@ -1611,6 +1611,129 @@ class T12_GpuUsage(ClusterTest):
 
 
 # ---------------------------------------------------------------------------------------------
+# 13. Chaos: seeded random failures of a 4-rank job; every run must end as the uninterrupted one
+# ---------------------------------------------------------------------------------------------
+
+class T13_Chaos(ClusterTest):
+    FAULTS = ("trainer-kill", "trainer-stop", "agent-kill", "coordinator+trainer-kill",
+              "kill-during-save")
+
+    def job_now(self, job_id):
+        """GetJob, or None while the coordinator is down."""
+        try:
+            return self.get_job(job_id)
+        except grpc.RpcError:
+            self._stub = None
+            return None
+
+    def test_chaos(self):
+        """DT_CHAOS_RUNS runs (seed DT_CHAOS_SEED) of a dp=4 job on 4 agents, each hit once at a
+        random step by one of FAULTS (in turn): a trainer SIGKILLed or SIGSTOPped, an agent
+        SIGKILLed (and back a second later), the coordinator SIGKILLed with a trainer, a trainer
+        killed while its checkpoint is being written. Every run must complete with the final
+        loss of the uninterrupted run within 1e-5 relative, a stopped rank must be the one
+        named, and a table of detection, recovery and lost work per run is printed."""
+        runs = int(os.environ.get("DT_CHAOS_RUNS", "0"))
+        if runs <= 0:
+            self.skipTest("run by its own ctest, chaos (DT_CHAOS_RUNS=20)")
+        rng = random.Random(int(os.environ.get("DT_CHAOS_SEED", "1")))
+        port = free_port()
+        self.start_coordinator(port=port)
+        hosts = ["h%d" % i for i in range(4)]
+        for h in hosts:
+            self.start_agent(h, grace_ms=1000)
+        self.wait_nodes(4)
+        every, hang_s = 10, 3
+        steps = 12 * every
+
+        def submit(tag):
+            spec = job_spec(os.path.join(self.tmp, "ckpt-" + tag), steps, shape=SLOW, every=every)
+            spec.parallel.dp = 4
+            spec.training.micro_batch = SLOW["batch"] // 4
+            spec.elastic.max_nodes = 4
+            spec.elastic.max_restarts = 10
+            spec.elastic.hang_timeout_s = hang_s
+            return self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+
+        def final_loss(job_id):
+            m = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+            self.assertEqual(m[-1].step, steps)
+            return m[-1].loss
+
+        ref_id = submit("ref")
+        self.wait_state(ref_id, [pb.JOB_COMPLETED], 120)
+        ref = final_loss(ref_id)
+        rows = []
+        for i in range(runs):
+            fault = self.FAULTS[i % len(self.FAULTS)]
+            job_id = submit("run%d" % i)
+            at = rng.randrange(every + 1, steps - 3 * every)
+            if fault == "kill-during-save":
+                at = (at // every + 1) * every  # the step that saves
+            j = self.wait_state(job_id, [pb.JOB_RUNNING], 60, min_step=at)
+            gen, victim = j.generation, rng.randrange(4)
+
+            def trainer():
+                for n in self.nodes():
+                    for t in n.trainers:
+                        if (t.job_id == job_id and t.rank == victim and t.pid > 0 and
+                                t.generation == gen):
+                            return n, t
+                return None
+
+            node, tr = wait_until(trainer, 10, "rank %d's trainer" % victim)
+            j = self.get_job(job_id)
+            step_at, committed = j.step, j.committed_step
+            t0 = time.monotonic()
+            if fault == "trainer-stop":
+                os.kill(tr.pid, signal.SIGSTOP)
+            elif fault == "agent-kill":
+                self.agents[node.info.hostname].send_signal(signal.SIGKILL)
+            else:
+                os.kill(tr.pid, signal.SIGKILL)
+            if fault == "coordinator+trainer-kill":
+                self.coord.send_signal(signal.SIGKILL)
+                self.coord.wait(timeout=5)
+                time.sleep(0.3)
+                self.start_coordinator(port=port)
+            wait_until(lambda: (lambda x: x if x and (x.generation > gen or x.state not in (
+                pb.JOB_RUNNING, pb.JOB_RENDEZVOUS)) else None)(self.job_now(job_id)),
+                       hang_s + 30, "run %d (%s): the failure to be detected" % (i, fault))
+            detect = time.monotonic() - t0
+            if fault == "agent-kill":
+                self.agents[node.info.hostname].wait(timeout=5)
+                self.start_agent(node.info.hostname, grace_ms=1000)
+            wait_until(lambda: (lambda x: x if x and x.generation > gen and x.ranks and min(
+                r.step for r in x.ranks) > x.committed_step else None)(self.job_now(job_id)),
+                       60, "run %d (%s): the new generation's first step" % (i, fault))
+            recover = time.monotonic() - t0 - detect
+            named = ""
+            with open(os.path.join(self.tmp, "coordinator.log")) as f:
+                m = re.search(r"job %s: \w+ -> RECOVERING \(generation %d\): hang: .*named: "
+                              r"(rank \d+)" % (job_id, gen), f.read())
+                named = m.group(1) if m else ""
+            if fault == "trainer-stop":
+                self.assertEqual(named, "rank %d" % victim, "run %d: the stopped rank" % i)
+                try:
+                    os.kill(tr.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            done = self.wait_state(job_id, [pb.JOB_COMPLETED], 180)
+            loss = final_loss(job_id)
+            rows.append((i, fault, victim, at, detect, named or "-", recover,
+                         max(0, step_at - committed), done.restarts, loss))
+            self.assertLess(abs(loss - ref), 1e-5 * abs(ref),
+                            "run %d (%s): final loss %.9g, uninterrupted %.9g" % (i, fault, loss,
+                                                                                  ref))
+        sys.stderr.write("\n%3s %-25s %4s %5s %9s %-8s %10s %10s %8s %12s\n" % (
+            "run", "fault", "rank", "step", "detect s", "named", "recover s", "lost steps",
+            "restarts", "final loss"))
+        for r in rows:
+            sys.stderr.write("%3d %-25s %4d %5d %9.2f %-8s %10.2f %10d %8d %12.7f\n" % r)
+        sys.stderr.write("uninterrupted final loss %.7f\n" % ref)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main():
     global BUILD

@@ -108,8 +108,8 @@ START_TEST(test_grads_step0)
   ck_assert_int_eq(dt_gpt2_create(&m, &cfg, dev, NULL, NULL), 0);
   ck_assert_int_eq(dt_llmc_load(&m, golden("tiny_model.bin")), 0);
   ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 4, 32, (int[]){1}, 0), 0);
-  ck_assert_int_eq(dt_dataloader_init(&dl, golden("tiny_train.bin"), 4, 32, 0, 1, cfg.vocab, 0, 0),
-                   0);
+  ck_assert_int_eq(
+      dt_dataloader_init(&dl, golden("tiny_train.bin"), 4, 32, 0, 1, 1, cfg.vocab, 0, 0), 0);
   ck_assert_int_eq(dt_dataloader_next(&dl), 0);
   ck_assert_int_eq(dt_gpt2_zero_grad(&m), 0);
   float loss;

@@ -76,7 +76,7 @@ START_TEST(test_sequential_windows)
   write_shard(dir, "s.bin", 0, 8 * 5 + 1); /* exactly 5 windows */
   snprintf(pat, sizeof pat, "%s/s.bin", dir);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, B, T, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, B, T, 0, 1, 1, VOCAB, 0, 0), 0);
   ck_assert_int_eq(dl.nshards, 1);
   ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), 5);
   for (int epoch = 0; epoch < 3; epoch++) {
@@ -104,7 +104,7 @@ START_TEST(test_window_needs_one_extra_token)
   write_shard(dir, "s.bin", 0, 8 * 3);
   snprintf(pat, sizeof pat, "%s/s.bin", dir);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 4, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 4, 0, 1, 1, VOCAB, 0, 0), 0);
   ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), 2);
   dt_dataloader_free(&dl);
   ut_rm_rf(dir);
@@ -120,7 +120,7 @@ START_TEST(test_rank_slicing)
   snprintf(pat, sizeof pat, "%s/s.bin", dir);
   dt_dataloader_t dl[3];
   for (int r = 0; r < world; r++) {
-    ck_assert_int_eq(dt_dataloader_init(&dl[r], pat, B, T, r, world, VOCAB, 0, 0), 0);
+    ck_assert_int_eq(dt_dataloader_init(&dl[r], pat, B, T, r, world, 1, VOCAB, 0, 0), 0);
     ck_assert_int_eq(dt_dataloader_epoch_windows(&dl[r]), 4);
   }
   for (int step = 0; step < 9; step++) {
@@ -151,7 +151,7 @@ START_TEST(test_multi_shard_sorted_and_epochs)
   write_shard(dir, "other_000.bin", 7, 100); /* not matched */
   snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, B, T, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, B, T, 0, 1, 1, VOCAB, 0, 0), 0);
   ck_assert_int_eq(dl.nshards, 3);
   ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), 6);
   const int expect_shard[6] = {0, 0, 0, 1, 1, 2};
@@ -204,7 +204,7 @@ START_TEST(test_shuffle_is_permutation_per_epoch)
   char dir[256], pat[512];
   make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 42), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 1, 42), 0);
   const int E = SH_SHARDS * SH_WINDOWS;
   ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), E);
   int64_t ids[2][SH_SHARDS * SH_WINDOWS];
@@ -248,13 +248,13 @@ START_TEST(test_shuffle_deterministic_per_seed)
   int64_t a[2 * SH_SHARDS * SH_WINDOWS + 7], b[2 * SH_SHARDS * SH_WINDOWS + 7],
       c[2 * SH_SHARDS * SH_WINDOWS + 7];
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 42), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 1, 42), 0);
   draw(&dl, a, N);
   dt_dataloader_free(&dl);
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 42), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 1, 42), 0);
   draw(&dl, b, N);
   dt_dataloader_free(&dl);
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, 43), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 1, 43), 0);
   draw(&dl, c, N);
   dt_dataloader_free(&dl);
   ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
@@ -274,7 +274,7 @@ START_TEST(test_shuffle_shard_order_varies)
   int by_seed[6] = {0}, by_epoch[6] = {0}, distinct_seed = 0, distinct_epoch = 0;
   dt_dataloader_t dl;
   for (uint64_t seed = 1; seed <= 12; seed++) {
-    ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 1, seed), 0);
+    ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 1, seed), 0);
     for (int epoch = 0; epoch < (seed == 1 ? 12 : 1); epoch++) {
       draw(&dl, ids, E);
       /* encode the order of the three shards as a number in [0, 6) */
@@ -299,8 +299,8 @@ START_TEST(test_shuffle_ranks_agree)
   char dir[256], pat[512];
   make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
   dt_dataloader_t r0, r1;
-  ck_assert_int_eq(dt_dataloader_init(&r0, pat, 1, 2, 0, 2, VOCAB, 1, 9), 0);
-  ck_assert_int_eq(dt_dataloader_init(&r1, pat, 1, 2, 1, 2, VOCAB, 1, 9), 0);
+  ck_assert_int_eq(dt_dataloader_init(&r0, pat, 1, 2, 0, 2, 1, VOCAB, 1, 9), 0);
+  ck_assert_int_eq(dt_dataloader_init(&r1, pat, 1, 2, 1, 2, 1, VOCAB, 1, 9), 0);
   for (int i = 0; i < 2 * SH_SHARDS * SH_WINDOWS; i++) {
     ck_assert_int_eq(dt_dataloader_next(&r0), 0);
     ck_assert_int_eq(dt_dataloader_next(&r1), 0);
@@ -326,7 +326,7 @@ static void check_seek_reproduces(int shuffle)
   const int saves[] = {0, 7, SH_WINDOWS, E, E + SH_WINDOWS + 3};
   for (size_t k = 0; k < sizeof saves / sizeof saves[0]; k++) {
     dt_dataloader_t a, b;
-    ck_assert_int_eq(dt_dataloader_init(&a, pat, 2, 2, 0, 1, VOCAB, shuffle, 77), 0);
+    ck_assert_int_eq(dt_dataloader_init(&a, pat, 2, 2, 0, 1, 1, VOCAB, shuffle, 77), 0);
     int64_t skip[2 * SH_SHARDS * SH_WINDOWS];
     draw(&a, skip, saves[k]);
     dt_data_pos_t pos = a.pos;
@@ -334,7 +334,7 @@ static void check_seek_reproduces(int shuffle)
     draw(&a, ref, E + 5);
 
     /* A fresh loader (a resumed process) seeks to the saved position. */
-    ck_assert_int_eq(dt_dataloader_init(&b, pat, 2, 2, 0, 1, VOCAB, shuffle, 77), 0);
+    ck_assert_int_eq(dt_dataloader_init(&b, pat, 2, 2, 0, 1, 1, VOCAB, shuffle, 77), 0);
     ck_assert_int_eq(dt_dataloader_seek(&b, pos), 0);
     draw(&b, got, E + 5);
     ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "seek after %d batches diverged", saves[k]);
@@ -366,17 +366,115 @@ START_TEST(test_seek_invalid)
   char dir[256], pat[512];
   make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, VOCAB, 0, 0), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 0, 0), 0);
   const dt_data_pos_t bad[] = {
-      {-1, 0, 0}, {0, -1, 0}, {0, SH_SHARDS, 0}, {0, 0, -1}, {0, 0, SH_WINDOWS + 1}};
+      {-1, 0, 0, 2}, {0, -1, 0, 2}, {0, SH_SHARDS, 0, 2}, {0, 0, -1, 2}, {0, 0, SH_WINDOWS + 1, 2}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     ck_assert_int_eq(dt_dataloader_seek(&dl, bad[i]), DT_ERANGE);
   /* The end of a shard is a valid position: the next batch is the next shard's first. */
-  dt_data_pos_t end = {0, 0, SH_WINDOWS};
+  dt_data_pos_t end = {0, 0, SH_WINDOWS, 2};
   ck_assert_int_eq(dt_dataloader_seek(&dl, end), 0);
   ck_assert_int_eq(dt_dataloader_next(&dl), 0);
   expect_batch(&dl, 1, 0);
   dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* The first token of every micro-batch one optimizer step reads, over all ranks, sorted: the
+ * step's data as a set (the sequences are contiguous slices, checked by expect_batch). */
+static int cmp_int(const void *a, const void *b)
+{
+  return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
+
+static void step_data(dt_dataloader_t *dl, int world, int accum, int *firsts)
+{
+  int n = 0;
+  for (int k = 0; k < accum; k++)
+    for (int r = 0; r < world; r++) {
+      ck_assert_int_eq(dt_dataloader_next(&dl[r]), 0);
+      expect_batch(&dl[r], dl[r].inputs[0] / SHARD_BASE, dl[r].inputs[0] % SHARD_BASE);
+      for (int b = 0; b < dl[r].B; b++)
+        firsts[n++] = dl[r].inputs[b * dl[r].T];
+    }
+  qsort(firsts, (size_t)n, sizeof *firsts, cmp_int);
+}
+
+/* dp 4 x accum 1, dp 2 x accum 2 and one process x accum 4 read the same sequences in every
+ * step, through shard ends and epochs, sequential and shuffled: a job resized by the
+ * coordinator (which keeps the global batch) goes on with the same data. */
+START_TEST(test_split_of_the_global_batch_does_not_matter)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  for (int shuffle = 0; shuffle < 2; shuffle++) {
+    enum { STEPS = 3 * SH_SHARDS * SH_WINDOWS / 4 + 7 }; /* past two epochs */
+    const int layouts[3][2] = {{4, 1}, {2, 2}, {1, 4}};  /* (world, accum), B = 1 */
+    int ref[STEPS][4];
+    for (int l = 0; l < 3; l++) {
+      const int world = layouts[l][0], accum = layouts[l][1];
+      dt_dataloader_t dl[4];
+      for (int r = 0; r < world; r++)
+        ck_assert_int_eq(dt_dataloader_init(&dl[r], pat, 1, 4, r, world, accum, VOCAB, shuffle, 7),
+                         0);
+      for (int s = 0; s < STEPS; s++) {
+        int firsts[4];
+        step_data(dl, world, accum, firsts);
+        if (l == 0)
+          memcpy(ref[s], firsts, sizeof firsts);
+        else
+          for (int i = 0; i < 4; i++)
+            ck_assert_msg(firsts[i] == ref[s][i],
+                          "shuffle %d, dp %d x accum %d, step %d: sequence %d starts at %d, "
+                          "dp 4 at %d",
+                          shuffle, world, accum, s, i, firsts[i], ref[s][i]);
+      }
+      for (int r = 0; r < world; r++)
+        dt_dataloader_free(&dl[r]);
+    }
+  }
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* A position saved by dp 4 x accum 1 resumes under dp 2 x accum 2 where dp 4 would have gone
+ * on; positions of another window size are converted through their sequence count, and those
+ * of older checkpoints (unit 0: windows of world x B sequences, one per micro-step) too. */
+START_TEST(test_seek_across_layouts)
+{
+  char dir[256], pat[512];
+  make_shuffle_data(dir, sizeof dir, pat, sizeof pat);
+  dt_dataloader_t a[4], b[2];
+  for (int r = 0; r < 4; r++)
+    ck_assert_int_eq(dt_dataloader_init(&a[r], pat, 1, 4, r, 4, 1, VOCAB, 1, 3), 0);
+  for (int r = 0; r < 2; r++)
+    ck_assert_int_eq(dt_dataloader_init(&b[r], pat, 1, 4, r, 2, 2, VOCAB, 1, 3), 0);
+  int fa[4], fb[4];
+  for (int s = 0; s < 23; s++)
+    step_data(a, 4, 1, fa);
+  const dt_data_pos_t saved = a[0].pos;
+  ck_assert_int_eq(saved.unit, 4);
+  for (int r = 0; r < 2; r++)
+    ck_assert_int_eq(dt_dataloader_seek(&b[r], saved), 0);
+  for (int s = 0; s < 9; s++) {
+    step_data(a, 4, 1, fa);
+    step_data(b, 2, 2, fb);
+    ck_assert_mem_eq(fa, fb, sizeof fa);
+  }
+  /* Conversions: 6 windows of 2 sequences are 3 of 4; an older position counted micro-step
+   * windows of world x B = 2 sequences; 5 of 2 is not a step boundary of 4: down to 2. */
+  const int64_t cases[][3] = {{2, 6, 3}, {0, 6, 3}, {2, 5, 2}, {8, 2, 4}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    dt_data_pos_t p = {0, 1, cases[i][1], cases[i][0]};
+    ck_assert_int_eq(dt_dataloader_seek(&b[0], p), 0);
+    ck_assert_int_eq(b[0].pos.window, cases[i][2]);
+    ck_assert_int_eq(b[0].pos.unit, 4);
+  }
+  for (int r = 0; r < 4; r++)
+    dt_dataloader_free(&a[r]);
+  for (int r = 0; r < 2; r++)
+    dt_dataloader_free(&b[r]);
   ut_rm_rf(dir);
 }
 END_TEST
@@ -388,7 +486,7 @@ END_TEST
 static int init_one(const char *path, int vocab)
 {
   dt_dataloader_t dl;
-  int rc = dt_dataloader_init(&dl, path, 2, 4, 0, 1, vocab, 0, 0);
+  int rc = dt_dataloader_init(&dl, path, 2, 4, 0, 1, 1, vocab, 0, 0);
   if (rc == 0)
     dt_dataloader_free(&dl);
   else
@@ -479,7 +577,7 @@ START_TEST(test_token_out_of_vocab)
   write_raw(path, DT_SHARD_MAGIC, DT_SHARD_VERSION, 100, 100, 1);
   snprintf(pat, sizeof pat, "%s/*.bin", dir);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 4, 0, 1, 50, 0, 0), 0);
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 4, 0, 1, 1, 50, 0, 0), 0);
   int rc = 0, steps = 0;
   while (rc == 0 && steps < 100) {
     rc = dt_dataloader_next(&dl);
@@ -505,7 +603,7 @@ START_TEST(test_too_few_tokens)
   ck_assert_int_eq(init_one(path, VOCAB), 0);
   /* world multiplies the window: 9 tokens are too few for two ranks */
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 1, 2, VOCAB, 0, 0), DT_EFORMAT);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 1, 2, 1, VOCAB, 0, 0), DT_EFORMAT);
   ut_rm_rf(dir);
 }
 END_TEST
@@ -531,12 +629,12 @@ START_TEST(test_invalid_args)
   write_shard(dir, "s.bin", 0, 100);
   snprintf(path, sizeof path, "%s/s.bin", dir);
   dt_dataloader_t dl;
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 0, 4, 0, 1, VOCAB, 0, 0), DT_EINVAL);
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 0, 0, 1, VOCAB, 0, 0), DT_EINVAL);
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 2, 2, VOCAB, 0, 0), DT_EINVAL);
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, -1, 2, VOCAB, 0, 0), DT_EINVAL);
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 0, 0, VOCAB, 0, 0), DT_EINVAL);
-  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 0, 1, 0, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 0, 4, 0, 1, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 0, 0, 1, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 2, 2, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, -1, 2, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 0, 0, 1, VOCAB, 0, 0), DT_EINVAL);
+  ck_assert_int_eq(dt_dataloader_init(&dl, path, 2, 4, 0, 1, 1, 0, 0, 0), DT_EINVAL);
   ut_rm_rf(dir);
 }
 END_TEST
@@ -591,6 +689,8 @@ static Suite *dataloader_suite(void)
   tcase_add_test(t, test_seek_reproduces_sequential);
   tcase_add_test(t, test_seek_reproduces_shuffled);
   tcase_add_test(t, test_seek_invalid);
+  tcase_add_test(t, test_split_of_the_global_batch_does_not_matter);
+  tcase_add_test(t, test_seek_across_layouts);
   suite_add_tcase(s, t);
 
   t = tcase_create("bad_input");

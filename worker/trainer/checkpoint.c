@@ -195,8 +195,8 @@ typedef struct {
   uint32_t payload_crc32c;
   int32_t threads;        /* compute threads of the writer (GEMM rounding depends on it) */
   uint32_t header_crc32c; /* CRC-32C of this header with this field zero */
-  uint32_t reserved;
-  int64_t nruns; /* version 2 */
+  uint32_t data_unit;     /* sequences per data window (0 before the field existed) */
+  int64_t nruns;          /* version 2 */
   uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
@@ -265,6 +265,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   h.step = state->step, h.num_params = num_params, h.lo = lo, h.hi = hi;
   h.data_epoch = state->data.epoch, h.data_shard = state->data.shard;
   h.data_window = state->data.window;
+  h.data_unit = (uint32_t)state->data.unit;
   memcpy(h.rng, state->rng.s, sizeof h.rng);
   h.threads = state->threads;
   h.nruns = (int64_t)nruns;
@@ -554,6 +555,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       state->step = h.step;
       state->data.epoch = h.data_epoch, state->data.shard = h.data_shard;
       state->data.window = h.data_window;
+      state->data.unit = h.data_unit;
       memcpy(state->rng.s, h.rng, sizeof h.rng);
       state->threads = h.threads;
     }

@@ -18,9 +18,14 @@
 #define SHUFFLE_SHARDS_SALT  0x5348415244ull /* "SHARD" */
 #define SHUFFLE_WINDOWS_SALT 0x57494E44ull   /* "WIND" */
 
+static int64_t window_seqs(const dt_dataloader_t *dl)
+{
+  return (int64_t)dl->world * dl->B * dl->accum;
+}
+
 static int64_t window_tokens(const dt_dataloader_t *dl)
 {
-  return (int64_t)dl->world * dl->B * dl->T;
+  return window_seqs(dl) * dl->T;
 }
 
 /* Reads and checks one shard header; returns its token count through ntok. */
@@ -141,18 +146,18 @@ static void draw_shard_order(dt_dataloader_t *dl)
 }
 
 int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
-                       int vocab, int shuffle, uint64_t seed)
+                       int accum, int vocab, int shuffle, uint64_t seed)
 {
   int ret = 0;
   glob_t g;
   memset(dl, 0, sizeof *dl);
   dl->loaded = -1;
-  if (B < 1 || T < 1 || world < 1 || rank < 0 || rank >= world || vocab < 1) {
-    DT_ERROR(DATA, "invalid data loader arguments: B=%d T=%d rank=%d world=%d vocab=%d", B, T, rank,
-             world, vocab);
+  if (B < 1 || T < 1 || world < 1 || rank < 0 || rank >= world || accum < 1 || vocab < 1) {
+    DT_ERROR(DATA, "invalid data loader arguments: B=%d T=%d rank=%d world=%d accum=%d vocab=%d", B,
+             T, rank, world, accum, vocab);
     return DT_EINVAL;
   }
-  dl->B = B, dl->T = T, dl->rank = rank, dl->world = world, dl->vocab = vocab;
+  dl->B = B, dl->T = T, dl->rank = rank, dl->world = world, dl->accum = accum, dl->vocab = vocab;
   dl->shuffle = shuffle, dl->seed = seed;
   int grc = glob(pattern, GLOB_ERR, NULL, &g);
   if (grc != 0) {
@@ -182,10 +187,10 @@ int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, i
     DT_CHECK_GOTO(shard_check_header(dl->paths[i], &dl->ntok_of[i]), ret, fail);
     if (dl->ntok_of[i] < window_tokens(dl) + 1) {
       DT_ERROR(DATA,
-               "%s: %lld tokens is too few for one batch: need at least %lld "
-               "(world %d x batch %d x seq %d + 1)",
+               "%s: %lld tokens is too few for one step: need at least %lld "
+               "(world %d x batch %d x accum %d x seq %d + 1)",
                dl->paths[i], (long long)dl->ntok_of[i], (long long)window_tokens(dl) + 1, world, B,
-               T);
+               accum, T);
       ret = DT_EFORMAT;
       goto fail;
     }
@@ -207,7 +212,21 @@ int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
              (long long)pos.epoch, (long long)pos.shard, (long long)pos.window, dl->nshards);
     return DT_ERANGE;
   }
+  const int64_t unit = window_seqs(dl);
+  /* Older checkpoints counted windows of world*B sequences, one per micro-step. */
+  const int64_t saved = pos.unit ? pos.unit : unit / dl->accum;
+  if (saved != unit) {
+    const int64_t seqs = pos.window * saved;
+    if (seqs % unit)
+      DT_WARN(DATA,
+              "the data position (%lld sequences into the shard) is not at a step boundary of "
+              "this run's %lld-sequence steps (the global batch changed): going on from %lld",
+              (long long)seqs, (long long)unit, (long long)(seqs / unit * unit));
+    pos.window = seqs / unit;
+  }
+  pos.unit = unit;
   dl->pos = pos;
+  dl->micro = 0;
   draw_shard_order(dl);
   DT_CHECK(load_shard(dl, dl->shard_order[pos.shard]));
   if (pos.window > dl->nwindows) {
@@ -220,13 +239,14 @@ int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
 
 int dt_dataloader_reset(dt_dataloader_t *dl)
 {
-  dt_data_pos_t zero = {0, 0, 0};
+  dt_data_pos_t zero = {0, 0, 0, 0};
+  zero.unit = window_seqs(dl);
   return dt_dataloader_seek(dl, zero);
 }
 
 int dt_dataloader_next(dt_dataloader_t *dl)
 {
-  if (dl->pos.window >= dl->nwindows) {
+  if (dl->micro == 0 && dl->pos.window >= dl->nwindows) {
     /* Next shard, or the next epoch after the last one. */
     dl->pos.window = 0;
     if (++dl->pos.shard >= dl->nshards) {
@@ -237,13 +257,17 @@ int dt_dataloader_next(dt_dataloader_t *dl)
     DT_CHECK(load_shard(dl, dl->shard_order[dl->pos.shard]));
   }
   int64_t w = dl->shuffle ? dl->window_order[dl->pos.window] : dl->pos.window;
-  const uint16_t *src = dl->tokens + w * window_tokens(dl) + (int64_t)dl->rank * dl->B * dl->T;
+  const uint16_t *src = dl->tokens + w * window_tokens(dl) +
+                        ((int64_t)dl->micro * dl->world + dl->rank) * dl->B * dl->T;
   const size_t n = (size_t)dl->B * dl->T;
   for (size_t i = 0; i < n; i++) {
     dl->inputs[i] = src[i];
     dl->targets[i] = src[i + 1];
   }
-  dl->pos.window++;
+  if (++dl->micro == dl->accum) {
+    dl->micro = 0;
+    dl->pos.window++;
+  }
   return 0;
 }
 

@@ -3,12 +3,16 @@
  * Shard format (llm.c): 256 int32 header {20240520, 1, ntok, 0...} then ntok uint16 tokens.
  * A pattern may be one file or a glob; shards are used in sorted order.
  *
- * Windows: a "global window" is world*B*T consecutive tokens (plus one for the last target);
- * rank r of a data-parallel group of size world reads its slice [r*B*T, (r+1)*B*T + 1) of every
- * global window. Windows are taken sequentially from the start of each shard (llm.c's
- * unshuffled order) or, with shuffling, in a seeded permutation of shards and of windows
- * within each shard, re-drawn every epoch. The position is (epoch, shard, window): a pure
- * function of the seed, so a checkpoint stores those three numbers and nothing else.
+ * Windows: a window is one optimizer step's data, world*B*accum sequences of T tokens, taken
+ * as consecutive tokens (plus one for the last target); in micro-step k (0 <= k < accum) rank r
+ * of a data-parallel group of size world reads sequences [(k*world + r)*B, (k*world + r + 1)*B)
+ * of it. A window does not depend on how the global batch is split: dp 4 x accum 1 and dp 2 x
+ * accum 2 read the same sequences in every step, so a job resized between checkpoints (the
+ * coordinator keeps the global batch) goes on with the data it would have had. Windows are
+ * taken sequentially from the start of each shard (llm.c's unshuffled order) or, with
+ * shuffling, in a seeded permutation of shards and of windows within each shard, re-drawn
+ * every epoch. The position is (epoch, shard, window): a pure function of the seed, so a
+ * checkpoint stores those numbers (and the window's size) and nothing else.
  *
  * Every shard's header and size are checked when the loader opens; its tokens are checked
  * against the vocabulary the first time the shard is loaded. Errors name the file. */
@@ -26,10 +30,13 @@ typedef struct {
   int64_t epoch;  /* completed passes over all shards */
   int64_t shard;  /* position in this epoch's shard order */
   int64_t window; /* position in this shard's window order */
+  int64_t unit;   /* sequences per window (world*B*accum) of the loader that was there; 0 in
+                     checkpoints older than the field, whose windows were world*B sequences */
 } dt_data_pos_t;
 
 typedef struct {
-  int B, T, rank, world, vocab, shuffle;
+  int B, T, rank, world, accum, vocab, shuffle;
+  int micro; /* micro-steps of the current window read */
   uint64_t seed;
   char **paths;     /* sorted shard paths */
   int64_t *ntok_of; /* tokens per shard, from the headers */
@@ -49,16 +56,19 @@ typedef struct {
 } dt_dataloader_t;
 
 /* Opens the shards matching pattern. vocab bounds the token ids (tokens >= vocab are an
- * error). rank/world select the data-parallel slice (0/1 for one process). */
+ * error). rank/world select the data-parallel slice (0/1 for one process), accum the
+ * micro-steps of an optimizer step. */
 int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
-                       int vocab, int shuffle, uint64_t seed);
-/* Fills dl->inputs / dl->targets with the next batch and advances. */
+                       int accum, int vocab, int shuffle, uint64_t seed);
+/* Fills dl->inputs / dl->targets with the next micro-batch and advances. */
 int dt_dataloader_next(dt_dataloader_t *dl);
 /* Back to the first window of the first epoch. */
 int dt_dataloader_reset(dt_dataloader_t *dl);
-/* Moves to a saved position (from a checkpoint). */
+/* Moves to a saved position (from a checkpoint), taken at a step boundary. A position saved
+ * with another window size (the global batch changed) is converted through its sequence
+ * count, rounding down with a warning if it falls inside a window. */
 int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos);
-/* Number of global windows in one epoch (all shards). */
+/* Number of windows (optimizer steps' data) in one epoch (all shards). */
 int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl);
 void dt_dataloader_free(dt_dataloader_t *dl);
 

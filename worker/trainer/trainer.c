@@ -749,9 +749,9 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
 
   /* Each data-parallel rank reads its slice of every global window; tp peers read the same. */
   DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
-                              t->cfg.vocab, o->shuffle, o->seed));
+                              o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
   if (o->val_pattern)
-    DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
+    DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize, 1,
                                 t->cfg.vocab, 0, 0));
   if (o->ckpt_dir)
     DT_CHECK(prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL));
