@@ -391,6 +391,14 @@ class ClusterTest(unittest.TestCase):
     def get_job(self, job_id):
         return self.call("GetJob", pb.GetJobRequest(job_id=job_id))
 
+    def job_now(self, job_id):
+        """GetJob, or None while the coordinator is down."""
+        try:
+            return self.get_job(job_id)
+        except grpc.RpcError:
+            self._stub = None
+            return None
+
     def nodes(self):
         return list(self.call("ListNodes", pb.ListNodesRequest()).nodes)
 
@@ -1056,6 +1064,57 @@ class T5_CoordinatorRestart(ClusterTest):
             self.assertTrue(os.path.isfile(os.path.join(ckpt, "step-%08d" % s, "MANIFEST")), s)
 
 
+    def test_ten_coordinator_restarts_in_a_row(self):
+        """The issue's goal: the coordinator SIGKILLed and restarted 10 times during a dp=2 job
+        on two agents (checkpoints every few steps, so reports and KV calls are in flight):
+        no trainer is restarted (one generation, the same pids), every step's metrics arrive,
+        and the losses equal an uninterrupted run's of the same job, bit for bit."""
+        port = free_port()
+        self.start_coordinator(port=port)
+        self.start_agent("h0")
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        steps = slow_steps(12.0)
+        every = max(steps // 12, 1)
+        steps = 12 * every
+
+        def submit(tag):
+            spec = job_spec(os.path.join(self.tmp, "ckpt-" + tag), steps, shape=SLOW, every=every)
+            spec.parallel.dp = 2
+            spec.training.micro_batch = SLOW["batch"] // 2
+            spec.elastic.max_nodes = 2
+            return self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+
+        ref_id = submit("ref")
+        self.wait_state(ref_id, [pb.JOB_COMPLETED], 120)
+        ref = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=ref_id)).metrics
+        job_id = submit("restarts")
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=1)
+        pids = sorted(t.pid for n in self.nodes() for t in n.trainers if t.job_id == job_id)
+        for i in range(10):
+            self.coord.send_signal(signal.SIGKILL)
+            self.coord.wait(timeout=5)
+            time.sleep(0.2)
+            self.start_coordinator(port=port)
+            j = wait_until(lambda: (lambda x: x if x.state in (pb.JOB_RUNNING, pb.JOB_COMPLETED)
+                                    else None)(self.job_now(job_id)), 20,
+                           "the job after restart %d" % (i + 1))
+            self.assertEqual((j.generation, j.restarts), (1, 0), j.reason)
+            if j.state == pb.JOB_COMPLETED:
+                break
+            time.sleep(0.3)
+        self.assertGreater(i, 5, "the job ended before most restarts: make it longer")
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.generation, done.restarts, done.committed_step), (1, 0, steps))
+        for h in ("h0", "h1"):
+            with open(os.path.join(self.tmp, "agent-%s.log" % h)) as f:
+                self.assertEqual(f.read().count("started job %s" % job_id), 1)
+        self.assertEqual(len(pids), 2)
+        got = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([m.step for m in got], list(range(1, steps + 1)))
+        self.assertEqual([m.loss for m in got], [m.loss for m in ref])
+        sys.stderr.write("[%d coordinator restarts during %d steps] " % (i + 1, steps))
+
     def test_coordinator_killed_during_a_checkpoint_report(self):
         """The coordinator stopped before a checkpoint boundary, then killed while the trainer's
         report of its shard is in flight, then restarted: the trainer reports again to the new
@@ -1617,14 +1676,6 @@ class T12_GpuUsage(ClusterTest):
 class T13_Chaos(ClusterTest):
     FAULTS = ("trainer-kill", "trainer-stop", "agent-kill", "coordinator+trainer-kill",
               "kill-during-save")
-
-    def job_now(self, job_id):
-        """GetJob, or None while the coordinator is down."""
-        try:
-            return self.get_job(job_id)
-        except grpc.RpcError:
-            self._stub = None
-            return None
 
     def test_chaos(self):
         """DT_CHAOS_RUNS runs (seed DT_CHAOS_SEED) of a dp=4 job on 4 agents, each hit once at a
