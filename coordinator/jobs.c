@@ -647,6 +647,7 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
   if (j->world < 2 || j->job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING ||
       now - j->straggle_checked_ms < 1000.0)
     return;
+  j->straggle_checked_ms = now; /* also while ranks are missing: O(world) once a second */
   double *v = malloc((size_t)j->world * sizeof *v);
   if (!v)
     return;
@@ -658,7 +659,6 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
     free(v);
     return;
   }
-  j->straggle_checked_ms = now;
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   const double median = v[(n - 1) / 2];
   free(v);

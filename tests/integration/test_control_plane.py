@@ -229,11 +229,12 @@ def job_yaml(ckpt_dir, steps, shape=TINY, every=20, val_every=20, name="tiny",
            max_nodes, max_restarts, HEARTBEAT_MS))
 
 
-def job_spec(ckpt_dir, steps, shape=TINY, every=0, name="py"):
-    """The same kind of job as job_yaml, as a JobSpec message with every section present."""
+def job_spec(ckpt_dir, steps, shape=TINY, every=0, name="py", dp=1):
+    """The same kind of job as job_yaml, as a JobSpec message with every section present; dp > 1
+    splits the global batch over dp ranks on up to dp nodes."""
     train, val = shared_data()
     s = shape
-    return pb.JobSpec(
+    spec = pb.JobSpec(
         name=name,
         model=pb.ModelSpec(layers=s["layers"], heads=s["heads"], channels=s["channels"],
                            vocab=s["vocab"], max_seq=s["max_seq"], init="seed:1"),
@@ -248,6 +249,11 @@ def job_spec(ckpt_dir, steps, shape=TINY, every=0, name="py"):
         checkpoint=pb.CheckpointSpec(dir=ckpt_dir, every=every, keep=0),
         elastic=pb.ElasticSpec(min_nodes=1, max_nodes=1, max_restarts=3,
                                heartbeat_ms=HEARTBEAT_MS))
+    if dp > 1:
+        spec.parallel.dp = dp
+        spec.training.micro_batch = shape["batch"] // dp
+        spec.elastic.max_nodes = dp
+    return spec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -966,10 +972,7 @@ class T4_AgentKilled(ClusterTest):
         steps = slow_steps(12.0)
         every = max(steps // 8, 1)
         steps = 8 * every
-        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every)
-        spec.parallel.dp = 2
-        spec.training.micro_batch = SLOW["batch"] // 2
-        spec.elastic.max_nodes = 2
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every, dp=2)
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
         j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
         self.assertEqual((j.world_size, j.requested_dp), (2, 2))
@@ -1079,10 +1082,8 @@ class T5_CoordinatorRestart(ClusterTest):
         steps = 12 * every
 
         def submit(tag):
-            spec = job_spec(os.path.join(self.tmp, "ckpt-" + tag), steps, shape=SLOW, every=every)
-            spec.parallel.dp = 2
-            spec.training.micro_batch = SLOW["batch"] // 2
-            spec.elastic.max_nodes = 2
+            spec = job_spec(os.path.join(self.tmp, "ckpt-" + tag), steps, shape=SLOW, every=every,
+                            dp=2)
             return self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
 
         ref_id = submit("ref")
@@ -1453,10 +1454,7 @@ class T9_HungRank(ClusterTest):
         steps = slow_steps(8.0)
         every = max(steps // 4, 1)
         steps = 6 * every
-        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every)
-        spec.parallel.dp = 2
-        spec.training.micro_batch = SLOW["batch"] // 2
-        spec.elastic.max_nodes = 2
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every, dp=2)
         spec.elastic.hang_timeout_s = self.HANG_S
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
         self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
@@ -1529,10 +1527,7 @@ class T10_NonFinite(ClusterTest):
         self.start_agent("h0")
         self.start_agent("h1")
         self.wait_nodes(2)
-        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every)
-        spec.parallel.dp = 2
-        spec.training.micro_batch = SLOW["batch"] // 2
-        spec.elastic.max_nodes = 2
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every, dp=2)
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
         done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
         self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
@@ -1585,9 +1580,9 @@ class T10b_InputError(ClusterTest):
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
         j = self.wait_state(job_id, [pb.JOB_FAILED], 30)
         self.assertEqual((j.restarts, j.generation), (0, 1))
-        self.assertRegex(j.reason, r"rank 0 on node-\d exited with code 1: .*missing/train_\*\.bin: "
-                         r"no token shard matches this path or pattern \(the job's input or "
-                         r"configuration: not restarted\)")
+        self.assertRegex(j.reason, r"rank 0 on node-\d exited with code 1: .*missing/"
+                         r"train_\*\.bin: no token shard matches this path or pattern \(the job's "
+                         r"input or configuration: not restarted\)")
 
 
 class T11_Straggler(ClusterTest):
@@ -1600,10 +1595,7 @@ class T11_Straggler(ClusterTest):
         self.start_agent("h0")
         self.start_agent("h1", env={"DISTRAIN_FAULT_SLOW_MS": "40"})
         self.wait_nodes(2)
-        spec = job_spec(os.path.join(self.tmp, "ckpt"), 100000, shape=SLOW, every=0)
-        spec.parallel.dp = 2
-        spec.training.micro_batch = SLOW["batch"] // 2
-        spec.elastic.max_nodes = 2
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), 100000, shape=SLOW, every=0, dp=2)
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
         self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
         j = wait_until(lambda: (lambda x: x if any(r.straggler for r in x.ranks) else None)(
@@ -1698,10 +1690,8 @@ class T13_Chaos(ClusterTest):
         steps = 12 * every
 
         def submit(tag):
-            spec = job_spec(os.path.join(self.tmp, "ckpt-" + tag), steps, shape=SLOW, every=every)
-            spec.parallel.dp = 4
-            spec.training.micro_batch = SLOW["batch"] // 4
-            spec.elastic.max_nodes = 4
+            spec = job_spec(os.path.join(self.tmp, "ckpt-" + tag), steps, shape=SLOW, every=every,
+                            dp=4)
             spec.elastic.max_restarts = 10
             spec.elastic.hang_timeout_s = hang_s
             return self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
