@@ -16,9 +16,11 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/string_util.h>
 #include <grpc/support/time.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@
 #include "dt_log.h"
 #include "dt_param.h"
 #include "dt_util.h"
+#include "listener.h"
 
 /* Requests kept posted per method, so bursts (thousands of heartbeats) never wait for the
  * loop to re-post one. */
@@ -39,6 +42,10 @@ DT_PARAM(RpcPendingPerMethod, "RPC_PENDING_PER_METHOD", 32)
  * coordinator would declare its node dead although its trainers never stopped. */
 DT_PARAM(RpcReconnectInitialMs, "RPC_RECONNECT_INITIAL_MS", 100)
 DT_PARAM(RpcReconnectMaxMs, "RPC_RECONNECT_MAX_MS", 1000)
+/* A server connection with no call for this long is closed (GOAWAY; clients reconnect on
+ * their next call). Agents and trainers call every second, so this only reaps connections
+ * that were opened and abandoned — or never finished their HTTP/2 preface. */
+DT_PARAM(RpcIdleMs, "RPC_IDLE_MS", 60000)
 
 typedef enum { TAG_NEW, TAG_NEW_UNKNOWN, TAG_RECV, TAG_CLOSED, TAG_SENT, TAG_SHUTDOWN } tag_kind_t;
 
@@ -87,6 +94,10 @@ struct dt_rpc_server {
   event_t *events; /* queue filled by the cq thread, drained by the loop */
   size_t nevents, cap;
   grpc_server *server;
+  grpc_server_credentials *creds;
+  dt_listener_t *listener; /* accepts connections and hands them to server */
+  char (*peers)[64];       /* the address of the connection last accepted on each fd */
+  size_t npeers;
   grpc_completion_queue *cq;
   const ProtobufCServiceDescriptor *service;
   method_t *methods;
@@ -128,16 +139,19 @@ static grpc_channel_args *message_size_args(void)
  * HTTP/2's initial 64 KiB until a message is read. A request is read only once its token
  * checks out, so an unauthenticated body stalls in the sender after 64 KiB instead of growing
  * the window (and the coordinator's memory) to take it all. Requests are small; the large
- * messages are replies, whose window is the client's. */
+ * messages are replies, whose window is the client's. Idle connections are closed. */
 static grpc_channel_args *server_args(void)
 {
-  static grpc_arg args[3];
-  static grpc_channel_args ca = {3, args};
+  static grpc_arg args[4];
+  static grpc_channel_args ca = {4, args};
   args[0] = message_size_args()->args[0];
   args[1] = message_size_args()->args[1];
   args[2].type = GRPC_ARG_INTEGER;
   args[2].key = (char *)GRPC_ARG_HTTP2_BDP_PROBE;
   args[2].value.integer = 0;
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = (char *)GRPC_ARG_MAX_CONNECTION_IDLE_MS;
+  args[3].value.integer = (int)DT_MIN(DT_MAX(dt_param_RpcIdleMs(), 100), INT32_MAX);
   return &ca;
 }
 
@@ -324,8 +338,17 @@ int64_t dt_rpc_call_remaining_ms(const dt_rpc_call_t *c)
 
 const char *dt_rpc_call_peer(dt_rpc_call_t *c)
 {
-  if (!c->peer)
-    c->peer = grpc_call_get_peer(c->call);
+  if (c->peer)
+    return c->peer;
+  c->peer = grpc_call_get_peer(c->call);
+  /* A connection handed over as a descriptor is "fd:N" to gRPC; name its address instead. */
+  const dt_rpc_server_t *s = c->server;
+  int fd;
+  if (c->peer && sscanf(c->peer, "fd:%d", &fd) == 1 && fd >= 0 && (size_t)fd < s->npeers &&
+      s->peers[fd][0]) {
+    gpr_free(c->peer);
+    c->peer = gpr_strdup(s->peers[fd]);
+  }
   return c->peer;
 }
 
@@ -485,6 +508,32 @@ static void on_async(uv_async_t *h)
 /* Server lifecycle                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A connection from the listener: gRPC takes it over (and closes it when done). */
+static void on_connection(int fd, const char *peer, void *ud)
+{
+  dt_rpc_server_t *s = ud;
+  if ((size_t)fd >= s->npeers) {
+    size_t n = DT_MAX((size_t)fd + 1, 2 * s->npeers);
+    char(*grown)[64] = realloc(s->peers, n * sizeof *grown);
+    if (grown) {
+      memset(grown + s->npeers, 0, (n - s->npeers) * sizeof *grown);
+      s->peers = grown, s->npeers = n;
+    }
+  }
+  if ((size_t)fd < s->npeers)
+    snprintf(s->peers[fd], sizeof *s->peers, "%s", peer);
+  grpc_server_add_channel_from_fd(s->server, fd, s->creds);
+}
+
+static void server_free(dt_rpc_server_t *s)
+{
+  grpc_server_credentials_release(s->creds);
+  free(s->peers);
+  free(s->events);
+  free(s->methods);
+  free(s);
+}
+
 int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
                          const ProtobufCServiceDescriptor *service, dt_rpc_server_t **out)
 {
@@ -501,11 +550,11 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
   snprintf(s->token, sizeof s->token, "%s", token);
   snprintf(s->bearer, sizeof s->bearer, "Bearer %s", token);
   s->methods = calloc(service->n_methods, sizeof *s->methods);
+  s->creds = grpc_insecure_server_credentials_create();
   s->cq = grpc_completion_queue_create_for_next(NULL);
   s->server = grpc_server_create(server_args(), NULL);
   if (!s->methods || !s->cq || !s->server) {
-    free(s->methods);
-    free(s);
+    server_free(s);
     return DT_ENOMEM;
   }
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -517,17 +566,13 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
     s->methods[i].registered =
         grpc_server_register_method(s->server, path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
   }
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-  int port = grpc_server_add_http2_port(s->server, listen, creds);
-  grpc_server_credentials_release(creds);
-  if (port == 0) {
-    DT_ERROR(RPC, "cannot listen on %s (address in use or invalid)", listen);
+  int port = 0, err = dt_listener_open(loop, listen, on_connection, s, &s->listener, &port);
+  if (err) {
     grpc_server_destroy(s->server);
     grpc_completion_queue_shutdown(s->cq);
     grpc_completion_queue_destroy(s->cq);
-    free(s->methods);
-    free(s);
-    return DT_EUNAVAIL;
+    server_free(s);
+    return err;
   }
   s->tag_shutdown = (dt__rpc_tag_t){TAG_SHUTDOWN, s};
   /* the bound port is remembered in started until start() reports it */
@@ -565,6 +610,7 @@ int dt_rpc_server_start(dt_rpc_server_t *s, int *port)
   if (uv_thread_create(&s->thread, cq_thread, s) != 0)
     return DT_ESYS;
   s->started = 1;
+  dt_listener_start(s->listener);
   if (port)
     *port = bound;
   return 0;
@@ -576,9 +622,7 @@ static void on_async_closed(uv_handle_t *h)
   void (*cb)(void *) = s->close_cb;
   void *ud = s->close_ud;
   uv_mutex_destroy(&s->lock);
-  free(s->events);
-  free(s->methods);
-  free(s);
+  server_free(s);
   if (cb)
     cb(ud);
 }
@@ -601,12 +645,12 @@ void dt_rpc_server_close(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud)
 {
   s->close_cb = cb;
   s->close_ud = ud;
-  if (s->started != 1) { /* created but never started */
+  dt_listener_close(s->listener); /* no new connections; gRPC's shutdown ends the others */
+  if (s->started != 1) {          /* created but never started */
     grpc_server_destroy(s->server);
     grpc_completion_queue_shutdown(s->cq);
     grpc_completion_queue_destroy(s->cq);
-    free(s->methods);
-    free(s);
+    server_free(s);
     if (cb)
       cb(ud);
     return;

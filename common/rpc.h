@@ -6,7 +6,10 @@
  * the call and reply later (long-poll, blocking key-value get); if the client goes away first
  * (deadline, cancel, shutdown) the call's cancel callback runs and the call must be forgotten.
  * Every call is checked for "authorization: Bearer <token>" before its handler sees it; calls
- * to methods nobody registered are answered UNIMPLEMENTED at once.
+ * to methods nobody registered are answered UNIMPLEMENTED at once. The server accepts
+ * connections itself (listener.h) and hands them to gRPC, whose own listener would stop for
+ * good after running out of file descriptors; connections idle for DISTRAIN_RPC_IDLE_MS are
+ * closed.
  *
  * Client (agents, distrainctl, trainers): blocking unary calls with a deadline, safe from any
  * thread, each on its own pluck completion queue. gRPC status codes map to DT_E* codes and

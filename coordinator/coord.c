@@ -23,6 +23,35 @@ double dt_coord_now_ms(void)
   return dt_now_ms();
 }
 
+int dt_coord_resync(dt_coord_t *c, int force)
+{
+  if (!dt_store_unsynced(c->store))
+    return 0;
+  const double now = dt_coord_now_ms();
+  if (!force && now - c->last_resync_ms < 2000.0)
+    return DT_EIO;
+  c->last_resync_ms = now;
+  dt_store_retry(c->store);
+  dt_store_begin(c->store);
+  for (size_t i = 0; i < c->n_nodes; i++)
+    if (c->nodes[i])
+      dt_store_put_node(c->store, c->nodes[i]);
+  for (size_t i = 0; i < c->n_jobs; i++) {
+    const dt_job_t *j = c->jobs[i];
+    const Distrain__V1__Job *job = j->job;
+    dt_store_put_job(c->store, j);
+    dt_store_put_metrics(c->store, j->id, j->metrics, j->n_metrics);
+    dt_store_expire_kv(c->store, j->id,
+                       dt_coord_state_terminal(job->state) ? UINT64_MAX : job->generation);
+    dt_store_drop_ckpt_reports(c->store, j->id, 0, job->committed_step);
+  }
+  int rc = dt_store_commit(c->store);
+  if (rc == 0)
+    DT_INFO(COORD, "the state store is writable again: %zu nodes and %zu jobs rewritten",
+            c->n_nodes, c->n_jobs);
+  return rc;
+}
+
 static void on_liveness(uv_timer_t *t)
 {
   dt_coord_t *c = t->data;
@@ -51,6 +80,7 @@ static void on_liveness(uv_timer_t *t)
   if (in_txn)
     dt_store_commit(c->store);
   dt_coord_blame_expired(c);
+  dt_coord_resync(c, 0);
 }
 
 static void on_sched(uv_timer_t *t)

@@ -124,6 +124,7 @@ struct dt_coord {
   struct dt_kv *kv;
   uv_timer_t liveness;
   double scan_ms, last_scan_ms; /* liveness scan period; when the last scan ran */
+  double last_resync_ms;        /* last attempt to rewrite the store after a failed write */
   uv_timer_t sched;             /* dt_coord_schedule_soon: one planning pass per loop iteration */
   int notify_pending;           /* some node's notify_pending is set */
   int closing;
@@ -179,6 +180,11 @@ void dt_node_clear_usage(dt_node_t *n);
 
 /* ---- handlers (handlers.c) ---- */
 int dt_coord_register_handlers(dt_coord_t *c);
+/* After a store write failed: rewrites every node, job (with its metrics) and the rendezvous
+ * and checkpoint-report cleanups into the store in one transaction — memory is the truth — and
+ * returns 0 once the store is in step again (at once when it already is). Without force, tries
+ * at most every 2 s: a store that stays unwritable stalls the loop for a busy timeout per try. */
+int dt_coord_resync(dt_coord_t *c, int force);
 
 /* ---- key-value store (kv.c) ---- */
 /* store: where keys are written through (NULL: memory only). */
@@ -202,7 +208,12 @@ void dt_kv_expire(struct dt_kv *kv, const char *job, uint64_t gen);
 int dt_store_open(dt_store_t **out, const char *state_dir);
 void dt_store_close(dt_store_t *s);
 void dt_store_begin(dt_store_t *s);
+/* 0, or DT_EIO when a write since the outermost begin failed (everything since is rolled
+ * back). */
 int dt_store_commit(dt_store_t *s);
+/* Whether a write failed since the last dt_store_retry; while so, writes fail at once. */
+int dt_store_unsynced(const dt_store_t *s);
+void dt_store_retry(dt_store_t *s);
 int dt_store_put_node(dt_store_t *s, const dt_node_t *n);
 int dt_store_put_job(dt_store_t *s, const dt_job_t *j);
 int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,

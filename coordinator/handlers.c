@@ -69,6 +69,25 @@ static int grow_nodes(dt_coord_t *c)
   return 0;
 }
 
+static void fail_store(dt_rpc_call_t *call, const char *what)
+{
+  dt_rpc_call_fail(call, DT_RPC_UNAVAILABLE,
+                   "%s: the coordinator cannot write its state store (its log says why); "
+                   "try again",
+                   what);
+}
+
+/* A call that changed the coordinator's state replies OK only once the change is in the store
+ * (after a failed write the whole state is rewritten first: dt_coord_resync); otherwise it
+ * fails UNAVAILABLE, and the client tries again. Returns whether it failed the call. */
+static int failed_unless_saved(dt_coord_t *c, dt_rpc_call_t *call, const char *what)
+{
+  if (dt_coord_resync(c, 1) == 0)
+    return 0;
+  fail_store(call, what);
+  return 1;
+}
+
 static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
 {
   dt_coord_t *c = ud;
@@ -113,6 +132,8 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   n->last_seen_ms = dt_coord_now_ms();
   n->last_seen_wall_ms = wall_ms();
   dt_store_put_node(c->store, n);
+  if (failed_unless_saved(c, call, "registration")) /* kept in memory; the store catches up */
+    return;
   DT_INFO(COORD, "node %s registered: %s, %zu %s device(s)", n->id, info->hostname, info->n_devices,
           info->devices[0]->kind);
   Distrain__V1__RegisterWorkerResponse resp = DISTRAIN__V1__REGISTER_WORKER_RESPONSE__INIT;
@@ -310,6 +331,13 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   }
   c->jobs[c->n_jobs++] = j;
   dt_store_put_job(c->store, j);
+  if (dt_coord_resync(c, 1) != 0) { /* not saved: as if never submitted */
+    c->n_jobs--;
+    c->next_job--;
+    dt_job_free(j);
+    fail_store(call, "the job was not submitted");
+    return;
+  }
   DT_INFO(COORD, "job %s submitted%s%s", j->id, req->spec->name[0] ? ": " : "", req->spec->name);
   Distrain__V1__SubmitJobResponse resp = DISTRAIN__V1__SUBMIT_JOB_RESPONSE__INIT;
   resp.job_id = j->id;
@@ -393,6 +421,8 @@ static void handle_stop_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void
     dt_coord_release_nodes(c, j);
     dt_coord_schedule(c);
   }
+  if (failed_unless_saved(c, call, "the job is stopped, but not yet saved"))
+    return;
   dt_rpc_call_reply(call, &j->job->base);
 }
 
@@ -447,7 +477,10 @@ static void handle_kv_put(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   int rc =
       dt_kv_put(c->kv, req->job_id, req->generation, req->key, req->value.data, req->value.len);
   if (rc != 0) {
-    dt_rpc_call_fail(call, rc == DT_ENOMEM ? DT_RPC_RESOURCE_EXHAUSTED : DT_RPC_INTERNAL,
+    dt_rpc_call_fail(call,
+                     rc == DT_ENOMEM ? DT_RPC_RESOURCE_EXHAUSTED
+                     : rc == DT_EIO  ? DT_RPC_UNAVAILABLE /* the store: the trainer retries */
+                                     : DT_RPC_INTERNAL,
                      "storing key %s: %s", req->key, dt_strerror(rc));
     return;
   }
@@ -476,7 +509,11 @@ static void handle_report_ckpt(dt_rpc_call_t *call, const ProtobufCMessage *m, v
   int committed = 0;
   int rc = dt_coord_checkpoint_report(c, j, 0, req, &committed, err, sizeof err);
   if (rc != 0) {
-    dt_rpc_call_fail(call, rc == DT_EINVAL ? DT_RPC_INVALID_ARGUMENT : DT_RPC_INTERNAL, "%s", err);
+    dt_rpc_call_fail(call,
+                     rc == DT_EINVAL     ? DT_RPC_INVALID_ARGUMENT
+                     : rc == DT_EUNAVAIL ? DT_RPC_UNAVAILABLE /* the store: the writer retries */
+                                         : DT_RPC_INTERNAL,
+                     "%s", err);
     return;
   }
   Distrain__V1__ReportCheckpointResponse resp = DISTRAIN__V1__REPORT_CHECKPOINT_RESPONSE__INIT;

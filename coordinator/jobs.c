@@ -853,7 +853,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
     if (rc != 0) {
       snprintf(err, errlen, "step %lld: cannot record rank %d's report: %s", (long long)r->step,
                r->rank, dt_strerror(rc));
-      return rc;
+      return rc == DT_EIO ? DT_EUNAVAIL : rc; /* the store failed: worth trying again */
     }
     uint8_t *buf = malloc(distrain__v1__report_checkpoint_request__get_packed_size(r));
     if (!buf)

@@ -23,6 +23,8 @@ struct dt_store {
   sqlite3_stmt *put_node; /* prepared once: planning writes one node row per node */
   sqlite3_stmt *put_kv;   /* prepared once: a rendezvous puts one key per rank */
   int depth;              /* dt_store_begin nesting */
+  int in_txn;             /* the outermost begin opened a transaction */
+  int unsynced;           /* a write failed: later ones fail at once until dt_store_retry */
   int lock_fd;            /* <state-dir>/LOCK, held (flock) while open */
   char path[4200];
 };
@@ -50,7 +52,27 @@ static const char *const k_schema =
 static int sql_fail(dt_store_t *s, const char *what)
 {
   DT_ERROR(COORD, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
+  s->unsynced = 1;
   return DT_EIO;
+}
+
+/* Every write starts here. Once one has failed the store is out of step with the coordinator's
+ * memory, and each further write would stall the loop for the busy timeout only to fail too:
+ * they fail at once until the coordinator rewrites its whole state (dt_coord_resync). */
+#define WRITE_GATE(s)                                                                              \
+  do {                                                                                             \
+    if ((s)->unsynced)                                                                             \
+      return DT_EIO;                                                                               \
+  } while (0)
+
+int dt_store_unsynced(const dt_store_t *s)
+{
+  return s->unsynced;
+}
+
+void dt_store_retry(dt_store_t *s)
+{
+  s->unsynced = 0;
 }
 
 int dt_store_open(dt_store_t **out, const char *state_dir)
@@ -95,7 +117,9 @@ int dt_store_open(dt_store_t **out, const char *state_dir)
     rc = sql_fail(s, "cannot open database");
     goto fail;
   }
-  sqlite3_busy_timeout(s->db, 5000);
+  /* Only another process (an operator's sqlite3 shell) can hold the database: wait for it a
+   * little, not long enough to stall the loop's heartbeats. */
+  sqlite3_busy_timeout(s->db, 1000);
   char *msg = NULL;
   if (sqlite3_exec(s->db, k_schema, NULL, NULL, &msg) != SQLITE_OK) {
     DT_ERROR(COORD, "%s: schema: %s", s->path, msg ? msg : "?");
@@ -152,21 +176,32 @@ static uint8_t *pack(const ProtobufCMessage *m, size_t *len)
  * of one per row): planning a 10,000-rank job touches 10,000 node rows. Nestable. */
 void dt_store_begin(dt_store_t *s)
 {
-  if (s->depth++ == 0)
-    sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL);
+  if (s->depth++ == 0 && !s->unsynced) {
+    s->in_txn = sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK;
+    if (!s->in_txn)
+      sql_fail(s, "begin");
+  }
 }
 
+/* A transaction in which a write failed is rolled back whole: the coordinator's resync
+ * rewrites all of it. */
 int dt_store_commit(dt_store_t *s)
 {
   if (--s->depth > 0)
-    return 0;
-  if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-    return sql_fail(s, "commit");
-  return 0;
+    return s->unsynced ? DT_EIO : 0;
+  if (s->in_txn) {
+    s->in_txn = 0;
+    if (!s->unsynced && sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+      sql_fail(s, "commit");
+    if (s->unsynced)
+      sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+  }
+  return s->unsynced ? DT_EIO : 0;
 }
 
 int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
 {
+  WRITE_GATE(s);
   size_t len;
   uint8_t *info = pack(&n->info->base, &len);
   if (!info)
@@ -198,6 +233,7 @@ int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
 /* plan blob: int32 world, dp, grad_accum, resume, then (node, local_rank) per rank */
 int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
 {
+  WRITE_GATE(s);
   size_t len;
   uint8_t *blob = pack(&j->job->base, &len);
   size_t plan_len = (size_t)(4 + 2 * j->world) * sizeof(int32_t);
@@ -237,6 +273,7 @@ int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
 int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,
                          size_t n)
 {
+  WRITE_GATE(s);
   if (n == 0)
     return 0;
   sqlite3_stmt *st;
@@ -399,6 +436,7 @@ static int load_jobs(dt_store_t *s, dt_coord_t *c)
 int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *key,
                     const uint8_t *val, size_t len)
 {
+  WRITE_GATE(s);
   if (!s->put_kv && sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO kv VALUES (?,?,?,?)", -1,
                                        &s->put_kv, NULL) != SQLITE_OK)
     return sql_fail(s, "prepare kv");
@@ -413,6 +451,7 @@ int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *ke
 
 int dt_store_expire_kv(dt_store_t *s, const char *job, uint64_t gen)
 {
+  WRITE_GATE(s);
   sqlite3_stmt *st;
   /* Generations are small positive integers; UINT64_MAX (every generation) is not an int64. */
   const char *sql = gen > INT64_MAX ? "DELETE FROM kv WHERE job=?"
@@ -461,6 +500,7 @@ static int load_kv(dt_store_t *s, dt_coord_t *c)
 int dt_store_put_ckpt_report(dt_store_t *s, const char *job,
                              const Distrain__V1__ReportCheckpointRequest *r)
 {
+  WRITE_GATE(s);
   sqlite3_stmt *st;
   size_t len;
   uint8_t *buf = pack(&r->base, &len);
@@ -483,6 +523,7 @@ int dt_store_put_ckpt_report(dt_store_t *s, const char *job,
 
 int dt_store_drop_ckpt_reports(dt_store_t *s, const char *job, int64_t from_step, int64_t to_step)
 {
+  WRITE_GATE(s);
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(s->db, "DELETE FROM ckpt_reports WHERE job=? AND step BETWEEN ? AND ?", -1,
                          &st, NULL) != SQLITE_OK)

@@ -23,6 +23,7 @@ import resource
 import shutil
 import signal
 import socket
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -147,6 +148,11 @@ def wait_until(pred, timeout, what, interval=0.02):
             raise AssertionError("timed out after %.1f s waiting for %s%s" % (
                 timeout, what, " (last error: %s)" % last_exc.details() if last_exc else ""))
         time.sleep(interval)
+
+
+def read_text(path):
+    with open(path) as f:
+        return f.read()
 
 
 def tail(path, n=25):
@@ -327,15 +333,18 @@ class ClusterTest(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def start_coordinator(self, port=0, heartbeat_ms=HEARTBEAT_MS):
+    def start_coordinator(self, port=0, heartbeat_ms=HEARTBEAT_MS, env=None, max_files=None):
+        """max_files: soft and hard open-files limit of the coordinator (it cannot raise it)."""
         port_file = os.path.join(self.tmp, "coord.port")
         if os.path.exists(port_file):
             os.unlink(port_file)
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+                 ) if max_files else None
         self.coord = self.spawn(
             [binary("coordinator", "distrain-coordinator"), "--listen", "127.0.0.1:%d" % port,
              "--port-file", port_file, "--state-dir", os.path.join(self.tmp, "state"),
              "--token-file", self.token_file, "--heartbeat-ms", str(heartbeat_ms)],
-            "coordinator.log")
+            "coordinator.log", env=dict(self.env, **(env or {})), preexec_fn=limit)
 
         def port_written():
             if self.coord.poll() is not None:
@@ -602,6 +611,45 @@ class T2_Garbage(ClusterTest):
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=self.env)
             self.assertNotEqual(r.returncode, 0, cmd[0])
             self.assertIn("token file is accessible by group or others (mode 0644)", r.stderr)
+
+    def test_listener_survives_running_out_of_files(self):
+        """At its open-files limit (soft = hard = 128 here, so raising it cannot help) accept
+        fails with EMFILE; the coordinator backs off and keeps accepting, and serves calls again
+        once the extra connections are gone (gRPC's own listener stopped for good: every later
+        call timed out while the process stayed alive). Connections that never finish their
+        HTTP/2 preface, or go idle, are closed after DISTRAIN_RPC_IDLE_MS."""
+        self.start_coordinator(env={"DISTRAIN_RPC_IDLE_MS": "1500"}, max_files=128)
+        self.call("ListNodes", pb.ListNodesRequest())
+        flood = [socket.create_connection(("127.0.0.1", self.port), timeout=2) for _ in range(300)]
+        log = os.path.join(self.tmp, "coordinator.log")
+        wait_until(lambda: "Too many open files" in read_text(log), 10, "an accept failure")
+        for s in flood:
+            s.close()
+        t = time.monotonic()
+        fresh = grpc.insecure_channel(self.addr, options=[("dt.fresh", 1)])  # a new connection
+        self.channels.append(fresh)
+        self.assertEqual(len(pb_grpc.CoordinatorStub(fresh).ListNodes(
+            pb.ListNodesRequest(), metadata=self.auth(), timeout=10, wait_for_ready=True).nodes), 0)
+        sys.stderr.write("[served again %.2f s after the flood closed] " % (time.monotonic() - t))
+        text = read_text(log)
+        self.assertIn("cannot accept connections: Too many open files", text)
+        self.assertIn("accepting connections again", text)
+        # A connection that sent half a preface and one that finished it, then stayed silent:
+        # the coordinator closes both (recv sees EOF) once they have been idle for 1.5 s.
+        half = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        half.sendall(PREFACE[:10])
+        full = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        full.sendall(PREFACE + h2_frame(0x4, 0, 0, b""))
+        t = time.monotonic()
+        for s in (half, full):
+            try:
+                while s.recv(4096):  # the server's SETTINGS and GOAWAY frames, then EOF
+                    pass
+            except ConnectionResetError:
+                pass
+            s.close()
+        self.assertLess(time.monotonic() - t, 8)
+        self.assertIsNone(self.coord.poll())
 
     def test_wrong_token_agent_backs_off(self):
         """An agent with the wrong token retries after 1, 2, 4, ... s (not every second
@@ -1147,6 +1195,46 @@ class T5_CoordinatorRestart(ClusterTest):
         with open(os.path.join(self.tmp, "agent-h0.log")) as f:
             self.assertEqual(f.read().count("started job %s" % job_id), 1,
                              "the trainer was restarted")
+
+
+class T5b_StoreFailure(ClusterTest):
+    def test_failed_store_writes_fail_the_call_and_are_caught_up(self):
+        """While another process holds the state database's write lock the coordinator's writes
+        fail: SubmitJob fails UNAVAILABLE and submits nothing (it replied OK, and a restart
+        lost the job); StopJob fails UNAVAILABLE although the job stopped in memory. Once the
+        lock is gone the coordinator rewrites its state, and after kill -9 and a restart the
+        job is there, stopped."""
+        self.start_coordinator()
+        ck = os.path.join(self.tmp, "ck")
+        log = os.path.join(self.tmp, "coordinator.log")
+        locker = sqlite3.connect(os.path.join(self.tmp, "state", "coordinator.db"),
+                                 isolation_level=None, timeout=5)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            with self.assertRaises(grpc.RpcError) as ctx:
+                self.call("SubmitJob", pb.SubmitJobRequest(spec=job_spec(ck, 3)), timeout=10)
+            self.assertCode(ctx, grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("the job was not submitted", ctx.exception.details())
+            self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0)
+            locker.execute("COMMIT")
+            job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=job_spec(ck, 3))).job_id
+            self.assertEqual(job_id, "job-1")
+
+            seen = len(read_text(log))
+            locker.execute("BEGIN EXCLUSIVE")
+            with self.assertRaises(grpc.RpcError) as ctx:
+                self.call("StopJob", pb.StopJobRequest(job_id=job_id), timeout=10)
+            self.assertCode(ctx, grpc.StatusCode.UNAVAILABLE)
+            self.assertEqual(self.get_job(job_id).state, pb.JOB_STOPPED)
+            locker.execute("COMMIT")
+        finally:
+            locker.close()
+        wait_until(lambda: "the state store is writable again" in read_text(log)[seen:], 10,
+                   "the coordinator to rewrite its state")
+        self.coord.kill()
+        self.coord.wait()
+        self.start_coordinator()
+        self.assertEqual(self.get_job(job_id).state, pb.JOB_STOPPED)
 
 
 # ---------------------------------------------------------------------------------------------
