@@ -310,29 +310,31 @@ int dt_plan_layout_check(const dt_plan_model_t *m, const dt_plan_train_t *tr,
 }
 
 /* Data-parallel bytes one rank of stage s sends per step, and how much of it is exposed. */
-static void dp_comm(const dt_plan_layout_t *l, double P, dt_plan_precision_t prec, double bw,
-                    double t_bwd_micro, double t_compute, double *bytes, double *exposed)
+static void dp_comm(const dt_plan_layout_t *l, double P, int units, dt_plan_precision_t prec,
+                    double bw, double alpha, double t_bwd_micro, double t_compute, double *bytes,
+                    double *exposed)
 {
   double p, g, o;
   bytes_per_param(prec, &p, &g, &o);
   const double N = l->dp, f = (N - 1) / N, K = l->accum;
-  double overlapped = 0, after = 0, window = 0;
+  double overlapped = 0, after = 0, window = 0, n_over = 0;
   switch (l->zero) {
   case 0:
-    overlapped = 2 * f * g * P, window = t_bwd_micro;
+    overlapped = 2 * f * g * P, window = t_bwd_micro, n_over = 1;
     break;
   case 1:
-    overlapped = f * g * P, after = f * p * P, window = t_bwd_micro;
+    overlapped = f * g * P, after = f * p * P, window = t_bwd_micro, n_over = 1;
     break;
   case 2:
-    overlapped = K * f * g * P, after = f * p * P, window = t_bwd_micro * K;
+    overlapped = K * f * g * P, after = f * p * P, window = t_bwd_micro * K, n_over = K * units;
     break;
   default:
-    overlapped = K * f * (2 * p + g) * P, window = t_compute;
+    overlapped = K * f * (2 * p + g) * P, window = t_compute, n_over = 3 * K * units;
     break;
   }
   *bytes = overlapped + after;
-  *exposed = DT_MAX(0.0, overlapped / bw - window) + after / bw;
+  *exposed =
+      DT_MAX(0.0, overlapped / bw + n_over * alpha - window) + (after > 0 ? after / bw + alpha : 0);
 }
 
 void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
@@ -361,13 +363,15 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
     rank_params(m, l->tp, l->pp, s, &rp);
     double dpb = 0, dpx = 0;
     if (l->dp > 1)
-      dp_comm(l, rp.total, tr->precision, bw_dp, bwd_share * out->t_compute / K, out->t_compute,
-              &dpb, &dpx);
+      dp_comm(l, rp.total, stage_layers(m, l->pp, s) + 2, tr->precision, bw_dp, c->latency,
+              bwd_share * out->t_compute / K, out->t_compute, &dpb, &dpx);
     const double tpb = l->tp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 6 : 4) * 2.0 *
                                        (l->tp - 1) / l->tp * bsh * act
                                  : 0;
     const double ppb = ((s > 0) + (s < l->pp - 1)) * K * bsh * act;
-    const double exposed = dpx + tpb / bw_tp + ppb / bw_pp;
+    const double n_tp = l->tp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 6 : 4) : 0;
+    const double n_pp = ((s > 0) + (s < l->pp - 1)) * K;
+    const double exposed = dpx + tpb / bw_tp + ppb / bw_pp + (n_tp + n_pp) * c->latency;
     if (exposed > worst_t) { /* the slowest stage sets the pace */
       worst_t = exposed;
       out->comm_dp = dpb, out->comm_tp = tpb, out->comm_pp = ppb;

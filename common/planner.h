@@ -69,6 +69,11 @@
  *   ZeRO-2: all of them; ZeRO-3: the whole step), the ZeRO-1/2 all-gather is exposed. Links:
  *   tp and a dp group within a node (dp x tp <= gpus_per_node) use the intra-node bandwidth,
  *   otherwise the inter-node one; pp uses intra-node only when the whole job is in one node.
+ *   Each collective or message also costs `latency` (the alpha of the alpha-beta model):
+ *   dp: ZeRO-0 one all-reduce, ZeRO-1 two, ZeRO-2 one reduce-scatter per unit (layers,
+ *   embeddings, final norm) and micro-batch plus an all-gather, ZeRO-3 three per unit and
+ *   micro-batch (the trainer's unit-by-unit collectives); tp one per all-reduce; pp one per
+ *   message. It dominates small models (the CPU test's), and is noise for large ones.
  *   The bubble reported is the idle share of a stage, (pp - 1) / (accum + pp - 1). */
 #ifndef DT_PLANNER_H
 #define DT_PLANNER_H
@@ -95,6 +100,7 @@ typedef struct {
   double mfu;        /* fraction of peak reached by compute, (0, 1] */
   double intra_bw;   /* bytes/s per GPU within a node */
   double inter_bw;   /* bytes/s per GPU across nodes */
+  double latency;    /* seconds per collective or message (alpha of the alpha-beta model) */
 } dt_plan_cluster_t;
 
 typedef struct {

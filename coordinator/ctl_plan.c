@@ -35,11 +35,13 @@ static void plan_usage(FILE *out)
       "                         | --job JOB.yaml)\n"
       "                        --seq S --global-batch B --gpus N [--gpus-per-node G]\n"
       "                        [--gpu-mem-gib M] [--peak-tflops T] [--mfu F] [--intra-gbps X]\n"
-      "                        [--inter-gbps Y] [--precision fp32|bf16] [--top K] [--json]\n"
+      "                        [--inter-gbps Y] [--latency-us U] [--precision fp32|bf16]\n"
+      "                        [--top K] [--json]"
       "                        [--emit-spec] [--layout dp=D,tp=T,pp=P,zero=Z,micro=M,ckpt=0|1]\n"
       "  presets: %s\n"
       "  defaults: an H100 node: 8 GPUs per node, 80 GiB, 989 TFLOP/s (bf16 dense), MFU 0.4,\n"
-      "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU; bf16 mixed precision; top 10.\n"
+      "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective; bf16 mixed\n"
+      "  precision; top 10.\n"
       "  --layout evaluates that one layout (gpus default to dp x tp x pp).\n",
       dt_plan_preset_names());
 }
@@ -149,6 +151,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
     O_EMIT,
     O_JOB,
     O_LAYOUT,
+    O_LAT,
     O_HELP
   };
   static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
@@ -175,10 +178,11 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
                                        {"emit-spec", no_argument, 0, O_EMIT},
                                        {"job", required_argument, 0, O_JOB},
                                        {"layout", required_argument, 0, O_LAYOUT},
+                                       {"latency-us", required_argument, 0, O_LAT},
                                        {"help", no_argument, 0, O_HELP},
                                        {0, 0, 0, 0}};
   int ch, explicit_dims = 0, seq = 0, batch = 0, gpn = 0;
-  double gib = 80, tflops = 989, intra = 450, inter = 50;
+  double gib = 80, tflops = 989, intra = 450, inter = 50, lat_us = 10;
   const char *job = NULL;
   a->cl.gpus = 0;
   a->cl.mfu = 0.4;
@@ -188,8 +192,10 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
   a->model.vocab = 50257;
   optind = 1;
   opterr = 0;
-  while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    const char *o = argv[optind - 1];
+  int idx = 0;
+  while ((ch = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    char o[64]; /* the option's name, for messages */
+    snprintf(o, sizeof o, "--%s", ch >= O_MODEL ? opts[idx].name : "?");
     int rc = 0;
     switch (ch) {
     case O_MODEL:
@@ -254,6 +260,9 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
     case O_INTER:
       rc = parse_pos_double(o, optarg, &inter);
       break;
+    case O_LAT:
+      rc = parse_pos_double(o, optarg, &lat_us);
+      break;
     case O_PREC:
       if (strcmp(optarg, "fp32") != 0 && strcmp(optarg, "bf16") != 0)
         return bad("--precision '%s': expected fp32 or bf16%s", optarg, "");
@@ -280,7 +289,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
       plan_usage(stdout);
       exit(0);
     default:
-      return bad("unknown or incomplete option '%s'%s", o, "");
+      return bad("unknown or incomplete option '%s'%s", argv[optind - 1], "");
     }
     if (rc != 0)
       return rc;
@@ -328,6 +337,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
   a->cl.peak_flops = tflops * 1e12;
   a->cl.intra_bw = intra * 1e9;
   a->cl.inter_bw = inter * 1e9;
+  a->cl.latency = lat_us * 1e-6;
   char why[512];
   if (dt_plan_model_check(&a->model, a->tr.seq, why, sizeof why) != 0)
     return bad("model %s: %s", a->model_name, why);
@@ -357,9 +367,9 @@ static void print_header(FILE *out, const plan_args_t *a)
                                           : "fp32 (4+4+8 bytes/param)");
   fprintf(out,
           "cluster: %d GPUs, %d per node, %.0f GiB each, %.0f TFLOP/s x MFU %.2f, intra-node %.0f "
-          "GB/s, inter-node %.0f GB/s\n",
+          "GB/s, inter-node %.0f GB/s, %.0f us per collective\n",
           a->cl.gpus, a->cl.gpus_per_node, a->cl.gpu_mem / GIB, a->cl.peak_flops / 1e12, a->cl.mfu,
-          a->cl.intra_bw / 1e9, a->cl.inter_bw / 1e9);
+          a->cl.intra_bw / 1e9, a->cl.inter_bw / 1e9, a->cl.latency * 1e6);
 }
 
 static void print_table(FILE *out, const dt_plan_eval_t *v, int n)

@@ -24,7 +24,7 @@ static dt_plan_model_t tiny(void)
 
 static dt_plan_cluster_t cluster(int gpus)
 {
-  return (dt_plan_cluster_t){gpus, 8, 80.0 * (1 << 30), 1e12, 0.5, 100e9, 10e9};
+  return (dt_plan_cluster_t){gpus, 8, 80.0 * (1 << 30), 1e12, 0.5, 100e9, 10e9, 0};
 }
 
 START_TEST(test_textbook_table)
@@ -207,7 +207,7 @@ START_TEST(test_enumerate)
   ck_assert_int_eq(dt_plan_preset("llama-7b", &m), 0);
   ck_assert_int_eq(dt_plan_model_check(&m, 4096, why, sizeof why), 0);
   dt_plan_train_t tr = {4096, 64, DT_PLAN_BF16};
-  dt_plan_cluster_t c = {8, 8, 80.0 * (1 << 30), 989e12, 0.4, 450e9, 50e9};
+  dt_plan_cluster_t c = {8, 8, 80.0 * (1 << 30), 989e12, 0.4, 450e9, 50e9, 10e-6};
   dt_plan_eval_t *v;
   int n;
   ck_assert_int_eq(dt_plan_enumerate(&m, &tr, &c, &v, &n, why, sizeof why), 0);
