@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "distrain.pb-c.h"
+#include "planner.h"
 #include "rpc.h"
 
 typedef struct {
@@ -42,6 +43,14 @@ typedef struct {
   const char *run_dir;
 } dt_ctl_local_t;
 int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__JobSpec *spec);
+
+/* distrainctl plan ARGS (argv[0] is "plan"): the memory/time planner; prints the table, JSON
+ * or a job-spec snippet. Returns the exit code: 0, 1 (nothing fits), 2 (usage errors). */
+int dt_ctl_plan(int argc, char **argv);
+/* The layout of e as job-spec YAML (model, training and parallel sections; Llama shapes get no
+ * model section), with a comment line naming the estimate. */
+void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                           const dt_plan_eval_t *e);
 
 /* JSON output helpers (emitting only; strings are escaped per RFC 8259). */
 void dt_json_string(FILE *out, const char *s);

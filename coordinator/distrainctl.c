@@ -4,6 +4,7 @@
  *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch]
  *   distrainctl stop JOB                   distrainctl nodes
  *   distrainctl logs JOB [--rank R] [--work-dir DIR]
+ *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
  * Common: --coordinator HOST:PORT (default $DISTRAIN_COORDINATOR or 127.0.0.1:7470),
  * --token-file FILE ($DISTRAIN_TOKEN_FILE or /etc/distrain/token), --json, --set S.K=V,
  * --metrics FILE. Exit codes: 0 success (run: the job completed), 1 the job failed or an
@@ -44,6 +45,8 @@ static void usage(FILE *out)
           "  stop JOB           stop a job\n"
           "  nodes              registered nodes\n"
           "  logs JOB [--rank R] [--work-dir DIR]   trainer logs on this machine\n"
+          "  plan --model PRESET --seq S --global-batch B --gpus N [...]   memory/time per "
+          "layout (plan --help)\n"
           "options: --coordinator HOST:PORT  --token-file FILE  --json  --set SECTION.KEY=VALUE\n"
           "         --metrics FILE (rank 0's per-step JSON, with run and status --watch)\n");
 }
@@ -330,6 +333,8 @@ int main(int argc, char **argv)
   a.o.token_file = env_tok && *env_tok ? env_tok : "/etc/distrain/token";
   dt_log_init();
   dt_log_set_tag("distrainctl");
+  if (argc > 1 && strcmp(argv[1], "plan") == 0) /* its own options: no coordinator involved */
+    return dt_ctl_plan(argc - 1, argv + 1);
   if (parse(argc, argv, &a) != 0) {
     usage(stderr);
     return 2;

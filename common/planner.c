@@ -1,0 +1,451 @@
+/* planner.c — see planner.h for the formulas and their sources. */
+#include "planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_error.h"
+#include "dt_util.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Models                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static const struct {
+  const char *name;
+  dt_plan_model_t m;
+} presets[] = {
+    /* GPT-2 (Radford et al. 2019): vocabulary 50257, 1024 positions. */
+    {"gpt2-124m", {DT_PLAN_GPT2, 12, 768, 12, 0, 0, 50257, 1024}},
+    {"gpt2-350m", {DT_PLAN_GPT2, 24, 1024, 16, 0, 0, 50257, 1024}},
+    {"gpt2-774m", {DT_PLAN_GPT2, 36, 1280, 20, 0, 0, 50257, 1024}},
+    {"gpt2-1.5b", {DT_PLAN_GPT2, 48, 1600, 25, 0, 0, 50257, 1024}},
+    /* Llama 2 7B/13B/70B (Touvron et al. 2023) and Llama 3.1 405B shapes. */
+    {"llama-7b", {DT_PLAN_LLAMA, 32, 4096, 32, 32, 11008, 32000, 0}},
+    {"llama-13b", {DT_PLAN_LLAMA, 40, 5120, 40, 40, 13824, 32000, 0}},
+    {"llama-70b", {DT_PLAN_LLAMA, 80, 8192, 64, 8, 28672, 32000, 0}},
+    {"llama-405b", {DT_PLAN_LLAMA, 126, 16384, 128, 8, 53248, 128256, 0}},
+};
+
+int dt_plan_preset(const char *name, dt_plan_model_t *m)
+{
+  for (size_t i = 0; i < DT_ARRAY_SIZE(presets); i++)
+    if (strcmp(name, presets[i].name) == 0) {
+      *m = presets[i].m;
+      return 0;
+    }
+  return DT_EINVAL;
+}
+
+const char *dt_plan_preset_names(void)
+{
+  return "gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-7b, llama-13b, llama-70b, llama-405b";
+}
+
+int dt_plan_model_check(dt_plan_model_t *m, int seq, char *why, size_t whylen)
+{
+  if (m->kv_heads == 0)
+    m->kv_heads = m->heads;
+  if (m->ffn == 0)
+    m->ffn = 4 * m->hidden;
+  if (m->max_seq == 0)
+    m->max_seq = seq;
+  if (m->layers < 1 || m->hidden < 1 || m->heads < 1 || m->vocab < 2 || m->kv_heads < 1 ||
+      m->ffn < 1 || seq < 1)
+    snprintf(why, whylen,
+             "layers (%d), hidden (%d), heads (%d), kv heads (%d), ffn (%d) and seq (%d) must be "
+             ">= 1 and vocab (%d) >= 2",
+             m->layers, m->hidden, m->heads, m->kv_heads, m->ffn, seq, m->vocab);
+  else if (m->hidden % m->heads != 0)
+    snprintf(why, whylen, "hidden (%d) must be divisible by heads (%d)", m->hidden, m->heads);
+  else if (m->heads % m->kv_heads != 0)
+    snprintf(why, whylen, "heads (%d) must be divisible by kv heads (%d)", m->heads, m->kv_heads);
+  else if (m->arch == DT_PLAN_GPT2 && m->kv_heads != m->heads)
+    snprintf(why, whylen, "GPT-2 has no grouped-query attention (kv heads %d != heads %d)",
+             m->kv_heads, m->heads);
+  else if (m->arch == DT_PLAN_GPT2 && seq > m->max_seq)
+    snprintf(why, whylen, "seq (%d) exceeds the model's learned positions (max_seq %d)", seq,
+             m->max_seq);
+  else
+    return 0;
+  return DT_EINVAL;
+}
+
+static int64_t padded_vocab(const dt_plan_model_t *m)
+{
+  return ((int64_t)m->vocab + 127) / 128 * 128;
+}
+
+/* The kv projection width: kv_heads x head dimension. */
+static double kv_width(const dt_plan_model_t *m)
+{
+  return (double)m->kv_heads * (m->hidden / m->heads);
+}
+
+/* One layer's parameters: split over tp, and replicated on every tp rank. */
+static void layer_params(const dt_plan_model_t *m, double *split, double *repl)
+{
+  const double h = m->hidden, f = m->ffn, k = kv_width(m);
+  if (m->arch == DT_PLAN_GPT2) {
+    /* qkv (3h^2 + 3h), attention projection h^2, fc (hf + f), fc projection fh: split;
+     * two LayerNorms (4h) and the row-parallel biases (2h): replicated. */
+    *split = 4 * h * h + 3 * h + 2 * h * f + f;
+    *repl = 6 * h;
+  } else {
+    *split = 2 * h * h + 2 * h * k + 3 * h * f; /* q, o; k, v; gate, up, down */
+    *repl = 2 * h;                              /* two RMSNorms */
+  }
+}
+
+int64_t dt_plan_params(const dt_plan_model_t *m)
+{
+  double split, repl;
+  layer_params(m, &split, &repl);
+  const int64_t V = m->vocab, h = m->hidden;
+  const int64_t layer = (int64_t)(split + repl);
+  if (m->arch == DT_PLAN_GPT2)
+    return V * h + (int64_t)m->max_seq * h + m->layers * layer + 2 * h;
+  return 2 * V * h + m->layers * layer + h;
+}
+
+void dt_plan_partition(const dt_plan_model_t *m, int pp, int *bounds)
+{
+  const int L = m->layers;
+  /* The trainer's rule (worker/trainer/plan.c): costs in layers, the LM head's GEMM against
+   * a layer's 12 h^2 per token; as many layers as keep each stage near its share. */
+  const double head = (double)padded_vocab(m) / (12.0 * m->hidden);
+  const double per_stage = (L + head) / pp;
+  bounds[0] = 0;
+  for (int s = 1; s < pp; s++) {
+    int b = (int)(s * per_stage + 0.5);
+    b = DT_MAX(b, bounds[s - 1] + 1);
+    b = DT_MIN(b, L - (pp - s));
+    bounds[s] = b;
+  }
+  bounds[pp] = L;
+}
+
+/* Layers on stage s. */
+static int stage_layers(const dt_plan_model_t *m, int pp, int s)
+{
+  if (pp == 1)
+    return m->layers;
+  int *b = malloc(((size_t)pp + 1) * sizeof *b);
+  if (!b) /* cannot happen for sane pp; an even split is the best guess */
+    return m->layers / pp;
+  dt_plan_partition(m, pp, b);
+  int n = b[s + 1] - b[s];
+  free(b);
+  return n;
+}
+
+/* Parameters of stage s's rank, as doubles (also the parts ZeRO's working buffers mirror). */
+typedef struct {
+  double total, layer, embed, final;
+} rank_params_t;
+
+static void rank_params(const dt_plan_model_t *m, int tp, int pp, int s, rank_params_t *rp)
+{
+  double split, repl;
+  layer_params(m, &split, &repl);
+  const int first = s == 0, last = s == pp - 1, n = stage_layers(m, pp, s);
+  const double h = m->hidden, wte = (double)padded_vocab(m) * h / tp;
+  rp->layer = split / tp + repl;
+  if (m->arch == DT_PLAN_GPT2) {
+    rp->embed = (first || last ? wte : 0) + (first ? (double)m->max_seq * h : 0);
+    rp->final = last ? 2 * h : 0;
+  } else {
+    rp->embed = (first ? wte : 0) + (last ? wte : 0);
+    rp->final = last ? h : 0;
+  }
+  rp->total = n * rp->layer + rp->embed + rp->final;
+}
+
+int64_t dt_plan_rank_params(const dt_plan_model_t *m, int tp, int pp, int stage)
+{
+  rank_params_t rp;
+  rank_params(m, tp, pp, stage, &rp);
+  return (int64_t)llround(rp.total);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static void bytes_per_param(dt_plan_precision_t prec, double *p, double *g, double *o)
+{
+  if (prec == DT_PLAN_BF16)
+    *p = 2, *g = 2, *o = 12;
+  else
+    *p = 4, *g = 4, *o = 8;
+}
+
+/* P sharded over n: the biggest shard when `ceil`, else exactly P / n. */
+static void state_bytes(double P, int n, int zero, dt_plan_precision_t prec, int ceil_shard,
+                        dt_plan_mem_t *out)
+{
+  double p, g, o;
+  bytes_per_param(prec, &p, &g, &o);
+  const double shard = ceil_shard ? ceil(P / n) : P / n;
+  out->params = p * (zero >= 3 ? shard : P);
+  out->grads = g * (zero >= 2 ? shard : P);
+  out->optim = o * (zero >= 1 ? shard : P);
+  out->working = out->acts = 0;
+  out->total = out->params + out->grads + out->optim;
+}
+
+void dt_plan_state_bytes(double P, int n, int zero, dt_plan_precision_t prec, dt_plan_mem_t *out)
+{
+  state_bytes(P, n, zero, prec, 0, out);
+}
+
+/* Micro-batches whose activations stage s keeps alive (1F1B), or 1 without a pipeline. */
+static int live_slots(const dt_plan_layout_t *l, int s)
+{
+  return l->pp == 1 ? 1 : DT_MIN(l->pp - s, l->accum);
+}
+
+/* distrain's trainer, float for float (planner.h). */
+static double acts_fp32(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                        const dt_plan_layout_t *l, int s)
+{
+  const double b = l->micro, S = tr->seq, N = b * S, C = m->hidden, t = l->tp;
+  const double F = m->ffn, k = kv_width(m), a = m->heads, Vp = (double)padded_vocab(m);
+  const int last = s == l->pp - 1, Ls = stage_layers(m, l->pp, s);
+  const double mlp = (m->arch == DT_PLAN_LLAMA ? 3 : 2) * N * F / t;
+  const double layer =
+      3 * N * C + 4 * N + N * (C + 2 * k) / t + N * C / t + b * (a / t) * S * S + mlp;
+  double slot = (Ls + 2) * N * C + (l->ckpt ? 0 : Ls * layer);
+  if (last)
+    slot += N * C + 3 * N + N * Vp / t;
+  double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + b * (a / t) * S * S;
+  if (l->ckpt)
+    scratch += layer;
+  if (t > 1 && last)
+    scratch += 3 * (t + 1) * N;
+  return 4 * (scratch + live_slots(l, s) * slot);
+}
+
+/* Korthikanti et al. (planner.h), bytes. */
+static double acts_bf16(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                        const dt_plan_layout_t *l, int s)
+{
+  const double b = l->micro, S = tr->seq, h = m->hidden, t = l->tp, a = m->heads;
+  const double F = m->ffn, k = kv_width(m), sbh = S * b * h;
+  const int last = s == l->pp - 1, Ls = stage_layers(m, l->pp, s);
+  double layer;
+  if (m->arch == DT_PLAN_GPT2)
+    layer = sbh * (10 + (8 + 4 * F / h) / t) + 5 * a * S * S * b / t;
+  else
+    layer = sbh * (8 + (4 + 4 * k / h + 6 * F / h) / t) + 2 * a * S * S * b / t;
+  const double kept = l->ckpt ? 2 * sbh : layer;
+  double slot = Ls * kept + 2 * sbh; /* + the stage's input */
+  if (last)
+    slot += 4 * S * b * (double)padded_vocab(m) / t;
+  return live_slots(l, s) * slot + (l->ckpt ? layer : 0);
+}
+
+void dt_plan_memory(const dt_plan_model_t *m, const dt_plan_train_t *tr, const dt_plan_layout_t *l,
+                    int stage, dt_plan_mem_t *out)
+{
+  rank_params_t rp;
+  rank_params(m, l->tp, l->pp, stage, &rp);
+  state_bytes(rp.total, l->dp, l->zero, tr->precision, 1, out);
+  if (l->zero >= 2 && l->dp > 1) {
+    /* The trainer's ZeRO-2/3 slots (embeddings, final norm, two layers) of working
+     * gradients, and of gathered parameters under ZeRO-3; a staging buffer of one unit and
+     * a reduce-scatter landing buffer (the biggest tensor, at most a shard). */
+    double p, g, o;
+    bytes_per_param(tr->precision, &p, &g, &o);
+    const double slots = rp.embed + rp.final + 2 * rp.layer;
+    const double shard = ceil(rp.total / l->dp);
+    const double biggest = DT_MAX((double)padded_vocab(m) * m->hidden / l->tp, rp.layer);
+    const double staging = DT_MAX(rp.final, rp.layer);
+    out->working = g * slots + (l->zero == 3 ? p * slots : 0) +
+                   p * (staging + DT_MIN(DT_MAX(biggest, staging), shard));
+  }
+  out->acts =
+      tr->precision == DT_PLAN_BF16 ? acts_bf16(m, tr, l, stage) : acts_fp32(m, tr, l, stage);
+  out->total = out->params + out->grads + out->optim + out->working + out->acts;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layouts, communication and time                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt_plan_layout_check(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                         const dt_plan_cluster_t *c, const dt_plan_layout_t *l, char *why,
+                         size_t whylen)
+{
+  const int64_t world = (int64_t)l->dp * l->tp * l->pp;
+  if (l->dp < 1 || l->tp < 1 || l->pp < 1 || l->micro < 1 || l->accum < 1)
+    snprintf(why, whylen, "dp (%d), tp (%d), pp (%d), micro (%d) and accum (%d) must be >= 1",
+             l->dp, l->tp, l->pp, l->micro, l->accum);
+  else if (world != c->gpus)
+    snprintf(why, whylen, "dp x tp x pp = %d x %d x %d = %lld, not the %d GPUs", l->dp, l->tp,
+             l->pp, (long long)world, c->gpus);
+  else if (l->zero < 0 || l->zero > 3)
+    snprintf(why, whylen, "zero stage %d: expected 0..3", l->zero);
+  else if (l->ckpt != 0 && l->ckpt != 1)
+    snprintf(why, whylen, "activation checkpointing is 0 or 1, got %d", l->ckpt);
+  else if (m->heads % l->tp != 0 || m->kv_heads % l->tp != 0)
+    snprintf(why, whylen, "tp (%d) must divide the attention heads (%d) and kv heads (%d)", l->tp,
+             m->heads, m->kv_heads);
+  else if (padded_vocab(m) % l->tp != 0 || m->ffn % l->tp != 0)
+    snprintf(why, whylen, "tp (%d) must divide the padded vocabulary (%lld) and the ffn width (%d)",
+             l->tp, (long long)padded_vocab(m), m->ffn);
+  else if (l->tp > c->gpus_per_node)
+    snprintf(why, whylen, "tp (%d) must stay within a node (%d GPUs per node)", l->tp,
+             c->gpus_per_node);
+  else if (m->layers % l->pp != 0)
+    snprintf(why, whylen, "pp (%d) must divide the layers (%d)", l->pp, m->layers);
+  else if ((int64_t)l->dp * l->micro * l->accum != tr->global_batch)
+    snprintf(why, whylen, "dp x micro x accum = %d x %d x %d must equal the global batch %d", l->dp,
+             l->micro, l->accum, tr->global_batch);
+  else
+    return 0;
+  return DT_EINVAL;
+}
+
+/* Data-parallel bytes one rank of stage s sends per step, and how much of it is exposed. */
+static void dp_comm(const dt_plan_layout_t *l, double P, int units, dt_plan_precision_t prec,
+                    double bw, double alpha, double t_bwd_micro, double t_compute, double *bytes,
+                    double *exposed)
+{
+  double p, g, o;
+  bytes_per_param(prec, &p, &g, &o);
+  const double N = l->dp, f = (N - 1) / N, K = l->accum;
+  double overlapped = 0, after = 0, window = 0, n_over = 0;
+  switch (l->zero) {
+  case 0:
+    overlapped = 2 * f * g * P, window = t_bwd_micro, n_over = 1;
+    break;
+  case 1:
+    overlapped = f * g * P, after = f * p * P, window = t_bwd_micro, n_over = 1;
+    break;
+  case 2:
+    overlapped = K * f * g * P, after = f * p * P, window = t_bwd_micro * K, n_over = K * units;
+    break;
+  default:
+    overlapped = K * f * (2 * p + g) * P, window = t_compute, n_over = 3 * K * units;
+    break;
+  }
+  *bytes = overlapped + after;
+  *exposed =
+      DT_MAX(0.0, overlapped / bw + n_over * alpha - window) + (after > 0 ? after / bw + alpha : 0);
+}
+
+void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                      const dt_plan_cluster_t *c, const dt_plan_layout_t *l, dt_plan_eval_t *out)
+{
+  memset(out, 0, sizeof *out);
+  out->layout = *l;
+  const double tokens = (double)tr->global_batch * tr->seq, world = (double)l->dp * l->tp * l->pp;
+  const double flops = (l->ckpt ? 8.0 : 6.0) * (double)dt_plan_params(m) * tokens;
+  const double bwd_share = l->ckpt ? 6.0 / 8.0 : 4.0 / 6.0; /* (recompute +) backward */
+  out->t_compute = flops / world / (c->peak_flops * c->mfu);
+  const double K = l->accum, act = tr->precision == DT_PLAN_BF16 ? 2.0 : 4.0;
+  const double bsh = (double)l->micro * tr->seq * m->hidden;
+  const double bw_tp = c->intra_bw;
+  const double bw_dp = (int64_t)l->dp * l->tp <= c->gpus_per_node ? c->intra_bw : c->inter_bw;
+  const double bw_pp = world <= c->gpus_per_node ? c->intra_bw : c->inter_bw;
+  double worst_t = -1;
+  for (int s = 0; s < l->pp; s++) {
+    dt_plan_mem_t mem;
+    dt_plan_memory(m, tr, l, s, &mem);
+    if (s == 0 || mem.total > out->mem.total) {
+      out->mem = mem;
+      out->worst_stage = s;
+    }
+    rank_params_t rp;
+    rank_params(m, l->tp, l->pp, s, &rp);
+    double dpb = 0, dpx = 0;
+    if (l->dp > 1)
+      dp_comm(l, rp.total, stage_layers(m, l->pp, s) + 2, tr->precision, bw_dp, c->latency,
+              bwd_share * out->t_compute / K, out->t_compute, &dpb, &dpx);
+    const double tpb = l->tp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 6 : 4) * 2.0 *
+                                       (l->tp - 1) / l->tp * bsh * act
+                                 : 0;
+    const double ppb = ((s > 0) + (s < l->pp - 1)) * K * bsh * act;
+    const double n_tp = l->tp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 6 : 4) : 0;
+    const double n_pp = ((s > 0) + (s < l->pp - 1)) * K;
+    const double exposed = dpx + tpb / bw_tp + ppb / bw_pp + (n_tp + n_pp) * c->latency;
+    if (exposed > worst_t) { /* the slowest stage sets the pace */
+      worst_t = exposed;
+      out->comm_dp = dpb, out->comm_tp = tpb, out->comm_pp = ppb;
+      out->comm = dpb + tpb + ppb;
+      out->t_comm = exposed;
+    }
+  }
+  out->bubble = (l->pp - 1) / (K + l->pp - 1);
+  out->t_step = out->t_compute * (K + l->pp - 1) / K + out->t_comm;
+  out->tokens_per_s = tokens / out->t_step;
+  out->fits = out->mem.total <= c->gpu_mem;
+}
+
+static int cmp_eval(const void *pa, const void *pb)
+{
+  const dt_plan_eval_t *a = pa, *b = pb;
+  if (a->fits != b->fits)
+    return b->fits - a->fits;
+  double x = a->fits ? a->t_step : a->mem.total, y = b->fits ? b->t_step : b->mem.total;
+  if (x == y && a->fits) /* equally fast: the one that sends less, then the smaller */
+    x = a->comm, y = b->comm;
+  if (x == y)
+    x = a->mem.total, y = b->mem.total;
+  return x < y ? -1 : x > y;
+}
+
+int dt_plan_enumerate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                      const dt_plan_cluster_t *c, dt_plan_eval_t **out, int *n, char *why,
+                      size_t whylen)
+{
+  *out = NULL;
+  *n = 0;
+  if (c->gpus < 1 || c->gpus_per_node < 1 || tr->global_batch < 1) {
+    snprintf(why, whylen, "gpus (%d), gpus per node (%d) and the global batch (%d) must be >= 1",
+             c->gpus, c->gpus_per_node, tr->global_batch);
+    return DT_EINVAL;
+  }
+  size_t cap = 64, cnt = 0;
+  dt_plan_eval_t *v = malloc(cap * sizeof *v);
+  if (!v)
+    return DT_ENOMEM;
+  char ignored[256];
+  for (int tp = 1; tp <= DT_MIN(c->gpus_per_node, m->heads); tp++) {
+    for (int pp = 1; pp <= m->layers; pp++) {
+      if (m->heads % tp || m->layers % pp || c->gpus % (tp * pp))
+        continue;
+      const int dp = c->gpus / (tp * pp);
+      if (tr->global_batch % dp)
+        continue;
+      const int per_rank = tr->global_batch / dp;
+      for (int micro = 1; micro <= per_rank;
+           micro = micro * 2 > per_rank && micro != per_rank ? per_rank : micro * 2) {
+        if (per_rank % micro)
+          continue;
+        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++)
+          for (int ckpt = 0; ckpt <= 1; ckpt++) {
+            dt_plan_layout_t l = {dp, tp, pp, zero, micro, per_rank / micro, ckpt};
+            if (dt_plan_layout_check(m, tr, c, &l, ignored, sizeof ignored) != 0)
+              continue;
+            if (cnt == cap) {
+              dt_plan_eval_t *nv = realloc(v, 2 * cap * sizeof *v);
+              if (!nv) {
+                free(v);
+                return DT_ENOMEM;
+              }
+              v = nv, cap *= 2;
+            }
+            dt_plan_evaluate(m, tr, c, &l, &v[cnt++]);
+          }
+      }
+    }
+  }
+  qsort(v, cnt, sizeof *v, cmp_eval);
+  *out = v;
+  *n = (int)cnt;
+  return 0;
+}

@@ -1,0 +1,187 @@
+"""distrainctl plan against the trainer: memory per rank and step time on CPU runs.
+
+Runs the real distrain-train (the small GPT-2 of test_pp.py, fp32 on CPU) in several layouts,
+reads every rank's measured memory ("memory (ZeRO-z, dp n): params X MiB, grads X MiB,
+optimizer X MiB = ... + working X MiB" and "activations: X MiB in N slots"), asks
+`distrainctl plan --precision fp32 --layout ... --json` for the same layout, and checks, rank by
+rank (pipeline stages differ), that the predicted params + grads + optimizer and activations
+are within 10% of the measured ones (ZeRO working buffers are printed, not asserted).
+
+Step time: one single-process run calibrates the CPU's FLOP/s (6 P tokens / measured step);
+the planner then predicts the other layouts with that peak and the error is printed. Timing is
+never asserted (a shared 2-core machine is no stopwatch).
+
+    /usr/bin/python3 tests/integration/test_planner.py --build build
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_dp as dp  # noqa: E402  (the launcher)
+
+MIB = 1024.0 * 1024.0
+# The CPU backend's cost per collective on loopback, assumed (not fitted to these runs).
+LATENCY_US = 200
+SEQ, MICRO, STEPS = 32, 4, 6
+DIMS = {"layers": 4, "heads": 4, "channels": 64, "vocab": 100, "max_seq": 64}
+# (name, dp, tp, pp, zero, accum, recompute)
+LAYOUTS = [("dp2 ZeRO-0", 2, 1, 1, 0, 1, False),
+           ("dp2 ZeRO-3", 2, 1, 1, 3, 2, False),
+           ("dp2 ZeRO-2 recompute", 2, 1, 1, 2, 1, True),
+           ("tp2", 1, 2, 1, 0, 2, False),
+           ("pp2", 1, 1, 2, 0, 2, False)]
+
+MEM = re.compile(r"memory \(ZeRO-\d, dp \d+\): params ([\d.]+) MiB, grads ([\d.]+) MiB, "
+                 r"optimizer ([\d.]+) MiB = [\d.]+ MiB \(formula [^)]*\) \+ working ([\d.]+) MiB")
+ACTS = re.compile(r"activations: ([\d.]+) MiB in \d+ slots?")
+
+
+def trainer_args(dpn, tp, pp, zero, accum, recompute, metrics):
+    a = dp.base_args(MICRO, accum, metrics, steps=STEPS)
+    i = a.index("--init")
+    a[i:i + 2] = ["--init", "seed:7"]
+    a += ["--layers", "4", "--heads", "4", "--channels", "64", "--vocab", "100", "--max-seq",
+          "64", "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero)]
+    return a + (["--recompute"] if recompute else [])
+
+
+def plan(dpn, tp, pp, zero, accum, recompute, peak_tflops=None):
+    ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
+    batch = dpn * MICRO * accum
+    cmd = [ctl, "plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "100",
+           "--max-seq", "64", "--seq", str(SEQ), "--global-batch", str(batch), "--precision",
+           "fp32", "--json", "--mfu", "1", "--intra-gbps", "2", "--latency-us", str(LATENCY_US),
+           "--layout",
+           "dp=%d,tp=%d,pp=%d,zero=%d,micro=%d,ckpt=%d" % (dpn, tp, pp, zero, MICRO, recompute)]
+    if peak_tflops:
+        cmd += ["--peak-tflops", "%.9g" % peak_tflops]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out)
+
+
+class PlannerAgainstTrainer(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="dt_planner_")
+        cls.report = []
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        print("\n" + "\n".join(cls.report), file=sys.stderr)
+
+    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute):
+        tag = re.sub(r"\W+", "_", name)
+        kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
+        metrics = os.path.join(self.tmp, tag + ".jsonl")
+        world = dpn * tp * pp
+        outs = dp.wait_all(dp.launch(world, lambda r: trainer_args(
+            dpn, tp, pp, zero, accum, recompute, metrics), kv), timeout=120)
+        errs = []
+        for r, (rc, _, err) in enumerate(outs):
+            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (name, r, err[-3000:]))
+            errs.append(err)
+        steps = dp.read_metrics(metrics)
+        ms = statistics.median(m["ms"] for m in steps[1:])  # the first step warms up
+        return errs, ms
+
+    def test_memory_and_time(self):
+        # Calibration: one process, the whole batch of the dp=2 layouts' global batch 8.
+        errs, ms1 = self.run_layout("single", 1, 1, 1, 0, 2, False)
+        p1 = plan(1, 1, 1, 0, 2, False)
+        params = p1["model"]["params"]
+        flops = 6.0 * params * 8 * SEQ
+        peak = flops / (ms1 / 1000.0) / 1e12  # TFLOP/s one trainer thread reaches
+        self.report.append("planner vs trainer (fp32, CPU, %d parameters; calibrated peak "
+                           "%.3f GFLOP/s from the single-process step of %.1f ms):"
+                           % (params, peak * 1e3, ms1))
+        for name, dpn, tp, pp, zero, accum, recompute in [("single", 1, 1, 1, 0, 2, False)] + \
+                LAYOUTS:
+            if name != "single":
+                errs, ms = self.run_layout(name, dpn, tp, pp, zero, accum, recompute)
+            else:
+                ms = ms1
+            pj = plan(dpn, tp, pp, zero, accum, recompute, peak)
+            lay = pj["layouts"][0]
+            worst_state = worst_acts = 0.0
+            for r, err in enumerate(errs):
+                m = MEM.search(err)
+                a = ACTS.search(err)
+                self.assertTrue(m and a, "%s rank %d: no memory lines in:\n%s" % (name, r,
+                                                                                 err[-2000:]))
+                stage = r // (tp * dpn)
+                want = lay["stages"][stage]
+                state = sum(float(x) for x in m.groups()[:3]) * MIB
+                pstate = want["params"] + want["grads"] + want["optim"]
+                acts = float(a.group(1)) * MIB
+                e_state = pstate / state - 1.0
+                e_acts = want["acts"] / acts - 1.0
+                worst_state = max(worst_state, abs(e_state))
+                worst_acts = max(worst_acts, abs(e_acts))
+                self.assertLess(abs(e_state), 0.10, "%s rank %d: params+grads+optim predicted "
+                                "%.0f, measured %.0f bytes" % (name, r, pstate, state))
+                self.assertLess(abs(e_acts), 0.10, "%s rank %d: activations predicted %.0f, "
+                                "measured %.0f bytes" % (name, r, want["acts"], acts))
+                if r == 0 and zero >= 2:
+                    self.report.append("    %s: working buffers predicted %.3f MiB, measured "
+                                       "%s MiB" % (name, want["working"] / MIB, m.group(4)))
+            t_pred = lay["t_step"] * 1000.0
+            self.report.append("  %-22s state err %5.2f%%  acts err %5.2f%%  step predicted "
+                               "%6.1f ms, measured %6.1f ms (%+.0f%%)"
+                               % (name, 100 * worst_state, 100 * worst_acts, t_pred, ms,
+                                  100 * (t_pred / ms - 1)))
+
+    def test_cli_errors(self):
+        ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
+
+        def run(*args):
+            return subprocess.run([ctl, "plan"] + list(args), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+
+        cases = [(("--model", "gpt5", "--global-batch", "8", "--gpus", "8"), 2,
+                  "--model 'gpt5': unknown preset (known: gpt2-124m"),
+                 (("--model", "gpt2-124m", "--gpus", "8"), 2, "--global-batch is needed"),
+                 (("--global-batch", "8", "--gpus", "8"), 2, "a model is needed"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--layout", "dp=1,tp=5"), 2,
+                  "tp (5) must divide the attention heads (12)"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--layout", "dp=1,pp=5"), 2,
+                  "pp (5) must divide the layers (12)"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--layout",
+                   "dp=4"), 2, "not the 8 GPUs"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "x"), 2,
+                  "--gpus: expected a positive integer, got 'x'"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--precision",
+                   "fp8"), 2, "expected fp32 or bf16"),
+                 (("--model", "llama-405b", "--seq", "8192", "--global-batch", "16", "--gpus",
+                   "8"), 1, "nothing fits in 80 GiB per GPU: the smallest layout"),
+                 (("--model", "gpt2-124m", "--global-batch", "7", "--gpus", "5"), 2,
+                  "no valid layout of 5 GPUs")]
+        for args, code, msg in cases:
+            r = run(*args)
+            self.assertEqual(r.returncode, code, "%s: %s" % (args, r.stderr))
+            self.assertIn(msg, r.stderr, args)
+        r = run("--model", "gpt2-124m", "--global-batch", "512", "--gpus", "8", "--top", "3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("124439808 parameters", r.stdout)
+        self.assertIn("recommended: dp8 tp1 pp1", r.stdout)
+        r = run("--model", "gpt2-124m", "--global-batch", "512", "--gpus", "8", "--emit-spec")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("parallel: {dp: 8, tp: 1, pp: 1, zero_stage:", r.stdout)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    args, rest = ap.parse_known_args()
+    dp.BUILD = os.path.abspath(args.build)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
