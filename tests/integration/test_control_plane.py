@@ -324,27 +324,31 @@ class ClusterTest(unittest.TestCase):
 
     # -- processes --------------------------------------------------------------------------
 
-    def spawn(self, args, log, **kw):
+    def spawn(self, args, log, netns=None, **kw):
+        """netns: run it in that network namespace."""
         logf = open(os.path.join(self.tmp, log), "ab")
-        p = subprocess.Popen(DIE_WITH_US + args, stdout=logf, stderr=subprocess.STDOUT,
+        inside = ["ip", "netns", "exec", netns] if netns else []
+        p = subprocess.Popen(DIE_WITH_US + inside + args, stdout=logf, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, env=kw.pop("env", self.env),
                              cwd=kw.pop("cwd", self.tmp), **kw)
         logf.close()
         self.procs.append(p)
         return p
 
-    def start_coordinator(self, port=0, heartbeat_ms=HEARTBEAT_MS, env=None, max_files=None):
-        """max_files: soft and hard open-files limit of the coordinator (it cannot raise it)."""
+    def start_coordinator(self, port=0, heartbeat_ms=HEARTBEAT_MS, env=None, max_files=None,
+                          host="127.0.0.1", netns=None):
+        """max_files: soft and hard open-files limit of the coordinator (it cannot raise it).
+        host: the address it listens on, and this test reaches it at."""
         port_file = os.path.join(self.tmp, "coord.port")
         if os.path.exists(port_file):
             os.unlink(port_file)
         limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
                  ) if max_files else None
         self.coord = self.spawn(
-            [binary("coordinator", "distrain-coordinator"), "--listen", "127.0.0.1:%d" % port,
+            [binary("coordinator", "distrain-coordinator"), "--listen", "%s:%d" % (host, port),
              "--port-file", port_file, "--state-dir", os.path.join(self.tmp, "state"),
              "--token-file", self.token_file, "--heartbeat-ms", str(heartbeat_ms)],
-            "coordinator.log", env=dict(self.env, **(env or {})), preexec_fn=limit)
+            "coordinator.log", env=dict(self.env, **(env or {})), preexec_fn=limit, netns=netns)
 
         def port_written():
             if self.coord.poll() is not None:
@@ -367,16 +371,18 @@ class ClusterTest(unittest.TestCase):
         self._stub = None
         if port:
             self.assertEqual(self.port, port)
-        self.addr = "127.0.0.1:%d" % self.port
+        self.addr = "%s:%d" % (host, self.port)
         return self.coord
 
-    def start_agent(self, host, grace_ms=5000, env=None, token_file=None):
+    def start_agent(self, host, grace_ms=5000, env=None, token_file=None, coordinator=None,
+                    netns=None):
         work = os.path.join(self.tmp, "work-" + host)
-        p = self.spawn([binary("worker/agent", "distrain-worker"), "--coordinator", self.addr,
+        p = self.spawn([binary("worker/agent", "distrain-worker"), "--coordinator",
+                        coordinator or self.addr,
                         "--token-file", token_file or self.token_file, "--cpu-devices", "1", "--hostname", host,
                         "--work-dir", work, "--grace-ms", str(grace_ms),
                         "--trainer", binary("worker/trainer", "distrain-train")],
-                       "agent-%s.log" % host, env=dict(self.env, **(env or {})))
+                       "agent-%s.log" % host, env=dict(self.env, **(env or {})), netns=netns)
         self.agents[host] = p
         return p
 
@@ -1235,6 +1241,103 @@ class T5b_StoreFailure(ClusterTest):
         self.coord.wait()
         self.start_coordinator()
         self.assertEqual(self.get_job(job_id).state, pb.JOB_STOPPED)
+
+
+def ip(*args):
+    subprocess.run(["ip"] + list(args), check=True, capture_output=True, text=True, timeout=30)
+
+
+class T5c_NetworkPartition(ClusterTest):
+    """Real separate hosts: the coordinator and each agent in a network namespace of its own
+    (distinct addresses, joined by veth pairs on a bridge in the coordinator's namespace; this
+    test reaches the coordinator through one more veth pair), made here and removed after."""
+    NET = "10.213.0.%d"  # the cluster's subnet, inside the namespaces only
+
+    def setUp(self):
+        super().setUp()
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            self.skipTest("making network namespaces needs root and iproute2 (ip netns)")
+        tag = "dt%d" % os.getpid()
+        self.ns = {name: "%s-%s" % (tag, name) for name in ("coord", "h0", "h1")}
+        self.addCleanup(self.remove_namespaces)
+        try:
+            for ns in self.ns.values():
+                ip("netns", "add", ns)
+                ip("-n", ns, "link", "set", "lo", "up")
+        except subprocess.CalledProcessError as e:
+            self.skipTest("cannot make network namespaces here: %s" % e.stderr.strip())
+        c = self.ns["coord"]
+        ip("-n", c, "link", "add", "br0", "type", "bridge")
+        ip("-n", c, "addr", "add", self.NET % 1 + "/24", "dev", "br0")
+        ip("-n", c, "link", "set", "br0", "up")
+        for i, host in enumerate(("h0", "h1")):
+            ip("link", "add", "%s%s" % (tag, host), "type", "veth", "peer", "name", "p" + host,
+               "netns", c)
+            ip("link", "set", "%s%s" % (tag, host), "netns", self.ns[host], "name", "eth0")
+            ip("-n", self.ns[host], "addr", "add", self.NET % (10 + i) + "/24", "dev", "eth0")
+            ip("-n", self.ns[host], "link", "set", "eth0", "up")
+            ip("-n", c, "link", "set", "p" + host, "master", "br0", "up")
+        # This test's own way in: a /30 between the host and the coordinator's namespace.
+        ip("link", "add", tag + "t", "type", "veth", "peer", "name", "eth9", "netns", c)
+        ip("addr", "add", "10.214.0.2/30", "dev", tag + "t")
+        ip("link", "set", tag + "t", "up")
+        ip("-n", c, "addr", "add", "10.214.0.1/30", "dev", "eth9")
+        ip("-n", c, "link", "set", "eth9", "up")
+
+    def remove_namespaces(self):
+        for p in self.procs:  # nothing may hold a namespace we delete
+            if p.poll() is None:
+                p.kill()
+        for ns in self.ns.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+    def link(self, host, state):
+        ip("-n", self.ns[host], "link", "set", "eth0", state)
+
+    def test_partitioned_node_is_dead_then_rejoins_and_the_job_grows_back(self):
+        """A dp=2 job on two hosts; h1's link goes down: h1 is declared dead within the
+        heartbeat limit and the job goes on as dp=1 on h0. The link comes back: h1's agent
+        rejoins by itself (no restart) and the job grows back to dp=2 at a checkpoint and
+        completes there."""
+        self.start_coordinator(host="0.0.0.0", netns=self.ns["coord"])
+        self.addr = "10.214.0.1:%d" % self.port
+        for i, host in enumerate(("h0", "h1")):
+            self.start_agent(host, coordinator="%s:%d" % (self.NET % 1, self.port),
+                             netns=self.ns[host], env={"DISTRAIN_COMM_HOST": self.NET % (10 + i)})
+        self.wait_nodes(2)
+        addrs = sorted(x.info.hostname for x in self.nodes())
+        self.assertEqual(addrs, ["h0", "h1"])
+        steps = slow_steps(12.0)
+        every = max(steps // 8, 1)
+        steps = 8 * every
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every, dp=2)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=1)
+
+        self.link("h1", "down")
+        t = time.monotonic()
+        wait_until(lambda: any(x.info.hostname == "h1" and x.state == pb.NODE_DEAD
+                               for x in self.nodes()), 10, "h1 declared dead")
+        detect_s = time.monotonic() - t
+        shrunk = wait_until(lambda: (lambda x: x if x.state == pb.JOB_RUNNING and x.world_size
+                                     == 1 else None)(self.get_job(job_id)), 30,
+                            "the job to run on h0 alone")
+        self.assertLess(shrunk.step, steps - 2 * every, "too late to see the job grow back")
+
+        self.link("h1", "up")
+        t = time.monotonic()
+        wait_until(lambda: any(x.info.hostname == "h1" and x.state == pb.NODE_ALIVE
+                               for x in self.nodes()), 30, "h1 back")
+        rejoin_s = time.monotonic() - t
+        grown = wait_until(lambda: (lambda x: x if x.generation > shrunk.generation and x.state in (
+            pb.JOB_RUNNING, pb.JOB_COMPLETED) else None)(self.get_job(job_id)), 90,
+                           "the job to grow back")
+        self.assertEqual((grown.world_size, grown.spec.parallel.dp), (2, 2))
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 180)
+        self.assertEqual((done.step, done.committed_step), (steps, steps))
+        self.assertEqual(self.agents["h1"].poll(), None, "h1's agent was not restarted")
+        sys.stderr.write("[h1 dead after %.2f s of partition, back %.2f s after the link] "
+                         % (detect_s, rejoin_s))
 
 
 # ---------------------------------------------------------------------------------------------
