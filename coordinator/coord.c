@@ -3,6 +3,7 @@
  * The liveness timer runs every DT_PARAM LivenessScanMs (100 ms): a node silent for
  * heartbeat_ms x dead_after_missed is declared dead, so detection takes at most that plus one
  * scan interval (plus any time the loop itself was stalled: see on_liveness). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +51,45 @@ int dt_coord_resync(dt_coord_t *c, int force)
     DT_INFO(COORD, "the state store is writable again: %zu nodes and %zu jobs rewritten",
             c->n_nodes, c->n_jobs);
   return rc;
+}
+
+void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len)
+{
+  size_t alive = 0, dead = 0, running = 0, waiting = 0, off = 0;
+  for (size_t i = 0; i < c->n_nodes; i++) {
+    if (c->nodes[i] && c->nodes[i]->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+      alive++;
+    else if (c->nodes[i])
+      dead++;
+  }
+  for (size_t i = 0; i < c->n_jobs; i++) {
+    const Distrain__V1__JobState s = c->jobs[i]->job->state;
+    running += s == DISTRAIN__V1__JOB_STATE__JOB_RUNNING;
+    waiting += !dt_coord_state_terminal(s) && s != DISTRAIN__V1__JOB_STATE__JOB_RUNNING;
+  }
+#define ADD(...)                                                                                   \
+  do {                                                                                             \
+    if (off < len)                                                                                 \
+      off += (size_t)snprintf(buf + off, len - off, __VA_ARGS__);                                  \
+  } while (0)
+  ADD("%zu node%s", alive, alive == 1 ? "" : "s");
+  if (dead)
+    ADD(" (%zu dead)", dead);
+  ADD(", %zu job%s running", running, running == 1 ? "" : "s");
+  /* The first few running jobs by name, with their step: what an operator looks for. */
+  int shown = 0;
+  for (size_t i = 0; i < c->n_jobs && shown < 3; i++) {
+    const Distrain__V1__Job *job = c->jobs[i]->job;
+    if (job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING)
+      continue;
+    ADD("%s%s step %lld", shown ? ", " : " (", c->jobs[i]->id, (long long)job->step);
+    shown++;
+  }
+  if (shown)
+    ADD("%s)", running > (size_t)shown ? ", ..." : "");
+  if (waiting)
+    ADD(", %zu waiting or recovering", waiting);
+#undef ADD
 }
 
 static void on_liveness(uv_timer_t *t)

@@ -134,6 +134,8 @@ struct dt_coord {
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg);
 void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud);
 double dt_coord_now_ms(void);
+/* One line for systemd's STATUS= ("2 nodes, 1 job running (job-3 step 1200)"). */
+void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len);
 
 /* ---- nodes and jobs (jobs.c) ---- */
 dt_node_t *dt_coord_node_by_id(dt_coord_t *c, const char *id);

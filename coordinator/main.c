@@ -5,7 +5,11 @@
  *
  * The state directory defaults to $STATE_DIRECTORY (set by systemd's StateDirectory=) or
  * /var/lib/distrain. SIGTERM/SIGINT shut down cleanly: calls are cancelled, state is already
- * on disk (write-through), and the process exits 0. */
+ * on disk (write-through), and the process exits 0.
+ *
+ * Under systemd (deploy/systemd/distrain-coordinator.service, Type=notify) it sends READY=1
+ * once the state is loaded and the server listens, keeps STATUS= current (nodes, running jobs
+ * and their steps), pings the watchdog from the loop and sends STOPPING=1 on a signal. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 
 #include "coord.h"
 #include "dt_log.h"
+#include "dt_notify.h"
 #include "dt_util.h"
 
 static void usage(FILE *out)
@@ -27,13 +32,20 @@ static void usage(FILE *out)
 }
 
 static uv_signal_t g_sigterm, g_sigint;
+static dt_notify_t g_notify;
 
 static void on_closed(void *ud)
 {
   uv_loop_t *loop = ud;
   uv_close((uv_handle_t *)&g_sigterm, NULL);
   uv_close((uv_handle_t *)&g_sigint, NULL);
+  dt_notify_close(&g_notify, NULL);
   (void)loop;
+}
+
+static void notify_status(void *data, char *buf, size_t len)
+{
+  dt_coord_summary(data, buf, len);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -42,6 +54,7 @@ static void on_signal(uv_signal_t *h, int signum)
   if (c->closing)
     return;
   DT_INFO(COORD, "signal %d: shutting down", signum);
+  dt_notify_stopping(&g_notify);
   dt_coord_close(c, on_closed, c->loop);
 }
 
@@ -149,6 +162,8 @@ int main(int argc, char **argv)
   g_sigterm.data = g_sigint.data = &coord;
   uv_signal_start(&g_sigterm, on_signal, SIGTERM);
   uv_signal_start(&g_sigint, on_signal, SIGINT);
+  dt_notify_init(loop, &g_notify, notify_status, &coord);
+  dt_notify_ready(&g_notify);
   uv_run(loop, UV_RUN_DEFAULT);
   uv_loop_close(loop);
   DT_INFO(COORD, "stopped");

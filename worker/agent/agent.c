@@ -297,7 +297,9 @@ static const char *const trainer_vars[] = {
     "DISTRAIN_JOB_ID", "DISTRAIN_GENERATION", "DISTRAIN_MESH", "DISTRAIN_PP_RANK",
     "DISTRAIN_DP_RANK", "DISTRAIN_CP_RANK", "DISTRAIN_TP_RANK", "DISTRAIN_DEVICE",
     "DISTRAIN_COORDINATOR", "DISTRAIN_TOKEN_FILE", "DISTRAIN_STATUS_FD", "DISTRAIN_AGENT_PID",
-    "DISTRAIN_KV_DIR", "DISTRAIN_KV_PREFIX"};
+    "DISTRAIN_KV_DIR", "DISTRAIN_KV_PREFIX",
+    /* systemd's, meant for the agent alone: a trainer is not the service's main process */
+    "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"};
 // clang-format on
 
 static int is_trainer_var(const char *kv)
@@ -596,6 +598,8 @@ static void reg_done(uv_work_t *w, int status)
           a->heartbeat_ms);
   uv_timer_start(&a->hb_timer, on_heartbeat, 0, a->heartbeat_ms);
   start_watch(a);
+  if (a->cfg.on_registered)
+    a->cfg.on_registered(a->cfg.ud);
 }
 
 static void start_register(dt_agent_t *a)
@@ -925,6 +929,39 @@ fail:
   free(a->hb_usage);
   free(a);
   return ret;
+}
+
+void dt_agent_summary(const dt_agent_t *a, char *buf, size_t len)
+{
+  size_t off = 0, running = 0, shown = 0;
+  for (const trainer_t *t = a->trainers; t; t = t->next)
+    running += !t->exited;
+#define ADD(...)                                                                                   \
+  do {                                                                                             \
+    if (off < len)                                                                                 \
+      off += (size_t)snprintf(buf + off, len - off, __VA_ARGS__);                                  \
+  } while (0)
+  if (a->registered)
+    ADD("%s on %s", a->node_id, a->cfg.coordinator);
+  else
+    ADD("registering with %s", a->cfg.coordinator);
+  ADD(", %zu trainer%s running", running, running == 1 ? "" : "s");
+  /* The first few ranks with their job and step; the job is named when it changes. */
+  const char *job = NULL;
+  for (const trainer_t *t = a->trainers; t && shown < 4; t = t->next) {
+    if (t->exited)
+      continue;
+    const int same = job && strcmp(job, t->job_id) == 0;
+    ADD("%s", shown ? ", " : " (");
+    if (!same)
+      ADD("%s ", t->job_id);
+    ADD("rank %d step %lld", t->status.rank, (long long)t->status.step);
+    job = t->job_id;
+    shown++;
+  }
+  if (shown)
+    ADD("%s)", running > shown ? ", ..." : "");
+#undef ADD
 }
 
 /* The agent is freed once both of its timers have finished closing (their memory is part of

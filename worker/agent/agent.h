@@ -27,6 +27,10 @@ typedef struct {
   const char *hostname;
   int cpu_devices; /* devices to offer when there is no GPU */
   int grace_ms;    /* SIGTERM -> SIGKILL */
+  /* Called on the loop after every successful registration (NULL: none); the first one is
+   * when the agent is ready (systemd's READY=1). */
+  void (*on_registered)(void *ud);
+  void *ud;
 } dt_agent_config_t;
 
 typedef struct dt_agent dt_agent_t;
@@ -34,5 +38,8 @@ typedef struct dt_agent dt_agent_t;
 int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *cfg);
 /* Stops every trainer (SIGTERM, SIGKILL after grace) and frees; cb runs when all exited. */
 void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud);
+/* One line for systemd's STATUS= ("node-2 on head:7470, 2 trainers running (job-3 rank 0 step
+ * 1200, rank 1 step 1200)"). */
+void dt_agent_summary(const dt_agent_t *a, char *buf, size_t len);
 
 #endif

@@ -4,7 +4,12 @@
  *                   [--work-dir DIR] [--trainer PATH] [--hostname NAME] [--grace-ms N]
  *
  * SIGTERM/SIGINT stop every trainer (SIGTERM, SIGKILL after the grace period) before exiting,
- * so the agent never leaves orphans. */
+ * so the agent never leaves orphans.
+ *
+ * Under systemd (deploy/systemd/distrain-worker.service, Type=notify) it sends READY=1 after
+ * its first successful registration with the coordinator, keeps STATUS= current (node id,
+ * trainers and their steps), pings the watchdog from the loop and sends STOPPING=1 on a
+ * signal. */
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -17,16 +22,34 @@
 
 #include "agent.h"
 #include "dt_log.h"
+#include "dt_notify.h"
 #include "dt_util.h"
 
 static uv_signal_t g_sigterm, g_sigint;
 static dt_agent_t *g_agent;
+static dt_notify_t g_notify;
 
 static void on_closed(void *ud)
 {
   (void)ud;
   uv_close((uv_handle_t *)&g_sigterm, NULL);
   uv_close((uv_handle_t *)&g_sigint, NULL);
+  dt_notify_close(&g_notify, NULL);
+}
+
+static void notify_status(void *data, char *buf, size_t len)
+{
+  (void)data;
+  if (g_agent)
+    dt_agent_summary(g_agent, buf, len);
+}
+
+/* Every registration: the first makes the service ready, a later one (after a coordinator
+ * restart) refreshes the status at once. */
+static void on_registered(void *ud)
+{
+  (void)ud;
+  dt_notify_ready(&g_notify);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -37,6 +60,7 @@ static void on_signal(uv_signal_t *h, int signum)
   DT_INFO(WORKER, "signal %d: stopping trainers and exiting", signum);
   dt_agent_t *a = g_agent;
   g_agent = NULL;
+  dt_notify_stopping(&g_notify);
   dt_agent_close(a, on_closed, NULL);
 }
 
@@ -134,6 +158,9 @@ int main(int argc, char **argv)
   dt_log_set_tag(tag);
   signal(SIGPIPE, SIG_IGN);
   uv_loop_t *loop = uv_default_loop();
+  /* Before the agent: its first registration may complete on the loop's first turn. */
+  dt_notify_init(loop, &g_notify, notify_status, NULL);
+  cfg.on_registered = on_registered;
   int rc = dt_agent_start(&g_agent, loop, &cfg);
   if (rc != 0) {
     fprintf(stderr, "distrain-worker: cannot start: %s\n", dt_strerror(rc));
