@@ -17,6 +17,7 @@ pkgs=(
   libsqlite3-dev                         # coordinator state
   libmicrohttpd-dev                      # /metrics
   libsystemd-dev                         # sd_notify
+  systemd                                # systemd-analyze verify (tests of the units)
   libgloo-dev                            # CPU collectives
   check                                  # unit tests
   python3 python3-numpy python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc  # interop tests (protoc + grpc_python_plugin)
