@@ -74,11 +74,11 @@ static void on_watchdog(uv_timer_t *t)
   dt_notify_send("WATCHDOG=1");
 }
 
+/* Before READY=1 too: "registering with head:7470 (last try: ...)" is what an operator
+ * waiting on `systemctl start` wants to see. */
 static void on_status(uv_timer_t *t)
 {
-  dt_notify_t *n = t->data;
-  if (n->ready)
-    send_status(n, "", 0);
+  dt_notify_refresh(t->data);
 }
 
 static void on_fault(uv_timer_t *t)
@@ -128,7 +128,7 @@ void dt_notify_ready(dt_notify_t *n)
   if (n->stopping)
     return;
   if (n->ready) {
-    send_status(n, "", 0);
+    dt_notify_refresh(n);
     return;
   }
   n->ready = 1;
@@ -140,7 +140,7 @@ void dt_notify_ready(dt_notify_t *n)
 
 void dt_notify_refresh(dt_notify_t *n)
 {
-  if (n->ready && !n->stopping)
+  if (!n->stopping)
     send_status(n, "", 0);
 }
 

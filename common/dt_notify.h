@@ -10,7 +10,7 @@
  * restarts the daemon. Pings go out every half of the interval systemd asked for
  * (sd_watchdog_enabled: WATCHDOG_USEC, and WATCHDOG_PID when set must be our pid), as
  * sd_watchdog_enabled(3) recommends. STATUS= is refreshed from a callback every
- * DISTRAIN_NOTIFY_STATUS_MS (2000) and sent only when the text changed.
+ * DISTRAIN_NOTIFY_STATUS_MS (2000), before READY=1 too, and sent only when the text changed.
  *
  * Outside systemd (no NOTIFY_SOCKET) every call is a cheap no-op, and so is all of it in a
  * build without libsystemd (DT_HAVE_SYSTEMD undefined: CMake's -DDT_SYSTEMD=OFF, or the library

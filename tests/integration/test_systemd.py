@@ -259,12 +259,14 @@ class T2_Notify(cp.ClusterTest):
         return p
 
     def assert_pings(self, ts, what):
-        """WATCHDOG=1 at half of WATCHDOG_USEC (200 ms), give or take a loaded machine."""
+        """WATCHDOG=1 at half of WATCHDOG_USEC (200 ms). A 2-core CI machine running builds
+        beside the test may hold a process back for a while, so a single gap may exceed the
+        400 ms interval here (systemd's real one is 30 s); none comes near a blocked loop's."""
         g = sorted(gaps(ts))
         self.assertGreaterEqual(len(g), 3, what)
         median = g[len(g) // 2]
         self.assertTrue(0.15 <= median <= 0.3, "%s: median gap %.3f s (%s)" % (what, median, g))
-        self.assertLess(g[-1], WATCHDOG_USEC / 1e6, "%s: a gap past WatchdogSec: %s" % (what, g))
+        self.assertLess(g[-1], 0.8, "%s: a gap of %.3f s (%s)" % (what, g[-1], g))
 
     def test_coordinator(self):
         """READY=1 only once it listens, with STATUS=; pings at half the interval; a loop
@@ -324,6 +326,10 @@ class T2_Notify(cp.ClusterTest):
         time.sleep(1.0)
         self.assertEqual(agent_sock.times("READY"), [], agent_sock.snapshot())
         self.assertIsNone(agent.poll())
+        # What it waits for is in its STATUS= already (the error once a try has failed).
+        agent_sock.wait_status(
+            r"^registering with 127\.0\.0\.1:%d( \(last try: .+\))?, 0 trainers running$" % port,
+            5, "the agent's status while registering")
         self.coordinator(coord_sock, port)
         agent_sock.wait(lambda m: any(f.get("READY") == "1" for _, f, _ in m), 15, "agent READY=1")
         ready = next(f for _, f, _ in agent_sock.snapshot() if f.get("READY") == "1")

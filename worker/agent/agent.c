@@ -943,8 +943,10 @@ void dt_agent_summary(const dt_agent_t *a, char *buf, size_t len)
   } while (0)
   if (a->registered)
     ADD("%s on %s", a->node_id, a->cfg.coordinator);
-  else
+  else if (a->reg_busy || !a->reg_err[0]) /* reg_err is the threadpool's while busy */
     ADD("registering with %s", a->cfg.coordinator);
+  else
+    ADD("registering with %s (last try: %.120s)", a->cfg.coordinator, a->reg_err);
   ADD(", %zu trainer%s running", running, running == 1 ? "" : "s");
   /* The first few ranks with their job and step; the job is named when it changes. */
   const char *job = NULL;
