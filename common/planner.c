@@ -110,21 +110,22 @@ int64_t dt_plan_params(const dt_plan_model_t *m)
   return 2 * V * h + m->layers * layer + h;
 }
 
-void dt_plan_partition(const dt_plan_model_t *m, int pp, int *bounds)
+void dt_plan_stage_bounds(int layers, double head_layers, int stages, int *bounds)
 {
-  const int L = m->layers;
-  /* The trainer's rule (worker/trainer/plan.c): costs in layers, the LM head's GEMM against
-   * a layer's 12 h^2 per token; as many layers as keep each stage near its share. */
-  const double head = (double)padded_vocab(m) / (12.0 * m->hidden);
-  const double per_stage = (L + head) / pp;
+  const double per_stage = (layers + head_layers) / stages;
   bounds[0] = 0;
-  for (int s = 1; s < pp; s++) {
+  for (int s = 1; s < stages; s++) {
     int b = (int)(s * per_stage + 0.5);
     b = DT_MAX(b, bounds[s - 1] + 1);
-    b = DT_MIN(b, L - (pp - s));
+    b = DT_MIN(b, layers - (stages - s));
     bounds[s] = b;
   }
-  bounds[pp] = L;
+  bounds[stages] = layers;
+}
+
+void dt_planner_partition(const dt_plan_model_t *m, int pp, int *bounds)
+{
+  dt_plan_stage_bounds(m->layers, (double)padded_vocab(m) / (12.0 * m->hidden), pp, bounds);
 }
 
 /* Layers on stage s. */
@@ -135,7 +136,7 @@ static int stage_layers(const dt_plan_model_t *m, int pp, int s)
   int *b = malloc(((size_t)pp + 1) * sizeof *b);
   if (!b) /* cannot happen for sane pp; an even split is the best guess */
     return m->layers / pp;
-  dt_plan_partition(m, pp, b);
+  dt_planner_partition(m, pp, b);
   int n = b[s + 1] - b[s];
   free(b);
   return n;

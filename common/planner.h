@@ -18,7 +18,7 @@
  * ---- Layout -----------------------------------------------------------------------------------
  * world = pp x dp x tp (tp fastest, as the trainer's mesh). tp splits attention heads (and kv
  * heads), MLP columns and vocabulary rows (Megatron-LM); norms and row-parallel biases are
- * replicated. pp splits layers by the trainer's rule (dt_plan_partition: by cost, the LM head
+ * replicated. pp splits layers by the trainer's rule (dt_plan_stage_bounds: by cost, the LM head
  * counting on the last stage); the first stage holds the embeddings, the last the LM head (a
  * second copy of the tied wte for GPT-2). Each data-parallel rank runs accum micro-batches of
  * micro sequences: global_batch = dp x micro x accum. With pp > 1 the schedule is 1F1B: stage
@@ -147,9 +147,14 @@ int64_t dt_plan_params(const dt_plan_model_t *m);
 /* Parameters one rank of stage `stage` holds under tp and pp (padded vocabulary). */
 int64_t dt_plan_rank_params(const dt_plan_model_t *m, int tp, int pp, int stage);
 
-/* The trainer's split of layers over pp stages: bounds[0..pp], stage s holding layers
- * [bounds[s], bounds[s + 1]). pp <= layers. */
-void dt_plan_partition(const dt_plan_model_t *m, int pp, int *bounds);
+/* The split of `layers` layers over `stages` pipeline stages by cost, the trainer's and the
+ * planner's: head_layers is the LM head's cost in layers (its GEMM against a layer's 12 h^2
+ * per token: padded_vocab / (12 h)); each stage gets as many layers as keep it near its share,
+ * at least one, leaving one per later stage. bounds[0..stages], stage s holding layers
+ * [bounds[s], bounds[s + 1]). stages <= layers. */
+void dt_plan_stage_bounds(int layers, double head_layers, int stages, int *bounds);
+/* dt_plan_stage_bounds for model m over pp stages. */
+void dt_planner_partition(const dt_plan_model_t *m, int pp, int *bounds);
 
 /* Model-state bytes of P parameters sharded over n data-parallel ranks under a ZeRO stage:
  * params, grads and optim (see the table above; exact, no ceil). */

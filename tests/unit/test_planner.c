@@ -91,7 +91,7 @@ START_TEST(test_rank_params)
   /* The trainer's partition: gpt2-124m over 4 stages, the LM head weighing 5.5 layers. */
   ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
   int b[5];
-  dt_plan_partition(&m, 4, b);
+  dt_planner_partition(&m, 4, b);
   ck_assert(b[0] == 0 && b[1] == 4 && b[2] == 9 && b[3] == 11 && b[4] == 12);
 }
 END_TEST

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dt_log.h"
+#include "planner.h"
 #include "dt_util.h"
 
 int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whylen)
@@ -88,16 +89,7 @@ int dt_plan_partition(const dt_gpt2_config_t *cfg, int pp, const int *explicit_l
     return 0;
   }
   /* Costs in units of one layer: the LM head's GEMM against a layer's 12 C^2 per token. */
-  const double head = (double)cfg->padded_vocab / (12.0 * cfg->channels);
-  const double per_stage = (L + head) / pp;
-  for (int s = 1; s < pp; s++) {
-    /* As many layers as keep the stage near its share, at least one, leaving one per stage. */
-    int b = (int)(s * per_stage + 0.5);
-    b = DT_MAX(b, bounds[s - 1] + 1);
-    b = DT_MIN(b, L - (pp - s));
-    bounds[s] = b;
-  }
-  bounds[pp] = L;
+  dt_plan_stage_bounds(L, (double)cfg->padded_vocab / (12.0 * cfg->channels), pp, bounds);
   return 0;
 }
 
