@@ -20,8 +20,10 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/string_util.h>
 #include <grpc/support/time.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,9 +109,38 @@ struct dt_rpc_server {
   double auth_warned_ms; /* last warning about calls with a bad token; how many since */
   unsigned auth_rejected;
   dt__rpc_tag_t tag_shutdown;
+  _Atomic int listener_lost; /* set by gRPC's log line (grpc_log), read on the loop */
+  void (*lost_cb)(void *ud);
+  void *lost_ud;
   void (*close_cb)(void *);
   void *close_ud;
 };
+
+/* The process's TLS server, for grpc_log (NULL when plaintext or closed). */
+static pthread_mutex_t g_tls_server_lock = PTHREAD_MUTEX_INITIALIZER;
+static dt_rpc_server_t *g_tls_server;
+
+/* gRPC's log lines (errors only, unless GRPC_VERBOSITY asks for more) go through ours: our
+ * tag, levels and journald priorities. One of them is the only sign that gRPC's listener has
+ * stopped accepting for good (gRPC 1.51 tcp_server_posix.cc, on EMFILE and any error other
+ * than EAGAIN/ECONNABORTED): it matters only to a TLS server, which uses that listener, and
+ * is forwarded to its loop (dt_rpc_server_on_listener_lost). */
+static void grpc_log(gpr_log_func_args *a)
+{
+  const char *file = strrchr(a->file, '/');
+  dt_log_write(a->severity == GPR_LOG_SEVERITY_ERROR  ? DT_LOG_ERROR
+               : a->severity == GPR_LOG_SEVERITY_INFO ? DT_LOG_INFO
+                                                      : DT_LOG_DEBUG,
+               DT_SUBSYS_RPC, file ? file + 1 : a->file, a->line, "grpc: %s", a->message);
+  if (strncmp(a->message, "Failed accept", 13) != 0)
+    return;
+  pthread_mutex_lock(&g_tls_server_lock);
+  if (g_tls_server) {
+    g_tls_server->listener_lost = 1;
+    uv_async_send(&g_tls_server->async);
+  }
+  pthread_mutex_unlock(&g_tls_server_lock);
+}
 
 static void ensure_grpc_init(void)
 {
@@ -117,9 +148,113 @@ static void ensure_grpc_init(void)
    * because gRPC's background threads may still be draining. */
   static _Atomic int done;
   if (!done) {
+    gpr_set_log_function(grpc_log);
     grpc_init();
     done = 1;
   }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* TLS configuration (rpc.h)                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *const tls_vars[] = {"DISTRAIN_TLS_CERT", "DISTRAIN_TLS_KEY", "DISTRAIN_TLS_CA"};
+
+static struct {
+  uv_once_t once;
+  int err;               /* 0, or DT_EINVAL: the configuration is unusable */
+  char *pem[3];          /* cert, key, ca (NULL: not configured) */
+  char server_name[256]; /* DISTRAIN_TLS_SERVER_NAME, or "" */
+} g_tls = {.once = UV_ONCE_INIT};
+
+int dt_rpc_tls_option(const char *prog, int opt, const char *path)
+{
+  char abs[4096];
+  if (opt < DT_RPC_OPT_TLS_CERT || opt > DT_RPC_OPT_TLS_CA)
+    return DT_EINVAL;
+  if (!realpath(path, abs)) {
+    fprintf(stderr, "%s: --%s %s: %s\n", prog,
+            opt == DT_RPC_OPT_TLS_CERT  ? "tls-cert"
+            : opt == DT_RPC_OPT_TLS_KEY ? "tls-key"
+                                        : "tls-ca",
+            path, strerror(errno));
+    return DT_EINVAL;
+  }
+  setenv(tls_vars[opt - DT_RPC_OPT_TLS_CERT], abs, 1);
+  return 0;
+}
+
+/* Reads a whole PEM file (NUL-terminated); NULL and an error naming it on failure. */
+static char *read_pem(const char *var, const char *path)
+{
+  char *buf = NULL;
+  FILE *f = fopen(path, "rb");
+  long n = -1;
+  if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1 << 20) &&
+      fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+      fread(buf, 1, (size_t)n, f) == (size_t)n) {
+    buf[n] = 0;
+    if (strstr(buf, "-----BEGIN ")) {
+      fclose(f);
+      return buf;
+    }
+    DT_ERROR(RPC, "%s=%s is not a PEM file", var, path);
+  } else {
+    DT_ERROR(RPC, "%s=%s: %s", var, path, n >= (1 << 20) ? "too large" : strerror(errno));
+  }
+  free(buf);
+  if (f)
+    fclose(f);
+  return NULL;
+}
+
+static void tls_load(void)
+{
+  for (int i = 0; i < 3; i++) {
+    const char *path = getenv(tls_vars[i]);
+    if (path && *path && !(g_tls.pem[i] = read_pem(tls_vars[i], path)))
+      g_tls.err = DT_EINVAL;
+  }
+  if (!g_tls.pem[0] != !g_tls.pem[1] && !g_tls.err) {
+    DT_ERROR(RPC, "TLS needs both a certificate and its key (--tls-cert and --tls-key; "
+                  "DISTRAIN_TLS_CERT and DISTRAIN_TLS_KEY)");
+    g_tls.err = DT_EINVAL;
+  }
+  const char *name = getenv("DISTRAIN_TLS_SERVER_NAME");
+  snprintf(g_tls.server_name, sizeof g_tls.server_name, "%s", name ? name : "");
+}
+
+static int tls_config(void)
+{
+  uv_once(&g_tls.once, tls_load);
+  return g_tls.err;
+}
+
+int dt_rpc_tls_server_enabled(void)
+{
+  return tls_config() == 0 && g_tls.pem[0] && g_tls.pem[1];
+}
+
+/* The server's credentials: TLS (mutual with a CA) when configured, plaintext otherwise. */
+static grpc_server_credentials *server_creds(void)
+{
+  if (!dt_rpc_tls_server_enabled())
+    return grpc_insecure_server_credentials_create();
+  grpc_ssl_pem_key_cert_pair pair = {.private_key = g_tls.pem[1], .cert_chain = g_tls.pem[0]};
+  return grpc_ssl_server_credentials_create_ex(
+      g_tls.pem[2], &pair, 1,
+      g_tls.pem[2] ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+      NULL);
+}
+
+/* A client's credentials: TLS when any of the three files is configured. */
+static grpc_channel_credentials *client_creds(void)
+{
+  if (!g_tls.pem[0] && !g_tls.pem[1] && !g_tls.pem[2])
+    return grpc_insecure_credentials_create();
+  grpc_ssl_pem_key_cert_pair pair = {.private_key = g_tls.pem[1], .cert_chain = g_tls.pem[0]};
+  return grpc_ssl_credentials_create(g_tls.pem[2], g_tls.pem[0] ? &pair : NULL, NULL, NULL);
 }
 
 static grpc_channel_args *message_size_args(void)
@@ -155,10 +290,11 @@ static grpc_channel_args *server_args(void)
   return &ca;
 }
 
-/* Client channels: the message sizes, and a reconnect backoff bounded by a second. */
+/* Client channels: the message sizes, a reconnect backoff bounded by a second, and the name
+ * TLS checks the server's certificate against when DISTRAIN_TLS_SERVER_NAME sets one. */
 static grpc_channel_args *client_args(void)
 {
-  static grpc_arg args[4];
+  static grpc_arg args[5];
   static grpc_channel_args ca = {4, args};
   args[0] = message_size_args()->args[0];
   args[1] = message_size_args()->args[1];
@@ -169,6 +305,12 @@ static grpc_channel_args *client_args(void)
   args[3].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
   args[3].value.integer =
       (int)DT_MAX(args[2].value.integer, DT_MIN(dt_param_RpcReconnectMaxMs(), 120000));
+  if (g_tls.server_name[0]) {
+    args[4].type = GRPC_ARG_STRING;
+    args[4].key = (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+    args[4].value.string = g_tls.server_name;
+    ca.num_args = 5;
+  }
   return &ca;
 }
 
@@ -500,8 +642,21 @@ static void on_async(uv_async_t *h)
     for (size_t i = 0; i < n; i++)
       shutdown |= dispatch(s, &batch[i]);
   }
+  if (s->listener_lost && !s->shutting_down) {
+    s->listener_lost = 0;
+    DT_ERROR(RPC, "gRPC's TLS listener has stopped accepting connections (see the error "
+                  "above); nothing can reach this server any more");
+    if (s->lost_cb)
+      s->lost_cb(s->lost_ud);
+  }
   if (shutdown)
     finish_shutdown(s); /* frees s */
+}
+
+void dt_rpc_server_on_listener_lost(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud)
+{
+  s->lost_cb = cb;
+  s->lost_ud = ud;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -549,8 +704,12 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
   s->service = service;
   snprintf(s->token, sizeof s->token, "%s", token);
   snprintf(s->bearer, sizeof s->bearer, "Bearer %s", token);
+  if (tls_config() != 0) {
+    free(s);
+    return DT_EINVAL;
+  }
   s->methods = calloc(service->n_methods, sizeof *s->methods);
-  s->creds = grpc_insecure_server_credentials_create();
+  s->creds = server_creds();
   s->cq = grpc_completion_queue_create_for_next(NULL);
   s->server = grpc_server_create(server_args(), NULL);
   if (!s->methods || !s->cq || !s->server) {
@@ -566,7 +725,17 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
     s->methods[i].registered =
         grpc_server_register_method(s->server, path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
   }
-  int port = 0, err = dt_listener_open(loop, listen, on_connection, s, &s->listener, &port);
+  int port = 0, err = 0;
+  if (dt_rpc_tls_server_enabled()) {
+    /* gRPC's own listener: only it can put TLS on a connection. */
+    port = grpc_server_add_http2_port(s->server, listen, s->creds);
+    if (port <= 0) {
+      DT_ERROR(RPC, "cannot listen on %s (TLS)", listen);
+      err = DT_EUNAVAIL;
+    }
+  } else {
+    err = dt_listener_open(loop, listen, on_connection, s, &s->listener, &port);
+  }
   if (err) {
     grpc_server_destroy(s->server);
     grpc_completion_queue_shutdown(s->cq);
@@ -610,7 +779,13 @@ int dt_rpc_server_start(dt_rpc_server_t *s, int *port)
   if (uv_thread_create(&s->thread, cq_thread, s) != 0)
     return DT_ESYS;
   s->started = 1;
-  dt_listener_start(s->listener);
+  if (s->listener) {
+    dt_listener_start(s->listener);
+  } else {
+    pthread_mutex_lock(&g_tls_server_lock);
+    g_tls_server = s;
+    pthread_mutex_unlock(&g_tls_server_lock);
+  }
   if (port)
     *port = bound;
   return 0;
@@ -645,8 +820,9 @@ void dt_rpc_server_close(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud)
 {
   s->close_cb = cb;
   s->close_ud = ud;
-  dt_listener_close(s->listener); /* no new connections; gRPC's shutdown ends the others */
-  if (s->started != 1) {          /* created but never started */
+  if (s->listener)
+    dt_listener_close(s->listener); /* no new connections; gRPC's shutdown ends the others */
+  if (s->started != 1) {            /* created but never started */
     grpc_server_destroy(s->server);
     grpc_completion_queue_shutdown(s->cq);
     grpc_completion_queue_destroy(s->cq);
@@ -656,6 +832,10 @@ void dt_rpc_server_close(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud)
     return;
   }
   s->shutting_down = 1;
+  pthread_mutex_lock(&g_tls_server_lock);
+  if (g_tls_server == s)
+    g_tls_server = NULL;
+  pthread_mutex_unlock(&g_tls_server_lock);
   grpc_server_shutdown_and_notify(s->server, s->cq, &s->tag_shutdown);
   grpc_server_cancel_all_calls(s->server);
 }
@@ -684,6 +864,8 @@ int dt_rpc_client_create(const char *target, const char *token,
                          const ProtobufCServiceDescriptor *service, dt_rpc_client_t **out)
 {
   ensure_grpc_init();
+  if (tls_config() != 0)
+    return DT_EINVAL;
   dt_rpc_client_t *c = calloc(1, sizeof *c);
   if (!c)
     return DT_ENOMEM;
@@ -691,7 +873,7 @@ int dt_rpc_client_create(const char *target, const char *token,
   snprintf(c->target, sizeof c->target, "%s", target);
   c->service = service;
   uv_mutex_init(&c->lock);
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel_credentials *creds = client_creds();
   c->channel = grpc_channel_create(target, creds, client_args());
   grpc_channel_credentials_release(creds);
   if (!c->channel) {

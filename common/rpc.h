@@ -60,6 +60,11 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
 int dt_rpc_server_handle(dt_rpc_server_t *s, const char *method, dt_rpc_handler_t fn, void *ud);
 /* Starts serving; *port receives the bound port. */
 int dt_rpc_server_start(dt_rpc_server_t *s, int *port);
+/* Under TLS, gRPC's own listener accepts (see "TLS" below), and it stops for good after an
+ * accept error such as EMFILE while the process lives on. cb then runs on the loop: a daemon
+ * should exit non-zero so that its supervisor restarts it (the coordinator exits 75). Never
+ * called for a plaintext server, whose listener recovers by itself (listener.h). */
+void dt_rpc_server_on_listener_lost(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud);
 /* Cancels every call (their cancel callbacks run), stops, frees; cb runs when done. */
 void dt_rpc_server_close(dt_rpc_server_t *s, void (*cb)(void *ud), void *ud);
 
@@ -98,6 +103,42 @@ int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMe
                        size_t errlen);
 /* Maps a gRPC status code to a DT_E* code (0 for OK). */
 int dt_rpc_status_to_err(int status);
+
+/* ------------------------------------------------------------------------------------------ */
+/* TLS                                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Transport security is process-wide, like the program's identity: every server and client
+ * of the process reads it once, at its first creation, from DISTRAIN_TLS_CERT,
+ * DISTRAIN_TLS_KEY and DISTRAIN_TLS_CA (PEM files) and DISTRAIN_TLS_SERVER_NAME. The programs'
+ * --tls-cert/--tls-key/--tls-ca flags set those variables (to absolute paths) before any RPC
+ * object exists, so the processes they start — an agent's trainers, `run --local`'s daemons —
+ * inherit them. The bearer token is checked under TLS as without it.
+ *  - Server: cert+key serve TLS; with ca too, a client must present a certificate signed by
+ *    ca (mutual TLS) or its handshake fails. Neither: plaintext. Under TLS gRPC accepts the
+ *    connections itself (it takes a ready descriptor only for plaintext), so listener.h's
+ *    recovery from running out of descriptors does not apply; see dt_rpc_server_create.
+ *  - Client: any of the three makes it TLS. ca verifies the server's certificate (the system's
+ *    roots otherwise) against the target's host name, or DISTRAIN_TLS_SERVER_NAME when set
+ *    (a certificate naming "coordinator.example" reached as 10.0.0.5); cert+key are presented
+ *    to a server that asks for them.
+ * Errors (a missing or unreadable file, a key without its certificate) fail the creation of
+ * the first server or client with DT_EINVAL and a message naming the file. */
+enum { DT_RPC_OPT_TLS_CERT = 0x7400, DT_RPC_OPT_TLS_KEY, DT_RPC_OPT_TLS_CA };
+/* The getopt_long entries of the three flags, to put in a program's option table. */
+#define DT_RPC_TLS_OPTIONS                                                                         \
+  {"tls-cert", required_argument, 0, DT_RPC_OPT_TLS_CERT},                                         \
+      {"tls-key", required_argument, 0, DT_RPC_OPT_TLS_KEY},                                       \
+  {                                                                                                \
+    "tls-ca", required_argument, 0, DT_RPC_OPT_TLS_CA                                              \
+  }
+#define DT_RPC_TLS_USAGE "[--tls-cert PEM --tls-key PEM] [--tls-ca PEM]"
+/* Handles one of them (opt is its DT_RPC_OPT_TLS_* value): sets the variable to the file's
+ * absolute path. Prints "prog: ..." and returns DT_EINVAL when the file does not exist. */
+int dt_rpc_tls_option(const char *prog, int opt, const char *path);
+/* Whether this process's servers serve TLS (cert and key configured); loads the configuration
+ * (0 when it is invalid). */
+int dt_rpc_tls_server_enabled(void);
 
 /* Reads a bearer token from a file (first line, trimmed); errors name the file. */
 int dt_rpc_read_token(const char *path, char *token, size_t len);

@@ -7,8 +7,8 @@
  *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
  * Common: --coordinator HOST:PORT (default $DISTRAIN_COORDINATOR or 127.0.0.1:7470),
  * --token-file FILE ($DISTRAIN_TOKEN_FILE or /etc/distrain/token), --json, --set S.K=V,
- * --metrics FILE. Exit codes: 0 success (run: the job completed), 1 the job failed or an
- * operation failed, 2 usage errors. */
+ * --metrics FILE, --tls-cert/--tls-key/--tls-ca PEM (rpc.h, "TLS"). Exit codes: 0 success (run: the
+ * job completed), 1 the job failed or an operation failed, 2 usage errors. */
 #include <getopt.h>
 #include <glob.h>
 #include <stdio.h>
@@ -19,6 +19,7 @@
 #include "dt_log.h"
 #include "dt_util.h"
 #include "jobspec.h"
+#include "rpc.h"
 
 #define MAX_SETS 128
 
@@ -48,7 +49,8 @@ static void usage(FILE *out)
           "  plan --model PRESET --seq S --global-batch B --gpus N [...]   memory/time per "
           "layout (plan --help)\n"
           "options: --coordinator HOST:PORT  --token-file FILE  --json  --set SECTION.KEY=VALUE\n"
-          "         --metrics FILE (rank 0's per-step JSON, with run and status --watch)\n");
+          "         --metrics FILE (rank 0's per-step JSON, with run and status --watch)\n"
+          "         " DT_RPC_TLS_USAGE " (TLS; run --local passes them on)\n");
 }
 
 static int parse(int argc, char **argv, args_t *a)
@@ -65,6 +67,7 @@ static int parse(int argc, char **argv, args_t *a)
                                        {"watch", no_argument, 0, 'w'},
                                        {"rank", required_argument, 0, 'R'},
                                        {"work-dir", required_argument, 0, 'W'},
+                                       DT_RPC_TLS_OPTIONS,
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int ch;
@@ -107,6 +110,12 @@ static int parse(int argc, char **argv, args_t *a)
       break;
     case 'W':
       a->work_dir = optarg;
+      break;
+    case DT_RPC_OPT_TLS_CERT:
+    case DT_RPC_OPT_TLS_KEY:
+    case DT_RPC_OPT_TLS_CA:
+      if (dt_rpc_tls_option("distrainctl", ch, optarg) != 0)
+        return DT_EINVAL;
       break;
     case 'n':
     case 'd':

@@ -2,6 +2,10 @@
  *
  *   distrain-coordinator [--listen HOST:PORT] [--state-dir DIR] [--token-file FILE]
  *                        [--heartbeat-ms N] [--dead-after N] [--port-file FILE]
+ *                        [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
+ *
+ * With --tls-cert/--tls-key it serves TLS; with --tls-ca too, mutual TLS: agents, trainers and
+ * distrainctl must present a certificate signed by that CA (rpc.h, "TLS").
  *
  * The state directory defaults to $STATE_DIRECTORY (set by systemd's StateDirectory=) or
  * /var/lib/distrain. SIGTERM/SIGINT shut down cleanly: calls are cancelled, state is already
@@ -28,11 +32,13 @@ static void usage(FILE *out)
   fprintf(out, "usage: distrain-coordinator [--listen HOST:PORT] [--state-dir DIR] "
                "[--token-file FILE]\n"
                "                            [--heartbeat-ms N] [--dead-after MISSED] "
-               "[--port-file FILE]\n");
+               "[--port-file FILE]\n"
+               "                            " DT_RPC_TLS_USAGE "\n");
 }
 
 static uv_signal_t g_sigterm, g_sigint;
 static dt_notify_t g_notify;
+static int g_exit_code;
 
 static void on_closed(void *ud)
 {
@@ -48,14 +54,27 @@ static void notify_status(void *data, char *buf, size_t len)
   dt_coord_summary(data, buf, len);
 }
 
-static void on_signal(uv_signal_t *h, int signum)
+static void shut_down(dt_coord_t *c)
 {
-  dt_coord_t *c = h->data;
   if (c->closing)
     return;
-  DT_INFO(COORD, "signal %d: shutting down", signum);
   dt_notify_stopping(&g_notify);
   dt_coord_close(c, on_closed, c->loop);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+  DT_INFO(COORD, "signal %d: shutting down", signum);
+  shut_down(h->data);
+}
+
+/* Under TLS only (rpc.h): a coordinator nobody can reach is worse than a restart, which loses
+ * nothing (state is on disk) and which systemd's Restart=on-failure does at once. */
+static void on_listener_lost(void *ud)
+{
+  DT_ERROR(COORD, "exiting with status 75 so that the supervisor restarts the coordinator");
+  g_exit_code = 75; /* EX_TEMPFAIL */
+  shut_down(ud);
 }
 
 int main(int argc, char **argv)
@@ -69,6 +88,7 @@ int main(int argc, char **argv)
                                        {"heartbeat-ms", required_argument, 0, 'b'},
                                        {"dead-after", required_argument, 0, 'd'},
                                        {"port-file", required_argument, 0, 'p'},
+                                       DT_RPC_TLS_OPTIONS,
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   dt_log_init();
@@ -96,6 +116,12 @@ int main(int argc, char **argv)
     case 'd':
       if (dt_parse_int_flag("distrain-coordinator", "dead-after", optarg, 1, 3600000,
                             &dead_after) != 0)
+        return 2;
+      break;
+    case DT_RPC_OPT_TLS_CERT:
+    case DT_RPC_OPT_TLS_KEY:
+    case DT_RPC_OPT_TLS_CA:
+      if (dt_rpc_tls_option("distrain-coordinator", ch, optarg) != 0)
         return 2;
       break;
     case 'h':
@@ -157,6 +183,7 @@ int main(int argc, char **argv)
       return 1;
     }
   }
+  dt_rpc_server_on_listener_lost(coord.rpc, on_listener_lost, &coord);
   uv_signal_init(loop, &g_sigterm);
   uv_signal_init(loop, &g_sigint);
   g_sigterm.data = g_sigint.data = &coord;
@@ -167,5 +194,5 @@ int main(int argc, char **argv)
   uv_run(loop, UV_RUN_DEFAULT);
   uv_loop_close(loop);
   DT_INFO(COORD, "stopped");
-  return 0;
+  return g_exit_code;
 }

@@ -23,6 +23,7 @@ pkgs=(
   python3 python3-numpy python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc  # interop tests (protoc + grpc_python_plugin)
   bible-kjv bible-kjv-text               # demo corpus
   clang-format valgrind                  # CI quality gates
+  openssl                                # the TLS tests make their own certificate authority
 )
 for arg in "$@"; do
   case "$arg" in

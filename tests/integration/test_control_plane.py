@@ -336,9 +336,9 @@ class ClusterTest(unittest.TestCase):
         return p
 
     def start_coordinator(self, port=0, heartbeat_ms=HEARTBEAT_MS, env=None, max_files=None,
-                          host="127.0.0.1", netns=None):
+                          host="127.0.0.1", netns=None, args=()):
         """max_files: soft and hard open-files limit of the coordinator (it cannot raise it).
-        host: the address it listens on, and this test reaches it at."""
+        host: the address it listens on, and this test reaches it at. args: more flags."""
         port_file = os.path.join(self.tmp, "coord.port")
         if os.path.exists(port_file):
             os.unlink(port_file)
@@ -347,7 +347,7 @@ class ClusterTest(unittest.TestCase):
         self.coord = self.spawn(
             [binary("coordinator", "distrain-coordinator"), "--listen", "%s:%d" % (host, port),
              "--port-file", port_file, "--state-dir", os.path.join(self.tmp, "state"),
-             "--token-file", self.token_file, "--heartbeat-ms", str(heartbeat_ms)],
+             "--token-file", self.token_file, "--heartbeat-ms", str(heartbeat_ms)] + list(args),
             "coordinator.log", env=dict(self.env, **(env or {})), preexec_fn=limit, netns=netns)
 
         def port_written():
@@ -375,13 +375,13 @@ class ClusterTest(unittest.TestCase):
         return self.coord
 
     def start_agent(self, host, grace_ms=5000, env=None, token_file=None, coordinator=None,
-                    netns=None):
+                    netns=None, args=()):
         work = os.path.join(self.tmp, "work-" + host)
         p = self.spawn([binary("worker/agent", "distrain-worker"), "--coordinator",
                         coordinator or self.addr,
                         "--token-file", token_file or self.token_file, "--cpu-devices", "1", "--hostname", host,
                         "--work-dir", work, "--grace-ms", str(grace_ms),
-                        "--trainer", binary("worker/trainer", "distrain-train")],
+                        "--trainer", binary("worker/trainer", "distrain-train")] + list(args),
                        "agent-%s.log" % host, env=dict(self.env, **(env or {})), netns=netns)
         self.agents[host] = p
         return p

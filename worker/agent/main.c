@@ -2,6 +2,10 @@
  *
  *   distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]
  *                   [--work-dir DIR] [--trainer PATH] [--hostname NAME] [--grace-ms N]
+ *                   [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
+ *
+ * The --tls-* flags (rpc.h, "TLS") reach its trainers through the environment, so they too
+ * talk TLS to the coordinator.
  *
  * SIGTERM/SIGINT stop every trainer (SIGTERM, SIGKILL after the grace period) before exiting,
  * so the agent never leaves orphans.
@@ -24,6 +28,7 @@
 #include "dt_log.h"
 #include "dt_notify.h"
 #include "dt_util.h"
+#include "rpc.h"
 
 static uv_signal_t g_sigterm, g_sigint;
 static dt_agent_t *g_agent;
@@ -69,7 +74,8 @@ static void usage(FILE *out)
   fprintf(out,
           "usage: distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]\n"
           "                       [--work-dir DIR] [--trainer PATH] [--hostname NAME] "
-          "[--grace-ms N]\n");
+          "[--grace-ms N]\n"
+          "                       " DT_RPC_TLS_USAGE "\n");
 }
 
 int main(int argc, char **argv)
@@ -83,6 +89,7 @@ int main(int argc, char **argv)
                                        {"trainer", required_argument, 0, 'x'},
                                        {"hostname", required_argument, 0, 'H'},
                                        {"grace-ms", required_argument, 0, 'g'},
+                                       DT_RPC_TLS_OPTIONS,
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   dt_log_init();
@@ -111,6 +118,12 @@ int main(int argc, char **argv)
       break;
     case 'g':
       if (dt_parse_int_flag("distrain-worker", "grace-ms", optarg, 0, 1000000, &cfg.grace_ms) != 0)
+        return 2;
+      break;
+    case DT_RPC_OPT_TLS_CERT:
+    case DT_RPC_OPT_TLS_KEY:
+    case DT_RPC_OPT_TLS_CA:
+      if (dt_rpc_tls_option("distrain-worker", ch, optarg) != 0)
         return 2;
       break;
     case 'h':
