@@ -1,7 +1,7 @@
 /* distrainctl.c — the user's CLI.
  *
  *   distrainctl run --local [--nodes N] [--devices-per-node M] [--run-dir DIR] JOB.yaml
- *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch]
+ *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch] [--plot PNG]
  *   distrainctl stop JOB                   distrainctl nodes
  *   distrainctl logs JOB [--rank R] [--work-dir DIR]
  *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
@@ -27,7 +27,7 @@ typedef struct {
   dt_ctl_opts_t o;
   dt_ctl_local_t local;
   int is_local, watch, rank;
-  const char *work_dir;
+  const char *work_dir, *plot;
   char *sets[MAX_SETS];
   int nsets;
   char *pos[8];
@@ -42,7 +42,9 @@ static void usage(FILE *out)
           "                     start a coordinator and N agents here, run the job, exit with "
           "its result\n"
           "  submit JOB.yaml    submit to a running coordinator; prints the job id\n"
-          "  status [JOB] [--watch]   all jobs, or one (follow it with --watch)\n"
+          "  status [JOB] [--watch] [--plot loss.png]   all jobs, or one (follow it with "
+          "--watch;\n"
+          "                     --plot draws its loss curve with gnuplot)\n"
           "  stop JOB           stop a job\n"
           "  nodes              registered nodes\n"
           "  logs JOB [--rank R] [--work-dir DIR]   trainer logs on this machine\n"
@@ -67,6 +69,7 @@ static int parse(int argc, char **argv, args_t *a)
                                        {"watch", no_argument, 0, 'w'},
                                        {"rank", required_argument, 0, 'R'},
                                        {"work-dir", required_argument, 0, 'W'},
+                                       {"plot", required_argument, 0, 'P'},
                                        DT_RPC_TLS_OPTIONS,
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -110,6 +113,9 @@ static int parse(int argc, char **argv, args_t *a)
       break;
     case 'W':
       a->work_dir = optarg;
+      break;
+    case 'P':
+      a->plot = optarg;
       break;
     case DT_RPC_OPT_TLS_CERT:
     case DT_RPC_OPT_TLS_KEY:
@@ -220,9 +226,17 @@ static int cmd_status(args_t *a)
     fprintf(stderr, "distrainctl status: expected at most one JOB\n");
     return 2;
   }
+  if (a->plot && (a->npos != 2 || a->watch)) {
+    fprintf(stderr, "distrainctl status: --plot FILE needs one JOB (and no --watch)\n");
+    return 2;
+  }
   if (!with_client(a, &c))
     return 1;
-  if (a->npos == 2 && a->watch) {
+  if (a->plot) {
+    rc = dt_ctl_plot(c, a->pos[1], a->plot);
+    if (rc == 0)
+      printf("%s\n", a->plot);
+  } else if (a->npos == 2 && a->watch) {
     rc = dt_ctl_follow(c, &a->o, a->pos[1]);
   } else if (a->npos == 2) {
     Distrain__V1__GetJobRequest req = DISTRAIN__V1__GET_JOB_REQUEST__INIT;

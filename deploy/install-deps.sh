@@ -24,6 +24,7 @@ pkgs=(
   bible-kjv bible-kjv-text               # demo corpus
   clang-format valgrind                  # CI quality gates
   openssl                                # the TLS tests make their own certificate authority
+  gnuplot-nox                            # distrainctl status --plot (loss curves as PNG)
 )
 for arg in "$@"; do
   case "$arg" in

@@ -1340,6 +1340,98 @@ class T5c_NetworkPartition(ClusterTest):
                          % (detect_s, rejoin_s))
 
 
+def png_pixels(path):
+    """(width, height, rows of (r, g, b) tuples) of an 8-bit RGB or RGBA PNG, decoded here
+    (zlib and the five scanline filters) so the test needs no imaging library."""
+    import zlib
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, hdr = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            hdr = struct.unpack(">IIBBBBB", chunk)
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + n
+    w, h, depth, ctype, _, _, interlace = hdr
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, hdr
+    bpp = 3 if ctype == 2 else 4
+    raw, stride, rows, prev = zlib.decompress(idat), w * bpp, [], bytearray(w * bpp)
+    for y in range(h):
+        ftype, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if ftype == 1:
+                line[i] = (line[i] + a) & 255
+            elif ftype == 2:
+                line[i] = (line[i] + b) & 255
+            elif ftype == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif ftype == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(w)])
+        prev = line
+    return w, h, rows
+
+
+class T3b_StatusPlot(ClusterTest):
+    TRAIN, VAL = (148, 0, 211), (0, 158, 115)  # gnuplot's first two line colours
+
+    def test_status_plot_draws_the_loss_curve(self):
+        """status JOB --plot FILE: a 960x540 PNG (gnuplot) with the training loss as a line
+        that starts high on the left and ends low on the right, and validation points only
+        for a job that evaluated; clear errors for a missing job, bad usage and no gnuplot."""
+        self.assertTrue(shutil.which("gnuplot"), "gnuplot is missing (deploy/install-deps.sh)")
+        self.start_coordinator()
+        self.start_agent("h0")
+        jobs = {}
+        for val_every in (20, 0):
+            jobs[val_every] = self.submit_yaml(job_yaml(
+                os.path.join(self.tmp, "ckpt%d" % val_every), 60, every=0, val_every=val_every),
+                name="job%d.yaml" % val_every)
+            self.wait_state(jobs[val_every], [pb.JOB_COMPLETED], 60)
+        common = ["--coordinator", self.addr, "--token-file", self.token_file]
+        for val_every, job_id in jobs.items():
+            png = os.path.join(self.tmp, "loss%d.png" % val_every)
+            r = self.ctl("status", job_id, "--plot", png, *common)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            # kept in the build directory, for a person to look at
+            shutil.copy(png, os.path.join(BUILD, "status-plot-%d.png" % val_every))
+            w, h, rows = png_pixels(png)
+            self.assertEqual((w, h), (960, 540))
+            near = lambda p, q: sum(abs(u - v) for u, v in zip(p, q)) < 40  # anti-aliasing
+            train = [(x, y) for y in range(h) for x in range(w) if near(rows[y][x], self.TRAIN)]
+            val = [(x, y) for y in range(h) for x in range(w) if near(rows[y][x], self.VAL)]
+            self.assertGreater(len(train), 300, "no training curve")
+            xs = sorted(x for x, _ in train)
+            lo, hi = xs[len(xs) // 50], xs[-len(xs) // 50]
+            # the legend's sample line is top right: look at the curve's first and last tenth
+            left = [y for x, y in train if x < lo + (hi - lo) // 10]
+            right = [y for x, y in train if x > hi - (hi - lo) // 10 and y > h // 8]
+            self.assertLess(min(left), max(right), "the curve does not go down")
+            if val_every:
+                self.assertGreater(len(val), 20, "no validation points")
+            else:
+                self.assertEqual(val, [], "validation points for a job that did not evaluate")
+        r = self.ctl("status", "job-999", "--plot", os.path.join(self.tmp, "x.png"), *common)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job-999", r.stderr)
+        r = self.ctl("status", "--plot", os.path.join(self.tmp, "x.png"), *common)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("needs one JOB", r.stderr)
+        r = self.ctl("status", jobs[0], "--plot", os.path.join(self.tmp, "x.png"), *common,
+                     env=dict(self.env, PATH="/nonexistent"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("needs gnuplot", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.png")))
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. Stopping jobs and agents
 # ---------------------------------------------------------------------------------------------
