@@ -963,7 +963,7 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
         parallel->pp, chunks);
   if (interleaved && parallel->pp > 1 && parallel->dp > 0 && training->micro_batch > 0 &&
       training->batch % ((long long)training->micro_batch * parallel->dp) == 0 &&
-      training->batch / ((long long)training->micro_batch * parallel->dp) % parallel->pp != 0)
+      dt_jobspec_grad_accum(spec, parallel->dp) < 0)
     bad(&v,
         "parallel.schedule interleaved: the micro-batches per step (training.batch %d / "
         "(micro_batch %d x dp %d)) must be a multiple of parallel.pp (%d)",
@@ -1053,7 +1053,12 @@ int dt_jobspec_grad_accum(const spec_t *spec, int dp_size)
   long long per_step = (long long)t->micro_batch * dp_size;
   if (t->batch % per_step != 0)
     return DT_EINVAL;
-  return (int)(t->batch / per_step);
+  const long long accum = t->batch / per_step;
+  /* The interleaved schedule runs micro-batches in rounds of pp. */
+  const Distrain__V1__ParallelSpec *p = spec->parallel;
+  if (p && p->pp > 1 && p->schedule && strcmp(p->schedule, "interleaved") == 0 && accum % p->pp)
+    return DT_EINVAL;
+  return (int)accum;
 }
 
 /* ------------------------------------------------------------------------------------------ */

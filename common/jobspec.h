@@ -68,7 +68,9 @@ int dt_jobspec_mesh(const Distrain__V1__JobSpec *spec, dt_mesh_t *mesh);
 
 /* Gradient-accumulation steps that keep the global batch when dp_size ranks share it:
  * training.batch / (training.micro_batch * dp_size). Returns it (>= 1), or DT_EINVAL when
- * dp_size < 1 or it does not divide evenly (the re-planner uses this to pick a dp that works). */
+ * dp_size < 1, it does not divide evenly, or the interleaved pipeline schedule would get a
+ * count that is not a multiple of pp: the re-planner uses this to pick a dp that works, so a
+ * job that shrinks after losing a node never gets a layout its trainers refuse. */
 int dt_jobspec_grad_accum(const Distrain__V1__JobSpec *spec, int dp_size);
 
 /* distrain-train's arguments for one rank of this job (argv[0] not included), NULL-terminated,

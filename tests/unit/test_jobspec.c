@@ -991,6 +991,23 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_ptr_null(argv);
   ck_assert_int_eq(argc, 0);
 
+  /* Interleaved 1F1B over pp 2 runs micro-batches in rounds of 2. Batch 24 of micro-batches
+   * of 4 is 2 per rank at dp 3; after losing a node, dp 2 would give 3, which its trainers
+   * refuse, so the re-planner must skip it and take dp 1 (6). 1F1B has no such rule. */
+  set_ok(s, "training.batch=24");
+  set_ok(s, "parallel.dp=3");
+  set_ok(s, "parallel.pp=2");
+  set_ok(s, "parallel.schedule=interleaved");
+  ck_assert_int_eq(dt_jobspec_grad_accum(s, 3), 2);
+  ck_assert_int_eq(dt_jobspec_grad_accum(s, 2), DT_EINVAL);
+  ck_assert_int_eq(dt_jobspec_grad_accum(s, 1), 6);
+  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 2, 0, &argv, &argc), DT_EINVAL);
+  set_ok(s, "parallel.schedule=1f1b");
+  ck_assert_int_eq(dt_jobspec_grad_accum(s, 2), 3);
+  set_ok(s, "parallel.pp=1");
+  set_ok(s, "training.batch=32");
+  set_ok(s, "parallel.dp=2");
+
   /* No validation, no val flags; no --val without data.val; threads and shuffle when set. */
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert(!has_arg(argv, "--val-every") && !has_arg(argv, "--val-batches"));
