@@ -62,17 +62,28 @@ static const member_t *group_members(const index_t *ix, const char *group, size_
   return ix->m + lo;
 }
 
-/* The ranks that rank w, blocked in c, waits for: its point-to-point peer; else the members
- * that have not started the operation; else (all have) the members that stopped reporting.
- * Writes them to out (world entries) and returns how many. */
+/* Whether group rank g is a point-to-point peer of c (peers; a trainer older than that field
+ * sends only the first, peer). */
+static int is_peer(const Distrain__V1__CommProgress *c, int g)
+{
+  for (size_t i = 0; i < c->n_peers; i++)
+    if (c->peers[i] == g)
+      return 1;
+  return c->n_peers == 0 && c->peer == g;
+}
+
+/* The ranks that rank w, blocked in c, waits for: its point-to-point peers (all of them: which
+ * half of a send/recv is pending is not known; a peer that is itself blocked is followed);
+ * else the members that have not started the operation; else (all have) the members that
+ * stopped reporting. Writes them to out (world entries) and returns how many. */
 static int waits_for(const index_t *ix, int w, const Distrain__V1__CommProgress *c, int *out)
 {
   size_t n;
   const member_t *m = group_members(ix, c->group, &n);
   int k = 0;
-  if (c->peer >= 0) {
+  if (c->n_peers > 0 || c->peer >= 0) {
     for (size_t i = 0; i < n; i++)
-      if (m[i].c->rank == c->peer)
+      if (is_peer(c, m[i].c->rank))
         out[k++] = m[i].rank;
     return k;
   }

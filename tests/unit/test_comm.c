@@ -997,7 +997,7 @@ START_TEST(test_progress)
   ck_assert_str_eq(waiter->group, "progress/gen0");
   ck_assert_str_eq(late->group, waiter->group);
   ck_assert_int_eq(waiter->world, 2);
-  ck_assert_int_eq(waiter->peer, -1);
+  ck_assert_int_eq(waiter->npeers, 0);
   ck_assert(waiter->entered == 2 && waiter->done == 1);
   ck_assert(late->entered == 1 && late->done == 1 && late->op == NULL);
   atomic_store(&go, 1);

@@ -164,6 +164,29 @@ START_TEST(test_pipeline_peer)
 }
 END_TEST
 
+/* The middle stage of three sends forward and receives from behind in one send/recv (its
+ * first half's peer is the next stage). The next stage waits for it; the one behind stopped.
+ * Every peer is followed, so the stopped stage is named, not a "deadlock" of the two blocked
+ * stages that following only the first peer found. */
+START_TEST(test_send_recv_names_the_peer_behind)
+{
+  static int32_t middle_peers[2] = {2, 0};
+  report_t *rep = reports(3);
+  comm(rep, 0, "pp", "pp", 0, 3, 40, NULL, -1, 0);
+  comm(rep, 1, "pp", "pp", 1, 3, 41, "send/recv", 2, 31000);
+  rep[1].c[0].peers = middle_peers;
+  rep[1].c[0].n_peers = 2;
+  comm(rep, 2, "pp", "pp", 2, 3, 41, "recv", 1, 30500);
+  const double age[3] = {40000, 500, 500};
+  int blamed[3];
+  char why[512];
+  ck_assert_int_eq(analyze(rep, age, 3, blamed, why), 1);
+  ck_assert_int_eq(blamed[0], 0);
+  ck_assert_msg(strstr(why, "rank 0 sent no report") != NULL, "%s", why);
+  free(rep);
+}
+END_TEST
+
 /* Two stages each blocked receiving from the other: nobody is missing; both are named. */
 START_TEST(test_deadlock_names_every_blocked_rank)
 {
@@ -257,6 +280,7 @@ static Suite *hang_suite(void)
   tcase_add_test(t, test_busy_rank_is_named);
   tcase_add_test(t, test_chain_through_another_group);
   tcase_add_test(t, test_pipeline_peer);
+  tcase_add_test(t, test_send_recv_names_the_peer_behind);
   tcase_add_test(t, test_deadlock_names_every_blocked_rank);
   tcase_add_test(t, test_silent_ranks_are_not_waiters);
   tcase_add_test(t, test_rank_without_reports);

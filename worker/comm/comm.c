@@ -36,7 +36,7 @@ struct dt_comm {
   char label[16];
   atomic_uint_fast64_t entered, done;
   _Atomic(const char *) op; /* the operation in progress (a string literal), or NULL */
-  atomic_int peer;
+  atomic_int peers[DT_COMM_P2P_MAX], npeers;
   atomic_int_fast64_t op_start_us;
   struct dt_comm *live_prev, *live_next; /* g_live, under g_live_lock */
 };
@@ -108,13 +108,22 @@ static int comm_enter(dt_comm_t *comm)
   return comm->err;
 }
 
-/* Marks the start of an operation that reaches the backend (peer: a point-to-point's first
- * peer, else -1). Every rank of a group makes the same calls in the same order, so their counts
- * agree while they progress; a rank blocked in operation n names the members still below n. */
-static void op_begin(dt_comm_t *comm, const char *op, int peer)
+/* Marks the start of an operation that reaches the backend (ops: a point-to-point's halves,
+ * whose distinct peers are remembered; NULL for a collective). Every rank of a group makes
+ * the same calls in the same order, so their counts agree while they progress; a rank blocked
+ * in operation n names the members still below n, or its point-to-point peers. */
+static void op_begin(dt_comm_t *comm, const char *op, const dt_comm_p2p_t *ops, int n)
 {
+  int np = 0;
+  for (int i = 0; i < n; i++) {
+    int k = 0;
+    while (k < np && atomic_load(&comm->peers[k]) != ops[i].peer)
+      k++;
+    if (k == np)
+      atomic_store(&comm->peers[np++], ops[i].peer);
+  }
   atomic_store(&comm->op_start_us, (int_fast64_t)(dt_now_ms() * 1000.0));
-  atomic_store(&comm->peer, peer);
+  atomic_store(&comm->npeers, np);
   atomic_store(&comm->op, op);
   atomic_fetch_add(&comm->entered, 1);
 }
@@ -171,7 +180,7 @@ static int comm_wrap(dt_comm_t **out, const dt_comm_backend_t *be, void *impl, c
   atomic_init(&comm->entered, 0);
   atomic_init(&comm->done, 0);
   atomic_init(&comm->op, NULL);
-  atomic_init(&comm->peer, -1);
+  atomic_init(&comm->npeers, 0);
   atomic_init(&comm->op_start_us, 0);
   pthread_mutex_lock(&g_live_lock);
   comm->live_next = g_live;
@@ -291,7 +300,9 @@ int dt_comm_progress(dt_comm_progress_t *out, int max)
     p->done = atomic_load(&c->done);
     p->entered = atomic_load(&c->entered);
     p->op = p->entered > p->done ? atomic_load(&c->op) : NULL;
-    p->peer = p->op ? atomic_load(&c->peer) : -1;
+    p->npeers = p->op ? DT_MIN(atomic_load(&c->npeers), DT_COMM_P2P_MAX) : 0;
+    for (int k = 0; k < p->npeers; k++)
+      p->peers[k] = atomic_load(&c->peers[k]);
     p->waiting_ms = p->op ? (now_us - (double)atomic_load(&c->op_start_us)) / 1000.0 : 0.0;
   }
   pthread_mutex_unlock(&g_live_lock);
@@ -389,7 +400,7 @@ int dt_comm_all_reduce(dt_comm_t *comm, float *buf, size_t n, dt_comm_op_t op)
   if (n == 0)
     return 0;
   operand_t o[1] = {{buf, n * sizeof(float), 1, 1, NULL}};
-  op_begin(comm, "all_reduce", -1);
+  op_begin(comm, "all_reduce", NULL, 0);
   int rc = stage_in(comm, o, 1);
   if (rc == 0)
     rc = stage_out(comm, o, 1, comm->be->all_reduce(comm->impl, o[0].h, n, op));
@@ -409,7 +420,7 @@ int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const
     return 0;
   operand_t o[2] = {{(void *)in, total * sizeof(float), 1, 0, NULL},
                     {out, counts[comm->rank] * sizeof(float), 0, 1, NULL}};
-  op_begin(comm, "reduce_scatter", -1);
+  op_begin(comm, "reduce_scatter", NULL, 0);
   int rc = stage_in(comm, o, 2);
   if (rc == 0)
     rc = stage_out(comm, o, 2, comm->be->reduce_scatter(comm->impl, o[0].h, o[1].h, counts, op));
@@ -441,7 +452,7 @@ int dt_comm_all_gather_v(dt_comm_t *comm, const float *in, float *out, const siz
     return 0;
   operand_t o[2] = {{(void *)in, counts[comm->rank] * sizeof(float), 1, 0, NULL},
                     {out, total * sizeof(float), 0, 1, NULL}};
-  op_begin(comm, "all_gather", -1);
+  op_begin(comm, "all_gather", NULL, 0);
   int rc = stage_in(comm, o, 2);
   if (rc == 0)
     rc = stage_out(comm, o, 2, comm->be->all_gather(comm->impl, o[0].h, o[1].h, counts));
@@ -469,7 +480,7 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
   if (n == 0)
     return 0;
   operand_t o[1] = {{buf, n * sizeof(float), comm->rank == root, comm->rank != root, NULL}};
-  op_begin(comm, "broadcast", -1);
+  op_begin(comm, "broadcast", NULL, 0);
   int rc = stage_in(comm, o, 1);
   if (rc == 0)
     rc = stage_out(comm, o, 1, comm->be->broadcast(comm->impl, o[0].h, n, root));
@@ -479,7 +490,7 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
 int dt_comm_barrier(dt_comm_t *comm)
 {
   DT_CHECK(comm_enter(comm));
-  op_begin(comm, "barrier", -1);
+  op_begin(comm, "barrier", NULL, 0);
   return comm_leave(comm, comm->be->barrier(comm->impl));
 }
 
@@ -504,7 +515,7 @@ int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
   dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
   for (int i = 0; i < n; i++)
     o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
-  op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", ops[0].peer);
+  op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", ops, n);
   int rc = stage_in(comm, o, n);
   for (int i = 0; i < n; i++) {
     staged[i] = ops[i];
@@ -716,6 +727,6 @@ int dt_comm_split(dt_comm_t *comm, int color, int key, dt_comm_t **out)
   if (!out || color < DT_COMM_NO_COLOR)
     return DT_EINVAL;
   *out = NULL;
-  op_begin(comm, "split", -1);
+  op_begin(comm, "split", NULL, 0);
   return comm_leave(comm, split_run(comm, color, key, out));
 }

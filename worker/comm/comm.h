@@ -106,11 +106,12 @@ typedef struct {
 } dt_comm_device_t;
 void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
 
+#define DT_COMM_P2P_MAX 8 /* halves in one batch */
 /* Progress, for naming the rank a hung group waits for. Every communicator counts the
  * operations that reach its backend (entered, done) and remembers the one in progress. The
  * ranks of a group make the same calls in the same order, so while they progress their counts
  * agree; a rank blocked in operation #n waits for the members whose count is below n (or, for
- * point-to-point, for its peer). dt_comm_progress() lists this process's live communicators from
+ * point-to-point, for its peers). dt_comm_progress() lists this process's live communicators from
  * any thread (the trainer's health reporter): it fills up to max entries and returns how many
  * communicators there are. */
 typedef struct {
@@ -119,8 +120,9 @@ typedef struct {
   int rank, world;
   unsigned long long entered, done; /* operations started / returned */
   const char *op;                   /* the operation in progress (entered > done), else NULL */
-  int peer;          /* the first peer (group rank) of the point-to-point in progress, else -1 */
-  double waiting_ms; /* how long the operation in progress has been running */
+  int peers[DT_COMM_P2P_MAX];       /* the distinct peers (group ranks) of the point-to-point in */
+  int npeers;                       /* progress (0: a collective, or none) */
+  double waiting_ms;                /* how long the operation in progress has been running */
 } dt_comm_progress_t;
 int dt_comm_progress(dt_comm_progress_t *out, int max);
 /* Names the communicator in progress reports (at most 15 characters kept). */
@@ -166,8 +168,6 @@ typedef struct {
   int peer, tag; /* tag >= 0 */
   int recv;      /* 0: send, 1: receive */
 } dt_comm_p2p_t;
-
-#define DT_COMM_P2P_MAX 8 /* halves in one batch */
 
 /* Posts every half at once, then waits for all of them (NCCL's group of sends and receives,
  * PyTorch's batch_isend_irecv): an interleaved pipeline stage exchanges activations and

@@ -169,6 +169,7 @@ static void *health_main(void *arg)
   dt_link_t *l = arg;
   dt_comm_progress_t p[MAX_COMMS];
   Distrain__V1__CommProgress c[MAX_COMMS], *cp[MAX_COMMS];
+  int32_t peers[MAX_COMMS][DT_COMM_P2P_MAX];
   pthread_mutex_lock(&l->lock);
   while (!l->stopping && l->status_fd >= 0) {
     struct timespec until;
@@ -191,7 +192,11 @@ static void *health_main(void *arg)
       c[i].entered = p[i].entered;
       c[i].done = p[i].done;
       c[i].op = (char *)(p[i].op ? p[i].op : "");
-      c[i].peer = p[i].peer;
+      for (int k = 0; k < p[i].npeers; k++)
+        peers[i][k] = p[i].peers[k];
+      c[i].peers = peers[i];
+      c[i].n_peers = (size_t)p[i].npeers;
+      c[i].peer = p[i].npeers ? p[i].peers[0] : -1;
       c[i].waiting_ms = (uint32_t)DT_MIN(p[i].waiting_ms, 4e9);
       cp[i] = &c[i];
     }
