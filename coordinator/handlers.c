@@ -184,6 +184,16 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   }
   if (revived)
     dt_coord_schedule_soon(c);
+  /* Step metrics are acknowledged only once stored: while the store fails the heartbeat fails,
+   * the agent keeps them for its next one (steps sent again replace ours), and a coordinator
+   * killed meanwhile loses none. The rewrite is tried at most every 2 s (not per heartbeat). */
+  size_t nmetrics = 0;
+  for (size_t i = 0; i < req->n_trainers; i++)
+    nmetrics += req->trainers[i]->n_metrics;
+  if (nmetrics && dt_coord_resync(c, 0) != 0) {
+    fail_store(call, "step metrics");
+    return;
+  }
   resp.assignment_version = n->assign_version;
   dt_rpc_call_reply(call, &resp.base);
 }

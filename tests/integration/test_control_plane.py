@@ -1242,6 +1242,34 @@ class T5b_StoreFailure(ClusterTest):
         self.start_coordinator()
         self.assertEqual(self.get_job(job_id).state, pb.JOB_STOPPED)
 
+    def test_step_metrics_survive_a_kill_while_the_store_fails(self):
+        """Heartbeats carrying step metrics fail UNAVAILABLE while the store cannot be written,
+        so the agent keeps the metrics and sends them again; the coordinator is killed before
+        the store recovers, and after its restart the job's metrics still have every step (an
+        acknowledged heartbeat had lost the steps of the outage)."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        steps = slow_steps(8)
+        spec = job_spec(os.path.join(self.tmp, "ck"), steps, shape=SLOW)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        start = self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 8).step
+        locker = sqlite3.connect(os.path.join(self.tmp, "state", "coordinator.db"),
+                                 isolation_level=None, timeout=5)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            wait_until(lambda: self.get_job(job_id).step >= start + steps // 8, 30,
+                       "steps while the store is locked")
+            self.coord.kill()
+            self.coord.wait()
+        finally:
+            locker.close()
+        self.start_coordinator(port=self.port)
+        self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        got = [m.step for m in self.call("GetJobMetrics", pb.GetJobMetricsRequest(
+            job_id=job_id, after_step=0)).metrics]
+        self.assertEqual(got, list(range(1, steps + 1)),
+                         "steps missing: %s" % sorted(set(range(1, steps + 1)) - set(got)))
+
 
 def ip(*args):
     subprocess.run(["ip"] + list(args), check=True, capture_output=True, text=True, timeout=30)
