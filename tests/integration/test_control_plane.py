@@ -2013,6 +2013,32 @@ class T14_Logs(ClusterTest):
             return p, t
 
         followers = {r: follow(r) for r in (0, 1)}
+
+        # Held reads are bounded per node, and a reader that goes away is forgotten: ten reads
+        # waiting for rank 1's log to grow (it does not until the end), at most 8 held, the
+        # rest RESOURCE_EXHAUSTED; once cancelled, a new read is served at once.
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        self.assertFalse(j.state == pb.JOB_COMPLETED, "the job ended too soon")
+        h1 = [r.hostname for r in j.ranks if r.rank == 1][0]
+        size = os.path.getsize(os.path.join(self.tmp, "work-" + h1, job_id, "rank-1.log"))
+        wait = pb.GetLogsRequest(job_id=job_id, rank=1, offset=size, wait_ms=20000)
+        futs = [self._stub.GetLogs.future(wait, metadata=self.auth(), timeout=60)
+                for _ in range(10)]
+        refused = wait_until(lambda: [f for f in futs if f.done() and f.exception() is not None
+                                      and f.code() == grpc.StatusCode.RESOURCE_EXHAUSTED], 10,
+                             "reads past the per-node bound to be refused")
+        self.assertIn("log reads waiting", refused[0].details())
+        self.assertLessEqual(len([f for f in futs if not f.done()]), 8)
+        for f in futs:
+            f.cancel()
+        t0 = time.monotonic()
+        now = pb.GetLogsRequest(job_id=job_id, rank=1, offset=0, wait_ms=0)
+        first = wait_until(lambda: self.call("GetLogs", now, timeout=10), 5,
+                           "a read once the held ones were cancelled")
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertTrue(first.data.startswith(b"==== job %s generation 1 rank 1" %
+                                              job_id.encode()), first.data[:200])
+
         done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
         ended = time.monotonic()
         j = self.get_job(job_id)
@@ -2024,8 +2050,11 @@ class T14_Logs(ClusterTest):
                     host[t.rank] = n.info.hostname
         self.assertEqual(sorted(host), [0, 1], j)
         self.assertNotEqual(host[0], host[1])
-        files = {r: open(os.path.join(self.tmp, "work-" + host[r], job_id, "rank-%d.log" % r),
-                         "rb").read() for r in (0, 1)}
+        files = {}
+        for r in (0, 1):
+            with open(os.path.join(self.tmp, "work-" + host[r], job_id, "rank-%d.log" % r),
+                      "rb") as f:
+                files[r] = f.read()
         for r, (p, t) in followers.items():
             rc = p.wait(timeout=30)
             t.join(timeout=10)
