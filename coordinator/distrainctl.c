@@ -370,7 +370,8 @@ static int logs_rpc(args_t *a)
     if (strcmp(node, r->node_id) != 0)
       fprintf(stderr, "==> %s rank %d %s %s (%s): %s <==\n", a->pos[1], a->rank,
               node[0] ? "moved to" : "on", r->node_id, r->hostname, r->path);
-    fwrite(r->data.data, 1, r->data.len, stdout);
+    if (r->data.len) /* data is NULL when empty */
+      fwrite(r->data.data, 1, r->data.len, stdout);
     fflush(stdout);
     snprintf(node, sizeof node, "%s", r->node_id);
     offset = r->next_offset;
