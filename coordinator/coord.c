@@ -238,6 +238,7 @@ static void on_rpc_closed(void *ud)
   dt_coord_t *c = x->c;
   dt_kv_destroy(c->kv);
   c->kv = NULL;
+  dt_coord_logs_close(c);
   x->pending = 2;
   c->liveness.data = x;
   uv_close((uv_handle_t *)&c->liveness, on_handle_closed);

@@ -9,6 +9,9 @@
  *  - A job's generation only grows; an assignment, a key-value entry and a trainer status
  *    all carry the generation they belong to, and anything older than the job's current
  *    generation is stale: never served, never counted.
+ *  - Trainer logs are not scoped by generation (a rank's file on a node appends every
+ *    generation it ran there): GetLogs reads the node that holds the rank in the current
+ *    generation, or the last one that did (dt_job_t.rank_node), through that node's agent.
  *  - Every state change is written to SQLite before it is visible over RPC (write-through),
  *    so a coordinator killed with SIGKILL comes back with the same jobs, generations, nodes,
  *    assignments and committed checkpoints. */
@@ -51,6 +54,7 @@ typedef struct {
   struct dt_coord *watch_owner; /* for the watch timer's callback */
   uv_timer_t watch_timer;
   int watch_timer_active;
+  int n_log_waits; /* GetLogs calls held for this node's agent (logrelay.c), bounded */
 } dt_node_t;
 
 /* Per-rank bookkeeping of the current generation. */
@@ -108,7 +112,13 @@ typedef struct {
   dt_node_rank_t *by_node;
   uint64_t by_node_gen;
   int by_node_world;
+  /* rank -> node index of the newest generation that had the rank (its log is there), -1 for
+   * none; kept when the job shrinks, so a rank that no longer exists still has its log */
+  int *rank_node;
+  int n_rank_node;
 } dt_job_t;
+
+typedef struct dt_log_wait dt_log_wait_t;
 
 struct dt_coord {
   uv_loop_t *loop;
@@ -127,6 +137,8 @@ struct dt_coord {
   double last_resync_ms;        /* last attempt to rewrite the store after a failed write */
   uv_timer_t sched;             /* dt_coord_schedule_soon: one planning pass per loop iteration */
   int notify_pending;           /* some node's notify_pending is set */
+  dt_log_wait_t *log_waits;     /* held GetLogs calls (logrelay.c) */
+  uint64_t next_log_id;
   int closing;
 };
 
@@ -165,7 +177,12 @@ double dt_coord_report_age_ms(const dt_job_t *j, int r);
 void dt_coord_blame_expired(dt_coord_t *c);
 /* Removes a job's assignments from its nodes (agents stop its trainers). */
 void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j);
-/* Builds the node's WatchAssignment answer. */
+/* Remembers the node of every rank of the job's current generation (dt_job_t.rank_node). */
+void dt_coord_remember_ranks(dt_job_t *j);
+/* The node index rank ran on last (see dt_job_t.rank_node), or -1. */
+int dt_coord_rank_node(const dt_job_t *j, int rank);
+/* Builds the node's WatchAssignment answer, with the log requests it has not been handed yet
+ * (dt_coord_logs_attach). */
 Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, dt_node_t *n);
 void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r);
 /* Wakes a node's held WatchAssignment call, if any, after its assignments changed. */
@@ -179,6 +196,26 @@ void dt_job_free(dt_job_t *j);
 void dt_node_free(dt_node_t *n);
 /* Forgets a node's GPU usage (it re-registered: its GPUs may have changed). */
 void dt_node_clear_usage(dt_node_t *n);
+
+/* ---- trainer logs, relayed through the agents (logrelay.c) ---- */
+/* GetLogs: holds the call, asks the node holding the rank for the bytes (its held watch is
+ * answered now, else its next one carries the request), and replies on its PutLogs; fails
+ * at once for an unknown job or rank, a dead node, or a node with too many reads waiting, and
+ * DEADLINE_EXCEEDED when the agent does not answer in time. */
+void dt_coord_get_logs(dt_coord_t *c, dt_rpc_call_t *call, const Distrain__V1__GetLogsRequest *req);
+/* PutLogs: an agent's answer; replies to the GetLogs it belongs to (if still waiting). */
+void dt_coord_put_logs(dt_coord_t *c, dt_rpc_call_t *call, const Distrain__V1__PutLogsRequest *req);
+/* Whether the node has log requests its agent has not been handed yet. */
+int dt_coord_logs_unsent(const dt_coord_t *c, const dt_node_t *n);
+/* Adds those to a watch answer (borrowed: dt_coord_free_assignments frees only the array) and
+ * marks them handed out. DT_ENOMEM leaves them for the next answer. */
+int dt_coord_logs_attach(dt_coord_t *c, const dt_node_t *n,
+                         Distrain__V1__WatchAssignmentResponse *r);
+/* The node died (all its reads fail UNAVAILABLE) or its agent restarted (sent_only: the reads
+ * it had been handed are lost; the others go to the new agent). */
+void dt_coord_logs_node_gone(dt_coord_t *c, dt_node_t *n, int sent_only, const char *why);
+/* Shutdown: fails every held GetLogs. */
+void dt_coord_logs_close(dt_coord_t *c);
 
 /* ---- handlers (handlers.c) ---- */
 int dt_coord_register_handlers(dt_coord_t *c);

@@ -3,7 +3,7 @@
  *   distrainctl run --local [--nodes N] [--devices-per-node M] [--run-dir DIR] JOB.yaml
  *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch] [--plot PNG]
  *   distrainctl stop JOB                   distrainctl nodes
- *   distrainctl logs JOB [--rank R] [--work-dir DIR]
+ *   distrainctl logs JOB [--rank R] [--follow] [--work-dir DIR]
  *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
  * Common: --coordinator HOST:PORT (default $DISTRAIN_COORDINATOR or 127.0.0.1:7470),
  * --token-file FILE ($DISTRAIN_TOKEN_FILE or /etc/distrain/token), --json, --set S.K=V,
@@ -26,7 +26,7 @@
 typedef struct {
   dt_ctl_opts_t o;
   dt_ctl_local_t local;
-  int is_local, watch, rank;
+  int is_local, watch, rank, follow;
   const char *work_dir, *plot;
   char *sets[MAX_SETS];
   int nsets;
@@ -47,7 +47,8 @@ static void usage(FILE *out)
           "                     --plot draws its loss curve with gnuplot)\n"
           "  stop JOB           stop a job\n"
           "  nodes              registered nodes\n"
-          "  logs JOB [--rank R] [--work-dir DIR]   trainer logs on this machine\n"
+          "  logs JOB [--rank R] [--follow]   a trainer's log (rank 0 by default) from its node,\n"
+          "                     through the coordinator; --work-dir DIR reads local files instead\n"
           "  plan --model PRESET --seq S --global-batch B --gpus N [...]   memory/time per "
           "layout (plan --help)\n"
           "options: --coordinator HOST:PORT  --token-file FILE  --json  --set SECTION.KEY=VALUE\n"
@@ -71,6 +72,7 @@ static int parse(int argc, char **argv, args_t *a)
                                        {"work-dir", required_argument, 0, 'W'},
                                        {"plot", required_argument, 0, 'P'},
                                        DT_RPC_TLS_OPTIONS,
+                                       {"follow", no_argument, 0, 'f'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int ch;
@@ -107,6 +109,9 @@ static int parse(int argc, char **argv, args_t *a)
       break;
     case 'w':
       a->watch = 1;
+      break;
+    case 'f':
+      a->follow = 1;
       break;
     case 'r':
       a->local.run_dir = optarg;
@@ -293,36 +298,21 @@ static int cmd_nodes(args_t *a)
   return rc == 0 ? 0 : 1;
 }
 
-/* Trainer logs live on the nodes; this prints the ones reachable from here (run --local
- * directories, or a shared/local agent work directory). */
-static int cmd_logs(args_t *a)
+/* logs --work-dir DIR: the rank's log file under DIR/JOB/ (DIR may be a glob). For what no
+ * coordinator serves any more: `run --local`'s node directories once it has exited. */
+static int logs_local(args_t *a)
 {
-  if (!need(a, 1, "JOB"))
-    return 2;
   char pattern[4200];
-  const char *dirs[3];
-  int ndirs = 0;
-  if (a->work_dir) {
-    dirs[ndirs++] = a->work_dir;
-  } else {
-    dirs[ndirs++] = "distrain-run/node-*";
-    dirs[ndirs++] = "/var/lib/distrain/worker";
-  }
+  snprintf(pattern, sizeof pattern, "%s/%s/rank-%d.log", a->work_dir, a->pos[1], a->rank);
+  glob_t g;
   int found = 0;
-  for (int d = 0; d < ndirs; d++) {
-    if (a->rank >= 0)
-      snprintf(pattern, sizeof pattern, "%s/%s/rank-%d.log", dirs[d], a->pos[1], a->rank);
-    else
-      snprintf(pattern, sizeof pattern, "%s/%s/rank-*.log", dirs[d], a->pos[1]);
-    glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0)
-      continue;
+  if (glob(pattern, 0, NULL, &g) == 0) {
     for (size_t i = 0; i < g.gl_pathc; i++) {
       FILE *fp = fopen(g.gl_pathv[i], "r");
       if (!fp)
         continue;
       found++;
-      if (g.gl_pathc > 1 || a->rank < 0)
+      if (g.gl_pathc > 1)
         printf("==> %s <==\n", g.gl_pathv[i]);
       char buf[8192];
       size_t n;
@@ -333,21 +323,83 @@ static int cmd_logs(args_t *a)
     globfree(&g);
   }
   if (!found) {
-    fprintf(stderr,
-            "distrainctl logs: no logs of %s%s on this machine (looked in %s%s%s; "
-            "use --work-dir)\n",
-            a->pos[1], a->rank >= 0 ? " for that rank" : "", dirs[0], ndirs > 1 ? " and " : "",
-            ndirs > 1 ? dirs[1] : "");
+    fprintf(stderr, "distrainctl logs: no log of %s rank %d in %s\n", a->pos[1], a->rank,
+            a->work_dir);
     return 1;
   }
   return 0;
+}
+
+#define LOGS_FOLLOW_WAIT_MS 2000 /* how long one --follow call waits for new bytes */
+#define LOGS_FOLLOW_RETRIES 5    /* unreachable node or late answer in a row: give up */
+
+/* logs JOB: GetLogs from offset 0 until the end of the file (the whole log, in chunks of up to
+ * 1 MiB); with --follow, on from there until the job has ended and its log is read. A rank that
+ * moved to another node (a new generation) is followed there, from the start of its log on that
+ * node. */
+static int logs_rpc(args_t *a)
+{
+  dt_rpc_client_t *c;
+  if (!with_client(a, &c))
+    return 1;
+  char node[64] = "", err[1024];
+  uint64_t offset = 0;
+  int rc = 0, retries = 0;
+  for (;;) {
+    Distrain__V1__GetLogsRequest req = DISTRAIN__V1__GET_LOGS_REQUEST__INIT;
+    req.job_id = a->pos[1];
+    req.rank = a->rank;
+    req.offset = offset;
+    req.node_id = node;
+    req.wait_ms = a->follow ? LOGS_FOLLOW_WAIT_MS : 0;
+    ProtobufCMessage *m;
+    rc = dt_rpc_client_call(c, "GetLogs", &req.base, &m, (int)req.wait_ms + 15000, 0, err,
+                            sizeof err);
+    if (rc != 0 && a->follow && (rc == DT_EUNAVAIL || rc == DT_ETIMEDOUT) &&
+        ++retries <= LOGS_FOLLOW_RETRIES) {
+      fprintf(stderr, "distrainctl logs: %s; trying again\n", err);
+      dt_sleep_ms(1000);
+      continue;
+    }
+    if (rc != 0) {
+      fprintf(stderr, "distrainctl logs: %s\n", err);
+      break;
+    }
+    retries = 0;
+    const Distrain__V1__GetLogsResponse *r = (const void *)m;
+    if (strcmp(node, r->node_id) != 0)
+      fprintf(stderr, "==> %s rank %d %s %s (%s): %s <==\n", a->pos[1], a->rank,
+              node[0] ? "moved to" : "on", r->node_id, r->hostname, r->path);
+    if (r->data.len) /* data is NULL when empty */
+      fwrite(r->data.data, 1, r->data.len, stdout);
+    fflush(stdout);
+    snprintf(node, sizeof node, "%s", r->node_id);
+    offset = r->next_offset;
+    const int done = a->follow ? r->complete : r->eof;
+    protobuf_c_message_free_unpacked(m, NULL);
+    if (done)
+      break;
+  }
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
+/* Trainer logs live on the nodes; their agents serve them through the coordinator. */
+static int cmd_logs(args_t *a)
+{
+  if (!need(a, 1, "JOB"))
+    return 2;
+  if (a->work_dir && a->follow) {
+    fprintf(stderr, "distrainctl logs: --follow reads through the coordinator, not --work-dir\n");
+    return 2;
+  }
+  return a->work_dir ? logs_local(a) : logs_rpc(a);
 }
 
 int main(int argc, char **argv)
 {
   args_t a;
   memset(&a, 0, sizeof a);
-  a.rank = -1;
   a.local.nodes = 1;
   a.local.devices_per_node = 1;
   a.local.run_dir = "distrain-run";

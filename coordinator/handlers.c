@@ -1,6 +1,6 @@
 /* handlers.c — one function per RPC of distrain.v1.Coordinator, all on the loop thread.
- * Handlers validate their input, change state through jobs.c, and answer; the two that
- * wait (WatchAssignment, KvGet) keep their call and answer later. */
+ * Handlers validate their input, change state through jobs.c, and answer; the three that
+ * wait (WatchAssignment, KvGet, GetLogs) keep their call and answer later. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -103,7 +103,8 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   }
   dt_node_t *n = req->node_id[0] ? dt_coord_node_by_id(c, req->node_id) : NULL;
   if (n) {
-    /* The agent restarted: its trainers died with it. */
+    /* The agent restarted: its trainers died with it, and so did the log reads it had. */
+    dt_coord_logs_node_gone(c, n, 1, "its agent restarted");
     distrain__v1__node_info__free_unpacked(n->info, NULL);
     n->info = info;
     dt_node_clear_usage(n);
@@ -221,9 +222,15 @@ static void handle_watch(dt_rpc_call_t *call, const ProtobufCMessage *m, void *u
   dt_node_t *n = node_or_fail(c, call, req->node_id);
   if (!n)
     return;
-  if (n->watch) /* superseded: the agent only ever has one watch outstanding */
-    dt_coord_notify_node(c, n);
-  if (req->known_version != n->assign_version) {
+  if (n->watch) { /* superseded: the agent only ever has one watch outstanding, and no log
+                   * request may go to the call it no longer waits on */
+    dt_rpc_call_t *old = n->watch;
+    n->watch = NULL;
+    uv_timer_stop(&n->watch_timer);
+    dt_rpc_call_on_cancel(old, NULL, NULL);
+    dt_rpc_call_fail(old, DT_RPC_CANCELLED, "superseded by a newer WatchAssignment");
+  }
+  if (req->known_version != n->assign_version || dt_coord_logs_unsent(c, n)) {
     Distrain__V1__WatchAssignmentResponse *r = dt_coord_assignments_for(c, n);
     if (!r) {
       dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -531,6 +538,20 @@ static void handle_report_ckpt(dt_rpc_call_t *call, const ProtobufCMessage *m, v
   dt_rpc_call_reply(call, &resp.base);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Trainer logs (logrelay.c)                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+static void handle_get_logs(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_get_logs(ud, call, (const Distrain__V1__GetLogsRequest *)m);
+}
+
+static void handle_put_logs(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_put_logs(ud, call, (const Distrain__V1__PutLogsRequest *)m);
+}
+
 int dt_coord_register_handlers(dt_coord_t *c)
 {
   static const struct {
@@ -549,6 +570,8 @@ int dt_coord_register_handlers(dt_coord_t *c)
       {"KvPut", handle_kv_put},
       {"KvGet", handle_kv_get},
       {"ReportCheckpoint", handle_report_ckpt},
+      {"GetLogs", handle_get_logs},
+      {"PutLogs", handle_put_logs},
   };
   for (size_t i = 0; i < DT_ARRAY_SIZE(table); i++)
     DT_CHECK(dt_rpc_server_handle(c->rpc, table[i].name, table[i].fn, c));

@@ -154,6 +154,7 @@ void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
     free(a);
   }
   free(r->assignments);
+  free(r->log_requests); /* the requests are the held GetLogs calls' (logrelay.c) */
   free(r);
 }
 
@@ -204,7 +205,43 @@ static const dt_node_rank_t *ranks_on_node(dt_job_t *j, int node, int *count)
   return j->by_node + lo;
 }
 
+void dt_coord_remember_ranks(dt_job_t *j)
+{
+  if (!j->ranks)
+    return;
+  if (j->world > j->n_rank_node) {
+    int *grown = realloc(j->rank_node, (size_t)j->world * sizeof *grown);
+    if (!grown)
+      return; /* the older ranks' nodes stay known */
+    for (int r = j->n_rank_node; r < j->world; r++)
+      grown[r] = -1;
+    j->rank_node = grown;
+    j->n_rank_node = j->world;
+  }
+  for (int r = 0; r < j->world; r++)
+    j->rank_node[r] = j->ranks[r].node;
+}
+
+int dt_coord_rank_node(const dt_job_t *j, int rank)
+{
+  if (rank < 0)
+    return -1;
+  if (j->ranks && rank < j->world)
+    return j->ranks[rank].node;
+  return rank < j->n_rank_node ? j->rank_node[rank] : -1;
+}
+
+static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, dt_node_t *n);
+
 Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, dt_node_t *n)
+{
+  Distrain__V1__WatchAssignmentResponse *r = build_assignments(c, n);
+  if (r)
+    dt_coord_logs_attach(c, n, r);
+  return r;
+}
+
+static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, dt_node_t *n)
 {
   Distrain__V1__WatchAssignmentResponse *r = calloc(1, sizeof *r);
   if (!r)
@@ -397,6 +434,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     j->ranks[r].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING;
     j->ranks[r].step = 0;
   }
+  dt_coord_remember_ranks(j);
   j->resume = j->job->committed_step > 0;
   j->job->generation++;
   j->job->world_size = pl.world;
@@ -479,6 +517,7 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
   n->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
   DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
           silent);
+  dt_coord_logs_node_gone(c, n, 0, "it is dead (missed heartbeats)");
   int jidx = n->job;
   dt_store_put_node(c->store, n);
   if (jidx >= 0 && (size_t)jidx < c->n_jobs) {
@@ -920,6 +959,7 @@ void dt_job_free(dt_job_t *j)
   free_ranks(j);
   free(j->nodes);
   free(j->by_node);
+  free(j->rank_node);
   free(j);
 }
 

@@ -416,6 +416,7 @@ static int load_jobs(dt_store_t *s, dt_coord_t *c)
       j->ranks[r].node = plan[4 + 2 * r];
       j->ranks[r].local_rank = plan[5 + 2 * r];
     }
+    dt_coord_remember_ranks(j);
     if (c->n_jobs == c->cap_jobs) {
       size_t cap = c->cap_jobs ? c->cap_jobs * 2 : 16;
       void *grown = realloc(c->jobs, cap * sizeof *c->jobs);

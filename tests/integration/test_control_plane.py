@@ -1976,6 +1976,160 @@ class T12_GpuUsage(ClusterTest):
 # 13. Chaos: seeded random failures of a 4-rank job; every run must end as the uninterrupted one
 # ---------------------------------------------------------------------------------------------
 
+class T14_Logs(ClusterTest):
+    """distrainctl logs over RPC: the agents serve their trainers' logs through the
+    coordinator, so logs of remote nodes work."""
+
+    def hidden_ctl(self, *args):
+        """distrainctl's command line, run in a mount namespace of its own where an empty tmpfs
+        covers every agent's work directory: the logs can only come over RPC. Where no mount
+        namespace can be made it runs as is (the RPC path reads no local file either)."""
+        cmd = [binary("coordinator", "distrainctl"), "logs", "--coordinator", self.addr,
+               "--token-file", self.token_file] + list(args)
+        if not getattr(self, "_can_hide", None):
+            return cmd
+        mounts = " && ".join("mount -t tmpfs none %s" % w for w in self.work_dirs())
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                mounts + ' && exec "$@"', "sh"] + cmd
+
+    def work_dirs(self):
+        return [os.path.join(self.tmp, "work-" + h) for h in sorted(self.agents)]
+
+    def logs(self, *args):
+        return subprocess.run(self.hidden_ctl(*args), capture_output=True, text=True,
+                              env=self.env, cwd=self.tmp, timeout=60)
+
+    def test_logs_of_remote_ranks_follow_and_errors(self):
+        """A dp=2 job on two agents: `logs JOB --rank 1 --follow` started while it runs streams
+        rank 1's log (its first lines come before the job ends) and exits 0 once the job has
+        completed, with exactly the bytes of the file on that agent's disk; rank 0's step lines
+        stream the same way. Plain `logs` (rank 0 by default, --rank 1) returns each rank's file
+        while the files are hidden from distrainctl. A rank or job that does not exist, and a
+        rank whose node is dead, are clear errors with exit code 1."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        for w in self.work_dirs():
+            os.makedirs(w, exist_ok=True)
+        self._can_hide = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "none",
+             self.work_dirs()[0]], capture_output=True).returncode == 0
+        if not self._can_hide:
+            sys.stderr.write("(no mount namespace here: distrainctl runs with the work "
+                             "directories visible) ")
+        steps = slow_steps(5.0)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, dp=2)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RENDEZVOUS, pb.JOB_RUNNING], 20)
+
+        # --follow of both ranks while the job runs; every chunk read is timestamped
+        got = {}
+
+        def follow(rank):
+            p = subprocess.Popen(self.hidden_ctl(job_id, "--rank", str(rank), "--follow"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
+                                 cwd=self.tmp)
+            self.procs.append(p)
+            got[rank] = []
+
+            def reader():
+                for line in iter(p.stdout.readline, b""):
+                    got[rank].append((time.monotonic(), line))
+            t = threading.Thread(target=reader, daemon=True)
+            t.start()
+            return p, t
+
+        followers = {r: follow(r) for r in (0, 1)}
+
+        # Held reads are bounded per node, and a reader that goes away is forgotten: ten reads
+        # waiting for rank 1's log to grow (it does not until the end), at most 8 held, the
+        # rest RESOURCE_EXHAUSTED; once cancelled, a new read is served at once.
+        j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        self.assertFalse(j.state == pb.JOB_COMPLETED, "the job ended too soon")
+        h1 = [r.hostname for r in j.ranks if r.rank == 1][0]
+        size = os.path.getsize(os.path.join(self.tmp, "work-" + h1, job_id, "rank-1.log"))
+        wait = pb.GetLogsRequest(job_id=job_id, rank=1, offset=size, wait_ms=20000)
+        futs = [self._stub.GetLogs.future(wait, metadata=self.auth(), timeout=60)
+                for _ in range(10)]
+        refused = wait_until(lambda: [f for f in futs if f.done() and f.exception() is not None
+                                      and f.code() == grpc.StatusCode.RESOURCE_EXHAUSTED], 10,
+                             "reads past the per-node bound to be refused")
+        self.assertIn("log reads waiting", refused[0].details())
+        self.assertLessEqual(len([f for f in futs if not f.done()]), 8)
+        for f in futs:
+            f.cancel()
+        t0 = time.monotonic()
+        now = pb.GetLogsRequest(job_id=job_id, rank=1, offset=0, wait_ms=0)
+        first = wait_until(lambda: self.call("GetLogs", now, timeout=10), 5,
+                           "a read once the held ones were cancelled")
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertTrue(first.data.startswith(b"==== job %s generation 1 rank 1" %
+                                              job_id.encode()), first.data[:200])
+
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        ended = time.monotonic()
+        j = self.get_job(job_id)
+        self.assertEqual((done.generation, done.restarts), (1, 0))
+        host = {}  # rank -> the agent it ran on
+        for n in self.nodes():
+            for t in n.trainers:
+                if t.job_id == job_id:
+                    host[t.rank] = n.info.hostname
+        self.assertEqual(sorted(host), [0, 1], j)
+        self.assertNotEqual(host[0], host[1])
+        files = {}
+        for r in (0, 1):
+            with open(os.path.join(self.tmp, "work-" + host[r], job_id, "rank-%d.log" % r),
+                      "rb") as f:
+                files[r] = f.read()
+        for r, (p, t) in followers.items():
+            rc = p.wait(timeout=30)
+            t.join(timeout=10)
+            err = p.stderr.read().decode(errors="replace")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(b"".join(x for _, x in got[r]), files[r], "rank %d: %s" % (r, err))
+            self.assertIn("%s rank %d on node-" % (job_id, r), err)
+            self.assertIn("(%s)" % host[r], err)
+            early = [x for when, x in got[r] if when < ended]
+            self.assertTrue(early, "rank %d: nothing streamed before the job ended" % r)
+        self.assertIn(b"==== job %s generation 1 rank 1" % job_id.encode(), files[1])
+        self.assertIn(b"[rank 1] plan: rank 1 of 2", files[1])
+        steps_early = [x for when, x in got[0] if when < ended and b"step " in x]
+        self.assertGreater(len(steps_early), 1, "rank 0's step lines were not streamed")
+
+        # plain logs: rank 0 by default, --rank 1; the bytes of each agent's file
+        r = self.logs(job_id)
+        self.assertEqual((r.returncode, r.stdout.encode()), (0, files[0]), r.stderr)
+        r = self.logs(job_id, "--rank", "1")
+        self.assertEqual((r.returncode, r.stdout.encode()), (0, files[1]), r.stderr)
+        if self._can_hide:  # the hiding works: the files are not there for distrainctl
+            r = subprocess.run(self.hidden_ctl("--work-dir", self.work_dirs()[0], job_id),
+                               capture_output=True, text=True, env=self.env, timeout=30)
+            self.assertEqual(r.returncode, 1, r.stdout)
+            self.assertIn("no log of %s rank 0" % job_id, r.stderr)
+
+        # errors: a rank or a job that does not exist
+        r = self.logs(job_id, "--rank", "2")
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("job %s has no rank 2 (its ranks are 0 to 1)" % job_id, r.stderr)
+        r = self.logs("job-999")
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("unknown job 'job-999'", r.stderr)
+
+        # the node holding rank 1 is dead: UNAVAILABLE at once, naming it
+        self.agents[host[1]].send_signal(signal.SIGKILL)
+        self.agents[host[1]].wait(timeout=5)
+        wait_until(lambda: [n for n in self.nodes() if n.info.hostname == host[1] and
+                            n.state == pb.NODE_DEAD], 10, "the node to be declared dead")
+        t0 = time.monotonic()
+        r = self.logs(job_id, "--rank", "1")
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertRegex(r.stderr, r"rank 1 of job %s ran last on node node-\d \(%s\), which is "
+                         r"dead" % (job_id, host[1]))
+        self.assertLess(time.monotonic() - t0, 5)
+
+
 class T13_Chaos(ClusterTest):
     FAULTS = ("trainer-kill", "trainer-stop", "agent-kill", "coordinator+trainer-kill",
               "kill-during-save")

@@ -1,5 +1,6 @@
 /* test_common.c — Check suite for common/: the error table, DT_PARAM, strict number parsing,
- * CRC-32C, durable atomic files, mkdir -p, the RNG and the CUDA version messages. */
+ * CRC-32C, durable atomic files, mkdir -p, the RNG, the CUDA version messages and the log
+ * chunks GetLogs serves. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "dt_error.h"
 #include "dt_param.h"
 #include "dt_util.h"
+#include "logs.h"
 #include "rng.h"
 #include "ut_fs.h"
 
@@ -617,6 +619,75 @@ START_TEST(test_cuda_mismatch_message)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* Log chunks and paths (GetLogs)                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Reads walk the file in chunks of at most max_bytes (0 or more than 1 MiB: 1 MiB), the last
+ * one reaching eof; an empty read at the end is eof too. */
+START_TEST(test_logs_chunk_walks_the_file)
+{
+  dt_logs_chunk_t c = dt_logs_chunk(100, 0, 40);
+  ck_assert(c.start == 0 && c.len == 40 && !c.eof);
+  c = dt_logs_chunk(100, 80, 40);
+  ck_assert(c.start == 80 && c.len == 20 && c.eof);
+  c = dt_logs_chunk(100, 100, 40);
+  ck_assert(c.start == 100 && c.len == 0 && c.eof);
+  c = dt_logs_chunk(0, 0, 40); /* no file yet */
+  ck_assert(c.start == 0 && c.len == 0 && c.eof);
+  const uint64_t big = 5ull * DT_LOGS_MAX_CHUNK + 7;
+  uint64_t off = 0;
+  int reads = 0;
+  for (;;) {
+    c = dt_logs_chunk(big, off, 0);
+    ck_assert_uint_eq(c.start, off);
+    ck_assert_uint_le(c.len, DT_LOGS_MAX_CHUNK);
+    off += c.len, reads++;
+    if (c.eof)
+      break;
+  }
+  ck_assert_uint_eq(off, big);
+  ck_assert_int_eq(reads, 6);
+  c = dt_logs_chunk(big, 0, UINT32_MAX);
+  ck_assert_uint_eq(c.len, DT_LOGS_MAX_CHUNK);
+}
+END_TEST
+
+/* An offset past the end means the file was replaced by a shorter one: start over at 0. */
+START_TEST(test_logs_chunk_offset_past_the_end)
+{
+  dt_logs_chunk_t c = dt_logs_chunk(10, 50, 0);
+  ck_assert(c.start == 0 && c.len == 10 && c.eof);
+  c = dt_logs_chunk(0, 1, 0);
+  ck_assert(c.start == 0 && c.len == 0 && c.eof);
+}
+END_TEST
+
+/* Paths come from the job id and rank alone; a job id that is not one safe path component
+ * names no file. */
+START_TEST(test_logs_path)
+{
+  char buf[64];
+  ck_assert_int_eq(dt_logs_path("/w", "job-12", 3, buf, sizeof buf), 0);
+  ck_assert_str_eq(buf, "/w/job-12/rank-3.log");
+  static const char *const bad[] = {"",
+                                    ".",
+                                    "..",
+                                    "../etc",
+                                    "a/b",
+                                    ".hidden",
+                                    "job 1",
+                                    "j\n",
+                                    "x123456789012345678901234567890123456789012345678901234567890"
+                                    "123"};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(bad); i++)
+    ck_assert_msg(dt_logs_path("/w", bad[i], 0, buf, sizeof buf) == DT_EINVAL, "'%s'", bad[i]);
+  ck_assert_int_eq(dt_logs_path("/w", "job-1", -1, buf, sizeof buf), DT_EINVAL);
+  ck_assert_int_eq(dt_logs_path("/a/long/work/directory/name", "job-1", 0, buf, 16), DT_ERANGE);
+  ck_assert(dt_logs_job_ok("job-1") && dt_logs_job_ok("a.b_c-D9"));
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 
 static Suite *common_suite(void)
 {
@@ -665,6 +736,12 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_cuda_version_str);
   tcase_add_test(t, test_cuda_driver_older);
   tcase_add_test(t, test_cuda_mismatch_message);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("logs");
+  tcase_add_test(t, test_logs_chunk_walks_the_file);
+  tcase_add_test(t, test_logs_chunk_offset_past_the_end);
+  tcase_add_test(t, test_logs_path);
   suite_add_tcase(s, t);
   return s;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dt_log.h"
@@ -14,6 +15,7 @@
 #include "dt_util.h"
 #include "gpu_usage.h"
 #include "jobspec.h"
+#include "logs.h"
 
 #ifdef DT_HAVE_CUDA
 #include "probe.h"
@@ -21,6 +23,11 @@
 
 DT_PARAM(WatchTimeoutMs, "WATCH_TIMEOUT_MS", 10000)
 DT_PARAM(RpcTimeoutMs, "AGENT_RPC_TIMEOUT_MS", 5000)
+/* How often a log read waiting for new bytes looks at the file again. */
+DT_PARAM(LogPollMs, "LOG_POLL_MS", 100)
+
+/* Log reads the agent serves at once; more are dropped (the coordinator bounds them too). */
+#define LOG_READS_MAX 16
 
 extern char **environ;
 
@@ -45,6 +52,23 @@ typedef struct trainer {
   size_t n_pending;
   uint64_t last_report_ms; /* loop time of its last report, or of its start */
 } trainer_t;
+
+/* A LogRequest being served: the file is read on the threadpool and the bytes sent with
+ * PutLogs; while it has nothing past the offset (and someone may still write it), the read
+ * waits on its timer, looking again every LogPollMs, until wait_ms is over. */
+typedef struct log_read {
+  struct log_read *next;
+  dt_agent_t *agent;
+  Distrain__V1__LogRequest req; /* req.job_id owned */
+  char node_id[32];             /* ours when it came (the threadpool must not read the agent's) */
+  uint64_t deadline;            /* loop time at which it stops waiting for bytes */
+  uv_timer_t timer;
+  uv_work_t work;
+  int busy;     /* its work is queued */
+  int writing;  /* set on the loop before each work: a trainer of the rank runs here */
+  int expired;  /* set on the loop before each work: the wait is over */
+  int answered; /* the work sent PutLogs (or gave up): release it */
+} log_read_t;
 
 /* One of the node's GPUs: NodeInfo.devices[i] describes it, usage rides on the heartbeats. */
 typedef struct {
@@ -88,6 +112,8 @@ struct dt_agent {
   /* the desired state and the trainers */
   Distrain__V1__WatchAssignmentResponse *assignment;
   trainer_t *trainers;
+  log_read_t *logs; /* log reads in progress */
+  int n_logs;
   void (*close_cb)(void *);
   void *close_ud;
 };
@@ -97,6 +123,7 @@ static void start_watch(dt_agent_t *a);
 static void start_register(dt_agent_t *a);
 static void on_heartbeat(uv_timer_t *h);
 static void maybe_finish_close(dt_agent_t *a);
+static void log_read_start(dt_agent_t *a, const Distrain__V1__LogRequest *lr);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Trainers                                                                                    */
@@ -417,9 +444,10 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
     goto fail;
   }
   char dir[4200], log[4300];
+  /* The one place a rank's log path is made (GetLogs reads it back through the same helper). */
+  DT_CHECK_GOTO(dt_logs_path(a->cfg.work_dir, as->job_id, r->rank, log, sizeof log), ret, fail);
   snprintf(dir, sizeof dir, "%s/%s", a->cfg.work_dir, as->job_id);
   DT_CHECK_GOTO(dt_mkdir_p(dir), ret, fail);
-  snprintf(log, sizeof log, "%s/rank-%d.log", dir, r->rank);
   logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (logfd < 0) {
     DT_ERROR(WORKER, "%s: cannot open trainer log: %s", log, strerror(errno));
@@ -781,6 +809,8 @@ static void watch_done(uv_work_t *w, int status)
   }
   Distrain__V1__WatchAssignmentResponse *r = (void *)a->watch_resp;
   a->watch_resp = NULL;
+  for (size_t i = 0; i < r->n_log_requests; i++)
+    log_read_start(a, r->log_requests[i]);
   if (r->version != a->known_version) {
     a->known_version = r->version;
     if (a->assignment)
@@ -800,6 +830,184 @@ static void start_watch(dt_agent_t *a)
   a->watch_busy = 1;
   a->watch_work.data = a;
   uv_queue_work(a->loop, &a->watch_work, watch_work, watch_done);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Trainer logs (GetLogs, relayed by the coordinator)                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static void on_log_read_closed(uv_handle_t *h)
+{
+  log_read_t *lr = h->data;
+  dt_agent_t *a = lr->agent;
+  for (log_read_t **pp = &a->logs; *pp; pp = &(*pp)->next) {
+    if (*pp == lr) {
+      *pp = lr->next;
+      break;
+    }
+  }
+  a->n_logs--;
+  free(lr->req.job_id);
+  free(lr);
+  maybe_finish_close(a);
+}
+
+static void log_read_release(log_read_t *lr)
+{
+  uv_timer_stop(&lr->timer);
+  uv_close((uv_handle_t *)&lr->timer, on_log_read_closed);
+}
+
+/* Reads the planned chunk of an open file into a fresh buffer (*out NULL when len is 0). */
+static int read_chunk(int fd, const dt_logs_chunk_t *ch, uint8_t **out)
+{
+  *out = NULL;
+  if (ch->len == 0)
+    return 0;
+  uint8_t *buf = malloc(ch->len);
+  if (!buf)
+    return DT_ENOMEM;
+  size_t got = 0;
+  while (got < ch->len) {
+    ssize_t n = pread(fd, buf + got, ch->len - got, (off_t)(ch->start + got));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      free(buf);
+      return DT_EIO;
+    }
+    got += (size_t)n;
+  }
+  *out = buf;
+  return 0;
+}
+
+/* On the threadpool: looks at the file; sends what is past the offset, or sends nothing yet
+ * if there is nothing, the wait is not over and someone may still write. */
+static void log_work(uv_work_t *w)
+{
+  log_read_t *lr = w->data;
+  dt_agent_t *a = lr->agent;
+  Distrain__V1__PutLogsRequest put = DISTRAIN__V1__PUT_LOGS_REQUEST__INIT;
+  char path[4300], error[256] = "";
+  uint8_t *data = NULL;
+  int fd = -1;
+  uint64_t size = 0;
+  int rc = dt_logs_path(a->cfg.work_dir, lr->req.job_id, lr->req.rank, path, sizeof path);
+  if (rc != 0) {
+    snprintf(error, sizeof error, "job id '%.64s' and rank %d name no log file", lr->req.job_id,
+             lr->req.rank);
+    path[0] = '\0';
+  } else if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
+    if (errno == ENOENT)
+      put.missing = 1; /* not written yet (or never): size 0 */
+    else
+      snprintf(error, sizeof error, "%s", strerror(errno));
+  } else {
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+      snprintf(error, sizeof error, "%s", strerror(errno));
+    else
+      size = (uint64_t)st.st_size;
+  }
+  const dt_logs_chunk_t ch = dt_logs_chunk(size, lr->req.offset, lr->req.max_bytes);
+  if (!error[0] && ch.len == 0 && !lr->expired && !(lr->req.final && !lr->writing))
+    goto out; /* nothing new yet: the loop looks again */
+  if (!error[0] && fd >= 0 && (rc = read_chunk(fd, &ch, &data)) != 0)
+    snprintf(error, sizeof error, "%s", dt_strerror(rc));
+  put.node_id = lr->node_id;
+  put.request_id = lr->req.request_id;
+  put.job_id = lr->req.job_id;
+  put.rank = lr->req.rank;
+  put.data.data = data;
+  put.data.len = error[0] ? 0 : ch.len;
+  put.offset = ch.start;
+  put.size = size;
+  put.error = error;
+  put.path = path;
+  put.writing = lr->writing;
+  ProtobufCMessage *resp = NULL;
+  char err[256];
+  rc = dt_rpc_client_call(a->rpc, "PutLogs", &put.base, &resp, (int)dt_param_RpcTimeoutMs(), 0, err,
+                          sizeof err);
+  if (rc != 0)
+    DT_DEBUG(WORKER, "PutLogs %llu failed: %s", (unsigned long long)lr->req.request_id, err);
+  if (resp)
+    protobuf_c_message_free_unpacked(resp, NULL);
+  lr->answered = 1;
+out:
+  if (fd >= 0)
+    close(fd);
+  free(data);
+}
+
+static void on_log_poll(uv_timer_t *t);
+
+static void log_work_done(uv_work_t *w, int status)
+{
+  log_read_t *lr = w->data;
+  dt_agent_t *a = lr->agent;
+  (void)status;
+  lr->busy = 0;
+  if (lr->answered || a->closing) {
+    log_read_release(lr);
+    return;
+  }
+  const uint64_t now = uv_now(a->loop);
+  const uint64_t left = lr->deadline > now ? lr->deadline - now : 0;
+  uv_timer_start(&lr->timer, on_log_poll, DT_MIN(left, (uint64_t)dt_param_LogPollMs()), 0);
+}
+
+static void log_read_queue(log_read_t *lr)
+{
+  dt_agent_t *a = lr->agent;
+  const trainer_t *t = find_trainer(a, lr->req.job_id, lr->req.rank);
+  lr->writing = t && !t->exited;
+  lr->expired = uv_now(a->loop) >= lr->deadline;
+  lr->busy = 1;
+  lr->work.data = lr;
+  uv_queue_work(a->loop, &lr->work, log_work, log_work_done);
+}
+
+static void on_log_poll(uv_timer_t *t)
+{
+  log_read_t *lr = t->data;
+  if (!lr->agent->closing)
+    log_read_queue(lr);
+}
+
+/* A LogRequest from a watch answer: the request names a job and a rank, never a path. */
+static void log_read_start(dt_agent_t *a, const Distrain__V1__LogRequest *req)
+{
+  if (a->n_logs >= LOG_READS_MAX) {
+    DT_WARN(WORKER, "%d log reads in progress: dropping the one for job %s rank %d", a->n_logs,
+            req->job_id, req->rank);
+    return;
+  }
+  log_read_t *lr = calloc(1, sizeof *lr);
+  if (!lr)
+    return;
+  distrain__v1__log_request__init(&lr->req);
+  if (!(lr->req.job_id = strdup(req->job_id))) {
+    free(lr);
+    return;
+  }
+  lr->req.request_id = req->request_id;
+  lr->req.rank = req->rank;
+  lr->req.offset = req->offset;
+  lr->req.wait_ms = req->wait_ms;
+  lr->req.final = req->final;
+  lr->req.max_bytes =
+      req->max_bytes ? DT_MIN(req->max_bytes, DT_LOGS_MAX_CHUNK) : DT_LOGS_MAX_CHUNK;
+  snprintf(lr->node_id, sizeof lr->node_id, "%s", a->node_id);
+  lr->agent = a;
+  lr->deadline = uv_now(a->loop) + req->wait_ms;
+  uv_timer_init(a->loop, &lr->timer);
+  lr->timer.data = lr;
+  lr->next = a->logs;
+  a->logs = lr;
+  a->n_logs++;
+  log_read_queue(lr);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -986,8 +1194,8 @@ static void on_timer_closed(uv_handle_t *h)
 
 static void maybe_finish_close(dt_agent_t *a)
 {
-  if (!a->closing || a->trainers || a->hb_busy || a->watch_busy || a->reg_busy || a->usage_busy ||
-      a->closing == 2)
+  if (!a->closing || a->trainers || a->logs || a->hb_busy || a->watch_busy || a->reg_busy ||
+      a->usage_busy || a->closing == 2)
     return;
   a->closing = 2;
   dt_gpu_usage_destroy(a->usage);
@@ -1015,6 +1223,11 @@ void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud)
       trainer_release(t);
     else
       trainer_stop(t);
+  }
+  for (log_read_t *lr = a->logs, *next; lr; lr = next) {
+    next = lr->next;
+    if (!lr->busy) /* a busy one is released when its work is done */
+      log_read_release(lr);
   }
   maybe_finish_close(a);
 }
