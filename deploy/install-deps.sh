@@ -25,6 +25,7 @@ pkgs=(
   clang-format valgrind                  # CI quality gates
   openssl                                # the TLS tests make their own certificate authority
   gnuplot-nox                            # distrainctl status --plot (loss curves as PNG)
+  slurmctld slurmd slurm-client munge    # tests/integration/test_slurm.py: a private one-host Slurm cluster runs deploy/slurm/distrain.sbatch
 )
 for arg in "$@"; do
   case "$arg" in
