@@ -181,6 +181,19 @@ int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
                 ret, fail);
   DT_CHECK_GOTO(dt_coord_register_handlers(c), ret, fail_rpc);
   DT_CHECK_GOTO(dt_rpc_server_start(c->rpc, &c->port), ret, fail_rpc);
+  c->start_wall_ms = dt_wall_ms();
+  if (cfg->http) {
+    ret = dt_http_start(loop, cfg->http, dt_coord_http, c, &c->http, &c->http_port);
+    if (ret != 0 && !cfg->http_optional)
+      goto fail_rpc;
+    if (ret != 0)
+      DT_WARN(COORD,
+              "no /metrics: cannot serve HTTP on %s (%s); set --http to another address "
+              "or off",
+              cfg->http, dt_strerror(ret));
+    else
+      DT_INFO(COORD, "serving /metrics on %s (port %d)", cfg->http, c->http_port);
+  }
   uv_timer_init(loop, &c->liveness);
   c->liveness.data = c;
   uint64_t scan = (uint64_t)DT_MAX(10, dt_param_LivenessScanMs());
@@ -232,6 +245,13 @@ static void on_handle_closed(uv_handle_t *h)
     finish_close(x);
 }
 
+static void on_http_closed(void *ud)
+{
+  close_ctx_t *x = ud;
+  if (--x->pending == 0)
+    finish_close(x);
+}
+
 static void on_rpc_closed(void *ud)
 {
   close_ctx_t *x = ud;
@@ -239,6 +259,11 @@ static void on_rpc_closed(void *ud)
   dt_kv_destroy(c->kv);
   c->kv = NULL;
   x->pending = 2;
+  if (c->http) {
+    x->pending++;
+    dt_http_close(c->http, on_http_closed, x);
+    c->http = NULL;
+  }
   c->liveness.data = x;
   uv_close((uv_handle_t *)&c->liveness, on_handle_closed);
   c->sched.data = x;

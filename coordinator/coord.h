@@ -19,6 +19,8 @@
 #include <uv.h>
 
 #include "distrain.pb-c.h"
+#include "http.h"
+#include "prom.h"
 #include "rpc.h"
 
 typedef struct dt_coord dt_coord_t;
@@ -30,6 +32,9 @@ typedef struct {
   const char *token;     /* bearer token every RPC must carry */
   int heartbeat_ms;      /* period agents are told to keep */
   int dead_after_missed; /* heartbeats missed before a node is dead */
+  const char *http;      /* "host:port" of /metrics, or NULL: none */
+  int http_optional;     /* http cannot be bound: warn and go on without it (the default
+                          * address), rather than fail to start (an address asked for) */
 } dt_coord_config_t;
 
 /* One registered node. */
@@ -77,8 +82,21 @@ typedef struct {
   int64_t step;
   int world, received;
   uint64_t generation;                             /* of the reports */
+  double first_ms;                                 /* when its first report came */
   Distrain__V1__ReportCheckpointRequest **reports; /* (world) owned copies */
 } dt_ckpt_pending_t;
+
+/* Why a job's generation ended early and the job was planned again (distrain_restarts_total). */
+typedef enum {
+  DT_RESTART_NODE_DEAD,      /* a node of the job missed its heartbeats */
+  DT_RESTART_TRAINER_FAILED, /* a trainer exited or was killed */
+  DT_RESTART_NONFINITE,      /* a non-finite loss or gradient: rolled back */
+  DT_RESTART_HANG,           /* a collective blocked past the hang timeout */
+  DT_RESTART_GROW,           /* nodes came back: grown to a larger dp at a checkpoint */
+  DT_RESTART_N
+} dt_restart_reason_t;
+
+extern const char *const dt_restart_reason_names[DT_RESTART_N]; /* "node_dead", ... */
 
 typedef struct {
   char id[32];
@@ -103,6 +121,13 @@ typedef struct {
   size_t n_metrics, cap_metrics;
   dt_ckpt_pending_t *ckpts;
   size_t n_ckpts;
+  /* Counted since the coordinator started (not persisted): /metrics. */
+  dt_prom_hist_t step_seconds; /* rank 0's step times (StepMetrics.ms) */
+  uint64_t hist_gen;           /* the generation and step last counted in it */
+  int64_t hist_step;
+  uint64_t restarts_by[DT_RESTART_N];
+  double ckpt_seconds; /* newest commit: its first shard report to its manifest (-1: none) */
+  int64_t ckpt_wall_ms;
   /* ranks sorted by (node, rank), rebuilt lazily once per generation: a node's assignment
    * then costs O(log world + its ranks), not O(world) */
   dt_node_rank_t *by_node;
@@ -127,6 +152,9 @@ struct dt_coord {
   double last_resync_ms;        /* last attempt to rewrite the store after a failed write */
   uv_timer_t sched;             /* dt_coord_schedule_soon: one planning pass per loop iteration */
   int notify_pending;           /* some node's notify_pending is set */
+  dt_http_t *http;              /* /metrics, or NULL */
+  int http_port;
+  int64_t start_wall_ms;
   int closing;
 };
 
@@ -179,6 +207,17 @@ void dt_job_free(dt_job_t *j);
 void dt_node_free(dt_node_t *n);
 /* Forgets a node's GPU usage (it re-registered: its GPUs may have changed). */
 void dt_node_clear_usage(dt_node_t *n);
+
+/* A new job's in-memory bookkeeping for /metrics (histogram buckets, no checkpoint yet). */
+void dt_job_metrics_init(dt_job_t *j);
+
+/* ---- /metrics (metrics.c) ---- */
+/* Renders every metric in the Prometheus text format into a malloc'd string (NULL: out of
+ * memory). Jobs: every one not yet finished, and the DT_PARAM MetricsFinishedJobs (10) that
+ * finished last; per-rank series only for jobs of at most DT_PARAM MetricsMaxRanks (64) ranks. */
+char *dt_coord_metrics(dt_coord_t *c, size_t *len);
+/* The HTTP server's handler: /metrics, 404 for anything else. */
+void dt_coord_http(const char *path, dt_http_response_t *resp, void *ud);
 
 /* ---- handlers (handlers.c) ---- */
 int dt_coord_register_handlers(dt_coord_t *c);

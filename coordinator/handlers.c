@@ -15,13 +15,6 @@
 #define WATCH_MAX_MS     300000u
 #define KV_MAX_WAIT_MS   600000u
 
-static int64_t wall_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Deep copy of any message through its wire form (owned, free_unpacked frees it). */
 static void *copy_message(const ProtobufCMessage *m)
 {
@@ -130,7 +123,7 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   }
   n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   n->last_seen_ms = dt_coord_now_ms();
-  n->last_seen_wall_ms = wall_ms();
+  n->last_seen_wall_ms = dt_wall_ms();
   dt_store_put_node(c->store, n);
   if (failed_unless_saved(c, call, "registration")) /* kept in memory; the store catches up */
     return;
@@ -155,7 +148,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     return;
   }
   n->last_seen_ms = dt_coord_now_ms();
-  n->last_seen_wall_ms = wall_ms();
+  n->last_seen_wall_ms = dt_wall_ms();
   int revived = n->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   if (revived) {
     DT_INFO(COORD, "node %s (%s) is back", n->id, n->info->hostname);
@@ -316,11 +309,12 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     return;
   }
   snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->next_job++);
+  dt_job_metrics_init(j);
   Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
   tmpl.job_id = j->id;
   tmpl.spec = req->spec;
   tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
-  tmpl.created_ms = tmpl.updated_ms = wall_ms();
+  tmpl.created_ms = tmpl.updated_ms = dt_wall_ms();
   tmpl.reason = "submitted";
   tmpl.requested_dp = req->spec->parallel->dp;
   j->job = copy_message(&tmpl.base);
