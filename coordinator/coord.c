@@ -3,6 +3,7 @@
  * The liveness timer runs every DT_PARAM LivenessScanMs (100 ms): a node silent for
  * heartbeat_ms x dead_after_missed is declared dead, so detection takes at most that plus one
  * scan interval (plus any time the loop itself was stalled: see on_liveness). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,18 @@ DT_PARAM(RestartGraceMs, "RESTART_GRACE_MS", 3000)
 double dt_coord_now_ms(void)
 {
   return dt_now_ms();
+}
+
+void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
+{
+  dt_coord_event_t *e = &c->events[c->n_events++ % DT_COORD_EVENTS];
+  e->wall_ms = dt_wall_ms();
+  e->warn = warn;
+  snprintf(e->job, sizeof e->job, "%s", job ? job : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->text, sizeof e->text, fmt, ap);
+  va_end(ap);
 }
 
 int dt_coord_resync(dt_coord_t *c, int force)

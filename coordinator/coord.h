@@ -135,6 +135,16 @@ typedef struct {
   int by_node_world;
 } dt_job_t;
 
+/* Something an operator wants to see on the dashboard: a job's transition, a node lost or back
+ * (memory only: the newest DT_COORD_EVENTS since the coordinator started). */
+#define DT_COORD_EVENTS 64
+typedef struct {
+  int64_t wall_ms;
+  int warn; /* a failure (restart, failed job, dead node) */
+  char job[32];
+  char text[384];
+} dt_coord_event_t;
+
 struct dt_coord {
   uv_loop_t *loop;
   dt_coord_config_t cfg;
@@ -155,6 +165,8 @@ struct dt_coord {
   dt_http_t *http;              /* /metrics, or NULL */
   int http_port;
   int64_t start_wall_ms;
+  dt_coord_event_t events[DT_COORD_EVENTS]; /* a ring: event i is at i % DT_COORD_EVENTS */
+  uint64_t n_events;                        /* ever recorded */
   int closing;
 };
 
@@ -162,6 +174,9 @@ struct dt_coord {
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg);
 void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud);
 double dt_coord_now_ms(void);
+/* Records an event (job may be NULL or ""). */
+void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* One line for systemd's STATUS= ("2 nodes, 1 job running (job-3 step 1200)"). */
 void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len);
 
@@ -216,10 +231,30 @@ void dt_job_metrics_init(dt_job_t *j);
  * memory). Jobs: every one not yet finished, and the DT_PARAM MetricsFinishedJobs (10) that
  * finished last; per-rank series only for jobs of at most DT_PARAM MetricsMaxRanks (64) ranks. */
 char *dt_coord_metrics(dt_coord_t *c, size_t *len);
-/* The HTTP server's handler: /metrics, 404 for anything else. */
+/* The jobs /metrics and the dashboard show, in submission order (malloc'd; NULL: out of
+ * memory): every unfinished one and the MetricsFinishedJobs that finished last. */
+dt_job_t **dt_coord_shown_jobs(dt_coord_t *c, size_t *n);
+
+/* ---- the dashboard (web.c) ---- */
+/* /api/status: nodes and jobs as `distrainctl nodes --json` / `status JOB --json` print them,
+ * with each shown job's mesh, recent loss and tokens/s, and the recent events. */
+char *dt_coord_status_json(dt_coord_t *c, size_t *len);
+/* The HTTP server's handler: / (the dashboard), /api/status, /metrics; 404 otherwise. */
 void dt_coord_http(const char *path, dt_http_response_t *resp, void *ud);
 
 /* ---- handlers (handlers.c) ---- */
+/* The current generation's ranks as GetJob answers them (borrowing from the job and its
+ * nodes: valid until the state changes); none for a finished job. */
+typedef struct {
+  Distrain__V1__RankStatus *rs; /* (n) */
+  Distrain__V1__RankStatus **ptrs;
+  char (*waiting)[96];
+  size_t n;
+} dt_rank_views_t;
+int dt_coord_rank_views(dt_coord_t *c, const dt_job_t *j, dt_rank_views_t *v);
+void dt_coord_rank_views_free(dt_rank_views_t *v);
+/* A node as ListNodes answers it (borrowing from n). */
+void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o);
 int dt_coord_register_handlers(dt_coord_t *c);
 /* After a store write failed: rewrites every node, job (with its metrics) and the rendezvous
  * and checkpoint-report cleanups into the store in one transaction — memory is the truth — and

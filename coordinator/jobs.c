@@ -100,6 +100,11 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   Distrain__V1__Job *job = j->job;
   DT_INFO(COORD, "job %s: %s -> %s (generation %llu): %s", j->id, state_name(job->state),
           state_name(to), (unsigned long long)job->generation, reason);
+  dt_coord_event(c, j->id,
+                 to == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING ||
+                     to == DISTRAIN__V1__JOB_STATE__JOB_FAILED,
+                 "%s -> %s (generation %llu): %s", state_name(job->state), state_name(to),
+                 (unsigned long long)job->generation, reason);
   job->state = to;
   job->updated_ms = dt_wall_ms();
   set_string(&job->reason, reason);
@@ -492,6 +497,8 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
   n->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
   DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
           silent);
+  dt_coord_event(c, NULL, 1, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id,
+                 n->info->hostname, silent);
   int jidx = n->job;
   dt_store_put_node(c->store, n);
   if (jidx >= 0 && (size_t)jidx < c->n_jobs) {

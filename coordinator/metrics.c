@@ -42,8 +42,7 @@ static int cmp_newest_first(const void *pa, const void *pb)
   return (a->job->updated_ms < b->job->updated_ms) - (a->job->updated_ms > b->job->updated_ms);
 }
 
-/* The jobs shown, in submission order: every unfinished one and the newest finished ones. */
-static dt_job_t **shown_jobs(dt_coord_t *c, size_t *n)
+dt_job_t **dt_coord_shown_jobs(dt_coord_t *c, size_t *n)
 {
   dt_job_t **finished = malloc((c->n_jobs + 1) * sizeof *finished);
   dt_job_t **out = malloc((c->n_jobs + 1) * sizeof *out);
@@ -326,7 +325,7 @@ char *dt_coord_metrics(dt_coord_t *c, size_t *len)
   char *buf = NULL;
   size_t size = 0;
   size_t n = 0;
-  dt_job_t **jobs = shown_jobs(c, &n);
+  dt_job_t **jobs = dt_coord_shown_jobs(c, &n);
   FILE *out = jobs ? open_memstream(&buf, &size) : NULL;
   if (!out) {
     free(jobs);
@@ -343,23 +342,4 @@ char *dt_coord_metrics(dt_coord_t *c, size_t *len)
   }
   *len = size;
   return buf;
-}
-
-static char *text(const char *s, size_t *len)
-{
-  char *copy = strdup(s);
-  *len = copy ? strlen(copy) : 0;
-  return copy;
-}
-
-void dt_coord_http(const char *path, dt_http_response_t *resp, void *ud)
-{
-  dt_coord_t *c = ud;
-  if (strcmp(path, "/metrics") == 0) {
-    resp->content_type = DT_PROM_CONTENT_TYPE;
-    resp->body = dt_coord_metrics(c, &resp->len);
-    return;
-  }
-  resp->status = 404;
-  resp->body = text("not found: this server has /metrics\n", &resp->len);
 }

@@ -17,6 +17,7 @@ pkgs=(
   libsqlite3-dev                         # coordinator state
   libmicrohttpd-dev                      # /metrics
   prometheus                             # the /metrics test scrapes with a real server
+  chromium                               # the dashboard test renders the page headless
   libsystemd-dev                         # sd_notify
   systemd                                # systemd-analyze verify (tests of the units)
   libgloo-dev                            # CPU collectives

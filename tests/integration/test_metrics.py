@@ -8,6 +8,11 @@
   cumulative up to le="+Inf" == _count), the content type, HEAD, 405 for every other method
   (with Allow), 404 for unknown paths, no bearer token in any answer, --http off, and an
   explicit address that is taken failing the start.
+- T3_Dashboard: / (self-contained: no external URL) and /api/status (nodes and the job as
+  `distrainctl nodes --json` / `status --json` print them, the mesh, the loss history, the
+  events), the page rendered by headless Chromium (Debian `chromium`) while a job runs, with a
+  screenshot saved as BUILD/test-artifacts/dashboard.png, and its DOM once the job completed
+  showing the job's final step, state and events.
 - T2_Prometheus: a short CPU job on one agent while Prometheus (Debian `prometheus`) scrapes
   the coordinator every second from a generated configuration on loopback; its query API must
   give back the job's step, loss, state, generation, checkpoint, node_up and the per-rank
@@ -15,7 +20,8 @@
   whose count grows while the job runs and ends at the job's step count with the sum of the
   steps' times, and node_up 0 once the agent is killed.
 
-Exits 77 (skipped) when the prometheus binary is missing and everything else passed. Processes
+Exits 77 (skipped) when the prometheus or chromium binary is missing and everything else
+passed. Processes
 and directories are cleaned up by the control-plane tests' base class (test_control_plane.py).
 """
 import argparse
@@ -346,6 +352,83 @@ class T2_Prometheus(MetricsTest):
         self.wait_value('distrain_node_up{node="node-0"}', lambda v: v == 0, 20, "node_up 0")
         self.assertGreater(self.value('distrain_heartbeat_age_seconds{node="node-0"}'), 0.3)
 
+
+class T3_Dashboard(MetricsTest):
+    """/ and /api/status; the page rendered by headless Chromium against a running job."""
+
+    def chromium(self, url, *flags):
+        exe = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not exe:
+            raise unittest.SkipTest("chromium is not installed (Debian package chromium)")
+        profile = tempfile.mkdtemp(prefix="chromium-", dir=self.tmp)
+        r = subprocess.run([exe, "--headless", "--disable-gpu", "--no-sandbox",
+                            "--no-first-run", "--disable-extensions", "--hide-scrollbars",
+                            "--user-data-dir=" + profile, "--virtual-time-budget=4000"]
+                           + list(flags) + [url], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        return r.stdout
+
+    def test_dashboard(self):
+        self.start_with_http()
+        status, headers, page = http(self.base + "/")
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["Content-Type"], "text/html; charset=utf-8")
+        self.assertIn("<title>distrain</title>", page)
+        # self-contained: no script, style or font from anywhere else
+        self.assertIsNone(re.search(r"(src|href)=|https?://|@import", page), "external fetch")
+        self.start_agent("h0")
+        self.wait_nodes(1)
+        steps = cp.slow_steps(10)
+        spec = cp.job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=cp.SLOW,
+                           every=steps // 2, name=ODD_NAME)
+        job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [cp.pb.JOB_RUNNING], 30, min_step=5)
+
+        # /api/status: the same job and nodes distrainctl prints, plus mesh, history, events
+        status, headers, body = http(self.base + "/api/status")
+        self.assertEqual((status, headers["Content-Type"]), (200, "application/json"))
+        self.assertNotIn(self.token, body + page)
+        d = json.loads(body)
+        self.assertEqual([n["node_id"] for n in d["nodes"]], ["node-0"])
+        ctl_nodes = json.loads(self.ctl("nodes", "--json", "--coordinator", self.addr,
+                                        "--token-file", self.token_file).stdout)
+        drop = ("last_heartbeat_ms", "usage")
+        self.assertEqual([{k: v for k, v in n.items() if k not in drop} for n in d["nodes"]],
+                         [{k: v for k, v in n.items() if k not in drop} for n in ctl_nodes])
+        (x,) = d["jobs"]
+        self.assertEqual(set(x), {"job", "mesh", "history"})
+        self.assertEqual((x["job"]["job_id"], x["job"]["name"], x["job"]["state"]),
+                         (job_id, ODD_NAME, "RUNNING"))
+        self.assertEqual(x["mesh"], {"pp": 1, "dp": 1, "cp": 1, "tp": 1})
+        self.assertEqual([(r["rank"], r["node_id"]) for r in x["job"]["ranks"]], [(0, "node-0")])
+        h = x["history"]
+        self.assertEqual(len(h["step"]), len(h["loss"]))
+        self.assertEqual(h["step"], sorted(h["step"]))
+        self.assertGreaterEqual(h["step"][-1], 5)
+        texts = [e["text"] for e in d["events"]]
+        self.assertTrue(any("PENDING -> RENDEZVOUS" in t for t in texts), texts)
+        self.assertTrue(any("node node-0 registered" in t for t in texts), texts)
+
+        # the page in a real browser while the job runs: a screenshot for people to look at
+        shot = os.path.join(cp.BUILD, "test-artifacts", "dashboard.png")
+        os.makedirs(os.path.dirname(shot), exist_ok=True)
+        if os.path.exists(shot):
+            os.unlink(shot)
+        self.chromium(self.base + "/", "--screenshot=" + shot, "--window-size=1280,1100")
+        self.assertGreater(os.path.getsize(shot), 10000)
+        sys.stderr.write("\n[dashboard screenshot: %s] " % shot)
+
+        # ... and once it completed: the DOM shows the final step the coordinator has
+        done = self.wait_state(job_id, [cp.pb.JOB_COMPLETED], 120)
+        dom = self.chromium(self.base + "/", "--dump-dom")
+        m = re.search(r'id="step-%s">(\d+)<' % job_id, dom)
+        self.assertIsNotNone(m, dom[-3000:])
+        self.assertEqual(int(m.group(1)), done.step)
+        self.assertEqual(done.step, steps)
+        self.assertIn('class="badge COMPLETED"', dom)
+        self.assertIn("node-0", dom)
+        self.assertIn("RUNNING -&gt; COMPLETED", dom)  # the events list
+        self.assertIn("<canvas", dom)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -4,8 +4,8 @@
 # Starts distrain-coordinator and one distrain-worker under memcheck (children, i.e. the
 # trainers, run natively), submits a small two-rank data-parallel job with distrainctl (so the
 # rendezvous goes through the coordinator's key-value store), waits for it to complete,
-# fetches /metrics (and a 404 and a 405) from the coordinator's HTTP server, stops both daemons
-# with SIGTERM, and fails if valgrind reports any memory error or any
+# fetches /metrics, /api/status and the dashboard (and a 404 and a 405) from the
+# coordinator's HTTP server, stops both daemons with SIGTERM, and fails if valgrind reports any memory error or any
 # definitely lost block (gRPC's process-lifetime allocations show as "still reachable" and
 # are not counted).
 #
@@ -56,10 +56,13 @@ for _ in $(seq 600); do
 done
 "${CTL[@]}" nodes >/dev/null
 /usr/bin/python3 - "$(cat "$T/http.port")" "$JOB" <<'PY' || { echo "FAIL: /metrics"; fail_http=1; }
-import sys, urllib.error, urllib.request
+import json, sys, urllib.error, urllib.request
 base = "http://127.0.0.1:%s" % sys.argv[1]
 body = urllib.request.urlopen(base + "/metrics", timeout=60).read().decode()
 assert 'distrain_job_step{job="%s"}' % sys.argv[2] in body, body[:2000]
+status = json.loads(urllib.request.urlopen(base + "/api/status", timeout=60).read())
+assert [x["job"]["job_id"] for x in status["jobs"]] == [sys.argv[2]], status
+assert b"<canvas" in urllib.request.urlopen(base + "/", timeout=60).read()
 for method, path, code in (("GET", "/nope", 404), ("POST", "/metrics", 405)):
     try:
         urllib.request.urlopen(urllib.request.Request(base + path, method=method, data=b"x"
