@@ -27,6 +27,13 @@ double dt_now_ms(void)
   return (double)dt_now_ns() / 1e6;
 }
 
+int64_t dt_wall_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 void dt_sleep_ms(double ms)
 {
   if (ms <= 0)

@@ -16,6 +16,8 @@ double dt_now_ms(void);
 /* Sleeps ms milliseconds (fractions allowed), resuming after signals. */
 void dt_sleep_ms(double ms);
 uint64_t dt_now_ns(void);
+/* Wall clock: milliseconds since the epoch (for timestamps shown to people, never durations). */
+int64_t dt_wall_ms(void);
 
 /* 64-byte aligned, zeroed allocation; NULL (and an error log naming what) on failure. */
 void *dt_calloc_aligned(size_t bytes, const char *what);

@@ -223,10 +223,11 @@ static int listen_on(struct addrinfo *ai, int v6only)
   return fd;
 }
 
-int dt_listener_open(uv_loop_t *loop, const char *hostport, dt_listener_cb cb, void *ud,
-                     dt_listener_t **out, int *port)
+/* Binds and listens on up to max of the addresses hostport resolves to; *n gets how many. */
+static int bind_all(const char *hostport, int *fds, int max, int *n, int *port)
 {
   char host[256], service[16];
+  *n = 0;
   if (split_hostport(hostport, host, sizeof host, service, sizeof service) != 0) {
     DT_ERROR(RPC, "bad listen address '%s' (expected host:port, [ipv6]:port or :port)", hostport);
     return DT_EINVAL;
@@ -238,15 +239,10 @@ int dt_listener_open(uv_loop_t *loop, const char *hostport, dt_listener_cb cb, v
     DT_ERROR(RPC, "cannot resolve listen address '%s': %s", hostport, gai_strerror(gai));
     return DT_EINVAL;
   }
-  dt_listener_t *l = calloc(1, sizeof *l);
-  if (!l) {
-    freeaddrinfo(res);
-    return DT_ENOMEM;
-  }
   int has_v4 = 0, chosen = atoi(service), last_err = 0;
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
     has_v4 |= ai->ai_family == AF_INET;
-  for (struct addrinfo *ai = res; ai && l->n < MAX_SOCKETS; ai = ai->ai_next) {
+  for (struct addrinfo *ai = res; ai && *n < max; ai = ai->ai_next) {
     if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
       continue;
     if (chosen) /* port 0: every address gets the port the first one was given */
@@ -257,14 +253,35 @@ int dt_listener_open(uv_loop_t *loop, const char *hostport, dt_listener_cb cb, v
       continue;
     }
     chosen = bound_port(fd);
-    l->fds[l->n++] = fd;
+    fds[(*n)++] = fd;
   }
   freeaddrinfo(res);
-  if (l->n == 0) {
+  if (*n == 0) {
     DT_ERROR(RPC, "cannot listen on %s: %s", hostport,
              last_err ? strerror(last_err) : "no IPv4 or IPv6 address");
-    free(l);
     return DT_EUNAVAIL;
+  }
+  if (port)
+    *port = chosen;
+  return 0;
+}
+
+int dt_listener_bind(const char *hostport, int *fd, int *port)
+{
+  int n;
+  return bind_all(hostport, fd, 1, &n, port);
+}
+
+int dt_listener_open(uv_loop_t *loop, const char *hostport, dt_listener_cb cb, void *ud,
+                     dt_listener_t **out, int *port)
+{
+  dt_listener_t *l = calloc(1, sizeof *l);
+  if (!l)
+    return DT_ENOMEM;
+  int rc = bind_all(hostport, l->fds, MAX_SOCKETS, &l->n, port);
+  if (rc != 0) {
+    free(l);
+    return rc;
   }
   l->loop = loop;
   l->cb = cb;
@@ -277,8 +294,6 @@ int dt_listener_open(uv_loop_t *loop, const char *hostport, dt_listener_cb cb, v
   l->retry.data = l;
   l->open_handles = l->n + 1;
   *out = l;
-  if (port)
-    *port = chosen;
   return 0;
 }
 

@@ -31,6 +31,10 @@ typedef void (*dt_listener_cb)(int fd, const char *peer, void *ud);
  * the bound port. DT_EINVAL for a malformed address, DT_EUNAVAIL when it cannot be bound. */
 int dt_listener_open(uv_loop_t *loop, const char *hostport, dt_listener_cb cb, void *ud,
                      dt_listener_t **out, int *port);
+/* One listening socket (non-blocking, close-on-exec) on the first address "host:port" resolves
+ * to, for a server that accepts by itself (the coordinator's HTTP endpoint); *port gets the
+ * bound port. The same errors as dt_listener_open. */
+int dt_listener_bind(const char *hostport, int *fd, int *port);
 /* Starts accepting on the loop. */
 void dt_listener_start(dt_listener_t *l);
 /* Closes the sockets; the listener frees itself once its handles are closed (the loop must

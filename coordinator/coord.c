@@ -3,6 +3,7 @@
  * The liveness timer runs every DT_PARAM LivenessScanMs (100 ms): a node silent for
  * heartbeat_ms x dead_after_missed is declared dead, so detection takes at most that plus one
  * scan interval (plus any time the loop itself was stalled: see on_liveness). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,18 @@ DT_PARAM(RestartGraceMs, "RESTART_GRACE_MS", 3000)
 double dt_coord_now_ms(void)
 {
   return dt_now_ms();
+}
+
+void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
+{
+  dt_coord_event_t *e = &c->events[c->n_events++ % DT_COORD_EVENTS];
+  e->wall_ms = dt_wall_ms();
+  e->warn = warn;
+  snprintf(e->job, sizeof e->job, "%s", job ? job : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->text, sizeof e->text, fmt, ap);
+  va_end(ap);
 }
 
 int dt_coord_resync(dt_coord_t *c, int force)
@@ -181,6 +194,19 @@ int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
                 ret, fail);
   DT_CHECK_GOTO(dt_coord_register_handlers(c), ret, fail_rpc);
   DT_CHECK_GOTO(dt_rpc_server_start(c->rpc, &c->port), ret, fail_rpc);
+  c->start_wall_ms = dt_wall_ms();
+  if (cfg->http) {
+    ret = dt_http_start(loop, cfg->http, dt_coord_http, c, &c->http, &c->http_port);
+    if (ret != 0 && !cfg->http_optional)
+      goto fail_rpc;
+    if (ret != 0)
+      DT_WARN(COORD,
+              "no /metrics: cannot serve HTTP on %s (%s); set --http to another address "
+              "or off",
+              cfg->http, dt_strerror(ret));
+    else
+      DT_INFO(COORD, "serving /metrics on %s (port %d)", cfg->http, c->http_port);
+  }
   uv_timer_init(loop, &c->liveness);
   c->liveness.data = c;
   uint64_t scan = (uint64_t)DT_MAX(10, dt_param_LivenessScanMs());
@@ -232,6 +258,13 @@ static void on_handle_closed(uv_handle_t *h)
     finish_close(x);
 }
 
+static void on_http_closed(void *ud)
+{
+  close_ctx_t *x = ud;
+  if (--x->pending == 0)
+    finish_close(x);
+}
+
 static void on_rpc_closed(void *ud)
 {
   close_ctx_t *x = ud;
@@ -240,6 +273,11 @@ static void on_rpc_closed(void *ud)
   c->kv = NULL;
   dt_coord_logs_close(c);
   x->pending = 2;
+  if (c->http) {
+    x->pending++;
+    dt_http_close(c->http, on_http_closed, x);
+    c->http = NULL;
+  }
   c->liveness.data = x;
   uv_close((uv_handle_t *)&c->liveness, on_handle_closed);
   c->sched.data = x;

@@ -22,6 +22,8 @@
 #include <uv.h>
 
 #include "distrain.pb-c.h"
+#include "http.h"
+#include "prom.h"
 #include "rpc.h"
 
 typedef struct dt_coord dt_coord_t;
@@ -33,6 +35,9 @@ typedef struct {
   const char *token;     /* bearer token every RPC must carry */
   int heartbeat_ms;      /* period agents are told to keep */
   int dead_after_missed; /* heartbeats missed before a node is dead */
+  const char *http;      /* "host:port" of /metrics, or NULL: none */
+  int http_optional;     /* http cannot be bound: warn and go on without it (the default
+                          * address), rather than fail to start (an address asked for) */
 } dt_coord_config_t;
 
 /* One registered node. */
@@ -81,8 +86,21 @@ typedef struct {
   int64_t step;
   int world, received;
   uint64_t generation;                             /* of the reports */
+  double first_ms;                                 /* when its first report came */
   Distrain__V1__ReportCheckpointRequest **reports; /* (world) owned copies */
 } dt_ckpt_pending_t;
+
+/* Why a job's generation ended early and the job was planned again (distrain_restarts_total). */
+typedef enum {
+  DT_RESTART_NODE_DEAD,      /* a node of the job missed its heartbeats */
+  DT_RESTART_TRAINER_FAILED, /* a trainer exited or was killed */
+  DT_RESTART_NONFINITE,      /* a non-finite loss or gradient: rolled back */
+  DT_RESTART_HANG,           /* a collective blocked past the hang timeout */
+  DT_RESTART_GROW,           /* nodes came back: grown to a larger dp at a checkpoint */
+  DT_RESTART_N
+} dt_restart_reason_t;
+
+extern const char *const dt_restart_reason_names[DT_RESTART_N]; /* "node_dead", ... */
 
 typedef struct {
   char id[32];
@@ -107,6 +125,13 @@ typedef struct {
   size_t n_metrics, cap_metrics;
   dt_ckpt_pending_t *ckpts;
   size_t n_ckpts;
+  /* Counted since the coordinator started (not persisted): /metrics. */
+  dt_prom_hist_t step_seconds; /* rank 0's step times (StepMetrics.ms) */
+  uint64_t hist_gen;           /* the generation and step last counted in it */
+  int64_t hist_step;
+  uint64_t restarts_by[DT_RESTART_N];
+  double ckpt_seconds; /* newest commit: its first shard report to its manifest (-1: none) */
+  int64_t ckpt_wall_ms;
   /* ranks sorted by (node, rank), rebuilt lazily once per generation: a node's assignment
    * then costs O(log world + its ranks), not O(world) */
   dt_node_rank_t *by_node;
@@ -119,6 +144,15 @@ typedef struct {
 } dt_job_t;
 
 typedef struct dt_log_wait dt_log_wait_t;
+/* Something an operator wants to see on the dashboard: a job's transition, a node lost or back
+ * (memory only: the newest DT_COORD_EVENTS since the coordinator started). */
+#define DT_COORD_EVENTS 64
+typedef struct {
+  int64_t wall_ms;
+  int warn; /* a failure (restart, failed job, dead node) */
+  char job[32];
+  char text[384];
+} dt_coord_event_t;
 
 struct dt_coord {
   uv_loop_t *loop;
@@ -139,6 +173,11 @@ struct dt_coord {
   int notify_pending;           /* some node's notify_pending is set */
   dt_log_wait_t *log_waits;     /* held GetLogs calls (logrelay.c) */
   uint64_t next_log_id;
+  dt_http_t *http;              /* /metrics, or NULL */
+  int http_port;
+  int64_t start_wall_ms;
+  dt_coord_event_t events[DT_COORD_EVENTS]; /* a ring: event i is at i % DT_COORD_EVENTS */
+  uint64_t n_events;                        /* ever recorded */
   int closing;
 };
 
@@ -146,6 +185,9 @@ struct dt_coord {
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg);
 void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud);
 double dt_coord_now_ms(void);
+/* Records an event (job may be NULL or ""). */
+void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* One line for systemd's STATUS= ("2 nodes, 1 job running (job-3 step 1200)"). */
 void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len);
 
@@ -216,8 +258,38 @@ int dt_coord_logs_attach(dt_coord_t *c, const dt_node_t *n,
 void dt_coord_logs_node_gone(dt_coord_t *c, dt_node_t *n, int sent_only, const char *why);
 /* Shutdown: fails every held GetLogs. */
 void dt_coord_logs_close(dt_coord_t *c);
+/* A new job's in-memory bookkeeping for /metrics (histogram buckets, no checkpoint yet). */
+void dt_job_metrics_init(dt_job_t *j);
+
+/* ---- /metrics (metrics.c) ---- */
+/* Renders every metric in the Prometheus text format into a malloc'd string (NULL: out of
+ * memory). Jobs: every one not yet finished, and the DT_PARAM MetricsFinishedJobs (10) that
+ * finished last; per-rank series only for jobs of at most DT_PARAM MetricsMaxRanks (64) ranks. */
+char *dt_coord_metrics(dt_coord_t *c, size_t *len);
+/* The jobs /metrics and the dashboard show, in submission order (malloc'd; NULL: out of
+ * memory): every unfinished one and the MetricsFinishedJobs that finished last. */
+dt_job_t **dt_coord_shown_jobs(dt_coord_t *c, size_t *n);
+
+/* ---- the dashboard (web.c) ---- */
+/* /api/status: nodes and jobs as `distrainctl nodes --json` / `status JOB --json` print them,
+ * with each shown job's mesh, recent loss and tokens/s, and the recent events. */
+char *dt_coord_status_json(dt_coord_t *c, size_t *len);
+/* The HTTP server's handler: / (the dashboard), /api/status, /metrics; 404 otherwise. */
+void dt_coord_http(const char *path, dt_http_response_t *resp, void *ud);
 
 /* ---- handlers (handlers.c) ---- */
+/* The current generation's ranks as GetJob answers them (borrowing from the job and its
+ * nodes: valid until the state changes); none for a finished job. */
+typedef struct {
+  Distrain__V1__RankStatus *rs; /* (n) */
+  Distrain__V1__RankStatus **ptrs;
+  char (*waiting)[96];
+  size_t n;
+} dt_rank_views_t;
+int dt_coord_rank_views(dt_coord_t *c, const dt_job_t *j, dt_rank_views_t *v);
+void dt_coord_rank_views_free(dt_rank_views_t *v);
+/* A node as ListNodes answers it (borrowing from n). */
+void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o);
 int dt_coord_register_handlers(dt_coord_t *c);
 /* After a store write failed: rewrites every node, job (with its metrics) and the rendezvous
  * and checkpoint-report cleanups into the store in one transaction — memory is the truth — and

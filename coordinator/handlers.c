@@ -15,13 +15,6 @@
 #define WATCH_MAX_MS     300000u
 #define KV_MAX_WAIT_MS   600000u
 
-static int64_t wall_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Deep copy of any message through its wire form (owned, free_unpacked frees it). */
 static void *copy_message(const ProtobufCMessage *m)
 {
@@ -131,12 +124,14 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   }
   n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   n->last_seen_ms = dt_coord_now_ms();
-  n->last_seen_wall_ms = wall_ms();
+  n->last_seen_wall_ms = dt_wall_ms();
   dt_store_put_node(c->store, n);
   if (failed_unless_saved(c, call, "registration")) /* kept in memory; the store catches up */
     return;
   DT_INFO(COORD, "node %s registered: %s, %zu %s device(s)", n->id, info->hostname, info->n_devices,
           info->devices[0]->kind);
+  dt_coord_event(c, NULL, 0, "node %s registered: %s, %zu %s device(s)", n->id, info->hostname,
+                 info->n_devices, info->devices[0]->kind);
   Distrain__V1__RegisterWorkerResponse resp = DISTRAIN__V1__REGISTER_WORKER_RESPONSE__INIT;
   resp.node_id = n->id;
   resp.heartbeat_ms = (uint32_t)c->cfg.heartbeat_ms;
@@ -156,10 +151,11 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     return;
   }
   n->last_seen_ms = dt_coord_now_ms();
-  n->last_seen_wall_ms = wall_ms();
+  n->last_seen_wall_ms = dt_wall_ms();
   int revived = n->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   if (revived) {
     DT_INFO(COORD, "node %s (%s) is back", n->id, n->info->hostname);
+    dt_coord_event(c, NULL, 0, "node %s (%s) is back", n->id, n->info->hostname);
     n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
     dt_store_put_node(c->store, n);
   }
@@ -248,6 +244,21 @@ static void handle_watch(dt_rpc_call_t *call, const ProtobufCMessage *m, void *u
   uv_timer_start(&n->watch_timer, on_watch_timeout, wait, 0);
 }
 
+void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o)
+{
+  distrain__v1__node__init(o);
+  o->node_id = (char *)n->id;
+  o->info = n->info;
+  o->state = n->state;
+  o->last_heartbeat_ms = n->last_seen_wall_ms;
+  o->trainers = n->trainers;
+  o->n_trainers = n->n_trainers;
+  if (n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE) { /* a dead node's usage is stale */
+    o->usage = n->usage;
+    o->n_usage = n->n_usage;
+  }
+}
+
 static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
 {
   dt_coord_t *c = ud;
@@ -262,22 +273,11 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
     return;
   }
   for (size_t i = 0; i < c->n_nodes; i++) {
-    dt_node_t *n = c->nodes[i];
-    if (!n)
+    if (!c->nodes[i])
       continue;
-    Distrain__V1__Node *o = &nodes[resp.n_nodes];
-    distrain__v1__node__init(o);
-    o->node_id = n->id;
-    o->info = n->info;
-    o->state = n->state;
-    o->last_heartbeat_ms = n->last_seen_wall_ms;
-    o->trainers = n->trainers;
-    o->n_trainers = n->n_trainers;
-    if (n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE) { /* a dead node's usage is stale */
-      o->usage = n->usage;
-      o->n_usage = n->n_usage;
-    }
-    ptrs[resp.n_nodes++] = o;
+    dt_coord_node_view(c->nodes[i], &nodes[resp.n_nodes]);
+    ptrs[resp.n_nodes] = &nodes[resp.n_nodes];
+    resp.n_nodes++;
   }
   resp.nodes = ptrs;
   dt_rpc_call_reply(call, &resp.base);
@@ -333,11 +333,12 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     return;
   }
   snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->next_job++);
+  dt_job_metrics_init(j);
   Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
   tmpl.job_id = j->id;
   tmpl.spec = req->spec;
   tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
-  tmpl.created_ms = tmpl.updated_ms = wall_ms();
+  tmpl.created_ms = tmpl.updated_ms = dt_wall_ms();
   tmpl.reason = "submitted";
   tmpl.requested_dp = req->spec->parallel->dp;
   j->job = copy_message(&tmpl.base);
@@ -362,6 +363,46 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   dt_coord_schedule(c);
 }
 
+int dt_coord_rank_views(dt_coord_t *c, const dt_job_t *j, dt_rank_views_t *v)
+{
+  const int live = !dt_coord_state_terminal(j->job->state) && j->ranks;
+  const size_t n = live ? (size_t)j->world : 0;
+  memset(v, 0, sizeof *v);
+  v->rs = calloc(n ? n : 1, sizeof *v->rs);
+  v->ptrs = calloc(n ? n : 1, sizeof *v->ptrs);
+  v->waiting = calloc(n ? n : 1, sizeof *v->waiting);
+  if (!v->rs || !v->ptrs || !v->waiting) {
+    dt_coord_rank_views_free(v);
+    return DT_ENOMEM;
+  }
+  for (size_t r = 0; r < n; r++) {
+    const dt_rank_slot_t *s = &j->ranks[r];
+    const dt_node_t *nd = c->nodes[s->node];
+    const double age = dt_coord_report_age_ms(j, (int)r);
+    Distrain__V1__RankStatus *o = &v->rs[r];
+    distrain__v1__rank_status__init(o);
+    o->rank = (int32_t)r;
+    o->node_id = (char *)nd->id;
+    o->hostname = nd->info->hostname;
+    o->state = s->state;
+    o->step = s->step;
+    dt_hang_describe(s->progress, age, v->waiting[r], sizeof v->waiting[r]);
+    o->waiting = v->waiting[r];
+    o->report_age_ms = (uint32_t)DT_MIN(age, 4e9);
+    o->compute_ms = s->compute_ms;
+    o->straggler = s->straggler;
+    v->ptrs[r] = o;
+  }
+  v->n = n;
+  return 0;
+}
+
+void dt_coord_rank_views_free(dt_rank_views_t *v)
+{
+  free(v->rs), free(v->ptrs), free(v->waiting);
+  memset(v, 0, sizeof *v);
+}
+
 /* GetJob adds the current generation's ranks: where each runs, its state and step, and the
  * collective it is blocked in (ListJobs leaves them out: O(world) per job). */
 static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
@@ -371,39 +412,17 @@ static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void 
   dt_job_t *j = job_or_fail(c, call, req->job_id);
   if (!j)
     return;
-  const int live = !dt_coord_state_terminal(j->job->state) && j->ranks;
-  const size_t n = live ? (size_t)j->world : 0;
-  Distrain__V1__RankStatus *rs = calloc(n ? n : 1, sizeof *rs);
-  Distrain__V1__RankStatus **ptrs = calloc(n ? n : 1, sizeof *ptrs);
-  char(*waiting)[96] = calloc(n ? n : 1, sizeof *waiting);
-  if (!rs || !ptrs || !waiting) {
-    free(rs), free(ptrs), free(waiting);
+  dt_rank_views_t v;
+  if (dt_coord_rank_views(c, j, &v) != 0) {
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  for (size_t r = 0; r < n; r++) {
-    const dt_rank_slot_t *s = &j->ranks[r];
-    const dt_node_t *nd = c->nodes[s->node];
-    const double age = dt_coord_report_age_ms(j, (int)r);
-    distrain__v1__rank_status__init(&rs[r]);
-    rs[r].rank = (int32_t)r;
-    rs[r].node_id = (char *)nd->id;
-    rs[r].hostname = nd->info->hostname;
-    rs[r].state = s->state;
-    rs[r].step = s->step;
-    dt_hang_describe(s->progress, age, waiting[r], sizeof waiting[r]);
-    rs[r].waiting = waiting[r];
-    rs[r].report_age_ms = (uint32_t)DT_MIN(age, 4e9);
-    rs[r].compute_ms = s->compute_ms;
-    rs[r].straggler = s->straggler;
-    ptrs[r] = &rs[r];
-  }
-  j->job->ranks = ptrs;
-  j->job->n_ranks = n;
+  j->job->ranks = v.ptrs;
+  j->job->n_ranks = v.n;
   dt_rpc_call_reply(call, &j->job->base);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
-  free(rs), free(ptrs), free(waiting);
+  dt_coord_rank_views_free(&v);
 }
 
 static void handle_list_jobs(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)

@@ -25,16 +25,27 @@
 static const char *const k_state_names[] = {"UNKNOWN",    "PENDING",   "RENDEZVOUS", "RUNNING",
                                             "RECOVERING", "COMPLETED", "FAILED",     "STOPPED"};
 
+const char *const dt_restart_reason_names[DT_RESTART_N] = {[DT_RESTART_NODE_DEAD] = "node_dead",
+                                                           [DT_RESTART_TRAINER_FAILED] =
+                                                               "trainer_failed",
+                                                           [DT_RESTART_NONFINITE] = "nonfinite",
+                                                           [DT_RESTART_HANG] = "hang",
+                                                           [DT_RESTART_GROW] = "grow"};
+
+/* Upper bounds of distrain_step_duration_seconds: a tiny CPU model's 1 ms to a large model's
+ * minute-long steps. */
+static const double k_step_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                       0.5,   1,      2.5,   5,    10,    30,   60};
+
+void dt_job_metrics_init(dt_job_t *j)
+{
+  dt_prom_hist_init(&j->step_seconds, k_step_bounds, DT_ARRAY_SIZE(k_step_bounds));
+  j->ckpt_seconds = -1;
+}
+
 static const char *state_name(Distrain__V1__JobState s)
 {
   return (unsigned)s < DT_ARRAY_SIZE(k_state_names) ? k_state_names[s] : "?";
-}
-
-static int64_t wall_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 int dt_coord_state_terminal(Distrain__V1__JobState s)
@@ -89,8 +100,13 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   Distrain__V1__Job *job = j->job;
   DT_INFO(COORD, "job %s: %s -> %s (generation %llu): %s", j->id, state_name(job->state),
           state_name(to), (unsigned long long)job->generation, reason);
+  dt_coord_event(c, j->id,
+                 to == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING ||
+                     to == DISTRAIN__V1__JOB_STATE__JOB_FAILED,
+                 "%s -> %s (generation %llu): %s", state_name(job->state), state_name(to),
+                 (unsigned long long)job->generation, reason);
   job->state = to;
-  job->updated_ms = wall_ms();
+  job->updated_ms = dt_wall_ms();
   set_string(&job->reason, reason);
   dt_store_put_job(c->store, j);
   if (dt_coord_state_terminal(to))
@@ -361,6 +377,7 @@ static void maybe_grow(dt_coord_t *c, dt_job_t *j)
   dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
                           "growing from dp %d to dp %d at checkpoint step %lld", j->dp, dp,
                           (long long)j->job->committed_step);
+  j->restarts_by[DT_RESTART_GROW]++;
   dt_coord_release_nodes(c, j);
   dt_kv_expire(c->kv, j->id, j->job->generation + 1);
   dt_coord_schedule_soon(c);
@@ -486,7 +503,7 @@ void dt_coord_schedule(dt_coord_t *c)
 }
 
 /* A failure in the current generation: restart from the last checkpoint, or give up. */
-static void recover(dt_coord_t *c, dt_job_t *j, const char *reason)
+static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const char *reason)
 {
   j->blame_deadline_ms = 0;
   if (dt_coord_state_terminal(j->job->state) ||
@@ -501,6 +518,7 @@ static void recover(dt_coord_t *c, dt_job_t *j, const char *reason)
     return;
   }
   j->job->restarts++;
+  j->restarts_by[why]++;
   dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
                           "%s; restart %d of %d from %s", reason, j->job->restarts, max_restarts,
                           j->job->committed_step > 0 ? "the last committed checkpoint"
@@ -513,11 +531,13 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
 {
   /* From the wall clock of its last heartbeat: last_seen_ms of a node restored after a
    * coordinator restart includes the restart grace, not the node's real silence. */
-  double silent = (double)(wall_ms() - n->last_seen_wall_ms);
+  double silent = (double)(dt_wall_ms() - n->last_seen_wall_ms);
   n->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
   DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
           silent);
   dt_coord_logs_node_gone(c, n, 0, "it is dead (missed heartbeats)");
+  dt_coord_event(c, NULL, 1, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id,
+                 n->info->hostname, silent);
   int jidx = n->job;
   dt_store_put_node(c->store, n);
   if (jidx >= 0 && (size_t)jidx < c->n_jobs) {
@@ -533,7 +553,7 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
     char reason[256];
     snprintf(reason, sizeof reason, "node %s (%s) missed heartbeats for %.0f ms", n->id,
              n->info->hostname, silent);
-    recover(c, j, reason);
+    recover(c, j, DT_RESTART_NODE_DEAD, reason);
   }
   dt_coord_schedule_soon(c);
 }
@@ -554,6 +574,12 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
       if (!grown)
         return;
       j->metrics = grown, j->cap_metrics = cap;
+    }
+    /* Each step counted once per generation, however often a heartbeat repeats it. */
+    if (ts->generation != j->hist_gen || m->step > j->hist_step) {
+      dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
+      j->hist_gen = ts->generation;
+      j->hist_step = m->step;
     }
     /* Copy through the wire encoding: the status is freed after the handler. */
     uint8_t buf[256];
@@ -660,7 +686,7 @@ static int check_hang(dt_coord_t *c, dt_job_t *j, int r)
                              blamed[i], n->id, n->info->hostname);
     }
     DT_WARN(COORD, "job %s: %s", j->id, reason);
-    recover(c, j, reason);
+    recover(c, j, DT_RESTART_HANG, reason);
   }
   free(in);
   free(blamed);
@@ -803,7 +829,8 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         }
         continue;
       }
-      recover(c, j, reason);
+      recover(c, j, ts->nonfinite_step > 0 ? DT_RESTART_NONFINITE : DT_RESTART_TRAINER_FAILED,
+              reason);
       replan = 1;
     } else if (changed) {
       evaluate_job(c, j);
@@ -822,7 +849,7 @@ void dt_coord_blame_expired(dt_coord_t *c)
   for (size_t i = 0; i < c->n_jobs; i++) {
     dt_job_t *j = c->jobs[i];
     if (j->blame_deadline_ms > 0 && now >= j->blame_deadline_ms) {
-      recover(c, j, j->blame_reason);
+      recover(c, j, DT_RESTART_TRAINER_FAILED, j->blame_reason);
       replan = 1;
     }
   }
@@ -876,6 +903,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
     p->step = r->step;
     p->world = r->world;
     p->generation = r->generation;
+    p->first_ms = dt_coord_now_ms();
     p->reports = calloc((size_t)r->world, sizeof *p->reports);
     if (!p->reports)
       return DT_ENOMEM;
@@ -925,6 +953,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   free(shards);
   pending_free(p);
   int64_t step = p->step;
+  const double first_ms = p->first_ms;
   *p = j->ckpts[--j->n_ckpts];
   if (rc != 0) {
     snprintf(err, errlen, "writing the manifest of step %lld failed: %s", (long long)step,
@@ -933,6 +962,8 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   }
   if (step > j->job->committed_step)
     j->job->committed_step = step;
+  j->ckpt_seconds = (dt_coord_now_ms() - first_ms) / 1000.0;
+  j->ckpt_wall_ms = dt_wall_ms();
   dt_store_put_job(c->store, j);
   dt_store_drop_ckpt_reports(c->store, j->id, 0, step);
   *committed = 1;

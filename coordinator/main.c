@@ -3,9 +3,15 @@
  *   distrain-coordinator [--listen HOST:PORT] [--state-dir DIR] [--token-file FILE]
  *                        [--heartbeat-ms N] [--dead-after N] [--port-file FILE]
  *                        [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
+ *                        [--http HOST:PORT|off] [--http-port-file FILE]
  *
  * With --tls-cert/--tls-key it serves TLS; with --tls-ca too, mutual TLS: agents, trainers and
  * distrainctl must present a certificate signed by that CA (rpc.h, "TLS").
+ *
+ * --http serves /metrics (Prometheus) and the dashboard over plain HTTP, read-only and without
+ * the token, on 127.0.0.1:7471 by default: loopback only unless an address is given. When the
+ * default port is taken the coordinator warns and runs without it; an address given
+ * explicitly must be bound.
  *
  * The state directory defaults to $STATE_DIRECTORY (set by systemd's StateDirectory=) or
  * /var/lib/distrain. SIGTERM/SIGINT shut down cleanly: calls are cancelled, state is already
@@ -33,7 +39,8 @@ static void usage(FILE *out)
                "[--token-file FILE]\n"
                "                            [--heartbeat-ms N] [--dead-after MISSED] "
                "[--port-file FILE]\n"
-               "                            " DT_RPC_TLS_USAGE "\n");
+               "                            " DT_RPC_TLS_USAGE "\n"
+               "                            [--http HOST:PORT|off] [--http-port-file FILE]\n");
 }
 
 static uv_signal_t g_sigterm, g_sigint;
@@ -77,9 +84,24 @@ static void on_listener_lost(void *ud)
   shut_down(ud);
 }
 
+/* Written atomically so a launcher polling for it never reads half a number. */
+static int write_port_file(const char *path, int port)
+{
+  dt_afile_t af;
+  char buf[32];
+  int n = snprintf(buf, sizeof buf, "%d\n", port);
+  if (dt_afile_open(&af, path) != 0 || dt_afile_write(&af, buf, (size_t)n) != 0 ||
+      dt_afile_commit(&af) != 0) {
+    fprintf(stderr, "distrain-coordinator: cannot write %s\n", path);
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
   const char *listen = "0.0.0.0:7470", *token_file = NULL, *port_file = NULL;
+  const char *http = NULL, *http_port_file = NULL;
   const char *state_dir = getenv("STATE_DIRECTORY");
   int heartbeat_ms = 500, dead_after = 3;
   static const struct option opts[] = {{"listen", required_argument, 0, 'l'},
@@ -89,6 +111,8 @@ int main(int argc, char **argv)
                                        {"dead-after", required_argument, 0, 'd'},
                                        {"port-file", required_argument, 0, 'p'},
                                        DT_RPC_TLS_OPTIONS,
+                                       {"http", required_argument, 0, 'H'},
+                                       {"http-port-file", required_argument, 0, 'P'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   dt_log_init();
@@ -107,6 +131,12 @@ int main(int argc, char **argv)
       break;
     case 'p':
       port_file = optarg;
+      break;
+    case 'H':
+      http = optarg;
+      break;
+    case 'P':
+      http_port_file = optarg;
       break;
     case 'b':
       if (dt_parse_int_flag("distrain-coordinator", "heartbeat-ms", optarg, 10, 3600000,
@@ -164,7 +194,15 @@ int main(int argc, char **argv)
                            .state_dir = state_dir,
                            .token = token,
                            .heartbeat_ms = heartbeat_ms,
-                           .dead_after_missed = dead_after};
+                           .dead_after_missed = dead_after,
+                           .http = http ? http : "127.0.0.1:7471",
+                           .http_optional = !http};
+  if (strcmp(cfg.http, "off") == 0)
+    cfg.http = NULL;
+  if (http_port_file && !cfg.http) {
+    fprintf(stderr, "distrain-coordinator: --http-port-file needs --http\n");
+    return 2;
+  }
   int rc = dt_coord_start(&coord, loop, &cfg);
   if (rc != 0) {
     fprintf(stderr, "distrain-coordinator: cannot start: %s\n", dt_strerror(rc));
@@ -172,17 +210,11 @@ int main(int argc, char **argv)
   }
   DT_INFO(COORD, "listening on port %d (state %s, heartbeat %d ms, dead after %d missed)",
           coord.port, state_dir, heartbeat_ms, dead_after);
-  if (port_file) {
-    /* Written atomically so a launcher polling for it never reads half a number. */
-    dt_afile_t af;
-    char buf[32];
-    int n = snprintf(buf, sizeof buf, "%d\n", coord.port);
-    if (dt_afile_open(&af, port_file) != 0 || dt_afile_write(&af, buf, (size_t)n) != 0 ||
-        dt_afile_commit(&af) != 0) {
-      fprintf(stderr, "distrain-coordinator: cannot write %s\n", port_file);
-      return 1;
-    }
-  }
+  /* The HTTP port first: a launcher that waits for --port-file finds both. */
+  if (http_port_file && coord.http && write_port_file(http_port_file, coord.http_port) != 0)
+    return 1;
+  if (port_file && write_port_file(port_file, coord.port) != 0)
+    return 1;
   dt_rpc_server_on_listener_lost(coord.rpc, on_listener_lost, &coord);
   uv_signal_init(loop, &g_sigterm);
   uv_signal_init(loop, &g_sigint);

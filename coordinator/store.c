@@ -400,6 +400,7 @@ static int load_jobs(dt_store_t *s, dt_coord_t *c)
       break;
     }
     snprintf(j->id, sizeof j->id, "%s", (const char *)sqlite3_column_text(st, 0));
+    dt_job_metrics_init(j);
     c->next_job = DT_MAX(c->next_job, (uint64_t)sqlite3_column_int64(st, 1) + 1);
     j->job = distrain__v1__job__unpack(NULL, (size_t)sqlite3_column_bytes(st, 2),
                                        sqlite3_column_blob(st, 2));

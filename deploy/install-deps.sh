@@ -16,6 +16,8 @@ pkgs=(
   libyaml-dev                            # job specs
   libsqlite3-dev                         # coordinator state
   libmicrohttpd-dev                      # /metrics
+  prometheus                             # the /metrics test scrapes with a real server
+  chromium                               # the dashboard test renders the page headless
   libsystemd-dev                         # sd_notify
   systemd                                # systemd-analyze verify (tests of the units)
   libgloo-dev                            # CPU collectives

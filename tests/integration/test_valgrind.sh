@@ -4,7 +4,8 @@
 # Starts distrain-coordinator and one distrain-worker under memcheck (children, i.e. the
 # trainers, run natively), submits a small two-rank data-parallel job with distrainctl (so the
 # rendezvous goes through the coordinator's key-value store), waits for it to complete,
-# stops both daemons with SIGTERM, and fails if valgrind reports any memory error or any
+# fetches /metrics, /api/status and the dashboard (and a 404 and a 405) from the
+# coordinator's HTTP server, stops both daemons with SIGTERM, and fails if valgrind reports any memory error or any
 # definitely lost block (gRPC's process-lifetime allocations show as "still reachable" and
 # are not counted).
 #
@@ -26,7 +27,8 @@ chmod 600 "$T/token"
 
 "${VG[@]}" --log-file="$T/vg-coordinator.txt" "$BUILD/coordinator/distrain-coordinator" \
   --listen 127.0.0.1:0 --port-file "$T/port" --state-dir "$T/state" --token-file "$T/token" \
-  --heartbeat-ms 500 --dead-after 20 >"$T/coord.log" 2>&1 &
+  --heartbeat-ms 500 --dead-after 20 --http 127.0.0.1:0 --http-port-file "$T/http.port" \
+  >"$T/coord.log" 2>&1 &
 COORD=$!
 for _ in $(seq 300); do [ -s "$T/port" ] && break; sleep 0.1; done
 [ -s "$T/port" ] || { echo "FAIL: coordinator did not start"; cat "$T/coord.log"; exit 1; }
@@ -53,11 +55,27 @@ for _ in $(seq 600); do
   sleep 0.2
 done
 "${CTL[@]}" nodes >/dev/null
+/usr/bin/python3 - "$(cat "$T/http.port")" "$JOB" <<'PY' || { echo "FAIL: /metrics"; fail_http=1; }
+import json, sys, urllib.error, urllib.request
+base = "http://127.0.0.1:%s" % sys.argv[1]
+body = urllib.request.urlopen(base + "/metrics", timeout=60).read().decode()
+assert 'distrain_job_step{job="%s"}' % sys.argv[2] in body, body[:2000]
+status = json.loads(urllib.request.urlopen(base + "/api/status", timeout=60).read())
+assert [x["job"]["job_id"] for x in status["jobs"]] == [sys.argv[2]], status
+assert b"<canvas" in urllib.request.urlopen(base + "/", timeout=60).read()
+for method, path, code in (("GET", "/nope", 404), ("POST", "/metrics", 405)):
+    try:
+        urllib.request.urlopen(urllib.request.Request(base + path, method=method, data=b"x"
+                                                      if method == "POST" else None), timeout=60)
+        raise AssertionError("%s %s answered 200" % (method, path))
+    except urllib.error.HTTPError as e:
+        assert e.code == code, (method, path, e.code)
+PY
 kill -TERM "$WORKER"
 wc=0; wait "$WORKER" || wc=$?
 kill -TERM "$COORD"
 cc=0; wait "$COORD" || cc=$?
-fail=0
+fail=${fail_http:-0}
 [ "$state" = COMPLETED ] || { echo "FAIL: job ended $state"; tail -20 "$T/coord.log"; fail=1; }
 for d in coordinator:$cc worker:$wc; do
   name=${d%%:*} rc=${d##*:}
