@@ -150,7 +150,7 @@ static void job_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, co
 {
   dt_prom_family(out, name, "gauge", help);
   for (size_t i = 0; i < n; i++)
-    dt_prom_sample(out, name, (label_t[]){{"job", jobs[i]->id}}, 1, value(jobs[i]));
+    dt_prom_sample(out, name, (label_t[]){{"job_id", jobs[i]->id}}, 1, value(jobs[i]));
 }
 
 static double job_step(const dt_job_t *j)
@@ -184,14 +184,14 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
   for (size_t i = 0; i < n; i++) {
     const Distrain__V1__JobSpec *spec = jobs[i]->job->spec;
     dt_prom_sample(out, "distrain_job_info",
-                   (label_t[]){{"job", jobs[i]->id}, {"name", spec ? spec->name : ""}}, 2, 1);
+                   (label_t[]){{"job_id", jobs[i]->id}, {"name", spec ? spec->name : ""}}, 2, 1);
   }
   dt_prom_family(out, "distrain_job_state", "gauge",
                  "1 for the job's current state, 0 for the others.");
   for (size_t i = 0; i < n; i++)
     for (size_t s = 0; s < DT_ARRAY_SIZE(k_states); s++)
       dt_prom_sample(out, "distrain_job_state",
-                     (label_t[]){{"job", jobs[i]->id}, {"state", k_states[s]}}, 2,
+                     (label_t[]){{"job_id", jobs[i]->id}, {"state", k_states[s]}}, 2,
                      (size_t)jobs[i]->job->state == s + 1);
   job_gauge(out, jobs, n, "distrain_job_step", "Rank 0's last reported training step.", job_step);
   job_gauge(out, jobs, n, "distrain_job_generation",
@@ -206,7 +206,7 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
                  "Rank 0's time per training step, counted once per step reported since the "
                  "coordinator started.");
   for (size_t i = 0; i < n; i++)
-    dt_prom_hist_write(out, "distrain_step_duration_seconds", (label_t[]){{"job", jobs[i]->id}}, 1,
+    dt_prom_hist_write(out, "distrain_step_duration_seconds", (label_t[]){{"job_id", jobs[i]->id}}, 1,
                        &jobs[i]->step_seconds);
 
   dt_prom_family(out, "distrain_restarts_total", "counter",
@@ -215,7 +215,7 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
   for (size_t i = 0; i < n; i++)
     for (int r = 0; r < DT_RESTART_N; r++)
       dt_prom_sample(out, "distrain_restarts_total",
-                     (label_t[]){{"job", jobs[i]->id}, {"reason", dt_restart_reason_names[r]}}, 2,
+                     (label_t[]){{"job_id", jobs[i]->id}, {"reason", dt_restart_reason_names[r]}}, 2,
                      (double)jobs[i]->restarts_by[r]);
 
   job_gauge(out, jobs, n, "distrain_checkpoint_step",
@@ -226,14 +226,14 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
                  "the commit.");
   for (size_t i = 0; i < n; i++)
     if (jobs[i]->ckpt_seconds >= 0)
-      dt_prom_sample(out, "distrain_checkpoint_seconds", (label_t[]){{"job", jobs[i]->id}}, 1,
+      dt_prom_sample(out, "distrain_checkpoint_seconds", (label_t[]){{"job_id", jobs[i]->id}}, 1,
                      jobs[i]->ckpt_seconds);
   dt_prom_family(out, "distrain_checkpoint_timestamp_seconds", "gauge",
                  "When that checkpoint was committed (Unix time).");
   for (size_t i = 0; i < n; i++)
     if (jobs[i]->ckpt_seconds >= 0)
       dt_prom_sample(out, "distrain_checkpoint_timestamp_seconds",
-                     (label_t[]){{"job", jobs[i]->id}}, 1, (double)jobs[i]->ckpt_wall_ms / 1000.0);
+                     (label_t[]){{"job_id", jobs[i]->id}}, 1, (double)jobs[i]->ckpt_wall_ms / 1000.0);
 }
 
 /* The trainer status rank r of j last sent, or NULL. */
@@ -280,7 +280,7 @@ static void write_ranks(FILE *out, const dt_coord_t *c, dt_job_t **jobs, size_t 
         const dt_rank_slot_t *s = &j->ranks[r];
         char rank[16];
         snprintf(rank, sizeof rank, "%d", r);
-        const label_t l[] = {{"job", j->id}, {"rank", rank}};
+        const label_t l[] = {{"job_id", j->id}, {"rank", rank}};
         if (f == 0) {
           const dt_node_t *nd = c->nodes[s->node];
           dt_mesh_coord_t co = {0};
@@ -290,7 +290,7 @@ static void write_ranks(FILE *out, const dt_coord_t *c, dt_job_t **jobs, size_t 
           snprintf(dp, sizeof dp, "%d", co.dp);
           snprintf(tp, sizeof tp, "%d", co.tp);
           dt_prom_sample(out, names[f],
-                         (label_t[]){{"job", j->id},
+                         (label_t[]){{"job_id", j->id},
                                      {"rank", rank},
                                      {"node", nd->id},
                                      {"host", nd->info->hostname},

@@ -159,16 +159,16 @@ class T1_Endpoint(MetricsTest):
                          ("distrain_checkpoint_seconds", "gauge")):
             self.assertEqual(fams[fam][0], typ, fam)
         # the odd name went through escaping and reads back unchanged
-        info = samples_of(fams, "distrain_job_info", job=job_id)
+        info = samples_of(fams, "distrain_job_info", job_id=job_id)
         self.assertEqual([lb["name"] for _, lb, _ in info], [ODD_NAME])
         self.assertIn('name="metrics \\"test\\" \\\\ job"', body)
         # a pending job: state PENDING, generation 0, an empty histogram, no restarts
-        st = {lb["state"]: v for _, lb, v in samples_of(fams, "distrain_job_state", job=job_id)}
+        st = {lb["state"]: v for _, lb, v in samples_of(fams, "distrain_job_state", job_id=job_id)}
         self.assertEqual(st["PENDING"], 1)
         self.assertEqual(sum(st.values()), 1, st)
-        self.assertEqual(samples_of(fams, "distrain_job_generation", job=job_id)[0][2], 0)
+        self.assertEqual(samples_of(fams, "distrain_job_generation", job_id=job_id)[0][2], 0)
         self.assertEqual(
-            [v for n, _, v in samples_of(fams, "distrain_step_duration_seconds", job=job_id)
+            [v for n, _, v in samples_of(fams, "distrain_step_duration_seconds", job_id=job_id)
              if n.endswith("_count")], [0])
         reasons = {lb["reason"] for _, lb, _ in samples_of(fams, "distrain_restarts_total")}
         self.assertEqual(reasons, {"node_dead", "trainer_failed", "nonfinite", "hang", "grow"})
@@ -236,12 +236,10 @@ class T2_Prometheus(MetricsTest):
     def start_prometheus(self):
         conf = os.path.join(self.tmp, "prometheus.yml")
         with open(conf, "w") as f:
-            # honor_labels: the series keep their own `job` label (the distrain job), rather
-            # than have it renamed exported_job by the scrape job's.
+            # A plain scrape job: distrain's own label is job_id, so nothing is renamed.
             f.write("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
                     "scrape_configs:\n"
                     "  - job_name: distrain\n"
-                    "    honor_labels: true\n"
                     "    scrape_interval: 1s\n"
                     "    scrape_timeout: 1s\n"
                     "    static_configs: [{targets: ['127.0.0.1:%d']}]\n" % self.hport)
@@ -292,11 +290,11 @@ class T2_Prometheus(MetricsTest):
         spec = cp.job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=cp.SLOW,
                            every=steps // 2, name=ODD_NAME)
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
-        sel = '{job="%s"}' % job_id
+        sel = '{job_id="%s"}' % job_id
 
         # while it runs: a step, a histogram count that grows, one rank where it should be
         s1 = self.wait_value("distrain_job_step" + sel, lambda v: v >= 1, 30, "a step")
-        self.assertEqual(self.value('distrain_job_state{job="%s",state="RUNNING"}' % job_id), 1)
+        self.assertEqual(self.value('distrain_job_state{job_id="%s",state="RUNNING"}' % job_id), 1)
         c1 = self.wait_value("distrain_step_duration_seconds_count" + sel, lambda v: v >= 1, 10,
                              "a counted step")
         self.assertLess(c1, steps, "Prometheus saw the job only once it had finished")
@@ -314,7 +312,7 @@ class T2_Prometheus(MetricsTest):
 
         # once it has completed, every number is final: compare with distrainctl and the RPCs
         self.wait_state(job_id, [cp.pb.JOB_COMPLETED], 120)
-        self.wait_value('distrain_job_state{job="%s",state="COMPLETED"}' % job_id,
+        self.wait_value('distrain_job_state{job_id="%s",state="COMPLETED"}' % job_id,
                         lambda v: v == 1, 10, "COMPLETED in Prometheus")
         r = self.ctl("status", job_id, "--json", "--coordinator", self.addr, "--token-file",
                      self.token_file)
@@ -341,7 +339,7 @@ class T2_Prometheus(MetricsTest):
         self.assertAlmostEqual(self.value("distrain_step_duration_seconds_sum" + sel),
                                sum(m.ms for m in ms) / 1000.0, delta=1e-9)
         self.assertEqual(
-            self.value('distrain_step_duration_seconds_bucket{job="%s",le="+Inf"}' % job_id),
+            self.value('distrain_step_duration_seconds_bucket{job_id="%s",le="+Inf"}' % job_id),
             steps)
         # the same with PromQL's own histogram function: a median inside the buckets' range
         med = self.value("histogram_quantile(0.5, distrain_step_duration_seconds_bucket%s)" % sel)
