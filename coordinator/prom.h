@@ -2,7 +2,7 @@
  *
  *   # HELP distrain_job_step Rank 0's last reported step.
  *   # TYPE distrain_job_step gauge
- *   distrain_job_step{job="job-1"} 120
+ *   distrain_job_step{job_id="job-1"} 120
  *
  * Invariants:
  *  - Label values escape backslash, double quote and newline (\\, \", \n); HELP text escapes

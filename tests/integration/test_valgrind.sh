@@ -59,7 +59,7 @@ done
 import json, sys, urllib.error, urllib.request
 base = "http://127.0.0.1:%s" % sys.argv[1]
 body = urllib.request.urlopen(base + "/metrics", timeout=60).read().decode()
-assert 'distrain_job_step{job="%s"}' % sys.argv[2] in body, body[:2000]
+assert 'distrain_job_step{job_id="%s"}' % sys.argv[2] in body, body[:2000]
 status = json.loads(urllib.request.urlopen(base + "/api/status", timeout=60).read())
 assert [x["job"]["job_id"] for x in status["jobs"]] == [sys.argv[2]], status
 assert b"<canvas" in urllib.request.urlopen(base + "/", timeout=60).read()
