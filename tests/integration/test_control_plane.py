@@ -2244,6 +2244,17 @@ class T13_Chaos(ClusterTest):
 
 # ---------------------------------------------------------------------------------------------
 
+def run_tests(rest):
+    """unittest over the command line's other arguments (verbose), then the shared data
+    removed; returns the unittest result. For this file's main and the suites built on its
+    harness."""
+    try:
+        return unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2).result
+    finally:
+        if "root" in _SHARED:
+            shutil.rmtree(_SHARED["root"], ignore_errors=True)
+
+
 def main():
     global BUILD
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -2253,12 +2264,9 @@ def main():
     stub_dir = tempfile.mkdtemp(prefix="dt-cp-stubs-")
     try:
         gen_stubs(stub_dir)
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-        ok = prog.result.wasSuccessful()
+        ok = run_tests(rest).wasSuccessful()
     finally:
         shutil.rmtree(stub_dir, ignore_errors=True)
-        if "root" in _SHARED:
-            shutil.rmtree(_SHARED["root"], ignore_errors=True)
     sys.exit(0 if ok else 1)
 
 

@@ -436,13 +436,10 @@ def main():
     stub_dir = tempfile.mkdtemp(prefix="dt-metrics-stubs-")
     try:
         cp.gen_stubs(stub_dir)
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-        ok = prog.result.wasSuccessful()
-        skipped = prog.result.skipped
+        result = cp.run_tests(rest)
+        ok, skipped = result.wasSuccessful(), result.skipped
     finally:
         shutil.rmtree(stub_dir, ignore_errors=True)
-        if "root" in cp._SHARED:
-            shutil.rmtree(cp._SHARED["root"], ignore_errors=True)
     if ok and skipped:
         print("skipped: %s" % "; ".join(sorted({why for _, why in skipped})))
         sys.exit(77)

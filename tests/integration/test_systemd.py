@@ -362,13 +362,7 @@ def main():
     args, rest = ap.parse_known_args()
     BUILD = cp.BUILD = os.path.abspath(args.build)
     HAVE_SYSTEMD = bool(args.have_systemd)
-    try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-        ok = prog.result.wasSuccessful()
-    finally:
-        if "root" in cp._SHARED:
-            shutil.rmtree(cp._SHARED["root"], ignore_errors=True)
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if cp.run_tests(rest).wasSuccessful() else 1)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import socket
 import subprocess
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_control_plane as cp  # noqa: E402  (the cluster harness: processes, data, jobs)
@@ -229,13 +228,7 @@ def main():
     if not shutil.which("openssl"):
         print("SKIP: the openssl command is not installed (deploy/install-deps.sh adds it)")
         sys.exit(77)
-    try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-        ok = prog.result.wasSuccessful()
-    finally:
-        if "root" in cp._SHARED:
-            shutil.rmtree(cp._SHARED["root"], ignore_errors=True)
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if cp.run_tests(rest).wasSuccessful() else 1)
 
 
 if __name__ == "__main__":
