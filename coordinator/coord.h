@@ -173,7 +173,7 @@ struct dt_coord {
   int notify_pending;           /* some node's notify_pending is set */
   dt_log_wait_t *log_waits;     /* held GetLogs calls (logrelay.c) */
   uint64_t next_log_id;
-  dt_http_t *http;              /* /metrics, or NULL */
+  dt_http_t *http; /* /metrics, or NULL */
   int http_port;
   int64_t start_wall_ms;
   dt_coord_event_t events[DT_COORD_EVENTS]; /* a ring: event i is at i % DT_COORD_EVENTS */

@@ -206,8 +206,8 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
                  "Rank 0's time per training step, counted once per step reported since the "
                  "coordinator started.");
   for (size_t i = 0; i < n; i++)
-    dt_prom_hist_write(out, "distrain_step_duration_seconds", (label_t[]){{"job_id", jobs[i]->id}}, 1,
-                       &jobs[i]->step_seconds);
+    dt_prom_hist_write(out, "distrain_step_duration_seconds", (label_t[]){{"job_id", jobs[i]->id}},
+                       1, &jobs[i]->step_seconds);
 
   dt_prom_family(out, "distrain_restarts_total", "counter",
                  "Times the job was planned again after losing a generation, by reason, since "
@@ -215,8 +215,8 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
   for (size_t i = 0; i < n; i++)
     for (int r = 0; r < DT_RESTART_N; r++)
       dt_prom_sample(out, "distrain_restarts_total",
-                     (label_t[]){{"job_id", jobs[i]->id}, {"reason", dt_restart_reason_names[r]}}, 2,
-                     (double)jobs[i]->restarts_by[r]);
+                     (label_t[]){{"job_id", jobs[i]->id}, {"reason", dt_restart_reason_names[r]}},
+                     2, (double)jobs[i]->restarts_by[r]);
 
   job_gauge(out, jobs, n, "distrain_checkpoint_step",
             "The newest committed checkpoint's step (0: none yet).", job_committed);
@@ -233,7 +233,8 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
   for (size_t i = 0; i < n; i++)
     if (jobs[i]->ckpt_seconds >= 0)
       dt_prom_sample(out, "distrain_checkpoint_timestamp_seconds",
-                     (label_t[]){{"job_id", jobs[i]->id}}, 1, (double)jobs[i]->ckpt_wall_ms / 1000.0);
+                     (label_t[]){{"job_id", jobs[i]->id}}, 1,
+                     (double)jobs[i]->ckpt_wall_ms / 1000.0);
 }
 
 /* The trainer status rank r of j last sent, or NULL. */
