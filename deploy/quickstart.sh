@@ -48,7 +48,7 @@ tests() {
   cmake -S "$ROOT" -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DDT_SANITIZE=ON -DDT_CUDA=OFF \
     >/dev/null
   cmake --build "$BUILD_DIR-asan" -j "$JOBS"
-  (cd "$BUILD_DIR-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L 'unit|numerics|integration' -LE valgrind)
+  (cd "$BUILD_DIR-asan" && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions="$ROOT/tests/lsan.supp" ctest --output-on-failure -j 2 -L 'unit|numerics|integration' -LE valgrind)
 }
 
 case "${1:-}" in
