@@ -110,7 +110,9 @@ typedef struct {
   dt_rank_slot_t *ranks; /* (world) */
   int *nodes;            /* node indices in rank order of their first rank */
   int n_nodes;
-  int resume; /* trainers start from the newest committed checkpoint */
+  /* The committed step this generation's trainers resumed from (0: from scratch); an older
+   * generation's steps up to it are final, the later ones this generation replays. */
+  int64_t resume_step;
   /* A rank failed because a peer did (DT_EREMOTE): the peer's node may be dying, and its
    * heartbeats are the better witness. Recovery waits until blame_deadline_ms (0: none) for a
    * node of the job to be declared dead, then goes ahead with blame_reason. */

@@ -285,7 +285,7 @@ static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, d
   a->generation = j->job->generation;
   a->world_size = j->world;
   a->spec = j->job->spec;
-  a->resume = j->resume;
+  a->resume = j->resume_step > 0;
   a->skip_steps = j->job->skipped_steps;
   a->n_skip_steps = j->job->n_skipped_steps;
   dt_mesh_t mesh;
@@ -452,7 +452,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     j->ranks[r].step = 0;
   }
   dt_coord_remember_ranks(j);
-  j->resume = j->job->committed_step > 0;
+  j->resume_step = j->job->committed_step;
   j->job->generation++;
   j->job->world_size = pl.world;
   dt_kv_expire(c->kv, j->id, j->job->generation);
@@ -472,7 +472,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   dt_mesh_format(&mesh, meshbuf, sizeof meshbuf);
   dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS,
                           "world %d (%s), grad accum %d, on %s%s", pl.world, meshbuf, j->grad_accum,
-                          nodes, j->resume ? ", resuming from checkpoint" : "");
+                          nodes, j->resume_step > 0 ? ", resuming from checkpoint" : "");
   for (int k = 0; k < nidle; k++)
     if (pl.node_nranks[k] > 0)
       dt_coord_assignments_changed(c, c->nodes[idle[k]]);
@@ -558,6 +558,27 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
   dt_coord_schedule_soon(c);
 }
 
+/* Copies through the wire encoding: the status is freed after the handler. */
+static Distrain__V1__StepMetrics *metric_copy(const Distrain__V1__StepMetrics *m)
+{
+  uint8_t buf[256];
+  size_t len = distrain__v1__step_metrics__pack(m, buf);
+  return distrain__v1__step_metrics__unpack(NULL, len, buf);
+}
+
+static int metrics_reserve(dt_job_t *j)
+{
+  if (j->n_metrics < j->cap_metrics)
+    return 0;
+  size_t cap = j->cap_metrics ? j->cap_metrics * 2 : 256;
+  void *grown = realloc(j->metrics, cap * sizeof *j->metrics);
+  if (!grown)
+    return DT_ENOMEM;
+  j->metrics = grown, j->cap_metrics = cap;
+  return 0;
+}
+
+/* Rank 0's metrics of the current generation, in step order. */
 static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__TrainerStatus *ts)
 {
   size_t first_new = j->n_metrics;
@@ -568,28 +589,49 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
       distrain__v1__step_metrics__free_unpacked(j->metrics[--j->n_metrics], NULL);
       first_new = DT_MIN(first_new, j->n_metrics);
     }
-    if (j->n_metrics == j->cap_metrics) {
-      size_t cap = j->cap_metrics ? j->cap_metrics * 2 : 256;
-      void *grown = realloc(j->metrics, cap * sizeof *j->metrics);
-      if (!grown)
-        return;
-      j->metrics = grown, j->cap_metrics = cap;
-    }
+    if (metrics_reserve(j) != 0)
+      break;
     /* Each step counted once per generation, however often a heartbeat repeats it. */
     if (ts->generation != j->hist_gen || m->step > j->hist_step) {
       dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
       j->hist_gen = ts->generation;
       j->hist_step = m->step;
     }
-    /* Copy through the wire encoding: the status is freed after the handler. */
-    uint8_t buf[256];
-    size_t len = distrain__v1__step_metrics__pack(m, buf);
-    Distrain__V1__StepMetrics *copy = distrain__v1__step_metrics__unpack(NULL, len, buf);
+    Distrain__V1__StepMetrics *copy = metric_copy(m);
     if (!copy)
-      return;
+      break;
     j->metrics[j->n_metrics++] = copy;
   }
   dt_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
+}
+
+/* Rank 0's last steps, read by its agent after the trainer exited and so sent after the job
+ * moved on to a new generation (or ended): the steps up to `last` are final and go in where
+ * they are missing; later ones belong to the generation that replays them. */
+static void merge_final_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__TrainerStatus *ts,
+                                int64_t last)
+{
+  for (size_t i = 0; i < ts->n_metrics; i++) {
+    const Distrain__V1__StepMetrics *m = ts->metrics[i];
+    size_t lo = 0, hi = j->n_metrics; /* first entry at or after m->step */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (j->metrics[mid]->step < m->step)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (m->step > last || (lo < j->n_metrics && j->metrics[lo]->step == m->step))
+      continue;
+    Distrain__V1__StepMetrics *copy = metrics_reserve(j) == 0 ? metric_copy(m) : NULL;
+    if (!copy)
+      return;
+    memmove(j->metrics + lo + 1, j->metrics + lo, (j->n_metrics - lo) * sizeof *j->metrics);
+    j->metrics[lo] = copy;
+    j->n_metrics++;
+    dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
+    dt_store_put_metrics(c->store, j->id, &j->metrics[lo], 1);
+  }
 }
 
 /* Job-level transitions after its rank counts changed. */
@@ -759,8 +801,15 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         n->job >= 0 && (size_t)n->job < c->n_jobs && strcmp(c->jobs[n->job]->id, ts->job_id) == 0
             ? c->jobs[n->job]
             : dt_coord_job_by_id(c, ts->job_id);
-    if (!j || ts->generation != j->job->generation || dt_coord_state_terminal(j->job->state) ||
-        ts->rank < 0 || ts->rank >= j->world || j->ranks[ts->rank].node != n->index)
+    if (!j)
+      continue;
+    const int terminal = dt_coord_state_terminal(j->job->state);
+    if (ts->rank == 0 && ts->n_metrics && ts->generation < j->job->generation)
+      merge_final_metrics(c, j, ts, j->resume_step);
+    else if (ts->rank == 0 && ts->n_metrics && ts->generation == j->job->generation && terminal)
+      merge_final_metrics(c, j, ts, INT64_MAX);
+    if (ts->generation != j->job->generation || terminal || ts->rank < 0 || ts->rank >= j->world ||
+        j->ranks[ts->rank].node != n->index)
       continue; /* stale generation, or not ours */
     dt_rank_slot_t *slot = &j->ranks[ts->rank];
     int changed = slot->state != ts->state;

@@ -230,7 +230,7 @@ int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
   return ret;
 }
 
-/* plan blob: int32 world, dp, grad_accum, resume, then (node, local_rank) per rank */
+/* plan blob: int32 world, dp, grad_accum, resume step, then (node, local_rank) per rank */
 int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
 {
   WRITE_GATE(s);
@@ -243,7 +243,8 @@ int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
     free(plan);
     return DT_ENOMEM;
   }
-  plan[0] = j->world, plan[1] = j->dp, plan[2] = j->grad_accum, plan[3] = j->resume;
+  plan[0] = j->world, plan[1] = j->dp, plan[2] = j->grad_accum,
+  plan[3] = (int32_t)DT_MIN(j->resume_step, INT32_MAX);
   for (int r = 0; r < j->world; r++) {
     plan[4 + 2 * r] = j->ranks[r].node;
     plan[5 + 2 * r] = j->ranks[r].local_rank;
@@ -411,7 +412,7 @@ static int load_jobs(dt_store_t *s, dt_coord_t *c)
       ret = sql_fail(s, "corrupt job row");
       break;
     }
-    j->world = plan[0], j->dp = plan[1], j->grad_accum = plan[2], j->resume = plan[3];
+    j->world = plan[0], j->dp = plan[1], j->grad_accum = plan[2], j->resume_step = plan[3];
     j->ranks = calloc((size_t)DT_MAX(j->world, 1), sizeof *j->ranks);
     for (int r = 0; j->ranks && r < j->world; r++) {
       j->ranks[r].node = plan[4 + 2 * r];

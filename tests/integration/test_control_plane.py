@@ -1028,6 +1028,11 @@ class T4_AgentKilled(ClusterTest):
         steps = 8 * every
         spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=every, dp=2)
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        stream = os.path.join(self.tmp, "metrics.jsonl")
+        watch = subprocess.Popen([binary("coordinator", "distrainctl"), "status", job_id,
+                                  "--watch", "--metrics", stream, "--coordinator", self.addr,
+                                  "--token-file", self.token_file], env=self.env, cwd=self.tmp,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         j = self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
         self.assertEqual((j.world_size, j.requested_dp), (2, 2))
 
@@ -1058,6 +1063,17 @@ class T4_AgentKilled(ClusterTest):
         done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
         self.assertEqual((done.generation, done.restarts, done.step, done.committed_step),
                          (grown.generation, shrunk.restarts, steps, steps))
+        # Every step after the shrunk generation's checkpoint, the last ones of each generation
+        # included, reached the coordinator and the --metrics stream, in order. (Steps up to
+        # a commit that the killed node had not yet sent are lost with it: not checked.)
+        self.assertEqual(watch.wait(timeout=30), 0)
+        want = list(range(shrunk.committed_step + 1, steps + 1))
+        got = [m.step for m in self.call("GetJobMetrics", pb.GetJobMetricsRequest(
+            job_id=job_id)).metrics]
+        self.assertEqual([s for s in got if s > shrunk.committed_step], want)
+        with open(stream) as f:
+            streamed = [json.loads(line)["step"] for line in f]
+        self.assertEqual([s for s in streamed if s > shrunk.committed_step], want)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ DT_PARAM(WatchTimeoutMs, "WATCH_TIMEOUT_MS", 10000)
 DT_PARAM(RpcTimeoutMs, "AGENT_RPC_TIMEOUT_MS", 5000)
 /* How often a log read waiting for new bytes looks at the file again. */
 DT_PARAM(LogPollMs, "LOG_POLL_MS", 100)
+/* How long an exited trainer's report pipe may stay open before its exit is published. */
+DT_PARAM(ExitDrainMs, "EXIT_DRAIN_MS", 2000)
 
 /* Log reads the agent serves at once; more are dropped (the coordinator bounds them too). */
 #define LOG_READS_MAX 16
@@ -42,13 +44,18 @@ typedef struct trainer {
   uv_pipe_t pipe;        /* TrainerReports from the trainer */
   uv_timer_t kill_timer; /* SIGKILL after the grace period */
   int pipe_open, timer_open, proc_open;
-  int exited, stopping;
+  /* reaped: the process is gone; exited: and its reports are all read (pipe EOF, or a grace
+   * period after the exit), so its final state is published */
+  int reaped, exited, stopping;
+  int pipe_eof;                       /* nothing more comes from the pipe */
+  int delivering;                     /* its pending metrics ride on the heartbeat in flight */
   Distrain__V1__TrainerStatus status; /* strings below are owned */
   char job_id[64];
   char last_error[512];
   uint8_t *rbuf; /* partial report bytes */
   size_t rlen, rcap;
-  Distrain__V1__StepMetrics **pending; /* to forward on the next heartbeat (rank 0) */
+  /* to forward on the next heartbeat (rank 0); an exited record stays until they are sent */
+  Distrain__V1__StepMetrics **pending;
   size_t n_pending;
   uint64_t last_report_ms; /* loop time of its last report, or of its start */
 } trainer_t;
@@ -122,6 +129,7 @@ static void reconcile(dt_agent_t *a);
 static void start_watch(dt_agent_t *a);
 static void start_register(dt_agent_t *a);
 static void on_heartbeat(uv_timer_t *h);
+static void trainer_exited(trainer_t *t);
 static void maybe_finish_close(dt_agent_t *a);
 static void log_read_start(dt_agent_t *a, const Distrain__V1__LogRequest *lr);
 
@@ -242,6 +250,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
   (void)buf;
   if (n < 0) {
     uv_read_stop(s); /* EOF: the trainer closed its end (exiting) */
+    t->pipe_eof = 1;
+    if (t->reaped && !t->exited)
+      trainer_exited(t);
     return;
   }
   t->rlen += (size_t)n;
@@ -253,6 +264,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
       DT_WARN(WORKER, "rank %d: report of %zu bytes is not plausible; ignoring the stream",
               t->status.rank, len);
       uv_read_stop(s);
+      t->pipe_eof = 1;
       return;
     }
     if (t->rlen - off - 4 < len)
@@ -264,11 +276,44 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
   t->rlen -= off;
 }
 
+/* Before the exit: SIGKILL after the grace period of a stop. After it: the pipe's EOF is late. */
+static void on_kill_timer(uv_timer_t *h)
+{
+  trainer_t *t = h->data;
+  if (t->reaped) {
+    if (!t->exited) {
+      DT_WARN(WORKER, "job %s rank %d: its report pipe is still open %d ms after its exit",
+              t->job_id, t->status.rank, (int)dt_param_ExitDrainMs());
+      trainer_exited(t);
+    }
+  } else {
+    DT_WARN(WORKER, "job %s rank %d ignored SIGTERM for %d ms: SIGKILL", t->job_id, t->status.rank,
+            t->agent->cfg.grace_ms);
+    uv_process_kill(&t->proc, SIGKILL);
+  }
+}
+
+/* Publishes the final state: after the last report, so that a SUCCEEDED rank 0 carries its
+ * last steps and an older generation's steps reach the coordinator before the next starts. */
+static void trainer_exited(trainer_t *t)
+{
+  dt_agent_t *a = t->agent;
+  t->exited = 1;
+  if (t->timer_open == 1)
+    uv_timer_stop(&t->kill_timer);
+  if (a->closing) {
+    trainer_release(t);
+    return;
+  }
+  if (t->n_pending && !a->hb_busy)
+    on_heartbeat(&a->hb_timer); /* now, not a heartbeat period later */
+  reconcile(a);                 /* a waiting generation may start now */
+}
+
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
 {
   trainer_t *t = p->data;
-  dt_agent_t *a = t->agent;
-  t->exited = 1;
+  t->reaped = 1;
   t->status.exit_code = (int32_t)status;
   t->status.term_signal = term_signal;
   t->status.pid = 0;
@@ -284,28 +329,18 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
   else
     DT_INFO(WORKER, "job %s rank %d %s (code %lld, signal %d)", t->job_id, t->status.rank,
             t->stopping ? "stopped" : "finished", (long long)status, term_signal);
-  if (t->timer_open == 1)
-    uv_timer_stop(&t->kill_timer);
-  if (a->closing) {
-    trainer_release(t);
+  if (t->pipe_eof || t->agent->closing) {
+    trainer_exited(t);
     return;
   }
-  reconcile(a); /* a waiting generation may start now */
-}
-
-static void on_kill_timer(uv_timer_t *h)
-{
-  trainer_t *t = h->data;
-  if (!t->exited) {
-    DT_WARN(WORKER, "job %s rank %d ignored SIGTERM for %d ms: SIGKILL", t->job_id, t->status.rank,
-            t->agent->cfg.grace_ms);
-    uv_process_kill(&t->proc, SIGKILL);
-  }
+  /* SIGCHLD can come before the pipe's last bytes are read: wait for its EOF, for a while (a
+   * child of the trainer may hold the pipe open). */
+  uv_timer_start(&t->kill_timer, on_kill_timer, (uint64_t)dt_param_ExitDrainMs(), 0);
 }
 
 static void trainer_stop(trainer_t *t)
 {
-  if (t->exited || t->stopping)
+  if (t->reaped || t->stopping)
     return;
   t->stopping = 1;
   DT_INFO(WORKER, "stopping job %s rank %d (pid %d)", t->job_id, t->status.rank, t->proc.pid);
@@ -492,7 +527,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
     snprintf(t->last_error, sizeof t->last_error, "cannot start %s: %s", a->cfg.trainer,
              uv_strerror(uerr));
     t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED;
-    t->exited = 1;
+    t->reaped = t->exited = t->pipe_eof = 1;
     t->proc_open = 1; /* uv_spawn failures still need uv_close */
   } else {
     t->proc_open = 1;
@@ -517,6 +552,13 @@ fail:
   return ret;
 }
 
+/* An exited rank 0 whose last steps have not reached the coordinator yet: its record stays, and
+ * its job's next generation waits here, so those steps arrive before the next generation's. */
+static int undelivered(const trainer_t *t)
+{
+  return t->n_pending > 0 || t->delivering;
+}
+
 /* Brings the running trainers in line with the assignment. */
 static void reconcile(dt_agent_t *a)
 {
@@ -536,7 +578,7 @@ static void reconcile(dt_agent_t *a)
     }
     if (!wanted && !t->exited)
       trainer_stop(t);
-    else if (!job_assigned && t->exited)
+    else if (!job_assigned && t->exited && !undelivered(t))
       trainer_release(t);
   }
   /* 2. Start assigned ranks, once nothing of an older generation of that job still runs. */
@@ -545,9 +587,9 @@ static void reconcile(dt_agent_t *a)
     int busy = 0;
     for (trainer_t *t = a->trainers; t; t = t->next)
       busy |= strcmp(t->job_id, as->job_id) == 0 && t->status.generation != as->generation &&
-              !t->exited;
+              (!t->exited || undelivered(t));
     if (busy)
-      continue; /* on_exit_cb calls us again */
+      continue; /* trainer_exited or hb_done calls us again */
     for (size_t k = 0; k < as->n_ranks; k++) {
       trainer_t *t = find_trainer(a, as->job_id, as->ranks[k]->rank);
       if (t && t->status.generation == as->generation)
@@ -675,10 +717,17 @@ static void hb_done(uv_work_t *w, int status)
   a->hb_busy = 0;
   /* The metrics went out only if the heartbeat succeeded; otherwise hand them back to their
    * trainer (if it still exists) for the next one, so --metrics streams stay complete. */
+  int delivered = 0;
   for (size_t i = 0; i < a->hb_req.n_trainers; i++) {
     Distrain__V1__TrainerStatus *ts = a->hb_statuses[i];
-    trainer_t *t = a->hb_rc != 0 ? find_trainer(a, ts->job_id, ts->rank) : NULL;
-    if (t && t->status.generation == ts->generation && ts->n_metrics) {
+    trainer_t *t = find_trainer(a, ts->job_id, ts->rank);
+    if (t && t->status.generation != ts->generation)
+      t = NULL;
+    if (t && t->delivering) {
+      t->delivering = 0;
+      delivered |= a->hb_rc == 0 && t->exited;
+    }
+    if (t && a->hb_rc != 0 && ts->n_metrics) {
       Distrain__V1__StepMetrics **merged = malloc((ts->n_metrics + t->n_pending) * sizeof *merged);
       if (merged) {
         memcpy(merged, ts->metrics, ts->n_metrics * sizeof *merged);
@@ -712,6 +761,8 @@ static void hb_done(uv_work_t *w, int status)
     DT_DEBUG(WORKER, "heartbeat failed: %s", a->hb_err);
     return;
   }
+  if (delivered)
+    reconcile(a); /* an exited record may go, a generation waiting on it start */
   Distrain__V1__HeartbeatResponse *r = (void *)a->hb_resp;
   int rereg = r->reregister;
   uint64_t version = r->assignment_version;
@@ -757,6 +808,7 @@ static void on_heartbeat(uv_timer_t *h)
     }
     ts->metrics = t->pending;
     ts->n_metrics = t->n_pending;
+    t->delivering = t->n_pending > 0;
     t->pending = NULL;
     t->n_pending = 0;
     t->status.progress = NULL; /* sent once; the coordinator keeps the latest */
@@ -1221,6 +1273,8 @@ void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud)
   for (trainer_t *t = a->trainers; t; t = t->next) {
     if (t->exited)
       trainer_release(t);
+    else if (t->reaped)
+      trainer_exited(t); /* its last reports no longer matter: released */
     else
       trainer_stop(t);
   }
