@@ -39,44 +39,44 @@ void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, .
 
 int dt_coord_resync(dt_coord_t *c, int force)
 {
-  if (!dt_store_unsynced(c->store))
+  if (!dt_coord_store_unsynced(c->store))
     return 0;
   const double now = dt_coord_now_ms();
   if (!force && now - c->last_resync_ms < 2000.0)
     return DT_EIO;
   c->last_resync_ms = now;
-  dt_store_retry(c->store);
-  dt_store_begin(c->store);
-  for (size_t i = 0; i < c->n_nodes; i++)
-    if (c->nodes[i])
-      dt_store_put_node(c->store, c->nodes[i]);
-  for (size_t i = 0; i < c->n_jobs; i++) {
-    const dt_job_t *j = c->jobs[i];
+  dt_coord_store_retry(c->store);
+  dt_coord_store_begin(c->store);
+  for (size_t i = 0; i < c->st.n_nodes; i++)
+    if (c->st.nodes[i])
+      dt_coord_store_put_node(c->store, c->st.nodes[i]);
+  for (size_t i = 0; i < c->st.n_jobs; i++) {
+    const dt_job_t *j = c->st.jobs[i];
     const Distrain__V1__Job *job = j->job;
-    dt_store_put_job(c->store, j);
-    dt_store_put_metrics(c->store, j->id, j->metrics, j->n_metrics);
-    dt_store_expire_kv(c->store, j->id,
-                       dt_coord_state_terminal(job->state) ? UINT64_MAX : job->generation);
-    dt_store_drop_ckpt_reports(c->store, j->id, 0, job->committed_step);
+    dt_coord_store_put_job(c->store, j);
+    dt_coord_store_put_metrics(c->store, j->id, j->metrics, j->n_metrics);
+    dt_coord_store_expire_kv(c->store, j->id,
+                             dt_coord_state_terminal(job->state) ? UINT64_MAX : job->generation);
+    dt_coord_store_drop_ckpt_reports(c->store, j->id, 0, job->committed_step);
   }
-  int rc = dt_store_commit(c->store);
+  int rc = dt_coord_store_commit(c->store);
   if (rc == 0)
     DT_INFO(COORD, "the state store is writable again: %zu nodes and %zu jobs rewritten",
-            c->n_nodes, c->n_jobs);
+            c->st.n_nodes, c->st.n_jobs);
   return rc;
 }
 
 void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len)
 {
   size_t alive = 0, dead = 0, running = 0, waiting = 0, off = 0;
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    if (c->nodes[i] && c->nodes[i]->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    if (c->st.nodes[i] && c->st.nodes[i]->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
       alive++;
-    else if (c->nodes[i])
+    else if (c->st.nodes[i])
       dead++;
   }
-  for (size_t i = 0; i < c->n_jobs; i++) {
-    const Distrain__V1__JobState s = c->jobs[i]->job->state;
+  for (size_t i = 0; i < c->st.n_jobs; i++) {
+    const Distrain__V1__JobState s = c->st.jobs[i]->job->state;
     running += s == DISTRAIN__V1__JOB_STATE__JOB_RUNNING;
     waiting += !dt_coord_state_terminal(s) && s != DISTRAIN__V1__JOB_STATE__JOB_RUNNING;
   }
@@ -91,11 +91,11 @@ void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len)
   ADD(", %zu job%s running", running, running == 1 ? "" : "s");
   /* The first few running jobs by name, with their step: what an operator looks for. */
   int shown = 0;
-  for (size_t i = 0; i < c->n_jobs && shown < 3; i++) {
-    const Distrain__V1__Job *job = c->jobs[i]->job;
+  for (size_t i = 0; i < c->st.n_jobs && shown < 3; i++) {
+    const Distrain__V1__Job *job = c->st.jobs[i]->job;
     if (job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING)
       continue;
-    ADD("%s%s step %lld", shown ? ", " : " (", c->jobs[i]->id, (long long)job->step);
+    ADD("%s%s step %lld", shown ? ", " : " (", c->st.jobs[i]->id, (long long)job->step);
     shown++;
   }
   if (shown)
@@ -118,20 +118,22 @@ static void on_liveness(uv_timer_t *t)
   const double late = c->last_scan_ms > 0 ? now - c->last_scan_ms - c->scan_ms : 0;
   c->last_scan_ms = now;
   int in_txn = 0;
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    dt_node_t *n = c->nodes[i];
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    dt_node_t *n = c->st.nodes[i];
     if (n && late > c->scan_ms)
       n->last_seen_ms += late;
+    if (n && n->watch && now >= n->watch_deadline_ms)
+      dt_coord_notify_node(c, n); /* nothing changed: answered with the same version */
     if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && now - n->last_seen_ms > limit) {
       if (!in_txn) { /* many deaths in one scan: one transaction, not one per node */
-        dt_store_begin(c->store);
+        dt_coord_store_begin(c->store);
         in_txn = 1;
       }
       dt_coord_node_dead(c, n);
     }
   }
   if (in_txn)
-    dt_store_commit(c->store);
+    dt_coord_store_commit(c->store);
   dt_coord_blame_expired(c);
   dt_coord_resync(c, 0);
 }
@@ -144,8 +146,8 @@ static void on_sched(uv_timer_t *t)
   if (!c->notify_pending)
     return;
   c->notify_pending = 0;
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    dt_node_t *n = c->nodes[i];
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    dt_node_t *n = c->st.nodes[i];
     if (n && n->notify_pending) {
       n->notify_pending = 0;
       dt_coord_notify_node(c, n);
@@ -159,36 +161,68 @@ void dt_coord_schedule_soon(dt_coord_t *c)
     uv_timer_start(&c->sched, on_sched, 0, 0);
 }
 
+/* The store under the key-value store and the load (neither knows the other). */
+static int kv_persist(void *ud, const char *job, uint64_t gen, const char *key, const uint8_t *val,
+                      size_t len)
+{
+  return dt_coord_store_put_kv(ud, job, gen, key, val, len);
+}
+
+static void kv_persist_expire(void *ud, const char *job, uint64_t gen)
+{
+  dt_coord_store_expire_kv(ud, job, gen);
+}
+
+static int load_kv(void *ud, const char *job, uint64_t gen, const char *key, const uint8_t *val,
+                   size_t len)
+{
+  dt_coord_t *c = ud;
+  return dt_coord_kv_restore(c->kv, job, gen, key, val, len);
+}
+
+static int load_ckpt_report(void *ud, dt_job_t *j, const Distrain__V1__ReportCheckpointRequest *r)
+{
+  dt_coord_t *c = ud;
+  char err[256];
+  int committed;
+  int ret = dt_coord_checkpoint_report(c, j, 1, r, &committed, err, sizeof err);
+  if (ret != 0)
+    DT_ERROR(COORD, "job %s: restoring a checkpoint report: %s", j->id, err);
+  return ret;
+}
+
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
 {
   int ret;
   memset(c, 0, sizeof *c);
   c->loop = loop;
   c->cfg = *cfg;
-  c->next_job = 1;
-  DT_CHECK(dt_store_open(&c->store, cfg->state_dir));
-  c->kv = dt_kv_create(c->store);
+  c->st.next_job = 1;
+  DT_CHECK(dt_coord_store_open(&c->store, cfg->state_dir));
+  const dt_coord_kv_persist_t persist = {kv_persist, kv_persist_expire, c->store};
+  c->kv = dt_coord_kv_create(&persist);
   if (!c->kv) {
     ret = DT_ENOMEM;
     goto fail;
   }
-  DT_CHECK_GOTO(dt_store_load(c->store, c), ret, fail);
-  for (size_t i = 0; i < c->n_jobs; i++) {
+  const dt_coord_store_loaders_t loaders = {load_kv, load_ckpt_report, c};
+  DT_CHECK_GOTO(dt_coord_store_load(c->store, &c->st, dt_coord_now_ms(), &loaders), ret, fail);
+  for (size_t i = 0; i < c->st.n_jobs; i++) {
     /* A restarted coordinator resumes its jobs as they were; the trainers never stopped. */
-    Distrain__V1__Job *job = c->jobs[i]->job;
+    Distrain__V1__Job *job = c->st.jobs[i]->job;
     if (!dt_coord_state_terminal(job->state))
-      DT_INFO(COORD, "restored job %s: state %d, generation %llu, step %lld", c->jobs[i]->id,
+      DT_INFO(COORD, "restored job %s: state %d, generation %llu, step %lld", c->st.jobs[i]->id,
               job->state, (unsigned long long)job->generation, (long long)job->step);
   }
-  if (c->n_nodes)
-    DT_INFO(COORD, "restored %zu nodes and %zu jobs from %s", c->n_nodes, c->n_jobs,
+  if (c->st.n_nodes)
+    DT_INFO(COORD, "restored %zu nodes and %zu jobs from %s", c->st.n_nodes, c->st.n_jobs,
             cfg->state_dir);
-  /* dt_store_load gave every node one dead-interval from now; stretch it to the grace. */
+  /* dt_coord_store_load gave every node one dead-interval from now; stretch it to the grace. */
   const double extra = DT_MAX(0.0, (double)dt_param_RestartGraceMs() -
                                        (double)cfg->heartbeat_ms * cfg->dead_after_missed);
-  for (size_t i = 0; i < c->n_nodes; i++)
-    if (c->nodes[i])
-      c->nodes[i]->last_seen_ms += extra;
+  for (size_t i = 0; i < c->st.n_nodes; i++)
+    if (c->st.nodes[i])
+      c->st.nodes[i]->last_seen_ms += extra;
   DT_CHECK_GOTO(dt_rpc_server_create(loop, cfg->listen, cfg->token,
                                      &distrain__v1__coordinator__descriptor, &c->rpc),
                 ret, fail);
@@ -220,13 +254,14 @@ fail_rpc:
   dt_rpc_server_close(c->rpc, NULL, NULL);
   c->rpc = NULL;
 fail:
-  dt_store_close(c->store);
-  dt_kv_destroy(c->kv);
+  dt_coord_store_close(c->store);
+  dt_coord_kv_destroy(c->kv);
+  dt_coord_state_free(&c->st);
   return ret;
 }
 
 /* Shutdown order: stop taking calls (their cancel callbacks forget held calls), then free
- * state once every node's timer handle has been closed. */
+ * state once the timers and the HTTP server have closed. */
 typedef struct {
   dt_coord_t *c;
   void (*cb)(void *);
@@ -237,13 +272,8 @@ typedef struct {
 static void finish_close(close_ctx_t *x)
 {
   dt_coord_t *c = x->c;
-  for (size_t i = 0; i < c->n_nodes; i++)
-    dt_node_free(c->nodes[i]);
-  free(c->nodes);
-  for (size_t i = 0; i < c->n_jobs; i++)
-    dt_job_free(c->jobs[i]);
-  free(c->jobs);
-  dt_store_close(c->store);
+  dt_coord_state_free(&c->st);
+  dt_coord_store_close(c->store);
   void (*cb)(void *) = x->cb;
   void *ud = x->ud;
   free(x);
@@ -269,7 +299,7 @@ static void on_rpc_closed(void *ud)
 {
   close_ctx_t *x = ud;
   dt_coord_t *c = x->c;
-  dt_kv_destroy(c->kv);
+  dt_coord_kv_destroy(c->kv);
   c->kv = NULL;
   dt_coord_logs_close(c);
   x->pending = 2;
@@ -282,13 +312,6 @@ static void on_rpc_closed(void *ud)
   uv_close((uv_handle_t *)&c->liveness, on_handle_closed);
   c->sched.data = x;
   uv_close((uv_handle_t *)&c->sched, on_handle_closed);
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    if (c->nodes[i]) {
-      x->pending++;
-      c->nodes[i]->watch_timer.data = x;
-      uv_close((uv_handle_t *)&c->nodes[i]->watch_timer, on_handle_closed);
-    }
-  }
 }
 
 void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud)

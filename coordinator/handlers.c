@@ -30,7 +30,7 @@ static void *copy_message(const ProtobufCMessage *m)
 
 static dt_node_t *node_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *id)
 {
-  dt_node_t *n = dt_coord_node_by_id(c, id);
+  dt_node_t *n = dt_coord_node_by_id(&c->st, id);
   if (!n)
     dt_rpc_call_fail(call, DT_RPC_NOT_FOUND, "unknown node '%s'", id);
   return n;
@@ -38,7 +38,7 @@ static dt_node_t *node_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *i
 
 static dt_job_t *job_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *id)
 {
-  dt_job_t *j = dt_coord_job_by_id(c, id);
+  dt_job_t *j = dt_coord_job_by_id(&c->st, id);
   if (!j)
     dt_rpc_call_fail(call, DT_RPC_NOT_FOUND, "unknown job '%s'", id);
   return j;
@@ -47,20 +47,6 @@ static dt_job_t *job_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *id)
 /* ------------------------------------------------------------------------------------------ */
 /* Nodes                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
-
-static int grow_nodes(dt_coord_t *c)
-{
-  if (c->n_nodes < c->cap_nodes)
-    return 0;
-  size_t cap = c->cap_nodes ? c->cap_nodes * 2 : 64;
-  dt_node_t **grown = realloc(c->nodes, cap * sizeof *grown);
-  if (!grown)
-    return DT_ENOMEM;
-  memset(grown + c->cap_nodes, 0, (cap - c->cap_nodes) * sizeof *grown);
-  c->nodes = grown;
-  c->cap_nodes = cap;
-  return 0;
-}
 
 static void fail_store(dt_rpc_call_t *call, const char *what)
 {
@@ -94,38 +80,37 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  dt_node_t *n = req->node_id[0] ? dt_coord_node_by_id(c, req->node_id) : NULL;
+  dt_node_t *n = req->node_id[0] ? dt_coord_node_by_id(&c->st, req->node_id) : NULL;
   if (n) {
     /* The agent restarted: its trainers died with it, and so did the log reads it had. */
     dt_coord_logs_node_gone(c, n, 1, "its agent restarted");
     distrain__v1__node_info__free_unpacked(n->info, NULL);
     n->info = info;
     dt_node_clear_usage(n);
-    if (n->job >= 0 && (size_t)n->job < c->n_jobs) {
+    if (n->job >= 0 && (size_t)n->job < c->st.n_jobs) {
       DT_WARN(COORD, "node %s (%s) re-registered while running job %s: its trainers are gone",
-              n->id, info->hostname, c->jobs[n->job]->id);
+              n->id, info->hostname, c->st.jobs[n->job]->id);
       n->last_seen_ms = 0; /* fail it over now, then take it back as a fresh node */
       dt_coord_node_dead(c, n);
     }
   } else {
-    if (grow_nodes(c) != 0 || !(n = calloc(1, sizeof *n))) {
+    if ((n = calloc(1, sizeof *n)) != NULL) {
+      n->index = (int)c->st.n_nodes;
+      snprintf(n->id, sizeof n->id, "node-%d", n->index);
+      n->info = info;
+      n->job = -1;
+    }
+    if (!n || dt_coord_add_node(&c->st, n) != 0) {
+      free(n);
       distrain__v1__node_info__free_unpacked(info, NULL);
       dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
       return;
     }
-    n->index = (int)c->n_nodes;
-    snprintf(n->id, sizeof n->id, "node-%d", n->index);
-    n->info = info;
-    n->job = -1;
-    uv_timer_init(c->loop, &n->watch_timer);
-    n->watch_timer.data = n;
-    n->watch_owner = c;
-    c->nodes[c->n_nodes++] = n;
   }
   n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   n->last_seen_ms = dt_coord_now_ms();
   n->last_seen_wall_ms = dt_wall_ms();
-  dt_store_put_node(c->store, n);
+  dt_coord_store_put_node(c->store, n);
   if (failed_unless_saved(c, call, "registration")) /* kept in memory; the store catches up */
     return;
   DT_INFO(COORD, "node %s registered: %s, %zu %s device(s)", n->id, info->hostname, info->n_devices,
@@ -144,7 +129,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   dt_coord_t *c = ud;
   const Distrain__V1__HeartbeatRequest *req = (const void *)m;
   Distrain__V1__HeartbeatResponse resp = DISTRAIN__V1__HEARTBEAT_RESPONSE__INIT;
-  dt_node_t *n = dt_coord_node_by_id(c, req->node_id);
+  dt_node_t *n = dt_coord_node_by_id(&c->st, req->node_id);
   if (!n) {
     resp.reregister = 1;
     dt_rpc_call_reply(call, &resp.base);
@@ -157,7 +142,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     DT_INFO(COORD, "node %s (%s) is back", n->id, n->info->hostname);
     dt_coord_event(c, NULL, 0, "node %s (%s) is back", n->id, n->info->hostname);
     n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
-    dt_store_put_node(c->store, n);
+    dt_coord_store_put_node(c->store, n);
   }
   for (size_t i = 0; i < n->n_trainers; i++)
     distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
@@ -198,17 +183,8 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
 static void on_watch_cancel(dt_rpc_call_t *call, void *ud)
 {
   dt_node_t *n = ud;
-  if (n->watch == call) {
+  if (n->watch == call)
     n->watch = NULL;
-    uv_timer_stop(&n->watch_timer);
-  }
-}
-
-static void on_watch_timeout(uv_timer_t *t)
-{
-  dt_node_t *n = t->data;
-  dt_coord_t *c = n->watch_owner;
-  dt_coord_notify_node(c, n); /* nothing changed: answer with the same version */
 }
 
 static void handle_watch(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
@@ -222,7 +198,6 @@ static void handle_watch(dt_rpc_call_t *call, const ProtobufCMessage *m, void *u
                    * request may go to the call it no longer waits on */
     dt_rpc_call_t *old = n->watch;
     n->watch = NULL;
-    uv_timer_stop(&n->watch_timer);
     dt_rpc_call_on_cancel(old, NULL, NULL);
     dt_rpc_call_fail(old, DT_RPC_CANCELLED, "superseded by a newer WatchAssignment");
   }
@@ -239,9 +214,9 @@ static void handle_watch(dt_rpc_call_t *call, const ProtobufCMessage *m, void *u
   uint64_t wait = req->timeout_ms ? req->timeout_ms : WATCH_DEFAULT_MS;
   wait = DT_MIN(wait, WATCH_MAX_MS);
   n->watch = call;
-  n->watch_owner = c;
-  dt_rpc_call_on_cancel(call, on_watch_cancel, n);
-  uv_timer_start(&n->watch_timer, on_watch_timeout, wait, 0);
+  n->watch_deadline_ms = dt_coord_now_ms() + (double)wait;
+  dt_rpc_call_on_cancel(call, on_watch_cancel, n); /* the liveness scan answers it at its
+                                                    * deadline (dt_coord_notify_node) */
 }
 
 void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o)
@@ -264,18 +239,18 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
   dt_coord_t *c = ud;
   (void)m;
   Distrain__V1__ListNodesResponse resp = DISTRAIN__V1__LIST_NODES_RESPONSE__INIT;
-  Distrain__V1__Node *nodes = calloc(c->n_nodes + 1, sizeof *nodes);
-  Distrain__V1__Node **ptrs = calloc(c->n_nodes + 1, sizeof *ptrs);
+  Distrain__V1__Node *nodes = calloc(c->st.n_nodes + 1, sizeof *nodes);
+  Distrain__V1__Node **ptrs = calloc(c->st.n_nodes + 1, sizeof *ptrs);
   if (!nodes || !ptrs) {
     free(nodes);
     free(ptrs);
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    if (!c->nodes[i])
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    if (!c->st.nodes[i])
       continue;
-    dt_coord_node_view(c->nodes[i], &nodes[resp.n_nodes]);
+    dt_coord_node_view(c->st.nodes[i], &nodes[resp.n_nodes]);
     ptrs[resp.n_nodes] = &nodes[resp.n_nodes];
     resp.n_nodes++;
   }
@@ -318,21 +293,12 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "%s", err);
     return;
   }
-  if (c->n_jobs == c->cap_jobs) {
-    size_t cap = c->cap_jobs ? c->cap_jobs * 2 : 16;
-    void *grown = realloc(c->jobs, cap * sizeof *c->jobs);
-    if (!grown) {
-      dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
-      return;
-    }
-    c->jobs = grown, c->cap_jobs = cap;
-  }
   dt_job_t *j = calloc(1, sizeof *j);
   if (!j) {
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->next_job++);
+  snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->st.next_job);
   dt_job_metrics_init(j);
   Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
   tmpl.job_id = j->id;
@@ -342,16 +308,16 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   tmpl.reason = "submitted";
   tmpl.requested_dp = req->spec->parallel->dp;
   j->job = copy_message(&tmpl.base);
-  if (!j->job) {
-    free(j);
+  if (!j->job || dt_coord_add_job(&c->st, j) != 0) {
+    dt_job_free(j);
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  c->jobs[c->n_jobs++] = j;
-  dt_store_put_job(c->store, j);
+  c->st.next_job++;
+  dt_coord_store_put_job(c->store, j);
   if (dt_coord_resync(c, 1) != 0) { /* not saved: as if never submitted */
-    c->n_jobs--;
-    c->next_job--;
+    c->st.n_jobs--;
+    c->st.next_job--;
     dt_job_free(j);
     fail_store(call, "the job was not submitted");
     return;
@@ -377,7 +343,7 @@ int dt_coord_rank_views(dt_coord_t *c, const dt_job_t *j, dt_rank_views_t *v)
   }
   for (size_t r = 0; r < n; r++) {
     const dt_rank_slot_t *s = &j->ranks[r];
-    const dt_node_t *nd = c->nodes[s->node];
+    const dt_node_t *nd = c->st.nodes[s->node];
     const double age = dt_coord_report_age_ms(j, (int)r);
     Distrain__V1__RankStatus *o = &v->rs[r];
     distrain__v1__rank_status__init(o);
@@ -430,15 +396,15 @@ static void handle_list_jobs(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   dt_coord_t *c = ud;
   (void)m;
   Distrain__V1__ListJobsResponse resp = DISTRAIN__V1__LIST_JOBS_RESPONSE__INIT;
-  Distrain__V1__Job **jobs = calloc(c->n_jobs + 1, sizeof *jobs);
+  Distrain__V1__Job **jobs = calloc(c->st.n_jobs + 1, sizeof *jobs);
   if (!jobs) {
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
-  for (size_t i = 0; i < c->n_jobs; i++)
-    jobs[i] = c->jobs[i]->job;
+  for (size_t i = 0; i < c->st.n_jobs; i++)
+    jobs[i] = c->st.jobs[i]->job;
   resp.jobs = jobs;
-  resp.n_jobs = c->n_jobs;
+  resp.n_jobs = c->st.n_jobs;
   dt_rpc_call_reply(call, &resp.base);
   free(jobs);
 }
@@ -510,8 +476,8 @@ static void handle_kv_put(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "empty key");
     return;
   }
-  int rc =
-      dt_kv_put(c->kv, req->job_id, req->generation, req->key, req->value.data, req->value.len);
+  int rc = dt_coord_kv_put(c->kv, req->job_id, req->generation, req->key, req->value.data,
+                           req->value.len);
   if (rc != 0) {
     dt_rpc_call_fail(call,
                      rc == DT_ENOMEM ? DT_RPC_RESOURCE_EXHAUSTED
@@ -531,7 +497,7 @@ static void handle_kv_get(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
   if (!current_job(c, call, req->job_id, req->generation))
     return;
   uint32_t wait = DT_MIN(req->timeout_ms, KV_MAX_WAIT_MS);
-  dt_kv_get(c->kv, c->loop, call, req->job_id, req->generation, req->key, wait);
+  dt_coord_kv_get(c->kv, c->loop, call, req->job_id, req->generation, req->key, wait);
 }
 
 static void handle_report_ckpt(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)

@@ -25,58 +25,9 @@
 static const char *const k_state_names[] = {"UNKNOWN",    "PENDING",   "RENDEZVOUS", "RUNNING",
                                             "RECOVERING", "COMPLETED", "FAILED",     "STOPPED"};
 
-const char *const dt_restart_reason_names[DT_RESTART_N] = {[DT_RESTART_NODE_DEAD] = "node_dead",
-                                                           [DT_RESTART_TRAINER_FAILED] =
-                                                               "trainer_failed",
-                                                           [DT_RESTART_NONFINITE] = "nonfinite",
-                                                           [DT_RESTART_HANG] = "hang",
-                                                           [DT_RESTART_GROW] = "grow"};
-
-/* Upper bounds of distrain_step_duration_seconds: a tiny CPU model's 1 ms to a large model's
- * minute-long steps. */
-static const double k_step_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                       0.5,   1,      2.5,   5,    10,    30,   60};
-
-void dt_job_metrics_init(dt_job_t *j)
-{
-  dt_prom_hist_init(&j->step_seconds, k_step_bounds, DT_ARRAY_SIZE(k_step_bounds));
-  j->ckpt_seconds = -1;
-}
-
 static const char *state_name(Distrain__V1__JobState s)
 {
   return (unsigned)s < DT_ARRAY_SIZE(k_state_names) ? k_state_names[s] : "?";
-}
-
-int dt_coord_state_terminal(Distrain__V1__JobState s)
-{
-  return s == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED || s == DISTRAIN__V1__JOB_STATE__JOB_FAILED ||
-         s == DISTRAIN__V1__JOB_STATE__JOB_STOPPED;
-}
-
-dt_node_t *dt_coord_node_by_id(dt_coord_t *c, const char *id)
-{
-  int64_t idx;
-  if (!id || strncmp(id, "node-", 5) != 0 || dt_parse_i64(id + 5, &idx) != 0 || idx < 0 ||
-      (size_t)idx >= c->n_nodes)
-    return NULL;
-  return c->nodes[idx];
-}
-
-dt_job_t *dt_coord_job_by_id(dt_coord_t *c, const char *id)
-{
-  for (size_t i = 0; i < c->n_jobs; i++)
-    if (strcmp(c->jobs[i]->id, id) == 0)
-      return c->jobs[i];
-  return NULL;
-}
-
-static int job_index(dt_coord_t *c, const dt_job_t *j)
-{
-  for (size_t i = 0; i < c->n_jobs; i++)
-    if (c->jobs[i] == j)
-      return (int)i;
-  return -1;
 }
 
 static void set_string(char **field, const char *value)
@@ -108,9 +59,9 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   job->state = to;
   job->updated_ms = dt_wall_ms();
   set_string(&job->reason, reason);
-  dt_store_put_job(c->store, j);
+  dt_coord_store_put_job(c->store, j);
   if (dt_coord_state_terminal(to))
-    dt_kv_expire(c->kv, j->id, UINT64_MAX); /* no generation of it will rendezvous again */
+    dt_coord_kv_expire(c->kv, j->id, UINT64_MAX); /* no generation of it will rendezvous again */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -123,7 +74,6 @@ void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n)
     return;
   dt_rpc_call_t *call = n->watch;
   n->watch = NULL;
-  uv_timer_stop(&n->watch_timer);
   dt_rpc_call_on_cancel(call, NULL, NULL);
   Distrain__V1__WatchAssignmentResponse *r = dt_coord_assignments_for(c, n);
   if (!r) {
@@ -137,7 +87,7 @@ void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n)
 void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n)
 {
   n->assign_version++;
-  dt_store_put_node(c->store, n);
+  dt_coord_store_put_node(c->store, n);
   n->notify_pending = 1;
   c->notify_pending = 1;
   dt_coord_schedule_soon(c);
@@ -145,16 +95,16 @@ void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n)
 
 void dt_coord_release_nodes(dt_coord_t *c, dt_job_t *j)
 {
-  int idx = job_index(c, j);
-  dt_store_begin(c->store);
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    dt_node_t *n = c->nodes[i];
+  int idx = dt_coord_job_index(&c->st, j);
+  dt_coord_store_begin(c->store);
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    dt_node_t *n = c->st.nodes[i];
     if (n && n->job == idx) {
       n->job = -1;
       dt_coord_assignments_changed(c, n);
     }
   }
-  dt_store_commit(c->store);
+  dt_coord_store_commit(c->store);
 }
 
 void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
@@ -172,15 +122,6 @@ void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r)
   free(r->assignments);
   free(r->log_requests); /* the requests are the held GetLogs calls' (logrelay.c) */
   free(r);
-}
-
-static void free_ranks(dt_job_t *j)
-{
-  for (int r = 0; j->ranks && r < j->world; r++)
-    if (j->ranks[r].progress)
-      distrain__v1__trainer_progress__free_unpacked(j->ranks[r].progress, NULL);
-  free(j->ranks);
-  j->ranks = NULL;
 }
 
 static int cmp_node_rank(const void *pa, const void *pb)
@@ -221,32 +162,6 @@ static const dt_node_rank_t *ranks_on_node(dt_job_t *j, int node, int *count)
   return j->by_node + lo;
 }
 
-void dt_coord_remember_ranks(dt_job_t *j)
-{
-  if (!j->ranks)
-    return;
-  if (j->world > j->n_rank_node) {
-    int *grown = realloc(j->rank_node, (size_t)j->world * sizeof *grown);
-    if (!grown)
-      return; /* the older ranks' nodes stay known */
-    for (int r = j->n_rank_node; r < j->world; r++)
-      grown[r] = -1;
-    j->rank_node = grown;
-    j->n_rank_node = j->world;
-  }
-  for (int r = 0; r < j->world; r++)
-    j->rank_node[r] = j->ranks[r].node;
-}
-
-int dt_coord_rank_node(const dt_job_t *j, int rank)
-{
-  if (rank < 0)
-    return -1;
-  if (j->ranks && rank < j->world)
-    return j->ranks[rank].node;
-  return rank < j->n_rank_node ? j->rank_node[rank] : -1;
-}
-
 static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, dt_node_t *n);
 
 Distrain__V1__WatchAssignmentResponse *dt_coord_assignments_for(dt_coord_t *c, dt_node_t *n)
@@ -264,9 +179,9 @@ static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, d
     return NULL;
   distrain__v1__watch_assignment_response__init(r);
   r->version = n->assign_version;
-  if (n->job < 0 || (size_t)n->job >= c->n_jobs)
+  if (n->job < 0 || (size_t)n->job >= c->st.n_jobs)
     return r;
-  dt_job_t *j = c->jobs[n->job];
+  dt_job_t *j = c->st.jobs[n->job];
   if (dt_coord_state_terminal(j->job->state) ||
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
@@ -337,15 +252,15 @@ static int requested_dp(const dt_job_t *j)
 static int larger_dp(dt_coord_t *c, dt_job_t *j)
 {
   const Distrain__V1__JobSpec *spec = j->job->spec;
-  const int jidx = job_index(c, j), max_nodes = spec->elastic->max_nodes;
-  int *devs = malloc((c->n_nodes + 1) * sizeof *devs), n = 0, best = 0;
+  const int jidx = dt_coord_job_index(&c->st, j), max_nodes = spec->elastic->max_nodes;
+  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0, best = 0;
   dt_mesh_t mesh;
   if (!devs || dt_jobspec_mesh(spec, &mesh) != 0) {
     free(devs);
     return 0;
   }
-  for (size_t i = 0; i < c->n_nodes && (max_nodes <= 0 || n < max_nodes); i++) {
-    const dt_node_t *nd = c->nodes[i];
+  for (size_t i = 0; i < c->st.n_nodes && (max_nodes <= 0 || n < max_nodes); i++) {
+    const dt_node_t *nd = c->st.nodes[i];
     if (nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && (nd->job < 0 || nd->job == jidx))
       devs[n++] = (int)nd->info->n_devices;
   }
@@ -379,7 +294,7 @@ static void maybe_grow(dt_coord_t *c, dt_job_t *j)
                           (long long)j->job->committed_step);
   j->restarts_by[DT_RESTART_GROW]++;
   dt_coord_release_nodes(c, j);
-  dt_kv_expire(c->kv, j->id, j->job->generation + 1);
+  dt_coord_kv_expire(c->kv, j->id, j->job->generation + 1);
   dt_coord_schedule_soon(c);
 }
 
@@ -388,15 +303,15 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
 {
   Distrain__V1__JobSpec *spec = j->job->spec;
   const Distrain__V1__ElasticSpec *el = spec->elastic;
-  int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->n_nodes;
-  int *idle = malloc((c->n_nodes + 1) * sizeof *idle);
-  int *devs = malloc((c->n_nodes + 1) * sizeof *devs);
+  int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->st.n_nodes;
+  int *idle = malloc((c->st.n_nodes + 1) * sizeof *idle);
+  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs);
   int nidle = 0, planned = 0;
   char why[256] = "";
   if (!idle || !devs)
     goto out;
-  for (size_t i = 0; i < c->n_nodes && nidle < max_nodes; i++) {
-    dt_node_t *n = c->nodes[i];
+  for (size_t i = 0; i < c->st.n_nodes && nidle < max_nodes; i++) {
+    dt_node_t *n = c->st.nodes[i];
     if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && n->job < 0) {
       idle[nidle] = (int)i;
       devs[nidle++] = (int)n->info->n_devices;
@@ -434,7 +349,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     goto wait;
 
   /* Commit the plan: a new generation. */
-  free_ranks(j);
+  dt_job_free_ranks(j);
   j->ranks = calloc((size_t)pl.world, sizeof *j->ranks);
   if (!j->ranks) {
     dt_placement_free(&pl);
@@ -455,28 +370,28 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   j->resume_step = j->job->committed_step;
   j->job->generation++;
   j->job->world_size = pl.world;
-  dt_kv_expire(c->kv, j->id, j->job->generation);
-  int jidx = job_index(c, j);
+  dt_coord_kv_expire(c->kv, j->id, j->job->generation);
+  int jidx = dt_coord_job_index(&c->st, j);
   char nodes[256] = "";
   for (int k = 0; k < nidle; k++) {
     if (pl.node_nranks[k] == 0)
       continue;
-    dt_node_t *n = c->nodes[idle[k]];
+    dt_node_t *n = c->st.nodes[idle[k]];
     n->job = jidx;
     size_t len = strlen(nodes);
     snprintf(nodes + len, sizeof nodes - len, "%s%s", len ? "," : "", n->id);
   }
   char meshbuf[64];
   mesh.dp = dp;
-  dt_store_begin(c->store);
+  dt_coord_store_begin(c->store);
   dt_mesh_format(&mesh, meshbuf, sizeof meshbuf);
   dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS,
                           "world %d (%s), grad accum %d, on %s%s", pl.world, meshbuf, j->grad_accum,
                           nodes, j->resume_step > 0 ? ", resuming from checkpoint" : "");
   for (int k = 0; k < nidle; k++)
     if (pl.node_nranks[k] > 0)
-      dt_coord_assignments_changed(c, c->nodes[idle[k]]);
-  dt_store_commit(c->store);
+      dt_coord_assignments_changed(c, c->st.nodes[idle[k]]);
+  dt_coord_store_commit(c->store);
   dt_placement_free(&pl);
   planned = 1;
   goto out;
@@ -484,7 +399,7 @@ wait:
   if (strcmp(j->job->reason ? j->job->reason : "", why) != 0 &&
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING) {
     set_string(&j->job->reason, why);
-    dt_store_put_job(c->store, j);
+    dt_coord_store_put_job(c->store, j);
   }
 out:
   free(idle);
@@ -494,8 +409,8 @@ out:
 
 void dt_coord_schedule(dt_coord_t *c)
 {
-  for (size_t i = 0; i < c->n_jobs; i++) {
-    dt_job_t *j = c->jobs[i];
+  for (size_t i = 0; i < c->st.n_jobs; i++) {
+    dt_job_t *j = c->st.jobs[i];
     Distrain__V1__JobState s = j->job->state;
     if (s == DISTRAIN__V1__JOB_STATE__JOB_PENDING || s == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
       plan_job(c, j);
@@ -524,7 +439,7 @@ static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const c
                           j->job->committed_step > 0 ? "the last committed checkpoint"
                                                      : "the beginning (no checkpoint yet)");
   dt_coord_release_nodes(c, j);
-  dt_kv_expire(c->kv, j->id, j->job->generation + 1);
+  dt_coord_kv_expire(c->kv, j->id, j->job->generation + 1);
 }
 
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
@@ -539,9 +454,9 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
   dt_coord_event(c, NULL, 1, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id,
                  n->info->hostname, silent);
   int jidx = n->job;
-  dt_store_put_node(c->store, n);
-  if (jidx >= 0 && (size_t)jidx < c->n_jobs) {
-    dt_job_t *j = c->jobs[jidx];
+  dt_coord_store_put_node(c->store, n);
+  if (jidx >= 0 && (size_t)jidx < c->st.n_jobs) {
+    dt_job_t *j = c->st.jobs[jidx];
     Distrain__V1__Job *job = j->job;
     char **grown = realloc(job->failed_nodes, (job->n_failed_nodes + 1) * sizeof(char *));
     if (grown) {
@@ -602,7 +517,7 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
       break;
     j->metrics[j->n_metrics++] = copy;
   }
-  dt_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
+  dt_coord_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
 }
 
 /* Rank 0's last steps, read by its agent after the trainer exited and so sent after the job
@@ -630,7 +545,7 @@ static void merge_final_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__
     j->metrics[lo] = copy;
     j->n_metrics++;
     dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
-    dt_store_put_metrics(c->store, j->id, &j->metrics[lo], 1);
+    dt_coord_store_put_metrics(c->store, j->id, &j->metrics[lo], 1);
   }
 }
 
@@ -723,7 +638,7 @@ static int check_hang(dt_coord_t *c, dt_job_t *j, int r)
   if (nb > 0) {
     size_t at = (size_t)snprintf(reason, sizeof reason, "hang: %s; named:", why);
     for (int i = 0; i < nb && i < 8 && at < sizeof reason; i++) {
-      const dt_node_t *n = c->nodes[j->ranks[blamed[i]].node];
+      const dt_node_t *n = c->st.nodes[j->ranks[blamed[i]].node];
       at += (size_t)snprintf(reason + at, sizeof reason - at, "%s rank %d on %s (%s)", i ? "," : "",
                              blamed[i], n->id, n->info->hostname);
     }
@@ -771,7 +686,7 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
   free(v);
   for (int r = 0; r < j->world; r++) {
     dt_rank_slot_t *s = &j->ranks[r];
-    const dt_node_t *nd = c->nodes[s->node];
+    const dt_node_t *nd = c->st.nodes[s->node];
     if (s->compute_ms > STRAGGLER_FACTOR * median && s->compute_ms - median > 1.0) {
       if (++s->slow_checks >= STRAGGLER_CHECKS && !s->straggler) {
         s->straggler = 1;
@@ -797,10 +712,10 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
   /* Cost per heartbeat: O(trainers on the node), independent of the job's world size. */
   for (size_t t = 0; t < n->n_trainers; t++) {
     const Distrain__V1__TrainerStatus *ts = n->trainers[t];
-    dt_job_t *j =
-        n->job >= 0 && (size_t)n->job < c->n_jobs && strcmp(c->jobs[n->job]->id, ts->job_id) == 0
-            ? c->jobs[n->job]
-            : dt_coord_job_by_id(c, ts->job_id);
+    dt_job_t *j = n->job >= 0 && (size_t)n->job < c->st.n_jobs &&
+                          strcmp(c->st.jobs[n->job]->id, ts->job_id) == 0
+                      ? c->st.jobs[n->job]
+                      : dt_coord_job_by_id(&c->st, ts->job_id);
     if (!j)
       continue;
     const int terminal = dt_coord_state_terminal(j->job->state);
@@ -837,7 +752,7 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       if (dt_coord_now_ms() - j->persisted_ms > 1000.0) {
         /* progress (step, loss): at most once a second, not once per heartbeat */
         j->persisted_ms = dt_coord_now_ms();
-        dt_store_put_job(c->store, j);
+        dt_coord_store_put_job(c->store, j);
       }
     }
     if (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED) {
@@ -895,8 +810,8 @@ void dt_coord_blame_expired(dt_coord_t *c)
 {
   const double now = dt_coord_now_ms();
   int replan = 0;
-  for (size_t i = 0; i < c->n_jobs; i++) {
-    dt_job_t *j = c->jobs[i];
+  for (size_t i = 0; i < c->st.n_jobs; i++) {
+    dt_job_t *j = c->st.jobs[i];
     if (j->blame_deadline_ms > 0 && now >= j->blame_deadline_ms) {
       recover(c, j, DT_RESTART_TRAINER_FAILED, j->blame_reason);
       replan = 1;
@@ -909,14 +824,6 @@ void dt_coord_blame_expired(dt_coord_t *c)
 /* ------------------------------------------------------------------------------------------ */
 /* Checkpoints                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
-
-static void pending_free(dt_ckpt_pending_t *p)
-{
-  for (int k = 0; p->reports && k < p->world; k++)
-    if (p->reports[k])
-      distrain__v1__report_checkpoint_request__free_unpacked(p->reports[k], NULL);
-  free(p->reports);
-}
 
 int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
@@ -937,10 +844,10 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
       p = &j->ckpts[i];
   if (p && p->generation != r->generation) {
     /* Left by a generation that failed before committing the step: start over. */
-    pending_free(p);
+    dt_ckpt_pending_free(p);
     *p = j->ckpts[--j->n_ckpts];
     p = NULL;
-    dt_store_drop_ckpt_reports(c->store, j->id, r->step, r->step);
+    dt_coord_store_drop_ckpt_reports(c->store, j->id, r->step, r->step);
   }
   if (!p) {
     dt_ckpt_pending_t *grown = realloc(j->ckpts, (j->n_ckpts + 1) * sizeof *grown);
@@ -965,7 +872,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   if (!p->reports[r->rank]) {
     /* Kept in the store first: a restarted coordinator still has it (the writer does not
      * report again once this call has succeeded). */
-    int rc = restore ? 0 : dt_store_put_ckpt_report(c->store, j->id, r);
+    int rc = restore ? 0 : dt_coord_store_put_ckpt_report(c->store, j->id, r);
     if (rc != 0) {
       snprintf(err, errlen, "step %lld: cannot record rank %d's report: %s", (long long)r->step,
                r->rank, dt_strerror(rc));
@@ -1000,7 +907,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   }
   int rc = dt_ckpt_commit(j->job->spec->checkpoint->dir, p->step, num_params, p->world, shards);
   free(shards);
-  pending_free(p);
+  dt_ckpt_pending_free(p);
   int64_t step = p->step;
   const double first_ms = p->first_ms;
   *p = j->ckpts[--j->n_ckpts];
@@ -1013,8 +920,8 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
     j->job->committed_step = step;
   j->ckpt_seconds = (dt_coord_now_ms() - first_ms) / 1000.0;
   j->ckpt_wall_ms = dt_wall_ms();
-  dt_store_put_job(c->store, j);
-  dt_store_drop_ckpt_reports(c->store, j->id, 0, step);
+  dt_coord_store_put_job(c->store, j);
+  dt_coord_store_drop_ckpt_reports(c->store, j->id, 0, step);
   *committed = 1;
   maybe_grow(c, j);
   return 0;
@@ -1023,44 +930,3 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
 /* ------------------------------------------------------------------------------------------ */
 /* Freeing                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-void dt_job_free(dt_job_t *j)
-{
-  if (!j)
-    return;
-  if (j->job)
-    distrain__v1__job__free_unpacked(j->job, NULL);
-  for (size_t i = 0; i < j->n_metrics; i++)
-    distrain__v1__step_metrics__free_unpacked(j->metrics[i], NULL);
-  free(j->metrics);
-  for (size_t i = 0; i < j->n_ckpts; i++)
-    pending_free(&j->ckpts[i]);
-  free(j->ckpts);
-  free_ranks(j);
-  free(j->nodes);
-  free(j->by_node);
-  free(j->rank_node);
-  free(j);
-}
-
-void dt_node_free(dt_node_t *n)
-{
-  if (!n)
-    return;
-  if (n->info)
-    distrain__v1__node_info__free_unpacked(n->info, NULL);
-  for (size_t i = 0; i < n->n_trainers; i++)
-    distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
-  free(n->trainers);
-  dt_node_clear_usage(n);
-  free(n);
-}
-
-void dt_node_clear_usage(dt_node_t *n)
-{
-  for (size_t i = 0; i < n->n_usage; i++)
-    distrain__v1__device_usage__free_unpacked(n->usage[i], NULL);
-  free(n->usage);
-  n->usage = NULL;
-  n->n_usage = 0;
-}

@@ -1,16 +1,19 @@
-/* kv.c — the rendezvous key-value store: per job, per generation, in memory.
+/* kv.c — see kv.h: per job, per generation, in memory.
  *
  * Trainers exchange communicator ids and addresses through it: rank 0 puts, the others get
  * with a timeout (the call is held until the key appears). Keys are scoped by (job,
  * generation): a new generation never sees an old one's keys, and calls still waiting on an
  * old generation are failed FAILED_PRECONDITION when the generation moves on. Keys are written
- * through to the coordinator's SQLite store before a put is answered, so trainers in the
+ * through (the coordinator's SQLite store) before a put is answered, so trainers in the
  * middle of a rendezvous ride out a coordinator restart (they retry their calls; the restarted
  * coordinator reloads the live generations' keys). */
+#include "kv.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "distrain.pb-c.h"
+#include "dt_error.h"
 #include "dt_log.h"
 
 typedef struct kv_entry {
@@ -23,24 +26,24 @@ typedef struct kv_entry {
 
 typedef struct kv_waiter {
   struct kv_waiter *next, **pprev;
-  struct dt_kv *kv;
+  dt_coord_kv_t *kv;
   dt_rpc_call_t *call;
   char *job, *key;
   uint64_t gen;
   uv_timer_t timer;
 } kv_waiter_t;
 
-struct dt_kv {
+struct dt_coord_kv {
   kv_entry_t *entries;
   kv_waiter_t *waiters;
-  dt_store_t *store; /* NULL: memory only */
+  dt_coord_kv_persist_t persist; /* all NULL: memory only */
 };
 
-struct dt_kv *dt_kv_create(dt_store_t *store)
+dt_coord_kv_t *dt_coord_kv_create(const dt_coord_kv_persist_t *persist)
 {
-  struct dt_kv *kv = calloc(1, sizeof(struct dt_kv));
-  if (kv)
-    kv->store = store;
+  dt_coord_kv_t *kv = calloc(1, sizeof *kv);
+  if (kv && persist)
+    kv->persist = *persist;
   return kv;
 }
 
@@ -70,7 +73,7 @@ static void waiter_done(kv_waiter_t *w)
   uv_close((uv_handle_t *)&w->timer, waiter_closed);
 }
 
-void dt_kv_destroy(struct dt_kv *kv)
+void dt_coord_kv_destroy(dt_coord_kv_t *kv)
 {
   if (!kv)
     return;
@@ -87,7 +90,7 @@ void dt_kv_destroy(struct dt_kv *kv)
   free(kv);
 }
 
-static kv_entry_t *find(struct dt_kv *kv, const char *job, uint64_t gen, const char *key)
+static kv_entry_t *find(dt_coord_kv_t *kv, const char *job, uint64_t gen, const char *key)
 {
   for (kv_entry_t *e = kv->entries; e; e = e->next)
     if (e->gen == gen && strcmp(e->key, key) == 0 && strcmp(e->job, job) == 0)
@@ -103,16 +106,16 @@ static void reply_value(dt_rpc_call_t *call, const kv_entry_t *e)
   dt_rpc_call_reply(call, &resp.base);
 }
 
-int dt_kv_put(struct dt_kv *kv, const char *job, uint64_t gen, const char *key, const uint8_t *val,
-              size_t len)
+int dt_coord_kv_put(dt_coord_kv_t *kv, const char *job, uint64_t gen, const char *key,
+                    const uint8_t *val, size_t len)
 {
-  if (kv->store)
-    DT_CHECK(dt_store_put_kv(kv->store, job, gen, key, val, len));
-  return dt_kv_restore(kv, job, gen, key, val, len);
+  if (kv->persist.put)
+    DT_CHECK(kv->persist.put(kv->persist.ud, job, gen, key, val, len));
+  return dt_coord_kv_restore(kv, job, gen, key, val, len);
 }
 
-int dt_kv_restore(struct dt_kv *kv, const char *job, uint64_t gen, const char *key,
-                  const uint8_t *val, size_t len)
+int dt_coord_kv_restore(dt_coord_kv_t *kv, const char *job, uint64_t gen, const char *key,
+                        const uint8_t *val, size_t len)
 {
   kv_entry_t *e = find(kv, job, gen, key);
   if (!e) {
@@ -160,8 +163,8 @@ static void on_waiter_cancel(dt_rpc_call_t *call, void *ud)
   waiter_done(ud);
 }
 
-void dt_kv_get(struct dt_kv *kv, uv_loop_t *loop, dt_rpc_call_t *call, const char *job,
-               uint64_t gen, const char *key, uint32_t timeout_ms)
+void dt_coord_kv_get(dt_coord_kv_t *kv, uv_loop_t *loop, dt_rpc_call_t *call, const char *job,
+                     uint64_t gen, const char *key, uint32_t timeout_ms)
 {
   kv_entry_t *e = find(kv, job, gen, key);
   if (e) {
@@ -195,10 +198,10 @@ void dt_kv_get(struct dt_kv *kv, uv_loop_t *loop, dt_rpc_call_t *call, const cha
   dt_rpc_call_on_cancel(call, on_waiter_cancel, w);
 }
 
-void dt_kv_expire(struct dt_kv *kv, const char *job, uint64_t gen)
+void dt_coord_kv_expire(dt_coord_kv_t *kv, const char *job, uint64_t gen)
 {
-  if (kv->store)
-    dt_store_expire_kv(kv->store, job, gen);
+  if (kv->persist.expire)
+    kv->persist.expire(kv->persist.ud, job, gen);
   for (kv_entry_t **pp = &kv->entries; *pp;) {
     kv_entry_t *e = *pp;
     if (e->gen < gen && strcmp(e->job, job) == 0) {

@@ -30,7 +30,7 @@ struct dt_log_wait {
   dt_log_wait_t *next, **pprev;
   dt_coord_t *c;
   dt_rpc_call_t *call;
-  int node;                     /* index into c->nodes */
+  int node;                     /* index into c->st.nodes */
   int sent;                     /* handed to the agent in a watch answer */
   Distrain__V1__LogRequest req; /* req.job_id owned */
   uv_timer_t timer;
@@ -53,7 +53,7 @@ static void wait_done(dt_log_wait_t *w)
   *w->pprev = w->next;
   if (w->next)
     w->next->pprev = w->pprev;
-  dt_node_t *n = w->c->nodes[w->node];
+  dt_node_t *n = w->c->st.nodes[w->node];
   n->n_log_waits--;
   uv_timer_stop(&w->timer);
   uv_close((uv_handle_t *)&w->timer, wait_closed);
@@ -77,7 +77,7 @@ static void on_wait_cancel(dt_rpc_call_t *call, void *ud)
 static void on_wait_timeout(uv_timer_t *t)
 {
   dt_log_wait_t *w = t->data;
-  const dt_node_t *n = w->c->nodes[w->node];
+  const dt_node_t *n = w->c->st.nodes[w->node];
   const uint64_t id = w->req.request_id;
   const int rank = w->req.rank, sent = w->sent;
   char job[64];
@@ -109,7 +109,7 @@ static dt_log_wait_t *find_wait(dt_coord_t *c, uint64_t id)
 static dt_node_t *log_node(dt_coord_t *c, dt_rpc_call_t *call, const dt_job_t *j, int rank)
 {
   const int idx = dt_coord_rank_node(j, rank);
-  if (idx < 0 || (size_t)idx >= c->n_nodes || !c->nodes[idx]) {
+  if (idx < 0 || (size_t)idx >= c->st.n_nodes || !c->st.nodes[idx]) {
     if (!j->ranks && j->n_rank_node == 0)
       dt_rpc_call_fail(call, DT_RPC_NOT_FOUND,
                        "job %s has not started on any node yet (%s): no logs", j->id,
@@ -119,7 +119,7 @@ static dt_node_t *log_node(dt_coord_t *c, dt_rpc_call_t *call, const dt_job_t *j
                        j->id, rank, DT_MAX(j->world, j->n_rank_node) - 1);
     return NULL;
   }
-  dt_node_t *n = c->nodes[idx];
+  dt_node_t *n = c->st.nodes[idx];
   if (n->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE) {
     dt_rpc_call_fail(call, DT_RPC_UNAVAILABLE,
                      "rank %d of job %s ran last on node %s (%s), which is dead: its log is out "
@@ -137,7 +137,7 @@ static dt_node_t *log_node(dt_coord_t *c, dt_rpc_call_t *call, const dt_job_t *j
 
 void dt_coord_get_logs(dt_coord_t *c, dt_rpc_call_t *call, const Distrain__V1__GetLogsRequest *req)
 {
-  dt_job_t *j = dt_coord_job_by_id(c, req->job_id);
+  dt_job_t *j = dt_coord_job_by_id(&c->st, req->job_id);
   if (!j) {
     dt_rpc_call_fail(call, DT_RPC_NOT_FOUND, "unknown job '%s'", req->job_id);
     return;
@@ -227,7 +227,7 @@ int dt_coord_logs_attach(dt_coord_t *c, const dt_node_t *n,
 static void answer(dt_coord_t *c, dt_rpc_call_t *call, const dt_node_t *n,
                    const Distrain__V1__PutLogsRequest *req)
 {
-  const dt_job_t *j = dt_coord_job_by_id(c, req->job_id);
+  const dt_job_t *j = dt_coord_job_by_id(&c->st, req->job_id);
   const int ended = !j || dt_coord_state_terminal(j->job->state);
   if (req->error[0]) {
     dt_rpc_call_fail(call, DT_RPC_INTERNAL, "node %s (%s) could not read %s (job %s rank %d): %s",
@@ -257,7 +257,7 @@ void dt_coord_put_logs(dt_coord_t *c, dt_rpc_call_t *call, const Distrain__V1__P
 {
   Distrain__V1__PutLogsResponse ok = DISTRAIN__V1__PUT_LOGS_RESPONSE__INIT;
   dt_log_wait_t *w = find_wait(c, req->request_id);
-  dt_node_t *n = w ? c->nodes[w->node] : NULL;
+  dt_node_t *n = w ? c->st.nodes[w->node] : NULL;
   if (!w || strcmp(n->id, req->node_id) != 0 || !w->sent) {
     /* The reader gave up (timeout, cancel) or this is not the node it asked: nothing to do. */
     DT_DEBUG(COORD, "late or stray log answer %llu from %s", (unsigned long long)req->request_id,

@@ -44,8 +44,8 @@ static int cmp_newest_first(const void *pa, const void *pb)
 
 dt_job_t **dt_coord_shown_jobs(dt_coord_t *c, size_t *n)
 {
-  dt_job_t **finished = malloc((c->n_jobs + 1) * sizeof *finished);
-  dt_job_t **out = malloc((c->n_jobs + 1) * sizeof *out);
+  dt_job_t **finished = malloc((c->st.n_jobs + 1) * sizeof *finished);
+  dt_job_t **out = malloc((c->st.n_jobs + 1) * sizeof *out);
   size_t nf = 0;
   *n = 0;
   if (!finished || !out) {
@@ -53,13 +53,13 @@ dt_job_t **dt_coord_shown_jobs(dt_coord_t *c, size_t *n)
     free(out);
     return NULL;
   }
-  for (size_t i = 0; i < c->n_jobs; i++)
-    if (dt_coord_state_terminal(c->jobs[i]->job->state))
-      finished[nf++] = c->jobs[i];
+  for (size_t i = 0; i < c->st.n_jobs; i++)
+    if (dt_coord_state_terminal(c->st.jobs[i]->job->state))
+      finished[nf++] = c->st.jobs[i];
   qsort(finished, nf, sizeof *finished, cmp_newest_first);
   const size_t keep = (size_t)DT_MAX(0, dt_param_MetricsFinishedJobs());
-  for (size_t i = 0; i < c->n_jobs; i++) {
-    dt_job_t *j = c->jobs[i];
+  for (size_t i = 0; i < c->st.n_jobs; i++) {
+    dt_job_t *j = c->st.jobs[i];
     int show = !dt_coord_state_terminal(j->job->state);
     for (size_t k = 0; !show && k < DT_MIN(nf, keep); k++)
       show = finished[k] == j;
@@ -98,8 +98,8 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
   const int64_t now = dt_wall_ms();
   dt_prom_family(out, "distrain_node_up", "gauge",
                  "1 while the node heartbeats, 0 once it missed too many heartbeats.");
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    const dt_node_t *n = c->nodes[i];
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    const dt_node_t *n = c->st.nodes[i];
     if (n)
       dt_prom_sample(out, "distrain_node_up",
                      (label_t[]){{"node", n->id}, {"host", n->info->hostname}}, 2,
@@ -107,8 +107,8 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
   }
   dt_prom_family(out, "distrain_heartbeat_age_seconds", "gauge",
                  "Time since the node's last heartbeat reached the coordinator.");
-  for (size_t i = 0; i < c->n_nodes; i++) {
-    const dt_node_t *n = c->nodes[i];
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    const dt_node_t *n = c->st.nodes[i];
     if (n)
       dt_prom_sample(out, "distrain_heartbeat_age_seconds", (label_t[]){{"node", n->id}}, 1,
                      (double)DT_MAX(0, now - n->last_seen_wall_ms) / 1000.0);
@@ -124,8 +124,8 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
   };
   for (size_t f = 0; f < DT_ARRAY_SIZE(gpu); f++) {
     dt_prom_family(out, gpu[f].name, "gauge", gpu[f].help);
-    for (size_t i = 0; i < c->n_nodes; i++) {
-      const dt_node_t *n = c->nodes[i];
+    for (size_t i = 0; i < c->st.n_nodes; i++) {
+      const dt_node_t *n = c->st.nodes[i];
       if (!n || n->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
         continue;
       for (size_t k = 0; k < n->n_usage; k++) {
@@ -240,7 +240,7 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
 /* The trainer status rank r of j last sent, or NULL. */
 static const Distrain__V1__TrainerStatus *rank_status(const dt_coord_t *c, const dt_job_t *j, int r)
 {
-  const dt_node_t *n = c->nodes[j->ranks[r].node];
+  const dt_node_t *n = c->st.nodes[j->ranks[r].node];
   for (size_t t = 0; n && t < n->n_trainers; t++) {
     const Distrain__V1__TrainerStatus *ts = n->trainers[t];
     if (ts->rank == r && ts->generation == j->job->generation && strcmp(ts->job_id, j->id) == 0)
@@ -283,7 +283,7 @@ static void write_ranks(FILE *out, const dt_coord_t *c, dt_job_t **jobs, size_t 
         snprintf(rank, sizeof rank, "%d", r);
         const label_t l[] = {{"job_id", j->id}, {"rank", rank}};
         if (f == 0) {
-          const dt_node_t *nd = c->nodes[s->node];
+          const dt_node_t *nd = c->st.nodes[s->node];
           dt_mesh_coord_t co = {0};
           dt_mesh_coords(&mesh, r, &co);
           char pp[16], dp[16], tp[16];

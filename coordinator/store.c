@@ -5,6 +5,8 @@
  * small binary plan per job. WAL mode with synchronous=NORMAL: a committed transaction
  * survives the process being killed (the case that matters: kill -9 and restart); a power
  * loss may drop the last transactions, never corrupt the database. */
+#include "store.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -14,17 +16,16 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "coord.h"
 #include "dt_log.h"
 #include "dt_util.h"
 
-struct dt_store {
+struct dt_coord_store {
   sqlite3 *db;
   sqlite3_stmt *put_node; /* prepared once: planning writes one node row per node */
   sqlite3_stmt *put_kv;   /* prepared once: a rendezvous puts one key per rank */
-  int depth;              /* dt_store_begin nesting */
+  int depth;              /* dt_coord_store_begin nesting */
   int in_txn;             /* the outermost begin opened a transaction */
-  int unsynced;           /* a write failed: later ones fail at once until dt_store_retry */
+  int unsynced;           /* a write failed: later ones fail at once until dt_coord_store_retry */
   int lock_fd;            /* <state-dir>/LOCK, held (flock) while open */
   char path[4200];
 };
@@ -49,7 +50,7 @@ static const char *const k_schema =
     "  job TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, report BLOB NOT NULL,"
     "  PRIMARY KEY (job, step, rank));";
 
-static int sql_fail(dt_store_t *s, const char *what)
+static int sql_fail(dt_coord_store_t *s, const char *what)
 {
   DT_ERROR(COORD, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
   s->unsynced = 1;
@@ -65,24 +66,24 @@ static int sql_fail(dt_store_t *s, const char *what)
       return DT_EIO;                                                                               \
   } while (0)
 
-int dt_store_unsynced(const dt_store_t *s)
+int dt_coord_store_unsynced(const dt_coord_store_t *s)
 {
   return s->unsynced;
 }
 
-void dt_store_retry(dt_store_t *s)
+void dt_coord_store_retry(dt_coord_store_t *s)
 {
   s->unsynced = 0;
 }
 
-int dt_store_open(dt_store_t **out, const char *state_dir)
+int dt_coord_store_open(dt_coord_store_t **out, const char *state_dir)
 {
   int rc = dt_mkdir_p(state_dir);
   if (rc != 0) {
     DT_ERROR(COORD, "%s: cannot create state directory: %s", state_dir, dt_strerror(rc));
     return rc;
   }
-  dt_store_t *s = calloc(1, sizeof *s);
+  dt_coord_store_t *s = calloc(1, sizeof *s);
   if (!s)
     return DT_ENOMEM;
   /* One coordinator per state directory: a second one would hand out the same job ids. The
@@ -151,7 +152,7 @@ fail:
   return rc;
 }
 
-void dt_store_close(dt_store_t *s)
+void dt_coord_store_close(dt_coord_store_t *s)
 {
   if (!s)
     return;
@@ -174,7 +175,7 @@ static uint8_t *pack(const ProtobufCMessage *m, size_t *len)
 
 /* Groups the writes between begin and commit in one transaction (one fsync of the WAL instead
  * of one per row): planning a 10,000-rank job touches 10,000 node rows. Nestable. */
-void dt_store_begin(dt_store_t *s)
+void dt_coord_store_begin(dt_coord_store_t *s)
 {
   if (s->depth++ == 0 && !s->unsynced) {
     s->in_txn = sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK;
@@ -185,7 +186,7 @@ void dt_store_begin(dt_store_t *s)
 
 /* A transaction in which a write failed is rolled back whole: the coordinator's resync
  * rewrites all of it. */
-int dt_store_commit(dt_store_t *s)
+int dt_coord_store_commit(dt_coord_store_t *s)
 {
   if (--s->depth > 0)
     return s->unsynced ? DT_EIO : 0;
@@ -199,7 +200,7 @@ int dt_store_commit(dt_store_t *s)
   return s->unsynced ? DT_EIO : 0;
 }
 
-int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
+int dt_coord_store_put_node(dt_coord_store_t *s, const dt_node_t *n)
 {
   WRITE_GATE(s);
   size_t len;
@@ -231,7 +232,7 @@ int dt_store_put_node(dt_store_t *s, const dt_node_t *n)
 }
 
 /* plan blob: int32 world, dp, grad_accum, resume step, then (node, local_rank) per rank */
-int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
+int dt_coord_store_put_job(dt_coord_store_t *s, const dt_job_t *j)
 {
   WRITE_GATE(s);
   size_t len;
@@ -271,8 +272,8 @@ int dt_store_put_job(dt_store_t *s, const dt_job_t *j)
   return ret;
 }
 
-int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetrics *const *m,
-                         size_t n)
+int dt_coord_store_put_metrics(dt_coord_store_t *s, const char *job,
+                               Distrain__V1__StepMetrics *const *m, size_t n)
 {
   WRITE_GATE(s);
   if (n == 0)
@@ -282,7 +283,7 @@ int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetri
   if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO metrics VALUES (?,?,?)", -1, &st, NULL) !=
       SQLITE_OK)
     return sql_fail(s, "prepare metrics");
-  dt_store_begin(s);
+  dt_coord_store_begin(s);
   for (size_t i = 0; i < n && ret == 0; i++) {
     size_t len;
     uint8_t *blob = pack(&m[i]->base, &len);
@@ -299,11 +300,11 @@ int dt_store_put_metrics(dt_store_t *s, const char *job, Distrain__V1__StepMetri
     free(blob);
   }
   sqlite3_finalize(st);
-  int rc = dt_store_commit(s);
+  int rc = dt_coord_store_commit(s);
   return ret ? ret : rc;
 }
 
-static int load_nodes(dt_store_t *s, dt_coord_t *c)
+static int load_nodes(dt_coord_store_t *s, dt_coord_state_t *c, double now_ms)
 {
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(s->db,
@@ -328,35 +329,20 @@ static int load_nodes(dt_store_t *s, dt_coord_t *c)
     n->job = sqlite3_column_int(st, 5);
     n->last_seen_wall_ms = sqlite3_column_int64(st, 6);
     /* The agents get a full dead-interval to reach the restarted coordinator. */
-    n->last_seen_ms = dt_coord_now_ms();
-    uv_timer_init(c->loop, &n->watch_timer);
-    n->watch_timer.data = n;
-    n->watch_owner = c;
+    n->last_seen_ms = now_ms;
     if (!n->info || idx < 0) {
-      free(n);
+      dt_node_free(n);
       ret = sql_fail(s, "corrupt node row");
       break;
     }
-    while ((size_t)idx >= c->cap_nodes) {
-      size_t cap = c->cap_nodes ? c->cap_nodes * 2 : 64;
-      dt_node_t **grown = realloc(c->nodes, cap * sizeof *grown);
-      if (!grown) {
-        ret = DT_ENOMEM;
-        break;
-      }
-      memset(grown + c->cap_nodes, 0, (cap - c->cap_nodes) * sizeof *grown);
-      c->nodes = grown, c->cap_nodes = cap;
-    }
-    if (ret == 0) {
-      c->nodes[idx] = n;
-      c->n_nodes = DT_MAX(c->n_nodes, (size_t)idx + 1);
-    }
+    if ((ret = dt_coord_add_node(c, n)) != 0)
+      dt_node_free(n);
   }
   sqlite3_finalize(st);
   return ret;
 }
 
-static int load_metrics(dt_store_t *s, dt_job_t *j)
+static int load_metrics(dt_coord_store_t *s, dt_job_t *j)
 {
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(s->db, "SELECT m FROM metrics WHERE job=? ORDER BY step", -1, &st, NULL) !=
@@ -387,7 +373,7 @@ static int load_metrics(dt_store_t *s, dt_job_t *j)
   return ret;
 }
 
-static int load_jobs(dt_store_t *s, dt_coord_t *c)
+static int load_jobs(dt_coord_store_t *s, dt_coord_state_t *c)
 {
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(s->db, "SELECT id, seq, job, plan FROM jobs ORDER BY seq", -1, &st,
@@ -419,25 +405,18 @@ static int load_jobs(dt_store_t *s, dt_coord_t *c)
       j->ranks[r].local_rank = plan[5 + 2 * r];
     }
     dt_coord_remember_ranks(j);
-    if (c->n_jobs == c->cap_jobs) {
-      size_t cap = c->cap_jobs ? c->cap_jobs * 2 : 16;
-      void *grown = realloc(c->jobs, cap * sizeof *c->jobs);
-      if (!grown) {
-        dt_job_free(j);
-        ret = DT_ENOMEM;
-        break;
-      }
-      c->jobs = grown, c->cap_jobs = cap;
+    if ((ret = dt_coord_add_job(c, j)) != 0) {
+      dt_job_free(j);
+      break;
     }
-    c->jobs[c->n_jobs++] = j;
     ret = load_metrics(s, j);
   }
   sqlite3_finalize(st);
   return ret;
 }
 
-int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *key,
-                    const uint8_t *val, size_t len)
+int dt_coord_store_put_kv(dt_coord_store_t *s, const char *job, uint64_t gen, const char *key,
+                          const uint8_t *val, size_t len)
 {
   WRITE_GATE(s);
   if (!s->put_kv && sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO kv VALUES (?,?,?,?)", -1,
@@ -452,7 +431,7 @@ int dt_store_put_kv(dt_store_t *s, const char *job, uint64_t gen, const char *ke
   return ret;
 }
 
-int dt_store_expire_kv(dt_store_t *s, const char *job, uint64_t gen)
+int dt_coord_store_expire_kv(dt_coord_store_t *s, const char *job, uint64_t gen)
 {
   WRITE_GATE(s);
   sqlite3_stmt *st;
@@ -470,13 +449,14 @@ int dt_store_expire_kv(dt_store_t *s, const char *job, uint64_t gen)
 }
 
 /* The current generation's keys of every job still in progress; the rest is deleted. */
-static int load_kv(dt_store_t *s, dt_coord_t *c)
+static int load_kv(dt_coord_store_t *s, const dt_coord_state_t *c,
+                   const dt_coord_store_loaders_t *loaders)
 {
   sqlite3_stmt *st;
   int ret = 0;
   for (size_t i = 0; i < c->n_jobs && ret == 0; i++) {
     const dt_job_t *j = c->jobs[i];
-    ret = dt_store_expire_kv(
+    ret = dt_coord_store_expire_kv(
         s, j->id, dt_coord_state_terminal(j->job->state) ? UINT64_MAX : j->job->generation);
   }
   if (ret != 0)
@@ -491,7 +471,7 @@ static int load_kv(dt_store_t *s, dt_coord_t *c)
     const char *key = (const char *)sqlite3_column_text(st, 2);
     const uint8_t *val = sqlite3_column_blob(st, 3);
     size_t len = (size_t)sqlite3_column_bytes(st, 3);
-    ret = dt_kv_restore(c->kv, job, gen, key, val ? val : (const uint8_t *)"", len);
+    ret = loaders->kv(loaders->ud, job, gen, key, val ? val : (const uint8_t *)"", len);
     n++;
   }
   sqlite3_finalize(st);
@@ -500,8 +480,8 @@ static int load_kv(dt_store_t *s, dt_coord_t *c)
   return ret;
 }
 
-int dt_store_put_ckpt_report(dt_store_t *s, const char *job,
-                             const Distrain__V1__ReportCheckpointRequest *r)
+int dt_coord_store_put_ckpt_report(dt_coord_store_t *s, const char *job,
+                                   const Distrain__V1__ReportCheckpointRequest *r)
 {
   WRITE_GATE(s);
   sqlite3_stmt *st;
@@ -524,7 +504,8 @@ int dt_store_put_ckpt_report(dt_store_t *s, const char *job,
   return ret;
 }
 
-int dt_store_drop_ckpt_reports(dt_store_t *s, const char *job, int64_t from_step, int64_t to_step)
+int dt_coord_store_drop_ckpt_reports(dt_coord_store_t *s, const char *job, int64_t from_step,
+                                     int64_t to_step)
 {
   WRITE_GATE(s);
   sqlite3_stmt *st;
@@ -541,7 +522,8 @@ int dt_store_drop_ckpt_reports(dt_store_t *s, const char *job, int64_t from_step
 
 /* The shard reports of checkpoints not yet committed: a restart keeps what the writers
  * reported before it (they do not report again). */
-static int load_ckpt_reports(dt_store_t *s, dt_coord_t *c)
+static int load_ckpt_reports(dt_coord_store_t *s, const dt_coord_state_t *c,
+                             const dt_coord_store_loaders_t *loaders)
 {
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(s->db, "SELECT job, report FROM ckpt_reports ORDER BY job, step, rank", -1,
@@ -556,23 +538,19 @@ static int load_ckpt_reports(dt_store_t *s, dt_coord_t *c)
       ret = sql_fail(s, "corrupt checkpoint report row");
       break;
     }
-    if (j && !dt_coord_state_terminal(j->job->state)) {
-      char err[256];
-      int committed;
-      ret = dt_coord_checkpoint_report(c, j, 1, r, &committed, err, sizeof err);
-      if (ret != 0)
-        DT_ERROR(COORD, "job %s: restoring a checkpoint report: %s", j->id, err);
-    }
+    if (j && !dt_coord_state_terminal(j->job->state))
+      ret = loaders->ckpt_report(loaders->ud, j, r);
     distrain__v1__report_checkpoint_request__free_unpacked(r, NULL);
   }
   sqlite3_finalize(st);
   return ret;
 }
 
-int dt_store_load(dt_store_t *s, dt_coord_t *c)
+int dt_coord_store_load(dt_coord_store_t *s, dt_coord_state_t *st, double now_ms,
+                        const dt_coord_store_loaders_t *loaders)
 {
-  DT_CHECK(load_nodes(s, c));
-  DT_CHECK(load_jobs(s, c));
-  DT_CHECK(load_kv(s, c));
-  return load_ckpt_reports(s, c);
+  DT_CHECK(load_nodes(s, st, now_ms));
+  DT_CHECK(load_jobs(s, st));
+  DT_CHECK(load_kv(s, st, loaders));
+  return load_ckpt_reports(s, st, loaders);
 }

@@ -77,17 +77,17 @@ char *dt_coord_status_json(dt_coord_t *c, size_t *len)
   char *buf = NULL;
   size_t size = 0, n_jobs = 0;
   dt_job_t **jobs = dt_coord_shown_jobs(c, &n_jobs);
-  Distrain__V1__Node *nodes = calloc(c->n_nodes + 1, sizeof *nodes);
-  Distrain__V1__Node **ptrs = calloc(c->n_nodes + 1, sizeof *ptrs);
+  Distrain__V1__Node *nodes = calloc(c->st.n_nodes + 1, sizeof *nodes);
+  Distrain__V1__Node **ptrs = calloc(c->st.n_nodes + 1, sizeof *ptrs);
   FILE *out = jobs && nodes && ptrs ? open_memstream(&buf, &size) : NULL;
   if (!out) {
     free(jobs), free(nodes), free(ptrs);
     return NULL;
   }
   size_t nn = 0;
-  for (size_t i = 0; i < c->n_nodes; i++)
-    if (c->nodes[i]) {
-      dt_coord_node_view(c->nodes[i], &nodes[nn]);
+  for (size_t i = 0; i < c->st.n_nodes; i++)
+    if (c->st.nodes[i]) {
+      dt_coord_node_view(c->st.nodes[i], &nodes[nn]);
       ptrs[nn] = &nodes[nn];
       nn++;
     }
