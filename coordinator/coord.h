@@ -87,6 +87,9 @@ void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len);
 /* Sets a job's state with a logged, persisted reason. */
 void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState to, const char *fmt,
                              ...) __attribute__((format(printf, 4, 5)));
+/* Adds a PENDING job for spec (validated by the caller), saved before it is visible: DT_EIO
+ * when the store cannot be written (nothing submitted, its id not used up), or DT_ENOMEM. */
+int dt_coord_submit_job(dt_coord_t *c, const Distrain__V1__JobSpec *spec, dt_job_t **out);
 /* Plans every job that waits (PENDING, RECOVERING) over the idle alive nodes. */
 void dt_coord_schedule(dt_coord_t *c);
 /* The same, coalesced: runs dt_coord_schedule once on the next loop iteration however many

@@ -293,33 +293,14 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "%s", err);
     return;
   }
-  dt_job_t *j = calloc(1, sizeof *j);
-  if (!j) {
-    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
-    return;
-  }
-  snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->st.next_job);
-  dt_job_metrics_init(j);
-  Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
-  tmpl.job_id = j->id;
-  tmpl.spec = req->spec;
-  tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
-  tmpl.created_ms = tmpl.updated_ms = dt_wall_ms();
-  tmpl.reason = "submitted";
-  tmpl.requested_dp = req->spec->parallel->dp;
-  j->job = copy_message(&tmpl.base);
-  if (!j->job || dt_coord_add_job(&c->st, j) != 0) {
-    dt_job_free(j);
-    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
-    return;
-  }
-  c->st.next_job++;
-  dt_coord_store_put_job(c->store, j);
-  if (dt_coord_resync(c, 1) != 0) { /* not saved: as if never submitted */
-    c->st.n_jobs--;
-    c->st.next_job--;
-    dt_job_free(j);
+  dt_job_t *j;
+  int rc = dt_coord_submit_job(c, req->spec, &j);
+  if (rc == DT_EIO) {
     fail_store(call, "the job was not submitted");
+    return;
+  }
+  if (rc != 0) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
   }
   DT_INFO(COORD, "job %s submitted%s%s", j->id, req->spec->name[0] ? ": " : "", req->spec->name);

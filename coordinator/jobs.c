@@ -407,6 +407,40 @@ out:
   return planned;
 }
 
+int dt_coord_submit_job(dt_coord_t *c, const Distrain__V1__JobSpec *spec, dt_job_t **out)
+{
+  dt_job_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return DT_ENOMEM;
+  snprintf(j->id, sizeof j->id, "job-%llu", (unsigned long long)c->st.next_job);
+  dt_job_metrics_init(j);
+  Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
+  tmpl.job_id = j->id;
+  tmpl.spec = (Distrain__V1__JobSpec *)spec; /* copied below */
+  tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
+  tmpl.created_ms = tmpl.updated_ms = dt_wall_ms();
+  tmpl.reason = "submitted";
+  tmpl.requested_dp = spec->parallel->dp;
+  uint8_t *buf = malloc(distrain__v1__job__get_packed_size(&tmpl));
+  if (buf)
+    j->job = distrain__v1__job__unpack(NULL, distrain__v1__job__pack(&tmpl, buf), buf);
+  free(buf);
+  if (!j->job || dt_coord_add_job(&c->st, j) != 0) {
+    dt_job_free(j);
+    return DT_ENOMEM;
+  }
+  c->st.next_job++;
+  dt_coord_store_put_job(c->store, j);
+  if (dt_coord_resync(c, 1) != 0) { /* not saved: as if never submitted */
+    c->st.n_jobs--;
+    c->st.next_job--;
+    dt_job_free(j);
+    return DT_EIO;
+  }
+  *out = j;
+  return 0;
+}
+
 void dt_coord_schedule(dt_coord_t *c)
 {
   for (size_t i = 0; i < c->st.n_jobs; i++) {

@@ -1,0 +1,609 @@
+/* test_coord.c — Check suite for the coordinator's job state machine (coordinator/jobs.c) on
+ * a real coordinator (dt_coord_start: its SQLite store in a temporary state dir, an RPC server
+ * on an ephemeral port that no test calls) whose nodes and heartbeats the tests make up:
+ *  - planning: placement over idle nodes, min_nodes, the largest dp that fits;
+ *  - recovery: a lost node shrinks the job (gradient accumulation keeps the batch) and it grows
+ *    back at the next commit without spending a restart; a failed trainer restarts in place
+ *    until max_restarts, an input error fails at once;
+ *  - checkpoint commit: all shards in, idempotent and stale reports, a generation that starts
+ *    a step over, the manifest on disk, and the pending reports surviving a restart;
+ *  - step metrics across generations: replays replace, an older generation's late steps fill
+ *    in up to the checkpoint the current generation resumed from.
+ * The same paths over RPC, with real agents and trainers, are test_control_plane's. */
+#include <check.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "checkpoint_manifest.h"
+#include "coord.h"
+#include "dt_error.h"
+#include "dt_util.h"
+#include "jobspec.h"
+#include "ut_fs.h"
+
+typedef struct {
+  uv_loop_t loop;
+  dt_coord_t c;
+  char dir[256], state[300], ckpt[300];
+} fx_t;
+
+static void fx_start(fx_t *f)
+{
+  dt_coord_config_t cfg = {.listen = "127.0.0.1:0",
+                           .state_dir = f->state,
+                           .token = "test-token",
+                           .heartbeat_ms = 200,
+                           .dead_after_missed = 3};
+  ck_assert_int_eq(dt_coord_start(&f->c, &f->loop, &cfg), 0);
+}
+
+static fx_t *fx_new(void)
+{
+  fx_t *f = calloc(1, sizeof *f);
+  ck_assert_ptr_nonnull(f);
+  ut_mkdtemp(f->dir, sizeof f->dir);
+  snprintf(f->state, sizeof f->state, "%s/state", f->dir);
+  snprintf(f->ckpt, sizeof f->ckpt, "%s/ckpt", f->dir);
+  ck_assert_int_eq(uv_loop_init(&f->loop), 0);
+  fx_start(f);
+  return f;
+}
+
+static void on_closed(void *ud)
+{
+  *(int *)ud = 1;
+}
+
+static void fx_stop(fx_t *f)
+{
+  int done = 0;
+  dt_coord_close(&f->c, on_closed, &done);
+  while (!done)
+    uv_run(&f->loop, UV_RUN_ONCE);
+}
+
+static void fx_free(fx_t *f)
+{
+  fx_stop(f);
+  ck_assert_int_eq(uv_loop_close(&f->loop), 0);
+  ut_rm_rf(f->dir);
+  free(f);
+}
+
+/* A coordinator killed and started again on the same state dir. */
+static void fx_restart(fx_t *f)
+{
+  fx_stop(f);
+  fx_start(f);
+}
+
+/* A registered, alive node with ndev cpu devices. */
+static dt_node_t *add_node(fx_t *f, const char *host, int ndev)
+{
+  Distrain__V1__NodeInfo info = DISTRAIN__V1__NODE_INFO__INIT;
+  Distrain__V1__Device dev[8], *devp[8];
+  ck_assert_int_le(ndev, 8);
+  for (int i = 0; i < ndev; i++) {
+    distrain__v1__device__init(&dev[i]);
+    dev[i].kind = "cpu";
+    dev[i].index = i;
+    devp[i] = &dev[i];
+  }
+  info.hostname = (char *)host;
+  info.devices = devp;
+  info.n_devices = (size_t)ndev;
+  uint8_t buf[1024];
+  size_t len = distrain__v1__node_info__pack(&info, buf);
+  dt_node_t *n = calloc(1, sizeof *n);
+  ck_assert_ptr_nonnull(n);
+  n->index = (int)f->c.st.n_nodes;
+  snprintf(n->id, sizeof n->id, "node-%d", n->index);
+  n->info = distrain__v1__node_info__unpack(NULL, len, buf);
+  n->job = -1;
+  n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  n->last_seen_ms = dt_coord_now_ms();
+  n->last_seen_wall_ms = dt_wall_ms();
+  ck_assert_int_eq(dt_coord_add_node(&f->c.st, n), 0);
+  ck_assert_int_eq(dt_coord_store_put_node(f->c.store, n), 0);
+  return n;
+}
+
+/* Submits the default spec with these "section.key=value" overrides (NULL-terminated). */
+static dt_job_t *submit(fx_t *f, ...)
+{
+  Distrain__V1__JobSpec *spec;
+  char err[512], set[512];
+  ck_assert_int_eq(dt_jobspec_new_default(&spec), 0);
+  snprintf(set, sizeof set, "checkpoint.dir=%s", f->ckpt);
+  ck_assert_int_eq(dt_jobspec_set(spec, set, err, sizeof err), 0);
+  ck_assert_int_eq(dt_jobspec_set(spec, "elastic.max_nodes=8", err, sizeof err), 0);
+  va_list ap;
+  va_start(ap, f);
+  for (const char *a; (a = va_arg(ap, const char *));)
+    ck_assert_msg(dt_jobspec_set(spec, a, err, sizeof err) == 0, "%s", err);
+  va_end(ap);
+  dt_job_t *j;
+  ck_assert_int_eq(dt_coord_submit_job(&f->c, spec, &j), 0);
+  dt_jobspec_free(spec);
+  return j;
+}
+
+/* A dp=2 job (batch 8 = 2 x micro-batch 4: grad accum 1, or 2 at dp 1). */
+static dt_job_t *submit_dp2(fx_t *f, const char *extra)
+{
+  return submit(f, "parallel.dp=2", "training.micro_batch=4", extra, NULL);
+}
+
+static Distrain__V1__JobState state(const dt_job_t *j)
+{
+  return j->job->state;
+}
+
+/* One heartbeat of node n carrying one trainer's status. */
+typedef struct {
+  Distrain__V1__TrainerState state;
+  int64_t step;
+  int exit_code;
+  uint64_t generation;         /* 0: the job's current one */
+  const int64_t *metric_steps; /* rank 0's step metrics (loss = step + loss_offset) */
+  int n_metrics;
+  double loss_offset;
+} status_t;
+
+static void heartbeat(fx_t *f, dt_node_t *n, dt_job_t *j, int rank, status_t s)
+{
+  Distrain__V1__TrainerStatus ts = DISTRAIN__V1__TRAINER_STATUS__INIT, *tsp = &ts;
+  Distrain__V1__StepMetrics m[64], *mp[64];
+  ck_assert_int_le(s.n_metrics, 64);
+  ts.job_id = j->id;
+  ts.generation = s.generation ? s.generation : j->job->generation;
+  ts.rank = rank;
+  ts.state = s.state;
+  ts.step = s.step;
+  ts.exit_code = s.exit_code;
+  ts.last_error = "";
+  for (int i = 0; i < s.n_metrics; i++) {
+    distrain__v1__step_metrics__init(&m[i]);
+    m[i].step = s.metric_steps[i];
+    m[i].loss = (double)s.metric_steps[i] + s.loss_offset;
+    m[i].ms = 10;
+    mp[i] = &m[i];
+  }
+  ts.metrics = mp;
+  ts.n_metrics = (size_t)s.n_metrics;
+  n->trainers = &tsp;
+  n->n_trainers = 1;
+  dt_coord_trainer_status(&f->c, n);
+  n->trainers = NULL;
+  n->n_trainers = 0;
+}
+
+/* Every rank of the current generation reports RUNNING at step. */
+static void all_running(fx_t *f, dt_job_t *j, int64_t step)
+{
+  for (int r = 0; r < j->world; r++)
+    heartbeat(f, f->c.st.nodes[j->ranks[r].node], j, r,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, .step = step});
+}
+
+/* Rank r's shard report of step (its share of 100 parameters). */
+static int report_ckpt(fx_t *f, dt_job_t *j, uint64_t gen, int64_t step, int r, int world,
+                       int *committed)
+{
+  Distrain__V1__ReportCheckpointRequest q = DISTRAIN__V1__REPORT_CHECKPOINT_REQUEST__INIT;
+  char name[32], err[256], sdir[512];
+  snprintf(name, sizeof name, "shard-%d.bin", r);
+  dt_ckpt_step_dir(sdir, sizeof sdir, f->ckpt, step); /* where the writers put their shards */
+  mkdir(f->ckpt, 0755);
+  mkdir(sdir, 0755);
+  q.job_id = j->id;
+  q.generation = gen;
+  q.step = step;
+  q.rank = r;
+  q.world = world;
+  q.lo = 100 * r / world;
+  q.hi = 100 * (r + 1) / world;
+  q.bytes = 4 * (uint64_t)(q.hi - q.lo);
+  q.crc32c = 0x1234u + (uint32_t)r;
+  q.name = name;
+  return dt_coord_checkpoint_report(&f->c, j, 0, &q, committed, err, sizeof err);
+}
+
+/* Commits step: every rank of the current generation reports its shard. */
+static void commit(fx_t *f, dt_job_t *j, int64_t step)
+{
+  int committed = 0;
+  for (int r = 0; r < j->world; r++)
+    ck_assert_int_eq(report_ckpt(f, j, j->job->generation, step, r, j->world, &committed), 0);
+  ck_assert_int_eq(committed, 1);
+  ck_assert_int_eq(j->job->committed_step, step);
+}
+
+static int nodes_of(const fx_t *f, const dt_job_t *j)
+{
+  int n = 0, idx = dt_coord_job_index(&f->c.st, j);
+  for (size_t i = 0; i < f->c.st.n_nodes; i++)
+    n += f->c.st.nodes[i]->job == idx;
+  return n;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Planning                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_plan_places_ranks_on_idle_nodes)
+{
+  fx_t *f = fx_new();
+  dt_node_t *n[3] = {add_node(f, "h0", 1), add_node(f, "h1", 1), add_node(f, "h2", 1)};
+  dt_job_t *j = submit_dp2(f, NULL);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->generation, 1);
+  ck_assert_int_eq(j->world, 2);
+  ck_assert_int_eq(j->grad_accum, 1);
+  ck_assert_int_ne(j->ranks[0].node, j->ranks[1].node);
+  ck_assert_int_eq(nodes_of(f, j), 2);
+  /* The nodes that got ranks have a new assignment naming them; the third stays idle. */
+  int idle = 0;
+  for (int i = 0; i < 3; i++) {
+    Distrain__V1__WatchAssignmentResponse *a = dt_coord_assignments_for(&f->c, n[i]);
+    ck_assert_ptr_nonnull(a);
+    if (n[i]->job < 0) {
+      idle++;
+      ck_assert_int_eq(a->n_assignments, 0);
+    } else {
+      ck_assert_int_eq(a->n_assignments, 1);
+      ck_assert_str_eq(a->assignments[0]->job_id, j->id);
+      ck_assert_int_eq(a->assignments[0]->generation, 1);
+      ck_assert_int_eq(a->assignments[0]->n_ranks, 1);
+      ck_assert_int_eq(j->ranks[a->assignments[0]->ranks[0]->rank].node, n[i]->index);
+      ck_assert_int_eq(n[i]->assign_version, 1);
+    }
+    dt_coord_free_assignments(a);
+  }
+  ck_assert_int_eq(idle, 1);
+  /* RUNNING once every rank trains, not before. */
+  heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, .step = 1});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  all_running(f, j, 1);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RUNNING);
+  /* Every rank done: COMPLETED, the nodes free again. */
+  for (int r = 0; r < 2; r++)
+    heartbeat(f, f->c.st.nodes[j->ranks[r].node], j, r,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED, .step = 100});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_COMPLETED);
+  ck_assert_int_eq(nodes_of(f, j), 0);
+  fx_free(f);
+}
+END_TEST
+
+START_TEST(test_plan_waits_for_min_nodes_then_takes_the_largest_dp)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  dt_job_t *j = submit_dp2(f, "elastic.min_nodes=2");
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  ck_assert_str_eq(j->job->reason, "waiting for nodes: 1 idle, min_nodes 2");
+  ck_assert_int_eq(j->job->generation, 0);
+  add_node(f, "h1", 1);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->dp, 2);
+  /* min_nodes 1 on one node: dp 1 with twice the accumulation keeps the global batch. */
+  fx_t *g = fx_new();
+  add_node(g, "h0", 1);
+  dt_job_t *k = submit_dp2(g, NULL);
+  dt_coord_schedule(&g->c);
+  ck_assert_int_eq(state(k), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(k->dp, 1);
+  ck_assert_int_eq(k->grad_accum, 2);
+  ck_assert_int_eq(k->job->requested_dp, 2);
+  fx_free(g);
+  fx_free(f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Recovery                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_lost_node_shrinks_then_grows_back_at_a_commit)
+{
+  fx_t *f = fx_new();
+  dt_node_t *n0 = add_node(f, "h0", 1), *n1 = add_node(f, "h1", 1);
+  dt_job_t *j = submit_dp2(f, NULL);
+  dt_coord_schedule(&f->c);
+  all_running(f, j, 5);
+  commit(f, j, 10);
+  dt_coord_node_dead(&f->c, n1);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  ck_assert_int_eq(j->job->restarts, 1);
+  ck_assert_int_eq(j->restarts_by[DT_RESTART_NODE_DEAD], 1);
+  ck_assert_int_eq(j->job->n_failed_nodes, 1);
+  ck_assert_str_eq(j->job->failed_nodes[0], n1->id);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->generation, 2);
+  ck_assert_int_eq(j->world, 1);
+  ck_assert_int_eq(j->grad_accum, 2);
+  ck_assert_int_eq(j->resume_step, 10);
+  ck_assert_int_eq(j->ranks[0].node, n0->index);
+  all_running(f, j, 11);
+  /* The node comes back; nothing happens until the next commit. */
+  n1->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(j->job->generation, 2);
+  commit(f, j, 20);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  ck_assert_str_eq(j->job->reason, "growing from dp 1 to dp 2 at checkpoint step 20");
+  ck_assert_int_eq(j->job->restarts, 1); /* growing is not a failure */
+  ck_assert_int_eq(j->restarts_by[DT_RESTART_GROW], 1);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(j->job->generation, 3);
+  ck_assert_int_eq(j->world, 2);
+  ck_assert_int_eq(j->grad_accum, 1);
+  ck_assert_int_eq(j->resume_step, 20);
+  fx_free(f);
+}
+END_TEST
+
+START_TEST(test_failed_trainer_restarts_in_place_until_max_restarts)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit_dp2(f, "elastic.max_restarts=2");
+  dt_coord_schedule(&f->c);
+  for (int attempt = 1; attempt <= 3; attempt++) {
+    all_running(f, j, 3);
+    const uint64_t gen = j->job->generation;
+    heartbeat(f, f->c.st.nodes[j->ranks[1].node], j, 1,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
+    if (attempt <= 2) {
+      /* dt_coord_trainer_status re-plans at once: same world on the healthy nodes. */
+      ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+      ck_assert_int_eq(j->job->restarts, attempt);
+      ck_assert_int_eq(j->job->generation, gen + 1);
+      ck_assert_int_eq(j->world, 2);
+      ck_assert_int_eq(j->restarts_by[DT_RESTART_TRAINER_FAILED], attempt);
+    } else {
+      ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_FAILED);
+      ck_assert_ptr_nonnull(strstr(j->job->reason, "giving up after 2 restarts (max_restarts 2)"));
+      ck_assert_int_eq(nodes_of(f, j), 0);
+    }
+  }
+  fx_free(f);
+}
+END_TEST
+
+START_TEST(test_input_error_fails_without_a_restart)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  dt_job_t *j = submit(f, NULL);
+  dt_coord_schedule(&f->c);
+  heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 2});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_FAILED);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_ptr_nonnull(strstr(j->job->reason, "not restarted"));
+  fx_free(f);
+}
+END_TEST
+
+START_TEST(test_stale_generation_status_is_ignored)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit_dp2(f, NULL);
+  dt_coord_schedule(&f->c);
+  all_running(f, j, 1);
+  heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
+  ck_assert_int_eq(j->job->generation, 2);
+  /* The old generation's rank 1 is stopped by its agent: not a second failure. */
+  heartbeat(f, f->c.st.nodes[j->ranks[1].node], j, 1,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                       .exit_code = 1,
+                       .generation = 1});
+  ck_assert_int_eq(j->job->restarts, 1);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  fx_free(f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Checkpoint commit                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_checkpoint_commits_when_every_shard_is_in)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit_dp2(f, NULL);
+  dt_coord_schedule(&f->c);
+  int committed = -1;
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 0, 2, &committed), 0);
+  ck_assert_int_eq(committed, 0);
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 0, 2, &committed), 0); /* a retry: counted once */
+  ck_assert_int_eq(committed, 0);
+  ck_assert_int_eq(j->job->committed_step, 0);
+  int64_t latest;
+  ck_assert_int_eq(dt_ckpt_latest(f->ckpt, &latest), DT_ENOENT);
+  /* Another world for the same step, a rank out of range: refused. */
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 1, 3, &committed), DT_EINVAL);
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 2, 2, &committed), DT_EINVAL);
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 1, 2, &committed), 0);
+  ck_assert_int_eq(committed, 1);
+  ck_assert_int_eq(j->job->committed_step, 50);
+  ck_assert_int_eq(j->n_ckpts, 0);
+  ck_assert_int_eq(dt_ckpt_latest(f->ckpt, &latest), 0);
+  ck_assert_int_eq(latest, 50);
+  char sdir[512];
+  dt_ckpt_step_dir(sdir, sizeof sdir, f->ckpt, 50);
+  dt_ckpt_manifest_t mf;
+  ck_assert_int_eq(dt_ckpt_manifest_read(sdir, &mf), 0);
+  ck_assert_int_eq(mf.world, 2);
+  ck_assert_int_eq(mf.num_params, 100);
+  ck_assert_str_eq(mf.shards[1].name, "shard-1.bin");
+  ck_assert_int_eq(mf.shards[1].lo, 50);
+  ck_assert_uint_eq(mf.shards[1].crc32c, 0x1235u);
+  free(mf.shards);
+  /* A report of a committed step (repeated after a coordinator restart): accepted, no-op. */
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 1, 2, &committed), 0);
+  ck_assert_int_eq(committed, 0);
+  ck_assert_int_eq(j->n_ckpts, 0);
+  fx_free(f);
+}
+END_TEST
+
+START_TEST(test_new_generation_starts_a_half_reported_step_over)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit_dp2(f, NULL);
+  dt_coord_schedule(&f->c);
+  int committed;
+  ck_assert_int_eq(report_ckpt(f, j, 1, 30, 0, 2, &committed), 0);
+  /* Generation 2 writes step 30 again: generation 1's rank 0 must not count toward it. */
+  ck_assert_int_eq(report_ckpt(f, j, 2, 30, 1, 2, &committed), 0);
+  ck_assert_int_eq(committed, 0);
+  ck_assert_int_eq(j->n_ckpts, 1);
+  ck_assert_int_eq(j->ckpts[0].received, 1);
+  ck_assert_int_eq(j->ckpts[0].generation, 2);
+  ck_assert_int_eq(report_ckpt(f, j, 2, 30, 0, 2, &committed), 0);
+  ck_assert_int_eq(committed, 1);
+  fx_free(f);
+}
+END_TEST
+
+START_TEST(test_restart_keeps_jobs_plans_and_pending_reports)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit_dp2(f, NULL);
+  dt_coord_schedule(&f->c);
+  all_running(f, j, 5);
+  commit(f, j, 10);
+  int committed;
+  ck_assert_int_eq(report_ckpt(f, j, 1, 20, 1, 2, &committed), 0);
+  const int node0 = j->ranks[0].node, node1 = j->ranks[1].node;
+  char id[32];
+  snprintf(id, sizeof id, "%s", j->id);
+  fx_restart(f);
+  ck_assert_int_eq(f->c.st.n_nodes, 2);
+  ck_assert_int_eq(f->c.st.n_jobs, 1);
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_ptr_nonnull(j);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RUNNING);
+  ck_assert_int_eq(j->job->generation, 1);
+  ck_assert_int_eq(j->job->committed_step, 10);
+  ck_assert_int_eq(j->world, 2);
+  ck_assert_int_eq(j->ranks[0].node, node0);
+  ck_assert_int_eq(j->ranks[1].node, node1);
+  ck_assert_int_eq(f->c.st.nodes[node0]->job, 0);
+  /* Rank 1's report of step 20 came before the restart: rank 0's completes the step. */
+  ck_assert_int_eq(j->n_ckpts, 1);
+  ck_assert_int_eq(report_ckpt(f, j, 1, 20, 0, 2, &committed), 0);
+  ck_assert_int_eq(committed, 1);
+  ck_assert_int_eq(j->job->committed_step, 20);
+  /* The next job id continues after the restored ones. */
+  dt_job_t *k = submit(f, NULL);
+  ck_assert_str_eq(k->id, "job-2");
+  fx_free(f);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
+/* Step metrics                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+static void check_metrics(const dt_job_t *j, int64_t last, const double *loss_offset_by_step)
+{
+  ck_assert_int_eq(j->n_metrics, last);
+  for (int64_t s = 1; s <= last; s++) {
+    ck_assert_int_eq(j->metrics[s - 1]->step, s);
+    ck_assert_double_eq(j->metrics[s - 1]->loss, (double)s + loss_offset_by_step[s]);
+  }
+}
+
+START_TEST(test_metrics_across_generations)
+{
+  fx_t *f = fx_new();
+  dt_node_t *n = add_node(f, "h0", 1);
+  dt_job_t *j = submit(f, NULL);
+  dt_coord_schedule(&f->c);
+  const int64_t s12[] = {1, 2}, s3to6[] = {3, 4, 5, 6}, s56[] = {5, 6, 7};
+  const Distrain__V1__TrainerState running = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  heartbeat(f, n, j, 0,
+            (status_t){.state = running, .step = 2, .metric_steps = s12, .n_metrics = 2});
+  commit(f, j, 4);
+  /* Generation 1 fails; generation 2 resumes after step 4 and reports 5..7 (loss + 0.5). */
+  heartbeat(f, n, j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
+  ck_assert_int_eq(j->job->generation, 2);
+  ck_assert_int_eq(j->resume_step, 4);
+  heartbeat(
+      f, n, j, 0,
+      (status_t){
+          .state = running, .step = 7, .metric_steps = s56, .n_metrics = 3, .loss_offset = 0.5});
+  /* Generation 1's last steps (3..6), read by its agent after it exited: 3 and 4 fill the gap,
+   * 5 and 6 are generation 2's to report. */
+  heartbeat(f, n, j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                       .generation = 1,
+                       .metric_steps = s3to6,
+                       .n_metrics = 4});
+  const double offset[] = {0, 0, 0, 0, 0, 0.5, 0.5, 0.5};
+  check_metrics(j, 7, offset);
+  /* Sent again (a heartbeat retried): nothing changes. */
+  heartbeat(f, n, j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                       .generation = 1,
+                       .metric_steps = s3to6,
+                       .n_metrics = 4});
+  check_metrics(j, 7, offset);
+  /* A restart reads back the same series. */
+  fx_restart(f);
+  j = f->c.st.jobs[0];
+  check_metrics(j, 7, offset);
+  fx_free(f);
+}
+END_TEST
+
+static Suite *coord_suite(void)
+{
+  Suite *s = suite_create("coord");
+  TCase *t = tcase_create("jobs");
+  tcase_set_timeout(t, 30);
+  tcase_add_test(t, test_plan_places_ranks_on_idle_nodes);
+  tcase_add_test(t, test_plan_waits_for_min_nodes_then_takes_the_largest_dp);
+  tcase_add_test(t, test_lost_node_shrinks_then_grows_back_at_a_commit);
+  tcase_add_test(t, test_failed_trainer_restarts_in_place_until_max_restarts);
+  tcase_add_test(t, test_input_error_fails_without_a_restart);
+  tcase_add_test(t, test_stale_generation_status_is_ignored);
+  tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
+  tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
+  tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
+  tcase_add_test(t, test_metrics_across_generations);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(coord_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
