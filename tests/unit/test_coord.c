@@ -136,6 +136,17 @@ static dt_job_t *submit_dp2(fx_t *f, const char *extra)
   return submit(f, "parallel.dp=2", "training.micro_batch=4", extra, NULL);
 }
 
+/* A coordinator with two one-device nodes and a dp=2 job planned on them (generation 1). */
+static fx_t *two_nodes_dp2(const char *extra, dt_job_t **j)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  *j = submit_dp2(f, extra);
+  dt_coord_schedule(&f->c);
+  return f;
+}
+
 static Distrain__V1__JobState state(const dt_job_t *j)
 {
   return j->job->state;
@@ -354,11 +365,8 @@ END_TEST
 
 START_TEST(test_failed_trainer_restarts_in_place_until_max_restarts)
 {
-  fx_t *f = fx_new();
-  add_node(f, "h0", 1);
-  add_node(f, "h1", 1);
-  dt_job_t *j = submit_dp2(f, "elastic.max_restarts=2");
-  dt_coord_schedule(&f->c);
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2("elastic.max_restarts=2", &j);
   for (int attempt = 1; attempt <= 3; attempt++) {
     all_running(f, j, 3);
     const uint64_t gen = j->job->generation;
@@ -398,11 +406,8 @@ END_TEST
 
 START_TEST(test_stale_generation_status_is_ignored)
 {
-  fx_t *f = fx_new();
-  add_node(f, "h0", 1);
-  add_node(f, "h1", 1);
-  dt_job_t *j = submit_dp2(f, NULL);
-  dt_coord_schedule(&f->c);
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
   all_running(f, j, 1);
   heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
             (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
@@ -424,11 +429,8 @@ END_TEST
 
 START_TEST(test_checkpoint_commits_when_every_shard_is_in)
 {
-  fx_t *f = fx_new();
-  add_node(f, "h0", 1);
-  add_node(f, "h1", 1);
-  dt_job_t *j = submit_dp2(f, NULL);
-  dt_coord_schedule(&f->c);
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
   int committed = -1;
   ck_assert_int_eq(report_ckpt(f, j, 1, 50, 0, 2, &committed), 0);
   ck_assert_int_eq(committed, 0);
@@ -466,11 +468,8 @@ END_TEST
 
 START_TEST(test_new_generation_starts_a_half_reported_step_over)
 {
-  fx_t *f = fx_new();
-  add_node(f, "h0", 1);
-  add_node(f, "h1", 1);
-  dt_job_t *j = submit_dp2(f, NULL);
-  dt_coord_schedule(&f->c);
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
   int committed;
   ck_assert_int_eq(report_ckpt(f, j, 1, 30, 0, 2, &committed), 0);
   /* Generation 2 writes step 30 again: generation 1's rank 0 must not count toward it. */
@@ -487,11 +486,8 @@ END_TEST
 
 START_TEST(test_restart_keeps_jobs_plans_and_pending_reports)
 {
-  fx_t *f = fx_new();
-  add_node(f, "h0", 1);
-  add_node(f, "h1", 1);
-  dt_job_t *j = submit_dp2(f, NULL);
-  dt_coord_schedule(&f->c);
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
   all_running(f, j, 5);
   commit(f, j, 10);
   int committed;
