@@ -19,6 +19,11 @@
 DT_PARAM(CtlPollMs, "CTL_POLL_MS", 500)
 DT_PARAM(CtlRpcTimeoutMs, "CTL_RPC_TIMEOUT_MS", 10000)
 
+int dt_ctl_rpc_timeout_ms(void)
+{
+  return (int)dt_param_CtlRpcTimeoutMs();
+}
+
 static const char *const k_states[] = {"UNKNOWN",    "PENDING",   "RENDEZVOUS", "RUNNING",
                                        "RECOVERING", "COMPLETED", "FAILED",     "STOPPED"};
 
@@ -105,7 +110,7 @@ int dt_ctl_submit(dt_rpc_client_t *c, const Distrain__V1__JobSpec *spec, char *j
   req.spec = (Distrain__V1__JobSpec *)spec;
   ProtobufCMessage *resp;
   char err[1024];
-  int rc = dt_rpc_client_call(c, "SubmitJob", &req.base, &resp, (int)dt_param_CtlRpcTimeoutMs(),
+  int rc = dt_rpc_client_call(c, "SubmitJob", &req.base, &resp, dt_ctl_rpc_timeout_ms(),
                               DT_RPC_WAIT_FOR_READY, err, sizeof err);
   if (rc != 0) {
     fprintf(stderr, "distrainctl: the coordinator refused the job: %s\n", err);
@@ -444,7 +449,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     Distrain__V1__GetJobRequest greq = DISTRAIN__V1__GET_JOB_REQUEST__INIT;
     greq.job_id = (char *)job_id;
     ProtobufCMessage *resp;
-    int rc = dt_rpc_client_call(c, "GetJob", &greq.base, &resp, (int)dt_param_CtlRpcTimeoutMs(),
+    int rc = dt_rpc_client_call(c, "GetJob", &greq.base, &resp, dt_ctl_rpc_timeout_ms(),
                                 DT_RPC_WAIT_FOR_READY, err, sizeof err);
     if (rc != 0) {
       /* The coordinator may be restarting; give it a while before giving up. */
@@ -470,8 +475,8 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     mreq.job_id = (char *)job_id;
     mreq.after_step = after;
     ProtobufCMessage *mresp;
-    if (dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &mresp, (int)dt_param_CtlRpcTimeoutMs(),
-                           0, err, sizeof err) == 0) {
+    if (dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &mresp, dt_ctl_rpc_timeout_ms(), 0, err,
+                           sizeof err) == 0) {
       Distrain__V1__GetJobMetricsResponse *m = (void *)mresp;
       const int every = steps >= 20 ? steps / 20 : 1;
       for (size_t i = 0; i < m->n_metrics; i++) {

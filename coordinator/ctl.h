@@ -17,6 +17,8 @@ typedef struct {
   const char *metrics_path; /* --metrics: rank 0's per-step JSON lines */
 } dt_ctl_opts_t;
 
+/* The deadline of one distrainctl RPC: DISTRAIN_CTL_RPC_TIMEOUT_MS (10000). */
+int dt_ctl_rpc_timeout_ms(void);
 /* A connected client (token read from opts->token_file). */
 int dt_ctl_connect(const dt_ctl_opts_t *o, dt_rpc_client_t **out);
 /* Loads JOB.yaml onto the defaults, applies --set overrides, validates, and makes the paths

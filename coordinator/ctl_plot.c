@@ -115,9 +115,10 @@ int dt_ctl_plot(dt_rpc_client_t *c, const char *job_id, const char *path)
   Distrain__V1__GetJobMetricsRequest mreq = DISTRAIN__V1__GET_JOB_METRICS_REQUEST__INIT;
   jreq.job_id = mreq.job_id = (char *)job_id;
   mreq.after_step = -1;
-  int rc = dt_rpc_client_call(c, "GetJob", &jreq.base, &jresp, 10000, 0, err, sizeof err);
+  const int timeout_ms = dt_ctl_rpc_timeout_ms();
+  int rc = dt_rpc_client_call(c, "GetJob", &jreq.base, &jresp, timeout_ms, 0, err, sizeof err);
   if (rc == 0)
-    rc = dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &mresp, 30000, 0, err, sizeof err);
+    rc = dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &mresp, timeout_ms, 0, err, sizeof err);
   if (rc != 0) {
     fprintf(stderr, "distrainctl: %s\n", err);
   } else if (((Distrain__V1__GetJobMetricsResponse *)mresp)->n_metrics == 0) {

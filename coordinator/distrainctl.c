@@ -188,7 +188,7 @@ static int call(dt_rpc_client_t *c, const char *method, const ProtobufCMessage *
                 ProtobufCMessage **resp)
 {
   char err[1024];
-  int rc = dt_rpc_client_call(c, method, req, resp, 10000, 0, err, sizeof err);
+  int rc = dt_rpc_client_call(c, method, req, resp, dt_ctl_rpc_timeout_ms(), 0, err, sizeof err);
   if (rc != 0)
     fprintf(stderr, "distrainctl: %s: %s\n", method, err);
   return rc;
@@ -353,8 +353,8 @@ static int logs_rpc(args_t *a)
     req.node_id = node;
     req.wait_ms = a->follow ? LOGS_FOLLOW_WAIT_MS : 0;
     ProtobufCMessage *m;
-    rc = dt_rpc_client_call(c, "GetLogs", &req.base, &m, (int)req.wait_ms + 15000, 0, err,
-                            sizeof err);
+    rc = dt_rpc_client_call(c, "GetLogs", &req.base, &m, (int)req.wait_ms + dt_ctl_rpc_timeout_ms(),
+                            0, err, sizeof err);
     if (rc != 0 && a->follow && (rc == DT_EUNAVAIL || rc == DT_ETIMEDOUT) &&
         ++retries <= LOGS_FOLLOW_RETRIES) {
       fprintf(stderr, "distrainctl logs: %s; trying again\n", err);

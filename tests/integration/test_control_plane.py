@@ -1474,6 +1474,20 @@ class T3b_StatusPlot(ClusterTest):
         self.assertEqual(r.returncode, 1)
         self.assertIn("needs gnuplot", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.png")))
+        # A coordinator that does not answer: every call gives up after
+        # DISTRAIN_CTL_RPC_TIMEOUT_MS (the plot's used to wait 10 s and 30 s regardless).
+        self.coord.send_signal(signal.SIGSTOP)
+        try:
+            quick = dict(self.env, DISTRAIN_CTL_RPC_TIMEOUT_MS="300")
+            for args in (("status", jobs[0], "--plot", os.path.join(self.tmp, "x.png")),
+                         ("status", jobs[0]), ("nodes",)):
+                t0 = time.monotonic()
+                r = self.ctl(*args, *common, env=quick, timeout=8)
+                self.assertNotEqual(r.returncode, 0, args)
+                self.assertIn("Deadline Exceeded", r.stderr, args)
+                self.assertLess(time.monotonic() - t0, 5, args)
+        finally:
+            self.coord.send_signal(signal.SIGCONT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2148,15 +2162,17 @@ class T14_Logs(ClusterTest):
 
 class T13_Chaos(ClusterTest):
     FAULTS = ("trainer-kill", "trainer-stop", "agent-kill", "coordinator+trainer-kill",
-              "kill-during-save")
+              "kill-during-save", "coordinator-kill", "kill-during-recovery")
 
     def test_chaos(self):
         """DT_CHAOS_RUNS runs (seed DT_CHAOS_SEED) of a dp=4 job on 4 agents, each hit once at a
         random step by one of FAULTS (in turn): a trainer SIGKILLed or SIGSTOPped, an agent
         SIGKILLed (and back a second later), the coordinator SIGKILLed with a trainer, a trainer
-        killed while its checkpoint is being written. Every run must complete with the final
-        loss of the uninterrupted run within 1e-5 relative, a stopped rank must be the one
-        named, and a table of detection, recovery and lost work per run is printed."""
+        killed while its checkpoint is being written, the coordinator alone SIGKILLed (training
+        goes on: no restart), a trainer of the recovering generation killed before it trains.
+        Every run must complete with the final loss of the uninterrupted run within 1e-5
+        relative, a stopped rank must be the one named, and a table of detection, recovery and
+        lost work per run is printed."""
         runs = int(os.environ.get("DT_CHAOS_RUNS", "0"))
         if runs <= 0:
             self.skipTest("run by its own ctest, chaos (DT_CHAOS_RUNS=20)")
@@ -2195,18 +2211,34 @@ class T13_Chaos(ClusterTest):
             j = self.wait_state(job_id, [pb.JOB_RUNNING], 60, min_step=at)
             gen, victim = j.generation, rng.randrange(4)
 
-            def trainer():
+            def trainer(rank, g):
                 for n in self.nodes():
                     for t in n.trainers:
-                        if (t.job_id == job_id and t.rank == victim and t.pid > 0 and
-                                t.generation == gen):
+                        if (t.job_id == job_id and t.rank == rank and t.pid > 0 and
+                                t.generation == g):
                             return n, t
                 return None
 
-            node, tr = wait_until(trainer, 10, "rank %d's trainer" % victim)
+            node, tr = wait_until(lambda: trainer(victim, gen), 10, "rank %d's trainer" % victim)
             j = self.get_job(job_id)
             step_at, committed = j.step, j.committed_step
             t0 = time.monotonic()
+            if fault == "coordinator-kill":
+                # Nothing to detect or recover: the trainers go on through the restart.
+                self.coord.send_signal(signal.SIGKILL)
+                self.coord.wait(timeout=5)
+                time.sleep(0.3)
+                self.start_coordinator(port=port)
+                wait_until(lambda: (lambda x: x if x and (x.step > step_at + 1 or x.state ==
+                                                          pb.JOB_COMPLETED) else None)(
+                    self.job_now(job_id)), 30, "run %d: steps after the restart" % i)
+                done = self.wait_state(job_id, [pb.JOB_COMPLETED], 180)
+                self.assertEqual((done.generation, done.restarts), (gen, 0), "run %d" % i)
+                loss = final_loss(job_id)
+                rows.append((i, fault, -1, at, 0.0, "-", time.monotonic() - t0, 0, 0, loss))
+                self.assertLess(abs(loss - ref), 1e-5 * abs(ref),
+                                "run %d (%s): final loss %.9g" % (i, fault, loss))
+                continue
             if fault == "trainer-stop":
                 os.kill(tr.pid, signal.SIGSTOP)
             elif fault == "agent-kill":
@@ -2225,6 +2257,14 @@ class T13_Chaos(ClusterTest):
             if fault == "agent-kill":
                 self.agents[node.info.hostname].wait(timeout=5)
                 self.start_agent(node.info.hostname, grace_ms=1000)
+            if fault == "kill-during-recovery":
+                # The generation that replaces it loses a rank before its first step.
+                gen2, victim2 = self.get_job(job_id).generation, rng.randrange(4)
+                _, tr2 = wait_until(lambda: trainer(victim2, gen2), 20,
+                                    "run %d: a trainer of generation %d" % (i, gen2),
+                                    interval=0.01)
+                os.kill(tr2.pid, signal.SIGKILL)
+                gen = gen2
             # The new generation's first step (or its end: a short rest can finish, and a
             # grown job moves on to a later generation, before a poll sees it).
             wait_until(lambda: (lambda x: x if x and x.generation > gen and (
