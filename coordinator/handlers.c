@@ -264,19 +264,6 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
 /* Jobs                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-/* What this trainer build can run; anything else is refused at submit, not at run time. */
-static int trainer_supports(const Distrain__V1__JobSpec *spec, char *why, size_t n)
-{
-  const Distrain__V1__ParallelSpec *p = spec->parallel;
-  if (p->cp > 1) {
-    snprintf(why, n,
-             "context parallelism (cp=%d) is not supported by this version; use pp, dp and tp",
-             p->cp);
-    return 0;
-  }
-  return 1;
-}
-
 static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
 {
   dt_coord_t *c = ud;
@@ -288,8 +275,7 @@ static void handle_submit(dt_rpc_call_t *call, const ProtobufCMessage *m, void *
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "spec: every section must be present");
     return;
   }
-  if (dt_jobspec_validate(req->spec, err, sizeof err) != 0 ||
-      !trainer_supports(req->spec, err, sizeof err)) {
+  if (dt_jobspec_validate(req->spec, err, sizeof err) != 0) {
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "%s", err);
     return;
   }

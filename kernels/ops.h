@@ -87,6 +87,17 @@ typedef struct dt_ops {
                             const float *qkv,                   /* (B, T, 3C) */
                             const float *att,                   /* (B, NH, T, T) */
                             int B, int T, int C, int NH);
+  /* Context parallelism: the Tq queries at positions [q0, q0 + Tq) of a sequence whose qkv holds
+   * Tall positions per batch element (gathered from the cp group), against keys [0, q0 + Tq).
+   * att and scratch are (B, NH, Tq, q0 + Tq); out and dout (B, Tq, C). Backward writes dq of
+   * rows [q0, q0 + Tq) and dk, dv of rows [0, q0 + Tq) of dqkv (B, Tall, 3C) and leaves the
+   * rest as it was (the caller zeroes it, then sums it over the group). NULL where the backend
+   * has no such kernel (the trainer then refuses cp > 1). */
+  int (*attention_forward_cp)(struct dt_device *dev, float *out, float *att, const float *qkv,
+                              int B, int Tq, int q0, int Tall, int C, int NH);
+  int (*attention_backward_cp)(struct dt_device *dev, float *dqkv, float *scratch,
+                               const float *dout, const float *qkv, const float *att, int B, int Tq,
+                               int q0, int Tall, int C, int NH);
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);

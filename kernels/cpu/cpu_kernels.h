@@ -28,6 +28,11 @@ void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
                               int NH);
 void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *att, int B, int T, int C, int NH);
+/* Context parallelism: queries [q0, q0 + Tq) of Tall positions (attention.c). */
+void dt_cpu_attention_forward_cp(float *out, float *att, const float *qkv, int B, int Tq, int q0,
+                                 int Tall, int C, int NH);
+void dt_cpu_attention_backward_cp(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                  const float *att, int B, int Tq, int q0, int Tall, int C, int NH);
 void dt_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void dt_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);

@@ -67,6 +67,22 @@ static int attention_backward(struct dt_device *dev, float *dqkv, float *scratch
   return 0;
 }
 
+static int attention_forward_cp(struct dt_device *dev, float *out, float *att, const float *qkv,
+                                int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  dt_cpu_attention_forward_cp(H(out), H(att), H(qkv), B, Tq, q0, Tall, C, NH);
+  return 0;
+}
+
+static int attention_backward_cp(struct dt_device *dev, float *dqkv, float *scratch,
+                                 const float *dout, const float *qkv, const float *att, int B,
+                                 int Tq, int q0, int Tall, int C, int NH)
+{
+  dt_cpu_attention_backward_cp(H(dqkv), H(scratch), H(dout), H(qkv), H(att), B, Tq, q0, Tall, C,
+                               NH);
+  return 0;
+}
+
 static int gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
 {
   dt_cpu_gelu_forward(H(out), H(inp), n);
@@ -135,6 +151,8 @@ static const dt_ops_t g_cpu_ops = {
     .matmul_backward = matmul_backward,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
+    .attention_forward_cp = attention_forward_cp,
+    .attention_backward_cp = attention_backward_cp,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,

@@ -514,12 +514,12 @@ class T1_GrpcSurface(ClusterTest):
         with self.assertRaises(grpc.RpcError) as cm:
             self.call("SubmitJob", pb.SubmitJobRequest(spec=missing))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
-        unsupported = job_spec("/tmp/x", 5)
-        unsupported.parallel.cp = 2
+        uneven = job_spec("/tmp/x", 5)
+        uneven.parallel.cp = 3  # context parallelism splits the sequence: 3 must divide it
         with self.assertRaises(grpc.RpcError) as cm:
-            self.call("SubmitJob", pb.SubmitJobRequest(spec=unsupported))
+            self.call("SubmitJob", pb.SubmitJobRequest(spec=uneven))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("cp=2", cm.exception.details())
+        self.assertIn("must be divisible by parallel.cp (3)", cm.exception.details())
         self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0,
                          "a refused spec created a job")
 
@@ -854,22 +854,25 @@ class T3_RunLocal(ClusterTest):
         """pp=2 x tp=2 on 2 agents with 2 devices each: the coordinator places each stage's
         tensor-parallel pair on one node, every rank logs its part of the model, the
         checkpoint is committed from 4 shards, and the losses equal a one-device run of the
-        same job (2 micro-batches per step through the 1F1B pipeline)."""
+        same job (2 micro-batches per step through the 1F1B pipeline). So do those of cp=2 on
+        2 agents (each sequence split over the two nodes)."""
         steps = 10
         losses = {}
-        for pp, tp in ((1, 1), (2, 2)):
-            tag = "pp%d_tp%d" % (pp, tp)
+        for pp, tp, cp in ((1, 1, 1), (2, 2, 1), (1, 1, 2)):
+            tag = "pp%d_tp%d_cp%d" % (pp, tp, cp)
+            n_nodes = pp * cp
             ckpt = os.path.join(self.tmp, "ckpt_" + tag)
             run_dir = os.path.join(self.tmp, "run_" + tag)
             metrics = os.path.join(self.tmp, "metrics_%s.jsonl" % tag)
             job = os.path.join(self.tmp, "job_%s.yaml" % tag)
             with open(job, "w") as f:
-                f.write(job_yaml(ckpt, steps, every=steps, val_every=0, min_nodes=pp,
-                                 max_nodes=pp))
-            r = self.ctl("run", "--local", "--nodes", str(pp), "--devices-per-node", str(tp),
+                f.write(job_yaml(ckpt, steps, every=steps, val_every=0, min_nodes=n_nodes,
+                                 max_nodes=n_nodes))
+            r = self.ctl("run", "--local", "--nodes", str(n_nodes), "--devices-per-node", str(tp),
                          "--run-dir", run_dir, "--metrics", metrics,
                          "--set", "parallel.tp=%d" % tp, "--set", "parallel.pp=%d" % pp,
-                         "--set", "training.micro_batch=2", job, timeout=180)
+                         "--set", "parallel.cp=%d" % cp, "--set", "training.micro_batch=2", job,
+                         timeout=180)
             self.assertEqual(r.returncode, 0, "%s run failed:\n%s\n%s" % (
                 tag, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
             if pp == 2:
@@ -881,7 +884,7 @@ class T3_RunLocal(ClusterTest):
                     nodes.setdefault(stage, set()).add(logs[0].split(os.sep)[-3])
                     text = tail(logs[0], 20000)
                     self.assertIn("plan: rank %d of 4 in pp 2 x dp 1 x cp 1 x tp 2 at pp %d tp %d "
-                                  "dp 0: layers %d..%d" % (rank, stage, t, stage, stage), text)
+                                  "dp 0 cp 0: layers %d..%d" % (rank, stage, t, stage, stage), text)
                     self.assertIn("heads %d..%d of 2" % (t, t), text)
                     self.assertIn("pipeline: stage %d of 2, schedule 1f1b, 2 micro-batches" % stage,
                                   text)
@@ -889,14 +892,20 @@ class T3_RunLocal(ClusterTest):
                 # each stage's tensor-parallel pair on one node, the stages on different nodes
                 self.assertEqual([len(nodes[0]), len(nodes[1])], [1, 1], nodes)
                 self.assertNotEqual(nodes[0], nodes[1], nodes)
+            if cp == 2:
+                for rank in range(2):
+                    logs = glob.glob(os.path.join(run_dir, "node-*", "job-1", "rank-%d.log" % rank))
+                    self.assertIn("sequence chunk %d of 2" % rank, tail(logs[0], 20000))
             with open(metrics) as f:
-                losses[pp] = [json.loads(x)["loss"] for x in f.read().splitlines()]
+                losses[tag] = [json.loads(x)["loss"] for x in f.read().splitlines()]
             with open(os.path.join(ckpt, "step-%08d" % steps, "MANIFEST")) as f:
-                self.assertIn("world %d" % (pp * tp), f.read())
+                self.assertIn("world %d" % (pp * tp), f.read())  # ZeRO-0: one writer per part
             self.assertEqual(procs_under(run_dir), [])
-        self.assertEqual(len(losses[2]), steps)
-        for a, b in zip(losses[1], losses[2]):
-            self.assertLess(abs(a - b) / abs(a), 1e-5, (losses[1], losses[2]))
+        ref = losses.pop("pp1_tp1_cp1")
+        for tag, got in losses.items():
+            self.assertEqual(len(got), steps, tag)
+            for a, b in zip(ref, got):
+                self.assertLess(abs(a - b) / abs(a), 1e-5, (tag, ref, got))
 
     def test_bad_yaml_is_refused_before_anything_starts(self):
         job = os.path.join(self.tmp, "bad.yaml")

@@ -117,7 +117,7 @@ class PipelineParallel(unittest.TestCase):
             stage = r // (tp * dpn)
             held = ", ".join("%d..%d" % ((c * pp + stage) * per, (c * pp + stage) * per + per - 1)
                              for c in range(chunks))
-            self.assertIn("at pp %d tp %d dp %d: layers %s%s%s," % (
+            self.assertIn("at pp %d tp %d dp %d cp 0: layers %s%s%s," % (
                 stage, r % tp, (r // tp) % dpn, held, " + embeddings" if stage == 0 else "",
                 " + LM head" if stage == pp - 1 else ""), err)
             slots = {"gpipe": ACCUM, "1f1b": min(pp - stage, ACCUM)}.get(schedule)
@@ -223,8 +223,8 @@ class PipelineParallel(unittest.TestCase):
         for a, b in zip(ref, got):
             self.assertLess(abs(a["loss"] - b["loss"]) / abs(a["loss"]), REL_TOL)
         tpt.assert_weights(self, wref, w, "pp=2 partition 3,1")
-        self.assertIn("at pp 0 tp 0 dp 0: layers 0..2 + embeddings,", errs[0])
-        self.assertIn("at pp 1 tp 0 dp 0: layers 3..3 + LM head,", errs[1])
+        self.assertIn("at pp 0 tp 0 dp 0 cp 0: layers 0..2 + embeddings,", errs[0])
+        self.assertIn("at pp 1 tp 0 dp 0 cp 0: layers 3..3 + LM head,", errs[1])
 
     def test_stage_dies_mid_training(self):
         """A stage killed mid-step: its neighbour fails at once with an error, not a hang."""

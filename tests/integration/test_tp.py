@@ -106,7 +106,7 @@ class TensorParallel(unittest.TestCase):
     def check_ranks(self, errs, tp):
         params = None
         for r, err in enumerate(errs):
-            self.assertRegex(err, r"plan: rank %d of %d .* at pp 0 tp %d dp %d: layers 0\.\.1 "
+            self.assertRegex(err, r"plan: rank %d of %d .* at pp 0 tp %d dp %d cp 0: layers 0\.\.1 "
                              r"\+ embeddings \+ LM head, heads %d\.\.%d of 4, vocabulary rows "
                              r"%d\.\.%d of 128"
                              % (r, len(errs), r % tp, r // tp, (r % tp) * 4 // tp,
@@ -204,7 +204,7 @@ class TensorParallel(unittest.TestCase):
         cases = [
             # (world, tp, what the error must say)
             (3, 3, "model.heads (4) must be divisible by parallel.tp (3)"),
-            (3, 2, "--tp 2 x --pp 1 does not divide WORLD_SIZE 3"),
+            (3, 2, "--tp 2 x --pp 1 x --cp 1 does not divide WORLD_SIZE 3"),
         ]
         for world, tp, msg in cases:
             with self.subTest(world=world, tp=tp):

@@ -733,6 +733,70 @@ START_TEST(test_attention)
 }
 END_TEST
 
+/* Context parallelism: the sequence split in cp chunks, chunk r's queries against the keys up
+ * to its end. Each chunk's out and att rows must be the full attention's rows (the double
+ * reference), and the chunks' backward results, summed as the cp group sums them, the full
+ * backward's (itself checked against finite differences above). Rows a chunk does not own
+ * stay as they were. */
+static void run_attention_cp(int B, int T, int C, int NH, int cp, uint64_t seed)
+{
+  dt_rng_t rng;
+  dt_rng_seed(&rng, seed);
+  const int Tq = T / cp, C3 = 3 * C;
+  const size_t nqkv = (size_t)B * T * C3, nout = (size_t)B * T * C;
+  const size_t natt = (size_t)B * NH * T * T;
+  float *qkv = rand_normal(&rng, nqkv, 0.0f, 1.0f), *R = rand_normal(&rng, nout, 0.0f, 1.0f);
+  double *out_d = dalloc(nout), *att_d = dalloc(natt);
+  ref_attention_forward(out_d, att_d, to_double(qkv, nqkv), B, T, C, NH);
+  float *att = filled(natt, NAN), *dqkv = filled(nqkv, GARBAGE), *scratch = filled(natt, NAN);
+  dt_cpu_attention_forward(filled(nout, GARBAGE), att, qkv, B, T, C, NH);
+  dt_cpu_attention_backward(dqkv, scratch, R, qkv, att, B, T, C, NH);
+  float *sum = filled(nqkv, 0.0f);
+  for (int r = 0; r < cp; r++) {
+    const int q0 = r * Tq, Tk = q0 + Tq;
+    const size_t nloc = (size_t)B * Tq * C, natt_r = (size_t)B * NH * Tq * Tk;
+    float *out = filled(nloc, GARBAGE), *att_r = filled(natt_r, NAN), *dout = falloc(nloc);
+    double *out_want = dalloc(nloc), *att_want = dalloc(natt_r);
+    for (int b = 0; b < B; b++) {
+      memcpy(dout + (size_t)b * Tq * C, R + ((size_t)b * T + q0) * C, (size_t)Tq * C * 4);
+      for (size_t i = 0; i < (size_t)Tq * C; i++)
+        out_want[(size_t)b * Tq * C + i] = out_d[((size_t)b * T + q0) * C + i];
+      for (int h = 0; h < NH; h++)
+        for (int t = 0; t < Tq; t++)
+          for (int j = 0; j < Tk; j++)
+            att_want[(((size_t)b * NH + h) * Tq + t) * Tk + j] =
+                att_d[(((size_t)b * NH + h) * T + q0 + t) * T + j];
+    }
+    dt_cpu_attention_forward_cp(out, att_r, qkv, B, Tq, q0, T, C, NH);
+    CHECK_CLOSE("attention_cp out", out, out_want, nloc, ACC_RTOL, ACC_ATOL);
+    CHECK_CLOSE("attention_cp att", att_r, att_want, natt_r, ACC_RTOL, ACC_ATOL);
+    float *d = filled(nqkv, GARBAGE);
+    dt_cpu_attention_backward_cp(d, filled(natt_r, NAN), dout, qkv, att_r, B, Tq, q0, T, C, NH);
+    for (size_t i = 0; i < nqkv; i++) {
+      const int t = (int)(i / C3 % T), part = (int)(i % C3) / C; /* 0 q, 1 k, 2 v */
+      const int mine = part == 0 ? t >= q0 && t < Tk : t < Tk;
+      if (!mine)
+        ck_assert_msg(d[i] == GARBAGE, "attention_cp chunk %d wrote dqkv row %d part %d", r, t,
+                      part);
+      else
+        sum[i] += d[i];
+    }
+  }
+  double *want = to_double(dqkv, nqkv);
+  CHECK_CLOSE("attention_cp dqkv summed over the chunks", sum, want, nqkv, 1e-5, 1e-6);
+  tfree_all();
+}
+
+START_TEST(test_attention_cp)
+{
+  /* B, T, C, NH, cp, seed */
+  run_attention_cp(1, 8, 8, 2, 2, 51);    /* one partial block per chunk */
+  run_attention_cp(2, 150, 12, 3, 3, 52); /* q0 = 50, 100: not on a block boundary */
+  run_attention_cp(1, 256, 16, 2, 2, 53); /* q0 = 128: on one; two row blocks per chunk */
+  run_attention_cp(2, 96, 8, 2, 4, 54);   /* four chunks of 24 */
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------
  * GELU and residual
  * ------------------------------------------------------------------------------------------- */
@@ -1261,6 +1325,7 @@ static Suite *kernels_suite(void)
   add_tcase(s, "matmul", test_matmul);
   add_tcase(s, "matmul_forward_large", test_matmul_forward_large);
   add_tcase(s, "attention", test_attention);
+  add_tcase(s, "attention_cp", test_attention_cp);
   add_tcase(s, "gelu", test_gelu);
   add_tcase(s, "residual", test_residual);
   add_tcase(s, "crossentropy", test_crossentropy);

@@ -47,7 +47,11 @@ START_TEST(test_check_rules)
        64,
        DT_EINVAL,
        "parallel.pp (9) must be <= model.layers (8)"},
-      {{.pp = 1, .dp = 1, .cp = 2, .tp = 1}, 64, DT_ENOTSUP, "context parallelism"},
+      {{.pp = 1, .dp = 1, .cp = 2, .tp = 1}, 64, 0, NULL},
+      {{.pp = 1, .dp = 1, .cp = 3, .tp = 1},
+       64,
+       DT_EINVAL,
+       "training.seq (64) must be divisible by parallel.cp (3)"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     why[0] = 0;

@@ -129,6 +129,7 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
     return DT_EINVAL;
   }
   m->tp = tp ? *tp : (dt_gpt2_tp_t){.tp = 1, .rank = 0, .comm = NULL};
+  m->cp = (dt_gpt2_cp_t){.cp = 1, .rank = 0, .comm = NULL};
   if (dt_gpt2_tp_validate(cfg, m->tp.tp, why, sizeof why) != 0 || m->tp.rank < 0 ||
       m->tp.rank >= m->tp.tp) {
     DT_ERROR(TRAIN, "invalid tensor parallelism (tp %d, rank %d): %s", m->tp.tp, m->tp.rank, why);
@@ -191,7 +192,7 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
         &(a)->residual2, &(a)->ln2, &(a)->ln2_mean, &(a)->ln2_rstd, &(a)->fch, &(a)->fch_gelu,     \
         &(a)->residual3, &(a)->lnf, &(a)->lnf_mean, &(a)->lnf_rstd, &(a)->logits, &(a)->losses,    \
         &(a)->dresidual, &(a)->dbuf, &(a)->dbuf4, &(a)->dqkv, &(a)->datt, &(a)->tmp,               \
-        &(a)->ce_stats, &(a)->gath, &(a)->tmps, &(a)->lngrad                                       \
+        &(a)->ce_stats, &(a)->gath, &(a)->tmps, &(a)->lngrad, &(a)->cpbuf, &(a)->dqkv_full         \
   }
 
 /* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
@@ -398,6 +399,12 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
   return rc;
 }
 
+/* The keys this rank's queries see: its chunk's end (context parallelism) or T. */
+static size_t keys(const dt_gpt2_t *m, int T)
+{
+  return (size_t)(m->cp.rank + 1) * (size_t)T;
+}
+
 /* Rows of the residual stream this rank holds for an allocated (B, T): all, or N/tp. */
 static size_t stream_rows(const dt_gpt2_t *m, size_t N)
 {
@@ -425,9 +432,9 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
   DT__ALLOC(ln1, Lh * Ns * C);
   DT__ALLOC(ln1_mean, Lh * Ns);
   DT__ALLOC(ln1_rstd, Lh * Ns);
-  DT__ALLOC(qkv, Lh * N * 3 * Cl);
+  DT__ALLOC(qkv, Lh * N * (size_t)m->cp.cp * 3 * Cl);
   DT__ALLOC(atty, Lh * N * Cl);
-  DT__ALLOC(att, Lh * B * NH * T * T);
+  DT__ALLOC(att, Lh * B * NH * T * keys(m, T));
   DT__ALLOC(residual2, Lh * Ns * C);
   DT__ALLOC(ln2, Lh * Ns * C);
   DT__ALLOC(ln2_mean, Lh * Ns);
@@ -456,7 +463,11 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
   DT__ALLOC(dbuf, N * C);
   DT__ALLOC(dbuf4, N * 4 * Cl);
   DT__ALLOC(dqkv, N * 3 * Cl);
-  DT__ALLOC(datt, (size_t)B * NH * T * T);
+  DT__ALLOC(datt, (size_t)B * NH * T * keys(m, T));
+  if (m->cp.cp > 1) {
+    DT__ALLOC(cpbuf, (size_t)m->cp.cp * N * 3 * Cl);
+    DT__ALLOC(dqkv_full, (size_t)m->cp.cp * N * 3 * Cl);
+  }
   DT__ALLOC(tmp, N * C);
   if (tp > 1 && m->stage.last)
     DT__ALLOC(ce_stats, (tp + 1) * N * 3); /* all ranks' stats, then this rank's */
@@ -553,6 +564,25 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
     return DT_EINVAL;
   }
   m->sp = on;
+  return 0;
+}
+
+int dt_gpt2_set_context_parallel(dt_gpt2_t *m, const dt_gpt2_cp_t *cp)
+{
+  if (m->acts) {
+    DT_ERROR(TRAIN, "context parallelism must be chosen before the activations are allocated");
+    return DT_EINVAL;
+  }
+  if (cp->cp < 1 || cp->rank < 0 || cp->rank >= cp->cp || (cp->cp > 1 && !cp->comm)) {
+    DT_ERROR(TRAIN, "invalid context parallelism (cp %d, rank %d)", cp->cp, cp->rank);
+    return DT_EINVAL;
+  }
+  if (cp->cp > 1 && (!m->ops->attention_forward_cp || !m->ops->attention_backward_cp)) {
+    DT_ERROR(TRAIN, "context parallelism (cp %d) has no attention kernels on the %s device yet",
+             cp->cp, m->ops->name);
+    return DT_ENOTSUP;
+  }
+  m->cp = *cp;
   return 0;
 }
 
@@ -706,6 +736,37 @@ static int reduce_rows(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *partial, size_t N
                                 N / (size_t)m->tp.tp * m->cfg.channels, DT_COMM_SUM);
 }
 
+/* Context parallelism moves q, k, v rows between the group's layout, rank by rank (cp, B, T,
+ * 3C/tp) in a->cpbuf, and the sequence's, (B, cp*T, 3C/tp). cp_gather_qkv: every rank's rows
+ * (this rank's are in a->cpbuf already) into qkv, the whole sequence. */
+static int cp_gather_qkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *qkv, const float *mine, int B,
+                         int T)
+{
+  const int cp = m->cp.cp;
+  const size_t row = 3 * (size_t)dims(m).Cl, chunk = (size_t)T * row;
+  DT_CHECK(dt_comm_all_gather(m->cp.comm, mine, a->cpbuf, (size_t)B * chunk));
+  for (int r = 0; r < cp; r++)
+    for (int b = 0; b < B; b++)
+      DT_CHECK(m->dev->copy(m->dev, qkv + ((size_t)b * cp + r) * chunk,
+                            a->cpbuf + ((size_t)r * B + b) * chunk, chunk * sizeof(float),
+                            DT_COPY_D2D));
+  return 0;
+}
+
+/* The attention backward's dqkv over the whole sequence (a->dqkv_full, written by this rank's
+ * queries) summed over the group: each rank receives its own rows, in a->dqkv. */
+static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
+{
+  const int cp = m->cp.cp;
+  const size_t row = 3 * (size_t)dims(m).Cl, chunk = (size_t)T * row;
+  for (int r = 0; r < cp; r++)
+    for (int b = 0; b < B; b++)
+      DT_CHECK(m->dev->copy(m->dev, a->cpbuf + ((size_t)r * B + b) * chunk,
+                            a->dqkv_full + ((size_t)b * cp + r) * chunk, chunk * sizeof(float),
+                            DT_COPY_D2D));
+  return dt_comm_reduce_scatter(m->cp.comm, a->cpbuf, a->dqkv, (size_t)B * chunk, DT_COMM_SUM);
+}
+
 /* LayerNorm backward over the rows this rank holds. With SP each rank sees N/tp rows, so the
  * weight and bias gradients are partial sums: computed apart, summed over the tp group, then
  * accumulated (the all-reduce must not see the accumulator of earlier micro-batches). */
@@ -745,11 +806,12 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
   const dims_t d = dims(m);
   const size_t C = (size_t)d.C, Cl = (size_t)d.Cl, An = (size_t)a->B * a->T;
   const size_t Rn = stream_rows(m, An); /* rows of the sequence-parallel buffers */
-  const size_t h = m->recompute ? 0 : (size_t)l, att_stride = (size_t)a->B * d.NHl * a->T * a->T;
+  const size_t h = m->recompute ? 0 : (size_t)l;
+  const size_t att_stride = (size_t)a->B * d.NHl * a->T * keys(m, a->T);
   return (layer_acts_t){.ln1 = a->ln1 + h * Rn * C,
                         .ln1_mean = a->ln1_mean + h * Rn,
                         .ln1_rstd = a->ln1_rstd + h * Rn,
-                        .qkv = a->qkv + h * An * 3 * Cl,
+                        .qkv = a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl,
                         .atty = a->atty + h * An * Cl,
                         .att = a->att + h * att_stride,
                         .res2 = a->residual2 + h * Rn * C,
@@ -776,9 +838,18 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   DT_CHECK(k->layernorm_forward(m->dev, y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W],
                                 p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-  DT_CHECK(k->matmul_forward(m->dev, y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C, 3 * Cl,
-                             3 * Cl));
-  DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
+  if (m->cp.cp == 1) {
+    DT_CHECK(k->matmul_forward(m->dev, y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+                               3 * Cl, 3 * Cl));
+    DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
+  } else {
+    float *mine = a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl;
+    DT_CHECK(k->matmul_forward(m->dev, mine, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+                               3 * Cl, 3 * Cl));
+    DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
+    DT_CHECK(k->attention_forward_cp(m->dev, y.atty, y.att, y.qkv, B, T, m->cp.rank * T,
+                                     m->cp.cp * T, Cl, d.NHl));
+  }
   DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.atty, p->t[DT_T_ATTPROJW],
                              lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
@@ -850,8 +921,10 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
     float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
     const float *sum;
+    /* context parallel: this rank's positions start at rank*T */
+    const size_t pos0 = (size_t)m->cp.rank * T * C;
     DT_CHECK(k->encoder_forward(m->dev, e, inputs, p.t[DT_T_WTE], d.vlo, d.Vl,
-                                lead ? p.t[DT_T_WPE] : NULL, B, T, C));
+                                lead ? p.t[DT_T_WPE] + pos0 : NULL, B, T, C));
     DT_CHECK(release(m, DT_UNIT_EMBED, 0));
     DT_CHECK(reduce_rows(m, a, e, N, &sum));
     if (m->sp)
@@ -1008,8 +1081,15 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
     DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout,
                                 y.atty, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
-    DT_CHECK(
-        k->attention_backward(m->dev, a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl));
+    if (m->cp.cp == 1) {
+      DT_CHECK(
+          k->attention_backward(m->dev, a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl));
+    } else {
+      DT_CHECK(m->dev->zero(m->dev, a->dqkv_full, (size_t)m->cp.cp * N * 3 * Cl * sizeof(float)));
+      DT_CHECK(k->attention_backward_cp(m->dev, a->dqkv_full, a->datt, a->dbuf, y.qkv, y.att, B, T,
+                                        m->cp.rank * T, m->cp.cp * T, Cl, d.NHl));
+      DT_CHECK(cp_reduce_dqkv(m, a, B, T));
+    }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
     DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in,
                                 p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
@@ -1025,8 +1105,9 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
   DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
   if (!m->dev->host)
     inputs = a->tokens; /* the forward pass copied them */
-  DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl, eg.t[DT_T_WPE], dout, inputs, B,
-                               T, C));
+  DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl,
+                               eg.t[DT_T_WPE] ? eg.t[DT_T_WPE] + (size_t)m->cp.rank * T * C : NULL,
+                               dout, inputs, B, T, C));
   return release(m, DT_UNIT_EMBED, 1);
 }
 

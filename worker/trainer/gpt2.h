@@ -99,6 +99,16 @@ typedef struct {
   struct dt_comm *comm;
 } dt_gpt2_tp_t;
 
+/* Context parallelism of one model replica: the sequence split in cp contiguous chunks, this
+ * rank holding positions [rank*T, (rank+1)*T) of every sequence (T: the local length). Each
+ * layer gathers the group's q, k, v rows, attends its queries to the keys up to its chunk's
+ * end, and sums the keys' and values' gradients back to their owners. comm is NULL when
+ * cp == 1. */
+typedef struct {
+  int cp, rank;
+  struct dt_comm *comm;
+} dt_gpt2_cp_t;
+
 #define DT_GPT2_MAX_CHUNKS 16
 
 /* The pipeline stage a rank holds: chunks of layers, chunk c being global layers
@@ -194,9 +204,10 @@ typedef struct {
   float *ln1;       /* (L, N, C) */
   float *ln1_mean;  /* (L, N) */
   float *ln1_rstd;  /* (L, N) */
-  float *qkv;       /* (L, N, 3C) */
+  float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence */
   float *atty;      /* (L, N, C) attention output, heads concatenated */
-  float *att;       /* (L, B, NH, T, T) softmax probabilities */
+  float *att;       /* (L, B, NH, T, Tk) softmax probabilities; Tk = T, or with context
+                       parallelism (rank+1)*T: the keys up to the end of this rank's chunk */
   float *residual2; /* (L, N, C) after the attention branch */
   float *ln2;       /* (L, N, C) */
   float *ln2_mean;  /* (L, N) */
@@ -214,12 +225,14 @@ typedef struct {
   float *gath;      /* (N, C) sequence parallel: rows gathered from the tp group */
   float *tmps;      /* (N/tp, C) sequence parallel: this rank's rows of a branch output */
   float *lngrad;    /* (2C) sequence parallel: a LayerNorm's gradients over this rank's rows */
+  float *cpbuf;     /* (cp, N, 3C) context parallel: the group's q, k, v rows, rank by rank */
+  float *dqkv_full; /* (B, cp*T, 3C) context parallel: this rank's part of every row's dqkv */
   /* backward scratch, shared by all layers */
   float *dresidual; /* (N, C) gradient of the residual stream */
   float *dbuf;      /* (N, C) */
   float *dbuf4;     /* (N, 4C) */
   float *dqkv;      /* (N, 3C) */
-  float *datt;      /* (B, NH, T, T) */
+  float *datt;      /* (B, NH, T, Tk) */
   float *tmp;       /* (N, C) branch outputs before the residual add */
   int *tokens;      /* (2, N) on a device that is not host memory: the micro-batch's inputs
                        then targets, copied there by the forward pass (NULL on the host) */
@@ -231,6 +244,7 @@ typedef struct {
   dt_device_t *dev;     /* where its tensors live: every buffer below is device memory */
   const dt_ops_t *ops;  /* dev's kernels */
   dt_gpt2_tp_t tp;
+  dt_gpt2_cp_t cp;
   dt_gpt2_stage_t stage;
   int L; /* layers held (units 0..L-1: the chunks' layers in order) */
   int chunk_off[DT_GPT2_MAX_CHUNKS + 1]; /* chunk c: units [chunk_off[c], chunk_off[c + 1]) */
@@ -300,6 +314,9 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, const int *slots, int 
  * column-parallel layer and a reduce-scatter after each row-parallel one in place of the
  * all-reduce. B*T must be divisible by tp. */
 int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on);
+/* Context parallelism (before the activations are allocated; B, T are then the local sizes):
+ * DT_ENOTSUP when the device has no context-parallel attention kernels. */
+int dt_gpt2_set_context_parallel(dt_gpt2_t *m, const dt_gpt2_cp_t *cp);
 /* Floats of a stage's input or output activation (the rows this rank holds, times C). */
 size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
 /* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3

@@ -53,9 +53,10 @@ static void usage(FILE *out)
       "  ranks (neighbours in rank order), --pp N the layers into N pipeline stages\n"
       "  (--pp-schedule 1f1b|gpipe|interleaved, --pp-virtual V: model chunks per stage with\n"
       "  interleaved, default 2; --pp-partition 3,1: layers per (virtual) stage, default by\n"
-      "  cost; --grad-accum micro-batches per step), the rest is data\n"
-      "  parallel (dp = WORLD_SIZE / (tp x pp)); --zero-stage 0..3 shards optimizer state,\n"
-      "  gradients and parameters over dp; --recompute: activation checkpointing (keep each\n"
+      "  cost; --grad-accum micro-batches per step), --cp N each sequence into N chunks\n"
+      "  (context parallel), the rest is data parallel (dp = WORLD_SIZE / (tp x pp x cp));\n"
+      "  --zero-stage 0..3 shards optimizer state, gradients and parameters over dp x cp;\n"
+      "  --recompute: activation checkpointing (keep each\n"
       "  layer's output, recompute the rest in the backward pass); --sp: sequence parallelism\n"
       "  (LayerNorm and residual rows split over the tp group)\n");
 }
@@ -101,6 +102,7 @@ enum {
   OPT_ZERO,
   OPT_TP,
   OPT_PP,
+  OPT_CP,
   OPT_PP_SCHEDULE,
   OPT_RECOMPUTE,
   OPT_SP,
@@ -153,6 +155,7 @@ static const struct option g_opts[] = {
     {"device", required_argument, 0, OPT_DEVICE},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
+    {"cp", required_argument, 0, OPT_CP},
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
     {"recompute", no_argument, 0, OPT_RECOMPUTE},
     {"sp", no_argument, 0, OPT_SP},
@@ -354,8 +357,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_TP:
     case OPT_PP:
+    case OPT_CP:
     case OPT_PP_VIRTUAL: {
-      int *v = c == OPT_TP ? &o->tp : c == OPT_PP ? &o->pp : &o->pp_virtual;
+      int *v = c == OPT_TP ? &o->tp : c == OPT_PP ? &o->pp : c == OPT_CP ? &o->cp : &o->pp_virtual;
       rc = parse_int(c, optarg, v);
       if (rc == 0 && *v < 1) {
         fprintf(stderr, "distrain-train: --%s must be >= 1, got %d\n", opt_name(c), *v);
@@ -427,8 +431,9 @@ static int read_mesh(dt_train_opts_t *o, int64_t world)
             text, dt_mesh_world(&o->mesh), (long long)world);
     return DT_EINVAL;
   }
-  if ((o->tp > 0 && o->tp != o->mesh.tp) || (o->pp > 0 && o->pp != o->mesh.pp)) {
-    fprintf(stderr, "distrain-train: --tp/--pp disagree with DISTRAIN_MESH='%s'\n", text);
+  if ((o->tp > 0 && o->tp != o->mesh.tp) || (o->pp > 0 && o->pp != o->mesh.pp) ||
+      (o->cp > 0 && o->cp != o->mesh.cp)) {
+    fprintf(stderr, "distrain-train: --tp/--pp/--cp disagree with DISTRAIN_MESH='%s'\n", text);
     return DT_EINVAL;
   }
   return 0;

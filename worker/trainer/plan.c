@@ -40,13 +40,6 @@ int dt_plan_parse_mesh(const char *text, dt_mesh_t *mesh, char *why, size_t whyl
 int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, char *why,
                   size_t whylen)
 {
-  if (mesh->cp > 1) {
-    snprintf(why, whylen,
-             "parallel.cp = %d: context parallelism is not in this version of the trainer "
-             "(pp, dp and tp are)",
-             mesh->cp);
-    return DT_ENOTSUP;
-  }
   if (mesh->pp > cfg->layers) {
     snprintf(why, whylen, "parallel.pp (%d) must be <= model.layers (%d)", mesh->pp, cfg->layers);
     return DT_EINVAL;
@@ -94,17 +87,18 @@ int dt_plan_partition(const dt_gpt2_config_t *cfg, int pp, const int *explicit_l
 }
 
 /* The communicator of this rank's group along one axis: NULL for a group of one, the world
- * for a group that spans it, else a split (collective over world: every rank splits every axis
- * in the same order). Color: the group's first rank; key: the position along the axis. */
-static int group_comm(const dt_mesh_t *mesh, dt_comm_t *world, dt_mesh_axis_t axis, dt_comm_t **out,
-                      int *owned)
+ * for a group that spans it (unless own: a communicator of its own then too), else a split
+ * (collective over world: every rank splits every axis in the same order). Color: the group's
+ * first rank; key: the position along the axis. */
+static int group_comm(const dt_mesh_t *mesh, dt_comm_t *world, dt_mesh_axis_t axis, int own,
+                      dt_comm_t **out, int *owned)
 {
   const int n = dt_mesh_axis_size(mesh, axis), wsize = dt_mesh_world(mesh);
   *out = NULL;
   *owned = 0;
   if (n == 1)
     return 0;
-  if (n == wsize) {
+  if (n == wsize && !own) {
     *out = world;
     return 0;
   }
@@ -133,6 +127,25 @@ static int emb_comm(const dt_mesh_t *mesh, const dt_mesh_coord_t *c, dt_comm_t *
   *out = NULL;
   int rc = dt_comm_split(world, color, c->pp, out);
   *owned = rc == 0 && *out;
+  return rc;
+}
+
+/* The ranks holding the same part of the model: every dp and cp position at this rank's pp
+ * and tp coordinates (gradients are averaged, and ZeRO shards, over them). Collective over
+ * world. */
+static int grad_comm(const dt_mesh_t *mesh, const dt_mesh_coord_t *c, dt_comm_t *world,
+                     dt_comm_t **out, int *owned)
+{
+  *out = NULL;
+  *owned = 0;
+  if (mesh->cp == 1)
+    return group_comm(mesh, world, DT_MESH_DP, 0, out, owned);
+  if (mesh->pp * mesh->tp == 1) {
+    *out = world;
+    return 0;
+  }
+  int rc = dt_comm_split(world, c->pp * mesh->tp + c->tp, c->dp * mesh->cp + c->cp, out);
+  *owned = rc == 0;
   return rc;
 }
 
@@ -177,19 +190,23 @@ int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, in
   }
   if (!world)
     return 0;
-  int rc = group_comm(mesh, world, DT_MESH_TP, &plan->tp, &plan->owns[0]);
+  int rc = group_comm(mesh, world, DT_MESH_TP, 0, &plan->tp, &plan->owns[0]);
   if (rc == 0)
-    rc = group_comm(mesh, world, DT_MESH_DP, &plan->dp, &plan->owns[1]);
+    rc = grad_comm(mesh, &plan->coord, world, &plan->dp, &plan->owns[1]);
+  /* The model's attention collectives run on cp while the gradient group (the world, when cp
+   * spans it) may be busy on the data-parallel comm thread: cp never shares a communicator. */
   if (rc == 0)
-    rc = group_comm(mesh, world, DT_MESH_PP, &plan->pp, &plan->owns[2]);
+    rc = group_comm(mesh, world, DT_MESH_CP, 1, &plan->cp, &plan->owns[5]);
+  if (rc == 0)
+    rc = group_comm(mesh, world, DT_MESH_PP, 0, &plan->pp, &plan->owns[2]);
   if (rc == 0 && mesh->pp > 1)
     rc = emb_comm(mesh, &plan->coord, world, &plan->emb, &plan->owns[3]);
   if (rc == 0)
     rc = mp_comm(mesh, &plan->coord, world, &plan->mp, &plan->owns[4]);
   /* Progress reports name the groups (a group that is the whole world stays "world"). */
-  dt_comm_t *comms[5] = {plan->tp, plan->dp, plan->pp, plan->emb, plan->mp};
-  static const char *const labels[5] = {"tp", "dp", "pp", "emb", "mp"};
-  for (int i = 0; rc == 0 && i < 5; i++)
+  dt_comm_t *comms[6] = {plan->tp, plan->dp, plan->pp, plan->emb, plan->mp, plan->cp};
+  static const char *const labels[6] = {"tp", "dp", "pp", "emb", "mp", "cp"};
+  for (int i = 0; rc == 0 && i < 6; i++)
     if (plan->owns[i])
       dt_comm_set_label(comms[i], labels[i]);
   if (rc != 0) {
@@ -201,8 +218,8 @@ int dt_plan_create(dt_plan_t *plan, const dt_mesh_t *mesh, const int *bounds, in
 
 void dt_plan_destroy(dt_plan_t *plan)
 {
-  dt_comm_t *comms[5] = {plan->tp, plan->dp, plan->pp, plan->emb, plan->mp};
-  for (int i = 0; i < 5; i++)
+  dt_comm_t *comms[6] = {plan->tp, plan->dp, plan->pp, plan->emb, plan->mp, plan->cp};
+  for (int i = 0; i < 6; i++)
     if (plan->owns[i])
       dt_comm_destroy(comms[i]);
   memset(plan, 0, sizeof *plan);
@@ -222,9 +239,11 @@ void dt_plan_log(const dt_plan_t *plan, const dt_gpt2_config_t *cfg)
                           st->hi[k] - 1);
   dt_mesh_format(ms, m, sizeof m);
   DT_INFO(TRAIN,
-          "plan: rank %d of %d in %s at pp %d tp %d dp %d: layers %s%s%s, heads %d..%d of "
-          "%d, vocabulary rows %d..%d of %d, data-parallel shard %d of %d",
-          plan->rank, plan->world, m, c->pp, c->tp, c->dp, layers, st->first ? " + embeddings" : "",
-          st->last ? " + LM head" : "", c->tp * heads, (c->tp + 1) * heads - 1, cfg->heads,
-          c->tp * rows, (c->tp + 1) * rows - 1, cfg->padded_vocab, c->dp, ms->dp);
+          "plan: rank %d of %d in %s at pp %d tp %d dp %d cp %d: layers %s%s%s, heads %d..%d "
+          "of %d, vocabulary rows %d..%d of %d, data-parallel shard %d of %d, sequence chunk "
+          "%d of %d",
+          plan->rank, plan->world, m, c->pp, c->tp, c->dp, c->cp, layers,
+          st->first ? " + embeddings" : "", st->last ? " + LM head" : "", c->tp * heads,
+          (c->tp + 1) * heads - 1, cfg->heads, c->tp * rows, (c->tp + 1) * rows - 1,
+          cfg->padded_vocab, c->dp, ms->dp, c->cp, ms->cp);
 }

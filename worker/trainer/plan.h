@@ -4,11 +4,10 @@
  * Built once at start-up, before any weight is allocated. Every layout rule is checked here
  * with one clear error naming the key and the rule (dt_plan_check), then the named groups are
  * split from the world communicator (dt_plan_create): tp (tensor-parallel peers, neighbours in
- * rank order), dp (the ranks holding the same part of the model). A group of one rank has no
- * communicator (NULL); a group that is the whole world uses the world communicator itself.
- *
- * This version runs pp x dp x tp (with ZeRO 0-3 over dp); context parallelism (cp) is refused
- * here with that reason. */
+ * rank order), cp (the ranks splitting a sequence), dp (the ranks holding the same part of the
+ * model: data and context parallel, whose gradients are averaged and ZeRO-sharded together). A
+ * group of one rank has no communicator (NULL); a group that is the whole world uses the world
+ * communicator itself. */
 #ifndef DT_TRAINER_PLAN_H
 #define DT_TRAINER_PLAN_H
 
@@ -24,12 +23,13 @@ typedef struct {
   int rank, world;
   dt_gpt2_stage_t stage; /* this rank's pipeline stage: its chunks of layers */
   dt_comm_t *tp;         /* this rank's tensor-parallel group, or NULL (tp = 1) */
-  dt_comm_t *dp;         /* its data-parallel group, or NULL (dp = 1) */
+  dt_comm_t *dp;         /* its gradient group, dp x cp ranks, or NULL (dp = cp = 1) */
   dt_comm_t *pp;         /* its pipeline (the stages of its tp/dp position), or NULL (pp = 1) */
   dt_comm_t *emb; /* first and last stage (tied embeddings), or NULL (pp = 1; other stages) */
   dt_comm_t *mp;  /* every rank holding a part of its replica (tp x pp), or NULL */
+  dt_comm_t *cp;  /* its context-parallel group (one sequence's chunks), or NULL (cp = 1) */
   /* private: which of the above this plan created (and destroys) */
-  int owns[5];
+  int owns[6];
 } dt_plan_t;
 
 /* Layers per virtual stage (pp x virtual stages per rank: stages of an interleaved

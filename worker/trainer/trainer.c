@@ -215,12 +215,16 @@ typedef struct {
   int lead;   /* world rank 0: reports, logs steps and writes files */
   int dprank; /* this rank's data-parallel coordinate and group size */
   int dpsize;
+  /* context parallelism: the group size, this rank's chunk of every sequence (positions
+   * [cprank*seq, (cprank+1)*seq)) and its local length */
+  int cp, cprank, seq;
+  int *cp_inputs, *cp_targets; /* (B, seq) this rank's chunk of a batch (cp > 1) */
   dt_lr_schedule_t sched;
   double tokens_per_step;
   /* pipeline (pp > 1) */
   int pp, stage;               /* stages, this rank's */
   dt_pipeline_t *pipe;         /* runs this stage's schedule; NULL when pp == 1 */
-  int *mb_inputs, *mb_targets; /* (K, B*T) the step's micro-batches */
+  int *mb_inputs, *mb_targets; /* (K, B*seq) the step's micro-batches (this rank's chunks) */
   /* checkpoint saves: the step's shard is snapshotted into snap, then written and committed
    * by a thread of its own (--ckpt-sync: by the step itself); at most one in flight */
   float *snap;
@@ -236,6 +240,19 @@ static int from_last_stage(trainer_t *t, float *x)
   return t->pp > 1 ? dt_comm_broadcast(t->plan.pp, x, 1, t->pp - 1) : 0;
 }
 
+/* This rank's chunk of each of a (B, T) batch's sequences into dst (B, T/cp); with cp = 1 the
+ * batch itself. */
+static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
+{
+  if (t->cp == 1)
+    return batch;
+  const int B = t->o->batch, T = t->o->seq, Tl = t->seq;
+  for (int b = 0; b < B; b++)
+    memcpy(dst + (size_t)b * Tl, batch + (size_t)b * T + (size_t)t->cprank * Tl,
+           (size_t)Tl * sizeof(int));
+  return dst;
+}
+
 /* Mean validation loss over the first batches of the validation set; each data-parallel rank
  * takes its slice of every window and the result is averaged over the ranks. */
 static int evaluate(trainer_t *t, float *out)
@@ -248,12 +265,12 @@ static int evaluate(trainer_t *t, float *out)
   for (int i = 0; i < n; i++) {
     float loss;
     DT_CHECK(dt_dataloader_next(val));
+    const int *in = seq_chunk(t, val->inputs, t->cp_inputs);
+    const int *tg = seq_chunk(t, val->targets, t->cp_targets);
     if (t->pipe)
-      DT_CHECK(
-          dt_pipeline_eval(t->pipe, &t->model, val->inputs, val->targets, val->B, val->T, &loss));
+      DT_CHECK(dt_pipeline_eval(t->pipe, &t->model, in, tg, val->B, t->seq, &loss));
     else
-      DT_CHECK(dt_gpt2_stage_forward(&t->model, 0, 0, val->inputs, val->targets, val->B, val->T,
-                                     0.0f, &loss));
+      DT_CHECK(dt_gpt2_stage_forward(&t->model, 0, 0, in, tg, val->B, t->seq, 0.0f, &loss));
     acc += loss;
   }
   *out = (float)(acc / n);
@@ -587,11 +604,12 @@ static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const
 
 static void print_memory(trainer_t *t)
 {
-  const double MiB = 1024.0 * 1024.0, P = (double)t->model.num_params, N = t->dpsize;
+  const double MiB = 1024.0 * 1024.0, P = (double)t->model.num_params, N = t->dpsize * t->cp;
   const int zero = t->o->zero_stage, tp = t->model.tp.tp;
   dt_dp_memory_t mem;
   dt_dp_memory(t->dp, &mem);
-  /* The ZeRO formulas for fp32 AdamW over the local parameters, in bytes (16P baseline). */
+  /* The ZeRO formulas for fp32 AdamW over the local parameters, in bytes (16P baseline); N is
+   * the sharding group, dp x cp (printed as dp). */
   const double formula[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
   const double have = (double)(mem.params + mem.grads + mem.optim);
   if (tp > 1 || t->pp > 1) {
@@ -612,7 +630,7 @@ static void print_memory(trainer_t *t)
   DT_INFO(TRAIN,
           "memory (ZeRO-%d, dp %d): params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB = %.2f MiB "
           "(formula %.2f MiB, %+.2f%%) + working %.2f MiB; activations %.1f MiB",
-          zero, t->dpsize, mem.params / MiB, mem.grads / MiB, mem.optim / MiB, have / MiB,
+          zero, t->dpsize * t->cp, mem.params / MiB, mem.grads / MiB, mem.optim / MiB, have / MiB,
           formula[zero] / MiB, 100.0 * (have / formula[zero] - 1.0), mem.working / MiB,
           t->model.bytes_acts / MiB);
 }
@@ -624,12 +642,12 @@ static int resolve_mesh(const dt_train_opts_t *o, int world, dt_mesh_t *mesh)
     *mesh = o->mesh;
     return 0;
   }
-  const int tp = o->tp > 0 ? o->tp : 1, pp = o->pp > 0 ? o->pp : 1;
-  if (world % (tp * pp) != 0) {
-    DT_ERROR(TRAIN, "--tp %d x --pp %d does not divide WORLD_SIZE %d", tp, pp, world);
+  const int tp = o->tp > 0 ? o->tp : 1, pp = o->pp > 0 ? o->pp : 1, cp = o->cp > 0 ? o->cp : 1;
+  if (world % (tp * pp * cp) != 0) {
+    DT_ERROR(TRAIN, "--tp %d x --pp %d x --cp %d does not divide WORLD_SIZE %d", tp, pp, cp, world);
     return DT_EINVAL;
   }
-  return dt_mesh_init(mesh, pp, world / (tp * pp), 1, tp);
+  return dt_mesh_init(mesh, pp, world / (tp * pp * cp), cp, tp);
 }
 
 /* Loads the checkpoint to resume from. From a checkpoint directory: its newest committed
@@ -711,15 +729,18 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
-  if ((mesh.pp > 1 || o->sequence_parallel) && o->sample_tokens > 0) {
-    DT_ERROR(TRAIN, "--sample: generating text through a pipeline or with sequence "
+  if ((mesh.pp > 1 || mesh.cp > 1 || o->sequence_parallel) && o->sample_tokens > 0) {
+    DT_ERROR(TRAIN, "--sample: generating text through a pipeline or with sequence or context "
                     "parallelism is not supported; export the weights (--export-llmc) and "
                     "sample from one process");
     return DT_ENOTSUP;
   }
-  if (o->sequence_parallel && (mesh.tp == 1 || (o->batch * o->seq) % mesh.tp != 0)) {
-    DT_ERROR(TRAIN, "--sp: sequence parallelism needs tp > 1 dividing batch x seq (%d x %d; tp %d)",
-             o->batch, o->seq, mesh.tp);
+  t->cp = mesh.cp;
+  t->seq = o->seq / mesh.cp; /* dt_plan_check: cp divides seq */
+  if (o->sequence_parallel && (mesh.tp == 1 || (o->batch * t->seq) % mesh.tp != 0)) {
+    DT_ERROR(TRAIN,
+             "--sp: sequence parallelism needs tp > 1 dividing batch x seq / cp (%d x %d; tp %d)",
+             o->batch, t->seq, mesh.tp);
     return DT_EINVAL;
   }
   DT_CHECK(dt_train_device_open(o->device, &t->dev));
@@ -740,6 +761,12 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   t->stage = t->plan.coord.pp;
   const dt_gpt2_tp_t tp = {.tp = mesh.tp, .rank = t->plan.coord.tp, .comm = t->plan.tp};
   DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, t->dev, &tp, &t->plan.stage));
+  t->cprank = t->plan.coord.cp;
+  const dt_gpt2_cp_t cp = {.cp = mesh.cp, .rank = t->cprank, .comm = t->plan.cp};
+  DT_CHECK(dt_gpt2_set_context_parallel(&t->model, &cp));
+  if (t->cp > 1 && (!(t->cp_inputs = calloc((size_t)o->batch * t->seq, sizeof(int))) ||
+                    !(t->cp_targets = calloc((size_t)o->batch * t->seq, sizeof(int)))))
+    return DT_ENOMEM;
   if (o->init_llmc)
     DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
   else
@@ -769,8 +796,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   int slots[DT_GPT2_MAX_CHUNKS] = {1}, nslots = 1;
   if (t->pp > 1) {
     const int K = o->grad_accum;
-    t->mb_inputs = calloc((size_t)K * o->batch * o->seq, sizeof(int));
-    t->mb_targets = calloc((size_t)K * o->batch * o->seq, sizeof(int));
+    t->mb_inputs = calloc((size_t)K * o->batch * t->seq, sizeof(int));
+    t->mb_targets = calloc((size_t)K * o->batch * t->seq, sizeof(int));
     if (!t->mb_inputs || !t->mb_targets)
       return DT_ENOMEM;
     DT_CHECK(dt_pipeline_create(&t->pipe, o->pp_schedule, t->pp, t->stage, K, t->plan.stage.chunks,
@@ -781,7 +808,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       nslots += slots[c];
   }
   DT_CHECK(dt_gpt2_set_sequence_parallel(&t->model, o->sequence_parallel));
-  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, o->seq, slots, o->recompute));
+  DT_CHECK(dt_gpt2_alloc_activations(&t->model, o->batch, t->seq, slots, o->recompute));
   if (o->metrics_path && t->lead) {
     t->metrics = fopen(o->metrics_path, t->resume_from ? "a" : "w");
     if (!t->metrics) {
@@ -825,13 +852,13 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
 static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
 {
   const dt_train_opts_t *o = t->o;
-  const size_t BT = (size_t)o->batch * o->seq;
+  const size_t BT = (size_t)o->batch * t->seq;
   for (int k = 0; k < o->grad_accum; k++) {
     DT_CHECK(dt_dataloader_next(&t->train));
-    memcpy(t->mb_inputs + k * BT, t->train.inputs, BT * sizeof(int));
-    memcpy(t->mb_targets + k * BT, t->train.targets, BT * sizeof(int));
+    memcpy(t->mb_inputs + k * BT, seq_chunk(t, t->train.inputs, t->cp_inputs), BT * sizeof(int));
+    memcpy(t->mb_targets + k * BT, seq_chunk(t, t->train.targets, t->cp_targets), BT * sizeof(int));
   }
-  return dt_pipeline_step(t->pipe, &t->model, t->dp, t->mb_inputs, t->mb_targets, o->batch, o->seq,
+  return dt_pipeline_step(t->pipe, &t->model, t->dp, t->mb_inputs, t->mb_targets, o->batch, t->seq,
                           loss_acc, bubble);
 }
 
@@ -875,8 +902,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
     DT_CHECK(dt_dataloader_next(&t->train));
     dt_dp_begin_micro(t->dp, k == o->grad_accum - 1);
     float micro_loss;
-    DT_CHECK(dt_gpt2_forward_backward(&t->model, t->train.inputs, t->train.targets, o->batch,
-                                      o->seq, 1.0f / (float)o->grad_accum, &micro_loss));
+    DT_CHECK(dt_gpt2_forward_backward(&t->model, seq_chunk(t, t->train.inputs, t->cp_inputs),
+                                      seq_chunk(t, t->train.targets, t->cp_targets), o->batch,
+                                      t->seq, 1.0f / (float)o->grad_accum, &micro_loss));
     loss_acc += micro_loss;
   }
   DT_CHECK(dt_dp_reduce_grads(t->dp));
@@ -1082,6 +1110,8 @@ static void teardown(trainer_t *t)
   dt_pipeline_destroy(t->pipe);
   free(t->mb_inputs);
   free(t->mb_targets);
+  free(t->cp_inputs);
+  free(t->cp_targets);
   dt_train_device_close(t->dev);
 }
 

@@ -82,7 +82,7 @@ typedef struct {
   const struct dt_kv *kv;
   const char *kv_prefix;
   dt_mesh_t mesh;
-  int tp, pp;                 /* --tp, --pp (0: not given) */
+  int tp, pp, cp;             /* --tp, --pp, --cp (0: not given) */
   dt_pipe_kind_t pp_schedule; /* pipeline schedule (pp > 1) */
   int pp_virtual;             /* model chunks per stage (interleaved; 0: 2 there, else 1) */
   const char *pp_partition;   /* layers per stage, "3,1"; NULL: balanced by cost */
