@@ -17,7 +17,6 @@ DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,26 +28,8 @@ import test_dp as dp  # noqa: E402  (the launcher and the single-process referen
 import test_tp as tp  # noqa: E402  (weights comparison, llm.c reader)
 
 
-class ContextParallel(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="dt_cp_")
-        cls.single = {}
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def single_run(self, global_batch, accum):
-        """Losses and final weights of one process on the same global batch."""
-        key = (global_batch, accum)
-        if key not in self.single:
-            m = os.path.join(self.tmp, "single_%d_%d.jsonl" % key)
-            w = os.path.join(self.tmp, "single_%d_%d.bin" % key)
-            subprocess.run(dp.base_args(global_batch, accum, m) + ["--export-llmc", w],
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.single[key] = (dp.read_metrics(m), tp.read_llmc(w))
-        return self.single[key]
+class ContextParallel(tp.OneProcessReference):
+    PREFIX = "dt_cp_"
 
     def run_cp(self, world, batch, accum, args, tag):
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)  # fresh: no stale addresses
@@ -60,13 +41,6 @@ class ContextParallel(unittest.TestCase):
         for r, (rc, _, err) in enumerate(outs):
             self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
         return dp.read_metrics(metrics), tp.read_llmc(weights), [e for _, _, e in outs]
-
-    def assert_losses(self, ref, got, what):
-        self.assertEqual(len(ref), len(got), what)
-        for a, b in zip(ref, got):
-            rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
-            self.assertLess(rel, tp.REL_TOL, "%s step %d: loss %.9g vs one process %.9g"
-                            % (what, a["step"], b["loss"], a["loss"]))
 
     def test_layouts(self):
         # world, dp, args, accum; the batch per data-parallel rank is 4

@@ -58,10 +58,14 @@ def read_llmc(path):
     return struct.unpack("<%df" % ((len(data) - 1024) // 4), data[1024:])
 
 
-class TensorParallel(unittest.TestCase):
+class OneProcessReference(unittest.TestCase):
+    """A temporary directory per class, and the single-process runs the layouts compare with
+    (test_cp.py builds on it too)."""
+    PREFIX = "dt_tp_"
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="dt_tp_")
+        cls.tmp = tempfile.mkdtemp(prefix=cls.PREFIX)
         cls.single = {}
 
     @classmethod
@@ -79,6 +83,15 @@ class TensorParallel(unittest.TestCase):
             self.single[key] = (dp.read_metrics(m), read_llmc(w))
         return self.single[key]
 
+    def assert_losses(self, ref, got, what):
+        self.assertEqual(len(ref), len(got), what)
+        for a, b in zip(ref, got):
+            rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
+            self.assertLess(rel, REL_TOL, "%s step %d: loss %.9g vs one process %.9g"
+                            % (what, a["step"], b["loss"], a["loss"]))
+
+
+class TensorParallel(OneProcessReference):
     def run_tp(self, world, tp, zero, accum, extra=(), tag=None):
         tag = tag or "w%d_tp%d_z%d_k%d" % (world, tp, zero, accum)
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)  # fresh: no stale addresses
@@ -92,13 +105,6 @@ class TensorParallel(unittest.TestCase):
         for r, (rc, _, err) in enumerate(outs):
             self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
         return dp.read_metrics(metrics), read_llmc(weights), [e for _, _, e in outs]
-
-    def assert_losses(self, ref, got, what):
-        self.assertEqual(len(ref), len(got), what)
-        for a, b in zip(ref, got):
-            rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
-            self.assertLess(rel, REL_TOL, "%s step %d: loss %.9g vs one process %.9g"
-                            % (what, a["step"], b["loss"], a["loss"]))
 
     def assert_weights(self, ref, got, what):
         assert_weights(self, ref, got, what)
