@@ -12,21 +12,26 @@
  * column-major (cols, rows) matrix, its transpose, with leading dimension ld. Each row-major
  * product Y = A B is issued as Y^T = B^T A^T; the comments give the view used.
  *
+ * Context parallelism (the _cp entries): Tq queries at positions [q0, q0 + Tq) of qkv rows
+ * holding Tall positions per batch element, against the keys [0, Tk), Tk = q0 + Tq: the same
+ * products over a Tq x Tk rectangle. The plain entries are the q0 = 0, Tq = Tk = Tall case.
+ *
  * Invariants: att holds the probabilities with exact zeros above the diagonal; dqkv is written
- * (=) in full (every column of q | k | v belongs to one head); the softmax reductions are block
- * reductions of fixed shape (deterministic). */
+ * (=) in the rows the contract names (every column of q | k | v belongs to one head); the
+ * softmax reductions are block reductions of fixed shape (deterministic). */
 #include <math.h>
 
 #include "cuda_impl.h"
 
 #define ATT_THREADS 256 /* softmax kernels, one block per row of one (b, h) matrix */
 
-/* Row r of the (B*NH*T, T) matrix of scores is query t = r % T: probabilities over j <= t,
- * exact zeros after. The scores arrive already scaled by 1/sqrt(hs) (the GEMM's alpha). */
-__global__ static void causal_softmax_kernel(float *att, int T)
+/* Row r of the (B*NH*Tq, Tk) matrix of scores is query position t = q0 + r % Tq: probabilities
+ * over j <= t, exact zeros after. The scores arrive already scaled by 1/sqrt(hs) (the GEMM's
+ * alpha). */
+__global__ static void causal_softmax_kernel(float *att, int Tq, int Tk, int q0)
 {
-  float *row = att + (size_t)blockIdx.x * T;
-  const int t = (int)(blockIdx.x % (unsigned)T);
+  float *row = att + (size_t)blockIdx.x * Tk;
+  const int t = q0 + (int)(blockIdx.x % (unsigned)Tq);
   float m = -INFINITY;
   for (int j = threadIdx.x; j <= t; j += blockDim.x)
     m = row[j] > m ? row[j] : m;
@@ -40,55 +45,109 @@ __global__ static void causal_softmax_kernel(float *att, int T)
   s = dt__block_reduce(s, dt__sum_op());
   const float inv = 1.0f / s;
   /* Each thread rescales the entries it wrote itself above. */
-  for (int j = threadIdx.x; j < T; j += blockDim.x)
+  for (int j = threadIdx.x; j < Tk; j += blockDim.x)
     row[j] = j <= t ? row[j] * inv : 0.0f;
 }
 
 /* Softmax backward with the 1/sqrt(hs) of the scores folded in, in place on the datt rows:
  * dS = scale * A * (dA - sum_j A dA) for j <= t, exact zeros after. */
-__global__ static void causal_softmax_backward_kernel(float *dS, const float *att, int T,
-                                                      float scale)
+__global__ static void causal_softmax_backward_kernel(float *dS, const float *att, int Tq, int Tk,
+                                                      int q0, float scale)
 {
-  float *d = dS + (size_t)blockIdx.x * T;
-  const float *a = att + (size_t)blockIdx.x * T;
-  const int t = (int)(blockIdx.x % (unsigned)T);
+  float *d = dS + (size_t)blockIdx.x * Tk;
+  const float *a = att + (size_t)blockIdx.x * Tk;
+  const int t = q0 + (int)(blockIdx.x % (unsigned)Tq);
   float dot = 0.0f;
   for (int j = threadIdx.x; j <= t; j += blockDim.x)
     dot += a[j] * d[j];
   dot = dt__block_reduce(dot, dt__sum_op());
-  for (int j = threadIdx.x; j < T; j += blockDim.x)
+  for (int j = threadIdx.x; j < Tk; j += blockDim.x)
     d[j] = j <= t ? scale * a[j] * (d[j] - dot) : 0.0f;
+}
+
+int dt__cuda_attention_forward_cp(struct dt_device *dev, float *out, float *att, const float *qkv,
+                                  int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  dt_cuda_impl_t *cu = dt__cuda(dev);
+  if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
+    return 0;
+  const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
+  const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+  const long long QK = (long long)Tq * Tk;
+  for (int b = 0; b < B; b++) {
+    const float *q = qkv + ((size_t)b * Tall + q0) * C3;
+    const float *k = qkv + (size_t)b * Tall * C3 + C;
+    float *A = att + (size_t)b * NH * QK;
+    /* scores (Tq x Tk) = scale * Q K^T, as scores^T = scale * K Q^T:
+     * K as stored is column-major (hs x Tk, ld 3C) = K^T, op T gives K (Tk x hs);
+     * Q as stored is Q^T (hs x Tq), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, hs,
+                                              &scale, k, C3, hs, q, C3, hs, &zero, A, Tk, QK, NH));
+  }
+  causal_softmax_kernel<<<(unsigned)((size_t)B * NH * Tq), ATT_THREADS, 0, cu->stream>>>(att, Tq,
+                                                                                         Tk, q0);
+  DT_CUDA_CHECK(cudaGetLastError());
+  for (int b = 0; b < B; b++) {
+    const float *v = qkv + (size_t)b * Tall * C3 + 2 * C;
+    const float *A = att + (size_t)b * NH * QK;
+    float *o = out + (size_t)b * Tq * C;
+    /* out (Tq x hs, ld C) = A V, as out^T (hs x Tq) = V^T A^T:
+     * V as stored is V^T (hs x Tk, ld 3C), op N; A as stored is A^T (Tk x Tq, ld Tk), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tq, Tk, &one,
+                                              v, C3, hs, A, Tk, QK, &zero, o, C, hs, NH));
+  }
+  return 0;
 }
 
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
                                int B, int T, int C, int NH)
 {
+  return dt__cuda_attention_forward_cp(dev, out, att, qkv, B, T, 0, T, C, NH);
+}
+
+int dt__cuda_attention_backward_cp(struct dt_device *dev, float *dqkv, float *scratch,
+                                   const float *dout, const float *qkv, const float *att, int B,
+                                   int Tq, int q0, int Tall, int C, int NH)
+{
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
+  if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
     return 0;
-  const int hs = C / NH, C3 = 3 * C;
+  const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
   const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
-  const long long TT = (long long)T * T;
+  const long long QK = (long long)Tq * Tk;
   for (int b = 0; b < B; b++) {
-    const float *q = qkv + (size_t)b * T * C3;
-    const float *k = q + C;
-    float *A = att + (size_t)b * NH * TT;
-    /* scores (T x T) = scale * Q K^T, as scores^T = scale * K Q^T:
-     * K as stored is column-major (hs x T, ld 3C) = K^T, op T gives K (T x hs);
-     * Q as stored is Q^T (hs x T), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale,
-                                              k, C3, hs, q, C3, hs, &zero, A, T, TT, NH));
+    const float *v = qkv + (size_t)b * Tall * C3 + 2 * C;
+    const float *dO = dout + (size_t)b * Tq * C;
+    const float *A = att + (size_t)b * NH * QK;
+    float *dS = scratch + (size_t)b * NH * QK;
+    float *dv = dqkv + (size_t)b * Tall * C3 + 2 * C;
+    /* dA (Tq x Tk) = dO V^T, as dA^T = V dO^T:
+     * V as stored is V^T (hs x Tk, ld 3C), op T gives V (Tk x hs);
+     * dO as stored is dO^T (hs x Tq, ld C), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, hs, &one,
+                                              v, C3, hs, dO, C, hs, &zero, dS, Tk, QK, NH));
+    /* dV (Tk x hs, ld 3C) = A^T dO, as dV^T (hs x Tk) = dO^T A:
+     * dO as stored is dO^T (hs x Tq, ld C), op N; A as stored is A^T (ld Tk), op T gives A. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tk, Tq, &one,
+                                              dO, C, hs, A, Tk, QK, &zero, dv, C3, hs, NH));
   }
-  causal_softmax_kernel<<<(unsigned)((size_t)B * NH * T), ATT_THREADS, 0, cu->stream>>>(att, T);
+  causal_softmax_backward_kernel<<<(unsigned)((size_t)B * NH * Tq), ATT_THREADS, 0, cu->stream>>>(
+      scratch, att, Tq, Tk, q0, scale);
   DT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < B; b++) {
-    const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-    const float *A = att + (size_t)b * NH * TT;
-    float *o = out + (size_t)b * T * C;
-    /* out (T x hs, ld C) = A V, as out^T (hs x T) = V^T A^T:
-     * V as stored is V^T (hs x T, ld 3C), op N; A as stored is A^T (ld T), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v,
-                                              C3, hs, A, T, TT, &zero, o, C, hs, NH));
+    const float *q = qkv + ((size_t)b * Tall + q0) * C3;
+    const float *k = qkv + (size_t)b * Tall * C3 + C;
+    const float *dS = scratch + (size_t)b * NH * QK;
+    float *dq = dqkv + ((size_t)b * Tall + q0) * C3;
+    float *dk = dqkv + (size_t)b * Tall * C3 + C;
+    /* dQ (Tq x hs, ld 3C) = dS K, as dQ^T (hs x Tq) = K^T dS^T:
+     * K as stored is K^T (hs x Tk, ld 3C), op N; dS as stored is dS^T (ld Tk), op N. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tq, Tk, &one,
+                                              k, C3, hs, dS, Tk, QK, &zero, dq, C3, hs, NH));
+    /* dK (Tk x hs, ld 3C) = dS^T Q, as dK^T (hs x Tk) = Q^T dS:
+     * Q as stored is Q^T (hs x Tq, ld 3C), op N; dS as stored is dS^T (ld Tk), op T gives dS. */
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tk, Tq, &one,
+                                              q, C3, hs, dS, Tk, QK, &zero, dk, C3, hs, NH));
   }
   return 0;
 }
@@ -97,45 +156,5 @@ int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scrat
                                 const float *dout, const float *qkv, const float *att, int B, int T,
                                 int C, int NH)
 {
-  dt_cuda_impl_t *cu = dt__cuda(dev);
-  if (B <= 0 || T <= 0 || C <= 0 || NH <= 0)
-    return 0;
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
-  const long long TT = (long long)T * T;
-  for (int b = 0; b < B; b++) {
-    const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-    const float *dO = dout + (size_t)b * T * C;
-    const float *A = att + (size_t)b * NH * TT;
-    float *dS = scratch + (size_t)b * NH * TT;
-    float *dv = dqkv + (size_t)b * T * C3 + 2 * C;
-    /* dA (T x T) = dO V^T, as dA^T = V dO^T:
-     * V as stored is V^T (hs x T, ld 3C), op T gives V (T x hs);
-     * dO as stored is dO^T (hs x T, ld C), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v,
-                                              C3, hs, dO, C, hs, &zero, dS, T, TT, NH));
-    /* dV (T x hs, ld 3C) = A^T dO, as dV^T (hs x T) = dO^T A:
-     * dO as stored is dO^T (hs x T, ld C), op N; A as stored is A^T (ld T), op T gives A. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one,
-                                              dO, C, hs, A, T, TT, &zero, dv, C3, hs, NH));
-  }
-  causal_softmax_backward_kernel<<<(unsigned)((size_t)B * NH * T), ATT_THREADS, 0, cu->stream>>>(
-      scratch, att, T, scale);
-  DT_CUDA_CHECK(cudaGetLastError());
-  for (int b = 0; b < B; b++) {
-    const float *q = qkv + (size_t)b * T * C3;
-    const float *k = q + C;
-    const float *dS = scratch + (size_t)b * NH * TT;
-    float *dq = dqkv + (size_t)b * T * C3;
-    float *dk = dq + C;
-    /* dQ (T x hs, ld 3C) = dS K, as dQ^T (hs x T) = K^T dS^T:
-     * K as stored is K^T (hs x T, ld 3C), op N; dS as stored is dS^T (ld T), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, k,
-                                              C3, hs, dS, T, TT, &zero, dq, C3, hs, NH));
-    /* dK (T x hs, ld 3C) = dS^T Q, as dK^T (hs x T) = Q^T dS:
-     * Q as stored is Q^T (hs x T, ld 3C), op N; dS as stored is dS^T (ld T), op T gives dS. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, q,
-                                              C3, hs, dS, T, TT, &zero, dk, C3, hs, NH));
-  }
-  return 0;
+  return dt__cuda_attention_backward_cp(dev, dqkv, scratch, dout, qkv, att, B, T, 0, T, C, NH);
 }

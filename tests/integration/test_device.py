@@ -4,9 +4,10 @@ The remote CPU device (kernels/device.h) runs the CPU kernels on memory whose po
 if the host dereferences them, exactly as a GPU's would, so every path a GPU trainer takes
 through the host is exercised here: token and loss staging in the model, device-to-host
 checkpoint shards and their host-to-device load, export, sampling, and the host-staged
-communicator (dt_comm_set_device) under data, tensor and pipeline parallelism. The kernels and
-the reduction orders are the CPU's in both runs, so every loss, every checkpoint byte and the
-exported weights must be bit-identical; a host access to device memory crashes the run.
+communicator (dt_comm_set_device) under data, tensor, pipeline and context parallelism. The
+kernels and the reduction orders are the CPU's in both runs, so every loss, every checkpoint
+byte and the exported weights must be bit-identical; a host access to device memory crashes
+the run.
 
     /usr/bin/python3 tests/integration/test_device.py --build build
 """
@@ -129,6 +130,10 @@ class RemoteDevice(unittest.TestCase):
 
     def test_pipeline_parallel(self):
         self.assert_same(*self.both("pp", 2, ["--pp", "2"], sample=False), "pp=2 1F1B")
+
+    def test_context_parallel(self):
+        self.assert_same(*self.both("cp", 4, ["--cp", "2", "--zero-stage", "1"], sample=False),
+                         "cp=2 x dp=2 ZeRO-1")
 
     def test_resume_across_devices(self):
         """A checkpoint written on the CPU resumes on the remote device (and so on a GPU's

@@ -433,11 +433,43 @@ static void check_attention(int B, int T, int C, int NH)
   pair_free(&scratch);
 }
 
+/* Context parallelism: chunk r's queries of a sequence of T positions split in cp chunks. The
+ * rows of dqkv a chunk does not own start equal on both sides and must stay so. */
+static void check_attention_cp(int B, int T, int C, int NH, int cp)
+{
+  const int Tq = T / cp;
+  pair_t qkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
+  for (int r = 0; r < cp; r++) {
+    const int q0 = r * Tq, Tk = q0 + Tq;
+    const size_t BQ = (size_t)B * Tq, att_n = (size_t)B * NH * Tq * Tk;
+    pair_t out = pair_garbage(BQ * C), att = pair_garbage(att_n);
+    ck_assert_int_eq(H->attention_forward_cp(g_cpu, out.h, att.h, qkv.h, B, Tq, q0, T, C, NH), 0);
+    ck_assert_int_eq(G->attention_forward_cp(g_gpu, out.d, att.d, qkv.d, B, Tq, q0, T, C, NH), 0);
+    expect_close("attention_forward_cp out", &out);
+    expect_close("attention_forward_cp att", &att);
+    to_dev(att.d, att.h, att_n * sizeof(float));
+    pair_t dout = pair_rand(BQ * C, 0.0f, 1.0f),
+           dqkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
+    pair_t scratch = pair_garbage(att_n);
+    ck_assert_int_eq(H->attention_backward_cp(g_cpu, dqkv.h, scratch.h, dout.h, qkv.h, att.h, B, Tq,
+                                              q0, T, C, NH),
+                     0);
+    ck_assert_int_eq(G->attention_backward_cp(g_gpu, dqkv.d, scratch.d, dout.d, qkv.d, att.d, B, Tq,
+                                              q0, T, C, NH),
+                     0);
+    expect_close("attention_backward_cp dqkv", &dqkv);
+    pair_free(&out), pair_free(&att), pair_free(&dout), pair_free(&dqkv), pair_free(&scratch);
+  }
+  pair_free(&qkv);
+}
+
 START_TEST(test_attention)
 {
-  check_attention(2, 37, 48, 4); /* hs 12, T prime */
-  check_attention(3, 70, 64, 2); /* hs 32, T over the CPU's 64-row block */
-  check_attention(1, 1, 24, 3);  /* a single position */
+  check_attention(2, 37, 48, 4);        /* hs 12, T prime */
+  check_attention(3, 70, 64, 2);        /* hs 32, T over the CPU's 64-row block */
+  check_attention(1, 1, 24, 3);         /* a single position */
+  check_attention_cp(2, 150, 48, 4, 3); /* chunks of 50: q0 off the CPU's 64-row blocks */
+  check_attention_cp(1, 256, 64, 2, 2); /* chunks of 128 */
 }
 END_TEST
 
