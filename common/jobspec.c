@@ -992,8 +992,11 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
                                      sizeof why) != 0)
       bad(&v, "%s", why);
   }
-  if (parallel->cp > 0 && training->seq > 0 && training->seq % parallel->cp != 0)
-    bad(&v, "training.seq (%d) must be divisible by parallel.cp (%d)", training->seq, parallel->cp);
+  if (parallel->cp > 1 && training->seq > 0 && training->seq % (2 * parallel->cp) != 0)
+    bad(&v,
+        "training.seq (%d) must be divisible by 2 x parallel.cp (%d): context parallelism "
+        "splits each sequence into 2 x cp chunks",
+        training->seq, parallel->cp);
   if (parallel->dp > 0 && training->micro_batch > 0 && training->batch > 0) {
     long long per_step = (long long)training->micro_batch * parallel->dp;
     if (training->batch % per_step != 0)

@@ -89,10 +89,10 @@ typedef struct dt_ops {
                             int B, int T, int C, int NH);
   /* Context parallelism: the Tq queries at positions [q0, q0 + Tq) of a sequence whose qkv holds
    * Tall positions per batch element (gathered from the cp group), against keys [0, q0 + Tq).
-   * att and scratch are (B, NH, Tq, q0 + Tq); out and dout (B, Tq, C). Backward writes dq of
-   * rows [q0, q0 + Tq) and dk, dv of rows [0, q0 + Tq) of dqkv (B, Tall, 3C) and leaves the
-   * rest as it was (the caller zeroes it, then sums it over the group). A backend may leave them
-   * NULL: the trainer then refuses cp > 1 on it. */
+   * att and scratch are (B, NH, Tq, q0 + Tq); out and dout (B, Tq, C). Backward ADDS (+=) dq of
+   * rows [q0, q0 + Tq) and dk, dv of rows [0, q0 + Tq) into dqkv (B, Tall, 3C) (the caller
+   * zeroes it, adds each of its query chunks, then sums it over the group). A backend may leave
+   * them NULL: the trainer then refuses cp > 1 on it. */
   int (*attention_forward_cp)(struct dt_device *dev, float *out, float *att, const float *qkv,
                               int B, int Tq, int q0, int Tall, int C, int NH);
   int (*attention_backward_cp)(struct dt_device *dev, float *dqkv, float *scratch,

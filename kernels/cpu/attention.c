@@ -9,7 +9,8 @@
  * Context parallelism: the _cp variants take the Tq queries at global positions [q0, q0 + Tq)
  * of a sequence whose packed qkv rows hold Tall positions per batch element, against the keys
  * [0, Tk), Tk = q0 + Tq (causal: no later key is needed). With q0 = 0 and Tq = Tk = Tall they
- * are the plain kernels, product for product.
+ * are the plain kernels, product for product, except that the _cp backward accumulates (+=)
+ * into dqkv: a rank's two query chunks (context_parallel in gpt2.c) add to the same keys.
  *
  * Invariant: att holds the softmax probabilities with exact zeros above the diagonal (inside
  * the diagonal blocks too), because the blocked products read those entries. */
@@ -69,8 +70,10 @@ void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
   dt_cpu_attention_forward_cp(out, att, qkv, B, T, 0, T, C, NH);
 }
 
-void dt_cpu_attention_backward_cp(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                  const float *att, int B, int Tq, int q0, int Tall, int C, int NH)
+/* beta 0: dqkv written (=), 1: accumulated (+=). */
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int Tq, int q0, int Tall, int C, int NH,
+                               float beta)
 {
   const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
   const float scale = 1.0f / sqrtf((float)hs);
@@ -113,7 +116,7 @@ void dt_cpu_attention_backward_cp(float *dqkv, float *scratch, const float *dout
       }
       /* dQ[r0:r1] = dS[r0:r1, 0:kn] K[0:kn] */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, kn, 1.0f,
-                  dP + (size_t)r0 * Tk, Tk, k, C3, 0.0f, dq + (size_t)r0 * C3, C3);
+                  dP + (size_t)r0 * Tk, Tk, k, C3, beta, dq + (size_t)r0 * C3, C3);
     }
     /* Column blocks [j0, j1) of dS and A are nonzero only in the rows of queries at or after
      * position j0: local rows t >= j0 - q0. */
@@ -122,18 +125,24 @@ void dt_cpu_attention_backward_cp(float *dqkv, float *scratch, const float *dout
       int t0 = j0 > q0 ? j0 - q0 : 0;
       /* dK[j0:j1] = dS[t0:Tq, j0:j1]^T Q[t0:Tq] */
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, Tq - t0, 1.0f,
-                  dP + (size_t)t0 * Tk + j0, Tk, q + (size_t)t0 * C3, C3, 0.0f,
+                  dP + (size_t)t0 * Tk + j0, Tk, q + (size_t)t0 * C3, C3, beta,
                   dk + (size_t)j0 * C3, C3);
       /* dV[j0:j1] = A[t0:Tq, j0:j1]^T dO[t0:Tq] */
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, Tq - t0, 1.0f,
-                  A + (size_t)t0 * Tk + j0, Tk, dO + (size_t)t0 * C, C, 0.0f, dv + (size_t)j0 * C3,
+                  A + (size_t)t0 * Tk + j0, Tk, dO + (size_t)t0 * C, C, beta, dv + (size_t)j0 * C3,
                   C3);
     }
   }
 }
 
+void dt_cpu_attention_backward_cp(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                  const float *att, int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  attention_backward(dqkv, scratch, dout, qkv, att, B, Tq, q0, Tall, C, NH, 1.0f);
+}
+
 void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *att, int B, int T, int C, int NH)
 {
-  dt_cpu_attention_backward_cp(dqkv, scratch, dout, qkv, att, B, T, 0, T, C, NH);
+  attention_backward(dqkv, scratch, dout, qkv, att, B, T, 0, T, C, NH, 0.0f);
 }

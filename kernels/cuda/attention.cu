@@ -14,11 +14,12 @@
  *
  * Context parallelism (the _cp entries): Tq queries at positions [q0, q0 + Tq) of qkv rows
  * holding Tall positions per batch element, against the keys [0, Tk), Tk = q0 + Tq: the same
- * products over a Tq x Tk rectangle. The plain entries are the q0 = 0, Tq = Tk = Tall case.
+ * products over a Tq x Tk rectangle, the backward accumulating (+=) into dqkv. The plain
+ * entries are the q0 = 0, Tq = Tk = Tall case, writing (=).
  *
  * Invariants: att holds the probabilities with exact zeros above the diagonal; dqkv is written
- * (=) in the rows the contract names (every column of q | k | v belongs to one head); the
- * softmax reductions are block reductions of fixed shape (deterministic). */
+ * (or added to) in exactly the rows the contract names (every column of q | k | v belongs to one
+ * head); the softmax reductions are block reductions of fixed shape (deterministic). */
 #include <math.h>
 
 #include "cuda_impl.h"
@@ -105,9 +106,10 @@ int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, co
   return dt__cuda_attention_forward_cp(dev, out, att, qkv, B, T, 0, T, C, NH);
 }
 
-int dt__cuda_attention_backward_cp(struct dt_device *dev, float *dqkv, float *scratch,
-                                   const float *dout, const float *qkv, const float *att, int B,
-                                   int Tq, int q0, int Tall, int C, int NH)
+/* beta 0: dqkv written (=), 1: accumulated (+=, the _cp contract). */
+static int attention_backward(struct dt_device *dev, float *dqkv, float *scratch, const float *dout,
+                              const float *qkv, const float *att, int B, int Tq, int q0, int Tall,
+                              int C, int NH, float beta)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
@@ -129,7 +131,7 @@ int dt__cuda_attention_backward_cp(struct dt_device *dev, float *dqkv, float *sc
     /* dV (Tk x hs, ld 3C) = A^T dO, as dV^T (hs x Tk) = dO^T A:
      * dO as stored is dO^T (hs x Tq, ld C), op N; A as stored is A^T (ld Tk), op T gives A. */
     DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tk, Tq, &one,
-                                              dO, C, hs, A, Tk, QK, &zero, dv, C3, hs, NH));
+                                              dO, C, hs, A, Tk, QK, &beta, dv, C3, hs, NH));
   }
   causal_softmax_backward_kernel<<<(unsigned)((size_t)B * NH * Tq), ATT_THREADS, 0, cu->stream>>>(
       scratch, att, Tq, Tk, q0, scale);
@@ -143,18 +145,25 @@ int dt__cuda_attention_backward_cp(struct dt_device *dev, float *dqkv, float *sc
     /* dQ (Tq x hs, ld 3C) = dS K, as dQ^T (hs x Tq) = K^T dS^T:
      * K as stored is K^T (hs x Tk, ld 3C), op N; dS as stored is dS^T (ld Tk), op N. */
     DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tq, Tk, &one,
-                                              k, C3, hs, dS, Tk, QK, &zero, dq, C3, hs, NH));
+                                              k, C3, hs, dS, Tk, QK, &beta, dq, C3, hs, NH));
     /* dK (Tk x hs, ld 3C) = dS^T Q, as dK^T (hs x Tk) = Q^T dS:
      * Q as stored is Q^T (hs x Tq, ld 3C), op N; dS as stored is dS^T (ld Tk), op T gives dS. */
     DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tk, Tq, &one,
-                                              q, C3, hs, dS, Tk, QK, &zero, dk, C3, hs, NH));
+                                              q, C3, hs, dS, Tk, QK, &beta, dk, C3, hs, NH));
   }
   return 0;
+}
+
+int dt__cuda_attention_backward_cp(struct dt_device *dev, float *dqkv, float *scratch,
+                                   const float *dout, const float *qkv, const float *att, int B,
+                                   int Tq, int q0, int Tall, int C, int NH)
+{
+  return attention_backward(dev, dqkv, scratch, dout, qkv, att, B, Tq, q0, Tall, C, NH, 1.0f);
 }
 
 int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scratch,
                                 const float *dout, const float *qkv, const float *att, int B, int T,
                                 int C, int NH)
 {
-  return dt__cuda_attention_backward_cp(dev, dqkv, scratch, dout, qkv, att, B, T, 0, T, C, NH);
+  return attention_backward(dev, dqkv, scratch, dout, qkv, att, B, T, 0, T, C, NH, 0.0f);
 }

@@ -519,7 +519,7 @@ class T1_GrpcSurface(ClusterTest):
         with self.assertRaises(grpc.RpcError) as cm:
             self.call("SubmitJob", pb.SubmitJobRequest(spec=uneven))
         self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("must be divisible by parallel.cp (3)", cm.exception.details())
+        self.assertIn("must be divisible by 2 x parallel.cp (3)", cm.exception.details())
         self.assertEqual(len(self.call("ListJobs", pb.ListJobsRequest()).jobs), 0,
                          "a refused spec created a job")
 

@@ -1,6 +1,6 @@
-"""Context parallelism: each sequence split into cp contiguous chunks over cp ranks, composed
-with data, tensor and pipeline parallelism and ZeRO: exactness against one process,
-checkpoints across layouts, bad input.
+"""Context parallelism: each sequence split into 2 x cp chunks, rank r holding chunks r and
+2cp-1-r (zig-zag, for equal attention work), composed with data, tensor and pipeline
+parallelism and ZeRO: exactness against one process, checkpoints across layouts, bad input.
 
 Runs the real distrain-train binary as WORLD_SIZE processes (rendezvous through a shared
 DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
@@ -10,7 +10,7 @@ DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
     weights within 1e-5 (relative L2);
   * every rank logs the sequence chunk it holds;
   * a cp=2 x dp=2 checkpoint resumes as one process on the same trajectory;
-  * cp not dividing the sequence: a one-line error naming the rule, before any training.
+  * 2 x cp not dividing the sequence: a one-line error naming the rule, before any training.
 
     /usr/bin/python3 tests/integration/test_cp.py --build build
 """
@@ -87,7 +87,8 @@ class ContextParallel(tp.OneProcessReference):
                                      os.path.join(self.tmp, "kv_bad")))
         for rc, _, err in outs:
             self.assertNotEqual(rc, 0)
-            self.assertIn("training.seq (32) must be divisible by parallel.cp (3)", err)
+            self.assertIn("training.seq (32) must be divisible by 2 x parallel.cp (3): context "
+                          "parallelism splits each sequence into 2 x cp chunks", err)
 
 
 if __name__ == "__main__":

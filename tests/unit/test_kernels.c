@@ -736,8 +736,8 @@ END_TEST
 /* Context parallelism: the sequence split in cp chunks, chunk r's queries against the keys up
  * to its end. Each chunk's out and att rows must be the full attention's rows (the double
  * reference), and the chunks' backward results, summed as the cp group sums them, the full
- * backward's (itself checked against finite differences above). Rows a chunk does not own
- * stay as they were. */
+ * backward's (itself checked against finite differences above). The backward adds to dqkv:
+ * over ones, a chunk's rows are 1 + its result and the rows it does not own stay 1. */
 static void run_attention_cp(int B, int T, int C, int NH, int cp, uint64_t seed)
 {
   dt_rng_t rng;
@@ -770,16 +770,20 @@ static void run_attention_cp(int B, int T, int C, int NH, int cp, uint64_t seed)
     dt_cpu_attention_forward_cp(out, att_r, qkv, B, Tq, q0, T, C, NH);
     CHECK_CLOSE("attention_cp out", out, out_want, nloc, ACC_RTOL, ACC_ATOL);
     CHECK_CLOSE("attention_cp att", att_r, att_want, natt_r, ACC_RTOL, ACC_ATOL);
-    float *d = filled(nqkv, GARBAGE);
+    float *d = filled(nqkv, 0.0f), *ones = filled(nqkv, 1.0f);
     dt_cpu_attention_backward_cp(d, filled(natt_r, NAN), dout, qkv, att_r, B, Tq, q0, T, C, NH);
+    dt_cpu_attention_backward_cp(ones, filled(natt_r, NAN), dout, qkv, att_r, B, Tq, q0, T, C, NH);
     for (size_t i = 0; i < nqkv; i++) {
       const int t = (int)(i / C3 % T), part = (int)(i % C3) / C; /* 0 q, 1 k, 2 v */
       const int mine = part == 0 ? t >= q0 && t < Tk : t < Tk;
       if (!mine)
-        ck_assert_msg(d[i] == GARBAGE, "attention_cp chunk %d wrote dqkv row %d part %d", r, t,
-                      part);
+        ck_assert_msg(d[i] == 0.0f && ones[i] == 1.0f,
+                      "attention_cp chunk %d wrote dqkv row %d part %d", r, t, part);
       else
-        sum[i] += d[i];
+        ck_assert_msg(fabsf(ones[i] - (1.0f + d[i])) <= 1e-6f * (1.0f + fabsf(d[i])),
+                      "attention_cp chunk %d: row %d part %d not added: %g vs 1 + %g", r, t, part,
+                      ones[i], d[i]);
+      sum[i] += d[i];
     }
   }
   double *want = to_double(dqkv, nqkv);

@@ -51,7 +51,7 @@ START_TEST(test_check_rules)
       {{.pp = 1, .dp = 1, .cp = 3, .tp = 1},
        64,
        DT_EINVAL,
-       "training.seq (64) must be divisible by parallel.cp (3)"},
+       "training.seq (64) must be divisible by 2 x parallel.cp (3)"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     why[0] = 0;

@@ -399,10 +399,24 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
   return rc;
 }
 
-/* The keys this rank's queries see: its chunk's end (context parallelism) or T. */
-static size_t keys(const dt_gpt2_t *m, int T)
+/* Context parallelism splits each sequence into 2 x cp chunks of h = T/2 positions (T: the
+ * local length) and gives rank r chunks r and 2cp-1-r, a zig-zag: causal attention then costs
+ * every rank the same, (2cp+1) h keys per pair of query rows. A rank's rows are half-major,
+ * (2, B, h): the first chunk of every sequence, then the second. cp_chunk: the chunk index of
+ * half 0 or 1 (its first position is cp_chunk * h). */
+static int cp_chunk(const dt_gpt2_t *m, int half)
 {
-  return (size_t)(m->cp.rank + 1) * (size_t)T;
+  return half ? 2 * m->cp.cp - 1 - m->cp.rank : m->cp.rank;
+}
+
+/* Elements of one layer's attention probabilities for (B, T) with NH heads: (B, NH, T, T), or
+ * with context parallelism each half's (B, NH, h, its chunk's end), one after the other. */
+static size_t att_elems(const dt_gpt2_t *m, int B, int NH, int T)
+{
+  if (m->cp.cp == 1)
+    return (size_t)B * NH * T * T;
+  const size_t h = (size_t)T / 2;
+  return (size_t)B * NH * h * (size_t)(cp_chunk(m, 0) + cp_chunk(m, 1) + 2) * h;
 }
 
 /* Rows of the residual stream this rank holds for an allocated (B, T): all, or N/tp. */
@@ -434,7 +448,7 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
   DT__ALLOC(ln1_rstd, Lh * Ns);
   DT__ALLOC(qkv, Lh * N * (size_t)m->cp.cp * 3 * Cl);
   DT__ALLOC(atty, Lh * N * Cl);
-  DT__ALLOC(att, Lh * B * NH * T * keys(m, T));
+  DT__ALLOC(att, Lh * att_elems(m, B, (int)NH, T));
   DT__ALLOC(residual2, Lh * Ns * C);
   DT__ALLOC(ln2, Lh * Ns * C);
   DT__ALLOC(ln2_mean, Lh * Ns);
@@ -463,7 +477,7 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
   DT__ALLOC(dbuf, N * C);
   DT__ALLOC(dbuf4, N * 4 * Cl);
   DT__ALLOC(dqkv, N * 3 * Cl);
-  DT__ALLOC(datt, (size_t)B * NH * T * keys(m, T));
+  DT__ALLOC(datt, att_elems(m, B, (int)NH, T));
   if (m->cp.cp > 1) {
     DT__ALLOC(cpbuf, (size_t)m->cp.cp * N * 3 * Cl);
     DT__ALLOC(dqkv_full, (size_t)m->cp.cp * N * 3 * Cl);
@@ -736,35 +750,64 @@ static int reduce_rows(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *partial, size_t N
                                 N / (size_t)m->tp.tp * m->cfg.channels, DT_COMM_SUM);
 }
 
-/* Context parallelism moves q, k, v rows between the group's layout, rank by rank (cp, B, T,
- * 3C/tp) in a->cpbuf, and the sequence's, (B, cp*T, 3C/tp). cp_gather_qkv: every rank's rows
- * (this rank's are in a->cpbuf already) into qkv, the whole sequence. */
-static int cp_gather_qkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *qkv, const float *mine, int B,
-                         int T)
+/* Context parallelism moves q, k, v rows between the group's layout, rank by rank and each
+ * rank's rows half-major, (cp, 2, B, h, 3C/tp) in a->cpbuf, and the sequence's, (B, 2cp*h,
+ * 3C/tp): rank r's half j of sequence b is chunk c = (j ? 2cp-1-r : r) of it. to_seq 1: the
+ * group's layout into seq, 0: back. */
+static int cp_permute(dt_gpt2_t *m, float *group, float *seq, int B, int T, int to_seq)
 {
-  const int cp = m->cp.cp;
-  const size_t row = 3 * (size_t)dims(m).Cl, chunk = (size_t)T * row;
-  DT_CHECK(dt_comm_all_gather(m->cp.comm, mine, a->cpbuf, (size_t)B * chunk));
+  const int cp = m->cp.cp, h = T / 2;
+  const size_t row = 3 * (size_t)dims(m).Cl, piece = (size_t)h * row;
   for (int r = 0; r < cp; r++)
-    for (int b = 0; b < B; b++)
-      DT_CHECK(m->dev->copy(m->dev, qkv + ((size_t)b * cp + r) * chunk,
-                            a->cpbuf + ((size_t)r * B + b) * chunk, chunk * sizeof(float),
-                            DT_COPY_D2D));
+    for (int j = 0; j < 2; j++)
+      for (int b = 0; b < B; b++) {
+        const int c = j ? 2 * cp - 1 - r : r;
+        float *g = group + (((size_t)r * 2 + j) * B + b) * piece;
+        float *q = seq + ((size_t)b * 2 * cp + c) * piece;
+        DT_CHECK(m->dev->copy(m->dev, to_seq ? q : g, to_seq ? g : q, piece * sizeof(float),
+                              DT_COPY_D2D));
+      }
   return 0;
 }
 
-/* The attention backward's dqkv over the whole sequence (a->dqkv_full, written by this rank's
+/* cp_gather_qkv: every rank's q, k, v rows (this rank's are in a->cpbuf already, at mine) into
+ * qkv, the whole sequence. */
+static int cp_gather_qkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *qkv, const float *mine, int B,
+                         int T)
+{
+  DT_CHECK(dt_comm_all_gather(m->cp.comm, mine, a->cpbuf, (size_t)B * T * 3 * dims(m).Cl));
+  return cp_permute(m, a->cpbuf, qkv, B, T, 1);
+}
+
+/* The attention backward's dqkv over the whole sequence (a->dqkv_full, added to by this rank's
  * queries) summed over the group: each rank receives its own rows, in a->dqkv. */
 static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 {
-  const int cp = m->cp.cp;
-  const size_t row = 3 * (size_t)dims(m).Cl, chunk = (size_t)T * row;
-  for (int r = 0; r < cp; r++)
-    for (int b = 0; b < B; b++)
-      DT_CHECK(m->dev->copy(m->dev, a->cpbuf + ((size_t)r * B + b) * chunk,
-                            a->dqkv_full + ((size_t)b * cp + r) * chunk, chunk * sizeof(float),
-                            DT_COPY_D2D));
-  return dt_comm_reduce_scatter(m->cp.comm, a->cpbuf, a->dqkv, (size_t)B * chunk, DT_COMM_SUM);
+  DT_CHECK(cp_permute(m, a->cpbuf, a->dqkv_full, B, T, 0));
+  return dt_comm_reduce_scatter(m->cp.comm, a->cpbuf, a->dqkv, (size_t)B * T * 3 * dims(m).Cl,
+                                DT_COMM_SUM);
+}
+
+/* This rank's two query chunks against the keys up to each one's end (forward: out, att; or,
+ * with dout, backward: added into dqkv_full, datt the scratch). */
+static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const float *qkv,
+                        const float *dout, int B, int T)
+{
+  const dims_t d = dims(m);
+  const int h = T / 2, Tall = 2 * m->cp.cp * h;
+  size_t att_off = 0;
+  for (int j = 0; j < 2; j++) {
+    const int q0 = cp_chunk(m, j) * h;
+    const size_t rows = (size_t)j * B * h;
+    if (!dout)
+      DT_CHECK(m->ops->attention_forward_cp(m->dev, out + rows * d.Cl, att + att_off, qkv, B, h, q0,
+                                            Tall, d.Cl, d.NHl));
+    else
+      DT_CHECK(m->ops->attention_backward_cp(m->dev, a->dqkv_full, a->datt, dout + rows * d.Cl, qkv,
+                                             att + att_off, B, h, q0, Tall, d.Cl, d.NHl));
+    att_off += (size_t)B * d.NHl * h * (size_t)(q0 + h);
+  }
+  return 0;
 }
 
 /* LayerNorm backward over the rows this rank holds. With SP each rank sees N/tp rows, so the
@@ -807,7 +850,7 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
   const size_t C = (size_t)d.C, Cl = (size_t)d.Cl, An = (size_t)a->B * a->T;
   const size_t Rn = stream_rows(m, An); /* rows of the sequence-parallel buffers */
   const size_t h = m->recompute ? 0 : (size_t)l;
-  const size_t att_stride = (size_t)a->B * d.NHl * a->T * keys(m, a->T);
+  const size_t att_stride = att_elems(m, a->B, d.NHl, a->T);
   return (layer_acts_t){.ln1 = a->ln1 + h * Rn * C,
                         .ln1_mean = a->ln1_mean + h * Rn,
                         .ln1_rstd = a->ln1_rstd + h * Rn,
@@ -847,8 +890,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(k->matmul_forward(m->dev, mine, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
                                3 * Cl, 3 * Cl));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
-    DT_CHECK(k->attention_forward_cp(m->dev, y.atty, y.att, y.qkv, B, T, m->cp.rank * T,
-                                     m->cp.cp * T, Cl, d.NHl));
+    DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
   DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.atty, p->t[DT_T_ATTPROJW],
                              lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
@@ -921,10 +963,13 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
     float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
     const float *sum;
-    /* context parallel: this rank's positions start at rank*T */
-    const size_t pos0 = (size_t)m->cp.rank * T * C;
-    DT_CHECK(k->encoder_forward(m->dev, e, inputs, p.t[DT_T_WTE], d.vlo, d.Vl,
-                                lead ? p.t[DT_T_WPE] + pos0 : NULL, B, T, C));
+    /* context parallel: each half of the rows is one chunk, at its own positions */
+    const int halves = m->cp.cp > 1 ? 2 : 1, Th = T / halves;
+    for (int j = 0; j < halves; j++) {
+      const size_t rows = (size_t)j * B * Th, pos = m->cp.cp > 1 ? (size_t)cp_chunk(m, j) * Th : 0;
+      DT_CHECK(k->encoder_forward(m->dev, e + rows * C, inputs + rows, p.t[DT_T_WTE], d.vlo, d.Vl,
+                                  lead ? p.t[DT_T_WPE] + pos * C : NULL, B, Th, C));
+    }
     DT_CHECK(release(m, DT_UNIT_EMBED, 0));
     DT_CHECK(reduce_rows(m, a, e, N, &sum));
     if (m->sp)
@@ -1086,8 +1131,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
           k->attention_backward(m->dev, a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl));
     } else {
       DT_CHECK(m->dev->zero(m->dev, a->dqkv_full, (size_t)m->cp.cp * N * 3 * Cl * sizeof(float)));
-      DT_CHECK(k->attention_backward_cp(m->dev, a->dqkv_full, a->datt, a->dbuf, y.qkv, y.att, B, T,
-                                        m->cp.rank * T, m->cp.cp * T, Cl, d.NHl));
+      DT_CHECK(cp_attention(m, a, NULL, y.att, y.qkv, a->dbuf, B, T));
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
@@ -1105,9 +1149,13 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
   DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
   if (!m->dev->host)
     inputs = a->tokens; /* the forward pass copied them */
-  DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl,
-                               eg.t[DT_T_WPE] ? eg.t[DT_T_WPE] + (size_t)m->cp.rank * T * C : NULL,
-                               dout, inputs, B, T, C));
+  const int halves = m->cp.cp > 1 ? 2 : 1, Th = T / halves;
+  for (int j = 0; j < halves; j++) {
+    const size_t rows = (size_t)j * B * Th, pos = m->cp.cp > 1 ? (size_t)cp_chunk(m, j) * Th : 0;
+    DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl,
+                                 eg.t[DT_T_WPE] ? eg.t[DT_T_WPE] + pos * C : NULL, dout + rows * C,
+                                 inputs + rows, B, Th, C));
+  }
   return release(m, DT_UNIT_EMBED, 1);
 }
 

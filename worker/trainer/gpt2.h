@@ -99,11 +99,12 @@ typedef struct {
   struct dt_comm *comm;
 } dt_gpt2_tp_t;
 
-/* Context parallelism of one model replica: the sequence split in cp contiguous chunks, this
- * rank holding positions [rank*T, (rank+1)*T) of every sequence (T: the local length). Each
- * layer gathers the group's q, k, v rows, attends its queries to the keys up to its chunk's
- * end, and sums the keys' and values' gradients back to their owners. comm is NULL when
- * cp == 1. */
+/* Context parallelism of one model replica: every sequence split into 2 x cp chunks of T/2
+ * positions (T: the local length), rank r holding chunks r and 2cp-1-r (a zig-zag: each rank
+ * then does the same causal-attention work), its rows half-major (2, B, T/2). Each layer
+ * gathers the group's q, k, v rows, attends each chunk's queries to the keys up to that
+ * chunk's end, and sums the keys' and values' gradients back to their owners. comm is NULL
+ * when cp == 1. */
 typedef struct {
   int cp, rank;
   struct dt_comm *comm;
@@ -206,8 +207,8 @@ typedef struct {
   float *ln1_rstd;  /* (L, N) */
   float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence */
   float *atty;      /* (L, N, C) attention output, heads concatenated */
-  float *att;       /* (L, B, NH, T, Tk) softmax probabilities; Tk = T, or with context
-                       parallelism (rank+1)*T: the keys up to the end of this rank's chunk */
+  float *att;       /* (L, B, NH, T, T) softmax probabilities; with context parallelism each
+                       chunk's (B, NH, T/2, the keys up to its end), one after the other */
   float *residual2; /* (L, N, C) after the attention branch */
   float *ln2;       /* (L, N, C) */
   float *ln2_mean;  /* (L, N) */
@@ -232,7 +233,7 @@ typedef struct {
   float *dbuf;      /* (N, C) */
   float *dbuf4;     /* (N, 4C) */
   float *dqkv;      /* (N, 3C) */
-  float *datt;      /* (B, NH, T, Tk) */
+  float *datt;      /* like one layer's att */
   float *tmp;       /* (N, C) branch outputs before the residual add */
   int *tokens;      /* (2, N) on a device that is not host memory: the micro-batch's inputs
                        then targets, copied there by the forward pass (NULL on the host) */

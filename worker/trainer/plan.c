@@ -44,8 +44,11 @@ int dt_plan_check(const dt_mesh_t *mesh, const dt_gpt2_config_t *cfg, int seq, c
     snprintf(why, whylen, "parallel.pp (%d) must be <= model.layers (%d)", mesh->pp, cfg->layers);
     return DT_EINVAL;
   }
-  if (seq % mesh->cp != 0) {
-    snprintf(why, whylen, "training.seq (%d) must be divisible by parallel.cp (%d)", seq, mesh->cp);
+  if (mesh->cp > 1 && seq % (2 * mesh->cp) != 0) {
+    snprintf(why, whylen,
+             "training.seq (%d) must be divisible by 2 x parallel.cp (%d): context parallelism "
+             "splits each sequence into 2 x cp chunks",
+             seq, mesh->cp);
     return DT_EINVAL;
   }
   return dt_gpt2_tp_validate(cfg, mesh->tp, why, whylen);

@@ -240,16 +240,20 @@ static int from_last_stage(trainer_t *t, float *x)
   return t->pp > 1 ? dt_comm_broadcast(t->plan.pp, x, 1, t->pp - 1) : 0;
 }
 
-/* This rank's chunk of each of a (B, T) batch's sequences into dst (B, T/cp); with cp = 1 the
- * batch itself. */
+/* This rank's two chunks of each of a (B, T) batch's sequences into dst, half-major (2, B,
+ * T/(2cp)): chunk cprank of every sequence, then chunk 2cp-1-cprank (gpt2.h, context
+ * parallelism); with cp = 1 the batch itself. */
 static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
 {
   if (t->cp == 1)
     return batch;
-  const int B = t->o->batch, T = t->o->seq, Tl = t->seq;
-  for (int b = 0; b < B; b++)
-    memcpy(dst + (size_t)b * Tl, batch + (size_t)b * T + (size_t)t->cprank * Tl,
-           (size_t)Tl * sizeof(int));
+  const int B = t->o->batch, T = t->o->seq, h = t->seq / 2;
+  for (int j = 0; j < 2; j++) {
+    const int c = j ? 2 * t->cp - 1 - t->cprank : t->cprank;
+    for (int b = 0; b < B; b++)
+      memcpy(dst + ((size_t)j * B + b) * h, batch + (size_t)b * T + (size_t)c * h,
+             (size_t)h * sizeof(int));
+  }
   return dst;
 }
 
