@@ -5,9 +5,9 @@ parallelism and ZeRO: exactness against one process, checkpoints across layouts,
 Runs the real distrain-train binary as WORLD_SIZE processes (rendezvous through a shared
 DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
   * cp in {2, 4}, cp=2 with gradient accumulation, cp=2 x dp=2 under ZeRO-1 and ZeRO-3,
-    cp=2 x tp=2, cp=2 x pp=2 (1F1B) and cp=2 with activation checkpointing: the per-step loss
-    equals the single-process run on the same global batch within 1e-5 relative, and the final
-    weights within 1e-5 (relative L2);
+    cp=2 x tp=2 (with and without --sp), cp=2 x pp=2 (1F1B) and cp=2 with activation
+    checkpointing: the per-step loss equals the single-process run on the same global batch
+    within 1e-5 relative, and the final weights within 1e-5 (relative L2);
   * every rank logs the sequence chunk it holds;
   * a cp=2 x dp=2 checkpoint resumes as one process on the same trajectory;
   * 2 x cp not dividing the sequence: a one-line error naming the rule, before any training.
@@ -51,6 +51,7 @@ class ContextParallel(tp.OneProcessReference):
             (4, 2, ["--cp", "2", "--zero-stage", "1"], 1),
             (4, 2, ["--cp", "2", "--zero-stage", "3"], 2),
             (4, 1, ["--cp", "2", "--tp", "2"], 1),
+            (4, 1, ["--cp", "2", "--tp", "2", "--sp"], 1),
             (4, 1, ["--cp", "2", "--pp", "2"], 2),
             (2, 1, ["--cp", "2", "--recompute"], 1),
         ]
