@@ -1,0 +1,90 @@
+"""The trainer on a CUDA GPU (ctest label gpu; exits 77, a skip, where there is none): fp32
+against the CPU, and parallel layouts of several trainers sharing the GPU (LOCAL_RANK modulo
+the GPUs; the host-staged communicator) against one GPU process.
+
+  * one process: the 8-step loss trajectory within 1e-4 relative of the CPU's (the kernels
+    differ: cuBLAS against OpenBLAS, other reduction orders);
+  * dp=2 under ZeRO-3, tp=2, pp=2 (1F1B) and cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one
+    GPU process on the same global batch (the issue's multi-rank GPU check; cp also runs the
+    CUDA context-parallel attention kernels).
+
+Run by tests/gpu/run.sh on the GPU machine, or by hand:
+
+    /usr/bin/python3 tests/integration/test_gpu_trainer.py --build build
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_dp as dp  # noqa: E402  (the launcher, the arguments and the metrics reader)
+
+STEPS = 8
+ACCUM = 2  # micro-batches per step (a pipeline needs at least pp)
+
+
+def has_gpu():
+    """Whether the trainer finds a usable CUDA GPU (one step of the tiny model on it)."""
+    probe = tempfile.mkdtemp(prefix="dt_gpu_probe_")
+    try:
+        p = subprocess.run(dp.base_args(4, 1, os.path.join(probe, "m.jsonl"), steps=1)
+                           + ["--device", "cuda"], capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return p.returncode == 0
+
+
+class GpuTrainer(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="dt_gpu_")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def train(self, world, batch, device, extra=(), tag=""):
+        metrics = os.path.join(self.tmp, "%s_%s_w%d.jsonl" % (tag, device, world))
+        kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+        outs = dp.wait_all(dp.launch(world, lambda r: dp.base_args(batch, ACCUM, metrics, STEPS)
+                                     + ["--device", device] + list(extra), kv), timeout=300)
+        for r, (rc, _, err) in enumerate(outs):
+            self.assertEqual(rc, 0, "%s rank %d:\n%s" % (tag, r, err[-3000:]))
+        return [m["loss"] for m in dp.read_metrics(metrics)]
+
+    def assert_close(self, ref, got, tol, what):
+        self.assertEqual(len(ref), len(got), what)
+        for i, (a, b) in enumerate(zip(ref, got)):
+            self.assertLess(abs(a - b) / abs(a), tol, "%s step %d: %.9g vs %.9g" % (what, i + 1,
+                                                                                    b, a))
+
+    def test_one_gpu_against_the_cpu(self):
+        self.assert_close(self.train(1, 4, "cpu", tag="one"), self.train(1, 4, "cuda", tag="one"),
+                          1e-4, "one process, cuda against cpu")
+
+    def test_layouts_on_one_gpu(self):
+        for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 1, ["--tp", "2"]),
+                                  (2, 1, ["--pp", "2"]),
+                                  (4, 2, ["--cp", "2", "--zero-stage", "1"])):
+            what = "world %d %s" % (world, " ".join(extra))
+            with self.subTest(what):
+                ref = self.train(1, 4 * dps, "cuda", tag="ref%d" % dps)
+                got = self.train(world, 4, "cuda", extra, tag="_".join(e.strip("-") for e in extra))
+                self.assert_close(ref, got, 1e-5, what)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    args, rest = ap.parse_known_args()
+    dp.BUILD = os.path.abspath(args.build)
+    if not has_gpu():
+        print("no usable CUDA GPU (or a build without CUDA): skipped", file=sys.stderr)
+        sys.exit(77)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
