@@ -902,6 +902,18 @@ void dt_rpc_client_cancel_all(dt_rpc_client_t *c)
   uv_mutex_unlock(&c->lock);
 }
 
+void *dt_pb_copy(const ProtobufCMessage *m)
+{
+  const size_t len = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf)
+    return NULL;
+  protobuf_c_message_pack(m, buf);
+  void *copy = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
+  free(buf);
+  return copy;
+}
+
 int dt_rpc_status_to_err(int status)
 {
   switch (status) {

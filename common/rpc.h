@@ -103,6 +103,10 @@ int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMe
                        size_t errlen);
 /* Maps a gRPC status code to a DT_E* code (0 for OK). */
 int dt_rpc_status_to_err(int status);
+/* A deep copy of a message through its wire encoding, owned as an unpacked one (free with
+ * protobuf_c_message_free_unpacked); NULL when out of memory. For keeping what a call's request
+ * holds past the handler. */
+void *dt_pb_copy(const ProtobufCMessage *m);
 
 /* ------------------------------------------------------------------------------------------ */
 /* TLS                                                                                         */

@@ -15,19 +15,6 @@
 #define WATCH_MAX_MS     300000u
 #define KV_MAX_WAIT_MS   600000u
 
-/* Deep copy of any message through its wire form (owned, free_unpacked frees it). */
-static void *copy_message(const ProtobufCMessage *m)
-{
-  size_t len = protobuf_c_message_get_packed_size(m);
-  uint8_t *buf = malloc(len ? len : 1);
-  if (!buf)
-    return NULL;
-  protobuf_c_message_pack(m, buf);
-  void *copy = protobuf_c_message_unpack(m->descriptor, NULL, len, buf);
-  free(buf);
-  return copy;
-}
-
 static dt_node_t *node_or_fail(dt_coord_t *c, dt_rpc_call_t *call, const char *id)
 {
   dt_node_t *n = dt_coord_node_by_id(&c->st, id);
@@ -75,7 +62,7 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
     dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "a node needs a hostname and devices");
     return;
   }
-  Distrain__V1__NodeInfo *info = copy_message(&req->node->base);
+  Distrain__V1__NodeInfo *info = dt_pb_copy(&req->node->base);
   if (!info) {
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;
@@ -150,7 +137,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   n->trainers = calloc(req->n_trainers ? req->n_trainers : 1, sizeof *n->trainers);
   n->n_trainers = 0;
   for (size_t i = 0; n->trainers && i < req->n_trainers; i++) {
-    Distrain__V1__TrainerStatus *ts = copy_message(&req->trainers[i]->base);
+    Distrain__V1__TrainerStatus *ts = dt_pb_copy(&req->trainers[i]->base);
     if (ts)
       n->trainers[n->n_trainers++] = ts;
   }
@@ -160,7 +147,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   if (req->n_devices)
     n->usage = calloc(req->n_devices, sizeof *n->usage);
   for (size_t i = 0; n->usage && i < req->n_devices; i++) {
-    Distrain__V1__DeviceUsage *u = copy_message(&req->devices[i]->base);
+    Distrain__V1__DeviceUsage *u = dt_pb_copy(&req->devices[i]->base);
     if (u)
       n->usage[n->n_usage++] = u;
   }

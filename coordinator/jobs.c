@@ -416,15 +416,12 @@ int dt_coord_submit_job(dt_coord_t *c, const Distrain__V1__JobSpec *spec, dt_job
   dt_job_metrics_init(j);
   Distrain__V1__Job tmpl = DISTRAIN__V1__JOB__INIT;
   tmpl.job_id = j->id;
-  tmpl.spec = (Distrain__V1__JobSpec *)spec; /* copied below */
+  tmpl.spec = (Distrain__V1__JobSpec *)spec; /* copied with tmpl */
   tmpl.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
   tmpl.created_ms = tmpl.updated_ms = dt_wall_ms();
   tmpl.reason = "submitted";
   tmpl.requested_dp = spec->parallel->dp;
-  uint8_t *buf = malloc(distrain__v1__job__get_packed_size(&tmpl));
-  if (buf)
-    j->job = distrain__v1__job__unpack(NULL, distrain__v1__job__pack(&tmpl, buf), buf);
-  free(buf);
+  j->job = dt_pb_copy(&tmpl.base);
   if (!j->job || dt_coord_add_job(&c->st, j) != 0) {
     dt_job_free(j);
     return DT_ENOMEM;
@@ -507,14 +504,6 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
   dt_coord_schedule_soon(c);
 }
 
-/* Copies through the wire encoding: the status is freed after the handler. */
-static Distrain__V1__StepMetrics *metric_copy(const Distrain__V1__StepMetrics *m)
-{
-  uint8_t buf[256];
-  size_t len = distrain__v1__step_metrics__pack(m, buf);
-  return distrain__v1__step_metrics__unpack(NULL, len, buf);
-}
-
 static int metrics_reserve(dt_job_t *j)
 {
   if (j->n_metrics < j->cap_metrics)
@@ -546,7 +535,7 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
       j->hist_gen = ts->generation;
       j->hist_step = m->step;
     }
-    Distrain__V1__StepMetrics *copy = metric_copy(m);
+    Distrain__V1__StepMetrics *copy = dt_pb_copy(&m->base);
     if (!copy)
       break;
     j->metrics[j->n_metrics++] = copy;
@@ -572,7 +561,7 @@ static void merge_final_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__
     }
     if (m->step > last || (lo < j->n_metrics && j->metrics[lo]->step == m->step))
       continue;
-    Distrain__V1__StepMetrics *copy = metrics_reserve(j) == 0 ? metric_copy(m) : NULL;
+    Distrain__V1__StepMetrics *copy = metrics_reserve(j) == 0 ? dt_pb_copy(&m->base) : NULL;
     if (!copy)
       return;
     memmove(j->metrics + lo + 1, j->metrics + lo, (j->n_metrics - lo) * sizeof *j->metrics);
@@ -912,12 +901,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                r->rank, dt_strerror(rc));
       return rc == DT_EIO ? DT_EUNAVAIL : rc; /* the store failed: worth trying again */
     }
-    uint8_t *buf = malloc(distrain__v1__report_checkpoint_request__get_packed_size(r));
-    if (!buf)
-      return DT_ENOMEM;
-    size_t len = distrain__v1__report_checkpoint_request__pack(r, buf);
-    p->reports[r->rank] = distrain__v1__report_checkpoint_request__unpack(NULL, len, buf);
-    free(buf);
+    p->reports[r->rank] = dt_pb_copy(&r->base);
     if (!p->reports[r->rank])
       return DT_ENOMEM;
     p->received++;

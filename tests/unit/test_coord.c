@@ -94,13 +94,12 @@ static dt_node_t *add_node(fx_t *f, const char *host, int ndev)
   info.hostname = (char *)host;
   info.devices = devp;
   info.n_devices = (size_t)ndev;
-  uint8_t buf[1024];
-  size_t len = distrain__v1__node_info__pack(&info, buf);
   dt_node_t *n = calloc(1, sizeof *n);
   ck_assert_ptr_nonnull(n);
   n->index = (int)f->c.st.n_nodes;
   snprintf(n->id, sizeof n->id, "node-%d", n->index);
-  n->info = distrain__v1__node_info__unpack(NULL, len, buf);
+  n->info = dt_pb_copy(&info.base);
+  ck_assert_ptr_nonnull(n->info);
   n->job = -1;
   n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   n->last_seen_ms = dt_coord_now_ms();
