@@ -30,7 +30,8 @@
   X(ENCCL, -19, "NCCL error")                                                                      \
   X(ERPC, -20, "RPC error")                                                                        \
   X(ESYS, -21, "system call failed")                                                               \
-  X(EINTERNAL, -22, "internal error")
+  X(EINTERNAL, -22, "internal error")                                                              \
+  X(EBUSY, -23, "resource exhausted, try again later")
 
 typedef enum {
 #define DT__ERR_ENUM(name, val, msg) DT_##name = (val),

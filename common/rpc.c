@@ -937,6 +937,8 @@ int dt_rpc_status_to_err(int status)
     return DT_ENOTSUP;
   case DT_RPC_CANCELLED:
     return DT_ECANCELED;
+  case DT_RPC_RESOURCE_EXHAUSTED:
+    return DT_EBUSY;
   default:
     return DT_ERPC;
   }

@@ -97,7 +97,8 @@ void dt_rpc_client_cancel_all(dt_rpc_client_t *c);
 /* Blocking unary call of method (by name). On success *resp holds the unpacked answer (free
  * with protobuf_c_message_free_unpacked(*resp, NULL)). Errors: DT_EUNAVAIL (no server),
  * DT_ETIMEDOUT (deadline), DT_EAUTH, DT_EINVAL, DT_ENOENT, DT_ESTALE (failed precondition),
- * DT_ENOTSUP (unimplemented), DT_ERPC (other); err gets the status message. */
+ * DT_ENOTSUP (unimplemented), DT_EBUSY (resource exhausted), DT_ERPC (other); err gets the
+ * status message. */
 int dt_rpc_client_call(dt_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
                        ProtobufCMessage **resp, int timeout_ms, int flags, char *err,
                        size_t errlen);

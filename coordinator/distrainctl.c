@@ -332,6 +332,7 @@ static int logs_local(args_t *a)
 
 #define LOGS_FOLLOW_WAIT_MS 2000 /* how long one --follow call waits for new bytes */
 #define LOGS_FOLLOW_RETRIES 5    /* unreachable node or late answer in a row: give up */
+#define LOGS_FOLLOW_BUSY    30   /* the node's log reads at their bound, in a row: give up */
 
 /* logs JOB: GetLogs from offset 0 until the end of the file (the whole log, in chunks of up to
  * 1 MiB); with --follow, on from there until the job has ended and its log is read. A rank that
@@ -344,7 +345,7 @@ static int logs_rpc(args_t *a)
     return 1;
   char node[64] = "", err[1024];
   uint64_t offset = 0;
-  int rc = 0, retries = 0;
+  int rc = 0, retries = 0, busy = 0;
   for (;;) {
     Distrain__V1__GetLogsRequest req = DISTRAIN__V1__GET_LOGS_REQUEST__INIT;
     req.job_id = a->pos[1];
@@ -355,9 +356,14 @@ static int logs_rpc(args_t *a)
     ProtobufCMessage *m;
     rc = dt_rpc_client_call(c, "GetLogs", &req.base, &m, (int)req.wait_ms + dt_ctl_rpc_timeout_ms(),
                             0, err, sizeof err);
-    if (rc != 0 && a->follow && (rc == DT_EUNAVAIL || rc == DT_ETIMEDOUT) &&
-        ++retries <= LOGS_FOLLOW_RETRIES) {
-      fprintf(stderr, "distrainctl logs: %s; trying again\n", err);
+    /* A follower outlives a moment when other readers fill the node's bound of held reads:
+     * those expire within their wait, so it waits (quietly after the first time) too. */
+    const int again = rc == DT_EBUSY ? ++busy <= LOGS_FOLLOW_BUSY
+                                     : (rc == DT_EUNAVAIL || rc == DT_ETIMEDOUT) &&
+                                           ++retries <= LOGS_FOLLOW_RETRIES;
+    if (rc != 0 && a->follow && again) {
+      if (rc != DT_EBUSY || busy == 1)
+        fprintf(stderr, "distrainctl logs: %s; trying again\n", err);
       dt_sleep_ms(1000);
       continue;
     }
@@ -365,7 +371,7 @@ static int logs_rpc(args_t *a)
       fprintf(stderr, "distrainctl logs: %s\n", err);
       break;
     }
-    retries = 0;
+    retries = busy = 0;
     const Distrain__V1__GetLogsResponse *r = (const void *)m;
     if (strcmp(node, r->node_id) != 0)
       fprintf(stderr, "==> %s rank %d %s %s (%s): %s <==\n", a->pos[1], a->rank,

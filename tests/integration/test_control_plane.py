@@ -2065,21 +2065,21 @@ class T14_Logs(ClusterTest):
         # --follow of both ranks while the job runs; every chunk read is timestamped
         got = {}
 
-        def follow(rank):
+        def follow(key, rank=1):
             p = subprocess.Popen(self.hidden_ctl(job_id, "--rank", str(rank), "--follow"),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
                                  cwd=self.tmp)
             self.procs.append(p)
-            got[rank] = []
+            got[key] = []
 
             def reader():
                 for line in iter(p.stdout.readline, b""):
-                    got[rank].append((time.monotonic(), line))
+                    got[key].append((time.monotonic(), line))
             t = threading.Thread(target=reader, daemon=True)
             t.start()
             return p, t
 
-        followers = {r: follow(r) for r in (0, 1)}
+        followers = {r: follow(r, r) for r in (0, 1)}
 
         # Held reads are bounded per node, and a reader that goes away is forgotten: ten reads
         # waiting for rank 1's log to grow (it does not until the end), at most 8 held, the
@@ -2101,6 +2101,12 @@ class T14_Logs(ClusterTest):
         refused = wait_until(refused_all, 10, "reads past the per-node bound to be refused")
         self.assertIn("log reads waiting", refused[0].details())
         self.assertLessEqual(len([f for f in futs if not f.done()]), 8)
+        # A follower that starts while the node's reads are at their bound waits for a free
+        # one (they expire within their wait) instead of giving up.
+        late, late_reader = follow("late")
+        time.sleep(1.5)
+        self.assertIsNone(late.poll(), "a follower gave up on a busy node: %s"
+                          % late.stderr.read().decode(errors="replace"))
         for f in futs:
             f.cancel()
         t0 = time.monotonic()
@@ -2132,6 +2138,9 @@ class T14_Logs(ClusterTest):
             self.assertIn("(%s)" % host[r], err)
             early = [x for when, x in got[r] if when < ended]
             self.assertTrue(early, "rank %d: nothing streamed before the job ended" % r)
+        self.assertEqual(late.wait(timeout=30), 0, late.stderr.read().decode(errors="replace"))
+        late_reader.join(timeout=10)
+        self.assertEqual(b"".join(x for _, x in got["late"]), files[1])
         self.assertIn(b"==== job %s generation 1 rank 1" % job_id.encode(), files[1])
         self.assertIn(b"[rank 1] plan: rank 1 of 2", files[1])
         steps_early = [x for when, x in got[0] if when < ended and b"step " in x]
