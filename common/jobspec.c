@@ -200,7 +200,7 @@ int dt_jobspec_new_default(spec_t **out)
   s->parallel->pp = 1;
   s->parallel->cp = 1;
   s->parallel->zero_stage = 0;
-  if (str_set0(&s->parallel->schedule, "1f1b") < 0)
+  if (str_set0(&s->parallel->schedule, "1f1b") < 0 || str_set0(&s->parallel->comm, "auto") < 0)
     goto nomem;
 
   if (str_set0(&s->checkpoint->dir, "ckpt") < 0)
@@ -909,6 +909,12 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!str_empty(training->device) && strcmp(training->device, "auto") != 0 &&
       strcmp(training->device, "cpu") != 0 && strcmp(training->device, "cuda") != 0)
     bad(&v, "training.device must be auto, cpu or cuda, got '%s'", training->device);
+  if (!str_empty(parallel->comm) && strcmp(parallel->comm, "auto") != 0 &&
+      strcmp(parallel->comm, "cpu") != 0 && strcmp(parallel->comm, "nccl") != 0)
+    bad(&v, "parallel.comm must be auto, cpu or nccl, got '%s'", parallel->comm);
+  if (!str_empty(parallel->comm) && strcmp(parallel->comm, "nccl") == 0 &&
+      !str_empty(training->device) && strcmp(training->device, "cpu") == 0)
+    bad(&v, "parallel.comm nccl needs GPUs: training.device is cpu");
   if (model->max_seq > 0 && training->seq > model->max_seq)
     bad(&v, "training.seq (%d) must be <= model.max_seq (%d)", training->seq, model->max_seq);
   if (training->val_every > 0 && str_empty(data->val))
@@ -1376,6 +1382,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--pp-virtual", spec->parallel->virtual_stages);
   if (spec->parallel && spec->parallel->pp > 1 && !str_empty(spec->parallel->partition))
     av_str(&a, "--pp-partition", spec->parallel->partition);
+  if (spec->parallel && !str_empty(spec->parallel->comm) && strcmp(spec->parallel->comm, "auto"))
+    av_str(&a, "--comm", spec->parallel->comm);
   if (spec->parallel && spec->parallel->activation_checkpointing)
     av_push(&a, "--recompute");
   if (spec->parallel && spec->parallel->sequence_parallel)

@@ -159,6 +159,33 @@ class RemoteDevice(unittest.TestCase):
             self.assertNotEqual(p.returncode, 0)
             self.assertRegex(p.stderr, "no usable CUDA GPU|built without CUDA")
 
+    def test_comm_choice(self):
+        """--comm: a bad name, and nccl where a rank has no GPU, are refused before training
+        (on every rank of the job); --comm cpu trains as auto does on a CPU."""
+        p = subprocess.run(args("cpu", self.tmp, extra=["--comm", "pigeon"]), capture_output=True,
+                           text=True)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--comm: expected cpu, nccl or auto", p.stderr)
+        out = os.path.join(self.tmp, "comm_nccl")
+        os.makedirs(out)
+        with self.assertRaises(AssertionError) as e:
+            run(2, lambda r: args("cpu-remote", out, extra=["--comm", "nccl"]),
+                os.path.join(out, "kv"), timeout=60)
+        self.assertRegex(str(e.exception), r"--comm nccl: 2 of 2 ranks cannot use NCCL \(rank 0 "
+                         r"cannot: --device cpu-remote is not a GPU\); use --comm cpu|"
+                         "built without NCCL")
+        outs = {}
+        for comm in ("auto", "cpu"):
+            outs[comm] = os.path.join(self.tmp, "comm_" + comm)
+            os.makedirs(outs[comm])
+            run(2, lambda r: args("cpu-remote", outs[comm], steps=3, extra=["--comm", comm]),
+                os.path.join(outs[comm], "kv"))
+        a, b = metrics(outs["auto"]), metrics(outs["cpu"])
+        for m in a + b:
+            for k in ("ms", "tokens_per_s", "comm_ms", "bubble"):
+                m.pop(k, None)
+        self.assertEqual(a, b)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

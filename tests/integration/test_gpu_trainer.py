@@ -6,7 +6,10 @@ the GPUs; the host-staged communicator) against one GPU process.
     differ: cuBLAS against OpenBLAS, other reduction orders);
   * dp=2 under ZeRO-3, tp=2, pp=2 (1F1B) and cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one
     GPU process on the same global batch (the issue's multi-rank GPU check; cp also runs the
-    CUDA context-parallel attention kernels).
+    CUDA context-parallel attention kernels). --comm auto sees the ranks share a GPU and
+    stages through the host; --comm nccl is refused there, naming the two ranks;
+  * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3 and tp=2 on NCCL
+    (--comm nccl), within 1e-5 of the one GPU process.
 
 Run by tests/gpu/run.sh on the GPU machine, or by hand:
 
@@ -29,6 +32,15 @@ STEPS = 8
 ACCUM = 2  # micro-batches per step (a pipeline needs at least pp)
 
 
+def gpu_count():
+    """GPUs nvidia-smi lists (1 when it cannot tell: the tests then assume one)."""
+    try:
+        p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+    return p.stdout.count("GPU ") if p.returncode == 0 else 1
+
+
 def has_gpu():
     """Whether the trainer finds a usable CUDA GPU (one step of the tiny model on it)."""
     probe = tempfile.mkdtemp(prefix="dt_gpu_probe_")
@@ -49,13 +61,25 @@ class GpuTrainer(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def train(self, world, batch, device, extra=(), tag=""):
+    def launch(self, world, batch, device, extra, tag, own_gpus=False):
+        """Runs world ranks; own_gpus gives rank r LOCAL_RANK r (GPU r), else all share GPU 0.
+        Returns the metrics path and (returncode, stdout, stderr) per rank."""
         metrics = os.path.join(self.tmp, "%s_%s_w%d.jsonl" % (tag, device, world))
         kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
-        outs = dp.wait_all(dp.launch(world, lambda r: dp.base_args(batch, ACCUM, metrics, STEPS)
-                                     + ["--device", device] + list(extra), kv), timeout=300)
+        argv = dp.base_args(batch, ACCUM, metrics, STEPS) + ["--device", device] + list(extra)
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, WORLD_SIZE=str(world), RANK=str(r), DISTRAIN_KV_DIR=kv,
+                       OMP_NUM_THREADS="1", LOCAL_RANK=str(r if own_gpus else 0))
+            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        return metrics, dp.wait_all(procs, timeout=300)
+
+    def train(self, world, batch, device, extra=(), tag="", own_gpus=False):
+        metrics, outs = self.launch(world, batch, device, extra, tag, own_gpus)
         for r, (rc, _, err) in enumerate(outs):
             self.assertEqual(rc, 0, "%s rank %d:\n%s" % (tag, r, err[-3000:]))
+        self.logs = [err for _, _, err in outs]
         return [m["loss"] for m in dp.read_metrics(metrics)]
 
     def assert_close(self, ref, got, tol, what):
@@ -77,6 +101,25 @@ class GpuTrainer(unittest.TestCase):
                 ref = self.train(1, 4 * dps, "cuda", tag="ref%d" % dps)
                 got = self.train(world, 4, "cuda", extra, tag="_".join(e.strip("-") for e in extra))
                 self.assert_close(ref, got, 1e-5, what)
+                self.assertIn("collectives stage through the host", self.logs[0])
+
+    def test_nccl_refused_on_a_shared_gpu(self):
+        _, outs = self.launch(2, 4, "cuda", ["--comm", "nccl"], "shared")
+        for r, (rc, _, err) in enumerate(outs):
+            self.assertNotEqual(rc, 0, "rank %d trained on NCCL sharing a GPU" % r)
+            self.assertIn("--comm nccl: ranks 0 and 1 share one GPU, which NCCL refuses", err)
+
+    def test_nccl_one_gpu_per_rank(self):
+        if gpu_count() < 2:
+            self.skipTest("NCCL between trainers needs two GPUs")
+        for dps, extra in ((2, ["--zero-stage", "3"]), (1, ["--tp", "2"])):
+            what = "nccl %s" % " ".join(extra)
+            with self.subTest(what):
+                ref = self.train(1, 4 * dps, "cuda", tag="nref%d" % dps)
+                got = self.train(2, 4, "cuda", ["--comm", "nccl"] + extra, own_gpus=True,
+                                 tag="nccl_" + "_".join(e.strip("-") for e in extra))
+                self.assert_close(ref, got, 1e-5, what)
+                self.assertIn("collectives: nccl on 2 ranks", self.logs[0])
 
 
 if __name__ == "__main__":

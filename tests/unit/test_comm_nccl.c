@@ -2,10 +2,11 @@
  *
  * Without a GPU it only checks that dt_comm_init(..., "nccl", ...) fails cleanly (a DT_E* code,
  * no crash), then exits 77 (skipped). With one GPU: a world-1 communicator (every collective and
- * both kinds of split, against host-computed values), a world-2 rendezvous that only this rank
- * joins (DT_ETIMEDOUT within about the timeout, from rank 0's NCCL init and from rank 1's wait
- * for the id), and an abort that cancels an init in progress. With two or more GPUs: world N
- * over threads, one device each (NCCL refuses two ranks of one communicator on one GPU).
+ * both kinds of split, against host-computed values), host operands staged to the device, a
+ * world-2 rendezvous that only this rank joins (DT_ETIMEDOUT within about the timeout, from rank
+ * 0's NCCL init and from rank 1's wait for the id), and an abort that cancels an init in
+ * progress. With two or more GPUs: world N over threads, one device each (NCCL refuses two ranks
+ * of one communicator on one GPU).
  *
  * CUDA cannot be used in a child forked from a process that initialised it, and Check forks
  * every test, so main counts the GPUs in a throw-away child and never touches CUDA itself while
@@ -140,6 +141,83 @@ START_TEST(test_world1)
   cudaFree(o);
   free(h);
   free(g);
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
+/* A GPU trainer's device set on a world-1 communicator: host operands (the trainer's scalars)
+ * are staged into device memory for NCCL, device operands go as they are, and the device's
+ * queued work is waited for before NCCL reads. Without the staging NCCL gets host pointers. */
+typedef struct {
+  dt_device_t *d;
+  int syncs;
+} staged_dev_t;
+
+static int sd_is_device(void *ud, const void *p)
+{
+  staged_dev_t *s = ud;
+  return s->d->owns(s->d, p);
+}
+
+static int sd_copy(void *ud, void *dst, const void *src, size_t bytes, int to_host)
+{
+  staged_dev_t *s = ud;
+  return s->d->copy(s->d, dst, src, bytes, to_host ? DT_COPY_D2H : DT_COPY_H2D);
+}
+
+static int sd_alloc(void *ud, size_t bytes, void **out)
+{
+  staged_dev_t *s = ud;
+  return s->d->alloc(s->d, bytes, "staging", out);
+}
+
+static void sd_release(void *ud, void *p)
+{
+  staged_dev_t *s = ud;
+  s->d->free(s->d, p);
+}
+
+static int sd_sync(void *ud)
+{
+  staged_dev_t *s = ud;
+  s->syncs++;
+  return s->d->sync(s->d);
+}
+
+START_TEST(test_host_operands_staged)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  staged_dev_t sd = {NULL, 0};
+  ck_assert_int_eq(dt_device_cuda_create(0, &sd.d), 0);
+  dt_comm_t *comm = NULL, *sub = NULL;
+  ck_assert_int_eq(dt_comm_init(&comm, "nccl", &kv, "staged/gen0", 0, 1, 20000), 0);
+  const dt_comm_device_t no_alloc = {&sd, sd_is_device, sd_copy, NULL, NULL, NULL};
+  const dt_comm_device_t dev = {&sd, sd_is_device, sd_copy, sd_alloc, sd_release, sd_sync};
+  ck_assert_int_eq(dt_comm_set_device(comm, &no_alloc), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_set_device(comm, &dev), 0);
+
+  float pair[2] = {3.0f, -4.0f}, all[4] = {0}, back[4] = {0};
+  ck_assert_int_eq(dt_comm_all_reduce(comm, pair, 2, DT_COMM_SUM), 0); /* host in and out */
+  ck_assert(pair[0] == 3.0f && pair[1] == -4.0f);
+  ck_assert_int_eq(sd.syncs, 1);
+  float *d = NULL;
+  ck_assert_int_eq(sd.d->alloc(sd.d, 4 * sizeof(float), "test", (void **)&d), 0);
+  ck_assert_int_eq(sd.d->copy(sd.d, d, (float[]){1, 2, 3, 4}, 4 * sizeof(float), DT_COPY_H2D), 0);
+  ck_assert_int_eq(dt_comm_all_gather(comm, d + 1, all, 2), 0); /* device in, host out */
+  ck_assert(all[0] == 2.0f && all[1] == 3.0f);
+  ck_assert_int_eq(dt_comm_all_gather(comm, pair, d, 2), 0); /* host in, device out */
+  ck_assert_int_eq(sd.d->copy(sd.d, back, d, 4 * sizeof(float), DT_COPY_D2H), 0);
+  ck_assert(back[0] == 3.0f && back[1] == -4.0f && back[2] == 3.0f && back[3] == 4.0f);
+  ck_assert_int_eq(dt_comm_split(comm, 0, 0, &sub), 0); /* the child inherits the device */
+  float x = 5.0f;
+  ck_assert_int_eq(dt_comm_broadcast(sub, &x, 1, 0), 0);
+  ck_assert(x == 5.0f);
+  ck_assert_int_eq(sd.syncs, 4);
+  dt_comm_destroy(sub);
+  dt_comm_destroy(comm); /* releases the device staging buffer through the device */
+  sd.d->free(sd.d, d);
+  dt_device_cuda_destroy(sd.d);
   dt_kv_mem_destroy(&kv);
 }
 END_TEST
@@ -418,6 +496,7 @@ int main(void)
   TCase *tc = tcase_create("one_gpu");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_world1);
+  tcase_add_test(tc, test_host_operands_staged);
   tcase_add_test(tc, test_missing_peer_times_out);
   tcase_add_test(tc, test_abort_cancels_init);
   suite_add_tcase(s, tc);

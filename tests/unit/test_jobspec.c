@@ -638,6 +638,9 @@ static const struct {
     {{"training.val_every=-1"}, "training.val_every (-1) must be >= 0"},
     {{"training.threads=-2"}, "training.threads (-2) must be >= 0"},
     {{"training.device=tpu"}, "training.device must be auto, cpu or cuda, got 'tpu'"},
+    {{"parallel.comm=mpi"}, "parallel.comm must be auto, cpu or nccl, got 'mpi'"},
+    {{"parallel.comm=nccl", "training.device=cpu"},
+     "parallel.comm nccl needs GPUs: training.device is cpu"},
     {{"training.seq=512"}, "training.seq (512) must be <= model.max_seq (256)"},
     {{"training.val_every=50"}, "training.val_every (50) needs data.val"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
@@ -1015,7 +1018,9 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
+  ck_assert(!has_arg(argv, "--comm")); /* auto is the trainer's default */
   dt_argv_free(argv);
+  set_ok(s, "parallel.comm=nccl");
   set_ok(s, "training.device=cuda");
   set_ok(s, "training.threads=6");
   set_ok(s, "data.shuffle=true");
@@ -1023,6 +1028,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");
+  ck_assert_str_eq(flag_value(argv, "--comm"), "nccl");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);

@@ -52,6 +52,7 @@ typedef struct dt_comm_backend {
    * it). */
   int (*split)(void *parent, const char *prefix, int color, int new_rank, int new_world,
                int timeout_ms, void **impl);
+  int device_memory; /* its buffers are device memory ("nccl"), else host memory */
 } dt_comm_backend_t;
 
 /* Waits for key until deadline_ms (dt_now_ms() clock) in slices of at most 100 ms, giving up

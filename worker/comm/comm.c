@@ -30,7 +30,7 @@ struct dt_comm {
   int err;              /* first failure (0 while healthy); only the operating thread writes it */
   atomic_int aborted;   /* set by dt_comm_abort from any thread */
   dt_comm_device_t dev; /* dev.is_device NULL: no staging (dt_comm_set_device) */
-  char *stage;          /* host staging buffer for device operands */
+  char *stage;          /* staging buffer on the backend's side (host, or device memory) */
   size_t stage_cap;
   /* progress (dt_comm_progress): written by the operating thread, read by any */
   char label[16];
@@ -51,6 +51,8 @@ static const dt_comm_backend_t *const g_backends[] = {
     &dt__comm_nccl_backend,
 #endif
 };
+
+static void release_stage(dt_comm_t *comm);
 
 /* Slice of a blocking KV get: bounds how long an abort waits to be noticed during rendezvous. */
 #define DT_COMM_KV_SLICE_MS 100
@@ -209,6 +211,19 @@ static int comm_create(dt_comm_t **out, const dt_comm_backend_t *be, const dt_kv
   return comm_wrap(out, be, impl, kv, prefix, rank, world, timeout_ms, t0);
 }
 
+static const dt_comm_backend_t *find_backend(const char *name)
+{
+  for (size_t i = 0; i < DT_ARRAY_SIZE(g_backends); i++)
+    if (strcmp(g_backends[i]->name, name) == 0)
+      return g_backends[i];
+  return NULL;
+}
+
+int dt_comm_has_backend(const char *backend)
+{
+  return backend && find_backend(backend) != NULL;
+}
+
 int dt_comm_init(dt_comm_t **out, const char *backend, const dt_kv_t *kv, const char *prefix,
                  int rank, int world, int timeout_ms)
 {
@@ -221,10 +236,11 @@ int dt_comm_init(dt_comm_t **out, const char *backend, const dt_kv_t *kv, const 
   *out = NULL;
   dt_log_init();
   const char *name = backend ? backend : "cpu";
+  const dt_comm_backend_t *be = find_backend(name);
+  if (be)
+    return comm_create(out, be, kv, prefix, rank, world, timeout_ms, NULL);
   char have[64] = "";
   for (size_t i = 0; i < DT_ARRAY_SIZE(g_backends); i++) {
-    if (strcmp(g_backends[i]->name, name) == 0)
-      return comm_create(out, g_backends[i], kv, prefix, rank, world, timeout_ms, NULL);
     size_t len = strlen(have);
     snprintf(have + len, sizeof have - len, "%s%s", i ? ", " : "", g_backends[i]->name);
   }
@@ -256,7 +272,7 @@ void dt_comm_destroy(dt_comm_t *comm)
     comm->live_next->live_prev = comm->live_prev;
   pthread_mutex_unlock(&g_live_lock);
   comm->be->destroy(comm->impl);
-  free(comm->stage);
+  release_stage(comm);
   free(comm->prefix);
   free(comm);
 }
@@ -309,11 +325,14 @@ int dt_comm_progress(dt_comm_progress_t *out, int max)
   return n;
 }
 
-void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev)
+int dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev)
 {
-  /* Only the backends that work on host memory stage. */
-  if (strcmp(comm->be->name, "cpu") == 0)
-    comm->dev = *dev;
+  if (!comm || !dev || !dev->is_device || !dev->copy ||
+      (comm->be->device_memory && (!dev->alloc || !dev->release || !dev->sync)))
+    return DT_EINVAL;
+  release_stage(comm); /* staged on the other device's side */
+  comm->dev = *dev;
+  return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -337,31 +356,62 @@ static size_t stage_bytes(const operand_t *o)
   return (o->bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
 }
 
-/* Points each operand's h at p, or, for device memory, at its part of the staging buffer,
- * filled from the device when the backend reads it. */
+static void release_stage(dt_comm_t *comm)
+{
+  if (comm->stage && comm->be->device_memory)
+    comm->dev.release(comm->dev.ud, comm->stage);
+  else
+    free(comm->stage);
+  comm->stage = NULL;
+  comm->stage_cap = 0;
+}
+
+/* A staging buffer of at least bytes on the backend's side. */
+static int grow_stage(dt_comm_t *comm, size_t bytes)
+{
+  if (bytes <= comm->stage_cap)
+    return 0;
+  release_stage(comm);
+  void *p = NULL;
+  const int rc = comm->be->device_memory ? comm->dev.alloc(comm->dev.ud, bytes, &p)
+                 : posix_memalign(&p, STAGE_ALIGN, bytes) == 0 ? 0
+                                                               : DT_ENOMEM;
+  if (rc != 0) {
+    DT_ERROR(COMM, "comm %s: out of %s memory staging %zu bytes of %s buffers", comm->prefix,
+             comm->be->device_memory ? "device" : "host", bytes,
+             comm->be->device_memory ? "host" : "device");
+    return rc;
+  }
+  comm->stage = p;
+  comm->stage_cap = bytes;
+  return 0;
+}
+
+/* Points each operand's h at p, or, for an operand on the side the backend cannot read, at its
+ * part of the staging buffer, filled from p when the backend reads it. A device-memory backend
+ * first waits for the device work that produces its inputs. */
 static int stage_in(dt_comm_t *comm, operand_t *o, int n)
 {
+  if (!comm->dev.is_device) {
+    for (int i = 0; i < n; i++)
+      o[i].h = o[i].p;
+    return 0;
+  }
+  const int dev_be = comm->be->device_memory;
   size_t total = 0;
   for (int i = 0; i < n; i++) {
     o[i].h = o[i].p;
-    if (comm->dev.is_device && o[i].bytes && comm->dev.is_device(comm->dev.ud, o[i].p)) {
+    const int on_device = comm->dev.is_device(comm->dev.ud, o[i].p) != 0;
+    if (o[i].bytes && on_device != dev_be) {
       o[i].h = NULL;
       total += stage_bytes(&o[i]);
     }
   }
+  if (dev_be)
+    DT_CHECK(comm->dev.sync(comm->dev.ud));
   if (total == 0)
     return 0;
-  if (total > comm->stage_cap) {
-    free(comm->stage);
-    comm->stage_cap = 0;
-    if (posix_memalign((void **)&comm->stage, STAGE_ALIGN, total) != 0) {
-      comm->stage = NULL;
-      DT_ERROR(COMM, "comm %s: out of host memory staging %zu bytes of device buffers",
-               comm->prefix, total);
-      return DT_ENOMEM;
-    }
-    comm->stage_cap = total;
-  }
+  DT_CHECK(grow_stage(comm, total));
   char *h = comm->stage;
   for (int i = 0; i < n; i++) {
     if (o[i].h)
@@ -369,17 +419,17 @@ static int stage_in(dt_comm_t *comm, operand_t *o, int n)
     o[i].h = h;
     h += stage_bytes(&o[i]);
     if (o[i].in)
-      DT_CHECK(comm->dev.copy(comm->dev.ud, o[i].h, o[i].p, o[i].bytes, 1));
+      DT_CHECK(comm->dev.copy(comm->dev.ud, o[i].h, o[i].p, o[i].bytes, !dev_be));
   }
   return 0;
 }
 
-/* Copies the staged operands the backend wrote back to the device. */
+/* Copies the staged operands the backend wrote back to their owners' side. */
 static int stage_out(dt_comm_t *comm, const operand_t *o, int n, int rc)
 {
   for (int i = 0; i < n && rc == 0; i++)
     if (o[i].out && o[i].h != o[i].p)
-      rc = comm->dev.copy(comm->dev.ud, o[i].p, o[i].h, o[i].bytes, 0);
+      rc = comm->dev.copy(comm->dev.ud, o[i].p, o[i].h, o[i].bytes, comm->be->device_memory);
   return rc;
 }
 

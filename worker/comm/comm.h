@@ -91,20 +91,32 @@ int dt_comm_world(const dt_comm_t *comm);
 /* The key prefix this communicator rendezvoused under. */
 const char *dt_comm_prefix(const dt_comm_t *comm);
 
-/* Device memory on a host-memory backend ("cpu"): a GPU trainer on the host-staged backend
- * hands the communicator buffers in device memory and host scalars alike. With a device set,
- * every buffer that is_device() calls device memory is copied to a host staging buffer before
- * the operation (those the operation reads) and back after it (those it writes); other buffers
- * go to the backend as they are. Backends that take device memory ("nccl") ignore it. Splits
- * made after the call inherit it. Set it before the first operation; ud must outlive the
+/* Buffers on the other side of the backend. A GPU trainer hands its communicators buffers in
+ * device memory and host scalars alike. With a device set, every operand on the side the
+ * backend cannot read is staged: device memory (is_device) for a host-memory backend ("cpu"),
+ * host memory for a device-memory backend ("nccl"). It is copied into a staging buffer on the
+ * backend's side before the operation (operands the operation reads) and back after it (those
+ * it writes); other operands go to the backend as they are. A device-memory backend runs on its
+ * own stream, so it first calls sync, which completes the device work queued so far (the work
+ * that produced the inputs); its results are complete when the call returns. Splits made after
+ * the call inherit the device. Set it before the first operation; ud must outlive the
  * communicator. */
 typedef struct {
   void *ud;
   int (*is_device)(void *ud, const void *p);
   /* bytes from src to dst; to_host: device to host, else host to device. 0 or a DT_E* code. */
   int (*copy)(void *ud, void *dst, const void *src, size_t bytes, int to_host);
+  /* Device-memory backends only (NULL otherwise): staging memory on the device, its release,
+   * and the wait for the device work queued so far. */
+  int (*alloc)(void *ud, size_t bytes, void **out);
+  void (*release)(void *ud, void *p);
+  int (*sync)(void *ud);
 } dt_comm_device_t;
-void dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
+/* DT_EINVAL (nothing set) when a device-memory backend gets a device without alloc, release
+ * and sync. */
+int dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
+/* Whether this build has the backend: "cpu" always, "nccl" in builds with CUDA and NCCL. */
+int dt_comm_has_backend(const char *backend);
 
 #define DT_COMM_P2P_MAX 8 /* halves in one batch */
 /* Progress, for naming the rank a hung group waits for. Every communicator counts the

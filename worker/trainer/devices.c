@@ -1,9 +1,12 @@
 /* devices.c — the trainer's device choice (devices.h). */
 #include "devices.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "comm.h"
 #include "dt_error.h"
 #include "dt_log.h"
 #ifdef DT_HAVE_CUDA
@@ -90,6 +93,39 @@ int dt_train_device_open(const char *want, dt_device_t **out)
     return open_cuda(out);
   DT_ERROR(TRAIN, "--device %s: expected cpu, cuda or auto", want);
   return DT_EINVAL;
+}
+
+int dt_train_device_comm_able(const dt_device_t *dev, uint64_t *gpu_id, char *why, size_t len)
+{
+  *gpu_id = 0;
+  if (dev->host || !dev->comm_backend || strcmp(dev->comm_backend, "cpu") == 0) {
+    snprintf(why, len, "--device %s is not a GPU", dev->name);
+    return 0;
+  }
+  if (!dt_comm_has_backend(dev->comm_backend)) {
+    snprintf(why, len, "this build has no %s backend (it was not found at configure time)",
+             dev->comm_backend);
+    return 0;
+  }
+#ifdef DT_HAVE_CUDA
+  int ordinal;
+  dt_cuda_gpu_t gpu;
+  char host[256] = "";
+  if (sscanf(dev->name, "cuda:%d", &ordinal) != 1 || dt_cuda_gpu_info(ordinal, &gpu) != 0) {
+    snprintf(why, len, "the PCI address of %s is unknown", dev->name);
+    return 0;
+  }
+  (void)gethostname(host, sizeof host - 1);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over "host/pci" */
+  for (const char *parts[] = {host, "/", gpu.pci_bus_id}, **p = parts; p < parts + 3; p++)
+    for (const char *c = *p; *c; c++)
+      h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  *gpu_id = h;
+  return 1;
+#else
+  snprintf(why, len, "this build has no CUDA");
+  return 0;
+#endif
 }
 
 void dt_train_device_close(dt_device_t *dev)

@@ -8,12 +8,21 @@
 #ifndef DT_TRAINER_DEVICES_H
 #define DT_TRAINER_DEVICES_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "device.h"
 
 /* Opens the device `want` names (NULL: "auto"); DT_EINVAL for an unknown name, DT_ENOTSUP
  * when cuda was asked for and this build or machine cannot give it, each with a log line
  * that says why. */
 int dt_train_device_open(const char *want, dt_device_t **out);
+/* Whether this process can hand dev's memory to the device's own comm backend (dev->comm_backend,
+ * "nccl") instead of staging it through the host: a GPU device and a build with that backend.
+ * 1 with *gpu_id set, or 0 with why filled. gpu_id names the GPU across the job (a hash of the
+ * host name and the GPU's PCI address, whatever CUDA_VISIBLE_DEVICES calls it): ranks with
+ * equal ids share one GPU, which NCCL refuses, so the caller compares them. */
+int dt_train_device_comm_able(const dt_device_t *dev, uint64_t *gpu_id, char *why, size_t len);
 /* Releases what open acquired (a GPU's stream and handles); NULL is fine. */
 void dt_train_device_close(dt_device_t *dev);
 

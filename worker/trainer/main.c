@@ -47,6 +47,9 @@ static void usage(FILE *out)
       "device:\n"
       "  --device cpu|cuda|auto      where to train (default auto: the GPU that LOCAL_RANK picks\n"
       "                              when a CUDA GPU is present, else the CPU)\n"
+      "  --comm auto|cpu|nccl        collectives between GPU trainers: nccl on device memory, or\n"
+      "                              cpu staged through host memory (default auto: nccl when\n"
+      "                              every rank has a GPU of its own and this build has NCCL)\n"
       "parallelism (one process per rank; environment as torchrun sets it):\n"
       "  WORLD_SIZE, RANK, and DISTRAIN_COORDINATOR (set by the agent) or DISTRAIN_KV_DIR\n"
       "  (a shared directory) for rendezvous; --tp N splits layers over N tensor-parallel\n"
@@ -110,6 +113,7 @@ enum {
   OPT_PP_VIRTUAL,
   OPT_QUIET,
   OPT_DEVICE,
+  OPT_COMM,
   OPT_HELP,
 };
 
@@ -153,6 +157,7 @@ static const struct option g_opts[] = {
     {"threads", required_argument, 0, OPT_THREADS},
     {"zero-stage", required_argument, 0, OPT_ZERO},
     {"device", required_argument, 0, OPT_DEVICE},
+    {"comm", required_argument, 0, OPT_COMM},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
     {"cp", required_argument, 0, OPT_CP},
@@ -383,6 +388,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_DEVICE:
       o->device = optarg;
+      break;
+    case OPT_COMM:
+      o->comm = optarg;
       break;
     case OPT_RECOMPUTE:
       o->recompute = 1;

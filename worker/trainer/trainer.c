@@ -120,6 +120,11 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample must be >= 0 and --sample-temp > 0";
   else if (o->threads < 0)
     msg = "--threads must be >= 0";
+  else if (o->comm && strcmp(o->comm, "auto") && strcmp(o->comm, "cpu") && strcmp(o->comm, "nccl"))
+    msg = "--comm: expected cpu, nccl or auto";
+  else if (o->comm && strcmp(o->comm, "nccl") == 0 && !dt_comm_has_backend("nccl"))
+    msg = "--comm nccl: this distrain-train was built without NCCL (not found at configure "
+          "time); use --comm cpu";
   else if (o->stop_at < 0)
     msg = "--stop-at must be >= 0";
   else if (o->zero_stage < 0 || o->zero_stage > 3)
@@ -199,12 +204,31 @@ static int comm_copy(void *ud, void *dst, const void *src, size_t bytes, int to_
   return dev->copy(dev, dst, src, bytes, to_host ? DT_COPY_D2H : DT_COPY_H2D);
 }
 
+static int comm_alloc(void *ud, size_t bytes, void **out)
+{
+  dt_device_t *dev = ud;
+  return dev->alloc(dev, bytes, "the communicator's staging of host scalars", out);
+}
+
+static void comm_release(void *ud, void *p)
+{
+  dt_device_t *dev = ud;
+  dev->free(dev, p);
+}
+
+static int comm_sync(void *ud)
+{
+  dt_device_t *dev = ud;
+  return dev->sync(dev);
+}
+
 typedef struct {
   const dt_train_opts_t *o;
   dt_gpt2_config_t cfg;
   dt_device_t *dev;          /* where the model's tensors live and its kernels run */
   dt_comm_device_t comm_dev; /* its memory, for communicators that stage it through the host */
-  dt_comm_t *world;          /* NULL: one process */
+  dt_comm_t *world;          /* NULL: one process; "cpu", for host scalars and the plan's groups */
+  dt_comm_t *devworld;       /* the device's own backend ("nccl") for the plan's groups, or NULL */
   dt_plan_t plan;
   dt_gpt2_t model;
   dt_dp_t *dp;
@@ -689,6 +713,82 @@ static int resume(trainer_t *t)
   }
 }
 
+/* Orders (gpu id, rank) rows for the shared-GPU check. */
+static int cmp_gpu(const void *a, const void *b)
+{
+  const uint64_t *x = a, *y = b;
+  return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+/* The communicator the plan's groups split from. t->world ("cpu") carries host scalars; on a
+ * GPU it stages device buffers through the host. The device's own backend ("nccl") moves device
+ * memory directly, but needs every rank on a GPU of its own: --comm nccl asks for it, auto takes
+ * it when that holds, cpu never. The ranks all-gather whether they can and which GPU they hold,
+ * so every rank reaches the same answer. */
+static int open_device_comm(trainer_t *t, int world)
+{
+  const dt_train_opts_t *o = t->o;
+  const char *want = o->comm ? o->comm : "auto";
+  if (strcmp(want, "cpu") == 0)
+    return 0;
+  const int need = strcmp(want, "nccl") == 0;
+  char why[256];
+  uint64_t id;
+  const int able = dt_train_device_comm_able(t->dev, &id, why, sizeof why);
+  enum { ROW = 5 }; /* able, then the id in 16-bit pieces (exact in float32) */
+  float mine[ROW] = {(float)able};
+  for (int k = 0; k < 4; k++)
+    mine[1 + k] = (float)((id >> (16 * k)) & 0xffff);
+  float *all = malloc((size_t)world * ROW * sizeof *all);
+  uint64_t *ids = malloc((size_t)world * 2 * sizeof *ids);
+  int rc = all && ids ? dt_comm_all_gather(t->world, mine, all, ROW) : DT_ENOMEM;
+  int unable = 0, shared = -1, with = -1, n = 0;
+  for (int r = 0; rc == 0 && r < world; r++) {
+    if (all[r * ROW] == 0.0f) {
+      unable++;
+      continue;
+    }
+    ids[2 * n] = 0;
+    for (int k = 0; k < 4; k++)
+      ids[2 * n] |= (uint64_t)all[r * ROW + 1 + k] << (16 * k);
+    ids[2 * n++ + 1] = (uint64_t)r;
+  }
+  if (rc == 0)
+    qsort(ids, (size_t)n, 2 * sizeof *ids, cmp_gpu);
+  for (int i = 1; rc == 0 && shared < 0 && i < n; i++)
+    if (ids[2 * i] == ids[2 * i - 2]) {
+      with = (int)ids[2 * i - 1];
+      shared = (int)ids[2 * i + 1];
+    }
+  free(all);
+  free(ids);
+  DT_CHECK(rc);
+  char whynot[384] = "";
+  if (unable)
+    snprintf(whynot, sizeof whynot, "%d of %d ranks cannot use NCCL (rank %d %s%s)", unable,
+             world, o->rank, able ? "can" : "cannot: ", able ? "" : why);
+  else if (shared >= 0)
+    snprintf(whynot, sizeof whynot, "ranks %d and %d share one GPU, which NCCL refuses", with,
+             shared);
+  if (whynot[0] && need) {
+    DT_ERROR(TRAIN, "--comm nccl: %s; use --comm cpu", whynot);
+    return DT_ENOTSUP;
+  }
+  if (whynot[0]) {
+    if (!t->dev->host && t->lead)
+      DT_INFO(TRAIN, "--comm auto: %s; collectives stage through the host", whynot);
+    return 0;
+  }
+  char prefix[512];
+  snprintf(prefix, sizeof prefix, "%s/%s", o->kv_prefix, t->dev->comm_backend);
+  DT_CHECK(dt_comm_init(&t->devworld, t->dev->comm_backend, o->kv, prefix, o->rank, world,
+                        (int)dt_param_CommTimeoutMs()));
+  DT_CHECK(dt_comm_set_device(t->devworld, &t->comm_dev));
+  if (t->lead)
+    DT_INFO(TRAIN, "collectives: %s on %d ranks, one GPU each", t->dev->comm_backend, world);
+  return 0;
+}
+
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
 static int setup(trainer_t *t, const dt_train_opts_t *o)
 {
@@ -749,16 +849,17 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   }
   DT_CHECK(dt_train_device_open(o->device, &t->dev));
   if (world > 1) {
-    /* The host-staged "cpu" communicator on every device for now: NCCL's collectives take
-     * device memory only, and the trainer also exchanges host scalars. */
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
                           (int)dt_param_CommTimeoutMs()));
     if (!t->dev->host) {
-      t->comm_dev = (dt_comm_device_t){t->dev, comm_is_device, comm_copy};
-      dt_comm_set_device(t->world, &t->comm_dev);
+      t->comm_dev = (dt_comm_device_t){t->dev,     comm_is_device, comm_copy,
+                                       comm_alloc, comm_release,   comm_sync};
+      DT_CHECK(dt_comm_set_device(t->world, &t->comm_dev));
     }
+    DT_CHECK(open_device_comm(t, world));
   }
-  DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, mesh.pp > 1 ? chunks : 1, t->world));
+  DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, mesh.pp > 1 ? chunks : 1,
+                          t->devworld ? t->devworld : t->world));
   t->dprank = t->plan.coord.dp;
   t->dpsize = mesh.dp;
   t->pp = mesh.pp;
@@ -1110,6 +1211,7 @@ static void teardown(trainer_t *t)
   dt_dataloader_free(&t->val);
   dt_gpt2_destroy(&t->model);
   dt_plan_destroy(&t->plan);
+  dt_comm_destroy(t->devworld);
   dt_comm_destroy(t->world);
   dt_pipeline_destroy(t->pipe);
   free(t->mb_inputs);

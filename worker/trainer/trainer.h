@@ -72,6 +72,9 @@ typedef struct {
   int threads;
   int quiet;
   const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */
+  /* the backend of the model's collectives (world > 1): "cpu" (host-staged on a GPU), "nccl",
+   * or "auto" (NULL): nccl when every rank can use it (dt_train_device_comm_able) */
+  const char *comm;
   /* the agent/coordinator link (link.h), NULL when standalone */
   struct dt_link *link;
   /* parallelism: this process's rank in a world of `world` (1: one process), the rendezvous

@@ -1027,5 +1027,5 @@ int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
 extern "C" const dt_comm_backend_t dt__comm_cpu_backend = {
     "cpu",           gloo_init,           gloo_destroy,    gloo_abort,
     gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast,
-    gloo_p2p,        gloo_barrier,        nullptr,
+    gloo_p2p,        gloo_barrier,        nullptr,         0 /* host memory */,
 };

@@ -581,6 +581,7 @@ static int nccl_barrier(void *impl)
 
 const dt_comm_backend_t dt__comm_nccl_backend = {
     .name = "nccl",
+    .device_memory = 1,
     .init = nccl_init,
     .destroy = nccl_destroy,
     .abort = nccl_abort,
