@@ -765,8 +765,8 @@ static int open_device_comm(trainer_t *t, int world)
   DT_CHECK(rc);
   char whynot[384] = "";
   if (unable)
-    snprintf(whynot, sizeof whynot, "%d of %d ranks cannot use NCCL (rank %d %s%s)", unable,
-             world, o->rank, able ? "can" : "cannot: ", able ? "" : why);
+    snprintf(whynot, sizeof whynot, "%d of %d ranks cannot use NCCL (rank %d %s%s)", unable, world,
+             o->rank, able ? "can" : "cannot: ", able ? "" : why);
   else if (shared >= 0)
     snprintf(whynot, sizeof whynot, "ranks %d and %d share one GPU, which NCCL refuses", with,
              shared);
