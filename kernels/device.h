@@ -38,6 +38,9 @@ typedef struct dt_device {
   int (*sync)(struct dt_device *d);
   /* p points into memory this device allocated (a communicator stages such buffers) */
   int (*owns)(struct dt_device *d, const void *p);
+  /* Device memory in use (by every process on the device, the CUDA context included: what
+   * nvidia-smi shows) and in total, in bytes; NULL on devices of host memory. */
+  int (*memory)(struct dt_device *d, size_t *used, size_t *total);
   void *impl;
 } dt_device_t;
 

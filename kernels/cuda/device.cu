@@ -134,6 +134,15 @@ static int cuda_sync(dt_device_t *d)
   return 0;
 }
 
+static int cuda_memory(dt_device_t *d, size_t *used, size_t *total)
+{
+  size_t free_bytes = 0;
+  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal));
+  DT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, total));
+  *used = *total - free_bytes;
+  return 0;
+}
+
 /* Device memory of this GPU (from alloc, or from anyone's cudaMalloc on it); host memory, other
  * GPUs' memory and NULL are not. A pointer CUDA does not know is not an error: the failed query
  * is cleared from CUDA's last-error state. Needs no current device (any thread may ask). */
@@ -267,6 +276,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->dev.accumulate = cuda_accumulate;
   c->dev.sync = cuda_sync;
   c->dev.owns = cuda_owns;
+  c->dev.memory = cuda_memory;
   *out = &c->dev;
   return 0;
 fail:

@@ -30,6 +30,9 @@
 # Environment of the bundle step: CTEST (the ctest to ask, default ctest on PATH).
 # Environment of the run step: GPU_TESTS (a regular expression: run only the tests whose name
 # matches), GPU_TEST_TIMEOUT (seconds for a test without a CTest TIMEOUT, default 300),
+# GPU_BENCH (1, the default: the tests, then tests/bench/bench_gpu.py for each of
+# GPU_BENCH_MODELS, default "gpt2-124m gpt2-1.5b", each within GPU_BENCH_TIMEOUT seconds,
+# default 420; 0: the tests only; only: the benchmark only),
 # GPU_LIB_DIRS (colon-separated directories searched before the detected CUDA ones). Tests see
 # DT_SOURCE_DIR and DT_BINARY_DIR pointing at the bundle's copies of the two trees.
 set -euo pipefail
@@ -481,6 +484,7 @@ cmd_run() {
   while IFS= read -r d; do
     if [ -d "$d" ] && [[ ":$path:" != *":$d:"* ]]; then path=$path:$d; fi
   done < <(cuda_lib_dirs)
+  export DT_ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} # for PyTorch in the benchmark
   export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export DT_SOURCE_DIR=$B/src DT_BINARY_DIR=$B/build
   report_libs
@@ -507,7 +511,7 @@ cmd_run() {
 
   echo "== tests"
   local name skip limit wd envs cmd pass=0 fail=0 skipped=0 failed=""
-  while IFS=$'\t' read -r -u 3 name skip limit wd envs cmd; do
+  while [ "${GPU_BENCH:-1}" != only ] && IFS=$'\t' read -r -u 3 name skip limit wd envs cmd; do
     if [ -n "${GPU_TESTS:-}" ] && ! [[ $name =~ $GPU_TESTS ]]; then continue; fi
     run_test "$name" "$skip" "$limit" "$wd" "$envs" "$cmd"
     case $STATUS in
@@ -517,9 +521,20 @@ cmd_run() {
     esac
   done 3<"$B/MANIFEST"
 
-  local total=$((pass + fail + skipped)) summary
+  local total=$((pass + fail + skipped)) summary model
   summary="summary: $total tests, $pass passed, $fail failed, $skipped skipped${failed:+ (failed:$failed)}"
   [ $total -gt 0 ] || summary="summary: no gpu tests in the bundle${GPU_TESTS:+ matching $GPU_TESTS}"
+  [ "${GPU_BENCH:-1}" != only ] || summary="summary: benchmark only (GPU_BENCH=only)"
+
+  # The GPU benchmark: figures, not a test (a failure is reported, and fails no test).
+  if [ "${GPU_BENCH:-1}" != 0 ]; then
+    echo "== benchmark"
+    for model in ${GPU_BENCH_MODELS:-gpt2-124m gpt2-1.5b}; do
+      run_test "bench_gpu_$model" 77 "${GPU_BENCH_TIMEOUT:-420}" @B@/src - \
+        "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model"
+      summary="$summary; bench_gpu_$model: $STATUS"
+    done
+  fi
   printf '\n%s\n' "$summary" >>"$RESULTS"
   echo "$summary"
   echo "results: $RESULTS"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_gpu_bundle.sh — tests/gpu/run.sh end to end on a machine without a GPU: bundles BUILD_DIR
 # into a temporary directory, runs the bundle, and checks that the run exits 0, that the results
-# list every test labelled gpu (as CTest knows them) and each as SKIP, and that the bundle holds
-# no glibc and no NVIDIA library. Skips (77) where a GPU is present, since the gpu tests would
+# list every test labelled gpu (as CTest knows them) and the GPU benchmark's two shapes, each as
+# SKIP, that GPU_BENCH=only runs just the benchmark, and that the bundle holds no glibc and no
+# NVIDIA library. Skips (77) where a GPU is present, since the gpu tests would
 # run there instead of skipping: use tests/gpu/run.sh directly.
 #
 #   tests/integration/test_gpu_bundle.sh BUILD_DIR [CTEST]
@@ -42,14 +43,24 @@ mapfile -t want < <("$CTEST" --test-dir "$BUILD" -N -L gpu | sed -n 's/^ *Test *
 for t in "${want[@]}"; do
   if has_line "== $t: SKIP ("; then ok "$t: SKIP"; else bad "$t is not listed as SKIP"; fi
 done
+for t in bench_gpu_gpt2-124m bench_gpu_gpt2-1.5b; do
+  if has_line "== $t: SKIP ("; then ok "$t: SKIP"; else bad "$t is not listed as SKIP"; fi
+done
 listed=$(grep -c '^== ' "$T/results.txt" || true)
-if [ "$listed" -eq ${#want[@]} ]; then
-  ok "results list ${#want[@]} gpu tests"
+if [ "$listed" -eq $((${#want[@]} + 2)) ]; then
+  ok "results list ${#want[@]} gpu tests and 2 benchmarks"
 else
-  bad "results list $listed tests, CTest has ${#want[@]} labelled gpu"
+  bad "results list $listed entries, CTest has ${#want[@]} labelled gpu (+ 2 benchmarks)"
 fi
 if has_line "summary: "; then ok "summary line"; else bad "no summary line"; fi
 if has_line "bundle: commit: "; then ok "header names the commit"; else bad "no commit in the header"; fi
+GPU_BENCH=only GPU_BENCH_MODELS=tiny "$RUN" run "$T/bundle.tar.gz" "$T/bench.txt" >"$T/run.log" 2>&1 ||
+  bad "GPU_BENCH=only run failed: $(cat "$T/run.log")"
+if [ "$(grep '^== ' "$T/bench.txt" | cut -d' ' -f2-3)" = "bench_gpu_tiny: SKIP" ]; then
+  ok "GPU_BENCH=only runs the benchmark alone"
+else
+  bad "GPU_BENCH=only ran: $(grep '^== ' "$T/bench.txt")"
+fi
 
 forbidden=$(tar -tzf "$T/bundle.tar.gz" |
   grep -E '/lib(-gcc)?/(libc|libm|libpthread|libdl|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvrtc|libnvidia-[^/]*)\.so' || true)

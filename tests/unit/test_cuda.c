@@ -196,6 +196,16 @@ START_TEST(test_device_fields)
   ck_assert_ptr_eq(g_gpu->ops, dt_ops_cuda());
   ck_assert_str_eq(dt_ops_cuda()->name, "cuda");
   ck_assert_int_eq(g_gpu->sync(g_gpu), 0);
+  /* memory: what is in use grows by (at least) what we allocate */
+  size_t used0, total, used1, total1;
+  ck_assert_int_eq(g_gpu->memory(g_gpu, &used0, &total), 0);
+  ck_assert(used0 > 0 && used0 <= total);
+  const size_t big = (size_t)256 << 20;
+  void *p = dev_alloc(big);
+  ck_assert_int_eq(g_gpu->memory(g_gpu, &used1, &total1), 0);
+  ck_assert_msg(total1 == total && used1 >= used0 + big, "in use %zu then %zu after %zu more",
+                used0, used1, big);
+  g_gpu->free(g_gpu, p);
 }
 END_TEST
 

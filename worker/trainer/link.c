@@ -226,7 +226,7 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   s.compute_ms = DT_MAX(0.0, m->ms * (1.0 - m->bubble) - m->comm_ms);
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
   r.step = &s;
-  r.memory_bytes = peak_rss_bytes();
+  r.memory_bytes = m->device_bytes ? m->device_bytes : peak_rss_bytes();
   send_report(l, &r);
 }
 

@@ -401,6 +401,8 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
     fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
   if (pipelined) /* rank 0's stage: the first */
     fprintf(fp, ", \"bubble\": %.4f", s->bubble);
+  if (s->device_bytes)
+    fprintf(fp, ", \"device_mib\": %.1f", (double)s->device_bytes / (1 << 20));
   fprintf(fp, "}\n");
   fflush(fp);
 }
@@ -1053,6 +1055,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                             .tokens_per_s = t->tokens_per_step * 1000.0 / ms,
                             .comm_ms = dt_dp_take_comm_ms(t->dp),
                             .bubble = bubble};
+  size_t used, total;
+  if (t->dev->memory && t->dev->memory(t->dev, &used, &total) == 0)
+    sm->device_bytes = used;
   return 0;
 }
 

@@ -34,7 +34,8 @@ typedef struct {
   double bubble;  /* pipeline: the share of the step this stage waited for its neighbours */
   int has_val;
   float val_loss;
-  int skipped; /* a step of --skip-steps: its batch consumed, no update, no loss */
+  int skipped;           /* a step of --skip-steps: its batch consumed, no update, no loss */
+  uint64_t device_bytes; /* GPU memory in use after the step (dt_device_t.memory); 0 on a CPU */
 } dt_step_metrics_t;
 
 typedef struct {
