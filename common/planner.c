@@ -203,6 +203,18 @@ void dt_plan_state_bytes(double P, int n, int zero, dt_plan_precision_t prec, dt
 }
 
 /* Micro-batches whose activations stage s keeps alive (1F1B), or 1 without a pipeline. */
+/* Context-parallel ranks (0 in a layout means none: 1). */
+static int cp_of(const dt_plan_layout_t *l)
+{
+  return l->cp > 1 ? l->cp : 1;
+}
+
+/* The gradient and ZeRO group: dp x cp ranks. */
+static int grad_group(const dt_plan_layout_t *l)
+{
+  return l->dp * cp_of(l);
+}
+
 static int live_slots(const dt_plan_layout_t *l, int s)
 {
   return l->pp == 1 ? 1 : DT_MIN(l->pp - s, l->accum);
@@ -212,16 +224,22 @@ static int live_slots(const dt_plan_layout_t *l, int s)
 static double acts_fp32(const dt_plan_model_t *m, const dt_plan_train_t *tr,
                         const dt_plan_layout_t *l, int s)
 {
-  const double b = l->micro, S = tr->seq, N = b * S, C = m->hidden, t = l->tp;
-  const double F = m->ffn, k = kv_width(m), a = m->heads, Vp = (double)padded_vocab(m);
+  const double cp = cp_of(l), b = l->micro, S = tr->seq / cp, N = b * S, C = m->hidden;
+  const double t = l->tp, F = m->ffn, k = kv_width(m), a = m->heads;
+  const double Vp = (double)padded_vocab(m);
   const int last = s == l->pp - 1, Ls = stage_layers(m, l->pp, s);
   const double mlp = (m->arch == DT_PLAN_LLAMA ? 3 : 2) * N * F / t;
-  const double layer =
-      3 * N * C + 4 * N + N * (C + 2 * k) / t + N * C / t + b * (a / t) * S * S + mlp;
+  /* cp: the whole sequence's q, k, v; each of the rank's two chunks' scores against the keys
+   * up to its end, (S/2)^2 (2 cp + 1) per head in all */
+  const double qkv = cp * N * (C + 2 * k) / t;
+  const double att = cp > 1 ? b * (a / t) * (S / 2) * (S / 2) * (2 * cp + 1) : b * (a / t) * S * S;
+  const double layer = 3 * N * C + 4 * N + qkv + N * C / t + att + mlp;
   double slot = (Ls + 2) * N * C + (l->ckpt ? 0 : Ls * layer);
   if (last)
     slot += N * C + 3 * N + N * Vp / t;
-  double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + b * (a / t) * S * S;
+  double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + att;
+  if (cp > 1) /* the group's gathered rows and their gradients */
+    scratch += 2 * qkv;
   if (l->ckpt)
     scratch += layer;
   if (t > 1 && last)
@@ -233,14 +251,18 @@ static double acts_fp32(const dt_plan_model_t *m, const dt_plan_train_t *tr,
 static double acts_bf16(const dt_plan_model_t *m, const dt_plan_train_t *tr,
                         const dt_plan_layout_t *l, int s)
 {
-  const double b = l->micro, S = tr->seq, h = m->hidden, t = l->tp, a = m->heads;
-  const double F = m->ffn, k = kv_width(m), sbh = S * b * h;
+  const double cp = cp_of(l), b = l->micro, S = tr->seq / cp, h = m->hidden, t = l->tp;
+  const double a = m->heads, F = m->ffn, k = kv_width(m), sbh = S * b * h;
   const int last = s == l->pp - 1, Ls = stage_layers(m, l->pp, s);
+  /* cp: scores of the local queries against the keys up to their chunk's end (as fp32), and
+   * the other ranks' k and v rows gathered for them */
+  const double s2 = cp > 1 ? (S / 2) * (S / 2) * (2 * cp + 1) : S * S;
+  const double kv_gathered = 2 * (cp - 1) * S * b * (h + 2 * k) / t;
   double layer;
   if (m->arch == DT_PLAN_GPT2)
-    layer = sbh * (10 + (8 + 4 * F / h) / t) + 5 * a * S * S * b / t;
+    layer = sbh * (10 + (8 + 4 * F / h) / t) + 5 * a * s2 * b / t + kv_gathered;
   else
-    layer = sbh * (8 + (4 + 4 * k / h + 6 * F / h) / t) + 2 * a * S * S * b / t;
+    layer = sbh * (8 + (4 + 4 * k / h + 6 * F / h) / t) + 2 * a * s2 * b / t + kv_gathered;
   const double kept = l->ckpt ? 2 * sbh : layer;
   double slot = Ls * kept + 2 * sbh; /* + the stage's input */
   if (last)
@@ -253,15 +275,16 @@ void dt_plan_memory(const dt_plan_model_t *m, const dt_plan_train_t *tr, const d
 {
   rank_params_t rp;
   rank_params(m, l->tp, l->pp, stage, &rp);
-  state_bytes(rp.total, l->dp, l->zero, tr->precision, 1, out);
-  if (l->zero >= 2 && l->dp > 1) {
+  const int n = grad_group(l);
+  state_bytes(rp.total, n, l->zero, tr->precision, 1, out);
+  if (l->zero >= 2 && n > 1) {
     /* The trainer's ZeRO-2/3 slots (embeddings, final norm, two layers) of working
      * gradients, and of gathered parameters under ZeRO-3; a staging buffer of one unit and
      * a reduce-scatter landing buffer (the biggest tensor, at most a shard). */
     double p, g, o;
     bytes_per_param(tr->precision, &p, &g, &o);
     const double slots = rp.embed + rp.final + 2 * rp.layer;
-    const double shard = ceil(rp.total / l->dp);
+    const double shard = ceil(rp.total / n);
     const double biggest = DT_MAX((double)padded_vocab(m) * m->hidden / l->tp, rp.layer);
     const double staging = DT_MAX(rp.final, rp.layer);
     out->working = g * slots + (l->zero == 3 ? p * slots : 0) +
@@ -280,13 +303,17 @@ int dt_plan_layout_check(const dt_plan_model_t *m, const dt_plan_train_t *tr,
                          const dt_plan_cluster_t *c, const dt_plan_layout_t *l, char *why,
                          size_t whylen)
 {
-  const int64_t world = (int64_t)l->dp * l->tp * l->pp;
-  if (l->dp < 1 || l->tp < 1 || l->pp < 1 || l->micro < 1 || l->accum < 1)
-    snprintf(why, whylen, "dp (%d), tp (%d), pp (%d), micro (%d) and accum (%d) must be >= 1",
-             l->dp, l->tp, l->pp, l->micro, l->accum);
+  const int64_t world = (int64_t)l->dp * l->tp * l->pp * cp_of(l);
+  if (l->dp < 1 || l->tp < 1 || l->pp < 1 || l->micro < 1 || l->accum < 1 || l->cp < 0)
+    snprintf(why, whylen,
+             "dp (%d), tp (%d), pp (%d), micro (%d) and accum (%d) must be >= 1, cp (%d) >= 0",
+             l->dp, l->tp, l->pp, l->micro, l->accum, l->cp);
   else if (world != c->gpus)
-    snprintf(why, whylen, "dp x tp x pp = %d x %d x %d = %lld, not the %d GPUs", l->dp, l->tp,
-             l->pp, (long long)world, c->gpus);
+    snprintf(why, whylen, "dp x tp x pp x cp = %d x %d x %d x %d = %lld, not the %d GPUs", l->dp,
+             l->tp, l->pp, cp_of(l), (long long)world, c->gpus);
+  else if (tr->seq % (2 * cp_of(l)) != 0 && cp_of(l) > 1)
+    snprintf(why, whylen, "cp (%d): 2 x cp must divide the sequence (%d), split into 2 x cp chunks",
+             l->cp, tr->seq);
   else if (l->zero < 0 || l->zero > 3)
     snprintf(why, whylen, "zero stage %d: expected 0..3", l->zero);
   else if (l->ckpt != 0 && l->ckpt != 1)
@@ -317,7 +344,7 @@ static void dp_comm(const dt_plan_layout_t *l, double P, int units, dt_plan_prec
 {
   double p, g, o;
   bytes_per_param(prec, &p, &g, &o);
-  const double N = l->dp, f = (N - 1) / N, K = l->accum;
+  const double N = grad_group(l), f = (N - 1) / N, K = l->accum;
   double overlapped = 0, after = 0, window = 0, n_over = 0;
   switch (l->zero) {
   case 0:
@@ -343,14 +370,17 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
 {
   memset(out, 0, sizeof *out);
   out->layout = *l;
-  const double tokens = (double)tr->global_batch * tr->seq, world = (double)l->dp * l->tp * l->pp;
+  const double cp = cp_of(l), tokens = (double)tr->global_batch * tr->seq;
+  const double world = (double)l->dp * l->tp * l->pp * cp;
   const double flops = (l->ckpt ? 8.0 : 6.0) * (double)dt_plan_params(m) * tokens;
   const double bwd_share = l->ckpt ? 6.0 / 8.0 : 4.0 / 6.0; /* (recompute +) backward */
   out->t_compute = flops / world / (c->peak_flops * c->mfu);
   const double K = l->accum, act = tr->precision == DT_PLAN_BF16 ? 2.0 : 4.0;
-  const double bsh = (double)l->micro * tr->seq * m->hidden;
+  const double bsh = (double)l->micro * tr->seq / cp * m->hidden; /* a micro-batch's rows */
   const double bw_tp = c->intra_bw;
-  const double bw_dp = (int64_t)l->dp * l->tp <= c->gpus_per_node ? c->intra_bw : c->inter_bw;
+  const double bw_cp = l->tp * cp <= c->gpus_per_node ? c->intra_bw : c->inter_bw;
+  const double bw_dp =
+      (int64_t)grad_group(l) * l->tp <= c->gpus_per_node ? c->intra_bw : c->inter_bw;
   const double bw_pp = world <= c->gpus_per_node ? c->intra_bw : c->inter_bw;
   double worst_t = -1;
   for (int s = 0; s < l->pp; s++) {
@@ -363,7 +393,7 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
     rank_params_t rp;
     rank_params(m, l->tp, l->pp, s, &rp);
     double dpb = 0, dpx = 0;
-    if (l->dp > 1)
+    if (grad_group(l) > 1)
       dp_comm(l, rp.total, stage_layers(m, l->pp, s) + 2, tr->precision, bw_dp, c->latency,
               bwd_share * out->t_compute / K, out->t_compute, &dpb, &dpx);
     const double tpb = l->tp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 6 : 4) * 2.0 *
@@ -372,11 +402,17 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
     const double ppb = ((s > 0) + (s < l->pp - 1)) * K * bsh * act;
     const double n_tp = l->tp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 6 : 4) : 0;
     const double n_pp = ((s > 0) + (s < l->pp - 1)) * K;
-    const double exposed = dpx + tpb / bw_tp + ppb / bw_pp + (n_tp + n_pp) * c->latency;
+    /* cp: per layer and micro-batch the q, k, v rows all-gathered (again when recomputed) and
+     * their gradients reduce-scattered, (cp - 1) of the rank's rows sent each time */
+    const double n_cp = cp > 1 ? stage_layers(m, l->pp, s) * K * (l->ckpt ? 3 : 2) : 0;
+    const double cpb =
+        n_cp * (cp - 1) * bsh / m->hidden * (m->hidden + 2 * kv_width(m)) / l->tp * act;
+    const double exposed =
+        dpx + tpb / bw_tp + ppb / bw_pp + cpb / bw_cp + (n_tp + n_pp + n_cp) * c->latency;
     if (exposed > worst_t) { /* the slowest stage sets the pace */
       worst_t = exposed;
-      out->comm_dp = dpb, out->comm_tp = tpb, out->comm_pp = ppb;
-      out->comm = dpb + tpb + ppb;
+      out->comm_dp = dpb, out->comm_tp = tpb, out->comm_pp = ppb, out->comm_cp = cpb;
+      out->comm = dpb + tpb + ppb + cpb;
       out->t_comm = exposed;
     }
   }
@@ -417,31 +453,33 @@ int dt_plan_enumerate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   char ignored[256];
   for (int tp = 1; tp <= DT_MIN(c->gpus_per_node, m->heads); tp++) {
     for (int pp = 1; pp <= m->layers; pp++) {
-      if (m->heads % tp || m->layers % pp || c->gpus % (tp * pp))
-        continue;
-      const int dp = c->gpus / (tp * pp);
-      if (tr->global_batch % dp)
-        continue;
-      const int per_rank = tr->global_batch / dp;
-      for (int micro = 1; micro <= per_rank;
-           micro = micro * 2 > per_rank && micro != per_rank ? per_rank : micro * 2) {
-        if (per_rank % micro)
+      for (int cp = 1; cp <= c->gpus / (tp * pp); cp++) {
+        if (m->heads % tp || m->layers % pp || c->gpus % (tp * pp * cp) || tr->seq % (2 * cp))
           continue;
-        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++)
-          for (int ckpt = 0; ckpt <= 1; ckpt++) {
-            dt_plan_layout_t l = {dp, tp, pp, zero, micro, per_rank / micro, ckpt};
-            if (dt_plan_layout_check(m, tr, c, &l, ignored, sizeof ignored) != 0)
-              continue;
-            if (cnt == cap) {
-              dt_plan_eval_t *nv = realloc(v, 2 * cap * sizeof *v);
-              if (!nv) {
-                free(v);
-                return DT_ENOMEM;
+        const int dp = c->gpus / (tp * pp * cp);
+        if (tr->global_batch % dp)
+          continue;
+        const int per_rank = tr->global_batch / dp;
+        for (int micro = 1; micro <= per_rank;
+             micro = micro * 2 > per_rank && micro != per_rank ? per_rank : micro * 2) {
+          if (per_rank % micro)
+            continue;
+          for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)
+            for (int ckpt = 0; ckpt <= 1; ckpt++) {
+              dt_plan_layout_t l = {dp, tp, pp, zero, micro, per_rank / micro, ckpt, cp};
+              if (dt_plan_layout_check(m, tr, c, &l, ignored, sizeof ignored) != 0)
+                continue;
+              if (cnt == cap) {
+                dt_plan_eval_t *nv = realloc(v, 2 * cap * sizeof *v);
+                if (!nv) {
+                  free(v);
+                  return DT_ENOMEM;
+                }
+                v = nv, cap *= 2;
               }
-              v = nv, cap *= 2;
+              dt_plan_evaluate(m, tr, c, &l, &v[cnt++]);
             }
-            dt_plan_evaluate(m, tr, c, &l, &v[cnt++]);
-          }
+        }
       }
     }
   }

@@ -16,7 +16,10 @@
  * multiple of 128 as the trainer allocates it (50304 rows for GPT-2's 50257).
  *
  * ---- Layout -----------------------------------------------------------------------------------
- * world = pp x dp x tp (tp fastest, as the trainer's mesh). tp splits attention heads (and kv
+ * world = pp x dp x cp x tp (tp fastest, as the trainer's mesh). cp splits each sequence into
+ * 2 cp chunks (2 cp divides seq), rank r holding chunks r and 2cp-1-r: a rank's activations are
+ * those of seq/cp positions, except that each layer keeps the whole sequence's q, k and v; the
+ * dp x cp ranks form the gradient and ZeRO group. tp splits attention heads (and kv
  * heads), MLP columns and vocabulary rows (Megatron-LM); norms and row-parallel biases are
  * replicated. pp splits layers by the trainer's rule (dt_plan_stage_bounds: by cost, the LM head
  * counting on the last stage); the first stage holds the embeddings, the last the LM head (a
@@ -36,7 +39,9 @@
  *
  * ---- Activations per rank --------------------------------------------------------------------
  * fp32 (what distrain's trainer allocates, float for float; b = micro, s = seq, N = b s,
- * C = h, t = tp, a = heads, F = ffn, k = kv width, Vp the padded vocabulary):
+ * C = h, t = tp, a = heads, F = ffn, k = kv width, Vp the padded vocabulary; with cp, s is the
+ * rank's seq / cp and q, k, v count cp times, b (a/t) s^2 becomes b (a/t) (s/2)^2 (2 cp + 1),
+ * and the scratch adds 2 cp N (C + 2k)/t, the gathered rows and their gradients):
  *   per layer kept:  3 N C + 4 N + N (C + 2k)/t + N C/t + b (a/t) s^2 + (2 or 3) N F/t
  *                    (ln1, ln2, residual2, their mean/rstd; qkv; attention output; softmax
  *                    probabilities; MLP pre-activation and activation, Llama also "up")
@@ -52,7 +57,9 @@
  *   s b h (10 + (8 + 4 F/h)/t) + 5 a s^2 b / t   bytes  (= s b h (34 + 5 a s / h) at t = 1)
  * Llama (no dropout, GQA, SwiGLU): s b h (8 + (4 + 4 k/h + 6 F/h)/t) + 2 a s^2 b / t.
  * With full recomputation 2 s b h per layer is kept, plus one layer's full set while it is
- * recomputed. The last stage adds fp32 logits 4 s b Vp / t; slots as above.
+ * recomputed. The last stage adds fp32 logits 4 s b Vp / t; slots as above. With cp (an
+ * extension, modelled as distrain's trainer does it): s is seq / cp, s^2 becomes
+ * (s/2)^2 (2 cp + 1), and each layer adds the other ranks' k and v, 2 (cp-1) s b (h + 2k)/t.
  *
  * ---- Communication per rank and step (bytes sent; g = gradient bytes/param) ----------------
  *   dp, ZeRO-0: ring all-reduce of the gradients 2 (N-1)/N g P;  ZeRO-1: reduce-scatter +
@@ -61,7 +68,9 @@
  *   forward and again in the backward plus a reduce-scatter, (N-1)/N (2 p + g) P accum.
  *   tp: 4 all-reduces per layer and micro-batch (2 forward, 2 backward; 6 with recomputation)
  *   of b s h activations, 2 (t-1)/t each.   pp: one b s h activation forward and one gradient
- *   back per micro-batch and stage boundary.
+ *   back per micro-batch and stage boundary.   cp: per layer and micro-batch an all-gather
+ *   of the q, k, v rows (again with recomputation) and a reduce-scatter of their gradients,
+ *   (cp-1) b s (h + 2k)/t each (s the rank's seq / cp), within a node when tp cp fits.
  * ---- Time ---------------------------------------------------------------------------------------
  *   compute = 6 P_total tokens (8 with recomputation) / world / (peak x mfu);
  *   step = compute (accum + pp - 1) / accum + exposed communication. tp and pp traffic is
@@ -70,7 +79,8 @@
  *   tp and a dp group within a node (dp x tp <= gpus_per_node) use the intra-node bandwidth,
  *   otherwise the inter-node one; pp uses intra-node only when the whole job is in one node.
  *   Each collective or message also costs `latency` (the alpha of the alpha-beta model):
- *   dp: ZeRO-0 one all-reduce, ZeRO-1 two, ZeRO-2 one reduce-scatter per unit (layers,
+ *   dp (the dp x cp group): ZeRO-0 one all-reduce, ZeRO-1 two, ZeRO-2 one reduce-scatter per
+ *   unit (layers,
  *   embeddings, final norm) and micro-batch plus an all-gather, ZeRO-3 three per unit and
  *   micro-batch (the trainer's unit-by-unit collectives); tp one per all-reduce; pp one per
  *   message. It dominates small models (the CPU test's), and is noise for large ones.
@@ -114,6 +124,7 @@ typedef struct {
   int micro; /* sequences per micro-batch */
   int accum; /* micro-batches per step per data-parallel rank */
   int ckpt;  /* activation checkpointing */
+  int cp;    /* context parallelism: each sequence over cp ranks (0 or 1: none) */
 } dt_plan_layout_t;
 
 /* One rank's memory, bytes. total = params + grads + optim + working + acts. */
@@ -123,11 +134,11 @@ typedef struct {
 
 typedef struct {
   dt_plan_layout_t layout;
-  dt_plan_mem_t mem;                      /* the rank that needs the most */
-  int worst_stage;                        /* its pipeline stage */
-  double comm_dp, comm_tp, comm_pp, comm; /* bytes sent per rank per step (worst stage) */
-  double t_compute, t_comm, t_step;       /* seconds: compute, exposed comm, whole step */
-  double bubble;                          /* idle fraction of a stage */
+  dt_plan_mem_t mem;                               /* the rank that needs the most */
+  int worst_stage;                                 /* its pipeline stage */
+  double comm_dp, comm_tp, comm_pp, comm_cp, comm; /* bytes sent per rank per step (worst stage) */
+  double t_compute, t_comm, t_step;                /* seconds: compute, exposed comm, whole step */
+  double bubble;                                   /* idle fraction of a stage */
   double tokens_per_s;
   int fits; /* mem.total <= cluster gpu_mem */
 } dt_plan_eval_t;

@@ -37,12 +37,13 @@ static void plan_usage(FILE *out)
       "                        [--gpu-mem-gib M] [--peak-tflops T] [--mfu F] [--intra-gbps X]\n"
       "                        [--inter-gbps Y] [--latency-us U] [--precision fp32|bf16]\n"
       "                        [--top K] [--json]"
-      "                        [--emit-spec] [--layout dp=D,tp=T,pp=P,zero=Z,micro=M,ckpt=0|1]\n"
+      "                        [--emit-spec]\n"
+      "                        [--layout dp=D,tp=T,pp=P,cp=C,zero=Z,micro=M,ckpt=0|1]\n"
       "  presets: %s\n"
       "  defaults: an H100 node: 8 GPUs per node, 80 GiB, 989 TFLOP/s (bf16 dense), MFU 0.4,\n"
       "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective; bf16 mixed\n"
       "  precision; top 10.\n"
-      "  --layout evaluates that one layout (gpus default to dp x tp x pp).\n",
+      "  --layout evaluates that one layout (gpus default to dp x tp x pp x cp).\n",
       dt_plan_preset_names());
 }
 
@@ -75,18 +76,18 @@ static int parse_pos_double(const char *opt, const char *s, double *out)
   return 0;
 }
 
-/* "dp=2,tp=1,pp=1,zero=3,micro=2,ckpt=0": every key but ckpt required except as defaults
- * (tp, pp 1; zero 0; micro: the whole per-rank batch; ckpt 0). */
+/* "dp=2,tp=1,pp=1,cp=1,zero=3,micro=2,ckpt=0": every key optional (dp, tp, pp, cp 1; zero 0;
+ * micro: the whole per-rank batch; ckpt 0). */
 static int parse_layout(const char *text, dt_plan_layout_t *l)
 {
-  *l = (dt_plan_layout_t){.dp = 1, .tp = 1, .pp = 1};
+  *l = (dt_plan_layout_t){.dp = 1, .tp = 1, .pp = 1, .cp = 1};
   char buf[256];
   if (strlen(text) >= sizeof buf)
     return bad("--layout '%s': too long%s", text, "");
   strcpy(buf, text);
   for (char *save, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-    static const char *keys[] = {"dp", "tp", "pp", "zero", "micro", "ckpt"};
-    int *fields[] = {&l->dp, &l->tp, &l->pp, &l->zero, &l->micro, &l->ckpt};
+    static const char *keys[] = {"dp", "tp", "pp", "cp", "zero", "micro", "ckpt"};
+    int *fields[] = {&l->dp, &l->tp, &l->pp, &l->cp, &l->zero, &l->micro, &l->ckpt};
     char *eq = strchr(kv, '=');
     size_t k = 0;
     if (eq)
@@ -94,7 +95,7 @@ static int parse_layout(const char *text, dt_plan_layout_t *l)
         ;
     int64_t v;
     if (!eq || k == DT_ARRAY_SIZE(keys) || dt_parse_i64(eq + 1, &v) != 0 || v < 0 || v > 1 << 20)
-      return bad("--layout '%s': expected dp=D,tp=T,pp=P,zero=Z,micro=M,ckpt=0|1 (%s)", text,
+      return bad("--layout '%s': expected dp=D,tp=T,pp=P,cp=C,zero=Z,micro=M,ckpt=0|1 (%s)", text,
                  "non-negative integers");
     *fields[k] = (int)v;
   }
@@ -320,7 +321,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
     return bad("--global-batch is needed (sequences per optimizer step)%s%s", "", "");
   if (a->have_layout) {
     dt_plan_layout_t *l = &a->layout;
-    const int world = l->dp * l->tp * l->pp;
+    const int world = l->dp * l->tp * l->pp * l->cp;
     if (!a->cl.gpus)
       a->cl.gpus = world;
     if (l->micro == 0 && l->dp > 0)
@@ -350,7 +351,10 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
 
 static void layout_name(const dt_plan_layout_t *l, char *buf, size_t n)
 {
-  snprintf(buf, n, "dp%d tp%d pp%d b%dx%d", l->dp, l->tp, l->pp, l->micro, l->accum);
+  char cp[16] = "";
+  if (l->cp > 1)
+    snprintf(cp, sizeof cp, " cp%d", l->cp);
+  snprintf(buf, n, "dp%d tp%d pp%d%s b%dx%d", l->dp, l->tp, l->pp, cp, l->micro, l->accum);
 }
 
 static void print_header(FILE *out, const plan_args_t *a)
@@ -401,9 +405,9 @@ static void json_eval(FILE *out, const plan_args_t *a, const dt_plan_eval_t *e, 
 {
   const dt_plan_layout_t *l = &e->layout;
   fprintf(out,
-          "{\"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d, \"micro\": %d, \"accum\": %d, "
-          "\"ckpt\": %s, \"fits\": %s, \"worst_stage\": %d, \"mem\": ",
-          l->dp, l->tp, l->pp, l->zero, l->micro, l->accum, l->ckpt ? "true" : "false",
+          "{\"dp\": %d, \"tp\": %d, \"pp\": %d, \"cp\": %d, \"zero\": %d, \"micro\": %d, "
+          "\"accum\": %d, \"ckpt\": %s, \"fits\": %s, \"worst_stage\": %d, \"mem\": ",
+          l->dp, l->tp, l->pp, l->cp, l->zero, l->micro, l->accum, l->ckpt ? "true" : "false",
           e->fits ? "true" : "false", e->worst_stage);
   json_mem(out, &e->mem);
   if (stages) {
@@ -418,10 +422,10 @@ static void json_eval(FILE *out, const plan_args_t *a, const dt_plan_eval_t *e, 
   }
   fprintf(out,
           ", \"comm_bytes\": %.0f, \"comm_dp\": %.0f, \"comm_tp\": %.0f, \"comm_pp\": %.0f, "
-          "\"t_compute\": %.6g, \"t_comm\": %.6g, \"t_step\": %.6g, \"bubble\": %.6g, "
-          "\"tokens_per_s\": %.6g}",
-          e->comm, e->comm_dp, e->comm_tp, e->comm_pp, e->t_compute, e->t_comm, e->t_step,
-          e->bubble, e->tokens_per_s);
+          "\"comm_cp\": %.0f, \"t_compute\": %.6g, \"t_comm\": %.6g, \"t_step\": %.6g, "
+          "\"bubble\": %.6g, \"tokens_per_s\": %.6g}",
+          e->comm, e->comm_dp, e->comm_tp, e->comm_pp, e->comm_cp, e->t_compute, e->t_comm,
+          e->t_step, e->bubble, e->tokens_per_s);
 }
 
 void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_train_t *tr,
@@ -429,9 +433,10 @@ void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_tr
 {
   const dt_plan_layout_t *l = &e->layout;
   fprintf(out,
-          "# distrainctl plan: dp %d x tp %d x pp %d, ZeRO-%d, micro-batch %d x %d accumulation "
-          "steps, est. %.3g s/step, %.1f GiB per GPU\n",
-          l->dp, l->tp, l->pp, l->zero, l->micro, l->accum, e->t_step, e->mem.total / GIB);
+          "# distrainctl plan: dp %d x tp %d x pp %d x cp %d, ZeRO-%d, micro-batch %d x %d "
+          "accumulation steps, est. %.3g s/step, %.1f GiB per GPU\n",
+          l->dp, l->tp, l->pp, DT_MAX(l->cp, 1), l->zero, l->micro, l->accum, e->t_step,
+          e->mem.total / GIB);
   if (m->arch == DT_PLAN_GPT2)
     fprintf(out, "model:    {layers: %d, heads: %d, channels: %d, vocab: %d, max_seq: %d}\n",
             m->layers, m->heads, m->hidden, m->vocab, m->max_seq);
@@ -443,9 +448,9 @@ void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_tr
   fprintf(out, "training: {batch: %d, seq: %d, micro_batch: %d}\n", tr->global_batch, tr->seq,
           l->micro);
   fprintf(out,
-          "parallel: {dp: %d, tp: %d, pp: %d, zero_stage: %d, schedule: 1f1b, "
+          "parallel: {dp: %d, tp: %d, pp: %d, cp: %d, zero_stage: %d, schedule: 1f1b, "
           "activation_checkpointing: %s}\n",
-          l->dp, l->tp, l->pp, l->zero, l->ckpt ? "true" : "false");
+          l->dp, l->tp, l->pp, DT_MAX(l->cp, 1), l->zero, l->ckpt ? "true" : "false");
 }
 
 int dt_ctl_plan(int argc, char **argv)

@@ -34,35 +34,38 @@ MIB = 1024.0 * 1024.0
 LATENCY_US = 200
 SEQ, MICRO, STEPS = 32, 4, 6
 DIMS = {"layers": 4, "heads": 4, "channels": 64, "vocab": 100, "max_seq": 64}
-# (name, dp, tp, pp, zero, accum, recompute)
-LAYOUTS = [("dp2 ZeRO-0", 2, 1, 1, 0, 1, False),
-           ("dp2 ZeRO-3", 2, 1, 1, 3, 2, False),
-           ("dp2 ZeRO-2 recompute", 2, 1, 1, 2, 1, True),
-           ("tp2", 1, 2, 1, 0, 2, False),
-           ("pp2", 1, 1, 2, 0, 2, False)]
+# (name, dp, tp, pp, zero, accum, recompute, cp)
+LAYOUTS = [("dp2 ZeRO-0", 2, 1, 1, 0, 1, False, 1),
+           ("dp2 ZeRO-3", 2, 1, 1, 3, 2, False, 1),
+           ("dp2 ZeRO-2 recompute", 2, 1, 1, 2, 1, True, 1),
+           ("tp2", 1, 2, 1, 0, 2, False, 1),
+           ("pp2", 1, 1, 2, 0, 2, False, 1),
+           ("cp2 ZeRO-1", 1, 1, 1, 1, 2, False, 2),
+           ("cp2 x tp2 recompute", 1, 2, 1, 0, 2, True, 2)]
 
 MEM = re.compile(r"memory \(ZeRO-\d, dp \d+\): params ([\d.]+) MiB, grads ([\d.]+) MiB, "
                  r"optimizer ([\d.]+) MiB = [\d.]+ MiB \(formula [^)]*\) \+ working ([\d.]+) MiB")
 ACTS = re.compile(r"activations: ([\d.]+) MiB in \d+ slots?")
 
 
-def trainer_args(dpn, tp, pp, zero, accum, recompute, metrics):
+def trainer_args(dpn, tp, pp, zero, accum, recompute, cp, metrics):
     a = dp.base_args(MICRO, accum, metrics, steps=STEPS)
     i = a.index("--init")
     a[i:i + 2] = ["--init", "seed:7"]
     a += ["--layers", "4", "--heads", "4", "--channels", "64", "--vocab", "100", "--max-seq",
-          "64", "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero)]
+          "64", "--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--zero-stage", str(zero)]
     return a + (["--recompute"] if recompute else [])
 
 
-def plan(dpn, tp, pp, zero, accum, recompute, peak_tflops=None):
+def plan(dpn, tp, pp, zero, accum, recompute, cp, peak_tflops=None):
     ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
     batch = dpn * MICRO * accum
     cmd = [ctl, "plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "100",
            "--max-seq", "64", "--seq", str(SEQ), "--global-batch", str(batch), "--precision",
            "fp32", "--json", "--mfu", "1", "--intra-gbps", "2", "--latency-us", str(LATENCY_US),
            "--layout",
-           "dp=%d,tp=%d,pp=%d,zero=%d,micro=%d,ckpt=%d" % (dpn, tp, pp, zero, MICRO, recompute)]
+           "dp=%d,tp=%d,pp=%d,cp=%d,zero=%d,micro=%d,ckpt=%d" % (dpn, tp, pp, cp, zero, MICRO,
+                                                                recompute)]
     if peak_tflops:
         cmd += ["--peak-tflops", "%.9g" % peak_tflops]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -80,13 +83,13 @@ class PlannerAgainstTrainer(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
         print("\n" + "\n".join(cls.report), file=sys.stderr)
 
-    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute):
+    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute, cp):
         tag = re.sub(r"\W+", "_", name)
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
         metrics = os.path.join(self.tmp, tag + ".jsonl")
-        world = dpn * tp * pp
+        world = dpn * tp * pp * cp
         outs = dp.wait_all(dp.launch(world, lambda r: trainer_args(
-            dpn, tp, pp, zero, accum, recompute, metrics), kv), timeout=120)
+            dpn, tp, pp, zero, accum, recompute, cp, metrics), kv), timeout=120)
         errs = []
         for r, (rc, _, err) in enumerate(outs):
             self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (name, r, err[-3000:]))
@@ -97,21 +100,21 @@ class PlannerAgainstTrainer(unittest.TestCase):
 
     def test_memory_and_time(self):
         # Calibration: one process, the whole batch of the dp=2 layouts' global batch 8.
-        errs, ms1 = self.run_layout("single", 1, 1, 1, 0, 2, False)
-        p1 = plan(1, 1, 1, 0, 2, False)
+        errs, ms1 = self.run_layout("single", 1, 1, 1, 0, 2, False, 1)
+        p1 = plan(1, 1, 1, 0, 2, False, 1)
         params = p1["model"]["params"]
         flops = 6.0 * params * 8 * SEQ
         peak = flops / (ms1 / 1000.0) / 1e12  # TFLOP/s one trainer thread reaches
         self.report.append("planner vs trainer (fp32, CPU, %d parameters; calibrated peak "
                            "%.3f GFLOP/s from the single-process step of %.1f ms):"
                            % (params, peak * 1e3, ms1))
-        for name, dpn, tp, pp, zero, accum, recompute in [("single", 1, 1, 1, 0, 2, False)] + \
-                LAYOUTS:
+        for name, dpn, tp, pp, zero, accum, recompute, cp in \
+                [("single", 1, 1, 1, 0, 2, False, 1)] + LAYOUTS:
             if name != "single":
-                errs, ms = self.run_layout(name, dpn, tp, pp, zero, accum, recompute)
+                errs, ms = self.run_layout(name, dpn, tp, pp, zero, accum, recompute, cp)
             else:
                 ms = ms1
-            pj = plan(dpn, tp, pp, zero, accum, recompute, peak)
+            pj = plan(dpn, tp, pp, zero, accum, recompute, cp, peak)
             lay = pj["layouts"][0]
             worst_state = worst_acts = 0.0
             for r, err in enumerate(errs):
@@ -119,7 +122,7 @@ class PlannerAgainstTrainer(unittest.TestCase):
                 a = ACTS.search(err)
                 self.assertTrue(m and a, "%s rank %d: no memory lines in:\n%s" % (name, r,
                                                                                  err[-2000:]))
-                stage = r // (tp * dpn)
+                stage = r // (tp * cp * dpn)  # the mesh: pp x dp x cp x tp
                 want = lay["stages"][stage]
                 state = sum(float(x) for x in m.groups()[:3]) * MIB
                 pstate = want["params"] + want["grads"] + want["optim"]
@@ -158,6 +161,8 @@ class PlannerAgainstTrainer(unittest.TestCase):
                   "pp (5) must divide the layers (12)"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--layout",
                    "dp=4"), 2, "not the 8 GPUs"),
+                 (("--model", "gpt2-124m", "--seq", "1000", "--global-batch", "8", "--layout",
+                   "dp=1,cp=3"), 2, "cp (3): 2 x cp must divide the sequence (1000)"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "x"), 2,
                   "--gpus: expected a positive integer, got 'x'"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--precision",
@@ -176,7 +181,7 @@ class PlannerAgainstTrainer(unittest.TestCase):
         self.assertIn("recommended: dp8 tp1 pp1", r.stdout)
         r = run("--model", "gpt2-124m", "--global-batch", "512", "--gpus", "8", "--emit-spec")
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("parallel: {dp: 8, tp: 1, pp: 1, zero_stage:", r.stdout)
+        self.assertIn("parallel: {dp: 8, tp: 1, pp: 1, cp: 1, zero_stage:", r.stdout)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+
 #include <check.h>
 
 #include "ctl.h"
@@ -104,7 +106,7 @@ START_TEST(test_comm_volumes)
   dt_plan_cluster_t c = cluster(4);
   dt_plan_eval_t e;
   /* dp 4, ZeRO-0: ring all-reduce of 4-byte gradients, 2 (N-1)/N x 4P. */
-  dt_plan_layout_t l = {4, 1, 1, 0, 2, 2, 0};
+  dt_plan_layout_t l = {4, 1, 1, 0, 2, 2, 0, 0};
   dt_plan_evaluate(&m, &tr, &c, &l, &e);
   ck_assert_double_eq(e.comm_dp, 2 * 0.75 * 4 * P);
   ck_assert_double_eq(e.comm, e.comm_dp);
@@ -122,7 +124,7 @@ START_TEST(test_comm_volumes)
   ck_assert_double_eq(e.comm_dp, 2 * 0.75 * 12 * P);
   /* tp 2 (dp 2): 4 all-reduces per layer and micro-batch of b s h floats, 2 (t-1)/t each:
    * 2 layers x 2 micro-batches x 4 x (2 x 4096 x 4 / 2) bytes; 6 with recomputation. */
-  l = (dt_plan_layout_t){2, 2, 1, 0, 4, 2, 0};
+  l = (dt_plan_layout_t){2, 2, 1, 0, 4, 2, 0, 0};
   c = cluster(4);
   dt_plan_evaluate(&m, &tr, &c, &l, &e);
   const double ar = 2.0 * 0.5 * 4 * 32 * 64 * 4;
@@ -131,7 +133,7 @@ START_TEST(test_comm_volumes)
   dt_plan_evaluate(&m, &tr, &c, &l, &e);
   ck_assert_double_eq(e.comm_tp, 2 * 2 * 6 * ar);
   /* pp 2 (dp 1): each stage sends one b s h activation (or gradient) per micro-batch. */
-  l = (dt_plan_layout_t){1, 1, 2, 0, 4, 4, 0};
+  l = (dt_plan_layout_t){1, 1, 2, 0, 4, 4, 0, 0};
   c = cluster(2);
   dt_plan_evaluate(&m, &tr, &c, &l, &e);
   ck_assert_double_eq(e.comm_pp, 4 * 4.0 * 32 * 64 * 4);
@@ -150,7 +152,7 @@ START_TEST(test_activations)
    * input and the fp32 logits. */
   dt_plan_model_t m = tiny();
   dt_plan_train_t tr = {32, 8, DT_PLAN_BF16};
-  dt_plan_layout_t l = {1, 1, 1, 0, 8, 1, 0};
+  dt_plan_layout_t l = {1, 1, 1, 0, 8, 1, 0, 0};
   dt_plan_mem_t mem;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
   const double s = 32, b = 8, h = 64, a = 4, sbh = s * b * h;
@@ -172,30 +174,73 @@ START_TEST(test_activations)
 }
 END_TEST
 
+/* Context parallelism: the rule, ZeRO over dp x cp, the trainer's activation buffers with the
+ * rank's seq / cp positions, and the q, k, v all-gather / reduce-scatter per layer. */
+START_TEST(test_context_parallel)
+{
+  dt_plan_model_t m = tiny(); /* 2 layers, h 64, 4 heads, Vp 128 */
+  dt_plan_train_t tr = {32, 8, DT_PLAN_FP32};
+  dt_plan_cluster_t c = cluster(4);
+  char why[256];
+  dt_plan_layout_t bad = {1, 1, 1, 0, 8, 1, 0, 3};
+  c.gpus = 3;
+  ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &bad, why, sizeof why), DT_EINVAL);
+  ck_assert_msg(strstr(why, "cp (3): 2 x cp must divide the sequence (32)"), "%s", why);
+  c.gpus = 4;
+  dt_plan_layout_t l = {2, 1, 1, 1, 4, 1, 0, 2}; /* dp 2 x cp 2, ZeRO-1 */
+  ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &l, why, sizeof why), 0);
+  dt_plan_mem_t mem;
+  dt_plan_memory(&m, &tr, &l, 0, &mem);
+  const double P = 128 * 64 + 32 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64;
+  ck_assert_double_eq(mem.params, 4 * P);
+  ck_assert_double_eq(mem.optim, 8 * ceil(P / 4)); /* sharded over dp x cp = 4 */
+  /* Per layer the trainer keeps 3 N C + 4 N for its norms and residual, the whole sequence's
+   * qkv (cp N 3C), the attention output N C, the two chunks' probabilities b a (s/2)^2 (2 cp +
+   * 1) and the MLP's 8 N C, with N = b s over its s = 16 positions; the slot and the scratch as
+   * without cp, the scratch plus the gathered rows and their gradients, 2 cp N 3C. */
+  const double b = 4, s = 16, N = b * s, C = 64, a = 4, att = b * a * 8 * 8 * 5;
+  const double layer = 3 * N * C + 4 * N + 2 * N * 3 * C + N * C + att + 8 * N * C;
+  const double slot = 4 * N * C + N * C + 3 * N + N * 128;
+  const double scratch = 2 * N * C + 4 * N * C + 3 * N * C + att + 2 * 2 * N * 3 * C;
+  ck_assert_double_eq_tol(mem.acts, 4 * (2 * layer + slot + scratch), 1e-6);
+  /* Communication: per layer and micro-batch one all-gather and one reduce-scatter of
+   * (cp - 1) N 3C floats; a third with recomputation. */
+  dt_plan_eval_t e;
+  dt_plan_evaluate(&m, &tr, &c, &l, &e);
+  ck_assert_double_eq(e.comm_cp, 2 * 1 * 2 * (N * 3 * C) * 4);
+  ck_assert_double_eq(e.comm, e.comm_dp + e.comm_cp);
+  l.ckpt = 1;
+  dt_plan_evaluate(&m, &tr, &c, &l, &e);
+  ck_assert_double_eq(e.comm_cp, 2 * 1 * 3 * (N * 3 * C) * 4);
+  /* Compute is split over all 4 ranks. */
+  ck_assert_double_eq_tol(e.t_compute, 8 * P * 8 * 32 / 4 / (1e12 * 0.5), 1e-15);
+}
+END_TEST
+
 START_TEST(test_layout_check)
 {
   dt_plan_model_t m = tiny(); /* 2 layers, 4 heads */
   dt_plan_train_t tr = {32, 16, DT_PLAN_BF16};
   dt_plan_cluster_t c = cluster(6);
   char why[256];
-  dt_plan_layout_t ok = {2, 1, 3, 0, 8, 1, 0};
+  dt_plan_layout_t ok = {2, 1, 3, 0, 8, 1, 0, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &ok, why, sizeof why), DT_EINVAL);
   ck_assert_msg(strstr(why, "pp (3) must divide the layers (2)"), "%s", why);
-  dt_plan_layout_t tp3 = {2, 3, 1, 0, 8, 1, 0};
+  dt_plan_layout_t tp3 = {2, 3, 1, 0, 8, 1, 0, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &tp3, why, sizeof why), DT_EINVAL);
   ck_assert_msg(strstr(why, "tp (3) must divide the attention heads (4)"), "%s", why);
-  dt_plan_layout_t world = {4, 1, 1, 0, 4, 1, 0};
+  dt_plan_layout_t world = {4, 1, 1, 0, 4, 1, 0, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &world, why, sizeof why), DT_EINVAL);
   ck_assert_msg(strstr(why, "not the 6 GPUs"), "%s", why);
-  dt_plan_layout_t batch = {6, 1, 1, 0, 2, 1, 0};
+  dt_plan_layout_t batch = {6, 1, 1, 0, 2, 1, 0, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &batch, why, sizeof why), DT_EINVAL);
   ck_assert_msg(strstr(why, "global batch 16"), "%s", why);
   c = cluster(4);
   c.gpus_per_node = 2;
-  dt_plan_layout_t wide = {1, 4, 1, 0, 16, 1, 0};
+  dt_plan_layout_t wide = {1, 4, 1, 0, 16, 1, 0, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &wide, why, sizeof why), DT_EINVAL);
   ck_assert_msg(strstr(why, "within a node"), "%s", why);
-  dt_plan_layout_t fine = {2, 2, 1, 3, 4, 2, 1};
+  dt_plan_layout_t fine = {2, 2, 1, 3, 4, 2, 1, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &fine, why, sizeof why), 0);
 }
 END_TEST
@@ -212,12 +257,16 @@ START_TEST(test_enumerate)
   int n;
   ck_assert_int_eq(dt_plan_enumerate(&m, &tr, &c, &v, &n, why, sizeof why), 0);
   ck_assert_int_gt(n, 10);
-  int fitting = 0;
+  int fitting = 0, with_cp = 0;
   for (int i = 0; i < n; i++) {
-    ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &v[i].layout, why, sizeof why), 0);
-    ck_assert_int_eq(m.heads % v[i].layout.tp, 0);
-    ck_assert_int_eq(m.layers % v[i].layout.pp, 0);
-    ck_assert_int_eq(v[i].layout.dp * v[i].layout.tp * v[i].layout.pp, 8);
+    const dt_plan_layout_t *l = &v[i].layout;
+    ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, l, why, sizeof why), 0);
+    ck_assert_int_eq(m.heads % l->tp, 0);
+    ck_assert_int_eq(m.layers % l->pp, 0);
+    ck_assert_int_ge(l->cp, 1);
+    ck_assert_int_eq(tr.seq % (2 * l->cp), 0);
+    ck_assert_int_eq(l->dp * l->tp * l->pp * l->cp, 8);
+    with_cp += l->cp > 1;
     fitting += v[i].fits;
     if (i > 0 && v[i].fits)
       ck_assert(v[i - 1].fits && v[i - 1].t_step <= v[i].t_step);
@@ -225,6 +274,7 @@ START_TEST(test_enumerate)
       ck_assert(v[i - 1].mem.total <= v[i].mem.total);
   }
   ck_assert_int_gt(fitting, 0);
+  ck_assert_int_gt(with_cp, 0);
   ck_assert(v[0].fits);
   /* 7B under plain DDP needs 16 x 6.74e9 bytes of model state: never fits in 80 GiB. */
   for (int i = 0; i < n; i++)
@@ -249,7 +299,7 @@ START_TEST(test_emit_spec_parses)
   ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
   dt_plan_train_t tr = {1024, 64, DT_PLAN_BF16};
   dt_plan_cluster_t c = cluster(8);
-  dt_plan_layout_t l = {2, 2, 2, 1, 4, 8, 1};
+  dt_plan_layout_t l = {2, 2, 2, 1, 4, 8, 1, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &l, why, sizeof why), 0);
   dt_plan_eval_t e;
   dt_plan_evaluate(&m, &tr, &c, &l, &e);
@@ -292,6 +342,7 @@ static Suite *planner_suite(void)
   t = tcase_create("layouts");
   tcase_add_test(t, test_comm_volumes);
   tcase_add_test(t, test_layout_check);
+  tcase_add_test(t, test_context_parallel);
   tcase_add_test(t, test_enumerate);
   tcase_add_test(t, test_emit_spec_parses);
   suite_add_tcase(s, t);
