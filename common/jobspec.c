@@ -181,7 +181,8 @@ int dt_jobspec_new_default(spec_t **out)
   s->training->val_every = 0;
   s->training->val_batches = 20;
   s->training->threads = 0;
-  if (str_set0(&s->training->device, "auto") < 0)
+  if (str_set0(&s->training->device, "auto") < 0 ||
+      str_set0(&s->training->precision, "fp32") < 0)
     goto nomem;
 
   s->optimizer->lr = 3e-4;
@@ -909,6 +910,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!str_empty(training->device) && strcmp(training->device, "auto") != 0 &&
       strcmp(training->device, "cpu") != 0 && strcmp(training->device, "cuda") != 0)
     bad(&v, "training.device must be auto, cpu or cuda, got '%s'", training->device);
+  if (!str_empty(training->precision) && strcmp(training->precision, "fp32") != 0 &&
+      strcmp(training->precision, "bf16") != 0)
+    bad(&v, "training.precision must be fp32 or bf16, got '%s'", training->precision);
   if (!str_empty(parallel->comm) && strcmp(parallel->comm, "auto") != 0 &&
       strcmp(parallel->comm, "cpu") != 0 && strcmp(parallel->comm, "nccl") != 0)
     bad(&v, "parallel.comm must be auto, cpu or nccl, got '%s'", parallel->comm);
@@ -1350,6 +1354,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   av_int(&a, "--grad-accum", accum);
   av_int(&a, "--steps", t->steps);
   av_str(&a, "--device", str_empty(t->device) ? "auto" : t->device);
+  if (!str_empty(t->precision) && strcmp(t->precision, "fp32") != 0)
+    av_str(&a, "--precision", t->precision);
 
   av_double(&a, "--lr", o->lr);
   av_int(&a, "--warmup", o->warmup);

@@ -76,6 +76,16 @@ typedef struct dt_ops {
                          const float *weight,                /* (OC, C) */
                          int N, int C, int OC, int ldd);
 
+  /* The same two layers in bf16 compute (--precision bf16, PyTorch autocast's rule for linear
+   * layers): every GEMM operand (inp, weight, dout) is rounded to bfloat16, to nearest even,
+   * and the products accumulate in fp32 into fp32 outputs. The bias and its gradient stay fp32
+   * (dbias sums the unrounded dout). NULL where a backend has no bf16 path. */
+  int (*matmul_forward_bf16)(struct dt_device *dev, float *out, const float *inp,
+                             const float *weight, const float *bias, int N, int C, int OC, int ldo);
+  int (*matmul_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight, int N,
+                              int C, int OC, int ldd);
+
   /* causal multi-head self-attention over packed qkv; att keeps the softmax probabilities */
   int (*attention_forward)(struct dt_device *dev, float *out, /* (B, T, C) heads concatenated */
                            float *att,       /* (B, NH, T, T) probabilities, upper part 0 */

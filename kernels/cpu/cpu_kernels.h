@@ -24,6 +24,29 @@ void dt_cpu_matmul_forward(float *out, const float *inp, const float *weight, co
                            int N, int C, int OC, int ldo);
 void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC, int ldd);
+/* bf16 compute (ops.h): the operands rounded to bfloat16 in scratch copies, then the fp32
+ * kernels above (bf16 x bf16 products are exact in fp32, so this is a bf16 GEMM with fp32
+ * accumulation, as a GPU's tensor cores do it, up to the order of the sums). 0, or -1 when
+ * the copies do not fit in memory (nothing written then). */
+int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
+                               int N, int C, int OC, int ldo);
+int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int C, int OC,
+                                int ldd);
+/* x rounded to the nearest bfloat16 (ties to even), as a float: the top 16 bits of its
+ * pattern. Infinities stay; NaN stays NaN; finite values beyond bf16's range become inf. */
+static inline float dt_bf16_round(float x)
+{
+  union {
+    float f;
+    unsigned u;
+  } v = {x};
+  if ((v.u & 0x7f800000u) == 0x7f800000u) /* inf, or NaN kept quiet with its sign */
+    v.u = (v.u & 0x007fffffu) ? (v.u | 0x00400000u) & 0xffff0000u : v.u;
+  else
+    v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+  return v.f;
+}
 void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                               int NH);
 void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,

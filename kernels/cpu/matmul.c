@@ -1,6 +1,7 @@
 /* matmul.c — the linear layer, forward and backward, through OpenBLAS cblas_sgemm.
  * PyTorch's nn.Linear convention: weight is (OC, C) and out = inp @ weight^T + bias. */
 #include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -20,17 +21,10 @@ void dt_cpu_matmul_forward(float *out, const float *inp, const float *weight, co
               ldo);
 }
 
-void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC, int ldd)
+/* dbias += the column sums of dout over rows, per block of channels with rows in order:
+ * thread-count independent. */
+static void bias_backward(float *dbias, const float *dout, int N, int OC, int ldd)
 {
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, ldd, weight, C,
-                0.0f, dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, ldd, inp, C, 1.0f,
-              dweight, C);
-  if (!dbias)
-    return;
-    /* Sum over rows per block of channels, rows in order: thread-count independent. */
 #pragma omp parallel for schedule(static)
   for (int o0 = 0; o0 < OC; o0 += DT_CPU_CBLOCK) {
     int o1 = o0 + DT_CPU_CBLOCK < OC ? o0 + DT_CPU_CBLOCK : OC;
@@ -43,4 +37,61 @@ void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     for (int o = o0; o < o1; o++)
       dbias[o] += acc[o - o0];
   }
+}
+
+void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC, int ldd)
+{
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, ldd, weight, C,
+                0.0f, dinp, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, ldd, inp, C, 1.0f,
+              dweight, C);
+  if (dbias)
+    bias_backward(dbias, dout, N, OC, ldd);
+}
+
+/* rows x cols of src (row stride lds) rounded to bf16 into a new contiguous buffer; NULL when
+ * out of memory. */
+static float *bf16_copy(const float *src, size_t rows, size_t cols, size_t lds)
+{
+  float *dst = malloc(rows * cols * sizeof *dst);
+  if (!dst)
+    return NULL;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < rows; i++)
+    for (size_t j = 0; j < cols; j++)
+      dst[i * cols + j] = dt_bf16_round(src[i * lds + j]);
+  return dst;
+}
+
+int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
+                               int N, int C, int OC, int ldo)
+{
+  float *a = bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
+  float *w = bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C);
+  const int ok = a && w;
+  if (ok)
+    dt_cpu_matmul_forward(out, a, w, bias, N, C, OC, ldo);
+  free(a);
+  free(w);
+  return ok ? 0 : -1;
+}
+
+int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int C, int OC,
+                                int ldd)
+{
+  float *g = bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
+  float *a = bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
+  float *w = dinp ? bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
+  const int ok = g && a && (w || !dinp);
+  if (ok)
+    dt_cpu_matmul_backward(dinp, dweight, NULL, g, a, w, N, C, OC, OC);
+  if (ok && dbias) /* from the unrounded gradient, as ops.h says */
+    bias_backward(dbias, dout, N, OC, ldd);
+  free(g);
+  free(a);
+  free(w);
+  return ok ? 0 : -1;
 }

@@ -4,6 +4,7 @@
 #include "../ops.h"
 #include "cpu_kernels.h"
 #include "device.h"
+#include "dt_error.h"
 
 /* Host addresses of the remote CPU device's pointers (device.h). */
 #define H(p) dt_device_host_ptr(dev, (p))
@@ -51,6 +52,25 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
 {
   dt_cpu_matmul_backward(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), N, C, OC, ldd);
   return 0;
+}
+
+static int matmul_forward_bf16(struct dt_device *dev, float *out, const float *inp,
+                               const float *weight, const float *bias, int N, int C, int OC,
+                               int ldo)
+{
+  return dt_cpu_matmul_forward_bf16(H(out), H(inp), H(weight), H(bias), N, C, OC, ldo) == 0
+             ? 0
+             : DT_ENOMEM;
+}
+
+static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int N,
+                                int C, int OC, int ldd)
+{
+  return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), N,
+                                     C, OC, ldd) == 0
+             ? 0
+             : DT_ENOMEM;
 }
 
 static int attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv, int B,
@@ -149,6 +169,8 @@ static const dt_ops_t g_cpu_ops = {
     .layernorm_backward = layernorm_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .matmul_forward_bf16 = matmul_forward_bf16,
+    .matmul_backward_bf16 = matmul_backward_bf16,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .attention_forward_cp = attention_forward_cp,

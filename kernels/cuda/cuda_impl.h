@@ -123,6 +123,12 @@ int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
 int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight, int N, int C,
                              int OC, int ldd);
+int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float *inp,
+                                 const float *weight, const float *bias, int N, int C, int OC,
+                                 int ldo);
+int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                                  const float *dout, const float *inp, const float *weight, int N,
+                                  int C, int OC, int ldd);
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
                                int B, int T, int C, int NH);
 int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scratch,

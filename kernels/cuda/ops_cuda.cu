@@ -17,6 +17,8 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.layernorm_backward = dt__cuda_layernorm_backward;
   o.matmul_forward = dt__cuda_matmul_forward;
   o.matmul_backward = dt__cuda_matmul_backward;
+  o.matmul_forward_bf16 = dt__cuda_matmul_forward_bf16;
+  o.matmul_backward_bf16 = dt__cuda_matmul_backward_bf16;
   o.attention_forward = dt__cuda_attention_forward;
   o.attention_backward = dt__cuda_attention_backward;
   o.attention_forward_cp = dt__cuda_attention_forward_cp;

@@ -3,7 +3,9 @@ against the CPU, and parallel layouts of several trainers sharing the GPU (LOCAL
 the GPUs; the host-staged communicator) against one GPU process.
 
   * one process: the 8-step loss trajectory within 1e-4 relative of the CPU's (the kernels
-    differ: cuBLAS against OpenBLAS, other reduction orders);
+    differ: cuBLAS against OpenBLAS, other reduction orders), in fp32 and under --precision
+    bf16 (both round the GEMM operands alike; tensor cores against OpenBLAS on the rounded
+    values);
   * dp=2 under ZeRO-3, tp=2, pp=2 (1F1B) and cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one
     GPU process on the same global batch (the issue's multi-rank GPU check; cp also runs the
     CUDA context-parallel attention kernels). --comm auto sees the ranks share a GPU and
@@ -91,6 +93,12 @@ class GpuTrainer(unittest.TestCase):
     def test_one_gpu_against_the_cpu(self):
         self.assert_close(self.train(1, 4, "cpu", tag="one"), self.train(1, 4, "cuda", tag="one"),
                           1e-4, "one process, cuda against cpu")
+
+    def test_bf16_against_the_cpu(self):
+        bf16 = ["--precision", "bf16"]
+        self.assert_close(self.train(1, 4, "cpu", bf16, tag="bf16"),
+                          self.train(1, 4, "cuda", bf16, tag="bf16"), 1e-4,
+                          "one process, bf16, cuda against cpu")
 
     def test_layouts_on_one_gpu(self):
         for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 1, ["--tp", "2"]),

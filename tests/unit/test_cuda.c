@@ -364,8 +364,15 @@ START_TEST(test_layernorm)
 }
 END_TEST
 
-static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_dinp)
+/* bf16: the matmul_*_bf16 entries, whose operands both sides round to bf16 alike, so only the
+ * order of the fp32 sums differs, as in fp32. */
+static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_dinp, int bf16)
 {
+  __typeof__(H->matmul_forward) hf = bf16 ? H->matmul_forward_bf16 : H->matmul_forward;
+  __typeof__(H->matmul_forward) gf = bf16 ? G->matmul_forward_bf16 : G->matmul_forward;
+  __typeof__(H->matmul_backward) hb = bf16 ? H->matmul_backward_bf16 : H->matmul_backward;
+  __typeof__(H->matmul_backward) gb = bf16 ? G->matmul_backward_bf16 : G->matmul_backward;
+  ck_assert(hf && gf && hb && gb);
   pair_t inp = pair_rand((size_t)N * C, 0.0f, 1.0f);
   pair_t weight = pair_rand((size_t)OC * C, 0.0f, 0.1f);
   pair_t bias = {0};
@@ -373,8 +380,8 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     bias = pair_rand((size_t)OC, 0.0f, 1.0f);
   /* Columns [OC, ld) must be left alone: the same values on both sides, compared at the end. */
   pair_t out = pair_rand((size_t)N * ld, 5.0f, 1.0f);
-  ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
-  ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
+  ck_assert_int_eq(hf(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
+  ck_assert_int_eq(gf(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
   expect_close("matmul_forward out", &out);
 
   pair_t dout = pair_rand((size_t)N * ld, 0.0f, 1.0f);
@@ -385,12 +392,8 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   pair_t dbias = {0};
   if (with_bias)
     dbias = pair_rand((size_t)OC, 0.0f, 1.0f);
-  ck_assert_int_eq(
-      H->matmul_backward(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h, N, C, OC, ld),
-      0);
-  ck_assert_int_eq(
-      G->matmul_backward(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, inp.d, weight.d, N, C, OC, ld),
-      0);
+  ck_assert_int_eq(hb(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h, N, C, OC, ld), 0);
+  ck_assert_int_eq(gb(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, inp.d, weight.d, N, C, OC, ld), 0);
   if (with_dinp)
     expect_close("matmul_backward dinp", &dinp);
   expect_close("matmul_backward dweight", &dweight);
@@ -406,9 +409,11 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
 
 START_TEST(test_matmul)
 {
-  check_matmul(75, 67, 45, 50, 1, 1);     /* row stride wider than OC, bias, dinp */
-  check_matmul(33, 64, 96, 96, 0, 0);     /* no bias, no dinp */
-  check_matmul(257, 200, 600, 600, 1, 1); /* N just over a block, larger K */
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    check_matmul(75, 67, 45, 50, 1, 1, bf16);     /* row stride wider than OC, bias, dinp */
+    check_matmul(33, 64, 96, 96, 0, 0, bf16);     /* no bias, no dinp */
+    check_matmul(257, 200, 600, 600, 1, 1, bf16); /* N just over a block, larger K */
+  }
 }
 END_TEST
 

@@ -604,6 +604,92 @@ START_TEST(test_matmul_forward_large)
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------
+ * bf16 compute
+ * ------------------------------------------------------------------------------------------- */
+
+/* x rounded to 8 significant bits, ties to even, through frexp / nearbyint (an independent
+ * reference for dt_bf16_round on normal floats). */
+static float ref_bf16(float x)
+{
+  int e;
+  const double m = frexp((double)x, &e); /* |m| in [0.5, 1) */
+  return (float)ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
+START_TEST(test_bf16_round)
+{
+  /* Ties go to the even neighbour: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7. */
+  ck_assert(dt_bf16_round(1.0f) == 1.0f);
+  ck_assert(dt_bf16_round(1.0f + 0x1p-8f) == 1.0f);
+  ck_assert(dt_bf16_round(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);
+  ck_assert(dt_bf16_round(1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f);
+  ck_assert(dt_bf16_round(-1.0f - 0x1p-8f - 0x1p-20f) == -1.0f - 0x1p-7f);
+  ck_assert(dt_bf16_round(INFINITY) == INFINITY && dt_bf16_round(-INFINITY) == -INFINITY);
+  ck_assert(isnan(dt_bf16_round(NAN)));
+  ck_assert(dt_bf16_round(3.4028235e38f) == INFINITY); /* past bf16's largest, 0x1.fep127 */
+  ck_assert(dt_bf16_round(0x1.fep127f) == 0x1.fep127f);
+  dt_rng_t rng;
+  dt_rng_seed(&rng, 77);
+  float *x = rand_normal(&rng, 100000, 0.0f, 1.0f);
+  for (int i = 0; i < 100000; i++) {
+    const float v = x[i] * (i % 2 ? 1e-20f : 1e20f);
+    ck_assert_msg(dt_bf16_round(v) == ref_bf16(v), "%a -> %a, want %a", v, dt_bf16_round(v),
+                  ref_bf16(v));
+  }
+}
+END_TEST
+
+/* The bf16 linear layer is the fp32 one on operands rounded to bf16 (bit for bit: the same
+ * GEMM), except dbias, which sums the unrounded gradient; and it is not the fp32 layer. */
+START_TEST(test_matmul_bf16)
+{
+  const int N = 37, C = 45, OC = 70, ld = 75;
+  dt_rng_t rng;
+  dt_rng_seed(&rng, 78);
+  float *inp = rand_normal(&rng, (size_t)N * C, 0.0f, 1.0f);
+  float *w = rand_normal(&rng, (size_t)OC * C, 0.0f, 0.1f);
+  float *bias = rand_normal(&rng, (size_t)OC, 0.0f, 1.0f);
+  float *dout = rand_normal(&rng, (size_t)N * ld, 0.0f, 1.0f);
+  float *inp_r = falloc((size_t)N * C), *w_r = falloc((size_t)OC * C);
+  float *dout_r = falloc((size_t)N * ld);
+  for (size_t i = 0; i < (size_t)N * C; i++)
+    inp_r[i] = ref_bf16(inp[i]);
+  for (size_t i = 0; i < (size_t)OC * C; i++)
+    w_r[i] = ref_bf16(w[i]);
+  for (size_t i = 0; i < (size_t)N * ld; i++)
+    dout_r[i] = ref_bf16(dout[i]);
+
+  float *out = filled((size_t)N * ld, SENTINEL), *want = filled((size_t)N * ld, SENTINEL);
+  float *plain = filled((size_t)N * ld, SENTINEL);
+  ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out, inp, w, bias, N, C, OC, ld), 0);
+  dt_cpu_matmul_forward(want, inp_r, w_r, bias, N, C, OC, ld);
+  dt_cpu_matmul_forward(plain, inp, w, bias, N, C, OC, ld);
+  ck_assert(memcmp(out, want, (size_t)N * ld * sizeof(float)) == 0);
+  ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) != 0);
+
+  float *dinp = filled((size_t)N * C, GARBAGE), *dinp_w = filled((size_t)N * C, GARBAGE);
+  float *dw = filled((size_t)OC * C, 0.5f), *dw_w = filled((size_t)OC * C, 0.5f);
+  float *db = filled((size_t)OC, 0.25f), *db_w = filled((size_t)OC, 0.25f);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, inp, w, N, C, OC, ld), 0);
+  dt_cpu_matmul_backward(dinp_w, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  float *dw_unused = filled((size_t)OC * C, 0.0f);
+  dt_cpu_matmul_backward(NULL, dw_unused, db_w, dout, inp, w, N, C, OC, ld);
+  ck_assert(memcmp(dinp, dinp_w, (size_t)N * C * sizeof(float)) == 0);
+  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  ck_assert(memcmp(db, db_w, (size_t)OC * sizeof(float)) == 0);
+  /* dinp NULL: only the parameter gradients */
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, inp, w, N, C, OC, ld), 0);
+  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  /* the table's entries */
+  const dt_ops_t *ops = dt_ops_cpu();
+  ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), plain, inp, w, bias, N, C, OC, ld), 0);
+  ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------
  * Attention
  * ------------------------------------------------------------------------------------------- */
 
@@ -1328,6 +1414,8 @@ static Suite *kernels_suite(void)
   add_tcase(s, "layernorm", test_layernorm);
   add_tcase(s, "matmul", test_matmul);
   add_tcase(s, "matmul_forward_large", test_matmul_forward_large);
+  add_tcase(s, "bf16_round", test_bf16_round);
+  add_tcase(s, "matmul_bf16", test_matmul_bf16);
   add_tcase(s, "attention", test_attention);
   add_tcase(s, "attention_cp", test_attention_cp);
   add_tcase(s, "gelu", test_gelu);

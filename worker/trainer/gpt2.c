@@ -581,6 +581,23 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
   return 0;
 }
 
+int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
+{
+  const dt_ops_t *k = m->dev->ops;
+  if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16)) {
+    DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers", k->name);
+    return DT_ENOTSUP;
+  }
+  m->mixed = *k;
+  if (bf16) {
+    m->mixed.matmul_forward = k->matmul_forward_bf16;
+    m->mixed.matmul_backward = k->matmul_backward_bf16;
+  }
+  m->ops = bf16 ? &m->mixed : k;
+  m->bf16 = bf16;
+  return 0;
+}
+
 int dt_gpt2_set_context_parallel(dt_gpt2_t *m, const dt_gpt2_cp_t *cp)
 {
   if (m->acts) {

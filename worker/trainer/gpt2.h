@@ -243,7 +243,9 @@ typedef struct {
 typedef struct {
   dt_gpt2_config_t cfg; /* the global model */
   dt_device_t *dev;     /* where its tensors live: every buffer below is device memory */
-  const dt_ops_t *ops;  /* dev's kernels */
+  const dt_ops_t *ops;  /* dev's kernels, or `mixed` under bf16 compute */
+  dt_ops_t mixed;       /* dev's kernels with its bf16 linear layers (dt_gpt2_set_precision) */
+  int bf16;             /* bf16 compute */
   dt_gpt2_tp_t tp;
   dt_gpt2_cp_t cp;
   dt_gpt2_stage_t stage;
@@ -318,6 +320,12 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on);
 /* Context parallelism (before the activations are allocated; B, T are then the local sizes):
  * DT_ENOTSUP when the device has no context-parallel attention kernels. */
 int dt_gpt2_set_context_parallel(dt_gpt2_t *m, const dt_gpt2_cp_t *cp);
+/* Compute precision: bf16 0 is fp32 everywhere; 1 runs every linear layer (QKV, attention
+ * projection, MLP, LM head; forward and backward) as a bf16 GEMM with fp32 accumulation (the
+ * device's matmul_*_bf16 kernels, ops.h), while parameters (the fp32 master weights),
+ * gradients, optimizer state, activations, attention, LayerNorm, GELU and the loss stay fp32:
+ * PyTorch autocast's rule for linear layers. DT_ENOTSUP when the device has no bf16 kernels. */
+int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16);
 /* Floats of a stage's input or output activation (the rows this rank holds, times C). */
 size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
 /* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3

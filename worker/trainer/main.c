@@ -47,6 +47,8 @@ static void usage(FILE *out)
       "device:\n"
       "  --device cpu|cuda|auto      where to train (default auto: the GPU that LOCAL_RANK picks\n"
       "                              when a CUDA GPU is present, else the CPU)\n"
+      "  --precision fp32|bf16       bf16: linear layers as bf16 GEMMs accumulating in fp32, the\n"
+      "                              rest and the master weights fp32 (default fp32)\n"
       "  --comm auto|cpu|nccl        collectives between GPU trainers: nccl on device memory, or\n"
       "                              cpu staged through host memory (default auto: nccl when\n"
       "                              every rank has a GPU of its own and this build has NCCL)\n"
@@ -114,6 +116,7 @@ enum {
   OPT_QUIET,
   OPT_DEVICE,
   OPT_COMM,
+  OPT_PRECISION,
   OPT_HELP,
 };
 
@@ -158,6 +161,7 @@ static const struct option g_opts[] = {
     {"zero-stage", required_argument, 0, OPT_ZERO},
     {"device", required_argument, 0, OPT_DEVICE},
     {"comm", required_argument, 0, OPT_COMM},
+    {"precision", required_argument, 0, OPT_PRECISION},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
     {"cp", required_argument, 0, OPT_CP},
@@ -391,6 +395,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_COMM:
       o->comm = optarg;
+      break;
+    case OPT_PRECISION:
+      o->precision = optarg;
       break;
     case OPT_RECOMPUTE:
       o->recompute = 1;

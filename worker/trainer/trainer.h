@@ -76,6 +76,9 @@ typedef struct {
   /* the backend of the model's collectives (world > 1): "cpu" (host-staged on a GPU), "nccl",
    * or "auto" (NULL): nccl when every rank can use it (dt_train_device_comm_able) */
   const char *comm;
+  /* "fp32" (NULL) or "bf16": linear layers as bf16 GEMMs with fp32 accumulation, fp32 master
+   * weights and everything else (dt_gpt2_set_precision) */
+  const char *precision;
   /* the agent/coordinator link (link.h), NULL when standalone */
   struct dt_link *link;
   /* parallelism: this process's rank in a world of `world` (1: one process), the rendezvous
