@@ -181,8 +181,7 @@ int dt_jobspec_new_default(spec_t **out)
   s->training->val_every = 0;
   s->training->val_batches = 20;
   s->training->threads = 0;
-  if (str_set0(&s->training->device, "auto") < 0 ||
-      str_set0(&s->training->precision, "fp32") < 0)
+  if (str_set0(&s->training->device, "auto") < 0 || str_set0(&s->training->precision, "fp32") < 0)
     goto nomem;
 
   s->optimizer->lr = 3e-4;
