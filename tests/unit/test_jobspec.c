@@ -1019,8 +1019,8 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
-  ck_assert(!has_arg(argv, "--comm")); /* auto is the trainer's default */
-  ck_assert(!has_arg(argv, "--precision"));          /* so is fp32 */
+  ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
+  ck_assert(!has_arg(argv, "--precision")); /* so is fp32 */
   dt_argv_free(argv);
   set_ok(s, "parallel.comm=nccl");
   set_ok(s, "training.precision=bf16");
