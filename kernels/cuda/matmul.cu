@@ -26,6 +26,21 @@ __global__ static void bias_fill_kernel(float *out, const float *bias, int OC, i
   }
 }
 
+/* Seeds each output row with the bias (when there is one) and sets *beta so that the GEMM
+ * accumulates onto it, as the CPU does; without a bias *beta stays 0. */
+static int bias_seed(dt_cuda_impl_t *cu, float *out, const float *bias, int N, int OC, int ldo,
+                     float *beta)
+{
+  if (!bias)
+    return 0;
+  const size_t total = (size_t)N * OC;
+  bias_fill_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
+      out, bias, OC, ldo, total);
+  DT_CUDA_CHECK(cudaGetLastError());
+  *beta = 1.0f;
+  return 0;
+}
+
 int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
                             const float *weight, const float *bias, int N, int C, int OC, int ldo)
 {
@@ -33,14 +48,7 @@ int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
   if (N <= 0 || OC <= 0)
     return 0;
   float beta = 0.0f;
-  if (bias) {
-    /* Seed each output row with the bias and let the GEMM accumulate onto it (as the CPU). */
-    const size_t total = (size_t)N * OC;
-    bias_fill_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        out, bias, OC, ldo, total);
-    DT_CUDA_CHECK(cudaGetLastError());
-    beta = 1.0f;
-  }
+  DT_CHECK(bias_seed(cu, out, bias, N, OC, ldo, &beta));
   const float one = 1.0f;
   /* out^T (OC x N, ld ldo) = weight (OC x C) @ inp^T (C x N).
    * weight row-major (OC, C) is column-major (C x OC, ld C): op T gives (OC x C).
@@ -149,13 +157,7 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float 
   if (N <= 0 || OC <= 0)
     return 0;
   float beta = 0.0f;
-  if (bias) {
-    const size_t total = (size_t)N * OC;
-    bias_fill_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        out, bias, OC, ldo, total);
-    DT_CUDA_CHECK(cudaGetLastError());
-    beta = 1.0f;
-  }
+  DT_CHECK(bias_seed(cu, out, bias, N, OC, ldo, &beta));
   bf16_operand_t op[2] = {{inp, (size_t)N, (size_t)C, (size_t)C, NULL},
                           {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
   DT_CHECK(bf16_operands(cu, op, 2));
