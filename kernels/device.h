@@ -33,6 +33,10 @@ typedef struct dt_device {
   void (*free)(struct dt_device *d, void *p); /* NULL is fine */
   int (*zero)(struct dt_device *d, void *p, size_t bytes);
   int (*copy)(struct dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_dir_t dir);
+  /* rows pieces of width bytes, the i-th from src + i spitch to dst + i dpitch (one call for a
+   * strided gather or scatter, as cudaMemcpy2D); the pieces must not overlap */
+  int (*copy_2d)(struct dt_device *d, void *dst, size_t dpitch, const void *src, size_t spitch,
+                 size_t width, size_t rows, dt_copy_dir_t dir);
   /* dst += src, n floats */
   int (*accumulate)(struct dt_device *d, float *dst, const float *src, size_t n);
   int (*sync)(struct dt_device *d);

@@ -36,6 +36,16 @@ static int cpu_copy(dt_device_t *d, void *dst, const void *src, size_t bytes, dt
   return 0;
 }
 
+static int cpu_copy_2d(dt_device_t *d, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t rows, dt_copy_dir_t dir)
+{
+  (void)d;
+  (void)dir;
+  for (size_t i = 0; i < rows; i++)
+    memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+  return 0;
+}
+
 static int cpu_accumulate(dt_device_t *d, float *dst, const float *src, size_t n)
 {
   (void)d;
@@ -85,6 +95,14 @@ static int remote_copy(dt_device_t *d, void *dst, const void *src, size_t bytes,
   return cpu_copy(d, to, from, bytes, dir);
 }
 
+static int remote_copy_2d(dt_device_t *d, void *dst, size_t dpitch, const void *src, size_t spitch,
+                          size_t width, size_t rows, dt_copy_dir_t dir)
+{
+  void *to = dir == DT_COPY_D2H ? dst : H(dst);
+  const void *from = dir == DT_COPY_H2D ? src : H(src);
+  return cpu_copy_2d(d, to, dpitch, from, spitch, width, rows, dir);
+}
+
 static int remote_accumulate(dt_device_t *d, float *dst, const float *src, size_t n)
 {
   return cpu_accumulate(d, H(dst), H(src), n);
@@ -105,6 +123,7 @@ dt_device_t *dt_device_cpu(void)
                             .free = cpu_free,
                             .zero = cpu_zero,
                             .copy = cpu_copy,
+                            .copy_2d = cpu_copy_2d,
                             .accumulate = cpu_accumulate,
                             .sync = cpu_sync,
                             .owns = cpu_owns};
@@ -121,6 +140,7 @@ dt_device_t *dt_device_cpu_remote(void)
                                .free = remote_free,
                                .zero = remote_zero,
                                .copy = remote_copy,
+                               .copy_2d = remote_copy_2d,
                                .accumulate = remote_accumulate,
                                .sync = cpu_sync,
                                .owns = remote_owns};

@@ -82,28 +82,48 @@ static int cuda_zero(dt_device_t *d, void *p, size_t bytes)
   return 0;
 }
 
+/* The CUDA copy kind of a direction; DT_EINVAL for a bad one. */
+static int copy_kind(const dt_cuda_impl_t *c, dt_copy_dir_t dir, cudaMemcpyKind *kind)
+{
+  switch (dir) {
+  case DT_COPY_H2D:
+    *kind = cudaMemcpyHostToDevice;
+    return 0;
+  case DT_COPY_D2H:
+    *kind = cudaMemcpyDeviceToHost;
+    return 0;
+  case DT_COPY_D2D:
+    *kind = cudaMemcpyDeviceToDevice;
+    return 0;
+  }
+  DT_ERROR(KERNEL, "%s: copy: bad direction %d", c->name, (int)dir);
+  return DT_EINVAL;
+}
+
 static int cuda_copy(dt_device_t *d, void *dst, const void *src, size_t bytes, dt_copy_dir_t dir)
 {
   dt_cuda_impl_t *c = dt__cuda(d);
   cudaMemcpyKind kind;
-  switch (dir) {
-  case DT_COPY_H2D:
-    kind = cudaMemcpyHostToDevice;
-    break;
-  case DT_COPY_D2H:
-    kind = cudaMemcpyDeviceToHost;
-    break;
-  case DT_COPY_D2D:
-    kind = cudaMemcpyDeviceToDevice;
-    break;
-  default:
-    DT_ERROR(KERNEL, "%s: copy: bad direction %d", c->name, (int)dir);
-    return DT_EINVAL;
-  }
+  DT_CHECK(copy_kind(c, dir, &kind));
   if (bytes == 0 || dst == src)
     return 0;
   DT_CUDA_CHECK(cudaSetDevice(c->ordinal)); /* the comm thread copies too */
   DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
+  if (dir != DT_COPY_D2D)
+    DT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int cuda_copy_2d(dt_device_t *d, void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t rows, dt_copy_dir_t dir)
+{
+  dt_cuda_impl_t *c = dt__cuda(d);
+  cudaMemcpyKind kind;
+  DT_CHECK(copy_kind(c, dir, &kind));
+  if (width == 0 || rows == 0)
+    return 0;
+  DT_CUDA_CHECK(cudaSetDevice(c->ordinal));
+  DT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind, c->stream));
   if (dir != DT_COPY_D2D)
     DT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return 0;
@@ -273,6 +293,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->dev.free = cuda_free;
   c->dev.zero = cuda_zero;
   c->dev.copy = cuda_copy;
+  c->dev.copy_2d = cuda_copy_2d;
   c->dev.accumulate = cuda_accumulate;
   c->dev.sync = cuda_sync;
   c->dev.owns = cuda_owns;

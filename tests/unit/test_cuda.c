@@ -224,6 +224,20 @@ START_TEST(test_device_memory)
   for (size_t i = 0; i < n; i++)
     ck_assert_msg(back[i] == 0.0f, "alloc: [%zu] = %g, not 0", i, back[i]);
 
+  /* copy_2d: every third block of 100 floats of h into consecutive blocks, and back out */
+  ck_assert_int_eq(g_gpu->copy_2d(g_gpu, d, 100 * sizeof(float), h, 300 * sizeof(float),
+                                  100 * sizeof(float), 333, DT_COPY_H2D),
+                   0);
+  to_host(back, d, 33300 * sizeof(float));
+  for (size_t i = 0; i < 33300; i++)
+    ck_assert_msg(back[i] == h[i / 100 * 300 + i % 100], "copy_2d H2D: [%zu]", i);
+  memset(back, 0, n * sizeof(float));
+  ck_assert_int_eq(g_gpu->copy_2d(g_gpu, back, 300 * sizeof(float), d, 100 * sizeof(float),
+                                  100 * sizeof(float), 333, DT_COPY_D2H),
+                   0);
+  for (size_t i = 0; i < 99900; i++)
+    ck_assert_msg(back[i] == (i % 300 < 100 ? h[i] : 0.0f), "copy_2d D2H: [%zu]", i);
+
   /* H2D, D2D, D2H round trip */
   float *d2 = dev_alloc(n * sizeof(float));
   to_dev(d, h, n * sizeof(float));

@@ -1345,6 +1345,17 @@ START_TEST(test_device_cpu)
   ck_assert_int_eq(d->accumulate(d, a, b, n), 0);
   for (size_t i = 0; i < n; i++)
     ck_assert(a[i] == 2.0f * (float)i);
+  /* copy_2d: 7 pieces of 5 floats, 9 floats apart in b, 13 apart in a; the gaps untouched */
+  for (size_t i = 0; i < n; i++)
+    a[i] = -1.0f;
+  ck_assert_int_eq(d->copy_2d(d, a + 3, 13 * sizeof(float), b + 2, 9 * sizeof(float),
+                              5 * sizeof(float), 7, DT_COPY_D2D),
+                   0);
+  for (size_t i = 0; i < n; i++) {
+    const size_t r = (i - 3) / 13, c = (i - 3) % 13;
+    const int in = i >= 3 && r < 7 && c < 5;
+    ck_assert_msg(a[i] == (in ? (float)(2 + r * 9 + c) : -1.0f), "a[%zu] = %g", i, a[i]);
+  }
   ck_assert_int_eq(d->sync(d), 0);
   d->free(d, a);
   d->free(d, b);
@@ -1364,6 +1375,7 @@ START_TEST(test_ops_table)
       (const void *)ops->encoder_forward,       (const void *)ops->encoder_backward,
       (const void *)ops->layernorm_forward,     (const void *)ops->layernorm_backward,
       (const void *)ops->matmul_forward,        (const void *)ops->matmul_backward,
+      (const void *)ops->matmul_forward_bf16,   (const void *)ops->matmul_backward_bf16,
       (const void *)ops->attention_forward,     (const void *)ops->attention_backward,
       (const void *)ops->gelu_forward,          (const void *)ops->gelu_backward,
       (const void *)ops->residual_forward,      (const void *)ops->crossentropy_forward_backward,

@@ -774,16 +774,18 @@ static int reduce_rows(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *partial, size_t N
 static int cp_permute(dt_gpt2_t *m, float *group, float *seq, int B, int T, int to_seq)
 {
   const int cp = m->cp.cp, h = T / 2;
-  const size_t row = 3 * (size_t)dims(m).Cl, piece = (size_t)h * row;
+  const size_t row = 3 * (size_t)dims(m).Cl, piece = (size_t)h * row * sizeof(float);
+  /* One strided copy per (r, j): its B pieces lie piece apart in the group's layout and
+   * 2cp pieces apart in the sequence's. */
   for (int r = 0; r < cp; r++)
-    for (int j = 0; j < 2; j++)
-      for (int b = 0; b < B; b++) {
-        const int c = j ? 2 * cp - 1 - r : r;
-        float *g = group + (((size_t)r * 2 + j) * B + b) * piece;
-        float *q = seq + ((size_t)b * 2 * cp + c) * piece;
-        DT_CHECK(m->dev->copy(m->dev, to_seq ? q : g, to_seq ? g : q, piece * sizeof(float),
-                              DT_COPY_D2D));
-      }
+    for (int j = 0; j < 2; j++) {
+      const int c = j ? 2 * cp - 1 - r : r;
+      char *g = (char *)group + ((size_t)r * 2 + j) * B * piece;
+      char *q = (char *)seq + (size_t)c * piece;
+      const size_t gp = piece, qp = 2 * (size_t)cp * piece;
+      DT_CHECK(m->dev->copy_2d(m->dev, to_seq ? q : g, to_seq ? qp : gp, to_seq ? g : q,
+                               to_seq ? gp : qp, piece, (size_t)B, DT_COPY_D2D));
+    }
   return 0;
 }
 
