@@ -54,11 +54,12 @@ def read_metrics(path):
 
 
 def launch(world, args_for_rank, kv, extra_env=None):
+    """Starts world ranks; extra_env is a dict for every rank, or a function of the rank."""
     procs = []
     for r in range(world):  # pipes are closed by communicate() in wait_all
         env = dict(os.environ, WORLD_SIZE=str(world), RANK=str(r), DISTRAIN_KV_DIR=kv,
                    OMP_NUM_THREADS="1")
-        env.update(extra_env or {})
+        env.update((extra_env(r) if callable(extra_env) else extra_env) or {})
         procs.append(subprocess.Popen(args_for_rank(r), env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs

@@ -69,12 +69,8 @@ class GpuTrainer(unittest.TestCase):
         metrics = os.path.join(self.tmp, "%s_%s_w%d.jsonl" % (tag, device, world))
         kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
         argv = dp.base_args(batch, ACCUM, metrics, STEPS) + ["--device", device] + list(extra)
-        procs = []
-        for r in range(world):
-            env = dict(os.environ, WORLD_SIZE=str(world), RANK=str(r), DISTRAIN_KV_DIR=kv,
-                       OMP_NUM_THREADS="1", LOCAL_RANK=str(r if own_gpus else 0))
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+        procs = dp.launch(world, lambda r: argv, kv,
+                          lambda r: {"LOCAL_RANK": str(r if own_gpus else 0)})
         return metrics, dp.wait_all(procs, timeout=300)
 
     def train(self, world, batch, device, extra=(), tag="", own_gpus=False):
