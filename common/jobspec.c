@@ -181,7 +181,8 @@ int dt_jobspec_new_default(spec_t **out)
   s->training->val_every = 0;
   s->training->val_batches = 20;
   s->training->threads = 0;
-  if (str_set0(&s->training->device, "auto") < 0 || str_set0(&s->training->precision, "fp32") < 0)
+  if (str_set0(&s->training->device, "auto") < 0 || str_set0(&s->training->precision, "fp32") < 0 ||
+      str_set0(&s->training->attention, "flash") < 0)
     goto nomem;
 
   s->optimizer->lr = 3e-4;
@@ -912,6 +913,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!str_empty(training->precision) && strcmp(training->precision, "fp32") != 0 &&
       strcmp(training->precision, "bf16") != 0)
     bad(&v, "training.precision must be fp32 or bf16, got '%s'", training->precision);
+  if (!str_empty(training->attention) && strcmp(training->attention, "flash") != 0 &&
+      strcmp(training->attention, "materialized") != 0)
+    bad(&v, "training.attention must be flash or materialized, got '%s'", training->attention);
   if (!str_empty(parallel->comm) && strcmp(parallel->comm, "auto") != 0 &&
       strcmp(parallel->comm, "cpu") != 0 && strcmp(parallel->comm, "nccl") != 0)
     bad(&v, "parallel.comm must be auto, cpu or nccl, got '%s'", parallel->comm);
@@ -1355,6 +1359,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   av_str(&a, "--device", str_empty(t->device) ? "auto" : t->device);
   if (!str_empty(t->precision) && strcmp(t->precision, "fp32") != 0)
     av_str(&a, "--precision", t->precision);
+  if (!str_empty(t->attention) && strcmp(t->attention, "flash") != 0)
+    av_str(&a, "--attention", t->attention);
 
   av_double(&a, "--lr", o->lr);
   av_int(&a, "--warmup", o->warmup);

@@ -232,12 +232,14 @@ static double acts_fp32(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   /* cp: the whole sequence's q, k, v; each of the rank's two chunks' scores against the keys
    * up to its end, (S/2)^2 (2 cp + 1) per head in all */
   const double qkv = cp * N * (C + 2 * k) / t;
-  const double att = cp > 1 ? b * (a / t) * (S / 2) * (S / 2) * (2 * cp + 1) : b * (a / t) * S * S;
+  const double att = !tr->materialized ? b * (a / t) * S /* flash: the rows' lse */
+                     : cp > 1          ? b * (a / t) * (S / 2) * (S / 2) * (2 * cp + 1)
+                                       : b * (a / t) * S * S;
   const double layer = 3 * N * C + 4 * N + qkv + N * C / t + att + mlp;
   double slot = (Ls + 2) * N * C + (l->ckpt ? 0 : Ls * layer);
   if (last)
     slot += N * C + 3 * N + N * Vp / t;
-  double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + att;
+  double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + (tr->materialized ? att : 0);
   if (cp > 1) /* the group's gathered rows and their gradients */
     scratch += 2 * qkv;
   if (l->ckpt)
@@ -259,10 +261,15 @@ static double acts_bf16(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   const double s2 = cp > 1 ? (S / 2) * (S / 2) * (2 * cp + 1) : S * S;
   const double kv_gathered = 2 * (cp - 1) * S * b * (h + 2 * k) / t;
   double layer;
+  /* the probabilities' bytes (GPT-2: softmax, dropout mask and output; Llama: softmax), or
+   * with flash attention each row's fp32 log-sum-exp */
+  const double probs = !tr->materialized         ? 4 * a * S * b / t
+                       : m->arch == DT_PLAN_GPT2 ? 5 * a * s2 * b / t
+                                                 : 2 * a * s2 * b / t;
   if (m->arch == DT_PLAN_GPT2)
-    layer = sbh * (10 + (8 + 4 * F / h) / t) + 5 * a * s2 * b / t + kv_gathered;
+    layer = sbh * (10 + (8 + 4 * F / h) / t) + probs + kv_gathered;
   else
-    layer = sbh * (8 + (4 + 4 * k / h + 6 * F / h) / t) + 2 * a * s2 * b / t + kv_gathered;
+    layer = sbh * (8 + (4 + 4 * k / h + 6 * F / h) / t) + probs + kv_gathered;
   const double kept = l->ckpt ? 2 * sbh : layer;
   double slot = Ls * kept + 2 * sbh; /* + the stage's input */
   if (last)

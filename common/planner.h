@@ -51,7 +51,10 @@
  *                    + 3 (t + 1) N on the last stage when t > 1 (vocab-parallel loss stats)
  *   checkpointing:   the per-layer part is kept once in the scratch (the layer being
  *                    recomputed), not per layer and slot: layer outputs only.
- * all in 4-byte floats. This is exact against the trainer's "activations: X MiB" line.
+ * all in 4-byte floats. This is exact against the trainer's "activations: X MiB" line. Those
+ * are the terms of materialised attention (train.materialized); flash attention, the default,
+ * keeps each query row's log-sum-exp instead, b (a/t) s per layer (with cp too: the rank's s
+ * rows), and no probabilities in the scratch.
  * bf16 (a Megatron-style GPU trainer; Korthikanti et al. 2022, 16-bit activations with
  * dropout masks, no sequence parallelism): per layer and micro-batch, GPT-2
  *   s b h (10 + (8 + 4 F/h)/t) + 5 a s^2 b / t   bytes  (= s b h (34 + 5 a s / h) at t = 1)
@@ -60,6 +63,8 @@
  * recomputed. The last stage adds fp32 logits 4 s b Vp / t; slots as above. With cp (an
  * extension, modelled as distrain's trainer does it): s is seq / cp, s^2 becomes
  * (s/2)^2 (2 cp + 1), and each layer adds the other ranks' k and v, 2 (cp-1) s b (h + 2k)/t.
+ * Flash attention replaces the a s^2 b terms (5 for GPT-2, 2 for Llama) by the fp32 log-sum-exp
+ * of each query row, 4 a s b / t.
  *
  * ---- Communication per rank and step (bytes sent; g = gradient bytes/param) ----------------
  *   dp, ZeRO-0: ring all-reduce of the gradients 2 (N-1)/N g P;  ZeRO-1: reduce-scatter +
@@ -116,6 +121,7 @@ typedef struct {
 typedef struct {
   int seq, global_batch; /* tokens per sequence; sequences per optimizer step */
   dt_plan_precision_t precision;
+  int materialized; /* attention keeps its (s, s) probabilities (0: flash, the default) */
 } dt_plan_train_t;
 
 typedef struct {

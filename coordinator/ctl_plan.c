@@ -36,13 +36,13 @@ static void plan_usage(FILE *out)
       "                        --seq S --global-batch B --gpus N [--gpus-per-node G]\n"
       "                        [--gpu-mem-gib M] [--peak-tflops T] [--mfu F] [--intra-gbps X]\n"
       "                        [--inter-gbps Y] [--latency-us U] [--precision fp32|bf16]\n"
-      "                        [--top K] [--json]"
+      "                        [--attention flash|materialized] [--top K] [--json]"
       "                        [--emit-spec]\n"
       "                        [--layout dp=D,tp=T,pp=P,cp=C,zero=Z,micro=M,ckpt=0|1]\n"
       "  presets: %s\n"
       "  defaults: an H100 node: 8 GPUs per node, 80 GiB, 989 TFLOP/s (bf16 dense), MFU 0.4,\n"
       "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective; bf16 mixed\n"
-      "  precision; top 10.\n"
+      "  precision, flash attention (or the job spec's); top 10.\n"
       "  --layout evaluates that one layout (gpus default to dp x tp x pp x cp).\n",
       dt_plan_preset_names());
 }
@@ -118,6 +118,8 @@ static int load_job(const char *path, plan_args_t *a)
                                  m->vocab,     m->max_seq};
     a->tr.seq = spec->training->seq;
     a->tr.global_batch = spec->training->batch;
+    const char *att = spec->training->attention;
+    a->tr.materialized = att && strcmp(att, "materialized") == 0;
     a->model_name = path;
     a->have_model = 1;
   }
@@ -147,6 +149,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
     O_INTRA,
     O_INTER,
     O_PREC,
+    O_ATTN,
     O_TOP,
     O_JSON,
     O_EMIT,
@@ -174,6 +177,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
                                        {"intra-gbps", required_argument, 0, O_INTRA},
                                        {"inter-gbps", required_argument, 0, O_INTER},
                                        {"precision", required_argument, 0, O_PREC},
+                                       {"attention", required_argument, 0, O_ATTN},
                                        {"top", required_argument, 0, O_TOP},
                                        {"json", no_argument, 0, O_JSON},
                                        {"emit-spec", no_argument, 0, O_EMIT},
@@ -184,7 +188,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
                                        {0, 0, 0, 0}};
   int ch, explicit_dims = 0, seq = 0, batch = 0, gpn = 0;
   double gib = 80, tflops = 989, intra = 450, inter = 50, lat_us = 10;
-  const char *job = NULL;
+  const char *job = NULL, *attention = NULL;
   a->cl.gpus = 0;
   a->cl.mfu = 0.4;
   a->tr.precision = DT_PLAN_BF16;
@@ -269,6 +273,11 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
         return bad("--precision '%s': expected fp32 or bf16%s", optarg, "");
       a->tr.precision = optarg[0] == 'f' ? DT_PLAN_FP32 : DT_PLAN_BF16;
       break;
+    case O_ATTN:
+      if (strcmp(optarg, "flash") != 0 && strcmp(optarg, "materialized") != 0)
+        return bad("--attention '%s': expected flash or materialized%s", optarg, "");
+      attention = optarg;
+      break;
     case O_TOP:
       rc = parse_int(o, optarg, 1, &a->top);
       break;
@@ -302,6 +311,8 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
                "", "");
   if (job && load_job(job, a) != 0)
     return DT_EINVAL;
+  if (attention) /* over the job spec's */
+    a->tr.materialized = strcmp(attention, "materialized") == 0;
   if (a->have_model && (explicit_dims & 7) && !job)
     return bad("--model and --layers/--hidden/--heads are exclusive%s%s", "", "");
   if (!a->have_model) {
@@ -365,10 +376,11 @@ static void print_header(FILE *out, const plan_args_t *a)
           m->hidden, m->heads);
   if (m->arch == DT_PLAN_LLAMA)
     fprintf(out, ", kv heads %d", m->kv_heads);
-  fprintf(out, ", ffn %d, vocab %d); seq %d, global batch %d, %s\n", m->ffn, m->vocab, a->tr.seq,
-          a->tr.global_batch,
+  fprintf(out, ", ffn %d, vocab %d); seq %d, global batch %d, %s, %s attention\n", m->ffn, m->vocab,
+          a->tr.seq, a->tr.global_batch,
           a->tr.precision == DT_PLAN_BF16 ? "bf16 mixed precision (2+2+12 bytes/param)"
-                                          : "fp32 (4+4+8 bytes/param)");
+                                          : "fp32 (4+4+8 bytes/param)",
+          a->tr.materialized ? "materialized" : "flash");
   fprintf(out,
           "cluster: %d GPUs, %d per node, %.0f GiB each, %.0f TFLOP/s x MFU %.2f, intra-node %.0f "
           "GB/s, inter-node %.0f GB/s, %.0f us per collective\n",
@@ -445,8 +457,8 @@ void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_tr
             "# model: Llama-shaped (layers %d, hidden %d, heads %d, kv heads %d, ffn %d, "
             "vocab %d): distrain's trainer builds GPT-2 shapes, so no model section\n",
             m->layers, m->hidden, m->heads, m->kv_heads, m->ffn, m->vocab);
-  fprintf(out, "training: {batch: %d, seq: %d, micro_batch: %d}\n", tr->global_batch, tr->seq,
-          l->micro);
+  fprintf(out, "training: {batch: %d, seq: %d, micro_batch: %d%s}\n", tr->global_batch, tr->seq,
+          l->micro, tr->materialized ? ", attention: materialized" : "");
   fprintf(out,
           "parallel: {dp: %d, tp: %d, pp: %d, cp: %d, zero_stage: %d, schedule: 1f1b, "
           "activation_checkpointing: %s}\n",
@@ -495,10 +507,12 @@ int dt_ctl_plan(int argc, char **argv)
     fprintf(stdout,
             ", \"arch\": \"%s\", \"params\": %lld, \"layers\": %d, \"hidden\": %d, \"heads\": %d, "
             "\"kv_heads\": %d, \"ffn\": %d, \"vocab\": %d}, \"seq\": %d, \"global_batch\": %d, "
-            "\"gpus\": %d, \"layouts\": [",
+            "\"precision\": \"%s\", \"attention\": \"%s\", \"gpus\": %d, \"layouts\": [",
             a.model.arch == DT_PLAN_GPT2 ? "gpt2" : "llama", (long long)dt_plan_params(&a.model),
             a.model.layers, a.model.hidden, a.model.heads, a.model.kv_heads, a.model.ffn,
-            a.model.vocab, a.tr.seq, a.tr.global_batch, a.cl.gpus);
+            a.model.vocab, a.tr.seq, a.tr.global_batch,
+            a.tr.precision == DT_PLAN_BF16 ? "bf16" : "fp32",
+            a.tr.materialized ? "materialized" : "flash", a.cl.gpus);
     for (int i = 0; i < DT_MIN(n, a.top); i++) {
       fputs(i ? ",\n  " : "\n  ", stdout);
       json_eval(stdout, &a, &v[i], a.have_layout);

@@ -109,6 +109,18 @@ typedef struct dt_ops {
                                const float *dout, const float *qkv, const float *att, int B, int Tq,
                                int q0, int Tall, int C, int NH);
 
+  /* Flash-style (memory-efficient) attention over the same query and key ranges as the _cp
+   * entries (q0 = 0, Tq = Tall: the whole sequence): no (T, T) matrix is kept. Forward writes
+   * out (B, Tq, C) and lse (B, NH, Tq), each query row's log-sum-exp of its scaled scores.
+   * Backward recomputes the probabilities from qkv and lse, takes the forward's out for
+   * D = dout . out, and ADDS (+=) dq of rows [q0, q0 + Tq) and dk, dv of rows [0, q0 + Tq)
+   * into dqkv (B, Tall, 3C). NULL where a backend has none: the trainer then keeps att. */
+  int (*attention_forward_flash)(struct dt_device *dev, float *out, float *lse, const float *qkv,
+                                 int B, int Tq, int q0, int Tall, int C, int NH);
+  int (*attention_backward_flash)(struct dt_device *dev, float *dqkv, const float *dout,
+                                  const float *qkv, const float *out, const float *lse, int B,
+                                  int Tq, int q0, int Tall, int C, int NH);
+
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
   /* dinp = dout * gelu'(inp); dinp may alias dout */

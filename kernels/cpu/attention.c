@@ -13,55 +13,167 @@
  * into dqkv: a rank's two query chunks (context_parallel in gpt2.c) add to the same keys.
  *
  * Invariant: att holds the softmax probabilities with exact zeros above the diagonal (inside
- * the diagonal blocks too), because the blocked products read those entries. */
+ * the diagonal blocks too), because the blocked products read those entries.
+ *
+ * The _flash variants keep no (T, T) matrix: per query row only its log-sum-exp (lse), and the
+ * backward recomputes the probabilities from q, k and lse. Each thread runs the materialised
+ * kernels' per-head code on a scratch of its own that holds one head's probabilities and their
+ * gradients for a band of query rows (the whole chunk when that fits FLASH_SCRATCH floats, the
+ * band being a chunk of its own, at q0 + its first row): the same big GEMMs, plus the scores
+ * again in the backward. The softmax backward's sum_j P dP is dout . out, taken from the
+ * recomputed P, so these kernels do not read out. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
 #include "vecmath.h"
 
-#define ATT_BLOCK 64
+#define ATT_BLOCK     64
+#define FLASH_SCRATCH ((size_t)1 << 22) /* floats per thread: 16 MiB */
+
+/* One head's view: q of its Tq query rows (from position q0), k and v from position 0, rows
+ * 3C apart; o and dO (Tq rows) C apart. */
+typedef struct {
+  const float *q, *k, *v;
+  int Tq, q0, C, hs;
+  float scale;
+} head_t;
+
+static head_t head_view(const float *qkv, int bh, int Tq, int q0, int Tall, int C, int NH)
+{
+  const int hs = C / NH, b = bh / NH, h = bh % NH;
+  const float *base = qkv + (size_t)b * Tall * 3 * C + (size_t)h * hs;
+  return (head_t){.q = base + (size_t)q0 * 3 * C,
+                  .k = base + C,
+                  .v = base + 2 * C,
+                  .Tq = Tq,
+                  .q0 = q0,
+                  .C = C,
+                  .hs = hs,
+                  .scale = 1.0f / sqrtf((float)hs)};
+}
+
+/* The band of a head's query rows [r0, r1) as a head of its own (queries from q0 + r0). */
+static head_t head_band(head_t x, int r0, int r1)
+{
+  x.q += (size_t)r0 * 3 * x.C;
+  x.q0 += r0;
+  x.Tq = r1 - r0;
+  return x;
+}
+
+/* scores[r0:r1, 0:kn] = scale Q[r0:r1] K[0:kn]^T into the rows of A (row stride Tk) */
+static void head_scores(const head_t *x, float *A, int r0, int r1, int kn, int Tk)
+{
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, kn, x->hs, x->scale,
+              x->q + (size_t)r0 * 3 * x->C, 3 * x->C, x->k, 3 * x->C, 0.0f, A + (size_t)r0 * Tk,
+              Tk);
+}
+
+/* A (Tq, Tk = q0 + Tq): the probabilities, zero above the diagonal; o = A V; lse (may be NULL)
+ * each row's log-sum-exp. */
+static void head_forward(const head_t *x, float *o, float *A, float *lse)
+{
+  const int Tq = x->Tq, q0 = x->q0, Tk = q0 + Tq, C3 = 3 * x->C;
+  for (int r0 = 0; r0 < Tq; r0 += ATT_BLOCK) {
+    int r1 = r0 + ATT_BLOCK < Tq ? r0 + ATT_BLOCK : Tq, kn = q0 + r1;
+    head_scores(x, A, r0, r1, kn, Tk);
+    for (int t = r0; t < r1; t++) {
+      float *row = A + (size_t)t * Tk;
+      const int last = q0 + t; /* the query's own position: its last key */
+      float maxv = -INFINITY;
+      for (int j = 0; j <= last; j++)
+        maxv = row[j] > maxv ? row[j] : maxv;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j <= last; j++) {
+        row[j] = expf(row[j] - maxv);
+        sum += row[j];
+      }
+      float inv = 1.0f / sum;
+      for (int j = 0; j <= last; j++)
+        row[j] *= inv;
+      memset(row + last + 1, 0, (size_t)(Tk - last - 1) * sizeof(float));
+      if (lse)
+        lse[t] = maxv + logf(sum);
+    }
+    /* out[r0:r1] = A[r0:r1, 0:kn] V[0:kn] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, x->hs, kn, 1.0f,
+                A + (size_t)r0 * Tk, Tk, x->v, C3, 0.0f, o + (size_t)r0 * x->C, x->C);
+  }
+}
+
+/* dq (Tq rows), dk, dv (q0 + Tq rows), 3C apart: beta 0 written (=), 1 accumulated (+=). dP is
+ * a (Tq, Tk) scratch. */
+static void head_backward(const head_t *x, float *dq, float *dk, float *dv, float *dP,
+                          const float *A, const float *dO, float beta)
+{
+  const int Tq = x->Tq, q0 = x->q0, Tk = q0 + Tq, C = x->C, C3 = 3 * C, hs = x->hs;
+  for (int r0 = 0; r0 < Tq; r0 += ATT_BLOCK) {
+    int r1 = r0 + ATT_BLOCK < Tq ? r0 + ATT_BLOCK : Tq, kn = q0 + r1;
+    /* dA[r0:r1, 0:kn] = dO[r0:r1] V[0:kn]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, kn, hs, 1.0f, dO + (size_t)r0 * C,
+                C, x->v, C3, 0.0f, dP + (size_t)r0 * Tk, Tk);
+    /* softmax backward, with the 1/sqrt(hs) of the scores folded in:
+     * dS = scale * A * (dA - sum_j A dA); zero above the diagonal because A is. The column
+     * blocks below read rows past this block's kn only when q0 is not a multiple of the
+     * block: then the whole rest of the row is zeroed. */
+    const int zero_to = q0 % ATT_BLOCK == 0 ? kn : Tk;
+    for (int t = r0; t < r1; t++) {
+      const float *a = A + (size_t)t * Tk;
+      float *d = dP + (size_t)t * Tk;
+      const int last = q0 + t;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int j = 0; j <= last; j++)
+        dot += a[j] * d[j];
+      for (int j = 0; j <= last; j++)
+        d[j] = x->scale * a[j] * (d[j] - dot);
+      for (int j = last + 1; j < zero_to; j++)
+        d[j] = 0.0f;
+    }
+    /* dQ[r0:r1] = dS[r0:r1, 0:kn] K[0:kn] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, kn, 1.0f,
+                dP + (size_t)r0 * Tk, Tk, x->k, C3, beta, dq + (size_t)r0 * C3, C3);
+  }
+  /* Column blocks [j0, j1) of dS and A are nonzero only in the rows of queries at or after
+   * position j0: local rows t >= j0 - q0. */
+  for (int j0 = 0; j0 < Tk; j0 += ATT_BLOCK) {
+    int j1 = j0 + ATT_BLOCK < Tk ? j0 + ATT_BLOCK : Tk;
+    int t0 = j0 > q0 ? j0 - q0 : 0;
+    /* dK[j0:j1] = dS[t0:Tq, j0:j1]^T Q[t0:Tq] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, Tq - t0, 1.0f,
+                dP + (size_t)t0 * Tk + j0, Tk, x->q + (size_t)t0 * C3, C3, beta,
+                dk + (size_t)j0 * C3, C3);
+    /* dV[j0:j1] = A[t0:Tq, j0:j1]^T dO[t0:Tq] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, Tq - t0, 1.0f,
+                A + (size_t)t0 * Tk + j0, Tk, dO + (size_t)t0 * C, C, beta, dv + (size_t)j0 * C3,
+                C3);
+  }
+}
+
+/* dqkv's q, k and v pointers of head bh (q from row q0) */
+static void head_grads(float *dqkv, int bh, int q0, int Tall, int C, int NH, float **dq, float **dk,
+                       float **dv)
+{
+  const int hs = C / NH, b = bh / NH, h = bh % NH;
+  float *base = dqkv + (size_t)b * Tall * 3 * C + (size_t)h * hs;
+  *dq = base + (size_t)q0 * 3 * C;
+  *dk = base + C;
+  *dv = base + 2 * C;
+}
 
 void dt_cpu_attention_forward_cp(float *out, float *att, const float *qkv, int B, int Tq, int q0,
                                  int Tall, int C, int NH)
 {
-  const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
-  const float scale = 1.0f / sqrtf((float)hs);
+  const size_t Tk = (size_t)q0 + Tq;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; bh++) {
-    int b = bh / NH, h = bh % NH;
-    const float *q = qkv + (size_t)b * Tall * C3 + (size_t)h * hs + (size_t)q0 * C3;
-    const float *k = qkv + (size_t)b * Tall * C3 + (size_t)h * hs + C;
-    const float *v = k + C;
-    float *A = att + (size_t)bh * Tq * Tk;
-    float *o = out + (size_t)b * Tq * C + (size_t)h * hs;
-    for (int r0 = 0; r0 < Tq; r0 += ATT_BLOCK) {
-      int r1 = r0 + ATT_BLOCK < Tq ? r0 + ATT_BLOCK : Tq, kn = q0 + r1;
-      /* scores[r0:r1, 0:kn] = scale * Q[r0:r1] K[0:kn]^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, kn, hs, scale,
-                  q + (size_t)r0 * C3, C3, k, C3, 0.0f, A + (size_t)r0 * Tk, Tk);
-      for (int t = r0; t < r1; t++) {
-        float *row = A + (size_t)t * Tk;
-        const int last = q0 + t; /* the query's own position: its last key */
-        float maxv = -INFINITY;
-        for (int j = 0; j <= last; j++)
-          maxv = row[j] > maxv ? row[j] : maxv;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j <= last; j++) {
-          row[j] = expf(row[j] - maxv);
-          sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= last; j++)
-          row[j] *= inv;
-        memset(row + last + 1, 0, (size_t)(Tk - last - 1) * sizeof(float));
-      }
-      /* out[r0:r1] = A[r0:r1, 0:kn] V[0:kn] */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, kn, 1.0f,
-                  A + (size_t)r0 * Tk, Tk, v, C3, 0.0f, o + (size_t)r0 * C, C);
-    }
+    const head_t x = head_view(qkv, bh, Tq, q0, Tall, C, NH);
+    float *o = out + (size_t)(bh / NH) * Tq * C + (size_t)(bh % NH) * x.hs;
+    head_forward(&x, o, att + (size_t)bh * Tq * Tk, NULL);
   }
 }
 
@@ -70,68 +182,19 @@ void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
   dt_cpu_attention_forward_cp(out, att, qkv, B, T, 0, T, C, NH);
 }
 
-/* beta 0: dqkv written (=), 1: accumulated (+=). */
 static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *att, int B, int Tq, int q0, int Tall, int C, int NH,
                                float beta)
 {
-  const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
-  const float scale = 1.0f / sqrtf((float)hs);
+  const size_t Tk = (size_t)q0 + Tq;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; bh++) {
-    int b = bh / NH, h = bh % NH;
-    const size_t base = (size_t)b * Tall * C3 + (size_t)h * hs;
-    const float *q = qkv + base + (size_t)q0 * C3;
-    const float *k = qkv + base + C;
-    const float *v = k + C;
-    float *dq = dqkv + base + (size_t)q0 * C3;
-    float *dk = dqkv + base + C;
-    float *dv = dk + C;
-    const float *A = att + (size_t)bh * Tq * Tk;
-    const float *dO = dout + (size_t)b * Tq * C + (size_t)h * hs;
-    float *dP = scratch + (size_t)bh * Tq * Tk;
-
-    for (int r0 = 0; r0 < Tq; r0 += ATT_BLOCK) {
-      int r1 = r0 + ATT_BLOCK < Tq ? r0 + ATT_BLOCK : Tq, kn = q0 + r1;
-      /* dA[r0:r1, 0:kn] = dO[r0:r1] V[0:kn]^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, kn, hs, 1.0f,
-                  dO + (size_t)r0 * C, C, v, C3, 0.0f, dP + (size_t)r0 * Tk, Tk);
-      /* softmax backward, with the 1/sqrt(hs) of the scores folded in:
-       * dS = scale * A * (dA - sum_j A dA); zero above the diagonal because A is. The column
-       * blocks below read rows past this block's kn only when q0 is not a multiple of the
-       * block: then the whole rest of the row is zeroed. */
-      const int zero_to = q0 % ATT_BLOCK == 0 ? kn : Tk;
-      for (int t = r0; t < r1; t++) {
-        const float *a = A + (size_t)t * Tk;
-        float *d = dP + (size_t)t * Tk;
-        const int last = q0 + t;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int j = 0; j <= last; j++)
-          dot += a[j] * d[j];
-        for (int j = 0; j <= last; j++)
-          d[j] = scale * a[j] * (d[j] - dot);
-        for (int j = last + 1; j < zero_to; j++)
-          d[j] = 0.0f;
-      }
-      /* dQ[r0:r1] = dS[r0:r1, 0:kn] K[0:kn] */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, kn, 1.0f,
-                  dP + (size_t)r0 * Tk, Tk, k, C3, beta, dq + (size_t)r0 * C3, C3);
-    }
-    /* Column blocks [j0, j1) of dS and A are nonzero only in the rows of queries at or after
-     * position j0: local rows t >= j0 - q0. */
-    for (int j0 = 0; j0 < Tk; j0 += ATT_BLOCK) {
-      int j1 = j0 + ATT_BLOCK < Tk ? j0 + ATT_BLOCK : Tk;
-      int t0 = j0 > q0 ? j0 - q0 : 0;
-      /* dK[j0:j1] = dS[t0:Tq, j0:j1]^T Q[t0:Tq] */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, Tq - t0, 1.0f,
-                  dP + (size_t)t0 * Tk + j0, Tk, q + (size_t)t0 * C3, C3, beta,
-                  dk + (size_t)j0 * C3, C3);
-      /* dV[j0:j1] = A[t0:Tq, j0:j1]^T dO[t0:Tq] */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, Tq - t0, 1.0f,
-                  A + (size_t)t0 * Tk + j0, Tk, dO + (size_t)t0 * C, C, beta, dv + (size_t)j0 * C3,
-                  C3);
-    }
+    const head_t x = head_view(qkv, bh, Tq, q0, Tall, C, NH);
+    float *dq, *dk, *dv;
+    head_grads(dqkv, bh, q0, Tall, C, NH, &dq, &dk, &dv);
+    const float *dO = dout + (size_t)(bh / NH) * Tq * C + (size_t)(bh % NH) * x.hs;
+    head_backward(&x, dq, dk, dv, scratch + (size_t)bh * Tq * Tk, att + (size_t)bh * Tq * Tk, dO,
+                  beta);
   }
 }
 
@@ -145,4 +208,80 @@ void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, c
                                const float *att, int B, int T, int C, int NH)
 {
   attention_backward(dqkv, scratch, dout, qkv, att, B, T, 0, T, C, NH, 0.0f);
+}
+
+/* Query rows per flash band: all Tq when two (Tq, Tk) matrices fit the scratch, else the most
+ * whole row blocks that do (at least one). */
+static int flash_band(int Tq, int q0)
+{
+  const size_t Tk = (size_t)q0 + Tq, rows = FLASH_SCRATCH / (2 * Tk);
+  if (rows >= (size_t)Tq)
+    return Tq;
+  return rows < ATT_BLOCK ? ATT_BLOCK : (int)(rows / ATT_BLOCK * ATT_BLOCK);
+}
+
+int dt_cpu_attention_forward_flash(float *out, float *lse, const float *qkv, int B, int Tq, int q0,
+                                   int Tall, int C, int NH)
+{
+  const int band = flash_band(Tq, q0);
+  int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+  for (int bh = 0; bh < B * NH; bh++) {
+    float *A = malloc((size_t)band * (q0 + Tq) * sizeof(float));
+    if (!A) {
+      failed = 1;
+      continue;
+    }
+    const head_t x = head_view(qkv, bh, Tq, q0, Tall, C, NH);
+    float *o = out + (size_t)(bh / NH) * Tq * C + (size_t)(bh % NH) * x.hs;
+    for (int r0 = 0; r0 < Tq; r0 += band) {
+      const head_t y = head_band(x, r0, r0 + band < Tq ? r0 + band : Tq);
+      head_forward(&y, o + (size_t)r0 * C, A, lse + (size_t)bh * Tq + r0);
+    }
+    free(A);
+  }
+  return failed ? -1 : 0;
+}
+
+int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float *qkv,
+                                    const float *out, const float *lse, int B, int Tq, int q0,
+                                    int Tall, int C, int NH)
+{
+  (void)out; /* sum_j P dP comes from the recomputed P (see the top) */
+  const int band = flash_band(Tq, q0);
+  int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+  for (int bh = 0; bh < B * NH; bh++) {
+    float *A = malloc(2 * (size_t)band * (q0 + Tq) * sizeof(float));
+    if (!A) {
+      failed = 1;
+      continue;
+    }
+    const head_t x = head_view(qkv, bh, Tq, q0, Tall, C, NH);
+    float *dq, *dk, *dv;
+    head_grads(dqkv, bh, q0, Tall, C, NH, &dq, &dk, &dv);
+    const float *dO = dout + (size_t)(bh / NH) * Tq * C + (size_t)(bh % NH) * x.hs;
+    for (int r0 = 0; r0 < Tq; r0 += band) {
+      const head_t y = head_band(x, r0, r0 + band < Tq ? r0 + band : Tq);
+      const int Tk = y.q0 + y.Tq;
+      const float *L = lse + (size_t)bh * Tq + r0;
+      float *dP = A + (size_t)y.Tq * Tk;
+      /* the band's probabilities again: exp(scores - lse), zero above the diagonal */
+      for (int b0 = 0; b0 < y.Tq; b0 += ATT_BLOCK) {
+        const int b1 = b0 + ATT_BLOCK < y.Tq ? b0 + ATT_BLOCK : y.Tq;
+        head_scores(&y, A, b0, b1, y.q0 + b1, Tk);
+        for (int t = b0; t < b1; t++) {
+          float *row = A + (size_t)t * Tk;
+          const int last = y.q0 + t;
+#pragma omp simd
+          for (int j = 0; j <= last; j++)
+            row[j] = expf(row[j] - L[t]);
+          memset(row + last + 1, 0, (size_t)(Tk - last - 1) * sizeof(float));
+        }
+      }
+      head_backward(&y, dq + (size_t)r0 * 3 * C, dk, dv, dP, A, dO + (size_t)r0 * C, 1.0f);
+    }
+    free(A);
+  }
+  return failed ? -1 : 0;
 }

@@ -56,6 +56,13 @@ void dt_cpu_attention_forward_cp(float *out, float *att, const float *qkv, int B
                                  int Tall, int C, int NH);
 void dt_cpu_attention_backward_cp(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                   const float *att, int B, int Tq, int q0, int Tall, int C, int NH);
+/* Flash-style: no (T, T) matrix, lse per query row instead (ops.h); 0, or -1 when a thread's
+ * scratch does not fit in memory. */
+int dt_cpu_attention_forward_flash(float *out, float *lse, const float *qkv, int B, int Tq, int q0,
+                                   int Tall, int C, int NH);
+int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float *qkv,
+                                    const float *out, const float *lse, int B, int Tq, int q0,
+                                    int Tall, int C, int NH);
 void dt_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void dt_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);

@@ -103,6 +103,24 @@ static int attention_backward_cp(struct dt_device *dev, float *dqkv, float *scra
   return 0;
 }
 
+static int attention_forward_flash(struct dt_device *dev, float *out, float *lse, const float *qkv,
+                                   int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  return dt_cpu_attention_forward_flash(H(out), H(lse), H(qkv), B, Tq, q0, Tall, C, NH) == 0
+             ? 0
+             : DT_ENOMEM;
+}
+
+static int attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
+                                    const float *qkv, const float *out, const float *lse, int B,
+                                    int Tq, int q0, int Tall, int C, int NH)
+{
+  return dt_cpu_attention_backward_flash(H(dqkv), H(dout), H(qkv), H(out), H(lse), B, Tq, q0, Tall,
+                                         C, NH) == 0
+             ? 0
+             : DT_ENOMEM;
+}
+
 static int gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
 {
   dt_cpu_gelu_forward(H(out), H(inp), n);
@@ -175,6 +193,8 @@ static const dt_ops_t g_cpu_ops = {
     .attention_backward = attention_backward,
     .attention_forward_cp = attention_forward_cp,
     .attention_backward_cp = attention_backward_cp,
+    .attention_forward_flash = attention_forward_flash,
+    .attention_backward_flash = attention_backward_flash,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,

@@ -139,6 +139,12 @@ int dt__cuda_attention_forward_cp(struct dt_device *dev, float *out, float *att,
 int dt__cuda_attention_backward_cp(struct dt_device *dev, float *dqkv, float *scratch,
                                    const float *dout, const float *qkv, const float *att, int B,
                                    int Tq, int q0, int Tall, int C, int NH);
+int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *lse,
+                                     const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                     int NH);
+int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
+                                      const float *qkv, const float *out, const float *lse, int B,
+                                      int Tq, int q0, int Tall, int C, int NH);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                            size_t n);

@@ -10,10 +10,15 @@ the median of 8 or more rounds, and read B/A within the spread as "no difference
     git worktree add /tmp/ab-old <rev> && cmake -S /tmp/ab-old -B /tmp/ab-old/b -DDT_CUDA=OFF \\
         && cmake --build /tmp/ab-old/b -j2 --target distrain-train
     /usr/bin/python3 tests/bench/bench_ab.py --a /tmp/ab-old/b --b build [--rounds 8]
+
+--a-args / --b-args add distrain-train flags to one side, so that one build can also be
+compared with itself under two settings (--a build --b build --a-args "--attention
+materialized").
 """
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -31,6 +36,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--a-args", default="", help="extra distrain-train flags for A")
+    ap.add_argument("--b-args", default="", help="extra distrain-train flags for B")
     args = ap.parse_args()
     for d in (args.a, args.b):
         if not os.access(os.path.join(d, "worker/trainer/distrain-train"), os.X_OK):
@@ -44,7 +51,8 @@ def main():
         for r in range(args.rounds):
             for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
                 run = tempfile.mkdtemp(dir=tmp)
-                row = bt.bench_distrain(getattr(args, side), shard, args.threads, args.steps, run)
+                row = bt.bench_distrain(getattr(args, side), shard, args.threads, args.steps, run,
+                                        shlex.split(getattr(args, side + "_args")))
                 ms[side].append(row["median_ms"])
                 print("round %d %s: %.1f ms/step" % (r, side.upper(), row["median_ms"]),
                       flush=True)

@@ -12,7 +12,8 @@ with AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, no weight decay), a constant lear
 gradient clipping at 1.0.
   * distrain: distrain-train --device cuda --precision bf16 (--distrain-precision; the
     "precision" column): its linear layers as bf16 GEMMs accumulating in fp32, the rest fp32
-    (attention and activations included, unlike PyTorch's bf16 autocast with SDPA).
+    (attention and activations included, unlike PyTorch's bf16 autocast with SDPA); flash
+    attention unless --distrain-attention materialized.
   * torch-eager / torch-compile: a plain GPT-2 module (pre-LN blocks, tanh GELU, tied
     embeddings, F.scaled_dot_product_attention with is_causal) under bf16 autocast with fp32
     master weights, fused AdamW; torch.compile(model) for the second. PyTorch before 2.0 has
@@ -106,7 +107,8 @@ def run_distrain(a, B, steps, tmp):
            "--vocab", str(V), "--max-seq", str(T), "--train", a.shard, "--batch", str(B),
            "--seq", str(T), "--steps", str(steps), "--lr", str(LR), "--schedule", "constant",
            "--warmup", "0", "--weight-decay", "0", "--grad-clip", str(CLIP),
-           "--metrics", metrics, "--quiet", "--precision", a.distrain_precision]
+           "--metrics", metrics, "--quiet", "--precision", a.distrain_precision,
+           "--attention", a.distrain_attention]
     if a.model == "gpt2-1.5b":
         cmd += ["--zero-stage", "1"]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -123,7 +125,8 @@ def run_distrain(a, B, steps, tmp):
     if steps <= WARMUP_STEPS:  # the batch probe: it fits
         return {"impl": "distrain", "batch": B}
     mib = rows[-1].get("device_mib") if rows else None
-    precision = "bf16 linear" if a.distrain_precision == "bf16" else "fp32"
+    precision = ("bf16 linear" if a.distrain_precision == "bf16" else "fp32") + \
+        (", materialized" if a.distrain_attention == "materialized" else "")
     return summarize("distrain", precision, B, T, [r["ms"] for r in rows], mib,
                      {"loss": round(rows[-1]["loss"], 4)})
 
@@ -257,6 +260,7 @@ def main():
     ap.add_argument("--impls", default="distrain,torch-eager,torch-compile")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     ap.add_argument("--distrain-precision", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--distrain-attention", choices=("flash", "materialized"), default="flash")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", help="write the result lines here too")
     ap.add_argument("--shard", help=argparse.SUPPRESS)

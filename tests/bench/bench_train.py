@@ -34,13 +34,13 @@ def run_child(cmd, env=None):
         return out.read(), usage.ru_maxrss / 1024.0
 
 
-def bench_distrain(build, shard, threads, steps, tmp):
+def bench_distrain(build, shard, threads, steps, tmp, extra=()):
     metrics = os.path.join(tmp, "metrics.jsonl")
     cmd = [os.path.join(build, "worker/trainer/distrain-train"), "--seed", "1337",
            "--layers", "4", "--heads", "4", "--channels", "256", "--vocab", str(V),
            "--max-seq", "256", "--train", shard, "--batch", str(B), "--seq", str(T),
            "--steps", str(steps), "--lr", "3e-4", "--threads", str(threads),
-           "--metrics", metrics, "--quiet"]
+           "--metrics", metrics, "--quiet"] + list(extra)
     _, rss = run_child(cmd)
     ms = [json.loads(line)["ms"] for line in open(metrics)]
     med = statistics.median(ms[2:])

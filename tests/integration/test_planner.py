@@ -34,30 +34,33 @@ MIB = 1024.0 * 1024.0
 LATENCY_US = 200
 SEQ, MICRO, STEPS = 32, 4, 6
 DIMS = {"layers": 4, "heads": 4, "channels": 64, "vocab": 100, "max_seq": 64}
-# (name, dp, tp, pp, zero, accum, recompute, cp)
-LAYOUTS = [("dp2 ZeRO-0", 2, 1, 1, 0, 1, False, 1),
-           ("dp2 ZeRO-3", 2, 1, 1, 3, 2, False, 1),
-           ("dp2 ZeRO-2 recompute", 2, 1, 1, 2, 1, True, 1),
-           ("tp2", 1, 2, 1, 0, 2, False, 1),
-           ("pp2", 1, 1, 2, 0, 2, False, 1),
-           ("cp2 ZeRO-1", 1, 1, 1, 1, 2, False, 2),
-           ("cp2 x tp2 recompute", 1, 2, 1, 0, 2, True, 2)]
+# (name, dp, tp, pp, zero, accum, recompute, cp, materialized attention)
+LAYOUTS = [("dp2 ZeRO-0", 2, 1, 1, 0, 1, False, 1, False),
+           ("dp2 ZeRO-3", 2, 1, 1, 3, 2, False, 1, False),
+           ("dp2 ZeRO-2 recompute", 2, 1, 1, 2, 1, True, 1, False),
+           ("tp2", 1, 2, 1, 0, 2, False, 1, False),
+           ("tp2 materialized", 1, 2, 1, 0, 2, False, 1, True),
+           ("pp2", 1, 1, 2, 0, 2, False, 1, False),
+           ("cp2 ZeRO-1", 1, 1, 1, 1, 2, False, 2, False),
+           ("cp2 ZeRO-1 materialized", 1, 1, 1, 1, 2, False, 2, True),
+           ("cp2 x tp2 recompute", 1, 2, 1, 0, 2, True, 2, False)]
 
 MEM = re.compile(r"memory \(ZeRO-\d, dp \d+\): params ([\d.]+) MiB, grads ([\d.]+) MiB, "
                  r"optimizer ([\d.]+) MiB = [\d.]+ MiB \(formula [^)]*\) \+ working ([\d.]+) MiB")
 ACTS = re.compile(r"activations: ([\d.]+) MiB in \d+ slots?")
 
 
-def trainer_args(dpn, tp, pp, zero, accum, recompute, cp, metrics):
+def trainer_args(dpn, tp, pp, zero, accum, recompute, cp, mat, metrics):
     a = dp.base_args(MICRO, accum, metrics, steps=STEPS)
     i = a.index("--init")
     a[i:i + 2] = ["--init", "seed:7"]
     a += ["--layers", "4", "--heads", "4", "--channels", "64", "--vocab", "100", "--max-seq",
           "64", "--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--zero-stage", str(zero)]
-    return a + (["--recompute"] if recompute else [])
+    return a + (["--recompute"] if recompute else []) + \
+        (["--attention", "materialized"] if mat else [])
 
 
-def plan(dpn, tp, pp, zero, accum, recompute, cp, peak_tflops=None):
+def plan(dpn, tp, pp, zero, accum, recompute, cp, mat, peak_tflops=None):
     ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
     batch = dpn * MICRO * accum
     cmd = [ctl, "plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "100",
@@ -66,6 +69,8 @@ def plan(dpn, tp, pp, zero, accum, recompute, cp, peak_tflops=None):
            "--layout",
            "dp=%d,tp=%d,pp=%d,cp=%d,zero=%d,micro=%d,ckpt=%d" % (dpn, tp, pp, cp, zero, MICRO,
                                                                 recompute)]
+    if mat:
+        cmd += ["--attention", "materialized"]
     if peak_tflops:
         cmd += ["--peak-tflops", "%.9g" % peak_tflops]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -83,13 +88,13 @@ class PlannerAgainstTrainer(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
         print("\n" + "\n".join(cls.report), file=sys.stderr)
 
-    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute, cp):
+    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute, cp, mat):
         tag = re.sub(r"\W+", "_", name)
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
         metrics = os.path.join(self.tmp, tag + ".jsonl")
         world = dpn * tp * pp * cp
         outs = dp.wait_all(dp.launch(world, lambda r: trainer_args(
-            dpn, tp, pp, zero, accum, recompute, cp, metrics), kv), timeout=120)
+            dpn, tp, pp, zero, accum, recompute, cp, mat, metrics), kv), timeout=120)
         errs = []
         for r, (rc, _, err) in enumerate(outs):
             self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (name, r, err[-3000:]))
@@ -100,21 +105,21 @@ class PlannerAgainstTrainer(unittest.TestCase):
 
     def test_memory_and_time(self):
         # Calibration: one process, the whole batch of the dp=2 layouts' global batch 8.
-        errs, ms1 = self.run_layout("single", 1, 1, 1, 0, 2, False, 1)
-        p1 = plan(1, 1, 1, 0, 2, False, 1)
+        errs, ms1 = self.run_layout("single", 1, 1, 1, 0, 2, False, 1, False)
+        p1 = plan(1, 1, 1, 0, 2, False, 1, False)
         params = p1["model"]["params"]
         flops = 6.0 * params * 8 * SEQ
         peak = flops / (ms1 / 1000.0) / 1e12  # TFLOP/s one trainer thread reaches
         self.report.append("planner vs trainer (fp32, CPU, %d parameters; calibrated peak "
                            "%.3f GFLOP/s from the single-process step of %.1f ms):"
                            % (params, peak * 1e3, ms1))
-        for name, dpn, tp, pp, zero, accum, recompute, cp in \
-                [("single", 1, 1, 1, 0, 2, False, 1)] + LAYOUTS:
+        for name, dpn, tp, pp, zero, accum, recompute, cp, mat in \
+                [("single", 1, 1, 1, 0, 2, False, 1, False)] + LAYOUTS:
             if name != "single":
-                errs, ms = self.run_layout(name, dpn, tp, pp, zero, accum, recompute, cp)
+                errs, ms = self.run_layout(name, dpn, tp, pp, zero, accum, recompute, cp, mat)
             else:
                 ms = ms1
-            pj = plan(dpn, tp, pp, zero, accum, recompute, cp, peak)
+            pj = plan(dpn, tp, pp, zero, accum, recompute, cp, mat, peak)
             lay = pj["layouts"][0]
             worst_state = worst_acts = 0.0
             for r, err in enumerate(errs):

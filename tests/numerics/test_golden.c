@@ -96,9 +96,12 @@ static void base_opts(dt_train_opts_t *o, capture_t *cap)
   o->on_step_ud = cap;
 }
 
-/* Step 0's full gradient, element by element, in llm.c's parameter layout. */
+/* Step 0's full gradient, element by element, in llm.c's parameter layout, with either
+ * attention (test_adamw_20_steps runs the trainer's default, flash; test_full_20_steps the
+ * materialised probabilities). */
 START_TEST(test_grads_step0)
 {
+  const int flash = _i;
   dt_gpt2_config_t cfg;
   dt_gpt2_t m;
   dt_dataloader_t dl;
@@ -106,6 +109,7 @@ START_TEST(test_grads_step0)
   ck_assert_int_eq(dt_train_device_open(g_device, &dev), 0);
   ck_assert_int_eq(dt_llmc_read_config(golden("tiny_model.bin"), &cfg), 0);
   ck_assert_int_eq(dt_gpt2_create(&m, &cfg, dev, NULL, NULL), 0);
+  ck_assert_int_eq(dt_gpt2_set_attention(&m, flash), 0);
   ck_assert_int_eq(dt_llmc_load(&m, golden("tiny_model.bin")), 0);
   ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 4, 32, (int[]){1}, 0), 0);
   ck_assert_int_eq(
@@ -116,7 +120,8 @@ START_TEST(test_grads_step0)
   ck_assert_int_eq(dt_gpt2_forward_backward(&m, dl.inputs, dl.targets, 4, 32, 1.0f, &loss), 0);
   golden_step_t g[GOLDEN_STEPS];
   read_losses(golden("tiny_adamw_losses.txt"), g);
-  ck_assert_msg(fabs(loss - g[0].loss) < 1e-5 * g_tol, "loss %.9g vs torch %.9g", loss, g[0].loss);
+  ck_assert_msg(fabs(loss - g[0].loss) < 1e-5 * g_tol, "%s attention: loss %.9g vs torch %.9g",
+                flash ? "flash" : "materialized", loss, g[0].loss);
 
   float *ref = read_floats(golden("tiny_adamw_grads0.bin"), 0, m.num_params);
   float *grads = malloc(m.num_params * sizeof(float));
@@ -131,8 +136,8 @@ START_TEST(test_grads_step0)
       max_err = e, worst = i;
   }
   ck_assert_msg(max_err < 1e-6 * g_tol,
-                "max |grad - torch| = %.3g at flat index %zu (%.9g vs %.9g)", max_err, worst,
-                grads[worst], ref[worst]);
+                "%s attention: max |grad - torch| = %.3g at flat index %zu (%.9g vs %.9g)",
+                flash ? "flash" : "materialized", max_err, worst, grads[worst], ref[worst]);
   free(grads);
   free(ref);
   dt_dataloader_free(&dl);
@@ -203,6 +208,7 @@ START_TEST(test_full_20_steps)
   o.weight_decay = 0.1f;
   o.grad_clip = 1.0f;
   o.grad_accum = 2;
+  o.attention = "materialized";
   ck_assert_int_eq(dt_train_run(&o), 0);
   ck_assert_int_eq(cap.n, GOLDEN_STEPS);
   golden_step_t g[GOLDEN_STEPS];
@@ -235,7 +241,7 @@ int main(int argc, char **argv)
   Suite *s = suite_create("golden");
   TCase *tc = tcase_create("pytorch");
   tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, test_grads_step0);
+  tcase_add_loop_test(tc, test_grads_step0, 0, 2);
   tcase_add_test(tc, test_adamw_20_steps);
   tcase_add_test(tc, test_full_20_steps);
   suite_add_tcase(s, tc);

@@ -492,6 +492,55 @@ static void check_attention_cp(int B, int T, int C, int NH, int cp)
   pair_free(&qkv);
 }
 
+/* Flash attention, chunk by chunk as context parallelism runs it (cp = 1: the whole sequence):
+ * out and lse against the CPU's flash kernels, and the backward, which adds, from the same
+ * random dqkv on both sides (rows a chunk does not own must stay equal). */
+static void check_attention_flash(int B, int T, int C, int NH, int cp)
+{
+  const int Tq = T / cp;
+  pair_t qkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
+  for (int r = 0; r < cp; r++) {
+    const int q0 = r * Tq;
+    const size_t BQ = (size_t)B * Tq;
+    pair_t out = pair_garbage(BQ * C), lse = pair_garbage((size_t)B * NH * Tq);
+    ck_assert_int_eq(H->attention_forward_flash(g_cpu, out.h, lse.h, qkv.h, B, Tq, q0, T, C, NH),
+                     0);
+    ck_assert_int_eq(G->attention_forward_flash(g_gpu, out.d, lse.d, qkv.d, B, Tq, q0, T, C, NH),
+                     0);
+    expect_close("attention_forward_flash out", &out);
+    expect_close("attention_forward_flash lse", &lse);
+    /* The backward takes the CPU's out and lse on both sides. */
+    to_dev(out.d, out.h, out.n * sizeof(float));
+    to_dev(lse.d, lse.h, lse.n * sizeof(float));
+    pair_t dout = pair_rand(BQ * C, 0.0f, 1.0f),
+           dqkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
+    ck_assert_int_eq(H->attention_backward_flash(g_cpu, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, Tq,
+                                                 q0, T, C, NH),
+                     0);
+    ck_assert_int_eq(G->attention_backward_flash(g_gpu, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, Tq,
+                                                 q0, T, C, NH),
+                     0);
+    expect_close("attention_backward_flash dqkv", &dqkv);
+    pair_free(&out), pair_free(&lse), pair_free(&dout), pair_free(&dqkv);
+  }
+  pair_free(&qkv);
+}
+
+START_TEST(test_attention_flash)
+{
+  check_attention_flash(2, 37, 48, 4, 1);    /* hs 12 (bucket 32), T prime */
+  check_attention_flash(3, 70, 64, 2, 1);    /* hs 32, T over a 64-row block */
+  check_attention_flash(1, 1, 24, 3, 1);     /* a single position */
+  check_attention_flash(2, 256, 256, 4, 1);  /* hs 64: GPT-2's */
+  check_attention_flash(1, 100, 200, 2, 1);  /* hs 100 (bucket 128) */
+  check_attention_flash(2, 150, 48, 4, 3);   /* chunks of 50: q0 off the tiles */
+  check_attention_flash(1, 1100, 128, 2, 2); /* hs 64, chunks of 550 */
+  /* past the largest bucket: refused with a message, nothing launched */
+  ck_assert_int_eq(G->attention_forward_flash(g_gpu, NULL, NULL, NULL, 1, 4, 0, 4, 258, 2),
+                   DT_ENOTSUP);
+}
+END_TEST
+
 START_TEST(test_attention)
 {
   check_attention(2, 37, 48, 4);        /* hs 12, T prime */
@@ -829,6 +878,7 @@ int main(void)
   tcase_add_test(tc, test_layernorm);
   tcase_add_test(tc, test_matmul);
   tcase_add_test(tc, test_attention);
+  tcase_add_test(tc, test_attention_flash);
   tcase_add_test(tc, test_gelu_residual);
   tcase_add_test(tc, test_crossentropy);
   tcase_add_test(tc, test_crossentropy_vp);

@@ -639,6 +639,7 @@ static const struct {
     {{"training.threads=-2"}, "training.threads (-2) must be >= 0"},
     {{"training.device=tpu"}, "training.device must be auto, cpu or cuda, got 'tpu'"},
     {{"training.precision=fp16"}, "training.precision must be fp32 or bf16, got 'fp16'"},
+    {{"training.attention=sdpa"}, "training.attention must be flash or materialized, got 'sdpa'"},
     {{"parallel.comm=mpi"}, "parallel.comm must be auto, cpu or nccl, got 'mpi'"},
     {{"parallel.comm=nccl", "training.device=cpu"},
      "parallel.comm nccl needs GPUs: training.device is cpu"},
@@ -1021,9 +1022,11 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
   ck_assert(!has_arg(argv, "--precision")); /* so is fp32 */
+  ck_assert(!has_arg(argv, "--attention")); /* and flash */
   dt_argv_free(argv);
   set_ok(s, "parallel.comm=nccl");
   set_ok(s, "training.precision=bf16");
+  set_ok(s, "training.attention=materialized");
   set_ok(s, "training.device=cuda");
   set_ok(s, "training.threads=6");
   set_ok(s, "data.shuffle=true");
@@ -1033,6 +1036,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");
   ck_assert_str_eq(flag_value(argv, "--comm"), "nccl");
   ck_assert_str_eq(flag_value(argv, "--precision"), "bf16");
+  ck_assert_str_eq(flag_value(argv, "--attention"), "materialized");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);

@@ -887,6 +887,100 @@ START_TEST(test_attention_cp)
 }
 END_TEST
 
+/* The log-sum-exp of query row t's scaled scores in (b, h), in double. */
+static double ref_lse(const double *qkv, int b, int h, int t, int T, int C, int NH)
+{
+  const int hs = C / NH, C3 = 3 * C;
+  const double *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+  double s[t + 1], maxv = -INFINITY, sum = 0.0;
+  for (int j = 0; j <= t; j++) {
+    const double *k = qkv + ((size_t)b * T + j) * C3 + C + (size_t)h * hs;
+    s[j] = dot(q, k, (size_t)hs) / sqrt((double)hs);
+    maxv = s[j] > maxv ? s[j] : maxv;
+  }
+  for (int j = 0; j <= t; j++)
+    sum += exp(s[j] - maxv);
+  return maxv + log(sum);
+}
+
+/* Flash-style attention, the sequence in cp chunks as context parallelism runs it (cp = 1: the
+ * whole sequence). Each chunk's out must be the double reference's rows and its lse the
+ * reference log-sum-exp; the backward adds (over ones: 1 + its result, the rows it does not own
+ * stay 1), and its results summed over the chunks must be the materialised kernel's dqkv (that
+ * kernel is checked against finite differences above). Outputs and lse come out bit-identical
+ * with 1 and 3 threads. */
+static void run_attention_flash(int B, int T, int C, int NH, int cp, uint64_t seed)
+{
+  dt_rng_t rng;
+  dt_rng_seed(&rng, seed);
+  const int Tq = T / cp, C3 = 3 * C;
+  const size_t nqkv = (size_t)B * T * C3, nout = (size_t)B * T * C;
+  const size_t natt = (size_t)B * NH * T * T;
+  float *qkv = rand_normal(&rng, nqkv, 0.0f, 1.0f), *R = rand_normal(&rng, nout, 0.0f, 1.0f);
+  double *qkv_d = to_double(qkv, nqkv), *out_d = dalloc(nout), *att_d = dalloc(natt);
+  ref_attention_forward(out_d, att_d, qkv_d, B, T, C, NH);
+  float *att = filled(natt, NAN), *dqkv = filled(nqkv, GARBAGE);
+  dt_cpu_attention_forward(filled(nout, GARBAGE), att, qkv, B, T, C, NH);
+  dt_cpu_attention_backward(dqkv, filled(natt, NAN), R, qkv, att, B, T, C, NH);
+  float *sum = filled(nqkv, 0.0f);
+  for (int r = 0; r < cp; r++) {
+    const int q0 = r * Tq, Tk = q0 + Tq;
+    const size_t nloc = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
+    float *out = filled(nloc, GARBAGE), *lse = filled(nlse, NAN), *dout = falloc(nloc);
+    double *out_want = dalloc(nloc), *lse_want = dalloc(nlse);
+    for (int b = 0; b < B; b++) {
+      memcpy(dout + (size_t)b * Tq * C, R + ((size_t)b * T + q0) * C, (size_t)Tq * C * 4);
+      for (size_t i = 0; i < (size_t)Tq * C; i++)
+        out_want[(size_t)b * Tq * C + i] = out_d[((size_t)b * T + q0) * C + i];
+      for (int h = 0; h < NH; h++)
+        for (int t = 0; t < Tq; t++)
+          lse_want[((size_t)b * NH + h) * Tq + t] = ref_lse(qkv_d, b, h, q0 + t, T, C, NH);
+    }
+    set_threads(1);
+    ck_assert_int_eq(dt_cpu_attention_forward_flash(out, lse, qkv, B, Tq, q0, T, C, NH), 0);
+    CHECK_CLOSE("attention_flash out", out, out_want, nloc, ACC_RTOL, ACC_ATOL);
+    CHECK_CLOSE("attention_flash lse", lse, lse_want, nlse, ACC_RTOL, ACC_ATOL);
+    float *out3 = filled(nloc, GARBAGE), *lse3 = filled(nlse, NAN);
+    set_threads(3);
+    ck_assert_int_eq(dt_cpu_attention_forward_flash(out3, lse3, qkv, B, Tq, q0, T, C, NH), 0);
+    ck_assert(memcmp(out, out3, nloc * 4) == 0 && memcmp(lse, lse3, nlse * 4) == 0);
+
+    float *d = filled(nqkv, 0.0f), *ones = filled(nqkv, 1.0f);
+    ck_assert_int_eq(dt_cpu_attention_backward_flash(d, dout, qkv, out, lse, B, Tq, q0, T, C, NH),
+                     0);
+    ck_assert_int_eq(
+        dt_cpu_attention_backward_flash(ones, dout, qkv, out, lse, B, Tq, q0, T, C, NH), 0);
+    for (size_t i = 0; i < nqkv; i++) {
+      const int t = (int)(i / C3 % T), part = (int)(i % C3) / C; /* 0 q, 1 k, 2 v */
+      const int mine = part == 0 ? t >= q0 && t < Tk : t < Tk;
+      if (!mine)
+        ck_assert_msg(d[i] == 0.0f && ones[i] == 1.0f,
+                      "attention_flash chunk %d wrote dqkv row %d part %d", r, t, part);
+      else
+        ck_assert_msg(fabsf(ones[i] - (1.0f + d[i])) <= 1e-6f * (1.0f + fabsf(d[i])),
+                      "attention_flash chunk %d: row %d part %d not added: %g vs 1 + %g", r, t,
+                      part, ones[i], d[i]);
+      sum[i] += d[i];
+    }
+  }
+  set_threads(2);
+  CHECK_CLOSE("attention_flash dqkv summed over the chunks", sum, to_double(dqkv, nqkv), nqkv,
+              GRAD_RTOL, 1e-5);
+  tfree_all();
+}
+
+START_TEST(test_attention_flash)
+{
+  /* B, T, C, NH, cp, seed */
+  run_attention_flash(1, 1, 4, 1, 1, 61);    /* a single position */
+  run_attention_flash(2, 70, 8, 2, 1, 62);   /* one full row block of 64 + remainder 6 */
+  run_attention_flash(2, 130, 12, 3, 1, 63); /* three row blocks, the last of 2 rows */
+  run_attention_flash(2, 150, 12, 3, 3, 64); /* chunks of 50 at q0 = 50, 100 */
+  run_attention_flash(1, 256, 64, 4, 2, 65); /* hs 16, chunks of 128: two row blocks each */
+  run_attention_flash(1, 1500, 4, 1, 1, 66); /* past the 16 MiB scratch: bands of 1344 + 156 */
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------
  * GELU and residual
  * ------------------------------------------------------------------------------------------- */
@@ -1371,16 +1465,26 @@ START_TEST(test_ops_table)
   dt_device_t *dev = dt_device_cpu();
   ck_assert_ptr_nonnull(ops);
   ck_assert_str_eq(ops->name, "cpu");
-  const void *entries[] = {
-      (const void *)ops->encoder_forward,       (const void *)ops->encoder_backward,
-      (const void *)ops->layernorm_forward,     (const void *)ops->layernorm_backward,
-      (const void *)ops->matmul_forward,        (const void *)ops->matmul_backward,
-      (const void *)ops->matmul_forward_bf16,   (const void *)ops->matmul_backward_bf16,
-      (const void *)ops->attention_forward,     (const void *)ops->attention_backward,
-      (const void *)ops->gelu_forward,          (const void *)ops->gelu_backward,
-      (const void *)ops->residual_forward,      (const void *)ops->crossentropy_forward_backward,
-      (const void *)ops->crossentropy_vp_stats, (const void *)ops->crossentropy_vp_finish,
-      (const void *)ops->adamw_update,          (const void *)ops->sum_squares};
+  const void *entries[] = {(const void *)ops->encoder_forward,
+                           (const void *)ops->encoder_backward,
+                           (const void *)ops->layernorm_forward,
+                           (const void *)ops->layernorm_backward,
+                           (const void *)ops->matmul_forward,
+                           (const void *)ops->matmul_backward,
+                           (const void *)ops->matmul_forward_bf16,
+                           (const void *)ops->matmul_backward_bf16,
+                           (const void *)ops->attention_forward,
+                           (const void *)ops->attention_backward,
+                           (const void *)ops->attention_forward_flash,
+                           (const void *)ops->attention_backward_flash,
+                           (const void *)ops->gelu_forward,
+                           (const void *)ops->gelu_backward,
+                           (const void *)ops->residual_forward,
+                           (const void *)ops->crossentropy_forward_backward,
+                           (const void *)ops->crossentropy_vp_stats,
+                           (const void *)ops->crossentropy_vp_finish,
+                           (const void *)ops->adamw_update,
+                           (const void *)ops->sum_squares};
   for (size_t i = 0; i < sizeof entries / sizeof *entries; i++)
     ck_assert_msg(entries[i] != NULL, "cpu table entry %zu missing", i);
 
@@ -1430,6 +1534,7 @@ static Suite *kernels_suite(void)
   add_tcase(s, "matmul_bf16", test_matmul_bf16);
   add_tcase(s, "attention", test_attention);
   add_tcase(s, "attention_cp", test_attention_cp);
+  add_tcase(s, "attention_flash", test_attention_flash);
   add_tcase(s, "gelu", test_gelu);
   add_tcase(s, "residual", test_residual);
   add_tcase(s, "crossentropy", test_crossentropy);

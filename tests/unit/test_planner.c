@@ -101,7 +101,7 @@ END_TEST
 START_TEST(test_comm_volumes)
 {
   dt_plan_model_t m = tiny();
-  dt_plan_train_t tr = {32, 16, DT_PLAN_FP32};
+  dt_plan_train_t tr = {32, 16, DT_PLAN_FP32, 0};
   const double P = 128 * 64 + 32 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64; /* 110336 */
   dt_plan_cluster_t c = cluster(4);
   dt_plan_eval_t e;
@@ -148,10 +148,10 @@ END_TEST
 
 START_TEST(test_activations)
 {
-  /* bf16, one stage, no tp: Korthikanti's s b h (34 + 5 a s / h) per layer, plus the stage
-   * input and the fp32 logits. */
+  /* bf16, one stage, no tp, materialised attention: Korthikanti's s b h (34 + 5 a s / h) per
+   * layer, plus the stage input and the fp32 logits. */
   dt_plan_model_t m = tiny();
-  dt_plan_train_t tr = {32, 8, DT_PLAN_BF16};
+  dt_plan_train_t tr = {32, 8, DT_PLAN_BF16, 1};
   dt_plan_layout_t l = {1, 1, 1, 0, 8, 1, 0, 0};
   dt_plan_mem_t mem;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
@@ -171,6 +171,17 @@ START_TEST(test_activations)
   const double N = b * s, C = h, layer = 15 * N * C + 4 * N + b * a * s * s;
   ck_assert_double_eq_tol(
       mem.acts, 4 * (2 * layer + 5 * N * C + 3 * N + N * 128 + 9 * N * C + b * a * s * s), 1e-6);
+  /* Flash attention (the default): each query row's lse, b a s floats, in place of the
+   * probabilities, none in the scratch; in bf16, 4 a s b bytes in place of 5 a s^2 b. */
+  tr.materialized = 0;
+  dt_plan_memory(&m, &tr, &l, 0, &mem);
+  const double flayer = 15 * N * C + 4 * N + b * a * s;
+  ck_assert_double_eq_tol(mem.acts, 4 * (2 * flayer + 5 * N * C + 3 * N + N * 128 + 9 * N * C),
+                          1e-6);
+  tr.precision = DT_PLAN_BF16;
+  dt_plan_memory(&m, &tr, &l, 0, &mem);
+  ck_assert_double_eq_tol(mem.acts, 2 * (34 * sbh + 4 * a * s * b) + 2 * sbh + 4 * s * b * 128,
+                          1e-6);
 }
 END_TEST
 
@@ -179,7 +190,7 @@ END_TEST
 START_TEST(test_context_parallel)
 {
   dt_plan_model_t m = tiny(); /* 2 layers, h 64, 4 heads, Vp 128 */
-  dt_plan_train_t tr = {32, 8, DT_PLAN_FP32};
+  dt_plan_train_t tr = {32, 8, DT_PLAN_FP32, 1};
   dt_plan_cluster_t c = cluster(4);
   char why[256];
   dt_plan_layout_t bad = {1, 1, 1, 0, 8, 1, 0, 3};
@@ -203,6 +214,13 @@ START_TEST(test_context_parallel)
   const double slot = 4 * N * C + N * C + 3 * N + N * 128;
   const double scratch = 2 * N * C + 4 * N * C + 3 * N * C + att + 2 * 2 * N * 3 * C;
   ck_assert_double_eq_tol(mem.acts, 4 * (2 * layer + slot + scratch), 1e-6);
+  /* Flash attention: the lse of the rank's s rows in place of the probabilities, none in the
+   * scratch. */
+  tr.materialized = 0;
+  dt_plan_memory(&m, &tr, &l, 0, &mem);
+  const double fatt = b * a * s;
+  ck_assert_double_eq_tol(mem.acts, 4 * (2 * (layer - att + fatt) + slot + scratch - att), 1e-6);
+  tr.materialized = 1;
   /* Communication: per layer and micro-batch one all-gather and one reduce-scatter of
    * (cp - 1) N 3C floats; a third with recomputation. */
   dt_plan_eval_t e;
@@ -220,7 +238,7 @@ END_TEST
 START_TEST(test_layout_check)
 {
   dt_plan_model_t m = tiny(); /* 2 layers, 4 heads */
-  dt_plan_train_t tr = {32, 16, DT_PLAN_BF16};
+  dt_plan_train_t tr = {32, 16, DT_PLAN_BF16, 0};
   dt_plan_cluster_t c = cluster(6);
   char why[256];
   dt_plan_layout_t ok = {2, 1, 3, 0, 8, 1, 0, 0};
@@ -251,7 +269,7 @@ START_TEST(test_enumerate)
   char why[256];
   ck_assert_int_eq(dt_plan_preset("llama-7b", &m), 0);
   ck_assert_int_eq(dt_plan_model_check(&m, 4096, why, sizeof why), 0);
-  dt_plan_train_t tr = {4096, 64, DT_PLAN_BF16};
+  dt_plan_train_t tr = {4096, 64, DT_PLAN_BF16, 0};
   dt_plan_cluster_t c = {8, 8, 80.0 * (1 << 30), 989e12, 0.4, 450e9, 50e9, 10e-6};
   dt_plan_eval_t *v;
   int n;
@@ -297,7 +315,7 @@ START_TEST(test_emit_spec_parses)
   char why[256], err[1024];
   ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
   ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
-  dt_plan_train_t tr = {1024, 64, DT_PLAN_BF16};
+  dt_plan_train_t tr = {1024, 64, DT_PLAN_BF16, 0};
   dt_plan_cluster_t c = cluster(8);
   dt_plan_layout_t l = {2, 2, 2, 1, 4, 8, 1, 0};
   ck_assert_int_eq(dt_plan_layout_check(&m, &tr, &c, &l, why, sizeof why), 0);

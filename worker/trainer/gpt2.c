@@ -410,9 +410,12 @@ static int cp_chunk(const dt_gpt2_t *m, int half)
 }
 
 /* Elements of one layer's attention probabilities for (B, T) with NH heads: (B, NH, T, T), or
- * with context parallelism each half's (B, NH, h, its chunk's end), one after the other. */
+ * with context parallelism each half's (B, NH, h, its chunk's end), one after the other; with
+ * flash attention the rows' log-sum-exps, (B, NH, T) (each half's (B, NH, h)). */
 static size_t att_elems(const dt_gpt2_t *m, int B, int NH, int T)
 {
+  if (m->flash)
+    return (size_t)B * NH * T;
   if (m->cp.cp == 1)
     return (size_t)B * NH * T * T;
   const size_t h = (size_t)T / 2;
@@ -477,7 +480,8 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
   DT__ALLOC(dbuf, N * C);
   DT__ALLOC(dbuf4, N * 4 * Cl);
   DT__ALLOC(dqkv, N * 3 * Cl);
-  DT__ALLOC(datt, att_elems(m, B, (int)NH, T));
+  if (!m->flash)
+    DT__ALLOC(datt, att_elems(m, B, (int)NH, T));
   if (m->cp.cp > 1) {
     DT__ALLOC(cpbuf, (size_t)m->cp.cp * N * 3 * Cl);
     DT__ALLOC(dqkv_full, (size_t)m->cp.cp * N * 3 * Cl);
@@ -595,6 +599,21 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
   }
   m->ops = bf16 ? &m->mixed : k;
   m->bf16 = bf16;
+  return 0;
+}
+
+int dt_gpt2_set_attention(dt_gpt2_t *m, int flash)
+{
+  const dt_ops_t *k = m->dev->ops;
+  if (m->acts) {
+    DT_ERROR(TRAIN, "the attention kernels must be chosen before the activations are allocated");
+    return DT_EINVAL;
+  }
+  if (flash && (!k->attention_forward_flash || !k->attention_backward_flash)) {
+    DT_ERROR(TRAIN, "--attention flash: the %s kernels have no flash attention", k->name);
+    return DT_ENOTSUP;
+  }
+  m->flash = flash;
   return 0;
 }
 
@@ -807,8 +826,24 @@ static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
                                 DT_COMM_SUM);
 }
 
+/* Attention of the Tq queries at [q0, q0 + Tq) of the Tall positions in qkv: forward (dout
+ * NULL) into out and att, or backward, ADDING into dqkv (Tall rows) with out the forward's. */
+static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const float *qkv,
+                     const float *dout, float *dqkv, int B, int Tq, int q0, int Tall)
+{
+  const dims_t d = dims(m);
+  const dt_ops_t *k = m->ops;
+  if (m->flash)
+    return dout ? k->attention_backward_flash(m->dev, dqkv, dout, qkv, out, att, B, Tq, q0, Tall,
+                                              d.Cl, d.NHl)
+                : k->attention_forward_flash(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl, d.NHl);
+  return dout ? k->attention_backward_cp(m->dev, dqkv, a->datt, dout, qkv, att, B, Tq, q0, Tall,
+                                         d.Cl, d.NHl)
+              : k->attention_forward_cp(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl, d.NHl);
+}
+
 /* This rank's two query chunks against the keys up to each one's end (forward: out, att; or,
- * with dout, backward: added into dqkv_full, datt the scratch). */
+ * with dout, backward: added into dqkv_full, out the forward's, datt the scratch). */
 static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const float *qkv,
                         const float *dout, int B, int T)
 {
@@ -818,13 +853,9 @@ static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att,
   for (int j = 0; j < 2; j++) {
     const int q0 = cp_chunk(m, j) * h;
     const size_t rows = (size_t)j * B * h;
-    if (!dout)
-      DT_CHECK(m->ops->attention_forward_cp(m->dev, out + rows * d.Cl, att + att_off, qkv, B, h, q0,
-                                            Tall, d.Cl, d.NHl));
-    else
-      DT_CHECK(m->ops->attention_backward_cp(m->dev, a->dqkv_full, a->datt, dout + rows * d.Cl, qkv,
-                                             att + att_off, B, h, q0, Tall, d.Cl, d.NHl));
-    att_off += (size_t)B * d.NHl * h * (size_t)(q0 + h);
+    DT_CHECK(attention(m, a, out + rows * d.Cl, att + att_off, qkv,
+                       dout ? dout + rows * d.Cl : NULL, a->dqkv_full, B, h, q0, Tall));
+    att_off += (size_t)B * d.NHl * h * (size_t)(m->flash ? 1 : q0 + h);
   }
   return 0;
 }
@@ -903,7 +934,10 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   if (m->cp.cp == 1) {
     DT_CHECK(k->matmul_forward(m->dev, y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
                                3 * Cl, 3 * Cl));
-    DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
+    if (m->flash)
+      DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
+    else
+      DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
   } else {
     float *mine = a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl;
     DT_CHECK(k->matmul_forward(m->dev, mine, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
@@ -1145,12 +1179,15 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
     DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout,
                                 y.atty, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
-    if (m->cp.cp == 1) {
+    if (m->cp.cp == 1 && m->flash) { /* the flash backward adds */
+      DT_CHECK(m->dev->zero(m->dev, a->dqkv, N * 3 * Cl * sizeof(float)));
+      DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf, a->dqkv, B, T, 0, T));
+    } else if (m->cp.cp == 1) {
       DT_CHECK(
           k->attention_backward(m->dev, a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl));
     } else {
       DT_CHECK(m->dev->zero(m->dev, a->dqkv_full, (size_t)m->cp.cp * N * 3 * Cl * sizeof(float)));
-      DT_CHECK(cp_attention(m, a, NULL, y.att, y.qkv, a->dbuf, B, T));
+      DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, a->dbuf, B, T));
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));

@@ -208,7 +208,9 @@ typedef struct {
   float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence */
   float *atty;      /* (L, N, C) attention output, heads concatenated */
   float *att;       /* (L, B, NH, T, T) softmax probabilities; with context parallelism each
-                       chunk's (B, NH, T/2, the keys up to its end), one after the other */
+                       chunk's (B, NH, T/2, the keys up to its end), one after the other; with
+                       flash attention (L, B, NH, T) log-sum-exps (cp: each chunk's (B, NH,
+                       T/2)) */
   float *residual2; /* (L, N, C) after the attention branch */
   float *ln2;       /* (L, N, C) */
   float *ln2_mean;  /* (L, N) */
@@ -233,7 +235,7 @@ typedef struct {
   float *dbuf;      /* (N, C) */
   float *dbuf4;     /* (N, 4C) */
   float *dqkv;      /* (N, 3C) */
-  float *datt;      /* like one layer's att */
+  float *datt;      /* like one layer's att (not with flash attention) */
   float *tmp;       /* (N, C) branch outputs before the residual add */
   int *tokens;      /* (2, N) on a device that is not host memory: the micro-batch's inputs
                        then targets, copied there by the forward pass (NULL on the host) */
@@ -246,6 +248,7 @@ typedef struct {
   const dt_ops_t *ops;  /* dev's kernels, or `mixed` under bf16 compute */
   dt_ops_t mixed;       /* dev's kernels with its bf16 linear layers (dt_gpt2_set_precision) */
   int bf16;             /* bf16 compute */
+  int flash;            /* flash attention: att holds each query row's lse, no (T, T) matrix */
   dt_gpt2_tp_t tp;
   dt_gpt2_cp_t cp;
   dt_gpt2_stage_t stage;
@@ -326,6 +329,12 @@ int dt_gpt2_set_context_parallel(dt_gpt2_t *m, const dt_gpt2_cp_t *cp);
  * gradients, optimizer state, activations, attention, LayerNorm, GELU and the loss stay fp32:
  * PyTorch autocast's rule for linear layers. DT_ENOTSUP when the device has no bf16 kernels. */
 int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16);
+/* Attention kernels (before the activations are allocated): flash 1 keeps no (T, T) matrix of
+ * probabilities, only each query row's log-sum-exp, and recomputes the probabilities in the
+ * backward pass (the device's attention_*_flash kernels); 0 keeps the probabilities (B, NH, T,
+ * T) of every layer. The same results up to fp32 rounding. DT_ENOTSUP when the device has no
+ * flash kernels. */
+int dt_gpt2_set_attention(dt_gpt2_t *m, int flash);
 /* Floats of a stage's input or output activation (the rows this rank holds, times C). */
 size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
 /* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3

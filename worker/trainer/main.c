@@ -49,6 +49,9 @@ static void usage(FILE *out)
       "                              when a CUDA GPU is present, else the CPU)\n"
       "  --precision fp32|bf16       bf16: linear layers as bf16 GEMMs accumulating in fp32, the\n"
       "                              rest and the master weights fp32 (default fp32)\n"
+      "  --attention flash|materialized  flash: keep each query row's log-sum-exp and recompute\n"
+      "                              the probabilities in backward; materialized: keep the\n"
+      "                              (T, T) probabilities of every layer (default flash)\n"
       "  --comm auto|cpu|nccl        collectives between GPU trainers: nccl on device memory, or\n"
       "                              cpu staged through host memory (default auto: nccl when\n"
       "                              every rank has a GPU of its own and this build has NCCL)\n"
@@ -117,6 +120,7 @@ enum {
   OPT_DEVICE,
   OPT_COMM,
   OPT_PRECISION,
+  OPT_ATTENTION,
   OPT_HELP,
 };
 
@@ -162,6 +166,7 @@ static const struct option g_opts[] = {
     {"device", required_argument, 0, OPT_DEVICE},
     {"comm", required_argument, 0, OPT_COMM},
     {"precision", required_argument, 0, OPT_PRECISION},
+    {"attention", required_argument, 0, OPT_ATTENTION},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
     {"cp", required_argument, 0, OPT_CP},
@@ -398,6 +403,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_PRECISION:
       o->precision = optarg;
+      break;
+    case OPT_ATTENTION:
+      o->attention = optarg;
       break;
     case OPT_RECOMPUTE:
       o->recompute = 1;

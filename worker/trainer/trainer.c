@@ -122,6 +122,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--threads must be >= 0";
   else if (o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "bf16"))
     msg = "--precision: expected fp32 or bf16";
+  else if (o->attention && strcmp(o->attention, "flash") && strcmp(o->attention, "materialized"))
+    msg = "--attention: expected flash or materialized";
   else if (o->comm && strcmp(o->comm, "auto") && strcmp(o->comm, "cpu") && strcmp(o->comm, "nccl"))
     msg = "--comm: expected cpu, nccl or auto";
   else if (o->comm && strcmp(o->comm, "nccl") == 0 && !dt_comm_has_backend("nccl"))
@@ -871,6 +873,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   const dt_gpt2_tp_t tp = {.tp = mesh.tp, .rank = t->plan.coord.tp, .comm = t->plan.tp};
   DT_CHECK(dt_gpt2_create(&t->model, &t->cfg, t->dev, &tp, &t->plan.stage));
   DT_CHECK(dt_gpt2_set_precision(&t->model, o->precision && strcmp(o->precision, "bf16") == 0));
+  DT_CHECK(dt_gpt2_set_attention(&t->model, !o->attention || strcmp(o->attention, "flash") == 0));
   t->cprank = t->plan.coord.cp;
   const dt_gpt2_cp_t cp = {.cp = mesh.cp, .rank = t->cprank, .comm = t->plan.cp};
   DT_CHECK(dt_gpt2_set_context_parallel(&t->model, &cp));
@@ -930,10 +933,11 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   const dt_gpt2_config_t *cfg = &t->cfg;
   DT_INFO(TRAIN,
           "model: L=%d NH=%d C=%d V=%d (Vp %d) maxT=%d, %zu parameters; device %s, %d threads, "
-          "%s",
+          "%s, %s attention",
           cfg->layers, cfg->heads, cfg->channels, cfg->vocab, cfg->padded_vocab, cfg->max_seq,
           t->model.global_params, t->dev->name, omp_get_max_threads(),
-          t->model.bf16 ? "bf16 linear layers (fp32 accumulation and master weights)" : "fp32");
+          t->model.bf16 ? "bf16 linear layers (fp32 accumulation and master weights)" : "fp32",
+          t->model.flash ? "flash" : "materialized");
   if (world > 1)
     dt_plan_log(&t->plan, cfg);
   if (t->pp > 1)

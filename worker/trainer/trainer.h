@@ -79,6 +79,8 @@ typedef struct {
   /* "fp32" (NULL) or "bf16": linear layers as bf16 GEMMs with fp32 accumulation, fp32 master
    * weights and everything else (dt_gpt2_set_precision) */
   const char *precision;
+  /* "flash" (NULL) or "materialized": the attention kernels (dt_gpt2_set_attention) */
+  const char *attention;
   /* the agent/coordinator link (link.h), NULL when standalone */
   struct dt_link *link;
   /* parallelism: this process's rank in a world of `world` (1: one process), the rendezvous
