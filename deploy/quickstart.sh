@@ -43,7 +43,7 @@ tests() {
   build "$BUILD_DIR"
   (cd "$BUILD_DIR" && ctest --output-on-failure -j 2)
   echo "== clang-format check"
-  git ls-files '*.c' '*.cc' '*.h' '*.cu' | xargs clang-format --dry-run --Werror
+  git ls-files '*.c' '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
   echo "== ASan/UBSan build without CUDA + unit, numerics and integration tests"
   cmake -S "$ROOT" -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=Debug -DDT_SANITIZE=ON -DDT_CUDA=OFF \
     >/dev/null

@@ -1,0 +1,195 @@
+/* test_flash_emul.cc — the CUDA flash-attention kernels (kernels/cuda/flash.cuh) run on the
+ * host, against the CPU's flash kernels (kernels/cpu/attention.c), on machines without a GPU.
+ *
+ * flash.cuh is compiled here as plain C++ under an emulation of CUDA's thread model: each
+ * CUDA thread of a block is an OS thread, __syncthreads() a barrier over the block's threads,
+ * the blocks of a grid run one after the other, and the dynamic shared memory is a heap buffer
+ * of exactly the bytes the launch asks for, filled with NaN (a read past it is an ASan error in
+ * the sanitizer build; a read of a shared entry no thread wrote poisons the result). The
+ * launches mirror kernels/cuda/attention.cu's: the same grids, block sizes and shared memory
+ * from flash.cuh, the dq kernel then the dk/dv kernel with D between them.
+ *
+ * What this checks: the kernels' indexing, causal masks, tiles and their edges, the online
+ * softmax, the head-size buckets and the barrier structure, which are the GPU's logic. What it
+ * cannot: the GPU compiler's code, warp scheduling, register spills, launch limits; test_cuda
+ * (label gpu) runs the same kernels on a GPU. The tolerance is test_cuda's: max |emulated -
+ * cpu| <= 1e-5 of the tensor's largest value (the sums run in other orders). */
+#include <check.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "cpu_kernels.h"
+#include "rng.h"
+}
+
+/* ---- The emulated thread model ------------------------------------------------------------ */
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+static thread_local dim3 threadIdx;
+static dim3 blockIdx, blockDim, gridDim; /* one block runs at a time */
+static pthread_barrier_t g_barrier;
+static float *g_smem;
+
+static void __syncthreads(void)
+{
+  pthread_barrier_wait(&g_barrier);
+}
+
+using std::max;
+using std::min;
+#define __global__
+#define __device__
+#define __launch_bounds__(n)
+#define DT_FLASH_SMEM(name) float *name = g_smem
+
+#include "flash.cuh"
+
+/* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
+template <typename F> static void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
+{
+  gridDim = grid;
+  blockDim = dim3(threads);
+  for (unsigned y = 0; y < grid.y; y++)
+    for (unsigned x = 0; x < grid.x; x++) {
+      blockIdx = dim3(x, y);
+      const size_t n = smem_bytes / sizeof(float);
+      g_smem = (float *)malloc(smem_bytes);
+      ck_assert_ptr_nonnull(g_smem);
+      for (size_t i = 0; i < n; i++)
+        g_smem[i] = NAN;
+      ck_assert_int_eq(pthread_barrier_init(&g_barrier, NULL, threads), 0);
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < threads; t++)
+        ts.emplace_back([&body, t] {
+          threadIdx = dim3(t);
+          body();
+        });
+      for (auto &th : ts)
+        th.join();
+      pthread_barrier_destroy(&g_barrier);
+      free(g_smem);
+      g_smem = NULL;
+    }
+}
+
+/* attention.cu's flash_forward and flash_backward, launched on the emulation. */
+template <int HSM>
+static void emul_forward(float *out, float *lse, const float *qkv, int B, int Tq, int q0, int Tall,
+                         int C, int NH)
+{
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  launch(dim3(flash_query_blocks(Tq), (unsigned)(B * NH)), FLASH_ROWS, flash_kv_smem_bytes<HSM>(),
+         [&] { flash_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
+}
+
+template <int HSM>
+static void emul_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  std::vector<float> D((size_t)B * NH * Tq, NAN);
+  launch(dim3(flash_query_blocks(Tq), (unsigned)(B * NH)), FLASH_ROWS, flash_kv_smem_bytes<HSM>(),
+         [&] {
+           flash_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH,
+                                         scale);
+         });
+  launch(dim3(flash_key_blocks(q0 + Tq), (unsigned)(B * NH)), FLASH_KROWS,
+         flash_dkdv_smem_bytes<HSM>(), [&] {
+           flash_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH,
+                                           scale);
+         });
+}
+
+/* ---- The checks --------------------------------------------------------------------------- */
+
+static dt_rng_t g_rng;
+
+static std::vector<float> randn(size_t n)
+{
+  std::vector<float> v(n);
+  dt_rng_normal(&g_rng, v.data(), n, 0.0f, 1.0f);
+  return v;
+}
+
+/* max |got - want| / max |want| must be <= 1e-5 (NaN or inf never passes). */
+static void expect_close(const char *what, const std::vector<float> &got,
+                         const std::vector<float> &want)
+{
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < want.size(); i++) {
+    const double d = fabs((double)got[i] - (double)want[i]);
+    worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+    scale = std::max(scale, fabs((double)want[i]));
+  }
+  const double e = worst / (scale > 1e-30 ? scale : 1e-30);
+  ck_assert_msg(e <= 1e-5, "%s: relative error %.3g over %zu values", what, e, want.size());
+}
+
+/* Chunk r of cp as context parallelism runs it (cp = 1: the whole sequence): out and lse over
+ * garbage, then the backward from the same random dqkv on both sides (it adds). */
+template <int HSM> static void check(int B, int T, int C, int NH, int cp)
+{
+  ck_assert_int_eq(flash_bucket(C / NH), HSM);
+  const int Tq = T / cp;
+  const std::vector<float> qkv = randn((size_t)B * T * 3 * C);
+  for (int r = 0; r < cp; r++) {
+    const int q0 = r * Tq;
+    const size_t nout = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
+    std::vector<float> out_h(nout, 1e30f), lse_h(nlse, 1e30f), out_g(nout, -1e30f),
+        lse_g(nlse, -1e30f);
+    ck_assert_int_eq(
+        dt_cpu_attention_forward_flash(out_h.data(), lse_h.data(), qkv.data(), B, Tq, q0, T, C, NH),
+        0);
+    emul_forward<HSM>(out_g.data(), lse_g.data(), qkv.data(), B, Tq, q0, T, C, NH);
+    expect_close("forward out", out_g, out_h);
+    expect_close("forward lse", lse_g, lse_h);
+
+    const std::vector<float> dout = randn(nout);
+    std::vector<float> dqkv_h = randn((size_t)B * T * 3 * C), dqkv_g = dqkv_h;
+    ck_assert_int_eq(dt_cpu_attention_backward_flash(dqkv_h.data(), dout.data(), qkv.data(),
+                                                     out_h.data(), lse_h.data(), B, Tq, q0, T, C,
+                                                     NH),
+                     0);
+    emul_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B, Tq,
+                       q0, T, C, NH);
+    expect_close("backward dqkv", dqkv_g, dqkv_h);
+  }
+}
+
+START_TEST(test_flash_kernels)
+{
+  dt_rng_seed(&g_rng, 71);
+  check<32>(2, 37, 48, 4, 1);             /* hs 12, T prime: partial tiles everywhere */
+  check<32>(3, 70, 64, 2, 1);             /* hs 32, T over a 64-row block */
+  check<32>(1, 1, 24, 3, 1);              /* a single position */
+  check<64>(1, 130, 128, 2, 1);           /* hs 64 (GPT-2's): three query blocks, five key blocks */
+  check<128>(1, 75, 200, 2, 1);           /* hs 100 */
+  check<32>(2, 150, 48, 4, 3);            /* chunks of 50: q0 off the tiles */
+  check<64>(1, 200, 128, 2, 2);           /* chunks of 100 */
+  ck_assert_int_eq(flash_bucket(129), 0); /* attention.cu refuses it */
+}
+END_TEST
+
+int main(void)
+{
+  Suite *s = suite_create("flash_emulated");
+  TCase *tc = tcase_create("kernels");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_flash_kernels);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
