@@ -819,6 +819,26 @@ START_TEST(test_attention)
 }
 END_TEST
 
+/* A chunk's backward (queries [q0, Tk), keys [0, Tk)) run over zeros (d) and over ones: the
+ * rows it owns must hold 1 + its result, the others stay 0 and 1; d is added into sum. */
+static void check_chunk_added(const char *what, int r, const float *d, const float *ones,
+                              float *sum, int B, int T, int C, int q0, int Tk)
+{
+  const int C3 = 3 * C;
+  for (size_t i = 0; i < (size_t)B * T * C3; i++) {
+    const int t = (int)(i / C3 % T), part = (int)(i % C3) / C; /* 0 q, 1 k, 2 v */
+    const int mine = part == 0 ? t >= q0 && t < Tk : t < Tk;
+    if (!mine)
+      ck_assert_msg(d[i] == 0.0f && ones[i] == 1.0f, "%s chunk %d wrote dqkv row %d part %d", what,
+                    r, t, part);
+    else
+      ck_assert_msg(fabsf(ones[i] - (1.0f + d[i])) <= 1e-6f * (1.0f + fabsf(d[i])),
+                    "%s chunk %d: row %d part %d not added: %g vs 1 + %g", what, r, t, part,
+                    ones[i], d[i]);
+    sum[i] += d[i];
+  }
+}
+
 /* Context parallelism: the sequence split in cp chunks, chunk r's queries against the keys up
  * to its end. Each chunk's out and att rows must be the full attention's rows (the double
  * reference), and the chunks' backward results, summed as the cp group sums them, the full
@@ -859,18 +879,7 @@ static void run_attention_cp(int B, int T, int C, int NH, int cp, uint64_t seed)
     float *d = filled(nqkv, 0.0f), *ones = filled(nqkv, 1.0f);
     dt_cpu_attention_backward_cp(d, filled(natt_r, NAN), dout, qkv, att_r, B, Tq, q0, T, C, NH);
     dt_cpu_attention_backward_cp(ones, filled(natt_r, NAN), dout, qkv, att_r, B, Tq, q0, T, C, NH);
-    for (size_t i = 0; i < nqkv; i++) {
-      const int t = (int)(i / C3 % T), part = (int)(i % C3) / C; /* 0 q, 1 k, 2 v */
-      const int mine = part == 0 ? t >= q0 && t < Tk : t < Tk;
-      if (!mine)
-        ck_assert_msg(d[i] == 0.0f && ones[i] == 1.0f,
-                      "attention_cp chunk %d wrote dqkv row %d part %d", r, t, part);
-      else
-        ck_assert_msg(fabsf(ones[i] - (1.0f + d[i])) <= 1e-6f * (1.0f + fabsf(d[i])),
-                      "attention_cp chunk %d: row %d part %d not added: %g vs 1 + %g", r, t, part,
-                      ones[i], d[i]);
-      sum[i] += d[i];
-    }
+    check_chunk_added("attention_cp", r, d, ones, sum, B, T, C, q0, Tk);
   }
   double *want = to_double(dqkv, nqkv);
   CHECK_CLOSE("attention_cp dqkv summed over the chunks", sum, want, nqkv, 1e-5, 1e-6);
@@ -950,18 +959,7 @@ static void run_attention_flash(int B, int T, int C, int NH, int cp, uint64_t se
                      0);
     ck_assert_int_eq(
         dt_cpu_attention_backward_flash(ones, dout, qkv, out, lse, B, Tq, q0, T, C, NH), 0);
-    for (size_t i = 0; i < nqkv; i++) {
-      const int t = (int)(i / C3 % T), part = (int)(i % C3) / C; /* 0 q, 1 k, 2 v */
-      const int mine = part == 0 ? t >= q0 && t < Tk : t < Tk;
-      if (!mine)
-        ck_assert_msg(d[i] == 0.0f && ones[i] == 1.0f,
-                      "attention_flash chunk %d wrote dqkv row %d part %d", r, t, part);
-      else
-        ck_assert_msg(fabsf(ones[i] - (1.0f + d[i])) <= 1e-6f * (1.0f + fabsf(d[i])),
-                      "attention_flash chunk %d: row %d part %d not added: %g vs 1 + %g", r, t,
-                      part, ones[i], d[i]);
-      sum[i] += d[i];
-    }
+    check_chunk_added("attention_flash", r, d, ones, sum, B, T, C, q0, Tk);
   }
   set_threads(2);
   CHECK_CLOSE("attention_flash dqkv summed over the chunks", sum, to_double(dqkv, nqkv), nqkv,

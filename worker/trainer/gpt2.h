@@ -332,8 +332,8 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16);
 /* Attention kernels (before the activations are allocated): flash 1 keeps no (T, T) matrix of
  * probabilities, only each query row's log-sum-exp, and recomputes the probabilities in the
  * backward pass (the device's attention_*_flash kernels); 0 keeps the probabilities (B, NH, T,
- * T) of every layer. The same results up to fp32 rounding. DT_ENOTSUP when the device has no
- * flash kernels. */
+ * T) of every layer. The same results up to fp32 rounding. A model starts with 0; the trainer
+ * sets 1 unless --attention materialized. DT_ENOTSUP when the device has no flash kernels. */
 int dt_gpt2_set_attention(dt_gpt2_t *m, int flash);
 /* Floats of a stage's input or output activation (the rows this rank holds, times C). */
 size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
