@@ -279,5 +279,9 @@ expect_error flag_init 2 "--init" "expected llmc:PATH or seed:N"
 run flag_extra "$TRAIN" --train "$DATA" stray
 expect_error flag_extra 2 "stray" "unexpected argument"
 
+# A value the option parser takes but the run's validation refuses (as --precision): exit 1.
+run flag_attention "$TRAIN" --train "$DATA" --attention sdpa
+expect_error flag_attention 1 "--attention" "expected flash or materialized"
+
 echo "$CHECKS checks, $FAILS failed"
 [[ $FAILS -eq 0 ]]

@@ -819,6 +819,47 @@ START_TEST(test_attention)
 }
 END_TEST
 
+/* The whole sequence of a chunked attention test: random qkv and R (the output's gradient),
+ * the double reference's out and att, and the materialised kernels' dqkv for R (the backward
+ * that test_attention checks against finite differences). */
+typedef struct {
+  float *qkv, *R, *dqkv;
+  double *qkv_d, *out_d, *att_d;
+} att_case_t;
+
+static att_case_t att_case(int B, int T, int C, int NH, uint64_t seed)
+{
+  dt_rng_t rng;
+  dt_rng_seed(&rng, seed);
+  const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+  const size_t natt = (size_t)B * NH * T * T;
+  att_case_t x = {.qkv = rand_normal(&rng, nqkv, 0.0f, 1.0f),
+                  .R = rand_normal(&rng, nout, 0.0f, 1.0f),
+                  .dqkv = filled(nqkv, GARBAGE),
+                  .out_d = dalloc(nout),
+                  .att_d = dalloc(natt)};
+  x.qkv_d = to_double(x.qkv, nqkv);
+  ref_attention_forward(x.out_d, x.att_d, x.qkv_d, B, T, C, NH);
+  float *att = filled(natt, NAN);
+  dt_cpu_attention_forward(filled(nout, GARBAGE), att, x.qkv, B, T, C, NH);
+  dt_cpu_attention_backward(x.dqkv, filled(natt, NAN), x.R, x.qkv, att, B, T, C, NH);
+  return x;
+}
+
+/* Chunk [q0, q0 + Tq)'s rows of R (its dout) and of the reference out. */
+static void att_chunk_rows(const att_case_t *x, int B, int T, int C, int q0, int Tq, float **dout,
+                           double **out_want)
+{
+  const size_t row = (size_t)Tq * C;
+  *dout = falloc((size_t)B * row);
+  *out_want = dalloc((size_t)B * row);
+  for (int b = 0; b < B; b++) {
+    memcpy(*dout + b * row, x->R + ((size_t)b * T + q0) * C, row * sizeof(float));
+    for (size_t i = 0; i < row; i++)
+      (*out_want)[b * row + i] = x->out_d[((size_t)b * T + q0) * C + i];
+  }
+}
+
 /* A chunk's backward (queries [q0, Tk), keys [0, Tk)) run over zeros (d) and over ones: the
  * rows it owns must hold 1 + its result, the others stay 0 and 1; d is added into sum. */
 static void check_chunk_added(const char *what, int r, const float *d, const float *ones,
@@ -846,32 +887,23 @@ static void check_chunk_added(const char *what, int r, const float *d, const flo
  * over ones, a chunk's rows are 1 + its result and the rows it does not own stay 1. */
 static void run_attention_cp(int B, int T, int C, int NH, int cp, uint64_t seed)
 {
-  dt_rng_t rng;
-  dt_rng_seed(&rng, seed);
-  const int Tq = T / cp, C3 = 3 * C;
-  const size_t nqkv = (size_t)B * T * C3, nout = (size_t)B * T * C;
-  const size_t natt = (size_t)B * NH * T * T;
-  float *qkv = rand_normal(&rng, nqkv, 0.0f, 1.0f), *R = rand_normal(&rng, nout, 0.0f, 1.0f);
-  double *out_d = dalloc(nout), *att_d = dalloc(natt);
-  ref_attention_forward(out_d, att_d, to_double(qkv, nqkv), B, T, C, NH);
-  float *att = filled(natt, NAN), *dqkv = filled(nqkv, GARBAGE), *scratch = filled(natt, NAN);
-  dt_cpu_attention_forward(filled(nout, GARBAGE), att, qkv, B, T, C, NH);
-  dt_cpu_attention_backward(dqkv, scratch, R, qkv, att, B, T, C, NH);
+  const att_case_t x = att_case(B, T, C, NH, seed);
+  const int Tq = T / cp;
+  const size_t nqkv = (size_t)B * T * 3 * C;
+  const float *qkv = x.qkv;
   float *sum = filled(nqkv, 0.0f);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq, Tk = q0 + Tq;
     const size_t nloc = (size_t)B * Tq * C, natt_r = (size_t)B * NH * Tq * Tk;
-    float *out = filled(nloc, GARBAGE), *att_r = filled(natt_r, NAN), *dout = falloc(nloc);
-    double *out_want = dalloc(nloc), *att_want = dalloc(natt_r);
+    float *out = filled(nloc, GARBAGE), *att_r = filled(natt_r, NAN), *dout;
+    double *out_want, *att_want = dalloc(natt_r);
+    att_chunk_rows(&x, B, T, C, q0, Tq, &dout, &out_want);
     for (int b = 0; b < B; b++) {
-      memcpy(dout + (size_t)b * Tq * C, R + ((size_t)b * T + q0) * C, (size_t)Tq * C * 4);
-      for (size_t i = 0; i < (size_t)Tq * C; i++)
-        out_want[(size_t)b * Tq * C + i] = out_d[((size_t)b * T + q0) * C + i];
       for (int h = 0; h < NH; h++)
         for (int t = 0; t < Tq; t++)
           for (int j = 0; j < Tk; j++)
             att_want[(((size_t)b * NH + h) * Tq + t) * Tk + j] =
-                att_d[(((size_t)b * NH + h) * T + q0 + t) * T + j];
+                x.att_d[(((size_t)b * NH + h) * T + q0 + t) * T + j];
     }
     dt_cpu_attention_forward_cp(out, att_r, qkv, B, Tq, q0, T, C, NH);
     CHECK_CLOSE("attention_cp out", out, out_want, nloc, ACC_RTOL, ACC_ATOL);
@@ -881,8 +913,8 @@ static void run_attention_cp(int B, int T, int C, int NH, int cp, uint64_t seed)
     dt_cpu_attention_backward_cp(ones, filled(natt_r, NAN), dout, qkv, att_r, B, Tq, q0, T, C, NH);
     check_chunk_added("attention_cp", r, d, ones, sum, B, T, C, q0, Tk);
   }
-  double *want = to_double(dqkv, nqkv);
-  CHECK_CLOSE("attention_cp dqkv summed over the chunks", sum, want, nqkv, 1e-5, 1e-6);
+  CHECK_CLOSE("attention_cp dqkv summed over the chunks", sum, to_double(x.dqkv, nqkv), nqkv, 1e-5,
+              1e-6);
   tfree_all();
 }
 
@@ -920,31 +952,21 @@ static double ref_lse(const double *qkv, int b, int h, int t, int T, int C, int 
  * with 1 and 3 threads. */
 static void run_attention_flash(int B, int T, int C, int NH, int cp, uint64_t seed)
 {
-  dt_rng_t rng;
-  dt_rng_seed(&rng, seed);
-  const int Tq = T / cp, C3 = 3 * C;
-  const size_t nqkv = (size_t)B * T * C3, nout = (size_t)B * T * C;
-  const size_t natt = (size_t)B * NH * T * T;
-  float *qkv = rand_normal(&rng, nqkv, 0.0f, 1.0f), *R = rand_normal(&rng, nout, 0.0f, 1.0f);
-  double *qkv_d = to_double(qkv, nqkv), *out_d = dalloc(nout), *att_d = dalloc(natt);
-  ref_attention_forward(out_d, att_d, qkv_d, B, T, C, NH);
-  float *att = filled(natt, NAN), *dqkv = filled(nqkv, GARBAGE);
-  dt_cpu_attention_forward(filled(nout, GARBAGE), att, qkv, B, T, C, NH);
-  dt_cpu_attention_backward(dqkv, filled(natt, NAN), R, qkv, att, B, T, C, NH);
+  const att_case_t x = att_case(B, T, C, NH, seed);
+  const int Tq = T / cp;
+  const size_t nqkv = (size_t)B * T * 3 * C;
+  const float *qkv = x.qkv;
   float *sum = filled(nqkv, 0.0f);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq, Tk = q0 + Tq;
     const size_t nloc = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
-    float *out = filled(nloc, GARBAGE), *lse = filled(nlse, NAN), *dout = falloc(nloc);
-    double *out_want = dalloc(nloc), *lse_want = dalloc(nlse);
-    for (int b = 0; b < B; b++) {
-      memcpy(dout + (size_t)b * Tq * C, R + ((size_t)b * T + q0) * C, (size_t)Tq * C * 4);
-      for (size_t i = 0; i < (size_t)Tq * C; i++)
-        out_want[(size_t)b * Tq * C + i] = out_d[((size_t)b * T + q0) * C + i];
+    float *out = filled(nloc, GARBAGE), *lse = filled(nlse, NAN), *dout;
+    double *out_want, *lse_want = dalloc(nlse);
+    att_chunk_rows(&x, B, T, C, q0, Tq, &dout, &out_want);
+    for (int b = 0; b < B; b++)
       for (int h = 0; h < NH; h++)
         for (int t = 0; t < Tq; t++)
-          lse_want[((size_t)b * NH + h) * Tq + t] = ref_lse(qkv_d, b, h, q0 + t, T, C, NH);
-    }
+          lse_want[((size_t)b * NH + h) * Tq + t] = ref_lse(x.qkv_d, b, h, q0 + t, T, C, NH);
     set_threads(1);
     ck_assert_int_eq(dt_cpu_attention_forward_flash(out, lse, qkv, B, Tq, q0, T, C, NH), 0);
     CHECK_CLOSE("attention_flash out", out, out_want, nloc, ACC_RTOL, ACC_ATOL);
@@ -962,7 +984,7 @@ static void run_attention_flash(int B, int T, int C, int NH, int cp, uint64_t se
     check_chunk_added("attention_flash", r, d, ones, sum, B, T, C, q0, Tk);
   }
   set_threads(2);
-  CHECK_CLOSE("attention_flash dqkv summed over the chunks", sum, to_double(dqkv, nqkv), nqkv,
+  CHECK_CLOSE("attention_flash dqkv summed over the chunks", sum, to_double(x.dqkv, nqkv), nqkv,
               GRAD_RTOL, 1e-5);
   tfree_all();
 }
