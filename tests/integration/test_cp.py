@@ -38,8 +38,7 @@ class ContextParallel(tp.OneProcessReference):
         procs = dp.launch(world, lambda r: dp.base_args(batch, accum, metrics)
                           + ["--export-llmc", weights] + list(args), kv)
         outs = dp.wait_all(procs)
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
+        dp.assert_ranks_ok(outs, tag)
         return dp.read_metrics(metrics), tp.read_llmc(weights), [e for _, _, e in outs]
 
     def test_layouts(self):
@@ -75,8 +74,7 @@ class ContextParallel(tp.OneProcessReference):
         base = dp.base_args(4, 1, m1) + ["--ckpt-dir", ckpt, "--cp", "2", "--zero-stage", "1",
                                          "--stop-at", "4"]
         outs = dp.wait_all(dp.launch(4, lambda r: base, os.path.join(self.tmp, "kv_ck1")))
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "cp2 x dp2 rank %d:\n%s" % (r, err[-3000:]))
+        dp.assert_ranks_ok(outs, "cp2 x dp2")
         rest = [a for a in dp.base_args(8, 1, m2) if not a.startswith("llmc:") and a != "--init"]
         subprocess.run(rest + ["--ckpt-dir", ckpt, "--resume"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

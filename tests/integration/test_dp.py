@@ -11,6 +11,8 @@ and data, and checks:
   * a checkpoint written by dp=4 (ZeRO-1 shards) resumes on dp=3 (ZeRO-2) and continues the
     single-process trajectory;
   * a peer that never arrives: rank 0 fails within the timeout and names the missing rank;
+  * a peer's address left in the store by an earlier run: rank 0 fails within the timeout
+    and says to use a fresh store;
   * a peer killed mid-training: the survivor fails with an error, not a hang (collectives on
     the compute thread, and on the comm thread).
 
@@ -83,6 +85,26 @@ def wait_all(procs, timeout=120):
     return outs
 
 
+def assert_ranks_ok(outs, what, tail=2500):
+    """Fails unless every rank exited 0. The message gives every rank's status (a signal by
+    name) and the stderr of each rank that failed, and of every rank when any failed: the
+    first rank to fail is usually not rank 0, whose error only says that a peer went away."""
+    if all(rc == 0 for rc, _, _ in outs):
+        return
+    def status(rc):
+        if rc < 0:
+            try:
+                return "killed by " + signal.Signals(-rc).name
+            except ValueError:
+                return "killed by signal %d" % -rc
+        return "exit %d" % rc
+    report = ["%s: %s" % (what, ", ".join("rank %d %s" % (r, status(rc))
+                                         for r, (rc, _, _) in enumerate(outs)))]
+    for r, (rc, _, err) in enumerate(outs):
+        report.append("--- rank %d (%s), stderr:\n%s" % (r, status(rc), (err or "")[-tail:]))
+    raise AssertionError("\n".join(report))
+
+
 class DataParallel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -122,8 +144,7 @@ class DataParallel(unittest.TestCase):
         procs = launch(world, lambda r: base_args(4, accum, metrics) + ["--zero-stage", str(zero)],
                        kv, {"DISTRAIN_DP_OVERLAP": str(overlap)})
         outs = wait_all(procs)
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-2000:]))
+        assert_ranks_ok(outs, tag)
         return read_metrics(metrics), outs[0][2]
 
     def test_exact_against_one_process(self):
@@ -168,7 +189,7 @@ class DataParallel(unittest.TestCase):
         args = lambda batch, m: base_args(batch, 1, m) + ["--ckpt-dir", ckpt]
         outs = wait_all(launch(4, lambda r: args(3, m1) + ["--zero-stage", "1", "--stop-at", "4"],
                                os.path.join(self.tmp, "kv_r4")))
-        self.assertTrue(all(rc == 0 for rc, _, _ in outs), outs[0][2][-2000:])
+        assert_ranks_ok(outs, "dp4 until step 4")
         with open(os.path.join(ckpt, "step-00000004", "MANIFEST")) as f:
             manifest = f.read()
         self.assertIn("world 4", manifest)
@@ -176,7 +197,7 @@ class DataParallel(unittest.TestCase):
         resume = [a for a in args(4, m2) if not a.startswith("llmc:") and a != "--init"]
         outs = wait_all(launch(3, lambda r: resume + ["--zero-stage", "2", "--resume"],
                                os.path.join(self.tmp, "kv_r3")))
-        self.assertTrue(all(rc == 0 for rc, _, _ in outs), outs[0][2][-2000:])
+        assert_ranks_ok(outs, "dp3 resume")
         got = read_metrics(m1) + read_metrics(m2)
         self.assert_close(ref, got, "dp4 -> dp3 resume")
 
@@ -191,7 +212,7 @@ class DataParallel(unittest.TestCase):
                                                "--zero-stage", "1"]
         outs = wait_all(launch(2, lambda r: args(m1) + ["--stop-at", "6"],
                                os.path.join(self.tmp, "kv_c1")))
-        self.assertTrue(all(rc == 0 for rc, _, _ in outs), outs[0][2][-2000:])
+        assert_ranks_ok(outs, "dp2 until step 6")
         newest = os.path.join(ckpt, "step-00000006")
         shard = sorted(f for f in os.listdir(newest) if f != "MANIFEST")[-1]
         with open(os.path.join(newest, shard), "r+b") as f:
@@ -199,8 +220,8 @@ class DataParallel(unittest.TestCase):
             f.write(b"\xff" * 8)
         resume = [a for a in args(m2) if not a.startswith("llmc:") and a != "--init"]
         outs = wait_all(launch(2, lambda r: resume + ["--resume"], os.path.join(self.tmp, "kv_c2")))
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "rank %d:\n%s" % (r, err[-2000:]))
+        assert_ranks_ok(outs, "dp2 resume")
+        for err in (e for _, _, e in outs):
             self.assertIn("step-00000006: fails verification on", err)
         # Resumed from step 4; step 6 was trained again and committed anew.
         self.assertEqual(read_metrics(m2)[0]["step"], 5)
@@ -220,7 +241,7 @@ class DataParallel(unittest.TestCase):
             extra += ["--ckpt-sync"] if mode == "sync" else []
             args = [a for a in base_args(4, 1, m) if a != "--quiet"] + extra
             outs = wait_all(launch(2, lambda r: args, os.path.join(self.tmp, "kv_" + mode)))
-            self.assertTrue(all(rc == 0 for rc, _, _ in outs), outs[0][2][-2000:])
+            assert_ranks_ok(outs, "%s checkpoints" % mode)
             files = {}
             for d in sorted(os.listdir(ckpt)):
                 for f in sorted(os.listdir(os.path.join(ckpt, d))):
@@ -247,6 +268,34 @@ class DataParallel(unittest.TestCase):
         self.assertLess(elapsed, 2.0 + 5.0, "gave up after %.1f s" % elapsed)
         self.assertRegex(p.stderr, r"(?i)rank.*1", "the error names the missing rank")
         self.assertIn("timed out", p.stderr.lower())
+
+    def test_stale_address_in_the_store(self):
+        """Rank 1's addresses from an earlier run, still in the store, with a port above any live
+        one: rank 0 reads them as this run's, compares its own address as the smaller and
+        listens for a connection that never comes. It fails within DISTRAIN_COMM_TIMEOUT_MS
+        (Gloo alone waits five times that for a connection) and says what to do."""
+        old = os.path.join(self.tmp, "kv_stale_old")
+        outs = wait_all(launch(2, lambda r: base_args(4, 1, os.path.join(self.tmp, "stale.jsonl"),
+                                                      steps=1), old))
+        assert_ranks_ok(outs, "the earlier run")
+        new = os.path.join(self.tmp, "kv_stale_new")
+        os.makedirs(new)
+        for name in (n for n in os.listdir(old) if n.endswith("%2F1")):  # rank 1's keys
+            with open(os.path.join(old, name), "rb") as f:
+                addr = bytearray(f.read())  # one Gloo address (sockaddr_storage, seq): peer 0's
+            addr[2:4] = b"\xff\xff"  # sin_port: 65535
+            with open(os.path.join(new, name), "wb") as f:
+                f.write(addr)
+        env = dict(os.environ, WORLD_SIZE="2", RANK="0", DISTRAIN_KV_DIR=new,
+                   DISTRAIN_COMM_TIMEOUT_MS="2000")
+        t0 = time.time()
+        p = subprocess.run(base_args(4, 1, os.path.join(self.tmp, "stale2.jsonl")), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        elapsed = time.time() - t0
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(elapsed, 2.0 + 5.0, "gave up after %.1f s" % elapsed)
+        self.assertIn("rank 1 did not connect within 2000 ms", p.stderr)
+        self.assertIn("use a fresh one (a new DISTRAIN_KV_DIR or DISTRAIN_KV_PREFIX)", p.stderr)
 
     def test_peer_dies_mid_training(self):
         # Collectives on the compute thread (ZeRO-0 here), and on the comm thread while the

@@ -75,8 +75,7 @@ class GpuTrainer(unittest.TestCase):
 
     def train(self, world, batch, device, extra=(), tag="", own_gpus=False):
         metrics, outs = self.launch(world, batch, device, extra, tag, own_gpus)
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d:\n%s" % (tag, r, err[-3000:]))
+        dp.assert_ranks_ok(outs, tag)
         self.logs = [err for _, _, err in outs]
         return [m["loss"] for m in dp.read_metrics(metrics)]
 

@@ -95,10 +95,8 @@ class PlannerAgainstTrainer(unittest.TestCase):
         world = dpn * tp * pp * cp
         outs = dp.wait_all(dp.launch(world, lambda r: trainer_args(
             dpn, tp, pp, zero, accum, recompute, cp, mat, metrics), kv), timeout=120)
-        errs = []
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (name, r, err[-3000:]))
-            errs.append(err)
+        dp.assert_ranks_ok(outs, name)
+        errs = [err for _, _, err in outs]
         steps = dp.read_metrics(metrics)
         ms = statistics.median(m["ms"] for m in steps[1:])  # the first step warms up
         return errs, ms

@@ -89,8 +89,7 @@ class PipelineParallel(unittest.TestCase):
             "--pp", str(pp), "--tp", str(tp), "--zero-stage", str(zero),
             "--pp-schedule", schedule] + (["--recompute"] if recompute else []) + list(extra), kv,
             {"DISTRAIN_COMM_TIMEOUT_MS": "60000"}), timeout=300)
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
+        dp.assert_ranks_ok(outs, tag)
         return dp.read_metrics(metrics), tpt.read_llmc(weights), [e for _, _, e in outs]
 
     def check(self, pp, tp, dpn, zero=0, schedule="1f1b", recompute=False, extra=(), layers=4,
@@ -183,9 +182,7 @@ class PipelineParallel(unittest.TestCase):
             if not first:
                 a += ["--resume"]
             outs = dp.wait_all(dp.launch(world, lambda r: a, kv), timeout=300)
-            for r, (rc, _, err) in enumerate(outs):
-                self.assertEqual(rc, 0, "pp %d tp %d dp %d rank %d:\n%s" % (pp, tp, dpn, r,
-                                                                          err[-3000:]))
+            dp.assert_ranks_ok(outs, "pp %d tp %d dp %d" % (pp, tp, dpn))
 
         def assert_follows(got, what):
             self.assertEqual(len(ref), len(got), what)

@@ -38,8 +38,7 @@ class Bf16(unittest.TestCase):
         kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
         outs = dp.wait_all(dp.launch(world, lambda r: dp.base_args(batch, 1, metrics, steps)
                                      + list(extra), kv), timeout=300)
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d:\n%s" % (tag, r, err[-3000:]))
+        dp.assert_ranks_ok(outs, tag)
         return [m["loss"] for m in dp.read_metrics(metrics)]
 
     def test_300_steps_within_1_percent_of_fp32(self):

@@ -102,8 +102,7 @@ class TensorParallel(OneProcessReference):
                           + ["--tp", str(tp), "--zero-stage", str(zero),
                              "--export-llmc", weights] + list(extra), kv)
         outs = dp.wait_all(procs)
-        for r, (rc, _, err) in enumerate(outs):
-            self.assertEqual(rc, 0, "%s rank %d failed:\n%s" % (tag, r, err[-3000:]))
+        dp.assert_ranks_ok(outs, tag)
         return dp.read_metrics(metrics), read_llmc(weights), [e for _, _, e in outs]
 
     def assert_weights(self, ref, got, what):
@@ -183,9 +182,7 @@ class TensorParallel(OneProcessReference):
                 base = [a for a in base if not a.startswith("llmc:") and a != "--init"]
                 base += ["--resume"]
             outs = dp.wait_all(dp.launch(world, lambda r: base, kv))
-            for r, (rc, _, err) in enumerate(outs):
-                self.assertEqual(rc, 0, "world %d tp %d rank %d:\n%s" % (world, tp, r,
-                                                                      err[-3000:]))
+            dp.assert_ranks_ok(outs, "world %d tp %d" % (world, tp))
 
         # tp=2 x dp=2 (ZeRO-1) to step 4, then dp=4 (ZeRO-2), and one process, to the end
         for name, world, tp, zero, batch in (("dp4", 4, 1, 2, 2), ("one", 1, 1, 0, 8)):

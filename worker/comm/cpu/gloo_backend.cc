@@ -92,6 +92,10 @@ constexpr uint8_t kSlotSentinel = 0x45;
 constexpr uint8_t kSlotAllReduce = 0x46;
 constexpr uint8_t kSlotP2PHeader = 0x47;
 
+/* Gloo's tcp pair waits this many times its context's timeout for a connection (the 2022
+ * Gloo's "longer timeout when waiting for initial connect"). */
+constexpr int kConnectWaits = 5;
+
 /* Pipelining unit of the ring and chain algorithms (elements): small enough that a segment's
  * transfer overlaps the previous one's reduction and forwarding, large enough to amortise the
  * per-message cost (a notification round trip). */
@@ -513,13 +517,26 @@ int connect_mesh(Gloo *g, const dt_kv_t *kv, double deadline_ms)
     peer_addr[i].assign(hold.get() + slot * addr_size, hold.get() + (slot + 1) * addr_size);
   }
   /* Connect in rank order: each pair's listening side accepts on Gloo's loop thread, so the
-   * order cannot deadlock; each connect waits at most the context timeout. */
+   * order cannot deadlock; each connect waits at most the timeout (see kConnectWaits). An
+   * address another run left in the store makes both ends listen (each believes it is the
+   * smaller address), hence the hint. */
   for (int i = 0; i < g->world; i++) {
     if (i == g->rank)
       continue;
     if (canceled(g))
       return DT_ECANCELED;
-    g->tctx->getPair(i)->connect(peer_addr[i]);
+    try {
+      g->tctx->getPair(i)->connect(peer_addr[i]);
+    } catch (const gloo::IoException &e) {
+      if (!strstr(e.what(), "Connect timeout"))
+        throw;
+      DT_ERROR(COMM,
+               "comm %s rank %d/%d: rendezvous: rank %d did not connect within %lld ms; if the "
+               "store holds addresses from an earlier run, use a fresh one (a new "
+               "DISTRAIN_KV_DIR or DISTRAIN_KV_PREFIX)",
+               g->prefix.c_str(), g->rank, g->world, i, (long long)g->timeout.count());
+      return DT_ETIMEDOUT;
+    }
   }
   return 0;
 }
@@ -589,7 +606,9 @@ int gloo_init(void **impl, const dt_kv_t *kv, const char *prefix, int rank, int 
     {
       std::lock_guard<std::mutex> lock(g->tctx_mu);
       g->tctx = g->dev->createContext(rank, world);
-      g->tctx->setTimeout(g->timeout);
+      /* The context's timeout only bounds connecting (every wait passes its own), and Gloo
+       * waits kConnectWaits times it for a connection. */
+      g->tctx->setTimeout(std::max(ms(1), g->timeout / kConnectWaits));
     }
     int crc = connect_mesh(g, kv, deadline_ms);
     if (crc < 0)
