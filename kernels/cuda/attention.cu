@@ -21,12 +21,13 @@
  * (or added to) in exactly the rows the contract names (every column of q | k | v belongs to one
  * head); the softmax reductions are block reductions of fixed shape (deterministic).
  *
- * Flash attention (the _flash entries, at the end): the kernels are in flash.cuh, this file
- * launches them. */
+ * Flash attention (the _flash entries, at the end): the kernels are in flash.cuh (fp32) and
+ * flash_mma.cuh (bf16 on the tensor cores, the _flash_bf16 entries); this file launches them. */
 #include <math.h>
 
 #include "cuda_impl.h"
 #include "flash.cuh"
+#include "flash_mma.cuh"
 
 #define ATT_THREADS 256 /* softmax kernels, one block per row of one (b, h) matrix */
 
@@ -185,14 +186,16 @@ template <typename K> static int flash_smem(K kernel, size_t bytes)
   return 0;
 }
 
+/* mma: the tensor-core kernels (flash_mma.cuh, bf16), else flash.cuh's fp32 ones. */
 template <int HSM>
-static int flash_forward(dt_cuda_impl_t *cu, float *out, float *lse, const float *qkv, int B,
-                         int Tq, int q0, int Tall, int C, int NH)
+static int flash_forward(dt_cuda_impl_t *cu, bool mma, float *out, float *lse, const float *qkv,
+                         int B, int Tq, int q0, int Tall, int C, int NH)
 {
-  const dim3 grid(flash_query_blocks(Tq), (unsigned)(B * NH));
-  const size_t smem = flash_kv_smem_bytes<HSM>();
-  DT_CHECK(flash_smem(flash_forward_kernel<HSM>, smem));
-  flash_forward_kernel<HSM><<<grid, FLASH_ROWS, smem, cu->stream>>>(
+  const auto kernel = mma ? fmma_forward_kernel<HSM> : flash_forward_kernel<HSM>;
+  const dim3 grid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), (unsigned)(B * NH));
+  const size_t smem = mma ? fmma_fwd_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
+  DT_CHECK(flash_smem(kernel, smem));
+  kernel<<<grid, mma ? FMMA_THREADS : FLASH_ROWS, smem, cu->stream>>>(
       out, lse, qkv, Tq, q0, Tall, C, NH, 1.0f / sqrtf((float)(C / NH)));
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
@@ -200,25 +203,27 @@ static int flash_forward(dt_cuda_impl_t *cu, float *out, float *lse, const float
 
 /* The dq kernel, then (D in the workspace) the dk/dv kernel. */
 template <int HSM>
-static int flash_backward(dt_cuda_impl_t *cu, float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse, int B, int Tq, int q0, int Tall,
-                          int C, int NH)
+static int flash_backward(dt_cuda_impl_t *cu, bool mma, float *dqkv, const float *dout,
+                          const float *qkv, const float *out, const float *lse, int B, int Tq,
+                          int q0, int Tall, int C, int NH)
 {
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, (size_t)B * NH * Tq * sizeof(float), &ws));
   float *D = (float *)ws;
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  const dim3 qgrid(flash_query_blocks(Tq), (unsigned)(B * NH));
-  const size_t qsmem = flash_kv_smem_bytes<HSM>();
-  DT_CHECK(flash_smem(flash_backward_dq_kernel<HSM>, qsmem));
-  flash_backward_dq_kernel<HSM><<<qgrid, FLASH_ROWS, qsmem, cu->stream>>>(
-      dqkv, D, dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale);
+  const auto dq = mma ? fmma_backward_dq_kernel<HSM> : flash_backward_dq_kernel<HSM>;
+  const dim3 qgrid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), (unsigned)(B * NH));
+  const size_t qsmem = mma ? fmma_dq_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
+  DT_CHECK(flash_smem(dq, qsmem));
+  dq<<<qgrid, mma ? FMMA_THREADS : FLASH_ROWS, qsmem, cu->stream>>>(dqkv, D, dout, qkv, out, lse,
+                                                                    Tq, q0, Tall, C, NH, scale);
   DT_CUDA_CHECK(cudaGetLastError());
-  const dim3 kgrid(flash_key_blocks(q0 + Tq), (unsigned)(B * NH));
-  const size_t ksmem = flash_dkdv_smem_bytes<HSM>();
-  DT_CHECK(flash_smem(flash_backward_dkdv_kernel<HSM>, ksmem));
-  flash_backward_dkdv_kernel<HSM><<<kgrid, FLASH_KROWS, ksmem, cu->stream>>>(
-      dqkv, D, dout, qkv, lse, Tq, q0, Tall, C, NH, scale);
+  const auto dkdv = mma ? fmma_backward_dkdv_kernel<HSM> : flash_backward_dkdv_kernel<HSM>;
+  const dim3 kgrid(mma ? fmma_blocks(q0 + Tq) : flash_key_blocks(q0 + Tq), (unsigned)(B * NH));
+  const size_t ksmem = mma ? fmma_dkdv_smem_bytes<HSM>() : flash_dkdv_smem_bytes<HSM>();
+  DT_CHECK(flash_smem(dkdv, ksmem));
+  dkdv<<<kgrid, mma ? FMMA_THREADS : FLASH_KROWS, ksmem, cu->stream>>>(dqkv, D, dout, qkv, lse, Tq,
+                                                                       q0, Tall, C, NH, scale);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
@@ -235,40 +240,67 @@ static int bucket_or_refuse(int C, int NH)
   return hsm;
 }
 
-int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *lse,
-                                     const float *qkv, int B, int Tq, int q0, int Tall, int C,
-                                     int NH)
+static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse, const float *qkv,
+                         int B, int Tq, int q0, int Tall, int C, int NH)
 {
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
     return 0;
   dt_cuda_impl_t *cu = dt__cuda(dev);
   switch (bucket_or_refuse(C, NH)) {
   case 32:
-    return flash_forward<32>(cu, out, lse, qkv, B, Tq, q0, Tall, C, NH);
+    return flash_forward<32>(cu, mma, out, lse, qkv, B, Tq, q0, Tall, C, NH);
   case 64:
-    return flash_forward<64>(cu, out, lse, qkv, B, Tq, q0, Tall, C, NH);
+    return flash_forward<64>(cu, mma, out, lse, qkv, B, Tq, q0, Tall, C, NH);
   case 128:
-    return flash_forward<128>(cu, out, lse, qkv, B, Tq, q0, Tall, C, NH);
+    return flash_forward<128>(cu, mma, out, lse, qkv, B, Tq, q0, Tall, C, NH);
   default:
     return DT_ENOTSUP;
   }
+}
+
+static int backward_flash(struct dt_device *dev, bool mma, float *dqkv, const float *dout,
+                          const float *qkv, const float *out, const float *lse, int B, int Tq,
+                          int q0, int Tall, int C, int NH)
+{
+  if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
+    return 0;
+  dt_cuda_impl_t *cu = dt__cuda(dev);
+  switch (bucket_or_refuse(C, NH)) {
+  case 32:
+    return flash_backward<32>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+  case 64:
+    return flash_backward<64>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+  case 128:
+    return flash_backward<128>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+  default:
+    return DT_ENOTSUP;
+  }
+}
+
+int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *lse,
+                                     const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                     int NH)
+{
+  return forward_flash(dev, false, out, lse, qkv, B, Tq, q0, Tall, C, NH);
 }
 
 int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
                                       const float *qkv, const float *out, const float *lse, int B,
                                       int Tq, int q0, int Tall, int C, int NH)
 {
-  if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
-    return 0;
-  dt_cuda_impl_t *cu = dt__cuda(dev);
-  switch (bucket_or_refuse(C, NH)) {
-  case 32:
-    return flash_backward<32>(cu, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
-  case 64:
-    return flash_backward<64>(cu, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
-  case 128:
-    return flash_backward<128>(cu, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
-  default:
-    return DT_ENOTSUP;
-  }
+  return backward_flash(dev, false, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+}
+
+int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
+                                          const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                          int NH)
+{
+  return forward_flash(dev, true, out, lse, qkv, B, Tq, q0, Tall, C, NH);
+}
+
+int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
+                                           const float *qkv, const float *out, const float *lse,
+                                           int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  return backward_flash(dev, true, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
 }

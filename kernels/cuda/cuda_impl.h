@@ -145,6 +145,15 @@ int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *l
 int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
                                       const float *qkv, const float *out, const float *lse, int B,
                                       int Tq, int q0, int Tall, int C, int NH);
+/* The same contracts in bf16 on the tensor cores (flash_mma.cuh states the numerics). Not in
+ * the kernel table yet: the model's bf16 precision keeps fp32 attention until the CPU backend
+ * has the matching bf16 attention; tests/unit/test_flash_emul.cc checks the kernels. */
+int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
+                                          const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                          int NH);
+int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
+                                           const float *qkv, const float *out, const float *lse,
+                                           int B, int Tq, int q0, int Tall, int C, int NH);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                            size_t n);

@@ -36,8 +36,8 @@ struct dim3 {
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 static thread_local dim3 threadIdx;
-static dim3 blockIdx, blockDim, gridDim; /* one block runs at a time */
-static pthread_barrier_t g_barrier;
+static dim3 blockIdx, blockDim, gridDim;                /* one block runs at a time */
+static pthread_barrier_t g_barrier, g_warp_barrier[32]; /* the block's, each warp's */
 static float *g_smem;
 
 static void __syncthreads(void)
@@ -45,14 +45,71 @@ static void __syncthreads(void)
   pthread_barrier_wait(&g_barrier);
 }
 
+/* ---- Warp-level primitives (flash_mma.cuh): lanes exchange through per-warp slots ---------- */
+
+static uint32_t g_lane_a[32][32][4], g_lane_b[32][32][2];
+static float g_lane_f[32][32];
+
+static void warp_sync(void)
+{
+  pthread_barrier_wait(&g_warp_barrier[threadIdx.x / 32]);
+}
+
+static float shfl_xor(float v, int m)
+{
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  g_lane_f[w][lane] = v;
+  warp_sync();
+  const float r = g_lane_f[w][lane ^ m];
+  warp_sync(); /* the slot is rewritten by the next exchange */
+  return r;
+}
+
+static float bf16_value(uint32_t reg, int half)
+{
+  const uint32_t u = (reg >> (16 * half)) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 from the PTX ISA's fragment layouts (g = lane / 4,
+ * c = lane % 4): A's register j holds row g + 8 (j % 2), columns 2c + 8 (j / 2) + {0, 1}; B's
+ * register j rows 2c + 8 j + {0, 1} of column g; D's element e row g + 8 (e / 2), column
+ * 2c + e % 2. Each lane rebuilds A and B from every lane's registers and computes its four
+ * elements, in fp32. */
+static void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  memcpy(g_lane_a[w][lane], a, sizeof g_lane_a[w][lane]);
+  memcpy(g_lane_b[w][lane], b, sizeof g_lane_b[w][lane]);
+  warp_sync();
+  auto A = [&](int r, int k) {
+    return bf16_value(g_lane_a[w][(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2);
+  };
+  auto B = [&](int k, int n) { return bf16_value(g_lane_b[w][n * 4 + (k % 8) / 2][k / 8], k % 2); };
+  for (int e = 0; e < 4; e++) {
+    const int r = g + 8 * (e / 2), n = 2 * c + e % 2;
+    float acc = d[e];
+    for (int k = 0; k < 16; k++)
+      acc += A(r, k) * B(k, n);
+    d[e] = acc;
+  }
+  warp_sync();
+}
+
 using std::max;
 using std::min;
 #define __global__
 #define __device__
 #define __launch_bounds__(n)
-#define DT_FLASH_SMEM(name) float *name = g_smem
+#define DT_FLASH_SMEM(name)  float *name = g_smem
+#define DT_MMA_BF16(d, a, b) mma_bf16(d, a, b)
+#define DT_SHFL_XOR(v, m)    shfl_xor(v, m)
+#define DT_SYNCWARP()        warp_sync()
 
 #include "flash.cuh"
+#include "flash_mma.cuh"
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
 template <typename F> static void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
@@ -62,12 +119,13 @@ template <typename F> static void launch(dim3 grid, unsigned threads, size_t sme
   for (unsigned y = 0; y < grid.y; y++)
     for (unsigned x = 0; x < grid.x; x++) {
       blockIdx = dim3(x, y);
-      const size_t n = smem_bytes / sizeof(float);
       g_smem = (float *)malloc(smem_bytes);
       ck_assert_ptr_nonnull(g_smem);
-      for (size_t i = 0; i < n; i++)
-        g_smem[i] = NAN;
+      memset(g_smem, 0xff, smem_bytes); /* NaN as a float and as a bf16 */
       ck_assert_int_eq(pthread_barrier_init(&g_barrier, NULL, threads), 0);
+      for (unsigned w = 0; w * 32 < threads; w++)
+        ck_assert_int_eq(pthread_barrier_init(&g_warp_barrier[w], NULL, min(32u, threads - 32 * w)),
+                         0);
       std::vector<std::thread> ts;
       for (unsigned t = 0; t < threads; t++)
         ts.emplace_back([&body, t] {
@@ -77,6 +135,8 @@ template <typename F> static void launch(dim3 grid, unsigned threads, size_t sme
       for (auto &th : ts)
         th.join();
       pthread_barrier_destroy(&g_barrier);
+      for (unsigned w = 0; w * 32 < threads; w++)
+        pthread_barrier_destroy(&g_warp_barrier[w]);
       free(g_smem);
       g_smem = NULL;
     }
@@ -110,6 +170,32 @@ static void emul_backward(float *dqkv, const float *dout, const float *qkv, cons
          });
 }
 
+/* attention.cu's tensor-core launches of flash_mma.cuh's kernels. */
+template <int HSM>
+static void emul_mma_forward(float *out, float *lse, const float *qkv, int B, int Tq, int q0,
+                             int Tall, int C, int NH)
+{
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  launch(dim3(fmma_blocks(Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
+         [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
+}
+
+template <int HSM>
+static void emul_mma_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                              const float *lse, int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  std::vector<float> D((size_t)B * NH * Tq, NAN);
+  launch(dim3(fmma_blocks(Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
+    fmma_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale);
+  });
+  launch(dim3(fmma_blocks(q0 + Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
+         [&] {
+           fmma_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH,
+                                          scale);
+         });
+}
+
 /* ---- The checks --------------------------------------------------------------------------- */
 
 static dt_rng_t g_rng;
@@ -121,9 +207,9 @@ static std::vector<float> randn(size_t n)
   return v;
 }
 
-/* max |got - want| / max |want| must be <= 1e-5 (NaN or inf never passes). */
+/* max |got - want| / max |want| must be <= tol (NaN or inf never passes). */
 static void expect_close(const char *what, const std::vector<float> &got,
-                         const std::vector<float> &want)
+                         const std::vector<float> &want, double tol = 1e-5)
 {
   double worst = 0.0, scale = 0.0;
   for (size_t i = 0; i < want.size(); i++) {
@@ -132,7 +218,8 @@ static void expect_close(const char *what, const std::vector<float> &got,
     scale = std::max(scale, fabs((double)want[i]));
   }
   const double e = worst / (scale > 1e-30 ? scale : 1e-30);
-  ck_assert_msg(e <= 1e-5, "%s: relative error %.3g over %zu values", what, e, want.size());
+  ck_assert_msg(e <= tol, "%s: relative error %.3g over %zu values (tolerance %.0e)", what, e,
+                want.size(), tol);
 }
 
 /* Chunk r of cp as context parallelism runs it (cp = 1: the whole sequence): out and lse over
@@ -166,6 +253,54 @@ template <int HSM> static void check(int B, int T, int C, int NH, int cp)
   }
 }
 
+static std::vector<float> bf16_rounded(std::vector<float> v)
+{
+  for (float &x : v)
+    x = dt_bf16_round(x);
+  return v;
+}
+
+static std::vector<float> minus(const std::vector<float> &a, const std::vector<float> &b)
+{
+  std::vector<float> d(a.size());
+  for (size_t i = 0; i < a.size(); i++)
+    d[i] = a[i] - b[i];
+  return d;
+}
+
+/* The tensor-core kernels against the CPU's fp32 flash kernels on bf16-rounded q, k, v and
+ * dout, so that what differs is the bf16 rounding of P and dS (flash_mma.cuh): out and the
+ * gradients within 1e-2 of scale (a P entry's rounding is 2^-9 of it), lse, whose sums are
+ * fp32, within 1e-5. The gradients are compared as what each side added to the same dqkv. */
+template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
+{
+  ck_assert_int_eq(flash_bucket(C / NH), HSM);
+  const int Tq = T / cp;
+  const std::vector<float> qkv = randn((size_t)B * T * 3 * C), qkv_r = bf16_rounded(qkv);
+  for (int r = 0; r < cp; r++) {
+    const int q0 = r * Tq;
+    const size_t nout = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
+    std::vector<float> out_h(nout, 1e30f), lse_h(nlse, 1e30f), out_g(nout, -1e30f),
+        lse_g(nlse, -1e30f);
+    ck_assert_int_eq(dt_cpu_attention_forward_flash(out_h.data(), lse_h.data(), qkv_r.data(), B, Tq,
+                                                    q0, T, C, NH),
+                     0);
+    emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv.data(), B, Tq, q0, T, C, NH);
+    expect_close("bf16 forward out", out_g, out_h, 1e-2);
+    expect_close("bf16 forward lse", lse_g, lse_h);
+
+    const std::vector<float> dout = randn(nout), dqkv0 = randn((size_t)B * T * 3 * C);
+    std::vector<float> dqkv_h = dqkv0, dqkv_g = dqkv0;
+    ck_assert_int_eq(dt_cpu_attention_backward_flash(dqkv_h.data(), bf16_rounded(dout).data(),
+                                                     qkv_r.data(), out_h.data(), lse_h.data(), B,
+                                                     Tq, q0, T, C, NH),
+                     0);
+    emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B,
+                           Tq, q0, T, C, NH);
+    expect_close("bf16 backward dqkv", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 1e-2);
+  }
+}
+
 START_TEST(test_flash_kernels)
 {
   dt_rng_seed(&g_rng, 71);
@@ -180,12 +315,24 @@ START_TEST(test_flash_kernels)
 }
 END_TEST
 
+START_TEST(test_flash_mma_kernels)
+{
+  dt_rng_seed(&g_rng, 72);
+  check_mma<32>(2, 37, 48, 4, 1);   /* hs 12, T prime: partial tiles everywhere */
+  check_mma<64>(1, 130, 128, 2, 1); /* hs 64 (GPT-2's): three row blocks */
+  check_mma<32>(1, 1, 24, 3, 1);    /* a single position */
+  check_mma<128>(1, 75, 200, 2, 1); /* hs 100 */
+  check_mma<64>(1, 150, 192, 3, 3); /* chunks of 50: q0 off the tiles */
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("flash_emulated");
   TCase *tc = tcase_create("kernels");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_flash_kernels);
+  tcase_add_test(tc, test_flash_mma_kernels);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
