@@ -156,6 +156,22 @@ __device__ static inline float fmma_row_max(float v)
   return fmaxf(v, DT_SHFL_XOR(v, 2));
 }
 
+/* dst[d] = mul acc (or += with ADD) for the calling lane's columns d < hs of its row g + 8 i of
+ * the C layout (acc: NO tiles of 8 columns). */
+template <int NO, bool ADD>
+__device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, float mul, int hs)
+{
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int nd = 0; nd < NO; nd++)
+#pragma unroll
+    for (int e = 2 * i; e < 2 * i + 2; e++) {
+      const int d = 8 * nd + 2 * c + e % 2;
+      if (d < hs)
+        dst[d] = ADD ? dst[d] + mul * acc[nd][e] : mul * acc[nd][e];
+    }
+}
+
 /* Grid (fmma_blocks(Tq), B * NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS)
@@ -218,15 +234,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     const float sum = fmma_row_sum(l[i]);
     if (row[i] >= Tq)
       continue;
-    float *orow = out + ((size_t)b * Tq + row[i]) * C + (size_t)h * hs;
-#pragma unroll
-    for (int nd = 0; nd < NO; nd++)
-#pragma unroll
-      for (int e = 2 * i; e < 2 * i + 2; e++) {
-        const int d = 8 * nd + 2 * c + e % 2;
-        if (d < hs)
-          orow[d] = o[nd][e] / sum;
-      }
+    fmma_store_row<NO, false>(out + ((size_t)b * Tq + row[i]) * C + (size_t)h * hs, o, i,
+                              1.0f / sum, hs);
     if (c == 0)
       lse[(size_t)bh * Tq + row[i]] = m[i] + logf(sum);
   }
@@ -292,15 +301,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   for (int i = 0; i < 2; i++) {
     if (row[i] >= Tq)
       continue;
-    float *qrow = dqkv + ((size_t)b * Tall + q0 + row[i]) * C3 + (size_t)h * hs;
-#pragma unroll
-    for (int nd = 0; nd < NO; nd++)
-#pragma unroll
-      for (int e = 2 * i; e < 2 * i + 2; e++) {
-        const int d = 8 * nd + 2 * c + e % 2;
-        if (d < hs)
-          qrow[d] += scale * dq[nd][e];
-      }
+    fmma_store_row<NO, true>(dqkv + ((size_t)b * Tall + q0 + row[i]) * C3 + (size_t)h * hs, dq, i,
+                             scale, hs);
   }
 }
 
@@ -361,16 +363,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     if (key[i] >= kend)
       continue;
     float *krow = dqkv + ((size_t)b * Tall + key[i]) * C3 + (size_t)h * hs;
-#pragma unroll
-    for (int nd = 0; nd < NO; nd++)
-#pragma unroll
-      for (int e = 2 * i; e < 2 * i + 2; e++) {
-        const int d = 8 * nd + 2 * c + e % 2;
-        if (d < hs) {
-          krow[C + d] += scale * dk[nd][e];
-          krow[2 * C + d] += dv[nd][e];
-        }
-      }
+    fmma_store_row<NO, true>(krow + C, dk, i, scale, hs);
+    fmma_store_row<NO, true>(krow + 2 * C, dv, i, 1.0f, hs);
   }
 }
 
