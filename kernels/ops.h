@@ -120,6 +120,19 @@ typedef struct dt_ops {
   int (*attention_backward_flash)(struct dt_device *dev, float *dqkv, const float *dout,
                                   const float *qkv, const float *out, const float *lse, int B,
                                   int Tq, int q0, int Tall, int C, int NH);
+  /* The flash entries in bf16 compute (--precision bf16, as PyTorch autocast's SDPA): q, k, v
+   * and dout rounded to bf16; every product a bf16 GEMM accumulating in fp32; the softmax, lse
+   * and D = dout . out in fp32; the probabilities and score gradients rounded to bf16 as the
+   * operands of their products, the probabilities relative to the running maximum of 64-key
+   * tiles (the GPU's flash_mma.cuh streams the keys so; the CPU follows it exactly). out, lse
+   * and the gradients stay fp32. NULL where a backend has none: bf16 is then refused with
+   * flash attention. */
+  int (*attention_forward_flash_bf16)(struct dt_device *dev, float *out, float *lse,
+                                      const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                      int NH);
+  int (*attention_backward_flash_bf16)(struct dt_device *dev, float *dqkv, const float *dout,
+                                       const float *qkv, const float *out, const float *lse, int B,
+                                       int Tq, int q0, int Tall, int C, int NH);
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);

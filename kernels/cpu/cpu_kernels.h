@@ -47,6 +47,9 @@ static inline float dt_bf16_round(float x)
     v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
   return v.f;
 }
+/* rows x cols of src (row stride lds) rounded to bf16 into a new contiguous malloc'd buffer;
+ * NULL when out of memory. */
+float *dt_cpu_bf16_copy(const float *src, size_t rows, size_t cols, size_t lds);
 void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                               int NH);
 void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
@@ -63,6 +66,12 @@ int dt_cpu_attention_forward_flash(float *out, float *lse, const float *qkv, int
 int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float *qkv,
                                     const float *out, const float *lse, int B, int Tq, int q0,
                                     int Tall, int C, int NH);
+/* The same in bf16, with the GPU tensor-core kernels' arithmetic (attention.c states it). */
+int dt_cpu_attention_forward_flash_bf16(float *out, float *lse, const float *qkv, int B, int Tq,
+                                        int q0, int Tall, int C, int NH);
+int dt_cpu_attention_backward_flash_bf16(float *dqkv, const float *dout, const float *qkv,
+                                         const float *out, const float *lse, int B, int Tq, int q0,
+                                         int Tall, int C, int NH);
 void dt_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void dt_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);

@@ -51,9 +51,7 @@ void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     bias_backward(dbias, dout, N, OC, ldd);
 }
 
-/* rows x cols of src (row stride lds) rounded to bf16 into a new contiguous buffer; NULL when
- * out of memory. */
-static float *bf16_copy(const float *src, size_t rows, size_t cols, size_t lds)
+float *dt_cpu_bf16_copy(const float *src, size_t rows, size_t cols, size_t lds)
 {
   float *dst = malloc(rows * cols * sizeof *dst);
   if (!dst)
@@ -68,8 +66,8 @@ static float *bf16_copy(const float *src, size_t rows, size_t cols, size_t lds)
 int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
                                int N, int C, int OC, int ldo)
 {
-  float *a = bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
-  float *w = bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C);
+  float *a = dt_cpu_bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
+  float *w = dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C);
   const int ok = a && w;
   if (ok)
     dt_cpu_matmul_forward(out, a, w, bias, N, C, OC, ldo);
@@ -82,9 +80,9 @@ int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const
                                 const float *inp, const float *weight, int N, int C, int OC,
                                 int ldd)
 {
-  float *g = bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
-  float *a = bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
-  float *w = dinp ? bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
+  float *g = dt_cpu_bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
+  float *a = dt_cpu_bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
+  float *w = dinp ? dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
   const int ok = g && a && (w || !dinp);
   if (ok)
     dt_cpu_matmul_backward(dinp, dweight, NULL, g, a, w, N, C, OC, OC);

@@ -121,6 +121,25 @@ static int attention_backward_flash(struct dt_device *dev, float *dqkv, const fl
              : DT_ENOMEM;
 }
 
+static int attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
+                                        const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                        int NH)
+{
+  return dt_cpu_attention_forward_flash_bf16(H(out), H(lse), H(qkv), B, Tq, q0, Tall, C, NH) == 0
+             ? 0
+             : DT_ENOMEM;
+}
+
+static int attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
+                                         const float *qkv, const float *out, const float *lse,
+                                         int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  return dt_cpu_attention_backward_flash_bf16(H(dqkv), H(dout), H(qkv), H(out), H(lse), B, Tq, q0,
+                                              Tall, C, NH) == 0
+             ? 0
+             : DT_ENOMEM;
+}
+
 static int gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
 {
   dt_cpu_gelu_forward(H(out), H(inp), n);
@@ -195,6 +214,8 @@ static const dt_ops_t g_cpu_ops = {
     .attention_backward_cp = attention_backward_cp,
     .attention_forward_flash = attention_forward_flash,
     .attention_backward_flash = attention_backward_flash,
+    .attention_forward_flash_bf16 = attention_forward_flash_bf16,
+    .attention_backward_flash_bf16 = attention_backward_flash_bf16,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,

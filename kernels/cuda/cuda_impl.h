@@ -145,9 +145,9 @@ int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *l
 int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
                                       const float *qkv, const float *out, const float *lse, int B,
                                       int Tq, int q0, int Tall, int C, int NH);
-/* The same contracts in bf16 on the tensor cores (flash_mma.cuh states the numerics). Not in
- * the kernel table yet: the model's bf16 precision keeps fp32 attention until the CPU backend
- * has the matching bf16 attention; tests/unit/test_flash_emul.cc checks the kernels. */
+/* The same contracts in bf16 on the tensor cores (flash_mma.cuh states the numerics; the CPU's
+ * _flash_bf16 kernels follow them), the model's attention under --precision bf16;
+ * tests/unit/test_flash_emul.cc checks the kernels on the host, test_cuda on a GPU. */
 int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
                                           const float *qkv, int B, int Tq, int q0, int Tall, int C,
                                           int NH);

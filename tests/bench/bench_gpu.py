@@ -11,9 +11,10 @@ trains from a random GPT-2 init on random tokens of one llm.c shard read in sequ
 with AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, no weight decay), a constant learning rate and
 gradient clipping at 1.0.
   * distrain: distrain-train --device cuda --precision bf16 (--distrain-precision; the
-    "precision" column): its linear layers as bf16 GEMMs accumulating in fp32, the rest fp32
-    (attention and activations included, unlike PyTorch's bf16 autocast with SDPA); flash
-    attention unless --distrain-attention materialized.
+    "precision" column): its linear layers and flash attention (tensor-core kernels) in bf16
+    with fp32 accumulation, activations and the rest fp32 (unlike PyTorch's bf16 autocast,
+    whose activations are bf16); flash attention unless --distrain-attention materialized,
+    which is fp32 attention.
   * torch-eager / torch-compile: a plain GPT-2 module (pre-LN blocks, tanh GELU, tied
     embeddings, F.scaled_dot_product_attention with is_causal) under bf16 autocast with fp32
     master weights, fused AdamW; torch.compile(model) for the second. PyTorch before 2.0 has
@@ -125,8 +126,11 @@ def run_distrain(a, B, steps, tmp):
     if steps <= WARMUP_STEPS:  # the batch probe: it fits
         return {"impl": "distrain", "batch": B}
     mib = rows[-1].get("device_mib") if rows else None
-    precision = ("bf16 linear" if a.distrain_precision == "bf16" else "fp32") + \
-        (", materialized" if a.distrain_attention == "materialized" else "")
+    if a.distrain_precision == "fp32":
+        precision = "fp32" + (", materialized" if a.distrain_attention == "materialized" else "")
+    else:
+        precision = ("bf16 linear, fp32 materialized" if a.distrain_attention == "materialized"
+                     else "bf16 linear+attn")
     return summarize("distrain", precision, B, T, [r["ms"] for r in rows], mib,
                      {"loss": round(rows[-1]["loss"], 4)})
 

@@ -1,10 +1,12 @@
 """bf16 compute (--precision bf16) against fp32 on the CPU: linear layers as bf16 GEMMs with fp32
-accumulation, everything else and the master weights fp32.
+accumulation, flash attention's products in bf16, everything else and the master weights fp32.
 
   * 300 steps of the small GPT-2 of the golden files: every step's loss within 1% (relative)
     of the fp32 run's, the issue's rule for bf16 training; the curves must differ somewhere
-    (bf16 took effect) and the loss must fall;
-  * layouts agree under bf16 as under fp32: dp=2 ZeRO-1 and tp=2 within 1e-5 of one process;
+    (bf16 took effect), the bf16 attention must change them against bf16 with the fp32
+    (materialized) attention, and the loss must fall;
+  * layouts agree under bf16 as under fp32: dp=2 ZeRO-1, tp=2 and cp=2 within 1e-5 of one
+    process;
   * the GPU code paths (--device cpu-remote) give the same bits;
   * a bad --precision is refused before training.
 
@@ -44,18 +46,27 @@ class Bf16(unittest.TestCase):
     def test_300_steps_within_1_percent_of_fp32(self):
         fp32 = self.train("fp32", 300)
         bf16 = self.train("bf16", 300, extra=["--precision", "bf16"])
+        linear = self.train("bf16_linear", 300,
+                            extra=["--precision", "bf16", "--attention", "materialized"])
         self.assertEqual(len(fp32), 300)
         self.assertEqual(len(bf16), 300)
         worst = max(abs(b - a) / a for a, b in zip(fp32, bf16))
-        print("bf16 vs fp32 over 300 steps: worst relative loss difference %.3g%%, final %.4f vs "
-              "%.4f" % (100 * worst, bf16[-1], fp32[-1]), file=sys.stderr)
+        worst_linear = max(abs(b - a) / a for a, b in zip(fp32, linear))
+        by_attention = max(abs(b - a) / a for a, b in zip(linear, bf16))
+        print("bf16 vs fp32 over 300 steps: worst relative loss difference %.3g%% (%.3g%% with "
+              "fp32 attention; the bf16 attention alone %.3g%%), final %.4f vs %.4f"
+              % (100 * worst, 100 * worst_linear, 100 * by_attention, bf16[-1], fp32[-1]),
+              file=sys.stderr)
         self.assertLess(worst, 0.01)
+        self.assertLess(worst_linear, 0.01)
         self.assertGreater(worst, 1e-6, "bf16 gave the fp32 losses: it did not take effect")
+        self.assertGreater(by_attention, 1e-6, "the bf16 flash attention gave fp32's losses")
         self.assertLess(bf16[-1], 0.9 * bf16[0], "bf16 training did not reduce the loss")
 
     def test_layouts_agree(self):
         ref = self.train("bf16_ref", 8, batch=8, extra=["--precision", "bf16"])
-        for world, batch, extra in ((2, 4, ["--zero-stage", "1"]), (2, 8, ["--tp", "2"])):
+        for world, batch, extra in ((2, 4, ["--zero-stage", "1"]), (2, 8, ["--tp", "2"]),
+                                    (2, 8, ["--cp", "2"])):
             got = self.train("bf16_%s" % extra[0].strip("-"), 8, world, batch,
                              ["--precision", "bf16"] + extra)
             for i, (a, b) in enumerate(zip(ref, got)):

@@ -494,33 +494,42 @@ static void check_attention_cp(int B, int T, int C, int NH, int cp)
 
 /* Flash attention, chunk by chunk as context parallelism runs it (cp = 1: the whole sequence):
  * out and lse against the CPU's flash kernels, and the backward, which adds, from the same
- * random dqkv on both sides (rows a chunk does not own must stay equal). */
-static void check_attention_flash(int B, int T, int C, int NH, int cp)
+ * random dqkv on both sides (rows a chunk does not own must stay equal). bf16: the
+ * _flash_bf16 entries (tensor cores), whose rounding the CPU's follow (ops.h), from a zero dqkv
+ * so that the error is the gradients' own: out and dqkv within BF16_ATT_TOL. On the host, the
+ * emulated kernels are within 2e-7 (out) and 4.7e-5 (dqkv) of the CPU's (test_flash_emul); the
+ * GPU's expf differs from glibc's by an ulp or two, which moves more values across a bf16
+ * rounding boundary (each such value one bf16 step off). */
+#define BF16_ATT_TOL 1e-3
+static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
 {
+  __typeof__(H->attention_forward_flash) hf =
+      bf16 ? H->attention_forward_flash_bf16 : H->attention_forward_flash;
+  __typeof__(H->attention_forward_flash) gf =
+      bf16 ? G->attention_forward_flash_bf16 : G->attention_forward_flash;
+  __typeof__(H->attention_backward_flash) hb =
+      bf16 ? H->attention_backward_flash_bf16 : H->attention_backward_flash;
+  __typeof__(H->attention_backward_flash) gb =
+      bf16 ? G->attention_backward_flash_bf16 : G->attention_backward_flash;
+  const double tol = bf16 ? BF16_ATT_TOL : TOL;
   const int Tq = T / cp;
   pair_t qkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq;
     const size_t BQ = (size_t)B * Tq;
     pair_t out = pair_garbage(BQ * C), lse = pair_garbage((size_t)B * NH * Tq);
-    ck_assert_int_eq(H->attention_forward_flash(g_cpu, out.h, lse.h, qkv.h, B, Tq, q0, T, C, NH),
-                     0);
-    ck_assert_int_eq(G->attention_forward_flash(g_gpu, out.d, lse.d, qkv.d, B, Tq, q0, T, C, NH),
-                     0);
-    expect_close("attention_forward_flash out", &out);
+    ck_assert_int_eq(hf(g_cpu, out.h, lse.h, qkv.h, B, Tq, q0, T, C, NH), 0);
+    ck_assert_int_eq(gf(g_gpu, out.d, lse.d, qkv.d, B, Tq, q0, T, C, NH), 0);
+    expect_close_tol("attention_forward_flash out", &out, tol);
     expect_close("attention_forward_flash lse", &lse);
     /* The backward takes the CPU's out and lse on both sides. */
     to_dev(out.d, out.h, out.n * sizeof(float));
     to_dev(lse.d, lse.h, lse.n * sizeof(float));
     pair_t dout = pair_rand(BQ * C, 0.0f, 1.0f),
-           dqkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
-    ck_assert_int_eq(H->attention_backward_flash(g_cpu, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, Tq,
-                                                 q0, T, C, NH),
-                     0);
-    ck_assert_int_eq(G->attention_backward_flash(g_gpu, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, Tq,
-                                                 q0, T, C, NH),
-                     0);
-    expect_close("attention_backward_flash dqkv", &dqkv);
+           dqkv = pair_rand((size_t)B * T * 3 * C, 0.0f, bf16 ? 0.0f : 1.0f);
+    ck_assert_int_eq(hb(g_cpu, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, Tq, q0, T, C, NH), 0);
+    ck_assert_int_eq(gb(g_gpu, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, Tq, q0, T, C, NH), 0);
+    expect_close_tol("attention_backward_flash dqkv", &dqkv, tol);
     pair_free(&out), pair_free(&lse), pair_free(&dout), pair_free(&dqkv);
   }
   pair_free(&qkv);
@@ -528,15 +537,19 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp)
 
 START_TEST(test_attention_flash)
 {
-  check_attention_flash(2, 37, 48, 4, 1);    /* hs 12 (bucket 32), T prime */
-  check_attention_flash(3, 70, 64, 2, 1);    /* hs 32, T over a 64-row block */
-  check_attention_flash(1, 1, 24, 3, 1);     /* a single position */
-  check_attention_flash(2, 256, 256, 4, 1);  /* hs 64: GPT-2's */
-  check_attention_flash(1, 100, 200, 2, 1);  /* hs 100 (bucket 128) */
-  check_attention_flash(2, 150, 48, 4, 3);   /* chunks of 50: q0 off the tiles */
-  check_attention_flash(1, 1100, 128, 2, 2); /* hs 64, chunks of 550 */
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    check_attention_flash(2, 37, 48, 4, 1, bf16);    /* hs 12 (bucket 32), T prime */
+    check_attention_flash(3, 70, 64, 2, 1, bf16);    /* hs 32, T over a 64-row block */
+    check_attention_flash(1, 1, 24, 3, 1, bf16);     /* a single position */
+    check_attention_flash(2, 256, 256, 4, 1, bf16);  /* hs 64: GPT-2's */
+    check_attention_flash(1, 100, 200, 2, 1, bf16);  /* hs 100 (bucket 128) */
+    check_attention_flash(2, 150, 48, 4, 3, bf16);   /* chunks of 50: q0 off the tiles */
+    check_attention_flash(1, 1100, 128, 2, 2, bf16); /* hs 64, chunks of 550 */
+  }
   /* past the largest bucket: refused with a message, nothing launched */
   ck_assert_int_eq(G->attention_forward_flash(g_gpu, NULL, NULL, NULL, 1, 4, 0, 4, 258, 2),
+                   DT_ENOTSUP);
+  ck_assert_int_eq(G->attention_forward_flash_bf16(g_gpu, NULL, NULL, NULL, 1, 4, 0, 4, 258, 2),
                    DT_ENOTSUP);
 }
 END_TEST

@@ -253,13 +253,6 @@ template <int HSM> static void check(int B, int T, int C, int NH, int cp)
   }
 }
 
-static std::vector<float> bf16_rounded(std::vector<float> v)
-{
-  for (float &x : v)
-    x = dt_bf16_round(x);
-  return v;
-}
-
 static std::vector<float> minus(const std::vector<float> &a, const std::vector<float> &b)
 {
   std::vector<float> d(a.size());
@@ -268,36 +261,38 @@ static std::vector<float> minus(const std::vector<float> &a, const std::vector<f
   return d;
 }
 
-/* The tensor-core kernels against the CPU's fp32 flash kernels on bf16-rounded q, k, v and
- * dout, so that what differs is the bf16 rounding of P and dS (flash_mma.cuh): out and the
- * gradients within 1e-2 of scale (a P entry's rounding is 2^-9 of it), lse, whose sums are
- * fp32, within 1e-5. The gradients are compared as what each side added to the same dqkv. */
+/* The tensor-core kernels against the CPU's bf16 flash kernels, which round the same values at
+ * the same points (attention.c, flash_mma.cuh): out within 1e-4 of scale, the gradients within
+ * 5e-4 (test_kernels' bounds for the CPU kernels against their double reference; what is left is
+ * a rare value that fp32 summation order moves across a bf16 rounding boundary: measured at most
+ * 2e-7 for out and 4.7e-5 for the gradients), lse within 1e-5. The gradients are compared as
+ * what each side added to the same dqkv. */
 template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
 {
   ck_assert_int_eq(flash_bucket(C / NH), HSM);
   const int Tq = T / cp;
-  const std::vector<float> qkv = randn((size_t)B * T * 3 * C), qkv_r = bf16_rounded(qkv);
+  const std::vector<float> qkv = randn((size_t)B * T * 3 * C);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq;
     const size_t nout = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
     std::vector<float> out_h(nout, 1e30f), lse_h(nlse, 1e30f), out_g(nout, -1e30f),
         lse_g(nlse, -1e30f);
-    ck_assert_int_eq(dt_cpu_attention_forward_flash(out_h.data(), lse_h.data(), qkv_r.data(), B, Tq,
-                                                    q0, T, C, NH),
+    ck_assert_int_eq(dt_cpu_attention_forward_flash_bf16(out_h.data(), lse_h.data(), qkv.data(), B,
+                                                         Tq, q0, T, C, NH),
                      0);
     emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv.data(), B, Tq, q0, T, C, NH);
-    expect_close("bf16 forward out", out_g, out_h, 1e-2);
+    expect_close("bf16 forward out", out_g, out_h, 1e-4);
     expect_close("bf16 forward lse", lse_g, lse_h);
 
     const std::vector<float> dout = randn(nout), dqkv0 = randn((size_t)B * T * 3 * C);
     std::vector<float> dqkv_h = dqkv0, dqkv_g = dqkv0;
-    ck_assert_int_eq(dt_cpu_attention_backward_flash(dqkv_h.data(), bf16_rounded(dout).data(),
-                                                     qkv_r.data(), out_h.data(), lse_h.data(), B,
-                                                     Tq, q0, T, C, NH),
+    ck_assert_int_eq(dt_cpu_attention_backward_flash_bf16(dqkv_h.data(), dout.data(), qkv.data(),
+                                                          out_h.data(), lse_h.data(), B, Tq, q0, T,
+                                                          C, NH),
                      0);
     emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B,
                            Tq, q0, T, C, NH);
-    expect_close("bf16 backward dqkv", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 1e-2);
+    expect_close("bf16 backward dqkv", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 5e-4);
   }
 }
 

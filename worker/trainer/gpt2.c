@@ -593,9 +593,11 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
     return DT_ENOTSUP;
   }
   m->mixed = *k;
-  if (bf16) {
+  if (bf16) { /* dt_gpt2_set_attention refuses flash when the bf16 flash entries are NULL */
     m->mixed.matmul_forward = k->matmul_forward_bf16;
     m->mixed.matmul_backward = k->matmul_backward_bf16;
+    m->mixed.attention_forward_flash = k->attention_forward_flash_bf16;
+    m->mixed.attention_backward_flash = k->attention_backward_flash_bf16;
   }
   m->ops = bf16 ? &m->mixed : k;
   m->bf16 = bf16;
@@ -611,6 +613,13 @@ int dt_gpt2_set_attention(dt_gpt2_t *m, int flash)
   }
   if (flash && (!k->attention_forward_flash || !k->attention_backward_flash)) {
     DT_ERROR(TRAIN, "--attention flash: the %s kernels have no flash attention", k->name);
+    return DT_ENOTSUP;
+  }
+  if (flash && m->bf16 && (!k->attention_forward_flash_bf16 || !k->attention_backward_flash_bf16)) {
+    DT_ERROR(TRAIN,
+             "--precision bf16 with --attention flash: the %s kernels have no bf16 flash "
+             "attention; use --attention materialized (fp32 attention)",
+             k->name);
     return DT_ENOTSUP;
   }
   m->flash = flash;

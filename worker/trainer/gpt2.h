@@ -325,15 +325,18 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on);
 int dt_gpt2_set_context_parallel(dt_gpt2_t *m, const dt_gpt2_cp_t *cp);
 /* Compute precision: bf16 0 is fp32 everywhere; 1 runs every linear layer (QKV, attention
  * projection, MLP, LM head; forward and backward) as a bf16 GEMM with fp32 accumulation (the
- * device's matmul_*_bf16 kernels, ops.h), while parameters (the fp32 master weights),
- * gradients, optimizer state, activations, attention, LayerNorm, GELU and the loss stay fp32:
- * PyTorch autocast's rule for linear layers. DT_ENOTSUP when the device has no bf16 kernels. */
+ * device's matmul_*_bf16 kernels, ops.h) and flash attention's products in bf16 (its
+ * attention_*_flash_bf16 kernels; materialized attention stays fp32), while parameters (the
+ * fp32 master weights), gradients, optimizer state, activations, LayerNorm, GELU and the loss
+ * stay fp32: PyTorch autocast's rule for linear layers and SDPA. Call it before
+ * dt_gpt2_set_attention. DT_ENOTSUP when the device has no bf16 linear layers. */
 int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16);
 /* Attention kernels (before the activations are allocated): flash 1 keeps no (T, T) matrix of
  * probabilities, only each query row's log-sum-exp, and recomputes the probabilities in the
  * backward pass (the device's attention_*_flash kernels); 0 keeps the probabilities (B, NH, T,
  * T) of every layer. The same results up to fp32 rounding. A model starts with 0; the trainer
- * sets 1 unless --attention materialized. DT_ENOTSUP when the device has no flash kernels. */
+ * sets 1 unless --attention materialized. DT_ENOTSUP when the device has no flash kernels (in
+ * the model's precision). */
 int dt_gpt2_set_attention(dt_gpt2_t *m, int flash);
 /* Floats of a stage's input or output activation (the rows this rank holds, times C). */
 size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
