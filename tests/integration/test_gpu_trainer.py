@@ -4,7 +4,8 @@ the GPUs; the host-staged communicator) against one GPU process.
 
   * one process: the 8-step loss trajectory within 1e-4 relative of the CPU's (the kernels
     differ: cuBLAS against OpenBLAS, other reduction orders), in fp32 and under --precision
-    bf16 (both round the GEMM operands alike; tensor cores against OpenBLAS on the rounded
+    bf16 (both round the GEMM operands alike, and the flash attention's operands, probabilities
+    and score gradients at the same points; tensor cores against OpenBLAS on the rounded
     values);
   * dp=2 under ZeRO-3, tp=2, pp=2 (1F1B) and cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one
     GPU process on the same global batch (the issue's multi-rank GPU check; cp also runs the

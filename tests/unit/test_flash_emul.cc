@@ -13,7 +13,9 @@
  * softmax, the head-size buckets and the barrier structure, which are the GPU's logic. What it
  * cannot: the GPU compiler's code, warp scheduling, register spills, launch limits; test_cuda
  * (label gpu) runs the same kernels on a GPU. The tolerance is test_cuda's: max |emulated -
- * cpu| <= 1e-5 of the tensor's largest value (the sums run in other orders). */
+ * cpu| <= 1e-5 of the tensor's largest value (the sums run in other orders). The tensor-core
+ * kernels (flash_mma.cuh) are checked against the CPU's bf16 flash kernels, which round at the
+ * same points (check_mma states the bounds). */
 #include <check.h>
 #include <pthread.h>
 
