@@ -8,7 +8,8 @@
  *
  * Every entry returns 0 or a negative DT_E* code (a GPU call can fail), except free. Copies and
  * kernels are ordered on the device's one stream; sync() waits for all of them, and results
- * that the host reads after a D2H copy are complete when copy() returns. */
+ * that the host reads after a D2H copy are complete when copy() returns. An event marks a point
+ * of that stream, so that another thread can wait for the work queued up to it and no more. */
 #ifndef DT_KERNELS_DEVICE_H
 #define DT_KERNELS_DEVICE_H
 
@@ -40,6 +41,17 @@ typedef struct dt_device {
   /* dst += src, n floats */
   int (*accumulate)(struct dt_device *d, float *dst, const float *src, size_t n);
   int (*sync)(struct dt_device *d);
+  /* Events. event_record marks the work queued on the device so far (by any thread);
+   * event_wait blocks the calling thread until that work is done. It waits for less than
+   * sync(), which also takes whatever was queued after the mark: the data-parallel comm thread
+   * waits so for the kernels that produced (or last read) the buffers of its task, while the
+   * compute thread queues the next layers. Record an event again only when no thread waits on
+   * it. Host devices finish every call before it returns: their events are no-ops (and may be
+   * NULL). */
+  int (*event_create)(struct dt_device *d, void **out);
+  void (*event_destroy)(struct dt_device *d, void *ev); /* NULL is fine */
+  int (*event_record)(struct dt_device *d, void *ev);
+  int (*event_wait)(struct dt_device *d, void *ev);
   /* p points into memory this device allocated (a communicator stages such buffers) */
   int (*owns)(struct dt_device *d, const void *p);
   /* Device memory in use (by every process on the device, the CUDA context included: what

@@ -60,6 +60,27 @@ static int cpu_sync(dt_device_t *d)
   return 0;
 }
 
+/* Host work is done when its call returns: an event has nothing to mark or wait for. */
+static int cpu_event_create(dt_device_t *d, void **out)
+{
+  (void)d;
+  *out = NULL;
+  return 0;
+}
+
+static void cpu_event_destroy(dt_device_t *d, void *ev)
+{
+  (void)d;
+  (void)ev;
+}
+
+static int cpu_event_noop(dt_device_t *d, void *ev)
+{
+  (void)d;
+  (void)ev;
+  return 0;
+}
+
 static int cpu_owns(dt_device_t *d, const void *p)
 {
   (void)d;
@@ -126,6 +147,10 @@ dt_device_t *dt_device_cpu(void)
                             .copy_2d = cpu_copy_2d,
                             .accumulate = cpu_accumulate,
                             .sync = cpu_sync,
+                            .event_create = cpu_event_create,
+                            .event_destroy = cpu_event_destroy,
+                            .event_record = cpu_event_noop,
+                            .event_wait = cpu_event_noop,
                             .owns = cpu_owns};
   cpu.ops = dt_ops_cpu();
   return &cpu;
@@ -143,6 +168,10 @@ dt_device_t *dt_device_cpu_remote(void)
                                .copy_2d = remote_copy_2d,
                                .accumulate = remote_accumulate,
                                .sync = cpu_sync,
+                               .event_create = cpu_event_create,
+                               .event_destroy = cpu_event_destroy,
+                               .event_record = cpu_event_noop,
+                               .event_wait = cpu_event_noop,
                                .owns = remote_owns};
   remote.ops = dt_ops_cpu();
   return &remote;

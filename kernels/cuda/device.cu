@@ -2,7 +2,8 @@
  * handle and the kernels' scratch buffers.
  *
  * Invariants:
- * - One non-blocking stream per device carries all of its work; cuBLAS is bound to it.
+ * - One non-blocking stream per device carries all of its work; cuBLAS is bound to it. Events
+ *   are recorded on it.
  * - alloc() returns zeroed memory that is ready when it returns (the memset is waited for), so
  *   memory handed to another stream (NCCL) or read by the host is never seen unzeroed.
  * - copy() to or from the host is complete when it returns (the stream is synchronised): the
@@ -154,6 +155,40 @@ static int cuda_sync(dt_device_t *d)
   return 0;
 }
 
+/* Events: cudaEvent_t on the device's stream (no timing: record and wait only). */
+static int cuda_event_create(dt_device_t *d, void **out)
+{
+  cudaEvent_t e;
+  *out = NULL;
+  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal));
+  DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  *out = e;
+  return 0;
+}
+
+static void cuda_event_destroy(dt_device_t *d, void *ev)
+{
+  if (!ev)
+    return;
+  cudaError_t e = cudaEventDestroy((cudaEvent_t)ev);
+  if (e != cudaSuccess)
+    DT_ERROR(KERNEL, "%s: cudaEventDestroy: %s", dt__cuda(d)->name, cudaGetErrorString(e));
+}
+
+static int cuda_event_record(dt_device_t *d, void *ev)
+{
+  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal));
+  DT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, dt__cuda(d)->stream));
+  return 0;
+}
+
+static int cuda_event_wait(dt_device_t *d, void *ev)
+{
+  (void)d;
+  DT_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
+  return 0;
+}
+
 static int cuda_memory(dt_device_t *d, size_t *used, size_t *total)
 {
   size_t free_bytes = 0;
@@ -296,6 +331,10 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->dev.copy_2d = cuda_copy_2d;
   c->dev.accumulate = cuda_accumulate;
   c->dev.sync = cuda_sync;
+  c->dev.event_create = cuda_event_create;
+  c->dev.event_destroy = cuda_event_destroy;
+  c->dev.event_record = cuda_event_record;
+  c->dev.event_wait = cuda_event_wait;
   c->dev.owns = cuda_owns;
   c->dev.memory = cuda_memory;
   *out = &c->dev;

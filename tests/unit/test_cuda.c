@@ -209,6 +209,36 @@ START_TEST(test_device_fields)
 }
 END_TEST
 
+/* Events (device.h): event_wait waits for the work queued before the record, and for nothing
+ * queued after it. A kernel marks host-mapped memory, the event is recorded, then a kernel holds
+ * the stream until the host lets it go: the wait must return with the mark set while the hold is
+ * still running (were it waiting for the hold too, the hold would give up after ~5 s and say
+ * so); then the host lets go, and sync() finds the hold done without giving up. */
+int dt_test_cuda_mark(dt_device_t *dev, volatile int *mark);
+int dt_test_cuda_hold(dt_device_t *dev, volatile int *go, volatile int *timed_out);
+
+START_TEST(test_device_events)
+{
+  volatile int *h = NULL; /* mark, go, timed_out: host-mapped, the same address on the GPU */
+  ck_assert_int_eq(cudaHostAlloc((void **)&h, 3 * sizeof(int), cudaHostAllocMapped), cudaSuccess);
+  h[0] = h[1] = h[2] = 0;
+  void *ev = NULL;
+  ck_assert_int_eq(g_gpu->event_create(g_gpu, &ev), 0);
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(dt_test_cuda_mark(g_gpu, &h[0]), 0);
+  ck_assert_int_eq(g_gpu->event_record(g_gpu, ev), 0);
+  ck_assert_int_eq(dt_test_cuda_hold(g_gpu, &h[1], &h[2]), 0);
+  ck_assert_int_eq(g_gpu->event_wait(g_gpu, ev), 0);
+  ck_assert_int_eq(h[0], 1);
+  ck_assert_int_eq(h[2], 0); /* the hold is still running */
+  h[1] = 1;
+  ck_assert_int_eq(g_gpu->sync(g_gpu), 0);
+  ck_assert_int_eq(h[2], 0);
+  g_gpu->event_destroy(g_gpu, ev);
+  ck_assert_int_eq(cudaFreeHost((void *)h), cudaSuccess);
+}
+END_TEST
+
 START_TEST(test_device_memory)
 {
   const size_t n = 100003;
@@ -887,6 +917,7 @@ int main(void)
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_device_fields);
   tcase_add_test(tc, test_device_memory);
+  tcase_add_test(tc, test_device_events);
   tcase_add_test(tc, test_encoder);
   tcase_add_test(tc, test_layernorm);
   tcase_add_test(tc, test_matmul);

@@ -1600,6 +1600,13 @@ START_TEST(test_device_cpu)
     ck_assert_msg(a[i] == (in ? (float)(2 + r * 9 + c) : -1.0f), "a[%zu] = %g", i, a[i]);
   }
   ck_assert_int_eq(d->sync(d), 0);
+  /* events: host work is done when queued, so they mark nothing and waiting returns at once */
+  void *ev = &ev;
+  ck_assert_int_eq(d->event_create(d, &ev), 0);
+  ck_assert_int_eq(d->event_record(d, ev), 0);
+  ck_assert_int_eq(d->event_wait(d, ev), 0);
+  d->event_destroy(d, ev);
+  d->event_destroy(d, NULL);
   d->free(d, a);
   d->free(d, b);
   d->free(d, NULL);

@@ -15,7 +15,12 @@
  * in place when posted. Either way each unit costs one all-gather and one reduce-scatter: its
  * ranges (12 per layer) are packed rank-major into a staging buffer, so the latency of a
  * collective is paid once per unit, not once per tensor. The compute thread issues collectives
- * of its own (norms, ZeRO-1's all-gather, averages) only after draining the FIFO. */
+ * of its own (norms, ZeRO-1's all-gather, averages) only after draining the FIFO.
+ *
+ * A task is posted with a device event recorded behind the work queued so far: the kernels that
+ * produced its unit's gradients, or last read the slot it gathers into. The comm thread waits for
+ * that event, not for the whole device (dt_comm_thread_inputs_ready): on a GPU the compute
+ * thread queues later layers meanwhile, and a collective need not wait for them. */
 #include "dp.h"
 
 #include <math.h>
@@ -72,6 +77,7 @@ typedef enum { TASK_ALL_REDUCE, TASK_GATHER, TASK_SCATTER } task_kind_t;
 typedef struct {
   task_kind_t kind;
   int unit, slot;
+  void *ready; /* device event: the work queued before the task was posted (comm thread only) */
 } task_t;
 
 struct dt_dp {
@@ -314,6 +320,8 @@ static int run_task(dt_dp_t *dp, const task_t *t)
 static void *comm_thread(void *arg)
 {
   dt_dp_t *dp = arg;
+  dt_device_t *dev = dp->dev;
+  dt_comm_thread_inputs_ready(1); /* each task waits for its own event instead */
   pthread_mutex_lock(&dp->lock);
   for (;;) {
     while (!dp->stop && dp->q_head == dp->q_tail)
@@ -323,6 +331,9 @@ static void *comm_thread(void *arg)
     task_t t = dp->queue[dp->q_head++];
     int err = dp->q_err;
     pthread_mutex_unlock(&dp->lock);
+    if (!err)
+      err = dev->event_wait(dev, t.ready);
+    dev->event_destroy(dev, t.ready);
     if (!err) /* after a failure the rest is skipped (the communicator is poisoned anyway) */
       err = run_task(dp, &t);
     pthread_mutex_lock(&dp->lock);
@@ -346,8 +357,12 @@ static int post_task(dt_dp_t *dp, task_t t, uint64_t *seq)
     *seq = dp->seq_done = ++dp->seq_posted;
     return rc;
   }
+  dt_device_t *dev = dp->dev;
+  DT_CHECK(dev->event_create(dev, &t.ready));
+  int err = dev->event_record(dev, t.ready);
   pthread_mutex_lock(&dp->lock);
-  int err = dp->q_err;
+  if (!err)
+    err = dp->q_err;
   if (!err && dp->q_head == dp->q_tail)
     dp->q_head = dp->q_tail = 0; /* drained: start over instead of growing */
   if (!err && dp->q_tail == dp->q_cap) {
@@ -366,6 +381,8 @@ static int post_task(dt_dp_t *dp, task_t t, uint64_t *seq)
     pthread_cond_broadcast(&dp->cond);
   }
   pthread_mutex_unlock(&dp->lock);
+  if (err)
+    dev->event_destroy(dev, t.ready);
   return err;
 }
 
@@ -688,6 +705,8 @@ void dt_dp_destroy(dt_dp_t *dp)
     pthread_join(dp->thread, NULL);
     pthread_mutex_destroy(&dp->lock);
     pthread_cond_destroy(&dp->cond);
+    for (size_t i = dp->q_head; i < dp->q_tail; i++) /* posted, never run */
+      dp->dev->event_destroy(dp->dev, dp->queue[i].ready);
   }
   free(dp->queue);
   if (dp->m && dp->m->hooks == &dp->hooks)
