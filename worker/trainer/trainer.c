@@ -1198,12 +1198,15 @@ static int finish(trainer_t *t)
   if (t->pipe) {
     double busy, idle;
     dt_pipeline_times(t->pipe, &busy, &idle);
+    /* A later stage's pipeline time ends with its last transfer, before the flush ends on the
+     * first stage: it waits for the rest after the pipeline, in the step's next collective. */
     DT_INFO(TRAIN,
-            "pipeline stage %d after step 1: busy %.1f ms, waiting %.1f ms: bubble %.1f%% (a "
-            "balanced %s pipeline: %.1f%%)",
+            "pipeline stage %d, steps after the first: busy %.1f ms, waiting %.1f ms: bubble "
+            "%.1f%% (a balanced %s pipeline: %.1f%%%s)",
             t->stage, busy, idle, 100.0 * idle / DT_MAX(busy + idle, 1e-9),
             dt_pipe_name(o->pp_schedule),
-            100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum, t->model.stage.chunks));
+            100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum, t->model.stage.chunks),
+            t->stage ? "; this stage's wait for the flush comes after its pipeline time" : "");
   }
   DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)t->state.step, peak_rss_mb());
   return 0;
