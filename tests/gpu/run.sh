@@ -32,7 +32,9 @@
 # matches), GPU_TEST_TIMEOUT (seconds for a test without a CTest TIMEOUT, default 300),
 # GPU_BENCH (1, the default: the tests, then tests/bench/bench_gpu.py for each of
 # GPU_BENCH_MODELS, default "gpt2-124m gpt2-1.5b", each within GPU_BENCH_TIMEOUT seconds,
-# default 420; 0: the tests only; only: the benchmark only),
+# default 420; 0: the tests only; only: the benchmark only; the benchmark also runs
+# tests/bench/bench_pipeline.py for p = 2 and 4 stages on the machine's CPU cores, skipped where
+# fewer than 4, within GPU_BENCH_TIMEOUT),
 # GPU_LIB_DIRS (colon-separated directories searched before the detected CUDA ones). Tests see
 # DT_SOURCE_DIR and DT_BINARY_DIR pointing at the bundle's copies of the two trees.
 set -euo pipefail
@@ -534,6 +536,9 @@ cmd_run() {
         "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model"
       summary="$summary; bench_gpu_$model: $STATUS"
     done
+    run_test bench_pipeline 77 "${GPU_BENCH_TIMEOUT:-420}" @B@/src - \
+      "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 2 4 --require-cores 4"
+    summary="$summary; bench_pipeline: $STATUS"
   fi
   printf '\n%s\n' "$summary" >>"$RESULTS"
   echo "$summary"
