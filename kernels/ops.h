@@ -117,6 +117,9 @@ typedef struct dt_ops {
    * into dqkv (B, Tall, 3C). NULL where a backend has none: the trainer then keeps att. */
   int (*attention_forward_flash)(struct dt_device *dev, float *out, float *lse, const float *qkv,
                                  int B, int Tq, int q0, int Tall, int C, int NH);
+  /* The largest head size C / NH the flash entries (both precisions) take; 0: any. The model
+   * checks it when flash attention is chosen, so that a job is refused at start-up. */
+  int flash_max_head_size;
   int (*attention_backward_flash)(struct dt_device *dev, float *dqkv, const float *dout,
                                   const float *qkv, const float *out, const float *lse, int B,
                                   int Tq, int q0, int Tall, int C, int NH);

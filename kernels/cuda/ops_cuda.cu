@@ -6,6 +6,7 @@
  * initializers): it is a compile-time constant, a field of dt_ops_t not assigned here stays
  * NULL rather than receiving a neighbour's entry, and the order of the fields does not matter. */
 #include "cuda_impl.h"
+#include "flash.cuh" /* FLASH_MAX_HS */
 
 static constexpr dt_ops_t make_cuda_ops(void)
 {
@@ -25,6 +26,7 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.attention_backward_cp = dt__cuda_attention_backward_cp;
   o.attention_forward_flash = dt__cuda_attention_forward_flash;
   o.attention_backward_flash = dt__cuda_attention_backward_flash;
+  o.flash_max_head_size = FLASH_MAX_HS;
   o.attention_forward_flash_bf16 = dt__cuda_attention_forward_flash_bf16;
   o.attention_backward_flash_bf16 = dt__cuda_attention_backward_flash_bf16;
   o.gelu_forward = dt__cuda_gelu_forward;

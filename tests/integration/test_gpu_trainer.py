@@ -96,6 +96,21 @@ class GpuTrainer(unittest.TestCase):
                           self.train(1, 4, "cuda", bf16, tag="bf16"), 1e-4,
                           "one process, bf16, cuda against cpu")
 
+    def test_head_size_past_the_flash_kernels_refused(self):
+        """Head size 256, past the GPU flash kernels' 128: refused at start-up, before any step,
+        naming the way out; the same model trains with --attention materialized."""
+        argv = [dp.trainer(), "--init", "seed:1", "--layers", "1", "--heads", "1", "--channels",
+                "256", "--vocab", "100", "--max-seq", "32", "--train",
+                os.path.join(dp.GOLDEN, "tiny_train.bin"), "--seq", "32", "--batch", "1",
+                "--steps", "1", "--device", "cuda"]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 1, p.stderr[-2000:])
+        self.assertIn("take head sizes up to 128, the model's is 256", p.stderr)
+        self.assertNotIn("| loss", p.stderr)
+        p = subprocess.run(argv + ["--attention", "materialized"], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+
     def test_layouts_on_one_gpu(self):
         for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 1, ["--tp", "2"]),
                                   (2, 1, ["--pp", "2"]),

@@ -615,6 +615,14 @@ int dt_gpt2_set_attention(dt_gpt2_t *m, int flash)
     DT_ERROR(TRAIN, "--attention flash: the %s kernels have no flash attention", k->name);
     return DT_ENOTSUP;
   }
+  const int hs = m->cfg.channels / m->cfg.heads;
+  if (flash && k->flash_max_head_size && hs > k->flash_max_head_size) {
+    DT_ERROR(TRAIN,
+             "--attention flash: the %s flash kernels take head sizes up to %d, the model's is %d "
+             "(channels %d / heads %d); use --attention materialized",
+             k->name, k->flash_max_head_size, hs, m->cfg.channels, m->cfg.heads);
+    return DT_ENOTSUP;
+  }
   if (flash && m->bf16 && (!k->attention_forward_flash_bf16 || !k->attention_backward_flash_bf16)) {
     DT_ERROR(TRAIN,
              "--precision bf16 with --attention flash: the %s kernels have no bf16 flash "
