@@ -9,21 +9,7 @@
  * order. Every gradient element is therefore summed by a single thread in the CPU reference's
  * order, so the result is bit-identical to it and from run to run. */
 #include "cuda_impl.h"
-
-__global__ static void encoder_forward_kernel(float *out, const int *inp, const float *wte,
-                                              int vocab_lo, int vocab_n, const float *wpe, int T,
-                                              int C, size_t total)
-{
-  DT__CUDA_FOR(i, total)
-  {
-    const size_t bt = i / (size_t)C;
-    const size_t c = i % (size_t)C;
-    const int row = inp[bt] - vocab_lo;
-    const float te = row >= 0 && row < vocab_n ? wte[(size_t)row * C + c] : 0.0f;
-    const float pe = wpe ? wpe[(bt % (size_t)T) * C + c] : 0.0f;
-    out[i] = te + pe;
-  }
-}
+#include "encoder.cuh"
 
 int dt__cuda_encoder_forward(struct dt_device *dev, float *out, const int *inp, const float *wte,
                              int vocab_lo, int vocab_n, const float *wpe, int B, int T, int C)
@@ -36,36 +22,6 @@ int dt__cuda_encoder_forward(struct dt_device *dev, float *out, const int *inp, 
                                                     total);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
-}
-
-/* One thread per channel c: dwte[row, c] += dout[bt, c] for bt = 0, 1, ... in order. Threads of
- * a warp take consecutive channels, so the dout and dwte accesses are coalesced. */
-__global__ static void encoder_backward_wte_kernel(float *dwte, int vocab_lo, int vocab_n,
-                                                   const float *dout, const int *inp, size_t BT,
-                                                   int C)
-{
-  DT__CUDA_FOR(c, (size_t)C)
-  {
-    for (size_t bt = 0; bt < BT; bt++) {
-      const int row = inp[bt] - vocab_lo;
-      if (row >= 0 && row < vocab_n)
-        dwte[(size_t)row * C + c] += dout[bt * C + c];
-    }
-  }
-}
-
-/* One thread per (t, c): dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in order. */
-__global__ static void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T,
-                                                   int C)
-{
-  const size_t TC = (size_t)T * C;
-  DT__CUDA_FOR(i, TC)
-  {
-    float acc = dwpe[i];
-    for (int b = 0; b < B; b++)
-      acc += dout[(size_t)b * TC + i];
-    dwpe[i] = acc;
-  }
 }
 
 int dt__cuda_encoder_backward(struct dt_device *dev, float *dwte, int vocab_lo, int vocab_n,

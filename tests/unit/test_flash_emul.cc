@@ -1,29 +1,18 @@
 /* test_flash_emul.cc — the CUDA flash-attention kernels (kernels/cuda/flash.cuh) run on the
  * host, against the CPU's flash kernels (kernels/cpu/attention.c), on machines without a GPU.
  *
- * flash.cuh is compiled here as plain C++ under an emulation of CUDA's thread model: each
- * CUDA thread of a block is an OS thread, __syncthreads() a barrier over the block's threads,
- * the blocks of a grid run one after the other, and the dynamic shared memory is a heap buffer
- * of exactly the bytes the launch asks for, filled with NaN (a read past it is an ASan error in
- * the sanitizer build; a read of a shared entry no thread wrote poisons the result). The
- * launches mirror kernels/cuda/attention.cu's: the same grids, block sizes and shared memory
- * from flash.cuh, the dq kernel then the dk/dv kernel with D between them.
- *
- * What this checks: the kernels' indexing, causal masks, tiles and their edges, the online
- * softmax, the head-size buckets and the barrier structure, which are the GPU's logic. What it
- * cannot: the GPU compiler's code, warp scheduling, register spills, launch limits; test_cuda
- * (label gpu) runs the same kernels on a GPU. The tolerance is test_cuda's: max |emulated -
+ * flash.cuh is compiled here as plain C++ under the emulation of CUDA's thread model in
+ * cuda_emul.h (what it checks and what it cannot are said there). The launches mirror
+ * kernels/cuda/attention.cu's: the same grids, block sizes and shared memory from flash.cuh,
+ * the dq kernel then the dk/dv kernel with D between them. Beyond test_cuda_emul's kernels these
+ * check the online softmax, the causal masks of the tiles and the head-size buckets. The
+ * tolerance is test_cuda's: max |emulated -
  * cpu| <= 1e-5 of the tensor's largest value (the sums run in other orders). The tensor-core
  * kernels (flash_mma.cuh) are checked against the CPU's bf16 flash kernels, which round at the
  * same points (check_mma states the bounds). */
 #include <check.h>
-#include <pthread.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
 #include <vector>
 
 extern "C" {
@@ -31,118 +20,9 @@ extern "C" {
 #include "rng.h"
 }
 
-/* ---- The emulated thread model ------------------------------------------------------------ */
-
-struct dim3 {
-  unsigned x, y, z;
-  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
-static thread_local dim3 threadIdx;
-static dim3 blockIdx, blockDim, gridDim;                /* one block runs at a time */
-static pthread_barrier_t g_barrier, g_warp_barrier[32]; /* the block's, each warp's */
-static float *g_smem;
-
-static void __syncthreads(void)
-{
-  pthread_barrier_wait(&g_barrier);
-}
-
-/* ---- Warp-level primitives (flash_mma.cuh): lanes exchange through per-warp slots ---------- */
-
-static uint32_t g_lane_a[32][32][4], g_lane_b[32][32][2];
-static float g_lane_f[32][32];
-
-static void warp_sync(void)
-{
-  pthread_barrier_wait(&g_warp_barrier[threadIdx.x / 32]);
-}
-
-static float shfl_xor(float v, int m)
-{
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  g_lane_f[w][lane] = v;
-  warp_sync();
-  const float r = g_lane_f[w][lane ^ m];
-  warp_sync(); /* the slot is rewritten by the next exchange */
-  return r;
-}
-
-static float bf16_value(uint32_t reg, int half)
-{
-  const uint32_t u = (reg >> (16 * half)) << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 from the PTX ISA's fragment layouts (g = lane / 4,
- * c = lane % 4): A's register j holds row g + 8 (j % 2), columns 2c + 8 (j / 2) + {0, 1}; B's
- * register j rows 2c + 8 j + {0, 1} of column g; D's element e row g + 8 (e / 2), column
- * 2c + e % 2. Each lane rebuilds A and B from every lane's registers and computes its four
- * elements, in fp32. */
-static void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
-{
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  memcpy(g_lane_a[w][lane], a, sizeof g_lane_a[w][lane]);
-  memcpy(g_lane_b[w][lane], b, sizeof g_lane_b[w][lane]);
-  warp_sync();
-  auto A = [&](int r, int k) {
-    return bf16_value(g_lane_a[w][(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2);
-  };
-  auto B = [&](int k, int n) { return bf16_value(g_lane_b[w][n * 4 + (k % 8) / 2][k / 8], k % 2); };
-  for (int e = 0; e < 4; e++) {
-    const int r = g + 8 * (e / 2), n = 2 * c + e % 2;
-    float acc = d[e];
-    for (int k = 0; k < 16; k++)
-      acc += A(r, k) * B(k, n);
-    d[e] = acc;
-  }
-  warp_sync();
-}
-
-using std::max;
-using std::min;
-#define __global__
-#define __device__
-#define __launch_bounds__(n)
-#define DT_FLASH_SMEM(name)  float *name = g_smem
-#define DT_MMA_BF16(d, a, b) mma_bf16(d, a, b)
-#define DT_SHFL_XOR(v, m)    shfl_xor(v, m)
-#define DT_SYNCWARP()        warp_sync()
-
+#include "cuda_emul.h"
 #include "flash.cuh"
 #include "flash_mma.cuh"
-
-/* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
-template <typename F> static void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
-{
-  gridDim = grid;
-  blockDim = dim3(threads);
-  for (unsigned y = 0; y < grid.y; y++)
-    for (unsigned x = 0; x < grid.x; x++) {
-      blockIdx = dim3(x, y);
-      g_smem = (float *)malloc(smem_bytes);
-      ck_assert_ptr_nonnull(g_smem);
-      memset(g_smem, 0xff, smem_bytes); /* NaN as a float and as a bf16 */
-      ck_assert_int_eq(pthread_barrier_init(&g_barrier, NULL, threads), 0);
-      for (unsigned w = 0; w * 32 < threads; w++)
-        ck_assert_int_eq(pthread_barrier_init(&g_warp_barrier[w], NULL, min(32u, threads - 32 * w)),
-                         0);
-      std::vector<std::thread> ts;
-      for (unsigned t = 0; t < threads; t++)
-        ts.emplace_back([&body, t] {
-          threadIdx = dim3(t);
-          body();
-        });
-      for (auto &th : ts)
-        th.join();
-      pthread_barrier_destroy(&g_barrier);
-      for (unsigned w = 0; w * 32 < threads; w++)
-        pthread_barrier_destroy(&g_warp_barrier[w]);
-      free(g_smem);
-      g_smem = NULL;
-    }
-}
 
 /* attention.cu's flash_forward and flash_backward, launched on the emulation. */
 template <int HSM>
@@ -207,21 +87,6 @@ static std::vector<float> randn(size_t n)
   std::vector<float> v(n);
   dt_rng_normal(&g_rng, v.data(), n, 0.0f, 1.0f);
   return v;
-}
-
-/* max |got - want| / max |want| must be <= tol (NaN or inf never passes). */
-static void expect_close(const char *what, const std::vector<float> &got,
-                         const std::vector<float> &want, double tol = 1e-5)
-{
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < want.size(); i++) {
-    const double d = fabs((double)got[i] - (double)want[i]);
-    worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
-    scale = std::max(scale, fabs((double)want[i]));
-  }
-  const double e = worst / (scale > 1e-30 ? scale : 1e-30);
-  ck_assert_msg(e <= tol, "%s: relative error %.3g over %zu values (tolerance %.0e)", what, e,
-                want.size(), tol);
 }
 
 /* Chunk r of cp as context parallelism runs it (cp = 1: the whole sequence): out and lse over

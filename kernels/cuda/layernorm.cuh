@@ -1,0 +1,115 @@
+/* layernorm.cuh — the LayerNorm kernels (layernorm.cu launches them; its top comment states
+ * the algorithm): one block per row for the forward pass and the backward's dinp, then the two
+ * column passes of dweight / dbias. Device code only, also compiled for the host by
+ * tests/unit/cuda_emul.h. */
+#ifndef DT_KERNELS_CUDA_LAYERNORM_CUH
+#define DT_KERNELS_CUDA_LAYERNORM_CUH
+
+#include "block.cuh"
+
+#define LN_EPS         1e-5f
+#define LN_THREADS     256  /* per-row kernels (a multiple of 32) */
+#define LN_COL_THREADS 256  /* channels per block in the column passes */
+#define LN_CHUNK_ROWS  32   /* at least this many rows per partial sum */
+#define LN_MAX_CHUNKS  1024 /* at most this many partial sums per channel */
+
+/* Rows per chunk of the column passes for N rows: a function of N only (determinism). */
+static inline int ln_chunk_rows(int N)
+{
+  const int rows = (N + LN_MAX_CHUNKS - 1) / LN_MAX_CHUNKS;
+  return rows < LN_CHUNK_ROWS ? LN_CHUNK_ROWS : rows;
+}
+
+__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
+                                                const float *inp, const float *weight,
+                                                const float *bias, int C)
+{
+  const size_t row = blockIdx.x;
+  const float *x = inp + row * C;
+  float *o = out + row * C;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    s += x[c];
+  const float m = dt__block_reduce(s, dt__sum_op()) / (float)C;
+  float v = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = x[c] - m;
+    v += d * d;
+  }
+  v = dt__block_reduce(v, dt__sum_op()) / (float)C;
+  const float rs = 1.0f / sqrtf(v + LN_EPS);
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+/* dinp[row] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, one block per row. */
+__global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
+                                                      const float *inp, const float *weight,
+                                                      const float *mean, const float *rstd, int C)
+{
+  const size_t row = blockIdx.x;
+  const float *x = inp + row * C;
+  const float *g = dout + row * C;
+  float *dx = dinp + row * C;
+  const float m = mean[row], s = rstd[row];
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - m) * s;
+    const float dnorm = weight[c] * g[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean = dt__block_reduce(dnorm_mean, dt__sum_op()) / (float)C;
+  dnorm_norm_mean = dt__block_reduce(dnorm_norm_mean, dt__sum_op()) / (float)C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - m) * s;
+    const float dnorm = weight[c] * g[c];
+    dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+  }
+}
+
+/* Pass one: thread (chunk = blockIdx.y, channel c) sums rows [chunk * rows, ...) in order. */
+__global__ static void layernorm_backward_partial_kernel(float *part_dw, /* (nchunks, C) */
+                                                         float *part_db, /* (nchunks, C) */
+                                                         const float *dout, const float *inp,
+                                                         const float *mean, const float *rstd,
+                                                         int N, int C, int rows)
+{
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C)
+    return;
+  const int chunk = blockIdx.y;
+  const int r0 = chunk * rows;
+  const int r1 = r0 + rows < N ? r0 + rows : N;
+  float dw = 0.0f, db = 0.0f;
+  for (int i = r0; i < r1; i++) {
+    const float g = dout[(size_t)i * C + c];
+    db += g;
+    dw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * g;
+  }
+  part_dw[(size_t)chunk * C + c] = dw;
+  part_db[(size_t)chunk * C + c] = db;
+}
+
+/* Pass two: one thread per channel adds the chunks in order. */
+__global__ static void layernorm_backward_final_kernel(float *dweight, float *dbias,
+                                                       const float *part_dw, const float *part_db,
+                                                       int nchunks, int C)
+{
+  DT__CUDA_FOR(c, (size_t)C)
+  {
+    float dw = 0.0f, db = 0.0f;
+    for (int k = 0; k < nchunks; k++) {
+      dw += part_dw[(size_t)k * C + c];
+      db += part_db[(size_t)k * C + c];
+    }
+    dweight[c] += dw;
+    dbias[c] += db;
+  }
+}
+
+#endif

@@ -1,0 +1,248 @@
+/* test_cuda_emul.cc — the CUDA backend's LayerNorm, cross-entropy, embedding and causal softmax
+ * kernels (layernorm.cuh, crossentropy.cuh, encoder.cuh, softmax.cuh in kernels/cuda) run on the
+ * host under cuda_emul.h, against the CPU kernels (kernels/cpu/) and, for the softmax, which has no
+ * CPU kernel of its own, a double reference: on machines without a GPU, so that every CI run
+ * executes the GPU code, not only compiles it.
+ *
+ * The launches mirror the .cu files' (grids, block sizes, the layernorm chunking from
+ * layernorm.cuh). Shapes are small, since each CUDA thread is an OS thread here, but every
+ * path of the kernels is taken: C not a multiple of 32, several row chunks, rows shorter and
+ * longer than a block, a vocabulary slice with tokens outside it, an empty slice, q0 > 0. The
+ * tolerance is test_cuda's (max |gpu - cpu| <= 1e-5 of the tensor's largest value: the two sum
+ * in other orders); the embedding's sums run in the CPU's order and must be bit-identical. */
+#include <check.h>
+
+#include <cmath>
+#include <vector>
+
+extern "C" {
+#include "cpu_kernels.h"
+#include "rng.h"
+}
+
+#include "cuda_emul.h"
+#include "crossentropy.cuh"
+#include "encoder.cuh"
+#include "layernorm.cuh"
+#include "softmax.cuh"
+
+static dt_rng_t g_rng;
+
+static std::vector<float> randn(size_t n, float mean = 0.0f, float std = 1.0f)
+{
+  std::vector<float> v(n);
+  dt_rng_normal(&g_rng, v.data(), n, mean, std);
+  return v;
+}
+
+/* ---- LayerNorm (layernorm.cu's launches) --------------------------------------------------- */
+
+START_TEST(test_layernorm)
+{
+  dt_rng_seed(&g_rng, 81);
+  const int N = 100, C = 67; /* 4 row chunks of 32; C not a multiple of 32 */
+  const size_t NC = (size_t)N * C;
+  const std::vector<float> inp = randn(NC, 0.5f, 1.5f), w = randn(C, 1.0f, 0.2f),
+                           b = randn(C, 0.0f, 0.2f);
+  std::vector<float> out_h(NC), mean_h(N), rstd_h(N), out_g(NC, NAN), mean_g(N, NAN),
+      rstd_g(N, NAN);
+  dt_cpu_layernorm_forward(out_h.data(), mean_h.data(), rstd_h.data(), inp.data(), w.data(),
+                           b.data(), N, C);
+  launch(dim3(N), LN_THREADS, 0, [&] {
+    layernorm_forward_kernel(out_g.data(), mean_g.data(), rstd_g.data(), inp.data(), w.data(),
+                             b.data(), C);
+  });
+  expect_close("layernorm forward out", out_g, out_h);
+  expect_close("layernorm forward mean", mean_g, mean_h);
+  expect_close("layernorm forward rstd", rstd_g, rstd_h);
+
+  /* backward, from the CPU's statistics; dinp, dweight, dbias accumulate (+=) */
+  const std::vector<float> dout = randn(NC), dinp0 = randn(NC), dw0 = randn(C), db0 = randn(C);
+  std::vector<float> dinp_h = dinp0, dw_h = dw0, db_h = db0, dinp_g = dinp0, dw_g = dw0, db_g = db0;
+  dt_cpu_layernorm_backward(dinp_h.data(), dw_h.data(), db_h.data(), dout.data(), inp.data(),
+                            w.data(), mean_h.data(), rstd_h.data(), N, C);
+  launch(dim3(N), LN_THREADS, 0, [&] {
+    layernorm_backward_dinp_kernel(dinp_g.data(), dout.data(), inp.data(), w.data(), mean_h.data(),
+                                   rstd_h.data(), C);
+  });
+  const int rows = ln_chunk_rows(N), nchunks = (N + rows - 1) / rows;
+  ck_assert_int_eq(nchunks, 4);
+  std::vector<float> part((size_t)2 * nchunks * C, NAN);
+  launch(dim3((C + LN_COL_THREADS - 1) / LN_COL_THREADS, nchunks), LN_COL_THREADS, 0, [&] {
+    layernorm_backward_partial_kernel(part.data(), part.data() + (size_t)nchunks * C, dout.data(),
+                                      inp.data(), mean_h.data(), rstd_h.data(), N, C, rows);
+  });
+  launch(dim3(dt__cuda_grid((size_t)C, LN_COL_THREADS)), LN_COL_THREADS, 0, [&] {
+    layernorm_backward_final_kernel(dw_g.data(), db_g.data(), part.data(),
+                                    part.data() + (size_t)nchunks * C, nchunks, C);
+  });
+  expect_close("layernorm backward dinp (+=)", dinp_g, dinp_h);
+  expect_close("layernorm backward dweight (+=)", dw_g, dw_h);
+  expect_close("layernorm backward dbias (+=)", db_g, db_h);
+}
+END_TEST
+
+/* ---- Cross-entropy (crossentropy.cu's launches: a block of CE_THREADS per row) ------------- */
+
+static std::vector<int> targets(int N, int V)
+{
+  std::vector<int> t(N);
+  for (int i = 0; i < N; i++)
+    t[i] = (int)dt_rng_below(&g_rng, (uint64_t)V);
+  return t;
+}
+
+START_TEST(test_crossentropy)
+{
+  dt_rng_seed(&g_rng, 82);
+  const int N = 13, V = 77, Vp = 96;
+  const std::vector<int> tgt = targets(N, V);
+  for (float dloss : {0.25f, 0.0f}) { /* 0: the logits are left alone */
+    std::vector<float> logits_h = randn((size_t)N * Vp, 0.0f, 3.0f), logits_g = logits_h;
+    std::vector<float> loss_h(N), loss_g(N, NAN);
+    dt_cpu_crossentropy_forward_backward(loss_h.data(), logits_h.data(), tgt.data(), dloss, N, V,
+                                         Vp);
+    launch(dim3(N), CE_THREADS, 0,
+           [&] { crossentropy_kernel(loss_g.data(), logits_g.data(), tgt.data(), dloss, V, Vp); });
+    expect_close("crossentropy losses", loss_g, loss_h);
+    expect_close(dloss != 0.0f ? "crossentropy dlogits" : "crossentropy logits kept", logits_g,
+                 logits_h);
+  }
+}
+END_TEST
+
+/* Two ranks' slices of the vocabulary, [0, 40) and [40, 77), rows ldl apart, then a rank with
+ * an empty slice: each one's stats, then the finish from all the stats, against the CPU. */
+START_TEST(test_crossentropy_vocab_parallel)
+{
+  dt_rng_seed(&g_rng, 83);
+  const int N = 9, V = 77, ldl = 48, R = 3, lo[R] = {0, 40, 77}, Vl[R] = {40, 37, 0};
+  const std::vector<int> tgt = targets(N, V);
+  std::vector<std::vector<float>> logits(R);
+  std::vector<float> all_h((size_t)R * N * 3), all_g((size_t)R * N * 3, NAN);
+  for (int r = 0; r < R; r++) {
+    logits[r] = randn((size_t)N * ldl, 0.0f, 3.0f);
+    dt_cpu_crossentropy_vp_stats(all_h.data() + (size_t)r * N * 3, logits[r].data(), tgt.data(),
+                                 lo[r], N, Vl[r], ldl);
+    launch(dim3(N), CE_THREADS, 0, [&] {
+      vp_stats_kernel(all_g.data() + (size_t)r * N * 3, logits[r].data(), tgt.data(), lo[r], Vl[r],
+                      ldl);
+    });
+  }
+  for (size_t i = 0; i < all_h.size(); i++) /* -inf for the empty slice: compare it exactly */
+    if (std::isinf(all_h[i])) {
+      ck_assert_msg(all_g[i] == all_h[i], "vp stats[%zu] = %g, want %g", i, all_g[i], all_h[i]);
+      all_g[i] = all_h[i] = 0.0f;
+    }
+  expect_close("crossentropy vp stats", all_g, all_h);
+  for (int r = 0; r < R; r++) /* the finish takes the CPU's stats on both sides */
+    dt_cpu_crossentropy_vp_stats(all_h.data() + (size_t)r * N * 3, logits[r].data(), tgt.data(),
+                                 lo[r], N, Vl[r], ldl);
+  for (int r = 0; r < R - 1; r++) {
+    std::vector<float> lh = logits[r], lg = logits[r], loss_h(N), loss_g(N, NAN);
+    dt_cpu_crossentropy_vp_finish(loss_h.data(), lh.data(), all_h.data(), R, tgt.data(), lo[r],
+                                  0.5f, N, Vl[r], ldl);
+    launch(dim3(N), CE_THREADS, 0, [&] {
+      vp_finish_kernel(loss_g.data(), lg.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N, Vl[r],
+                       ldl);
+    });
+    expect_close("crossentropy vp losses", loss_g, loss_h);
+    expect_close("crossentropy vp dlogits (padding zeroed)", lg, lh);
+  }
+}
+END_TEST
+
+/* ---- Embeddings (encoder.cu's launches) ------------------------------------------------------ */
+
+START_TEST(test_encoder)
+{
+  dt_rng_seed(&g_rng, 84);
+  const int B = 3, T = 11, C = 40, V = 90, lo = 30, vn = 45, maxT = 16;
+  const size_t BT = (size_t)B * T;
+  const std::vector<int> inp = targets((int)BT, V); /* tokens inside and outside the slice */
+  const std::vector<float> wte = randn((size_t)vn * C), wpe = randn((size_t)maxT * C);
+  std::vector<float> out_h(BT * C), out_g(BT * C, NAN);
+  dt_cpu_encoder_forward(out_h.data(), inp.data(), wte.data(), lo, vn, wpe.data(), B, T, C);
+  const size_t total = BT * C;
+  launch(dim3(dt__cuda_grid(total, DT__CUDA_THREADS)), DT__CUDA_THREADS, 0, [&] {
+    encoder_forward_kernel(out_g.data(), inp.data(), wte.data(), lo, vn, wpe.data(), T, C, total);
+  });
+  ck_assert(out_g == out_h);
+
+  const std::vector<float> dout = randn(BT * C), dwte0 = randn((size_t)vn * C),
+                           dwpe0 = randn((size_t)maxT * C);
+  std::vector<float> dwte_h = dwte0, dwpe_h = dwpe0, dwte_g = dwte0, dwpe_g = dwpe0;
+  dt_cpu_encoder_backward(dwte_h.data(), lo, vn, dwpe_h.data(), dout.data(), inp.data(), B, T, C);
+  launch(dim3(dt__cuda_grid((size_t)C, 32)), 32, 0, [&] {
+    encoder_backward_wte_kernel(dwte_g.data(), lo, vn, dout.data(), inp.data(), BT, C);
+  });
+  const size_t TC = (size_t)T * C;
+  launch(dim3(dt__cuda_grid(TC, DT__CUDA_THREADS)), DT__CUDA_THREADS, 0,
+         [&] { encoder_backward_wpe_kernel(dwpe_g.data(), dout.data(), B, T, C); });
+  ck_assert(dwte_g == dwte_h); /* one thread per element, the CPU's order: the same bits */
+  ck_assert(dwpe_g == dwpe_h);
+}
+END_TEST
+
+/* ---- Causal softmax (attention.cu's materialised path) ------------------------------------- */
+
+/* Rows of Tq queries at q0 (over BH heads) against Tk = q0 + Tq keys: the probabilities over
+ * keys j <= q0 + t and exact zeros after, then the softmax backward dS = scale A (dA - sum A dA),
+ * against double references. */
+START_TEST(test_causal_softmax)
+{
+  dt_rng_seed(&g_rng, 85);
+  const int BH = 3, Tq = 5, q0 = 300, Tk = q0 + Tq; /* rows longer than a block of 256 */
+  const float scale = 0.125f;
+  const size_t n = (size_t)BH * Tq * Tk;
+  const std::vector<float> scores = randn(n, 0.0f, 2.0f), dA = randn(n);
+  std::vector<float> att = scores, want(n), dS = dA, dwant(n);
+  for (size_t r = 0; r < (size_t)BH * Tq; r++) {
+    const int t = q0 + (int)(r % Tq);
+    const float *s = &scores[r * Tk];
+    double m = -INFINITY, sum = 0.0;
+    for (int j = 0; j <= t; j++)
+      m = std::max(m, (double)s[j]);
+    for (int j = 0; j <= t; j++)
+      sum += exp((double)s[j] - m);
+    for (int j = 0; j < Tk; j++)
+      want[r * Tk + j] = j <= t ? (float)(exp((double)s[j] - m) / sum) : 0.0f;
+  }
+  launch(dim3(BH * Tq), ATT_THREADS, 0, [&] { causal_softmax_kernel(att.data(), Tq, Tk, q0); });
+  expect_close("causal softmax", att, want);
+  for (size_t i = 0; i < n; i++)
+    if (want[i] == 0.0f)
+      ck_assert_msg(att[i] == 0.0f, "causal softmax [%zu] = %g above the diagonal", i, att[i]);
+
+  for (size_t r = 0; r < (size_t)BH * Tq; r++) {
+    const int t = q0 + (int)(r % Tq);
+    double dot = 0.0;
+    for (int j = 0; j <= t; j++)
+      dot += (double)want[r * Tk + j] * dA[r * Tk + j];
+    for (int j = 0; j < Tk; j++)
+      dwant[r * Tk + j] =
+          j <= t ? (float)(scale * want[r * Tk + j] * ((double)dA[r * Tk + j] - dot)) : 0.0f;
+  }
+  launch(dim3(BH * Tq), ATT_THREADS, 0,
+         [&] { causal_softmax_backward_kernel(dS.data(), want.data(), Tq, Tk, q0, scale); });
+  expect_close("causal softmax backward", dS, dwant);
+}
+END_TEST
+
+int main(void)
+{
+  Suite *s = suite_create("cuda_emulated");
+  TCase *tc = tcase_create("kernels");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_layernorm);
+  tcase_add_test(tc, test_crossentropy);
+  tcase_add_test(tc, test_crossentropy_vocab_parallel);
+  tcase_add_test(tc, test_encoder);
+  tcase_add_test(tc, test_causal_softmax);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
