@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "cuda_impl.h"
+#include "device.cuh"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Memory                                                                                      */
@@ -130,14 +131,6 @@ static int cuda_copy_2d(dt_device_t *d, void *dst, size_t dpitch, const void *sr
   return 0;
 }
 
-__global__ static void accumulate_kernel(float *dst, const float *src, size_t n)
-{
-  DT__CUDA_FOR(i, n)
-  {
-    dst[i] += src[i];
-  }
-}
-
 static int cuda_accumulate(dt_device_t *d, float *dst, const float *src, size_t n)
 {
   if (n == 0)
@@ -246,14 +239,6 @@ int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out)
   int rc = grow(c, &c->ws, &c->ws_bytes, bytes, "the CUDA kernels' workspace");
   *out = rc < 0 ? NULL : c->ws;
   return rc;
-}
-
-__global__ static void fill_kernel(float *x, float value, size_t n)
-{
-  DT__CUDA_FOR(i, n)
-  {
-    x[i] = value;
-  }
 }
 
 int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out)

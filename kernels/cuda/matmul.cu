@@ -13,18 +13,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
-
-/* out[i, o] = bias[o] for the first OC columns of each row. */
-__global__ static void bias_fill_kernel(float *out, const float *bias, int OC, int ldo,
-                                        size_t total)
-{
-  DT__CUDA_FOR(i, total)
-  {
-    const size_t row = i / (size_t)OC;
-    const size_t o = i % (size_t)OC;
-    out[row * ldo + o] = bias[o];
-  }
-}
+#include "matmul.cuh"
 
 /* Seeds each output row with the bias (when there is one) and sets *beta so that the GEMM
  * accumulates onto it, as the CPU does; without a bias *beta stays 0. */
@@ -99,16 +88,6 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
 /* bf16 compute (ops.h): operands rounded to bf16 (to nearest even, as the CPU's dt_bf16_round), */
 /* products accumulated in fp32 by cublasGemmEx on the tensor cores, fp32 outputs.              */
 /* ------------------------------------------------------------------------------------------ */
-
-/* dst (rows x cols, contiguous) = src (row stride lds) rounded to bf16. */
-__global__ static void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t cols, size_t lds,
-                                      size_t total)
-{
-  DT__CUDA_FOR(i, total)
-  {
-    dst[i] = __float2bfloat16_rn(src[(i / cols) * lds + i % cols]);
-  }
-}
 
 /* Carves n bf16 copies out of one workspace request (each 256-byte aligned) and fills them. */
 typedef struct {

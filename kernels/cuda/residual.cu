@@ -2,14 +2,7 @@
  * Its backward is the identity on both inputs, so there is no backward kernel. out may alias a
  * or b (each element is read, then written, by one thread). */
 #include "cuda_impl.h"
-
-__global__ static void residual_forward_kernel(float *out, const float *a, const float *b, size_t n)
-{
-  DT__CUDA_FOR(i, n)
-  {
-    out[i] = a[i] + b[i];
-  }
-}
+#include "residual.cuh"
 
 int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,
                               size_t n)

@@ -106,6 +106,49 @@ static inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]
   warp_sync();
 }
 
+/* ---- Intrinsics: IEEE single operations, each rounded on its own (the suite is compiled with
+ * -ffp-contract=off, so none is fused into an FMA); bf16 as its 16 bits ------------------------ */
+
+static inline float __fadd_rn(float a, float b)
+{
+  return a + b;
+}
+static inline float __fmul_rn(float a, float b)
+{
+  return a * b;
+}
+static inline float __fdiv_rn(float a, float b)
+{
+  return a / b;
+}
+static inline float __fsqrt_rn(float a)
+{
+  return sqrtf(a);
+}
+
+struct __nv_bfloat16 {
+  uint16_t x;
+};
+
+/* x rounded to bf16, to nearest even (NaN stays NaN), as cuda_bf16.h's intrinsic */
+static inline __nv_bfloat16 __float2bfloat16_rn(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return __nv_bfloat16{(uint16_t)((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __nv_bfloat16{(uint16_t)(u >> 16)};
+}
+
+static inline float __bfloat162float(__nv_bfloat16 h)
+{
+  const uint32_t u = (uint32_t)h.x << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 using std::max;
 using std::min;
 #define __global__

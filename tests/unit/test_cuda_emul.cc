@@ -1,15 +1,18 @@
-/* test_cuda_emul.cc — the CUDA backend's LayerNorm, cross-entropy, embedding and causal softmax
- * kernels (layernorm.cuh, crossentropy.cuh, encoder.cuh, softmax.cuh in kernels/cuda) run on the
- * host under cuda_emul.h, against the CPU kernels (kernels/cpu/) and, for the softmax, which has no
- * CPU kernel of its own, a double reference: on machines without a GPU, so that every CI run
- * executes the GPU code, not only compiles it.
+/* test_cuda_emul.cc — the CUDA backend's own kernels (the .cuh headers of kernels/cuda: LayerNorm,
+ * cross-entropy, embeddings, causal softmax, GELU, residual, AdamW, the linear layer's bias seed
+ * and bf16 copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
+ * the CPU kernels (kernels/cpu/) or, where the CPU has no kernel of its own, a plain reference:
+ * on machines without a GPU, so that every CI run executes the GPU code, not only compiles it.
+ * (The flash kernels are test_flash_emul's; the sum of squares, whose fixed grid is 262,144
+ * threads, and everything through cuBLAS run only on a GPU, in test_cuda.)
  *
  * The launches mirror the .cu files' (grids, block sizes, the layernorm chunking from
  * layernorm.cuh). Shapes are small, since each CUDA thread is an OS thread here, but every
  * path of the kernels is taken: C not a multiple of 32, several row chunks, rows shorter and
  * longer than a block, a vocabulary slice with tokens outside it, an empty slice, q0 > 0. The
  * tolerance is test_cuda's (max |gpu - cpu| <= 1e-5 of the tensor's largest value: the two sum
- * in other orders); the embedding's sums run in the CPU's order and must be bit-identical. */
+ * in other orders); what has no sum to reorder must be bit-identical (embeddings, AdamW, the
+ * residual, the copies). GELU is within 1e-6: tanhf here is glibc's on both sides. */
 #include <check.h>
 
 #include <cmath>
@@ -21,9 +24,14 @@ extern "C" {
 }
 
 #include "cuda_emul.h"
+#include "adamw.cuh"
 #include "crossentropy.cuh"
+#include "device.cuh"
 #include "encoder.cuh"
+#include "gelu.cuh"
 #include "layernorm.cuh"
+#include "matmul.cuh"
+#include "residual.cuh"
 #include "softmax.cuh"
 
 static dt_rng_t g_rng;
@@ -229,6 +237,96 @@ START_TEST(test_causal_softmax)
 }
 END_TEST
 
+/* ---- Elementwise kernels (their launches: dt__cuda_grid(n, DT__CUDA_THREADS) blocks) ------- */
+
+/* Runs body over n elements as the .cu files launch elementwise kernels. */
+template <typename F> static void launch_elementwise(size_t n, F body)
+{
+  launch(dim3(dt__cuda_grid(n, DT__CUDA_THREADS)), DT__CUDA_THREADS, 0, body);
+}
+
+START_TEST(test_gelu_residual)
+{
+  dt_rng_seed(&g_rng, 86);
+  const size_t n = 3001;
+  const std::vector<float> x = randn(n, 0.0f, 2.0f), y = randn(n), dout = randn(n);
+  std::vector<float> out_h(n), out_g(n, NAN);
+  dt_cpu_gelu_forward(out_h.data(), x.data(), n);
+  launch_elementwise(n, [&] { gelu_forward_kernel(out_g.data(), x.data(), n); });
+  expect_close("gelu forward", out_g, out_h, 1e-6);
+  std::vector<float> din_h(n), din_g = dout; /* dinp aliases dout on the GPU side */
+  dt_cpu_gelu_backward(din_h.data(), x.data(), dout.data(), n);
+  launch_elementwise(n, [&] { gelu_backward_kernel(din_g.data(), x.data(), din_g.data(), n); });
+  expect_close("gelu backward (in place)", din_g, din_h, 1e-6);
+  std::vector<float> sum_h(n), sum_g(n, NAN);
+  dt_cpu_residual_forward(sum_h.data(), x.data(), y.data(), n);
+  launch_elementwise(n, [&] { residual_forward_kernel(sum_g.data(), x.data(), y.data(), n); });
+  ck_assert(sum_g == sum_h);
+}
+END_TEST
+
+/* Three steps with weight decay and a gradient scale, from the same state: bit-identical to the
+ * CPU reference (adamw.cu's claim), the scalars derived by adamw_scalars as the launcher does. */
+START_TEST(test_adamw)
+{
+  dt_rng_seed(&g_rng, 87);
+  const size_t n = 1003;
+  std::vector<float> p_h = randn(n), m_h = randn(n, 0.0f, 0.1f), v_h(n);
+  for (size_t i = 0; i < n; i++)
+    v_h[i] = (float)dt_rng_uniform(&g_rng) * 1e-3f;
+  std::vector<float> p_g = p_h, m_g = m_h, v_g = v_h;
+  const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.7f;
+  for (int t = 1; t <= 3; t++) {
+    const std::vector<float> g = randn(n);
+    dt_cpu_adamw_update(p_h.data(), g.data(), m_h.data(), v_h.data(), n, lr, b1, b2, eps, wd, scale,
+                        t);
+    const adamw_scalars_t k = adamw_scalars(lr, b1, b2, wd, t);
+    launch_elementwise(n, [&] {
+      adamw_kernel(p_g.data(), g.data(), m_g.data(), v_g.data(), n, k.decay, k.step_size,
+                   k.bc2_sqrt, b1, b2, k.one_m_b1, k.one_m_b2, eps, scale);
+    });
+  }
+  ck_assert(p_g == p_h);
+  ck_assert(m_g == m_h);
+  ck_assert(v_g == v_h);
+}
+END_TEST
+
+/* The linear layer's bias seed (the first OC of ldo columns; the rest untouched) and the bf16
+ * copies of strided operands (against dt_bf16_round), and the device's accumulate and fill. */
+START_TEST(test_matmul_and_device_kernels)
+{
+  dt_rng_seed(&g_rng, 88);
+  const int N = 37, OC = 45, ldo = 50;
+  const std::vector<float> bias = randn(OC);
+  std::vector<float> out((size_t)N * ldo, -7.0f);
+  const size_t total = (size_t)N * OC;
+  launch_elementwise(total, [&] { bias_fill_kernel(out.data(), bias.data(), OC, ldo, total); });
+  for (int i = 0; i < N; i++)
+    for (int o = 0; o < ldo; o++)
+      ck_assert(out[(size_t)i * ldo + o] == (o < OC ? bias[o] : -7.0f));
+
+  const size_t rows = 29, cols = 33, lds = 40;
+  const std::vector<float> src = randn(rows * lds, 0.0f, 5.0f);
+  std::vector<__nv_bfloat16> dst(rows * cols, __nv_bfloat16{0xffffu});
+  launch_elementwise(rows * cols,
+                     [&] { to_bf16_kernel(dst.data(), src.data(), cols, lds, rows * cols); });
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = 0; c < cols; c++)
+      ck_assert(__bfloat162float(dst[r * cols + c]) == dt_bf16_round(src[r * lds + c]));
+
+  const size_t n = 2049;
+  const std::vector<float> a = randn(n), b = randn(n);
+  std::vector<float> acc = a, want(n), ones(n, NAN);
+  for (size_t i = 0; i < n; i++)
+    want[i] = a[i] + b[i];
+  launch_elementwise(n, [&] { accumulate_kernel(acc.data(), b.data(), n); });
+  ck_assert(acc == want);
+  launch_elementwise(n, [&] { fill_kernel(ones.data(), 1.0f, n); });
+  ck_assert(ones == std::vector<float>(n, 1.0f));
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("cuda_emulated");
@@ -239,6 +337,9 @@ int main(void)
   tcase_add_test(tc, test_crossentropy_vocab_parallel);
   tcase_add_test(tc, test_encoder);
   tcase_add_test(tc, test_causal_softmax);
+  tcase_add_test(tc, test_gelu_residual);
+  tcase_add_test(tc, test_adamw);
+  tcase_add_test(tc, test_matmul_and_device_kernels);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
