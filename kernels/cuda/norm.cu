@@ -8,32 +8,7 @@
  * run to run and across GPU models. The result goes to the host through the workspace, and is
  * complete when the entry returns (the stream is synchronised). */
 #include "cuda_impl.h"
-
-#define SS_BLOCKS  1024 /* fixed: the reduction order must not depend on the GPU */
-#define SS_THREADS 256
-
-__global__ static void sumsq_partial_kernel(double *partial, const float *x, size_t n)
-{
-  double acc = 0.0;
-  DT__CUDA_FOR(i, n)
-  {
-    const double v = (double)x[i];
-    acc += v * v;
-  }
-  acc = dt__block_reduce(acc, dt__sum_op());
-  if (threadIdx.x == 0)
-    partial[blockIdx.x] = acc;
-}
-
-__global__ static void sumsq_final_kernel(double *result, const double *partial, int npartial)
-{
-  double acc = 0.0;
-  for (int i = threadIdx.x; i < npartial; i += blockDim.x)
-    acc += partial[i];
-  acc = dt__block_reduce(acc, dt__sum_op());
-  if (threadIdx.x == 0)
-    *result = acc;
-}
+#include "norm.cuh"
 
 int dt__cuda_sum_squares(struct dt_device *dev, const float *x, size_t n, double *out)
 {

@@ -3,8 +3,8 @@
  * and bf16 copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
  * the CPU kernels (kernels/cpu/) or, where the CPU has no kernel of its own, a plain reference:
  * on machines without a GPU, so that every CI run executes the GPU code, not only compiles it.
- * (The flash kernels are test_flash_emul's; the sum of squares, whose fixed grid is 262,144
- * threads, and everything through cuBLAS run only on a GPU, in test_cuda.)
+ * (The flash kernels are test_flash_emul's; everything through cuBLAS runs only on a GPU, in
+ * test_cuda.)
  *
  * The launches mirror the .cu files' (grids, block sizes, the layernorm chunking from
  * layernorm.cuh). Shapes are small, since each CUDA thread is an OS thread here, but every
@@ -31,6 +31,7 @@ extern "C" {
 #include "gelu.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
+#include "norm.cuh"
 #include "residual.cuh"
 #include "softmax.cuh"
 
@@ -327,6 +328,24 @@ START_TEST(test_matmul_and_device_kernels)
 }
 END_TEST
 
+/* The sum of squares' two passes in double, on a grid of 7 blocks instead of norm.cu's fixed
+ * SS_BLOCKS (262,144 emulated threads would take minutes here): the kernels take any grid, and
+ * the grid-stride loop, the double block reduction and the final pass are the same code. */
+START_TEST(test_sum_squares)
+{
+  dt_rng_seed(&g_rng, 89);
+  const size_t n = 100003;
+  const std::vector<float> x = randn(n, 0.5f, 2.0f);
+  const unsigned blocks = 7;
+  std::vector<double> partial(blocks, NAN);
+  double got = NAN;
+  launch(dim3(blocks), SS_THREADS, 0, [&] { sumsq_partial_kernel(partial.data(), x.data(), n); });
+  launch(dim3(1), SS_THREADS, 0, [&] { sumsq_final_kernel(&got, partial.data(), (int)blocks); });
+  const double want = dt_cpu_sum_squares(x.data(), n);
+  ck_assert_msg(fabs(got - want) <= 1e-12 * want, "sum of squares %.17g, want %.17g", got, want);
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("cuda_emulated");
@@ -340,6 +359,7 @@ int main(void)
   tcase_add_test(tc, test_gelu_residual);
   tcase_add_test(tc, test_adamw);
   tcase_add_test(tc, test_matmul_and_device_kernels);
+  tcase_add_test(tc, test_sum_squares);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
