@@ -16,9 +16,16 @@
  * (GB/s = 1e9 bytes per second.) DISTRAIN_COMM_CPU_GLOO_ALLREDUCE=1 times gloo::allreduce
  * instead of ours (impl "gloo-allreduce").
  *
- *   bench_allreduce [--world N] [--iters K] [--inner I] [--warmup W] [--op
- * all_reduce|reduce_scatter| all_gather] [--mib S]... */
+ * sendrecv is the pipeline's exchange: every rank sends the buffer to the next rank and
+ * receives one from the previous (dt_comm_sendrecv); its bandwidths are per direction
+ * (busbw = algbw).
+ *
+ *   bench_allreduce [--world N] [--iters K] [--inner I] [--warmup W] [--pin 0|1]
+ *       [--op all_reduce|reduce_scatter|all_gather|sendrecv] [--mib S]... [--kib S]...
+ * --pin 1 pins rank r to the r-th core this process may use (as bench_pipeline pins stages). */
+#define _GNU_SOURCE
 #include <dirent.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,14 +39,15 @@
 
 #define MAX_SIZES 16
 
-typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER } op_t;
-static const char *const g_op_names[] = {"all_reduce", "reduce_scatter", "all_gather"};
+typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_SENDRECV } op_t;
+static const char *const g_op_names[] = {"all_reduce", "reduce_scatter", "all_gather", "sendrecv"};
 
 typedef struct {
   int world, iters, inner, warmup;
   op_t op;
   int nsizes;
-  size_t mib[MAX_SIZES];
+  size_t bytes[MAX_SIZES];
+  int pin; /* rank r on the r-th core this process may use */
   char dir[256];
 } opts_t;
 
@@ -73,12 +81,34 @@ static int run_op(dt_comm_t *comm, op_t op, float *a, float *b, size_t n, int wo
     return dt_comm_reduce_scatter(comm, a, b, n / (size_t)world, DT_COMM_SUM);
   case OP_ALL_GATHER:
     return dt_comm_all_gather(comm, a, b, n / (size_t)world);
+  case OP_SENDRECV: {
+    const int r = dt_comm_rank(comm);
+    return dt_comm_sendrecv(comm, a, n * sizeof(float), (r + 1) % world, b, n * sizeof(float),
+                            (r + world - 1) % world, 0);
+  }
   }
   return DT_EINVAL;
 }
 
+/* Pins the calling process to the rank-th core it may use (where there are that many). */
+static void pin_rank(int rank)
+{
+  cpu_set_t allowed, one;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || rank >= CPU_COUNT(&allowed))
+    return;
+  for (int c = 0, seen = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &allowed) && seen++ == rank) {
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      sched_setaffinity(0, sizeof one, &one);
+      return;
+    }
+}
+
 static void run_rank(const opts_t *o, int rank)
 {
+  if (o->pin)
+    pin_rank(rank);
   dt_kv_t kv;
   dt_comm_t *comm = NULL;
   int rc = dt_kv_file_create(&kv, o->dir);
@@ -96,7 +126,7 @@ static void run_rank(const opts_t *o, int rank)
     fprintf(stderr, "%-14s %-15s %5s %8s %10s %11s %11s %9s\n", "op", "impl", "world", "MiB",
             "median ms", "algbw GB/s", "busbw GB/s", "cpu ms");
   for (int si = 0; si < o->nsizes; si++) {
-    size_t bytes = o->mib[si] << 20, n = bytes / sizeof(float);
+    size_t n = o->bytes[si] / sizeof(float);
     n -= n % (size_t)o->world;
     float *a = dt_calloc_aligned(n * sizeof(float), "bench buffer");
     float *b = dt_calloc_aligned(n * sizeof(float), "bench buffer");
@@ -123,7 +153,9 @@ static void run_rank(const opts_t *o, int rank)
     double med = o->iters % 2 ? t[o->iters / 2] : 0.5 * (t[o->iters / 2 - 1] + t[o->iters / 2]);
     double nbytes = (double)(n * sizeof(float)), w = o->world;
     double algbw = nbytes / (med * 1e-3) / 1e9;
-    double busbw = algbw * (o->op == OP_ALL_REDUCE ? 2 * (w - 1) / w : (w - 1) / w);
+    double busbw = algbw * (o->op == OP_ALL_REDUCE ? 2 * (w - 1) / w
+                            : o->op == OP_SENDRECV ? 1.0
+                                                   : (w - 1) / w);
     if (rank == 0) {
       fprintf(stderr, "%-14s %-15s %5d %8.1f %10.3f %11.3f %11.3f %9.2f\n", g_op_names[o->op], impl,
               o->world, nbytes / (1 << 20), med, algbw, busbw, cpu);
@@ -162,7 +194,8 @@ static void rm_flat_dir(const char *dir)
 static void usage(void)
 {
   fprintf(stderr, "usage: bench_allreduce [--world N] [--iters K] [--inner I] [--warmup W] "
-                  "[--op all_reduce|reduce_scatter|all_gather] [--mib S]...\n");
+                  "[--pin 0|1] [--op all_reduce|reduce_scatter|all_gather|sendrecv] "
+                  "[--mib S]... [--kib S]...\n");
   exit(2);
 }
 
@@ -182,10 +215,14 @@ int main(int argc, char **argv)
     else if (strcmp(argv[i], "--warmup") == 0)
       o.warmup = atoi(v);
     else if (strcmp(argv[i], "--mib") == 0 && o.nsizes < MAX_SIZES)
-      o.mib[o.nsizes++] = (size_t)atoi(v);
+      o.bytes[o.nsizes++] = (size_t)atoi(v) << 20;
+    else if (strcmp(argv[i], "--pin") == 0)
+      o.pin = atoi(v);
+    else if (strcmp(argv[i], "--kib") == 0 && o.nsizes < MAX_SIZES)
+      o.bytes[o.nsizes++] = (size_t)atoi(v) << 10;
     else if (strcmp(argv[i], "--op") == 0) {
       int found = 0;
-      for (int k = 0; k < 3; k++)
+      for (int k = 0; k < (int)(sizeof g_op_names / sizeof *g_op_names); k++)
         if (strcmp(v, g_op_names[k]) == 0) {
           o.op = (op_t)k;
           found = 1;
@@ -199,8 +236,9 @@ int main(int argc, char **argv)
   if (o.world < 1 || o.world > 64 || o.iters < 1 || o.inner < 1 || o.warmup < 0)
     usage();
   if (o.nsizes == 0) {
-    size_t def[] = {1, 16, 64};
-    memcpy(o.mib, def, sizeof def);
+    static const size_t def_mib[] = {1, 16, 64};
+    for (int k = 0; k < 3; k++)
+      o.bytes[k] = def_mib[k] << 20;
     o.nsizes = 3;
   }
   const char *tmp = getenv("TMPDIR");

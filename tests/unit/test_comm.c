@@ -6,8 +6,11 @@
  * test asserts that every child exited 0 within a deadline, killing stragglers so that a hang
  * is a failure, never a stuck suite. Data are small integers in float32, so every sum is exact
  * and results are compared for equality. */
+#define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -1185,6 +1188,59 @@ START_TEST(test_bad_interface)
 }
 END_TEST
 
+/* Threads of this process in the idle scheduling class. */
+static int idle_threads(void)
+{
+  DIR *d = opendir("/proc/self/task");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    n += e->d_name[0] != '.' && sched_getscheduler(atoi(e->d_name)) == SCHED_IDLE;
+  closedir(d);
+  return n;
+}
+
+/* The idle-class threads a world-1 cpu communicator adds to this process. */
+static int idle_threads_of_a_comm(void)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  const int before = idle_threads();
+  dt_comm_t *comm = NULL;
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "io", 0, 1, 1000), 0);
+  const int added = idle_threads() - before;
+  dt_comm_destroy(comm);
+  dt_kv_mem_destroy(&kv);
+  return added;
+}
+
+/* Gloo's event-loop thread is in the idle class when the process may run on one CPU only (as a
+ * normal thread there it preempts the thread holding a lock it needs and spins: see
+ * gloo_backend.cc), a normal thread otherwise; DISTRAIN_COMM_CPU_IDLE_IO=1|0 decides instead. */
+START_TEST(test_io_thread_class)
+{
+  cpu_set_t all, one;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+  unsetenv("DISTRAIN_COMM_CPU_IDLE_IO");
+  ck_assert_int_eq(idle_threads_of_a_comm(), 1);
+  setenv("DISTRAIN_COMM_CPU_IDLE_IO", "0", 1);
+  ck_assert_int_eq(idle_threads_of_a_comm(), 0);
+  ck_assert_int_eq(sched_setaffinity(0, sizeof all, &all), 0);
+  setenv("DISTRAIN_COMM_CPU_IDLE_IO", "1", 1);
+  ck_assert_int_eq(idle_threads_of_a_comm(), 1);
+  unsetenv("DISTRAIN_COMM_CPU_IDLE_IO");
+  if (CPU_COUNT(&all) > 1)
+    ck_assert_int_eq(idle_threads_of_a_comm(), 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *comm_suite(void)
@@ -1221,6 +1277,7 @@ static Suite *comm_suite(void)
   tcase_add_test(t, test_world1);
   tcase_add_test(t, test_invalid_arguments);
   tcase_add_test(t, test_bad_interface);
+  tcase_add_test(t, test_io_thread_class);
   suite_add_tcase(s, t);
   return s;
 }

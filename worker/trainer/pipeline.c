@@ -76,7 +76,9 @@ static int transfer(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, siz
   return dt_comm_p2p(pl->comm, b, n);
 }
 
-/* Runs one op; compute time is busy, transfers idle. */
+/* Runs one op; compute time is busy, transfers idle. At DISTRAIN_DEBUG=trace each op is logged
+ * with its start on the host's monotonic clock (dt_now_ms), so that the logs of stages on one
+ * host merge into one timeline. */
 static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp_t *dp,
                   const int *inputs, const int *targets, int B, int T, double *loss_sum)
 {
@@ -101,10 +103,18 @@ static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp
     break;
   }
   const double ms = dt_now_ms() - t0;
-  if (op->op == DT_PIPE_XFER)
+  if (op->op == DT_PIPE_XFER) {
     pl->idle_ms += ms;
-  else
+    DT_TRACE(TRAIN,
+             "pipeline stage %d: xfer (send act %d, recv act %d, send grad %d, recv grad %d) at "
+             "%.3f for %.3f ms",
+             pl->s, op->half[DT_PIPE_SEND_ACT].mb, op->half[DT_PIPE_RECV_ACT].mb,
+             op->half[DT_PIPE_SEND_GRAD].mb, op->half[DT_PIPE_RECV_GRAD].mb, t0, ms);
+  } else {
     pl->busy_ms += ms;
+    DT_TRACE(TRAIN, "pipeline stage %d: %s chunk %d mb %d at %.3f for %.3f ms", pl->s,
+             op->op == DT_PIPE_FWD ? "fwd" : "bwd", chunk, mb, t0, ms);
+  }
   return rc;
 }
 
