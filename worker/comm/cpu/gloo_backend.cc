@@ -263,8 +263,12 @@ template <bool kRecv> void wait_op(Gloo *g, UnboundBuffer *b, int peer)
     if (!peer_dead(g, peer))
       continue;
     try {
-      if (kRecv ? b->waitRecv(ms(0)) : b->waitSend(ms(0)))
-        return;
+      /* Twice: an abort flag set while b's completion was already in wins over it and is
+       * consumed by the first call (Gloo checks the flag after the count); the watchdog sets
+       * that flag on every active buffer, this one included, when the peer left. */
+      for (int i = 0; i < 2; i++)
+        if (kRecv ? b->waitRecv(ms(0)) : b->waitSend(ms(0)))
+          return;
     } catch (...) {
     }
     throw PeerFailed(peer);
