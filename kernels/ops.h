@@ -51,6 +51,13 @@ typedef struct dt_ops {
                            const float *weight,               /* (C) */
                            const float *bias,                 /* (C) */
                            int N, int C);
+  /* res = a + b, then out = LayerNorm(res) as above: the residual add and the LayerNorm that
+   * reads it in one pass, with the bits of residual_forward then layernorm_forward on the same
+   * device. res may alias a or b. */
+  int (*residual_layernorm_forward)(struct dt_device *dev, float *res, /* (N, C) */
+                                    float *out, float *mean, float *rstd, const float *a,
+                                    const float *b, /* (N, C) each */
+                                    const float *weight, const float *bias, int N, int C);
   int (*layernorm_backward)(struct dt_device *dev, float *dinp, /* (N, C) += (residual stream) */
                             float *dweight,                     /* (C) += */
                             float *dbias,                       /* (C) += */

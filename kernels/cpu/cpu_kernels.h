@@ -17,6 +17,11 @@ void dt_cpu_encoder_backward(float *dwte, int vocab_lo, int vocab_n, float *dwpe
                              const int *inp, int B, int T, int C);
 void dt_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
+/* res = a + b, then out = LayerNorm(res): dt_cpu_residual_forward and dt_cpu_layernorm_forward
+ * in one pass over the rows, bit for bit. res may alias a or b. */
+void dt_cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C);
 void dt_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);

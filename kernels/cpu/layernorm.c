@@ -7,28 +7,48 @@
 
 #define LN_EPS 1e-5f
 
+/* One row: o = (x - mean) * rstd * weight + bias, its statistics stored. */
+static inline void layernorm_row(float *o, float *mean, float *rstd, const float *x,
+                                 const float *weight, const float *bias, int C)
+{
+  float m = 0.0f;
+  for (int c = 0; c < C; c++)
+    m += x[c];
+  m /= (float)C;
+  float v = 0.0f;
+  for (int c = 0; c < C; c++) {
+    float d = x[c] - m;
+    v += d * d;
+  }
+  v /= (float)C;
+  float s = 1.0f / sqrtf(v + LN_EPS);
+  for (int c = 0; c < C; c++)
+    o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  *mean = m;
+  *rstd = s;
+}
+
 void dt_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C)
 {
 #pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; i++)
+    layernorm_row(out + (size_t)i * C, mean + i, rstd + i, inp + (size_t)i * C, weight, bias, C);
+}
+
+/* Row by row, so that the LayerNorm reads the sum while it is still in cache: the same bits
+ * as dt_cpu_residual_forward followed by dt_cpu_layernorm_forward. */
+void dt_cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+#pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
-    const float *x = inp + (size_t)i * C;
-    float *o = out + (size_t)i * C;
-    float m = 0.0f;
+    float *r = res + (size_t)i * C;
+    const float *ai = a + (size_t)i * C, *bi = b + (size_t)i * C;
     for (int c = 0; c < C; c++)
-      m += x[c];
-    m /= (float)C;
-    float v = 0.0f;
-    for (int c = 0; c < C; c++) {
-      float d = x[c] - m;
-      v += d * d;
-    }
-    v /= (float)C;
-    float s = 1.0f / sqrtf(v + LN_EPS);
-    for (int c = 0; c < C; c++)
-      o[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[i] = m;
-    rstd[i] = s;
+      r[c] = ai[c] + bi[c];
+    layernorm_row(out + (size_t)i * C, mean + i, rstd + i, r, weight, bias, C);
   }
 }
 

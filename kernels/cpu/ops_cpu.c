@@ -30,6 +30,15 @@ static int layernorm_forward(struct dt_device *dev, float *out, float *mean, flo
   return 0;
 }
 
+static int residual_layernorm_forward(struct dt_device *dev, float *res, float *out, float *mean,
+                                      float *rstd, const float *a, const float *b,
+                                      const float *weight, const float *bias, int N, int C)
+{
+  dt_cpu_residual_layernorm_forward(H(res), H(out), H(mean), H(rstd), H(a), H(b), H(weight),
+                                    H(bias), N, C);
+  return 0;
+}
+
 static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                               const float *dout, const float *inp, const float *weight,
                               const float *mean, const float *rstd, int N, int C)
@@ -203,6 +212,7 @@ static const dt_ops_t g_cpu_ops = {
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,
     .layernorm_forward = layernorm_forward,
+    .residual_layernorm_forward = residual_layernorm_forward,
     .layernorm_backward = layernorm_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,

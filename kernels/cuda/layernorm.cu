@@ -23,6 +23,18 @@ int dt__cuda_layernorm_forward(struct dt_device *dev, float *out, float *mean, f
   return 0;
 }
 
+int dt__cuda_residual_layernorm_forward(struct dt_device *dev, float *res, float *out, float *mean,
+                                        float *rstd, const float *a, const float *b,
+                                        const float *weight, const float *bias, int N, int C)
+{
+  if (N <= 0 || C <= 0)
+    return 0;
+  residual_layernorm_forward_kernel<<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
+      res, out, mean, rstd, a, b, weight, bias, C);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
 int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, int N, int C)

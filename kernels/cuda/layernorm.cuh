@@ -20,13 +20,12 @@ static inline int ln_chunk_rows(int N)
   return rows < LN_CHUNK_ROWS ? LN_CHUNK_ROWS : rows;
 }
 
-__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                                const float *inp, const float *weight,
-                                                const float *bias, int C)
+/* One row by one block: o = (x - mean) * rstd * weight + bias, its statistics stored. Each
+ * thread reads only the channels c = threadIdx.x + k * blockDim.x, so x may have been written by
+ * the same thread just before without a barrier. */
+__device__ static void layernorm_row(float *o, float *mean, float *rstd, const float *x,
+                                     const float *weight, const float *bias, int C)
 {
-  const size_t row = blockIdx.x;
-  const float *x = inp + row * C;
-  float *o = out + row * C;
   float s = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x)
     s += x[c];
@@ -41,9 +40,32 @@ __global__ static void layernorm_forward_kernel(float *out, float *mean, float *
   for (int c = threadIdx.x; c < C; c += blockDim.x)
     o[c] = (x[c] - m) * rs * weight[c] + bias[c];
   if (threadIdx.x == 0) {
-    mean[row] = m;
-    rstd[row] = rs;
+    *mean = m;
+    *rstd = rs;
   }
+}
+
+__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
+                                                const float *inp, const float *weight,
+                                                const float *bias, int C)
+{
+  const size_t row = blockIdx.x;
+  layernorm_row(out + row * C, mean + row, rstd + row, inp + row * C, weight, bias, C);
+}
+
+/* res = a + b, then the LayerNorm of res, one block per row: the sum is read back by the thread
+ * that wrote it (from L1), so the pair costs one pass less over memory than the residual kernel
+ * and the LayerNorm apart, with the same bits. res may alias a or b. */
+__global__ static void residual_layernorm_forward_kernel(float *res, float *out, float *mean,
+                                                         float *rstd, const float *a,
+                                                         const float *b, const float *weight,
+                                                         const float *bias, int C)
+{
+  const size_t row = blockIdx.x;
+  float *r = res + row * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    r[c] = a[row * C + c] + b[row * C + c];
+  layernorm_row(out + row * C, mean + row, rstd + row, r, weight, bias, C);
 }
 
 /* dinp[row] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, one block per row. */

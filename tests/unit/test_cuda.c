@@ -376,6 +376,21 @@ static void check_layernorm(int N, int C, double tol)
   expect_close("layernorm_forward mean", &mean);
   expect_close("layernorm_forward rstd", &rstd);
 
+  /* with the residual add fused in front: res = inp + other, then the LayerNorm of res */
+  pair_t other = pair_rand(NC, 0.0f, 1.0f), res = pair_garbage(NC), out2 = pair_garbage(NC);
+  pair_t mean2 = pair_garbage((size_t)N), rstd2 = pair_garbage((size_t)N);
+  ck_assert_int_eq(H->residual_layernorm_forward(g_cpu, res.h, out2.h, mean2.h, rstd2.h, inp.h,
+                                                 other.h, weight.h, bias.h, N, C),
+                   0);
+  ck_assert_int_eq(G->residual_layernorm_forward(g_gpu, res.d, out2.d, mean2.d, rstd2.d, inp.d,
+                                                 other.d, weight.d, bias.d, N, C),
+                   0);
+  expect_close("residual_layernorm_forward res", &res);
+  expect_close("residual_layernorm_forward out", &out2);
+  expect_close("residual_layernorm_forward mean", &mean2);
+  expect_close("residual_layernorm_forward rstd", &rstd2);
+  pair_free(&other), pair_free(&res), pair_free(&out2), pair_free(&mean2), pair_free(&rstd2);
+
   /* The backward takes the CPU's statistics on both sides, so it is tested on its own. */
   to_dev(mean.d, mean.h, (size_t)N * sizeof(float));
   to_dev(rstd.d, rstd.h, (size_t)N * sizeof(float));

@@ -12,7 +12,8 @@
  * longer than a block, a vocabulary slice with tokens outside it, an empty slice, q0 > 0. The
  * tolerance is test_cuda's (max |gpu - cpu| <= 1e-5 of the tensor's largest value: the two sum
  * in other orders); what has no sum to reorder must be bit-identical (embeddings, AdamW, the
- * residual, the copies). GELU is within 1e-6: tanhf here is glibc's on both sides. */
+ * residual, the copies), and so must a fused kernel and the kernels it fuses. GELU is within 1e-6:
+ * tanhf here is glibc's on both sides. */
 #include <check.h>
 
 #include <cmath>
@@ -266,6 +267,42 @@ START_TEST(test_gelu_residual)
 }
 END_TEST
 
+/* The residual add fused in front of the LayerNorm (layernorm.cu's launch: a block per row):
+ * the bits of the residual kernel then the LayerNorm kernel, launched as their .cu files
+ * launch them, and the CPU's fused kernel within the tolerance; the sum also over a. */
+START_TEST(test_residual_layernorm)
+{
+  dt_rng_seed(&g_rng, 87);
+  const int N = 9, C = 300; /* C: more than a block's threads, not a multiple of 32 */
+  const size_t NC = (size_t)N * C;
+  const std::vector<float> a = randn(NC, 0.5f, 1.0f), b = randn(NC, 0.0f, 2.0f),
+                           w = randn(C, 1.0f, 0.2f), bias = randn(C, 0.0f, 0.2f);
+  std::vector<float> sum_s(NC, NAN), out_s(NC, NAN), mean_s(N, NAN), rstd_s(N, NAN);
+  launch_elementwise(NC, [&] { residual_forward_kernel(sum_s.data(), a.data(), b.data(), NC); });
+  launch(dim3(N), LN_THREADS, 0, [&] {
+    layernorm_forward_kernel(out_s.data(), mean_s.data(), rstd_s.data(), sum_s.data(), w.data(),
+                             bias.data(), C);
+  });
+  std::vector<float> sum_h(NC), out_h(NC), mean_h(N), rstd_h(N);
+  dt_cpu_residual_layernorm_forward(sum_h.data(), out_h.data(), mean_h.data(), rstd_h.data(),
+                                    a.data(), b.data(), w.data(), bias.data(), N, C);
+  for (int alias = 0; alias < 2; alias++) {
+    std::vector<float> sum_g = alias ? a : std::vector<float>(NC, NAN), out_g(NC, NAN),
+                       mean_g(N, NAN), rstd_g(N, NAN);
+    const float *x = alias ? sum_g.data() : a.data();
+    launch(dim3(N), LN_THREADS, 0, [&] {
+      residual_layernorm_forward_kernel(sum_g.data(), out_g.data(), mean_g.data(), rstd_g.data(), x,
+                                        b.data(), w.data(), bias.data(), C);
+    });
+    ck_assert(sum_g == sum_s && out_g == out_s && mean_g == mean_s && rstd_g == rstd_s);
+    ck_assert(sum_g == sum_h);
+    expect_close("residual layernorm out", out_g, out_h);
+    expect_close("residual layernorm mean", mean_g, mean_h);
+    expect_close("residual layernorm rstd", rstd_g, rstd_h);
+  }
+}
+END_TEST
+
 /* Three steps with weight decay and a gradient scale, from the same state: bit-identical to the
  * CPU reference (adamw.cu's claim), the scalars derived by adamw_scalars as the launcher does. */
 START_TEST(test_adamw)
@@ -357,6 +394,7 @@ int main(void)
   tcase_add_test(tc, test_encoder);
   tcase_add_test(tc, test_causal_softmax);
   tcase_add_test(tc, test_gelu_residual);
+  tcase_add_test(tc, test_residual_layernorm);
   tcase_add_test(tc, test_adamw);
   tcase_add_test(tc, test_matmul_and_device_kernels);
   tcase_add_test(tc, test_sum_squares);

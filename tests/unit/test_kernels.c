@@ -1210,6 +1210,38 @@ START_TEST(test_residual)
 }
 END_TEST
 
+/* The fused residual add + LayerNorm gives, bit for bit, what the two kernels above give one
+ * after the other (each checked against its reference), also with the sum written over a. */
+START_TEST(test_residual_layernorm)
+{
+  const int N = 7, C = 130;
+  const size_t n = (size_t)N * C;
+  dt_rng_t rng;
+  dt_rng_seed(&rng, 64);
+  float *a = rand_normal(&rng, n, 0.5f, 1.0f), *b = rand_normal(&rng, n, 0.0f, 2.0f);
+  float *w = rand_normal(&rng, C, 1.0f, 0.2f), *bias = rand_normal(&rng, C, 0.0f, 0.2f);
+  float *res_ref = filled(n, GARBAGE), *out_ref = filled(n, GARBAGE);
+  float *mean_ref = filled(N, GARBAGE), *rstd_ref = filled(N, GARBAGE);
+  dt_cpu_residual_forward(res_ref, a, b, n);
+  dt_cpu_layernorm_forward(out_ref, mean_ref, rstd_ref, res_ref, w, bias, N, C);
+  for (int alias = 0; alias < 2; alias++) {
+    float *res = filled(n, GARBAGE), *out = filled(n, GARBAGE);
+    float *mean = filled(N, GARBAGE), *rstd = filled(N, GARBAGE);
+    const float *x = a;
+    if (alias) {
+      memcpy(res, a, n * sizeof(float));
+      x = res;
+    }
+    dt_cpu_residual_layernorm_forward(res, out, mean, rstd, x, b, w, bias, N, C);
+    ck_assert_msg(memcmp(res, res_ref, n * sizeof(float)) == 0, "sum (alias %d)", alias);
+    ck_assert_msg(memcmp(out, out_ref, n * sizeof(float)) == 0, "out (alias %d)", alias);
+    ck_assert_msg(memcmp(mean, mean_ref, N * sizeof(float)) == 0, "mean (alias %d)", alias);
+    ck_assert_msg(memcmp(rstd, rstd_ref, N * sizeof(float)) == 0, "rstd (alias %d)", alias);
+  }
+  tfree_all();
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------
  * Softmax + cross-entropy
  * ------------------------------------------------------------------------------------------- */
@@ -1624,6 +1656,7 @@ START_TEST(test_ops_table)
   const void *entries[] = {(const void *)ops->encoder_forward,
                            (const void *)ops->encoder_backward,
                            (const void *)ops->layernorm_forward,
+                           (const void *)ops->residual_layernorm_forward,
                            (const void *)ops->layernorm_backward,
                            (const void *)ops->matmul_forward,
                            (const void *)ops->matmul_backward,
@@ -1696,6 +1729,7 @@ static Suite *kernels_suite(void)
   add_tcase(s, "attention_flash_bf16", test_attention_flash_bf16);
   add_tcase(s, "gelu", test_gelu);
   add_tcase(s, "residual", test_residual);
+  add_tcase(s, "residual_layernorm", test_residual_layernorm);
   add_tcase(s, "crossentropy", test_crossentropy);
   add_tcase(s, "crossentropy_vocab_parallel", test_crossentropy_vocab_parallel);
   add_tcase(s, "adamw", test_adamw);

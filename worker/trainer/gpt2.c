@@ -965,9 +965,8 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.atty, p->t[DT_T_ATTPROJW],
                              lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
-  DT_CHECK(k->residual_forward(m->dev, y.res2, x, branch, R * C));
-  DT_CHECK(k->layernorm_forward(m->dev, y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, p->t[DT_T_LN2W],
-                                p->t[DT_T_LN2B], (int)R, C));
+  DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
+                                         p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
   DT_CHECK(k->matmul_forward(m->dev, y.fch, in, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl,
                              4 * Cl));
