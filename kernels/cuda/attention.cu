@@ -2,15 +2,10 @@
  * (reference: kernels/cpu/attention.c).
  *
  * The T x T probabilities are materialised, as the ops contract says. Per batch element b, each
- * product is one cublasSgemmStridedBatched over the NH heads: head h's q, k and v start at
- * columns h*hs, C + h*hs and 2C + h*hs of the packed (T, 3C) rows (leading dimension 3C, batch
- * stride hs); its (T, T) block of att / scratch follows the previous head's (stride T*T). The
- * products run over the full T x T square; the softmax kernels then write exact zeros above the
- * diagonal, so the zeros make the following products equal to the causal ones.
- *
- * cuBLAS is column-major: a row-major (rows, cols) matrix with row stride ld is the
- * column-major (cols, rows) matrix, its transpose, with leading dimension ld. Each row-major
- * product Y = A B is issued as Y^T = B^T A^T; the comments give the view used.
+ * product is one cublasSgemmStridedBatched over the NH heads, whose column-major views,
+ * leading dimensions and strides gemm.cuh builds (gemm_att_*) and states. The products run over
+ * the full T x T square; the softmax kernels then write exact zeros above the diagonal, so the
+ * zeros make the following products equal to the causal ones.
  *
  * Context parallelism (the _cp entries): Tq queries at positions [q0, q0 + Tq) of qkv rows
  * holding Tall positions per batch element, against the keys [0, Tk), Tk = q0 + Tq: the same
@@ -36,30 +31,18 @@ int dt__cuda_attention_forward_cp(struct dt_device *dev, float *out, float *att,
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
     return 0;
-  const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
-  const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
-  const long long QK = (long long)Tq * Tk;
+  const dt_att_shape_t s = {B, Tq, q0, Tall, C, NH};
+  const float scale = 1.0f / sqrtf((float)(C / NH));
   for (int b = 0; b < B; b++) {
-    const float *q = qkv + ((size_t)b * Tall + q0) * C3;
-    const float *k = qkv + (size_t)b * Tall * C3 + C;
-    float *A = att + (size_t)b * NH * QK;
-    /* scores (Tq x Tk) = scale * Q K^T, as scores^T = scale * K Q^T:
-     * K as stored is column-major (hs x Tk, ld 3C) = K^T, op T gives K (Tk x hs);
-     * Q as stored is Q^T (hs x Tq), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, hs,
-                                              &scale, k, C3, hs, q, C3, hs, &zero, A, Tk, QK, NH));
+    const dt_gemm_t g = gemm_att_scores(s, b, att, qkv, scale);
+    DT_CHECK(dt__cuda_gemm(cu, &g));
   }
-  causal_softmax_kernel<<<(unsigned)((size_t)B * NH * Tq), ATT_THREADS, 0, cu->stream>>>(att, Tq,
-                                                                                         Tk, q0);
+  causal_softmax_kernel<<<(unsigned)((size_t)B * NH * Tq), ATT_THREADS, 0, cu->stream>>>(
+      att, Tq, q0 + Tq, q0);
   DT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < B; b++) {
-    const float *v = qkv + (size_t)b * Tall * C3 + 2 * C;
-    const float *A = att + (size_t)b * NH * QK;
-    float *o = out + (size_t)b * Tq * C;
-    /* out (Tq x hs, ld C) = A V, as out^T (hs x Tq) = V^T A^T:
-     * V as stored is V^T (hs x Tk, ld 3C), op N; A as stored is A^T (Tk x Tq, ld Tk), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tq, Tk, &one,
-                                              v, C3, hs, A, Tk, QK, &zero, o, C, hs, NH));
+    const dt_gemm_t g = gemm_att_out(s, b, out, att, qkv);
+    DT_CHECK(dt__cuda_gemm(cu, &g));
   }
   return 0;
 }
@@ -78,42 +61,22 @@ static int attention_backward(struct dt_device *dev, float *dqkv, float *scratch
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
     return 0;
-  const int hs = C / NH, C3 = 3 * C, Tk = q0 + Tq;
-  const float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
-  const long long QK = (long long)Tq * Tk;
+  const dt_att_shape_t s = {B, Tq, q0, Tall, C, NH};
+  const float scale = 1.0f / sqrtf((float)(C / NH));
   for (int b = 0; b < B; b++) {
-    const float *v = qkv + (size_t)b * Tall * C3 + 2 * C;
-    const float *dO = dout + (size_t)b * Tq * C;
-    const float *A = att + (size_t)b * NH * QK;
-    float *dS = scratch + (size_t)b * NH * QK;
-    float *dv = dqkv + (size_t)b * Tall * C3 + 2 * C;
-    /* dA (Tq x Tk) = dO V^T, as dA^T = V dO^T:
-     * V as stored is V^T (hs x Tk, ld 3C), op T gives V (Tk x hs);
-     * dO as stored is dO^T (hs x Tq, ld C), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, Tk, Tq, hs, &one,
-                                              v, C3, hs, dO, C, hs, &zero, dS, Tk, QK, NH));
-    /* dV (Tk x hs, ld 3C) = A^T dO, as dV^T (hs x Tk) = dO^T A:
-     * dO as stored is dO^T (hs x Tq, ld C), op N; A as stored is A^T (ld Tk), op T gives A. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tk, Tq, &one,
-                                              dO, C, hs, A, Tk, QK, &beta, dv, C3, hs, NH));
+    const dt_gemm_t dA = gemm_att_dA(s, b, scratch, dout, qkv);
+    const dt_gemm_t dv = gemm_att_dv(s, b, dqkv, att, dout, beta);
+    DT_CHECK(dt__cuda_gemm(cu, &dA));
+    DT_CHECK(dt__cuda_gemm(cu, &dv));
   }
   causal_softmax_backward_kernel<<<(unsigned)((size_t)B * NH * Tq), ATT_THREADS, 0, cu->stream>>>(
-      scratch, att, Tq, Tk, q0, scale);
+      scratch, att, Tq, q0 + Tq, q0, scale);
   DT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < B; b++) {
-    const float *q = qkv + ((size_t)b * Tall + q0) * C3;
-    const float *k = qkv + (size_t)b * Tall * C3 + C;
-    const float *dS = scratch + (size_t)b * NH * QK;
-    float *dq = dqkv + ((size_t)b * Tall + q0) * C3;
-    float *dk = dqkv + (size_t)b * Tall * C3 + C;
-    /* dQ (Tq x hs, ld 3C) = dS K, as dQ^T (hs x Tq) = K^T dS^T:
-     * K as stored is K^T (hs x Tk, ld 3C), op N; dS as stored is dS^T (ld Tk), op N. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, Tq, Tk, &one,
-                                              k, C3, hs, dS, Tk, QK, &beta, dq, C3, hs, NH));
-    /* dK (Tk x hs, ld 3C) = dS^T Q, as dK^T (hs x Tk) = Q^T dS:
-     * Q as stored is Q^T (hs x Tq, ld 3C), op N; dS as stored is dS^T (ld Tk), op T gives dS. */
-    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, Tk, Tq, &one,
-                                              q, C3, hs, dS, Tk, QK, &beta, dk, C3, hs, NH));
+    const dt_gemm_t dq = gemm_att_dq(s, b, dqkv, scratch, qkv, beta);
+    const dt_gemm_t dk = gemm_att_dk(s, b, dqkv, scratch, qkv, beta);
+    DT_CHECK(dt__cuda_gemm(cu, &dq));
+    DT_CHECK(dt__cuda_gemm(cu, &dk));
   }
   return 0;
 }

@@ -19,6 +19,7 @@
 #include "block.cuh"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
+#include "gemm.cuh"
 
 /* ------------------------------------------------------------------------------------------ */
 /* The device                                                                                  */
@@ -47,6 +48,10 @@ static inline dt_cuda_impl_t *dt__cuda(struct dt_device *d)
 int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out);
 /* A device vector of at least n ones (its own buffer, independent of the workspace). */
 int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
+
+/* Runs a gemm.cuh descriptor of fp32 operands on the device's handle (cublasSgemm, or
+ * cublasSgemmStridedBatched for batch > 1). */
+int dt__cuda_gemm(dt_cuda_impl_t *c, const dt_gemm_t *g);
 
 /* Launch geometry, grid-stride loops and block reductions: block.cuh (device code that the
  * kernels' .cuh headers share, also compiled on the host by tests/unit/cuda_emul.h). */

@@ -1,11 +1,7 @@
 /* matmul.cu — the linear layer on the GPU, forward and backward, through cuBLAS (reference:
  * kernels/cpu/matmul.c). PyTorch's nn.Linear convention: weight is (OC, C) and
- * out = inp @ weight^T + bias.
- *
- * cuBLAS is column-major. A row-major (rows, cols) matrix with row stride ld is, read by cuBLAS,
- * the column-major (cols, rows) matrix with leading dimension ld, i.e. its transpose. So every
- * row-major product Y = A B is issued as the column-major Y^T = B^T A^T, with the operands
- * swapped; each call below spells out the view it uses.
+ * out = inp @ weight^T + bias. The GEMMs' column-major views are gemm.cuh's (built there, run
+ * here by dt__cuda_gemm, which attention.cu uses too).
  *
  * Invariants: the handle does plain fp32 math (no TF32); beta = 0 never reads the output (so
  * it may hold garbage); only the first OC columns of an (N, ldo) output are written; cuBLAS's
@@ -14,6 +10,25 @@
 
 #include "cuda_impl.h"
 #include "matmul.cuh"
+
+static cublasOperation_t gemm_op(int t)
+{
+  return t ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+int dt__cuda_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g)
+{
+  const float *A = (const float *)g->A.p, *B = (const float *)g->B.p;
+  float *C = (float *)g->C;
+  if (g->batch == 1)
+    DT_CUBLAS_CHECK(cublasSgemm(cu->blas, gemm_op(g->ta), gemm_op(g->tb), g->m, g->n, g->k,
+                                &g->alpha, A, g->A.ld, B, g->B.ld, &g->beta, C, g->ldc));
+  else
+    DT_CUBLAS_CHECK(cublasSgemmStridedBatched(cu->blas, gemm_op(g->ta), gemm_op(g->tb), g->m, g->n,
+                                              g->k, &g->alpha, A, g->A.ld, g->A.stride, B, g->B.ld,
+                                              g->B.stride, &g->beta, C, g->ldc, g->sC, g->batch));
+  return 0;
+}
 
 /* Seeds each output row with the bias (when there is one) and sets *beta so that the GEMM
  * accumulates onto it, as the CPU does; without a bias *beta stays 0. */
@@ -38,13 +53,8 @@ int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
     return 0;
   float beta = 0.0f;
   DT_CHECK(bias_seed(cu, out, bias, N, OC, ldo, &beta));
-  const float one = 1.0f;
-  /* out^T (OC x N, ld ldo) = weight (OC x C) @ inp^T (C x N).
-   * weight row-major (OC, C) is column-major (C x OC, ld C): op T gives (OC x C).
-   * inp row-major (N, C) is column-major (C x N, ld C): op N. */
-  DT_CUBLAS_CHECK(cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C,
-                              &beta, out, ldo));
-  return 0;
+  const dt_gemm_t g = gemm_linear_forward(out, inp, weight, N, C, OC, ldo, beta);
+  return dt__cuda_gemm(cu, &g);
 }
 
 /* dbias (OC) += dout^T @ ones: dout as column-major (OC x N, ld ldd), op N, times N ones. */
@@ -64,23 +74,14 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
                              int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  const float one = 1.0f, zero = 0.0f;
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
   if (dinp) {
-    /* dinp (N, C) = dout (N, OC) @ weight (OC, C), as
-     * dinp^T (C x N, ld C) = weight^T (C x OC) @ dout^T (OC x N).
-     * weight row-major is column-major (C x OC, ld C) = weight^T: op N.
-     * dout row-major (N, ldd) is column-major (OC x N, ld ldd) = dout^T: op N. */
-    DT_CUBLAS_CHECK(cublasSgemm(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout,
-                                ldd, &zero, dinp, C));
+    const dt_gemm_t g = gemm_linear_dinp(dinp, dout, weight, N, C, OC, ldd);
+    DT_CHECK(dt__cuda_gemm(cu, &g));
   }
-  /* dweight (OC, C) += dout^T (OC x N) @ inp (N x C), as
-   * dweight^T (C x OC, ld C) += inp^T (C x N) @ dout (N x OC).
-   * inp row-major is column-major (C x N, ld C) = inp^T: op N.
-   * dout is column-major (OC x N, ld ldd): op T gives (N x OC). */
-  DT_CUBLAS_CHECK(cublasSgemm(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, ldd,
-                              &one, dweight, C));
+  const dt_gemm_t g = gemm_linear_dweight(dweight, dout, inp, N, C, OC, ldd);
+  DT_CHECK(dt__cuda_gemm(cu, &g));
   return dbias ? bias_backward(cu, dbias, dout, N, OC, ldd) : 0;
 }
 
@@ -115,15 +116,12 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
   return 0;
 }
 
-/* The column-major product C (m x n, ld ldc, fp32) = alpha op(A) op(B) + beta C of bf16
- * operands, accumulated in fp32. */
-static int gemm_bf16(dt_cuda_impl_t *cu, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                     int k, const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb,
-                     float beta, float *C, int ldc)
+/* A gemm.cuh descriptor over bf16 operands (one product), accumulated in fp32 into fp32 C. */
+static int gemm_bf16(dt_cuda_impl_t *cu, const dt_gemm_t *g)
 {
-  const float one = 1.0f;
-  DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF,
-                               ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+  DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(g->ta), gemm_op(g->tb), g->m, g->n, g->k,
+                               &g->alpha, g->A.p, CUDA_R_16BF, g->A.ld, g->B.p, CUDA_R_16BF,
+                               g->B.ld, &g->beta, g->C, CUDA_R_32F, g->ldc, CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
   return 0;
 }
@@ -140,9 +138,8 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float 
   bf16_operand_t op[2] = {{inp, (size_t)N, (size_t)C, (size_t)C, NULL},
                           {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
   DT_CHECK(bf16_operands(cu, op, 2));
-  /* the views of dt__cuda_matmul_forward */
-  return gemm_bf16(cu, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, op[1].dst, C, op[0].dst, C, beta, out,
-                   ldo);
+  const dt_gemm_t g = gemm_linear_forward(out, op[0].dst, op[1].dst, N, C, OC, ldo, beta);
+  return gemm_bf16(cu, &g);
 }
 
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -158,10 +155,11 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
                           {inp, (size_t)N, (size_t)C, (size_t)C, NULL},
                           {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
   DT_CHECK(bf16_operands(cu, op, dinp ? 3 : 2));
-  /* the views of dt__cuda_matmul_backward, with dout now contiguous (ld OC) */
-  if (dinp)
-    DT_CHECK(gemm_bf16(cu, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, op[2].dst, C, op[0].dst, OC, 0.0f,
-                       dinp, C));
-  return gemm_bf16(cu, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, op[1].dst, C, op[0].dst, OC, 1.0f,
-                   dweight, C);
+  /* dout's copy is contiguous (ld OC) */
+  if (dinp) {
+    const dt_gemm_t g = gemm_linear_dinp(dinp, op[0].dst, op[2].dst, N, C, OC, OC);
+    DT_CHECK(gemm_bf16(cu, &g));
+  }
+  const dt_gemm_t g = gemm_linear_dweight(dweight, op[0].dst, op[1].dst, N, C, OC, OC);
+  return gemm_bf16(cu, &g);
 }

@@ -3,8 +3,9 @@
  * and bf16 copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
  * the CPU kernels (kernels/cpu/) or, where the CPU has no kernel of its own, a plain reference:
  * on machines without a GPU, so that every CI run executes the GPU code, not only compiles it.
- * (The flash kernels are test_flash_emul's; everything through cuBLAS runs only on a GPU, in
- * test_cuda.)
+ * (The flash kernels are test_flash_emul's.) What cuBLAS runs is checked as gemm.cuh's
+ * descriptors, the column-major views matmul.cu and attention.cu issue, through a reference
+ * GEMM; cuBLAS itself runs only on a GPU, in test_cuda.
  *
  * The launches mirror the .cu files' (grids, block sizes, the layernorm chunking from
  * layernorm.cuh). Shapes are small, since each CUDA thread is an OS thread here, but every
@@ -16,6 +17,7 @@
  * tanhf here is glibc's on both sides. */
 #include <check.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -30,6 +32,7 @@ extern "C" {
 #include "device.cuh"
 #include "encoder.cuh"
 #include "gelu.cuh"
+#include "gemm.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
 #include "norm.cuh"
@@ -303,6 +306,120 @@ START_TEST(test_residual_layernorm)
 }
 END_TEST
 
+/* ---- The products cuBLAS runs (gemm.cuh's descriptors, as matmul.cu and attention.cu issue
+ * them), through a reference column-major GEMM: what cuBLAS computes for a descriptor, per its
+ * documented semantics. beta = 0 never reads C, and nothing outside the m x n blocks is written,
+ * so the NaN and sentinel fills below stay where they are or the check fails. */
+
+static void ref_gemm(const dt_gemm_t &g)
+{
+  for (int t = 0; t < g.batch; t++) {
+    const float *A = (const float *)g.A.p + t * g.A.stride;
+    const float *B = (const float *)g.B.p + t * g.B.stride;
+    float *C = (float *)g.C + t * g.sC;
+    for (int j = 0; j < g.n; j++)
+      for (int i = 0; i < g.m; i++) {
+        double acc = 0.0;
+        for (int p = 0; p < g.k; p++) {
+          const double a = g.ta ? A[p + (size_t)i * g.A.ld] : A[i + (size_t)p * g.A.ld];
+          const double b = g.tb ? B[j + (size_t)p * g.B.ld] : B[p + (size_t)j * g.B.ld];
+          acc += a * b;
+        }
+        float &c = C[i + (size_t)j * g.ldc];
+        c = (float)(g.alpha * acc + (g.beta != 0.0f ? (double)g.beta * c : 0.0));
+      }
+  }
+}
+
+/* The linear layer as matmul.cu runs it (bias seed, then the GEMM onto it; dinp written,
+ * dweight accumulated), against the CPU's, with padded output rows (ldo, ldd > OC) and with
+ * the contiguous dout of the bf16 path (ldd = OC). */
+static void check_linear(int N, int C, int OC, int ld, bool bias)
+{
+  const float pad = 7.25f;
+  const std::vector<float> inp = randn((size_t)N * C), w = randn((size_t)OC * C), b = randn(OC),
+                           dout = randn((size_t)N * ld), dw0 = randn((size_t)OC * C);
+  std::vector<float> out_h((size_t)N * ld, pad), out_g((size_t)N * ld, pad);
+  for (int r = 0; r < N; r++)
+    for (int o = 0; o < OC; o++)
+      out_g[(size_t)r * ld + o] = NAN; /* beta = 0 must not read it */
+  dt_cpu_matmul_forward(out_h.data(), inp.data(), w.data(), bias ? b.data() : NULL, N, C, OC, ld);
+  float beta = 0.0f;
+  if (bias) {
+    const size_t total = (size_t)N * OC;
+    launch_elementwise(total, [&] { bias_fill_kernel(out_g.data(), b.data(), OC, ld, total); });
+    beta = 1.0f;
+  }
+  ref_gemm(gemm_linear_forward(out_g.data(), inp.data(), w.data(), N, C, OC, ld, beta));
+  expect_close("linear forward", out_g, out_h);
+
+  std::vector<float> dinp_h((size_t)N * C), dinp_g((size_t)N * C, NAN), dw_h = dw0, dw_g = dw0;
+  dt_cpu_matmul_backward(dinp_h.data(), dw_h.data(), NULL, dout.data(), inp.data(), w.data(), N, C,
+                         OC, ld);
+  ref_gemm(gemm_linear_dinp(dinp_g.data(), dout.data(), w.data(), N, C, OC, ld));
+  ref_gemm(gemm_linear_dweight(dw_g.data(), dout.data(), inp.data(), N, C, OC, ld));
+  expect_close("linear backward dinp", dinp_g, dinp_h);
+  expect_close("linear backward dweight (+=)", dw_g, dw_h);
+}
+
+/* The materialised attention as attention.cu runs it: per batch element the batched products,
+ * the emulated softmax kernels between them; against the CPU's out, att and dqkv. q0 > 0 is
+ * context parallelism's chunk, whose backward accumulates. */
+static void check_attention(int B, int Tq, int q0, int Tall, int C, int NH)
+{
+  const int Tk = q0 + Tq;
+  const dt_att_shape_t s = {B, Tq, q0, Tall, C, NH};
+  const size_t natt = (size_t)B * NH * Tq * Tk, nqkv = (size_t)B * Tall * 3 * C;
+  const std::vector<float> qkv = randn(nqkv), dout = randn((size_t)B * Tq * C);
+  std::vector<float> out_h((size_t)B * Tq * C), att_h(natt), out_g(out_h.size(), NAN),
+      att_g(natt, NAN);
+  dt_cpu_attention_forward_cp(out_h.data(), att_h.data(), qkv.data(), B, Tq, q0, Tall, C, NH);
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  for (int b = 0; b < B; b++)
+    ref_gemm(gemm_att_scores(s, b, att_g.data(), qkv.data(), scale));
+  launch(dim3(B * NH * Tq), ATT_THREADS, 0,
+         [&] { causal_softmax_kernel(att_g.data(), Tq, Tk, q0); });
+  for (int b = 0; b < B; b++)
+    ref_gemm(gemm_att_out(s, b, out_g.data(), att_g.data(), qkv.data()));
+  expect_close("attention forward att", att_g, att_h);
+  expect_close("attention forward out", out_g, out_h);
+
+  /* backward from the CPU's probabilities; q0 > 0 accumulates (beta 1) onto dqkv */
+  const float beta = q0 > 0 ? 1.0f : 0.0f;
+  const std::vector<float> dqkv0 = q0 > 0 ? randn(nqkv) : std::vector<float>(nqkv, 0.0f);
+  std::vector<float> dqkv_h = dqkv0, dqkv_g = dqkv0, scratch_h(natt), scratch_g(natt, NAN);
+  if (q0 > 0) {
+    dt_cpu_attention_backward_cp(dqkv_h.data(), scratch_h.data(), dout.data(), qkv.data(),
+                                 att_h.data(), B, Tq, q0, Tall, C, NH);
+  } else {
+    dt_cpu_attention_backward(dqkv_h.data(), scratch_h.data(), dout.data(), qkv.data(),
+                              att_h.data(), B, Tq, C, NH);
+    std::fill(dqkv_g.begin(), dqkv_g.end(), NAN); /* written, never read */
+  }
+  for (int b = 0; b < B; b++) {
+    ref_gemm(gemm_att_dA(s, b, scratch_g.data(), dout.data(), qkv.data()));
+    ref_gemm(gemm_att_dv(s, b, dqkv_g.data(), att_h.data(), dout.data(), beta));
+  }
+  launch(dim3(B * NH * Tq), ATT_THREADS, 0, [&] {
+    causal_softmax_backward_kernel(scratch_g.data(), att_h.data(), Tq, Tk, q0, scale);
+  });
+  for (int b = 0; b < B; b++) {
+    ref_gemm(gemm_att_dq(s, b, dqkv_g.data(), scratch_g.data(), qkv.data(), beta));
+    ref_gemm(gemm_att_dk(s, b, dqkv_g.data(), scratch_g.data(), qkv.data(), beta));
+  }
+  expect_close("attention backward dqkv", dqkv_g, dqkv_h);
+}
+
+START_TEST(test_gemm_views)
+{
+  dt_rng_seed(&g_rng, 88);
+  check_linear(5, 7, 6, 9, true);     /* padded rows, with a bias */
+  check_linear(4, 3, 11, 11, false);  /* contiguous (the bf16 copies), no bias */
+  check_attention(2, 6, 0, 6, 12, 3); /* the plain entries */
+  check_attention(2, 3, 4, 8, 8, 2);  /* a context-parallel chunk: keys [0, 7) of 8 */
+}
+END_TEST
+
 /* Three steps with weight decay and a gradient scale, from the same state: bit-identical to the
  * CPU reference (adamw.cu's claim), the scalars derived by adamw_scalars as the launcher does. */
 START_TEST(test_adamw)
@@ -395,6 +512,7 @@ int main(void)
   tcase_add_test(tc, test_causal_softmax);
   tcase_add_test(tc, test_gelu_residual);
   tcase_add_test(tc, test_residual_layernorm);
+  tcase_add_test(tc, test_gemm_views);
   tcase_add_test(tc, test_adamw);
   tcase_add_test(tc, test_matmul_and_device_kernels);
   tcase_add_test(tc, test_sum_squares);

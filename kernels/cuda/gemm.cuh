@@ -1,0 +1,178 @@
+/* gemm.cuh — every GEMM the CUDA backend hands to cuBLAS, as data: the column-major product
+ * each layer issues (matmul.cu: the linear layer; attention.cu: the materialised attention's
+ * per-head products), built here and run there by cublasSgemm / cublasSgemmStridedBatched /
+ * cublasGemmEx. Plain host code, so that tests/unit/test_cuda_emul.cc runs the same
+ * descriptors through a reference column-major GEMM against the CPU kernels: the views,
+ * leading dimensions and batch strides below are where a GPU GEMM goes wrong, and this way
+ * they are checked on machines without a GPU.
+ *
+ * cuBLAS is column-major. A row-major (rows, cols) matrix with row stride ld is, read by cuBLAS,
+ * the column-major (cols, rows) matrix with leading dimension ld, i.e. its transpose. So every
+ * row-major product Y = A B is issued as the column-major Y^T = B^T A^T, with the operands
+ * swapped; each builder spells out the view it uses. Pointers are untyped and dimensions count
+ * elements, so the bf16 path issues the same descriptors over its bf16 copies. */
+#ifndef DT_KERNELS_CUDA_GEMM_CUH
+#define DT_KERNELS_CUDA_GEMM_CUH
+
+#include <stddef.h>
+
+/* An operand: its first element, leading dimension, and the distance to the next product's. */
+typedef struct {
+  const void *p;
+  int ld;
+  long long stride;
+} dt_gemm_mat_t;
+
+/* C (m x n, ld ldc) = alpha op(A) op(B) + beta C, column-major, for each of batch products. */
+typedef struct {
+  int ta, tb; /* 1: op is the transpose */
+  int m, n, k;
+  float alpha, beta;
+  dt_gemm_mat_t A, B;
+  void *C;
+  int ldc;
+  long long sC;
+  int batch;
+} dt_gemm_t;
+
+static inline dt_gemm_mat_t gemm_mat(const void *p, int ld, long long stride)
+{
+  dt_gemm_mat_t x = {p, ld, stride};
+  return x;
+}
+
+static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alpha, dt_gemm_mat_t A,
+                                  dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
+                                  int batch)
+{
+  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch};
+  return g;
+}
+
+/* ---- The linear layer: weight (OC, C), out = inp @ weight^T (+ bias, seeded by the caller) -- */
+
+/* out^T (OC x N, ld ldo) = weight (OC x C) @ inp^T (C x N).
+ * weight row-major (OC, C) is column-major (C x OC, ld C): op T gives (OC x C).
+ * inp row-major (N, C) is column-major (C x N, ld C): op N. */
+static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const void *weight, int N,
+                                            int C, int OC, int ldo, float beta)
+{
+  return gemm_make(1, 0, OC, N, C, 1.0f, gemm_mat(weight, C, 0), gemm_mat(inp, C, 0), beta, out,
+                   ldo, 0, 1);
+}
+
+/* dinp (N, C) = dout (N, OC) @ weight (OC, C), as dinp^T (C x N, ld C) = weight^T @ dout^T.
+ * weight row-major is column-major (C x OC, ld C) = weight^T: op N.
+ * dout row-major (N, ldd) is column-major (OC x N, ld ldd) = dout^T: op N. */
+static inline dt_gemm_t gemm_linear_dinp(void *dinp, const void *dout, const void *weight, int N,
+                                         int C, int OC, int ldd)
+{
+  return gemm_make(0, 0, C, N, OC, 1.0f, gemm_mat(weight, C, 0), gemm_mat(dout, ldd, 0), 0.0f, dinp,
+                   C, 0, 1);
+}
+
+/* dweight (OC, C) += dout^T (OC x N) @ inp (N x C), as dweight^T (C x OC, ld C) += inp^T @ dout.
+ * inp row-major is column-major (C x N, ld C) = inp^T: op N.
+ * dout is column-major (OC x N, ld ldd): op T gives (N x OC). */
+static inline dt_gemm_t gemm_linear_dweight(void *dweight, const void *dout, const void *inp, int N,
+                                            int C, int OC, int ldd)
+{
+  return gemm_make(0, 1, C, OC, N, 1.0f, gemm_mat(inp, C, 0), gemm_mat(dout, ldd, 0), 1.0f, dweight,
+                   C, 0, 1);
+}
+
+/* ---- Attention, per batch element b, batched over the NH heads ------------------------------
+ * Queries at positions [q0, q0 + Tq) of qkv rows (B, Tall, 3C) against the keys [0, Tk),
+ * Tk = q0 + Tq. Head h's q, k and v start at columns h*hs, C + h*hs and 2C + h*hs of the packed
+ * rows (ld 3C, batch stride hs); out / dout rows are (B, Tq, C), head h at column h*hs; att
+ * and dS hold one (Tq, Tk) block per (b, h), in that order. */
+typedef struct {
+  int B, Tq, q0, Tall, C, NH;
+} dt_att_shape_t;
+
+/* Element b's q, k, v, out and att blocks, as offsets in elements. */
+typedef struct {
+  size_t q, k, v, o, a;
+  int hs, Tk, ld3; /* head size, keys, qkv's row stride */
+  long long qk;    /* one head's (Tq, Tk) block */
+} dt_att_view_t;
+
+static inline dt_att_view_t att_view(dt_att_shape_t s, int b)
+{
+  const size_t row = (size_t)b * s.Tall * 3 * s.C;
+  const long long qk = (long long)s.Tq * (s.q0 + s.Tq);
+  dt_att_view_t v = {row + (size_t)s.q0 * 3 * s.C,
+                     row + s.C,
+                     row + 2 * (size_t)s.C,
+                     (size_t)b * s.Tq * s.C,
+                     (size_t)b * s.NH * qk,
+                     s.C / s.NH,
+                     s.q0 + s.Tq,
+                     3 * s.C,
+                     qk};
+  return v;
+}
+
+/* scores (Tq x Tk) = scale * Q K^T into att, as scores^T = scale * K Q^T:
+ * K as stored is column-major (hs x Tk, ld 3C) = K^T, op T gives K (Tk x hs);
+ * Q as stored is Q^T (hs x Tq), op N. */
+static inline dt_gemm_t gemm_att_scores(dt_att_shape_t s, int b, float *att, const float *qkv,
+                                        float scale)
+{
+  const dt_att_view_t v = att_view(s, b);
+  return gemm_make(1, 0, v.Tk, s.Tq, v.hs, scale, gemm_mat(qkv + v.k, v.ld3, v.hs),
+                   gemm_mat(qkv + v.q, v.ld3, v.hs), 0.0f, att + v.a, v.Tk, v.qk, s.NH);
+}
+
+/* out (Tq x hs, ld C) = A V, as out^T (hs x Tq) = V^T A^T:
+ * V as stored is V^T (hs x Tk, ld 3C), op N; A as stored is A^T (Tk x Tq, ld Tk), op N. */
+static inline dt_gemm_t gemm_att_out(dt_att_shape_t s, int b, float *out, const float *att,
+                                     const float *qkv)
+{
+  const dt_att_view_t v = att_view(s, b);
+  return gemm_make(0, 0, v.hs, s.Tq, v.Tk, 1.0f, gemm_mat(qkv + v.v, v.ld3, v.hs),
+                   gemm_mat(att + v.a, v.Tk, v.qk), 0.0f, out + v.o, s.C, v.hs, s.NH);
+}
+
+/* dA (Tq x Tk) = dO V^T into dS, as dA^T = V dO^T:
+ * V as stored is V^T (hs x Tk, ld 3C), op T gives V (Tk x hs);
+ * dO as stored is dO^T (hs x Tq, ld C), op N. */
+static inline dt_gemm_t gemm_att_dA(dt_att_shape_t s, int b, float *dS, const float *dout,
+                                    const float *qkv)
+{
+  const dt_att_view_t v = att_view(s, b);
+  return gemm_make(1, 0, v.Tk, s.Tq, v.hs, 1.0f, gemm_mat(qkv + v.v, v.ld3, v.hs),
+                   gemm_mat(dout + v.o, s.C, v.hs), 0.0f, dS + v.a, v.Tk, v.qk, s.NH);
+}
+
+/* dV (Tk x hs, ld 3C) = A^T dO, as dV^T (hs x Tk) = dO^T A:
+ * dO as stored is dO^T (hs x Tq, ld C), op N; A as stored is A^T (ld Tk), op T gives A. */
+static inline dt_gemm_t gemm_att_dv(dt_att_shape_t s, int b, float *dqkv, const float *att,
+                                    const float *dout, float beta)
+{
+  const dt_att_view_t v = att_view(s, b);
+  return gemm_make(0, 1, v.hs, v.Tk, s.Tq, 1.0f, gemm_mat(dout + v.o, s.C, v.hs),
+                   gemm_mat(att + v.a, v.Tk, v.qk), beta, dqkv + v.v, v.ld3, v.hs, s.NH);
+}
+
+/* dQ (Tq x hs, ld 3C) = dS K, as dQ^T (hs x Tq) = K^T dS^T:
+ * K as stored is K^T (hs x Tk, ld 3C), op N; dS as stored is dS^T (ld Tk), op N. */
+static inline dt_gemm_t gemm_att_dq(dt_att_shape_t s, int b, float *dqkv, const float *dS,
+                                    const float *qkv, float beta)
+{
+  const dt_att_view_t v = att_view(s, b);
+  return gemm_make(0, 0, v.hs, s.Tq, v.Tk, 1.0f, gemm_mat(qkv + v.k, v.ld3, v.hs),
+                   gemm_mat(dS + v.a, v.Tk, v.qk), beta, dqkv + v.q, v.ld3, v.hs, s.NH);
+}
+
+/* dK (Tk x hs, ld 3C) = dS^T Q, as dK^T (hs x Tk) = Q^T dS:
+ * Q as stored is Q^T (hs x Tq, ld 3C), op N; dS as stored is dS^T (ld Tk), op T gives dS. */
+static inline dt_gemm_t gemm_att_dk(dt_att_shape_t s, int b, float *dqkv, const float *dS,
+                                    const float *qkv, float beta)
+{
+  const dt_att_view_t v = att_view(s, b);
+  return gemm_make(0, 1, v.hs, v.Tk, s.Tq, 1.0f, gemm_mat(qkv + v.q, v.ld3, v.hs),
+                   gemm_mat(dS + v.a, v.Tk, v.qk), beta, dqkv + v.k, v.ld3, v.hs, s.NH);
+}
+
+#endif
