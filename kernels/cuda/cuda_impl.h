@@ -49,8 +49,9 @@ int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out);
 /* A device vector of at least n ones (its own buffer, independent of the workspace). */
 int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
 
-/* Runs a gemm.cuh descriptor of fp32 operands on the device's handle (cublasSgemm, or
- * cublasSgemmStridedBatched for batch > 1). */
+/* Runs a gemm.cuh descriptor of fp32 operands on the device's handle: cublasSgemm,
+ * cublasSgemmStridedBatched for batch > 1, cublasSgemv for one column (n = 1, B not
+ * transposed). */
 int dt__cuda_gemm(dt_cuda_impl_t *c, const dt_gemm_t *g);
 
 /* Launch geometry, grid-stride loops and block reductions: block.cuh (device code that the

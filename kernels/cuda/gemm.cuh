@@ -81,6 +81,15 @@ static inline dt_gemm_t gemm_linear_dweight(void *dweight, const void *dout, con
                    C, 0, 1);
 }
 
+/* dbias (OC) += dout^T (OC x N) @ ones (N): dout as column-major (OC x N, ld ldd), op N, times
+ * a column of N ones (n = 1: dt__cuda_gemm runs it as a GEMV). */
+static inline dt_gemm_t gemm_linear_dbias(void *dbias, const void *dout, const void *ones, int N,
+                                          int OC, int ldd)
+{
+  return gemm_make(0, 0, OC, 1, N, 1.0f, gemm_mat(dout, ldd, 0), gemm_mat(ones, N, 0), 1.0f, dbias,
+                   OC, 0, 1);
+}
+
 /* ---- Attention, per batch element b, batched over the NH heads ------------------------------
  * Queries at positions [q0, q0 + Tq) of qkv rows (B, Tall, 3C) against the keys [0, Tk),
  * Tk = q0 + Tq. Head h's q, k and v start at columns h*hs, C + h*hs and 2C + h*hs of the packed

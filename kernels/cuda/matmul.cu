@@ -20,7 +20,10 @@ int dt__cuda_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g)
 {
   const float *A = (const float *)g->A.p, *B = (const float *)g->B.p;
   float *C = (float *)g->C;
-  if (g->batch == 1)
+  if (g->batch == 1 && g->n == 1 && !g->tb) /* a matrix-vector product: op(A) times B's column */
+    DT_CUBLAS_CHECK(cublasSgemv(cu->blas, gemm_op(g->ta), g->ta ? g->k : g->m, g->ta ? g->m : g->k,
+                                &g->alpha, A, g->A.ld, B, 1, &g->beta, C, 1));
+  else if (g->batch == 1)
     DT_CUBLAS_CHECK(cublasSgemm(cu->blas, gemm_op(g->ta), gemm_op(g->tb), g->m, g->n, g->k,
                                 &g->alpha, A, g->A.ld, B, g->B.ld, &g->beta, C, g->ldc));
   else
@@ -57,16 +60,13 @@ int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
   return dt__cuda_gemm(cu, &g);
 }
 
-/* dbias (OC) += dout^T @ ones: dout as column-major (OC x N, ld ldd), op N, times N ones. */
 static int bias_backward(dt_cuda_impl_t *cu, float *dbias, const float *dout, int N, int OC,
                          int ldd)
 {
-  const float one = 1.0f;
   const float *ones = NULL;
   DT_CHECK(dt__cuda_ones(cu, (size_t)N, &ones));
-  DT_CUBLAS_CHECK(
-      cublasSgemv(cu->blas, CUBLAS_OP_N, OC, N, &one, dout, ldd, ones, 1, &one, dbias, 1));
-  return 0;
+  const dt_gemm_t g = gemm_linear_dbias(dbias, dout, ones, N, OC, ldd);
+  return dt__cuda_gemm(cu, &g);
 }
 
 int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,

@@ -332,8 +332,8 @@ static void ref_gemm(const dt_gemm_t &g)
 }
 
 /* The linear layer as matmul.cu runs it (bias seed, then the GEMM onto it; dinp written,
- * dweight accumulated), against the CPU's, with padded output rows (ldo, ldd > OC) and with
- * the contiguous dout of the bf16 path (ldd = OC). */
+ * dweight and dbias accumulated), against the CPU's, with padded output rows (ldo, ldd > OC) and
+ * with the contiguous dout of the bf16 path (ldd = OC). */
 static void check_linear(int N, int C, int OC, int ld, bool bias)
 {
   const float pad = 7.25f;
@@ -353,13 +353,17 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
   ref_gemm(gemm_linear_forward(out_g.data(), inp.data(), w.data(), N, C, OC, ld, beta));
   expect_close("linear forward", out_g, out_h);
 
-  std::vector<float> dinp_h((size_t)N * C), dinp_g((size_t)N * C, NAN), dw_h = dw0, dw_g = dw0;
-  dt_cpu_matmul_backward(dinp_h.data(), dw_h.data(), NULL, dout.data(), inp.data(), w.data(), N, C,
-                         OC, ld);
+  const std::vector<float> db0 = randn(OC), ones(N, 1.0f);
+  std::vector<float> dinp_h((size_t)N * C), dinp_g((size_t)N * C, NAN), dw_h = dw0, dw_g = dw0,
+                                                                        db_h = db0, db_g = db0;
+  dt_cpu_matmul_backward(dinp_h.data(), dw_h.data(), db_h.data(), dout.data(), inp.data(), w.data(),
+                         N, C, OC, ld);
   ref_gemm(gemm_linear_dinp(dinp_g.data(), dout.data(), w.data(), N, C, OC, ld));
   ref_gemm(gemm_linear_dweight(dw_g.data(), dout.data(), inp.data(), N, C, OC, ld));
+  ref_gemm(gemm_linear_dbias(db_g.data(), dout.data(), ones.data(), N, OC, ld));
   expect_close("linear backward dinp", dinp_g, dinp_h);
   expect_close("linear backward dweight (+=)", dw_g, dw_h);
+  expect_close("linear backward dbias (+=)", db_g, db_h);
 }
 
 /* The materialised attention as attention.cu runs it: per batch element the batched products,
