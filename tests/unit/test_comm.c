@@ -1207,6 +1207,19 @@ START_TEST(test_invalid_arguments)
   ck_assert_int_eq(dt_comm_init(&comm, "carrier-pigeon", &kv, "p", 0, 1, 1000), DT_ENOTSUP);
   ck_assert(dt_comm_has_backend("cpu") && !dt_comm_has_backend("carrier-pigeon") &&
             !dt_comm_has_backend(NULL));
+  /* The backend's switches take 0 or 1 (or unset): a typo is refused, not taken for 0. */
+  static const char *const switches[] = {"DISTRAIN_COMM_CPU_IDLE_IO",
+                                         "DISTRAIN_COMM_CPU_GLOO_ALLREDUCE"};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(switches); i++) {
+    setenv(switches[i], "yes", 1);
+    ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", 0, 1, 1000), DT_EINVAL);
+    ck_assert_ptr_null(comm);
+    setenv(switches[i], "", 1);
+    ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", 0, 1, 1000), 0);
+    dt_comm_destroy(comm);
+    comm = NULL;
+    unsetenv(switches[i]);
+  }
   ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "p", 0, 1, 1000), 0);
   float x = 1;
   ck_assert_int_eq(dt_comm_all_reduce(comm, NULL, 4, DT_COMM_SUM), DT_EINVAL);

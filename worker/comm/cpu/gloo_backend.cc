@@ -134,6 +134,7 @@ struct Gloo {
   int rank = 0, world = 1;
   ms timeout{0};
   bool gloo_allreduce = false;
+  bool idle_io = false; /* Gloo's event-loop thread in the idle class (pinned_to_one_cpu) */
   std::shared_ptr<gloo::transport::Device> dev; /* shared with split children */
   std::shared_ptr<gloo::transport::Context> tctx;
   std::shared_ptr<MeshContext> ctx;
@@ -405,16 +406,25 @@ std::string interfaces_with_address(const char *iface, bool *has_iface)
   return out;
 }
 
-bool env_flag(const char *name)
+/* A 0/1 switch from the environment: *on set when name is 0 or 1 and left alone when it is unset
+ * or empty (0 either way); DT_EINVAL, logged, for anything else, so that a typo ("true", "yes")
+ * is refused instead of passing for 0. */
+int env_switch(const char *name, bool *on)
 {
   const char *v = getenv(name);
-  int64_t x = 0;
-  return v && dt_parse_i64(v, &x) == 0 && x != 0;
+  if (!v || !*v)
+    return 0;
+  if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
+    *on = v[0] == '1';
+    return 0;
+  }
+  DT_ERROR(COMM, "comm: %s=%s: expected 0 or 1, or unset", name, v);
+  return DT_EINVAL;
 }
 
 /* Whether Gloo's event-loop thread (the device's, which does all socket I/O) runs in the idle
- * scheduling class: DISTRAIN_COMM_CPU_IDLE_IO=1|0, else when this process may run on one CPU
- * only.
+ * scheduling class (Gloo::idle_io): DISTRAIN_COMM_CPU_IDLE_IO=1|0, else when this process may
+ * run on one CPU only.
  *
  * Why. When that thread wakes while the operation thread holds a pair's lock (posting a send
  * writes it to the socket under the lock), its handler's try_lock fails and returns, and epoll,
@@ -426,11 +436,8 @@ bool env_flag(const char *name)
  * whenever they wait, which is when they need it. With several CPUs it usually has one to run
  * on beside them, and an idle-class thread could starve behind busy compute threads (BLAS
  * threads on every core), so there it stays a normal thread unless told otherwise. */
-bool io_thread_idle()
+bool pinned_to_one_cpu()
 {
-  const char *v = getenv("DISTRAIN_COMM_CPU_IDLE_IO");
-  if (v && *v)
-    return env_flag("DISTRAIN_COMM_CPU_IDLE_IO");
   cpu_set_t cpus;
   return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) == 1;
 }
@@ -492,7 +499,7 @@ int make_device(const Gloo *g, std::shared_ptr<gloo::transport::Device> *out)
            "' (set DISTRAIN_COMM_IFACE or DISTRAIN_COMM_HOST to choose an address)";
   }
   try {
-    *out = create_device(attr, io_thread_idle());
+    *out = create_device(attr, g->idle_io);
     return 0;
   } catch (const std::exception &e) {
     DT_ERROR(COMM, "comm %s rank %d/%d: no address to listen on from %s: %s", g->prefix.c_str(),
@@ -642,10 +649,17 @@ int gloo_init(void **impl, const dt_kv_t *kv, const char *prefix, int rank, int 
     g->world = world;
     g->timeout = ms(timeout_ms);
     g->parent = static_cast<const Gloo *>(share);
-    g->gloo_allreduce = env_flag("DISTRAIN_COMM_CPU_GLOO_ALLREDUCE");
+    g->idle_io = pinned_to_one_cpu();
   } catch (...) {
     delete g;
     return DT_ENOMEM;
+  }
+  int erc = env_switch("DISTRAIN_COMM_CPU_GLOO_ALLREDUCE", &g->gloo_allreduce);
+  if (erc == 0)
+    erc = env_switch("DISTRAIN_COMM_CPU_IDLE_IO", &g->idle_io);
+  if (erc < 0) {
+    delete g;
+    return erc;
   }
   double deadline_ms = dt_now_ms() + timeout_ms;
   ignore_sigpipe();
