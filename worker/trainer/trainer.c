@@ -937,9 +937,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
           cfg->layers, cfg->heads, cfg->channels, cfg->vocab, cfg->padded_vocab, cfg->max_seq,
           t->model.global_params, t->dev->name, omp_get_max_threads(),
           t->model.bf16 ? "bf16 linear layers (fp32 accumulation and master weights)" : "fp32",
-          !t->model.flash ? "materialized fp32"
-          : t->model.bf16 ? "bf16 flash"
-                          : "flash");
+          t->model.flash ? (t->model.bf16 ? "bf16 flash" : "flash")
+                         : (t->model.bf16 ? "materialized fp32" : "materialized"));
   if (world > 1)
     dt_plan_log(&t->plan, cfg);
   if (t->pp > 1)
