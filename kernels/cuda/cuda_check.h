@@ -1,4 +1,4 @@
-/* cuda_check.h — check macros that turn CUDA runtime and cuBLAS failures into DT_ECUDA.
+/* cuda_check.h — check macros that turn CUDA runtime, cuBLAS and cuBLASLt failures into DT_ECUDA.
  *
  * Each macro evaluates its call once; on failure it logs an ERROR line (subsystem "kernel") with
  * the call's text, the library's error name and message, and the source file:line (the log
@@ -6,13 +6,14 @@
  * returns DT_ECUDA from the enclosing int function or stores it in ret and jumps to label:
  *   DT_CUDA_CHECK(call)                   call returns cudaError_t
  *   DT_CUDA_CHECK_GOTO(call, ret, label)
- *   DT_CUBLAS_CHECK(call)                 call returns cublasStatus_t
+ *   DT_CUBLAS_CHECK(call)                 call returns cublasStatus_t (cuBLAS and cuBLASLt)
  *   DT_CUBLAS_CHECK_GOTO(call, ret, label)
  * After a kernel launch, check the launch itself with DT_CUDA_CHECK(cudaGetLastError()).
  * Included from .cu files only (C++), so the C headers are wrapped in extern "C". */
 #ifndef DT_KERNELS_CUDA_CHECK_H
 #define DT_KERNELS_CUDA_CHECK_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

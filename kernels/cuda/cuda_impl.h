@@ -30,7 +30,10 @@ typedef struct dt_cuda_impl {
   int ordinal;
   cudaStream_t stream; /* every kernel, memset, copy and cuBLAS call of this device */
   cublasHandle_t blas; /* bound to stream, CUBLAS_DEFAULT_MATH (no TF32) */
-  void *ws;            /* scratch for partial sums; grows, never shrinks */
+  cublasLtHandle_t lt; /* the linear layer's GEMMs (matmul.cu), issued on stream */
+  void *lt_ws;         /* cuBLASLt's workspace, fixed at create (only ever used on stream) */
+  size_t lt_ws_bytes;
+  void *ws; /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
   float *ones; /* ones_n floats equal to 1.0f (column sums through GEMV) */
   size_t ones_n;
@@ -51,8 +54,12 @@ int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
 
 /* Runs a gemm.cuh descriptor of fp32 operands on the device's handle: cublasSgemm,
  * cublasSgemmStridedBatched for batch > 1, cublasSgemv for one column (n = 1, B not
- * transposed). */
+ * transposed). No bias epilogue (that is dt__cuda_gemm_lt's). */
 int dt__cuda_gemm(dt_cuda_impl_t *c, const dt_gemm_t *g);
+/* Runs a batch-1 descriptor through cuBLASLt (gemm_lt.h builds its form: A and B of type ab,
+ * CUDA_R_32F or CUDA_R_16BF, C fp32, fp32 accumulation, the bias epilogue when g->bias is set),
+ * with the algorithm cuBLASLt's heuristic ranks first. */
+int dt__cuda_gemm_lt(dt_cuda_impl_t *c, const dt_gemm_t *g, cudaDataType_t ab);
 
 /* Launch geometry, grid-stride loops and block reductions: block.cuh (device code that the
  * kernels' .cuh headers share, also compiled on the host by tests/unit/cuda_emul.h). */

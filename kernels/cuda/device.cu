@@ -1,5 +1,5 @@
-/* device.cu — the CUDA device (kernels/device.h): memory, copies, the stream, the cuBLAS
- * handle and the kernels' scratch buffers.
+/* device.cu — the CUDA device (kernels/device.h): memory, copies, the stream, the cuBLAS and
+ * cuBLASLt handles and the kernels' scratch buffers.
  *
  * Invariants:
  * - One non-blocking stream per device carries all of its work; cuBLAS is bound to it. Events
@@ -278,6 +278,10 @@ static void impl_free(dt_cuda_impl_t *c)
     (void)cudaFree(c->ws);
   if (c->ones)
     (void)cudaFree(c->ones);
+  if (c->lt_ws)
+    (void)cudaFree(c->lt_ws);
+  if (c->lt)
+    (void)cublasLtDestroy(c->lt);
   if (c->blas)
     (void)cublasDestroy(c->blas);
   if (c->stream)
@@ -304,6 +308,17 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   /* Plain fp32 arithmetic: no TF32 tensor cores and no BF16x9 emulation, so that GEMMs agree
    * with the CPU reference to fp32 rounding. */
   DT_CUBLAS_CHECK_GOTO(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), rc, fail);
+  DT_CUBLAS_CHECK_GOTO(cublasLtCreate(&c->lt), rc, fail);
+  {
+    /* cuBLAS's advice for cuBLASLt's workspace: 32 MiB on Hopper and later, 4 MiB before. */
+    int major = 0;
+    DT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
+                       rc, fail);
+    c->lt_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    rc = cuda_alloc(&c->dev, c->lt_ws_bytes, "cuBLASLt's workspace", &c->lt_ws);
+    if (rc < 0)
+      goto fail;
+  }
 
   c->dev.name = c->name;
   c->dev.comm_backend = "nccl";

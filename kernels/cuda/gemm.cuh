@@ -1,10 +1,10 @@
 /* gemm.cuh — every GEMM the CUDA backend hands to cuBLAS, as data: the column-major product
- * each layer issues (matmul.cu: the linear layer; attention.cu: the materialised attention's
- * per-head products), built here and run there by cublasSgemm / cublasSgemmStridedBatched /
- * cublasGemmEx. Plain host code, so that tests/unit/test_cuda_emul.cc runs the same
- * descriptors through a reference column-major GEMM against the CPU kernels: the views,
- * leading dimensions and batch strides below are where a GPU GEMM goes wrong, and this way
- * they are checked on machines without a GPU.
+ * each layer issues (matmul.cu: the linear layer, run by cuBLASLt with its bias epilogue;
+ * attention.cu: the materialised attention's per-head products, run by
+ * cublasSgemmStridedBatched), built here and run there. Plain host code, so that
+ * tests/unit/test_cuda_emul.cc runs the same descriptors through a reference column-major GEMM
+ * against the CPU kernels: the views, leading dimensions and batch strides below are where a GPU
+ * GEMM goes wrong, and this way they are checked on machines without a GPU.
  *
  * cuBLAS is column-major. A row-major (rows, cols) matrix with row stride ld is, read by cuBLAS,
  * the column-major (cols, rows) matrix with leading dimension ld, i.e. its transpose. So every
@@ -23,7 +23,9 @@ typedef struct {
   long long stride;
 } dt_gemm_mat_t;
 
-/* C (m x n, ld ldc) = alpha op(A) op(B) + beta C, column-major, for each of batch products. */
+/* C (m x n, ld ldc) = alpha op(A) op(B) + beta C (+ bias), column-major, for each of batch
+ * products. bias (fp32, m values, or NULL): cuBLASLt's BIAS epilogue, bias[i] added to every
+ * element of row i after the product (only the linear layer's forward, batch 1, sets it). */
 typedef struct {
   int ta, tb; /* 1: op is the transpose */
   int m, n, k;
@@ -33,6 +35,7 @@ typedef struct {
   int ldc;
   long long sC;
   int batch;
+  const float *bias;
 } dt_gemm_t;
 
 static inline dt_gemm_mat_t gemm_mat(const void *p, int ld, long long stride)
@@ -45,20 +48,22 @@ static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alp
                                   dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
                                   int batch)
 {
-  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch};
+  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL};
   return g;
 }
 
-/* ---- The linear layer: weight (OC, C), out = inp @ weight^T (+ bias, seeded by the caller) -- */
+/* ---- The linear layer: weight (OC, C), out = inp @ weight^T + bias ------------------------- */
 
-/* out^T (OC x N, ld ldo) = weight (OC x C) @ inp^T (C x N).
+/* out^T (OC x N, ld ldo) = weight (OC x C) @ inp^T (C x N) + bias (OC, one per row of out^T).
  * weight row-major (OC, C) is column-major (C x OC, ld C): op T gives (OC x C).
  * inp row-major (N, C) is column-major (C x N, ld C): op N. */
-static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const void *weight, int N,
-                                            int C, int OC, int ldo, float beta)
+static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const void *weight,
+                                            const float *bias, int N, int C, int OC, int ldo)
 {
-  return gemm_make(1, 0, OC, N, C, 1.0f, gemm_mat(weight, C, 0), gemm_mat(inp, C, 0), beta, out,
-                   ldo, 0, 1);
+  dt_gemm_t g = gemm_make(1, 0, OC, N, C, 1.0f, gemm_mat(weight, C, 0), gemm_mat(inp, C, 0), 0.0f,
+                          out, ldo, 0, 1);
+  g.bias = bias;
+  return g;
 }
 
 /* dinp (N, C) = dout (N, OC) @ weight (OC, C), as dinp^T (C x N, ld C) = weight^T @ dout^T.

@@ -1,14 +1,18 @@
-/* matmul.cu — the linear layer on the GPU, forward and backward, through cuBLAS (reference:
+/* matmul.cu — the linear layer on the GPU, forward and backward (reference:
  * kernels/cpu/matmul.c). PyTorch's nn.Linear convention: weight is (OC, C) and
  * out = inp @ weight^T + bias. The GEMMs' column-major views are gemm.cuh's (built there, run
- * here by dt__cuda_gemm, which attention.cu uses too).
+ * here): the layer's products by cuBLASLt (dt__cuda_gemm_lt), the forward's bias added by its
+ * BIAS epilogue as the product is stored (no pass of its own over the output); the bias
+ * gradient, a column sum, by cublasSgemv (dt__cuda_gemm, which attention.cu uses too).
  *
- * Invariants: the handle does plain fp32 math (no TF32); beta = 0 never reads the output (so
- * it may hold garbage); only the first OC columns of an (N, ldo) output are written; cuBLAS's
- * results are deterministic on one stream. dweight and dbias accumulate (beta = 1). */
+ * Invariants: plain fp32 accumulation (CUBLAS_COMPUTE_32F, CUBLAS_DEFAULT_MATH: no TF32);
+ * beta = 0 never reads the output (so it may hold garbage); only the first OC columns of an
+ * (N, ldo) output are written; cuBLAS's and cuBLASLt's results are deterministic on one
+ * stream. dweight and dbias accumulate (beta = 1). */
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
+#include "gemm_lt.h"
 #include "matmul.cuh"
 
 static cublasOperation_t gemm_op(int t)
@@ -33,31 +37,41 @@ int dt__cuda_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g)
   return 0;
 }
 
-/* Seeds each output row with the bias (when there is one) and sets *beta so that the GEMM
- * accumulates onto it, as the CPU does; without a bias *beta stays 0. */
-static int bias_seed(dt_cuda_impl_t *cu, float *out, const float *bias, int N, int OC, int ldo,
-                     float *beta)
+int dt__cuda_gemm_lt(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
-  if (!bias)
-    return 0;
-  const size_t total = (size_t)N * OC;
-  bias_fill_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-      out, bias, OC, ldo, total);
-  DT_CUDA_CHECK(cudaGetLastError());
-  *beta = 1.0f;
-  return 0;
+  dt_lt_gemm_t lt;
+  cublasLtMatmulHeuristicResult_t algo;
+  int found = 0, rc = 0;
+  DT_CHECK(dt_lt_gemm_build(&lt, g, ab, cu->lt_ws_bytes));
+  DT_CUBLAS_CHECK_GOTO(cublasLtMatmulAlgoGetHeuristic(cu->lt, lt.op, lt.A, lt.B, lt.C, lt.C,
+                                                      lt.pref, 1, &algo, &found),
+                       rc, out);
+  if (found < 1) {
+    DT_ERROR(KERNEL,
+             "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d %d, "
+             "alignment %u %u %u bytes%s)",
+             cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
+             g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc, lt.align[0], lt.align[1], lt.align[2],
+             g->bias ? ", bias epilogue" : "");
+    rc = DT_ECUDA;
+    goto out;
+  }
+  DT_CUBLAS_CHECK_GOTO(cublasLtMatmul(cu->lt, lt.op, &g->alpha, g->A.p, lt.A, g->B.p, lt.B,
+                                      &g->beta, g->C, lt.C, g->C, lt.C, &algo.algo, cu->lt_ws,
+                                      cu->lt_ws_bytes, cu->stream),
+                       rc, out);
+out:
+  dt_lt_gemm_release(&lt);
+  return rc;
 }
 
 int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
                             const float *weight, const float *bias, int N, int C, int OC, int ldo)
 {
-  dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || OC <= 0)
     return 0;
-  float beta = 0.0f;
-  DT_CHECK(bias_seed(cu, out, bias, N, OC, ldo, &beta));
-  const dt_gemm_t g = gemm_linear_forward(out, inp, weight, N, C, OC, ldo, beta);
-  return dt__cuda_gemm(cu, &g);
+  const dt_gemm_t g = gemm_linear_forward(out, inp, weight, bias, N, C, OC, ldo);
+  return dt__cuda_gemm_lt(dt__cuda(dev), &g, CUDA_R_32F);
 }
 
 static int bias_backward(dt_cuda_impl_t *cu, float *dbias, const float *dout, int N, int OC,
@@ -78,16 +92,16 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
     return 0;
   if (dinp) {
     const dt_gemm_t g = gemm_linear_dinp(dinp, dout, weight, N, C, OC, ldd);
-    DT_CHECK(dt__cuda_gemm(cu, &g));
+    DT_CHECK(dt__cuda_gemm_lt(cu, &g, CUDA_R_32F));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, dout, inp, N, C, OC, ldd);
-  DT_CHECK(dt__cuda_gemm(cu, &g));
+  DT_CHECK(dt__cuda_gemm_lt(cu, &g, CUDA_R_32F));
   return dbias ? bias_backward(cu, dbias, dout, N, OC, ldd) : 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* bf16 compute (ops.h): operands rounded to bf16 (to nearest even, as the CPU's dt_bf16_round), */
-/* products accumulated in fp32 by cublasGemmEx on the tensor cores, fp32 outputs.              */
+/* products accumulated in fp32 by cuBLASLt on the tensor cores, fp32 outputs.                  */
 /* ------------------------------------------------------------------------------------------ */
 
 /* Carves n bf16 copies out of one workspace request (each 256-byte aligned) and fills them. */
@@ -116,16 +130,6 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
   return 0;
 }
 
-/* A gemm.cuh descriptor over bf16 operands (one product), accumulated in fp32 into fp32 C. */
-static int gemm_bf16(dt_cuda_impl_t *cu, const dt_gemm_t *g)
-{
-  DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(g->ta), gemm_op(g->tb), g->m, g->n, g->k,
-                               &g->alpha, g->A.p, CUDA_R_16BF, g->A.ld, g->B.p, CUDA_R_16BF,
-                               g->B.ld, &g->beta, g->C, CUDA_R_32F, g->ldc, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
-  return 0;
-}
-
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float *inp,
                                  const float *weight, const float *bias, int N, int C, int OC,
                                  int ldo)
@@ -133,13 +137,11 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float 
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || OC <= 0)
     return 0;
-  float beta = 0.0f;
-  DT_CHECK(bias_seed(cu, out, bias, N, OC, ldo, &beta));
   bf16_operand_t op[2] = {{inp, (size_t)N, (size_t)C, (size_t)C, NULL},
                           {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
   DT_CHECK(bf16_operands(cu, op, 2));
-  const dt_gemm_t g = gemm_linear_forward(out, op[0].dst, op[1].dst, N, C, OC, ldo, beta);
-  return gemm_bf16(cu, &g);
+  const dt_gemm_t g = gemm_linear_forward(out, op[0].dst, op[1].dst, bias, N, C, OC, ldo);
+  return dt__cuda_gemm_lt(cu, &g, CUDA_R_16BF);
 }
 
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -158,8 +160,8 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
   /* dout's copy is contiguous (ld OC) */
   if (dinp) {
     const dt_gemm_t g = gemm_linear_dinp(dinp, op[0].dst, op[2].dst, N, C, OC, OC);
-    DT_CHECK(gemm_bf16(cu, &g));
+    DT_CHECK(dt__cuda_gemm_lt(cu, &g, CUDA_R_16BF));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, op[0].dst, op[1].dst, N, C, OC, OC);
-  return gemm_bf16(cu, &g);
+  return dt__cuda_gemm_lt(cu, &g, CUDA_R_16BF);
 }

@@ -1,11 +1,11 @@
 /* test_cuda_emul.cc — the CUDA backend's own kernels (the .cuh headers of kernels/cuda: LayerNorm,
- * cross-entropy, embeddings, causal softmax, GELU, residual, AdamW, the linear layer's bias seed
- * and bf16 copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
+ * cross-entropy, embeddings, causal softmax, GELU, residual, AdamW, the linear layer's bf16
+ * copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
  * the CPU kernels (kernels/cpu/) or, where the CPU has no kernel of its own, a plain reference:
  * on machines without a GPU, so that every CI run executes the GPU code, not only compiles it.
  * (The flash kernels are test_flash_emul's.) What cuBLAS runs is checked as gemm.cuh's
- * descriptors, the column-major views matmul.cu and attention.cu issue, through a reference
- * GEMM; cuBLAS itself runs only on a GPU, in test_cuda.
+ * descriptors, the column-major views (and the bias epilogue) matmul.cu and attention.cu issue,
+ * through a reference GEMM; cuBLAS and cuBLASLt themselves run only on a GPU, in test_cuda.
  *
  * The launches mirror the .cu files' (grids, block sizes, the layernorm chunking from
  * layernorm.cuh). Shapes are small, since each CUDA thread is an OS thread here, but every
@@ -326,14 +326,15 @@ static void ref_gemm(const dt_gemm_t &g)
           acc += a * b;
         }
         float &c = C[i + (size_t)j * g.ldc];
-        c = (float)(g.alpha * acc + (g.beta != 0.0f ? (double)g.beta * c : 0.0));
+        c = (float)(g.alpha * acc + (g.beta != 0.0f ? (double)g.beta * c : 0.0) +
+                    (g.bias ? (double)g.bias[i] : 0.0));
       }
   }
 }
 
-/* The linear layer as matmul.cu runs it (bias seed, then the GEMM onto it; dinp written,
- * dweight and dbias accumulated), against the CPU's, with padded output rows (ldo, ldd > OC) and
- * with the contiguous dout of the bf16 path (ldd = OC). */
+/* The linear layer as matmul.cu runs it (the forward's bias as the GEMM's epilogue; dinp
+ * written, dweight and dbias accumulated), against the CPU's, with padded output rows (ldo, ldd >
+ * OC) and with the contiguous dout of the bf16 path (ldd = OC). */
 static void check_linear(int N, int C, int OC, int ld, bool bias)
 {
   const float pad = 7.25f;
@@ -344,13 +345,8 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
     for (int o = 0; o < OC; o++)
       out_g[(size_t)r * ld + o] = NAN; /* beta = 0 must not read it */
   dt_cpu_matmul_forward(out_h.data(), inp.data(), w.data(), bias ? b.data() : NULL, N, C, OC, ld);
-  float beta = 0.0f;
-  if (bias) {
-    const size_t total = (size_t)N * OC;
-    launch_elementwise(total, [&] { bias_fill_kernel(out_g.data(), b.data(), OC, ld, total); });
-    beta = 1.0f;
-  }
-  ref_gemm(gemm_linear_forward(out_g.data(), inp.data(), w.data(), N, C, OC, ld, beta));
+  ref_gemm(gemm_linear_forward(out_g.data(), inp.data(), w.data(), bias ? b.data() : NULL, N, C, OC,
+                               ld));
   expect_close("linear forward", out_g, out_h);
 
   const std::vector<float> db0 = randn(OC), ones(N, 1.0f);
@@ -451,20 +447,11 @@ START_TEST(test_adamw)
 }
 END_TEST
 
-/* The linear layer's bias seed (the first OC of ldo columns; the rest untouched) and the bf16
- * copies of strided operands (against dt_bf16_round), and the device's accumulate and fill. */
+/* The bf16 copies of strided operands (against dt_bf16_round), and the device's accumulate and
+ * fill. */
 START_TEST(test_matmul_and_device_kernels)
 {
   dt_rng_seed(&g_rng, 88);
-  const int N = 37, OC = 45, ldo = 50;
-  const std::vector<float> bias = randn(OC);
-  std::vector<float> out((size_t)N * ldo, -7.0f);
-  const size_t total = (size_t)N * OC;
-  launch_elementwise(total, [&] { bias_fill_kernel(out.data(), bias.data(), OC, ldo, total); });
-  for (int i = 0; i < N; i++)
-    for (int o = 0; o < ldo; o++)
-      ck_assert(out[(size_t)i * ldo + o] == (o < OC ? bias[o] : -7.0f));
-
   const size_t rows = 29, cols = 33, lds = 40;
   const std::vector<float> src = randn(rows * lds, 0.0f, 5.0f);
   std::vector<__nv_bfloat16> dst(rows * cols, __nv_bfloat16{0xffffu});
