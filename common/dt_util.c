@@ -237,3 +237,16 @@ int dt_parse_int_flag(const char *prog, const char *flag, const char *s, int64_t
   *out = (int)v;
   return 0;
 }
+
+int dt_env_switch(const char *name, int *on)
+{
+  const char *v = getenv(name);
+  if (!v || !*v)
+    return 0;
+  if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
+    *on = v[0] == '1';
+    return 0;
+  }
+  DT_ERROR(INIT, "%s=%s: expected 0 or 1, or unset", name, v);
+  return DT_EINVAL;
+}

@@ -52,5 +52,9 @@ int dt_parse_f64(const char *s, double *out);
  * in [lo, hi], got 'S'" to stderr and returns DT_EINVAL. */
 int dt_parse_int_flag(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi,
                       int *out);
+/* A 0/1 switch from the environment: *on set when NAME is 0 or 1 and left alone when it is unset
+ * or empty; DT_EINVAL, with an ERROR line naming NAME, for anything else, so that a typo
+ * ("true", "yes") is refused instead of passing for 0. */
+int dt_env_switch(const char *name, int *on);
 
 #endif

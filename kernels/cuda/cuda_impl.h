@@ -33,7 +33,9 @@ typedef struct dt_cuda_impl {
   cublasLtHandle_t lt; /* the linear layer's GEMMs (matmul.cu), issued on stream */
   void *lt_ws;         /* cuBLASLt's workspace, fixed at create (only ever used on stream) */
   size_t lt_ws_bytes;
-  void *ws; /* scratch for partial sums; grows, never shrinks */
+  int use_lt;        /* DISTRAIN_CUDA_CUBLASLT (default 1): 0 runs the linear layer on cuBLAS */
+  long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
+  void *ws;          /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
   float *ones; /* ones_n floats equal to 1.0f (column sums through GEMV) */
   size_t ones_n;
@@ -58,7 +60,8 @@ int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
 int dt__cuda_gemm(dt_cuda_impl_t *c, const dt_gemm_t *g);
 /* Runs a batch-1 descriptor through cuBLASLt (gemm_lt.h builds its form: A and B of type ab,
  * CUDA_R_32F or CUDA_R_16BF, C fp32, fp32 accumulation, the bias epilogue when g->bias is set),
- * with the algorithm cuBLASLt's heuristic ranks first. */
+ * with the algorithm cuBLASLt's heuristic ranks first. DT_ENOTSUP when cuBLASLt has no
+ * algorithm for it (nothing was run; logged at debug level). */
 int dt__cuda_gemm_lt(dt_cuda_impl_t *c, const dt_gemm_t *g, cudaDataType_t ab);
 
 /* Launch geometry, grid-stride loops and block reductions: block.cuh (device code that the

@@ -22,7 +22,8 @@ extern "C" {
 #include "probe.h" /* dt_cuda_device_count, dt_cuda_probe, dt_cuda_gpu_info */
 
 /* Opens GPU `ordinal`: makes it the calling thread's current device, creates its stream
- * (non-blocking), its cuBLAS handle (fp32 math, no TF32) and an empty scratch workspace.
+ * (non-blocking), its cuBLAS and cuBLASLt handles (fp32 math, no TF32), cuBLASLt's workspace
+ * and an empty scratch workspace.
  * *out is the device, name "cuda:<ordinal>", comm backend "nccl", kernel table dt_ops_cuda().
  * 0, or DT_ECUDA / DT_ENOMEM with an error logged (*out NULL). */
 int dt_device_cuda_create(int ordinal, dt_device_t **out);
@@ -32,6 +33,10 @@ void dt_device_cuda_destroy(dt_device_t *d);
 
 /* The CUDA kernel table; its entries take a device made by dt_device_cuda_create. */
 const dt_ops_t *dt_ops_cuda(void);
+
+/* How many of the device's linear-layer products cuBLASLt had no algorithm for (run by cuBLAS
+ * instead, the same arithmetic; the first is logged as a WARN). test_cuda requires 0. */
+long dt_cuda_lt_fallbacks(const dt_device_t *dev);
 
 /* AdamW on device buffers, same contract as dt_cpu_adamw_update (kernels/ops.h), issued on the
  * legacy default stream; the kernel table's adamw_update runs the same kernel on the device's

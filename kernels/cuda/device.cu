@@ -20,6 +20,10 @@
 #include "cuda_impl.h"
 #include "device.cuh"
 
+extern "C" {
+#include "dt_util.h" /* dt_env_switch */
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Memory                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
@@ -308,6 +312,8 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   /* Plain fp32 arithmetic: no TF32 tensor cores and no BF16x9 emulation, so that GEMMs agree
    * with the CPU reference to fp32 rounding. */
   DT_CUBLAS_CHECK_GOTO(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), rc, fail);
+  c->use_lt = 1;
+  DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_CUBLASLT", &c->use_lt), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtCreate(&c->lt), rc, fail);
   {
     /* cuBLAS's advice for cuBLASLt's workspace: 32 MiB on Hopper and later, 4 MiB before. */

@@ -66,6 +66,16 @@ static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const vo
   return g;
 }
 
+/* g without its bias epilogue, for cuBLAS (which has none): the caller seeds every row i of C
+ * with bias[i] first (the first m values of each of the n columns), and the product accumulates
+ * onto it. Only for a product that does not otherwise read C (beta 0), as the forward's. */
+static inline dt_gemm_t gemm_seeded(dt_gemm_t g)
+{
+  g.beta = g.bias ? 1.0f : g.beta;
+  g.bias = NULL;
+  return g;
+}
+
 /* dinp (N, C) = dout (N, OC) @ weight (OC, C), as dinp^T (C x N, ld C) = weight^T @ dout^T.
  * weight row-major is column-major (C x OC, ld C) = weight^T: op N.
  * dout row-major (N, ldd) is column-major (OC x N, ld ldd) = dout^T: op N. */

@@ -1,9 +1,9 @@
 /* matmul.cu — the linear layer on the GPU, forward and backward (reference:
  * kernels/cpu/matmul.c). PyTorch's nn.Linear convention: weight is (OC, C) and
  * out = inp @ weight^T + bias. The GEMMs' column-major views are gemm.cuh's (built there, run
- * here): the layer's products by cuBLASLt (dt__cuda_gemm_lt), the forward's bias added by its
- * BIAS epilogue as the product is stored (no pass of its own over the output); the bias
- * gradient, a column sum, by cublasSgemv (dt__cuda_gemm, which attention.cu uses too).
+ * here): the layer's products by cuBLASLt (linear_gemm), the forward's bias added by its BIAS
+ * epilogue as the product is stored (no pass of its own over the output); the bias gradient, a
+ * column sum, by cublasSgemv (dt__cuda_gemm, which attention.cu uses too).
  *
  * Invariants: plain fp32 accumulation (CUBLAS_COMPUTE_32F, CUBLAS_DEFAULT_MATH: no TF32);
  * beta = 0 never reads the output (so it may hold garbage); only the first OC columns of an
@@ -43,19 +43,14 @@ int dt__cuda_gemm_lt(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
   cublasLtMatmulHeuristicResult_t algo;
   int found = 0, rc = 0;
   DT_CHECK(dt_lt_gemm_build(&lt, g, ab, cu->lt_ws_bytes));
-  DT_CUBLAS_CHECK_GOTO(cublasLtMatmulAlgoGetHeuristic(cu->lt, lt.op, lt.A, lt.B, lt.C, lt.C,
-                                                      lt.pref, 1, &algo, &found),
-                       rc, out);
-  if (found < 1) {
-    DT_ERROR(KERNEL,
-             "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d %d, "
-             "alignment %u %u %u bytes%s)",
-             cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
-             g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc, lt.align[0], lt.align[1], lt.align[2],
-             g->bias ? ", bias epilogue" : "");
-    rc = DT_ECUDA;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, lt.op, lt.A, lt.B, lt.C, lt.C,
+                                                           lt.pref, 1, &algo, &found);
+  if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found < 1)) {
+    DT_DEBUG(KERNEL, "%s: cuBLASLt: no algorithm (%s)", cu->name, cublasGetStatusString(hs));
+    rc = DT_ENOTSUP;
     goto out;
   }
+  DT_CUBLAS_CHECK_GOTO(hs, rc, out);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatmul(cu->lt, lt.op, &g->alpha, g->A.p, lt.A, g->B.p, lt.B,
                                       &g->beta, g->C, lt.C, g->C, lt.C, &algo.algo, cu->lt_ws,
                                       cu->lt_ws_bytes, cu->stream),
@@ -65,13 +60,51 @@ out:
   return rc;
 }
 
+/* One product of the linear layer: by cuBLASLt, or by cuBLAS, the same arithmetic (fp32
+ * accumulation, the bias added to the fp32 result) after a pass that seeds the output with the
+ * bias (gemm_seeded): with DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no
+ * algorithm for, counted in cu->lt_fallbacks and named in a WARN line the first time, so that a
+ * run on a new GPU or library still trains (test_cuda fails on any fallback). */
+static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
+{
+  if (cu->use_lt) {
+    const int rc = dt__cuda_gemm_lt(cu, g, ab);
+    if (rc != DT_ENOTSUP)
+      return rc;
+    if (cu->lt_fallbacks++ == 0)
+      DT_WARN(KERNEL,
+              "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d "
+              "%d%s); such products run on cuBLAS, with the bias as a pass of its own",
+              cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
+              g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc, g->bias ? ", bias epilogue" : "");
+  }
+  const dt_gemm_t s = gemm_seeded(*g);
+  if (g->bias) {
+    const size_t total = (size_t)g->n * g->m; /* rows of the row-major output, OC columns */
+    bias_fill_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
+        (float *)g->C, g->bias, g->m, g->ldc, total);
+    DT_CUDA_CHECK(cudaGetLastError());
+  }
+  if (ab == CUDA_R_32F)
+    return dt__cuda_gemm(cu, &s);
+  DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(s.ta), gemm_op(s.tb), s.m, s.n, s.k, &s.alpha,
+                               s.A.p, ab, s.A.ld, s.B.p, ab, s.B.ld, &s.beta, s.C, CUDA_R_32F,
+                               s.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return 0;
+}
+
+extern "C" long dt_cuda_lt_fallbacks(const dt_device_t *dev)
+{
+  return ((const dt_cuda_impl_t *)dev->impl)->lt_fallbacks;
+}
+
 int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
                             const float *weight, const float *bias, int N, int C, int OC, int ldo)
 {
   if (N <= 0 || OC <= 0)
     return 0;
   const dt_gemm_t g = gemm_linear_forward(out, inp, weight, bias, N, C, OC, ldo);
-  return dt__cuda_gemm_lt(dt__cuda(dev), &g, CUDA_R_32F);
+  return linear_gemm(dt__cuda(dev), &g, CUDA_R_32F);
 }
 
 static int bias_backward(dt_cuda_impl_t *cu, float *dbias, const float *dout, int N, int OC,
@@ -92,10 +125,10 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
     return 0;
   if (dinp) {
     const dt_gemm_t g = gemm_linear_dinp(dinp, dout, weight, N, C, OC, ldd);
-    DT_CHECK(dt__cuda_gemm_lt(cu, &g, CUDA_R_32F));
+    DT_CHECK(linear_gemm(cu, &g, CUDA_R_32F));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, dout, inp, N, C, OC, ldd);
-  DT_CHECK(dt__cuda_gemm_lt(cu, &g, CUDA_R_32F));
+  DT_CHECK(linear_gemm(cu, &g, CUDA_R_32F));
   return dbias ? bias_backward(cu, dbias, dout, N, OC, ldd) : 0;
 }
 
@@ -141,7 +174,7 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float 
                           {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
   DT_CHECK(bf16_operands(cu, op, 2));
   const dt_gemm_t g = gemm_linear_forward(out, op[0].dst, op[1].dst, bias, N, C, OC, ldo);
-  return dt__cuda_gemm_lt(cu, &g, CUDA_R_16BF);
+  return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -160,8 +193,8 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
   /* dout's copy is contiguous (ld OC) */
   if (dinp) {
     const dt_gemm_t g = gemm_linear_dinp(dinp, op[0].dst, op[2].dst, N, C, OC, OC);
-    DT_CHECK(dt__cuda_gemm_lt(cu, &g, CUDA_R_16BF));
+    DT_CHECK(linear_gemm(cu, &g, CUDA_R_16BF));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, op[0].dst, op[1].dst, N, C, OC, OC);
-  return dt__cuda_gemm_lt(cu, &g, CUDA_R_16BF);
+  return linear_gemm(cu, &g, CUDA_R_16BF);
 }

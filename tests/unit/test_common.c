@@ -132,6 +132,33 @@ START_TEST(test_param_malformed_uses_default)
 }
 END_TEST
 
+/* dt_env_switch: 0 and 1 set it, unset and empty leave it, anything else is refused. */
+START_TEST(test_env_switch)
+{
+  int on = 7;
+  unsetenv("DISTRAIN_UT_SWITCH");
+  ck_assert_int_eq(dt_env_switch("DISTRAIN_UT_SWITCH", &on), 0);
+  ck_assert_int_eq(on, 7);
+  setenv("DISTRAIN_UT_SWITCH", "", 1);
+  ck_assert_int_eq(dt_env_switch("DISTRAIN_UT_SWITCH", &on), 0);
+  ck_assert_int_eq(on, 7);
+  setenv("DISTRAIN_UT_SWITCH", "0", 1);
+  ck_assert_int_eq(dt_env_switch("DISTRAIN_UT_SWITCH", &on), 0);
+  ck_assert_int_eq(on, 0);
+  setenv("DISTRAIN_UT_SWITCH", "1", 1);
+  ck_assert_int_eq(dt_env_switch("DISTRAIN_UT_SWITCH", &on), 0);
+  ck_assert_int_eq(on, 1);
+  const char *bad[] = {"yes", "true", "2", "01", " 1", "1 "};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DISTRAIN_UT_SWITCH", bad[i], 1);
+    on = 5;
+    ck_assert_int_eq(dt_env_switch("DISTRAIN_UT_SWITCH", &on), DT_EINVAL);
+    ck_assert_int_eq(on, 5);
+  }
+  unsetenv("DISTRAIN_UT_SWITCH");
+}
+END_TEST
+
 START_TEST(test_param_read_once)
 {
   setenv("DISTRAIN_UT_PARAM_CACHED", "1", 1);
@@ -704,6 +731,7 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_param_unset_and_empty);
   tcase_add_test(t, test_param_malformed_uses_default);
   tcase_add_test(t, test_param_read_once);
+  tcase_add_test(t, test_env_switch);
   suite_add_tcase(s, t);
 
   t = tcase_create("parse");

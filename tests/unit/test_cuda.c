@@ -466,13 +466,43 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     pair_free(&dinp);
 }
 
-START_TEST(test_matmul)
+static void check_matmuls(void)
 {
   for (int bf16 = 0; bf16 <= 1; bf16++) {
-    check_matmul(75, 67, 45, 50, 1, 1, bf16);     /* row stride wider than OC, bias, dinp */
-    check_matmul(33, 64, 96, 96, 0, 0, bf16);     /* no bias, no dinp */
-    check_matmul(257, 200, 600, 600, 1, 1, bf16); /* N just over a block, larger K */
+    check_matmul(75, 67, 45, 50, 1, 1, bf16);       /* row stride wider than OC, bias, dinp */
+    check_matmul(33, 64, 96, 96, 0, 0, bf16);       /* no bias, no dinp */
+    check_matmul(257, 200, 600, 600, 1, 1, bf16);   /* N just over a block, larger K */
+    check_matmul(256, 768, 2304, 2304, 1, 1, bf16); /* GPT-2's qkv */
   }
+}
+
+/* On cuBLASLt, with its bias epilogue: no product may have fallen back to cuBLAS (the trainer
+ * would still be right, but slower, and this is where it shows). */
+START_TEST(test_matmul)
+{
+  check_matmuls();
+  ck_assert_msg(dt_cuda_lt_fallbacks(g_gpu) == 0,
+                "%ld linear-layer products fell back from cuBLASLt to cuBLAS (see the WARN line)",
+                dt_cuda_lt_fallbacks(g_gpu));
+}
+END_TEST
+
+/* The same products on cuBLAS (DISTRAIN_CUDA_CUBLASLT=0: the bias seeded by a pass of its own),
+ * the path a product takes when cuBLASLt has no algorithm for it; a bad value is refused. */
+START_TEST(test_matmul_cublas)
+{
+  dt_device_t *lt = g_gpu, *plain = NULL;
+  setenv("DISTRAIN_CUDA_CUBLASLT", "yes", 1);
+  ck_assert_int_eq(dt_device_cuda_create(0, &plain), DT_EINVAL);
+  ck_assert_ptr_null(plain);
+  setenv("DISTRAIN_CUDA_CUBLASLT", "0", 1);
+  ck_assert_int_eq(dt_device_cuda_create(0, &plain), 0);
+  unsetenv("DISTRAIN_CUDA_CUBLASLT");
+  g_gpu = plain;
+  check_matmuls();
+  g_gpu = lt;
+  ck_assert_int_eq(dt_cuda_lt_fallbacks(plain), 0);
+  dt_device_cuda_destroy(plain);
 }
 END_TEST
 
@@ -936,6 +966,7 @@ int main(void)
   tcase_add_test(tc, test_encoder);
   tcase_add_test(tc, test_layernorm);
   tcase_add_test(tc, test_matmul);
+  tcase_add_test(tc, test_matmul_cublas);
   tcase_add_test(tc, test_attention);
   tcase_add_test(tc, test_attention_flash);
   tcase_add_test(tc, test_gelu_residual);

@@ -1,6 +1,6 @@
 /* test_cuda_emul.cc — the CUDA backend's own kernels (the .cuh headers of kernels/cuda: LayerNorm,
- * cross-entropy, embeddings, causal softmax, GELU, residual, AdamW, the linear layer's bf16
- * copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
+ * cross-entropy, embeddings, causal softmax, GELU, residual, AdamW, the linear layer's bias seed
+ * and bf16 copies, the device's accumulate and fill) run on the host under cuda_emul.h, against
  * the CPU kernels (kernels/cpu/) or, where the CPU has no kernel of its own, a plain reference:
  * on machines without a GPU, so that every CI run executes the GPU code, not only compiles it.
  * (The flash kernels are test_flash_emul's.) What cuBLAS runs is checked as gemm.cuh's
@@ -348,6 +348,14 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
   ref_gemm(gemm_linear_forward(out_g.data(), inp.data(), w.data(), bias ? b.data() : NULL, N, C, OC,
                                ld));
   expect_close("linear forward", out_g, out_h);
+  if (bias) { /* the cuBLAS form (matmul.cu's fallback): the seed pass, then the product onto it */
+    std::vector<float> out_s((size_t)N * ld, pad);
+    const size_t total = (size_t)N * OC;
+    launch_elementwise(total, [&] { bias_fill_kernel(out_s.data(), b.data(), OC, ld, total); });
+    ref_gemm(gemm_seeded(
+        gemm_linear_forward(out_s.data(), inp.data(), w.data(), b.data(), N, C, OC, ld)));
+    expect_close("linear forward, bias seeded", out_s, out_h);
+  }
 
   const std::vector<float> db0 = randn(OC), ones(N, 1.0f);
   std::vector<float> dinp_h((size_t)N * C), dinp_g((size_t)N * C, NAN), dw_h = dw0, dw_g = dw0,
@@ -447,11 +455,20 @@ START_TEST(test_adamw)
 }
 END_TEST
 
-/* The bf16 copies of strided operands (against dt_bf16_round), and the device's accumulate and
- * fill. */
+/* The linear layer's bias seed (the first OC of ldo columns; the rest untouched) and the bf16
+ * copies of strided operands (against dt_bf16_round), and the device's accumulate and fill. */
 START_TEST(test_matmul_and_device_kernels)
 {
   dt_rng_seed(&g_rng, 88);
+  const int N = 37, OC = 45, ldo = 50;
+  const std::vector<float> bias = randn(OC);
+  std::vector<float> out((size_t)N * ldo, -7.0f);
+  const size_t total = (size_t)N * OC;
+  launch_elementwise(total, [&] { bias_fill_kernel(out.data(), bias.data(), OC, ldo, total); });
+  for (int i = 0; i < N; i++)
+    for (int o = 0; o < ldo; o++)
+      ck_assert(out[(size_t)i * ldo + o] == (o < OC ? bias[o] : -7.0f));
+
   const size_t rows = 29, cols = 33, lds = 40;
   const std::vector<float> src = randn(rows * lds, 0.0f, 5.0f);
   std::vector<__nv_bfloat16> dst(rows * cols, __nv_bfloat16{0xffffu});

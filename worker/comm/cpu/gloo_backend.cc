@@ -406,22 +406,6 @@ std::string interfaces_with_address(const char *iface, bool *has_iface)
   return out;
 }
 
-/* A 0/1 switch from the environment: *on set when name is 0 or 1 and left alone when it is unset
- * or empty (0 either way); DT_EINVAL, logged, for anything else, so that a typo ("true", "yes")
- * is refused instead of passing for 0. */
-int env_switch(const char *name, bool *on)
-{
-  const char *v = getenv(name);
-  if (!v || !*v)
-    return 0;
-  if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
-    *on = v[0] == '1';
-    return 0;
-  }
-  DT_ERROR(COMM, "comm: %s=%s: expected 0 or 1, or unset", name, v);
-  return DT_EINVAL;
-}
-
 /* Whether Gloo's event-loop thread (the device's, which does all socket I/O) runs in the idle
  * scheduling class (Gloo::idle_io): DISTRAIN_COMM_CPU_IDLE_IO=1|0, else when this process may
  * run on one CPU only.
@@ -654,13 +638,16 @@ int gloo_init(void **impl, const dt_kv_t *kv, const char *prefix, int rank, int 
     delete g;
     return DT_ENOMEM;
   }
-  int erc = env_switch("DISTRAIN_COMM_CPU_GLOO_ALLREDUCE", &g->gloo_allreduce);
+  int gloo_allreduce = g->gloo_allreduce, idle_io = g->idle_io;
+  int erc = dt_env_switch("DISTRAIN_COMM_CPU_GLOO_ALLREDUCE", &gloo_allreduce);
   if (erc == 0)
-    erc = env_switch("DISTRAIN_COMM_CPU_IDLE_IO", &g->idle_io);
+    erc = dt_env_switch("DISTRAIN_COMM_CPU_IDLE_IO", &idle_io);
   if (erc < 0) {
     delete g;
     return erc;
   }
+  g->gloo_allreduce = gloo_allreduce;
+  g->idle_io = idle_io;
   double deadline_ms = dt_now_ms() + timeout_ms;
   ignore_sigpipe();
   int rc = guarded(g, "rendezvous", [&]() -> int {
