@@ -27,31 +27,35 @@ typedef struct {
   int64_t ld;
 } want_t;
 
+/* One attribute read back, of exactly the size cuBLASLt stores. */
+static void layout_get(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, void *v,
+                       size_t bytes)
+{
+  size_t got = 0;
+  ck_assert_int_eq(cublasLtMatrixLayoutGetAttribute(l, attr, v, bytes, &got),
+                   CUBLAS_STATUS_SUCCESS);
+  ck_assert_uint_eq(got, bytes);
+}
+
+static void op_get(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, void *v,
+                   size_t bytes)
+{
+  size_t got = 0;
+  ck_assert_int_eq(cublasLtMatmulDescGetAttribute(op, attr, v, bytes, &got), CUBLAS_STATUS_SUCCESS);
+  ck_assert_uint_eq(got, bytes);
+}
+
 static void check_layout(cublasLtMatrixLayout_t l, want_t w, const char *what)
 {
-  int32_t type = -1;
+  int32_t type = -1, order = -1, batch = -1;
   uint64_t rows = 0, cols = 0;
   int64_t ld = 0;
-  int32_t order = -1, batch = -1;
-  size_t got = 0;
-  ck_assert_int_eq(
-      cublasLtMatrixLayoutGetAttribute(l, CUBLASLT_MATRIX_LAYOUT_TYPE, &type, sizeof type, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(
-      cublasLtMatrixLayoutGetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(
-      cublasLtMatrixLayoutGetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(
-      cublasLtMatrixLayoutGetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(
-      cublasLtMatrixLayoutGetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof order, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(cublasLtMatrixLayoutGetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
-                                                    sizeof batch, &got),
-                   CUBLAS_STATUS_SUCCESS);
+  layout_get(l, CUBLASLT_MATRIX_LAYOUT_TYPE, &type, sizeof type);
+  layout_get(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows);
+  layout_get(l, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols);
+  layout_get(l, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld);
+  layout_get(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof order);
+  layout_get(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
   ck_assert_msg(type == (int32_t)w.type && rows == w.rows && cols == w.cols && ld == w.ld,
                 "%s: type %d rows %llu cols %llu ld %lld; want type %d rows %llu cols %llu ld %lld",
                 what, type, (unsigned long long)rows, (unsigned long long)cols, (long long)ld,
@@ -67,25 +71,12 @@ static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias)
   int32_t compute = -1, scale = -1, opa = -1, opb = -1;
   uint32_t epilogue = 0;
   const void *ptr = (const void *)1;
-  size_t got = 0;
-  ck_assert_int_eq(cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE,
-                                                  &compute, sizeof compute, &got),
-                   CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_SCALE_TYPE, &scale,
-                                                  sizeof scale, &got),
-                   CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(
-      cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(
-      cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb, &got),
-      CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                  sizeof epilogue, &got),
-                   CUBLAS_STATUS_SUCCESS);
-  ck_assert_int_eq(cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr,
-                                                  sizeof ptr, &got),
-                   CUBLAS_STATUS_SUCCESS);
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, &compute, sizeof compute);
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_SCALE_TYPE, &scale, sizeof scale);
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr, sizeof ptr);
   ck_assert_int_eq(compute, CUBLAS_COMPUTE_32F); /* not _FAST_TF32: fp32 products stay fp32 */
   ck_assert_int_eq(scale, CUDA_R_32F);
   ck_assert_int_eq(opa, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -94,9 +85,7 @@ static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias)
   ck_assert_ptr_eq(ptr, bias);
   if (bias) {
     int32_t btype = -1;
-    ck_assert_int_eq(cublasLtMatmulDescGetAttribute(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                    &btype, sizeof btype, &got),
-                     CUBLAS_STATUS_SUCCESS);
+    op_get(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &btype, sizeof btype);
     ck_assert_int_eq(btype, CUDA_R_32F);
   }
 }
