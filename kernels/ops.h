@@ -84,14 +84,22 @@ typedef struct dt_ops {
                          int N, int C, int OC, int ldd);
 
   /* The same two layers in bf16 compute (--precision bf16, PyTorch autocast's rule for linear
-   * layers): every GEMM operand (inp, weight, dout) is rounded to bfloat16, to nearest even,
-   * and the products accumulate in fp32 into fp32 outputs. The bias and its gradient stay fp32
-   * (dbias sums the unrounded dout). NULL where a backend has no bf16 path. */
-  int (*matmul_forward_bf16)(struct dt_device *dev, float *out, const float *inp,
+   * layers): every GEMM operand (inp, weight, dout) is a bfloat16 value and the products
+   * accumulate in fp32 into fp32 outputs. inp is a bf16 activation buffer (below), (N, C)
+   * contiguous; weight and dout are fp32, rounded to bf16 (to nearest even) inside. The bias and
+   * its gradient stay fp32 (dbias sums the unrounded dout). NULL where a backend has no bf16
+   * path. */
+  int (*matmul_forward_bf16)(struct dt_device *dev, float *out, const void *inp,
                              const float *weight, const float *bias, int N, int C, int OC, int ldo);
   int (*matmul_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const float *weight, int N,
-                              int C, int OC, int ldd);
+                              const float *dout, const void *inp, const float *weight, int N, int C,
+                              int OC, int ldd);
+  /* bf16 activation buffers: bf16_bytes bytes per value (0 where a backend has no bf16 path):
+   * 2 on a GPU (bfloat16), 4 on the CPU (the fp32 number equal to the bfloat16, which its BLAS
+   * reads as it is). A buffer of n values takes n * bf16_bytes bytes. */
+  size_t bf16_bytes;
+  /* dst (n bf16 values) = src rounded to bf16, to nearest even (NaN stays NaN) */
+  int (*to_bf16)(struct dt_device *dev, void *dst, const float *src, size_t n);
 
   /* causal multi-head self-attention over packed qkv; att keeps the softmax probabilities */
   int (*attention_forward)(struct dt_device *dev, float *out, /* (B, T, C) heads concatenated */
@@ -146,6 +154,9 @@ typedef struct dt_ops {
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
+  /* the same GELU, its fp32 result rounded into a bf16 activation buffer (bf16_bytes above;
+   * the input of the next linear layer under --precision bf16); NULL without a bf16 path */
+  int (*gelu_forward_bf16)(struct dt_device *dev, void *out, const float *inp, size_t n);
   /* dinp = dout * gelu'(inp); dinp may alias dout */
   int (*gelu_backward)(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                        size_t n);

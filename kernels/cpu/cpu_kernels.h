@@ -29,10 +29,11 @@ void dt_cpu_matmul_forward(float *out, const float *inp, const float *weight, co
                            int N, int C, int OC, int ldo);
 void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC, int ldd);
-/* bf16 compute (ops.h): the operands rounded to bfloat16 in scratch copies, then the fp32
- * kernels above (bf16 x bf16 products are exact in fp32, so this is a bf16 GEMM with fp32
- * accumulation, as a GPU's tensor cores do it, up to the order of the sums). 0, or -1 when
- * the copies do not fit in memory (nothing written then). */
+/* bf16 compute (ops.h): inp holds bf16 values already (the CPU's bf16 activations are the fp32
+ * numbers equal to them: dt_cpu_to_bf16), weight and dout are rounded to bfloat16 in scratch
+ * copies, then the fp32 kernels above run (bf16 x bf16 products are exact in fp32, so this is a
+ * bf16 GEMM with fp32 accumulation, as a GPU's tensor cores do it, up to the order of the
+ * sums). 0, or -1 when the copies do not fit in memory (nothing written then). */
 int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
                                int N, int C, int OC, int ldo);
 int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -55,6 +56,8 @@ static inline float dt_bf16_round(float x)
 /* rows x cols of src (row stride lds) rounded to bf16 into a new contiguous malloc'd buffer;
  * NULL when out of memory. */
 float *dt_cpu_bf16_copy(const float *src, size_t rows, size_t cols, size_t lds);
+/* dst[i] = dt_bf16_round(src[i]) (a CPU bf16 activation buffer); dst may be src. */
+void dt_cpu_to_bf16(float *dst, const float *src, size_t n);
 void dt_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                               int NH);
 void dt_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,

@@ -63,17 +63,21 @@ float *dt_cpu_bf16_copy(const float *src, size_t rows, size_t cols, size_t lds)
   return dst;
 }
 
+void dt_cpu_to_bf16(float *dst, const float *src, size_t n)
+{
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; i++)
+    dst[i] = dt_bf16_round(src[i]);
+}
+
 int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
                                int N, int C, int OC, int ldo)
 {
-  float *a = dt_cpu_bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
   float *w = dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C);
-  const int ok = a && w;
-  if (ok)
-    dt_cpu_matmul_forward(out, a, w, bias, N, C, OC, ldo);
-  free(a);
+  if (w)
+    dt_cpu_matmul_forward(out, inp, w, bias, N, C, OC, ldo);
   free(w);
-  return ok ? 0 : -1;
+  return w ? 0 : -1;
 }
 
 int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -81,15 +85,13 @@ int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const
                                 int ldd)
 {
   float *g = dt_cpu_bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
-  float *a = dt_cpu_bf16_copy(inp, (size_t)N, (size_t)C, (size_t)C);
   float *w = dinp ? dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
-  const int ok = g && a && (w || !dinp);
+  const int ok = g && (w || !dinp);
   if (ok)
-    dt_cpu_matmul_backward(dinp, dweight, NULL, g, a, w, N, C, OC, OC);
+    dt_cpu_matmul_backward(dinp, dweight, NULL, g, inp, w, N, C, OC, OC);
   if (ok && dbias) /* from the unrounded gradient, as ops.h says */
     bias_backward(dbias, dout, N, OC, ldd);
   free(g);
-  free(a);
   free(w);
   return ok ? 0 : -1;
 }

@@ -63,7 +63,7 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
   return 0;
 }
 
-static int matmul_forward_bf16(struct dt_device *dev, float *out, const float *inp,
+static int matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
                                const float *weight, const float *bias, int N, int C, int OC,
                                int ldo)
 {
@@ -73,7 +73,7 @@ static int matmul_forward_bf16(struct dt_device *dev, float *out, const float *i
 }
 
 static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight, int N,
+                                const float *dout, const void *inp, const float *weight, int N,
                                 int C, int OC, int ldd)
 {
   return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), N,
@@ -155,6 +155,22 @@ static int gelu_forward(struct dt_device *dev, float *out, const float *inp, siz
   return 0;
 }
 
+static int to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n)
+{
+  dt_cpu_to_bf16(H(dst), H(src), n);
+  return 0;
+}
+
+/* The fp32 GELU, then rounded in place: the same fp32 values as gelu_forward (whose vector and
+ * scalar tanhf may differ in the last ulp, so one loop with the rounding fused into it could
+ * differ from it after rounding). */
+static int gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n)
+{
+  dt_cpu_gelu_forward(H(out), H(inp), n);
+  dt_cpu_to_bf16(H(out), H(out), n);
+  return 0;
+}
+
 static int gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                          size_t n)
 {
@@ -218,6 +234,8 @@ static const dt_ops_t g_cpu_ops = {
     .matmul_backward = matmul_backward,
     .matmul_forward_bf16 = matmul_forward_bf16,
     .matmul_backward_bf16 = matmul_backward_bf16,
+    .bf16_bytes = sizeof(float),
+    .to_bf16 = to_bf16,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .attention_forward_cp = attention_forward_cp,
@@ -227,6 +245,7 @@ static const dt_ops_t g_cpu_ops = {
     .attention_forward_flash_bf16 = attention_forward_flash_bf16,
     .attention_backward_flash_bf16 = attention_backward_flash_bf16,
     .gelu_forward = gelu_forward,
+    .gelu_forward_bf16 = gelu_forward_bf16,
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,

@@ -89,12 +89,13 @@ int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
 int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight, int N, int C,
                              int OC, int ldd);
-int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float *inp,
+int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
                                  const float *weight, const float *bias, int N, int C, int OC,
                                  int ldo);
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                  const float *dout, const float *inp, const float *weight, int N,
+                                  const float *dout, const void *inp, const float *weight, int N,
                                   int C, int OC, int ldd);
+int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n);
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
                                int B, int T, int C, int NH);
 int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scratch,
@@ -121,6 +122,7 @@ int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, c
                                            const float *qkv, const float *out, const float *lse,
                                            int B, int Tq, int q0, int Tall, int C, int NH);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
+int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                            size_t n);
 int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,

@@ -3,6 +3,8 @@
  *   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  * Elementwise, grid-stride over any n. The backward's dinp may alias dout: each element is read
  * and then written by the same thread, so the pointers are deliberately not __restrict__. */
+#include <cuda_bf16.h>
+
 #include "cuda_impl.h"
 #include "gelu.cuh"
 
@@ -12,6 +14,16 @@ int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, s
     return 0;
   gelu_forward_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
                         dt__cuda(dev)->stream>>>(out, inp, n);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
+int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n)
+{
+  if (n == 0)
+    return 0;
+  gelu_forward_bf16_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
+                             dt__cuda(dev)->stream>>>((__nv_bfloat16 *)out, inp, n);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }

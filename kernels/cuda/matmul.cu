@@ -137,7 +137,7 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
 /* products accumulated in fp32 by cuBLASLt on the tensor cores, fp32 outputs.                  */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Carves n bf16 copies out of one workspace request (each 256-byte aligned) and fills them. */
+/* Carves n <= 2 bf16 copies out of one workspace request (each 256-byte aligned) and fills them. */
 typedef struct {
   const float *src;
   size_t rows, cols, lds;
@@ -146,7 +146,7 @@ typedef struct {
 
 static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
 {
-  size_t bytes = 0, off[3];
+  size_t bytes = 0, off[2];
   for (int i = 0; i < n; i++) {
     off[i] = bytes;
     bytes += (ops[i].rows * ops[i].cols * sizeof(__nv_bfloat16) + 255) / 256 * 256;
@@ -163,22 +163,33 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
   return 0;
 }
 
-int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const float *inp,
+int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n)
+{
+  if (n == 0)
+    return 0;
+  to_bf16_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
+                   dt__cuda(dev)->stream>>>((__nv_bfloat16 *)dst, src, n, n, n);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
+/* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (and in the backward
+ * dout) get bf16 copies in the workspace. */
+int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
                                  const float *weight, const float *bias, int N, int C, int OC,
                                  int ldo)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || OC <= 0)
     return 0;
-  bf16_operand_t op[2] = {{inp, (size_t)N, (size_t)C, (size_t)C, NULL},
-                          {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
-  DT_CHECK(bf16_operands(cu, op, 2));
-  const dt_gemm_t g = gemm_linear_forward(out, op[0].dst, op[1].dst, bias, N, C, OC, ldo);
+  bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL};
+  DT_CHECK(bf16_operands(cu, &w, 1));
+  const dt_gemm_t g = gemm_linear_forward(out, inp, w.dst, bias, N, C, OC, ldo);
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                  const float *dout, const float *inp, const float *weight, int N,
+                                  const float *dout, const void *inp, const float *weight, int N,
                                   int C, int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
@@ -186,15 +197,14 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
     return 0;
   if (dbias) /* from the fp32 gradient (ops.h) */
     DT_CHECK(bias_backward(cu, dbias, dout, N, OC, ldd));
-  bf16_operand_t op[3] = {{dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL},
-                          {inp, (size_t)N, (size_t)C, (size_t)C, NULL},
+  bf16_operand_t op[2] = {{dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL},
                           {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
-  DT_CHECK(bf16_operands(cu, op, dinp ? 3 : 2));
+  DT_CHECK(bf16_operands(cu, op, dinp ? 2 : 1));
   /* dout's copy is contiguous (ld OC) */
   if (dinp) {
-    const dt_gemm_t g = gemm_linear_dinp(dinp, op[0].dst, op[2].dst, N, C, OC, OC);
+    const dt_gemm_t g = gemm_linear_dinp(dinp, op[0].dst, op[1].dst, N, C, OC, OC);
     DT_CHECK(linear_gemm(cu, &g, CUDA_R_16BF));
   }
-  const dt_gemm_t g = gemm_linear_dweight(dweight, op[0].dst, op[1].dst, N, C, OC, OC);
+  const dt_gemm_t g = gemm_linear_dweight(dweight, op[0].dst, inp, N, C, OC, OC);
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }

@@ -21,6 +21,8 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.matmul_backward = dt__cuda_matmul_backward;
   o.matmul_forward_bf16 = dt__cuda_matmul_forward_bf16;
   o.matmul_backward_bf16 = dt__cuda_matmul_backward_bf16;
+  o.bf16_bytes = 2; /* __nv_bfloat16 */
+  o.to_bf16 = dt__cuda_to_bf16;
   o.attention_forward = dt__cuda_attention_forward;
   o.attention_backward = dt__cuda_attention_backward;
   o.attention_forward_cp = dt__cuda_attention_forward_cp;
@@ -31,6 +33,7 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.attention_forward_flash_bf16 = dt__cuda_attention_forward_flash_bf16;
   o.attention_backward_flash_bf16 = dt__cuda_attention_backward_flash_bf16;
   o.gelu_forward = dt__cuda_gelu_forward;
+  o.gelu_forward_bf16 = dt__cuda_gelu_forward_bf16;
   o.gelu_backward = dt__cuda_gelu_backward;
   o.residual_forward = dt__cuda_residual_forward;
   o.crossentropy_forward_backward = dt__cuda_crossentropy_forward_backward;

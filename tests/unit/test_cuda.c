@@ -148,6 +148,43 @@ static float *fetch(const pair_t *p)
   return g;
 }
 
+/* A bf16 activation buffer (ops.h) of n values on each side: the CPU's holds floats, the GPU's
+ * bfloat16s. */
+typedef struct {
+  float *h;
+  void *d;
+  size_t n;
+} pair16_t;
+
+static pair16_t pair16_alloc(size_t n)
+{
+  ck_assert_uint_eq(H->bf16_bytes, sizeof(float));
+  ck_assert_uint_eq(G->bf16_bytes, 2);
+  pair16_t p = {xmalloc(n * sizeof(float)), dev_alloc(n * 2), n};
+  return p;
+}
+
+/* The GPU's bf16 values must be the CPU's, bit for bit, where both rounded the same floats. */
+static void expect_bf16_equal(const char *what, const pair16_t *p, const float *want)
+{
+  uint16_t *g = xmalloc(p->n * sizeof *g);
+  to_host(g, p->d, p->n * sizeof *g);
+  for (size_t i = 0; i < p->n; i++) {
+    const uint32_t bits = (uint32_t)g[i] << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    ck_assert_msg(memcmp(&v, &want[i], sizeof v) == 0, "%s [%zu]: %g, want %g", what, i, (double)v,
+                  (double)want[i]);
+  }
+  free(g);
+}
+
+static void pair16_free(pair16_t *p)
+{
+  free(p->h);
+  g_gpu->free(g_gpu, p->d);
+}
+
 /* max |gpu - cpu| / max(max |cpu|, 1e-30); infinite when the GPU gave a NaN or infinity. */
 static double rel_err(const float *gpu, const float *cpu, size_t n)
 {
@@ -423,24 +460,34 @@ START_TEST(test_layernorm)
 }
 END_TEST
 
-/* bf16: the matmul_*_bf16 entries, whose operands both sides round to bf16 alike, so only the
- * order of the fp32 sums differs, as in fp32. */
+/* bf16: the matmul_*_bf16 entries on inp's bf16 values (each side's to_bf16 of the same inp,
+ * the GPU's bits equal to the CPU's), whose other operands both sides round to bf16 alike, so
+ * only the order of the fp32 sums differs, as in fp32. */
 static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_dinp, int bf16)
 {
-  __typeof__(H->matmul_forward) hf = bf16 ? H->matmul_forward_bf16 : H->matmul_forward;
-  __typeof__(H->matmul_forward) gf = bf16 ? G->matmul_forward_bf16 : G->matmul_forward;
-  __typeof__(H->matmul_backward) hb = bf16 ? H->matmul_backward_bf16 : H->matmul_backward;
-  __typeof__(H->matmul_backward) gb = bf16 ? G->matmul_backward_bf16 : G->matmul_backward;
-  ck_assert(hf && gf && hb && gb);
   pair_t inp = pair_rand((size_t)N * C, 0.0f, 1.0f);
+  pair16_t in16 = {0};
+  if (bf16) {
+    in16 = pair16_alloc(inp.n);
+    ck_assert_int_eq(H->to_bf16(g_cpu, in16.h, inp.h, inp.n), 0);
+    ck_assert_int_eq(G->to_bf16(g_gpu, in16.d, inp.d, inp.n), 0);
+    expect_bf16_equal("to_bf16", &in16, in16.h);
+  }
   pair_t weight = pair_rand((size_t)OC * C, 0.0f, 0.1f);
   pair_t bias = {0};
   if (with_bias)
     bias = pair_rand((size_t)OC, 0.0f, 1.0f);
   /* Columns [OC, ld) must be left alone: the same values on both sides, compared at the end. */
   pair_t out = pair_rand((size_t)N * ld, 5.0f, 1.0f);
-  ck_assert_int_eq(hf(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
-  ck_assert_int_eq(gf(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
+  if (bf16) {
+    ck_assert_int_eq(H->matmul_forward_bf16(g_cpu, out.h, in16.h, weight.h, bias.h, N, C, OC, ld),
+                     0);
+    ck_assert_int_eq(G->matmul_forward_bf16(g_gpu, out.d, in16.d, weight.d, bias.d, N, C, OC, ld),
+                     0);
+  } else {
+    ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
+    ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
+  }
   expect_close("matmul_forward out", &out);
 
   pair_t dout = pair_rand((size_t)N * ld, 0.0f, 1.0f);
@@ -451,8 +498,21 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   pair_t dbias = {0};
   if (with_bias)
     dbias = pair_rand((size_t)OC, 0.0f, 1.0f);
-  ck_assert_int_eq(hb(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h, N, C, OC, ld), 0);
-  ck_assert_int_eq(gb(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, inp.d, weight.d, N, C, OC, ld), 0);
+  if (bf16) {
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, in16.h,
+                                             weight.h, N, C, OC, ld),
+                     0);
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, in16.d,
+                                             weight.d, N, C, OC, ld),
+                     0);
+  } else {
+    ck_assert_int_eq(H->matmul_backward(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h,
+                                        N, C, OC, ld),
+                     0);
+    ck_assert_int_eq(G->matmul_backward(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, inp.d, weight.d,
+                                        N, C, OC, ld),
+                     0);
+  }
   if (with_dinp)
     expect_close("matmul_backward dinp", &dinp);
   expect_close("matmul_backward dweight", &dweight);
@@ -460,6 +520,8 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     expect_close("matmul_backward dbias", &dbias);
 
   pair_free(&inp), pair_free(&weight), pair_free(&out), pair_free(&dout), pair_free(&dweight);
+  if (bf16)
+    pair16_free(&in16);
   if (with_bias)
     pair_free(&bias), pair_free(&dbias);
   if (with_dinp)
@@ -646,6 +708,20 @@ START_TEST(test_gelu_residual)
   ck_assert_int_eq(H->gelu_forward(g_cpu, out.h, inp.h, n), 0);
   ck_assert_int_eq(G->gelu_forward(g_gpu, out.d, inp.d, n), 0);
   expect_close("gelu_forward", &out);
+  /* bf16 output: on each device its own fp32 GELU rounded (the same bits as to_bf16 of it) */
+  pair16_t out16 = pair16_alloc(n);
+  float *gelu_gpu = fetch(&out);
+  ck_assert_int_eq(H->to_bf16(g_cpu, out16.h, gelu_gpu, n), 0);
+  ck_assert_int_eq(G->gelu_forward_bf16(g_gpu, out16.d, inp.d, n), 0);
+  expect_bf16_equal("gelu_forward_bf16 (the GPU's fp32 GELU, rounded)", &out16, out16.h);
+  ck_assert_int_eq(H->gelu_forward_bf16(g_cpu, out16.h, inp.h, n), 0);
+  for (size_t i = 0; i < n; i++) { /* the CPU's: its own fp32 GELU rounded */
+    float want = out.h[i];
+    ck_assert_int_eq(H->to_bf16(g_cpu, &want, &want, 1), 0);
+    ck_assert(memcmp(&out16.h[i], &want, sizeof want) == 0);
+  }
+  free(gelu_gpu);
+  pair16_free(&out16);
 
   pair_t dout = pair_rand(n, 0.0f, 1.0f), dinp = pair_garbage(n);
   ck_assert_int_eq(H->gelu_backward(g_cpu, dinp.h, inp.h, dout.h, n), 0);

@@ -259,6 +259,23 @@ START_TEST(test_gelu_residual)
   dt_cpu_gelu_forward(out_h.data(), x.data(), n);
   launch_elementwise(n, [&] { gelu_forward_kernel(out_g.data(), x.data(), n); });
   expect_close("gelu forward", out_g, out_h, 1e-6);
+  /* bf16 output: the fp32 kernel's values rounded to nearest even, bit for bit (the bf16
+   * activation the next linear layer reads); the CPU's (rounded floats) agree to bf16's ulp */
+  std::vector<__nv_bfloat16> out16(n, __nv_bfloat16{0xffffu});
+  launch_elementwise(n, [&] { gelu_forward_bf16_kernel(out16.data(), x.data(), n); });
+  std::vector<float> out16_h(n);
+  dt_cpu_gelu_forward(out16_h.data(), x.data(), n);
+  dt_cpu_to_bf16(out16_h.data(), out16_h.data(), n);
+  float scale = 0.0f;
+  for (size_t i = 0; i < n; i++)
+    scale = fmaxf(scale, fabsf(out_h[i]));
+  for (size_t i = 0; i < n; i++) { /* within bf16's half ulp of each, plus the fp32 tolerance */
+    const float v = __bfloat162float(out16[i]);
+    ck_assert_msg(v == dt_bf16_round(out_g[i]), "gelu bf16 [%zu]: %g, the fp32 kernel's %g", i,
+                  (double)v, (double)out_g[i]);
+    ck_assert_msg(fabsf(v - out16_h[i]) <= 0x1p-8f * fabsf(out16_h[i]) + 1e-6f * scale,
+                  "gelu bf16 [%zu]: %g, the CPU's %g", i, (double)v, (double)out16_h[i]);
+  }
   std::vector<float> din_h(n), din_g = dout; /* dinp aliases dout on the GPU side */
   dt_cpu_gelu_backward(din_h.data(), x.data(), dout.data(), n);
   launch_elementwise(n, [&] { gelu_backward_kernel(din_g.data(), x.data(), din_g.data(), n); });

@@ -640,7 +640,9 @@ START_TEST(test_bf16_round)
 END_TEST
 
 /* The bf16 linear layer is the fp32 one on operands rounded to bf16 (bit for bit: the same
- * GEMM), except dbias, which sums the unrounded gradient; and it is not the fp32 layer. */
+ * GEMM), except dbias, which sums the unrounded gradient; and it is not the fp32 layer. Its
+ * input is a bf16 activation: the table's to_bf16 of inp (the reference's rounding, bit for
+ * bit). */
 START_TEST(test_matmul_bf16)
 {
   const int N = 37, C = 45, OC = 70, ld = 75;
@@ -659,9 +661,15 @@ START_TEST(test_matmul_bf16)
   for (size_t i = 0; i < (size_t)N * ld; i++)
     dout_r[i] = ref_bf16(dout[i]);
 
+  const dt_ops_t *ops = dt_ops_cpu();
+  float *in16 = filled((size_t)N * C, GARBAGE);
+  ck_assert_uint_eq(ops->bf16_bytes, sizeof(float));
+  ck_assert_int_eq(ops->to_bf16(dt_device_cpu(), in16, inp, (size_t)N * C), 0);
+  ck_assert(memcmp(in16, inp_r, (size_t)N * C * sizeof(float)) == 0);
+
   float *out = filled((size_t)N * ld, SENTINEL), *want = filled((size_t)N * ld, SENTINEL);
   float *plain = filled((size_t)N * ld, SENTINEL);
-  ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out, inp, w, bias, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out, in16, w, bias, N, C, OC, ld), 0);
   dt_cpu_matmul_forward(want, inp_r, w_r, bias, N, C, OC, ld);
   dt_cpu_matmul_forward(plain, inp, w, bias, N, C, OC, ld);
   ck_assert(memcmp(out, want, (size_t)N * ld * sizeof(float)) == 0);
@@ -670,7 +678,7 @@ START_TEST(test_matmul_bf16)
   float *dinp = filled((size_t)N * C, GARBAGE), *dinp_w = filled((size_t)N * C, GARBAGE);
   float *dw = filled((size_t)OC * C, 0.5f), *dw_w = filled((size_t)OC * C, 0.5f);
   float *db = filled((size_t)OC, 0.25f), *db_w = filled((size_t)OC, 0.25f);
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, inp, w, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, in16, w, N, C, OC, ld), 0);
   dt_cpu_matmul_backward(dinp_w, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   float *dw_unused = filled((size_t)OC * C, 0.0f);
   dt_cpu_matmul_backward(NULL, dw_unused, db_w, dout, inp, w, N, C, OC, ld);
@@ -678,14 +686,20 @@ START_TEST(test_matmul_bf16)
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   ck_assert(memcmp(db, db_w, (size_t)OC * sizeof(float)) == 0);
   /* dinp NULL: only the parameter gradients */
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, inp, w, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, in16, w, N, C, OC, ld), 0);
   dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   /* the table's entries */
-  const dt_ops_t *ops = dt_ops_cpu();
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
-  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), plain, inp, w, bias, N, C, OC, ld), 0);
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), plain, in16, w, bias, N, C, OC, ld),
+                   0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
+  /* the GELU into a bf16 activation: the fp32 GELU's values rounded, bit for bit */
+  float *g32 = falloc((size_t)N * C), *g16 = filled((size_t)N * C, GARBAGE);
+  ck_assert_int_eq(ops->gelu_forward(dt_device_cpu(), g32, inp, (size_t)N * C), 0);
+  ck_assert_int_eq(ops->gelu_forward_bf16(dt_device_cpu(), g16, inp, (size_t)N * C), 0);
+  for (size_t i = 0; i < (size_t)N * C; i++)
+    ck_assert(g16[i] == ref_bf16(g32[i]));
 }
 END_TEST
 
@@ -1662,6 +1676,8 @@ START_TEST(test_ops_table)
                            (const void *)ops->matmul_backward,
                            (const void *)ops->matmul_forward_bf16,
                            (const void *)ops->matmul_backward_bf16,
+                           (const void *)ops->to_bf16,
+                           (const void *)ops->gelu_forward_bf16,
                            (const void *)ops->attention_forward,
                            (const void *)ops->attention_backward,
                            (const void *)ops->attention_forward_flash,

@@ -34,14 +34,16 @@ static int choose(dt_device_t *dev, int bf16, int flash, dt_gpt2_t *m)
   return rc ? rc : dt_gpt2_set_attention(m, flash);
 }
 
-/* bf16 swaps in the table's bf16 linear layers and bf16 flash attention, nothing else. */
+/* bf16 swaps in the table's bf16 flash attention, nothing else (the linear layers and the GELU
+ * pick their bf16 entries by m.bf16, on bf16 activations: the entries' types differ). */
 START_TEST(test_bf16_takes_the_bf16_entries)
 {
   dt_gpt2_t m;
   dt_device_t *dev = edited_cpu();
   ck_assert_int_eq(choose(dev, 1, 1, &m), 0);
-  ck_assert_ptr_eq(m.ops->matmul_forward, g_ops.matmul_forward_bf16);
-  ck_assert_ptr_eq(m.ops->matmul_backward, g_ops.matmul_backward_bf16);
+  ck_assert_int_eq(m.bf16, 1);
+  ck_assert_ptr_eq(m.ops->matmul_forward, g_ops.matmul_forward);
+  ck_assert_ptr_eq(m.ops->gelu_forward, g_ops.gelu_forward);
   ck_assert_ptr_eq(m.ops->attention_forward_flash, g_ops.attention_forward_flash_bf16);
   ck_assert_ptr_eq(m.ops->attention_backward_flash, g_ops.attention_backward_flash_bf16);
   ck_assert_ptr_eq(m.ops->attention_forward_cp, g_ops.attention_forward_cp); /* fp32 */
@@ -58,6 +60,14 @@ START_TEST(test_refusals)
   dt_gpt2_t m;
   dt_device_t *dev = edited_cpu();
   g_ops.matmul_forward_bf16 = NULL; /* no bf16 linear layers: bf16 refused */
+  ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
+  dt_gpt2_destroy(&m);
+  dev = edited_cpu();
+  g_ops.gelu_forward_bf16 = NULL; /* nor without the GELU into bf16, */
+  ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
+  dt_gpt2_destroy(&m);
+  dev = edited_cpu();
+  g_ops.bf16_bytes = 0; /* or without bf16 activation buffers */
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
   dt_gpt2_destroy(&m);
 

@@ -195,15 +195,26 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
         &(a)->ce_stats, &(a)->gath, &(a)->tmps, &(a)->lngrad, &(a)->cpbuf, &(a)->dqkv_full         \
   }
 
+/* Its bf16 activation buffers (ops.h), also in a fixed order. */
+#define DT__ACTS_BF16_FIELDS(a)                                                                    \
+  {                                                                                                \
+    &(a)->fch_gelu16, &(a)->x16                                                                    \
+  }
+
 /* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
 static void free_acts(dt_device_t *dev, dt_gpt2_acts_t *a, dt_gpt2_acts_t *scratch)
 {
   float **mine[] = DT__ACTS_FIELDS(a);
+  void **mine16[] = DT__ACTS_BF16_FIELDS(a);
   dt_gpt2_acts_t none = {0};
   float **shared[] = DT__ACTS_FIELDS(scratch ? scratch : &none);
+  void **shared16[] = DT__ACTS_BF16_FIELDS(scratch ? scratch : &none);
   for (size_t k = 0; k < DT_ARRAY_SIZE(mine); k++)
     if (*mine[k] != *shared[k])
       dev->free(dev, *mine[k]);
+  for (size_t k = 0; k < DT_ARRAY_SIZE(mine16); k++)
+    if (*mine16[k] != *shared16[k])
+      dev->free(dev, *mine16[k]);
   dev->free(dev, a->tokens);
 }
 
@@ -212,9 +223,14 @@ static void share_scratch(dt_gpt2_acts_t *a, dt_gpt2_acts_t *scratch)
 {
   float **mine[] = DT__ACTS_FIELDS(a);
   float **shared[] = DT__ACTS_FIELDS(scratch);
+  void **mine16[] = DT__ACTS_BF16_FIELDS(a);
+  void **shared16[] = DT__ACTS_BF16_FIELDS(scratch);
   for (size_t k = 0; k < DT_ARRAY_SIZE(mine); k++)
     if (*shared[k])
       *mine[k] = *shared[k];
+  for (size_t k = 0; k < DT_ARRAY_SIZE(mine16); k++)
+    if (*shared16[k])
+      *mine16[k] = *shared16[k];
 }
 
 void dt_gpt2_destroy(dt_gpt2_t *m)
@@ -428,12 +444,13 @@ static size_t stream_rows(const dt_gpt2_t *m, size_t N)
   return m->sp ? N / (size_t)m->tp.tp : N;
 }
 
-#define DT__ALLOC(field, count)                                                                    \
+#define DT__ALLOC_BYTES(field, count, size)                                                        \
   do {                                                                                             \
-    ok = ok && m->dev->alloc(m->dev, (count) * sizeof(float), "activation " #field,                \
-                             (void **)&a->field) == 0;                                             \
-    total += (count) * sizeof(float);                                                              \
+    ok = ok &&                                                                                     \
+         m->dev->alloc(m->dev, (count) * (size), "activation " #field, (void **)&a->field) == 0;   \
+    total += (count) * (size);                                                                     \
   } while (0)
+#define DT__ALLOC(field, count) DT__ALLOC_BYTES(field, count, sizeof(float))
 
 /* A layer's inner activations for Lh layers (the slot's layers, or with activation
  * checkpointing one layer's worth in the scratch that every layer reuses). With sequence
@@ -457,7 +474,10 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
   DT__ALLOC(ln2_mean, Lh * Ns);
   DT__ALLOC(ln2_rstd, Lh * Ns);
   DT__ALLOC(fch, Lh * N * 4 * Cl);
-  DT__ALLOC(fch_gelu, Lh * N * 4 * Cl);
+  if (m->bf16) /* only the next linear layer reads it, in bf16 */
+    DT__ALLOC_BYTES(fch_gelu16, Lh * N * 4 * Cl, m->ops->bf16_bytes);
+  else
+    DT__ALLOC(fch_gelu, Lh * N * 4 * Cl);
   *bytes += total;
   return ok;
 }
@@ -487,6 +507,8 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
     DT__ALLOC(dqkv_full, (size_t)m->cp.cp * N * 3 * Cl);
   }
   DT__ALLOC(tmp, N * C);
+  if (m->bf16)
+    DT__ALLOC_BYTES(x16, N * C, m->ops->bf16_bytes);
   if (tp > 1 && m->stage.last)
     DT__ALLOC(ce_stats, (tp + 1) * N * 3); /* all ranks' stats, then this rank's */
   return ok ? total : 0;
@@ -524,6 +546,7 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, int B, int 
   return ok ? total : 0;
 }
 #undef DT__ALLOC
+#undef DT__ALLOC_BYTES
 
 int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, const int *slots, int recompute)
 {
@@ -588,14 +611,17 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
 int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
 {
   const dt_ops_t *k = m->dev->ops;
-  if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16)) {
+  if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
+               !k->gelu_forward_bf16 || !k->bf16_bytes)) {
     DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers", k->name);
     return DT_ENOTSUP;
   }
+  if (m->acts) {
+    DT_ERROR(TRAIN, "the precision must be chosen before the activations are allocated");
+    return DT_EINVAL;
+  }
   m->mixed = *k;
   if (bf16) { /* dt_gpt2_set_attention refuses flash when the bf16 flash entries are NULL */
-    m->mixed.matmul_forward = k->matmul_forward_bf16;
-    m->mixed.matmul_backward = k->matmul_backward_bf16;
     m->mixed.attention_forward_flash = k->attention_forward_flash_bf16;
     m->mixed.attention_backward_flash = k->attention_backward_flash_bf16;
   }
@@ -909,6 +935,7 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
 typedef struct {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
       *fchg, *res3;
+  void *fchg16; /* bf16 compute: the GELU's output, in bf16 (fchg is NULL then) */
 } layer_acts_t;
 
 static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int l)
@@ -918,19 +945,52 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
   const size_t Rn = stream_rows(m, An); /* rows of the sequence-parallel buffers */
   const size_t h = m->recompute ? 0 : (size_t)l;
   const size_t att_stride = att_elems(m, a->B, d.NHl, a->T);
-  return (layer_acts_t){.ln1 = a->ln1 + h * Rn * C,
-                        .ln1_mean = a->ln1_mean + h * Rn,
-                        .ln1_rstd = a->ln1_rstd + h * Rn,
-                        .qkv = a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl,
-                        .atty = a->atty + h * An * Cl,
-                        .att = a->att + h * att_stride,
-                        .res2 = a->residual2 + h * Rn * C,
-                        .ln2 = a->ln2 + h * Rn * C,
-                        .ln2_mean = a->ln2_mean + h * Rn,
-                        .ln2_rstd = a->ln2_rstd + h * Rn,
-                        .fch = a->fch + h * An * 4 * Cl,
-                        .fchg = a->fch_gelu + h * An * 4 * Cl,
-                        .res3 = a->residual3 + (size_t)l * Rn * C};
+  return (layer_acts_t){
+      .ln1 = a->ln1 + h * Rn * C,
+      .ln1_mean = a->ln1_mean + h * Rn,
+      .ln1_rstd = a->ln1_rstd + h * Rn,
+      .qkv = a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl,
+      .atty = a->atty + h * An * Cl,
+      .att = a->att + h * att_stride,
+      .res2 = a->residual2 + h * Rn * C,
+      .ln2 = a->ln2 + h * Rn * C,
+      .ln2_mean = a->ln2_mean + h * Rn,
+      .ln2_rstd = a->ln2_rstd + h * Rn,
+      .fch = a->fch + h * An * 4 * Cl,
+      .fchg = a->fch_gelu ? a->fch_gelu + h * An * 4 * Cl : NULL,
+      .fchg16 = a->fch_gelu16 ? (char *)a->fch_gelu16 + h * An * 4 * Cl * m->ops->bf16_bytes : NULL,
+      .res3 = a->residual3 + (size_t)l * Rn * C};
+}
+
+/* The linear layer out = in @ w^T + b (ops.h): in fp32, or under bf16 compute on in's bf16
+ * values, in16 where the producer stored them, else in rounded into the scratch's x16 first. */
+static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const float *in,
+                          const void *in16, const float *w, const float *b, int N, int C, int OC,
+                          int ldo)
+{
+  const dt_ops_t *k = m->ops;
+  if (!m->bf16)
+    return k->matmul_forward(m->dev, out, in, w, b, N, C, OC, ldo);
+  if (!in16) {
+    DT_CHECK(k->to_bf16(m->dev, a->x16, in, (size_t)N * C));
+    in16 = a->x16;
+  }
+  return k->matmul_forward_bf16(m->dev, out, in16, w, b, N, C, OC, ldo);
+}
+
+/* Its backward, with the same choice of input (ops.h: dinp =, dweight and dbias +=). */
+static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *dw, float *db,
+                           const float *dout, const float *in, const void *in16, const float *w,
+                           int N, int C, int OC, int ldd)
+{
+  const dt_ops_t *k = m->ops;
+  if (!m->bf16)
+    return k->matmul_backward(m->dev, dinp, dw, db, dout, in, w, N, C, OC, ldd);
+  if (!in16) {
+    DT_CHECK(k->to_bf16(m->dev, a->x16, in, (size_t)N * C));
+    in16 = a->x16;
+  }
+  return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, in16, w, N, C, OC, ldd);
 }
 
 /* Layer l's forward from its input x with parameters p (acquired by the caller); also what
@@ -949,30 +1009,33 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
                                 p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
   if (m->cp.cp == 1) {
-    DT_CHECK(k->matmul_forward(m->dev, y.qkv, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
-                               3 * Cl, 3 * Cl));
+    DT_CHECK(linear_forward(m, a, y.qkv, in, NULL, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+                            3 * Cl, 3 * Cl));
     if (m->flash)
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
     else
       DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
   } else {
     float *mine = a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl;
-    DT_CHECK(k->matmul_forward(m->dev, mine, in, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
-                               3 * Cl, 3 * Cl));
+    DT_CHECK(linear_forward(m, a, mine, in, NULL, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+                            3 * Cl, 3 * Cl));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
-  DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.atty, p->t[DT_T_ATTPROJW],
-                             lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
+  DT_CHECK(linear_forward(m, a, a->tmp, y.atty, NULL, p->t[DT_T_ATTPROJW],
+                          lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
                                          p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  DT_CHECK(k->matmul_forward(m->dev, y.fch, in, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl,
-                             4 * Cl));
-  DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
-  DT_CHECK(k->matmul_forward(m->dev, a->tmp, y.fchg, p->t[DT_T_FCPROJW],
-                             lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
+  DT_CHECK(linear_forward(m, a, y.fch, in, NULL, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl,
+                          4 * Cl));
+  if (m->bf16)
+    DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch, N * 4 * Cl));
+  else
+    DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
+  DT_CHECK(linear_forward(m, a, a->tmp, y.fchg, y.fchg16, p->t[DT_T_FCPROJW],
+                          lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   DT_CHECK(k->residual_forward(m->dev, y.res3, y.res2, branch, R * C));
   return 0;
@@ -1064,8 +1127,8 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    DT_CHECK(k->matmul_forward(m->dev, a->logits, a->lnf, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal,
-                               d.Vl));
+    DT_CHECK(linear_forward(m, a, a->logits, a->lnf, NULL, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal,
+                            d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
 
@@ -1159,8 +1222,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
-      DT_CHECK(k->matmul_backward(m->dev, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf,
-                                  ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
+      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, NULL,
+                               ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
     if (!first)
@@ -1182,19 +1245,19 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(k->matmul_backward(m->dev, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout,
-                                y.fchg, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
+    DT_CHECK(linear_backward(m, a, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, y.fchg,
+                             y.fchg16, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
     DT_CHECK(k->gelu_backward(m->dev, a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-    DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in,
-                                p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in, NULL,
+                             p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
                                 p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout,
-                                y.atty, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, y.atty,
+                             NULL, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) { /* the flash backward adds */
       DT_CHECK(m->dev->zero(m->dev, a->dqkv, N * 3 * Cl * sizeof(float)));
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf, a->dqkv, B, T, 0, T));
@@ -1207,8 +1270,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-    DT_CHECK(k->matmul_backward(m->dev, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in,
-                                p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in, NULL,
+                             p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));

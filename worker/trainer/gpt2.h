@@ -216,7 +216,9 @@ typedef struct {
   float *ln2_mean;  /* (L, N) */
   float *ln2_rstd;  /* (L, N) */
   float *fch;       /* (L, N, 4C) MLP pre-activation */
-  float *fch_gelu;  /* (L, N, 4C) */
+  float *fch_gelu;  /* (L, N, 4C); NULL under bf16 compute, which keeps fch_gelu16 */
+  void *fch_gelu16; /* (L, N, 4C) bf16 compute: the GELU's output as bf16 values (ops.h's bf16
+                       activation buffers), all the next linear layer reads of it */
   float *residual3; /* (L, N, C) after the MLP branch = next layer's input */
   float *lnf;       /* (N, C) */
   float *lnf_mean;  /* (N) */
@@ -237,6 +239,8 @@ typedef struct {
   float *dqkv;      /* (N, 3C) */
   float *datt;      /* like one layer's att (not with flash attention) */
   float *tmp;       /* (N, C) branch outputs before the residual add */
+  void *x16;        /* (N, C) bf16 compute: a linear layer's input rounded to bf16 (where its
+                       producer keeps fp32) */
   int *tokens;      /* (2, N) on a device that is not host memory: the micro-batch's inputs
                        then targets, copied there by the forward pass (NULL on the host) */
   int B, T;         /* the size these buffers were allocated for */
@@ -246,7 +250,8 @@ typedef struct {
   dt_gpt2_config_t cfg; /* the global model */
   dt_device_t *dev;     /* where its tensors live: every buffer below is device memory */
   const dt_ops_t *ops;  /* dev's kernels, or `mixed` under bf16 compute */
-  dt_ops_t mixed;       /* dev's kernels with its bf16 linear layers (dt_gpt2_set_precision) */
+  dt_ops_t mixed;       /* dev's kernels with its bf16 flash attention (dt_gpt2_set_precision);
+                           the linear layers and GELU choose their bf16 entries themselves */
   int bf16;             /* bf16 compute */
   int flash;            /* flash attention: att holds each query row's lse, no (T, T) matrix */
   dt_gpt2_tp_t tp;
