@@ -962,8 +962,19 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
       .res3 = a->residual3 + (size_t)l * Rn * C};
 }
 
+/* A linear layer's input under bf16 compute: in16 where the producer stored the bf16 values,
+ * else in (n values) rounded into the scratch's x16. */
+static int bf16_input(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *in, const void **in16, size_t n)
+{
+  if (*in16)
+    return 0;
+  DT_CHECK(m->ops->to_bf16(m->dev, a->x16, in, n));
+  *in16 = a->x16;
+  return 0;
+}
+
 /* The linear layer out = in @ w^T + b (ops.h): in fp32, or under bf16 compute on in's bf16
- * values, in16 where the producer stored them, else in rounded into the scratch's x16 first. */
+ * values (bf16_input). */
 static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const float *in,
                           const void *in16, const float *w, const float *b, int N, int C, int OC,
                           int ldo)
@@ -971,10 +982,7 @@ static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const flo
   const dt_ops_t *k = m->ops;
   if (!m->bf16)
     return k->matmul_forward(m->dev, out, in, w, b, N, C, OC, ldo);
-  if (!in16) {
-    DT_CHECK(k->to_bf16(m->dev, a->x16, in, (size_t)N * C));
-    in16 = a->x16;
-  }
+  DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
   return k->matmul_forward_bf16(m->dev, out, in16, w, b, N, C, OC, ldo);
 }
 
@@ -986,10 +994,7 @@ static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *
   const dt_ops_t *k = m->ops;
   if (!m->bf16)
     return k->matmul_backward(m->dev, dinp, dw, db, dout, in, w, N, C, OC, ldd);
-  if (!in16) {
-    DT_CHECK(k->to_bf16(m->dev, a->x16, in, (size_t)N * C));
-    in16 = a->x16;
-  }
+  DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
   return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, in16, w, N, C, OC, ldd);
 }
 
