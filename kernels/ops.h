@@ -58,6 +58,15 @@ typedef struct dt_ops {
                                     float *out, float *mean, float *rstd, const float *a,
                                     const float *b, /* (N, C) each */
                                     const float *weight, const float *bias, int N, int C);
+  /* The same two with out a bf16 activation buffer (bf16_bytes below): their fp32 outputs
+   * rounded to bf16, the input of the next linear layer under --precision bf16. NULL without a
+   * bf16 path. */
+  int (*layernorm_forward_bf16)(struct dt_device *dev, void *out, float *mean, float *rstd,
+                                const float *inp, const float *weight, const float *bias, int N,
+                                int C);
+  int (*residual_layernorm_forward_bf16)(struct dt_device *dev, float *res, void *out, float *mean,
+                                         float *rstd, const float *a, const float *b,
+                                         const float *weight, const float *bias, int N, int C);
   int (*layernorm_backward)(struct dt_device *dev, float *dinp, /* (N, C) += (residual stream) */
                             float *dweight,                     /* (C) += */
                             float *dbias,                       /* (C) += */

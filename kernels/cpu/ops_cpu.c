@@ -39,6 +39,27 @@ static int residual_layernorm_forward(struct dt_device *dev, float *res, float *
   return 0;
 }
 
+/* The bf16 LayerNorms: the fp32 kernels' values, rounded in place (a CPU bf16 buffer holds
+ * floats). */
+static int layernorm_forward_bf16(struct dt_device *dev, void *out, float *mean, float *rstd,
+                                  const float *inp, const float *weight, const float *bias, int N,
+                                  int C)
+{
+  dt_cpu_layernorm_forward(H(out), H(mean), H(rstd), H(inp), H(weight), H(bias), N, C);
+  dt_cpu_to_bf16(H(out), H(out), (size_t)N * C);
+  return 0;
+}
+
+static int residual_layernorm_forward_bf16(struct dt_device *dev, float *res, void *out,
+                                           float *mean, float *rstd, const float *a, const float *b,
+                                           const float *weight, const float *bias, int N, int C)
+{
+  dt_cpu_residual_layernorm_forward(H(res), H(out), H(mean), H(rstd), H(a), H(b), H(weight),
+                                    H(bias), N, C);
+  dt_cpu_to_bf16(H(out), H(out), (size_t)N * C);
+  return 0;
+}
+
 static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                               const float *dout, const float *inp, const float *weight,
                               const float *mean, const float *rstd, int N, int C)
@@ -229,6 +250,8 @@ static const dt_ops_t g_cpu_ops = {
     .encoder_backward = encoder_backward,
     .layernorm_forward = layernorm_forward,
     .residual_layernorm_forward = residual_layernorm_forward,
+    .layernorm_forward_bf16 = layernorm_forward_bf16,
+    .residual_layernorm_forward_bf16 = residual_layernorm_forward_bf16,
     .layernorm_backward = layernorm_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,

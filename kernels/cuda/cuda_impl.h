@@ -81,6 +81,13 @@ int dt__cuda_layernorm_forward(struct dt_device *dev, float *out, float *mean, f
 int dt__cuda_residual_layernorm_forward(struct dt_device *dev, float *res, float *out, float *mean,
                                         float *rstd, const float *a, const float *b,
                                         const float *weight, const float *bias, int N, int C);
+int dt__cuda_layernorm_forward_bf16(struct dt_device *dev, void *out, float *mean, float *rstd,
+                                    const float *inp, const float *weight, const float *bias, int N,
+                                    int C);
+int dt__cuda_residual_layernorm_forward_bf16(struct dt_device *dev, float *res, void *out,
+                                             float *mean, float *rstd, const float *a,
+                                             const float *b, const float *weight, const float *bias,
+                                             int N, int C);
 int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, int N, int C);

@@ -8,31 +8,64 @@
  * order into the workspace; pass two gives each channel one thread that adds the chunks' partial
  * sums in chunk order. The chunking depends on N only, so results are bit-identical from run
  * to run (and on any GPU). dinp, dweight and dbias accumulate (+=). */
+#include <cuda_bf16.h>
+
 #include "cuda_impl.h"
 #include "layernorm.cuh"
+
+template <typename O>
+static int layernorm_forward(struct dt_device *dev, O *out, float *mean, float *rstd,
+                             const float *inp, const float *weight, const float *bias, int N, int C)
+{
+  if (N <= 0 || C <= 0)
+    return 0;
+  layernorm_forward_kernel<O><<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
+      out, mean, rstd, inp, weight, bias, C);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
+template <typename O>
+static int residual_layernorm_forward(struct dt_device *dev, float *res, O *out, float *mean,
+                                      float *rstd, const float *a, const float *b,
+                                      const float *weight, const float *bias, int N, int C)
+{
+  if (N <= 0 || C <= 0)
+    return 0;
+  residual_layernorm_forward_kernel<O><<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
+      res, out, mean, rstd, a, b, weight, bias, C);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
 
 int dt__cuda_layernorm_forward(struct dt_device *dev, float *out, float *mean, float *rstd,
                                const float *inp, const float *weight, const float *bias, int N,
                                int C)
 {
-  if (N <= 0 || C <= 0)
-    return 0;
-  layernorm_forward_kernel<<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
-      out, mean, rstd, inp, weight, bias, C);
-  DT_CUDA_CHECK(cudaGetLastError());
-  return 0;
+  return layernorm_forward(dev, out, mean, rstd, inp, weight, bias, N, C);
+}
+
+int dt__cuda_layernorm_forward_bf16(struct dt_device *dev, void *out, float *mean, float *rstd,
+                                    const float *inp, const float *weight, const float *bias, int N,
+                                    int C)
+{
+  return layernorm_forward(dev, (__nv_bfloat16 *)out, mean, rstd, inp, weight, bias, N, C);
 }
 
 int dt__cuda_residual_layernorm_forward(struct dt_device *dev, float *res, float *out, float *mean,
                                         float *rstd, const float *a, const float *b,
                                         const float *weight, const float *bias, int N, int C)
 {
-  if (N <= 0 || C <= 0)
-    return 0;
-  residual_layernorm_forward_kernel<<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
-      res, out, mean, rstd, a, b, weight, bias, C);
-  DT_CUDA_CHECK(cudaGetLastError());
-  return 0;
+  return residual_layernorm_forward(dev, res, out, mean, rstd, a, b, weight, bias, N, C);
+}
+
+int dt__cuda_residual_layernorm_forward_bf16(struct dt_device *dev, float *res, void *out,
+                                             float *mean, float *rstd, const float *a,
+                                             const float *b, const float *weight, const float *bias,
+                                             int N, int C)
+{
+  return residual_layernorm_forward(dev, res, (__nv_bfloat16 *)out, mean, rstd, a, b, weight, bias,
+                                    N, C);
 }
 
 int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,

@@ -1,7 +1,9 @@
 /* layernorm.cuh — the LayerNorm kernels (layernorm.cu launches them; its top comment states
  * the algorithm): one block per row for the forward pass and the backward's dinp, then the two
- * column passes of dweight / dbias. Device code only, also compiled for the host by
- * tests/unit/cuda_emul.h. */
+ * column passes of dweight / dbias. The forward kernels write fp32 or, for a bf16 activation
+ * (ops.h), the same values rounded to bf16. Device code only, also compiled for the host by
+ * tests/unit/cuda_emul.h; the includer provides __nv_bfloat16 and __float2bfloat16_rn
+ * (cuda_bf16.h, or cuda_emul.h). */
 #ifndef DT_KERNELS_CUDA_LAYERNORM_CUH
 #define DT_KERNELS_CUDA_LAYERNORM_CUH
 
@@ -20,10 +22,22 @@ static inline int ln_chunk_rows(int N)
   return rows < LN_CHUNK_ROWS ? LN_CHUNK_ROWS : rows;
 }
 
+/* The forward's output element: fp32, or rounded to bf16 (to nearest even). */
+__device__ static inline void ln_store(float *o, float v)
+{
+  *o = v;
+}
+
+__device__ static inline void ln_store(__nv_bfloat16 *o, float v)
+{
+  *o = __float2bfloat16_rn(v);
+}
+
 /* One row by one block: o = (x - mean) * rstd * weight + bias, its statistics stored. Each
  * thread reads only the channels c = threadIdx.x + k * blockDim.x, so x may have been written by
  * the same thread just before without a barrier. */
-__device__ static void layernorm_row(float *o, float *mean, float *rstd, const float *x,
+template <typename O>
+__device__ static void layernorm_row(O *o, float *mean, float *rstd, const float *x,
                                      const float *weight, const float *bias, int C)
 {
   float s = 0.0f;
@@ -38,16 +52,16 @@ __device__ static void layernorm_row(float *o, float *mean, float *rstd, const f
   v = dt__block_reduce(v, dt__sum_op()) / (float)C;
   const float rs = 1.0f / sqrtf(v + LN_EPS);
   for (int c = threadIdx.x; c < C; c += blockDim.x)
-    o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+    ln_store(o + c, (x[c] - m) * rs * weight[c] + bias[c]);
   if (threadIdx.x == 0) {
     *mean = m;
     *rstd = rs;
   }
 }
 
-__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                                const float *inp, const float *weight,
-                                                const float *bias, int C)
+template <typename O>
+__global__ static void layernorm_forward_kernel(O *out, float *mean, float *rstd, const float *inp,
+                                                const float *weight, const float *bias, int C)
 {
   const size_t row = blockIdx.x;
   layernorm_row(out + row * C, mean + row, rstd + row, inp + row * C, weight, bias, C);
@@ -56,10 +70,10 @@ __global__ static void layernorm_forward_kernel(float *out, float *mean, float *
 /* res = a + b, then the LayerNorm of res, one block per row: the sum is read back by the thread
  * that wrote it (from L1), so the pair costs one pass less over memory than the residual kernel
  * and the LayerNorm apart, with the same bits. res may alias a or b. */
-__global__ static void residual_layernorm_forward_kernel(float *res, float *out, float *mean,
-                                                         float *rstd, const float *a,
-                                                         const float *b, const float *weight,
-                                                         const float *bias, int C)
+template <typename O>
+__global__ static void
+residual_layernorm_forward_kernel(float *res, O *out, float *mean, float *rstd, const float *a,
+                                  const float *b, const float *weight, const float *bias, int C)
 {
   const size_t row = blockIdx.x;
   float *r = res + row * C;

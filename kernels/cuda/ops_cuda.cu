@@ -16,6 +16,8 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.encoder_backward = dt__cuda_encoder_backward;
   o.layernorm_forward = dt__cuda_layernorm_forward;
   o.residual_layernorm_forward = dt__cuda_residual_layernorm_forward;
+  o.layernorm_forward_bf16 = dt__cuda_layernorm_forward_bf16;
+  o.residual_layernorm_forward_bf16 = dt__cuda_residual_layernorm_forward_bf16;
   o.layernorm_backward = dt__cuda_layernorm_backward;
   o.matmul_forward = dt__cuda_matmul_forward;
   o.matmul_backward = dt__cuda_matmul_backward;

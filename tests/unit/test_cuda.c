@@ -426,6 +426,20 @@ static void check_layernorm(int N, int C, double tol)
   expect_close("residual_layernorm_forward out", &out2);
   expect_close("residual_layernorm_forward mean", &mean2);
   expect_close("residual_layernorm_forward rstd", &rstd2);
+  /* bf16 outputs: the GPU's own fp32 values rounded (the CPU's to_bf16 of them), bit for bit */
+  pair16_t o16 = pair16_alloc(NC);
+  float *ln_gpu = fetch(&out), *res_ln_gpu = fetch(&out2);
+  ck_assert_int_eq(H->to_bf16(g_cpu, o16.h, ln_gpu, NC), 0);
+  ck_assert_int_eq(
+      G->layernorm_forward_bf16(g_gpu, o16.d, mean.d, rstd.d, inp.d, weight.d, bias.d, N, C), 0);
+  expect_bf16_equal("layernorm_forward_bf16", &o16, o16.h);
+  ck_assert_int_eq(H->to_bf16(g_cpu, o16.h, res_ln_gpu, NC), 0);
+  ck_assert_int_eq(G->residual_layernorm_forward_bf16(g_gpu, res.d, o16.d, mean2.d, rstd2.d, inp.d,
+                                                      other.d, weight.d, bias.d, N, C),
+                   0);
+  expect_bf16_equal("residual_layernorm_forward_bf16", &o16, o16.h);
+  free(ln_gpu), free(res_ln_gpu);
+  pair16_free(&o16);
   pair_free(&other), pair_free(&res), pair_free(&out2), pair_free(&mean2), pair_free(&rstd2);
 
   /* The backward takes the CPU's statistics on both sides, so it is tested on its own. */

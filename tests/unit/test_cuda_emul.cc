@@ -320,6 +320,22 @@ START_TEST(test_residual_layernorm)
     expect_close("residual layernorm mean", mean_g, mean_h);
     expect_close("residual layernorm rstd", rstd_g, rstd_h);
   }
+  /* bf16 outputs: the fp32 kernels' values rounded to nearest even, bit for bit, the rest equal */
+  std::vector<__nv_bfloat16> o16(NC, __nv_bfloat16{0xffffu}), r16(NC, __nv_bfloat16{0xffffu});
+  std::vector<float> m16(N, NAN), s16(N, NAN), mr16(N, NAN), sr16(N, NAN), sum16(NC, NAN);
+  launch(dim3(N), LN_THREADS, 0, [&] {
+    layernorm_forward_kernel(o16.data(), m16.data(), s16.data(), sum_s.data(), w.data(),
+                             bias.data(), C);
+  });
+  launch(dim3(N), LN_THREADS, 0, [&] {
+    residual_layernorm_forward_kernel(sum16.data(), r16.data(), mr16.data(), sr16.data(), a.data(),
+                                      b.data(), w.data(), bias.data(), C);
+  });
+  ck_assert(m16 == mean_s && s16 == rstd_s && mr16 == mean_s && sr16 == rstd_s && sum16 == sum_s);
+  for (size_t i = 0; i < NC; i++) {
+    ck_assert_msg(__bfloat162float(o16[i]) == dt_bf16_round(out_s[i]), "layernorm bf16 [%zu]", i);
+    ck_assert_msg(__bfloat162float(r16[i]) == dt_bf16_round(out_s[i]), "residual bf16 [%zu]", i);
+  }
 }
 END_TEST
 

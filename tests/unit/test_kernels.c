@@ -1252,6 +1252,23 @@ START_TEST(test_residual_layernorm)
     ck_assert_msg(memcmp(mean, mean_ref, N * sizeof(float)) == 0, "mean (alias %d)", alias);
     ck_assert_msg(memcmp(rstd, rstd_ref, N * sizeof(float)) == 0, "rstd (alias %d)", alias);
   }
+  /* The table's bf16 entries: the same outputs rounded (the reference's rounding), bit for bit,
+   * the statistics and the sum unchanged. */
+  const dt_ops_t *ops = dt_ops_cpu();
+  dt_device_t *dev = dt_device_cpu();
+  float *res = filled(n, GARBAGE), *o16 = filled(n, GARBAGE), *r16 = filled(n, GARBAGE);
+  float *mean = filled(N, GARBAGE), *rstd = filled(N, GARBAGE);
+  ck_assert_int_eq(ops->layernorm_forward_bf16(dev, o16, mean, rstd, res_ref, w, bias, N, C), 0);
+  ck_assert(memcmp(mean, mean_ref, N * sizeof(float)) == 0);
+  ck_assert(memcmp(rstd, rstd_ref, N * sizeof(float)) == 0);
+  ck_assert_int_eq(
+      ops->residual_layernorm_forward_bf16(dev, res, r16, mean, rstd, a, b, w, bias, N, C), 0);
+  ck_assert(memcmp(res, res_ref, n * sizeof(float)) == 0);
+  ck_assert(memcmp(mean, mean_ref, N * sizeof(float)) == 0);
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_msg(o16[i] == ref_bf16(out_ref[i]), "layernorm_forward_bf16 [%zu]", i);
+    ck_assert_msg(r16[i] == ref_bf16(out_ref[i]), "residual_layernorm_forward_bf16 [%zu]", i);
+  }
   tfree_all();
 }
 END_TEST
@@ -1671,6 +1688,8 @@ START_TEST(test_ops_table)
                            (const void *)ops->encoder_backward,
                            (const void *)ops->layernorm_forward,
                            (const void *)ops->residual_layernorm_forward,
+                           (const void *)ops->layernorm_forward_bf16,
+                           (const void *)ops->residual_layernorm_forward_bf16,
                            (const void *)ops->layernorm_backward,
                            (const void *)ops->matmul_forward,
                            (const void *)ops->matmul_backward,

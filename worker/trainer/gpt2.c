@@ -198,7 +198,7 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
 /* Its bf16 activation buffers (ops.h), also in a fixed order. */
 #define DT__ACTS_BF16_FIELDS(a)                                                                    \
   {                                                                                                \
-    &(a)->fch_gelu16, &(a)->x16                                                                    \
+    &(a)->ln1_16, &(a)->ln2_16, &(a)->fch_gelu16, &(a)->lnf16, &(a)->x16                           \
   }
 
 /* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
@@ -463,14 +463,21 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
   const size_t NH = (size_t)c->heads / tp, Cl = C / tp, Ns = stream_rows(m, N);
   size_t total = 0;
   int ok = 1;
-  DT__ALLOC(ln1, Lh * Ns * C);
+  const int keep16 = m->bf16 && !m->sp; /* SP gathers the LayerNorms' rows: fp32 there */
+  if (keep16)
+    DT__ALLOC_BYTES(ln1_16, Lh * Ns * C, m->ops->bf16_bytes);
+  else
+    DT__ALLOC(ln1, Lh * Ns * C);
   DT__ALLOC(ln1_mean, Lh * Ns);
   DT__ALLOC(ln1_rstd, Lh * Ns);
   DT__ALLOC(qkv, Lh * N * (size_t)m->cp.cp * 3 * Cl);
   DT__ALLOC(atty, Lh * N * Cl);
   DT__ALLOC(att, Lh * att_elems(m, B, (int)NH, T));
   DT__ALLOC(residual2, Lh * Ns * C);
-  DT__ALLOC(ln2, Lh * Ns * C);
+  if (keep16)
+    DT__ALLOC_BYTES(ln2_16, Lh * Ns * C, m->ops->bf16_bytes);
+  else
+    DT__ALLOC(ln2, Lh * Ns * C);
   DT__ALLOC(ln2_mean, Lh * Ns);
   DT__ALLOC(ln2_rstd, Lh * Ns);
   DT__ALLOC(fch, Lh * N * 4 * Cl);
@@ -528,7 +535,10 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, int B, int 
   ok = ok && (m->recompute || alloc_layers(m, a, L, B, T, &total));
   DT__ALLOC(residual3, L * Ns * C);
   if (m->stage.last && chunk == m->stage.chunks - 1) {
-    DT__ALLOC(lnf, N * C); /* gathered: the LM head needs every row */
+    if (m->bf16 && !m->sp)
+      DT__ALLOC_BYTES(lnf16, N * C, m->ops->bf16_bytes);
+    else
+      DT__ALLOC(lnf, N * C); /* gathered: the LM head needs every row */
     DT__ALLOC(lnf_mean, Ns);
     DT__ALLOC(lnf_rstd, Ns);
     DT__ALLOC(logits, N * Vl);
@@ -612,8 +622,10 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
 {
   const dt_ops_t *k = m->dev->ops;
   if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
-               !k->gelu_forward_bf16 || !k->bf16_bytes)) {
-    DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers", k->name);
+               !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 ||
+               !k->residual_layernorm_forward_bf16 || !k->bf16_bytes)) {
+    DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers and activations",
+             k->name);
     return DT_ENOTSUP;
   }
   if (m->acts) {
@@ -935,8 +947,19 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
 typedef struct {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
       *fchg, *res3;
-  void *fchg16; /* bf16 compute: the GELU's output, in bf16 (fchg is NULL then) */
+  void *ln1_16, *ln2_16, *fchg16; /* bf16 compute: kept in bf16 (the fp32 one is NULL then) */
 } layer_acts_t;
+
+/* Element off of an fp32 or a bf16 activation buffer that may be absent (NULL stays NULL). */
+static float *f32_at(float *p, size_t off)
+{
+  return p ? p + off : NULL;
+}
+
+static void *bf16_at(const dt_gpt2_t *m, void *p, size_t off)
+{
+  return p ? (char *)p + off * m->ops->bf16_bytes : NULL;
+}
 
 static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int l)
 {
@@ -945,21 +968,22 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
   const size_t Rn = stream_rows(m, An); /* rows of the sequence-parallel buffers */
   const size_t h = m->recompute ? 0 : (size_t)l;
   const size_t att_stride = att_elems(m, a->B, d.NHl, a->T);
-  return (layer_acts_t){
-      .ln1 = a->ln1 + h * Rn * C,
-      .ln1_mean = a->ln1_mean + h * Rn,
-      .ln1_rstd = a->ln1_rstd + h * Rn,
-      .qkv = a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl,
-      .atty = a->atty + h * An * Cl,
-      .att = a->att + h * att_stride,
-      .res2 = a->residual2 + h * Rn * C,
-      .ln2 = a->ln2 + h * Rn * C,
-      .ln2_mean = a->ln2_mean + h * Rn,
-      .ln2_rstd = a->ln2_rstd + h * Rn,
-      .fch = a->fch + h * An * 4 * Cl,
-      .fchg = a->fch_gelu ? a->fch_gelu + h * An * 4 * Cl : NULL,
-      .fchg16 = a->fch_gelu16 ? (char *)a->fch_gelu16 + h * An * 4 * Cl * m->ops->bf16_bytes : NULL,
-      .res3 = a->residual3 + (size_t)l * Rn * C};
+  return (layer_acts_t){.ln1 = f32_at(a->ln1, h * Rn * C),
+                        .ln1_16 = bf16_at(m, a->ln1_16, h * Rn * C),
+                        .ln1_mean = a->ln1_mean + h * Rn,
+                        .ln1_rstd = a->ln1_rstd + h * Rn,
+                        .qkv = a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl,
+                        .atty = a->atty + h * An * Cl,
+                        .att = a->att + h * att_stride,
+                        .res2 = a->residual2 + h * Rn * C,
+                        .ln2 = f32_at(a->ln2, h * Rn * C),
+                        .ln2_16 = bf16_at(m, a->ln2_16, h * Rn * C),
+                        .ln2_mean = a->ln2_mean + h * Rn,
+                        .ln2_rstd = a->ln2_rstd + h * Rn,
+                        .fch = a->fch + h * An * 4 * Cl,
+                        .fchg = f32_at(a->fch_gelu, h * An * 4 * Cl),
+                        .fchg16 = bf16_at(m, a->fch_gelu16, h * An * 4 * Cl),
+                        .res3 = a->residual3 + (size_t)l * Rn * C};
 }
 
 /* A linear layer's input under bf16 compute: in16 where the producer stored the bf16 values,
@@ -1010,11 +1034,15 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   const size_t N = (size_t)B * T, R = stream_rows(m, N);
   const layer_acts_t y = layer_acts(m, a, l);
   const float *in, *branch;
-  DT_CHECK(k->layernorm_forward(m->dev, y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W],
-                                p->t[DT_T_LN1B], (int)R, C));
-  DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
+  if (y.ln1_16)
+    DT_CHECK(k->layernorm_forward_bf16(m->dev, y.ln1_16, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W],
+                                       p->t[DT_T_LN1B], (int)R, C));
+  else
+    DT_CHECK(k->layernorm_forward(m->dev, y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W],
+                                  p->t[DT_T_LN1B], (int)R, C));
+  DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
   if (m->cp.cp == 1) {
-    DT_CHECK(linear_forward(m, a, y.qkv, in, NULL, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+    DT_CHECK(linear_forward(m, a, y.qkv, in, y.ln1_16, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
                             3 * Cl, 3 * Cl));
     if (m->flash)
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
@@ -1022,7 +1050,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
       DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
   } else {
     float *mine = a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl;
-    DT_CHECK(linear_forward(m, a, mine, in, NULL, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+    DT_CHECK(linear_forward(m, a, mine, in, y.ln1_16, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
                             3 * Cl, 3 * Cl));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
@@ -1030,11 +1058,16 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   DT_CHECK(linear_forward(m, a, a->tmp, y.atty, NULL, p->t[DT_T_ATTPROJW],
                           lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
-  DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
-                                         p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
+  if (y.ln2_16)
+    DT_CHECK(k->residual_layernorm_forward_bf16(m->dev, y.res2, y.ln2_16, y.ln2_mean, y.ln2_rstd, x,
+                                                branch, p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R,
+                                                C));
+  else
+    DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
+                                           p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  DT_CHECK(linear_forward(m, a, y.fch, in, NULL, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C, 4 * Cl,
-                          4 * Cl));
+  DT_CHECK(linear_forward(m, a, y.fch, in, y.ln2_16, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C,
+                          4 * Cl, 4 * Cl));
   if (m->bf16)
     DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch, N * 4 * Cl));
   else
@@ -1123,17 +1156,21 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
     return 0;
   DT_CHECK(acquire(m, DT_UNIT_FINAL, 0, &p, &unused));
   const size_t R = stream_rows(m, N);
-  float *mine = a->lnf + (m->sp ? (size_t)m->tp.rank * R * C : 0); /* gathered in place */
-  DT_CHECK(k->layernorm_forward(m->dev, mine, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW],
-                                p.t[DT_T_LNFB], (int)R, C));
+  float *mine = f32_at(a->lnf, m->sp ? (size_t)m->tp.rank * R * C : 0); /* gathered in place */
+  if (a->lnf16)
+    DT_CHECK(k->layernorm_forward_bf16(m->dev, a->lnf16, a->lnf_mean, a->lnf_rstd, x,
+                                       p.t[DT_T_LNFW], p.t[DT_T_LNFB], (int)R, C));
+  else
+    DT_CHECK(k->layernorm_forward(m->dev, mine, a->lnf_mean, a->lnf_rstd, x, p.t[DT_T_LNFW],
+                                  p.t[DT_T_LNFB], (int)R, C));
   DT_CHECK(release(m, DT_UNIT_FINAL, 0));
   if (m->sp)
     DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->lnf, R * C));
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    DT_CHECK(linear_forward(m, a, a->logits, a->lnf, NULL, p.t[DT_T_WTE], NULL, (int)N, C, d.Vreal,
-                            d.Vl));
+    DT_CHECK(linear_forward(m, a, a->logits, a->lnf, a->lnf16, p.t[DT_T_WTE], NULL, (int)N, C,
+                            d.Vreal, d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
 
@@ -1227,7 +1264,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
-      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, NULL,
+      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, a->lnf16,
                                ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
@@ -1254,7 +1291,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
                              y.fchg16, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
     DT_CHECK(k->gelu_backward(m->dev, a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in, NULL,
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in, y.ln2_16,
                              p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
@@ -1275,7 +1312,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in, NULL,
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in, y.ln1_16,
                              p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,

@@ -202,7 +202,10 @@ typedef struct {
 typedef struct {
   float *encoded;   /* (N, C) residual stream entering the chunk's first layer: the embeddings,
                        or the previous virtual stage's output */
-  float *ln1;       /* (L, N, C) */
+  float *ln1;       /* (L, N, C); NULL when ln1_16 holds it */
+  void *ln1_16;     /* (L, N, C) bf16 compute without sequence parallelism: the LayerNorm's output
+                       as bf16 values (ops.h), all the next linear layer reads of it; so ln2_16,
+                       fch_gelu16 and lnf16 */
   float *ln1_mean;  /* (L, N) */
   float *ln1_rstd;  /* (L, N) */
   float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence */
@@ -212,15 +215,16 @@ typedef struct {
                        flash attention (L, B, NH, T) log-sum-exps (cp: each chunk's (B, NH,
                        T/2)) */
   float *residual2; /* (L, N, C) after the attention branch */
-  float *ln2;       /* (L, N, C) */
+  float *ln2;       /* (L, N, C); NULL when ln2_16 holds it */
+  void *ln2_16;     /* (L, N, C) */
   float *ln2_mean;  /* (L, N) */
   float *ln2_rstd;  /* (L, N) */
   float *fch;       /* (L, N, 4C) MLP pre-activation */
   float *fch_gelu;  /* (L, N, 4C); NULL under bf16 compute, which keeps fch_gelu16 */
-  void *fch_gelu16; /* (L, N, 4C) bf16 compute: the GELU's output as bf16 values (ops.h's bf16
-                       activation buffers), all the next linear layer reads of it */
+  void *fch_gelu16; /* (L, N, 4C) bf16 compute (with sequence parallelism too) */
   float *residual3; /* (L, N, C) after the MLP branch = next layer's input */
-  float *lnf;       /* (N, C) */
+  float *lnf;       /* (N, C); NULL when lnf16 holds it */
+  void *lnf16;      /* (N, C) */
   float *lnf_mean;  /* (N) */
   float *lnf_rstd;  /* (N) */
   float *logits;    /* (N, Vl) this rank's vocabulary columns (Vl = Vp/tp); overwritten by
