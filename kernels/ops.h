@@ -96,13 +96,16 @@ typedef struct dt_ops {
    * layers): every GEMM operand (inp, weight, dout) is a bfloat16 value and the products
    * accumulate in fp32 into fp32 outputs. inp is a bf16 activation buffer (below), (N, C)
    * contiguous; weight and dout are fp32, rounded to bf16 (to nearest even) inside. The bias and
-   * its gradient stay fp32 (dbias sums the unrounded dout). NULL where a backend has no bf16
-   * path. */
+   * its gradient stay fp32 (dbias sums the unrounded dout). dout16, where the caller holds
+   * dout's bf16 values already (crossentropy_forward_backward_bf16's dlogits), is used instead
+   * of rounding dout: a bf16 buffer in the bytes an fp32 dout would take, its rows
+   * ldd * 4 / bf16_bytes values apart; dout is then read only for dbias (both may be NULL).
+   * NULL where a backend has no bf16 path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, float *out, const void *inp,
                              const float *weight, const float *bias, int N, int C, int OC, int ldo);
   int (*matmul_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const void *inp, const float *weight, int N, int C,
-                              int OC, int ldd);
+                              const float *dout, const void *dout16, const void *inp,
+                              const float *weight, int N, int C, int OC, int ldd);
   /* bf16 activation buffers: bf16_bytes bytes per value (0 where a backend has no bf16 path):
    * 2 on a GPU (bfloat16), 4 on the CPU (the fp32 number equal to the bfloat16, which its BLAS
    * reads as it is). A buffer of n values takes n * bf16_bytes bytes. */
@@ -181,6 +184,12 @@ typedef struct dt_ops {
                                        float *logits,      /* (N, Vp) in: logits, out: dlogits */
                                        const int *targets, /* (N) */
                                        float dloss, int N, int V, int Vp);
+  /* The same with the dlogits (dloss != 0) as bf16 values, all the LM head's bf16 GEMMs read
+   * of them: row i's Vp values rounded to bf16, written in place from the row's first byte (a
+   * bf16 buffer whose rows are Vp * 4 / bf16_bytes values apart: the fp32 rows' bytes). NULL
+   * without a bf16 path. */
+  int (*crossentropy_forward_backward_bf16)(struct dt_device *dev, float *losses, float *logits,
+                                            const int *targets, float dloss, int N, int V, int Vp);
 
   /* Vocabulary-parallel cross-entropy over logits of columns [vocab_lo, vocab_lo + Vl)
    * (row stride ldl >= Vl). stats gets per row (local max, local sum of exp(x - max), target

@@ -37,8 +37,8 @@ void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
 int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
                                int N, int C, int OC, int ldo);
 int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, int N, int C, int OC,
-                                int ldd);
+                                const float *dout16, const float *inp, const float *weight, int N,
+                                int C, int OC, int ldd);
 /* x rounded to the nearest bfloat16 (ties to even), as a float: the top 16 bits of its
  * pattern. Infinities stay; NaN stays NaN; finite values beyond bf16's range become inf. */
 static inline float dt_bf16_round(float x)

@@ -81,14 +81,15 @@ int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight
 }
 
 int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, int N, int C, int OC,
-                                int ldd)
+                                const float *dout16, const float *inp, const float *weight, int N,
+                                int C, int OC, int ldd)
 {
-  float *g = dt_cpu_bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
+  float *g = dout16 ? NULL : dt_cpu_bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
   float *w = dinp ? dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
-  const int ok = g && (w || !dinp);
+  const int ok = (g || dout16) && (w || !dinp);
   if (ok)
-    dt_cpu_matmul_backward(dinp, dweight, NULL, g, inp, w, N, C, OC, OC);
+    dt_cpu_matmul_backward(dinp, dweight, NULL, dout16 ? dout16 : g, inp, w, N, C, OC,
+                           dout16 ? ldd : OC);
   if (ok && dbias) /* from the unrounded gradient, as ops.h says */
     bias_backward(dbias, dout, N, OC, ldd);
   free(g);

@@ -94,11 +94,11 @@ static int matmul_forward_bf16(struct dt_device *dev, float *out, const void *in
 }
 
 static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const void *inp, const float *weight, int N,
-                                int C, int OC, int ldd)
+                                const float *dout, const void *dout16, const void *inp,
+                                const float *weight, int N, int C, int OC, int ldd)
 {
-  return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), N,
-                                     C, OC, ldd) == 0
+  return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(dout16), H(inp),
+                                     H(weight), N, C, OC, ldd) == 0
              ? 0
              : DT_ENOMEM;
 }
@@ -213,6 +213,16 @@ static int crossentropy_forward_backward(struct dt_device *dev, float *losses, f
   return 0;
 }
 
+/* dlogits rounded in place (a CPU bf16 buffer holds floats, in the fp32 rows' places). */
+static int crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, float *logits,
+                                              const int *targets, float dloss, int N, int V, int Vp)
+{
+  dt_cpu_crossentropy_forward_backward(H(losses), H(logits), H(targets), dloss, N, V, Vp);
+  if (dloss != 0.0f)
+    dt_cpu_to_bf16(H(logits), H(logits), (size_t)N * Vp);
+  return 0;
+}
+
 static int crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
                                  const int *targets, int vocab_lo, int N, int Vl, int ldl)
 {
@@ -272,6 +282,7 @@ static const dt_ops_t g_cpu_ops = {
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,
+    .crossentropy_forward_backward_bf16 = crossentropy_forward_backward_bf16,
     .crossentropy_vp_stats = crossentropy_vp_stats,
     .crossentropy_vp_finish = crossentropy_vp_finish,
     .adamw_update = adamw_update,

@@ -8,21 +8,40 @@
  * only when dloss != 0; the padding columns (>= V, or >= Vl up to the row stride) become 0.
  * Every thread reads the target's logit before the first barrier, and no thread writes the row
  * before that barrier, so the in-place overwrite never races with that read. Threads write only
- * elements they exponentiated themselves (same stride mapping in every loop). */
+ * elements they exponentiated themselves (same stride mapping in every loop). Under bf16 the
+ * fused kernel may write its dlogits as bf16 values in place (crossentropy.cuh says how that
+ * stays race-free). */
 #include <math.h>
+
+#include <cuda_bf16.h>
 
 #include "cuda_impl.h"
 #include "crossentropy.cuh"
 
-int dt__cuda_crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
-                                           const int *targets, float dloss, int N, int V, int Vp)
+template <typename O>
+static int crossentropy(struct dt_device *dev, float *losses, float *logits, const int *targets,
+                        float dloss, int N, int V, int Vp)
 {
   if (N <= 0)
     return 0;
-  crossentropy_kernel<<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(losses, logits,
-                                                                             targets, dloss, V, Vp);
+  crossentropy_kernel<O><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
+      losses, logits, targets, dloss, V, Vp);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
+}
+
+int dt__cuda_crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
+                                           const int *targets, float dloss, int N, int V, int Vp)
+{
+  return crossentropy<float>(dev, losses, logits, targets, dloss, N, V, Vp);
+}
+
+/* dlogits as bf16 values in place (ops.h): row i's from byte 4 i Vp, 2 Vp values apart. */
+int dt__cuda_crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, float *logits,
+                                                const int *targets, float dloss, int N, int V,
+                                                int Vp)
+{
+  return crossentropy<__nv_bfloat16>(dev, losses, logits, targets, dloss, N, V, Vp);
 }
 
 /* ------------------------------------------------------------------------------------------ */

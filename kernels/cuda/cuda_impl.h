@@ -100,8 +100,8 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *
                                  const float *weight, const float *bias, int N, int C, int OC,
                                  int ldo);
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                  const float *dout, const void *inp, const float *weight, int N,
-                                  int C, int OC, int ldd);
+                                  const float *dout, const void *dout16, const void *inp,
+                                  const float *weight, int N, int C, int OC, int ldd);
 int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n);
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
                                int B, int T, int C, int NH);
@@ -136,6 +136,9 @@ int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a,
                               size_t n);
 int dt__cuda_crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
                                            const int *targets, float dloss, int N, int V, int Vp);
+int dt__cuda_crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, float *logits,
+                                                const int *targets, float dloss, int N, int V,
+                                                int Vp);
 int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
                                    const int *targets, int vocab_lo, int N, int Vl, int ldl);
 int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,

@@ -189,22 +189,25 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *
 }
 
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                  const float *dout, const void *inp, const float *weight, int N,
-                                  int C, int OC, int ldd)
+                                  const float *dout, const void *dout16, const void *inp,
+                                  const float *weight, int N, int C, int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
   if (dbias) /* from the fp32 gradient (ops.h) */
     DT_CHECK(bias_backward(cu, dbias, dout, N, OC, ldd));
-  bf16_operand_t op[2] = {{dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL},
-                          {weight, (size_t)OC, (size_t)C, (size_t)C, NULL}};
-  DT_CHECK(bf16_operands(cu, op, dinp ? 2 : 1));
-  /* dout's copy is contiguous (ld OC) */
+  /* dout's bf16 values: the caller's (in the fp32 rows' bytes: 2 ldd apart), or a contiguous
+   * copy (ld OC) beside the weight's */
+  bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL},
+                          {dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL}};
+  DT_CHECK(bf16_operands(cu, op + (dinp ? 0 : 1), (dinp ? 1 : 0) + (dout16 ? 0 : 1)));
+  const void *g16 = dout16 ? dout16 : op[1].dst;
+  const int ld16 = dout16 ? 2 * ldd : OC;
   if (dinp) {
-    const dt_gemm_t g = gemm_linear_dinp(dinp, op[0].dst, op[1].dst, N, C, OC, OC);
+    const dt_gemm_t g = gemm_linear_dinp(dinp, g16, op[0].dst, N, C, OC, ld16);
     DT_CHECK(linear_gemm(cu, &g, CUDA_R_16BF));
   }
-  const dt_gemm_t g = gemm_linear_dweight(dweight, op[0].dst, inp, N, C, OC, OC);
+  const dt_gemm_t g = gemm_linear_dweight(dweight, g16, inp, N, C, OC, ld16);
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }

@@ -179,6 +179,22 @@ static void expect_bf16_equal(const char *what, const pair16_t *p, const float *
   free(g);
 }
 
+/* The bf16 bits of the GPU's bf16 values whose rows lie in the bytes of fp32 rows of ld floats
+ * (2 ld values apart), each row's first `cols` as floats. */
+static float *fetch_rows16(const void *d, size_t rows, size_t cols, size_t ld)
+{
+  uint16_t *raw = xmalloc(rows * ld * sizeof(float));
+  to_host(raw, d, rows * ld * sizeof(float));
+  float *v = xmalloc(rows * cols * sizeof(float));
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = 0; c < cols; c++) {
+      const uint32_t bits = (uint32_t)raw[r * 2 * ld + c] << 16;
+      memcpy(&v[r * cols + c], &bits, sizeof bits);
+    }
+  free(raw);
+  return v;
+}
+
 static void pair16_free(pair16_t *p)
 {
   free(p->h);
@@ -513,11 +529,11 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   if (with_bias)
     dbias = pair_rand((size_t)OC, 0.0f, 1.0f);
   if (bf16) {
-    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, in16.h,
-                                             weight.h, N, C, OC, ld),
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, NULL,
+                                             in16.h, weight.h, N, C, OC, ld),
                      0);
-    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, in16.d,
-                                             weight.d, N, C, OC, ld),
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, NULL,
+                                             in16.d, weight.d, N, C, OC, ld),
                      0);
   } else {
     ck_assert_int_eq(H->matmul_backward(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h,
@@ -532,6 +548,29 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   expect_close("matmul_backward dweight", &dweight);
   if (with_bias)
     expect_close("matmul_backward dbias", &dbias);
+  if (bf16 && !with_bias) { /* dout's bf16 values given, in dout's bytes (the LM head's case) */
+    float *r = xmalloc(dout.n * sizeof(float));
+    uint16_t *raw = xmalloc(dout.n * sizeof(float));
+    ck_assert_int_eq(H->to_bf16(g_cpu, r, dout.h, dout.n), 0);
+    for (size_t i = 0; i < (size_t)N; i++)
+      for (size_t c = 0; c < (size_t)ld; c++) {
+        uint32_t bits;
+        memcpy(&bits, &r[i * ld + c], sizeof bits);
+        raw[i * 2 * ld + c] = (uint16_t)(bits >> 16); /* exact: r holds bf16 values */
+      }
+    void *d16 = dev_alloc(dout.n * sizeof(float));
+    to_dev(d16, raw, dout.n * sizeof(float));
+    pair_t dw2 = pair_rand((size_t)OC * C, 0.0f, 1.0f), di2 = pair_garbage((size_t)N * C);
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di2.h, dw2.h, NULL, dout.h, NULL, in16.h,
+                                             weight.h, N, C, OC, ld),
+                     0);
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di2.d, dw2.d, NULL, NULL, d16, in16.d, weight.d,
+                                             N, C, OC, ld),
+                     0);
+    expect_close("matmul_backward_bf16 dinp from dout16", &di2);
+    expect_close("matmul_backward_bf16 dweight from dout16", &dw2);
+    free(r), free(raw), g_gpu->free(g_gpu, d16), pair_free(&dw2), pair_free(&di2);
+  }
 
   pair_free(&inp), pair_free(&weight), pair_free(&out), pair_free(&dout), pair_free(&dweight);
   if (bf16)
@@ -761,6 +800,8 @@ static void check_crossentropy(int N, int V, int Vp, float dloss)
   ipair_t targets = ipair_below((size_t)N, V);
   pair_t logits = pair_rand((size_t)N * Vp, 0.0f, 2.0f);
   pair_t losses = pair_garbage((size_t)N);
+  float *orig = xmalloc(logits.n * sizeof(float));
+  memcpy(orig, logits.h, logits.n * sizeof(float));
   ck_assert_int_eq(
       H->crossentropy_forward_backward(g_cpu, losses.h, logits.h, targets.h, dloss, N, V, Vp), 0);
   ck_assert_int_eq(
@@ -775,8 +816,24 @@ static void check_crossentropy(int N, int V, int Vp, float dloss)
       for (int j = V; j < Vp; j++)
         ck_assert_msg(g[(size_t)i * Vp + j] == 0.0f, "dlogits[%d][%d] = %g in the padding", i, j,
                       g[(size_t)i * Vp + j]);
-    free(g);
+    /* The bf16 entry on the same logits: the same losses, and each row's first 2 Vp bytes hold
+     * the fp32 dlogits above rounded, bit for bit. */
+    float *l16 = dev_alloc(logits.n * sizeof(float)),
+          *loss16 = dev_alloc((size_t)N * sizeof(float));
+    to_dev(l16, orig, logits.n * sizeof(float));
+    ck_assert_int_eq(
+        G->crossentropy_forward_backward_bf16(g_gpu, loss16, l16, targets.d, dloss, N, V, Vp), 0);
+    float *want = xmalloc(logits.n * sizeof(float)), *loss_a = fetch(&losses);
+    float *loss_b = xmalloc((size_t)N * sizeof(float));
+    to_host(loss_b, loss16, (size_t)N * sizeof(float));
+    ck_assert(memcmp(loss_a, loss_b, (size_t)N * sizeof(float)) == 0);
+    ck_assert_int_eq(H->to_bf16(g_cpu, want, g, logits.n), 0);
+    float *got = fetch_rows16(l16, (size_t)N, (size_t)Vp, (size_t)Vp);
+    ck_assert(memcmp(got, want, logits.n * sizeof(float)) == 0);
+    free(g), free(want), free(loss_a), free(loss_b), free(got);
+    g_gpu->free(g_gpu, l16), g_gpu->free(g_gpu, loss16);
   }
+  free(orig);
   ipair_free(&targets), pair_free(&logits), pair_free(&losses);
 }
 

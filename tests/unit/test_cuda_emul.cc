@@ -115,11 +115,33 @@ START_TEST(test_crossentropy)
     std::vector<float> loss_h(N), loss_g(N, NAN);
     dt_cpu_crossentropy_forward_backward(loss_h.data(), logits_h.data(), tgt.data(), dloss, N, V,
                                          Vp);
-    launch(dim3(N), CE_THREADS, 0,
-           [&] { crossentropy_kernel(loss_g.data(), logits_g.data(), tgt.data(), dloss, V, Vp); });
+    launch(dim3(N), CE_THREADS, 0, [&] {
+      crossentropy_kernel<float>(loss_g.data(), logits_g.data(), tgt.data(), dloss, V, Vp);
+    });
     expect_close("crossentropy losses", loss_g, loss_h);
     expect_close(dloss != 0.0f ? "crossentropy dlogits" : "crossentropy logits kept", logits_g,
                  logits_h);
+  }
+  /* The dlogits as bf16 values in place, over several passes of the block (Vp > CE_THREADS,
+   * where a value lands on bytes another thread reads): each row's first 2 Vp bytes hold the
+   * fp32 kernel's dlogits rounded, bit for bit, and the losses are the same. */
+  const int N2 = 3, V2 = 1100, Vp2 = 1152;
+  const std::vector<int> tgt2 = targets(N2, V2);
+  std::vector<float> l32 = randn((size_t)N2 * Vp2, 0.0f, 3.0f), l16 = l32;
+  std::vector<float> loss32(N2, NAN), loss16(N2, NAN);
+  launch(dim3(N2), CE_THREADS, 0, [&] {
+    crossentropy_kernel<float>(loss32.data(), l32.data(), tgt2.data(), 0.5f, V2, Vp2);
+  });
+  launch(dim3(N2), CE_THREADS, 0, [&] {
+    crossentropy_kernel<__nv_bfloat16>(loss16.data(), l16.data(), tgt2.data(), 0.5f, V2, Vp2);
+  });
+  ck_assert(loss16 == loss32);
+  for (int r = 0; r < N2; r++) {
+    const __nv_bfloat16 *g = (const __nv_bfloat16 *)(l16.data() + (size_t)r * Vp2);
+    for (int j = 0; j < Vp2; j++)
+      ck_assert_msg(__bfloat162float(g[j]) == dt_bf16_round(l32[(size_t)r * Vp2 + j]),
+                    "bf16 dlogit [%d][%d]: %g, want %g", r, j, (double)__bfloat162float(g[j]),
+                    (double)dt_bf16_round(l32[(size_t)r * Vp2 + j]));
   }
 }
 END_TEST

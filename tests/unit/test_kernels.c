@@ -678,7 +678,7 @@ START_TEST(test_matmul_bf16)
   float *dinp = filled((size_t)N * C, GARBAGE), *dinp_w = filled((size_t)N * C, GARBAGE);
   float *dw = filled((size_t)OC * C, 0.5f), *dw_w = filled((size_t)OC * C, 0.5f);
   float *db = filled((size_t)OC, 0.25f), *db_w = filled((size_t)OC, 0.25f);
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, in16, w, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, NULL, in16, w, N, C, OC, ld), 0);
   dt_cpu_matmul_backward(dinp_w, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   float *dw_unused = filled((size_t)OC * C, 0.0f);
   dt_cpu_matmul_backward(NULL, dw_unused, db_w, dout, inp, w, N, C, OC, ld);
@@ -686,8 +686,16 @@ START_TEST(test_matmul_bf16)
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   ck_assert(memcmp(db, db_w, (size_t)OC * sizeof(float)) == 0);
   /* dinp NULL: only the parameter gradients */
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, in16, w, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, NULL, in16, w, N, C, OC, ld),
+                   0);
   dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  /* dout's bf16 values given (dout16, in dout's places): the same GEMMs, dout unread (NULL) */
+  float *dinp16 = filled((size_t)N * C, GARBAGE);
+  ck_assert_int_eq(
+      dt_cpu_matmul_backward_bf16(dinp16, dw, NULL, NULL, dout_r, in16, w, N, C, OC, ld), 0);
+  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  ck_assert(memcmp(dinp16, dinp_w, (size_t)N * C * sizeof(float)) == 0);
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
@@ -1707,6 +1715,7 @@ START_TEST(test_ops_table)
                            (const void *)ops->gelu_backward,
                            (const void *)ops->residual_forward,
                            (const void *)ops->crossentropy_forward_backward,
+                           (const void *)ops->crossentropy_forward_backward_bf16,
                            (const void *)ops->crossentropy_vp_stats,
                            (const void *)ops->crossentropy_vp_finish,
                            (const void *)ops->adamw_update,

@@ -67,6 +67,10 @@ START_TEST(test_refusals)
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
   dt_gpt2_destroy(&m);
   dev = edited_cpu();
+  g_ops.crossentropy_forward_backward_bf16 = NULL; /* or the dlogits in bf16, */
+  ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
+  dt_gpt2_destroy(&m);
+  dev = edited_cpu();
   g_ops.residual_layernorm_forward_bf16 = NULL; /* or a LayerNorm into bf16, */
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
   dt_gpt2_destroy(&m);

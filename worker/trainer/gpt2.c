@@ -621,9 +621,10 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
 int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
 {
   const dt_ops_t *k = m->dev->ops;
-  if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
-               !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 ||
-               !k->residual_layernorm_forward_bf16 || !k->bf16_bytes)) {
+  if (bf16 &&
+      (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
+       !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 || !k->residual_layernorm_forward_bf16 ||
+       !k->crossentropy_forward_backward_bf16 || !k->bf16_bytes)) {
     DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers and activations",
              k->name);
     return DT_ENOTSUP;
@@ -1010,16 +1011,17 @@ static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const flo
   return k->matmul_forward_bf16(m->dev, out, in16, w, b, N, C, OC, ldo);
 }
 
-/* Its backward, with the same choice of input (ops.h: dinp =, dweight and dbias +=). */
+/* Its backward, with the same choice of input (ops.h: dinp =, dweight and dbias +=); under bf16
+ * compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits). */
 static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *dw, float *db,
-                           const float *dout, const float *in, const void *in16, const float *w,
-                           int N, int C, int OC, int ldd)
+                           const float *dout, const void *dout16, const float *in, const void *in16,
+                           const float *w, int N, int C, int OC, int ldd)
 {
   const dt_ops_t *k = m->ops;
   if (!m->bf16)
     return k->matmul_backward(m->dev, dinp, dw, db, dout, in, w, N, C, OC, ldd);
   DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-  return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, in16, w, N, C, OC, ldd);
+  return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, dout16, in16, w, N, C, OC, ldd);
 }
 
 /* Layer l's forward from its input x with parameters p (acquired by the caller); also what
@@ -1194,6 +1196,13 @@ static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out
   return 0;
 }
 
+/* Where the loss writes the dlogits as bf16 values (the fused kernel under bf16 compute, one
+ * process: all the LM head's bf16 GEMMs read of them), or NULL. */
+static const void *dlogits16(const dt_gpt2_t *m, const dt_gpt2_acts_t *a)
+{
+  return m->bf16 && m->tp.tp == 1 ? (const void *)a->logits : NULL;
+}
+
 /* Per-token losses of slot a's logits into a->losses and, when dloss != 0, dlogits in place of
  * the logits. One process: the fused kernel. Tensor parallel: the vocabulary-parallel pair
  * around one all-gather of 3N floats per rank. */
@@ -1201,6 +1210,11 @@ static int cross_entropy(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *targets, fl
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
+  if (dlogits16(m, a)) {
+    DT_CHECK(k->crossentropy_forward_backward_bf16(m->dev, a->losses, a->logits, targets, dloss, N,
+                                                   m->cfg.vocab, m->cfg.padded_vocab));
+    return 0;
+  }
   if (m->tp.tp == 1) {
     DT_CHECK(k->crossentropy_forward_backward(m->dev, a->losses, a->logits, targets, dloss, N,
                                               m->cfg.vocab, m->cfg.padded_vocab));
@@ -1264,8 +1278,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
-      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->lnf, a->lnf16,
-                               ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
+      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, dlogits16(m, a),
+                               a->lnf, a->lnf16, ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
     if (!first)
@@ -1287,19 +1301,19 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(linear_backward(m, a, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, y.fchg,
-                             y.fchg16, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
+    DT_CHECK(linear_backward(m, a, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, NULL,
+                             y.fchg, y.fchg16, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
     DT_CHECK(k->gelu_backward(m->dev, a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, in, y.ln2_16,
-                             p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, NULL, in,
+                             y.ln2_16, p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
                                 p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, y.atty,
-                             NULL, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
+                             y.atty, NULL, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) { /* the flash backward adds */
       DT_CHECK(m->dev->zero(m->dev, a->dqkv, N * 3 * Cl * sizeof(float)));
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf, a->dqkv, B, T, 0, T));
@@ -1312,8 +1326,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, in, y.ln1_16,
-                             p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, NULL, in,
+                             y.ln1_16, p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));
