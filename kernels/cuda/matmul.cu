@@ -201,7 +201,9 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
    * copy (ld OC) beside the weight's */
   bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL},
                           {dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL}};
-  DT_CHECK(bf16_operands(cu, op + (dinp ? 0 : 1), (dinp ? 1 : 0) + (dout16 ? 0 : 1)));
+  const int copies = (dinp ? 1 : 0) + (dout16 ? 0 : 1);
+  if (copies)
+    DT_CHECK(bf16_operands(cu, op + (dinp ? 0 : 1), copies));
   const void *g16 = dout16 ? dout16 : op[1].dst;
   const int ld16 = dout16 ? 2 * ldd : OC;
   if (dinp) {
