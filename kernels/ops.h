@@ -58,9 +58,9 @@ typedef struct dt_ops {
                                     float *out, float *mean, float *rstd, const float *a,
                                     const float *b, /* (N, C) each */
                                     const float *weight, const float *bias, int N, int C);
-  /* The same two with out a bf16 activation buffer (bf16_bytes below): their fp32 outputs
-   * rounded to bf16, the input of the next linear layer under --precision bf16. NULL without a
-   * bf16 path. */
+  /* The same two writing out into a bf16 activation buffer (bf16_bytes below): their fp32
+   * outputs rounded to bf16, the input of the next linear layer under --precision bf16. NULL
+   * without a bf16 path. */
   int (*layernorm_forward_bf16)(struct dt_device *dev, void *out, float *mean, float *rstd,
                                 const float *inp, const float *weight, const float *bias, int N,
                                 int C);
