@@ -1,10 +1,14 @@
-/* block.cuh — device code every CUDA kernel file shares: launch geometry, grid-stride loops
- * and deterministic block reductions. Header-only and free of the CUDA runtime API, so that
- * tests/unit/cuda_emul.h can compile it, and the kernels built on it, for the host. */
+/* block.cuh — device code every CUDA kernel file shares: launch geometry, grid-stride loops,
+ * deterministic block reductions and the store of an output element in fp32 or bf16.
+ * Header-only and free of the CUDA runtime API, so that tests/unit/cuda_emul.h (which provides
+ * __nv_bfloat16 there) can compile it, and the kernels built on it, for the host. */
 #ifndef DT_KERNELS_CUDA_BLOCK_CUH
 #define DT_KERNELS_CUDA_BLOCK_CUH
 
 #include <stddef.h>
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#endif
 
 #define DT__CUDA_THREADS  256    /* elementwise kernels */
 #define DT__CUDA_MAX_GRID 65536u /* grid-stride loops cover the rest */
@@ -16,6 +20,18 @@ static inline unsigned dt__cuda_grid(size_t n, unsigned threads)
   if (blocks == 0)
     blocks = 1;
   return blocks > DT__CUDA_MAX_GRID ? DT__CUDA_MAX_GRID : (unsigned)blocks;
+}
+
+/* An output element: fp32, or rounded to bf16 (to nearest even) for a bf16 activation (ops.h).
+ * Kernels templated on their output type write through it. */
+__device__ static inline void dt__store(float *o, float v)
+{
+  *o = v;
+}
+
+__device__ static inline void dt__store(__nv_bfloat16 *o, float v)
+{
+  *o = __float2bfloat16_rn(v);
 }
 
 /* Grid-stride loop over [0, n) with a size_t index. */

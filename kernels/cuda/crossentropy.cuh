@@ -1,7 +1,6 @@
 /* crossentropy.cuh — the cross-entropy kernels (crossentropy.cu launches them, one block of
  * CE_THREADS per row; its top comment states the arithmetic). Device code only, also compiled
- * for the host by tests/unit/cuda_emul.h; the includer provides __nv_bfloat16 and
- * __float2bfloat16_rn (cuda_bf16.h, or cuda_emul.h). */
+ * for the host by tests/unit/cuda_emul.h. */
 #ifndef DT_KERNELS_CUDA_CROSSENTROPY_CUH
 #define DT_KERNELS_CUDA_CROSSENTROPY_CUH
 
@@ -10,17 +9,6 @@
 #include "block.cuh"
 
 #define CE_THREADS 512 /* a multiple of 32 */
-
-/* A dlogit: fp32, or rounded to bf16 (to nearest even). */
-__device__ static inline void ce_store(float *o, float v)
-{
-  *o = v;
-}
-
-__device__ static inline void ce_store(__nv_bfloat16 *o, float v)
-{
-  *o = __float2bfloat16_rn(v);
-}
 
 /* O = __nv_bfloat16: the dlogits as bf16 values, in place from the row's first byte. Value j
  * then lands on the bytes of fp32 value j / 2, which this or an earlier pass of the loop has
@@ -67,7 +55,7 @@ __global__ static void crossentropy_kernel(float *losses, float *logits, const i
     }
     __syncthreads();
     if (j < Vp)
-      ce_store(out + j, g);
+      dt__store(out + j, g);
   }
 }
 

@@ -8,24 +8,26 @@
 #include "cuda_impl.h"
 #include "gelu.cuh"
 
-int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
+template <typename O>
+static int gelu_forward(struct dt_device *dev, O *out, const float *inp, size_t n)
 {
   if (n == 0)
     return 0;
-  gelu_forward_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
-                        dt__cuda(dev)->stream>>>(out, inp, n);
+  gelu_forward_kernel<O>
+      <<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, dt__cuda(dev)->stream>>>(out, inp,
+                                                                                           n);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
 
+int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)
+{
+  return gelu_forward(dev, out, inp, n);
+}
+
 int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n)
 {
-  if (n == 0)
-    return 0;
-  gelu_forward_bf16_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
-                             dt__cuda(dev)->stream>>>((__nv_bfloat16 *)out, inp, n);
-  DT_CUDA_CHECK(cudaGetLastError());
-  return 0;
+  return gelu_forward(dev, (__nv_bfloat16 *)out, inp, n);
 }
 
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,

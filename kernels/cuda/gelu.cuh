@@ -1,7 +1,7 @@
 /* gelu.cuh — the GELU kernels (gelu.cu launches them, elementwise over a capped grid; its top
  * comment states the expression). Device code only, also compiled for the host by
- * tests/unit/cuda_emul.h; the includer provides __nv_bfloat16 and __float2bfloat16_rn
- * (cuda_bf16.h, or cuda_emul.h). */
+ * tests/unit/cuda_emul.h. The forward writes fp32, or the same values rounded to bf16 (a bf16
+ * activation, ops.h). */
 #ifndef DT_KERNELS_CUDA_GELU_CUH
 #define DT_KERNELS_CUDA_GELU_CUH
 
@@ -11,26 +11,13 @@
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-__device__ static inline float gelu_value(float x)
-{
-  const float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
-}
-
-__global__ static void gelu_forward_kernel(float *out, const float *inp, size_t n)
+template <typename O> __global__ static void gelu_forward_kernel(O *out, const float *inp, size_t n)
 {
   DT__CUDA_FOR(i, n)
   {
-    out[i] = gelu_value(inp[i]);
-  }
-}
-
-/* The same value rounded to bf16 (to nearest even): a bf16 activation (ops.h). */
-__global__ static void gelu_forward_bf16_kernel(__nv_bfloat16 *out, const float *inp, size_t n)
-{
-  DT__CUDA_FOR(i, n)
-  {
-    out[i] = __float2bfloat16_rn(gelu_value(inp[i]));
+    const float x = inp[i];
+    const float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    dt__store(out + i, 0.5f * x * (1.0f + tanhf(u)));
   }
 }
 

@@ -1,9 +1,8 @@
 /* layernorm.cuh — the LayerNorm kernels (layernorm.cu launches them; its top comment states
  * the algorithm): one block per row for the forward pass and the backward's dinp, then the two
  * column passes of dweight / dbias. The forward kernels write fp32 or, for a bf16 activation
- * (ops.h), the same values rounded to bf16. Device code only, also compiled for the host by
- * tests/unit/cuda_emul.h; the includer provides __nv_bfloat16 and __float2bfloat16_rn
- * (cuda_bf16.h, or cuda_emul.h). */
+ * (ops.h), the same values rounded to bf16 (dt__store). Device code only, also compiled for
+ * the host by tests/unit/cuda_emul.h. */
 #ifndef DT_KERNELS_CUDA_LAYERNORM_CUH
 #define DT_KERNELS_CUDA_LAYERNORM_CUH
 
@@ -20,17 +19,6 @@ static inline int ln_chunk_rows(int N)
 {
   const int rows = (N + LN_MAX_CHUNKS - 1) / LN_MAX_CHUNKS;
   return rows < LN_CHUNK_ROWS ? LN_CHUNK_ROWS : rows;
-}
-
-/* The forward's output element: fp32, or rounded to bf16 (to nearest even). */
-__device__ static inline void ln_store(float *o, float v)
-{
-  *o = v;
-}
-
-__device__ static inline void ln_store(__nv_bfloat16 *o, float v)
-{
-  *o = __float2bfloat16_rn(v);
 }
 
 /* One row by one block: o = (x - mean) * rstd * weight + bias, its statistics stored. Each
@@ -52,7 +40,7 @@ __device__ static void layernorm_row(O *o, float *mean, float *rstd, const float
   v = dt__block_reduce(v, dt__sum_op()) / (float)C;
   const float rs = 1.0f / sqrtf(v + LN_EPS);
   for (int c = threadIdx.x; c < C; c += blockDim.x)
-    ln_store(o + c, (x[c] - m) * rs * weight[c] + bias[c]);
+    dt__store(o + c, (x[c] - m) * rs * weight[c] + bias[c]);
   if (threadIdx.x == 0) {
     *mean = m;
     *rstd = rs;

@@ -284,7 +284,7 @@ START_TEST(test_gelu_residual)
   /* bf16 output: the fp32 kernel's values rounded to nearest even, bit for bit (the bf16
    * activation the next linear layer reads); the CPU's (rounded floats) agree to bf16's ulp */
   std::vector<__nv_bfloat16> out16(n, __nv_bfloat16{0xffffu});
-  launch_elementwise(n, [&] { gelu_forward_bf16_kernel(out16.data(), x.data(), n); });
+  launch_elementwise(n, [&] { gelu_forward_kernel(out16.data(), x.data(), n); });
   std::vector<float> out16_h(n);
   dt_cpu_gelu_forward(out16_h.data(), x.data(), n);
   dt_cpu_to_bf16(out16_h.data(), out16_h.data(), n);
