@@ -96,16 +96,24 @@ typedef struct dt_ops {
    * layers): every GEMM operand (inp, weight, dout) is a bfloat16 value and the products
    * accumulate in fp32 into fp32 outputs. inp is a bf16 activation buffer (below), (N, C)
    * contiguous; weight and dout are fp32, rounded to bf16 (to nearest even) inside. The bias and
-   * its gradient stay fp32 (dbias sums the unrounded dout). dout16, where the caller holds
-   * dout's bf16 values already (crossentropy_forward_backward_bf16's dlogits), is used instead
-   * of rounding dout: a bf16 buffer in the bytes an fp32 dout would take, its rows
-   * ldd * 4 / bf16_bytes values apart; dout is then read only for dbias (both may be NULL).
-   * NULL where a backend has no bf16 path. */
+   * its gradient stay fp32 (dbias sums the unrounded dout). weight16, where the caller holds
+   * weight's bf16 values (a bf16 buffer of OC x C, e.g. what adamw_update's param16 wrote), is
+   * read instead of rounding weight, which is then not read (the backward reads either only for
+   * dinp). dout16, where the caller holds dout's bf16 values already
+   * (crossentropy_forward_backward_bf16's dlogits), is used instead of rounding dout: a bf16
+   * buffer in the bytes an fp32 dout would take, its rows ldd * 4 / bf16_bytes values apart;
+   * dout is then read only for dbias (both may be NULL). gelu_in, where not NULL (with dinp;
+   * (N, C) like it), says the layer's input was GELU(gelu_in): dinp is then the gradient of
+   * gelu_in, gelu'(gelu_in) * (dout @ weight), what gelu_backward would make of it in place (on
+   * a GPU in the GEMM's epilogue, with no pass of its own). NULL where a backend has no bf16
+   * path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, float *out, const void *inp,
-                             const float *weight, const float *bias, int N, int C, int OC, int ldo);
+                             const float *weight, const void *weight16, const float *bias, int N,
+                             int C, int OC, int ldo);
   int (*matmul_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                               const float *dout, const void *dout16, const void *inp,
-                              const float *weight, int N, int C, int OC, int ldd);
+                              const float *weight, const void *weight16, const float *gelu_in,
+                              int N, int C, int OC, int ldd);
   /* bf16 activation buffers: bf16_bytes bytes per value (0 where a backend has no bf16 path):
    * 2 on a GPU (bfloat16), 4 on the CPU (the fp32 number equal to the bfloat16, which its BLAS
    * reads as it is). A buffer of n values takes n * bf16_bytes bytes. */
@@ -208,10 +216,11 @@ typedef struct dt_ops {
 
   /* PyTorch AdamW, one tensor: p *= 1 - lr*wd; m,v moments; p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2)
    * + eps) with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t; grad is multiplied by grad_scale first
-   * (clip). */
-  int (*adamw_update)(struct dt_device *dev, float *param, const float *grad, float *m, float *v,
-                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                      float grad_scale, int t);
+   * (clip). param16, where not NULL, gets the new p rounded to bf16 (n values of a bf16 buffer,
+   * bf16_bytes each; the weights the bf16 linear layers read) in the same pass. */
+  int (*adamw_update)(struct dt_device *dev, float *param, void *param16, const float *grad,
+                      float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float grad_scale, int t);
   /* *out = sum of squares, accumulated in double */
   int (*sum_squares)(struct dt_device *dev, const float *x, size_t n, double *out);
 } dt_ops_t;

@@ -12,27 +12,48 @@
 
 #include "cpu_kernels.h"
 
-void dt_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                         int t)
+typedef struct {
+  float decay, step_size, bc2_sqrt, beta1, beta2, one_m_b1, one_m_b2, eps, grad_scale;
+} adamw_k_t;
+
+/* Element i's update; returns its new parameter. */
+static inline float adamw_one(const adamw_k_t *k, float *param, const float *grad, float *m,
+                              float *v, size_t i)
+{
+  float g = grad[i] * k->grad_scale;
+  float p = param[i] * k->decay;
+  float mi = m[i] * k->beta1 + k->one_m_b1 * g;
+  float vi = v[i] * k->beta2 + k->one_m_b2 * g * g;
+  float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+  param[i] = p + (-k->step_size * mi) / denom;
+  m[i] = mi;
+  v[i] = vi;
+  return param[i];
+}
+
+void dt_cpu_adamw_update(float *param, float *param16, const float *grad, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float grad_scale, int t)
 {
   double bc1 = 1.0 - pow((double)beta1, t);
   double bc2 = 1.0 - pow((double)beta2, t);
-  float decay = (float)(1.0 - (double)lr * (double)weight_decay);
-  float step_size = (float)((double)lr / bc1);
-  float bc2_sqrt = (float)sqrt(bc2);
-  float one_m_b1 = (float)(1.0 - (double)beta1);
-  float one_m_b2 = (float)(1.0 - (double)beta2);
+  const adamw_k_t k = {.decay = (float)(1.0 - (double)lr * (double)weight_decay),
+                       .step_size = (float)((double)lr / bc1),
+                       .bc2_sqrt = (float)sqrt(bc2),
+                       .beta1 = beta1,
+                       .beta2 = beta2,
+                       .one_m_b1 = (float)(1.0 - (double)beta1),
+                       .one_m_b2 = (float)(1.0 - (double)beta2),
+                       .eps = eps,
+                       .grad_scale = grad_scale};
+  if (param16) {
 #pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    float g = grad[i] * grad_scale;
-    float p = param[i] * decay;
-    float mi = m[i] * beta1 + one_m_b1 * g;
-    float vi = v[i] * beta2 + one_m_b2 * g * g;
-    float denom = sqrtf(vi) / bc2_sqrt + eps;
-    param[i] = p + (-step_size * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
+    for (size_t i = 0; i < n; i++)
+      param16[i] = dt_bf16_round(adamw_one(&k, param, grad, m, v, i));
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+      adamw_one(&k, param, grad, m, v, i);
   }
 }
 

@@ -30,15 +30,19 @@ void dt_cpu_matmul_forward(float *out, const float *inp, const float *weight, co
 void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC, int ldd);
 /* bf16 compute (ops.h): inp holds bf16 values already (the CPU's bf16 activations are the fp32
- * numbers equal to them: dt_cpu_to_bf16), weight and dout are rounded to bfloat16 in scratch
- * copies, then the fp32 kernels above run (bf16 x bf16 products are exact in fp32, so this is a
- * bf16 GEMM with fp32 accumulation, as a GPU's tensor cores do it, up to the order of the
- * sums). 0, or -1 when the copies do not fit in memory (nothing written then). */
-int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
-                               int N, int C, int OC, int ldo);
+ * numbers equal to them: dt_cpu_to_bf16), weight (unless weight16 holds its values) and dout
+ * (unless dout16 does) are rounded to bfloat16 in scratch copies, then the fp32 kernels above
+ * run (bf16 x bf16 products are exact in fp32, so this is a bf16 GEMM with fp32 accumulation,
+ * as a GPU's tensor cores do it, up to the order of the sums), and with gelu_in
+ * dt_cpu_gelu_backward on dinp. 0, or -1 when the copies do not fit in memory (nothing written
+ * then). */
+int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                               const float *weight16, const float *bias, int N, int C, int OC,
+                               int ldo);
 int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *dout16, const float *inp, const float *weight, int N,
-                                int C, int OC, int ldd);
+                                const float *dout16, const float *inp, const float *weight,
+                                const float *weight16, const float *gelu_in, int N, int C, int OC,
+                                int ldd);
 /* x rounded to the nearest bfloat16 (ties to even), as a float: the top 16 bits of its
  * pattern. Infinities stay; NaN stays NaN; finite values beyond bf16's range become inf. */
 static inline float dt_bf16_round(float x)
@@ -85,9 +89,10 @@ void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 void dt_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 void dt_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
                                           float dloss, int N, int V, int Vp);
-void dt_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                         int t);
+/* param16, where not NULL, gets the new parameters rounded to bf16 (dt_bf16_round). */
+void dt_cpu_adamw_update(float *param, float *param16, const float *grad, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float grad_scale, int t);
 void dt_cpu_crossentropy_vp_stats(float *stats, const float *logits, const int *targets,
                                   int vocab_lo, int N, int Vl, int ldl);
 void dt_cpu_crossentropy_vp_finish(float *losses, float *logits, const float *all_stats, int nranks,

@@ -70,26 +70,32 @@ void dt_cpu_to_bf16(float *dst, const float *src, size_t n)
     dst[i] = dt_bf16_round(src[i]);
 }
 
-int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias,
-                               int N, int C, int OC, int ldo)
+int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,
+                               const float *weight16, const float *bias, int N, int C, int OC,
+                               int ldo)
 {
-  float *w = dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C);
-  if (w)
-    dt_cpu_matmul_forward(out, inp, w, bias, N, C, OC, ldo);
+  float *w = weight16 ? NULL : dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C);
+  const float *w16 = weight16 ? weight16 : w;
+  if (w16)
+    dt_cpu_matmul_forward(out, inp, w16, bias, N, C, OC, ldo);
   free(w);
-  return w ? 0 : -1;
+  return w16 ? 0 : -1;
 }
 
 int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *dout16, const float *inp, const float *weight, int N,
-                                int C, int OC, int ldd)
+                                const float *dout16, const float *inp, const float *weight,
+                                const float *weight16, const float *gelu_in, int N, int C, int OC,
+                                int ldd)
 {
   float *g = dout16 ? NULL : dt_cpu_bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
-  float *w = dinp ? dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
-  const int ok = (g || dout16) && (w || !dinp);
+  float *w = dinp && !weight16 ? dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
+  const float *w16 = weight16 ? weight16 : w;
+  const int ok = (g || dout16) && (w16 || !dinp);
   if (ok)
-    dt_cpu_matmul_backward(dinp, dweight, NULL, dout16 ? dout16 : g, inp, w, N, C, OC,
+    dt_cpu_matmul_backward(dinp, dweight, NULL, dout16 ? dout16 : g, inp, w16, N, C, OC,
                            dout16 ? ldd : OC);
+  if (ok && dinp && gelu_in)
+    dt_cpu_gelu_backward(dinp, gelu_in, dinp, (size_t)N * C);
   if (ok && dbias) /* from the unrounded gradient, as ops.h says */
     bias_backward(dbias, dout, N, OC, ldd);
   free(g);

@@ -85,20 +85,22 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
 }
 
 static int matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
-                               const float *weight, const float *bias, int N, int C, int OC,
-                               int ldo)
+                               const float *weight, const void *weight16, const float *bias, int N,
+                               int C, int OC, int ldo)
 {
-  return dt_cpu_matmul_forward_bf16(H(out), H(inp), H(weight), H(bias), N, C, OC, ldo) == 0
+  return dt_cpu_matmul_forward_bf16(H(out), H(inp), H(weight), H(weight16), H(bias), N, C, OC,
+                                    ldo) == 0
              ? 0
              : DT_ENOMEM;
 }
 
 static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const void *dout16, const void *inp,
-                                const float *weight, int N, int C, int OC, int ldd)
+                                const float *weight, const void *weight16, const float *gelu_in,
+                                int N, int C, int OC, int ldd)
 {
   return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(dout16), H(inp),
-                                     H(weight), N, C, OC, ldd) == 0
+                                     H(weight), H(weight16), H(gelu_in), N, C, OC, ldd) == 0
              ? 0
              : DT_ENOMEM;
 }
@@ -239,12 +241,12 @@ static int crossentropy_vp_finish(struct dt_device *dev, float *losses, float *l
   return 0;
 }
 
-static int adamw_update(struct dt_device *dev, float *param, const float *grad, float *m, float *v,
-                        size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                        float grad_scale, int t)
+static int adamw_update(struct dt_device *dev, float *param, void *param16, const float *grad,
+                        float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float grad_scale, int t)
 {
-  dt_cpu_adamw_update(H(param), H(grad), H(m), H(v), n, lr, beta1, beta2, eps, weight_decay,
-                      grad_scale, t);
+  dt_cpu_adamw_update(H(param), H(param16), H(grad), H(m), H(v), n, lr, beta1, beta2, eps,
+                      weight_decay, grad_scale, t);
   return 0;
 }
 

@@ -24,10 +24,11 @@ static inline adamw_scalars_t adamw_scalars(float lr, float beta1, float beta2, 
   return k;
 }
 
-__global__ static void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n,
-                                    float decay, float step_size, float bc2_sqrt, float beta1,
-                                    float beta2, float one_m_b1, float one_m_b2, float eps,
-                                    float grad_scale)
+/* param16, where not NULL, gets each new parameter rounded to bf16 (to nearest even). */
+__global__ static void adamw_kernel(float *param, __nv_bfloat16 *param16, const float *grad,
+                                    float *m, float *v, size_t n, float decay, float step_size,
+                                    float bc2_sqrt, float beta1, float beta2, float one_m_b1,
+                                    float one_m_b2, float eps, float grad_scale)
 {
   DT__CUDA_FOR(i, n)
   {
@@ -38,7 +39,10 @@ __global__ static void adamw_kernel(float *param, const float *grad, float *m, f
     float mi = __fadd_rn(__fmul_rn(m[i], beta1), __fmul_rn(one_m_b1, g));
     float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(one_m_b2, g), g));
     float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-    param[i] = __fadd_rn(p, __fdiv_rn(__fmul_rn(-step_size, mi), denom));
+    const float pn = __fadd_rn(p, __fdiv_rn(__fmul_rn(-step_size, mi), denom));
+    param[i] = pn;
+    if (param16)
+      param16[i] = __float2bfloat16_rn(pn);
     m[i] = mi;
     v[i] = vi;
   }

@@ -97,11 +97,12 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
                              const float *dout, const float *inp, const float *weight, int N, int C,
                              int OC, int ldd);
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
-                                 const float *weight, const float *bias, int N, int C, int OC,
-                                 int ldo);
+                                 const float *weight, const void *weight16, const float *bias,
+                                 int N, int C, int OC, int ldo);
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                                   const float *dout, const void *dout16, const void *inp,
-                                  const float *weight, int N, int C, int OC, int ldd);
+                                  const float *weight, const void *weight16, const float *gelu_in,
+                                  int N, int C, int OC, int ldd);
 int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n);
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
                                int B, int T, int C, int NH);
@@ -144,9 +145,9 @@ int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const fl
 int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,
                                     const float *all_stats, int nranks, const int *targets,
                                     int vocab_lo, float dloss, int N, int Vl, int ldl);
-int dt__cuda_adamw_update(struct dt_device *dev, float *param, const float *grad, float *m,
-                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, float grad_scale, int t);
+int dt__cuda_adamw_update(struct dt_device *dev, float *param, void *param16, const float *grad,
+                          float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, float grad_scale, int t);
 int dt__cuda_sum_squares(struct dt_device *dev, const float *x, size_t n, double *out);
 
 #endif

@@ -1,5 +1,6 @@
 /* gemm.cuh — every GEMM the CUDA backend hands to cuBLAS, as data: the column-major product
- * each layer issues (matmul.cu: the linear layer, run by cuBLASLt with its bias epilogue;
+ * each layer issues (matmul.cu: the linear layer, run by cuBLASLt with its bias and GELU-gradient
+ * epilogues;
  * attention.cu: the materialised attention's per-head products, run by
  * cublasSgemmStridedBatched), built here and run there. Plain host code, so that
  * tests/unit/test_cuda_emul.cc runs the same descriptors through a reference column-major GEMM
@@ -25,7 +26,11 @@ typedef struct {
 
 /* C (m x n, ld ldc) = alpha op(A) op(B) + beta C (+ bias), column-major, for each of batch
  * products. bias (fp32, m values, or NULL): cuBLASLt's BIAS epilogue, bias[i] added to every
- * element of row i after the product (only the linear layer's forward, batch 1, sets it). */
+ * element of row i after the product (only the linear layer's forward, batch 1, sets it).
+ * gelu_in (fp32, laid out like C, or NULL): cuBLASLt's DGELU epilogue, each element of the
+ * product multiplied by the GELU's derivative at gelu_in's element as it is stored (only the
+ * bf16 linear layer's dinp, beta 0, sets it: the backward of a layer whose input was
+ * GELU(gelu_in)). */
 typedef struct {
   int ta, tb; /* 1: op is the transpose */
   int m, n, k;
@@ -36,6 +41,7 @@ typedef struct {
   long long sC;
   int batch;
   const float *bias;
+  const float *gelu_in;
 } dt_gemm_t;
 
 static inline dt_gemm_mat_t gemm_mat(const void *p, int ld, long long stride)
@@ -48,7 +54,7 @@ static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alp
                                   dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
                                   int batch)
 {
-  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL};
+  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL};
   return g;
 }
 
@@ -66,13 +72,15 @@ static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const vo
   return g;
 }
 
-/* g without its bias epilogue, for cuBLAS (which has none): the caller seeds every row i of C
- * with bias[i] first (the first m values of each of the n columns), and the product accumulates
- * onto it. Only for a product that does not otherwise read C (beta 0), as the forward's. */
+/* g without its epilogues, for cuBLAS (which has none): the caller seeds every row i of C with
+ * bias[i] first (the first m values of each of the n columns), and the product accumulates
+ * onto it (only for a product that does not otherwise read C, beta 0, as the forward's); and
+ * multiplies the product by the GELU's derivative at gelu_in afterwards (in place). */
 static inline dt_gemm_t gemm_seeded(dt_gemm_t g)
 {
   g.beta = g.bias ? 1.0f : g.beta;
   g.bias = NULL;
+  g.gelu_in = NULL;
   return g;
 }
 

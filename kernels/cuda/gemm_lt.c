@@ -34,14 +34,19 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   const cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epilogue = g->bias      ? CUBLASLT_EPILOGUE_BIAS
+                                      : g->gelu_in ? CUBLASLT_EPILOGUE_DGELU
+                                                   : CUBLASLT_EPILOGUE_DEFAULT;
   const cudaDataType_t fp32 = CUDA_R_32F;
+  const int64_t aux_ld = g->ldc;
   memset(lt, 0, sizeof *lt);
-  if (g->batch != 1) {
-    DT_ERROR(KERNEL, "cuBLASLt GEMM: batch %d (only single products go through cuBLASLt)",
-             g->batch);
+  if (g->batch != 1 || (g->bias && g->gelu_in)) {
+    DT_ERROR(KERNEL, "cuBLASLt GEMM: batch %d%s (only single products, with one epilogue)",
+             g->batch, g->bias && g->gelu_in ? ", bias and GELU gradient" : "");
     return DT_EINVAL;
   }
+  if (g->gelu_in && aux_ld % 8) /* cuBLASLt's rule for the GELU input's leading dimension */
+    return DT_ENOTSUP;
   /* Stored column-major: op(A) is m x k, so a transposed A is stored k x m; likewise B. */
   const int a_rows = g->ta ? g->k : g->m, a_cols = g->ta ? g->m : g->k;
   const int b_rows = g->tb ? g->n : g->k, b_cols = g->tb ? g->k : g->n;
@@ -68,6 +73,15 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
                   fail);
     DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof fp32), rc,
                   fail);
+  }
+  if (g->gelu_in) { /* the GELU input, laid out like C (the heuristic reads its alignment) */
+    DT_CHECK_GOTO(
+        set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->gelu_in, sizeof g->gelu_in),
+        rc, fail);
+    DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), rc,
+                  fail);
+    DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &fp32, sizeof fp32),
+                  rc, fail);
   }
   DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->A, ab, a_rows, a_cols, g->A.ld), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->B, ab, b_rows, b_cols, g->B.ld), rc, fail);

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
+#include "gelu.cuh"
 #include "gemm_lt.h"
 #include "matmul.cuh"
 
@@ -61,10 +62,11 @@ out:
 }
 
 /* One product of the linear layer: by cuBLASLt, or by cuBLAS, the same arithmetic (fp32
- * accumulation, the bias added to the fp32 result) after a pass that seeds the output with the
- * bias (gemm_seeded): with DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no
- * algorithm for, counted in cu->lt_fallbacks and named in a WARN line the first time, so that a
- * run on a new GPU or library still trains (test_cuda fails on any fallback). */
+ * accumulation, the bias added to the fp32 result, the GELU's derivative applied to it) with a
+ * pass that seeds the output with the bias before and one that applies the derivative after
+ * (gemm_seeded): with DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no algorithm for,
+ * counted in cu->lt_fallbacks and named in a WARN line the first time, so that a run on a new
+ * GPU or library still trains (test_cuda fails on any fallback). */
 static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
   if (cu->use_lt) {
@@ -74,9 +76,12 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
     if (cu->lt_fallbacks++ == 0)
       DT_WARN(KERNEL,
               "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d "
-              "%d%s); such products run on cuBLAS, with the bias as a pass of its own",
+              "%d%s); such products run on cuBLAS, with the epilogue as a pass of its own",
               cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
-              g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc, g->bias ? ", bias epilogue" : "");
+              g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc,
+              g->bias      ? ", bias epilogue"
+              : g->gelu_in ? ", GELU-gradient epilogue"
+                           : "");
   }
   const dt_gemm_t s = gemm_seeded(*g);
   if (g->bias) {
@@ -86,10 +91,17 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
     DT_CUDA_CHECK(cudaGetLastError());
   }
   if (ab == CUDA_R_32F)
-    return dt__cuda_gemm(cu, &s);
-  DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(s.ta), gemm_op(s.tb), s.m, s.n, s.k, &s.alpha,
-                               s.A.p, ab, s.A.ld, s.B.p, ab, s.B.ld, &s.beta, s.C, CUDA_R_32F,
-                               s.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    DT_CHECK(dt__cuda_gemm(cu, &s));
+  else
+    DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(s.ta), gemm_op(s.tb), s.m, s.n, s.k, &s.alpha,
+                                 s.A.p, ab, s.A.ld, s.B.p, ab, s.B.ld, &s.beta, s.C, CUDA_R_32F,
+                                 s.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (g->gelu_in) { /* C is contiguous (ldc = m: the dinp GEMM's) */
+    const size_t total = (size_t)g->n * g->m;
+    gelu_backward_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
+                           cu->stream>>>((float *)g->C, g->gelu_in, (const float *)g->C, total);
+    DT_CUDA_CHECK(cudaGetLastError());
+  }
   return 0;
 }
 
@@ -173,24 +185,27 @@ int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t 
   return 0;
 }
 
-/* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (and in the backward
- * dout) get bf16 copies in the workspace. */
+/* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (unless the caller
+ * holds its bf16 values) and in the backward dout (likewise) get bf16 copies in the workspace. */
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
-                                 const float *weight, const float *bias, int N, int C, int OC,
-                                 int ldo)
+                                 const float *weight, const void *weight16, const float *bias,
+                                 int N, int C, int OC, int ldo)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || OC <= 0)
     return 0;
   bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL};
-  DT_CHECK(bf16_operands(cu, &w, 1));
-  const dt_gemm_t g = gemm_linear_forward(out, inp, w.dst, bias, N, C, OC, ldo);
+  if (!weight16)
+    DT_CHECK(bf16_operands(cu, &w, 1));
+  const dt_gemm_t g =
+      gemm_linear_forward(out, inp, weight16 ? weight16 : w.dst, bias, N, C, OC, ldo);
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                                   const float *dout, const void *dout16, const void *inp,
-                                  const float *weight, int N, int C, int OC, int ldd)
+                                  const float *weight, const void *weight16, const float *gelu_in,
+                                  int N, int C, int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || C <= 0 || OC <= 0)
@@ -201,13 +216,14 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
    * copy (ld OC) beside the weight's */
   bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL},
                           {dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL}};
-  const int copies = (dinp ? 1 : 0) + (dout16 ? 0 : 1);
+  const int copy_w = dinp && !weight16, copies = copy_w + (dout16 ? 0 : 1);
   if (copies)
-    DT_CHECK(bf16_operands(cu, op + (dinp ? 0 : 1), copies));
+    DT_CHECK(bf16_operands(cu, op + (copy_w ? 0 : 1), copies));
   const void *g16 = dout16 ? dout16 : op[1].dst;
   const int ld16 = dout16 ? 2 * ldd : OC;
-  if (dinp) {
-    const dt_gemm_t g = gemm_linear_dinp(dinp, g16, op[0].dst, N, C, OC, ld16);
+  if (dinp) { /* through the GELU, where gelu_in is given, in the GEMM's epilogue */
+    dt_gemm_t g = gemm_linear_dinp(dinp, g16, weight16 ? weight16 : op[0].dst, N, C, OC, ld16);
+    g.gelu_in = gelu_in;
     DT_CHECK(linear_gemm(cu, &g, CUDA_R_16BF));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, g16, inp, N, C, OC, ld16);

@@ -28,6 +28,8 @@ LAYOUTS = [  # name, world, batch, flags
     ("tp2sp", 2, 8, ["--tp", "2", "--sp"]),
     ("pp2", 2, 8, ["--pp", "2", "--grad-accum", "2"]),
     ("cp2", 2, 8, ["--cp", "2"]),
+    ("zero1", 2, 4, ["--zero-stage", "1"]),
+    ("zero2", 2, 4, ["--zero-stage", "2"]),
     ("zero3", 2, 4, ["--zero-stage", "3"]),
 ]
 

@@ -510,10 +510,10 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   /* Columns [OC, ld) must be left alone: the same values on both sides, compared at the end. */
   pair_t out = pair_rand((size_t)N * ld, 5.0f, 1.0f);
   if (bf16) {
-    ck_assert_int_eq(H->matmul_forward_bf16(g_cpu, out.h, in16.h, weight.h, bias.h, N, C, OC, ld),
-                     0);
-    ck_assert_int_eq(G->matmul_forward_bf16(g_gpu, out.d, in16.d, weight.d, bias.d, N, C, OC, ld),
-                     0);
+    ck_assert_int_eq(
+        H->matmul_forward_bf16(g_cpu, out.h, in16.h, weight.h, NULL, bias.h, N, C, OC, ld), 0);
+    ck_assert_int_eq(
+        G->matmul_forward_bf16(g_gpu, out.d, in16.d, weight.d, NULL, bias.d, N, C, OC, ld), 0);
   } else {
     ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
     ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
@@ -530,10 +530,10 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     dbias = pair_rand((size_t)OC, 0.0f, 1.0f);
   if (bf16) {
     ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, NULL,
-                                             in16.h, weight.h, N, C, OC, ld),
+                                             in16.h, weight.h, NULL, NULL, N, C, OC, ld),
                      0);
     ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, NULL,
-                                             in16.d, weight.d, N, C, OC, ld),
+                                             in16.d, weight.d, NULL, NULL, N, C, OC, ld),
                      0);
   } else {
     ck_assert_int_eq(H->matmul_backward(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, inp.h, weight.h,
@@ -548,7 +548,24 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   expect_close("matmul_backward dweight", &dweight);
   if (with_bias)
     expect_close("matmul_backward dbias", &dbias);
-  if (bf16 && !with_bias) { /* dout's bf16 values given, in dout's bytes (the LM head's case) */
+  if (bf16 && with_dinp && C % 8 == 0) {
+    /* dinp through a GELU (the MLP projection's): cuBLASLt's DGELU epilogue, whose GELU input
+     * needs a leading dimension that is a multiple of 8 (else the product falls back) */
+    pair_t x = pair_rand(inp.n, 0.0f, 1.5f), dx = pair_garbage(inp.n);
+    pair_t dwx = pair_rand((size_t)OC * C, 0.0f, 1.0f);
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dx.h, dwx.h, NULL, dout.h, NULL, in16.h,
+                                             weight.h, NULL, x.h, N, C, OC, ld),
+                     0);
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dx.d, dwx.d, NULL, dout.d, NULL, in16.d,
+                                             weight.d, NULL, x.d, N, C, OC, ld),
+                     0);
+    expect_close("matmul_backward_bf16 dinp through the GELU", &dx);
+    expect_close("matmul_backward_bf16 dweight beside the GELU", &dwx);
+    pair_free(&x), pair_free(&dx), pair_free(&dwx);
+  }
+  if (bf16 && !with_bias) {
+    /* dout's bf16 values given, in dout's bytes (the LM head's case), and the weight's (the
+     * model's bf16 weight copy), the fp32 weight then unread (NULL) */
     float *r = xmalloc(dout.n * sizeof(float));
     uint16_t *raw = xmalloc(dout.n * sizeof(float));
     ck_assert_int_eq(H->to_bf16(g_cpu, r, dout.h, dout.n), 0);
@@ -560,16 +577,25 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
       }
     void *d16 = dev_alloc(dout.n * sizeof(float));
     to_dev(d16, raw, dout.n * sizeof(float));
+    pair16_t w16 = pair16_alloc(weight.n);
+    ck_assert_int_eq(G->to_bf16(g_gpu, w16.d, weight.d, weight.n), 0);
     pair_t dw2 = pair_rand((size_t)OC * C, 0.0f, 1.0f), di2 = pair_garbage((size_t)N * C);
     ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di2.h, dw2.h, NULL, dout.h, NULL, in16.h,
-                                             weight.h, N, C, OC, ld),
+                                             weight.h, NULL, NULL, N, C, OC, ld),
                      0);
-    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di2.d, dw2.d, NULL, NULL, d16, in16.d, weight.d,
-                                             N, C, OC, ld),
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di2.d, dw2.d, NULL, NULL, d16, in16.d, NULL,
+                                             w16.d, NULL, N, C, OC, ld),
                      0);
-    expect_close("matmul_backward_bf16 dinp from dout16", &di2);
+    expect_close("matmul_backward_bf16 dinp from dout16 and weight16", &di2);
     expect_close("matmul_backward_bf16 dweight from dout16", &dw2);
+    pair_t out2 = pair_rand((size_t)N * ld, 5.0f, 1.0f);
+    ck_assert_int_eq(
+        H->matmul_forward_bf16(g_cpu, out2.h, in16.h, weight.h, NULL, NULL, N, C, OC, ld), 0);
+    ck_assert_int_eq(G->matmul_forward_bf16(g_gpu, out2.d, in16.d, NULL, w16.d, NULL, N, C, OC, ld),
+                     0);
+    expect_close("matmul_forward_bf16 from weight16", &out2);
     free(r), free(raw), g_gpu->free(g_gpu, d16), pair_free(&dw2), pair_free(&di2);
+    pair_free(&out2), pair16_free(&w16);
   }
 
   pair_free(&inp), pair_free(&weight), pair_free(&out), pair_free(&dout), pair_free(&dweight);
@@ -588,11 +614,12 @@ static void check_matmuls(void)
     check_matmul(33, 64, 96, 96, 0, 0, bf16);       /* no bias, no dinp */
     check_matmul(257, 200, 600, 600, 1, 1, bf16);   /* N just over a block, larger K */
     check_matmul(256, 768, 2304, 2304, 1, 1, bf16); /* GPT-2's qkv */
+    check_matmul(256, 3072, 768, 768, 1, 1, bf16);  /* GPT-2's MLP projection */
   }
 }
 
-/* On cuBLASLt, with its bias epilogue: no product may have fallen back to cuBLAS (the trainer
- * would still be right, but slower, and this is where it shows). */
+/* On cuBLASLt, with its bias and GELU-gradient epilogues: no product may have fallen back to
+ * cuBLAS (the trainer would still be right, but slower, and this is where it shows). */
 START_TEST(test_matmul)
 {
   check_matmuls();
@@ -602,7 +629,8 @@ START_TEST(test_matmul)
 }
 END_TEST
 
-/* The same products on cuBLAS (DISTRAIN_CUDA_CUBLASLT=0: the bias seeded by a pass of its own),
+/* The same products on cuBLAS (DISTRAIN_CUDA_CUBLASLT=0: the bias seeded by a pass of its own,
+ * the GELU's derivative applied by another),
  * the path a product takes when cuBLASLt has no algorithm for it; a bad value is refused. */
 START_TEST(test_matmul_cublas)
 {
@@ -936,7 +964,7 @@ START_TEST(test_adamw_matches_cpu)
   for (int t = 1; t <= 5; t++) {
     dt_rng_normal(&rng, g, ADAM_N, 0.0f, 1.0f);
     cudaMemcpy(dg, g, ADAM_N * sizeof(float), cudaMemcpyHostToDevice);
-    dt_cpu_adamw_update(p, g, m, v, ADAM_N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+    dt_cpu_adamw_update(p, NULL, g, m, v, ADAM_N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
     ck_assert_int_eq(
         dt_cuda_adamw_update(dp, dg, dm, dv, ADAM_N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t), 0);
   }
@@ -962,28 +990,31 @@ START_TEST(test_adamw_matches_cpu)
 }
 END_TEST
 
-/* The kernel table's adamw_update (the device's stream) is the same kernel: bit-identical. */
+/* The kernel table's adamw_update (the device's stream) is the same kernel: bit-identical, and
+ * so is the bf16 copy it writes of the new parameters. */
 START_TEST(test_adamw_ops)
 {
   pair_t p = pair_rand(ADAM_N, 0.0f, 0.1f);
+  pair16_t p16 = pair16_alloc(ADAM_N);
   pair_t m = pair_rand(ADAM_N, 0.0f, 0.01f), v = pair_rand(ADAM_N, 0.0f, 0.001f);
   for (size_t i = 0; i < ADAM_N; i++) /* second moments are never negative */
     v.h[i] = fabsf(v.h[i]);
   to_dev(v.d, v.h, ADAM_N * sizeof(float));
   for (int t = 1; t <= 3; t++) {
     pair_t g = pair_rand(ADAM_N, 0.0f, 1.0f);
-    ck_assert_int_eq(H->adamw_update(g_cpu, p.h, g.h, m.h, v.h, ADAM_N, 6e-4f, 0.9f, 0.95f, 1e-8f,
-                                     0.1f, 0.5f, t),
+    ck_assert_int_eq(H->adamw_update(g_cpu, p.h, p16.h, g.h, m.h, v.h, ADAM_N, 6e-4f, 0.9f, 0.95f,
+                                     1e-8f, 0.1f, 0.5f, t),
                      0);
-    ck_assert_int_eq(G->adamw_update(g_gpu, p.d, g.d, m.d, v.d, ADAM_N, 6e-4f, 0.9f, 0.95f, 1e-8f,
-                                     0.1f, 0.5f, t),
+    ck_assert_int_eq(G->adamw_update(g_gpu, p.d, p16.d, g.d, m.d, v.d, ADAM_N, 6e-4f, 0.9f, 0.95f,
+                                     1e-8f, 0.1f, 0.5f, t),
                      0);
     pair_free(&g);
   }
   expect_equal("adamw_update param", &p);
   expect_equal("adamw_update m", &m);
   expect_equal("adamw_update v", &v);
-  pair_free(&p), pair_free(&m), pair_free(&v);
+  expect_bf16_equal("adamw_update param16", &p16, p16.h);
+  pair_free(&p), pair_free(&m), pair_free(&v), pair16_free(&p16);
 }
 END_TEST
 

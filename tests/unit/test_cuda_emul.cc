@@ -366,6 +366,13 @@ END_TEST
  * documented semantics. beta = 0 never reads C, and nothing outside the m x n blocks is written,
  * so the NaN and sentinel fills below stay where they are or the check fails. */
 
+/* GELU's derivative (the tanh form, GPT-2's), in double. */
+static double ref_dgelu(double x)
+{
+  const double s = sqrt(2.0 / M_PI), u = s * (x + 0.044715 * x * x * x), th = tanh(u);
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 static void ref_gemm(const dt_gemm_t &g)
 {
   for (int t = 0; t < g.batch; t++) {
@@ -381,15 +388,18 @@ static void ref_gemm(const dt_gemm_t &g)
           acc += a * b;
         }
         float &c = C[i + (size_t)j * g.ldc];
-        c = (float)(g.alpha * acc + (g.beta != 0.0f ? (double)g.beta * c : 0.0) +
-                    (g.bias ? (double)g.bias[i] : 0.0));
+        const double d = g.gelu_in ? ref_dgelu(g.gelu_in[i + (size_t)j * g.ldc]) : 1.0;
+        c = (float)((g.alpha * acc + (g.beta != 0.0f ? (double)g.beta * c : 0.0) +
+                     (g.bias ? (double)g.bias[i] : 0.0)) *
+                    d);
       }
   }
 }
 
 /* The linear layer as matmul.cu runs it (the forward's bias as the GEMM's epilogue; dinp
- * written, dweight and dbias accumulated), against the CPU's, with padded output rows (ldo, ldd >
- * OC) and with the contiguous dout of the bf16 path (ldd = OC). */
+ * written, through a GELU by the DGELU epilogue, dweight and dbias accumulated), against the
+ * CPU's, with padded output rows (ldo, ldd > OC) and with the contiguous dout of the bf16 path
+ * (ldd = OC). */
 static void check_linear(int N, int C, int OC, int ld, bool bias)
 {
   const float pad = 7.25f;
@@ -423,6 +433,21 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
   expect_close("linear backward dinp", dinp_g, dinp_h);
   expect_close("linear backward dweight (+=)", dw_g, dw_h);
   expect_close("linear backward dbias (+=)", db_g, db_h);
+
+  /* dinp through a GELU of x: the epilogue's form, and the cuBLAS form (the product, then the
+   * GELU's backward in place), against the CPU's product then GELU backward */
+  const std::vector<float> x = randn((size_t)N * C);
+  std::vector<float> dx_h((size_t)N * C), dx_g((size_t)N * C, NAN), dx_s((size_t)N * C, NAN);
+  dt_cpu_gelu_backward(dx_h.data(), x.data(), dinp_h.data(), dx_h.size());
+  dt_gemm_t g = gemm_linear_dinp(dx_g.data(), dout.data(), w.data(), N, C, OC, ld);
+  g.gelu_in = x.data();
+  ref_gemm(g);
+  expect_close("linear backward dinp through the GELU", dx_g, dx_h);
+  g.C = dx_s.data();
+  ref_gemm(gemm_seeded(g));
+  launch_elementwise(
+      dx_s.size(), [&] { gelu_backward_kernel(dx_s.data(), x.data(), dx_s.data(), dx_s.size()); });
+  expect_close("linear backward dinp, GELU's backward after", dx_s, dx_h);
 }
 
 /* The materialised attention as attention.cu runs it: per batch element the batched products,
@@ -484,7 +509,8 @@ START_TEST(test_gemm_views)
 END_TEST
 
 /* Three steps with weight decay and a gradient scale, from the same state: bit-identical to the
- * CPU reference (adamw.cu's claim), the scalars derived by adamw_scalars as the launcher does. */
+ * CPU reference (adamw.cu's claim), the scalars derived by adamw_scalars as the launcher does;
+ * and the bf16 copy of the parameters that both write, bit for bit. */
 START_TEST(test_adamw)
 {
   dt_rng_seed(&g_rng, 87);
@@ -492,21 +518,25 @@ START_TEST(test_adamw)
   std::vector<float> p_h = randn(n), m_h = randn(n, 0.0f, 0.1f), v_h(n);
   for (size_t i = 0; i < n; i++)
     v_h[i] = (float)dt_rng_uniform(&g_rng) * 1e-3f;
-  std::vector<float> p_g = p_h, m_g = m_h, v_g = v_h;
+  std::vector<float> p_g = p_h, m_g = m_h, v_g = v_h, p16_h(n);
+  std::vector<__nv_bfloat16> p16_g(n, __nv_bfloat16{0xffffu});
   const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.7f;
   for (int t = 1; t <= 3; t++) {
     const std::vector<float> g = randn(n);
-    dt_cpu_adamw_update(p_h.data(), g.data(), m_h.data(), v_h.data(), n, lr, b1, b2, eps, wd, scale,
-                        t);
+    dt_cpu_adamw_update(p_h.data(), p16_h.data(), g.data(), m_h.data(), v_h.data(), n, lr, b1, b2,
+                        eps, wd, scale, t);
     const adamw_scalars_t k = adamw_scalars(lr, b1, b2, wd, t);
+    /* the last step also writes the bf16 copy */
     launch_elementwise(n, [&] {
-      adamw_kernel(p_g.data(), g.data(), m_g.data(), v_g.data(), n, k.decay, k.step_size,
-                   k.bc2_sqrt, b1, b2, k.one_m_b1, k.one_m_b2, eps, scale);
+      adamw_kernel(p_g.data(), t == 3 ? p16_g.data() : nullptr, g.data(), m_g.data(), v_g.data(), n,
+                   k.decay, k.step_size, k.bc2_sqrt, b1, b2, k.one_m_b1, k.one_m_b2, eps, scale);
     });
   }
   ck_assert(p_g == p_h);
   ck_assert(m_g == m_h);
   ck_assert(v_g == v_h);
+  for (size_t i = 0; i < n; i++)
+    ck_assert(__bfloat162float(p16_g[i]) == p16_h[i]);
 }
 END_TEST
 

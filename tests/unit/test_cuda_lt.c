@@ -65,8 +65,10 @@ static void check_layout(cublasLtMatrixLayout_t l, want_t w, const char *what)
                 batch);
 }
 
-/* The operation: fp32 accumulation and scale, the transposes, the epilogue and its bias. */
-static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias)
+/* The operation: fp32 accumulation and scale, the transposes, the epilogue and its bias or GELU
+ * input (fp32, leading dimension gelu_ld). */
+static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias,
+                     const float *gelu_in, int64_t gelu_ld)
 {
   int32_t compute = -1, scale = -1, opa = -1, opb = -1;
   uint32_t epilogue = 0;
@@ -81,12 +83,25 @@ static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias)
   ck_assert_int_eq(scale, CUDA_R_32F);
   ck_assert_int_eq(opa, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
   ck_assert_int_eq(opb, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
-  ck_assert_int_eq(epilogue, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  ck_assert_int_eq(epilogue, bias      ? CUBLASLT_EPILOGUE_BIAS
+                             : gelu_in ? CUBLASLT_EPILOGUE_DGELU
+                                       : CUBLASLT_EPILOGUE_DEFAULT);
   ck_assert_ptr_eq(ptr, bias);
   if (bias) {
     int32_t btype = -1;
     op_get(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &btype, sizeof btype);
     ck_assert_int_eq(btype, CUDA_R_32F);
+  }
+  const void *aux = (const void *)1;
+  op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+  ck_assert_ptr_eq(aux, gelu_in);
+  if (gelu_in) {
+    int64_t ld = 0;
+    int32_t type = -1;
+    op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+    op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof type);
+    ck_assert_int_eq(ld, gelu_ld);
+    ck_assert_int_eq(type, CUDA_R_32F);
   }
 }
 
@@ -135,7 +150,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
   for (int with_bias = 0; with_bias < 2; with_bias++) {
     const dt_gemm_t g = gemm_linear_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC, ld);
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 1, 0, with_bias ? bias : NULL);
+    check_op(&lt, 1, 0, with_bias ? bias : NULL, NULL, 0);
     check_layout(lt.A, weight, "forward A (weight)");
     check_layout(lt.B, input, "forward B (inp)");
     check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)OC, (uint64_t)N, ld}, "forward C (out)");
@@ -144,19 +159,25 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     ck_assert_ptr_null(lt.op);
   }
 
-  dt_gemm_t g = gemm_linear_dinp(dinp, dout, w, N, C, OC, ld);
-  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-  check_op(&lt, 0, 0, NULL);
-  check_layout(lt.A, weight, "dinp A (weight)");
-  check_layout(lt.B, grad, "dinp B (dout)");
-  check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)C, (uint64_t)N, C}, "dinp C (dinp)");
-  check_pref(&lt, ws,
-             (const uint32_t[4]){w_al, d_al, dt_lt_alignment(dinp), dt_lt_alignment(dinp)});
-  dt_lt_gemm_release(&lt);
+  /* dinp, and (bf16, C a multiple of 8) through a GELU: the GELU input (N, C) laid out like dinp */
+  const float *gelu_in = (const float *)at(0x80000, off, 4);
+  for (int through_gelu = 0; through_gelu < (ab == CUDA_R_16BF && C % 8 == 0 ? 2 : 1);
+       through_gelu++) {
+    dt_gemm_t g = gemm_linear_dinp(dinp, dout, w, N, C, OC, ld);
+    g.gelu_in = through_gelu ? gelu_in : NULL;
+    ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
+    check_op(&lt, 0, 0, NULL, g.gelu_in, C);
+    check_layout(lt.A, weight, "dinp A (weight)");
+    check_layout(lt.B, grad, "dinp B (dout)");
+    check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)C, (uint64_t)N, C}, "dinp C (dinp)");
+    check_pref(&lt, ws,
+               (const uint32_t[4]){w_al, d_al, dt_lt_alignment(dinp), dt_lt_alignment(dinp)});
+    dt_lt_gemm_release(&lt);
+  }
 
-  g = gemm_linear_dweight(dw, dout, inp, N, C, OC, ld);
+  dt_gemm_t g = gemm_linear_dweight(dw, dout, inp, N, C, OC, ld);
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-  check_op(&lt, 0, 1, NULL);
+  check_op(&lt, 0, 1, NULL, NULL, 0);
   check_layout(lt.A, input, "dweight A (inp)");
   check_layout(lt.B, grad, "dweight B (dout)");
   check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)C, (uint64_t)OC, C}, "dweight C (dweight)");
@@ -176,6 +197,7 @@ START_TEST(test_linear_bf16)
   /* the bf16 copies are contiguous (dout's too: ld = OC) */
   check_linear(5, 7, 6, 6, CUDA_R_16BF, 2, 1);
   check_linear(64, 768, 3072, 3072, CUDA_R_16BF, 2, 0);
+  check_linear(64, 3072, 768, 768, CUDA_R_16BF, 2, 0); /* the MLP projection, dinp through GELU */
 }
 END_TEST
 
@@ -196,6 +218,15 @@ START_TEST(test_alignment_and_refusals)
   g = gemm_linear_dinp((void *)0x1000, (const void *)0x2000, (const void *)0x3000, 4, 8, 8, 8);
   g.A.ld = 4;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_32F, 1 << 20), DT_EINVAL);
+  ck_assert_ptr_null(lt.op);
+  /* a GELU input whose leading dimension is not a multiple of 8: not cuBLASLt's (the caller
+   * falls back), and both epilogues at once: no such product */
+  g = gemm_linear_dinp((void *)0x1000, (const void *)0x2000, (const void *)0x3000, 4, 12, 8, 8);
+  g.gelu_in = (const float *)0x4000;
+  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_ENOTSUP);
+  ck_assert_ptr_null(lt.op);
+  g.bias = (const float *)0x5000;
+  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
   ck_assert_ptr_null(lt.op);
 }
 END_TEST

@@ -669,7 +669,7 @@ START_TEST(test_matmul_bf16)
 
   float *out = filled((size_t)N * ld, SENTINEL), *want = filled((size_t)N * ld, SENTINEL);
   float *plain = filled((size_t)N * ld, SENTINEL);
-  ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out, in16, w, bias, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out, in16, w, NULL, bias, N, C, OC, ld), 0);
   dt_cpu_matmul_forward(want, inp_r, w_r, bias, N, C, OC, ld);
   dt_cpu_matmul_forward(plain, inp, w, bias, N, C, OC, ld);
   ck_assert(memcmp(out, want, (size_t)N * ld * sizeof(float)) == 0);
@@ -678,7 +678,8 @@ START_TEST(test_matmul_bf16)
   float *dinp = filled((size_t)N * C, GARBAGE), *dinp_w = filled((size_t)N * C, GARBAGE);
   float *dw = filled((size_t)OC * C, 0.5f), *dw_w = filled((size_t)OC * C, 0.5f);
   float *db = filled((size_t)OC, 0.25f), *db_w = filled((size_t)OC, 0.25f);
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, NULL, in16, w, N, C, OC, ld), 0);
+  ck_assert_int_eq(
+      dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, NULL, in16, w, NULL, NULL, N, C, OC, ld), 0);
   dt_cpu_matmul_backward(dinp_w, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   float *dw_unused = filled((size_t)OC * C, 0.0f);
   dt_cpu_matmul_backward(NULL, dw_unused, db_w, dout, inp, w, N, C, OC, ld);
@@ -686,21 +687,44 @@ START_TEST(test_matmul_bf16)
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   ck_assert(memcmp(db, db_w, (size_t)OC * sizeof(float)) == 0);
   /* dinp NULL: only the parameter gradients */
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, NULL, in16, w, N, C, OC, ld),
-                   0);
+  ck_assert_int_eq(
+      dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, NULL, in16, w, NULL, NULL, N, C, OC, ld),
+      0);
   dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   /* dout's bf16 values given (dout16, in dout's places): the same GEMMs, dout unread (NULL) */
   float *dinp16 = filled((size_t)N * C, GARBAGE);
-  ck_assert_int_eq(
-      dt_cpu_matmul_backward_bf16(dinp16, dw, NULL, NULL, dout_r, in16, w, N, C, OC, ld), 0);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp16, dw, NULL, NULL, dout_r, in16, w, NULL, NULL,
+                                               N, C, OC, ld),
+                   0);
   dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   ck_assert(memcmp(dinp16, dinp_w, (size_t)N * C * sizeof(float)) == 0);
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  /* the weight's bf16 values given (weight16): read in place of the weight, here garbage */
+  float *w_bad = filled((size_t)OC * C, GARBAGE), *out16 = filled((size_t)N * ld, SENTINEL);
+  ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out16, in16, w_bad, w_r, bias, N, C, OC, ld), 0);
+  ck_assert(memcmp(out16, want, (size_t)N * ld * sizeof(float)) == 0);
+  float *dinp_g = filled((size_t)N * C, GARBAGE);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp_g, dw, NULL, dout, NULL, in16, w_bad, w_r, NULL,
+                                               N, C, OC, ld),
+                   0);
+  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  ck_assert(memcmp(dinp_g, dinp_w, (size_t)N * C * sizeof(float)) == 0);
+  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  /* through a GELU (gelu_in): the GELU's backward of that dinp, bit for bit */
+  float *x = rand_normal(&rng, (size_t)N * C, 0.0f, 1.0f), *dinp_x = filled((size_t)N * C, GARBAGE);
+  float *want_x = falloc((size_t)N * C);
+  ck_assert_int_eq(
+      dt_cpu_matmul_backward_bf16(dinp_x, dw, NULL, dout, NULL, in16, w, NULL, x, N, C, OC, ld), 0);
+  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  dt_cpu_gelu_backward(want_x, x, dinp_w, (size_t)N * C);
+  ck_assert(memcmp(dinp_x, want_x, (size_t)N * C * sizeof(float)) == 0);
+  ck_assert(memcmp(dinp_x, dinp_w, (size_t)N * C * sizeof(float)) != 0);
+  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
-  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), plain, in16, w, bias, N, C, OC, ld),
-                   0);
+  ck_assert_int_eq(
+      ops->matmul_forward_bf16(dt_device_cpu(), plain, in16, w, NULL, bias, N, C, OC, ld), 0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
   /* the GELU into a bf16 activation: the fp32 GELU's values rounded, bit for bit */
   float *g32 = falloc((size_t)N * C), *g16 = filled((size_t)N * C, GARBAGE);
@@ -1446,7 +1470,8 @@ static void run_adamw(size_t n, float lr, float beta1, float beta2, float eps, f
   dt_rng_t rng;
   dt_rng_seed(&rng, seed);
   float *p = rand_normal(&rng, n, 0.0f, 1.0f), *m = falloc(n), *v = falloc(n);
-  float *g = falloc(n);
+  float *g = falloc(n), *p2 = falloc(n), *m2 = falloc(n), *v2 = falloc(n);
+  float *p16 = filled(n, GARBAGE);
   double *p_ref = dalloc(n), *m_ref = dalloc(n), *v_ref = dalloc(n);
   double *p_scale = dalloc(n), *m_scale = dalloc(n), *v_scale = dalloc(n);
   static const int steps[] = {1, 2, 3, 10, 1000};
@@ -1471,7 +1496,17 @@ static void run_adamw(size_t n, float lr, float beta1, float beta2, float eps, f
       v_scale[i] = v_ref[i];
       p_scale[i] = fabs(pi) + ((double)lr / bc1) * m_scale[i] / denom;
     }
-    dt_cpu_adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t);
+    memcpy(p2, p, n * sizeof *p);
+    memcpy(m2, m, n * sizeof *m);
+    memcpy(v2, v, n * sizeof *v);
+    dt_cpu_adamw_update(p, NULL, g, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t);
+    /* the same update writing the bf16 copy: the same state, and the copy is p rounded */
+    dt_cpu_adamw_update(p2, p16, g, m2, v2, n, lr, beta1, beta2, eps, wd, grad_scale, t);
+    ck_assert(memcmp(p2, p, n * sizeof *p) == 0);
+    ck_assert(memcmp(m2, m, n * sizeof *m) == 0);
+    ck_assert(memcmp(v2, v, n * sizeof *v) == 0);
+    for (size_t i = 0; i < n; i++)
+      ck_assert(p16[i] == ref_bf16(p[i]));
     /* A handful of fp32 roundings each (<= ~10 * 2^-24 = 6e-7 of the scale): 1e-6 for the
      * moments; 1e-5 for p, whose update also carries sqrtf and the bias corrections. */
     CHECK_SCALED("adamw m", m, m_ref, m_scale, n, 1e-6);

@@ -1,8 +1,10 @@
 /* test_model.c — Check suite for the model's set-up choices against its device's kernel table
  * (worker/trainer/gpt2.h): what dt_gpt2_set_precision and dt_gpt2_set_attention take from the
  * table under bf16, and what they refuse, each with DT_ENOTSUP (an input error: the trainer
- * exits before training). The devices are the CPU device with edited copies of its table. */
+ * exits before training). The devices are the CPU device with edited copies of its table.
+ * Also the bf16 weight copy: what the linear layers read, kept equal to the parameters. */
 #include <stdlib.h>
+#include <string.h>
 
 #include <check.h>
 
@@ -114,6 +116,89 @@ START_TEST(test_flash_head_size_limit)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------ */
+/* The bf16 weight copy                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static const int TOKENS[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
+                                  {7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6, 13}};
+
+/* A bf16 model on the CPU from seed's weights, with activations for (2, 8). */
+static void bf16_model(dt_gpt2_t *m, uint64_t seed)
+{
+  ck_assert_int_eq(choose(dt_device_cpu(), 1, 1, m), 0);
+  ck_assert_int_eq(dt_gpt2_init_weights(m, seed), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(m, 2, 8, (int[]){1}, 0), 0);
+}
+
+/* The mean loss of the test batch (its gradients accumulate). */
+static float loss_of(dt_gpt2_t *m)
+{
+  float loss = 0.0f;
+  ck_assert_int_eq(dt_gpt2_forward_backward(m, TOKENS[0], TOKENS[1], 2, 8, 1.0f, &loss), 0);
+  return loss;
+}
+
+static int same_bits(float a, float b)
+{
+  return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* Only bf16 keeps a copy. The copy follows a load (dt_gpt2_load_global) and an AdamW step,
+ * which writes it in the same pass: each time the losses are those of a model that rounded the
+ * same parameters afresh. */
+START_TEST(test_bf16_copy_follows_the_parameters)
+{
+  dt_gpt2_t fp32, a, b, c;
+  ck_assert_int_eq(choose(dt_device_cpu(), 0, 1, &fp32), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(&fp32, 2, 8, (int[]){1}, 0), 0);
+  ck_assert_ptr_null(fp32.params16);
+  dt_gpt2_destroy(&fp32);
+
+  bf16_model(&a, 1);
+  bf16_model(&b, 2);
+  ck_assert_ptr_nonnull(a.params16);
+  const float a1 = loss_of(&a), b1 = loss_of(&b);
+  ck_assert(!same_bits(a1, b1));
+  ck_assert_int_eq(dt_gpt2_load_global(&a, b.params_flat), 0); /* one process: global layout */
+  ck_assert(same_bits(loss_of(&a), b1));
+
+  const dt_adamw_t h = {
+      .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  ck_assert_int_eq(dt_gpt2_zero_grad(&a), 0);
+  ck_assert_int_eq(dt_gpt2_zero_grad(&b), 0);
+  ck_assert(same_bits(loss_of(&a), loss_of(&b)));
+  ck_assert_int_eq(dt_gpt2_adamw_step(&a, &h, 1.0f, 1), 0);
+  ck_assert_int_eq(dt_gpt2_adamw_step(&b, &h, 1.0f, 1), 0);
+  bf16_model(&c, 3);
+  ck_assert_int_eq(dt_gpt2_load_global(&c, a.params_flat), 0);
+  const float a2 = loss_of(&a);
+  ck_assert(!same_bits(a2, b1)); /* the step changed the weights */
+  ck_assert(same_bits(a2, loss_of(&b)));
+  ck_assert(same_bits(a2, loss_of(&c)));
+  dt_gpt2_destroy(&a);
+  dt_gpt2_destroy(&b);
+  dt_gpt2_destroy(&c);
+}
+END_TEST
+
+/* The linear layers read the copy, not the fp32 weights: a weight written behind the model's
+ * back changes nothing until dt_gpt2_params_written. */
+START_TEST(test_bf16_linear_layers_read_the_copy)
+{
+  dt_gpt2_t a;
+  bf16_model(&a, 1);
+  const float before = loss_of(&a);
+  float *qkvw = a.params_flat + a.tensor_offsets[DT_T_QKVW];
+  for (size_t i = 0; i < a.tensor_sizes[DT_T_QKVW]; i++)
+    qkvw[i] += 0.5f;
+  ck_assert(same_bits(loss_of(&a), before));
+  dt_gpt2_params_written(&a);
+  ck_assert(!same_bits(loss_of(&a), before));
+  dt_gpt2_destroy(&a);
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("model");
@@ -122,6 +207,10 @@ int main(void)
   tcase_add_test(t, test_refusals);
   tcase_add_test(t, test_flash_head_size_limit);
   suite_add_tcase(s, t);
+  TCase *w = tcase_create("bf16 weights");
+  tcase_add_test(w, test_bf16_copy_follows_the_parameters);
+  tcase_add_test(w, test_bf16_linear_layers_read_the_copy);
+  suite_add_tcase(s, w);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   const int failed = srunner_ntests_failed(sr);

@@ -146,6 +146,8 @@ int dt_llmc_load(dt_gpt2_t *m, const char *path)
     ret = DT_EIO;
   } else if (global != m->params_flat) {
     ret = dt_gpt2_load_global(m, global);
+  } else {
+    dt_gpt2_params_written(m);
   }
   if (global != m->params_flat)
     dt_free_aligned(global);
@@ -587,6 +589,7 @@ int dt_ckpt_load_range(const char *path, const dt_gpt2_config_t *want, int64_t n
 int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path)
 {
   DT_CHECK(dt_gpt2_alloc_optimizer(m));
+  dt_gpt2_params_written(m);
   return dt_ckpt_load_range(path, &m->cfg, (int64_t)m->num_params, 0, (int64_t)m->num_params,
                             m->params_flat, m->m_flat, m->v_flat, state);
 }

@@ -591,7 +591,9 @@ static int create_slots(dt_dp_t *dp)
       return DT_ENOMEM;
     DT_CHECK(dcopy(dp, dp->p_shard, m->params_flat + dp->lo, dp->n));
     dp->dev->free(dp->dev, m->params_flat);
+    dp->dev->free(dp->dev, m->params16); /* the gathered weights are rounded as they are used */
     m->params_flat = NULL;
+    m->params16 = NULL;
     m->bytes_params = 0;
     memset(&m->params, 0, sizeof m->params);
   }
@@ -835,11 +837,12 @@ int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t)
     if (a >= b)
       continue;
     DT_CHECK(m->ops->adamw_update(
-        m->dev, params + a, grads + a, dp->m_shard + (a - dp->lo), dp->v_shard + (a - dp->lo),
+        m->dev, params + a, NULL, grads + a, dp->m_shard + (a - dp->lo), dp->v_shard + (a - dp->lo),
         (size_t)(b - a), h->lr, h->beta1, h->beta2, h->eps,
         dt_gpt2_tensor_decays(k) ? h->weight_decay : 0.0f, grad_scale, t));
   }
   invalidate_slots(dp);
+  dt_gpt2_params_written(m); /* the other ranks' ranges arrive below */
   if (dp->stage == 3 || !collective(dp))
     return 0;
   TIMED_CHECK(dp,
@@ -926,6 +929,7 @@ int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state)
   dt_gpt2_t *m = dp->m;
   DT_CHECK(drain(dp));
   invalidate_slots(dp);
+  dt_gpt2_params_written(m);
   switch (dp->stage) {
   case 0:
     return load_local(dp, path, 0, dp->P, m->params_flat, m->m_flat, m->v_flat, state);

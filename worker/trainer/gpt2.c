@@ -244,6 +244,7 @@ void dt_gpt2_destroy(dt_gpt2_t *m)
   dev->free(dev, m->grads_flat);
   dev->free(dev, m->m_flat);
   dev->free(dev, m->v_flat);
+  dev->free(dev, m->params16);
   for (int c = 0; m->acts && c < m->stage.chunks; c++)
     for (int j = 0; j < m->nslots[c]; j++)
       free_acts(dev, &m->acts[m->slot_base[c] + j], &m->scratch);
@@ -287,6 +288,7 @@ int dt_gpt2_init_weights(dt_gpt2_t *m, uint64_t seed)
 {
   if (m->num_params == m->global_params && m->dev->host) {
     init_global(&m->cfg, m->params_flat, seed);
+    dt_gpt2_params_written(m);
     return 0;
   }
   /* The same weights as one process, then this rank's part: the whole model is held once in
@@ -412,7 +414,13 @@ int dt_gpt2_load_global(dt_gpt2_t *m, const float *global)
     rc = m->dev->copy(m->dev, m->params_flat + runs[i].local, global + runs[i].global,
                       (size_t)runs[i].len * sizeof(float), DT_COPY_H2D);
   free(runs);
+  dt_gpt2_params_written(m);
   return rc;
+}
+
+void dt_gpt2_params_written(dt_gpt2_t *m)
+{
+  m->params16_stale = 1;
 }
 
 /* Context parallelism splits each sequence into 2 x cp chunks of h = T/2 positions (T: the
@@ -591,6 +599,11 @@ int dt_gpt2_alloc_activations(dt_gpt2_t *m, int B, int T, const int *slots, int 
   m->bytes_acts = alloc_scratch(m, B, T);
   if (!m->bytes_acts)
     return DT_ENOMEM;
+  if (m->bf16 && m->params_flat) {
+    DT_CHECK(m->dev->alloc(m->dev, m->num_params * m->ops->bf16_bytes, "bf16 weight copy",
+                           &m->params16));
+    m->params16_stale = 1;
+  }
   for (int c = 0, base = 0; c < m->stage.chunks; base += slots[c++]) {
     m->slot_base[c] = base;
     m->nslots[c] = slots[c];
@@ -764,13 +777,23 @@ void dt_gpt2_unit_view(const dt_gpt2_t *m, int unit, float *flat, dt_gpt2_view_t
     v->t[r[i].tensor] = flat + r[i].off;
 }
 
+/* A unit's parameters (with their bf16 copies where the model keeps them: then the parameters
+ * are params_flat's, the hooks' too) and, with grads, its gradient accumulators. */
 static int acquire(dt_gpt2_t *m, int unit, int grads, dt_gpt2_view_t *p, dt_gpt2_view_t *g)
 {
-  if (m->hooks)
-    return m->hooks->acquire(m->hooks->ud, unit, grads, p, g);
-  dt_gpt2_unit_view(m, unit, m->params_flat, p);
-  if (grads)
-    dt_gpt2_unit_view(m, unit, m->grads_flat, g);
+  if (m->hooks) {
+    DT_CHECK(m->hooks->acquire(m->hooks->ud, unit, grads, p, g));
+  } else {
+    dt_gpt2_unit_view(m, unit, m->params_flat, p);
+    if (grads)
+      dt_gpt2_unit_view(m, unit, m->grads_flat, g);
+  }
+  if (m->params16) {
+    dt_flat_range_t r[DT_UNIT_MAX_RANGES];
+    const int n = dt_gpt2_unit_ranges(m, unit, r);
+    for (int i = 0; i < n; i++)
+      p->t16[r[i].tensor] = (const char *)m->params16 + r[i].off * m->ops->bf16_bytes;
+  }
   return 0;
 }
 
@@ -998,30 +1021,37 @@ static int bf16_input(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *in, const vo
   return 0;
 }
 
-/* The linear layer out = in @ w^T + b (ops.h): in fp32, or under bf16 compute on in's bf16
- * values (bf16_input). */
+/* The linear layer out = in @ w^T + b (ops.h) with weight tensor w of view p: in fp32, or under
+ * bf16 compute on in's bf16 values (bf16_input) and w's (the view's bf16 copy where it has one,
+ * else rounded by the kernel). */
 static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const float *in,
-                          const void *in16, const float *w, const float *b, int N, int C, int OC,
-                          int ldo)
+                          const void *in16, const dt_gpt2_view_t *p, int w, const float *b, int N,
+                          int C, int OC, int ldo)
 {
   const dt_ops_t *k = m->ops;
   if (!m->bf16)
-    return k->matmul_forward(m->dev, out, in, w, b, N, C, OC, ldo);
+    return k->matmul_forward(m->dev, out, in, p->t[w], b, N, C, OC, ldo);
   DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-  return k->matmul_forward_bf16(m->dev, out, in16, w, b, N, C, OC, ldo);
+  return k->matmul_forward_bf16(m->dev, out, in16, p->t[w], p->t16[w], b, N, C, OC, ldo);
 }
 
-/* Its backward, with the same choice of input (ops.h: dinp =, dweight and dbias +=); under bf16
- * compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits). */
+/* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
+ * bf16 compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits).
+ * gelu_in, where not NULL: in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under
+ * bf16 compute in the GEMM's epilogue on a GPU). */
 static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *dw, float *db,
                            const float *dout, const void *dout16, const float *in, const void *in16,
-                           const float *w, int N, int C, int OC, int ldd)
+                           const dt_gpt2_view_t *p, int w, const float *gelu_in, int N, int C,
+                           int OC, int ldd)
 {
   const dt_ops_t *k = m->ops;
-  if (!m->bf16)
-    return k->matmul_backward(m->dev, dinp, dw, db, dout, in, w, N, C, OC, ldd);
-  DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-  return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, dout16, in16, w, N, C, OC, ldd);
+  if (m->bf16) {
+    DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
+    return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, dout16, in16, p->t[w], p->t16[w],
+                                   gelu_in, N, C, OC, ldd);
+  }
+  DT_CHECK(k->matmul_backward(m->dev, dinp, dw, db, dout, in, p->t[w], N, C, OC, ldd));
+  return gelu_in ? k->gelu_backward(m->dev, dinp, gelu_in, dinp, (size_t)N * C) : 0;
 }
 
 /* Layer l's forward from its input x with parameters p (acquired by the caller); also what
@@ -1044,7 +1074,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
                                   p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
   if (m->cp.cp == 1) {
-    DT_CHECK(linear_forward(m, a, y.qkv, in, y.ln1_16, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+    DT_CHECK(linear_forward(m, a, y.qkv, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB], (int)N, C,
                             3 * Cl, 3 * Cl));
     if (m->flash)
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
@@ -1052,12 +1082,12 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
       DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
   } else {
     float *mine = a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl;
-    DT_CHECK(linear_forward(m, a, mine, in, y.ln1_16, p->t[DT_T_QKVW], p->t[DT_T_QKVB], (int)N, C,
+    DT_CHECK(linear_forward(m, a, mine, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB], (int)N, C,
                             3 * Cl, 3 * Cl));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
-  DT_CHECK(linear_forward(m, a, a->tmp, y.atty, NULL, p->t[DT_T_ATTPROJW],
+  DT_CHECK(linear_forward(m, a, a->tmp, y.atty, NULL, p, DT_T_ATTPROJW,
                           lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   if (y.ln2_16)
@@ -1068,13 +1098,13 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
                                            p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  DT_CHECK(linear_forward(m, a, y.fch, in, y.ln2_16, p->t[DT_T_FCW], p->t[DT_T_FCB], (int)N, C,
-                          4 * Cl, 4 * Cl));
+  DT_CHECK(linear_forward(m, a, y.fch, in, y.ln2_16, p, DT_T_FCW, p->t[DT_T_FCB], (int)N, C, 4 * Cl,
+                          4 * Cl));
   if (m->bf16)
     DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch, N * 4 * Cl));
   else
     DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
-  DT_CHECK(linear_forward(m, a, a->tmp, y.fchg, y.fchg16, p->t[DT_T_FCPROJW],
+  DT_CHECK(linear_forward(m, a, a->tmp, y.fchg, y.fchg16, p, DT_T_FCPROJW,
                           lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   DT_CHECK(k->residual_forward(m->dev, y.res3, y.res2, branch, R * C));
@@ -1130,6 +1160,10 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   const size_t N = (size_t)B * T;
   dt_gpt2_view_t p, unused;
 
+  if (m->params16 && m->params16_stale) { /* the parameters were written: one rounding pass */
+    DT_CHECK(k->to_bf16(m->dev, m->params16, m->params_flat, m->num_params));
+    m->params16_stale = 0;
+  }
   if (embeds(m, chunk)) {
     DT_CHECK(device_tokens(m, a, 0, inputs, N, &inputs));
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
@@ -1171,7 +1205,7 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    DT_CHECK(linear_forward(m, a, a->logits, a->lnf, a->lnf16, p.t[DT_T_WTE], NULL, (int)N, C,
+    DT_CHECK(linear_forward(m, a, a->logits, a->lnf, a->lnf16, &p, DT_T_WTE, NULL, (int)N, C,
                             d.Vreal, d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
@@ -1279,7 +1313,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
       DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, dlogits16(m, a),
-                               a->lnf, a->lnf16, ep.t[DT_T_WTE], (int)N, C, d.Vreal, d.Vl));
+                               a->lnf, a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, d.Vreal, d.Vl));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
     if (!first)
@@ -1302,18 +1336,17 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
     DT_CHECK(linear_backward(m, a, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, NULL,
-                             y.fchg, y.fchg16, p.t[DT_T_FCPROJW], (int)N, 4 * Cl, C, C));
-    DT_CHECK(k->gelu_backward(m->dev, a->dbuf4, y.fch, a->dbuf4, N * 4 * Cl));
+                             y.fchg, y.fchg16, &p, DT_T_FCPROJW, y.fch, (int)N, 4 * Cl, C, C));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, NULL, in,
-                             y.ln2_16, p.t[DT_T_FCW], (int)N, C, 4 * Cl, 4 * Cl));
+                             y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl, 4 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
                                 p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
-                             y.atty, NULL, p.t[DT_T_ATTPROJW], (int)N, Cl, C, C));
+                             y.atty, NULL, &p, DT_T_ATTPROJW, NULL, (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) { /* the flash backward adds */
       DT_CHECK(m->dev->zero(m->dev, a->dqkv, N * 3 * Cl * sizeof(float)));
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf, a->dqkv, B, T, 0, T));
@@ -1327,7 +1360,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, NULL, in,
-                             y.ln1_16, p.t[DT_T_QKVW], (int)N, C, 3 * Cl, 3 * Cl));
+                             y.ln1_16, &p, DT_T_QKVW, NULL, (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));
@@ -1392,12 +1425,15 @@ int dt_gpt2_tensor_decays(int tensor)
 int dt_gpt2_adamw_step(dt_gpt2_t *m, const dt_adamw_t *h, float grad_scale, int t)
 {
   DT_CHECK(dt_gpt2_alloc_optimizer(m));
+  /* The bf16 weight copy is written in the same pass, whole (the tensors tile the buffer). */
   for (int i = 0; i < DT_GPT2_NUM_TENSORS; i++) {
-    size_t off = m->tensor_offsets[i];
-    DT_CHECK(
-        m->ops->adamw_update(m->dev, m->params_flat + off, m->grads_flat + off, m->m_flat + off,
-                             m->v_flat + off, m->tensor_sizes[i], h->lr, h->beta1, h->beta2, h->eps,
-                             dt_gpt2_tensor_decays(i) ? h->weight_decay : 0.0f, grad_scale, t));
+    const size_t off = m->tensor_offsets[i];
+    void *p16 = m->params16 ? (char *)m->params16 + off * m->ops->bf16_bytes : NULL;
+    DT_CHECK(m->ops->adamw_update(
+        m->dev, m->params_flat + off, p16, m->grads_flat + off, m->m_flat + off, m->v_flat + off,
+        m->tensor_sizes[i], h->lr, h->beta1, h->beta2, h->eps,
+        dt_gpt2_tensor_decays(i) ? h->weight_decay : 0.0f, grad_scale, t));
   }
+  m->params16_stale = 0;
   return 0;
 }

@@ -180,6 +180,8 @@ typedef struct {
  * units: the layer's slice; other entries are unused). */
 typedef struct {
   float *t[DT_GPT2_NUM_TENSORS];
+  const void *t16[DT_GPT2_NUM_TENSORS]; /* parameters only: the tensors' bf16 values where the
+                                           model keeps them (params16), else NULL */
 } dt_gpt2_view_t;
 
 /* How the model obtains parameters and gradient accumulators, unit by unit. Without hooks it
@@ -275,6 +277,12 @@ typedef struct {
   float *params_flat;     /* (P) */
   float *grads_flat;      /* (P) */
   float *m_flat, *v_flat; /* (P) AdamW moments, allocated on first step */
+  void *params16;         /* (P values of bf16_bytes) bf16 compute: params_flat rounded to bf16,
+                             the weights the linear layers read; allocated with the activations
+                             where the model holds its whole parameters (not under ZeRO-3, whose
+                             gathered weights are rounded as each layer uses them), else NULL */
+  int params16_stale;     /* params16 is behind params_flat: rounded again before the next
+                             forward (dt_gpt2_params_written); dt_gpt2_adamw_step keeps it */
   dt_gpt2_tensors_t params, grads;
   dt_gpt2_acts_t *acts; /* activation slots (micro-batches in flight), chunk by chunk: chunk
                            c's slot j is acts[slot_base[c] + j] */
@@ -352,6 +360,10 @@ size_t dt_gpt2_stage_io_floats(const dt_gpt2_t *m, int B, int T);
 /* The order in which a forward (backward = 0) or backward pass acquires its units: ZeRO-3
  * prefetches by it. Returns the count (at most L + 3). */
 int dt_gpt2_unit_order(const dt_gpt2_t *m, int backward, int *units);
+/* Tells the model that its parameters were written by something other than
+ * dt_gpt2_adamw_step (a load, ZeRO's update of a shard and gather): its bf16 weight copy
+ * (params16) is rounded again before the next forward. */
+void dt_gpt2_params_written(dt_gpt2_t *m);
 /* Allocates the AdamW moments (zeroed) if not yet allocated. */
 int dt_gpt2_alloc_optimizer(dt_gpt2_t *m);
 
@@ -391,7 +403,8 @@ int dt_gpt2_sumsq(dt_gpt2_t *m, const float *buf, int64_t lo, int64_t hi, double
 /* 1 if the tensor (DT_T_*) takes weight decay: weight matrices and embeddings. */
 int dt_gpt2_tensor_decays(int tensor);
 /* One AdamW step at 1-based step t; grad_scale multiplies every gradient (clipping). Weight
- * decay applies to the weight matrices and embeddings only (GPT-2/nanoGPT/llm.c convention). */
+ * decay applies to the weight matrices and embeddings only (GPT-2/nanoGPT/llm.c convention).
+ * The bf16 weight copy, where the model keeps one, is written in the same pass. */
 int dt_gpt2_adamw_step(dt_gpt2_t *m, const dt_adamw_t *h, float grad_scale, int t);
 
 #endif

@@ -947,10 +947,12 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
             "slots over %d model chunk%s",
             t->stage, t->pp, dt_pipe_name(o->pp_schedule), o->grad_accum, nslots,
             t->model.stage.chunks, t->model.stage.chunks == 1 ? "" : "s");
-  DT_INFO(TRAIN, "activations: %.2f MiB in %d slot%s%s%s", t->model.bytes_acts / (1024.0 * 1024.0),
-          nslots, nslots == 1 ? "" : "s",
+  DT_INFO(TRAIN, "activations: %.2f MiB in %d slot%s%s%s; bf16 weight copy %.2f MiB",
+          t->model.bytes_acts / (1024.0 * 1024.0), nslots, nslots == 1 ? "" : "s",
           o->recompute ? " (activation checkpointing: layer outputs only)" : "",
-          o->sequence_parallel ? " (sequence parallel: residual stream split over tp)" : "");
+          o->sequence_parallel ? " (sequence parallel: residual stream split over tp)" : "",
+          t->model.params16 ? t->model.num_params * t->model.ops->bf16_bytes / (1024.0 * 1024.0)
+                            : 0.0);
   print_memory(t);
   t->tokens_per_step = (double)o->batch * o->seq * o->grad_accum * t->dpsize;
   DT_INFO(TRAIN,
