@@ -2,8 +2,10 @@
  * kernels/cpu/matmul.c). PyTorch's nn.Linear convention: weight is (OC, C) and
  * out = inp @ weight^T + bias. The GEMMs' column-major views are gemm.cuh's (built there, run
  * here): the layer's products by cuBLASLt (linear_gemm), the forward's bias added by its BIAS
- * epilogue as the product is stored (no pass of its own over the output); the bias gradient, a
- * column sum, by cublasSgemv (dt__cuda_gemm, which attention.cu uses too).
+ * epilogue as the product is stored (no pass of its own over the output), the bf16 dinp's GELU
+ * backward by its DGELU epilogue; the bias gradient, a column sum, by cublasSgemv
+ * (dt__cuda_gemm, which attention.cu uses too), or under bf16 compute in the pass that copies
+ * the output gradient to bf16 (to_bf16_colsum_kernel).
  *
  * Invariants: plain fp32 accumulation (CUBLAS_COMPUTE_32F, CUBLAS_DEFAULT_MATH: no TF32);
  * beta = 0 never reads the output (so it may hold garbage); only the first OC columns of an
@@ -149,27 +151,63 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
 /* products accumulated in fp32 by cuBLASLt on the tensor cores, fp32 outputs.                  */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Carves n <= 2 bf16 copies out of one workspace request (each 256-byte aligned) and fills them. */
+/* Carves n <= 2 bf16 copies out of one workspace request (each 256-byte aligned) and fills them;
+ * an operand with colsum also gets its fp32 column sums added there in the same pass (the bias
+ * gradient: to_bf16_colsum_kernel's partial sums, then one per column). */
 typedef struct {
   const float *src;
   size_t rows, cols, lds;
+  float *colsum;
   __nv_bfloat16 *dst;
 } bf16_operand_t;
 
+static size_t ws_round(size_t bytes)
+{
+  return (bytes + 255) / 256 * 256;
+}
+
+/* Rows per block of to_bf16_colsum_kernel: COLSUM_ROWS, or more where the grid's y would pass
+ * its limit of 65535 blocks. */
+static int colsum_rows_per_block(size_t rows)
+{
+  const size_t blocks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
+  return COLSUM_ROWS * (int)((blocks + 65534) / 65535);
+}
+
 static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
 {
-  size_t bytes = 0, off[2];
+  size_t bytes = 0, off[2], poff[2];
   for (int i = 0; i < n; i++) {
     off[i] = bytes;
-    bytes += (ops[i].rows * ops[i].cols * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+    bytes += ws_round(ops[i].rows * ops[i].cols * sizeof(__nv_bfloat16));
+    poff[i] = bytes;
+    if (ops[i].colsum) {
+      const size_t blocks = (ops[i].rows + colsum_rows_per_block(ops[i].rows) - 1) /
+                            colsum_rows_per_block(ops[i].rows);
+      bytes += ws_round(blocks * ops[i].cols * sizeof(float));
+    }
   }
   void *ws = NULL;
   DT_CHECK(dt__cuda_workspace(cu, bytes, &ws));
   for (int i = 0; i < n; i++) {
-    const size_t total = ops[i].rows * ops[i].cols;
+    const bf16_operand_t *o = &ops[i];
+    const size_t total = o->rows * o->cols;
     ops[i].dst = (__nv_bfloat16 *)((char *)ws + off[i]);
-    to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        ops[i].dst, ops[i].src, ops[i].cols, ops[i].lds, total);
+    if (!o->colsum) {
+      to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
+          o->dst, o->src, o->cols, o->lds, total);
+      DT_CUDA_CHECK(cudaGetLastError());
+      continue;
+    }
+    const int rpb = colsum_rows_per_block(o->rows);
+    const dim3 grid((unsigned)((o->cols + COLSUM_COLS - 1) / COLSUM_COLS),
+                    (unsigned)((o->rows + rpb - 1) / rpb));
+    float *partial = (float *)((char *)ws + poff[i]);
+    to_bf16_colsum_kernel<<<grid, COLSUM_THREADS, 0, cu->stream>>>(
+        o->dst, partial, o->src, (int)o->rows, (int)o->cols, (int)o->lds, rpb);
+    DT_CUDA_CHECK(cudaGetLastError());
+    colsum_finish_kernel<<<dt__cuda_grid(o->cols, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
+                           cu->stream>>>(o->colsum, partial, (int)grid.y, (int)o->cols);
     DT_CUDA_CHECK(cudaGetLastError());
   }
   return 0;
@@ -194,7 +232,7 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || OC <= 0)
     return 0;
-  bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL};
+  bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL};
   if (!weight16)
     DT_CHECK(bf16_operands(cu, &w, 1));
   const dt_gemm_t g =
@@ -210,12 +248,14 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
-  if (dbias) /* from the fp32 gradient (ops.h) */
+  /* The bias gradient sums the fp32 gradient (ops.h): as the pass that copies it to bf16 reads
+   * it, or, where the caller holds its bf16 values, by a GEMV of its own. */
+  if (dbias && dout16)
     DT_CHECK(bias_backward(cu, dbias, dout, N, OC, ldd));
   /* dout's bf16 values: the caller's (in the fp32 rows' bytes: 2 ldd apart), or a contiguous
    * copy (ld OC) beside the weight's */
-  bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL},
-                          {dout, (size_t)N, (size_t)OC, (size_t)ldd, NULL}};
+  bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL},
+                          {dout, (size_t)N, (size_t)OC, (size_t)ldd, dbias, NULL}};
   const int copy_w = dinp && !weight16, copies = copy_w + (dout16 ? 0 : 1);
   if (copies)
     DT_CHECK(bf16_operands(cu, op + (copy_w ? 0 : 1), copies));

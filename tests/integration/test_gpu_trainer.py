@@ -11,6 +11,11 @@ the GPUs; the host-staged communicator) against one GPU process.
     GPU process on the same global batch (the issue's multi-rank GPU check; cp also runs the
     CUDA context-parallel attention kernels). --comm auto sees the ranks share a GPU and
     stages through the host; --comm nccl is refused there, naming the two ranks;
+  * under --precision bf16, dp=2 under ZeRO-1 and ZeRO-3 and tp=2 within 1e-4 of the one GPU
+    bf16 process (the bf16 weight copy as each ZeRO stage keeps it; the GELU's backward in the
+    MLP projection's GEMM epilogue, split over tp). 1e-4, not 1e-5: cuBLASLt may sum a product
+    of another batch shape in another order, and the bf16 activations rounded from those sums
+    can then land one bf16 step apart;
   * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3 and tp=2 on NCCL
     (--comm nccl), within 1e-5 of the one GPU process.
 
@@ -121,6 +126,20 @@ class GpuTrainer(unittest.TestCase):
                 got = self.train(world, 4, "cuda", extra, tag="_".join(e.strip("-") for e in extra))
                 self.assert_close(ref, got, 1e-5, what)
                 self.assertIn("collectives stage through the host", self.logs[0])
+
+    def test_bf16_layouts_on_one_gpu(self):
+        """bf16 in layouts that change how the bf16 weight copy is kept (ZeRO-1's gather, then
+        one rounding pass; ZeRO-3's gathered weights rounded per layer) and split the MLP whose
+        input gradient goes through the GELU in the GEMM's epilogue (tp=2)."""
+        bf16 = ["--precision", "bf16"]
+        for world, dps, extra in ((2, 2, ["--zero-stage", "1"]), (2, 2, ["--zero-stage", "3"]),
+                                  (2, 1, ["--tp", "2"])):
+            what = "bf16 world %d %s" % (world, " ".join(extra))
+            with self.subTest(what):
+                ref = self.train(1, 4 * dps, "cuda", bf16, tag="bf16ref%d" % dps)
+                got = self.train(world, 4, "cuda", bf16 + extra,
+                                 tag="bf16_" + "_".join(e.strip("-") for e in extra))
+                self.assert_close(ref, got, 1e-4, what)
 
     def test_nccl_refused_on_a_shared_gpu(self):
         _, outs = self.launch(2, 4, "cuda", ["--comm", "nccl"], "shared")

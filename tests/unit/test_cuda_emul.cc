@@ -540,8 +540,9 @@ START_TEST(test_adamw)
 }
 END_TEST
 
-/* The linear layer's bias seed (the first OC of ldo columns; the rest untouched) and the bf16
- * copies of strided operands (against dt_bf16_round), and the device's accumulate and fill. */
+/* The linear layer's bias seed (the first OC of ldo columns; the rest untouched), the bf16
+ * copies of strided operands (against dt_bf16_round) and with their column sums, and the
+ * device's accumulate and fill. */
 START_TEST(test_matmul_and_device_kernels)
 {
   dt_rng_seed(&g_rng, 88);
@@ -562,6 +563,29 @@ START_TEST(test_matmul_and_device_kernels)
   for (size_t r = 0; r < rows; r++)
     for (size_t c = 0; c < cols; c++)
       ck_assert(__bfloat162float(dst[r * cols + c]) == dt_bf16_round(src[r * lds + c]));
+
+  /* The bf16 copy with the column sums (the bias gradient) in the same pass: the copy bit for
+   * bit, the sums against double ones added to what the target held. Partial tiles of columns
+   * and rows; one row block per 256 rows, then per 512 (the grid's y limit's way out). */
+  for (const int rpb : {COLSUM_ROWS, 2 * COLSUM_ROWS}) {
+    const int R = 600, Cc = 70, L = 75, by = (R + rpb - 1) / rpb;
+    const std::vector<float> g = randn((size_t)R * L);
+    std::vector<__nv_bfloat16> d16((size_t)R * Cc, __nv_bfloat16{0xffffu});
+    std::vector<float> partial((size_t)by * Cc, NAN), sums = randn(Cc), want(Cc);
+    for (int c = 0; c < Cc; c++) {
+      double t = sums[c];
+      for (int r = 0; r < R; r++)
+        t += g[(size_t)r * L + c];
+      want[c] = (float)t;
+    }
+    launch(dim3((Cc + COLSUM_COLS - 1) / COLSUM_COLS, by), COLSUM_THREADS, 0,
+           [&] { to_bf16_colsum_kernel(d16.data(), partial.data(), g.data(), R, Cc, L, rpb); });
+    launch_elementwise(Cc, [&] { colsum_finish_kernel(sums.data(), partial.data(), by, Cc); });
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < Cc; c++)
+        ck_assert(__bfloat162float(d16[(size_t)r * Cc + c]) == dt_bf16_round(g[(size_t)r * L + c]));
+    expect_close("to_bf16_colsum column sums", sums, want);
+  }
 
   const size_t n = 2049;
   const std::vector<float> a = randn(n), b = randn(n);
