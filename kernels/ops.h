@@ -148,8 +148,10 @@ typedef struct dt_ops {
    * entries (q0 = 0, Tq = Tall: the whole sequence): no (T, T) matrix is kept. Forward writes
    * out (B, Tq, C) and lse (B, NH, Tq), each query row's log-sum-exp of its scaled scores.
    * Backward recomputes the probabilities from qkv and lse, takes the forward's out for
-   * D = dout . out, and ADDS (+=) dq of rows [q0, q0 + Tq) and dk, dv of rows [0, q0 + Tq)
-   * into dqkv (B, Tall, 3C). NULL where a backend has none: the trainer then keeps att. */
+   * D = dout . out, and ADDS (+=, accumulate 1) or writes (=, accumulate 0) dq of rows
+   * [q0, q0 + Tq) and dk, dv of rows [0, q0 + Tq) into dqkv (B, Tall, 3C): with q0 = 0 and
+   * Tq = Tall a write covers all of dqkv, so it need not be zeroed first. NULL where a backend
+   * has none: the trainer then keeps att. */
   int (*attention_forward_flash)(struct dt_device *dev, float *out, float *lse, const float *qkv,
                                  int B, int Tq, int q0, int Tall, int C, int NH);
   /* The largest head size C / NH the flash entries (both precisions) take; 0: any. The model
@@ -157,7 +159,7 @@ typedef struct dt_ops {
   int flash_max_head_size;
   int (*attention_backward_flash)(struct dt_device *dev, float *dqkv, const float *dout,
                                   const float *qkv, const float *out, const float *lse, int B,
-                                  int Tq, int q0, int Tall, int C, int NH);
+                                  int Tq, int q0, int Tall, int C, int NH, int accumulate);
   /* The flash entries in bf16 compute (--precision bf16, as PyTorch autocast's SDPA): q, k, v
    * and dout rounded to bf16; every product a bf16 GEMM accumulating in fp32; the softmax, lse
    * and D = dout . out in fp32; the probabilities and score gradients rounded to bf16 as the
@@ -170,7 +172,7 @@ typedef struct dt_ops {
                                       int NH);
   int (*attention_backward_flash_bf16)(struct dt_device *dev, float *dqkv, const float *dout,
                                        const float *qkv, const float *out, const float *lse, int B,
-                                       int Tq, int q0, int Tall, int C, int NH);
+                                       int Tq, int q0, int Tall, int C, int NH, int accumulate);
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);

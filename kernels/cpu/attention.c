@@ -317,11 +317,23 @@ static int flash_forward(float *out, float *lse, const float *qkv, int B, int Tq
   return failed ? -1 : 0;
 }
 
+/* Sets to 0 the rows of one head's gradients that its backward adds into: dq's Tq rows and dk's
+ * and dv's Tk, hs columns each, 3C apart (a write: ops.h's accumulate 0). */
+static void zero_head_grads(float *dq, float *dk, float *dv, int Tq, int Tk, int C, int hs)
+{
+  for (int t = 0; t < Tq; t++)
+    memset(dq + (size_t)t * 3 * C, 0, (size_t)hs * sizeof(float));
+  for (int j = 0; j < Tk; j++) {
+    memset(dk + (size_t)j * 3 * C, 0, (size_t)hs * sizeof(float));
+    memset(dv + (size_t)j * 3 * C, 0, (size_t)hs * sizeof(float));
+  }
+}
+
 /* The flash backward on qkv and dout (bf16: rounded copies; dout32 and out, the fp32 tensors,
- * give D). */
+ * give D), adding into dqkv or (accumulate 0) writing it. */
 static int flash_backward(float *dqkv, const float *dout, const float *qkv, const float *dout32,
                           const float *out, const float *lse, int B, int Tq, int q0, int Tall,
-                          int C, int NH, int bf16)
+                          int C, int NH, int bf16, int accumulate)
 {
   const int band = flash_band(Tq, q0);
   int failed = 0;
@@ -336,6 +348,8 @@ static int flash_backward(float *dqkv, const float *dout, const float *qkv, cons
     x.bf16 = bf16;
     float *dq, *dk, *dv;
     head_grads(dqkv, bh, q0, Tall, C, NH, &dq, &dk, &dv);
+    if (!accumulate)
+      zero_head_grads(dq, dk, dv, Tq, q0 + Tq, C, x.hs);
     const size_t ho = (size_t)(bh / NH) * Tq * C + (size_t)(bh % NH) * x.hs;
     for (int r0 = 0; r0 < Tq; r0 += band) {
       const head_t y = head_band(x, r0, r0 + band < Tq ? r0 + band : Tq);
@@ -385,10 +399,10 @@ int dt_cpu_attention_forward_flash(float *out, float *lse, const float *qkv, int
 
 int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float *qkv,
                                     const float *out, const float *lse, int B, int Tq, int q0,
-                                    int Tall, int C, int NH)
+                                    int Tall, int C, int NH, int accumulate)
 {
   (void)out; /* sum_j P dP comes from the recomputed P (see the top) */
-  return flash_backward(dqkv, dout, qkv, NULL, NULL, lse, B, Tq, q0, Tall, C, NH, 0);
+  return flash_backward(dqkv, dout, qkv, NULL, NULL, lse, B, Tq, q0, Tall, C, NH, 0, accumulate);
 }
 
 int dt_cpu_attention_forward_flash_bf16(float *out, float *lse, const float *qkv, int B, int Tq,
@@ -402,12 +416,12 @@ int dt_cpu_attention_forward_flash_bf16(float *out, float *lse, const float *qkv
 
 int dt_cpu_attention_backward_flash_bf16(float *dqkv, const float *dout, const float *qkv,
                                          const float *out, const float *lse, int B, int Tq, int q0,
-                                         int Tall, int C, int NH)
+                                         int Tall, int C, int NH, int accumulate)
 {
   float *qkv_r = dt_cpu_bf16_copy(qkv, (size_t)B * Tall, (size_t)3 * C, (size_t)3 * C);
   float *dout_r = dt_cpu_bf16_copy(dout, (size_t)B * Tq, (size_t)C, (size_t)C);
   const int err = qkv_r && dout_r ? flash_backward(dqkv, dout_r, qkv_r, dout, out, lse, B, Tq, q0,
-                                                   Tall, C, NH, 1)
+                                                   Tall, C, NH, 1, accumulate)
                                   : -1;
   free(qkv_r);
   free(dout_r);

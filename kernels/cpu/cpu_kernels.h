@@ -77,13 +77,13 @@ int dt_cpu_attention_forward_flash(float *out, float *lse, const float *qkv, int
                                    int Tall, int C, int NH);
 int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float *qkv,
                                     const float *out, const float *lse, int B, int Tq, int q0,
-                                    int Tall, int C, int NH);
+                                    int Tall, int C, int NH, int accumulate);
 /* The same in bf16, with the GPU tensor-core kernels' arithmetic (attention.c states it). */
 int dt_cpu_attention_forward_flash_bf16(float *out, float *lse, const float *qkv, int B, int Tq,
                                         int q0, int Tall, int C, int NH);
 int dt_cpu_attention_backward_flash_bf16(float *dqkv, const float *dout, const float *qkv,
                                          const float *out, const float *lse, int B, int Tq, int q0,
-                                         int Tall, int C, int NH);
+                                         int Tall, int C, int NH, int accumulate);
 void dt_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void dt_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void dt_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);

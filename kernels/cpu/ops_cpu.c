@@ -145,10 +145,10 @@ static int attention_forward_flash(struct dt_device *dev, float *out, float *lse
 
 static int attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
                                     const float *qkv, const float *out, const float *lse, int B,
-                                    int Tq, int q0, int Tall, int C, int NH)
+                                    int Tq, int q0, int Tall, int C, int NH, int accumulate)
 {
   return dt_cpu_attention_backward_flash(H(dqkv), H(dout), H(qkv), H(out), H(lse), B, Tq, q0, Tall,
-                                         C, NH) == 0
+                                         C, NH, accumulate) == 0
              ? 0
              : DT_ENOMEM;
 }
@@ -164,10 +164,11 @@ static int attention_forward_flash_bf16(struct dt_device *dev, float *out, float
 
 static int attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
                                          const float *qkv, const float *out, const float *lse,
-                                         int B, int Tq, int q0, int Tall, int C, int NH)
+                                         int B, int Tq, int q0, int Tall, int C, int NH,
+                                         int accumulate)
 {
   return dt_cpu_attention_backward_flash_bf16(H(dqkv), H(dout), H(qkv), H(out), H(lse), B, Tq, q0,
-                                              Tall, C, NH) == 0
+                                              Tall, C, NH, accumulate) == 0
              ? 0
              : DT_ENOMEM;
 }

@@ -123,11 +123,12 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, float *out, float *lse, c
   return 0;
 }
 
-/* The dq kernel, then (D in the workspace) the dk/dv kernel. */
+/* The dq kernel, then (D in the workspace) the dk/dv kernel; each adds its rows into dqkv or
+ * (add false) writes them. */
 template <int HSM>
 static int flash_backward(dt_cuda_impl_t *cu, bool mma, float *dqkv, const float *dout,
                           const float *qkv, const float *out, const float *lse, int B, int Tq,
-                          int q0, int Tall, int C, int NH)
+                          int q0, int Tall, int C, int NH, bool add)
 {
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, (size_t)B * NH * Tq * sizeof(float), &ws));
@@ -137,15 +138,15 @@ static int flash_backward(dt_cuda_impl_t *cu, bool mma, float *dqkv, const float
   const dim3 qgrid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), (unsigned)(B * NH));
   const size_t qsmem = mma ? fmma_dq_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
   DT_CHECK(flash_smem(dq, qsmem));
-  dq<<<qgrid, mma ? FMMA_THREADS : FLASH_ROWS, qsmem, cu->stream>>>(dqkv, D, dout, qkv, out, lse,
-                                                                    Tq, q0, Tall, C, NH, scale);
+  dq<<<qgrid, mma ? FMMA_THREADS : FLASH_ROWS, qsmem, cu->stream>>>(
+      dqkv, D, dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale, add);
   DT_CUDA_CHECK(cudaGetLastError());
   const auto dkdv = mma ? fmma_backward_dkdv_kernel<HSM> : flash_backward_dkdv_kernel<HSM>;
   const dim3 kgrid(mma ? fmma_blocks(q0 + Tq) : flash_key_blocks(q0 + Tq), (unsigned)(B * NH));
   const size_t ksmem = mma ? fmma_dkdv_smem_bytes<HSM>() : flash_dkdv_smem_bytes<HSM>();
   DT_CHECK(flash_smem(dkdv, ksmem));
   dkdv<<<kgrid, mma ? FMMA_THREADS : FLASH_KROWS, ksmem, cu->stream>>>(dqkv, D, dout, qkv, lse, Tq,
-                                                                       q0, Tall, C, NH, scale);
+                                                                       q0, Tall, C, NH, scale, add);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
@@ -182,18 +183,19 @@ static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse
 
 static int backward_flash(struct dt_device *dev, bool mma, float *dqkv, const float *dout,
                           const float *qkv, const float *out, const float *lse, int B, int Tq,
-                          int q0, int Tall, int C, int NH)
+                          int q0, int Tall, int C, int NH, int accumulate)
 {
+  const bool add = accumulate != 0;
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
     return 0;
   dt_cuda_impl_t *cu = dt__cuda(dev);
   switch (bucket_or_refuse(C, NH)) {
   case 32:
-    return flash_backward<32>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+    return flash_backward<32>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, add);
   case 64:
-    return flash_backward<64>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+    return flash_backward<64>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, add);
   case 128:
-    return flash_backward<128>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+    return flash_backward<128>(cu, mma, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, add);
   default:
     return DT_ENOTSUP;
   }
@@ -208,9 +210,9 @@ int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *l
 
 int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
                                       const float *qkv, const float *out, const float *lse, int B,
-                                      int Tq, int q0, int Tall, int C, int NH)
+                                      int Tq, int q0, int Tall, int C, int NH, int accumulate)
 {
-  return backward_flash(dev, false, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+  return backward_flash(dev, false, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate);
 }
 
 int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
@@ -222,7 +224,8 @@ int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, flo
 
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
                                            const float *qkv, const float *out, const float *lse,
-                                           int B, int Tq, int q0, int Tall, int C, int NH)
+                                           int B, int Tq, int q0, int Tall, int C, int NH,
+                                           int accumulate)
 {
-  return backward_flash(dev, true, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH);
+  return backward_flash(dev, true, dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate);
 }

@@ -119,7 +119,7 @@ int dt__cuda_attention_forward_flash(struct dt_device *dev, float *out, float *l
                                      int NH);
 int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const float *dout,
                                       const float *qkv, const float *out, const float *lse, int B,
-                                      int Tq, int q0, int Tall, int C, int NH);
+                                      int Tq, int q0, int Tall, int C, int NH, int accumulate);
 /* The same contracts in bf16 on the tensor cores (flash_mma.cuh states the numerics; the CPU's
  * _flash_bf16 kernels follow them), the model's attention under --precision bf16;
  * tests/unit/test_flash_emul.cc checks the kernels on the host, test_cuda on a GPU. */
@@ -128,7 +128,8 @@ int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, flo
                                           int NH);
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
                                            const float *qkv, const float *out, const float *lse,
-                                           int B, int Tq, int q0, int Tall, int C, int NH);
+                                           int B, int Tq, int q0, int Tall, int C, int NH,
+                                           int accumulate);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
 int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,

@@ -11,7 +11,8 @@
  *   D = dout . out (kept in the workspace for the second), recomputes p = exp(s - lse) over
  *   its keys and adds dq = scale sum_j p (dp_j - D) k_j with dp_j = dout . v_j; the second, per
  *   key row, walks the query rows at or after it and adds dv = sum_t p dout_t and
- *   dk = scale sum_t p (dp - D_t) q_t. The scores are computed twice: the price of no atomics.
+ *   dk = scale sum_t p (dp - D_t) q_t (each adds into dqkv, or with add false writes it: every
+ *   row is one thread's). The scores are computed twice: the price of no atomics.
  * Sums run in other orders than the CPU's GEMMs: the tolerance is test_cuda's 1e-5 of scale.
  *
  * Only the kernels and their launch geometry live here, written against nothing but CUDA C++'s
@@ -142,7 +143,7 @@ template <int HSM>
 __global__ static void __launch_bounds__(FLASH_ROWS)
     flash_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const float *qkv,
                              const float *out, const float *lse, int Tq, int q0, int Tall, int C,
-                             int NH, float scale)
+                             int NH, float scale, bool add)
 {
   DT_FLASH_SMEM(smem);
   float *ks = smem, *vs = smem + FLASH_KEYS * HSM;
@@ -192,7 +193,7 @@ __global__ static void __launch_bounds__(FLASH_ROWS)
 #pragma unroll
   for (int d = 0; d < HSM; d++)
     if (d < hs)
-      dqrow[d] += scale * dq[d];
+      dqrow[d] = add ? dqrow[d] + scale * dq[d] : scale * dq[d];
 }
 
 /* Shared memory of the dk/dv kernel: its key rows' k and v (rows padded to HSM + 1 so that the
@@ -207,7 +208,7 @@ template <int HSM>
 __global__ static void __launch_bounds__(FLASH_KROWS)
     flash_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
                                const float *lse, int Tq, int q0, int Tall, int C, int NH,
-                               float scale)
+                               float scale, bool add)
 {
   DT_FLASH_SMEM(smem);
   float *kown = smem, *vown = smem + FLASH_KROWS * (HSM + 1);
@@ -266,8 +267,8 @@ __global__ static void __launch_bounds__(FLASH_KROWS)
 #pragma unroll
   for (int d = 0; d < HSM; d++)
     if (d < hs) {
-      dkrow[d] += scale * dk[d];
-      dvrow[d] += dv[d];
+      dkrow[d] = add ? dkrow[d] + scale * dk[d] : scale * dk[d];
+      dvrow[d] = add ? dvrow[d] + dv[d] : dv[d];
     }
 }
 

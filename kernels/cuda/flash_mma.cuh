@@ -156,10 +156,11 @@ __device__ static inline float fmma_row_max(float v)
   return fmaxf(v, DT_SHFL_XOR(v, 2));
 }
 
-/* dst[d] = mul acc (or += with ADD) for the calling lane's columns d < hs of its row g + 8 i of
+/* dst[d] = mul acc (or += with add) for the calling lane's columns d < hs of its row g + 8 i of
  * the C layout (acc: NO tiles of 8 columns). */
-template <int NO, bool ADD>
-__device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, float mul, int hs)
+template <int NO>
+__device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, float mul, int hs,
+                                      bool add)
 {
   const int c = threadIdx.x % 4;
 #pragma unroll
@@ -168,7 +169,7 @@ __device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, 
     for (int e = 2 * i; e < 2 * i + 2; e++) {
       const int d = 8 * nd + 2 * c + e % 2;
       if (d < hs)
-        dst[d] = ADD ? dst[d] + mul * acc[nd][e] : mul * acc[nd][e];
+        dst[d] = add ? dst[d] + mul * acc[nd][e] : mul * acc[nd][e];
     }
 }
 
@@ -234,20 +235,21 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     const float sum = fmma_row_sum(l[i]);
     if (row[i] >= Tq)
       continue;
-    fmma_store_row<NO, false>(out + ((size_t)b * Tq + row[i]) * C + (size_t)h * hs, o, i,
-                              1.0f / sum, hs);
+    fmma_store_row<NO>(out + ((size_t)b * Tq + row[i]) * C + (size_t)h * hs, o, i, 1.0f / sum, hs,
+                       false);
     if (c == 0)
       lse[(size_t)bh * Tq + row[i]] = m[i] + logf(sum);
   }
 }
 
 /* Grid (fmma_blocks(Tq), B * NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds the
- * query gradients into dqkv; Dbuf (B, NH, Tq) gets D = dout . out of every query row. */
+ * query gradients into dqkv (add false: writes them); Dbuf (B, NH, Tq) gets D = dout . out of
+ * every query row. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const float *qkv,
                             const float *out, const float *lse, int Tq, int q0, int Tall, int C,
-                            int NH, float scale)
+                            int NH, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
@@ -301,18 +303,18 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   for (int i = 0; i < 2; i++) {
     if (row[i] >= Tq)
       continue;
-    fmma_store_row<NO, true>(dqkv + ((size_t)b * Tall + q0 + row[i]) * C3 + (size_t)h * hs, dq, i,
-                             scale, hs);
+    fmma_store_row<NO>(dqkv + ((size_t)b * Tall + q0 + row[i]) * C3 + (size_t)h * hs, dq, i, scale,
+                       hs, add);
   }
 }
 
 /* Grid (fmma_blocks(q0 + Tq), B * NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>(). Adds
- * the key and value gradients into dqkv; Dbuf is the dq kernel's. */
+ * the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
                               const float *lse, int Tq, int q0, int Tall, int C, int NH,
-                              float scale)
+                              float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
@@ -363,8 +365,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     if (key[i] >= kend)
       continue;
     float *krow = dqkv + ((size_t)b * Tall + key[i]) * C3 + (size_t)h * hs;
-    fmma_store_row<NO, true>(krow + C, dk, i, scale, hs);
-    fmma_store_row<NO, true>(krow + 2 * C, dv, i, 1.0f, hs);
+    fmma_store_row<NO>(krow + C, dk, i, scale, hs, add);
+    fmma_store_row<NO>(krow + 2 * C, dv, i, 1.0f, hs, add);
   }
 }
 

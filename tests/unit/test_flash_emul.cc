@@ -36,19 +36,20 @@ static void emul_forward(float *out, float *lse, const float *qkv, int B, int Tq
 
 template <int HSM>
 static void emul_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                          const float *lse, int B, int Tq, int q0, int Tall, int C, int NH)
+                          const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
+                          bool add)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   std::vector<float> D((size_t)B * NH * Tq, NAN);
   launch(dim3(flash_query_blocks(Tq), (unsigned)(B * NH)), FLASH_ROWS, flash_kv_smem_bytes<HSM>(),
          [&] {
            flash_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH,
-                                         scale);
+                                         scale, add);
          });
   launch(dim3(flash_key_blocks(q0 + Tq), (unsigned)(B * NH)), FLASH_KROWS,
          flash_dkdv_smem_bytes<HSM>(), [&] {
            flash_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH,
-                                           scale);
+                                           scale, add);
          });
 }
 
@@ -64,17 +65,19 @@ static void emul_mma_forward(float *out, float *lse, const float *qkv, int B, in
 
 template <int HSM>
 static void emul_mma_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int B, int Tq, int q0, int Tall, int C, int NH)
+                              const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
+                              bool add)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   std::vector<float> D((size_t)B * NH * Tq, NAN);
   launch(dim3(fmma_blocks(Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
-    fmma_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale);
+    fmma_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale,
+                                 add);
   });
   launch(dim3(fmma_blocks(q0 + Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
          [&] {
            fmma_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH,
-                                          scale);
+                                          scale, add);
          });
 }
 
@@ -90,7 +93,9 @@ static std::vector<float> randn(size_t n)
 }
 
 /* Chunk r of cp as context parallelism runs it (cp = 1: the whole sequence): out and lse over
- * garbage, then the backward from the same random dqkv on both sides (it adds). */
+ * garbage, then the backward from the same random dqkv on both sides (it adds), and for the
+ * whole sequence the backward that writes dqkv, over NaN on the emulated side (an element it
+ * does not write fails). */
 template <int HSM> static void check(int B, int T, int C, int NH, int cp)
 {
   ck_assert_int_eq(flash_bucket(C / NH), HSM);
@@ -109,14 +114,18 @@ template <int HSM> static void check(int B, int T, int C, int NH, int cp)
     expect_close("forward lse", lse_g, lse_h);
 
     const std::vector<float> dout = randn(nout);
-    std::vector<float> dqkv_h = randn((size_t)B * T * 3 * C), dqkv_g = dqkv_h;
-    ck_assert_int_eq(dt_cpu_attention_backward_flash(dqkv_h.data(), dout.data(), qkv.data(),
-                                                     out_h.data(), lse_h.data(), B, Tq, q0, T, C,
-                                                     NH),
-                     0);
-    emul_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B, Tq,
-                       q0, T, C, NH);
-    expect_close("backward dqkv", dqkv_g, dqkv_h);
+    for (int add = 1; add >= (cp == 1 ? 0 : 1); add--) {
+      std::vector<float> dqkv_h = randn((size_t)B * T * 3 * C), dqkv_g = dqkv_h;
+      if (!add)
+        std::fill(dqkv_g.begin(), dqkv_g.end(), NAN);
+      ck_assert_int_eq(dt_cpu_attention_backward_flash(dqkv_h.data(), dout.data(), qkv.data(),
+                                                       out_h.data(), lse_h.data(), B, Tq, q0, T, C,
+                                                       NH, add),
+                       0);
+      emul_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B, Tq,
+                         q0, T, C, NH, add);
+      expect_close(add ? "backward dqkv (+=)" : "backward dqkv (=)", dqkv_g, dqkv_h);
+    }
   }
 }
 
@@ -133,7 +142,8 @@ static std::vector<float> minus(const std::vector<float> &a, const std::vector<f
  * 5e-4 (test_kernels' bounds for the CPU kernels against their double reference; what is left is
  * a rare value that fp32 summation order moves across a bf16 rounding boundary: measured at most
  * 2e-7 for out and 4.7e-5 for the gradients), lse within 1e-5. The gradients are compared as
- * what each side added to the same dqkv. */
+ * what each side added to the same dqkv, and for the whole sequence as what each side wrote
+ * (over NaN on the emulated side). */
 template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
 {
   ck_assert_int_eq(flash_bucket(C / NH), HSM);
@@ -152,14 +162,21 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
     expect_close("bf16 forward lse", lse_g, lse_h);
 
     const std::vector<float> dout = randn(nout), dqkv0 = randn((size_t)B * T * 3 * C);
-    std::vector<float> dqkv_h = dqkv0, dqkv_g = dqkv0;
-    ck_assert_int_eq(dt_cpu_attention_backward_flash_bf16(dqkv_h.data(), dout.data(), qkv.data(),
-                                                          out_h.data(), lse_h.data(), B, Tq, q0, T,
-                                                          C, NH),
-                     0);
-    emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B,
-                           Tq, q0, T, C, NH);
-    expect_close("bf16 backward dqkv", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 5e-4);
+    for (int add = 1; add >= (cp == 1 ? 0 : 1); add--) {
+      std::vector<float> dqkv_h = dqkv0, dqkv_g(dqkv0.size(), NAN);
+      if (add)
+        dqkv_g = dqkv0;
+      ck_assert_int_eq(dt_cpu_attention_backward_flash_bf16(dqkv_h.data(), dout.data(), qkv.data(),
+                                                            out_h.data(), lse_h.data(), B, Tq, q0,
+                                                            T, C, NH, add),
+                       0);
+      emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B,
+                             Tq, q0, T, C, NH, add);
+      if (add)
+        expect_close("bf16 backward dqkv (+=)", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 5e-4);
+      else
+        expect_close("bf16 backward dqkv (=)", dqkv_g, dqkv_h, 5e-4);
+    }
   }
 }
 

@@ -906,6 +906,19 @@ static void att_chunk_rows(const att_case_t *x, int B, int T, int C, int q0, int
   }
 }
 
+/* A backward that writes (accumulate 0) over GARBAGE: the values d of the same backward added
+ * onto zeros where it writes, GARBAGE left elsewhere (where d stayed 0). */
+static void check_written(const char *what, const float *w, const float *d, size_t n)
+{
+  size_t written = 0;
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_msg(w[i] == d[i] || (w[i] == GARBAGE && d[i] == 0.0f), "%s [%zu]: %g, want %g", what,
+                  i, (double)w[i], (double)d[i]);
+    written += w[i] != GARBAGE;
+  }
+  ck_assert_msg(written > 0, "%s: nothing written", what);
+}
+
 /* A chunk's backward (queries [q0, Tk), keys [0, Tk)) run over zeros (d) and over ones: the
  * rows it owns must hold 1 + its result, the others stay 0 and 1; d is added into sum. */
 static void check_chunk_added(const char *what, int r, const float *d, const float *ones,
@@ -1023,10 +1036,14 @@ static void run_attention_flash(int B, int T, int C, int NH, int cp, uint64_t se
     ck_assert(memcmp(out, out3, nloc * 4) == 0 && memcmp(lse, lse3, nlse * 4) == 0);
 
     float *d = filled(nqkv, 0.0f), *ones = filled(nqkv, 1.0f);
-    ck_assert_int_eq(dt_cpu_attention_backward_flash(d, dout, qkv, out, lse, B, Tq, q0, T, C, NH),
-                     0);
     ck_assert_int_eq(
-        dt_cpu_attention_backward_flash(ones, dout, qkv, out, lse, B, Tq, q0, T, C, NH), 0);
+        dt_cpu_attention_backward_flash(d, dout, qkv, out, lse, B, Tq, q0, T, C, NH, 1), 0);
+    ck_assert_int_eq(
+        dt_cpu_attention_backward_flash(ones, dout, qkv, out, lse, B, Tq, q0, T, C, NH, 1), 0);
+    float *w = filled(nqkv, GARBAGE);
+    ck_assert_int_eq(
+        dt_cpu_attention_backward_flash(w, dout, qkv, out, lse, B, Tq, q0, T, C, NH, 0), 0);
+    check_written("attention_flash written", w, d, nqkv);
     check_chunk_added("attention_flash", r, d, ones, sum, B, T, C, q0, Tk);
   }
   set_threads(2);
@@ -1150,9 +1167,14 @@ static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64
     }
     float *d = filled(nqkv, 0.0f), *ones = filled(nqkv, 1.0f);
     ck_assert_int_eq(
-        dt_cpu_attention_backward_flash_bf16(d, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH), 0);
+        dt_cpu_attention_backward_flash_bf16(d, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH, 1), 0);
     ck_assert_int_eq(
-        dt_cpu_attention_backward_flash_bf16(ones, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH), 0);
+        dt_cpu_attention_backward_flash_bf16(ones, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH, 1),
+        0);
+    float *w = filled(nqkv, GARBAGE);
+    ck_assert_int_eq(
+        dt_cpu_attention_backward_flash_bf16(w, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH, 0), 0);
+    check_written("attention_flash_bf16 written", w, d, nqkv);
     check_chunk_added("attention_flash_bf16", r, d, ones, sum, B, T, C, q0, Tk);
   }
   const double e_out = rel_err(out_all, out_d, nout), e_dqkv = rel_err(sum, dqkv_d, nqkv);

@@ -906,7 +906,8 @@ static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 }
 
 /* Attention of the Tq queries at [q0, q0 + Tq) of the Tall positions in qkv: forward (dout
- * NULL) into out and att, or backward, ADDING into dqkv (Tall rows) with out the forward's. */
+ * NULL) into out and att, or backward with out the forward's into dqkv (Tall rows), adding
+ * under context parallelism (a chunk of the queries), else writing it (flash, every query). */
 static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const float *qkv,
                      const float *dout, float *dqkv, int B, int Tq, int q0, int Tall)
 {
@@ -914,7 +915,7 @@ static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, co
   const dt_ops_t *k = m->ops;
   if (m->flash)
     return dout ? k->attention_backward_flash(m->dev, dqkv, dout, qkv, out, att, B, Tq, q0, Tall,
-                                              d.Cl, d.NHl)
+                                              d.Cl, d.NHl, m->cp.cp > 1)
                 : k->attention_forward_flash(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl, d.NHl);
   return dout ? k->attention_backward_cp(m->dev, dqkv, a->datt, dout, qkv, att, B, Tq, q0, Tall,
                                          d.Cl, d.NHl)
@@ -1347,8 +1348,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
                              y.atty, NULL, &p, DT_T_ATTPROJW, NULL, (int)N, Cl, C, C));
-    if (m->cp.cp == 1 && m->flash) { /* the flash backward adds */
-      DT_CHECK(m->dev->zero(m->dev, a->dqkv, N * 3 * Cl * sizeof(float)));
+    if (m->cp.cp == 1 && m->flash) {
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf, a->dqkv, B, T, 0, T));
     } else if (m->cp.cp == 1) {
       DT_CHECK(
