@@ -639,6 +639,31 @@ START_TEST(test_bf16_round)
 }
 END_TEST
 
+/* What a variant of the bf16 linear layer's backward is checked against: the rounded operands
+ * of the reference, and the weight gradient both accumulate into. */
+typedef struct {
+  int N, C, OC, ld;
+  const float *in16, *dout_r, *inp_r, *w_r;
+  float *dw, *dw_w;
+} bwd16_case_t;
+
+/* dt_cpu_matmul_backward_bf16 with these dout / dout16 / weight / weight16 / gelu_in over a
+ * GARBAGE dinp: dinp must be want_dinp, and dw the reference's after one more accumulation. */
+static void check_bwd16(const bwd16_case_t *t, const float *dout, const float *dout16,
+                        const float *w, const float *w16, const float *gelu_in,
+                        const float *want_dinp)
+{
+  const size_t nd = (size_t)t->N * t->C;
+  float *dinp = filled(nd, GARBAGE);
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, t->dw, NULL, dout, dout16, t->in16, w, w16,
+                                               gelu_in, t->N, t->C, t->OC, t->ld),
+                   0);
+  dt_cpu_matmul_backward(NULL, t->dw_w, NULL, t->dout_r, t->inp_r, t->w_r, t->N, t->C, t->OC,
+                         t->ld);
+  ck_assert(memcmp(dinp, want_dinp, nd * sizeof(float)) == 0);
+  ck_assert(memcmp(t->dw, t->dw_w, (size_t)t->OC * t->C * sizeof(float)) == 0);
+}
+
 /* The bf16 linear layer is the fp32 one on operands rounded to bf16 (bit for bit: the same
  * GEMM), except dbias, which sums the unrounded gradient; and it is not the fp32 layer. Its
  * input is a bf16 activation: the table's to_bf16 of inp (the reference's rounding, bit for
@@ -692,35 +717,20 @@ START_TEST(test_matmul_bf16)
       0);
   dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
-  /* dout's bf16 values given (dout16, in dout's places): the same GEMMs, dout unread (NULL) */
-  float *dinp16 = filled((size_t)N * C, GARBAGE);
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp16, dw, NULL, NULL, dout_r, in16, w, NULL, NULL,
-                                               N, C, OC, ld),
-                   0);
-  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
-  ck_assert(memcmp(dinp16, dinp_w, (size_t)N * C * sizeof(float)) == 0);
-  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
-  /* the weight's bf16 values given (weight16): read in place of the weight, here garbage */
+  /* Variants, each over a GARBAGE dinp and accumulating into dw like the reference's dw_w: */
+  const bwd16_case_t t = {N, C, OC, ld, in16, dout_r, inp_r, w_r, dw, dw_w};
+  /* dout's bf16 values given (dout16, in dout's places): the same GEMMs, dout unread (NULL); */
+  check_bwd16(&t, NULL, dout_r, w, NULL, NULL, dinp_w);
+  /* the weight's bf16 values given (weight16): read in place of the weight, here garbage; */
   float *w_bad = filled((size_t)OC * C, GARBAGE), *out16 = filled((size_t)N * ld, SENTINEL);
   ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out16, in16, w_bad, w_r, bias, N, C, OC, ld), 0);
   ck_assert(memcmp(out16, want, (size_t)N * ld * sizeof(float)) == 0);
-  float *dinp_g = filled((size_t)N * C, GARBAGE);
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp_g, dw, NULL, dout, NULL, in16, w_bad, w_r, NULL,
-                                               N, C, OC, ld),
-                   0);
-  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
-  ck_assert(memcmp(dinp_g, dinp_w, (size_t)N * C * sizeof(float)) == 0);
-  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  check_bwd16(&t, dout, NULL, w_bad, w_r, NULL, dinp_w);
   /* through a GELU (gelu_in): the GELU's backward of that dinp, bit for bit */
-  float *x = rand_normal(&rng, (size_t)N * C, 0.0f, 1.0f), *dinp_x = filled((size_t)N * C, GARBAGE);
-  float *want_x = falloc((size_t)N * C);
-  ck_assert_int_eq(
-      dt_cpu_matmul_backward_bf16(dinp_x, dw, NULL, dout, NULL, in16, w, NULL, x, N, C, OC, ld), 0);
-  dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
+  float *x = rand_normal(&rng, (size_t)N * C, 0.0f, 1.0f), *want_x = falloc((size_t)N * C);
   dt_cpu_gelu_backward(want_x, x, dinp_w, (size_t)N * C);
-  ck_assert(memcmp(dinp_x, want_x, (size_t)N * C * sizeof(float)) == 0);
-  ck_assert(memcmp(dinp_x, dinp_w, (size_t)N * C * sizeof(float)) != 0);
-  ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
+  ck_assert(memcmp(want_x, dinp_w, (size_t)N * C * sizeof(float)) != 0);
+  check_bwd16(&t, dout, NULL, w, NULL, x, want_x);
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
   ck_assert_int_eq(
