@@ -27,6 +27,7 @@ extern "C" {
 }
 
 #include "cuda_emul.h"
+#include "emul_expect.h"
 #include "adamw.cuh"
 #include "crossentropy.cuh"
 #include "device.cuh"

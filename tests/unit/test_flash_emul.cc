@@ -21,6 +21,7 @@ extern "C" {
 }
 
 #include "cuda_emul.h"
+#include "emul_expect.h"
 #include "flash.cuh"
 #include "flash_mma.cuh"
 
