@@ -6,10 +6,14 @@
  * write tensor memory directly only where the device says it is host memory (`host`): the CPU
  * device is; a GPU device goes through copy() with a host buffer.
  *
- * Every entry returns 0 or a negative DT_E* code (a GPU call can fail), except free. Copies and
- * kernels are ordered on the device's one stream; sync() waits for all of them, and results
- * that the host reads after a D2H copy are complete when copy() returns. An event marks a point
- * of that stream, so that another thread can wait for the work queued up to it and no more. */
+ * Every entry returns 0 or a negative DT_E* code (a GPU call can fail), except free. Kernels run
+ * on the thread that created the device; copy, zero, accumulate, sync and the events may also be
+ * called from one other thread (the data-parallel comm thread). Each thread's work is ordered
+ * on its own stream (a GPU device's compute stream, and a side stream for the other thread), and
+ * sync() waits for the calling thread's; results that the host reads after a D2H copy are
+ * complete when copy() returns. An event marks a point of the compute stream, so that the other
+ * thread can wait for the work queued up to it and no more; the compute thread sees the other
+ * thread's results once that thread has synced and said so. */
 #ifndef DT_KERNELS_DEVICE_H
 #define DT_KERNELS_DEVICE_H
 
@@ -41,7 +45,7 @@ typedef struct dt_device {
   /* dst += src, n floats */
   int (*accumulate)(struct dt_device *d, float *dst, const float *src, size_t n);
   int (*sync)(struct dt_device *d);
-  /* Events. event_record marks the work queued on the device so far (by any thread);
+  /* Events. event_record marks the work the calling thread queued so far;
    * event_wait blocks the calling thread until that work is done. It waits for less than
    * sync(), which also takes whatever was queued after the mark: the data-parallel comm thread
    * waits so for the kernels that produced (or last read) the buffers of its task, while the

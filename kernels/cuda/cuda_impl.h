@@ -3,8 +3,9 @@
  * ops_cuda.cu puts in the kernel table.
  *
  * Invariants every kernel file keeps:
- * - All work is issued on the device's stream (dt__cuda(dev)->stream), including cuBLAS calls
- *   (the handle is bound to that stream at create time).
+ * - All kernel-table work is issued on the device's compute stream (dt__cuda(dev)->stream),
+ *   including cuBLAS calls (the handle is bound to that stream at create time); only device.cu's
+ *   copy, zero and accumulate also serve other threads, on the side stream.
  * - No atomics: every reduction has a fixed shape that depends on the problem size only (not on
  *   the GPU model or on timing), so results are bit-identical from run to run.
  * - Elementwise kernels use size_t indices and grid-stride loops over a capped grid, so any n
@@ -14,6 +15,7 @@
 #ifndef DT_KERNELS_CUDA_IMPL_H
 #define DT_KERNELS_CUDA_IMPL_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "block.cuh"
@@ -28,7 +30,9 @@
 typedef struct dt_cuda_impl {
   dt_device_t dev; /* the public face; dev.impl points back to this struct */
   int ordinal;
-  cudaStream_t stream; /* every kernel, memset, copy and cuBLAS call of this device */
+  pthread_t owner;     /* the thread that created it: the one that runs kernels */
+  cudaStream_t stream; /* the owner's kernels, memsets, copies and cuBLAS calls */
+  cudaStream_t side;   /* other threads' copies, zeroes and accumulations (device.cu) */
   cublasHandle_t blas; /* bound to stream, CUBLAS_DEFAULT_MATH (no TF32) */
   cublasLtHandle_t lt; /* the linear layer's GEMMs (matmul.cu), issued on stream */
   void *lt_ws;         /* cuBLASLt's workspace, fixed at create (only ever used on stream) */

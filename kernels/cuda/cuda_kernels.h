@@ -3,12 +3,13 @@
  * dt_device_cuda_create gives a dt_device_t (kernels/device.h) whose memory is GPU memory and
  * whose kernel table is dt_ops_cuda(): the same contract as the CPU backend (kernels/ops.h),
  * each kernel checked against its CPU reference in kernels/cpu/ by tests/unit/test_cuda.c
- * (label "gpu", skipped without a device). All work of one device is ordered on its one stream.
+ * (label "gpu", skipped without a device).
  *
  * Threading: kernels run from the thread that created the device (create makes its GPU the
- * thread's current device); copy, zero and accumulate may also be called from another thread
- * (the data-parallel comm thread): they make the device's GPU current first. All of them share
- * the one stream, so work is ordered by when it was issued. */
+ * thread's current device), on its compute stream. Copy, zero, accumulate, sync and the events
+ * may also be called from another thread (the data-parallel comm thread): they make the device's
+ * GPU current first, and that thread's copies, zeroes and accumulations go to the device's side
+ * stream, which its sync() waits for (device.cu). */
 #ifndef DT_KERNELS_CUDA_H
 #define DT_KERNELS_CUDA_H
 

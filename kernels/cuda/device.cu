@@ -2,8 +2,12 @@
  * cuBLASLt handles and the kernels' scratch buffers.
  *
  * Invariants:
- * - One non-blocking stream per device carries all of its work; cuBLAS is bound to it. Events
- *   are recorded on it.
+ * - Two non-blocking streams per device. The compute stream carries the work of the thread that
+ *   created the device: every kernel, cuBLAS (bound to it) and its copies. The side stream
+ *   carries the copies, zeroes and accumulations of any other thread (the data-parallel comm
+ *   thread), so that they neither queue behind the compute thread's later kernels nor race
+ *   with them unordered; sync() waits for the calling thread's stream. Events are recorded on
+ *   the calling thread's stream.
  * - alloc() returns zeroed memory that is ready when it returns (the memset is waited for), so
  *   memory handed to another stream (NCCL) or read by the host is never seen unzeroed.
  * - copy() to or from the host is complete when it returns (the stream is synchronised): the
@@ -14,6 +18,7 @@
  *   next kernel's launch check would report the stale out-of-memory error.
  * - Kernels run from the thread that created the device (create() makes its GPU current
  *   there); copy, zero and accumulate make it current themselves, for the comm thread. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,6 +27,14 @@
 
 extern "C" {
 #include "dt_util.h" /* dt_env_switch */
+}
+
+/* Makes the device's GPU current on the calling thread and gives that thread's stream: the
+ * compute stream on the thread that created the device, the side stream on any other. */
+static cudaError_t on_stream(dt_cuda_impl_t *c, cudaStream_t *s)
+{
+  *s = pthread_equal(pthread_self(), c->owner) ? c->stream : c->side;
+  return cudaSetDevice(c->ordinal);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -57,8 +70,10 @@ static int cuda_alloc(dt_device_t *d, size_t bytes, const char *what, void **out
     return DT_ECUDA;
   }
   int rc = 0;
-  DT_CUDA_CHECK_GOTO(cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream), rc, fail);
-  DT_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), rc, fail);
+  cudaStream_t s;
+  DT_CUDA_CHECK_GOTO(on_stream(c, &s), rc, fail);
+  DT_CUDA_CHECK_GOTO(cudaMemsetAsync(p, 0, bytes ? bytes : 1, s), rc, fail);
+  DT_CUDA_CHECK_GOTO(cudaStreamSynchronize(s), rc, fail);
   *out = p;
   return 0;
 fail:
@@ -71,9 +86,13 @@ static void cuda_free(dt_device_t *d, void *p)
   dt_cuda_impl_t *c = dt__cuda(d);
   if (!p)
     return;
-  cudaError_t e = cudaStreamSynchronize(c->stream);
+  cudaStream_t s;
+  cudaError_t e = on_stream(c, &s);
+  for (cudaStream_t q : {c->stream, c->side}) /* either may still use it */
+    if (e == cudaSuccess)
+      e = cudaStreamSynchronize(q);
   if (e != cudaSuccess)
-    DT_ERROR(KERNEL, "%s: free: waiting for the stream: %s", c->name, cudaGetErrorString(e));
+    DT_ERROR(KERNEL, "%s: free: waiting for the streams: %s", c->name, cudaGetErrorString(e));
   e = cudaFree(p);
   if (e != cudaSuccess)
     DT_ERROR(KERNEL, "%s: cudaFree: %s", c->name, cudaGetErrorString(e));
@@ -83,8 +102,9 @@ static int cuda_zero(dt_device_t *d, void *p, size_t bytes)
 {
   if (bytes == 0)
     return 0;
-  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal)); /* the comm thread zeroes too */
-  DT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, dt__cuda(d)->stream));
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
+  DT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s));
   return 0;
 }
 
@@ -113,10 +133,11 @@ static int cuda_copy(dt_device_t *d, void *dst, const void *src, size_t bytes, d
   DT_CHECK(copy_kind(c, dir, &kind));
   if (bytes == 0 || dst == src)
     return 0;
-  DT_CUDA_CHECK(cudaSetDevice(c->ordinal)); /* the comm thread copies too */
-  DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(c, &s));
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
   if (dir != DT_COPY_D2D)
-    DT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    DT_CUDA_CHECK(cudaStreamSynchronize(s));
   return 0;
 }
 
@@ -128,10 +149,11 @@ static int cuda_copy_2d(dt_device_t *d, void *dst, size_t dpitch, const void *sr
   DT_CHECK(copy_kind(c, dir, &kind));
   if (width == 0 || rows == 0)
     return 0;
-  DT_CUDA_CHECK(cudaSetDevice(c->ordinal));
-  DT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind, c->stream));
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(c, &s));
+  DT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind, s));
   if (dir != DT_COPY_D2D)
-    DT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    DT_CUDA_CHECK(cudaStreamSynchronize(s));
   return 0;
 }
 
@@ -139,25 +161,28 @@ static int cuda_accumulate(dt_device_t *d, float *dst, const float *src, size_t 
 {
   if (n == 0)
     return 0;
-  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal)); /* the comm thread accumulates too */
-  accumulate_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
-                      dt__cuda(d)->stream>>>(dst, src, n);
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
+  accumulate_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, s>>>(dst, src, n);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
 
 static int cuda_sync(dt_device_t *d)
 {
-  DT_CUDA_CHECK(cudaStreamSynchronize(dt__cuda(d)->stream));
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
+  DT_CUDA_CHECK(cudaStreamSynchronize(s));
   return 0;
 }
 
-/* Events: cudaEvent_t on the device's stream (no timing: record and wait only). */
+/* Events: cudaEvent_t on the calling thread's stream (no timing: record and wait only). */
 static int cuda_event_create(dt_device_t *d, void **out)
 {
   cudaEvent_t e;
+  cudaStream_t s;
   *out = NULL;
-  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal));
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
   DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   *out = e;
   return 0;
@@ -167,21 +192,26 @@ static void cuda_event_destroy(dt_device_t *d, void *ev)
 {
   if (!ev)
     return;
-  cudaError_t e = cudaEventDestroy((cudaEvent_t)ev);
+  cudaStream_t s;
+  cudaError_t e = on_stream(dt__cuda(d), &s);
+  if (e == cudaSuccess)
+    e = cudaEventDestroy((cudaEvent_t)ev);
   if (e != cudaSuccess)
     DT_ERROR(KERNEL, "%s: cudaEventDestroy: %s", dt__cuda(d)->name, cudaGetErrorString(e));
 }
 
 static int cuda_event_record(dt_device_t *d, void *ev)
 {
-  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal));
-  DT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, dt__cuda(d)->stream));
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
+  DT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, s));
   return 0;
 }
 
 static int cuda_event_wait(dt_device_t *d, void *ev)
 {
-  (void)d;
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
   DT_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
   return 0;
 }
@@ -189,7 +219,8 @@ static int cuda_event_wait(dt_device_t *d, void *ev)
 static int cuda_memory(dt_device_t *d, size_t *used, size_t *total)
 {
   size_t free_bytes = 0;
-  DT_CUDA_CHECK(cudaSetDevice(dt__cuda(d)->ordinal));
+  cudaStream_t s;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
   DT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, total));
   *used = *total - free_bytes;
   return 0;
@@ -197,13 +228,14 @@ static int cuda_memory(dt_device_t *d, size_t *used, size_t *total)
 
 /* Device memory of this GPU (from alloc, or from anyone's cudaMalloc on it); host memory, other
  * GPUs' memory and NULL are not. A pointer CUDA does not know is not an error: the failed query
- * is cleared from CUDA's last-error state. Needs no current device (any thread may ask). */
+ * is cleared from CUDA's last-error state. */
 static int cuda_owns(dt_device_t *d, const void *p)
 {
   if (!p)
     return 0;
   cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+  cudaStream_t s;
+  if (on_stream(dt__cuda(d), &s) != cudaSuccess || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -273,11 +305,12 @@ int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out)
 /* Releases whatever create() got before it failed, or everything at destroy. */
 static void impl_free(dt_cuda_impl_t *c)
 {
-  if (c->stream) {
-    cudaError_t e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess)
-      DT_ERROR(KERNEL, "%s: destroy: waiting for the stream: %s", c->name, cudaGetErrorString(e));
-  }
+  for (cudaStream_t s : {c->stream, c->side})
+    if (s) {
+      cudaError_t e = cudaStreamSynchronize(s);
+      if (e != cudaSuccess)
+        DT_ERROR(KERNEL, "%s: destroy: waiting for a stream: %s", c->name, cudaGetErrorString(e));
+    }
   if (c->ws)
     (void)cudaFree(c->ws);
   if (c->ones)
@@ -288,6 +321,8 @@ static void impl_free(dt_cuda_impl_t *c)
     (void)cublasLtDestroy(c->lt);
   if (c->blas)
     (void)cublasDestroy(c->blas);
+  if (c->side)
+    (void)cudaStreamDestroy(c->side);
   if (c->stream)
     (void)cudaStreamDestroy(c->stream);
   free(c);
@@ -304,9 +339,11 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   }
   c->dev.impl = c;
   c->ordinal = ordinal;
+  c->owner = pthread_self();
   snprintf(c->name, sizeof c->name, "cuda:%d", ordinal);
   DT_CUDA_CHECK_GOTO(cudaSetDevice(ordinal), rc, fail);
   DT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), rc, fail);
+  DT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasCreate(&c->blas), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasSetStream(c->blas, c->stream), rc, fail);
   /* Plain fp32 arithmetic: no TF32 tensor cores and no BF16x9 emulation, so that GEMMs agree

@@ -28,6 +28,7 @@
  * tolerance would not do: parameters that cancel to ~0 turn a one-ulp difference of an
  * intermediate into a large relative one.) */
 #include <check.h>
+#include <pthread.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -289,6 +290,66 @@ START_TEST(test_device_events)
   ck_assert_int_eq(h[2], 0);
   g_gpu->event_destroy(g_gpu, ev);
   ck_assert_int_eq(cudaFreeHost((void *)h), cudaSuccess);
+}
+END_TEST
+
+/* Another thread's copies, accumulations and sync (the data-parallel comm thread's) run on the
+ * device's side stream: they complete while the compute stream is held, and that thread's GPU is
+ * the device's (not the runtime's default GPU 0). With one shared stream, the thread's D2H copy
+ * would wait for the hold, which would give up after ~5 s and say so. */
+typedef struct {
+  dt_device_t *dev;
+  float *d;          /* 2 n floats on the device */
+  const float *want; /* n floats: what d[n..2n) must hold after d[n..) += d[0..n) */
+  size_t n;
+  int rc, ordinal_seen;
+} side_job_t;
+
+static void *side_thread(void *arg)
+{
+  side_job_t *j = arg;
+  float *back = xmalloc(j->n * sizeof(float));
+  j->rc = j->dev->accumulate(j->dev, j->d + j->n, j->d, j->n);
+  if (!j->rc)
+    j->rc = j->dev->sync(j->dev);
+  if (!j->rc)
+    j->rc = j->dev->copy(j->dev, back, j->d + j->n, j->n * sizeof(float), DT_COPY_D2H);
+  for (size_t i = 0; !j->rc && i < j->n; i++)
+    if (back[i] != j->want[i])
+      j->rc = -1000;
+  if (cudaGetDevice(&j->ordinal_seen) != cudaSuccess)
+    j->ordinal_seen = -1;
+  free(back);
+  return NULL;
+}
+
+START_TEST(test_device_side_stream)
+{
+  const size_t n = 4099;
+  float *h = host_rand(2 * n, -1.0f, 1.0f), *want = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++)
+    want[i] = h[n + i] + h[i];
+  volatile int *flags = NULL; /* go, timed_out */
+  ck_assert_int_eq(cudaHostAlloc((void **)&flags, 2 * sizeof(int), cudaHostAllocMapped),
+                   cudaSuccess);
+  flags[0] = flags[1] = 0;
+  side_job_t j = {g_gpu, NULL, want, n, 0, -1};
+  ck_assert_int_eq(g_gpu->alloc(g_gpu, 2 * n * sizeof(float), "test", (void **)&j.d), 0);
+  ck_assert_int_eq(g_gpu->copy(g_gpu, j.d, h, 2 * n * sizeof(float), DT_COPY_H2D), 0);
+  ck_assert_int_eq(dt_test_cuda_hold(g_gpu, &flags[0], &flags[1]), 0);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, side_thread, &j), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  const int held = flags[1] == 0; /* the hold was still running when the thread finished */
+  flags[0] = 1;
+  ck_assert_int_eq(g_gpu->sync(g_gpu), 0);
+  ck_assert_int_eq(j.rc, 0);
+  ck_assert_msg(held, "the other thread's work waited for the compute stream");
+  ck_assert_int_eq(j.ordinal_seen, 0); /* g_gpu is cuda:0 here; the thread made it current */
+  g_gpu->free(g_gpu, j.d);
+  ck_assert_int_eq(cudaFreeHost((void *)flags), cudaSuccess);
+  free(h);
+  free(want);
 }
 END_TEST
 
@@ -1145,6 +1206,7 @@ int main(void)
   tcase_add_test(tc, test_device_fields);
   tcase_add_test(tc, test_device_memory);
   tcase_add_test(tc, test_device_events);
+  tcase_add_test(tc, test_device_side_stream);
   tcase_add_test(tc, test_encoder);
   tcase_add_test(tc, test_layernorm);
   tcase_add_test(tc, test_matmul);

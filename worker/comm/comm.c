@@ -387,17 +387,9 @@ static int grow_stage(dt_comm_t *comm, size_t bytes)
   return 0;
 }
 
-/* Set by dt_comm_thread_inputs_ready: this thread waits for its operands' producers itself. */
-static _Thread_local int t_inputs_ready;
-
-void dt_comm_thread_inputs_ready(int on)
-{
-  t_inputs_ready = on;
-}
-
 /* Points each operand's h at p, or, for an operand on the side the backend cannot read, at its
  * part of the staging buffer, filled from p when the backend reads it. A device-memory backend
- * first waits for the device work that produces its inputs (unless this thread did). */
+ * first waits for the device work this thread queued (that produces its inputs). */
 static int stage_in(dt_comm_t *comm, operand_t *o, int n)
 {
   if (!comm->dev.is_device) {
@@ -415,7 +407,7 @@ static int stage_in(dt_comm_t *comm, operand_t *o, int n)
       total += stage_bytes(&o[i]);
     }
   }
-  if (dev_be && !t_inputs_ready)
+  if (dev_be)
     DT_CHECK(comm->dev.sync(comm->dev.ud));
   if (total == 0)
     return 0;

@@ -97,18 +97,18 @@ const char *dt_comm_prefix(const dt_comm_t *comm);
  * host memory for a device-memory backend ("nccl"). It is copied into a staging buffer on the
  * backend's side before the operation (operands the operation reads) and back after it (those
  * it writes); other operands go to the backend as they are. A device-memory backend runs on its
- * own stream, so it first calls sync, which completes the device work queued so far (the work
- * that produced the inputs), unless the calling thread said it waited for that work itself
- * (dt_comm_thread_inputs_ready); its results are complete when the call returns. Splits made after
- * the call inherit the device. Set it before the first operation; ud must outlive the
- * communicator. */
+ * own stream, so it first calls sync, which completes the device work the calling thread queued
+ * (the work that produced the inputs; a GPU device keeps one stream per thread, kernels/device.h:
+ * another thread waits for the compute thread's work on an event first); its results are
+ * complete when the call returns. Splits made after the call inherit the device. Set it before
+ * the first operation; ud must outlive the communicator. */
 typedef struct {
   void *ud;
   int (*is_device)(void *ud, const void *p);
   /* bytes from src to dst; to_host: device to host, else host to device. 0 or a DT_E* code. */
   int (*copy)(void *ud, void *dst, const void *src, size_t bytes, int to_host);
   /* Device-memory backends only (NULL otherwise): staging memory on the device, its release,
-   * and the wait for the device work queued so far. */
+   * and the wait for the device work the calling thread queued so far. */
   int (*alloc)(void *ud, size_t bytes, void **out);
   void (*release)(void *ud, void *p);
   int (*sync)(void *ud);
@@ -116,11 +116,6 @@ typedef struct {
 /* DT_EINVAL (nothing set) when a device-memory backend gets a device without alloc, release
  * and sync. */
 int dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
-/* For the calling thread's operations from now on (on: 1; off, the default: 0): a
- * device-memory backend does not call the device's sync first, because the thread has itself
- * waited for the device work that produces its operands or last uses the buffers they write
- * (the data-parallel comm thread waits on the device event its task was posted with). */
-void dt_comm_thread_inputs_ready(int on);
 /* Whether this build has the backend: "cpu" always, "nccl" in builds with CUDA and NCCL. */
 int dt_comm_has_backend(const char *backend);
 

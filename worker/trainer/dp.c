@@ -19,8 +19,11 @@
  *
  * A task is posted with a device event recorded behind the work queued so far: the kernels that
  * produced its unit's gradients, or last read the slot it gathers into. The comm thread waits for
- * that event, not for the whole device (dt_comm_thread_inputs_ready): on a GPU the compute
- * thread queues later layers meanwhile, and a collective need not wait for them. */
+ * that event, not for the whole device: on a GPU the compute thread queues later layers
+ * meanwhile, and a collective need not wait for them. The comm thread's own copies and
+ * accumulations go to the device's side stream (kernels/device.h), which the collectives wait
+ * for (the communicator syncs the calling thread's stream) and which the comm thread drains
+ * before it reports a task done, so the compute thread may use the results at once. */
 #include "dp.h"
 
 #include <math.h>
@@ -321,7 +324,6 @@ static void *comm_thread(void *arg)
 {
   dt_dp_t *dp = arg;
   dt_device_t *dev = dp->dev;
-  dt_comm_thread_inputs_ready(1); /* each task waits for its own event instead */
   pthread_mutex_lock(&dp->lock);
   for (;;) {
     while (!dp->stop && dp->q_head == dp->q_tail)
@@ -336,6 +338,8 @@ static void *comm_thread(void *arg)
     dev->event_destroy(dev, t.ready);
     if (!err) /* after a failure the rest is skipped (the communicator is poisoned anyway) */
       err = run_task(dp, &t);
+    if (!err) /* this thread's copies and accumulations are done before the task is */
+      err = dev->sync(dev);
     pthread_mutex_lock(&dp->lock);
     if (err && !dp->q_err)
       dp->q_err = err;
