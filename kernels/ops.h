@@ -102,7 +102,8 @@ typedef struct dt_ops {
    * dinp). dout16, where the caller holds dout's bf16 values already
    * (crossentropy_forward_backward_bf16's dlogits), is used instead of rounding dout: a bf16
    * buffer in the bytes an fp32 dout would take, its rows ldd * 4 / bf16_bytes values apart;
-   * dout is then read only for dbias (both may be NULL). gelu_in, where not NULL (with dinp;
+   * dout is then read only for dbias (both may be NULL; dbias with dout16 in dout's own bytes,
+   * whose fp32 values are gone, is DT_EINVAL). gelu_in, where not NULL (with dinp;
    * (N, C) like it), says the layer's input was GELU(gelu_in): dinp is then the gradient of
    * gelu_in, gelu'(gelu_in) * (dout @ weight), what gelu_backward would make of it in place (on
    * a GPU in the GEMM's epilogue, with no pass of its own). NULL where a backend has no bf16

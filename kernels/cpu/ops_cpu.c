@@ -5,6 +5,7 @@
 #include "cpu_kernels.h"
 #include "device.h"
 #include "dt_error.h"
+#include "dt_log.h"
 
 /* Host addresses of the remote CPU device's pointers (device.h). */
 #define H(p) dt_device_host_ptr(dev, (p))
@@ -99,6 +100,10 @@ static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweig
                                 const float *weight, const void *weight16, const float *gelu_in,
                                 int N, int C, int OC, int ldd)
 {
+  if (dbias && dout16 && dout16 == (const void *)dout) {
+    DT_ERROR(KERNEL, "matmul_backward_bf16: dbias asked of a dout overwritten by its bf16 values");
+    return DT_EINVAL;
+  }
   return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(dout16), H(inp),
                                      H(weight), H(weight16), H(gelu_in), N, C, OC, ldd) == 0
              ? 0

@@ -74,14 +74,15 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
     DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof fp32), rc,
                   fail);
   }
-  if (g->gelu_in) { /* the GELU input, laid out like C (the heuristic reads its alignment) */
+  /* The GELU input, laid out like C (the heuristic reads its alignment). Its type is left unset:
+   * it then is D's (fp32), and cublasLt.h warns that setting it for a combination the library
+   * does not list makes cublasLtMatmul fail with INVALID_VALUE. */
+  if (g->gelu_in) {
     DT_CHECK_GOTO(
         set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->gelu_in, sizeof g->gelu_in),
         rc, fail);
     DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), rc,
                   fail);
-    DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &fp32, sizeof fp32),
-                  rc, fail);
   }
   DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->A, ab, a_rows, a_cols, g->A.ld), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->B, ab, b_rows, b_cols, g->B.ld), rc, fail);

@@ -10,7 +10,8 @@
  * Invariants: plain fp32 accumulation (CUBLAS_COMPUTE_32F, CUBLAS_DEFAULT_MATH: no TF32);
  * beta = 0 never reads the output (so it may hold garbage); only the first OC columns of an
  * (N, ldo) output are written; cuBLAS's and cuBLASLt's results are deterministic on one
- * stream. dweight and dbias accumulate (beta = 1). */
+ * stream, GPU and set of buffer addresses (cuBLASLt's choice of algorithm depends on the
+ * pointers' alignment and the GPU). dweight and dbias accumulate (beta = 1). */
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
@@ -48,7 +49,10 @@ int dt__cuda_gemm_lt(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
   DT_CHECK(dt_lt_gemm_build(&lt, g, ab, cu->lt_ws_bytes));
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, lt.op, lt.A, lt.B, lt.C, lt.C,
                                                            lt.pref, 1, &algo, &found);
-  if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found < 1)) {
+  /* The heuristic says INVALID_VALUE, not NOT_SUPPORTED, for some shapes it has no kernel for
+   * (PyTorch's addmm keeps a single-row or -column operand off cuBLASLt for that reason). */
+  if (hs == CUBLAS_STATUS_NOT_SUPPORTED || hs == CUBLAS_STATUS_INVALID_VALUE ||
+      (hs == CUBLAS_STATUS_SUCCESS && found < 1)) {
     DT_DEBUG(KERNEL, "%s: cuBLASLt: no algorithm (%s)", cu->name, cublasGetStatusString(hs));
     rc = DT_ENOTSUP;
     goto out;
@@ -71,7 +75,8 @@ out:
  * GPU or library still trains (test_cuda fails on any fallback). */
 static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
-  if (cu->use_lt) {
+  /* A single row or column (a one-token forward) goes to cuBLAS without asking: not a fallback. */
+  if (cu->use_lt && g->m > 1 && g->n > 1 && g->k > 1) {
     const int rc = dt__cuda_gemm_lt(cu, g, ab);
     if (rc != DT_ENOTSUP)
       return rc;
@@ -248,6 +253,10 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
+  if (dbias && dout16 && dout16 == (const void *)dout) {
+    DT_ERROR(KERNEL, "matmul_backward_bf16: dbias asked of a dout overwritten by its bf16 values");
+    return DT_EINVAL;
+  }
   /* The bias gradient sums the fp32 gradient (ops.h): as the pass that copies it to bf16 reads
    * it, or, where the caller holds its bf16 values, by a GEMV of its own. */
   if (dbias && dout16)
