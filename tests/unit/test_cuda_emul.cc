@@ -217,6 +217,16 @@ START_TEST(test_encoder)
          [&] { encoder_backward_wpe_kernel(dwpe_g.data(), dout.data(), B, T, C); });
   ck_assert(dwte_g == dwte_h); /* one thread per element, the CPU's order: the same bits */
   ck_assert(dwpe_g == dwpe_h);
+
+  /* A vocabulary of 6 and a slice of rows 1..4: rows repeat inside every batch of ENC_BATCH
+   * tokens the kernel loads at once, and tokens 0 and 5 fall outside the slice. */
+  const std::vector<int> few = targets((int)BT, 6);
+  const std::vector<float> dwte4 = randn((size_t)4 * C);
+  std::vector<float> few_h = dwte4, few_g = dwte4;
+  dt_cpu_encoder_backward(few_h.data(), 1, 4, NULL, dout.data(), few.data(), B, T, C);
+  launch(dim3(dt__cuda_grid((size_t)C, 32)), 32, 0,
+         [&] { encoder_backward_wte_kernel(few_g.data(), 1, 4, dout.data(), few.data(), BT, C); });
+  ck_assert(few_g == few_h);
 }
 END_TEST
 
