@@ -17,7 +17,8 @@
  * - A failed cudaMalloc also sets CUDA's last-error state; it is cleared at once, otherwise the
  *   next kernel's launch check would report the stale out-of-memory error.
  * - Kernels run from the thread that created the device (create() makes its GPU current
- *   there); copy, zero and accumulate make it current themselves, for the comm thread. */
+ *   there); every entry another thread may call makes it current first (on_stream), so the
+ *   comm thread of a rank on GPU 3 never opens a context on GPU 0. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
