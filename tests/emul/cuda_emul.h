@@ -1,6 +1,5 @@
 /* cuda_emul.h — CUDA's thread model on the host, for running the GPU kernels of kernels/cuda/
- * on a CPU: their .cuh headers in the unit suites (test_cuda_emul, test_flash_emul), and the
- * whole CUDA backend, launches included, in the emulated trainer (tests/emul/).
+ * (their .cuh headers) on a CPU, in the unit suites test_cuda_emul and test_flash_emul.
  *
  * Each CUDA thread of a block is a fiber (ucontext) of the calling OS thread with its own
  * threadIdx; the blocks of a grid run one after the other, so a function-local static is the
@@ -11,12 +10,13 @@
  * a warp's: shuffles and mma exchange through per-warp slots) or returns; each phase between
  * barriers runs the waiting fibers in another order (ascending, descending, then shuffled), so
  * a missing barrier shows as a wrong result. A barrier some threads of the block can never reach
- * (one inside divergent code, or after others returned) aborts with what each thread was doing.
+ * (one inside divergent code, or after others returned) aborts, saying how many threads wait
+ * where.
  * mma.sync.m16n8k16 (bf16) is rebuilt from the PTX ISA's fragment layouts.
  *
  * What this checks: the kernels' indexing, masks, tiles and their edges, reductions and barrier
  * structure. What it cannot: the GPU compiler's code, warp scheduling, memory ordering between
- * blocks, register spills, launch limits (cuda_launch.h checks those against an H100's); test_cuda
+ * blocks, register spills, launch limits (only a block of 1..1024 threads is checked); test_cuda
  * (label gpu) runs the same kernels on a GPU. Include it before the kernel headers, after the
  * CUDA headers where those are used (dim3 and __nv_bfloat16 are then theirs); one translation
  * unit of a program includes it (its state is static). */
