@@ -1,25 +1,32 @@
-/* cuda_emul.h — CUDA's thread model on the host, for running the GPU kernels of kernels/cuda/
- * (their .cuh headers) on a CPU, in the unit suites test_cuda_emul and test_flash_emul.
+/* cuda_emul.h — CUDA's thread model on the host, for running the GPU kernels of kernels/cuda/ on a
+ * CPU: their .cuh headers in the unit suites test_cuda_emul and test_flash_emul, and every .cu
+ * file in the emulated trainer (tests/emul/CMakeLists.txt, with emul_launch.h).
  *
- * Each CUDA thread of a block is a fiber (ucontext) of the calling OS thread with its own
- * threadIdx; the blocks of a grid run one after the other, so a function-local static is the
- * block's shared memory (__shared__ is defined as static), and the dynamic shared memory is a
- * heap buffer of exactly the bytes the launch asks for, filled with 0xFF bytes (NaN as a float
- * and as a bf16: a read of an entry no thread wrote poisons the result; a read past it is an
- * ASan error in the sanitizer build). A fiber runs until it reaches a barrier (__syncthreads, or
- * a warp's: shuffles and mma exchange through per-warp slots) or returns; each phase between
- * barriers runs the waiting fibers in another order (ascending, descending, then shuffled), so
- * a missing barrier shows as a wrong result. A barrier some threads of the block can never reach
- * (one inside divergent code, or after others returned) aborts, saying how many threads wait
- * where.
+ * Each CUDA thread of a block is a fiber of the calling OS thread with its own threadIdx; the
+ * blocks of a grid run one after the other, so a function-local static is the block's shared
+ * memory (__shared__ is defined as static), and the dynamic shared memory is a heap buffer of
+ * exactly the bytes the launch asks for, filled with 0xFF bytes (NaN as a float and as a bf16: a
+ * read of an entry no thread wrote poisons the result; a read past it is an ASan error in the
+ * sanitizer build). A fiber runs until it reaches a barrier (__syncthreads, or a warp's: shuffles
+ * and mma exchange through per-warp slots) or returns; each phase between barriers runs the
+ * waiting fibers in another order (ascending, descending, then shuffled), so a missing barrier
+ * shows as a wrong result. A barrier some threads of the block can never reach (one inside
+ * divergent code, or after others returned) aborts, saying how many threads wait where.
  * mma.sync.m16n8k16 (bf16) is rebuilt from the PTX ISA's fragment layouts.
  *
  * What this checks: the kernels' indexing, masks, tiles and their edges, reductions and barrier
  * structure. What it cannot: the GPU compiler's code, warp scheduling, memory ordering between
- * blocks, register spills, launch limits (only a block of 1..1024 threads is checked); test_cuda
- * (label gpu) runs the same kernels on a GPU. Include it before the kernel headers, after the
- * CUDA headers where those are used (dim3 and __nv_bfloat16 are then theirs); one translation
- * unit of a program includes it (its state is static). */
+ * blocks, register spills, launch limits (only a block of 1..1024 threads is checked here;
+ * emul_launch.h checks the rest); test_cuda (label gpu) runs the same kernels on a GPU. Include
+ * it before the kernel headers, after the CUDA headers where those are used (dim3 and
+ * __nv_bfloat16 are then theirs).
+ *
+ * Its state and functions are inline (C++17), never static: one instance in the program however
+ * many translation units include it. A device function of a .cuh that is a template (such as
+ * dt__block_reduce) has external linkage, so the linker keeps one copy for all units; had this
+ * state been static, that copy would run the scheduler of whichever unit it came from (the -O0
+ * sanitizer build of the emulated trainer jumped to a stale stack that way). One block runs at
+ * a time in the whole process: callers on several threads serialize (emul_launch.h). */
 #ifndef DT_TESTS_CUDA_EMUL_H
 #define DT_TESTS_CUDA_EMUL_H
 
@@ -40,50 +47,143 @@ struct dim3 {
   constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 #endif
-static dim3 threadIdx, blockIdx, blockDim, gridDim; /* the running fiber's; one block at a time */
-static float *g_smem;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim; /* the running fiber's; one block at a time */
+inline float *g_smem;
 
 /* ---- Fibers: the threads of the running block -------------------------------------------- */
+
+/* A switch between fibers: on x86-64 a stack switch of its own (the SysV callee-saved general
+ * registers, nothing else: no kernel changes the rounding modes of MXCSR or the x87), since
+ * glibc's swapcontext also makes a sigprocmask system call and took 95% of the emulated
+ * trainer's time; elsewhere swapcontext itself. (AddressSanitizer checks the fibers' frames as
+ * any others: each instrumented function poisons and unpoisons its own redzones, and a fiber
+ * leaves its stack only through fiber_main's last switch, with no kernel frame left on it.) */
+#if defined(__x86_64__)
+#define DT_EMUL_FAST_SWITCH 1
+/* Saves the caller's registers on its stack and its stack pointer in *from, then continues on
+ * the stack `to` (one dt_emul_switch left, or one fiber_stack prepared). Weak: every translation
+ * unit including this header emits it. */
+extern "C" void dt_emul_switch(void **from, void *to);
+__asm__(".text\n"
+        ".weak dt_emul_switch\n"
+        ".type dt_emul_switch, @function\n"
+        "dt_emul_switch:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size dt_emul_switch, .-dt_emul_switch\n");
+#endif
 
 namespace dt_emul
 {
 enum { RUNNABLE, AT_BLOCK, AT_WARP, RETURNED };
 struct fiber {
+#ifdef DT_EMUL_FAST_SWITCH
+  void *sp;
+#else
   ucontext_t ctx;
+#endif
   int state;
 };
 static const size_t STACK_BYTES = 256u << 10; /* kernels keep register tiles on it */
-static fiber g_fibers[1024];
-static char *g_stacks; /* 1024 stacks, mapped once, touched as used */
-static ucontext_t g_scheduler;
-static unsigned g_threads, g_cur, g_at_block, g_returned, g_at_warp[32];
-static void (*g_trampoline)(void *);
-static void *g_body;
+inline fiber g_fibers[1024];
+inline char *g_stacks; /* 1024 stacks, mapped once, touched as used */
+/* Each stack's top is lowered by a multiple of STAGGER (nine cache lines), below 64 KiB: at
+ * equal offsets in their 256 KiB, the fibers' hot frames would all fall in the same cache sets
+ * and evict one another at every switch. */
+static const size_t STAGGER = 576;
+#ifdef DT_EMUL_FAST_SWITCH
+inline void *g_scheduler;
+#else
+inline ucontext_t g_scheduler;
+#endif
+inline unsigned g_threads, g_cur, g_at_block, g_returned, g_at_warp[32];
+inline unsigned g_exchanges[1024]; /* warp exchanges each thread made (cuda_emul.h's slots) */
+inline void (*g_trampoline)(void *);
+inline void *g_body;
 
-[[noreturn]] static void die(const char *what)
+[[noreturn]] inline void die(const char *what)
 {
   fprintf(stderr, "cuda_emul: %s (block %u,%u of %u,%u; %u threads)\n", what, blockIdx.x,
           blockIdx.y, gridDim.x, gridDim.y, g_threads);
   abort();
 }
 
-static void fiber_main(void)
+/* The running fiber gives the OS thread back to the scheduler (run_block). */
+inline void to_scheduler(void)
+{
+#ifdef DT_EMUL_FAST_SWITCH
+  dt_emul_switch(&g_fibers[g_cur].sp, g_scheduler);
+#else
+  if (swapcontext(&g_fibers[g_cur].ctx, &g_scheduler) != 0)
+    die("swapcontext failed");
+#endif
+}
+
+/* The scheduler runs fiber t until it waits or returns. */
+inline void to_fiber(unsigned t)
+{
+#ifdef DT_EMUL_FAST_SWITCH
+  dt_emul_switch(&g_scheduler, g_fibers[t].sp);
+#else
+  if (swapcontext(&g_scheduler, &g_fibers[t].ctx) != 0)
+    die("swapcontext failed");
+#endif
+}
+
+/* A fiber's whole life: the kernel's body, then back to the scheduler for good. */
+[[noreturn]] inline void fiber_main(void)
 {
   g_trampoline(g_body);
   g_fibers[g_cur].state = RETURNED;
   g_returned++;
-} /* returns to uc_link, the scheduler */
+  to_scheduler();
+  die("a returned fiber was resumed");
+}
 
-static inline void wait_at(int state)
+/* Makes f start at fiber_main on the stack [stack, stack + bytes), bytes a multiple of 16. */
+inline void fiber_start(fiber *f, char *stack, size_t bytes)
+{
+#ifdef DT_EMUL_FAST_SWITCH
+  /* The frame dt_emul_switch pops, from the lowest address: r15..r12, rbx, rbp (all 0), the
+   * address it returns to (fiber_main); above it a 0 in place of fiber_main's own return
+   * address, at 8 mod 16 as a call leaves it. */
+  uint64_t *ret = (uint64_t *)(stack + bytes) - 3, *sp = ret - 7;
+  memset(sp, 0, 8 * sizeof *sp);
+  sp[6] = (uint64_t)(uintptr_t)fiber_main;
+  f->sp = sp;
+#else
+  if (getcontext(&f->ctx) != 0)
+    die("getcontext failed");
+  f->ctx.uc_stack.ss_sp = stack;
+  f->ctx.uc_stack.ss_size = bytes;
+  f->ctx.uc_link = NULL;
+  makecontext(&f->ctx, (void (*)(void))fiber_main, 0);
+#endif
+  f->state = RUNNABLE;
+}
+
+inline void wait_at(int state)
 {
   g_fibers[g_cur].state = state;
-  if (swapcontext(&g_fibers[g_cur].ctx, &g_scheduler) != 0)
-    die("swapcontext failed");
+  to_scheduler();
 }
 
 /* The i-th fiber to run in phase `phase`: ascending, descending, then a fixed shuffle (n is at
  * most 1024; 613 is prime to it). */
-static inline unsigned order(unsigned phase, unsigned i, unsigned n)
+inline unsigned order(unsigned phase, unsigned i, unsigned n)
 {
   switch (phase % 3) {
   case 0:
@@ -96,7 +196,7 @@ static inline unsigned order(unsigned phase, unsigned i, unsigned n)
 }
 
 /* Runs the block's n fibers to their end. */
-static void run_block(unsigned n)
+inline void run_block(unsigned n)
 {
   if (!g_stacks) {
     g_stacks = (char *)mmap(NULL, 1024 * STACK_BYTES, PROT_READ | PROT_WRITE,
@@ -104,21 +204,13 @@ static void run_block(unsigned n)
     if (g_stacks == MAP_FAILED)
       die("no memory for the fibers' stacks");
   }
-  ucontext_t proto;
-  if (getcontext(&proto) != 0)
-    die("getcontext failed");
   g_threads = n;
   g_at_block = g_returned = 0;
   memset(g_at_warp, 0, sizeof g_at_warp);
-  for (unsigned t = 0; t < n; t++) {
-    fiber *f = &g_fibers[t];
-    f->ctx = proto;
-    f->ctx.uc_stack.ss_sp = g_stacks + (size_t)t * STACK_BYTES;
-    f->ctx.uc_stack.ss_size = STACK_BYTES;
-    f->ctx.uc_link = &g_scheduler;
-    makecontext(&f->ctx, fiber_main, 0);
-    f->state = RUNNABLE;
-  }
+  memset(g_exchanges, 0, sizeof g_exchanges);
+  for (unsigned t = 0; t < n; t++)
+    fiber_start(&g_fibers[t], g_stacks + (size_t)t * STACK_BYTES,
+                STACK_BYTES - STAGGER * (t % 113));
   for (unsigned phase = 0; g_returned < n; phase++) {
     for (unsigned i = 0; i < n; i++) {
       const unsigned t = order(phase, i, n);
@@ -126,8 +218,7 @@ static void run_block(unsigned n)
         continue;
       g_cur = t;
       threadIdx = dim3(t);
-      if (swapcontext(&g_scheduler, &g_fibers[t].ctx) != 0)
-        die("swapcontext failed");
+      to_fiber(t);
     }
     /* every fiber now waits at a barrier or has returned: release the complete barriers */
     int released = 0;
@@ -158,7 +249,7 @@ static void run_block(unsigned n)
 }
 } /* namespace dt_emul */
 
-static inline void __syncthreads(void)
+inline void __syncthreads(void)
 {
   dt_emul::g_at_block++;
   dt_emul::wait_at(dt_emul::AT_BLOCK);
@@ -166,39 +257,47 @@ static inline void __syncthreads(void)
 
 /* ---- Warp-level primitives: lanes exchange through per-warp slots -------------------------- */
 
-static uint32_t g_lane_a[32][32][4], g_lane_b[32][32][2];
-static double g_lane_v[32][32];
+/* Two sets of slots, used by alternate exchanges (a lane's exchange count, the same in all lanes
+ * of a warp, picks one): an exchange writes its set, meets the warp at one barrier and reads.
+ * A lane can rewrite a set only two exchanges later, past the next barrier, which every lane
+ * reaches only once done reading it, so no second barrier is needed. */
+inline uint32_t g_lane_a[2][32][32][4], g_lane_b[2][32][32][2];
+inline double g_lane_v[2][32][32];
 
-static inline void warp_sync(void)
+/* The calling lane's slot set for its next exchange (counted). */
+inline int next_slots(void)
+{
+  return (int)(dt_emul::g_exchanges[threadIdx.x]++ & 1u);
+}
+
+inline void warp_sync(void)
 {
   dt_emul::g_at_warp[threadIdx.x / 32]++;
   dt_emul::wait_at(dt_emul::AT_WARP);
 }
 
 /* The value of lane src of the calling warp (lane itself where src is out of the warp). */
-template <typename T> static T warp_read(T v, int src)
+template <typename T> inline T warp_read(T v, int src)
 {
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-  g_lane_v[w][lane] = (double)v; /* float and double both travel exactly */
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, set = next_slots();
+  g_lane_v[set][w][lane] = (double)v; /* float and double both travel exactly */
   warp_sync();
-  const T r = src >= 0 && src < 32 ? (T)g_lane_v[w][src] : v;
-  warp_sync(); /* the slot is rewritten by the next exchange */
-  return r;
+  return src >= 0 && src < 32 ? (T)g_lane_v[set][w][src] : v;
 }
 
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int m)
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int m)
 {
   return warp_read(v, (int)(threadIdx.x % 32) ^ m);
 }
 
-template <typename T> static T __shfl_down_sync(unsigned, T v, unsigned delta)
+template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned delta)
 {
   return warp_read(v, (int)(threadIdx.x % 32 + delta));
 }
 
-static inline float bf16_value(uint32_t reg, int half)
+inline float bf16_value(uint32_t reg, int hi)
 {
-  const uint32_t u = (reg >> (16 * half)) << 16;
+  const uint32_t u = (reg >> (16 * hi)) << 16;
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
@@ -209,16 +308,19 @@ static inline float bf16_value(uint32_t reg, int half)
  * register j rows 2c + 8 j + {0, 1} of column g; D's element e row g + 8 (e / 2), column
  * 2c + e % 2. Each lane rebuilds A and B from every lane's registers and computes its four
  * elements, in fp32. */
-static inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
+inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
 {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  memcpy(g_lane_a[w][lane], a, sizeof g_lane_a[w][lane]);
-  memcpy(g_lane_b[w][lane], b, sizeof g_lane_b[w][lane]);
+  const int set = next_slots();
+  memcpy(g_lane_a[set][w][lane], a, sizeof g_lane_a[set][w][lane]);
+  memcpy(g_lane_b[set][w][lane], b, sizeof g_lane_b[set][w][lane]);
   warp_sync();
   auto A = [&](int r, int k) {
-    return bf16_value(g_lane_a[w][(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2);
+    return bf16_value(g_lane_a[set][w][(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2);
   };
-  auto B = [&](int k, int n) { return bf16_value(g_lane_b[w][n * 4 + (k % 8) / 2][k / 8], k % 2); };
+  auto B = [&](int k, int n) {
+    return bf16_value(g_lane_b[set][w][n * 4 + (k % 8) / 2][k / 8], k % 2);
+  };
   for (int e = 0; e < 4; e++) {
     const int r = g + 8 * (e / 2), n = 2 * c + e % 2;
     float acc = d[e];
@@ -226,25 +328,24 @@ static inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]
       acc += A(r, k) * B(k, n);
     d[e] = acc;
   }
-  warp_sync();
 }
 
 /* ---- Intrinsics: IEEE single operations, each rounded on its own (the suite is compiled with
  * -ffp-contract=off, so none is fused into an FMA); bf16 as its 16 bits ------------------------ */
 
-static inline float __fadd_rn(float a, float b)
+inline float __fadd_rn(float a, float b)
 {
   return a + b;
 }
-static inline float __fmul_rn(float a, float b)
+inline float __fmul_rn(float a, float b)
 {
   return a * b;
 }
-static inline float __fdiv_rn(float a, float b)
+inline float __fdiv_rn(float a, float b)
 {
   return a / b;
 }
-static inline float __fsqrt_rn(float a)
+inline float __fsqrt_rn(float a)
 {
   return sqrtf(a);
 }
@@ -255,7 +356,7 @@ struct __nv_bfloat16 {
 };
 
 /* x rounded to bf16, to nearest even (NaN stays NaN), as cuda_bf16.h's intrinsic */
-static inline __nv_bfloat16 __float2bfloat16_rn(float x)
+inline __nv_bfloat16 __float2bfloat16_rn(float x)
 {
   uint32_t u;
   memcpy(&u, &x, sizeof u);
@@ -265,7 +366,7 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float x)
   return __nv_bfloat16{(uint16_t)(u >> 16)};
 }
 
-static inline float __bfloat162float(__nv_bfloat16 h)
+inline float __bfloat162float(__nv_bfloat16 h)
 {
   const uint32_t u = (uint32_t)h.x << 16;
   float f;
@@ -276,6 +377,10 @@ static inline float __bfloat162float(__nv_bfloat16 h)
 
 using std::max;
 using std::min;
+#undef __global__ /* the CUDA headers' (empty for a host compiler) */
+#undef __device__
+#undef __shared__
+#undef __launch_bounds__
 #define __global__
 #define __device__
 #define __shared__ static
@@ -286,7 +391,7 @@ using std::min;
 #define DT_SYNCWARP()        warp_sync()
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
-template <typename F> static void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
+template <typename F> inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
 {
   if (threads < 1 || threads > 1024)
     dt_emul::die("a block of 1..1024 threads");

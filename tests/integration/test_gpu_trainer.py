@@ -22,6 +22,11 @@ the GPUs; the host-staged communicator) against one GPU process.
 Run by tests/gpu/run.sh on the GPU machine, or by hand:
 
     /usr/bin/python3 tests/integration/test_gpu_trainer.py --build build
+
+CTest also runs it without a GPU (gpu_trainer_emul, label integration) on tests/emul's
+distrain-train-emul: the same CUDA trainer, its kernels run on the CPU under the emulation
+(--trainer build/tests/emul/distrain-train-emul). It has one emulated GPU, so the NCCL test
+between GPUs skips there as well.
 """
 
 import argparse
@@ -70,11 +75,15 @@ class GpuTrainer(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def launch(self, world, batch, device, extra, tag, own_gpus=False):
-        """Runs world ranks; own_gpus gives rank r LOCAL_RANK r (GPU r), else all share GPU 0.
-        Returns the metrics path and (returncode, stdout, stderr) per rank."""
+        """Runs world ranks; own_gpus gives rank r LOCAL_RANK r (GPU r), else all share GPU 0;
+        with --resume in extra the weights come from the checkpoint (no --init). Returns the
+        metrics path and (returncode, stdout, stderr) per rank."""
         metrics = os.path.join(self.tmp, "%s_%s_w%d.jsonl" % (tag, device, world))
         kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
         argv = dp.base_args(batch, ACCUM, metrics, STEPS) + ["--device", device] + list(extra)
+        if "--resume" in extra:
+            at = argv.index("--init")
+            del argv[at:at + 2]
         procs = dp.launch(world, lambda r: argv, kv,
                           lambda r: {"LOCAL_RANK": str(r if own_gpus else 0)})
         return metrics, dp.wait_all(procs, timeout=300)
@@ -100,6 +109,29 @@ class GpuTrainer(unittest.TestCase):
         self.assert_close(self.train(1, 4, "cpu", bf16, tag="bf16"),
                           self.train(1, 4, "cuda", bf16, tag="bf16"), 1e-4,
                           "one process, bf16, cuda against cpu")
+
+    def test_options_on_one_gpu(self):
+        """What changes the kernels a step runs, against the plain GPU run, in fp32 and bf16:
+        --recompute (each block's forward again in backward: the same kernels on the same
+        inputs, so the same losses bit for bit), --attention materialized (the (T, T)
+        probabilities kept instead of the flash kernels: within 1e-4), and a checkpoint written
+        at step 4 and resumed (the state through the host and back: bit for bit)."""
+        for prec in ("fp32", "bf16"):
+            p = ["--precision", prec]
+            ref = self.train(1, 4, "cuda", p, tag="opt_ref_" + prec)
+            with self.subTest(prec + " --recompute"):
+                self.assertEqual(ref, self.train(1, 4, "cuda", p + ["--recompute"],
+                                                 tag="opt_rc_" + prec))
+            with self.subTest(prec + " --attention materialized"):
+                got = self.train(1, 4, "cuda", p + ["--attention", "materialized"],
+                                 tag="opt_mat_" + prec)
+                self.assert_close(ref, got, 1e-4, prec + " materialized against flash")
+            with self.subTest(prec + " resume"):
+                ckpt = ["--ckpt-dir", os.path.join(self.tmp, "ckpt_" + prec)]
+                first = self.train(1, 4, "cuda", p + ckpt + ["--stop-at", "4"],
+                                   tag="opt_stop_" + prec)
+                rest = self.train(1, 4, "cuda", p + ckpt + ["--resume"], tag="opt_res_" + prec)
+                self.assertEqual(ref, first + rest)
 
     def test_head_size_past_the_flash_kernels_refused(self):
         """Head size 256, past the GPU flash kernels' 128: refused at start-up, before any step,
@@ -143,6 +175,8 @@ class GpuTrainer(unittest.TestCase):
 
     def test_nccl_refused_on_a_shared_gpu(self):
         _, outs = self.launch(2, 4, "cuda", ["--comm", "nccl"], "shared")
+        if any("was built without NCCL" in err for _, _, err in outs):
+            self.skipTest("this build has no NCCL backend")
         for r, (rc, _, err) in enumerate(outs):
             self.assertNotEqual(rc, 0, "rank %d trained on NCCL sharing a GPU" % r)
             self.assertIn("--comm nccl: ranks 0 and 1 share one GPU, which NCCL refuses", err)
@@ -163,8 +197,12 @@ class GpuTrainer(unittest.TestCase):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
+    ap.add_argument("--trainer", help="the distrain-train to run (default: the build's); "
+                    "tests/emul's distrain-train-emul runs the CUDA trainer on the CPU")
     args, rest = ap.parse_known_args()
     dp.BUILD = os.path.abspath(args.build)
+    if args.trainer:
+        dp.trainer = lambda: os.path.abspath(args.trainer)
     if not has_gpu():
         print("no usable CUDA GPU (or a build without CUDA): skipped", file=sys.stderr)
         sys.exit(77)
