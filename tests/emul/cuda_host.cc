@@ -14,10 +14,18 @@
  * as the real runtime does. The settings are read once, at the first call.
  *
  * Invariants:
- * - Execution is synchronous: every "async" call, and every cuBLAS / cuBLASLt product, is
- *   complete when it returns. Streams and events are handles of their own (small structs in a
- *   registry), so a destroyed or stray one is refused (cudaErrorInvalidResourceHandle) instead
- *   of used.
+ * - Streams are asynchronous, as lazily as CUDA allows: a kernel, copy, memset or cuBLAS /
+ *   cuBLASLt product on a stream is checked when called and queued; a stream's queue runs, in
+ *   order, only when the host waits for it (cudaStreamSynchronize or Query, cudaEventSynchronize
+ *   on an event recorded on it, cudaFree and cudaStreamDestroy, which synchronize) or when
+ *   another stream's queued cudaStreamWaitEvent reaches it. So work that the code leaves
+ *   unordered runs in the latest order CUDA permits, never by luck in the order it was issued:
+ *   a missing event or synchronization between two streams, or a host read of a copy before
+ *   the stream's synchronization, gives wrong values here (the tests see them). A host-to-device
+ *   copy reads its host memory before it returns (pageable memory: the trainer has no pinned
+ *   buffers); a device-to-host one writes it when it runs. Work on the legacy (NULL) stream
+ *   runs at once. Streams and events are handles of their own (small structs in a registry),
+ *   so a destroyed or stray one is refused (cudaErrorInvalidResourceHandle) instead of used.
  * - Device memory is host memory, one posix_memalign per cudaMalloc (so ASan sees an overrun
  *   of each allocation), 256-byte aligned like cudaMalloc's, filled with 0xFF bytes (NaN as
  *   fp32 and bf16) because real cudaMalloc does not zero, and poisoned again before it is
@@ -34,7 +42,8 @@
  *   (cudaGetLastError returns and clears it, cudaPeekAtLastError only returns it). The current
  *   device is per thread, as in CUDA.
  * - Thread-safe: the trainer's comm thread copies and zeroes device memory while the compute
- *   thread runs, so the registries are under one mutex; the arithmetic runs outside it. */
+ *   thread runs, so the registries are under one mutex, and queuing and running work under
+ *   another (exec_mu, taken before the registries' where both are held). */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -49,6 +58,8 @@
 #include <string.h>
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
@@ -636,10 +647,13 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
   return cudaSuccess;
 }
 
+static void drain_all(void); /* with the streams, below */
+
 cudaError_t cudaFree(void *devPtr)
 {
   if (!devPtr)
     return cudaSuccess;
+  drain_all(); /* cudaFree synchronizes the device: queued work may still use the memory */
   size_t bytes;
   {
     std::lock_guard<std::mutex> lock(reg().mu);
@@ -695,21 +709,81 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
 
 } /* extern "C" */
 
-/* The handles' own structs (the headers leave them incomplete). */
+/* The handles' own structs (the headers leave them incomplete). A stream holds the work queued
+ * on it and not yet run; an event, the stream and the queue position it was last recorded at. */
 struct CUstream_st {
   int device;
   unsigned flags;
+  std::deque<std::function<void()>> work;
+  uint64_t queued, done; /* items ever queued on it / run */
 };
 
 struct CUevent_st {
   int device;
   unsigned flags;
+  CUstream_st *stream; /* NULL: never recorded, or on the legacy stream (complete) */
+  uint64_t mark;       /* complete once stream->done reaches it */
 };
+
+/* Held while any queued work is queued or runs (one kernel at a time, cuda_emul.h's model);
+ * recursive: running a stream's work can drain another (cudaStreamWaitEvent). */
+static std::recursive_mutex &exec_mu(void)
+{
+  static std::recursive_mutex *m = new std::recursive_mutex(); /* never destroyed */
+  return *m;
+}
+
+/* A stream with a queue of its own: not NULL, the legacy or the per-thread stream (whose work
+ * runs at once: the backend never uses them). */
+static bool queues(cudaStream_t s)
+{
+  return s && s != cudaStreamLegacy && s != cudaStreamPerThread;
+}
+
+/* Queues f on stream s (checked by the caller), or runs it now where s does not queue. */
+static void enqueue(cudaStream_t s, std::function<void()> f)
+{
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  if (!queues(s)) {
+    f();
+    return;
+  }
+  s->work.push_back(std::move(f));
+  s->queued++;
+}
+
+/* Runs s's queued work in order until `upto` items of it have run. */
+static void drain(cudaStream_t s, uint64_t upto)
+{
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  while (queues(s) && s->done < upto && !s->work.empty()) {
+    std::function<void()> f = std::move(s->work.front());
+    s->work.pop_front();
+    s->done++;
+    f();
+  }
+}
+
 
 /* NULL and the two special streams always exist; others must be live. */
 static bool stream_ok(cudaStream_t s)
 {
   return !s || s == cudaStreamLegacy || s == cudaStreamPerThread || live_handle(s, K_STREAM);
+}
+
+/* Runs every stream's queued work (what a device-wide synchronization waits for). */
+static void drain_all(void)
+{
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> rlock(reg().mu);
+    for (const auto &h : reg().handles)
+      if (h.second == K_STREAM)
+        streams.push_back((cudaStream_t)h.first);
+  }
+  for (cudaStream_t s : streams)
+    drain(s, s->queued);
 }
 
 static cudaError_t check_stream(const char *fn, cudaStream_t s)
@@ -767,7 +841,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
            src, dst);
     return fail(cudaErrorInvalidValue);
   }
-  memmove(dst, src, count);
+  if (kind == cudaMemcpyHostToDevice) { /* pageable host memory: read before the call returns */
+    std::vector<char> staged((const char *)src, (const char *)src + count);
+    enqueue(stream,
+            [dst, staged = std::move(staged)] { memcpy(dst, staged.data(), staged.size()); });
+  } else {
+    enqueue(stream, [dst, src, count] { memmove(dst, src, count); });
+  }
   return cudaSuccess;
 }
 
@@ -800,8 +880,16 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
   const cudaError_t e = copy_check(fn, dst, dn, src, sn, kind, stream);
   if (e != cudaSuccess)
     return e;
-  for (size_t r = 0; r < height; r++)
-    memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  std::vector<char> staged; /* pageable host memory: read before the call returns */
+  if (kind == cudaMemcpyHostToDevice) {
+    staged.assign((const char *)src, (const char *)src + sn);
+    src = NULL;
+  }
+  enqueue(stream, [=, staged = std::move(staged)] {
+    const char *from = src ? (const char *)src : staged.data();
+    for (size_t r = 0; r < height; r++)
+      memmove((char *)dst + r * dpitch, from + r * spitch, width);
+  });
   return cudaSuccess;
 }
 
@@ -814,7 +902,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
     return cudaSuccess;
   if (!device_range(fn, "the memory", devPtr, count, -1))
     return fail(cudaErrorInvalidValue);
-  memset(devPtr, (unsigned char)value, count);
+  enqueue(stream, [devPtr, value, count] { memset(devPtr, (unsigned char)value, count); });
   return cudaSuccess;
 }
 
@@ -833,6 +921,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
     return fail(cudaErrorMemoryAllocation);
   s->device = t_device;
   s->flags = flags;
+  s->queued = s->done = 0;
   add_handle(s, K_STREAM);
   *pStream = s;
   return cudaSuccess;
@@ -840,6 +929,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
+  if (live_handle(stream, K_STREAM)) /* its queued work still runs, as CUDA's does */
+    drain(stream, stream->queued);
   if (!remove_handle(stream, K_STREAM)) {
     report("cudaStreamDestroy: %p is not a live stream", (void *)stream);
     return fail(cudaErrorInvalidResourceHandle);
@@ -850,12 +941,17 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-  return check_stream("cudaStreamSynchronize", stream); /* all its work is done */
+  if (check_stream("cudaStreamSynchronize", stream) != cudaSuccess)
+    return cudaErrorInvalidResourceHandle;
+  drain(stream, queues(stream) ? stream->queued : 0);
+  return cudaSuccess;
 }
 
+/* Runs the stream's work and answers cudaSuccess: a caller polling until the work is done
+ * would otherwise wait for ever (nothing runs it in the background). */
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-  return check_stream("cudaStreamQuery", stream); /* cudaSuccess: nothing is ever pending */
+  return cudaStreamSynchronize(stream);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
@@ -870,6 +966,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
     return fail(cudaErrorMemoryAllocation);
   e->device = t_device;
   e->flags = flags;
+  e->stream = NULL;
+  e->mark = 0;
   add_handle(e, K_EVENT);
   *event = e;
   return cudaSuccess;
@@ -888,7 +986,17 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     report("cudaEventRecord: the event is GPU %d's, the stream GPU %d's", event->device, sdev);
     return fail(cudaErrorInvalidResourceHandle);
   }
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  event->stream = queues(stream) ? stream : NULL;
+  event->mark = queues(stream) ? stream->queued : 0;
   return cudaSuccess;
+}
+
+/* Runs the work an event waits for (its stream's, up to where it was recorded). */
+static void drain_to(cudaStream_t s, uint64_t mark)
+{
+  if (s && live_handle(s, K_STREAM))
+    drain(s, mark);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
@@ -897,6 +1005,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     report("cudaEventSynchronize: %p is not a live event", (void *)event);
     return fail(cudaErrorInvalidResourceHandle);
   }
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  drain_to(event->stream, event->mark);
   return cudaSuccess;
 }
 
@@ -920,6 +1030,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   }
   if (flags & ~(unsigned)cudaEventWaitExternal)
     return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  cudaStream_t s = event->stream;
+  const uint64_t mark = event->mark;
+  enqueue(stream, [s, mark] { drain_to(s, mark); }); /* the event's work first */
   return cudaSuccess;
 }
 
@@ -1072,6 +1186,19 @@ static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A
   return true;
 }
 
+/* product() for queued work, which has no status to return: out of host memory ends the test. */
+static void product_or_die(const char *fn, int64_t m, int64_t n, int64_t k, float alpha,
+                           const mat_t &A, bool ta, const mat_t &B, bool tb, float beta,
+                           const float *C, int64_t ldc, float *D, int64_t ldd, const epi_t &epi,
+                           int64_t b)
+{
+  if (!product(m, n, k, alpha, A, ta, B, tb, beta, C, ldc, D, ldd, epi, b)) {
+    report("%s: out of host memory for a %lld x %lld x %lld product", fn, (long long)m,
+           (long long)n, (long long)k);
+    abort();
+  }
+}
+
 /* Checks a matrix operand with rows, cols, batch >= 1: its pointer is aligned to its elements
  * and its whole extent, every batch's, lies in one live allocation of GPU `device`. The extent
  * runs from the lowest batch's first element to the highest's last, (cols - 1) ld + rows - 1. */
@@ -1215,11 +1342,13 @@ static cublasStatus_t blas_gemm(const char *fn, cublasHandle_t h, cublasOperatio
   if (!reads_ab && *beta == 1.0f) /* the reference BLAS's quick return */
     return CUBLAS_STATUS_SUCCESS;
   const epi_t none = {EPI_NONE, NULL, CUDA_R_32F, NULL, CUDA_R_32F, 0};
-  for (int b = 0; b < batch; b++) {
-    float *Cb = C + (ptrdiff_t)b * sc;
-    if (!product(m, n, k, *alpha, mA, tA, mB, tB, *beta, Cb, ldc, Cb, ldc, none, b))
-      return CUBLAS_STATUS_ALLOC_FAILED;
-  }
+  const float al = *alpha, be = *beta; /* host scalars: read by the call */
+  enqueue(h->stream, [=] {
+    for (int b = 0; b < batch; b++) {
+      float *Cb = C + (ptrdiff_t)b * sc;
+      product_or_die(fn, m, n, k, al, mA, tA, mB, tB, be, Cb, ldc, Cb, ldc, none, b);
+    }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1390,25 +1519,23 @@ cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, in
     return CUBLAS_STATUS_SUCCESS;
   /* A negative increment walks its vector from the far end (x points at its lowest element). */
   const int64_t kx = incx > 0 ? 0 : (lenx - 1) * ax, ky = incy > 0 ? 0 : (leny - 1) * ay;
-  std::vector<double> acc;
-  try {
-    acc.assign((size_t)leny, 0.0);
-  } catch (...) {
-    return CUBLAS_STATUS_ALLOC_FAILED;
-  }
-  if (reads_ax) /* acc[e] sums over f = 0..lenx-1 in order, whichever loop is outside */
-    for (int64_t f = 0; f < lenx; f++) {
-      const double xf = (double)x[kx + f * incx];
-      for (int64_t e = 0; e < leny; e++)
-        acc[(size_t)e] += (double)(t ? A[f + e * (int64_t)lda] : A[e + f * (int64_t)lda]) * xf;
+  const float al = *alpha, be = *beta; /* host scalars: read by the call */
+  enqueue(handle->stream, [=] {
+    std::vector<double> acc((size_t)leny, 0.0);
+    if (reads_ax) /* acc[e] sums over f = 0..lenx-1 in order, whichever loop is outside */
+      for (int64_t f = 0; f < lenx; f++) {
+        const double xf = (double)x[kx + f * incx];
+        for (int64_t e = 0; e < leny; e++)
+          acc[(size_t)e] += (double)(t ? A[f + e * (int64_t)lda] : A[e + f * (int64_t)lda]) * xf;
+      }
+    for (int64_t e = 0; e < leny; e++) {
+      float *ye = &y[ky + e * incy];
+      double v = reads_ax ? (double)al * acc[(size_t)e] : 0.0;
+      if (be != 0.0f)
+        v += (double)be * (double)*ye;
+      *ye = (float)v;
     }
-  for (int64_t e = 0; e < leny; e++) {
-    float *ye = &y[ky + e * incy];
-    double v = reads_ax ? (double)*alpha * acc[(size_t)e] : 0.0;
-    if (*beta != 0.0f)
-      v += (double)*beta * (double)*ye;
-    *ye = (float)v;
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -2086,12 +2213,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
       return CUBLAS_STATUS_INVALID_VALUE;
     epi.aux = p.op.aux;
   }
-  for (int64_t i = 0; i < p.batch; i++) {
-    const float *Ci = be != 0.0f ? (const float *)C + i * p.C.stride : NULL;
-    float *Di = (float *)D + i * p.D.stride;
-    if (!product(p.m, p.n, p.k, al, mA, p.ta, mB, p.tb, be, Ci, p.C.ld, Di, p.D.ld, epi, i))
-      return CUBLAS_STATUS_ALLOC_FAILED;
-  }
+  enqueue(stream, [=] {
+    for (int64_t i = 0; i < p.batch; i++) {
+      const float *Ci = be != 0.0f ? (const float *)C + i * p.C.stride : NULL;
+      float *Di = (float *)D + i * p.D.stride;
+      product_or_die(fn, p.m, p.n, p.k, al, mA, p.ta, mB, p.tb, be, Ci, p.C.ld, Di, p.D.ld, epi, i);
+    }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -2147,10 +2275,9 @@ void dt_emul_set_last_error(cudaError_t e)
   t_last_error = e;
 }
 
-std::mutex &dt_emul_launch_mutex(void)
+void dt_emul_enqueue(cudaStream_t stream, std::function<void()> work)
 {
-  static std::mutex *m = new std::mutex(); /* never destroyed, as the registry */
-  return *m;
+  enqueue(stream, std::move(work));
 }
 
 bool dt_emul_is_device_range(const void *p, size_t bytes)

@@ -10,7 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <mutex>
+#include <functional>
 
 /* Whether a launch of func with this configuration on stream may run, as the runtime checks it:
  * the grid and block within the GPU's limits (and, of the emulation, a 2D grid of 1D blocks),
@@ -23,8 +23,10 @@ cudaError_t dt_emul_launch_check(const void *func, dim3 grid, dim3 block, size_t
 /* Sets the calling thread's last error, as a failed launch does (cudaGetLastError returns it). */
 void dt_emul_set_last_error(cudaError_t e);
 
-/* Held while a kernel runs: cuda_emul.h's thread model is one block at a time per process. */
-std::mutex &dt_emul_launch_mutex(void);
+/* Queues work (a checked launch) on stream, to run in order with the stream's other work when
+ * the host waits for it (at once on the legacy stream); one piece of work runs at a time in the
+ * process, as cuda_emul.h's thread model needs. */
+void dt_emul_enqueue(cudaStream_t stream, std::function<void()> work);
 
 /* Whether [p, p + bytes) lies inside one live cudaMalloc allocation (any GPU); bytes 0 asks
  * whether p itself does. */

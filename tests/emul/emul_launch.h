@@ -8,9 +8,9 @@
  * memory the kernel is allowed, the stream (cuda_host.cc's dt_emul_launch_check). Checked beyond
  * the GPU, because the host would let it pass: every non-null pointer argument must point into
  * a live cudaMalloc allocation — a kernel handed host memory would read it here and fault there.
- * The kernel runs to its end before the launch returns (the emulation is synchronous), under one
- * process-wide lock: the DP comm thread launches too. Included after cuda_emul.h, by the files
- * cu2cc.py writes only. */
+ * The kernel, with copies of its arguments, is queued on the stream (cuda_host.cc's streams: it
+ * runs when the host waits for that stream's work, one kernel at a time in the process).
+ * Included after cuda_emul.h, by the files cu2cc.py writes only. */
 #ifndef DT_TESTS_EMUL_LAUNCH_H
 #define DT_TESTS_EMUL_LAUNCH_H
 
@@ -46,8 +46,11 @@ template <typename K> struct launcher {
       dt_emul_set_last_error(cudaErrorIllegalAddress);
       return;
     }
-    std::lock_guard<std::mutex> lock(dt_emul_launch_mutex());
-    launch(grid, block.x, smem, [&] { kernel(args...); });
+    const K k = kernel; /* the closure outlives this launcher */
+    const dim3 g = grid;
+    const unsigned threads = block.x;
+    const size_t bytes = smem;
+    dt_emul_enqueue(stream, [=] { launch(g, threads, bytes, [&] { k(args...); }); });
   }
 };
 } /* namespace dt_emul */
