@@ -20,7 +20,7 @@
 
 namespace dt_emul
 {
-template <typename T> static bool device_pointer_ok(const T &v)
+template <typename T> inline bool device_pointer_ok(const T &v)
 {
   if constexpr (std::is_pointer<T>::value) {
     if (v && !dt_emul_is_device_range((const void *)v, 0)) {

@@ -7,10 +7,13 @@ the GPUs; the host-staged communicator) against one GPU process.
     bf16 (both round the GEMM operands alike, and the flash attention's operands, probabilities
     and score gradients at the same points; tensor cores against OpenBLAS on the rounded
     values);
-  * dp=2 under ZeRO-3, tp=2, pp=2 (1F1B) and cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one
-    GPU process on the same global batch (the issue's multi-rank GPU check; cp also runs the
-    CUDA context-parallel attention kernels). --comm auto sees the ranks share a GPU and
-    stages through the host; --comm nccl is refused there, naming the two ranks;
+  * one process, in fp32 and bf16: --recompute and a checkpoint resumed at step 4 bit for bit
+    the plain run's losses, --attention materialized within 1e-4 of them;
+  * dp=2 under ZeRO-3 and ZeRO-2, tp=2 with and without sequence parallelism, pp=2 (1F1B) and
+    cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one GPU process on the same global batch (the
+    issue's multi-rank GPU check; cp also runs the CUDA context-parallel attention kernels).
+    --comm auto sees the ranks share a GPU and stages through the host; --comm nccl is refused
+    there, naming the two ranks;
   * under --precision bf16, dp=2 under ZeRO-1 and ZeRO-3 and tp=2 within 1e-4 of the one GPU
     bf16 process (the bf16 weight copy as each ZeRO stage keeps it; the GELU's backward in the
     MLP projection's GEMM epilogue, split over tp). 1e-4, not 1e-5: cuBLASLt may sum a product
@@ -149,7 +152,8 @@ class GpuTrainer(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr[-2000:])
 
     def test_layouts_on_one_gpu(self):
-        for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 1, ["--tp", "2"]),
+        for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 2, ["--zero-stage", "2"]),
+                                  (2, 1, ["--tp", "2"]), (2, 1, ["--tp", "2", "--sp"]),
                                   (2, 1, ["--pp", "2"]),
                                   (4, 2, ["--cp", "2", "--zero-stage", "1"])):
             what = "world %d %s" % (world, " ".join(extra))
