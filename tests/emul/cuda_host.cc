@@ -764,7 +764,6 @@ static void drain(cudaStream_t s, uint64_t upto)
   }
 }
 
-
 /* NULL and the two special streams always exist; others must be live. */
 static bool stream_ok(cudaStream_t s)
 {
