@@ -42,9 +42,11 @@ static cudaError_t on_stream(dt_cuda_impl_t *c, cudaStream_t *s)
 /* Memory                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-static int cuda_alloc(dt_device_t *d, size_t bytes, const char *what, void **out)
+/* Allocates bytes of zeroed device memory for `what`; out of memory, the error says what was asked,
+ * what is free and `advice` (what the user can change). */
+static int gpu_alloc(dt_cuda_impl_t *c, size_t bytes, const char *what, const char *advice,
+                     void **out)
 {
-  dt_cuda_impl_t *c = dt__cuda(d);
   void *p = NULL;
   *out = NULL;
   /* Like the CPU device, an empty allocation is still a distinct non-NULL pointer. */
@@ -60,10 +62,9 @@ static int cuda_alloc(dt_device_t *d, size_t bytes, const char *what, void **out
     if (e == cudaErrorMemoryAllocation) {
       DT_ERROR(KERNEL,
                "%s: out of GPU memory for %s: %zu bytes (%.1f MiB) asked, %.1f MiB free of "
-               "%.1f MiB; lower micro_batch, enable activation checkpointing (--recompute), or "
-               "raise the ZeRO stage",
+               "%.1f MiB; %s",
                c->name, what ? what : "?", bytes, (double)bytes / mib, (double)free_b / mib,
-               (double)total_b / mib);
+               (double)total_b / mib, advice);
       return DT_ENOMEM;
     }
     DT_ERROR(KERNEL, "%s: cudaMalloc of %zu bytes for %s failed: %s: %s", c->name, bytes,
@@ -80,6 +81,14 @@ static int cuda_alloc(dt_device_t *d, size_t bytes, const char *what, void **out
 fail:
   (void)cudaFree(p);
   return rc;
+}
+
+static int cuda_alloc(dt_device_t *d, size_t bytes, const char *what, void **out)
+{
+  return gpu_alloc(dt__cuda(d), bytes, what,
+                   "lower micro_batch, enable activation checkpointing (--recompute), or raise "
+                   "the ZeRO stage",
+                   out);
 }
 
 static void cuda_free(dt_device_t *d, void *p)
@@ -359,7 +368,10 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
     DT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
                        rc, fail);
     c->lt_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
-    rc = cuda_alloc(&c->dev, c->lt_ws_bytes, "cuBLASLt's workspace", &c->lt_ws);
+    rc = gpu_alloc(c, c->lt_ws_bytes, "cuBLASLt's workspace",
+                   "the GPU is full before training starts: another process may hold its memory "
+                   "(nvidia-smi)",
+                   &c->lt_ws);
     if (rc < 0)
       goto fail;
   }
