@@ -26,7 +26,8 @@
  * dt__block_reduce) has external linkage, so the linker keeps one copy for all units; had this
  * state been static, that copy would run the scheduler of whichever unit it came from (the -O0
  * sanitizer build of the emulated trainer jumped to a stale stack that way). One block runs at
- * a time in the whole process: callers on several threads serialize (emul_launch.h). */
+ * a time in the whole process: callers on several threads serialize (the emulated trainer's
+ * launches run through cuda_host.cc's stream queues, one piece of work at a time). */
 #ifndef DT_TESTS_CUDA_EMUL_H
 #define DT_TESTS_CUDA_EMUL_H
 
@@ -61,7 +62,7 @@ inline float *g_smem;
 #if defined(__x86_64__)
 #define DT_EMUL_FAST_SWITCH 1
 /* Saves the caller's registers on its stack and its stack pointer in *from, then continues on
- * the stack `to` (one dt_emul_switch left, or one fiber_stack prepared). Weak: every translation
+ * the stack `to` (one dt_emul_switch left, or one fiber_start prepared). Weak: every translation
  * unit including this header emits it. */
 extern "C" void dt_emul_switch(void **from, void *to);
 __asm__(".text\n"
@@ -110,7 +111,7 @@ inline void *g_scheduler;
 inline ucontext_t g_scheduler;
 #endif
 inline unsigned g_threads, g_cur, g_at_block, g_returned, g_at_warp[32];
-inline unsigned g_exchanges[1024]; /* warp exchanges each thread made (cuda_emul.h's slots) */
+inline unsigned g_exchanges[1024]; /* warp exchanges each thread made (the slot sets below) */
 inline void (*g_trampoline)(void *);
 inline void *g_body;
 
