@@ -4,7 +4,14 @@
  * distrainctl, or found in the build tree) on loopback, with a fresh state directory and a
  * random token under the run directory, submits the job, follows it to the end, then stops the
  * agents (which stop their trainers) and the coordinator. Ctrl-C stops the job first. Run
- * layout: <run_dir>/{token,coordinator.log,state/,node-<i>/{agent.log,<job>/rank-<r>.log}}. */
+ * layout: <run_dir>/{token,coordinator.log,state/,node-<i>/{agent.log,<job>/rank-<r>.log}}.
+ *
+ * Devices: every node offers devices_per_node devices. A job on the CPU (training.device cpu,
+ * or auto on a machine without a usable GPU) gets CPU devices. Otherwise they are this
+ * machine's GPUs, handed out round robin (distrain-worker --gpus): node i takes GPUs
+ * i x devices_per_node, ... modulo their count, so each trainer has a GPU of its own while
+ * there are enough, and trainers share GPUs (through the host-staged communicator) when not.
+ * training.device cuda on a machine without a usable GPU is refused before anything starts. */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -20,6 +27,9 @@
 #include "ctl.h"
 #include "dt_log.h"
 #include "dt_util.h"
+#ifdef DT_HAVE_CUDA
+#include "probe.h"
+#endif
 
 extern char **environ;
 
@@ -100,6 +110,42 @@ static int wait_port_file(const char *path, pid_t pid, int timeout_ms, int *port
   return DT_ETIMEDOUT;
 }
 
+/* The GPUs this machine's nodes share out: 0 for a job on the CPU. DT_ENOTSUP, said, for a job
+ * that asks for cuda on a machine without a usable GPU. */
+static int local_gpus(const Distrain__V1__JobSpec *spec, int *gpus)
+{
+  const char *want = spec->training && spec->training->device && spec->training->device[0]
+                         ? spec->training->device
+                         : "auto";
+  char why[512] = "";
+  *gpus = 0;
+  if (strcmp(want, "cpu") == 0)
+    return 0;
+#ifdef DT_HAVE_CUDA
+  if (dt_cuda_probe(gpus, why, sizeof why) != 0)
+    *gpus = 0;
+#endif
+  if (*gpus == 0 && strcmp(want, "cuda") == 0) {
+    fprintf(stderr,
+            "distrainctl: training.device is cuda, but this machine has no usable GPU%s%s; set "
+            "training.device: cpu (or auto)\n",
+            why[0] ? ": " : "", why[0] ? why : "");
+    return DT_ENOTSUP;
+  }
+  return 0;
+}
+
+/* distrain-worker --gpus for node i (the module comment): "none", or its GPU numbers. */
+static void node_gpus(const dt_ctl_local_t *l, int gpus, int node, char *out, size_t n)
+{
+  size_t off = 0;
+  if (gpus == 0)
+    snprintf(out, n, "none");
+  for (int k = 0; gpus > 0 && k < l->devices_per_node && off < n; k++)
+    off += (size_t)snprintf(out + off, n - off, "%s%d", k ? "," : "",
+                            (node * l->devices_per_node + k) % gpus);
+}
+
 static void stop_job(dt_rpc_client_t *c, const char *job_id)
 {
   Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
@@ -116,9 +162,10 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
   char token_path[PATH_MAX + 64], port_path[PATH_MAX + 64], addr[64], token[256];
   pid_t coord = -1, *agents = calloc((size_t)l->nodes, sizeof(pid_t));
   dt_rpc_client_t *client = NULL;
-  int ret = 0, port = 0;
+  int ret = 0, port = 0, gpus = 0;
   if (!agents)
     return DT_ENOMEM;
+  DT_CHECK_GOTO(local_gpus(spec, &gpus), ret, out);
   DT_CHECK_GOTO(find_binary("distrain-coordinator", "coordinator", coord_bin, sizeof coord_bin),
                 ret, out);
   DT_CHECK_GOTO(find_binary("distrain-worker", "worker/agent", worker_bin, sizeof worker_bin), ret,
@@ -157,32 +204,33 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
     goto out;
   }
   snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-  fprintf(stderr,
-          "distrainctl: local cluster in %s: coordinator on %s, %d node%s x %d CPU "
-          "device%s\n",
-          dir, addr, l->nodes, l->nodes == 1 ? "" : "s", l->devices_per_node,
+  const int devices = l->nodes * l->devices_per_node;
+  fprintf(stderr, "distrainctl: local cluster in %s: coordinator on %s, %d node%s x %d %s device%s",
+          dir, addr, l->nodes, l->nodes == 1 ? "" : "s", l->devices_per_node, gpus ? "GPU" : "CPU",
           l->devices_per_node == 1 ? "" : "s");
+  if (gpus)
+    fprintf(stderr, " on this machine's %d GPU%s%s", gpus, gpus == 1 ? "" : "s",
+            devices > gpus ? " (trainers share them: parallel.comm nccl would refuse)" : "");
+  fputc('\n', stderr);
   /* Every node of a local cluster is this machine: trainers reach each other over loopback,
    * whatever the host name resolves to (unless the user chose an interface or address). */
   if (!getenv("DISTRAIN_COMM_IFACE"))
     setenv("DISTRAIN_COMM_HOST", "127.0.0.1", 0);
   for (int i = 0; i < l->nodes; i++) {
-    char work[PATH_MAX + 32], alog[PATH_MAX + 64], host[32], devs[16];
+    char work[PATH_MAX + 32], alog[PATH_MAX + 64], host[32], devs[16], gpu_list[1024];
     snprintf(work, sizeof work, "%s/node-%d", dir, i);
     snprintf(alog, sizeof alog, "%s/agent.log", work);
     snprintf(host, sizeof host, "local-%d", i);
     snprintf(devs, sizeof devs, "%d", l->devices_per_node);
+    node_gpus(l, gpus, i, gpu_list, sizeof gpu_list);
     if (dt_mkdir_p(work) != 0) {
       ret = DT_EIO;
       goto out;
     }
-    char *wargv[] = {worker_bin, "--coordinator",
-                     addr,       "--token-file",
-                     token_path, "--work-dir",
-                     work,       "--hostname",
-                     host,       "--cpu-devices",
-                     devs,       "--grace-ms",
-                     "5000",     NULL};
+    char *wargv[] = {worker_bin, "--coordinator", addr,   "--token-file",
+                     token_path, "--work-dir",    work,   "--hostname",
+                     host,       "--cpu-devices", devs,   "--gpus",
+                     gpu_list,   "--grace-ms",    "5000", NULL};
     agents[i] = spawn_logged(wargv, alog);
     if (agents[i] < 0) {
       ret = DT_EREMOTE;

@@ -242,6 +242,23 @@ static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, d
 /* ------------------------------------------------------------------------------------------ */
 
 /* parallel.dp as submitted (a job stored before requested_dp existed: its spec's). */
+/* The kind of device a job's trainers need (training.device): "cuda" or "cpu", or NULL for
+ * auto (whatever the node offers). */
+static const char *device_kind(const Distrain__V1__JobSpec *spec)
+{
+  const char *d = spec->training ? spec->training->device : NULL;
+  return d && (strcmp(d, "cuda") == 0 || strcmp(d, "cpu") == 0) ? d : NULL;
+}
+
+/* Whether node nd may run job j's trainers: alive, idle or already j's, and offering the kind
+ * of device the job asks for. */
+static int node_serves(const dt_node_t *nd, int jidx, const char *kind)
+{
+  return nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE &&
+         (nd->job < 0 || nd->job == jidx) &&
+         (!kind || (nd->info->n_devices > 0 && strcmp(nd->info->devices[0]->kind, kind) == 0));
+}
+
 static int requested_dp(const dt_job_t *j)
 {
   return j->job->requested_dp > 0 ? j->job->requested_dp : j->job->spec->parallel->dp;
@@ -259,11 +276,9 @@ static int larger_dp(dt_coord_t *c, dt_job_t *j)
     free(devs);
     return 0;
   }
-  for (size_t i = 0; i < c->st.n_nodes && (max_nodes <= 0 || n < max_nodes); i++) {
-    const dt_node_t *nd = c->st.nodes[i];
-    if (nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && (nd->job < 0 || nd->job == jidx))
-      devs[n++] = (int)nd->info->n_devices;
-  }
+  for (size_t i = 0; i < c->st.n_nodes && (max_nodes <= 0 || n < max_nodes); i++)
+    if (node_serves(c->st.nodes[i], jidx, device_kind(spec)))
+      devs[n++] = (int)c->st.nodes[i]->info->n_devices;
   for (int d = requested_dp(j); d > j->dp && !best; d--) {
     dt_placement_t pl;
     char why[256];
@@ -310,15 +325,16 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   char why[256] = "";
   if (!idle || !devs)
     goto out;
+  const char *kind = device_kind(spec);
   for (size_t i = 0; i < c->st.n_nodes && nidle < max_nodes; i++) {
-    dt_node_t *n = c->st.nodes[i];
-    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && n->job < 0) {
+    if (node_serves(c->st.nodes[i], -1, kind)) {
       idle[nidle] = (int)i;
-      devs[nidle++] = (int)n->info->n_devices;
+      devs[nidle++] = (int)c->st.nodes[i]->info->n_devices;
     }
   }
   if (nidle < el->min_nodes) {
-    snprintf(why, sizeof why, "waiting for nodes: %d idle, min_nodes %d", nidle, el->min_nodes);
+    snprintf(why, sizeof why, "waiting for nodes: %d idle%s%s%s, min_nodes %d", nidle,
+             kind ? " with " : "", kind ? kind : "", kind ? " devices" : "", el->min_nodes);
     goto wait;
   }
   dt_mesh_t mesh;

@@ -11,7 +11,11 @@
  * cudaMalloc refuses to exceed with cudaErrorMemoryAllocation; DT_EMUL_DRIVER_VERSION (default
  * CUDART_VERSION, 0 for no driver) is what cudaDriverGetVersion says, and a driver of an older
  * major version than the runtime makes every device call fail with cudaErrorInsufficientDriver,
- * as the real runtime does. The settings are read once, at the first call.
+ * as the real runtime does. CUDA_VISIBLE_DEVICES is honoured as the runtime does for GPU
+ * numbers: the listed GPUs, in its order, are devices 0, 1, ...; the list ends at its first
+ * entry that is not a GPU (out of range, repeated, not a number), and an empty one hides every
+ * GPU. A device's PCI address (0000:00:<n>.0) and UUID name its GPU n, whatever its ordinal.
+ * The settings are read once, at the first call.
  *
  * Invariants:
  * - Streams are asynchronous, as lazily as CUDA allows: a kernel, copy, memset or cuBLAS /
@@ -82,7 +86,8 @@ static_assert(sizeof(__nv_bfloat16) == 2, "bf16 operands are read as 16-bit patt
 #define MALLOC_ALIGNMENT 256 /* cudaMalloc's */
 
 typedef struct {
-  int gpus;
+  int gpus;               /* visible ones */
+  int gpu[MAX_GPUS];      /* (gpus) device i is the machine's GPU gpu[i] (CUDA_VISIBLE_DEVICES) */
   unsigned long long mem; /* bytes per GPU */
   int driver;             /* cudaDriverGetVersion's; 0: no driver */
 } config_t;
@@ -113,10 +118,33 @@ static unsigned long long env_number(const char *name, unsigned long long def,
   return v << shift;
 }
 
+/* CUDA_VISIBLE_DEVICES over a machine of n GPUs (the module comment). */
+static int visible_gpus(int n, int *gpu)
+{
+  const char *s = getenv("CUDA_VISIBLE_DEVICES");
+  if (!s) {
+    for (int i = 0; i < n; i++)
+      gpu[i] = i;
+    return n;
+  }
+  int count = 0;
+  bool seen[MAX_GPUS] = {false};
+  while (*s && count < n) {
+    char *end = NULL;
+    const long v = strtol(s, &end, 10);
+    if (end == s || (*end && *end != ',') || v < 0 || v >= n || seen[v])
+      break;
+    seen[v] = true;
+    gpu[count++] = (int)v;
+    s = *end ? end + 1 : end;
+  }
+  return count;
+}
+
 static config_t read_config(void)
 {
   config_t c;
-  c.gpus = (int)env_number("DT_EMUL_GPUS", 1, MAX_GPUS, false);
+  c.gpus = visible_gpus((int)env_number("DT_EMUL_GPUS", 1, MAX_GPUS, false), c.gpu);
   c.mem = env_number("DT_EMUL_GPU_MEM", DEFAULT_GPU_MEM, 1ull << 50, true);
   c.driver = (int)env_number("DT_EMUL_DRIVER_VERSION", CUDART_VERSION, 1000000, false);
   return c;
@@ -491,7 +519,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
   memset(prop, 0, sizeof *prop);
   snprintf(prop->name, sizeof prop->name, "distrain emulated GPU");
   for (int i = 0; i < 16; i++) /* a stable, distinct UUID per ordinal */
-    prop->uuid.bytes[i] = (char)(i == 15 ? device : 0xd7);
+    prop->uuid.bytes[i] = (char)(i == 15 ? cfg().gpu[device] : 0xd7);
   prop->totalGlobalMem = (size_t)cfg().mem;
   prop->sharedMemPerBlock = SMEM_DEFAULT;
   prop->regsPerBlock = 65536;
@@ -513,7 +541,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
   prop->ECCEnabled = 1;
   prop->pciDomainID = 0;
   prop->pciBusID = 0;
-  prop->pciDeviceID = device; /* cudaDeviceGetPCIBusId's "0000:00:<device>.0" */
+  prop->pciDeviceID = cfg().gpu[device]; /* cudaDeviceGetPCIBusId's "0000:00:<gpu>.0" */
   prop->asyncEngineCount = 3;
   prop->unifiedAddressing = 1;
   prop->memoryBusWidth = 5120;
@@ -605,7 +633,7 @@ cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
   GATE();
   if (!valid_device(device))
     return fail(cudaErrorInvalidDevice);
-  const int n = snprintf(id, sizeof id, "%04X:%02X:%02X.0", 0, 0, device);
+  const int n = snprintf(id, sizeof id, "%04X:%02X:%02X.0", 0, 0, cfg().gpu[device]);
   if (n >= len) /* a truncated address would name another GPU */
     return fail(cudaErrorInvalidValue);
   memcpy(pciBusId, id, (size_t)n + 1);

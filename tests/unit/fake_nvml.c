@@ -3,7 +3,9 @@
  * it checks how gpu_usage.c uses them, not that they match the real nvml.h.
  *
  * GPU "0000:3B:00.0": 80 GiB, 12 GiB used, 87% busy. GPU "0000:86:00.0": 40 GiB, 1 GiB used,
- * no utilisation (NOT_SUPPORTED, as on some MIG setups). Any other PCI address: NOT_FOUND. */
+ * no utilisation (NOT_SUPPORTED, as on some MIG setups). GPUs "0000:00:0<n>.0", n < 4, are
+ * tests/emul's emulated GPUs n (8 GiB, its default), as the agent's NVML sees them in
+ * test_emul_cluster.py: n + 1 GiB used, 10 (n + 1)% busy. Any other PCI address: NOT_FOUND. */
 #include <string.h>
 
 #include "nvml_api.h"
@@ -18,8 +20,10 @@ static struct nvmlDevice_st {
   const char *pci;
   unsigned long long total, used;
   int util; /* -1: NOT_SUPPORTED */
-} gpus[] = {{"0000:3B:00.0", 80ull << 30, 12ull << 30, 87},
-            {"0000:86:00.0", 40ull << 30, 1ull << 30, -1}};
+} gpus[] = {
+    {"0000:3B:00.0", 80ull << 30, 12ull << 30, 87}, {"0000:86:00.0", 40ull << 30, 1ull << 30, -1},
+    {"0000:00:00.0", 8ull << 30, 1ull << 30, 10},   {"0000:00:01.0", 8ull << 30, 2ull << 30, 20},
+    {"0000:00:02.0", 8ull << 30, 3ull << 30, 30},   {"0000:00:03.0", 8ull << 30, 4ull << 30, 40}};
 
 nvmlReturn_t nvmlInit_v2(void)
 {

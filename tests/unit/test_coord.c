@@ -79,15 +79,15 @@ static void fx_restart(fx_t *f)
   fx_start(f);
 }
 
-/* A registered, alive node with ndev cpu devices. */
-static dt_node_t *add_node(fx_t *f, const char *host, int ndev)
+/* A registered, alive node with ndev devices of a kind ("cpu", "cuda"). */
+static dt_node_t *add_node_of(fx_t *f, const char *host, int ndev, const char *kind)
 {
   Distrain__V1__NodeInfo info = DISTRAIN__V1__NODE_INFO__INIT;
   Distrain__V1__Device dev[8], *devp[8];
   ck_assert_int_le(ndev, 8);
   for (int i = 0; i < ndev; i++) {
     distrain__v1__device__init(&dev[i]);
-    dev[i].kind = "cpu";
+    dev[i].kind = (char *)kind;
     dev[i].index = i;
     devp[i] = &dev[i];
   }
@@ -107,6 +107,11 @@ static dt_node_t *add_node(fx_t *f, const char *host, int ndev)
   ck_assert_int_eq(dt_coord_add_node(&f->c.st, n), 0);
   ck_assert_int_eq(dt_coord_store_put_node(f->c.store, n), 0);
   return n;
+}
+
+static dt_node_t *add_node(fx_t *f, const char *host, int ndev)
+{
+  return add_node_of(f, host, ndev, "cpu");
 }
 
 /* Submits the default spec with these "section.key=value" overrides (NULL-terminated). */
@@ -314,6 +319,29 @@ START_TEST(test_plan_waits_for_min_nodes_then_takes_the_largest_dp)
   ck_assert_int_eq(k->grad_accum, 2);
   ck_assert_int_eq(k->job->requested_dp, 2);
   fx_free(g);
+  fx_free(f);
+}
+END_TEST
+
+/* A job asking for cuda devices takes only nodes that offer GPUs, one asking for cpu only
+ * nodes that offer CPU devices; auto takes either. */
+START_TEST(test_plan_matches_the_device_kind)
+{
+  fx_t *f = fx_new();
+  dt_node_t *cpu = add_node(f, "cpu0", 2);
+  dt_job_t *j = submit(f, "training.device=cuda", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  ck_assert_str_eq(j->job->reason, "waiting for nodes: 0 idle with cuda devices, min_nodes 1");
+  dt_node_t *gpu = add_node_of(f, "gpu0", 2, "cuda");
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(gpu->job, dt_coord_job_index(&f->c.st, j));
+  ck_assert_int_lt(cpu->job, 0);
+  dt_job_t *k = submit(f, "training.device=cpu", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(k), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(cpu->job, dt_coord_job_index(&f->c.st, k));
   fx_free(f);
 }
 END_TEST
@@ -582,6 +610,7 @@ static Suite *coord_suite(void)
   tcase_set_timeout(t, 30);
   tcase_add_test(t, test_plan_places_ranks_on_idle_nodes);
   tcase_add_test(t, test_plan_waits_for_min_nodes_then_takes_the_largest_dp);
+  tcase_add_test(t, test_plan_matches_the_device_kind);
   tcase_add_test(t, test_lost_node_shrinks_then_grows_back_at_a_commit);
   tcase_add_test(t, test_failed_trainer_restarts_in_place_until_max_restarts);
   tcase_add_test(t, test_input_error_fails_without_a_restart);

@@ -77,8 +77,10 @@ typedef struct log_read {
   int answered; /* the work sent PutLogs (or gave up): release it */
 } log_read_t;
 
-/* One of the node's GPUs: NodeInfo.devices[i] describes it, usage rides on the heartbeats. */
+/* The GPU of one of the node's devices: NodeInfo.devices[i] describes it, usage rides on the
+ * heartbeats. */
 typedef struct {
+  int visible;         /* its position in the trainers' CUDA_VISIBLE_DEVICES */
   char name[256];      /* devices[i].name points here */
   char pci_bus_id[32]; /* how NVML finds it */
   uint64_t memory_bytes;
@@ -97,6 +99,7 @@ struct dt_agent {
   Distrain__V1__Device **device_ptrs;
   gpu_t *gpus; /* (n_gpus) devices[0..n_gpus) are GPUs; none on a CPU node */
   int n_gpus;
+  char cuda_visible[1024]; /* the trainers' CUDA_VISIBLE_DEVICES: the offered GPUs, "" for none */
   /* NVML: loaded once off the loop (usage_work), then sampled by every heartbeat's work. Only
    * the loop sets usage; a heartbeat's work reads hb_nvml, set before it is queued. */
   dt_gpu_usage_t *usage, *usage_loaded; /* usage_loaded: usage_work's result, for usage_done */
@@ -359,7 +362,7 @@ static const char *const trainer_vars[] = {
     "DISTRAIN_JOB_ID", "DISTRAIN_GENERATION", "DISTRAIN_MESH", "DISTRAIN_PP_RANK",
     "DISTRAIN_DP_RANK", "DISTRAIN_CP_RANK", "DISTRAIN_TP_RANK", "DISTRAIN_DEVICE",
     "DISTRAIN_COORDINATOR", "DISTRAIN_TOKEN_FILE", "DISTRAIN_STATUS_FD", "DISTRAIN_AGENT_PID",
-    "DISTRAIN_KV_DIR", "DISTRAIN_KV_PREFIX",
+    "DISTRAIN_KV_DIR", "DISTRAIN_KV_PREFIX", "CUDA_VISIBLE_DEVICES", "DISTRAIN_CUDA_DEVICE",
     /* systemd's, meant for the agent alone: a trainer is not the service's main process */
     "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"};
 // clang-format on
@@ -412,6 +415,9 @@ static char **trainer_env(dt_agent_t *a, const Distrain__V1__Assignment *as,
   ENV("DISTRAIN_STATUS_FD=3");
   ENV("DISTRAIN_AGENT_PID=%d", (int)getpid());
   ENV("OMP_NUM_THREADS=%d", threads);
+  ENV("CUDA_VISIBLE_DEVICES=%s", a->cuda_visible);
+  if (r->device_index >= 0 && r->device_index < a->n_gpus)
+    ENV("DISTRAIN_CUDA_DEVICE=%d", a->gpus[r->device_index].visible);
 #undef ENV
   env[k] = NULL;
   for (size_t i = 0; i < k; i++)
@@ -1093,33 +1099,120 @@ static void usage_done(uv_work_t *w, int status)
     maybe_finish_close(a);
 }
 
-/* The node's GPUs, from the CUDA runtime (none in a build without CUDA): their names and memory
- * go to NodeInfo.devices; a driver the runtime cannot use is said once, with both versions. */
+#ifdef DT_HAVE_CUDA
+/* cfg.gpus as GPU numbers below n (agent.h): *count of them into gpu (n_max room), or
+ * DT_EINVAL with the rule said. */
+static int parse_gpus(const char *spec, int n, int *gpu, int n_max, int *count)
+{
+  *count = 0;
+  if (!spec || strcmp(spec, "all") == 0) {
+    for (int i = 0; i < n && i < n_max; i++)
+      gpu[(*count)++] = i;
+    return 0;
+  }
+  for (const char *s = spec;;) {
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (end == s || (*end && *end != ',') || errno || v < 0 || v >= n || *count == n_max) {
+      DT_ERROR(WORKER,
+               "--gpus %s: expected all, none, or at most %d GPU numbers from 0 to %d separated "
+               "by commas (this node's CUDA runtime shows %d GPU%s)",
+               spec, n_max, n - 1, n, n == 1 ? "" : "s");
+      return DT_EINVAL;
+    }
+    gpu[(*count)++] = (int)v;
+    if (!*end)
+      return 0;
+    s = end + 1;
+  }
+}
+
+/* The trainers' CUDA_VISIBLE_DEVICES: the distinct offered GPUs, named as this process's own
+ * CUDA_VISIBLE_DEVICES names them (its n-th entry is GPU n) where it is set; each device's
+ * `visible` is its GPU's position there. */
+static int visible_list(dt_agent_t *a, const int *gpu)
+{
+  const char *mine = getenv("CUDA_VISIBLE_DEVICES");
+  size_t off = 0;
+  int distinct[256], nd = 0;
+  for (int i = 0; i < a->n_gpus; i++) {
+    int k = 0;
+    while (k < nd && distinct[k] != gpu[i])
+      k++;
+    a->gpus[i].visible = k;
+    if (k < nd)
+      continue;
+    distinct[nd++] = gpu[i];
+    char name[128];
+    snprintf(name, sizeof name, "%d", gpu[i]);
+    if (mine) { /* its gpu[i]-th entry (the runtime counted at most that many) */
+      const char *e = mine;
+      for (int j = 0; j < gpu[i] && e; j++)
+        e = strchr(e, ',') ? strchr(e, ',') + 1 : NULL;
+      const size_t len = e ? strcspn(e, ",") : 0;
+      if (!e || len == 0 || len >= sizeof name) {
+        DT_ERROR(WORKER, "GPU %d has no entry in CUDA_VISIBLE_DEVICES=%s", gpu[i], mine);
+        return DT_EINVAL;
+      }
+      snprintf(name, sizeof name, "%.*s", (int)len, e);
+    }
+    off += (size_t)snprintf(a->cuda_visible + off, sizeof a->cuda_visible - off, "%s%s",
+                            off ? "," : "", name);
+    if (off >= sizeof a->cuda_visible) {
+      DT_ERROR(WORKER, "the offered GPUs' CUDA_VISIBLE_DEVICES is too long");
+      return DT_EINVAL;
+    }
+  }
+  return 0;
+}
+#endif
+
+/* The GPUs the agent offers (cfg.gpus), from the CUDA runtime: their names and memory go to
+ * NodeInfo.devices; a driver the runtime cannot use is said once, with both versions. No GPU
+ * (none here, "none" asked, or a build without CUDA): CPU devices. */
 static int detect_gpus(dt_agent_t *a)
 {
+  const char *want = a->cfg.gpus;
+  const int listed = want && strcmp(want, "all") != 0 && strcmp(want, "none") != 0;
+  a->cuda_visible[0] = '\0';
+  if (want && strcmp(want, "none") == 0)
+    return 0;
 #ifdef DT_HAVE_CUDA
   char why[512];
-  int n = 0;
+  int n = 0, gpu[256], count;
   if (dt_cuda_probe(&n, why, sizeof why) != 0 || n == 0) {
+    if (listed) {
+      DT_ERROR(WORKER, "--gpus %s: this node has no usable GPU%s%s", want, why[0] ? ": " : "", why);
+      return DT_ENOTSUP;
+    }
     if (why[0])
       DT_WARN(WORKER, "no usable GPU: %s; offering %d CPU device%s", why, a->cfg.cpu_devices,
               a->cfg.cpu_devices == 1 ? "" : "s");
     return 0;
   }
-  a->gpus = calloc((size_t)n, sizeof *a->gpus);
-  a->hb_usage = calloc((size_t)n, sizeof *a->hb_usage);
+  DT_CHECK(parse_gpus(want, n, gpu, (int)(sizeof gpu / sizeof *gpu), &count));
+  a->gpus = calloc((size_t)count, sizeof *a->gpus);
+  a->hb_usage = calloc((size_t)count, sizeof *a->hb_usage);
   if (!a->gpus || !a->hb_usage)
     return DT_ENOMEM;
-  a->n_gpus = n;
-  for (int i = 0; i < n; i++) {
+  a->n_gpus = count;
+  DT_CHECK(visible_list(a, gpu));
+  for (int i = 0; i < count; i++) {
     dt_cuda_gpu_t g;
-    if (dt_cuda_gpu_info(i, &g) != 0) /* logged; offered all the same, as "cuda" */
+    if (dt_cuda_gpu_info(gpu[i], &g) != 0) /* logged; offered all the same, as "cuda" */
       snprintf(g.name, sizeof g.name, "cuda");
     snprintf(a->gpus[i].name, sizeof a->gpus[i].name, "%s", g.name);
     snprintf(a->gpus[i].pci_bus_id, sizeof a->gpus[i].pci_bus_id, "%s", g.pci_bus_id);
     a->gpus[i].memory_bytes = g.memory_bytes;
-    DT_INFO(WORKER, "GPU %d: %s, %.1f GiB, PCI %s", i, g.name, (double)g.memory_bytes / (1 << 30),
-            g.pci_bus_id[0] ? g.pci_bus_id : "?");
+    DT_INFO(WORKER, "device %d: GPU %d, %s, %.1f GiB, PCI %s", i, gpu[i], g.name,
+            (double)g.memory_bytes / (1 << 30), g.pci_bus_id[0] ? g.pci_bus_id : "?");
+  }
+  DT_INFO(WORKER, "trainers see CUDA_VISIBLE_DEVICES=%s", a->cuda_visible);
+#else
+  if (listed) {
+    DT_ERROR(WORKER, "--gpus %s: this distrain-worker was built without CUDA", want);
+    return DT_ENOTSUP;
   }
 #endif
   return 0;

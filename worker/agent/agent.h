@@ -26,7 +26,13 @@ typedef struct {
   const char *work_dir; /* per-rank logs: <work_dir>/<job>/rank-<R>.log */
   const char *hostname;
   int cpu_devices; /* devices to offer when there is no GPU */
-  int grace_ms;    /* SIGTERM -> SIGKILL */
+  /* The GPUs to offer: NULL or "all" (every GPU the CUDA runtime shows; CPU devices where it
+   * shows none), "none" (CPU devices), or a comma-separated list of GPU numbers as this process's
+   * CUDA runtime counts them (after its CUDA_VISIBLE_DEVICES); a GPU listed twice is two devices
+   * whose trainers share it. Trainers see the offered GPUs only (their CUDA_VISIBLE_DEVICES),
+   * and none when the agent offers CPU devices. */
+  const char *gpus;
+  int grace_ms; /* SIGTERM -> SIGKILL */
   /* Called on the loop after every successful registration (NULL: none); the first one is
    * when the agent is ready (systemd's READY=1). */
   void (*on_registered)(void *ud);

@@ -1,8 +1,11 @@
 /* main.c — distrain-worker: flags, signals, and the loop.
  *
  *   distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]
- *                   [--work-dir DIR] [--trainer PATH] [--hostname NAME] [--grace-ms N]
- *                   [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
+ *                   [--gpus all|none|N,N,...] [--work-dir DIR] [--trainer PATH]
+ *                   [--hostname NAME] [--grace-ms N] [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
+ *
+ * --gpus chooses the GPUs the node offers (agent.h: every one by default; a list, where a GPU
+ * named twice is two devices sharing it); --cpu-devices is what it offers without GPUs.
  *
  * The --tls-* flags (rpc.h, "TLS") reach its trainers through the environment, so they too
  * talk TLS to the coordinator.
@@ -73,8 +76,8 @@ static void usage(FILE *out)
 {
   fprintf(out,
           "usage: distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]\n"
-          "                       [--work-dir DIR] [--trainer PATH] [--hostname NAME] "
-          "[--grace-ms N]\n"
+          "                       [--gpus all|none|N,N,...] [--work-dir DIR] [--trainer PATH]\n"
+          "                       [--hostname NAME] [--grace-ms N]\n"
           "                       " DT_RPC_TLS_USAGE "\n");
 }
 
@@ -85,6 +88,7 @@ int main(int argc, char **argv)
   static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
                                        {"token-file", required_argument, 0, 't'},
                                        {"cpu-devices", required_argument, 0, 'n'},
+                                       {"gpus", required_argument, 0, 'G'},
                                        {"work-dir", required_argument, 0, 'w'},
                                        {"trainer", required_argument, 0, 'x'},
                                        {"hostname", required_argument, 0, 'H'},
@@ -107,6 +111,9 @@ int main(int argc, char **argv)
       break;
     case 'x':
       cfg.trainer = optarg;
+      break;
+    case 'G':
+      cfg.gpus = optarg;
       break;
     case 'H':
       cfg.hostname = optarg;

@@ -9,18 +9,19 @@
 #include "comm.h"
 #include "dt_error.h"
 #include "dt_log.h"
+#include "dt_util.h"
 #ifdef DT_HAVE_CUDA
 #include "cuda_kernels.h"
 #endif
 
 #ifdef DT_HAVE_CUDA
-/* LOCAL_RANK as torchrun and the agent set it; 0 when absent. */
-static int local_rank(void)
+/* A non-negative integer variable; -1 when absent or malformed. */
+static int env_index(const char *name)
 {
-  const char *s = getenv("LOCAL_RANK");
+  const char *s = getenv(name);
   char *end;
-  long v = s ? strtol(s, &end, 10) : 0;
-  return s && *s && *end == '\0' && v >= 0 && v < 1 << 20 ? (int)v : 0;
+  long v = s ? strtol(s, &end, 10) : -1;
+  return s && *s && *end == '\0' && v >= 0 && v < 1 << 20 ? (int)v : -1;
 }
 #endif
 
@@ -41,7 +42,8 @@ static int open_cuda(dt_device_t **out)
 {
 #ifdef DT_HAVE_CUDA
   char why[512];
-  const int n = gpu_count(why, sizeof why), lr = local_rank();
+  const int n = gpu_count(why, sizeof why), lr = DT_MAX(0, env_index("LOCAL_RANK"));
+  const int given = env_index("DISTRAIN_CUDA_DEVICE"); /* the agent's choice */
   const char *visible = getenv("CUDA_VISIBLE_DEVICES");
   if (n == 0 && why[0]) {
     DT_ERROR(TRAIN, "--device cuda: %s", why);
@@ -54,10 +56,23 @@ static int open_cuda(dt_device_t **out)
              visible ? visible : "(unset)");
     return DT_ENOTSUP;
   }
-  if (lr >= n)
+  if (given >= n) {
+    DT_ERROR(
+        TRAIN,
+        "--device cuda: DISTRAIN_CUDA_DEVICE=%d, but %d GPU%s visible (CUDA_VISIBLE_DEVICES=%s)",
+        given, n, n == 1 ? " is" : "s are", visible ? visible : "(unset)");
+    return DT_EINVAL;
+  }
+  const int ordinal = given >= 0 ? given : lr % n; /* given: the agent's GPU for this device */
+  if (given < 0 && lr >= n)
     DT_INFO(TRAIN, "LOCAL_RANK %d with %d visible GPU%s: sharing GPU %d", lr, n, n == 1 ? "" : "s",
-            lr % n);
-  return dt_device_cuda_create(lr % n, out);
+            ordinal);
+  dt_cuda_gpu_t gpu;
+  if (dt_cuda_gpu_info(ordinal, &gpu) == 0)
+    DT_INFO(TRAIN, "GPU %d of %d visible (CUDA_VISIBLE_DEVICES=%s): %s, %.1f GiB, PCI %s", ordinal,
+            n, visible ? visible : "(unset)", gpu.name, (double)gpu.memory_bytes / (1 << 30),
+            gpu.pci_bus_id);
+  return dt_device_cuda_create(ordinal, out);
 #else
   (void)out;
   DT_ERROR(TRAIN,

@@ -1,7 +1,8 @@
 /* devices.h — which device a trainer computes on, and opening it.
  *
- * "cpu": host memory and the OpenBLAS kernels. "cuda": the GPU this process's LOCAL_RANK
- * selects among those CUDA_VISIBLE_DEVICES leaves visible (modulo their count: several
+ * "cpu": host memory and the OpenBLAS kernels. "cuda": among the GPUs CUDA_VISIBLE_DEVICES
+ * leaves visible, the one DISTRAIN_CUDA_DEVICE numbers (set by the agent, which offers a GPU per
+ * device), else the one LOCAL_RANK selects as torchrun's does (modulo their count: several
  * trainers may share one GPU on the host-staged communicator). "auto" (the default): cuda
  * when this build has CUDA and a GPU is present, else cpu. "cpu-remote": the CPU kernels on
  * memory the host must not touch (kernels/device.h), for tests of the GPU code paths. */

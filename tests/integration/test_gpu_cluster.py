@@ -1,0 +1,274 @@
+"""The control plane on GPUs: agents offering a machine's GPUs and distrainctl run --local
+handing them out.
+
+- run --local with training.device cuda: node i's agent offers GPUs i x devices_per_node, ...
+  (round robin over the machine's GPUs, shared when there are fewer than devices), each trainer
+  trains on its device's GPU (its log names the GPU's PCI address), and a pp=2 x tp=2 job on
+  2 nodes x 2 GPUs ends with the losses of one GPU within 1e-5. A CPU job on the same machine
+  keeps to CPU devices; a cuda job on a machine without a GPU is refused before anything starts.
+- distrain-worker --gpus: the devices it registers (distrainctl nodes: the GPUs' names and
+  memory, in the order listed, a GPU listed twice twice) and the usage its heartbeats carry
+  (NVML, by each device's PCI address); a list naming a GPU that is not there is refused.
+
+On a GPU machine it runs the build's binaries (tests/gpu/run.sh bundles it: the gpu label); in
+CI, with --emulated, tests/emul's: distrainctl-emul, distrain-worker-emul and distrain-train-emul
+(the CUDA trainer on the CPU) on a machine of DT_EMUL_GPUS emulated GPUs, and the fake NVML of
+tests/unit (fake_nvml.c) as libnvidia-ml.so.1, which knows the emulated GPUs' usage.
+
+    /usr/bin/python3 tests/integration/test_gpu_cluster.py --build build [--emulated]
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_control_plane as cp  # noqa: E402  (the cluster harness)
+
+EMULATED = False
+EMUL_NAME = "distrain emulated GPU"
+GIB = 1 << 30
+STEPS = 6
+
+
+def gpu_count():
+    """GPUs on this machine (real ones: nvidia-smi; emulated: DT_EMUL_GPUS)."""
+    if EMULATED:
+        return int(os.environ.get("DT_EMUL_GPUS", "1"))
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len(re.findall(r"^GPU \d+:", r.stdout, re.M)) if r.returncode == 0 else 0
+
+
+class GpuCluster(cp.ClusterTest):
+    def setUp(self):
+        super().setUp()
+        self.env.pop("CUDA_VISIBLE_DEVICES", None)
+        if not EMULATED:
+            self.gpus = gpu_count()
+            self.bin = {"distrainctl": cp.binary("coordinator", "distrainctl"),
+                        "distrain-worker": cp.binary("worker/agent", "distrain-worker"),
+                        "distrain-train": cp.binary("worker/trainer", "distrain-train")}
+            return
+        # distrainctl runs the binaries installed beside it (found through /proc/self/exe, so
+        # copies, not links): the emulated ones, under the installed names.
+        bin_dir = os.path.join(self.tmp, "bin")
+        os.makedirs(bin_dir)
+        self.bin = {}
+        emul = os.path.join(cp.BUILD, "tests", "emul")
+        for src, name in ((os.path.join(emul, "distrainctl-emul"), "distrainctl"),
+                          (cp.binary("coordinator", "distrain-coordinator"),
+                           "distrain-coordinator"),
+                          (os.path.join(emul, "distrain-worker-emul"), "distrain-worker"),
+                          (os.path.join(emul, "distrain-train-emul"), "distrain-train")):
+            if not os.access(src, os.X_OK):
+                self.skipTest("%s is not built" % src)
+            self.bin[name] = os.path.join(bin_dir, name)
+            shutil.copy(src, self.bin[name])
+        lib = os.path.join(self.tmp, "nvml")
+        os.makedirs(lib)
+        shutil.copy(os.path.join(cp.BUILD, "tests", "unit", "libfake_nvml.so"),
+                    os.path.join(lib, "libnvidia-ml.so.1"))
+        self.gpus = 4
+        self.env.update(DT_EMUL_GPUS=str(self.gpus), LD_LIBRARY_PATH=lib)
+
+    def ctl(self, *args, timeout=60, env=None):
+        return subprocess.run([self.bin["distrainctl"]] + list(args),
+                              capture_output=True, text=True, env=env or self.env, cwd=self.tmp,
+                              timeout=timeout)
+
+    def start_agent(self, host, args=(), env=None):
+        work = os.path.join(self.tmp, "work-" + host)
+        p = self.spawn([self.bin["distrain-worker"], "--coordinator", self.addr,
+                        "--token-file", self.token_file, "--hostname", host, "--work-dir", work,
+                        "--trainer", self.bin["distrain-train"]] + list(args),
+                       "agent-%s.log" % host, env=dict(self.env, **(env or {})))
+        self.agents[host] = p
+        return p
+
+    def nodes_json(self):
+        r = self.ctl("nodes", "--json", "--coordinator", self.addr, "--token-file",
+                     self.token_file)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return {n["hostname"]: n for n in json.loads(r.stdout)}
+
+    def wait_nodes(self, n, timeout=15):
+        """Through distrainctl: the GPU machines have no python3-grpcio."""
+        return cp.wait_until(lambda: len([x for x in self.nodes_json().values()
+                                          if x["state"] == "ALIVE"]) >= n, timeout,
+                             "%d alive nodes" % n)
+
+    def run_local(self, tag, nodes, per_node, device, sets=(), env=None):
+        """run --local of the test's tiny job; returns (result, run dir, losses)."""
+        run_dir = os.path.join(self.tmp, "run_" + tag)
+        metrics = os.path.join(self.tmp, "metrics_%s.jsonl" % tag)
+        job = os.path.join(self.tmp, "job_%s.yaml" % tag)
+        with open(job, "w") as f:
+            f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt_" + tag), STEPS, every=STEPS,
+                                val_every=0, min_nodes=nodes, max_nodes=nodes))
+        if EMULATED:  # NCCL is real: it would look for the GPUs on the real driver
+            sets = tuple(sets) + ("parallel.comm=cpu",)
+        args = ["run", "--local", "--nodes", str(nodes), "--devices-per-node", str(per_node),
+                "--run-dir", run_dir, "--metrics", metrics, "--set",
+                "training.device=%s" % device] + [x for s in sets for x in ("--set", s)]
+        r = self.ctl(*(args + [job]), timeout=600, env=dict(self.env, **(env or {})))
+        losses = []
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                losses = [json.loads(x)["loss"] for x in f.read().splitlines()]
+        return r, run_dir, losses
+
+    def rank_log(self, run_dir, rank):
+        [path] = glob.glob(os.path.join(run_dir, "node-*", "job-1", "rank-%d.log" % rank))
+        return path.split(os.sep)[-3], cp.tail(path, 200000)
+
+    def test_local_cluster_hands_out_the_gpus(self):
+        """pp=2 x tp=2 on 2 nodes x 2 GPUs against one GPU, and a CPU job on the same
+        machine; emulated, on 4 GPUs (one each) and on 1 (all four share it)."""
+        machines = [self.gpus] + ([1] if EMULATED else [])
+        r, _, ref = self.run_local("ref", 1, 1, "cuda")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(len(ref), STEPS)
+        for gpus in machines:
+            tag = "pp2tp2_%dgpu" % gpus
+            with self.subTest(gpus=gpus):
+                env = {"DT_EMUL_GPUS": str(gpus)} if EMULATED else {}
+                r, run_dir, got = self.run_local(tag, 2, 2, "cuda", ("parallel.tp=2",
+                                                 "parallel.pp=2", "training.micro_batch=2"), env)
+                self.assertEqual(r.returncode, 0, "%s:\n%s" % (tag, r.stderr[-3000:]))
+                banner = "2 nodes x 2 GPU devices on this machine's %d GPU%s" % (
+                    gpus, "" if gpus == 1 else "s")
+                self.assertIn(banner, r.stderr)
+                self.assertEqual(gpus < 4, "trainers share them" in r.stderr, r.stderr)
+                for rank in range(4):
+                    node, text = self.rank_log(run_dir, rank)
+                    # the coordinator's placement: rank r on device r % 2 of its node
+                    i, device = int(node.split("-")[1]), rank % 2
+                    want = (2 * i + device) % gpus
+                    pci = "0000:00:%02X.0" % want if EMULATED else ""
+                    m = re.search(r"GPU (\d+) of (\d+) visible \(CUDA_VISIBLE_DEVICES=([^)]*)\): "
+                                  r"(.+?), [\d.]+ GiB, PCI (\S+)", text)
+                    self.assertTrue(m, "rank %d names no GPU:\n%s" % (rank, text[-3000:]))
+                    visible = m.group(3).split(",")
+                    self.assertEqual(visible[int(m.group(1))], str(want), (rank, m.group(0)))
+                    if EMULATED:
+                        self.assertEqual((m.group(4), m.group(5)), (EMUL_NAME, pci))
+                    self.assertIn("device cuda:%s" % m.group(1), text)
+                self.assertEqual(len(got), STEPS, tag)
+                for a, b in zip(ref, got):
+                    self.assertLess(abs(a - b) / abs(a), 1e-5, (tag, ref, got))
+
+        # A CPU job on this machine: CPU devices, and its trainers see no GPU.
+        r, run_dir, cpu = self.run_local("cpu", 1, 2, "cpu", ("parallel.dp=2",
+                                         "training.micro_batch=2"))
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertIn("1 node x 2 CPU devices", r.stderr)
+        for rank in range(2):
+            self.assertIn("device cpu", self.rank_log(run_dir, rank)[1])
+        for a, b in zip(ref, cpu):
+            self.assertLess(abs(a - b) / abs(a), 1e-4, (ref, cpu))
+
+    def test_cuda_job_without_a_gpu_is_refused(self):
+        if not EMULATED:
+            self.skipTest("needs a machine without a GPU (emulated)")
+        r, run_dir, _ = self.run_local("nogpu", 1, 1, "cuda", env={"DT_EMUL_GPUS": "0"})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("training.device is cuda, but this machine has no usable GPU", r.stderr)
+        self.assertFalse(os.path.exists(run_dir), "a run directory was made for a refused job")
+        self.assertEqual(cp.procs_under(self.tmp), [])
+
+    def test_agents_offer_the_gpus_listed(self):
+        """--gpus: devices in the order listed (a GPU twice is two devices), their usage from
+        NVML, and each device's trainer on its GPU (device 2 of "0,L,L" is GPU L, which
+        LOCAL_RANK 2 alone would not find among the 2 GPUs the trainers see); none: CPU
+        devices; a GPU that is not there: refused at start."""
+        self.start_coordinator()
+        last = self.gpus - 1
+        order = (0, last, last)
+        self.start_agent("listed", ["--gpus", ",".join(map(str, order))])
+        self.start_agent("cpu", ["--gpus", "none", "--cpu-devices", "2"])
+        self.wait_nodes(2)
+        nodes = self.nodes_json()
+        self.assertEqual(nodes["cpu"]["devices"], [
+            {"kind": "cpu", "index": i, "name": "cpu", "memory_bytes": 0} for i in range(2)])
+        devices = nodes["listed"]["devices"]
+        self.assertEqual([(d["kind"], d["index"]) for d in devices],
+                         [("cuda", 0), ("cuda", 1), ("cuda", 2)])
+        self.assertEqual(devices[0], devices[2] | {"index": 0})
+        for d in devices:
+            self.assertTrue(d["name"] and d["memory_bytes"] > 0, d)
+        if EMULATED:  # fake_nvml.c's figures for emulated GPU n: n + 1 GiB used, 10 (n + 1)%
+            self.assertEqual(devices[0]["name"], EMUL_NAME)
+
+            def usage():
+                n = self.nodes_json()["listed"]
+                return n["usage"] if len(n["usage"]) == 3 else None
+            got = cp.wait_until(usage, 20, "the GPUs' usage in a heartbeat")
+            self.assertEqual(got, [{"index": i, "memory_used_bytes": (g + 1) * GIB,
+                                    "memory_total_bytes": 8 * GIB, "utilization_pct": 10 * (g + 1)}
+                                   for i, g in enumerate(order)])
+        r = self.ctl("nodes", "--coordinator", self.addr, "--token-file", self.token_file)
+        self.assertRegex(r.stdout, r"listed .*3x ")
+
+        # A dp=3 job on the listed node's devices: rank r on device r, so on GPU order[r].
+        sets = ["parallel.dp=3", "training.batch=6", "training.micro_batch=2",
+                "training.device=cuda"] + (["parallel.comm=cpu"] if EMULATED else [])
+        path = os.path.join(self.tmp, "dp3.yaml")
+        with open(path, "w") as f:
+            f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt"), 2, every=0, val_every=0))
+        r = self.ctl("submit", "--coordinator", self.addr, "--token-file", self.token_file,
+                     path, *[x for s in sets for x in ("--set", s)])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip()
+
+        def ended():
+            r = self.ctl("status", job, "--json", "--coordinator", self.addr, "--token-file",
+                         self.token_file)
+            state = json.loads(r.stdout)["state"] if r.returncode == 0 else ""
+            return state if state in ("COMPLETED", "FAILED") else None
+        self.assertEqual(cp.wait_until(ended, 120, "the dp=3 job to end", interval=0.2),
+                         "COMPLETED")
+        for rank, gpu in enumerate(order):
+            text = cp.tail(os.path.join(self.tmp, "work-listed", job, "rank-%d.log" % rank),
+                           100000)
+            m = re.search(r"GPU (\d+) of 2 visible \(CUDA_VISIBLE_DEVICES=([^)]*)\)", text)
+            self.assertTrue(m, text[-3000:])
+            self.assertEqual(m.group(2).split(",")[int(m.group(1))], str(gpu), m.group(0))
+
+        if EMULATED:  # an agent with a CUDA_VISIBLE_DEVICES of its own: its GPU 0 is the
+            # machine's GPU 3 (the first of "3,1"), and its trainers are given that name
+            self.start_agent("masked", ["--gpus", "0"], env={"CUDA_VISIBLE_DEVICES": "3,1"})
+            self.wait_nodes(3)
+            log = cp.tail(os.path.join(self.tmp, "agent-masked.log"))
+            self.assertIn("device 0: GPU 0, %s, 8.0 GiB, PCI 0000:00:03.0" % EMUL_NAME, log)
+            self.assertIn("trainers see CUDA_VISIBLE_DEVICES=3\n", log)
+
+        bad = self.start_agent("bad", ["--gpus", "0,%d" % self.gpus])
+        self.assertEqual(bad.wait(timeout=30), 1)
+        log = cp.tail(os.path.join(self.tmp, "agent-bad.log"))
+        self.assertIn("--gpus 0,%d: expected all, none, or at most" % self.gpus, log)
+        self.assertIn("shows %d GPU" % self.gpus, log)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--emulated", action="store_true",
+                    help="tests/emul's binaries on emulated GPUs (CI), not the build's on this "
+                    "machine's GPUs")
+    args, rest = ap.parse_known_args()
+    EMULATED = args.emulated
+    cp.BUILD = os.path.abspath(args.build)
+    if not EMULATED and gpu_count() == 0:
+        print("no GPU here (nvidia-smi lists none): skipped", file=sys.stderr)
+        sys.exit(77)
+    sys.exit(0 if cp.run_tests(rest).wasSuccessful() else 1)
