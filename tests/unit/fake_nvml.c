@@ -1,11 +1,11 @@
-/* fake_nvml.c — a stand-in for libnvidia-ml with two GPUs, for test_gpu_usage: the agent's NVML
- * path run without a GPU or a driver. Built from the agent's own declarations (nvml_api.h), so
- * it checks how gpu_usage.c uses them, not that they match the real nvml.h.
+/* fake_nvml.c — a stand-in for libnvidia-ml, for test_gpu_usage and test_gpu_cluster: the
+ * agent's NVML path run without a GPU or a driver. Built from the agent's own declarations
+ * (nvml_api.h), so it checks how gpu_usage.c uses them, not that they match the real nvml.h.
  *
  * GPU "0000:3B:00.0": 80 GiB, 12 GiB used, 87% busy. GPU "0000:86:00.0": 40 GiB, 1 GiB used,
  * no utilisation (NOT_SUPPORTED, as on some MIG setups). GPUs "0000:00:0<n>.0", n < 4, are
  * tests/emul's emulated GPUs n (8 GiB, its default), as the agent's NVML sees them in
- * test_emul_cluster.py: n + 1 GiB used, 10 (n + 1)% busy. Any other PCI address: NOT_FOUND. */
+ * test_gpu_cluster.py: n + 1 GiB used, 10 (n + 1)% busy. Any other PCI address: NOT_FOUND. */
 #include <string.h>
 
 #include "nvml_api.h"
