@@ -688,13 +688,23 @@ static void start_register(dt_agent_t *a)
   uv_queue_work(a->loop, &a->reg_work, reg_work, reg_done);
 }
 
-/* On the threadpool, before the heartbeat goes out: the GPUs whose memory use NVML knows. */
+/* Whether device i's GPU is also an earlier device's (--gpus listed it twice). */
+static int gpu_seen_before(const dt_agent_t *a, int i)
+{
+  for (int j = 0; j < i; j++)
+    if (a->gpus[j].visible == a->gpus[i].visible)
+      return 1;
+  return 0;
+}
+
+/* On the threadpool, before the heartbeat goes out: the GPUs whose memory use NVML knows, each
+ * once (as its first device), so sums over a node count a shared GPU once. */
 static void sample_gpus(dt_agent_t *a)
 {
   size_t k = 0;
   for (int i = 0; a->hb_nvml && i < a->n_gpus; i++) {
     dt_gpu_sample_t s;
-    if (!dt_gpu_usage_sample(a->hb_nvml, i, &s))
+    if (gpu_seen_before(a, i) || !dt_gpu_usage_sample(a->hb_nvml, i, &s))
       continue;
     Distrain__V1__DeviceUsage *u = &a->gpus[i].usage;
     distrain__v1__device_usage__init(u);
