@@ -175,24 +175,34 @@ int64_t dt_plan_rank_params(const dt_plan_model_t *m, int tp, int pp, int stage)
 /* Memory                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-static void bytes_per_param(dt_plan_precision_t prec, double *p, double *g, double *o)
+/* Bytes of each state per parameter (planner.h): the weights (p), the bf16 copy kept beside
+ * whole weights (p16), the gradients (g), the optimizer (o); and of each value an activation
+ * or gradient message carries (act). */
+typedef struct {
+  double p, p16, g, o, act;
+} prec_bytes_t;
+
+static prec_bytes_t prec_bytes(dt_plan_precision_t prec)
 {
-  if (prec == DT_PLAN_BF16)
-    *p = 2, *g = 2, *o = 12;
-  else
-    *p = 4, *g = 4, *o = 8;
+  switch (prec) {
+  case DT_PLAN_BF16:
+    return (prec_bytes_t){4, 2, 4, 8, 4};
+  case DT_PLAN_MIXED16:
+    return (prec_bytes_t){2, 0, 2, 12, 2};
+  default:
+    return (prec_bytes_t){4, 0, 4, 8, 4};
+  }
 }
 
 /* P sharded over n: the biggest shard when `ceil`, else exactly P / n. */
 static void state_bytes(double P, int n, int zero, dt_plan_precision_t prec, int ceil_shard,
                         dt_plan_mem_t *out)
 {
-  double p, g, o;
-  bytes_per_param(prec, &p, &g, &o);
+  const prec_bytes_t b = prec_bytes(prec);
   const double shard = ceil_shard ? ceil(P / n) : P / n;
-  out->params = p * (zero >= 3 ? shard : P);
-  out->grads = g * (zero >= 2 ? shard : P);
-  out->optim = o * (zero >= 1 ? shard : P);
+  out->params = zero >= 3 ? b.p * shard : (b.p + b.p16) * P;
+  out->grads = b.g * (zero >= 2 ? shard : P);
+  out->optim = b.o * (zero >= 1 ? shard : P);
   out->working = out->acts = 0;
   out->total = out->params + out->grads + out->optim;
 }
@@ -220,38 +230,41 @@ static int live_slots(const dt_plan_layout_t *l, int s)
   return l->pp == 1 ? 1 : DT_MIN(l->pp - s, l->accum);
 }
 
-/* distrain's trainer, float for float (planner.h). */
-static double acts_fp32(const dt_plan_model_t *m, const dt_plan_train_t *tr,
-                        const dt_plan_layout_t *l, int s)
+/* distrain's trainer, float for float (planner.h), bytes. */
+static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                           const dt_plan_layout_t *l, int s)
 {
   const double cp = cp_of(l), b = l->micro, S = tr->seq / cp, N = b * S, C = m->hidden;
   const double t = l->tp, F = m->ffn, k = kv_width(m), a = m->heads;
   const double Vp = (double)padded_vocab(m);
   const int last = s == l->pp - 1, Ls = stage_layers(m, l->pp, s);
-  const double mlp = (m->arch == DT_PLAN_LLAMA ? 3 : 2) * N * F / t;
+  const int bf16 = tr->precision == DT_PLAN_BF16;
+  const double w = bf16 ? 2 : 4; /* bytes of a value only a linear layer reads */
+  const double mlp = (m->arch == DT_PLAN_LLAMA ? 2 : 1) * N * F / t; /* + the activation */
   /* cp: the whole sequence's q, k, v; each of the rank's two chunks' scores against the keys
    * up to its end, (S/2)^2 (2 cp + 1) per head in all */
   const double qkv = cp * N * (C + 2 * k) / t;
   const double att = !tr->materialized ? b * (a / t) * S /* flash: the rows' lse */
                      : cp > 1          ? b * (a / t) * (S / 2) * (S / 2) * (2 * cp + 1)
                                        : b * (a / t) * S * S;
-  const double layer = 3 * N * C + 4 * N + qkv + N * C / t + att + mlp;
-  double slot = (Ls + 2) * N * C + (l->ckpt ? 0 : Ls * layer);
+  /* ln1 and ln2, and the MLP activation, at w bytes */
+  const double layer =
+      4 * (N * C + 4 * N + qkv + N * C / t + att + mlp) + w * (2 * N * C + N * F / t);
+  double slot = 4 * ((Ls + 2) * N * C + 2 * N) + (l->ckpt ? 0 : Ls * layer);
   if (last)
-    slot += N * C + 3 * N + N * Vp / t;
+    slot += w * N * C + 4 * (3 * N + N * Vp / t);
   double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + (tr->materialized ? att : 0);
   if (cp > 1) /* the group's gathered rows and their gradients */
     scratch += 2 * qkv;
-  if (l->ckpt)
-    scratch += layer;
   if (t > 1 && last)
     scratch += 3 * (t + 1) * N;
-  return 4 * (scratch + live_slots(l, s) * slot);
+  scratch = 4 * scratch + (bf16 ? w * N * C : 0) + (l->ckpt ? layer : 0);
+  return scratch + live_slots(l, s) * slot;
 }
 
-/* Korthikanti et al. (planner.h), bytes. */
-static double acts_bf16(const dt_plan_model_t *m, const dt_plan_train_t *tr,
-                        const dt_plan_layout_t *l, int s)
+/* The textbook 16-bit trainer: Korthikanti et al. (planner.h), bytes. */
+static double acts_mixed16(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                           const dt_plan_layout_t *l, int s)
 {
   const double cp = cp_of(l), b = l->micro, S = tr->seq / cp, h = m->hidden, t = l->tp;
   const double a = m->heads, F = m->ffn, k = kv_width(m), sbh = S * b * h;
@@ -288,17 +301,16 @@ void dt_plan_memory(const dt_plan_model_t *m, const dt_plan_train_t *tr, const d
     /* The trainer's ZeRO-2/3 slots (embeddings, final norm, two layers) of working
      * gradients, and of gathered parameters under ZeRO-3; a staging buffer of one unit and
      * a reduce-scatter landing buffer (the biggest tensor, at most a shard). */
-    double p, g, o;
-    bytes_per_param(tr->precision, &p, &g, &o);
+    const prec_bytes_t pb = prec_bytes(tr->precision);
     const double slots = rp.embed + rp.final + 2 * rp.layer;
     const double shard = ceil(rp.total / n);
     const double biggest = DT_MAX((double)padded_vocab(m) * m->hidden / l->tp, rp.layer);
     const double staging = DT_MAX(rp.final, rp.layer);
-    out->working = g * slots + (l->zero == 3 ? p * slots : 0) +
-                   p * (staging + DT_MIN(DT_MAX(biggest, staging), shard));
+    out->working = pb.g * slots + (l->zero == 3 ? pb.p * slots : 0) +
+                   pb.p * (staging + DT_MIN(DT_MAX(biggest, staging), shard));
   }
-  out->acts =
-      tr->precision == DT_PLAN_BF16 ? acts_bf16(m, tr, l, stage) : acts_fp32(m, tr, l, stage);
+  out->acts = tr->precision == DT_PLAN_MIXED16 ? acts_mixed16(m, tr, l, stage)
+                                               : acts_trainer(m, tr, l, stage);
   out->total = out->params + out->grads + out->optim + out->working + out->acts;
 }
 
@@ -349,9 +361,8 @@ static void dp_comm(const dt_plan_layout_t *l, double P, int units, dt_plan_prec
                     double bw, double alpha, double t_bwd_micro, double t_compute, double *bytes,
                     double *exposed)
 {
-  double p, g, o;
-  bytes_per_param(prec, &p, &g, &o);
-  const double N = grad_group(l), f = (N - 1) / N, K = l->accum;
+  const prec_bytes_t b = prec_bytes(prec);
+  const double p = b.p, g = b.g, N = grad_group(l), f = (N - 1) / N, K = l->accum;
   double overlapped = 0, after = 0, window = 0, n_over = 0;
   switch (l->zero) {
   case 0:
@@ -382,7 +393,7 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   const double flops = (l->ckpt ? 8.0 : 6.0) * (double)dt_plan_params(m) * tokens;
   const double bwd_share = l->ckpt ? 6.0 / 8.0 : 4.0 / 6.0; /* (recompute +) backward */
   out->t_compute = flops / world / (c->peak_flops * c->mfu);
-  const double K = l->accum, act = tr->precision == DT_PLAN_BF16 ? 2.0 : 4.0;
+  const double K = l->accum, act = prec_bytes(tr->precision).act;
   const double bsh = (double)l->micro * tr->seq / cp * m->hidden; /* a micro-batch's rows */
   const double bw_tp = c->intra_bw;
   const double bw_cp = l->tp * cp <= c->gpus_per_node ? c->intra_bw : c->inter_bw;

@@ -28,34 +28,46 @@
  * s keeps min(pp - s, accum) micro-batches' activations alive; without pp one.
  *
  * ---- Model state per rank (P = the rank's local parameters, N = dp) --------------------------
- * Bytes per parameter (p, g, o) = fp32: (4, 4, 8) — the CPU trainer: fp32 weights, gradients
- * and Adam m, v; bf16: (2, 2, 12) — mixed precision: bf16 weights and gradients, fp32 master
- * weights, m and v. ZeRO shards over dp:
+ * Three precisions. fp32 and bf16 are distrain's trainer, the bytes it allocates; mixed16 is the
+ * textbook (ZeRO paper) trainer, to compare with DeepSpeed/Megatron-style ones.
+ *   fp32:    weights, gradients and Adam m, v in fp32: (p, g, o) = (4, 4, 8).
+ *   bf16:    distrain's --precision bf16 (PyTorch autocast's rule): fp32 master weights,
+ *            gradients and Adam m, v, plus the bf16 copy of the weights the linear layers read
+ *            (2 bytes, kept wherever the rank holds its whole weights, i.e. not under ZeRO-3,
+ *            which rounds each gathered layer as it uses it): (4 + 2, 4, 8), 18P at ZeRO-0.
+ *   mixed16: bf16 weights and gradients, fp32 master weights, m and v: (2, 2, 12).
+ * ZeRO shards over dp:
  *   stage 0: (p + g + o) P      1: (p + g) P + o P/N      2: p P + (g + o) P/N    3: (p+g+o) P/N
- * In bf16 that is the textbook 16P, 4P + 12P/N, 2P + 14P/N, 16P/N (7B on 8 GPUs: 112, 38.5,
- * 26.25, 14 GB). Shards are ceil(P/N), as the trainer splits them. ZeRO-2/3 add working
- * buffers (the trainer's slots: the embeddings, the final norm and two layers, gradients and,
- * under ZeRO-3, gathered parameters, plus a staging and a landing buffer of one layer).
+ * In mixed16 that is the textbook 16P, 4P + 12P/N, 2P + 14P/N, 16P/N (7B on 8 GPUs: 112, 38.5,
+ * 26.25, 14 GB); distrain's bf16 needs 18P, 10P + 8P/N, 6P + 12P/N, 16P/N (126, 77, 52.5, 14 GB).
+ * Shards are ceil(P/N), as the trainer splits them. ZeRO-2/3 add working buffers (the trainer's
+ * slots: the embeddings, the final norm and two layers, gradients and, under ZeRO-3, gathered
+ * parameters, plus a staging and a landing buffer of one layer; fp32 in distrain's trainer).
  *
  * ---- Activations per rank --------------------------------------------------------------------
- * fp32 (what distrain's trainer allocates, float for float; b = micro, s = seq, N = b s,
- * C = h, t = tp, a = heads, F = ffn, k = kv width, Vp the padded vocabulary; with cp, s is the
- * rank's seq / cp and q, k, v count cp times, b (a/t) s^2 becomes b (a/t) (s/2)^2 (2 cp + 1),
- * and the scratch adds 2 cp N (C + 2k)/t, the gathered rows and their gradients):
+ * distrain's trainer (fp32 and bf16), float for float (b = micro, s = seq, N = b s, C = h,
+ * t = tp, a = heads, F = ffn, k = kv width, Vp the padded vocabulary; with cp, s is the rank's
+ * seq / cp and q, k, v count cp times, b (a/t) s^2 becomes b (a/t) (s/2)^2 (2 cp + 1), and the
+ * scratch adds 2 cp N (C + 2k)/t, the gathered rows and their gradients):
  *   per layer kept:  3 N C + 4 N + N (C + 2k)/t + N C/t + b (a/t) s^2 + (2 or 3) N F/t
  *                    (ln1, ln2, residual2, their mean/rstd; qkv; attention output; softmax
  *                    probabilities; MLP pre-activation and activation, Llama also "up")
  *   per slot:        (L_stage + 2) N C (layer outputs, the stage input, the residual gradient)
- *                    + on the last stage N C + 2 N + N Vp/t + N (final norm, logits, losses)
+ *                    + 2 N (the micro-batch's tokens, on a GPU: the CPU trainer reads them in
+ *                    place) + on the last stage N C + 2 N + N Vp/t + N (final norm, logits,
+ *                    losses)
  *   shared scratch:  2 N C + N F/t + N (C + 2k)/t + b (a/t) s^2 (backward buffers)
  *                    + 3 (t + 1) N on the last stage when t > 1 (vocab-parallel loss stats)
  *   checkpointing:   the per-layer part is kept once in the scratch (the layer being
  *                    recomputed), not per layer and slot: layer outputs only.
- * all in 4-byte floats. This is exact against the trainer's "activations: X MiB" line. Those
- * are the terms of materialised attention (train.materialized); flash attention, the default,
- * keeps each query row's log-sum-exp instead, b (a/t) s per layer (with cp too: the rank's s
- * rows), and no probabilities in the scratch.
- * bf16 (a Megatron-style GPU trainer; Korthikanti et al. 2022, 16-bit activations with
+ * all in 4-byte floats, except under bf16, where the values only a linear layer reads are 2-byte
+ * bf16 (the GPU's bf16_bytes): the LayerNorm outputs (ln1, ln2, the final norm) and the MLP
+ * activation, and the scratch adds one N C bf16 buffer (a linear layer's rounded input). This is
+ * exact against the trainer's "activations: X MiB" line (tests/integration/test_planner.py: fp32
+ * on the CPU, bf16 on the emulated GPU). Those are the terms of materialised attention
+ * (train.materialized); flash attention, the default, keeps each query row's log-sum-exp instead,
+ * b (a/t) s per layer (with cp too: the rank's s rows), and no probabilities in the scratch.
+ * mixed16 (a Megatron-style GPU trainer; Korthikanti et al. 2022, 16-bit activations with
  * dropout masks, no sequence parallelism): per layer and micro-batch, GPT-2
  *   s b h (10 + (8 + 4 F/h)/t) + 5 a s^2 b / t   bytes  (= s b h (34 + 5 a s / h) at t = 1)
  * Llama (no dropout, GQA, SwiGLU): s b h (8 + (4 + 4 k/h + 6 F/h)/t) + 2 a s^2 b / t.
@@ -67,6 +79,8 @@
  * of each query row, 4 a s b / t.
  *
  * ---- Communication per rank and step (bytes sent; g = gradient bytes/param) ----------------
+ * distrain's trainer sends fp32 in both its precisions (gradients, gathered weights and
+ * activations: 4 bytes a value); mixed16 sends 2.
  *   dp, ZeRO-0: ring all-reduce of the gradients 2 (N-1)/N g P;  ZeRO-1: reduce-scatter +
  *   all-gather, the same volume; ZeRO-2: a reduce-scatter per micro-batch (N-1)/N g P accum
  *   + the parameters' all-gather (N-1)/N p P; ZeRO-3: per micro-batch an all-gather in the
@@ -97,7 +111,9 @@
 #include <stdint.h>
 
 typedef enum { DT_PLAN_GPT2 = 0, DT_PLAN_LLAMA = 1 } dt_plan_arch_t;
-typedef enum { DT_PLAN_FP32 = 0, DT_PLAN_BF16 = 1 } dt_plan_precision_t;
+/* fp32 and bf16: distrain's trainer in that --precision; mixed16: the textbook 16-bit trainer
+ * (the ZeRO paper's 2 + 2 + 12 bytes per parameter; see above). */
+typedef enum { DT_PLAN_FP32 = 0, DT_PLAN_BF16 = 1, DT_PLAN_MIXED16 = 2 } dt_plan_precision_t;
 
 typedef struct {
   dt_plan_arch_t arch;

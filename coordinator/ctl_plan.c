@@ -35,14 +35,17 @@ static void plan_usage(FILE *out)
       "                         | --job JOB.yaml)\n"
       "                        --seq S --global-batch B --gpus N [--gpus-per-node G]\n"
       "                        [--gpu-mem-gib M] [--peak-tflops T] [--mfu F] [--intra-gbps X]\n"
-      "                        [--inter-gbps Y] [--latency-us U] [--precision fp32|bf16]\n"
+      "                        [--inter-gbps Y] [--latency-us U] [--precision bf16|fp32|mixed16]\n"
       "                        [--attention flash|materialized] [--top K] [--json]"
       "                        [--emit-spec]\n"
       "                        [--layout dp=D,tp=T,pp=P,cp=C,zero=Z,micro=M,ckpt=0|1]\n"
       "  presets: %s\n"
       "  defaults: an H100 node: 8 GPUs per node, 80 GiB, 989 TFLOP/s (bf16 dense), MFU 0.4,\n"
-      "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective; bf16 mixed\n"
-      "  precision, flash attention (or the job spec's); top 10.\n"
+      "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective; bf16, flash\n"
+      "  attention (or the job spec's); top 10.\n"
+      "  --precision: bf16 and fp32 are distrain-train's (bf16: fp32 master weights, gradients\n"
+      "  and Adam state plus a bf16 weight copy, 4+2+4+8 bytes/param); mixed16 is the textbook\n"
+      "  16-bit trainer (2+2+12 bytes/param, 16-bit activations), to compare with others.\n"
       "  --layout evaluates that one layout (gpus default to dp x tp x pp x cp).\n",
       dt_plan_preset_names());
 }
@@ -118,8 +121,9 @@ static int load_job(const char *path, plan_args_t *a)
                                  m->vocab,     m->max_seq};
     a->tr.seq = spec->training->seq;
     a->tr.global_batch = spec->training->batch;
-    const char *att = spec->training->attention;
+    const char *att = spec->training->attention, *prec = spec->training->precision;
     a->tr.materialized = att && strcmp(att, "materialized") == 0;
+    a->tr.precision = prec && strcmp(prec, "bf16") == 0 ? DT_PLAN_BF16 : DT_PLAN_FP32;
     a->model_name = path;
     a->have_model = 1;
   }
@@ -188,7 +192,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
                                        {0, 0, 0, 0}};
   int ch, explicit_dims = 0, seq = 0, batch = 0, gpn = 0;
   double gib = 80, tflops = 989, intra = 450, inter = 50, lat_us = 10;
-  const char *job = NULL, *attention = NULL;
+  const char *job = NULL, *attention = NULL, *precision = NULL;
   a->cl.gpus = 0;
   a->cl.mfu = 0.4;
   a->tr.precision = DT_PLAN_BF16;
@@ -269,9 +273,10 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
       rc = parse_pos_double(o, optarg, &lat_us);
       break;
     case O_PREC:
-      if (strcmp(optarg, "fp32") != 0 && strcmp(optarg, "bf16") != 0)
-        return bad("--precision '%s': expected fp32 or bf16%s", optarg, "");
-      a->tr.precision = optarg[0] == 'f' ? DT_PLAN_FP32 : DT_PLAN_BF16;
+      if (strcmp(optarg, "fp32") != 0 && strcmp(optarg, "bf16") != 0 &&
+          strcmp(optarg, "mixed16") != 0)
+        return bad("--precision '%s': expected bf16, fp32 or mixed16%s", optarg, "");
+      precision = optarg;
       break;
     case O_ATTN:
       if (strcmp(optarg, "flash") != 0 && strcmp(optarg, "materialized") != 0)
@@ -313,6 +318,14 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
     return DT_EINVAL;
   if (attention) /* over the job spec's */
     a->tr.materialized = strcmp(attention, "materialized") == 0;
+  if (precision)
+    a->tr.precision = precision[0] == 'f'   ? DT_PLAN_FP32
+                      : precision[0] == 'b' ? DT_PLAN_BF16
+                                            : DT_PLAN_MIXED16;
+  if (a->emit && a->tr.precision == DT_PLAN_MIXED16)
+    return bad("--emit-spec: mixed16 is the textbook trainer's precision, not one distrain-train "
+               "runs; plan with --precision bf16 or fp32%s%s",
+               "", "");
   if (a->have_model && (explicit_dims & 7) && !job)
     return bad("--model and --layers/--hidden/--heads are exclusive%s%s", "", "");
   if (!a->have_model) {
@@ -368,6 +381,20 @@ static void layout_name(const dt_plan_layout_t *l, char *buf, size_t n)
   snprintf(buf, n, "dp%d tp%d pp%d%s b%dx%d", l->dp, l->tp, l->pp, cp, l->micro, l->accum);
 }
 
+static const char *precision_name(dt_plan_precision_t p)
+{
+  return p == DT_PLAN_BF16 ? "bf16" : p == DT_PLAN_FP32 ? "fp32" : "mixed16";
+}
+
+static const char *precision_line(dt_plan_precision_t p)
+{
+  return p == DT_PLAN_BF16   ? "bf16 as distrain-train runs it (fp32 master weights, gradients and "
+                               "Adam m, v + a bf16 weight copy: 4+2+4+8 bytes/param)"
+         : p == DT_PLAN_FP32 ? "fp32 (4+4+8 bytes/param)"
+                             : "mixed16, the textbook 16-bit trainer (2+2+12 bytes/param; not "
+                               "distrain's)";
+}
+
 static void print_header(FILE *out, const plan_args_t *a)
 {
   const dt_plan_model_t *m = &a->model;
@@ -377,9 +404,7 @@ static void print_header(FILE *out, const plan_args_t *a)
   if (m->arch == DT_PLAN_LLAMA)
     fprintf(out, ", kv heads %d", m->kv_heads);
   fprintf(out, ", ffn %d, vocab %d); seq %d, global batch %d, %s, %s attention\n", m->ffn, m->vocab,
-          a->tr.seq, a->tr.global_batch,
-          a->tr.precision == DT_PLAN_BF16 ? "bf16 mixed precision (2+2+12 bytes/param)"
-                                          : "fp32 (4+4+8 bytes/param)",
+          a->tr.seq, a->tr.global_batch, precision_line(a->tr.precision),
           a->tr.materialized ? "materialized" : "flash");
   fprintf(out,
           "cluster: %d GPUs, %d per node, %.0f GiB each, %.0f TFLOP/s x MFU %.2f, intra-node %.0f "
@@ -457,8 +482,9 @@ void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_tr
             "# model: Llama-shaped (layers %d, hidden %d, heads %d, kv heads %d, ffn %d, "
             "vocab %d): distrain's trainer builds GPT-2 shapes, so no model section\n",
             m->layers, m->hidden, m->heads, m->kv_heads, m->ffn, m->vocab);
-  fprintf(out, "training: {batch: %d, seq: %d, micro_batch: %d%s}\n", tr->global_batch, tr->seq,
-          l->micro, tr->materialized ? ", attention: materialized" : "");
+  fprintf(out, "training: {batch: %d, seq: %d, micro_batch: %d%s%s}\n", tr->global_batch, tr->seq,
+          l->micro, tr->precision == DT_PLAN_BF16 ? ", precision: bf16" : "",
+          tr->materialized ? ", attention: materialized" : "");
   fprintf(out,
           "parallel: {dp: %d, tp: %d, pp: %d, cp: %d, zero_stage: %d, schedule: 1f1b, "
           "activation_checkpointing: %s}\n",
@@ -510,8 +536,7 @@ int dt_ctl_plan(int argc, char **argv)
             "\"precision\": \"%s\", \"attention\": \"%s\", \"gpus\": %d, \"layouts\": [",
             a.model.arch == DT_PLAN_GPT2 ? "gpt2" : "llama", (long long)dt_plan_params(&a.model),
             a.model.layers, a.model.hidden, a.model.heads, a.model.kv_heads, a.model.ffn,
-            a.model.vocab, a.tr.seq, a.tr.global_batch,
-            a.tr.precision == DT_PLAN_BF16 ? "bf16" : "fp32",
+            a.model.vocab, a.tr.seq, a.tr.global_batch, precision_name(a.tr.precision),
             a.tr.materialized ? "materialized" : "flash", a.cl.gpus);
     for (int i = 0; i < DT_MIN(n, a.top); i++) {
       fputs(i ? ",\n  " : "\n  ", stdout);

@@ -11,6 +11,12 @@ Step time: one single-process run calibrates the CPU's FLOP/s (6 P tokens / meas
 the planner then predicts the other layouts with that peak and the error is printed. Timing is
 never asserted (a shared 2-core machine is no stopwatch).
 
+bf16 on a GPU: the same comparison with `--precision bf16` (the planner's default, distrain's
+own layout: fp32 master weights, gradients and Adam state plus a 2-byte bf16 weight copy, and
+2-byte LayerNorm and GELU outputs) against the CUDA trainer's allocations, within 2%. It runs
+tests/emul's distrain-train-emul (the CUDA trainer with its runtime emulated on the CPU: the same
+allocations, 2-byte bf16), or --gpu-trainer's binary; without either it is skipped.
+
     /usr/bin/python3 tests/integration/test_planner.py --build build
 """
 
@@ -45,9 +51,17 @@ LAYOUTS = [("dp2 ZeRO-0", 2, 1, 1, 0, 1, False, 1, False),
            ("cp2 ZeRO-1 materialized", 1, 1, 1, 1, 2, False, 2, True),
            ("cp2 x tp2 recompute", 1, 2, 1, 0, 2, True, 2, False)]
 
+# (name, dp, tp, pp, zero, accum, recompute, cp, materialized attention) under bf16 on a GPU
+GPU_LAYOUTS = [("single", 1, 1, 1, 0, 2, False, 1, False),
+               ("dp2 ZeRO-1", 2, 1, 1, 1, 1, False, 1, False),
+               ("dp2 ZeRO-3", 2, 1, 1, 3, 1, False, 1, False),
+               ("tp2 materialized", 1, 2, 1, 0, 2, False, 1, True),
+               ("pp2 recompute", 1, 1, 2, 0, 2, True, 1, False)]
+GPU_TRAINER = None  # the CUDA trainer's binary (main)
+
 MEM = re.compile(r"memory \(ZeRO-\d, dp \d+\): params ([\d.]+) MiB, grads ([\d.]+) MiB, "
                  r"optimizer ([\d.]+) MiB = [\d.]+ MiB \(formula [^)]*\) \+ working ([\d.]+) MiB")
-ACTS = re.compile(r"activations: ([\d.]+) MiB in \d+ slots?")
+ACTS = re.compile(r"activations: ([\d.]+) MiB in \d+ slots?[^;\n]*; bf16 weight copy ([\d.]+) MiB")
 
 
 def trainer_args(dpn, tp, pp, zero, accum, recompute, cp, mat, metrics):
@@ -60,12 +74,12 @@ def trainer_args(dpn, tp, pp, zero, accum, recompute, cp, mat, metrics):
         (["--attention", "materialized"] if mat else [])
 
 
-def plan(dpn, tp, pp, zero, accum, recompute, cp, mat, peak_tflops=None):
+def plan(dpn, tp, pp, zero, accum, recompute, cp, mat, peak_tflops=None, precision="fp32"):
     ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
     batch = dpn * MICRO * accum
     cmd = [ctl, "plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "100",
            "--max-seq", "64", "--seq", str(SEQ), "--global-batch", str(batch), "--precision",
-           "fp32", "--json", "--mfu", "1", "--intra-gbps", "2", "--latency-us", str(LATENCY_US),
+           precision, "--json", "--mfu", "1", "--intra-gbps", "2", "--latency-us", str(LATENCY_US),
            "--layout",
            "dp=%d,tp=%d,pp=%d,cp=%d,zero=%d,micro=%d,ckpt=%d" % (dpn, tp, pp, cp, zero, MICRO,
                                                                 recompute)]
@@ -88,18 +102,52 @@ class PlannerAgainstTrainer(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
         print("\n" + "\n".join(cls.report), file=sys.stderr)
 
-    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute, cp, mat):
-        tag = re.sub(r"\W+", "_", name)
+    def run_layout(self, name, dpn, tp, pp, zero, accum, recompute, cp, mat, gpu=False):
+        tag = re.sub(r"\W+", "_", name) + ("_gpu" if gpu else "")
         kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
         metrics = os.path.join(self.tmp, tag + ".jsonl")
         world = dpn * tp * pp * cp
-        outs = dp.wait_all(dp.launch(world, lambda r: trainer_args(
-            dpn, tp, pp, zero, accum, recompute, cp, mat, metrics), kv), timeout=120)
+
+        def args(r):
+            a = trainer_args(dpn, tp, pp, zero, accum, recompute, cp, mat, metrics)
+            if not gpu:
+                return a
+            i = a.index("--steps")
+            a[i + 1] = "1"  # the allocations are made before the first step
+            return [GPU_TRAINER] + a[1:] + ["--device", "cuda", "--precision", "bf16"]
+        outs = dp.wait_all(dp.launch(world, args, kv, {"LOCAL_RANK": "0"} if gpu else None),
+                           timeout=300)
         dp.assert_ranks_ok(outs, name)
         errs = [err for _, _, err in outs]
         steps = dp.read_metrics(metrics)
-        ms = statistics.median(m["ms"] for m in steps[1:])  # the first step warms up
+        ms = statistics.median(m["ms"] for m in steps[1:]) if len(steps) > 1 else 0
         return errs, ms
+
+    def check_memory(self, name, errs, lay, dpn, tp, cp, zero, tol):
+        """Rank by rank, the planner's params + grads + optimizer (with the bf16 weight copy)
+        and activations against the trainer's lines; returns the worst relative errors."""
+        worst_state = worst_acts = 0.0
+        for r, err in enumerate(errs):
+            m = MEM.search(err)
+            a = ACTS.search(err)
+            self.assertTrue(m and a, "%s rank %d: no memory lines in:\n%s" % (name, r, err[-2000:]))
+            stage = r // (tp * cp * dpn)  # the mesh: pp x dp x cp x tp
+            want = lay["stages"][stage]
+            state = (sum(float(x) for x in m.groups()[:3]) + float(a.group(2))) * MIB
+            pstate = want["params"] + want["grads"] + want["optim"]
+            acts = float(a.group(1)) * MIB
+            e_state = pstate / state - 1.0
+            e_acts = want["acts"] / acts - 1.0
+            worst_state = max(worst_state, abs(e_state))
+            worst_acts = max(worst_acts, abs(e_acts))
+            self.assertLess(abs(e_state), tol, "%s rank %d: params+grads+optim predicted %.0f, "
+                            "measured %.0f bytes" % (name, r, pstate, state))
+            self.assertLess(abs(e_acts), tol, "%s rank %d: activations predicted %.0f, measured "
+                            "%.0f bytes" % (name, r, want["acts"], acts))
+            if r == 0 and zero >= 2:
+                self.report.append("    %s: working buffers predicted %.3f MiB, measured %s MiB"
+                                   % (name, want["working"] / MIB, m.group(4)))
+        return worst_state, worst_acts
 
     def test_memory_and_time(self):
         # Calibration: one process, the whole batch of the dp=2 layouts' global batch 8.
@@ -117,35 +165,29 @@ class PlannerAgainstTrainer(unittest.TestCase):
                 errs, ms = self.run_layout(name, dpn, tp, pp, zero, accum, recompute, cp, mat)
             else:
                 ms = ms1
-            pj = plan(dpn, tp, pp, zero, accum, recompute, cp, mat, peak)
-            lay = pj["layouts"][0]
-            worst_state = worst_acts = 0.0
-            for r, err in enumerate(errs):
-                m = MEM.search(err)
-                a = ACTS.search(err)
-                self.assertTrue(m and a, "%s rank %d: no memory lines in:\n%s" % (name, r,
-                                                                                 err[-2000:]))
-                stage = r // (tp * cp * dpn)  # the mesh: pp x dp x cp x tp
-                want = lay["stages"][stage]
-                state = sum(float(x) for x in m.groups()[:3]) * MIB
-                pstate = want["params"] + want["grads"] + want["optim"]
-                acts = float(a.group(1)) * MIB
-                e_state = pstate / state - 1.0
-                e_acts = want["acts"] / acts - 1.0
-                worst_state = max(worst_state, abs(e_state))
-                worst_acts = max(worst_acts, abs(e_acts))
-                self.assertLess(abs(e_state), 0.10, "%s rank %d: params+grads+optim predicted "
-                                "%.0f, measured %.0f bytes" % (name, r, pstate, state))
-                self.assertLess(abs(e_acts), 0.10, "%s rank %d: activations predicted %.0f, "
-                                "measured %.0f bytes" % (name, r, want["acts"], acts))
-                if r == 0 and zero >= 2:
-                    self.report.append("    %s: working buffers predicted %.3f MiB, measured "
-                                       "%s MiB" % (name, want["working"] / MIB, m.group(4)))
+            lay = plan(dpn, tp, pp, zero, accum, recompute, cp, mat, peak)["layouts"][0]
+            # the CPU trainer reads a micro-batch's tokens where they are; the planner counts
+            # the 2 N ints a GPU slot holds
+            worst_state, worst_acts = self.check_memory(name, errs, lay, dpn, tp, cp, zero, 0.10)
             t_pred = lay["t_step"] * 1000.0
             self.report.append("  %-22s state err %5.2f%%  acts err %5.2f%%  step predicted "
                                "%6.1f ms, measured %6.1f ms (%+.0f%%)"
                                % (name, 100 * worst_state, 100 * worst_acts, t_pred, ms,
                                   100 * (t_pred / ms - 1)))
+
+    def test_bf16_memory_on_a_gpu(self):
+        if not GPU_TRAINER:
+            self.skipTest("no CUDA trainer (tests/emul's distrain-train-emul is built where the "
+                          "CUDA headers are)")
+        self.report.append("planner vs trainer (bf16, CUDA trainer %s):"
+                           % os.path.basename(GPU_TRAINER))
+        for name, dpn, tp, pp, zero, accum, recompute, cp, mat in GPU_LAYOUTS:
+            errs, _ = self.run_layout(name, dpn, tp, pp, zero, accum, recompute, cp, mat, True)
+            lay = plan(dpn, tp, pp, zero, accum, recompute, cp, mat,
+                       precision="bf16")["layouts"][0]
+            worst_state, worst_acts = self.check_memory(name, errs, lay, dpn, tp, cp, zero, 0.02)
+            self.report.append("  %-22s state err %5.2f%%  acts err %5.2f%%"
+                               % (name, 100 * worst_state, 100 * worst_acts))
 
     def test_cli_errors(self):
         ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
@@ -169,7 +211,9 @@ class PlannerAgainstTrainer(unittest.TestCase):
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "x"), 2,
                   "--gpus: expected a positive integer, got 'x'"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--precision",
-                   "fp8"), 2, "expected fp32 or bf16"),
+                   "fp8"), 2, "expected bf16, fp32 or mixed16"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--precision",
+                   "mixed16", "--emit-spec"), 2, "--emit-spec: mixed16 is the textbook trainer's"),
                  (("--model", "llama-405b", "--seq", "8192", "--global-batch", "16", "--gpus",
                    "8"), 1, "nothing fits in 80 GiB per GPU: the smallest layout"),
                  (("--model", "gpt2-124m", "--global-batch", "7", "--gpus", "5"), 2,
@@ -184,12 +228,33 @@ class PlannerAgainstTrainer(unittest.TestCase):
         self.assertIn("recommended: dp8 tp1 pp1", r.stdout)
         r = run("--model", "gpt2-124m", "--global-batch", "512", "--gpus", "8", "--emit-spec")
         self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("precision: bf16", r.stdout)  # the plan's, not the job's default fp32
         self.assertIn("parallel: {dp: 8, tp: 1, pp: 1, cp: 1, zero_stage:", r.stdout)
+
+    def test_job_precision(self):
+        """--job plans the precision the job runs (training.precision, default fp32);
+        --precision overrides it."""
+        ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
+        job = os.path.join(self.tmp, "job.yaml")
+        for line, extra, want in [("", [], "fp32"), (", precision: bf16", [], "bf16"),
+                                  (", precision: bf16", ["--precision", "fp32"], "fp32")]:
+            with open(job, "w") as f:
+                f.write("model: {layers: 4, heads: 4, channels: 64, vocab: 100, max_seq: 64}\n"
+                        "training: {batch: 8, seq: 32%s}\n" % line)
+            r = subprocess.run([ctl, "plan", "--job", job, "--gpus", "2", "--json"] + extra,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["precision"], want, (line, extra))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
+    ap.add_argument("--gpu-trainer", help="the CUDA trainer for the bf16 check (default: the "
+                    "build's tests/emul/distrain-train-emul)")
     args, rest = ap.parse_known_args()
     dp.BUILD = os.path.abspath(args.build)
+    emul = os.path.join(dp.BUILD, "tests", "emul", "distrain-train-emul")
+    GPU_TRAINER = os.path.abspath(args.gpu_trainer) if args.gpu_trainer else \
+        emul if os.path.exists(emul) else None
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

@@ -1,4 +1,5 @@
-/* test_planner.c — Check suite for common/planner: the textbook ZeRO memory table, parameter
+/* test_planner.c — Check suite for common/planner: the textbook ZeRO memory table and
+ * distrain's own bf16 one, parameter
  * counts of the presets, the trainer's layer partition, hand-derived communication volumes,
  * the activation formula, layout validation and enumeration, and that --emit-spec's YAML is a
  * job spec the real parser and validator accept. */
@@ -36,10 +37,19 @@ START_TEST(test_textbook_table)
   const double want[4] = {112e9, 38.5e9, 26.25e9, 14e9};
   for (int z = 0; z < 4; z++) {
     dt_plan_mem_t m;
-    dt_plan_state_bytes(7.0e9, 8, z, DT_PLAN_BF16, &m);
+    dt_plan_state_bytes(7.0e9, 8, z, DT_PLAN_MIXED16, &m);
     ck_assert_msg(m.total == want[z], "ZeRO-%d: %.17g GB, want %.17g", z, m.total / 1e9,
                   want[z] / 1e9);
     ck_assert(m.working == 0 && m.acts == 0);
+  }
+  /* distrain's bf16 trainer: fp32 master weights (4), gradients (4) and m, v (8) plus a bf16
+   * weight copy (2) wherever the weights are whole: 18P, 10P + 8P/N, 6P + 12P/N, 16P/N. */
+  const double ours[4] = {126e9, 77e9, 52.5e9, 14e9};
+  for (int z = 0; z < 4; z++) {
+    dt_plan_mem_t m;
+    dt_plan_state_bytes(7.0e9, 8, z, DT_PLAN_BF16, &m);
+    ck_assert_msg(m.total == ours[z], "bf16 ZeRO-%d: %.17g GB, want %.17g", z, m.total / 1e9,
+                  ours[z] / 1e9);
   }
   /* The fp32 trainer's own table (trainer.c's print_memory): 16P, 8P + 8P/N, 4P + 12P/N, 16P/N. */
   const double P = 1e6, N = 4, f32[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
@@ -148,10 +158,10 @@ END_TEST
 
 START_TEST(test_activations)
 {
-  /* bf16, one stage, no tp, materialised attention: Korthikanti's s b h (34 + 5 a s / h) per
-   * layer, plus the stage input and the fp32 logits. */
+  /* mixed16, one stage, no tp, materialised attention: Korthikanti's s b h (34 + 5 a s / h)
+   * per layer, plus the stage input and the fp32 logits. */
   dt_plan_model_t m = tiny();
-  dt_plan_train_t tr = {32, 8, DT_PLAN_BF16, 1};
+  dt_plan_train_t tr = {32, 8, DT_PLAN_MIXED16, 1};
   dt_plan_layout_t l = {1, 1, 1, 0, 8, 1, 0, 0};
   dt_plan_mem_t mem;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
@@ -164,21 +174,30 @@ START_TEST(test_activations)
   ck_assert_double_eq_tol(
       mem.acts, 2 * 2 * sbh + 2 * sbh + 4 * s * b * 128 + sbh * (34 + 5 * a * s / h), 1e-6);
   /* fp32 (the trainer's buffers), one stage, no tp: per layer 15 N C + 4 N + b a s^2 floats,
-   * per slot (L + 3) N C + 3 N + N Vp, scratch 9 N C + b a s^2. */
+   * per slot (L + 3) N C + 3 N + N Vp and the 2 N tokens on a GPU, scratch 9 N C + b a s^2. */
   tr.precision = DT_PLAN_FP32;
   l.ckpt = 0;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
   const double N = b * s, C = h, layer = 15 * N * C + 4 * N + b * a * s * s;
   ck_assert_double_eq_tol(
-      mem.acts, 4 * (2 * layer + 5 * N * C + 3 * N + N * 128 + 9 * N * C + b * a * s * s), 1e-6);
+      mem.acts, 4 * (2 * layer + 5 * N * C + 5 * N + N * 128 + 9 * N * C + b * a * s * s), 1e-6);
+  /* distrain's bf16: ln1, ln2 (N C each) and the GELU output (4 N C) of each layer and the
+   * final norm's output (N C) in 2-byte bf16, the rest fp32; the scratch adds a bf16 N C. */
+  tr.precision = DT_PLAN_BF16;
+  dt_plan_memory(&m, &tr, &l, 0, &mem);
+  const double layer16 = 4 * (9 * N * C + 4 * N + b * a * s * s) + 2 * (6 * N * C);
+  const double slot16 = 4 * (4 * N * C + 2 * N) + 2 * layer16 + 2 * N * C + 4 * (3 * N + N * 128);
+  const double scratch16 = 4 * (9 * N * C + b * a * s * s) + 2 * N * C;
+  ck_assert_double_eq_tol(mem.acts, slot16 + scratch16, 1e-6);
   /* Flash attention (the default): each query row's lse, b a s floats, in place of the
-   * probabilities, none in the scratch; in bf16, 4 a s b bytes in place of 5 a s^2 b. */
+   * probabilities, none in the scratch; in mixed16, 4 a s b bytes in place of 5 a s^2 b. */
+  tr.precision = DT_PLAN_FP32;
   tr.materialized = 0;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
   const double flayer = 15 * N * C + 4 * N + b * a * s;
-  ck_assert_double_eq_tol(mem.acts, 4 * (2 * flayer + 5 * N * C + 3 * N + N * 128 + 9 * N * C),
+  ck_assert_double_eq_tol(mem.acts, 4 * (2 * flayer + 5 * N * C + 5 * N + N * 128 + 9 * N * C),
                           1e-6);
-  tr.precision = DT_PLAN_BF16;
+  tr.precision = DT_PLAN_MIXED16;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
   ck_assert_double_eq_tol(mem.acts, 2 * (34 * sbh + 4 * a * s * b) + 2 * sbh + 4 * s * b * 128,
                           1e-6);
@@ -211,7 +230,7 @@ START_TEST(test_context_parallel)
    * without cp, the scratch plus the gathered rows and their gradients, 2 cp N 3C. */
   const double b = 4, s = 16, N = b * s, C = 64, a = 4, att = b * a * 8 * 8 * 5;
   const double layer = 3 * N * C + 4 * N + 2 * N * 3 * C + N * C + att + 8 * N * C;
-  const double slot = 4 * N * C + N * C + 3 * N + N * 128;
+  const double slot = 4 * N * C + N * C + 5 * N + N * 128; /* with the 2 N tokens */
   const double scratch = 2 * N * C + 4 * N * C + 3 * N * C + att + 2 * 2 * N * 3 * C;
   ck_assert_double_eq_tol(mem.acts, 4 * (2 * layer + slot + scratch), 1e-6);
   /* Flash attention: the lse of the rank's s rows in place of the probabilities, none in the
@@ -294,7 +313,7 @@ START_TEST(test_enumerate)
   ck_assert_int_gt(fitting, 0);
   ck_assert_int_gt(with_cp, 0);
   ck_assert(v[0].fits);
-  /* 7B under plain DDP needs 16 x 6.74e9 bytes of model state: never fits in 80 GiB. */
+  /* 7B under plain DDP needs 18 x 6.74e9 bytes of model state: never fits in 80 GiB. */
   for (int i = 0; i < n; i++)
     if (v[i].layout.dp == 8 && v[i].layout.zero == 0)
       ck_assert(!v[i].fits);
@@ -335,6 +354,7 @@ START_TEST(test_emit_spec_parses)
   ck_assert_int_eq(spec->model->channels, 768);
   ck_assert_int_eq(spec->training->batch, 64);
   ck_assert_int_eq(spec->training->micro_batch, 4);
+  ck_assert_str_eq(spec->training->precision, "bf16"); /* what the plan assumed */
   ck_assert_int_eq(spec->parallel->dp, 2);
   ck_assert_int_eq(spec->parallel->tp, 2);
   ck_assert_int_eq(spec->parallel->pp, 2);
