@@ -61,6 +61,11 @@ typedef struct dt_device {
   /* Device memory in use (by every process on the device, the CUDA context included: what
    * nvidia-smi shows) and in total, in bytes; NULL on devices of host memory. */
   int (*memory)(struct dt_device *d, size_t *used, size_t *total);
+  /* Device memory the device holds for itself, which no tensor the trainer counts includes
+   * (a GPU's: cuBLASLt's workspace and the kernels' scratch, which grows to the largest call's
+   * need in the first step): bytes, and their breakdown in `what` ("cuBLASLt's workspace 32.0
+   * MiB + kernel scratch 3.0 MiB"). NULL on devices of host memory. */
+  size_t (*own_bytes)(struct dt_device *d, char *what, size_t whatlen);
   void *impl;
 } dt_device_t;
 

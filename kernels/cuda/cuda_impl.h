@@ -41,8 +41,8 @@ typedef struct dt_cuda_impl {
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
   void *ws;          /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
-  float *ones; /* ones_n floats equal to 1.0f (column sums through GEMV) */
-  size_t ones_n;
+  float *ones;   /* ones_n floats equal to 1.0f (column sums through GEMV) */
+  size_t ones_n; /* its allocation is ones_n floats (0 when there is none) */
   char name[32]; /* "cuda:<ordinal>" */
 } dt_cuda_impl_t;
 

@@ -236,6 +236,16 @@ static int cuda_memory(dt_device_t *d, size_t *used, size_t *total)
   return 0;
 }
 
+static size_t cuda_own_bytes(dt_device_t *d, char *what, size_t whatlen)
+{
+  const dt_cuda_impl_t *c = dt__cuda(d);
+  const double MiB = 1024.0 * 1024.0;
+  const size_t scratch = c->ws_bytes + c->ones_n * sizeof(float);
+  snprintf(what, whatlen, "cuBLASLt's workspace %.1f MiB + kernel scratch %.1f MiB",
+           c->lt_ws_bytes / MiB, scratch / MiB);
+  return c->lt_ws_bytes + scratch;
+}
+
 /* Device memory of this GPU (from alloc, or from anyone's cudaMalloc on it); host memory, other
  * GPUs' memory and NULL are not. A pointer CUDA does not know is not an error: the failed query
  * is cleared from CUDA's last-error state. */
@@ -393,6 +403,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->dev.event_wait = cuda_event_wait;
   c->dev.owns = cuda_owns;
   c->dev.memory = cuda_memory;
+  c->dev.own_bytes = cuda_own_bytes;
   *out = &c->dev;
   return 0;
 fail:

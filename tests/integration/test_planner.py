@@ -15,7 +15,8 @@ bf16 on a GPU: the same comparison with `--precision bf16` (the planner's defaul
 own layout: fp32 master weights, gradients and Adam state plus a 2-byte bf16 weight copy, and
 2-byte LayerNorm and GELU outputs) against the CUDA trainer's allocations, within 2%. It runs
 tests/emul's distrain-train-emul (the CUDA trainer with its runtime emulated on the CPU: the same
-allocations, 2-byte bf16), or --gpu-trainer's binary; without either it is skipped.
+allocations, 2-byte bf16), or --gpu-trainer's binary; without either it is skipped. With --gpu
+(CTest planner_gpu, label gpu: tests/gpu/run.sh runs it) it is the build's trainer on a real GPU.
 
     /usr/bin/python3 tests/integration/test_planner.py --build build
 """
@@ -58,6 +59,8 @@ GPU_LAYOUTS = [("single", 1, 1, 1, 0, 2, False, 1, False),
                ("tp2 materialized", 1, 2, 1, 0, 2, False, 1, True),
                ("pp2 recompute", 1, 1, 2, 0, 2, True, 1, False)]
 GPU_TRAINER = None  # the CUDA trainer's binary (main)
+DEVICE = re.compile(r"device memory after the first step: tensors ([\d.]+) MiB \+ the device's own "
+                    r"([\d.]+) MiB \([^)]*\) = [\d.]+ MiB; \S+ shows ([\d.]+) of")
 
 MEM = re.compile(r"memory \(ZeRO-\d, dp \d+\): params ([\d.]+) MiB, grads ([\d.]+) MiB, "
                  r"optimizer ([\d.]+) MiB = [\d.]+ MiB \(formula [^)]*\) \+ working ([\d.]+) MiB")
@@ -188,6 +191,23 @@ class PlannerAgainstTrainer(unittest.TestCase):
             worst_state, worst_acts = self.check_memory(name, errs, lay, dpn, tp, cp, zero, 0.02)
             self.report.append("  %-22s state err %5.2f%%  acts err %5.2f%%"
                                % (name, 100 * worst_state, 100 * worst_acts))
+            for r, err in enumerate(errs):
+                self.check_device_total(name, r, err)
+
+    def check_device_total(self, name, r, err):
+        """The trainer's tensors and the device's own buffers (cuBLASLt's workspace, the kernel
+        scratch) are everything the process allocates on the GPU: on the emulated one, whose
+        memory in use is the process's allocations and nothing else, they sum to it; a real
+        GPU adds its CUDA context, NCCL and other processes."""
+        d = DEVICE.search(err)
+        self.assertTrue(d, "%s rank %d: no device memory line in:\n%s" % (name, r, err[-2000:]))
+        tensors, own, used = (float(x) for x in d.groups())
+        self.assertGreater(own, 0, "%s rank %d: %s" % (name, r, d.group(0)))
+        if "emul" in os.path.basename(GPU_TRAINER):
+            self.assertAlmostEqual(tensors + own, used, delta=0.02,
+                                   msg="%s rank %d: %s" % (name, r, d.group(0)))
+        else:
+            self.assertGreaterEqual(used + 0.02, tensors + own, d.group(0))
 
     def test_cli_errors(self):
         ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
@@ -252,9 +272,17 @@ if __name__ == "__main__":
     ap.add_argument("--build", default="build")
     ap.add_argument("--gpu-trainer", help="the CUDA trainer for the bf16 check (default: the "
                     "build's tests/emul/distrain-train-emul)")
+    ap.add_argument("--gpu", action="store_true", help="the bf16 check on this machine's GPU "
+                    "with the build's distrain-train; exits 77 without a usable GPU")
     args, rest = ap.parse_known_args()
     dp.BUILD = os.path.abspath(args.build)
     emul = os.path.join(dp.BUILD, "tests", "emul", "distrain-train-emul")
     GPU_TRAINER = os.path.abspath(args.gpu_trainer) if args.gpu_trainer else \
         emul if os.path.exists(emul) else None
+    if args.gpu:
+        import test_gpu_trainer  # noqa: E402
+        if not test_gpu_trainer.has_gpu():
+            print("no usable CUDA GPU (or a build without CUDA): skipped", file=sys.stderr)
+            sys.exit(77)
+        GPU_TRAINER = dp.trainer()
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

@@ -260,6 +260,7 @@ typedef struct {
   pthread_t saver;
   int saving;
   struct save_job *save;
+  int device_logged; /* the device memory line (device_memory) was printed */
 } trainer_t;
 
 /* The last stage's scalar on every stage of the pipeline. */
@@ -634,6 +635,33 @@ static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const
   *cfg = o->model;
   cfg->padded_vocab = dt_gpt2_padded_vocab(cfg->vocab);
   return 0;
+}
+
+/* Device bytes of the rank's tensors: model state, ZeRO working buffers, activations and the
+ * bf16 weight copy. */
+static double tensor_bytes(trainer_t *t)
+{
+  dt_dp_memory_t mem;
+  dt_dp_memory(t->dp, &mem);
+  return (double)(mem.params + mem.grads + mem.optim + mem.working + t->model.bytes_acts) +
+         (t->model.params16 ? (double)t->model.num_params * t->model.ops->bf16_bytes : 0.0);
+}
+
+/* After the first step, when the kernels' scratch has grown to what a step needs: the rank's
+ * tensors, the device's own buffers, and what the GPU shows in use (which adds the CUDA
+ * context, NCCL's buffers and other processes). */
+static void device_memory(trainer_t *t, size_t used, size_t total)
+{
+  const double MiB = 1024.0 * 1024.0, tensors = tensor_bytes(t);
+  char what[160] = "";
+  const double own = t->dev->own_bytes ? (double)t->dev->own_bytes(t->dev, what, sizeof what) : 0;
+  t->device_logged = 1;
+  DT_INFO(TRAIN,
+          "device memory after the first step: tensors %.2f MiB + the device's own %.2f MiB (%s) "
+          "= %.2f MiB; %s shows %.2f of %.0f MiB in use (with the CUDA context, NCCL and other "
+          "processes)",
+          tensors / MiB, own / MiB, what, (tensors + own) / MiB, t->dev->name, used / MiB,
+          total / MiB);
 }
 
 static void print_memory(trainer_t *t)
@@ -1068,8 +1096,11 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                             .comm_ms = dt_dp_take_comm_ms(t->dp),
                             .bubble = bubble};
   size_t used, total;
-  if (t->dev->memory && t->dev->memory(t->dev, &used, &total) == 0)
+  if (t->dev->memory && t->dev->memory(t->dev, &used, &total) == 0) {
     sm->device_bytes = used;
+    if (!t->device_logged)
+      device_memory(t, used, total);
+  }
   return 0;
 }
 
