@@ -32,25 +32,23 @@ static dt_plan_cluster_t cluster(int gpus)
 
 START_TEST(test_textbook_table)
 {
-  /* Rajbhandari et al. (ZeRO), 7.5B in the paper's figure; 7B with mixed-precision Adam on 8
-   * GPUs: 16P, 4P + 12P/N, 2P + 14P/N, 16P/N bytes. */
-  const double want[4] = {112e9, 38.5e9, 26.25e9, 14e9};
-  for (int z = 0; z < 4; z++) {
-    dt_plan_mem_t m;
-    dt_plan_state_bytes(7.0e9, 8, z, DT_PLAN_MIXED16, &m);
-    ck_assert_msg(m.total == want[z], "ZeRO-%d: %.17g GB, want %.17g", z, m.total / 1e9,
-                  want[z] / 1e9);
-    ck_assert(m.working == 0 && m.acts == 0);
-  }
-  /* distrain's bf16 trainer: fp32 master weights (4), gradients (4) and m, v (8) plus a bf16
-   * weight copy (2) wherever the weights are whole: 18P, 10P + 8P/N, 6P + 12P/N, 16P/N. */
-  const double ours[4] = {126e9, 77e9, 52.5e9, 14e9};
-  for (int z = 0; z < 4; z++) {
-    dt_plan_mem_t m;
-    dt_plan_state_bytes(7.0e9, 8, z, DT_PLAN_BF16, &m);
-    ck_assert_msg(m.total == ours[z], "bf16 ZeRO-%d: %.17g GB, want %.17g", z, m.total / 1e9,
-                  ours[z] / 1e9);
-  }
+  /* 7B with Adam on 8 GPUs under ZeRO-0..3, bytes. mixed16: Rajbhandari et al. (ZeRO; 7.5B in
+   * the paper's figure), 16P, 4P + 12P/N, 2P + 14P/N, 16P/N. bf16, distrain's trainer: fp32
+   * master weights (4), gradients (4) and m, v (8) plus a bf16 weight copy (2) wherever the
+   * weights are whole: 18P, 10P + 8P/N, 6P + 12P/N, 16P/N. */
+  static const struct {
+    dt_plan_precision_t prec;
+    double want[4];
+  } tables[] = {{DT_PLAN_MIXED16, {112e9, 38.5e9, 26.25e9, 14e9}},
+                {DT_PLAN_BF16, {126e9, 77e9, 52.5e9, 14e9}}};
+  for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
+    for (int z = 0; z < 4; z++) {
+      dt_plan_mem_t m;
+      dt_plan_state_bytes(7.0e9, 8, z, tables[i].prec, &m);
+      ck_assert_msg(m.total == tables[i].want[z], "precision %d ZeRO-%d: %.17g GB, want %.17g",
+                    (int)tables[i].prec, z, m.total / 1e9, tables[i].want[z] / 1e9);
+      ck_assert(m.working == 0 && m.acts == 0);
+    }
   /* The fp32 trainer's own table (trainer.c's print_memory): 16P, 8P + 8P/N, 4P + 12P/N, 16P/N. */
   const double P = 1e6, N = 4, f32[4] = {16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N};
   for (int z = 0; z < 4; z++) {
