@@ -114,7 +114,7 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, float *out, float *lse, c
                          int B, int Tq, int q0, int Tall, int C, int NH)
 {
   const auto kernel = mma ? fmma_forward_kernel<HSM> : flash_forward_kernel<HSM>;
-  const dim3 grid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), (unsigned)(B * NH));
+  const dim3 grid = flash_grid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), B, NH);
   const size_t smem = mma ? fmma_fwd_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
   DT_CHECK(flash_smem(kernel, smem));
   kernel<<<grid, mma ? FMMA_THREADS : FLASH_ROWS, smem, cu->stream>>>(
@@ -135,14 +135,14 @@ static int flash_backward(dt_cuda_impl_t *cu, bool mma, float *dqkv, const float
   float *D = (float *)ws;
   const float scale = 1.0f / sqrtf((float)(C / NH));
   const auto dq = mma ? fmma_backward_dq_kernel<HSM> : flash_backward_dq_kernel<HSM>;
-  const dim3 qgrid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), (unsigned)(B * NH));
+  const dim3 qgrid = flash_grid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), B, NH);
   const size_t qsmem = mma ? fmma_dq_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
   DT_CHECK(flash_smem(dq, qsmem));
   dq<<<qgrid, mma ? FMMA_THREADS : FLASH_ROWS, qsmem, cu->stream>>>(
       dqkv, D, dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale, add);
   DT_CUDA_CHECK(cudaGetLastError());
   const auto dkdv = mma ? fmma_backward_dkdv_kernel<HSM> : flash_backward_dkdv_kernel<HSM>;
-  const dim3 kgrid(mma ? fmma_blocks(q0 + Tq) : flash_key_blocks(q0 + Tq), (unsigned)(B * NH));
+  const dim3 kgrid = flash_grid(mma ? fmma_blocks(q0 + Tq) : flash_key_blocks(q0 + Tq), B, NH);
   const size_t ksmem = mma ? fmma_dkdv_smem_bytes<HSM>() : flash_dkdv_smem_bytes<HSM>();
   DT_CHECK(flash_smem(dkdv, ksmem));
   dkdv<<<kgrid, mma ? FMMA_THREADS : FLASH_KROWS, ksmem, cu->stream>>>(dqkv, D, dout, qkv, lse, Tq,

@@ -44,7 +44,15 @@ static inline int flash_bucket(int hs)
 }
 
 /* Launch geometry: query-row blocks of the forward and dq kernels, key-row blocks of the dk/dv
- * kernel (grid.y is B * NH for all three), and their dynamic shared memory. */
+ * kernel, the grid of all three, and their dynamic shared memory. */
+
+/* (blocks, NH, B): block (x, h, b) works on head h of sequence b. A grid's y and z stop at 65535
+ * (its x does not), so neither axis carries B * NH, which a large micro-batch passes. */
+static inline dim3 flash_grid(unsigned blocks, int B, int NH)
+{
+  return dim3(blocks, (unsigned)NH, (unsigned)B);
+}
+
 static inline unsigned flash_query_blocks(int Tq)
 {
   return (unsigned)((Tq + FLASH_ROWS - 1) / FLASH_ROWS);
@@ -75,7 +83,8 @@ __device__ static void flash_load_kv(float *ks, float *vs, const float *base, in
   }
 }
 
-/* Grid (query blocks, B * NH), FLASH_ROWS threads, 2 FLASH_KEYS HSM floats of shared memory. */
+/* Grid flash_grid(query blocks, B, NH), FLASH_ROWS threads, 2 FLASH_KEYS HSM floats of shared
+ * memory. */
 template <int HSM>
 __global__ static void __launch_bounds__(FLASH_ROWS)
     flash_forward_kernel(float *out, float *lse, const float *qkv, int Tq, int q0, int Tall, int C,
@@ -83,7 +92,7 @@ __global__ static void __launch_bounds__(FLASH_ROWS)
 {
   DT_FLASH_SMEM(smem);
   float *ks = smem, *vs = smem + FLASH_KEYS * HSM;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const int r = blockIdx.x * FLASH_ROWS + threadIdx.x, pos = q0 + r;
   const bool valid = r < Tq;
   const float *base = qkv + (size_t)b * Tall * 3 * C + (size_t)h * hs;
@@ -137,8 +146,8 @@ __global__ static void __launch_bounds__(FLASH_ROWS)
   lse[(size_t)bh * Tq + r] = m + logf(l);
 }
 
-/* Grid (query blocks, B * NH), FLASH_ROWS threads, 2 FLASH_KEYS HSM floats of shared memory.
- * Dbuf (B, NH, Tq) gets D = dout . out of every query row. */
+/* Grid flash_grid(query blocks, B, NH), FLASH_ROWS threads, 2 FLASH_KEYS HSM floats of shared
+ * memory. Dbuf (B, NH, Tq) gets D = dout . out of every query row. */
 template <int HSM>
 __global__ static void __launch_bounds__(FLASH_ROWS)
     flash_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const float *qkv,
@@ -147,7 +156,7 @@ __global__ static void __launch_bounds__(FLASH_ROWS)
 {
   DT_FLASH_SMEM(smem);
   float *ks = smem, *vs = smem + FLASH_KEYS * HSM;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const int r = blockIdx.x * FLASH_ROWS + threadIdx.x, pos = q0 + r;
   const bool valid = r < Tq;
   const float *base = qkv + (size_t)b * Tall * 3 * C + (size_t)h * hs;
@@ -203,7 +212,7 @@ template <int HSM> static constexpr size_t flash_dkdv_smem_bytes(void)
   return (2 * FLASH_KROWS * (HSM + 1) + 2 * FLASH_QTILE * HSM + 2 * FLASH_QTILE) * sizeof(float);
 }
 
-/* Grid (key blocks, B * NH), FLASH_KROWS threads: key j = q0 + Tq keys in all. */
+/* Grid flash_grid(key blocks, B, NH), FLASH_KROWS threads: key j = q0 + Tq keys in all. */
 template <int HSM>
 __global__ static void __launch_bounds__(FLASH_KROWS)
     flash_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
@@ -214,7 +223,7 @@ __global__ static void __launch_bounds__(FLASH_KROWS)
   float *kown = smem, *vown = smem + FLASH_KROWS * (HSM + 1);
   float *qs = vown + FLASH_KROWS * (HSM + 1), *gs = qs + FLASH_QTILE * HSM;
   float *Ls = gs + FLASH_QTILE * HSM, *Ds = Ls + FLASH_QTILE;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH, tid = threadIdx.x;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH, tid = threadIdx.x;
   const int jlo = blockIdx.x * FLASH_KROWS, j = jlo + tid;
   const bool valid = j < q0 + Tq;
   const float *base = qkv + (size_t)b * Tall * 3 * C + (size_t)h * hs;

@@ -173,7 +173,7 @@ __device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, 
     }
 }
 
-/* Grid (fmma_blocks(Tq), B * NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
+/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_forward_kernel(float *out, float *lse, const float *qkv, int Tq, int q0, int Tall, int C,
@@ -184,7 +184,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   uint16_t *qs = (uint16_t *)smem_f, *ks = qs + FMMA_ROWS * LD, *vs = ks + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   uint16_t *ps = vs + FMMA_ROWS * LD + warp * 16 * FMMA_PLD;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const int r0 = blockIdx.x * FMMA_ROWS, rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
@@ -242,8 +242,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   }
 }
 
-/* Grid (fmma_blocks(Tq), B * NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds the
- * query gradients into dqkv (add false: writes them); Dbuf (B, NH, Tq) gets D = dout . out of
+/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds
+ * the query gradients into dqkv (add false: writes them); Dbuf (B, NH, Tq) gets D = dout . out of
  * every query row. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS)
@@ -256,7 +256,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   uint16_t *qs = (uint16_t *)smem_f, *gs = qs + FMMA_ROWS * LD, *ks = gs + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   uint16_t *vs = ks + FMMA_ROWS * LD, *ss = vs + FMMA_ROWS * LD + warp * 16 * FMMA_PLD;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
@@ -308,8 +308,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   }
 }
 
-/* Grid (fmma_blocks(q0 + Tq), B * NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>(). Adds
- * the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
+/* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
+ * Adds the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
@@ -323,7 +323,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   uint16_t *ps = gs + FMMA_ROWS * LD + warp * 16 * FMMA_PLD, *ss = ps + FMMA_ROWS * FMMA_PLD;
   float *ls = (float *)(gs + FMMA_ROWS * LD + 2 * FMMA_ROWS * FMMA_PLD), *Ds = ls + FMMA_ROWS;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, hs = C / NH;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;

@@ -117,8 +117,8 @@ inline void *g_body;
 
 [[noreturn]] inline void die(const char *what)
 {
-  fprintf(stderr, "cuda_emul: %s (block %u,%u of %u,%u; %u threads)\n", what, blockIdx.x,
-          blockIdx.y, gridDim.x, gridDim.y, g_threads);
+  fprintf(stderr, "cuda_emul: %s (block %u,%u,%u of %u,%u,%u; %u threads)\n", what, blockIdx.x,
+          blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, gridDim.z, g_threads);
   abort();
 }
 
@@ -403,17 +403,18 @@ template <typename F> inline void launch(dim3 grid, unsigned threads, size_t sme
 #pragma GCC diagnostic ignored "-Wdangling-pointer" /* read only until launch returns */
   dt_emul::g_body = &body;
 #pragma GCC diagnostic pop
-  for (unsigned y = 0; y < grid.y; y++)
-    for (unsigned x = 0; x < grid.x; x++) {
-      blockIdx = dim3(x, y);
-      g_smem = (float *)malloc(smem_bytes ? smem_bytes : 1);
-      if (!g_smem)
-        dt_emul::die("no memory for the dynamic shared memory");
-      memset(g_smem, 0xff, smem_bytes); /* NaN as a float and as a bf16 */
-      dt_emul::run_block(threads);
-      free(g_smem);
-      g_smem = NULL;
-    }
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        blockIdx = dim3(x, y, z);
+        g_smem = (float *)malloc(smem_bytes ? smem_bytes : 1);
+        if (!g_smem)
+          dt_emul::die("no memory for the dynamic shared memory");
+        memset(g_smem, 0xff, smem_bytes); /* NaN as a float and as a bf16 */
+        dt_emul::run_block(threads);
+        free(g_smem);
+        g_smem = NULL;
+      }
 }
 
 #endif

@@ -2269,9 +2269,8 @@ cudaError_t dt_emul_launch_check(const void *func, dim3 grid, dim3 block, size_t
            grid.y, grid.z, block.x, block.y, block.z);
     return fail(cudaErrorInvalidConfiguration);
   }
-  if (grid.z != 1 || block.y != 1 || block.z != 1) {
-    report("a launch of grid (%u, %u, %u), block (%u, %u, %u): the emulation runs 2D grids of 1D "
-           "blocks only",
+  if (block.y != 1 || block.z != 1) {
+    report("a launch of grid (%u, %u, %u), block (%u, %u, %u): the emulation runs 1D blocks only",
            grid.x, grid.y, grid.z, block.x, block.y, block.z);
     return fail(cudaErrorNotSupported);
   }

@@ -13,7 +13,7 @@
 #include <functional>
 
 /* Whether a launch of func with this configuration on stream may run, as the runtime checks it:
- * the grid and block within the GPU's limits (and, of the emulation, a 2D grid of 1D blocks),
+ * the grid and block within the GPU's limits (and, of the emulation, 1D blocks),
  * the dynamic shared memory within what cudaFuncSetAttribute allowed func (48 KiB by default),
  * stream live and of the current GPU. A refusal is reported on stderr and becomes the thread's
  * last error, as a failed launch's does. */

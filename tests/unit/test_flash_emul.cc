@@ -31,7 +31,7 @@ static void emul_forward(float *out, float *lse, const float *qkv, int B, int Tq
                          int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  launch(dim3(flash_query_blocks(Tq), (unsigned)(B * NH)), FLASH_ROWS, flash_kv_smem_bytes<HSM>(),
+  launch(flash_grid(flash_query_blocks(Tq), B, NH), FLASH_ROWS, flash_kv_smem_bytes<HSM>(),
          [&] { flash_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
@@ -42,13 +42,12 @@ static void emul_backward(float *dqkv, const float *dout, const float *qkv, cons
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   std::vector<float> D((size_t)B * NH * Tq, NAN);
-  launch(dim3(flash_query_blocks(Tq), (unsigned)(B * NH)), FLASH_ROWS, flash_kv_smem_bytes<HSM>(),
+  launch(flash_grid(flash_query_blocks(Tq), B, NH), FLASH_ROWS, flash_kv_smem_bytes<HSM>(), [&] {
+    flash_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale,
+                                  add);
+  });
+  launch(flash_grid(flash_key_blocks(q0 + Tq), B, NH), FLASH_KROWS, flash_dkdv_smem_bytes<HSM>(),
          [&] {
-           flash_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH,
-                                         scale, add);
-         });
-  launch(dim3(flash_key_blocks(q0 + Tq), (unsigned)(B * NH)), FLASH_KROWS,
-         flash_dkdv_smem_bytes<HSM>(), [&] {
            flash_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH,
                                            scale, add);
          });
@@ -60,7 +59,7 @@ static void emul_mma_forward(float *out, float *lse, const float *qkv, int B, in
                              int Tall, int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  launch(dim3(fmma_blocks(Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
+  launch(flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
@@ -71,15 +70,13 @@ static void emul_mma_backward(float *dqkv, const float *dout, const float *qkv, 
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   std::vector<float> D((size_t)B * NH * Tq, NAN);
-  launch(dim3(fmma_blocks(Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
+  launch(flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
     fmma_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale,
                                  add);
   });
-  launch(dim3(fmma_blocks(q0 + Tq), (unsigned)(B * NH)), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
-         [&] {
-           fmma_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH,
-                                          scale, add);
-         });
+  launch(flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), [&] {
+    fmma_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH, scale, add);
+  });
 }
 
 /* ---- The checks --------------------------------------------------------------------------- */
