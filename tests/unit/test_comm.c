@@ -281,6 +281,64 @@ START_TEST(test_kv_file)
 }
 END_TEST
 
+/* Two stores on one directory in one process (ranks that are threads): each thread's values
+ * land under its own keys. Their temporaries once shared names (a counter per store), so one
+ * thread's rename could publish the other's value under its key, or fail. */
+typedef struct {
+  dt_kv_t kv;
+  int id, errors;
+  pthread_barrier_t *step; /* both threads put their i-th value together */
+} kv_writer_t;
+
+#define KV_PUTS 200
+
+static void *kv_writer(void *arg)
+{
+  kv_writer_t *w = arg;
+  for (int i = 0; i < KV_PUTS; i++) {
+    char key[32], val[32];
+    snprintf(key, sizeof key, "w%d/%d", w->id, i);
+    snprintf(val, sizeof val, "value %d of %d", i, w->id);
+    pthread_barrier_wait(w->step);
+    w->errors += w->kv.put(w->kv.ud, key, val, strlen(val)) != 0;
+  }
+  return NULL;
+}
+
+START_TEST(test_kv_file_two_stores)
+{
+  char dir[512];
+  ut_mkdtemp(dir, sizeof dir);
+  pthread_barrier_t step;
+  ck_assert_int_eq(pthread_barrier_init(&step, NULL, 2), 0);
+  kv_writer_t w[2] = {{.id = 0, .step = &step}, {.id = 1, .step = &step}};
+  pthread_t th[2];
+  for (int k = 0; k < 2; k++) {
+    ck_assert_int_eq(dt_kv_file_create(&w[k].kv, dir), 0);
+    ck_assert_int_eq(pthread_create(&th[k], NULL, kv_writer, &w[k]), 0);
+  }
+  for (int k = 0; k < 2; k++)
+    pthread_join(th[k], NULL);
+  pthread_barrier_destroy(&step);
+  for (int k = 0; k < 2; k++) {
+    ck_assert_int_eq(w[k].errors, 0);
+    for (int i = 0; i < KV_PUTS; i++) {
+      char key[32], want[32];
+      snprintf(key, sizeof key, "w%d/%d", k, i);
+      snprintf(want, sizeof want, "value %d of %d", i, k);
+      void *v = NULL;
+      size_t len = 0;
+      ck_assert_int_eq(w[k].kv.get(w[k].kv.ud, key, &v, &len, 0), 0);
+      ck_assert_msg(len == strlen(want) && memcmp(v, want, len) == 0, "%s: '%.*s'", key, (int)len,
+                    (const char *)v);
+      free(v);
+    }
+    dt_kv_file_destroy(&w[k].kv);
+  }
+  ut_rm_rf(dir);
+}
+END_TEST
+
 START_TEST(test_kv_mem)
 {
   dt_kv_t kv;
@@ -1313,6 +1371,7 @@ static Suite *comm_suite(void)
   Suite *s = suite_create("comm");
   TCase *t = tcase_create("kv");
   tcase_add_test(t, test_kv_file);
+  tcase_add_test(t, test_kv_file_two_stores);
   tcase_add_test(t, test_kv_mem);
   suite_add_tcase(s, t);
 

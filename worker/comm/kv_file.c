@@ -21,8 +21,11 @@
 
 typedef struct {
   char *dir;
-  atomic_uint tmp_seq;
 } kv_file_t;
+
+/* Numbers the temporaries of the whole process: two stores on one directory (ranks that are
+ * threads) must not write the same temporary file. */
+static atomic_uint g_tmp_seq;
 
 /* dir + "/" + escaped key; DT_EINVAL when the escaped name would exceed NAME_MAX. */
 static int key_path(const kv_file_t *kf, const char *key, char *path, size_t cap)
@@ -78,7 +81,7 @@ static int kv_file_put(void *ud, const char *key, const void *val, size_t len)
     return DT_EINVAL;
   }
   snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.%u", kf->dir, (long)getpid(),
-           atomic_fetch_add(&kf->tmp_seq, 1));
+           atomic_fetch_add(&g_tmp_seq, 1));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     int e = errno;
@@ -178,7 +181,6 @@ int dt_kv_file_create(dt_kv_t *kv, const char *dir)
     free(kf);
     return DT_ENOMEM;
   }
-  atomic_init(&kf->tmp_seq, 0);
   *kv = (dt_kv_t){.put = kv_file_put, .get = kv_file_get, .ud = kf};
   return 0;
 }
