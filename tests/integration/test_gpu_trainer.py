@@ -19,7 +19,7 @@ the GPUs; the host-staged communicator) against one GPU process.
     MLP projection's GEMM epilogue, split over tp). 1e-4, not 1e-5: cuBLASLt may sum a product
     of another batch shape in another order, and the bf16 activations rounded from those sums
     can then land one bf16 step apart;
-  * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3 and tp=2 on NCCL
+  * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3, tp=2 and pp=2 on NCCL
     (--comm nccl), within 1e-5 of the one GPU process.
 
 Run by tests/gpu/run.sh on the GPU machine, or by hand:
@@ -28,8 +28,9 @@ Run by tests/gpu/run.sh on the GPU machine, or by hand:
 
 CTest also runs it without a GPU (gpu_trainer_emul, label integration) on tests/emul's
 distrain-train-emul: the same CUDA trainer, its kernels run on the CPU under the emulation
-(--trainer build/tests/emul/distrain-train-emul). It has one emulated GPU, so the NCCL test
-between GPUs skips there as well.
+(--trainer build/tests/emul/distrain-train-emul). Its machine has one emulated GPU, or one per
+rank for the NCCL test between GPUs, whose NCCL is tests/emul/nccl_host.cc (NCCL's calls on
+the host, over distrain's own CPU communicator).
 """
 
 import argparse
@@ -48,8 +49,14 @@ STEPS = 8
 ACCUM = 2  # micro-batches per step (a pipeline needs at least pp)
 
 
+EMULATED = False  # the trainer is tests/emul's: its machine has DT_EMUL_GPUS GPUs (default 1)
+
+
 def gpu_count():
-    """GPUs nvidia-smi lists (1 when it cannot tell: the tests then assume one)."""
+    """GPUs nvidia-smi lists (1 when it cannot tell: the tests then assume one); on the
+    emulated machine as many as a test asks for (launch sets DT_EMUL_GPUS for own_gpus)."""
+    if EMULATED:
+        return 4
     try:
         p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -87,8 +94,9 @@ class GpuTrainer(unittest.TestCase):
         if "--resume" in extra:
             at = argv.index("--init")
             del argv[at:at + 2]
+        env = {"DT_EMUL_GPUS": str(world)} if own_gpus and EMULATED else {}
         procs = dp.launch(world, lambda r: argv, kv,
-                          lambda r: {"LOCAL_RANK": str(r if own_gpus else 0)})
+                          lambda r: dict(env, LOCAL_RANK=str(r if own_gpus else 0)))
         return metrics, dp.wait_all(procs, timeout=300)
 
     def train(self, world, batch, device, extra=(), tag="", own_gpus=False):
@@ -188,7 +196,7 @@ class GpuTrainer(unittest.TestCase):
     def test_nccl_one_gpu_per_rank(self):
         if gpu_count() < 2:
             self.skipTest("NCCL between trainers needs two GPUs")
-        for dps, extra in ((2, ["--zero-stage", "3"]), (1, ["--tp", "2"])):
+        for dps, extra in ((2, ["--zero-stage", "3"]), (1, ["--tp", "2"]), (1, ["--pp", "2"])):
             what = "nccl %s" % " ".join(extra)
             with self.subTest(what):
                 ref = self.train(1, 4 * dps, "cuda", tag="nref%d" % dps)
@@ -207,6 +215,7 @@ if __name__ == "__main__":
     dp.BUILD = os.path.abspath(args.build)
     if args.trainer:
         dp.trainer = lambda: os.path.abspath(args.trainer)
+        EMULATED = "emul" in os.path.basename(args.trainer)
     if not has_gpu():
         print("no usable CUDA GPU (or a build without CUDA): skipped", file=sys.stderr)
         sys.exit(77)

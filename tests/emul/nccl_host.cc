@@ -1,0 +1,502 @@
+/* nccl_host.cc — NCCL on the host, for the emulated GPUs of cuda_host.cc: the emulated trainer
+ * and test_comm_nccl_on_emul link it instead of libnccl, so worker/comm/nccl's backend, and the
+ * GPU trainer on it, run between emulated GPUs in CI (in threads of one process or in processes).
+ * Every function is defined with the prototype nccl.h declares. The transport is distrain's
+ * "cpu" communicator (worker/comm, Gloo over TCP): a communicator here is one of those, its
+ * rendezvous a directory-backed key-value store whose directory ncclGetUniqueId creates and
+ * writes into the id (the process that made it removes it at exit).
+ *
+ * What it checks, as NCCL would fail or misbehave: every buffer lies in a live cudaMalloc
+ * allocation (host memory would fault on a GPU); the data types are the ones distrain sends
+ * (ncclFloat for collectives and reductions, bytes for send/recv); a group holds either
+ * collectives or sends and receives of one communicator; two ranks of one communicator on one
+ * GPU are refused at init (ncclInvalidUsage, "Duplicate GPU detected"), as NCCL refuses them.
+ *
+ * What differs from NCCL, by design:
+ * - An operation runs when it is called (outside a group) or at ncclGroupEnd, on the host, after
+ *   the work already queued on its stream: the earliest moment the GPU could run it. Inputs the
+ *   caller has not finished producing (a missing synchronization) are read stale here, as they
+ *   may be on a GPU; the tests see the wrong values.
+ * - Calls block until the peers have made theirs, also under ncclConfig_t.blocking = 0 (they
+ *   then return ncclSuccess, and ncclCommGetAsyncError reports any failure). A peer that never
+ *   comes fails the call at the transport's timeout (DT_EMUL_NCCL_TIMEOUT_MS, default 120000),
+ *   not at the caller's deadline; so a rendezvous cannot be cancelled by ncclCommAbort from
+ *   another thread while it waits.
+ * - ncclAvg divides the sum by the ranks after summing (NCCL may scale each contribution
+ *   first); reductions run in the transport's order, deterministic from run to run. */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_host.h"
+
+extern "C" {
+#include "comm.h"
+#include "dt_error.h"
+#include "dt_util.h"
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Communicators                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The rendezvous store of a communicator and its splits (they rendezvous through the parent's). */
+struct rendezvous {
+  dt_kv_t kv = {};
+  ~rendezvous()
+  {
+    dt_kv_file_destroy(&kv);
+  }
+};
+
+/* The directories ncclGetUniqueId made in this process, removed when it exits: by then its ranks
+ * are done with them, and so are the other processes' (a peer may read rank 0's split table
+ * after rank 0 has moved on, so no communicator's end is a safe moment). */
+static std::mutex g_dirs_mu;
+static std::vector<std::string> g_dirs;
+
+static void remove_dirs(void)
+{
+  std::lock_guard<std::mutex> lock(g_dirs_mu);
+  for (const std::string &d : g_dirs)
+    nftw(
+        d.c_str(),
+        [](const char *path, const struct stat *, int, struct FTW *) { return remove(path); }, 8,
+        FTW_DEPTH | FTW_PHYS);
+  g_dirs.clear();
+}
+
+struct ncclComm {
+  dt_comm_t *c = nullptr;
+  std::shared_ptr<rendezvous> rv;
+  int rank = 0, world = 0, device = 0;
+  ncclResult_t async = ncclSuccess; /* the first failure of an operation */
+};
+
+static thread_local char t_last[512];
+
+static ncclResult_t failed(ncclComm_t comm, ncclResult_t r, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t_last, sizeof t_last, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "nccl_host: %s\n", t_last);
+  if (comm && comm->async == ncclSuccess)
+    comm->async = r;
+  return r;
+}
+
+/* A transport failure: the call "succeeds" (non-blocking NCCL reports failures asynchronously)
+ * and the communicator's async error carries it. */
+static ncclResult_t transport(ncclComm_t comm, int rc, const char *what)
+{
+  if (rc == 0)
+    return ncclSuccess;
+  (void)failed(comm, rc == DT_EREMOTE || rc == DT_ETIMEDOUT ? ncclRemoteError : ncclSystemError,
+               "%s on rank %d of %d: %s", what, comm->rank, comm->world, dt_strerror(rc));
+  return ncclSuccess;
+}
+
+static int timeout_ms(void)
+{
+  const char *s = getenv("DT_EMUL_NCCL_TIMEOUT_MS");
+  return s && atoi(s) > 0 ? atoi(s) : 120000;
+}
+
+/* The machine's GPU behind the current device: cuda_host.cc names GPU n 0000:00:<n>.0. */
+static int machine_gpu(int device)
+{
+  char bus[32];
+  unsigned dom = 0, b = 0, dev = 0;
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess ||
+      sscanf(bus, "%x:%x:%x", &dom, &b, &dev) != 3)
+    return -1;
+  return (int)dev;
+}
+
+/* Wraps a joined transport communicator; refuses two ranks on one GPU. */
+static ncclResult_t adopt(ncclComm_t *out, dt_comm_t *c, std::shared_ptr<rendezvous> rv)
+{
+  ncclComm_t comm = new ncclComm;
+  comm->c = c;
+  comm->rv = std::move(rv);
+  comm->rank = dt_comm_rank(c);
+  comm->world = dt_comm_world(c);
+  (void)cudaGetDevice(&comm->device);
+  std::vector<float> gpus((size_t)comm->world, -1.0f);
+  const float mine = (float)machine_gpu(comm->device);
+  int rc = dt_comm_all_gather(c, &mine, gpus.data(), 1);
+  for (int r = 0; rc == 0 && r < comm->world; r++)
+    if (r != comm->rank && gpus[(size_t)r] == mine) {
+      ncclResult_t e = failed(comm, ncclInvalidUsage,
+                              "Duplicate GPU detected : rank %d and rank %d both on GPU %d",
+                              DT_MIN(r, comm->rank), DT_MAX(r, comm->rank), (int)mine);
+      dt_comm_destroy(c);
+      delete comm;
+      return e;
+    }
+  if (rc != 0) {
+    ncclResult_t e = failed(comm, ncclSystemError, "init: %s", dt_strerror(rc));
+    dt_comm_destroy(c);
+    delete comm;
+    return e;
+  }
+  *out = comm;
+  return ncclSuccess;
+}
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int *version)
+{
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
+{
+  const char *tmp = getenv("TMPDIR");
+  char dir[NCCL_UNIQUE_ID_BYTES];
+  if (snprintf(dir, sizeof dir, "%s/dt-nccl-XXXXXX", tmp && *tmp ? tmp : "/tmp") >=
+          (int)sizeof dir ||
+      !mkdtemp(dir))
+    return failed(nullptr, ncclSystemError, "ncclGetUniqueId: no directory for the rendezvous");
+  memset(uniqueId, 0, sizeof *uniqueId);
+  memcpy(uniqueId->internal, dir, strlen(dir));
+  std::lock_guard<std::mutex> lock(g_dirs_mu);
+  static bool at_exit;
+  if (!at_exit)
+    at_exit = atexit(remove_dirs) == 0;
+  g_dirs.push_back(dir);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t *)
+{
+  *comm = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return failed(nullptr, ncclInvalidArgument, "init: rank %d of %d", rank, nranks);
+  std::shared_ptr<rendezvous> rv = std::make_shared<rendezvous>();
+  const std::string dir(commId.internal, strnlen(commId.internal, sizeof commId.internal));
+  if (dt_kv_file_create(&rv->kv, dir.c_str()) != 0)
+    return failed(nullptr, ncclSystemError, "init: no rendezvous store in %s", dir.c_str());
+  dt_comm_t *c = nullptr;
+  int rc = dt_comm_init(&c, "cpu", &rv->kv, "nccl", rank, nranks, timeout_ms());
+  if (rc != 0)
+    return failed(nullptr, ncclSystemError, "init of rank %d of %d: %s", rank, nranks,
+                  dt_strerror(rc));
+  return adopt(comm, c, std::move(rv));
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+  return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *)
+{
+  *newcomm = nullptr;
+  dt_comm_t *child = nullptr;
+  int rc =
+      dt_comm_split(comm->c, color == NCCL_SPLIT_NOCOLOR ? DT_COMM_NO_COLOR : color, key, &child);
+  if (rc != 0)
+    return failed(comm, ncclSystemError, "ncclCommSplit: %s", dt_strerror(rc));
+  return child ? adopt(newcomm, child, comm->rv) : ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t)
+{
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+  if (comm) {
+    dt_comm_destroy(comm->c);
+    delete comm;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+  if (comm)
+    (void)dt_comm_abort(comm->c);
+  return ncclCommDestroy(comm);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
+{
+  *asyncError = comm->async;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+  *count = comm->world;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t result)
+{
+  switch (result) {
+  case ncclSuccess:
+    return "no error";
+  case ncclUnhandledCudaError:
+    return "unhandled cuda error";
+  case ncclSystemError:
+    return "unhandled system error";
+  case ncclInternalError:
+    return "internal error";
+  case ncclInvalidArgument:
+    return "invalid argument";
+  case ncclInvalidUsage:
+    return "invalid usage";
+  case ncclRemoteError:
+    return "remote process exited or there was a network error";
+  case ncclInProgress:
+    return "NCCL operation in progress";
+  default:
+    return "unknown result code";
+  }
+}
+
+const char *ncclGetLastError(ncclComm_t)
+{
+  return t_last;
+}
+
+} /* extern "C" */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Operations                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum {
+  OP_ALL_REDUCE,
+  OP_REDUCE_SCATTER,
+  OP_ALL_GATHER,
+  OP_BROADCAST,
+  OP_REDUCE,
+  OP_P2P
+} kind_t;
+
+typedef struct {
+  kind_t kind;
+  const void *send;
+  void *recv;
+  size_t count; /* elements: per rank for reduce-scatter's recv and all-gather's send */
+  dt_comm_op_t op;
+  int root; /* broadcast, reduce; the peer of a send or receive */
+  int is_recv;
+  ncclComm_t comm;
+  cudaStream_t stream;
+} op_t;
+
+static thread_local int t_group_depth;
+static thread_local std::vector<op_t> t_group;
+
+static bool in_device(const void *p, size_t bytes)
+{
+  return bytes == 0 || dt_emul_is_device_range(p, bytes);
+}
+
+static ncclResult_t run_collective(const op_t &o)
+{
+  ncclComm_t comm = o.comm;
+  const size_t F = sizeof(float), n = o.count;
+  float *recv = (float *)o.recv;
+  switch (o.kind) {
+  case OP_ALL_REDUCE:
+    if (o.send != o.recv)
+      memcpy(recv, o.send, n * F);
+    return transport(comm, dt_comm_all_reduce(comm->c, recv, n, o.op), "all-reduce");
+  case OP_REDUCE_SCATTER:
+    return transport(comm, dt_comm_reduce_scatter(comm->c, (const float *)o.send, recv, n, o.op),
+                     "reduce-scatter");
+  case OP_ALL_GATHER:
+    return transport(comm, dt_comm_all_gather(comm->c, (const float *)o.send, recv, n),
+                     "all-gather");
+  case OP_BROADCAST:
+    if (comm->rank == o.root && o.send != o.recv)
+      memcpy(recv, o.send, n * F);
+    return transport(comm, dt_comm_broadcast(comm->c, recv, n, o.root), "broadcast");
+  case OP_REDUCE: { /* an all-reduce of a copy, kept by the root */
+    std::vector<float> tmp((const float *)o.send, (const float *)o.send + n);
+    ncclResult_t r = transport(comm, dt_comm_all_reduce(comm->c, tmp.data(), n, o.op), "reduce");
+    if (comm->rank == o.root && comm->async == ncclSuccess)
+      memcpy(recv, tmp.data(), n * F);
+    return r;
+  }
+  default:
+    return failed(comm, ncclInternalError, "run_collective: kind %d", (int)o.kind);
+  }
+}
+
+/* A group (or a lone operation): after the work queued on its streams, its collectives in
+ * order, or its sends and receives posted together. */
+static ncclResult_t run_group(std::vector<op_t> &ops)
+{
+  if (ops.empty())
+    return ncclSuccess;
+  ncclComm_t comm = ops[0].comm;
+  const bool p2p = ops[0].kind == OP_P2P;
+  for (const op_t &o : ops) {
+    if (o.comm != comm || (o.kind == OP_P2P) != p2p)
+      return failed(comm, ncclInvalidUsage,
+                    "a group mixes communicators or collectives with send/recv (distrain never "
+                    "does; this emulation does not run it)");
+    if (cudaStreamSynchronize(o.stream) != cudaSuccess)
+      return failed(comm, ncclUnhandledCudaError, "the operation's stream failed or is not live");
+  }
+  if (comm->async != ncclSuccess)
+    return ncclSuccess; /* a failed communicator runs nothing more; its error stands */
+  if (!p2p) {
+    for (const op_t &o : ops)
+      if (run_collective(o) != ncclSuccess || comm->async != ncclSuccess)
+        break;
+    return ncclSuccess;
+  }
+  if (ops.size() > DT_COMM_P2P_MAX)
+    return failed(comm, ncclInvalidUsage, "%zu sends and receives in one group: at most %d here",
+                  ops.size(), DT_COMM_P2P_MAX);
+  dt_comm_p2p_t halves[DT_COMM_P2P_MAX];
+  for (size_t i = 0; i < ops.size(); i++)
+    halves[i] = dt_comm_p2p_t{ops[i].recv, ops[i].count, ops[i].root, 0, ops[i].is_recv};
+  return transport(comm, dt_comm_p2p(comm->c, halves, (int)ops.size()), "send/recv");
+}
+
+/* Checks an operation and runs it, or keeps it for ncclGroupEnd. */
+static ncclResult_t submit(const op_t &o, const char *what, ncclDataType_t type, size_t send_n,
+                           size_t recv_n)
+{
+  ncclComm_t comm = o.comm;
+  if (!comm)
+    return failed(nullptr, ncclInvalidArgument, "%s: no communicator", what);
+  const bool bytes = type == ncclUint8 || type == ncclInt8;
+  if (o.kind == OP_P2P ? !bytes : type != ncclFloat)
+    return failed(comm, ncclInvalidArgument, "%s: data type %d (distrain sends %s)", what,
+                  (int)type, o.kind == OP_P2P ? "bytes" : "ncclFloat");
+  const size_t es = bytes ? 1 : sizeof(float);
+  if ((send_n && !in_device(o.send, send_n * es)) || (recv_n && !in_device(o.recv, recv_n * es)))
+    return failed(comm, ncclInvalidArgument,
+                  "%s on rank %d: a buffer is not device memory of a live allocation (%p, %p)",
+                  what, comm->rank, o.send, o.recv);
+  if (o.root < 0 || o.root >= comm->world)
+    return failed(comm, ncclInvalidArgument, "%s: rank %d of %d", what, o.root, comm->world);
+  if (t_group_depth > 0) {
+    t_group.push_back(o);
+    return ncclSuccess;
+  }
+  std::vector<op_t> one(1, o);
+  return run_group(one);
+}
+
+static dt_comm_op_t red(ncclRedOp_t op)
+{
+  return op == ncclAvg ? DT_COMM_AVG : DT_COMM_SUM;
+}
+
+static bool red_ok(ncclRedOp_t op)
+{
+  return op == ncclSum || op == ncclAvg;
+}
+
+extern "C" {
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream)
+{
+  if (!red_ok(op))
+    return failed(comm, ncclInvalidArgument, "ncclAllReduce: op %d", (int)op);
+  return submit({OP_ALL_REDUCE, sendbuff, recvbuff, count, red(op), 0, 0, comm, stream},
+                "ncclAllReduce", datatype, count, count);
+}
+
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream)
+{
+  if (!red_ok(op))
+    return failed(comm, ncclInvalidArgument, "ncclReduceScatter: op %d", (int)op);
+  return submit({OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, red(op), 0, 0, comm, stream},
+                "ncclReduceScatter", datatype, comm ? recvcount * comm->world : 0, recvcount);
+}
+
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+  return submit({OP_ALL_GATHER, sendbuff, recvbuff, sendcount, DT_COMM_SUM, 0, 0, comm, stream},
+                "ncclAllGather", datatype, sendcount, comm ? sendcount * comm->world : 0);
+}
+
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
+{
+  const bool is_root = comm && comm->rank == root;
+  return submit({OP_BROADCAST, sendbuff, recvbuff, count, DT_COMM_SUM, root, 0, comm, stream},
+                "ncclBroadcast", datatype, is_root ? count : 0, count);
+}
+
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+  if (!red_ok(op))
+    return failed(comm, ncclInvalidArgument, "ncclReduce: op %d", (int)op);
+  const bool is_root = comm && comm->rank == root;
+  return submit({OP_REDUCE, sendbuff, recvbuff, count, red(op), root, 0, comm, stream},
+                "ncclReduce", datatype, count, is_root ? count : 0);
+}
+
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+  return submit({OP_P2P, sendbuff, (void *)sendbuff, count, DT_COMM_SUM, peer, 0, comm, stream},
+                "ncclSend", datatype, count, 0);
+}
+
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+  return submit({OP_P2P, recvbuff, recvbuff, count, DT_COMM_SUM, peer, 1, comm, stream}, "ncclRecv",
+                datatype, 0, count);
+}
+
+ncclResult_t ncclGroupStart()
+{
+  t_group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd()
+{
+  if (t_group_depth == 0)
+    return failed(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--t_group_depth > 0)
+    return ncclSuccess;
+  std::vector<op_t> ops;
+  ops.swap(t_group);
+  return run_group(ops);
+}
+
+} /* extern "C" */
