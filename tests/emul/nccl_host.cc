@@ -138,17 +138,14 @@ static ncclResult_t adopt(ncclComm_t *out, dt_comm_t *c, std::shared_ptr<rendezv
   std::vector<float> gpus((size_t)comm->world, -1.0f);
   const float mine = (float)machine_gpu(comm->device);
   int rc = dt_comm_all_gather(c, &mine, gpus.data(), 1);
-  for (int r = 0; rc == 0 && r < comm->world; r++)
-    if (r != comm->rank && gpus[(size_t)r] == mine) {
-      ncclResult_t e = failed(comm, ncclInvalidUsage,
-                              "Duplicate GPU detected : rank %d and rank %d both on GPU %d",
-                              DT_MIN(r, comm->rank), DT_MAX(r, comm->rank), (int)mine);
-      dt_comm_destroy(c);
-      delete comm;
-      return e;
-    }
-  if (rc != 0) {
-    ncclResult_t e = failed(comm, ncclSystemError, "init: %s", dt_strerror(rc));
+  ncclResult_t e =
+      rc == 0 ? ncclSuccess : failed(comm, ncclSystemError, "init: %s", dt_strerror(rc));
+  for (int r = 0; e == ncclSuccess && r < comm->world; r++)
+    if (r != comm->rank && gpus[(size_t)r] == mine)
+      e = failed(comm, ncclInvalidUsage,
+                 "Duplicate GPU detected : rank %d and rank %d both on GPU %d",
+                 DT_MIN(r, comm->rank), DT_MAX(r, comm->rank), (int)mine);
+  if (e != ncclSuccess) {
     dt_comm_destroy(c);
     delete comm;
     return e;
