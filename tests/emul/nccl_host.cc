@@ -301,9 +301,9 @@ typedef struct {
   kind_t kind;
   const void *send;
   void *recv;
-  size_t count; /* elements: per rank for reduce-scatter's recv and all-gather's send */
-  dt_comm_op_t op;
-  int root; /* broadcast, reduce; the peer of a send or receive */
+  size_t count;   /* elements: per rank for reduce-scatter's recv and all-gather's send */
+  ncclRedOp_t op; /* reductions: ncclSum or ncclAvg (submit checks) */
+  int root;       /* broadcast, reduce; the peer of a send or receive */
   int is_recv;
   ncclComm_t comm;
   cudaStream_t stream;
@@ -322,13 +322,14 @@ static ncclResult_t run_collective(const op_t &o)
   ncclComm_t comm = o.comm;
   const size_t F = sizeof(float), n = o.count;
   float *recv = (float *)o.recv;
+  const dt_comm_op_t op = o.op == ncclAvg ? DT_COMM_AVG : DT_COMM_SUM;
   switch (o.kind) {
   case OP_ALL_REDUCE:
     if (o.send != o.recv)
       memcpy(recv, o.send, n * F);
-    return transport(comm, dt_comm_all_reduce(comm->c, recv, n, o.op), "all-reduce");
+    return transport(comm, dt_comm_all_reduce(comm->c, recv, n, op), "all-reduce");
   case OP_REDUCE_SCATTER:
-    return transport(comm, dt_comm_reduce_scatter(comm->c, (const float *)o.send, recv, n, o.op),
+    return transport(comm, dt_comm_reduce_scatter(comm->c, (const float *)o.send, recv, n, op),
                      "reduce-scatter");
   case OP_ALL_GATHER:
     return transport(comm, dt_comm_all_gather(comm->c, (const float *)o.send, recv, n),
@@ -339,7 +340,7 @@ static ncclResult_t run_collective(const op_t &o)
     return transport(comm, dt_comm_broadcast(comm->c, recv, n, o.root), "broadcast");
   case OP_REDUCE: { /* an all-reduce of a copy, kept by the root */
     std::vector<float> tmp((const float *)o.send, (const float *)o.send + n);
-    ncclResult_t r = transport(comm, dt_comm_all_reduce(comm->c, tmp.data(), n, o.op), "reduce");
+    ncclResult_t r = transport(comm, dt_comm_all_reduce(comm->c, tmp.data(), n, op), "reduce");
     if (comm->rank == o.root && comm->async == ncclSuccess)
       memcpy(recv, tmp.data(), n * F);
     return r;
@@ -393,6 +394,11 @@ static ncclResult_t submit(const op_t &o, const char *what, ncclDataType_t type,
   if (o.kind == OP_P2P ? !bytes : type != ncclFloat)
     return failed(comm, ncclInvalidArgument, "%s: data type %d (distrain sends %s)", what,
                   (int)type, o.kind == OP_P2P ? "bytes" : "ncclFloat");
+  const bool reduces =
+      o.kind == OP_ALL_REDUCE || o.kind == OP_REDUCE_SCATTER || o.kind == OP_REDUCE;
+  if (reduces && o.op != ncclSum && o.op != ncclAvg)
+    return failed(comm, ncclInvalidArgument, "%s: op %d (distrain sums or averages)", what,
+                  (int)o.op);
   const size_t es = bytes ? 1 : sizeof(float);
   if ((send_n && !in_device(o.send, send_n * es)) || (recv_n && !in_device(o.recv, recv_n * es)))
     return failed(comm, ncclInvalidArgument,
@@ -408,42 +414,28 @@ static ncclResult_t submit(const op_t &o, const char *what, ncclDataType_t type,
   return run_group(one);
 }
 
-static dt_comm_op_t red(ncclRedOp_t op)
-{
-  return op == ncclAvg ? DT_COMM_AVG : DT_COMM_SUM;
-}
-
-static bool red_ok(ncclRedOp_t op)
-{
-  return op == ncclSum || op == ncclAvg;
-}
-
 extern "C" {
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream)
 {
-  if (!red_ok(op))
-    return failed(comm, ncclInvalidArgument, "ncclAllReduce: op %d", (int)op);
-  return submit({OP_ALL_REDUCE, sendbuff, recvbuff, count, red(op), 0, 0, comm, stream},
-                "ncclAllReduce", datatype, count, count);
+  return submit({OP_ALL_REDUCE, sendbuff, recvbuff, count, op, 0, 0, comm, stream}, "ncclAllReduce",
+                datatype, count, count);
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream)
 {
-  if (!red_ok(op))
-    return failed(comm, ncclInvalidArgument, "ncclReduceScatter: op %d", (int)op);
-  return submit({OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, red(op), 0, 0, comm, stream},
+  return submit({OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, op, 0, 0, comm, stream},
                 "ncclReduceScatter", datatype, comm ? recvcount * comm->world : 0, recvcount);
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-  return submit({OP_ALL_GATHER, sendbuff, recvbuff, sendcount, DT_COMM_SUM, 0, 0, comm, stream},
+  return submit({OP_ALL_GATHER, sendbuff, recvbuff, sendcount, ncclSum, 0, 0, comm, stream},
                 "ncclAllGather", datatype, sendcount, comm ? sendcount * comm->world : 0);
 }
 
@@ -451,31 +443,29 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
   const bool is_root = comm && comm->rank == root;
-  return submit({OP_BROADCAST, sendbuff, recvbuff, count, DT_COMM_SUM, root, 0, comm, stream},
+  return submit({OP_BROADCAST, sendbuff, recvbuff, count, ncclSum, root, 0, comm, stream},
                 "ncclBroadcast", datatype, is_root ? count : 0, count);
 }
 
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
 {
-  if (!red_ok(op))
-    return failed(comm, ncclInvalidArgument, "ncclReduce: op %d", (int)op);
   const bool is_root = comm && comm->rank == root;
-  return submit({OP_REDUCE, sendbuff, recvbuff, count, red(op), root, 0, comm, stream},
-                "ncclReduce", datatype, count, is_root ? count : 0);
+  return submit({OP_REDUCE, sendbuff, recvbuff, count, op, root, 0, comm, stream}, "ncclReduce",
+                datatype, count, is_root ? count : 0);
 }
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-  return submit({OP_P2P, sendbuff, (void *)sendbuff, count, DT_COMM_SUM, peer, 0, comm, stream},
+  return submit({OP_P2P, sendbuff, (void *)sendbuff, count, ncclSum, peer, 0, comm, stream},
                 "ncclSend", datatype, count, 0);
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream)
 {
-  return submit({OP_P2P, recvbuff, recvbuff, count, DT_COMM_SUM, peer, 1, comm, stream}, "ncclRecv",
+  return submit({OP_P2P, recvbuff, recvbuff, count, ncclSum, peer, 1, comm, stream}, "ncclRecv",
                 datatype, 0, count);
 }
 
