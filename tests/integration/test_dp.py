@@ -8,6 +8,8 @@ and data, and checks:
     with the comm thread forced on (DISTRAIN_DP_OVERLAP=1: overlap, ZeRO-3 prefetch);
   * the per-rank parameter + gradient + optimizer bytes the trainer reports match the ZeRO
     formula (16P, 8P + 8P/N, 4P + 12P/N, 16P/N) within 5%;
+  * embeddings bigger than a layer, as in GPT-2 (ZeRO moves them a tensor at a time): dp=3
+    under ZeRO-1/2/3, and pp=2 x dp=3 under ZeRO-2, give the single-process losses and weights;
   * a checkpoint written by dp=4 (ZeRO-1 shards) resumes on dp=3 (ZeRO-2) and continues the
     single-process trajectory;
   * a peer that never arrives: rank 0 fails within the timeout and names the missing rank;
@@ -171,6 +173,36 @@ class DataParallel(unittest.TestCase):
                     got, _ = self.run_dp(world, zero, accum, overlap=1)
                     self.assert_close(ref, got, "comm thread: dp=%d zero=%d accum=%d"
                                       % (world, zero, accum))
+
+    def test_embeddings_bigger_than_a_layer(self):
+        """In GPT-2 the embeddings (wte 38.6M floats) outweigh a layer (7.1M), so ZeRO moves
+        them one tensor at a time instead of packing them through the staging buffer sized for
+        a layer; the golden model's (12K floats against 50K) fit it. A vocabulary of 3000 over
+        C32 gives GPT-2's proportions: dp=3 (uneven shards) under ZeRO-1 on the comm thread
+        (all-reduce), ZeRO-2 (reduce-scatter) and ZeRO-3 (all-gather), and pp=2 x dp=3 under
+        ZeRO-2 (the tied embeddings summed between the stages first), against one process."""
+        import test_tp  # the weights comparison (test_tp imports this module)
+
+        def run(world, dp_size, zero, extra=()):
+            tag = "bigvocab_w%d_z%d" % (world, zero)
+            metrics, weights = (os.path.join(self.tmp, tag + ext) for ext in (".jsonl", ".bin"))
+            args = base_args(6 // dp_size, 2, metrics) + [
+                "--zero-stage", str(zero), "--export-llmc", weights] + list(extra)
+            at = args.index("--init")
+            args[at + 1:at + 2] = ["seed:7", "--vocab", "3000", "--layers", "2", "--heads", "2",
+                                   "--channels", "32", "--max-seq", "32"]
+            outs = wait_all(launch(world, lambda r: args, os.path.join(self.tmp, "kv_" + tag),
+                                   {"DISTRAIN_DP_OVERLAP": "1"}))
+            assert_ranks_ok(outs, tag)
+            return read_metrics(metrics), test_tp.read_llmc(weights)
+
+        ref, wref = run(1, 1, 0)
+        for world, zero, extra in ((3, 1, ()), (3, 2, ()), (3, 3, ()), (6, 2, ("--pp", "2"))):
+            what = "vocabulary 3000, %s dp=3 ZeRO-%d" % (" ".join(extra), zero)
+            with self.subTest(world=world, zero=zero):
+                got, w = run(world, 3, zero, extra)
+                self.assert_close(ref, got, what)
+                test_tp.assert_weights(self, wref, w, what)
 
     def check_memory(self, stderr, world, zero):
         params = int(re.search(r"(\d+) parameters", stderr).group(1))

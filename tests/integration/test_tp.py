@@ -11,6 +11,8 @@ on the tiny golden model (L2 H4 C64, V 100 padded to 128) and data, and checks:
   * every rank logs its plan (heads and vocabulary rows it holds), the parameters per rank
     match (P - R)/tp + R, and the replicated parameters (LayerNorms, wpe, row-parallel biases)
     end bit-identical on all tp ranks (the trainer compares their CRC-32C and fails if not);
+  * text sampled after training (--sample) under tp=2 and tp=2 x dp=2 ZeRO-3 is the one
+    process's;
   * a tp=2 x dp=2 checkpoint resumes as dp=4 (no tp) and as one process, and a one-process
     checkpoint resumes as tp=2: every continuation follows the single-process trajectory;
   * sequence parallelism (--sp) on tp=2, tp=4 and tp=2 x dp=2 under ZeRO-3: the same losses
@@ -170,6 +172,28 @@ class TensorParallel(OneProcessReference):
                     self.assertLess(act_mib(err), act_mib(plain[r]), "rank %d" % r)
                     print("\n  %s rank %d: activations %.2f MiB, without SP %.2f MiB"
                           % (what, r, act_mib(err), act_mib(plain[r])), file=sys.stderr)
+
+    def test_sampling(self):
+        """--sample after training: under tensor parallelism every rank runs the forward pass
+        and the last position's vocabulary slices are gathered (ZeRO-3 also gathers the weights
+        layer by layer); rank 0 prints the same text as one process."""
+        def sample(world, tp, zero, batch, tag):
+            kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
+            outs = dp.wait_all(dp.launch(world, lambda r: dp.base_args(
+                batch, 1, os.path.join(self.tmp, tag + ".jsonl")) + [
+                "--tp", str(tp), "--zero-stage", str(zero), "--sample", "24"], kv))
+            dp.assert_ranks_ok(outs, tag)
+            text = re.search(r"---- sample .*?---- end of sample ----", outs[0][1], re.S)
+            self.assertIsNotNone(text, "%s: no sample on rank 0's stdout" % tag)
+            for r, (_, out, _) in enumerate(outs[1:], 1):
+                self.assertNotIn("---- sample", out, "%s: rank %d printed too" % (tag, r))
+            return text.group(0)
+        one = sample(1, 1, 0, 8, "sample_one")
+        self.assertEqual(len(re.findall(r"\[\d+\]", one)), 32 + 24, one)  # prompt + sample
+        for world, tp, zero in ((2, 2, 0), (4, 2, 3)):
+            with self.subTest(tp=tp, dp=world // tp, zero=zero):
+                self.assertEqual(sample(world, tp, zero, 8 * tp // world, "sample_w%d_tp%d_z%d"
+                                        % (world, tp, zero)), one)
 
     def test_checkpoints_across_layouts(self):
         ref, _ = self.single_run(8, 1)

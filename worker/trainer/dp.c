@@ -891,12 +891,6 @@ void dt_dp_ckpt_range(const dt_dp_t *dp, dt_ckpt_range_t *r, int *writes, int *w
   *writer_rank = dp->rank;
 }
 
-void dt_dp_ckpt_range_of(const dt_dp_t *dp, int writer, int64_t *lo, int64_t *hi)
-{
-  *lo = dp->stage == 0 ? 0 : dp->displs[writer];
-  *hi = dp->stage == 0 ? dp->P : dp->displs[writer + 1];
-}
-
 /* Loads local range [lo, hi) of the parameters and/or moments from a checkpoint of any layout:
  * the range's runs in the global layout are what is read. */
 static int load_local(dt_dp_t *dp, const char *path, int64_t lo, int64_t hi, float *params,

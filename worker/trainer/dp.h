@@ -76,8 +76,6 @@ int dt_dp_average(dt_dp_t *dp, float *x);
  * *writes = 0 elsewhere); its pointers address device memory. */
 void dt_dp_ckpt_range(const dt_dp_t *dp, dt_ckpt_range_t *r, int *writes, int *writers,
                       int *writer_rank);
-/* The local range that checkpoint writer `writer` (0 <= writer < *writers) of the group writes. */
-void dt_dp_ckpt_range_of(const dt_dp_t *dp, int writer, int64_t *lo, int64_t *hi);
 /* Loads this rank's state from a committed checkpoint (written with any dp and tp sizes). */
 int dt_dp_load(dt_dp_t *dp, const char *path, dt_train_state_t *state);
 /* Gathers this rank's full local weights into out (P floats of host memory) on every rank of
