@@ -216,6 +216,12 @@ typedef struct dt_ops {
                                 const float *all_stats, /* (nranks, N, 3) */
                                 int nranks, const int *targets, int vocab_lo, float dloss, int N,
                                 int Vl, int ldl);
+  /* finish with the dlogits (dloss != 0) as bf16 values written in place, as
+   * crossentropy_forward_backward_bf16 writes them: row i's ldl values rounded, from the row's
+   * first byte (rows ldl * 4 / bf16_bytes values apart). NULL without a bf16 path. */
+  int (*crossentropy_vp_finish_bf16)(struct dt_device *dev, float *losses, float *logits,
+                                     const float *all_stats, int nranks, const int *targets,
+                                     int vocab_lo, float dloss, int N, int Vl, int ldl);
 
   /* PyTorch AdamW, one tensor: p *= 1 - lr*wd; m,v moments; p -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2)
    * + eps) with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t; grad is multiplied by grad_scale first

@@ -247,6 +247,18 @@ static int crossentropy_vp_finish(struct dt_device *dev, float *losses, float *l
   return 0;
 }
 
+/* dlogits rounded in place, as crossentropy_forward_backward_bf16's. */
+static int crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, float *logits,
+                                       const float *all_stats, int nranks, const int *targets,
+                                       int vocab_lo, float dloss, int N, int Vl, int ldl)
+{
+  dt_cpu_crossentropy_vp_finish(H(losses), H(logits), H(all_stats), nranks, H(targets), vocab_lo,
+                                dloss, N, Vl, ldl);
+  if (dloss != 0.0f)
+    dt_cpu_to_bf16(H(logits), H(logits), (size_t)N * ldl);
+  return 0;
+}
+
 static int adamw_update(struct dt_device *dev, float *param, void *param16, const float *grad,
                         float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float grad_scale, int t)
@@ -293,6 +305,7 @@ static const dt_ops_t g_cpu_ops = {
     .crossentropy_forward_backward_bf16 = crossentropy_forward_backward_bf16,
     .crossentropy_vp_stats = crossentropy_vp_stats,
     .crossentropy_vp_finish = crossentropy_vp_finish,
+    .crossentropy_vp_finish_bf16 = crossentropy_vp_finish_bf16,
     .adamw_update = adamw_update,
     .sum_squares = sum_squares,
 };

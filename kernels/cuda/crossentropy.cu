@@ -9,8 +9,8 @@
  * Every thread reads the target's logit before the first barrier, and no thread writes the row
  * before that barrier, so the in-place overwrite never races with that read. Threads write only
  * elements they exponentiated themselves (same stride mapping in every loop). Under bf16 the
- * fused kernel may write its dlogits as bf16 values in place (crossentropy.cuh says how that
- * stays race-free). */
+ * fused kernel and finish may write their dlogits as bf16 values in place (crossentropy.cuh
+ * says how that stays race-free). */
 #include <math.h>
 
 #include <cuda_bf16.h>
@@ -59,14 +59,32 @@ int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const fl
   return 0;
 }
 
+template <typename O>
+static int vp_finish(struct dt_device *dev, float *losses, float *logits, const float *all_stats,
+                     int nranks, const int *targets, int vocab_lo, float dloss, int N, int Vl,
+                     int ldl)
+{
+  if (N <= 0)
+    return 0;
+  vp_finish_kernel<O><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
+      losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
 int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,
                                     const float *all_stats, int nranks, const int *targets,
                                     int vocab_lo, float dloss, int N, int Vl, int ldl)
 {
-  if (N <= 0)
-    return 0;
-  vp_finish_kernel<<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
-      losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl);
-  DT_CUDA_CHECK(cudaGetLastError());
-  return 0;
+  return vp_finish<float>(dev, losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl,
+                          ldl);
+}
+
+/* dlogits as bf16 values in place (ops.h): row i's from byte 4 i ldl, 2 ldl values apart. */
+int dt__cuda_crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, float *logits,
+                                         const float *all_stats, int nranks, const int *targets,
+                                         int vocab_lo, float dloss, int N, int Vl, int ldl)
+{
+  return vp_finish<__nv_bfloat16>(dev, losses, logits, all_stats, nranks, targets, vocab_lo, dloss,
+                                  N, Vl, ldl);
 }

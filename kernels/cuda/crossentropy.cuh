@@ -83,7 +83,9 @@ __global__ static void vp_stats_kernel(float *stats, const float *logits, const 
 }
 
 /* Combines the ranks' triples of one row (every thread computes the same few scalars, in rank
- * order), writes the loss and, when dloss != 0, this rank's dlogits. */
+ * order), writes the loss and, when dloss != 0, this rank's dlogits (O = __nv_bfloat16: as bf16
+ * values in place, in passes as crossentropy_kernel's). */
+template <typename O>
 __global__ static void vp_finish_kernel(float *losses, float *logits, const float *all_stats,
                                         int nranks, const int *targets, int vocab_lo, float dloss,
                                         int N, int Vl, int ldl)
@@ -109,14 +111,18 @@ __global__ static void vp_finish_kernel(float *losses, float *logits, const floa
   float *x = logits + row * ldl;
   const float scale = dloss / S;
   const int t = targets[row] - vocab_lo;
-  for (int j = threadIdx.x; j < ldl; j += blockDim.x) {
+  O *out = (O *)x;
+  for (int base = 0; base < ldl; base += blockDim.x) { /* the same passes in every thread */
+    const int j = base + (int)threadIdx.x;
     float g = 0.0f;
     if (j < Vl) {
       g = expf(x[j] - M) * scale;
       if (j == t)
         g -= dloss;
     }
-    x[j] = g;
+    __syncthreads();
+    if (j < ldl)
+      dt__store(out + j, g);
   }
 }
 

@@ -150,6 +150,9 @@ int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const fl
 int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,
                                     const float *all_stats, int nranks, const int *targets,
                                     int vocab_lo, float dloss, int N, int Vl, int ldl);
+int dt__cuda_crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, float *logits,
+                                         const float *all_stats, int nranks, const int *targets,
+                                         int vocab_lo, float dloss, int N, int Vl, int ldl);
 int dt__cuda_adamw_update(struct dt_device *dev, float *param, void *param16, const float *grad,
                           float *m, float *v, size_t n, float lr, float beta1, float beta2,
                           float eps, float weight_decay, float grad_scale, int t);

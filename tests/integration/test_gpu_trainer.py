@@ -35,6 +35,7 @@ the host, over distrain's own CPU communicator).
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,12 +87,12 @@ class GpuTrainer(unittest.TestCase):
 
     def launch(self, world, batch, device, extra, tag, own_gpus=False):
         """Runs world ranks; own_gpus gives rank r LOCAL_RANK r (GPU r), else all share GPU 0;
-        with --resume in extra the weights come from the checkpoint (no --init). Returns the
-        metrics path and (returncode, stdout, stderr) per rank."""
+        the weights are the golden model's, unless extra has --resume (the checkpoint's) or an
+        --init of its own. Returns the metrics path and (returncode, stdout, stderr) per rank."""
         metrics = os.path.join(self.tmp, "%s_%s_w%d.jsonl" % (tag, device, world))
         kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
         argv = dp.base_args(batch, ACCUM, metrics, STEPS) + ["--device", device] + list(extra)
-        if "--resume" in extra:
+        if "--resume" in extra or "--init" in extra:
             at = argv.index("--init")
             del argv[at:at + 2]
         env = {"DT_EMUL_GPUS": str(world)} if own_gpus and EMULATED else {}
@@ -184,6 +185,19 @@ class GpuTrainer(unittest.TestCase):
                 got = self.train(world, 4, "cuda", bf16 + extra,
                                  tag="bf16_" + "_".join(e.strip("-") for e in extra))
                 self.assert_close(ref, got, 1e-4, what)
+
+    def test_bf16_tp_dlogits_in_place(self):
+        """Under bf16 the vocabulary-parallel cross-entropy writes each rank's dlogits as bf16
+        values in place, as the fused one does, so the LM head's backward GEMMs read them where
+        they are instead of rounding a copy into the kernel scratch: with a vocabulary of 20000
+        over tp=2, that copy (128 rows x 10000 columns x 2 bytes, 2.4 MiB) would outgrow the
+        1 MiB scratch that everything else here needs."""
+        argv = ["--init", "seed:1", "--vocab", "20000", "--precision", "bf16", "--tp", "2",
+                "--steps", "2"]
+        self.train(2, 4, "cuda", argv, tag="bf16_tp2_v20000")
+        for r, log in enumerate(self.logs):
+            scratch = float(re.search(r"kernel scratch ([\d.]+) MiB", log).group(1))
+            self.assertLessEqual(scratch, 1.0, "rank %d: kernel scratch %.1f MiB" % (r, scratch))
 
     def test_nccl_refused_on_a_shared_gpu(self):
         _, outs = self.launch(2, 4, "cuda", ["--comm", "nccl"], "shared")

@@ -1005,7 +1005,27 @@ START_TEST(test_crossentropy_vp)
           for (int j = vl[r]; j < LDL; j++)
             ck_assert_msg(g[(size_t)i * LDL + j] == 0.0f, "vp dlogits[%d][%d] = %g in the padding",
                           i, j, g[(size_t)i * LDL + j]);
-        free(g);
+        /* The bf16 entry on the same slice: the same losses, and each row's first 2 LDL bytes
+         * hold the fp32 dlogits above rounded, bit for bit. */
+        float *l16 = dev_alloc((size_t)N * LDL * sizeof(float)),
+              *loss16 = dev_alloc((size_t)N * sizeof(float));
+        to_dev(l16, slice[r].h, (size_t)N * LDL * sizeof(float));
+        ck_assert_int_eq(G->crossentropy_vp_finish_bf16(g_gpu, loss16, l16, all_stats.d, NR,
+                                                        targets.d, lo[r], dlosses[k], N, vl[r],
+                                                        LDL),
+                         0);
+        float *loss_a = fetch(&losses), *loss_b = xmalloc((size_t)N * sizeof(float));
+        to_host(loss_b, loss16, (size_t)N * sizeof(float));
+        ck_assert(memcmp(loss_a, loss_b, (size_t)N * sizeof(float)) == 0);
+        float *want = xmalloc((size_t)N * LDL * sizeof(float));
+        ck_assert_int_eq(H->to_bf16(g_cpu, want, g, (size_t)N * LDL), 0);
+        float *got = fetch_rows16(l16, N, LDL, LDL);
+        for (size_t i = 0; i < (size_t)N * LDL; i++)
+          ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                        "vp bf16 dlogits[%zu][%zu] = %g, the fp32 ones rounded %g", i / LDL,
+                        i % LDL, got[i], want[i]);
+        free(g), free(want), free(got), free(loss_a), free(loss_b);
+        g_gpu->free(g_gpu, l16), g_gpu->free(g_gpu, loss16);
       }
       pair_free(&logits), pair_free(&losses);
     }

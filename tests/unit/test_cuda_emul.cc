@@ -179,8 +179,8 @@ START_TEST(test_crossentropy_vocab_parallel)
     dt_cpu_crossentropy_vp_finish(loss_h.data(), lh.data(), all_h.data(), R, tgt.data(), lo[r],
                                   0.5f, N, Vl[r], ldl);
     launch(dim3(N), CE_THREADS, 0, [&] {
-      vp_finish_kernel(loss_g.data(), lg.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N, Vl[r],
-                       ldl);
+      vp_finish_kernel<float>(loss_g.data(), lg.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N,
+                              Vl[r], ldl);
     });
     expect_close("crossentropy vp losses", loss_g, loss_h);
     expect_close("crossentropy vp dlogits (padding zeroed)", lg, lh);

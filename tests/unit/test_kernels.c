@@ -1790,6 +1790,7 @@ START_TEST(test_ops_table)
                            (const void *)ops->crossentropy_forward_backward_bf16,
                            (const void *)ops->crossentropy_vp_stats,
                            (const void *)ops->crossentropy_vp_finish,
+                           (const void *)ops->crossentropy_vp_finish_bf16,
                            (const void *)ops->adamw_update,
                            (const void *)ops->sum_squares};
   for (size_t i = 0; i < sizeof entries / sizeof *entries; i++)
@@ -1811,6 +1812,23 @@ START_TEST(test_ops_table)
   double s1 = dt_cpu_sum_squares(x, (size_t)N * C), s2 = -1.0;
   ck_assert_int_eq(ops->sum_squares(dev, x, (size_t)N * C, &s2), 0);
   ck_assert(s1 == s2);
+  /* The vocabulary-parallel finish, one slice of C of OC columns (x's rows as its logits, ld
+   * C + 1 with a padding column): bf16 is the fp32 entry's dlogits rounded, the same losses. */
+  const int ld = C + 1, nr = 1, tg[6] = {0, 3, 9, 7, 2, 11};
+  float *stats = filled((size_t)N * 3, GARBAGE), *l32 = filled((size_t)N * ld, 0.0f);
+  for (int i = 0; i < N; i++)
+    memcpy(l32 + (size_t)i * ld, x + (size_t)i * C, C * sizeof(float));
+  float *l16 = filled((size_t)N * ld, 0.0f), *loss32 = filled(N, GARBAGE),
+        *loss16 = filled(N, GARBAGE);
+  memcpy(l16, l32, (size_t)N * ld * sizeof(float));
+  dt_cpu_crossentropy_vp_stats(stats, l32, tg, 2, N, C, ld);
+  ck_assert_int_eq(ops->crossentropy_vp_finish(dev, loss32, l32, stats, nr, tg, 2, 0.25f, N, C, ld),
+                   0);
+  ck_assert_int_eq(
+      ops->crossentropy_vp_finish_bf16(dev, loss16, l16, stats, nr, tg, 2, 0.25f, N, C, ld), 0);
+  ck_assert_int_eq(memcmp(loss32, loss16, (size_t)N * sizeof(float)), 0);
+  dt_cpu_to_bf16(l32, l32, (size_t)N * ld);
+  ck_assert_int_eq(memcmp(l32, l16, (size_t)N * ld * sizeof(float)), 0);
   tfree_all();
 }
 END_TEST

@@ -634,10 +634,10 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
 int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
 {
   const dt_ops_t *k = m->dev->ops;
-  if (bf16 &&
-      (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
-       !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 || !k->residual_layernorm_forward_bf16 ||
-       !k->crossentropy_forward_backward_bf16 || !k->bf16_bytes)) {
+  if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
+               !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 ||
+               !k->residual_layernorm_forward_bf16 || !k->crossentropy_forward_backward_bf16 ||
+               !k->crossentropy_vp_finish_bf16 || !k->bf16_bytes)) {
     DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers and activations",
              k->name);
     return DT_ENOTSUP;
@@ -1231,35 +1231,31 @@ static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out
   return 0;
 }
 
-/* Where the loss writes the dlogits as bf16 values (the fused kernel under bf16 compute, one
- * process: all the LM head's bf16 GEMMs read of them), or NULL. */
+/* Where the loss writes the dlogits as bf16 values (under bf16 compute: all the LM head's bf16
+ * GEMMs read of them), or NULL. */
 static const void *dlogits16(const dt_gpt2_t *m, const dt_gpt2_acts_t *a)
 {
-  return m->bf16 && m->tp.tp == 1 ? (const void *)a->logits : NULL;
+  return m->bf16 ? (const void *)a->logits : NULL;
 }
 
 /* Per-token losses of slot a's logits into a->losses and, when dloss != 0, dlogits in place of
- * the logits. One process: the fused kernel. Tensor parallel: the vocabulary-parallel pair
- * around one all-gather of 3N floats per rank. */
+ * the logits (bf16 values under bf16 compute). One process: the fused kernel. Tensor parallel:
+ * the vocabulary-parallel pair around one all-gather of 3N floats per rank. */
 static int cross_entropy(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *targets, float dloss, int N)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  if (dlogits16(m, a)) {
-    DT_CHECK(k->crossentropy_forward_backward_bf16(m->dev, a->losses, a->logits, targets, dloss, N,
-                                                   m->cfg.vocab, m->cfg.padded_vocab));
-    return 0;
-  }
   if (m->tp.tp == 1) {
-    DT_CHECK(k->crossentropy_forward_backward(m->dev, a->losses, a->logits, targets, dloss, N,
-                                              m->cfg.vocab, m->cfg.padded_vocab));
+    DT_CHECK((m->bf16 ? k->crossentropy_forward_backward_bf16 : k->crossentropy_forward_backward)(
+        m->dev, a->losses, a->logits, targets, dloss, N, m->cfg.vocab, m->cfg.padded_vocab));
     return 0;
   }
   float *mine = a->ce_stats + (size_t)m->tp.tp * 3 * N;
   DT_CHECK(k->crossentropy_vp_stats(m->dev, mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl));
   DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->ce_stats, 3 * (size_t)N));
-  DT_CHECK(k->crossentropy_vp_finish(m->dev, a->losses, a->logits, a->ce_stats, m->tp.tp, targets,
-                                     d.vlo, dloss, N, d.Vreal, d.Vl));
+  DT_CHECK((m->bf16 ? k->crossentropy_vp_finish_bf16 : k->crossentropy_vp_finish)(
+      m->dev, a->losses, a->logits, a->ce_stats, m->tp.tp, targets, d.vlo, dloss, N, d.Vreal,
+      d.Vl));
   return 0;
 }
 
