@@ -105,6 +105,15 @@ def proc_alive(pid):
     return s is not None and s not in ("Z", "X")
 
 
+def cmdline(pid):
+    """A process's command line, its arguments joined by spaces ("" once it is gone)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def proc_ppid(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -818,6 +827,45 @@ class T3_RunLocal(ClusterTest):
         self.assertIn("==== job job-1 generation 1 rank 0", r.stdout)
         # nothing is left running
         self.assertEqual(procs_under(run_dir), [])
+
+    def test_interrupted(self):
+        """Ctrl-C in the terminal (SIGINT to distrainctl's whole process group, the local
+        coordinator, agents and trainers included), and SIGTERM to distrainctl alone (a
+        supervisor stopping it): either way distrainctl stops the job, takes its daemons down,
+        says so and exits 1 within seconds, and nothing it started is left running."""
+        for how in ("SIGINT to the group", "SIGTERM to distrainctl"):
+            with self.subTest(how):
+                tag = how.split()[0].lower()
+                run_dir = os.path.join(self.tmp, "run_" + tag)
+                job = os.path.join(self.tmp, "job_%s.yaml" % tag)
+                with open(job, "w") as f:  # far longer than the test waits
+                    f.write(job_yaml(os.path.join(self.tmp, "ckpt_" + tag), 100000, every=0,
+                                     val_every=0))
+                p = subprocess.Popen([binary("coordinator", "distrainctl"), "run", "--local",
+                                      "--nodes", "2", "--run-dir", run_dir, job],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=self.env, cwd=self.tmp, start_new_session=True)
+                try:
+                    logs = os.path.join(run_dir, "node-*", "job-1", "rank-0.log")
+                    wait_until(lambda: any("step " in tail(f, 5) for f in glob.glob(logs)), 60,
+                               "the job to train")
+                    t0 = time.time()
+                    if tag == "sigint":
+                        os.killpg(p.pid, signal.SIGINT)
+                    else:
+                        p.send_signal(signal.SIGTERM)
+                    _, err = p.communicate(timeout=30)
+                finally:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                sys.stderr.write("[%s: exited in %.1f s] " % (how, time.time() - t0))
+                self.assertEqual(p.returncode, 1, err[-2000:])
+                self.assertIn("distrainctl: interrupted: stopping job-1", err)
+                # trainers work in the run directory; the daemons name it on their command line
+                daemons = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                           if run_dir in cmdline(pid) and proc_alive(pid)]
+                self.assertEqual(procs_under(run_dir) + daemons, [])
 
     def test_two_rank_job_on_three_agents(self):
         """A dp=2 (ZeRO-1) job on 3 agents of 1 device: 2 nodes take a rank each, the
