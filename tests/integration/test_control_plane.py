@@ -1599,6 +1599,22 @@ class T6_Stop(ClusterTest):
         self.wait_state(job2, [pb.JOB_RUNNING], 20, min_step=1)
         _, tr2 = wait_until(lambda: self.trainer_of(job2), 10, "job 2's trainer")
         self.assertEqual(proc_ppid(tr2.pid), agent.pid)
+        # `distrainctl status` without a job lists them all: a table, and a JSON array.
+        common = ("--coordinator", self.addr, "--token-file", self.token_file)
+        r = self.ctl("status", *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = r.stdout.splitlines()
+        self.assertEqual(rows[0].split()[:3], ["JOB", "STATE", "GEN"], r.stdout)
+        self.assertEqual(sorted(tuple(row.split()[:2]) for row in rows[1:]),
+                         sorted([(job1, "STOPPED"), (job2, "RUNNING")]), r.stdout)
+        self.assertRegex(r.stdout, r"%s +STOPPED .*/100000 .*stopped" % job1)
+        r = self.ctl("status", "--json", *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        listed = {j["job_id"]: j for j in json.loads(r.stdout)}
+        self.assertEqual(sorted(listed), sorted([job1, job2]))
+        self.assertEqual((listed[job1]["state"], listed[job2]["state"]), ("STOPPED", "RUNNING"))
+        self.assertEqual(listed[job2]["steps"], 100000)
+        self.assertGreaterEqual(listed[job2]["step"], 1)
         agent.send_signal(signal.SIGTERM)
         rc = agent.wait(timeout=self.GRACE_MS / 1000.0 + 5)
         self.assertEqual(rc, 0)
