@@ -10,7 +10,9 @@
  * allocation (host memory would fault on a GPU); the data types are the ones distrain sends
  * (ncclFloat for collectives and reductions, bytes for send/recv); a group holds either
  * collectives or sends and receives of one communicator; two ranks of one communicator on one
- * GPU are refused at init (ncclInvalidUsage, "Duplicate GPU detected"), as NCCL refuses them.
+ * GPU are refused at init (ncclInvalidUsage, "Duplicate GPU detected"), as NCCL refuses them;
+ * operations run on a GPU one at a time (an operation that starts while another is in flight
+ * there fails: see gpu_turn).
  *
  * What differs from NCCL, by design:
  * - An operation runs when it is called (outside a group) or at ncclGroupEnd, on the host, after
@@ -34,6 +36,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -350,6 +353,42 @@ static ncclResult_t run_collective(const op_t &o)
   }
 }
 
+/* One operation at a time on each GPU. NCCL's kernels wait on their peers, so two
+ * communicators' operations in flight on one GPU deadlock unless the GPU runs them side by side
+ * (not guaranteed: it depends on their resources) or every rank launched them in the same order;
+ * NCCL's guidance ("Using multiple NCCL communicators concurrently") is to complete one
+ * communicator's operations before starting another's. Here an operation that starts while
+ * another is in flight on its GPU fails (ncclInvalidUsage), whatever the order. */
+static std::mutex g_gpu_mu;
+static std::map<int, ncclComm_t> g_gpu_busy; /* GPU -> the communicator running on it */
+
+struct gpu_turn {
+  ncclComm_t comm;
+  bool held = false;
+  explicit gpu_turn(ncclComm_t c) : comm(c)
+  {
+    std::lock_guard<std::mutex> lock(g_gpu_mu);
+    auto it = g_gpu_busy.find(comm->device);
+    if (it != g_gpu_busy.end()) {
+      (void)failed(comm, ncclInvalidUsage,
+                   "rank %d of %d: an operation started on GPU %d while one of another "
+                   "communicator (rank %d of %d) was in flight there; NCCL may deadlock on that "
+                   "unless every rank launched them in the same order",
+                   comm->rank, comm->world, comm->device, it->second->rank, it->second->world);
+      return;
+    }
+    g_gpu_busy[comm->device] = comm;
+    held = true;
+  }
+  ~gpu_turn()
+  {
+    if (!held)
+      return;
+    std::lock_guard<std::mutex> lock(g_gpu_mu);
+    g_gpu_busy.erase(comm->device);
+  }
+};
+
 /* A group (or a lone operation): after the work queued on its streams, its collectives in
  * order, or its sends and receives posted together. */
 static ncclResult_t run_group(std::vector<op_t> &ops)
@@ -368,6 +407,9 @@ static ncclResult_t run_group(std::vector<op_t> &ops)
   }
   if (comm->async != ncclSuccess)
     return ncclSuccess; /* a failed communicator runs nothing more; its error stands */
+  gpu_turn turn(comm);
+  if (!turn.held)
+    return ncclSuccess;
   if (!p2p) {
     for (const op_t &o : ops)
       if (run_collective(o) != ncclSuccess || comm->async != ncclSuccess)

@@ -20,7 +20,8 @@ the GPUs; the host-staged communicator) against one GPU process.
     of another batch shape in another order, and the bf16 activations rounded from those sums
     can then land one bf16 step apart;
   * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3, tp=2 and pp=2 on NCCL
-    (--comm nccl), within 1e-5 of the one GPU process.
+    (--comm nccl), within 1e-5 of the one GPU process; with four, tp=2 x dp=2 under ZeRO-3
+    and pp=2 x dp=2 under ZeRO-2 too.
 
 Run by tests/gpu/run.sh on the GPU machine, or by hand:
 
@@ -208,16 +209,24 @@ class GpuTrainer(unittest.TestCase):
             self.assertIn("--comm nccl: ranks 0 and 1 share one GPU, which NCCL refuses", err)
 
     def test_nccl_one_gpu_per_rank(self):
+        """One GPU per rank on NCCL. The world-4 layouts run the data-parallel comm thread
+        next to the compute thread's tp or pp operations, each on its own communicator: the
+        trainer must not let both have an operation in flight on a GPU (dp.h,
+        dt_dp_order_before), which the emulated NCCL refuses."""
         if gpu_count() < 2:
             self.skipTest("NCCL between trainers needs two GPUs")
-        for dps, extra in ((2, ["--zero-stage", "3"]), (1, ["--tp", "2"]), (1, ["--pp", "2"])):
-            what = "nccl %s" % " ".join(extra)
+        for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 1, ["--tp", "2"]),
+                                  (2, 1, ["--pp", "2"]), (4, 2, ["--tp", "2", "--zero-stage", "3"]),
+                                  (4, 2, ["--pp", "2", "--zero-stage", "2"])):
+            what = "nccl world %d %s" % (world, " ".join(extra))
             with self.subTest(what):
+                if gpu_count() < world:
+                    self.skipTest("%d GPUs" % world)
                 ref = self.train(1, 4 * dps, "cuda", tag="nref%d" % dps)
-                got = self.train(2, 4, "cuda", ["--comm", "nccl"] + extra, own_gpus=True,
+                got = self.train(world, 4, "cuda", ["--comm", "nccl"] + extra, own_gpus=True,
                                  tag="nccl_" + "_".join(e.strip("-") for e in extra))
                 self.assert_close(ref, got, 1e-5, what)
-                self.assertIn("collectives: nccl on 2 ranks", self.logs[0])
+                self.assertIn("collectives: nccl on %d ranks" % world, self.logs[0])
 
 
 if __name__ == "__main__":

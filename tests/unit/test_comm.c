@@ -1252,6 +1252,52 @@ START_TEST(test_world1)
 }
 END_TEST
 
+typedef struct {
+  int calls, rc;
+} gate_t;
+
+static int count_gate(void *ud)
+{
+  gate_t *g = ud;
+  g->calls++;
+  return g->rc;
+}
+
+/* dt_comm_set_gate: every operation calls the gate first, once; a gate's error fails the
+ * operation before it runs (the buffer untouched) and poisons nothing; splits do not inherit
+ * it. */
+START_TEST(test_gate)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  dt_comm_t *comm = NULL, *sub = NULL;
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "gate/gen0", 0, 1, 1000), 0);
+  gate_t g = {0, 0};
+  dt_comm_set_gate(comm, count_gate, &g);
+  float a[2] = {1, 2}, b[2] = {0};
+  ck_assert_int_eq(dt_comm_all_reduce(comm, a, 2, DT_COMM_SUM), 0);
+  ck_assert_int_eq(dt_comm_reduce_scatter(comm, a, b, 2, DT_COMM_SUM), 0);
+  ck_assert_int_eq(dt_comm_all_gather(comm, a, b, 2), 0);
+  ck_assert_int_eq(dt_comm_broadcast(comm, a, 2, 0), 0);
+  ck_assert_int_eq(dt_comm_barrier(comm), 0);
+  ck_assert_int_eq(dt_comm_split(comm, 0, 0, &sub), 0);
+  ck_assert_int_eq(g.calls, 6);
+  ck_assert_int_eq(dt_comm_all_reduce(sub, a, 2, DT_COMM_SUM), 0);
+  ck_assert_int_eq(g.calls, 6);
+  g.rc = DT_ECANCELED;
+  ck_assert_int_eq(dt_comm_all_gather(comm, (const float[]){5, 6}, b, 2), DT_ECANCELED);
+  ck_assert(b[0] == 1 && b[1] == 2);
+  ck_assert_int_eq(g.calls, 7);
+  dt_comm_set_gate(comm, NULL, NULL);
+  ck_assert_int_eq(dt_comm_all_gather(comm, (const float[]){5, 6}, b, 2), 0);
+  ck_assert(b[0] == 5 && b[1] == 6);
+  ck_assert_int_eq(g.calls, 7);
+  dt_comm_destroy(sub);
+  dt_comm_destroy(comm);
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
 START_TEST(test_invalid_arguments)
 {
   dt_kv_t kv;
@@ -1400,6 +1446,7 @@ static Suite *comm_suite(void)
   tcase_add_test(t, test_progress);
   tcase_add_test(t, test_device_buffers_staged);
   tcase_add_test(t, test_world1);
+  tcase_add_test(t, test_gate);
   tcase_add_test(t, test_invalid_arguments);
   tcase_add_test(t, test_bad_interface);
   tcase_add_test(t, test_io_thread_class);

@@ -32,6 +32,8 @@ struct dt_comm {
   dt_comm_device_t dev; /* dev.is_device NULL: no staging (dt_comm_set_device) */
   char *stage;          /* staging buffer on the backend's side (host, or device memory) */
   size_t stage_cap;
+  int (*gate)(void *ud); /* dt_comm_set_gate, or NULL */
+  void *gate_ud;
   /* progress (dt_comm_progress): written by the operating thread, read by any */
   char label[16];
   atomic_uint_fast64_t entered, done;
@@ -100,14 +102,22 @@ static int comm_canceled(void *arg)
   return atomic_load(&((dt_comm_t *)arg)->aborted);
 }
 
-/* Gate at the start of every operation. */
-static int comm_enter(dt_comm_t *comm)
+/* Whether comm may start an operation. */
+static int comm_usable(const dt_comm_t *comm)
 {
   if (!comm)
     return DT_EINVAL;
   if (atomic_load(&comm->aborted))
     return DT_ECANCELED;
   return comm->err;
+}
+
+/* Gate at the start of every operation (the equal-count forms check only, and pass the gate
+ * in their _v form). */
+static int comm_enter(dt_comm_t *comm)
+{
+  DT_CHECK(comm_usable(comm));
+  return comm->gate ? comm->gate(comm->gate_ud) : 0;
 }
 
 /* Marks the start of an operation that reaches the backend (ops: a point-to-point's halves,
@@ -325,6 +335,12 @@ int dt_comm_progress(dt_comm_progress_t *out, int max)
   return n;
 }
 
+void dt_comm_set_gate(dt_comm_t *comm, int (*gate)(void *ud), void *ud)
+{
+  comm->gate = gate;
+  comm->gate_ud = ud;
+}
+
 int dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev)
 {
   if (!comm || !dev || !dev->is_device || !dev->copy ||
@@ -479,7 +495,7 @@ int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const
 
 int dt_comm_reduce_scatter(dt_comm_t *comm, const float *in, float *out, size_t n, dt_comm_op_t op)
 {
-  DT_CHECK(comm_enter(comm));
+  DT_CHECK(comm_usable(comm));
   size_t *counts = malloc((size_t)comm->world * sizeof *counts);
   if (!counts)
     return DT_ENOMEM;
@@ -511,7 +527,7 @@ int dt_comm_all_gather_v(dt_comm_t *comm, const float *in, float *out, const siz
 
 int dt_comm_all_gather(dt_comm_t *comm, const float *in, float *out, size_t n)
 {
-  DT_CHECK(comm_enter(comm));
+  DT_CHECK(comm_usable(comm));
   size_t *counts = malloc((size_t)comm->world * sizeof *counts);
   if (!counts)
     return DT_ENOMEM;

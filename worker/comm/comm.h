@@ -116,6 +116,11 @@ typedef struct {
 /* DT_EINVAL (nothing set) when a device-memory backend gets a device without alloc, release
  * and sync. */
 int dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
+/* A function every operation on comm calls first, on the calling thread (NULL: none; splits do
+ * not inherit it). A negative return fails the operation with that code before any
+ * communication, poisoning nothing. The trainer uses it to keep two "nccl" communicators from
+ * running operations at once on one GPU (worker/trainer/dp.h, dt_dp_order_before). */
+void dt_comm_set_gate(dt_comm_t *comm, int (*gate)(void *ud), void *ud);
 /* Whether this build has the backend: "cpu" always, "nccl" in builds with CUDA and NCCL. */
 int dt_comm_has_backend(const char *backend);
 

@@ -15,7 +15,8 @@
  * in place when posted. Either way each unit costs one all-gather and one reduce-scatter: its
  * ranges (12 per layer) are packed rank-major into a staging buffer, so the latency of a
  * collective is paid once per unit, not once per tensor. The compute thread issues collectives
- * of its own (norms, ZeRO-1's all-gather, averages) only after draining the FIFO.
+ * of its own (norms, ZeRO-1's all-gather, averages) only after draining the FIFO, and on NCCL
+ * its model-parallel ones too (dt_dp_order_before).
  *
  * A task is posted with a device event recorded behind the work queued so far: the kernels that
  * produced its unit's gradients, or last read the slot it gathers into. The comm thread waits for
@@ -410,6 +411,17 @@ static int wait_task(dt_dp_t *dp, uint64_t seq)
 static int drain(dt_dp_t *dp)
 {
   return wait_task(dp, dp->seq_posted);
+}
+
+static int drain_gate(void *ud)
+{
+  return drain(ud);
+}
+
+void dt_dp_order_before(dt_dp_t *dp, dt_comm_t *other)
+{
+  if (dp->threaded && other && other != dp->comm)
+    dt_comm_set_gate(other, drain_gate, dp);
 }
 
 /* ------------------------------------------------------------------------------------------ */

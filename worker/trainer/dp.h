@@ -52,6 +52,17 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
                  int zero_stage);
 void dt_dp_destroy(dt_dp_t *dp);
 
+/* With the comm thread, makes every operation this process starts on `other` (a model-parallel
+ * group of the compute thread: tp, cp, pp, ...) first wait until the data-parallel collectives
+ * posted so far are done (dt_comm_set_gate); without it, does nothing. NCCL may deadlock when
+ * two communicators have operations in flight on one GPU at once, unless every rank launched
+ * them in the same order (NCCL's "Using multiple NCCL communicators concurrently"), and the two
+ * threads' interleaving differs from rank to rank. Gated, a GPU runs one communicator's
+ * operation at a time, in program order, the same on every rank; the comm thread still
+ * overlaps each collective with the compute up to the compute thread's next one. The trainer
+ * gates its groups when they are NCCL's; the "cpu" backend needs no gate. */
+void dt_dp_order_before(dt_dp_t *dp, dt_comm_t *other);
+
 void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem);
 
 /* Before the first micro-batch of a step. */
