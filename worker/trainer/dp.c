@@ -121,6 +121,8 @@ struct dt_dp {
   size_t q_head, q_tail, q_cap;
   uint64_t seq_posted, seq_done;
   int q_err, stop;
+  dt_comm_t *gated[8]; /* dt_dp_order_before's communicators, released by destroy */
+  int ngated;
 };
 
 static int collective(const dt_dp_t *dp)
@@ -418,10 +420,15 @@ static int drain_gate(void *ud)
   return drain(ud);
 }
 
-void dt_dp_order_before(dt_dp_t *dp, dt_comm_t *other)
+int dt_dp_order_before(dt_dp_t *dp, dt_comm_t *other)
 {
-  if (dp->threaded && other && other != dp->comm)
-    dt_comm_set_gate(other, drain_gate, dp);
+  if (!dp->threaded || !other || other == dp->comm)
+    return 0;
+  if (dp->ngated == (int)DT_ARRAY_SIZE(dp->gated))
+    return DT_EINVAL;
+  dt_comm_set_gate(other, drain_gate, dp);
+  dp->gated[dp->ngated++] = other;
+  return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -727,6 +734,8 @@ void dt_dp_destroy(dt_dp_t *dp)
       dp->dev->event_destroy(dp->dev, dp->queue[i].ready);
   }
   free(dp->queue);
+  for (int i = 0; i < dp->ngated; i++)
+    dt_comm_set_gate(dp->gated[i], NULL, NULL);
   if (dp->m && dp->m->hooks == &dp->hooks)
     dp->m->hooks = NULL;
   free(dp->counts);

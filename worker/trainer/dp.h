@@ -60,8 +60,9 @@ void dt_dp_destroy(dt_dp_t *dp);
  * threads' interleaving differs from rank to rank. Gated, a GPU runs one communicator's
  * operation at a time, in program order, the same on every rank; the comm thread still
  * overlaps each collective with the compute up to the compute thread's next one. The trainer
- * gates its groups when they are NCCL's; the "cpu" backend needs no gate. */
-void dt_dp_order_before(dt_dp_t *dp, dt_comm_t *other);
+ * gates its groups when they are NCCL's; the "cpu" backend needs no gate. dt_dp_destroy removes
+ * the gates, so destroy dp before those communicators. 0, or DT_EINVAL past 8 communicators. */
+int dt_dp_order_before(dt_dp_t *dp, dt_comm_t *other);
 
 void dt_dp_memory(const dt_dp_t *dp, dt_dp_memory_t *mem);
 

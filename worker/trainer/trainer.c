@@ -927,7 +927,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (t->devworld) { /* NCCL: one group's operations at a time on the GPU (dp.h) */
     dt_comm_t *mine[] = {t->plan.tp, t->plan.cp, t->plan.pp, t->plan.emb, t->plan.mp};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++)
-      dt_dp_order_before(t->dp, mine[i]);
+      DT_CHECK(dt_dp_order_before(t->dp, mine[i]));
   }
   if (t->resume_from) {
     DT_CHECK(resume(t));
