@@ -36,7 +36,7 @@ static void plan_usage(FILE *out)
       "                        --seq S --global-batch B --gpus N [--gpus-per-node G]\n"
       "                        [--gpu-mem-gib M] [--peak-tflops T] [--mfu F] [--intra-gbps X]\n"
       "                        [--inter-gbps Y] [--latency-us U] [--precision bf16|fp32|mixed16]\n"
-      "                        [--attention flash|materialized] [--top K] [--json]"
+      "                        [--attention flash|materialized] [--top K] [--json]\n"
       "                        [--emit-spec]\n"
       "                        [--layout dp=D,tp=T,pp=P,cp=C,zero=Z,micro=M,ckpt=0|1]\n"
       "  presets: %s\n"

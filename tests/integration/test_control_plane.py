@@ -481,6 +481,40 @@ class ClusterTest(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
+# 0. Every program's --help
+# ---------------------------------------------------------------------------------------------
+
+class T0_Help(unittest.TestCase):
+    # (the source with the program's getopt_long table, the binary, its arguments)
+    PROGRAMS = [("coordinator/distrainctl.c", "coordinator", "distrainctl", []),
+                ("coordinator/ctl_plan.c", "coordinator", "distrainctl", ["plan"]),
+                ("coordinator/main.c", "coordinator", "distrain-coordinator", []),
+                ("worker/agent/main.c", "worker/agent", "distrain-worker", []),
+                ("worker/trainer/main.c", "worker/trainer", "distrain-train", [])]
+
+    def test_help(self):
+        """--help exits 0, fits 100 columns, and names every long option the program's parser
+        accepts (read from its getopt_long table), so none is undocumented."""
+        for src, sub, name, args in self.PROGRAMS:
+            with self.subTest(" ".join([name] + args)):
+                with open(os.path.join(SRC, src)) as f:
+                    text = f.read()
+                if "DT_RPC_TLS_OPTIONS" in text:  # the TLS options' table entries
+                    with open(os.path.join(SRC, "common", "rpc.h")) as f:
+                        text += f.read()
+                opts = set(re.findall(r'"([a-z0-9-]+)",\s*(?:required|no|optional)_argument',
+                                      text)) - {"help"}
+                self.assertTrue(opts, src)
+                p = subprocess.run([binary(sub, name)] + args + ["--help"], capture_output=True,
+                                   text=True, timeout=30)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                out = p.stdout + p.stderr
+                for line in out.splitlines():
+                    self.assertLessEqual(len(line), 100, line)
+                self.assertEqual([o for o in sorted(opts) if "--" + o not in out], [])
+
+
+# ---------------------------------------------------------------------------------------------
 # 1. The gRPC surface, from a Python client
 # ---------------------------------------------------------------------------------------------
 
