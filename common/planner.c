@@ -308,6 +308,10 @@ void dt_plan_memory(const dt_plan_model_t *m, const dt_plan_train_t *tr, const d
     const double staging = DT_MAX(rp.final, rp.layer);
     out->working = pb.g * slots + (l->zero == 3 ? pb.p * slots : 0) +
                    pb.p * (staging + DT_MIN(DT_MAX(biggest, staging), shard));
+  } else if (n > 1) {
+    /* ZeRO-0/1: the staging buffer of one unit through which the comm thread (on by default
+     * on a GPU) all-reduces each unit's gradients during the backward pass. */
+    out->working = prec_bytes(tr->precision).p * DT_MAX(rp.final, rp.layer);
   }
   out->acts = tr->precision == DT_PLAN_MIXED16 ? acts_mixed16(m, tr, l, stage)
                                                : acts_trainer(m, tr, l, stage);

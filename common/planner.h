@@ -42,7 +42,9 @@
  * 26.25, 14 GB); distrain's bf16 needs 18P, 10P + 8P/N, 6P + 12P/N, 16P/N (126, 77, 52.5, 14 GB).
  * Shards are ceil(P/N), as the trainer splits them. ZeRO-2/3 add working buffers (the trainer's
  * slots: the embeddings, the final norm and two layers, gradients and, under ZeRO-3, gathered
- * parameters, plus a staging and a landing buffer of one layer; fp32 in distrain's trainer).
+ * parameters, plus a staging and a landing buffer of one layer; fp32 in distrain's trainer);
+ * ZeRO-0/1 with N > 1 the staging buffer of one layer, which the GPU trainer's comm thread
+ * all-reduces each layer's gradients through (on a CPU only with a core to spare).
  *
  * ---- Activations per rank --------------------------------------------------------------------
  * distrain's trainer (fp32 and bf16), float for float (b = micro, s = seq, N = b s, C = h,

@@ -11,7 +11,8 @@ the GPUs; the host-staged communicator) against one GPU process.
     the plain run's losses, --attention materialized within 1e-4 of them;
   * dp=2 under ZeRO-3 and ZeRO-2, tp=2 with and without sequence parallelism, pp=2 (1F1B) and
     cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one GPU process on the same global batch (the
-    issue's multi-rank GPU check; cp also runs the CUDA context-parallel attention kernels).
+    issue's multi-rank GPU check; cp also runs the CUDA context-parallel attention kernels),
+    the data-parallel collectives on the comm thread by default under every ZeRO stage.
     --comm auto sees the ranks share a GPU and stages through the host; --comm nccl is refused
     there, naming the two ranks;
   * under --precision bf16, dp=2 under ZeRO-1 and ZeRO-3 and tp=2 within 1e-4 of the one GPU
@@ -172,6 +173,8 @@ class GpuTrainer(unittest.TestCase):
                 got = self.train(world, 4, "cuda", extra, tag="_".join(e.strip("-") for e in extra))
                 self.assert_close(ref, got, 1e-5, what)
                 self.assertIn("collectives stage through the host", self.logs[0])
+                if "--zero-stage" in extra:  # on a GPU the comm thread is on under every stage
+                    self.assertIn("collectives on a comm thread, overlapped", self.logs[0])
 
     def test_bf16_layouts_on_one_gpu(self):
         """bf16 in layouts that change how the bf16 weight copy is kept (ZeRO-1's gather, then

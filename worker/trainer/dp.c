@@ -39,20 +39,22 @@
 #include "dt_util.h"
 
 /* Run the data-parallel collectives on a comm thread, overlapped with compute: 1 on, 0 off,
- * -1 (default) on under ZeRO-2/3, and under ZeRO-0/1 when the node has a core to spare beyond
- * the compute threads of all its ranks. Measured on a 2-core machine with 2 ranks x 1 thread
+ * -1 (default) on under ZeRO-2/3 and on a GPU (whose compute thread only queues kernels, so the
+ * comm thread takes no core from the compute: DDP's bucketed all-reduce during the backward
+ * pass), and under ZeRO-0/1 on the CPU when the node has a core to spare beyond the compute
+ * threads of all its ranks. Measured on a 2-core machine with 2 ranks x 1 thread
  * (no spare core; gpt-tiny, 5 alternating rounds, tests/bench/bench_dp.py): the comm thread made
  * ZeRO-2 steps faster in every round (median 458 vs 470 ms) and ZeRO-3 faster or equal (477 vs
  * 500 ms; its prefetch then really runs ahead), while ZeRO-0 came out even (470 vs 472 ms, one
  * round 6% slower): its one all-reduce per unit has little to hide behind on a busy core. */
 DT_PARAM(DpOverlap, "DP_OVERLAP", -1)
 
-static int want_overlap(int zero_stage)
+static int want_overlap(int zero_stage, const dt_device_t *dev)
 {
   int64_t mode = dt_param_DpOverlap();
   if (mode >= 0)
     return mode != 0;
-  if (zero_stage >= 2)
+  if (zero_stage >= 2 || !dev->host)
     return 1;
   const char *lws = getenv("LOCAL_WORLD_SIZE");
   if (!lws)
@@ -686,7 +688,7 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
     if (!dp->m_shard || !dp->v_shard)
       goto fail;
   }
-  int overlap = collective(dp) && want_overlap(zero_stage);
+  int overlap = collective(dp) && want_overlap(zero_stage, dp->dev);
   if (collective(dp) && dp->rank == 0)
     DT_INFO(TRAIN, "data parallel: %d ranks, ZeRO-%d, collectives %s (DISTRAIN_DP_OVERLAP=%lld)",
             dp->world, zero_stage, overlap ? "on a comm thread, overlapped" : "in place",
