@@ -179,8 +179,10 @@ class DataParallel(unittest.TestCase):
         them one tensor at a time instead of packing them through the staging buffer sized for
         a layer; the golden model's (12K floats against 50K) fit it. A vocabulary of 3000 over
         C32 gives GPT-2's proportions: dp=3 (uneven shards) under ZeRO-1 on the comm thread
-        (all-reduce), ZeRO-2 (reduce-scatter) and ZeRO-3 (all-gather), and pp=2 x dp=3 under
-        ZeRO-2 (the tied embeddings summed between the stages first), against one process."""
+        (all-reduce), ZeRO-2 (reduce-scatter) and ZeRO-3 (all-gather), pp=2 x dp=3 under
+        ZeRO-2 (the tied embeddings summed between the stages first) and ZeRO-1, and tp=2 x dp=3
+        under ZeRO-0 (the all-reduces of ZeRO-0/1 on the comm thread next to the pipeline's and
+        tp's own operations: a GPU's default), against one process."""
         import test_tp  # the weights comparison (test_tp imports this module)
 
         def run(world, dp_size, zero, extra=()):
@@ -197,7 +199,8 @@ class DataParallel(unittest.TestCase):
             return read_metrics(metrics), test_tp.read_llmc(weights)
 
         ref, wref = run(1, 1, 0)
-        for world, zero, extra in ((3, 1, ()), (3, 2, ()), (3, 3, ()), (6, 2, ("--pp", "2"))):
+        for world, zero, extra in ((3, 1, ()), (3, 2, ()), (3, 3, ()), (6, 2, ("--pp", "2")),
+                                   (6, 1, ("--pp", "2")), (6, 0, ("--tp", "2"))):
             what = "vocabulary 3000, %s dp=3 ZeRO-%d" % (" ".join(extra), zero)
             with self.subTest(world=world, zero=zero):
                 got, w = run(world, 3, zero, extra)
