@@ -56,6 +56,13 @@ typedef struct dt_device {
   void (*event_destroy)(struct dt_device *d, void *ev); /* NULL is fine */
   int (*event_record)(struct dt_device *d, void *ev);
   int (*event_wait)(struct dt_device *d, void *ev);
+  /* Timing (profiles: worker/trainer/profile.h). timed_event_create makes an event that
+   * event_ms can time (record, wait for and destroy it as any other); event_ms gives the
+   * milliseconds between the moments the device finished the work two recorded events mark,
+   * once both are done: after sync() or an event_wait on the later (an error before).
+   * NULL on host devices, whose calls are done when they return: the host clock times them. */
+  int (*timed_event_create)(struct dt_device *d, void **out);
+  int (*event_ms)(struct dt_device *d, void *from, void *to, double *ms);
   /* p points into memory this device allocated (a communicator stages such buffers) */
   int (*owns)(struct dt_device *d, const void *p);
   /* Device memory in use (by every process on the device, the CUDA context included: what

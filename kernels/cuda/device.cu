@@ -198,6 +198,28 @@ static int cuda_event_create(dt_device_t *d, void **out)
   return 0;
 }
 
+/* A timed event: cudaEventElapsedTime can measure it (recording it costs a little more). */
+static int cuda_timed_event_create(dt_device_t *d, void **out)
+{
+  cudaEvent_t e;
+  cudaStream_t s;
+  *out = NULL;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
+  DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  *out = e;
+  return 0;
+}
+
+static int cuda_event_ms(dt_device_t *d, void *from, void *to, double *ms)
+{
+  cudaStream_t s;
+  float f = 0.0f;
+  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
+  DT_CUDA_CHECK(cudaEventElapsedTime(&f, (cudaEvent_t)from, (cudaEvent_t)to));
+  *ms = f;
+  return 0;
+}
+
 static void cuda_event_destroy(dt_device_t *d, void *ev)
 {
   if (!ev)
@@ -401,6 +423,8 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->dev.event_destroy = cuda_event_destroy;
   c->dev.event_record = cuda_event_record;
   c->dev.event_wait = cuda_event_wait;
+  c->dev.timed_event_create = cuda_timed_event_create;
+  c->dev.event_ms = cuda_event_ms;
   c->dev.owns = cuda_owns;
   c->dev.memory = cuda_memory;
   c->dev.own_bytes = cuda_own_bytes;

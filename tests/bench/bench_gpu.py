@@ -26,7 +26,10 @@ compiled model compiles in them), tokens/s = B*T*1000/median, MFU = flops_per_to
 the attention term as PaLM and llm.c count it), and GPU memory in use after the steps (total -
 free, what nvidia-smi shows, the CUDA context included; measured the same way for every
 implementation), plus PyTorch's allocator peak. The default peak, 989 TFLOP/s, is an H100 SXM's
-dense bf16; pass --peak-tflops for another GPU.
+dense bf16; pass --peak-tflops for another GPU. distrain then runs step N+1 under --profile
+(every kernel between timed events on its stream; not in the figures above) and the table of
+that step follows: each kernel's calls, time, share of the step and, for the products,
+TFLOP/s, so that a run short of its target says which kernels to work on.
 
 Exit status 77 (a skip) where distrain-train finds no GPU. tests/gpu/run.sh runs it after the
 GPU tests, for gpt2-124m and gpt2-1.5b.
@@ -100,18 +103,23 @@ def summarize(impl, precision, B, T, times_ms, device_mib, extra=None):
 # ---------------------------------------------------------------------------------------------
 
 def run_distrain(a, B, steps, tmp):
-    """One distrain-train run; its row, or {"oom": True} / a failure."""
+    """One distrain-train run; its row, or {"oom": True} / a failure. A measured run takes one
+    step more, profiled (--profile: every kernel timed), which the timings leave out."""
     L, H, C, V, T = MODELS[a.model]
     metrics = os.path.join(tmp, "distrain_b%d.jsonl" % B)
+    measured = steps > WARMUP_STEPS
     cmd = [os.path.join(a.build, "worker/trainer/distrain-train"), "--device", a.device,
            "--seed", "1337", "--layers", str(L), "--heads", str(H), "--channels", str(C),
            "--vocab", str(V), "--max-seq", str(T), "--train", a.shard, "--batch", str(B),
-           "--seq", str(T), "--steps", str(steps), "--lr", str(LR), "--schedule", "constant",
+           "--seq", str(T), "--steps", str(steps + measured), "--lr", str(LR),
+           "--schedule", "constant",
            "--warmup", "0", "--weight-decay", "0", "--grad-clip", str(CLIP),
            "--metrics", metrics, "--quiet", "--precision", a.distrain_precision,
            "--attention", a.distrain_attention]
     if a.model == "gpt2-1.5b":
         cmd += ["--zero-stage", "1"]
+    if measured:
+        cmd += ["--profile", str(steps + 1)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         if "no usable CUDA GPU" in p.stderr or "built without CUDA" in p.stderr:
@@ -122,9 +130,11 @@ def run_distrain(a, B, steps, tmp):
             return {"impl": "distrain", "batch": B, "oom": True}
         raise SystemExit("bench_gpu: distrain-train exited %d:\n%s" % (p.returncode,
                                                                       p.stderr[-3000:]))
-    rows = [json.loads(line) for line in open(metrics) if '"loss"' in line]
-    if steps <= WARMUP_STEPS:  # the batch probe: it fits
+    lines = [json.loads(line) for line in open(metrics)]
+    rows = [r for r in lines if "loss" in r][:steps]
+    if not measured:  # the batch probe: it fits
         return {"impl": "distrain", "batch": B}
+    profile = [r["profile"] for r in lines if "profile" in r]
     mib = rows[-1].get("device_mib") if rows else None
     if a.distrain_precision == "fp32":
         precision = "fp32" + (", materialized" if a.distrain_attention == "materialized" else "")
@@ -132,7 +142,24 @@ def run_distrain(a, B, steps, tmp):
         precision = ("bf16 linear, fp32 materialized" if a.distrain_attention == "materialized"
                      else "bf16 linear+attn")
     return summarize("distrain", precision, B, T, [r["ms"] for r in rows], mib,
-                     {"loss": round(rows[-1]["loss"], 4)})
+                     {"loss": round(rows[-1]["loss"], 4), "profile": profile[0]})
+
+
+def print_profile(r):
+    """distrain's profiled step, kernel by kernel: where the time goes, and the products' speed
+    against the peak."""
+    p = r["profile"]
+    total = sum(k["ms"] for k in p["kernels"])
+    print("distrain step %d, profiled: %.2f ms (kernels %.2f ms, %.1f%%)" % (
+        p["steps"][0], p["step_ms"], total, 100 * total / p["step_ms"]))
+    print("  %-36s %6s %10s %7s %9s" % ("kernel", "calls", "ms", "share", "TFLOP/s"))
+    for k in p["kernels"]:
+        tflops = "%.1f" % (k["gflop"] / k["ms"]) if k["gflop"] > 0 else "-"
+        print("  %-36s %6d %10.3f %6.1f%% %9s" % (k["kernel"], k["calls"], k["ms"],
+                                                  100 * k["ms"] / p["step_ms"], tflops))
+    print("  %-36s %6s %10.3f %6.1f%%" % ("(the rest: copies, communication, host)", "",
+                                          p["step_ms"] - total,
+                                          100 * (p["step_ms"] - total) / p["step_ms"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +344,9 @@ def main():
     for other in ("torch-eager", "torch-compile"):
         if "distrain" in measured and other in measured:
             print("distrain / %s tokens/s: %.2fx" % (other, measured["distrain"] / measured[other]))
+    for r in rows:
+        if r.get("profile"):
+            print_profile(r)
     for r in rows:
         print(json.dumps(r))
     if a.json:

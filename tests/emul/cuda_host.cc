@@ -62,9 +62,11 @@
 #include <string.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -751,6 +753,11 @@ struct CUevent_st {
   unsigned flags;
   CUstream_st *stream; /* NULL: never recorded, or on the legacy stream (complete) */
   uint64_t mark;       /* complete once stream->done reaches it */
+  bool recorded;
+  /* A timing event's (no cudaEventDisableTiming) host clock, in ms, when its stream's work
+   * reached it: set by a queued item of its own, which holds the pointer it writes, so that an
+   * event destroyed or recorded again before that item ran is not written. */
+  std::shared_ptr<double> at;
 };
 
 /* Held while any queued work is queued or runs (one kernel at a time, cuda_emul.h's model);
@@ -995,6 +1002,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
   e->flags = flags;
   e->stream = NULL;
   e->mark = 0;
+  e->recorded = false;
   add_handle(e, K_EVENT);
   *event = e;
   return cudaSuccess;
@@ -1014,8 +1022,41 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     return fail(cudaErrorInvalidResourceHandle);
   }
   std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  if (!(event->flags & cudaEventDisableTiming)) {
+    std::shared_ptr<double> at = std::make_shared<double>(NAN);
+    event->at = at;
+    enqueue(stream, [at] {
+      *at = std::chrono::duration<double, std::milli>(
+                std::chrono::steady_clock::now().time_since_epoch())
+                .count();
+    });
+  }
   event->stream = queues(stream) ? stream : NULL;
   event->mark = queues(stream) ? stream->queued : 0;
+  event->recorded = true;
+  return cudaSuccess;
+}
+
+static bool event_done(cudaEvent_t e)
+{
+  return !e->stream || !live_handle(e->stream, K_STREAM) || e->stream->done >= e->mark;
+}
+
+/* As CUDA: both events recorded, with timing, and complete (cudaErrorNotReady otherwise:
+ * here work runs only when the host waits for it, so a missing wait always shows). */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+  if (!ms)
+    return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  for (cudaEvent_t e : {start, end})
+    if (!live_handle(e, K_EVENT) || !e->recorded || (e->flags & cudaEventDisableTiming)) {
+      report("cudaEventElapsedTime: %p is not a live, recorded event with timing", (void *)e);
+      return fail(cudaErrorInvalidResourceHandle);
+    }
+  if (!event_done(start) || !event_done(end))
+    return cudaErrorNotReady; /* not an error CUDA keeps as the last one */
+  *ms = (float)(*end->at - *start->at);
   return cudaSuccess;
 }
 

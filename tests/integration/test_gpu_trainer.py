@@ -7,8 +7,9 @@ the GPUs; the host-staged communicator) against one GPU process.
     bf16 (both round the GEMM operands alike, and the flash attention's operands, probabilities
     and score gradients at the same points; tensor cores against OpenBLAS on the rounded
     values);
-  * one process, in fp32 and bf16: --recompute and a checkpoint resumed at step 4 bit for bit
-    the plain run's losses, --attention materialized within 1e-4 of them;
+  * one process, in fp32 and bf16: --recompute, --profile (every kernel between timed events)
+    and a checkpoint resumed at step 4 bit for bit the plain run's losses, --attention
+    materialized within 1e-4 of them; the profile's products those of test_profile.py;
   * dp=2 under ZeRO-3 and ZeRO-2, tp=2 with and without sequence parallelism, pp=2 (1F1B) and
     cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one GPU process on the same global batch (the
     issue's multi-rank GPU check; cp also runs the CUDA context-parallel attention kernels),
@@ -47,6 +48,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_dp as dp  # noqa: E402  (the launcher, the arguments and the metrics reader)
+import test_profile  # noqa: E402  (the products a step of the golden model computes)
 
 STEPS = 8
 ACCUM = 2  # micro-batches per step (a pipeline needs at least pp)
@@ -127,7 +129,8 @@ class GpuTrainer(unittest.TestCase):
     def test_options_on_one_gpu(self):
         """What changes the kernels a step runs, against the plain GPU run, in fp32 and bf16:
         --recompute (each block's forward again in backward: the same kernels on the same
-        inputs, so the same losses bit for bit), --attention materialized (the (T, T)
+        inputs, so the same losses bit for bit), --profile (timed events around each kernel:
+        bit for bit, and the products test_profile.py expects), --attention materialized (the (T, T)
         probabilities kept instead of the flash kernels: within 1e-4), and a checkpoint written
         at step 4 and resumed (the state through the host and back: bit for bit)."""
         for prec in ("fp32", "bf16"):
@@ -140,6 +143,15 @@ class GpuTrainer(unittest.TestCase):
                 got = self.train(1, 4, "cuda", p + ["--attention", "materialized"],
                                  tag="opt_mat_" + prec)
                 self.assert_close(ref, got, 1e-4, prec + " materialized against flash")
+            with self.subTest(prec + " --profile"):
+                # the GPU's timed events around every kernel change nothing
+                self.assertEqual(ref, self.train(1, 4, "cuda", p + ["--profile", "2:2"],
+                                                 tag="opt_prof_" + prec))
+                metrics = os.path.join(self.tmp, "opt_prof_%s_cuda_w1.jsonl" % prec)
+                suffix = "_bf16" if prec == "bf16" else ""
+                want = {k + suffix: v for k, v in test_profile.expected_products("flash").items()}
+                test_profile.check_profile(self, test_profile.read_profile(metrics)[0], want,
+                                           (2, 3), "cuda:0")
             with self.subTest(prec + " resume"):
                 ckpt = ["--ckpt-dir", os.path.join(self.tmp, "ckpt_" + prec)]
                 first = self.train(1, 4, "cuda", p + ckpt + ["--stop-at", "4"],

@@ -44,6 +44,8 @@ static void usage(FILE *out)
       "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
+      "  --profile S[:N]             time every kernel of steps S..S+N-1 (N default 1) and log\n"
+      "                              where the step went (default: DISTRAIN_PROFILE, else off)\n"
       "device:\n"
       "  --device cpu|cuda|auto      where to train (default auto: the GPU that LOCAL_RANK picks\n"
       "                              when a CUDA GPU is present, else the CPU)\n"
@@ -118,6 +120,7 @@ enum {
   OPT_PP_PARTITION,
   OPT_PP_VIRTUAL,
   OPT_QUIET,
+  OPT_PROFILE,
   OPT_DEVICE,
   OPT_COMM,
   OPT_PRECISION,
@@ -177,6 +180,7 @@ static const struct option g_opts[] = {
     {"pp-partition", required_argument, 0, OPT_PP_PARTITION},
     {"pp-virtual", required_argument, 0, OPT_PP_VIRTUAL},
     {"quiet", no_argument, 0, OPT_QUIET},
+    {"profile", required_argument, 0, OPT_PROFILE},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -236,6 +240,30 @@ static int parse_skip_steps(const char *s, dt_train_opts_t *o)
   qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
   o->skip_steps = steps;
   o->n_skip_steps = n;
+  return 0;
+}
+
+/* "S" or "S:N": steps S..S+N-1, S >= 1, N >= 1; from names the flag or variable it came from. */
+static int parse_profile(const char *from, const char *s, dt_train_opts_t *o)
+{
+  int64_t first, count = 1;
+  char buf[64];
+  snprintf(buf, sizeof buf, "%s", s);
+  char *colon = strchr(buf, ':');
+  if (colon)
+    *colon = '\0';
+  if (strlen(s) >= sizeof buf || dt_parse_i64(buf, &first) != 0 || first < 1 ||
+      first > 2147483647 ||
+      (colon &&
+       (dt_parse_i64(colon + 1, &count) != 0 || count < 1 || count > 2147483647 - first))) {
+    fprintf(stderr,
+            "distrain-train: %s: expected S or S:N (profile N >= 1 steps from step S >= 1), "
+            "got '%s'\n",
+            from, s);
+    return DT_EINVAL;
+  }
+  o->profile_from = (int)first;
+  o->profile_steps = (int)count;
   return 0;
 }
 
@@ -396,6 +424,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     case OPT_QUIET:
       o->quiet = 1;
       break;
+    case OPT_PROFILE:
+      rc = parse_profile("--profile", optarg, o);
+      break;
     case OPT_DEVICE:
       o->device = optarg;
       break;
@@ -436,6 +467,10 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     fprintf(stderr, "distrain-train: unexpected argument '%s'\n", argv[optind]);
     return DT_EINVAL;
   }
+  /* The variable reaches the trainers an agent starts (every DISTRAIN_* does); the flag wins. */
+  const char *env = getenv("DISTRAIN_PROFILE");
+  if (!o->profile_from && env && *env)
+    return parse_profile("DISTRAIN_PROFILE", env, o);
   return 0;
 }
 

@@ -27,6 +27,7 @@
 #include "link.h"
 #include "rng.h"
 #include "pipeline.h"
+#include "profile.h"
 #include "schedule.h"
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
@@ -229,7 +230,10 @@ static int comm_sync(void *ud)
 typedef struct {
   const dt_train_opts_t *o;
   dt_gpt2_config_t cfg;
-  dt_device_t *dev;          /* where the model's tensors live and its kernels run */
+  dt_device_t *dev;    /* where the model's tensors live and its kernels run */
+  dt_device_t *opened; /* the device as opened: dev wraps it under --profile */
+  dt_profile_t *prof;  /* --profile, else NULL */
+  int prof_logged;
   dt_comm_device_t comm_dev; /* its memory, for communicators that stage it through the host */
   dt_comm_t *world;          /* NULL: one process; "cpu", for host scalars and the plan's groups */
   dt_comm_t *devworld;       /* the device's own backend ("nccl") for the plan's groups, or NULL */
@@ -882,6 +886,16 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     return DT_EINVAL;
   }
   DT_CHECK(dt_train_device_open(o->device, &t->dev));
+  t->opened = t->dev;
+  if (o->profile_from > 0) {
+    if (o->profile_from > o->steps) {
+      DT_ERROR(TRAIN, "--profile (or DISTRAIN_PROFILE) from step %d: the run has %d steps",
+               o->profile_from, o->steps);
+      return DT_EINVAL;
+    }
+    DT_CHECK(dt_profile_create(&t->prof, t->dev));
+    t->dev = dt_profile_device(t->prof);
+  }
   if (world > 1) {
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
                           (int)dt_param_CommTimeoutMs()));
@@ -1037,6 +1051,21 @@ static int skip_step(trainer_t *t, dt_step_metrics_t *sm)
 }
 
 /* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
+/* The --profile table in the log, and on rank 0 in the metrics file; once. */
+static void profile_report(trainer_t *t)
+{
+  const int first = t->o->profile_from, last = first + t->o->profile_steps - 1;
+  char what[64];
+  if (first == last)
+    snprintf(what, sizeof what, "step %d", first);
+  else
+    snprintf(what, sizeof what, "steps %d-%d", first, last);
+  dt_profile_log(t->prof, what);
+  if (t->metrics)
+    dt_profile_json(t->prof, t->metrics, first, last);
+  t->prof_logged = 1;
+}
+
 static int step(trainer_t *t, dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
@@ -1044,6 +1073,10 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   if (skipped_through(o, s + 1) > skipped_through(o, s))
     return skip_step(t, sm);
   double t0 = dt_now_ms(), bubble = 0.0;
+  const int profiled =
+      t->prof && s + 1 >= o->profile_from && s + 1 < o->profile_from + o->profile_steps;
+  if (profiled)
+    dt_profile_begin(t->prof);
   if (dt_param_FaultSlowMs() > 0)
     dt_sleep_ms((double)dt_param_FaultSlowMs());
   DT_CHECK(dt_dp_zero_grad(t->dp));
@@ -1091,6 +1124,8 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   DT_CHECK(dt_dp_step(t->dp, &h, scale, s + 1 - skipped_through(o, s)));
   t->state.step = s + 1;
   t->state.data = t->train.pos;
+  if (profiled) /* waits for the device: the step's time then includes its last kernels */
+    DT_CHECK(dt_profile_end(t->prof, t0));
   const double ms = dt_now_ms() - t0;
   *sm = (dt_step_metrics_t){.step = t->state.step,
                             .loss = loss,
@@ -1245,6 +1280,8 @@ static int finish(trainer_t *t)
             100.0 * dt_pipe_ideal_bubble(t->pp, o->grad_accum, t->model.stage.chunks),
             t->stage ? "; this stage's wait for the flush comes after its pipeline time" : "");
   }
+  if (t->prof && !t->prof_logged) /* the run ended (or began) inside the profiled steps */
+    profile_report(t);
   DT_INFO(TRAIN, "done: %lld steps, peak RSS %.1f MiB", (long long)t->state.step, peak_rss_mb());
   return 0;
 }
@@ -1274,7 +1311,8 @@ static void teardown(trainer_t *t)
   free(t->mb_targets);
   free(t->cp_inputs);
   free(t->cp_targets);
-  dt_train_device_close(t->dev);
+  dt_profile_destroy(t->prof);
+  dt_train_device_close(t->opened);
 }
 
 int dt_train_run(const dt_train_opts_t *o)
@@ -1305,6 +1343,8 @@ int dt_train_run(const dt_train_opts_t *o)
       DT_CHECK_GOTO(evaluate(&t, &sm.val_loss), ret, out);
     }
     report(&t, &sm);
+    if (t.prof && t.state.step == o->profile_from + o->profile_steps - 1)
+      profile_report(&t);
     if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last))
       DT_CHECK_GOTO(save_checkpoint(&t), ret, out);
   }

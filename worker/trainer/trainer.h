@@ -68,6 +68,9 @@ typedef struct {
   const char *export_llmc;
   /* output */
   const char *metrics_path;
+  /* --profile S[:N]: time every kernel of steps S..S+N-1 (profile.h) and log the table after
+   * them (rank 0 also into the metrics file); 0: off */
+  int profile_from, profile_steps;
   int sample_tokens;
   float sample_temp;
   int threads;

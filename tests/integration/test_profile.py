@@ -1,0 +1,227 @@
+"""distrain-train --profile: the per-kernel table of where a step goes (worker/trainer/profile.h).
+
+Runs the real trainer on the tiny golden model (L2 H4 C64, vocabulary 100 padded to 128,
+batch 4 x seq 32, 2 micro-batches per step) and checks:
+  * the calls and FLOPs of the products against the model's own arithmetic, computed here
+    from its shape: a step's linear layers do 2 N C OC per micro-batch forward and twice that
+    backward over 4 per layer and the LM head, attention 4 hs per kept (query, key) pair forward,
+    8 backward and 10 for the flash backward; with flash and materialized attention;
+  * every kernel's time is positive and their sum is within the step's time; the table is in
+    the log and, on rank 0, one {"profile": ...} line in the metrics file;
+  * profiling changes nothing: the losses equal the unprofiled run's bit for bit;
+  * tensor parallelism halves each rank's products exactly (columns, rows and vocabulary split
+    in two) and runs the vocabulary-parallel cross-entropy; the two pipeline stages' products
+    add up to the one process's;
+  * a window running past the last step reports the steps it got; a process resumed after the
+    window says that it ran none of them;
+  * malformed --profile and DISTRAIN_PROFILE values, and a window after the last step: a
+    one-line error naming the flag or the variable, before any training.
+
+test_gpu_trainer.py applies the same checks (check_profile below) to the CUDA trainer.
+
+    /usr/bin/python3 tests/integration/test_profile.py --build build
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_dp as dp  # noqa: E402  (the launcher, the arguments and the metrics reader)
+
+# The golden model and the batch of dp.base_args(4, ACCUM, ...).
+L, NH, C, V, VP, B, T = 2, 4, 64, 100, 128, 4, 32
+ACCUM = 2
+STEPS = 4
+
+
+def expected_products(attention, tp=1, tp_rank=0, layers=L, head=True):
+    """{kernel: (calls, GFLOP)} of a step's products, from the model's shape: a tp rank holds
+    1/tp of every linear layer and its slice of the padded vocabulary, of which the LM head
+    computes the real rows only; a pipeline stage holds its layers, and the head on the last."""
+    n = B * T
+    lo = tp_rank * VP // tp
+    rows = max(0, min(V, lo + VP // tp) - lo) if head else 0  # real vocabulary rows held
+    linear = 12 * C * C * layers // tp + rows * C  # qkv 3C, proj C, fc 4C, fcproj 4C; head
+    calls = ACCUM * (4 * layers + (1 if rows else 0))
+    pairs = T * (T + 1) / 2  # (query, key) pairs the causal mask keeps, per sequence
+    attn = ACCUM * layers * C / tp * B * pairs
+    if attention == "flash":
+        names, bwd = ("attention_forward_flash", "attention_backward_flash"), 10
+    else:
+        names, bwd = ("attention_forward", "attention_backward"), 8
+    out = {
+        "matmul_forward": (calls, ACCUM * 2 * n * linear / 1e9),
+        "matmul_backward": (calls, ACCUM * 4 * n * linear / 1e9),
+    }
+    if layers:
+        out[names[0]] = (ACCUM * layers, 4 * attn / 1e9)
+        out[names[1]] = (ACCUM * layers, bwd * attn / 1e9)
+    return out
+
+
+def read_profile(metrics):
+    with open(metrics) as f:
+        found = [json.loads(line)["profile"] for line in f if line.startswith('{"profile"')]
+    return found
+
+
+def log_table(err):
+    """{kernel: (calls, ms, GFLOP or None)} of the profile table in a trainer's log."""
+    rows = {}
+    for m in re.finditer(r"^\S+(?: \[rank \d+\])?   (\w+) +(\d+) +([\d.]+) +[\d.]+% +(\S+) +\S+$",
+                         err, re.M):
+        rows[m.group(1)] = (int(m.group(2)), float(m.group(3)),
+                            None if m.group(4) == "-" else float(m.group(4)))
+    return rows
+
+
+def check_profile(test, prof, want, steps, device):
+    """A metrics file's profile record against the expected products (kernel: (calls, GFLOP));
+    the names test checks to be there with their suffix (bf16 entries end in _bf16)."""
+    test.assertEqual(prof["steps"], list(steps))
+    test.assertEqual(prof["profiled"], steps[1] - steps[0] + 1)
+    test.assertEqual(prof["device"], device)
+    rows = {k["kernel"]: k for k in prof["kernels"]}
+    for name, (calls, gflop) in want.items():
+        test.assertIn(name, rows, "%s missing from the profile: %s" % (name, sorted(rows)))
+        test.assertEqual(rows[name]["calls"], calls, name)
+        test.assertAlmostEqual(rows[name]["gflop"] / gflop, 1.0, delta=1e-6,
+                               msg="%s: %.9g GFLOP, the model's %.9g" % (
+                                   name, rows[name]["gflop"], gflop))
+    for k in prof["kernels"]:
+        test.assertGreater(k["ms"], 0.0, k["kernel"])
+        test.assertGreater(k["calls"], 0, k["kernel"])
+    total = sum(k["ms"] for k in prof["kernels"])
+    test.assertLessEqual(total, prof["step_ms"] * 1.0001,
+                         "the kernels take %.3f ms of a %.3f ms step" % (total, prof["step_ms"]))
+
+
+class Profile(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="dt_profile_")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_one(self, tag, extra=(), env=None, steps=STEPS, init=True):
+        """One process; init=False drops the golden weights (a --resume takes its own)."""
+        metrics = os.path.join(self.tmp, tag + ".jsonl")
+        argv = dp.base_args(4, ACCUM, metrics, steps)
+        if not init:
+            at = argv.index("--init")
+            del argv[at:at + 2]
+        p = subprocess.run(argv + list(extra),
+                           capture_output=True, text=True, env=dict(os.environ, **(env or {})))
+        return p, metrics
+
+    def test_products_and_times(self):
+        for attention in ("flash", "materialized"):
+            with self.subTest(attention):
+                a = ["--attention", attention]
+                plain, m0 = self.run_one("plain_" + attention, a)
+                self.assertEqual(plain.returncode, 0, plain.stderr[-2000:])
+                prof, m1 = self.run_one("prof_" + attention, a + ["--profile", "2:2"])
+                self.assertEqual(prof.returncode, 0, prof.stderr[-2000:])
+                self.assertEqual([r["loss"] for r in dp.read_metrics(m0)],
+                                 [r["loss"] for r in dp.read_metrics(m1)],
+                                 "--profile changed the losses")
+                self.assertEqual(read_profile(m0), [])
+                found = read_profile(m1)
+                self.assertEqual(len(found), 1)
+                check_profile(self, found[0], expected_products(attention), (2, 3), "cpu")
+                self.assertIn("profile of steps 2-3 on cpu:", prof.stderr)
+                self.assertIn("(the rest: copies, communication, host)", prof.stderr)
+                table = log_table(prof.stderr)
+                self.assertEqual({k: v[0] for k, v in table.items()},
+                                 {k["kernel"]: k["calls"] for k in found[0]["kernels"]})
+
+    def test_the_environment_variable(self):
+        p, m = self.run_one("env", env={"DISTRAIN_PROFILE": "3"})
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        check_profile(self, read_profile(m)[0], expected_products("flash"), (3, 3), "cpu")
+        # the flag wins over the variable
+        p, m = self.run_one("flag", ["--profile", "1:2"], env={"DISTRAIN_PROFILE": "3"})
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        self.assertEqual(read_profile(m)[0]["steps"], [1, 2])
+
+    def launch(self, tag, world, extra):
+        metrics = os.path.join(self.tmp, tag + ".jsonl")
+        kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+        outs = dp.wait_all(dp.launch(world, lambda r: dp.base_args(4, ACCUM, metrics, STEPS)
+                                     + list(extra) + ["--profile", "2"], kv))
+        dp.assert_ranks_ok(outs, tag)
+        return [log_table(err) for _, _, err in outs]
+
+    def check_ranks(self, tables, want, what):
+        """Each rank's log table against its expected products; their sum against one
+        process's (nothing computed twice or left out)."""
+        one = expected_products("flash")
+        for r, table in enumerate(tables):
+            for name, (calls, gflop) in want(r).items():
+                self.assertEqual(table[name][0], calls, "%s rank %d %s" % (what, r, name))
+                self.assertAlmostEqual(table[name][2] / gflop, 1.0, delta=1e-5,
+                                       msg="%s rank %d %s" % (what, r, name))
+        for name in one:
+            total = sum(table[name][2] for table in tables if name in table)
+            self.assertAlmostEqual(total / one[name][1], 1.0, delta=1e-5,
+                                   msg="%s: %s summed over the ranks" % (what, name))
+
+    def test_split_layouts(self):
+        """Each rank's products, from its log: tp=2 splits every layer in two (attention by
+        heads) and the vocabulary, pp=2 gives each stage one layer and the last the head."""
+        tables = self.launch("tp2", 2, ["--tp", "2"])
+        self.check_ranks(tables, lambda r: expected_products("flash", tp=2, tp_rank=r), "tp2")
+        for table in tables:
+            self.assertIn("crossentropy_vp_finish", table)
+            self.assertNotIn("crossentropy_forward_backward", table)
+        tables = self.launch("pp2", 2, ["--pp", "2"])
+        self.check_ranks(tables, lambda r: expected_products("flash", layers=1, head=r == 1),
+                         "pp2")
+
+    def test_windows_outside_the_run(self):
+        p, m = self.run_one("past", ["--profile", "3:10"])
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        prof = read_profile(m)[0]
+        self.assertEqual((prof["steps"], prof["profiled"]), ([3, 12], 2))
+        self.assertIn("profile of steps 3-12 on cpu:", p.stderr)
+        ckpt = ["--ckpt-dir", os.path.join(self.tmp, "ckpt")]
+        p, _ = self.run_one("stop", ckpt + ["--stop-at", "3"])
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        p, m = self.run_one("resumed", ckpt + ["--resume", "--profile", "2"], init=False)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        self.assertIn("profile of step 2: this process ran none of those steps", p.stderr)
+        self.assertEqual(read_profile(m)[0]["profiled"], 0)
+
+    def test_bad_values(self):
+        for flag in ("0", "x", "2:0", "2:", ":2", "2:1:1", "-1", "2:x"):
+            with self.subTest(flag):
+                p, _ = self.run_one("bad", ["--profile", flag])
+                self.assertEqual(p.returncode, 2)
+                self.assertIn("distrain-train: --profile: expected S or S:N", p.stderr)
+                self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+        p, _ = self.run_one("bad_env", env={"DISTRAIN_PROFILE": "soon"})
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("distrain-train: DISTRAIN_PROFILE: expected S or S:N", p.stderr)
+        p, m = self.run_one("late", ["--profile", "5"])
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--profile (or DISTRAIN_PROFILE) from step 5: the run has 4 steps",
+                      p.stderr)
+        self.assertFalse(os.path.exists(m) and dp.read_metrics(m), "it trained")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    args, rest = ap.parse_known_args()
+    dp.BUILD = args.build
+    unittest.main(argv=[sys.argv[0]] + rest)

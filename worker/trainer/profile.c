@@ -1,0 +1,412 @@
+/* profile.c — the timed kernel table of profile.h.
+ *
+ * Invariants: marks[0..n) are the calls of the step being profiled, in order; on a device with
+ * timed events, mark i is bracketed by events[2i] and events[2i+1] (a pool that grows to the
+ * longest step and is reused). Totals are per dt_ops_t entry, over every profiled step. */
+#include "profile.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_error.h"
+#include "dt_log.h"
+#include "dt_util.h"
+
+/* Every function entry of dt_ops_t, in its order. */
+#define DT__PROFILE_KERNELS(X)                                                                     \
+  X(encoder_forward)                                                                               \
+  X(encoder_backward)                                                                              \
+  X(layernorm_forward)                                                                             \
+  X(residual_layernorm_forward)                                                                    \
+  X(layernorm_forward_bf16)                                                                        \
+  X(residual_layernorm_forward_bf16)                                                               \
+  X(layernorm_backward)                                                                            \
+  X(matmul_forward)                                                                                \
+  X(matmul_backward)                                                                               \
+  X(matmul_forward_bf16)                                                                           \
+  X(matmul_backward_bf16)                                                                          \
+  X(to_bf16)                                                                                       \
+  X(attention_forward)                                                                             \
+  X(attention_backward)                                                                            \
+  X(attention_forward_cp)                                                                          \
+  X(attention_backward_cp)                                                                         \
+  X(attention_forward_flash)                                                                       \
+  X(attention_backward_flash)                                                                      \
+  X(attention_forward_flash_bf16)                                                                  \
+  X(attention_backward_flash_bf16)                                                                 \
+  X(gelu_forward)                                                                                  \
+  X(gelu_forward_bf16)                                                                             \
+  X(gelu_backward)                                                                                 \
+  X(residual_forward)                                                                              \
+  X(crossentropy_forward_backward)                                                                 \
+  X(crossentropy_forward_backward_bf16)                                                            \
+  X(crossentropy_vp_stats)                                                                         \
+  X(crossentropy_vp_finish)                                                                        \
+  X(crossentropy_vp_finish_bf16)                                                                   \
+  X(adamw_update)                                                                                  \
+  X(sum_squares)
+
+enum {
+#define DT__PROFILE_ENUM(e) K_##e,
+  DT__PROFILE_KERNELS(DT__PROFILE_ENUM)
+#undef DT__PROFILE_ENUM
+      K_COUNT
+};
+
+static const char *const g_names[K_COUNT] = {
+#define DT__PROFILE_NAME(e) #e,
+    DT__PROFILE_KERNELS(DT__PROFILE_NAME)
+#undef DT__PROFILE_NAME
+};
+
+_Static_assert(K_COUNT <= DT_PROFILE_MAX_ROWS, "DT_PROFILE_MAX_ROWS is below dt_ops_t's entries");
+
+typedef struct {
+  int kernel;
+  double flop;
+  double t0, t1; /* host clock (devices without timed events) */
+} mark_t;
+
+struct dt_profile {
+  dt_device_t dev; /* handed out: inner's entries and state, ops = &ops */
+  dt_ops_t ops;
+  dt_device_t *inner;
+  int armed;
+  mark_t *marks; /* (cap) this step's calls */
+  size_t n, cap;
+  void **events; /* (nevents) timed events, two per mark */
+  size_t nevents;
+  int steps;
+  double wall_ms;
+  double calls[K_COUNT], ms[K_COUNT], flop[K_COUNT];
+};
+
+static dt_profile_t *of(dt_device_t *d)
+{
+  return (dt_profile_t *)((char *)d - offsetof(dt_profile_t, dev));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Marking a call                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static int call_begin(dt_profile_t *p)
+{
+  if (!p->armed)
+    return 0;
+  if (p->n == p->cap) {
+    size_t cap = p->cap ? 2 * p->cap : 256;
+    mark_t *m = realloc(p->marks, cap * sizeof *m);
+    if (!m)
+      return DT_ENOMEM;
+    p->marks = m;
+    p->cap = cap;
+  }
+  dt_device_t *in = p->inner;
+  if (!in->timed_event_create) {
+    p->marks[p->n].t0 = dt_now_ms();
+    return 0;
+  }
+  if (p->nevents < 2 * (p->n + 1)) {
+    void **ev = realloc(p->events, 2 * p->cap * sizeof *ev);
+    if (!ev)
+      return DT_ENOMEM;
+    p->events = ev;
+    for (; p->nevents < 2 * (p->n + 1); p->nevents++)
+      DT_CHECK(in->timed_event_create(in, &p->events[p->nevents]));
+  }
+  return in->event_record(in, p->events[2 * p->n]);
+}
+
+static int call_end(dt_profile_t *p, int kernel, double flop, int rc)
+{
+  if (!p->armed || rc < 0)
+    return rc;
+  dt_device_t *in = p->inner;
+  mark_t *m = &p->marks[p->n];
+  if (in->timed_event_create)
+    DT_CHECK(in->event_record(in, p->events[2 * p->n + 1]));
+  else
+    m->t1 = dt_now_ms();
+  m->kernel = kernel;
+  m->flop = flop;
+  p->n++;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The timed entries                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* static int timed_<entry>(PARAMS): <entry> of the inner table on the inner device, marked,
+ * counting `flop` (an expression of the parameters). */
+#define TIMED(entry, flop, PARAMS, ...)                                                            \
+  static int timed_##entry PARAMS                                                                  \
+  {                                                                                                \
+    dt_profile_t *p = of(dev);                                                                     \
+    int rc = call_begin(p);                                                                        \
+    if (rc == 0)                                                                                   \
+      rc = p->inner->ops->entry(p->inner, __VA_ARGS__);                                            \
+    return call_end(p, K_##entry, (flop), rc);                                                     \
+  }
+
+/* FLOPs of attention over the queries [q0, q0 + Tq) against the keys up to each: per_pair hs
+ * per (query, key) pair of every head, that is per_pair C per pair of every batch element. */
+static double attn_flop(double per_pair, int B, int Tq, int q0, int C)
+{
+  return per_pair * C * B * ((double)Tq * q0 + (double)Tq * (Tq + 1) / 2.0);
+}
+
+TIMED(encoder_forward, 0,
+      (dt_device_t * dev, float *out, const int *inp, const float *wte, int vocab_lo, int vocab_n,
+       const float *wpe, int B, int T, int C),
+      out, inp, wte, vocab_lo, vocab_n, wpe, B, T, C)
+TIMED(encoder_backward, 0,
+      (dt_device_t * dev, float *dwte, int vocab_lo, int vocab_n, float *dwpe, const float *dout,
+       const int *inp, int B, int T, int C),
+      dwte, vocab_lo, vocab_n, dwpe, dout, inp, B, T, C)
+TIMED(layernorm_forward, 0,
+      (dt_device_t * dev, float *out, float *mean, float *rstd, const float *inp,
+       const float *weight, const float *bias, int N, int C),
+      out, mean, rstd, inp, weight, bias, N, C)
+TIMED(residual_layernorm_forward, 0,
+      (dt_device_t * dev, float *res, float *out, float *mean, float *rstd, const float *a,
+       const float *b, const float *weight, const float *bias, int N, int C),
+      res, out, mean, rstd, a, b, weight, bias, N, C)
+TIMED(layernorm_forward_bf16, 0,
+      (dt_device_t * dev, void *out, float *mean, float *rstd, const float *inp,
+       const float *weight, const float *bias, int N, int C),
+      out, mean, rstd, inp, weight, bias, N, C)
+TIMED(residual_layernorm_forward_bf16, 0,
+      (dt_device_t * dev, float *res, void *out, float *mean, float *rstd, const float *a,
+       const float *b, const float *weight, const float *bias, int N, int C),
+      res, out, mean, rstd, a, b, weight, bias, N, C)
+TIMED(layernorm_backward, 0,
+      (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
+       const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C),
+      dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)
+TIMED(matmul_forward, 2.0 * N * C * OC,
+      (dt_device_t * dev, float *out, const float *inp, const float *weight, const float *bias,
+       int N, int C, int OC, int ldo),
+      out, inp, weight, bias, N, C, OC, ldo)
+TIMED(matmul_backward, (dinp ? 4.0 : 2.0) * N * C * OC,
+      (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
+       const float *inp, const float *weight, int N, int C, int OC, int ldd),
+      dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd)
+TIMED(matmul_forward_bf16, 2.0 * N * C * OC,
+      (dt_device_t * dev, float *out, const void *inp, const float *weight, const void *weight16,
+       const float *bias, int N, int C, int OC, int ldo),
+      out, inp, weight, weight16, bias, N, C, OC, ldo)
+TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC,
+      (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
+       const void *dout16, const void *inp, const float *weight, const void *weight16,
+       const float *gelu_in, int N, int C, int OC, int ldd),
+      dinp, dweight, dbias, dout, dout16, inp, weight, weight16, gelu_in, N, C, OC, ldd)
+TIMED(to_bf16, 0, (dt_device_t * dev, void *dst, const float *src, size_t n), dst, src, n)
+TIMED(attention_forward, attn_flop(4, B, T, 0, C),
+      (dt_device_t * dev, float *out, float *att, const float *qkv, int B, int T, int C, int NH),
+      out, att, qkv, B, T, C, NH)
+TIMED(attention_backward, attn_flop(8, B, T, 0, C),
+      (dt_device_t * dev, float *dqkv, float *scratch, const float *dout, const float *qkv,
+       const float *att, int B, int T, int C, int NH),
+      dqkv, scratch, dout, qkv, att, B, T, C, NH)
+TIMED(attention_forward_cp, attn_flop(4, B, Tq, q0, C),
+      (dt_device_t * dev, float *out, float *att, const float *qkv, int B, int Tq, int q0, int Tall,
+       int C, int NH),
+      out, att, qkv, B, Tq, q0, Tall, C, NH)
+TIMED(attention_backward_cp, attn_flop(8, B, Tq, q0, C),
+      (dt_device_t * dev, float *dqkv, float *scratch, const float *dout, const float *qkv,
+       const float *att, int B, int Tq, int q0, int Tall, int C, int NH),
+      dqkv, scratch, dout, qkv, att, B, Tq, q0, Tall, C, NH)
+TIMED(attention_forward_flash, attn_flop(4, B, Tq, q0, C),
+      (dt_device_t * dev, float *out, float *lse, const float *qkv, int B, int Tq, int q0, int Tall,
+       int C, int NH),
+      out, lse, qkv, B, Tq, q0, Tall, C, NH)
+TIMED(attention_backward_flash, attn_flop(10, B, Tq, q0, C),
+      (dt_device_t * dev, float *dqkv, const float *dout, const float *qkv, const float *out,
+       const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
+      dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
+TIMED(attention_forward_flash_bf16, attn_flop(4, B, Tq, q0, C),
+      (dt_device_t * dev, float *out, float *lse, const float *qkv, int B, int Tq, int q0, int Tall,
+       int C, int NH),
+      out, lse, qkv, B, Tq, q0, Tall, C, NH)
+TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C),
+      (dt_device_t * dev, float *dqkv, const float *dout, const float *qkv, const float *out,
+       const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
+      dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
+TIMED(gelu_forward, 0, (dt_device_t * dev, float *out, const float *inp, size_t n), out, inp, n)
+TIMED(gelu_forward_bf16, 0, (dt_device_t * dev, void *out, const float *inp, size_t n), out, inp, n)
+TIMED(gelu_backward, 0,
+      (dt_device_t * dev, float *dinp, const float *inp, const float *dout, size_t n), dinp, inp,
+      dout, n)
+TIMED(residual_forward, 0,
+      (dt_device_t * dev, float *out, const float *a, const float *b, size_t n), out, a, b, n)
+TIMED(crossentropy_forward_backward, 0,
+      (dt_device_t * dev, float *losses, float *logits, const int *targets, float dloss, int N,
+       int V, int Vp),
+      losses, logits, targets, dloss, N, V, Vp)
+TIMED(crossentropy_forward_backward_bf16, 0,
+      (dt_device_t * dev, float *losses, float *logits, const int *targets, float dloss, int N,
+       int V, int Vp),
+      losses, logits, targets, dloss, N, V, Vp)
+TIMED(crossentropy_vp_stats, 0,
+      (dt_device_t * dev, float *stats, const float *logits, const int *targets, int vocab_lo,
+       int N, int Vl, int ldl),
+      stats, logits, targets, vocab_lo, N, Vl, ldl)
+TIMED(crossentropy_vp_finish, 0,
+      (dt_device_t * dev, float *losses, float *logits, const float *all_stats, int nranks,
+       const int *targets, int vocab_lo, float dloss, int N, int Vl, int ldl),
+      losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl)
+TIMED(crossentropy_vp_finish_bf16, 0,
+      (dt_device_t * dev, float *losses, float *logits, const float *all_stats, int nranks,
+       const int *targets, int vocab_lo, float dloss, int N, int Vl, int ldl),
+      losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl)
+TIMED(adamw_update, 0,
+      (dt_device_t * dev, float *param, void *param16, const float *grad, float *m, float *v,
+       size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+       float grad_scale, int t),
+      param, param16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
+TIMED(sum_squares, 0, (dt_device_t * dev, const float *x, size_t n, double *out), x, n, out)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Life cycle and steps                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+int dt_profile_create(dt_profile_t **out, dt_device_t *inner)
+{
+  dt_profile_t *p = calloc(1, sizeof *p);
+  *out = NULL;
+  if (!p)
+    return DT_ENOMEM;
+  p->inner = inner;
+  p->ops = *inner->ops;
+  /* A backend's missing entries stay missing: the model reads them as "no such path". */
+#define DT__PROFILE_WRAP(e)                                                                        \
+  if (p->ops.e)                                                                                    \
+    p->ops.e = timed_##e;
+  DT__PROFILE_KERNELS(DT__PROFILE_WRAP)
+#undef DT__PROFILE_WRAP
+  p->dev = *inner;
+  p->dev.ops = &p->ops;
+  *out = p;
+  return 0;
+}
+
+void dt_profile_destroy(dt_profile_t *p)
+{
+  if (!p)
+    return;
+  for (size_t i = 0; i < p->nevents; i++)
+    p->inner->event_destroy(p->inner, p->events[i]);
+  free(p->events);
+  free(p->marks);
+  free(p);
+}
+
+dt_device_t *dt_profile_device(dt_profile_t *p)
+{
+  return &p->dev;
+}
+
+void dt_profile_begin(dt_profile_t *p)
+{
+  p->n = 0;
+  p->armed = 1;
+}
+
+int dt_profile_end(dt_profile_t *p, double t0_ms)
+{
+  dt_device_t *in = p->inner;
+  p->armed = 0;
+  DT_CHECK(in->sync(in));
+  const double wall = dt_now_ms() - t0_ms;
+  for (size_t i = 0; i < p->n; i++) {
+    const mark_t *m = &p->marks[i];
+    double ms = m->t1 - m->t0;
+    if (in->timed_event_create)
+      DT_CHECK(in->event_ms(in, p->events[2 * i], p->events[2 * i + 1], &ms));
+    p->calls[m->kernel] += 1;
+    p->ms[m->kernel] += ms;
+    p->flop[m->kernel] += m->flop;
+  }
+  p->n = 0;
+  p->steps++;
+  p->wall_ms += wall;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reports                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static int by_time(const void *a, const void *b)
+{
+  const dt_profile_row_t *x = a, *y = b;
+  return (x->ms < y->ms) - (x->ms > y->ms);
+}
+
+int dt_profile_summary(const dt_profile_t *p, int *steps, double *step_ms, dt_profile_row_t *rows)
+{
+  *steps = p->steps;
+  *step_ms = p->steps ? p->wall_ms / p->steps : 0.0;
+  int n = 0;
+  for (int k = 0; k < K_COUNT && p->steps; k++)
+    if (p->calls[k] > 0)
+      rows[n++] = (dt_profile_row_t){.kernel = g_names[k],
+                                     .calls = p->calls[k] / p->steps,
+                                     .ms = p->ms[k] / p->steps,
+                                     .flop = p->flop[k] / p->steps};
+  qsort(rows, (size_t)n, sizeof *rows, by_time);
+  return n;
+}
+
+void dt_profile_log(const dt_profile_t *p, const char *what)
+{
+  dt_profile_row_t rows[DT_PROFILE_MAX_ROWS];
+  int steps;
+  double step_ms, kernel_ms = 0.0, calls = 0.0;
+  const int n = dt_profile_summary(p, &steps, &step_ms, rows);
+  if (steps == 0) {
+    DT_WARN(TRAIN, "profile of %s: this process ran none of those steps", what);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    kernel_ms += rows[i].ms;
+    calls += rows[i].calls;
+  }
+  const double share = 100.0 / DT_MAX(step_ms, 1e-9);
+  DT_INFO(TRAIN,
+          "profile of %s on %s: %.3f ms per step, %.3f ms of it (%.1f%%) in %.0f kernel calls",
+          what, p->inner->name, step_ms, kernel_ms, kernel_ms * share, calls);
+  DT_INFO(TRAIN, "  %-36s %8s %10s %7s %11s %9s", "kernel (per step)", "calls", "ms", "share",
+          "GFLOP", "TFLOP/s");
+  for (int i = 0; i < n; i++) {
+    char gflop[32] = "-", tflops[32] = "-";
+    if (rows[i].flop > 0) {
+      snprintf(gflop, sizeof gflop, "%.6g", rows[i].flop / 1e9);
+      snprintf(tflops, sizeof tflops, "%.3f", rows[i].flop / (DT_MAX(rows[i].ms, 1e-9) * 1e9));
+    }
+    DT_INFO(TRAIN, "  %-36s %8.0f %10.3f %6.1f%% %11s %9s", rows[i].kernel, rows[i].calls,
+            rows[i].ms, rows[i].ms * share, gflop, tflops);
+  }
+  DT_INFO(TRAIN, "  %-36s %8s %10.3f %6.1f%%", "(the rest: copies, communication, host)", "",
+          step_ms - kernel_ms, (step_ms - kernel_ms) * share);
+}
+
+void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last)
+{
+  dt_profile_row_t rows[DT_PROFILE_MAX_ROWS];
+  int steps;
+  double step_ms;
+  const int n = dt_profile_summary(p, &steps, &step_ms, rows);
+  fprintf(f,
+          "{\"profile\": {\"steps\": [%d, %d], \"profiled\": %d, \"device\": \"%s\", "
+          "\"step_ms\": %.6g, \"kernels\": [",
+          first, last, steps, p->inner->name, step_ms);
+  for (int i = 0; i < n; i++)
+    fprintf(f, "%s{\"kernel\": \"%s\", \"calls\": %.6g, \"ms\": %.6g, \"gflop\": %.9g}",
+            i ? ", " : "", rows[i].kernel, rows[i].calls, rows[i].ms, rows[i].flop / 1e9);
+  fprintf(f, "]}}\n");
+  fflush(f);
+}

@@ -1,0 +1,59 @@
+/* profile.h — where a trainer's step goes, kernel by kernel (distrain-train --profile).
+ *
+ * A profile wraps the trainer's device: dt_profile_device() is that device in every respect
+ * (the same memory, streams, events and communication backend: its entries are the inner
+ * device's, on the inner device's state) except its kernel table, whose entries time each call
+ * made between dt_profile_begin and dt_profile_end and otherwise only pass it on. On a GPU a
+ * call is bracketed by two timed events on the compute stream, so it is charged from the moment
+ * the stream reached it to the moment its last kernel ended (a kernel that waited for the host
+ * to launch it counts that wait: a launch-bound step shows as slow small kernels); on a host
+ * device by the host clock. Kernels run on the thread that created the device only (device.h),
+ * so the profile needs no lock.
+ *
+ * FLOPs are counted for the products, as the model-FLOPs convention does: a linear layer
+ * 2·N·C·OC forward; backward 2·N·C·OC for its weight gradient and as much again when the input
+ * gradient is wanted; attention over the (query, key) pairs the causal mask keeps, 4·hs per
+ * pair forward (the scores and the weighted sum), 8·hs backward (four products) and 10·hs for
+ * flash attention's backward (which recomputes the scores). The other kernels are memory-bound
+ * and count none. */
+#ifndef DT_TRAINER_PROFILE_H
+#define DT_TRAINER_PROFILE_H
+
+#include <stdio.h>
+
+#include "device.h"
+
+typedef struct dt_profile dt_profile_t;
+
+/* A profile of the kernels of `inner`, which must outlive it. */
+int dt_profile_create(dt_profile_t **out, dt_device_t *inner);
+void dt_profile_destroy(dt_profile_t *p); /* NULL is fine */
+/* The device to hand to the model and everything else in place of inner. */
+dt_device_t *dt_profile_device(dt_profile_t *p);
+
+/* Times the kernel calls from now on (one step of the trainer's). */
+void dt_profile_begin(dt_profile_t *p);
+/* Stops timing, waits for the device to finish the step's work, and adds the step (its wall
+ * time: from t0_ms, dt_now_ms()'s clock, to now) and its calls to the totals. */
+int dt_profile_end(dt_profile_t *p, double t0_ms);
+
+/* One kernel-table entry over the profiled steps, per step. */
+typedef struct {
+  const char *kernel; /* the dt_ops_t entry ("matmul_backward_bf16") */
+  double calls;
+  double ms;
+  double flop;
+} dt_profile_row_t;
+
+/* The profiled steps so far (0: none): *step_ms their mean wall time, rows (room for every
+ * entry of dt_ops_t: DT_PROFILE_MAX_ROWS) the kernels they called, the most time first; returns
+ * the number of rows. */
+#define DT_PROFILE_MAX_ROWS 40
+int dt_profile_summary(const dt_profile_t *p, int *steps, double *step_ms, dt_profile_row_t *rows);
+/* The summary as a table in the log (INFO, subsystem train), headed by `what` ("steps 5-6"). */
+void dt_profile_log(const dt_profile_t *p, const char *what);
+/* The summary as one JSON line {"profile": {...}} of a metrics file: steps [first, last], the
+ * device, step_ms, and kernels [{"kernel", "calls", "ms", "gflop"}] (per step). */
+void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last);
+
+#endif
