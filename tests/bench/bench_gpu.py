@@ -28,8 +28,9 @@ free, what nvidia-smi shows, the CUDA context included; measured the same way fo
 implementation), plus PyTorch's allocator peak. The default peak, 989 TFLOP/s, is an H100 SXM's
 dense bf16; pass --peak-tflops for another GPU. distrain then runs step N+1 under --profile
 (every kernel between timed events on its stream; not in the figures above) and the table of
-that step follows: each kernel's calls, time, share of the step and, for the products,
-TFLOP/s, so that a run short of its target says which kernels to work on.
+that step follows: each kernel's calls, time, share of the step and TFLOP/s for the products,
+GB/s (of the least traffic its arguments imply) for the memory-bound kernels, so that a run
+short of its target says which kernels to work on.
 
 Exit status 77 (a skip) where distrain-train finds no GPU. tests/gpu/run.sh runs it after the
 GPU tests, for gpt2-124m and gpt2-1.5b.
@@ -152,11 +153,15 @@ def print_profile(r):
     total = sum(k["ms"] for k in p["kernels"])
     print("distrain step %d, profiled: %.2f ms (kernels %.2f ms, %.1f%%)" % (
         p["steps"][0], p["step_ms"], total, 100 * total / p["step_ms"]))
-    print("  %-36s %6s %10s %7s %9s" % ("kernel", "calls", "ms", "share", "TFLOP/s"))
+    print("  %-36s %6s %10s %7s %14s" % ("kernel", "calls", "ms", "share", "rate"))
     for k in p["kernels"]:
-        tflops = "%.1f" % (k["gflop"] / k["ms"]) if k["gflop"] > 0 else "-"
-        print("  %-36s %6d %10.3f %6.1f%% %9s" % (k["kernel"], k["calls"], k["ms"],
-                                                  100 * k["ms"] / p["step_ms"], tflops))
+        rate = "-"
+        if k["gflop"] > 0:
+            rate = "%.1f TFLOP/s" % (k["gflop"] / k["ms"])
+        elif k["mbytes"] > 0:
+            rate = "%.0f GB/s" % (k["mbytes"] / k["ms"])
+        print("  %-36s %6d %10.3f %6.1f%% %14s" % (k["kernel"], k["calls"], k["ms"],
+                                                   100 * k["ms"] / p["step_ms"], rate))
     print("  %-36s %6s %10.3f %6.1f%%" % ("(the rest: copies, communication, host)", "",
                                           p["step_ms"] - total,
                                           100 * (p["step_ms"] - total) / p["step_ms"]))

@@ -6,6 +6,7 @@ batch 4 x seq 32, 2 micro-batches per step) and checks:
     from its shape: a step's linear layers do 2 N C OC per micro-batch forward and twice that
     backward over 4 per layer and the LM head, attention 4 hs per kept (query, key) pair forward,
     8 backward and 10 for the flash backward; with flash and materialized attention;
+  * the memory traffic of AdamW (28 bytes a parameter) and of the GELU, the same way;
   * every kernel's time is positive and their sum is within the step's time; the table is in
     the log and, on rank 0, one {"profile": ...} line in the metrics file;
   * profiling changes nothing: the losses equal the unprofiled run's bit for bit;
@@ -76,11 +77,22 @@ def read_profile(metrics):
 def log_table(err):
     """{kernel: (calls, ms, GFLOP or None)} of the profile table in a trainer's log."""
     rows = {}
-    for m in re.finditer(r"^\S+(?: \[rank \d+\])?   (\w+) +(\d+) +([\d.]+) +[\d.]+% +(\S+) +\S+$",
-                         err, re.M):
+    for m in re.finditer(r"^\S+(?: \[rank \d+\])?   (\w+) +(\d+) +([\d.]+) +[\d.]+% +"
+                         r"(?:(\S+) (GFLOP|MB)|-) +.*$", err, re.M):
         rows[m.group(1)] = (int(m.group(2)), float(m.group(3)),
-                            None if m.group(4) == "-" else float(m.group(4)))
+                            float(m.group(4)) if m.group(5) == "GFLOP" else None)
     return rows
+
+
+def param_count(err):
+    """The model's parameters from its shape (the padded vocabulary and max_seq positions as
+    the trainer logs them), checked against the count it logs."""
+    m = re.search(r"model: L=%d NH=%d C=%d V=%d \(Vp %d\) maxT=(\d+), (\d+) parameters"
+                  % (L, NH, C, V, VP), err)
+    max_t, logged = int(m.group(1)), int(m.group(2))
+    count = VP * C + max_t * C + L * (12 * C * C + 13 * C) + 2 * C
+    assert count == logged, (count, logged)
+    return count
 
 
 def check_profile(test, prof, want, steps, device):
@@ -139,6 +151,14 @@ class Profile(unittest.TestCase):
                 found = read_profile(m1)
                 self.assertEqual(len(found), 1)
                 check_profile(self, found[0], expected_products(attention), (2, 3), "cpu")
+                # the memory-bound kernels' traffic: AdamW reads parameters, gradients and
+                # both moments and writes all but the gradients, 28 bytes a parameter; GELU
+                # reads and writes the MLP's 4C activations of every layer and micro-batch
+                mb = {k["kernel"]: k["mbytes"] for k in found[0]["kernels"]}
+                self.assertAlmostEqual(mb["adamw_update"] / (28 * param_count(prof.stderr) / 1e6),
+                                       1.0, delta=1e-6)
+                self.assertAlmostEqual(mb["gelu_forward"] / (ACCUM * L * 8 * B * T * 4 * C / 1e6),
+                                       1.0, delta=1e-6)
                 self.assertIn("profile of steps 2-3 on cpu:", prof.stderr)
                 self.assertIn("(the rest: copies, communication, host)", prof.stderr)
                 table = log_table(prof.stderr)

@@ -64,7 +64,7 @@ _Static_assert(K_COUNT <= DT_PROFILE_MAX_ROWS, "DT_PROFILE_MAX_ROWS is below dt_
 
 typedef struct {
   int kernel;
-  double flop;
+  double flop, bytes;
   double t0, t1; /* host clock (devices without timed events) */
 } mark_t;
 
@@ -79,7 +79,7 @@ struct dt_profile {
   size_t nevents;
   int steps;
   double wall_ms;
-  double calls[K_COUNT], ms[K_COUNT], flop[K_COUNT];
+  double calls[K_COUNT], ms[K_COUNT], flop[K_COUNT], bytes[K_COUNT];
 };
 
 static dt_profile_t *of(dt_device_t *d)
@@ -119,7 +119,7 @@ static int call_begin(dt_profile_t *p)
   return in->event_record(in, p->events[2 * p->n]);
 }
 
-static int call_end(dt_profile_t *p, int kernel, double flop, int rc)
+static int call_end(dt_profile_t *p, int kernel, double flop, double bytes, int rc)
 {
   if (!p->armed || rc < 0)
     return rc;
@@ -131,6 +131,7 @@ static int call_end(dt_profile_t *p, int kernel, double flop, int rc)
     m->t1 = dt_now_ms();
   m->kernel = kernel;
   m->flop = flop;
+  m->bytes = bytes;
   p->n++;
   return 0;
 }
@@ -140,15 +141,18 @@ static int call_end(dt_profile_t *p, int kernel, double flop, int rc)
 /* ------------------------------------------------------------------------------------------ */
 
 /* static int timed_<entry>(PARAMS): <entry> of the inner table on the inner device, marked,
- * counting `flop` (an expression of the parameters). */
-#define TIMED(entry, flop, PARAMS, ...)                                                            \
+ * counting `flop` and `bytes` (expressions of the parameters and of h, the bytes of a bf16
+ * activation value). */
+#define TIMED(entry, flop, bytes, PARAMS, ...)                                                     \
   static int timed_##entry PARAMS                                                                  \
   {                                                                                                \
     dt_profile_t *p = of(dev);                                                                     \
+    const double h = (double)p->ops.bf16_bytes;                                                    \
+    (void)h;                                                                                       \
     int rc = call_begin(p);                                                                        \
     if (rc == 0)                                                                                   \
       rc = p->inner->ops->entry(p->inner, __VA_ARGS__);                                            \
-    return call_end(p, K_##entry, (flop), rc);                                                     \
+    return call_end(p, K_##entry, (flop), (bytes), rc);                                            \
   }
 
 /* FLOPs of attention over the queries [q0, q0 + Tq) against the keys up to each: per_pair hs
@@ -158,116 +162,122 @@ static double attn_flop(double per_pair, int B, int Tq, int q0, int C)
   return per_pair * C * B * ((double)Tq * q0 + (double)Tq * (Tq + 1) / 2.0);
 }
 
-TIMED(encoder_forward, 0,
+TIMED(encoder_forward, 0, 4.0 * (2.0 * B * T * C + (wpe ? (double)T * C : 0.0) + (double)B * T),
       (dt_device_t * dev, float *out, const int *inp, const float *wte, int vocab_lo, int vocab_n,
        const float *wpe, int B, int T, int C),
       out, inp, wte, vocab_lo, vocab_n, wpe, B, T, C)
-TIMED(encoder_backward, 0,
+TIMED(encoder_backward, 0, 4.0 * (3.0 * B * T * C + (dwpe ? 2.0 * T * C : 0.0) + (double)B * T),
       (dt_device_t * dev, float *dwte, int vocab_lo, int vocab_n, float *dwpe, const float *dout,
        const int *inp, int B, int T, int C),
       dwte, vocab_lo, vocab_n, dwpe, dout, inp, B, T, C)
-TIMED(layernorm_forward, 0,
+TIMED(layernorm_forward, 0, 4.0 * (2.0 * N * C + 2.0 * C + 2.0 * N),
       (dt_device_t * dev, float *out, float *mean, float *rstd, const float *inp,
        const float *weight, const float *bias, int N, int C),
       out, mean, rstd, inp, weight, bias, N, C)
-TIMED(residual_layernorm_forward, 0,
+TIMED(residual_layernorm_forward, 0, 4.0 * (4.0 * N * C + 2.0 * C + 2.0 * N),
       (dt_device_t * dev, float *res, float *out, float *mean, float *rstd, const float *a,
        const float *b, const float *weight, const float *bias, int N, int C),
       res, out, mean, rstd, a, b, weight, bias, N, C)
-TIMED(layernorm_forward_bf16, 0,
+TIMED(layernorm_forward_bf16, 0, (4.0 + h) * N * C + 4.0 * (2.0 * C + 2.0 * N),
       (dt_device_t * dev, void *out, float *mean, float *rstd, const float *inp,
        const float *weight, const float *bias, int N, int C),
       out, mean, rstd, inp, weight, bias, N, C)
-TIMED(residual_layernorm_forward_bf16, 0,
+TIMED(residual_layernorm_forward_bf16, 0, (12.0 + h) * N * C + 4.0 * (2.0 * C + 2.0 * N),
       (dt_device_t * dev, float *res, void *out, float *mean, float *rstd, const float *a,
        const float *b, const float *weight, const float *bias, int N, int C),
       res, out, mean, rstd, a, b, weight, bias, N, C)
-TIMED(layernorm_backward, 0,
+TIMED(layernorm_backward, 0, 4.0 * (4.0 * N * C + 5.0 * C + 2.0 * N),
       (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
        const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C),
       dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)
-TIMED(matmul_forward, 2.0 * N * C * OC,
+TIMED(matmul_forward, 2.0 * N * C * OC, 0,
       (dt_device_t * dev, float *out, const float *inp, const float *weight, const float *bias,
        int N, int C, int OC, int ldo),
       out, inp, weight, bias, N, C, OC, ldo)
-TIMED(matmul_backward, (dinp ? 4.0 : 2.0) * N * C * OC,
+TIMED(matmul_backward, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
        const float *inp, const float *weight, int N, int C, int OC, int ldd),
       dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd)
-TIMED(matmul_forward_bf16, 2.0 * N * C * OC,
+TIMED(matmul_forward_bf16, 2.0 * N * C * OC, 0,
       (dt_device_t * dev, float *out, const void *inp, const float *weight, const void *weight16,
        const float *bias, int N, int C, int OC, int ldo),
       out, inp, weight, weight16, bias, N, C, OC, ldo)
-TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC,
+TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
        const void *dout16, const void *inp, const float *weight, const void *weight16,
        const float *gelu_in, int N, int C, int OC, int ldd),
       dinp, dweight, dbias, dout, dout16, inp, weight, weight16, gelu_in, N, C, OC, ldd)
-TIMED(to_bf16, 0, (dt_device_t * dev, void *dst, const float *src, size_t n), dst, src, n)
-TIMED(attention_forward, attn_flop(4, B, T, 0, C),
+TIMED(to_bf16, 0, (4.0 + h) * n, (dt_device_t * dev, void *dst, const float *src, size_t n), dst,
+      src, n)
+TIMED(attention_forward, attn_flop(4, B, T, 0, C), 0,
       (dt_device_t * dev, float *out, float *att, const float *qkv, int B, int T, int C, int NH),
       out, att, qkv, B, T, C, NH)
-TIMED(attention_backward, attn_flop(8, B, T, 0, C),
+TIMED(attention_backward, attn_flop(8, B, T, 0, C), 0,
       (dt_device_t * dev, float *dqkv, float *scratch, const float *dout, const float *qkv,
        const float *att, int B, int T, int C, int NH),
       dqkv, scratch, dout, qkv, att, B, T, C, NH)
-TIMED(attention_forward_cp, attn_flop(4, B, Tq, q0, C),
+TIMED(attention_forward_cp, attn_flop(4, B, Tq, q0, C), 0,
       (dt_device_t * dev, float *out, float *att, const float *qkv, int B, int Tq, int q0, int Tall,
        int C, int NH),
       out, att, qkv, B, Tq, q0, Tall, C, NH)
-TIMED(attention_backward_cp, attn_flop(8, B, Tq, q0, C),
+TIMED(attention_backward_cp, attn_flop(8, B, Tq, q0, C), 0,
       (dt_device_t * dev, float *dqkv, float *scratch, const float *dout, const float *qkv,
        const float *att, int B, int Tq, int q0, int Tall, int C, int NH),
       dqkv, scratch, dout, qkv, att, B, Tq, q0, Tall, C, NH)
-TIMED(attention_forward_flash, attn_flop(4, B, Tq, q0, C),
+TIMED(attention_forward_flash, attn_flop(4, B, Tq, q0, C), 0,
       (dt_device_t * dev, float *out, float *lse, const float *qkv, int B, int Tq, int q0, int Tall,
        int C, int NH),
       out, lse, qkv, B, Tq, q0, Tall, C, NH)
-TIMED(attention_backward_flash, attn_flop(10, B, Tq, q0, C),
+TIMED(attention_backward_flash, attn_flop(10, B, Tq, q0, C), 0,
       (dt_device_t * dev, float *dqkv, const float *dout, const float *qkv, const float *out,
        const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
       dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
-TIMED(attention_forward_flash_bf16, attn_flop(4, B, Tq, q0, C),
+TIMED(attention_forward_flash_bf16, attn_flop(4, B, Tq, q0, C), 0,
       (dt_device_t * dev, float *out, float *lse, const float *qkv, int B, int Tq, int q0, int Tall,
        int C, int NH),
       out, lse, qkv, B, Tq, q0, Tall, C, NH)
-TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C),
+TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C), 0,
       (dt_device_t * dev, float *dqkv, const float *dout, const float *qkv, const float *out,
        const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
       dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
-TIMED(gelu_forward, 0, (dt_device_t * dev, float *out, const float *inp, size_t n), out, inp, n)
-TIMED(gelu_forward_bf16, 0, (dt_device_t * dev, void *out, const float *inp, size_t n), out, inp, n)
-TIMED(gelu_backward, 0,
+TIMED(gelu_forward, 0, 8.0 * n, (dt_device_t * dev, float *out, const float *inp, size_t n), out,
+      inp, n)
+TIMED(gelu_forward_bf16, 0, (4.0 + h) * n,
+      (dt_device_t * dev, void *out, const float *inp, size_t n), out, inp, n)
+TIMED(gelu_backward, 0, 12.0 * n,
       (dt_device_t * dev, float *dinp, const float *inp, const float *dout, size_t n), dinp, inp,
       dout, n)
-TIMED(residual_forward, 0,
+TIMED(residual_forward, 0, 12.0 * n,
       (dt_device_t * dev, float *out, const float *a, const float *b, size_t n), out, a, b, n)
-TIMED(crossentropy_forward_backward, 0,
+TIMED(crossentropy_forward_backward, 0, (4.0 + (dloss != 0.0f ? 4.0 : 0.0)) * N * Vp + 8.0 * N,
       (dt_device_t * dev, float *losses, float *logits, const int *targets, float dloss, int N,
        int V, int Vp),
       losses, logits, targets, dloss, N, V, Vp)
-TIMED(crossentropy_forward_backward_bf16, 0,
+TIMED(crossentropy_forward_backward_bf16, 0, (4.0 + (dloss != 0.0f ? h : 0.0)) * N * Vp + 8.0 * N,
       (dt_device_t * dev, float *losses, float *logits, const int *targets, float dloss, int N,
        int V, int Vp),
       losses, logits, targets, dloss, N, V, Vp)
-TIMED(crossentropy_vp_stats, 0,
+TIMED(crossentropy_vp_stats, 0, 4.0 * N * Vl + 16.0 * N,
       (dt_device_t * dev, float *stats, const float *logits, const int *targets, int vocab_lo,
        int N, int Vl, int ldl),
       stats, logits, targets, vocab_lo, N, Vl, ldl)
 TIMED(crossentropy_vp_finish, 0,
+      (4.0 + (dloss != 0.0f ? 4.0 : 0.0)) * N * Vl + 12.0 * N * nranks + 8.0 * N,
       (dt_device_t * dev, float *losses, float *logits, const float *all_stats, int nranks,
        const int *targets, int vocab_lo, float dloss, int N, int Vl, int ldl),
       losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl)
 TIMED(crossentropy_vp_finish_bf16, 0,
+      (4.0 + (dloss != 0.0f ? h : 0.0)) * N * Vl + 12.0 * N * nranks + 8.0 * N,
       (dt_device_t * dev, float *losses, float *logits, const float *all_stats, int nranks,
        const int *targets, int vocab_lo, float dloss, int N, int Vl, int ldl),
       losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl)
-TIMED(adamw_update, 0,
+TIMED(adamw_update, 0, (28.0 + (param16 ? h : 0.0)) * n,
       (dt_device_t * dev, float *param, void *param16, const float *grad, float *m, float *v,
        size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
        float grad_scale, int t),
       param, param16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t)
-TIMED(sum_squares, 0, (dt_device_t * dev, const float *x, size_t n, double *out), x, n, out)
+TIMED(sum_squares, 0, 4.0 * n, (dt_device_t * dev, const float *x, size_t n, double *out), x, n,
+      out)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Life cycle and steps                                                                        */
@@ -329,6 +339,7 @@ int dt_profile_end(dt_profile_t *p, double t0_ms)
     p->calls[m->kernel] += 1;
     p->ms[m->kernel] += ms;
     p->flop[m->kernel] += m->flop;
+    p->bytes[m->kernel] += m->bytes;
   }
   p->n = 0;
   p->steps++;
@@ -356,7 +367,8 @@ int dt_profile_summary(const dt_profile_t *p, int *steps, double *step_ms, dt_pr
       rows[n++] = (dt_profile_row_t){.kernel = g_names[k],
                                      .calls = p->calls[k] / p->steps,
                                      .ms = p->ms[k] / p->steps,
-                                     .flop = p->flop[k] / p->steps};
+                                     .flop = p->flop[k] / p->steps,
+                                     .bytes = p->bytes[k] / p->steps};
   qsort(rows, (size_t)n, sizeof *rows, by_time);
   return n;
 }
@@ -379,16 +391,21 @@ void dt_profile_log(const dt_profile_t *p, const char *what)
   DT_INFO(TRAIN,
           "profile of %s on %s: %.3f ms per step, %.3f ms of it (%.1f%%) in %.0f kernel calls",
           what, p->inner->name, step_ms, kernel_ms, kernel_ms * share, calls);
-  DT_INFO(TRAIN, "  %-36s %8s %10s %7s %11s %9s", "kernel (per step)", "calls", "ms", "share",
-          "GFLOP", "TFLOP/s");
+  DT_INFO(TRAIN, "  %-36s %8s %10s %7s %16s %16s", "kernel (per step)", "calls", "ms", "share",
+          "work", "rate");
   for (int i = 0; i < n; i++) {
-    char gflop[32] = "-", tflops[32] = "-";
-    if (rows[i].flop > 0) {
-      snprintf(gflop, sizeof gflop, "%.6g", rows[i].flop / 1e9);
-      snprintf(tflops, sizeof tflops, "%.3f", rows[i].flop / (DT_MAX(rows[i].ms, 1e-9) * 1e9));
+    const dt_profile_row_t *r = &rows[i];
+    const double s = DT_MAX(r->ms, 1e-9) / 1e3;
+    char work[32] = "-", rate[32] = "-";
+    if (r->flop > 0) {
+      snprintf(work, sizeof work, "%.6g GFLOP", r->flop / 1e9);
+      snprintf(rate, sizeof rate, "%.3f TFLOP/s", r->flop / s / 1e12);
+    } else if (r->bytes > 0) {
+      snprintf(work, sizeof work, "%.6g MB", r->bytes / 1e6);
+      snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / s / 1e9);
     }
-    DT_INFO(TRAIN, "  %-36s %8.0f %10.3f %6.1f%% %11s %9s", rows[i].kernel, rows[i].calls,
-            rows[i].ms, rows[i].ms * share, gflop, tflops);
+    DT_INFO(TRAIN, "  %-36s %8.0f %10.3f %6.1f%% %16s %16s", r->kernel, r->calls, r->ms,
+            r->ms * share, work, rate);
   }
   DT_INFO(TRAIN, "  %-36s %8s %10.3f %6.1f%%", "(the rest: copies, communication, host)", "",
           step_ms - kernel_ms, (step_ms - kernel_ms) * share);
@@ -405,8 +422,11 @@ void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last)
           "\"step_ms\": %.6g, \"kernels\": [",
           first, last, steps, p->inner->name, step_ms);
   for (int i = 0; i < n; i++)
-    fprintf(f, "%s{\"kernel\": \"%s\", \"calls\": %.6g, \"ms\": %.6g, \"gflop\": %.9g}",
-            i ? ", " : "", rows[i].kernel, rows[i].calls, rows[i].ms, rows[i].flop / 1e9);
+    fprintf(f,
+            "%s{\"kernel\": \"%s\", \"calls\": %.6g, \"ms\": %.6g, \"gflop\": %.9g, "
+            "\"mbytes\": %.9g}",
+            i ? ", " : "", rows[i].kernel, rows[i].calls, rows[i].ms, rows[i].flop / 1e9,
+            rows[i].bytes / 1e6);
   fprintf(f, "]}}\n");
   fflush(f);
 }

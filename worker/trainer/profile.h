@@ -14,8 +14,10 @@
  * 2·N·C·OC forward; backward 2·N·C·OC for its weight gradient and as much again when the input
  * gradient is wanted; attention over the (query, key) pairs the causal mask keeps, 4·hs per
  * pair forward (the scores and the weighted sum), 8·hs backward (four products) and 10·hs for
- * flash attention's backward (which recomputes the scores). The other kernels are memory-bound
- * and count none. */
+ * flash attention's backward (which recomputes the scores). The other kernels are memory-bound:
+ * they count bytes, the least memory traffic their arguments imply (every input read once, every
+ * output written once, a += output both; fp32 4 bytes a value, a bf16 activation buffer the
+ * device's bf16_bytes). */
 #ifndef DT_TRAINER_PROFILE_H
 #define DT_TRAINER_PROFILE_H
 
@@ -42,7 +44,8 @@ typedef struct {
   const char *kernel; /* the dt_ops_t entry ("matmul_backward_bf16") */
   double calls;
   double ms;
-  double flop;
+  double flop;  /* the products' */
+  double bytes; /* the memory-bound kernels' */
 } dt_profile_row_t;
 
 /* The profiled steps so far (0: none): *step_ms their mean wall time, rows (room for every
@@ -53,7 +56,8 @@ int dt_profile_summary(const dt_profile_t *p, int *steps, double *step_ms, dt_pr
 /* The summary as a table in the log (INFO, subsystem train), headed by `what` ("steps 5-6"). */
 void dt_profile_log(const dt_profile_t *p, const char *what);
 /* The summary as one JSON line {"profile": {...}} of a metrics file: steps [first, last], the
- * device, step_ms, and kernels [{"kernel", "calls", "ms", "gflop"}] (per step). */
+ * steps profiled, the device, step_ms, and kernels [{"kernel", "calls", "ms", "gflop",
+ * "mbytes"}] (per step). */
 void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last);
 
 #endif
