@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +210,24 @@ int dt_parse_i64(const char *s, int64_t *out)
   if (errno != 0 || *end != '\0')
     return DT_EINVAL;
   *out = v;
+  return 0;
+}
+
+int dt_parse_step_range(const char *s, int *first, int *count)
+{
+  char buf[64];
+  int64_t f, n = 1;
+  if (!s || strlen(s) >= sizeof buf)
+    return DT_EINVAL;
+  snprintf(buf, sizeof buf, "%s", s);
+  char *colon = strchr(buf, ':');
+  if (colon)
+    *colon = '\0';
+  if (dt_parse_i64(buf, &f) != 0 || f < 1 || f > INT_MAX ||
+      (colon && dt_parse_i64(colon + 1, &n) != 0) || n < 1 || n > INT_MAX - f + 1)
+    return DT_EINVAL;
+  *first = (int)f;
+  *count = (int)n;
   return 0;
 }
 

@@ -48,6 +48,9 @@ uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
 /* Strict number parsing: the whole string must be a number in range. 0 or DT_EINVAL. */
 int dt_parse_i64(const char *s, int64_t *out);
 int dt_parse_f64(const char *s, double *out);
+/* A range of steps, "S" or "S:N": the N >= 1 steps from step S >= 1 (N 1 when left out), so
+ * that the last, S + N - 1, is an int. 0 or DT_EINVAL. */
+int dt_parse_step_range(const char *s, int *first, int *count);
 /* A command-line integer flag in [lo, hi]: on error prints "PROG: --FLAG: expected an integer
  * in [lo, hi], got 'S'" to stderr and returns DT_EINVAL. */
 int dt_parse_int_flag(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi,

@@ -916,6 +916,14 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!str_empty(training->attention) && strcmp(training->attention, "flash") != 0 &&
       strcmp(training->attention, "materialized") != 0)
     bad(&v, "training.attention must be flash or materialized, got '%s'", training->attention);
+  int pfirst, pcount;
+  if (!str_empty(training->profile) &&
+      dt_parse_step_range(training->profile, &pfirst, &pcount) != 0)
+    bad(&v, "training.profile must be S or S:N (N >= 1 steps from step S >= 1), got '%s'",
+        training->profile);
+  else if (!str_empty(training->profile) && training->steps > 0 && pfirst > training->steps)
+    bad(&v, "training.profile starts at step %d, after the last (training.steps %d)", pfirst,
+        training->steps);
   if (!str_empty(parallel->comm) && strcmp(parallel->comm, "auto") != 0 &&
       strcmp(parallel->comm, "cpu") != 0 && strcmp(parallel->comm, "nccl") != 0)
     bad(&v, "parallel.comm must be auto, cpu or nccl, got '%s'", parallel->comm);
@@ -1361,6 +1369,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_str(&a, "--precision", t->precision);
   if (!str_empty(t->attention) && strcmp(t->attention, "flash") != 0)
     av_str(&a, "--attention", t->attention);
+  if (!str_empty(t->profile))
+    av_str(&a, "--profile", t->profile);
 
   av_double(&a, "--lr", o->lr);
   av_int(&a, "--warmup", o->warmup);

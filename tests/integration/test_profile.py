@@ -15,6 +15,7 @@ batch 4 x seq 32, 2 micro-batches per step) and checks:
     add up to the one process's;
   * a window running past the last step reports the steps it got; a process resumed after the
     window says that it ran none of them;
+  * training.profile in a job spec reaches the trainer through distrainctl run --local;
   * malformed --profile and DISTRAIN_PROFILE values, and a window after the last step: a
     one-line error naming the flag or the variable, before any training.
 
@@ -207,6 +208,31 @@ class Profile(unittest.TestCase):
         tables = self.launch("pp2", 2, ["--pp", "2"])
         self.check_ranks(tables, lambda r: expected_products("flash", layers=1, head=r == 1),
                          "pp2")
+
+    def test_through_the_control_plane(self):
+        """training.profile in a job spec reaches the trainer (distrainctl run --local): the
+        golden model's shape and batch, so the same products."""
+        job, run_dir = os.path.join(self.tmp, "job.yaml"), os.path.join(self.tmp, "run")
+        with open(job, "w") as f:
+            f.write("name: prof\n"
+                    "model: {layers: %d, heads: %d, channels: %d, vocab: %d, max_seq: 64}\n"
+                    "data: {train: \"%s\"}\n"
+                    "training: {batch: %d, micro_batch: %d, seq: %d, steps: 3, threads: 1, "
+                    "profile: \"2\"}\n"
+                    "checkpoint: {dir: \"%s\", every: 0}\n"
+                    % (L, NH, C, V, os.path.join(dp.GOLDEN, "tiny_train.bin"), ACCUM * B, B, T,
+                       os.path.join(self.tmp, "job_ckpt")))
+        p = subprocess.run([os.path.join(dp.BUILD, "coordinator", "distrainctl"), "run",
+                            "--local", "--run-dir", run_dir, job], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        with open(os.path.join(run_dir, "node-0", "job-1", "rank-0.log")) as f:
+            log = f.read()
+        self.assertIn("profile of step 2 on cpu:", log)
+        table = log_table(log)
+        for name, (calls, gflop) in expected_products("flash").items():
+            self.assertEqual(table[name][0], calls, name)
+            self.assertAlmostEqual(table[name][2] / gflop, 1.0, delta=1e-5, msg=name)
 
     def test_windows_outside_the_run(self):
         p, m = self.run_one("past", ["--profile", "3:10"])

@@ -211,6 +211,33 @@ START_TEST(test_parse_i64)
 }
 END_TEST
 
+START_TEST(test_parse_step_range)
+{
+  int first = 0, count = 0;
+  ck_assert_int_eq(dt_parse_step_range("5", &first, &count), 0);
+  ck_assert_int_eq(first, 5);
+  ck_assert_int_eq(count, 1);
+  ck_assert_int_eq(dt_parse_step_range("3:4", &first, &count), 0);
+  ck_assert_int_eq(first, 3);
+  ck_assert_int_eq(count, 4);
+  ck_assert_int_eq(dt_parse_step_range("2147483647", &first, &count), 0); /* last step INT_MAX */
+  ck_assert_int_eq(dt_parse_step_range("2147483640:8", &first, &count), 0);
+  ck_assert_int_eq(count, 8);
+
+  /* Rejected, and the outputs left alone. */
+  const char *bad[] = {"",      "0",    "-1",   "x",   "3:",         ":3",           "3:0", "3:-1",
+                       "3:1:1", "3 :1", "3: 1", "1.5", "2147483648", "2147483640:9", "3:x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    first = count = 77;
+    ck_assert_msg(dt_parse_step_range(bad[i], &first, &count) == DT_EINVAL, "'%s' was accepted",
+                  bad[i]);
+    ck_assert_int_eq(first, 77);
+    ck_assert_int_eq(count, 77);
+  }
+  ck_assert_int_eq(dt_parse_step_range(NULL, &first, &count), DT_EINVAL);
+}
+END_TEST
+
 START_TEST(test_parse_f64)
 {
   double v = 0;
@@ -736,6 +763,7 @@ static Suite *common_suite(void)
 
   t = tcase_create("parse");
   tcase_add_test(t, test_parse_i64);
+  tcase_add_test(t, test_parse_step_range);
   tcase_add_test(t, test_parse_f64);
   suite_add_tcase(s, t);
 

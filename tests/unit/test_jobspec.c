@@ -640,6 +640,14 @@ static const struct {
     {{"training.device=tpu"}, "training.device must be auto, cpu or cuda, got 'tpu'"},
     {{"training.precision=fp16"}, "training.precision must be fp32 or bf16, got 'fp16'"},
     {{"training.attention=sdpa"}, "training.attention must be flash or materialized, got 'sdpa'"},
+    {{"training.profile=0"},
+     "training.profile must be S or S:N (N >= 1 steps from step S >= 1), got '0'"},
+    {{"training.profile=5:0"},
+     "training.profile must be S or S:N (N >= 1 steps from step S >= 1), got '5:0'"},
+    {{"training.profile=soon"},
+     "training.profile must be S or S:N (N >= 1 steps from step S >= 1), got 'soon'"},
+    {{"training.profile=201"},
+     "training.profile starts at step 201, after the last (training.steps 200)"},
     {{"parallel.comm=mpi"}, "parallel.comm must be auto, cpu or nccl, got 'mpi'"},
     {{"parallel.comm=nccl", "training.device=cpu"},
      "parallel.comm nccl needs GPUs: training.device is cpu"},
@@ -1023,6 +1031,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
   ck_assert(!has_arg(argv, "--precision")); /* so is fp32 */
   ck_assert(!has_arg(argv, "--attention")); /* and flash */
+  ck_assert(!has_arg(argv, "--profile"));   /* and no profile */
   dt_argv_free(argv);
   set_ok(s, "parallel.comm=nccl");
   set_ok(s, "training.precision=bf16");
@@ -1031,7 +1040,10 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.threads=6");
   set_ok(s, "data.shuffle=true");
   set_ok(s, "data.val=v.bin");
+  set_ok(s, "training.profile=200");
+  set_ok(s, "training.profile=3:2");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+  ck_assert_str_eq(flag_value(argv, "--profile"), "3:2");
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");
   ck_assert_str_eq(flag_value(argv, "--comm"), "nccl");

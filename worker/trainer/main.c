@@ -243,27 +243,16 @@ static int parse_skip_steps(const char *s, dt_train_opts_t *o)
   return 0;
 }
 
-/* "S" or "S:N": steps S..S+N-1, S >= 1, N >= 1; from names the flag or variable it came from. */
+/* --profile or DISTRAIN_PROFILE (from names which): "S" or "S:N". */
 static int parse_profile(const char *from, const char *s, dt_train_opts_t *o)
 {
-  int64_t first, count = 1;
-  char buf[64];
-  snprintf(buf, sizeof buf, "%s", s);
-  char *colon = strchr(buf, ':');
-  if (colon)
-    *colon = '\0';
-  if (strlen(s) >= sizeof buf || dt_parse_i64(buf, &first) != 0 || first < 1 ||
-      first > 2147483647 ||
-      (colon &&
-       (dt_parse_i64(colon + 1, &count) != 0 || count < 1 || count > 2147483647 - first))) {
+  if (dt_parse_step_range(s, &o->profile_from, &o->profile_steps) != 0) {
     fprintf(stderr,
             "distrain-train: %s: expected S or S:N (profile N >= 1 steps from step S >= 1), "
             "got '%s'\n",
             from, s);
     return DT_EINVAL;
   }
-  o->profile_from = (int)first;
-  o->profile_steps = (int)count;
   return 0;
 }
 
