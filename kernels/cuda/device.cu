@@ -186,28 +186,27 @@ static int cuda_sync(dt_device_t *d)
   return 0;
 }
 
-/* Events: cudaEvent_t on the calling thread's stream (no timing: record and wait only). */
-static int cuda_event_create(dt_device_t *d, void **out)
+/* Events: cudaEvent_t on the calling thread's stream; without timing (record and wait only),
+ * except the timed ones of profiles (recording those costs a little more). */
+static int event_create(dt_device_t *d, unsigned flags, void **out)
 {
   cudaEvent_t e;
   cudaStream_t s;
   *out = NULL;
   DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
-  DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
   *out = e;
   return 0;
 }
 
-/* A timed event: cudaEventElapsedTime can measure it (recording it costs a little more). */
+static int cuda_event_create(dt_device_t *d, void **out)
+{
+  return event_create(d, cudaEventDisableTiming, out);
+}
+
 static int cuda_timed_event_create(dt_device_t *d, void **out)
 {
-  cudaEvent_t e;
-  cudaStream_t s;
-  *out = NULL;
-  DT_CUDA_CHECK(on_stream(dt__cuda(d), &s));
-  DT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
-  *out = e;
-  return 0;
+  return event_create(d, cudaEventDefault, out);
 }
 
 static int cuda_event_ms(dt_device_t *d, void *from, void *to, double *ms)
