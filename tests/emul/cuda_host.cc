@@ -28,7 +28,10 @@
  *   the stream's synchronization, gives wrong values here (the tests see them). A host-to-device
  *   copy reads its host memory before it returns (pageable memory: the trainer has no pinned
  *   buffers); a device-to-host one writes it when it runs. Work on the legacy (NULL) stream
- *   runs at once. Streams and events are handles of their own (small structs in a registry),
+ *   runs at once. A gate (dt_emul_enqueue_gate: an emulated NCCL operation running on a thread
+ *   of its own) holds its stream's later work until it is passed: host waits then wait,
+ *   cudaStreamQuery answers cudaErrorNotReady, as for a GPU kernel that waits for its peers.
+ *   Streams and events are handles of their own (small structs in a registry),
  *   so a destroyed or stray one is refused (cudaErrorInvalidResourceHandle) instead of used.
  * - Device memory is host memory, one posix_memalign per cudaMalloc (so ASan sees an overrun
  *   of each allocation), 256-byte aligned like cudaMalloc's, filled with 0xFF bytes (NaN as
@@ -69,6 +72,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -744,7 +748,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
 struct CUstream_st {
   int device;
   unsigned flags;
-  std::deque<std::function<void()>> work;
+  /* An item runs its work and returns true, or returns false while it cannot be passed yet (a
+   * gate: dt_emul_enqueue_gate, or a wait for another stream stopped at one): it stays first and
+   * is asked again on the next drain, so it must be safe to repeat. */
+  std::deque<std::function<bool()>> work;
   uint64_t queued, done; /* items ever queued on it / run */
 };
 
@@ -775,28 +782,53 @@ static bool queues(cudaStream_t s)
   return s && s != cudaStreamLegacy && s != cudaStreamPerThread;
 }
 
-/* Queues f on stream s (checked by the caller), or runs it now where s does not queue. */
-static void enqueue(cudaStream_t s, std::function<void()> f)
+/* Queues item on stream s (checked by the caller); where s does not queue, runs it now (it must
+ * not be a gate there). */
+static void enqueue_item(cudaStream_t s, std::function<bool()> item)
 {
   std::lock_guard<std::recursive_mutex> lock(exec_mu());
   if (!queues(s)) {
-    f();
+    (void)item();
     return;
   }
-  s->work.push_back(std::move(f));
+  s->work.push_back(std::move(item));
   s->queued++;
 }
 
-/* Runs s's queued work in order until `upto` items of it have run. */
-static void drain(cudaStream_t s, uint64_t upto)
+/* Queues f on stream s (checked by the caller), or runs it now where s does not queue. */
+static void enqueue(cudaStream_t s, std::function<void()> f)
+{
+  enqueue_item(s, [f = std::move(f)] {
+    f();
+    return true;
+  });
+}
+
+/* Runs s's queued work in order until `upto` items of it have run: true, or false where an item
+ * cannot be passed yet (it stays queued). The item is off the queue while it runs, so that the
+ * stream waits it starts see the rest. */
+static bool drain(cudaStream_t s, uint64_t upto)
 {
   std::lock_guard<std::recursive_mutex> lock(exec_mu());
   while (queues(s) && s->done < upto && !s->work.empty()) {
-    std::function<void()> f = std::move(s->work.front());
+    std::function<bool()> f = std::move(s->work.front());
     s->work.pop_front();
     s->done++;
-    f();
+    if (!f()) {
+      s->done--;
+      s->work.push_front(std::move(f));
+      return false;
+    }
   }
+  return true;
+}
+
+/* A host wait: tries until try_once() is true, letting the other threads queue and run work in
+ * between (an item that cannot be passed waits for something outside the streams). */
+static void wait_for(const std::function<bool()> &try_once)
+{
+  while (!try_once())
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
 /* NULL and the two special streams always exist; others must be live. */
@@ -808,16 +840,20 @@ static bool stream_ok(cudaStream_t s)
 /* Runs every stream's queued work (what a device-wide synchronization waits for). */
 static void drain_all(void)
 {
-  std::lock_guard<std::recursive_mutex> lock(exec_mu());
-  std::vector<cudaStream_t> streams;
-  {
-    std::lock_guard<std::mutex> rlock(reg().mu);
-    for (const auto &h : reg().handles)
-      if (h.second == K_STREAM)
-        streams.push_back((cudaStream_t)h.first);
-  }
-  for (cudaStream_t s : streams)
-    drain(s, s->queued);
+  wait_for([] {
+    std::lock_guard<std::recursive_mutex> lock(exec_mu());
+    std::vector<cudaStream_t> streams;
+    {
+      std::lock_guard<std::mutex> rlock(reg().mu);
+      for (const auto &h : reg().handles)
+        if (h.second == K_STREAM)
+          streams.push_back((cudaStream_t)h.first);
+    }
+    bool all = true;
+    for (cudaStream_t s : streams)
+      all = drain(s, s->queued) && all;
+    return all;
+  });
 }
 
 static cudaError_t check_stream(const char *fn, cudaStream_t s)
@@ -964,7 +1000,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
   if (live_handle(stream, K_STREAM)) /* its queued work still runs, as CUDA's does */
-    drain(stream, stream->queued);
+    wait_for([stream] { return drain(stream, stream->queued); });
   if (!remove_handle(stream, K_STREAM)) {
     report("cudaStreamDestroy: %p is not a live stream", (void *)stream);
     return fail(cudaErrorInvalidResourceHandle);
@@ -977,15 +1013,18 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
   if (check_stream("cudaStreamSynchronize", stream) != cudaSuccess)
     return cudaErrorInvalidResourceHandle;
-  drain(stream, queues(stream) ? stream->queued : 0);
+  wait_for([stream] { return drain(stream, queues(stream) ? stream->queued : 0); });
   return cudaSuccess;
 }
 
-/* Runs the stream's work and answers cudaSuccess: a caller polling until the work is done
- * would otherwise wait for ever (nothing runs it in the background). */
+/* Runs the stream's work and answers cudaSuccess, or cudaErrorNotReady where a gate holds it: a
+ * caller polling until the work is done would otherwise wait for ever (nothing runs the
+ * kernels in the background). */
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-  return cudaStreamSynchronize(stream);
+  if (check_stream("cudaStreamQuery", stream) != cudaSuccess)
+    return cudaErrorInvalidResourceHandle;
+  return drain(stream, queues(stream) ? stream->queued : 0) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
@@ -1060,11 +1099,11 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
   return cudaSuccess;
 }
 
-/* Runs the work an event waits for (its stream's, up to where it was recorded). */
-static void drain_to(cudaStream_t s, uint64_t mark)
+/* Runs the work an event waits for (its stream's, up to where it was recorded): true once it
+ * has run. */
+static bool drain_to(cudaStream_t s, uint64_t mark)
 {
-  if (s && live_handle(s, K_STREAM))
-    drain(s, mark);
+  return !s || !live_handle(s, K_STREAM) || drain(s, mark);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
@@ -1073,8 +1112,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     report("cudaEventSynchronize: %p is not a live event", (void *)event);
     return fail(cudaErrorInvalidResourceHandle);
   }
-  std::lock_guard<std::recursive_mutex> lock(exec_mu());
-  drain_to(event->stream, event->mark);
+  cudaStream_t s;
+  uint64_t mark;
+  {
+    std::lock_guard<std::recursive_mutex> lock(exec_mu());
+    s = event->stream;
+    mark = event->mark;
+  }
+  wait_for([s, mark] { return drain_to(s, mark); });
   return cudaSuccess;
 }
 
@@ -1101,7 +1146,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   std::lock_guard<std::recursive_mutex> lock(exec_mu());
   cudaStream_t s = event->stream;
   const uint64_t mark = event->mark;
-  enqueue(stream, [s, mark] { drain_to(s, mark); }); /* the event's work first */
+  enqueue_item(stream, [s, mark] { return drain_to(s, mark); }); /* the event's work first */
   return cudaSuccess;
 }
 
@@ -2345,6 +2390,11 @@ void dt_emul_set_last_error(cudaError_t e)
 void dt_emul_enqueue(cudaStream_t stream, std::function<void()> work)
 {
   enqueue(stream, std::move(work));
+}
+
+void dt_emul_enqueue_gate(cudaStream_t stream, std::function<bool()> passed)
+{
+  enqueue_item(stream, std::move(passed));
 }
 
 bool dt_emul_is_device_range(const void *p, size_t bytes)

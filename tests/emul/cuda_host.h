@@ -28,6 +28,13 @@ void dt_emul_set_last_error(cudaError_t e);
  * process, as cuda_emul.h's thread model needs. */
 void dt_emul_enqueue(cudaStream_t stream, std::function<void()> work);
 
+/* Queues a gate on stream (a queuing stream, not the legacy one): the stream's later work runs
+ * only once passed() is true, which work outside the streams makes so (the emulated NCCL's
+ * operations, on threads of their own); until then a host wait on the stream waits, and
+ * cudaStreamQuery answers cudaErrorNotReady. passed() is asked with the execution lock held,
+ * so it must only read a flag. */
+void dt_emul_enqueue_gate(cudaStream_t stream, std::function<bool()> passed);
+
 /* Whether [p, p + bytes) lies inside one live cudaMalloc allocation (any GPU); bytes 0 asks
  * whether p itself does. */
 bool dt_emul_is_device_range(const void *p, size_t bytes);

@@ -12,18 +12,22 @@
  * collectives or sends and receives of one communicator; two ranks of one communicator on one
  * GPU are refused at init (ncclInvalidUsage, "Duplicate GPU detected"), as NCCL refuses them;
  * operations run on a GPU one at a time (an operation that starts while another is in flight
- * there fails: see gpu_turn).
+ * there fails: see gpu_acquire).
  *
  * What differs from NCCL, by design:
- * - An operation runs when it is called (outside a group) or at ncclGroupEnd, on the host, after
- *   the work already queued on its stream: the earliest moment the GPU could run it. Inputs the
- *   caller has not finished producing (a missing synchronization) are read stale here, as they
- *   may be on a GPU; the tests see the wrong values.
- * - Calls block until the peers have made theirs, also under ncclConfig_t.blocking = 0 (they
- *   then return ncclSuccess, and ncclCommGetAsyncError reports any failure). A peer that never
- *   comes fails the call at the transport's timeout (DT_EMUL_NCCL_TIMEOUT_MS, default 120000),
- *   not at the caller's deadline; so a rendezvous cannot be cancelled by ncclCommAbort from
- *   another thread while it waits.
+ * - Each communicator has a thread of its own (its worker) that runs its rendezvous, its splits
+ *   and its operations one at a time, in call order, on the host; every call returns at once.
+ *   Init and split leave ncclCommGetAsyncError at ncclInProgress until they are done; an
+ *   operation, called after the work already queued on its stream has run (the earliest moment
+ *   the GPU could start it), holds that stream with a gate (cuda_host.h) until it is done, so
+ *   cudaStreamQuery answers cudaErrorNotReady while it waits for its peers, as for NCCL's
+ *   kernel. Inputs the caller has not finished producing (a missing synchronization) are read
+ *   stale, as they may be on a GPU; the tests see the wrong values.
+ * - ncclCommAbort cancels the operation the worker is blocked in (the transport's abort) and
+ *   skips the ones not started. A rendezvous cannot be cancelled: an aborted one runs on, its
+ *   result unobserved, until the transport's timeout (DT_EMUL_NCCL_TIMEOUT_MS, default 120000).
+ *   A blocking communicator (no config, or blocking = 1) differs only in that init and split
+ *   return once done.
  * - ncclAvg divides the sum by the ranks after summing (NCCL may scale each contribution
  *   first); reductions run in the transport's order, deterministic from run to run. */
 #include <cuda_runtime_api.h>
@@ -36,10 +40,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_host.h"
@@ -80,24 +90,62 @@ static void remove_dirs(void)
   g_dirs.clear();
 }
 
+/* A communicator. Every call on it returns at once, as a non-blocking NCCL's do: a thread of its
+ * own (its worker) runs its rendezvous, the splits of it and its operations, one at a time in
+ * the order they were called, and the caller polls ncclCommGetAsyncError (ncclInProgress until
+ * an init or split is done) and, for an operation, its stream (held by a gate until the
+ * operation is done). ncclCommAbort cancels what the worker is blocked in (the transport's
+ * abort) and skips what it has not started; a rendezvous, which the transport cannot cancel,
+ * runs on until its own timeout, unobserved. The handle, the worker and a split in progress
+ * each hold a reference; the last one frees the communicator and its transport. */
 struct ncclComm {
-  dt_comm_t *c = nullptr;
+  std::atomic<dt_comm_t *> c{nullptr}; /* the transport, once the rendezvous made it */
   std::shared_ptr<rendezvous> rv;
-  int rank = 0, world = 0, device = 0;
-  ncclResult_t async = ncclSuccess; /* the first failure of an operation */
+  std::atomic<int> rank{0}, world{0};
+  int device = 0;
+  std::atomic<int> async{ncclSuccess}; /* ncclInProgress, then the first failure if any */
+  std::atomic<int> refs{2};            /* the handle's and the worker's */
+  std::atomic<bool> aborted{false};
+  std::mutex mu; /* jobs, closing */
+  std::condition_variable cv;
+  std::deque<std::function<void(bool canceled)>> jobs;
+  bool closing = false; /* the handle is gone: the worker ends after its jobs */
 };
 
-static thread_local char t_last[512];
+static void unref(ncclComm_t comm)
+{
+  if (--comm->refs == 0) {
+    dt_comm_destroy(comm->c.load());
+    delete comm;
+  }
+}
 
+/* The last failure's message, for ncclGetLastError (NCCL keeps one per process too). */
+static std::mutex &last_mu(void)
+{
+  static std::mutex *m = new std::mutex(); /* never destroyed: workers may outlive main */
+  return *m;
+}
+static char g_last[512];
+
+/* Records a failure: the message on stderr and as the last error, and r as comm's async error
+ * unless it has one already. Returns r. */
 static ncclResult_t failed(ncclComm_t comm, ncclResult_t r, const char *fmt, ...)
 {
+  char msg[sizeof g_last];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(t_last, sizeof t_last, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "nccl_host: %s\n", t_last);
-  if (comm && comm->async == ncclSuccess)
-    comm->async = r;
+  fprintf(stderr, "nccl_host: %s\n", msg);
+  {
+    std::lock_guard<std::mutex> lock(last_mu());
+    memcpy(g_last, msg, sizeof msg);
+  }
+  int cur = comm ? comm->async.load() : ncclSuccess;
+  while (comm && (cur == ncclSuccess || cur == ncclInProgress) &&
+         !comm->async.compare_exchange_weak(cur, r)) {
+  }
   return r;
 }
 
@@ -108,7 +156,8 @@ static ncclResult_t transport(ncclComm_t comm, int rc, const char *what)
   if (rc == 0)
     return ncclSuccess;
   (void)failed(comm, rc == DT_EREMOTE || rc == DT_ETIMEDOUT ? ncclRemoteError : ncclSystemError,
-               "%s on rank %d of %d: %s", what, comm->rank, comm->world, dt_strerror(rc));
+               "%s on rank %d of %d: %s", what, comm->rank.load(), comm->world.load(),
+               dt_strerror(rc));
   return ncclSuccess;
 }
 
@@ -129,32 +178,97 @@ static int machine_gpu(int device)
   return (int)dev;
 }
 
-/* Wraps a joined transport communicator; refuses two ranks on one GPU. */
-static ncclResult_t adopt(ncclComm_t *out, dt_comm_t *c, std::shared_ptr<rendezvous> rv)
+/* Ends an init or split on the worker: takes the joined transport c (or the failure rc), refuses
+ * two ranks on one GPU, and leaves ncclInProgress. */
+static void joined(ncclComm_t comm, dt_comm_t *c, int rc, const char *what)
 {
-  ncclComm_t comm = new ncclComm;
+  if (rc != 0) {
+    (void)failed(comm, ncclSystemError, "%s of rank %d of %d: %s", what, comm->rank.load(),
+                 comm->world.load(), dt_strerror(rc));
+    return;
+  }
   comm->c = c;
-  comm->rv = std::move(rv);
   comm->rank = dt_comm_rank(c);
   comm->world = dt_comm_world(c);
-  (void)cudaGetDevice(&comm->device);
-  std::vector<float> gpus((size_t)comm->world, -1.0f);
+  const int world = comm->world, rank = comm->rank;
+  std::vector<float> gpus((size_t)world, -1.0f);
   const float mine = (float)machine_gpu(comm->device);
-  int rc = dt_comm_all_gather(c, &mine, gpus.data(), 1);
-  ncclResult_t e =
-      rc == 0 ? ncclSuccess : failed(comm, ncclSystemError, "init: %s", dt_strerror(rc));
-  for (int r = 0; e == ncclSuccess && r < comm->world; r++)
-    if (r != comm->rank && gpus[(size_t)r] == mine)
-      e = failed(comm, ncclInvalidUsage,
-                 "Duplicate GPU detected : rank %d and rank %d both on GPU %d",
-                 DT_MIN(r, comm->rank), DT_MAX(r, comm->rank), (int)mine);
-  if (e != ncclSuccess) {
-    dt_comm_destroy(c);
-    delete comm;
-    return e;
+  rc = dt_comm_all_gather(c, &mine, gpus.data(), 1);
+  if (rc != 0) {
+    (void)failed(comm, ncclSystemError, "%s: %s", what, dt_strerror(rc));
+    return;
   }
-  *out = comm;
-  return ncclSuccess;
+  for (int r = 0; r < world; r++)
+    if (r != rank && gpus[(size_t)r] == mine) {
+      (void)failed(comm, ncclInvalidUsage,
+                   "Duplicate GPU detected : rank %d and rank %d both on GPU %d", DT_MIN(r, rank),
+                   DT_MAX(r, rank), (int)mine);
+      return;
+    }
+  int cur = ncclInProgress;
+  comm->async.compare_exchange_strong(cur, ncclSuccess);
+}
+
+/* A communicator whose rendezvous is still to come (async ncclInProgress), its worker running. */
+static ncclComm_t comm_new(int rank, int world, std::shared_ptr<rendezvous> rv)
+{
+  ncclComm_t comm = new ncclComm;
+  comm->rank = rank;
+  comm->world = world;
+  comm->rv = std::move(rv);
+  comm->async = ncclInProgress;
+  (void)cudaGetDevice(&comm->device);
+  std::thread([comm] {
+    for (;;) {
+      std::function<void(bool)> job;
+      {
+        std::unique_lock<std::mutex> lock(comm->mu);
+        comm->cv.wait(lock, [comm] { return !comm->jobs.empty() || comm->closing; });
+        if (comm->jobs.empty())
+          break;
+        job = std::move(comm->jobs.front());
+        comm->jobs.pop_front();
+      }
+      job(comm->aborted.load());
+    }
+    unref(comm);
+  }).detach();
+  return comm;
+}
+
+/* Queues job on comm's worker; canceled tells it that the communicator was aborted first. */
+static void post(ncclComm_t comm, std::function<void(bool canceled)> job)
+{
+  std::lock_guard<std::mutex> lock(comm->mu);
+  comm->jobs.push_back(std::move(job));
+  comm->cv.notify_one();
+}
+
+/* The handle's end: abort cancels the transport's blocked operation and the jobs not started. */
+static void comm_close(ncclComm_t comm, bool abort)
+{
+  if (abort) {
+    comm->aborted = true;
+    dt_comm_t *c = comm->c.load();
+    if (c)
+      (void)dt_comm_abort(c);
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    comm->closing = true;
+    comm->cv.notify_one();
+  }
+  unref(comm);
+}
+
+/* A blocking communicator's call returns when its init or split is done (polling its state). */
+static ncclResult_t settle(ncclComm_t comm, const ncclConfig_t *config)
+{
+  if (config && !config->blocking)
+    return ncclInProgress;
+  while (comm->async.load() == ncclInProgress)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return (ncclResult_t)comm->async.load();
 }
 
 extern "C" {
@@ -184,7 +298,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
 }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
-                                    ncclConfig_t *)
+                                    ncclConfig_t *config)
 {
   *comm = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks)
@@ -193,12 +307,16 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
   const std::string dir(commId.internal, strnlen(commId.internal, sizeof commId.internal));
   if (dt_kv_file_create(&rv->kv, dir.c_str()) != 0)
     return failed(nullptr, ncclSystemError, "init: no rendezvous store in %s", dir.c_str());
-  dt_comm_t *c = nullptr;
-  int rc = dt_comm_init(&c, "cpu", &rv->kv, "nccl", rank, nranks, timeout_ms());
-  if (rc != 0)
-    return failed(nullptr, ncclSystemError, "init of rank %d of %d: %s", rank, nranks,
-                  dt_strerror(rc));
-  return adopt(comm, c, std::move(rv));
+  ncclComm_t c = comm_new(rank, nranks, rv);
+  post(c, [c, rank, nranks](bool canceled) {
+    if (canceled)
+      return;
+    dt_comm_t *t = nullptr;
+    int rc = dt_comm_init(&t, "cpu", &c->rv->kv, "nccl", rank, nranks, timeout_ms());
+    joined(c, t, rc, "init");
+  });
+  *comm = c;
+  return settle(c, config);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
@@ -206,15 +324,36 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
   return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
 }
 
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *)
+/* The parent's worker runs the split (collective over the parent); the child, if any, holds its
+ * rendezvous state until then. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
 {
   *newcomm = nullptr;
-  dt_comm_t *child = nullptr;
-  int rc =
-      dt_comm_split(comm->c, color == NCCL_SPLIT_NOCOLOR ? DT_COMM_NO_COLOR : color, key, &child);
-  if (rc != 0)
-    return failed(comm, ncclSystemError, "ncclCommSplit: %s", dt_strerror(rc));
-  return child ? adopt(newcomm, child, comm->rv) : ncclSuccess;
+  ncclComm_t child = nullptr;
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    child = comm_new(-1, -1, comm->rv);
+    child->refs++; /* the split's */
+  }
+  int cur = ncclSuccess;
+  comm->async.compare_exchange_strong(cur, ncclInProgress);
+  post(comm, [comm, child, color, key](bool canceled) {
+    dt_comm_t *t = nullptr;
+    int rc = canceled
+                 ? DT_ECANCELED
+                 : dt_comm_split(comm->c.load(),
+                                 color == NCCL_SPLIT_NOCOLOR ? DT_COMM_NO_COLOR : color, key, &t);
+    if (rc != 0)
+      (void)failed(comm, ncclSystemError, "ncclCommSplit: %s", dt_strerror(rc));
+    int busy = ncclInProgress;
+    comm->async.compare_exchange_strong(busy, ncclSuccess);
+    if (child) {
+      joined(child, t, rc, "ncclCommSplit");
+      unref(child);
+    }
+  });
+  *newcomm = child;
+  return settle(child ? child : comm, config);
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t)
@@ -224,35 +363,33 @@ ncclResult_t ncclCommFinalize(ncclComm_t)
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
-  if (comm) {
-    dt_comm_destroy(comm->c);
-    delete comm;
-  }
+  if (comm)
+    comm_close(comm, false);
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
   if (comm)
-    (void)dt_comm_abort(comm->c);
-  return ncclCommDestroy(comm);
+    comm_close(comm, true);
+  return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
-  *asyncError = comm->async;
+  *asyncError = (ncclResult_t)comm->async.load();
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 {
-  *count = comm->world;
+  *count = comm->world.load();
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 {
-  *rank = comm->rank;
+  *rank = comm->rank.load();
   return ncclSuccess;
 }
 
@@ -282,7 +419,10 @@ const char *ncclGetErrorString(ncclResult_t result)
 
 const char *ncclGetLastError(ncclComm_t)
 {
-  return t_last;
+  static thread_local char copy[sizeof g_last];
+  std::lock_guard<std::mutex> lock(last_mu());
+  memcpy(copy, g_last, sizeof copy);
+  return copy;
 }
 
 } /* extern "C" */
@@ -323,6 +463,7 @@ static bool in_device(const void *p, size_t bytes)
 static ncclResult_t run_collective(const op_t &o)
 {
   ncclComm_t comm = o.comm;
+  dt_comm_t *c = comm->c.load();
   const size_t F = sizeof(float), n = o.count;
   float *recv = (float *)o.recv;
   const dt_comm_op_t op = o.op == ncclAvg ? DT_COMM_AVG : DT_COMM_SUM;
@@ -330,21 +471,20 @@ static ncclResult_t run_collective(const op_t &o)
   case OP_ALL_REDUCE:
     if (o.send != o.recv)
       memcpy(recv, o.send, n * F);
-    return transport(comm, dt_comm_all_reduce(comm->c, recv, n, op), "all-reduce");
+    return transport(comm, dt_comm_all_reduce(c, recv, n, op), "all-reduce");
   case OP_REDUCE_SCATTER:
-    return transport(comm, dt_comm_reduce_scatter(comm->c, (const float *)o.send, recv, n, op),
+    return transport(comm, dt_comm_reduce_scatter(c, (const float *)o.send, recv, n, op),
                      "reduce-scatter");
   case OP_ALL_GATHER:
-    return transport(comm, dt_comm_all_gather(comm->c, (const float *)o.send, recv, n),
-                     "all-gather");
+    return transport(comm, dt_comm_all_gather(c, (const float *)o.send, recv, n), "all-gather");
   case OP_BROADCAST:
-    if (comm->rank == o.root && o.send != o.recv)
+    if (comm->rank.load() == o.root && o.send != o.recv)
       memcpy(recv, o.send, n * F);
-    return transport(comm, dt_comm_broadcast(comm->c, recv, n, o.root), "broadcast");
+    return transport(comm, dt_comm_broadcast(c, recv, n, o.root), "broadcast");
   case OP_REDUCE: { /* an all-reduce of a copy, kept by the root */
     std::vector<float> tmp((const float *)o.send, (const float *)o.send + n);
-    ncclResult_t r = transport(comm, dt_comm_all_reduce(comm->c, tmp.data(), n, op), "reduce");
-    if (comm->rank == o.root && comm->async == ncclSuccess)
+    ncclResult_t r = transport(comm, dt_comm_all_reduce(c, tmp.data(), n, op), "reduce");
+    if (comm->rank.load() == o.root && comm->async == ncclSuccess)
       memcpy(recv, tmp.data(), n * F);
     return r;
   }
@@ -357,40 +497,60 @@ static ncclResult_t run_collective(const op_t &o)
  * communicators' operations in flight on one GPU deadlock unless the GPU runs them side by side
  * (not guaranteed: it depends on their resources) or every rank launched them in the same order;
  * NCCL's guidance ("Using multiple NCCL communicators concurrently") is to complete one
- * communicator's operations before starting another's. Here an operation that starts while
- * another is in flight on its GPU fails (ncclInvalidUsage), whatever the order. */
-static std::mutex g_gpu_mu;
-static std::map<int, ncclComm_t> g_gpu_busy; /* GPU -> the communicator running on it */
+ * communicator's operations before starting another's. Here an operation that is called while
+ * another is in flight on its GPU (called and not yet done) fails (ncclInvalidUsage), whatever
+ * the order. */
+static std::mutex &gpu_mu(void)
+{
+  static std::mutex *m = new std::mutex(); /* never destroyed: workers may outlive main */
+  return *m;
+}
+static std::map<int, ncclComm_t> &gpu_busy(void) /* GPU -> the communicator running on it */
+{
+  static std::map<int, ncclComm_t> *m = new std::map<int, ncclComm_t>();
+  return *m;
+}
 
-struct gpu_turn {
-  ncclComm_t comm;
-  bool held = false;
-  explicit gpu_turn(ncclComm_t c) : comm(c)
-  {
-    std::lock_guard<std::mutex> lock(g_gpu_mu);
-    auto it = g_gpu_busy.find(comm->device);
-    if (it != g_gpu_busy.end()) {
-      (void)failed(comm, ncclInvalidUsage,
-                   "rank %d of %d: an operation started on GPU %d while one of another "
-                   "communicator (rank %d of %d) was in flight there; NCCL may deadlock on that "
-                   "unless every rank launched them in the same order",
-                   comm->rank, comm->world, comm->device, it->second->rank, it->second->world);
-      return;
-    }
-    g_gpu_busy[comm->device] = comm;
-    held = true;
+static bool gpu_acquire(ncclComm_t comm)
+{
+  std::lock_guard<std::mutex> lock(gpu_mu());
+  auto it = gpu_busy().find(comm->device);
+  if (it != gpu_busy().end()) {
+    (void)failed(comm, ncclInvalidUsage,
+                 "rank %d of %d: an operation started on GPU %d while one of another "
+                 "communicator (rank %d of %d) was in flight there; NCCL may deadlock on that "
+                 "unless every rank launched them in the same order",
+                 comm->rank.load(), comm->world.load(), comm->device, it->second->rank.load(),
+                 it->second->world.load());
+    return false;
   }
-  ~gpu_turn()
-  {
-    if (!held)
-      return;
-    std::lock_guard<std::mutex> lock(g_gpu_mu);
-    g_gpu_busy.erase(comm->device);
-  }
-};
+  gpu_busy()[comm->device] = comm;
+  return true;
+}
 
-/* A group (or a lone operation): after the work queued on its streams, its collectives in
- * order, or its sends and receives posted together. */
+static void gpu_release(ncclComm_t comm)
+{
+  std::lock_guard<std::mutex> lock(gpu_mu());
+  gpu_busy().erase(comm->device);
+}
+
+/* On the worker: a group's collectives in order, or its sends and receives posted together. */
+static void execute(ncclComm_t comm, const std::vector<op_t> &ops)
+{
+  if (ops[0].kind != OP_P2P) {
+    for (const op_t &o : ops)
+      if (run_collective(o) != ncclSuccess || comm->async != ncclSuccess)
+        break;
+    return;
+  }
+  dt_comm_p2p_t halves[DT_COMM_P2P_MAX];
+  for (size_t i = 0; i < ops.size(); i++)
+    halves[i] = dt_comm_p2p_t{ops[i].recv, ops[i].count, ops[i].root, 0, ops[i].is_recv};
+  (void)transport(comm, dt_comm_p2p(comm->c.load(), halves, (int)ops.size()), "send/recv");
+}
+
+/* A group (or a lone operation), after the work queued on its streams: handed to the
+ * communicator's worker, its streams held by a gate until the worker is done with it. */
 static ncclResult_t run_group(std::vector<op_t> &ops)
 {
   if (ops.empty())
@@ -407,22 +567,22 @@ static ncclResult_t run_group(std::vector<op_t> &ops)
   }
   if (comm->async != ncclSuccess)
     return ncclSuccess; /* a failed communicator runs nothing more; its error stands */
-  gpu_turn turn(comm);
-  if (!turn.held)
-    return ncclSuccess;
-  if (!p2p) {
-    for (const op_t &o : ops)
-      if (run_collective(o) != ncclSuccess || comm->async != ncclSuccess)
-        break;
-    return ncclSuccess;
-  }
-  if (ops.size() > DT_COMM_P2P_MAX)
+  if (p2p && ops.size() > DT_COMM_P2P_MAX)
     return failed(comm, ncclInvalidUsage, "%zu sends and receives in one group: at most %d here",
                   ops.size(), DT_COMM_P2P_MAX);
-  dt_comm_p2p_t halves[DT_COMM_P2P_MAX];
+  if (!gpu_acquire(comm))
+    return ncclSuccess;
+  std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
+  post(comm, [comm, ops, done](bool canceled) {
+    if (!canceled && comm->async == ncclSuccess)
+      execute(comm, ops);
+    gpu_release(comm);
+    *done = true;
+  });
   for (size_t i = 0; i < ops.size(); i++)
-    halves[i] = dt_comm_p2p_t{ops[i].recv, ops[i].count, ops[i].root, 0, ops[i].is_recv};
-  return transport(comm, dt_comm_p2p(comm->c, halves, (int)ops.size()), "send/recv");
+    if (i == 0 || ops[i].stream != ops[i - 1].stream)
+      dt_emul_enqueue_gate(ops[i].stream, [done] { return done->load(); });
+  return ncclSuccess;
 }
 
 /* Checks an operation and runs it, or keeps it for ncclGroupEnd. */
@@ -445,9 +605,9 @@ static ncclResult_t submit(const op_t &o, const char *what, ncclDataType_t type,
   if ((send_n && !in_device(o.send, send_n * es)) || (recv_n && !in_device(o.recv, recv_n * es)))
     return failed(comm, ncclInvalidArgument,
                   "%s on rank %d: a buffer is not device memory of a live allocation (%p, %p)",
-                  what, comm->rank, o.send, o.recv);
+                  what, comm->rank.load(), o.send, o.recv);
   if (o.root < 0 || o.root >= comm->world)
-    return failed(comm, ncclInvalidArgument, "%s: rank %d of %d", what, o.root, comm->world);
+    return failed(comm, ncclInvalidArgument, "%s: rank %d of %d", what, o.root, comm->world.load());
   if (t_group_depth > 0) {
     t_group.push_back(o);
     return ncclSuccess;
@@ -471,20 +631,21 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
                                cudaStream_t stream)
 {
   return submit({OP_REDUCE_SCATTER, sendbuff, recvbuff, recvcount, op, 0, 0, comm, stream},
-                "ncclReduceScatter", datatype, comm ? recvcount * comm->world : 0, recvcount);
+                "ncclReduceScatter", datatype, comm ? recvcount * comm->world.load() : 0,
+                recvcount);
 }
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
   return submit({OP_ALL_GATHER, sendbuff, recvbuff, sendcount, ncclSum, 0, 0, comm, stream},
-                "ncclAllGather", datatype, sendcount, comm ? sendcount * comm->world : 0);
+                "ncclAllGather", datatype, sendcount, comm ? sendcount * comm->world.load() : 0);
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-  const bool is_root = comm && comm->rank == root;
+  const bool is_root = comm && comm->rank.load() == root;
   return submit({OP_BROADCAST, sendbuff, recvbuff, count, ncclSum, root, 0, comm, stream},
                 "ncclBroadcast", datatype, is_root ? count : 0, count);
 }
@@ -492,7 +653,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
 {
-  const bool is_root = comm && comm->rank == root;
+  const bool is_root = comm && comm->rank.load() == root;
   return submit({OP_REDUCE, sendbuff, recvbuff, count, op, root, 0, comm, stream}, "ncclReduce",
                 datatype, count, is_root ? count : 0);
 }

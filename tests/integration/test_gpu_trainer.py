@@ -23,7 +23,8 @@ the GPUs; the host-staged communicator) against one GPU process.
     can then land one bf16 step apart;
   * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3, tp=2 and pp=2 on NCCL
     (--comm nccl), within 1e-5 of the one GPU process; with four, tp=2 x dp=2 under ZeRO-3
-    and pp=2 x dp=2 under ZeRO-2 too.
+    and pp=2 x dp=2 under ZeRO-2 too; and a peer stopped mid-training (SIGSTOP) under ZeRO-0
+    and ZeRO-3: the other trainer's NCCL operation times out and it exits with the error.
 
 Run by tests/gpu/run.sh on the GPU machine, or by hand:
 
@@ -40,9 +41,11 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -242,6 +245,45 @@ class GpuTrainer(unittest.TestCase):
                                  tag="nccl_" + "_".join(e.strip("-") for e in extra))
                 self.assert_close(ref, got, 1e-5, what)
                 self.assertIn("collectives: nccl on %d ranks" % world, self.logs[0])
+
+    def test_nccl_peer_stalls(self):
+        """Two trainers on NCCL, one GPU each; rank 1 is stopped (SIGSTOP: a wedged process,
+        its sockets open) in the middle of training. Rank 0's next NCCL operation, on the
+        data-parallel comm thread (ZeRO-3 gathers and reduce-scatters) or on the compute thread
+        (ZeRO-0's norm and loss), must give up at the communicator's timeout and the trainer
+        exit with the error, not hang in the GPU's wait for its peer."""
+        if gpu_count() < 2:
+            self.skipTest("NCCL between trainers needs two GPUs")
+        for zero in (0, 3):
+            with self.subTest(zero=zero):
+                tag = "stall_z%d" % zero
+                metrics = os.path.join(self.tmp, tag + ".jsonl")
+                kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+                argv = dp.base_args(4, ACCUM, metrics, 100000) + [
+                    "--device", "cuda", "--comm", "nccl", "--zero-stage", str(zero)]
+                env = {"DISTRAIN_COMM_TIMEOUT_MS": "3000"}
+                if EMULATED:
+                    env["DT_EMUL_GPUS"] = "2"
+                procs = dp.launch(2, lambda r: argv, kv, lambda r: dict(env, LOCAL_RANK=str(r)))
+                try:
+                    deadline = time.time() + 120
+                    while time.time() < deadline and procs[0].poll() is None and not (
+                            os.path.exists(metrics) and len(dp.read_metrics(metrics)) >= 2):
+                        time.sleep(0.05)
+                    self.assertGreaterEqual(len(dp.read_metrics(metrics)), 2,
+                                            "training never started")
+                    procs[1].send_signal(signal.SIGSTOP)
+                    t0 = time.time()
+                    _, err = procs[0].communicate(timeout=60)
+                    elapsed = time.time() - t0
+                finally:
+                    for p in procs:
+                        p.kill()
+                        p.communicate()
+                self.assertNotEqual(procs[0].returncode, 0, "rank 0 finished without its peer")
+                self.assertLess(elapsed, 3.0 + 10.0, "rank 0 gave up after %.1f s" % elapsed)
+                self.assertRegex(err, r"comm \S+ rank 0/2: [\w-]+ timed out after 3000 ms "
+                                 r"\(a peer is missing or stalled\)")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@
  * world-2 rendezvous that only this rank joins (DT_ETIMEDOUT within about the timeout, from rank
  * 0's NCCL init and from rank 1's wait for the id), and an abort that cancels an init in
  * progress. With two or more GPUs: world N over threads, one device each (NCCL refuses two ranks
- * of one communicator on one GPU).
+ * of one communicator on one GPU), and an operation whose peer never comes, ended by the
+ * communicator's timeout and by an abort from another thread.
  *
  * The same file runs in CI as test_comm_nccl_on_emul (DT_TEST_EMULATED): on three emulated GPUs
- * (tests/emul/cuda_host.cc) and the host emulation of NCCL (tests/emul/nccl_host.cc), without the
- * two tests of a rendezvous that never completes, whose NCCL calls block there.
+ * (tests/emul/cuda_host.cc) and the host emulation of NCCL (tests/emul/nccl_host.cc), whose calls
+ * return at once and complete on threads of their own, as a non-blocking NCCL's do.
  *
  * CUDA cannot be used in a child forked from a process that initialised it, and Check forks
  * every test, so main counts the GPUs in a throw-away child and never touches CUDA itself while
@@ -19,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,7 +224,6 @@ START_TEST(test_host_operands_staged)
 }
 END_TEST
 
-#ifndef DT_TEST_EMULATED /* (tests/emul's nccl_host.cc: a rendezvous there blocks) */
 /* World 2, only rank 0 ever comes: its NCCL init times out; so does a lone rank 1 waiting for
  * rank 0's id. Both within about the timeout. */
 START_TEST(test_missing_peer_times_out)
@@ -290,7 +291,6 @@ START_TEST(test_abort_cancels_init)
   dt_kv_mem_destroy(&kv);
 }
 END_TEST
-#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* Several GPUs: one thread per rank                                                           */
@@ -460,6 +460,107 @@ START_TEST(test_threads_one_gpu_each)
 }
 END_TEST
 
+/* An operation whose peer never comes, world 2 on two GPUs: rank 1 joins, takes part in one
+ * all-reduce and then stays away until rank 0 is done. Rank 0's next all-reduce must end on its
+ * own (DT_ETIMEDOUT at the communicator's timeout, NCCL's kernel still waiting) or, with abort,
+ * when another thread aborts the communicator (DT_ECANCELED); the communicator then refuses
+ * what follows at once. Rank 1 leaves cleanly after. */
+typedef struct {
+  dt_kv_t *kv;
+  const char *prefix;
+  int timeout_ms;
+  atomic_int rank0_done;      /* rank 0 has its result: rank 1 may leave */
+  _Atomic(dt_comm_t *) comm0; /* rank 0's, once its first all-reduce is done */
+  int rc, rc_after;           /* rank 0's operation left alone, and the next one */
+  double returned_ms;
+  char err[2][256];
+} lone_t;
+
+typedef struct {
+  lone_t *l;
+  int rank;
+} lone_arg_t;
+
+static void *lone_rank(void *arg)
+{
+  lone_t *l = ((lone_arg_t *)arg)->l;
+  const int R = ((lone_arg_t *)arg)->rank;
+  enum { N = 4096 };
+  float h[N];
+  dt_comm_t *comm = NULL;
+  float *d = NULL;
+  for (size_t i = 0; i < N; i++)
+    h[i] = val(R, i);
+  if (cudaSetDevice(R) != cudaSuccess || !(d = upload(h, N)))
+    snprintf(l->err[R], sizeof l->err[R], "rank %d: no device buffer", R);
+  else if (dt_comm_init(&comm, "nccl", l->kv, l->prefix, R, 2, l->timeout_ms) != 0 ||
+           dt_comm_all_reduce(comm, d, N, DT_COMM_SUM) != 0)
+    snprintf(l->err[R], sizeof l->err[R], "rank %d: init or the first all-reduce failed", R);
+  if (R == 0) {
+    if (!l->err[0][0]) {
+      atomic_store(&l->comm0, comm);
+      l->rc = dt_comm_all_reduce(comm, d, N, DT_COMM_SUM);
+      l->returned_ms = dt_now_ms();
+      l->rc_after = dt_comm_all_reduce(comm, d, N, DT_COMM_SUM);
+    }
+    atomic_store(&l->rank0_done, 1);
+  } else {
+    while (!atomic_load(&l->rank0_done))
+      sleep_ms(10);
+  }
+  dt_comm_destroy(comm);
+  if (d)
+    cudaFree(d);
+  return NULL;
+}
+
+static void lone_operation(int abort_it)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  lone_t l = {.kv = &kv,
+              .prefix = abort_it ? "nccl_lone/abort" : "nccl_lone/timeout",
+              .timeout_ms = abort_it ? 30000 : 1500};
+  lone_arg_t args[2] = {{&l, 0}, {&l, 1}};
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++)
+    ck_assert_int_eq(pthread_create(&th[r], NULL, lone_rank, &args[r]), 0);
+  while (!atomic_load(&l.comm0) && !atomic_load(&l.rank0_done))
+    sleep_ms(5);
+  double t0 = dt_now_ms();
+  if (abort_it && atomic_load(&l.comm0)) {
+    sleep_ms(300); /* rank 0 is inside the all-reduce that rank 1 never joins */
+    t0 = dt_now_ms();
+    dt_comm_abort(atomic_load(&l.comm0));
+  }
+  for (int r = 0; r < 2; r++)
+    pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++)
+    ck_assert_msg(l.err[r][0] == '\0', "%s", l.err[r]);
+  const double waited = l.returned_ms - t0;
+  if (abort_it) {
+    ck_assert_msg(l.rc == DT_ECANCELED, "the aborted all-reduce returned %s", dt_err_name(l.rc));
+    ck_assert_msg(waited < 3000, "it returned %.0f ms after the abort", waited);
+  } else {
+    ck_assert_msg(l.rc == DT_ETIMEDOUT, "the lone all-reduce returned %s", dt_err_name(l.rc));
+    ck_assert_msg(waited >= 1400 && waited < 5000, "it gave up after %.0f ms", waited);
+  }
+  ck_assert_msg(l.rc_after < 0, "the failed communicator ran another all-reduce");
+  dt_kv_mem_destroy(&kv);
+}
+
+START_TEST(test_lone_operation_times_out)
+{
+  lone_operation(0);
+}
+END_TEST
+
+START_TEST(test_abort_cancels_operation)
+{
+  lone_operation(1);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 /* GPUs, counted in a child process (see the file comment). */
@@ -505,15 +606,15 @@ int main(void)
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_world1);
   tcase_add_test(tc, test_host_operands_staged);
-#ifndef DT_TEST_EMULATED
   tcase_add_test(tc, test_missing_peer_times_out);
   tcase_add_test(tc, test_abort_cancels_init);
-#endif
   suite_add_tcase(s, tc);
   if (gpus >= 2) {
     tc = tcase_create("multi_gpu");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_threads_one_gpu_each);
+    tcase_add_test(tc, test_lone_operation_times_out);
+    tcase_add_test(tc, test_abort_cancels_operation);
     suite_add_tcase(s, tc);
   }
   SRunner *sr = srunner_create(s);
