@@ -97,7 +97,9 @@ static void remove_dirs(void)
  * operation is done). ncclCommAbort cancels what the worker is blocked in (the transport's
  * abort) and skips what it has not started; a rendezvous, which the transport cannot cancel,
  * runs on until its own timeout, unobserved. The handle, the worker and a split in progress
- * each hold a reference; the last one frees the communicator and its transport. */
+ * each hold a reference; the last one frees the communicator and its transport (the handle's,
+ * in ncclCommDestroy and ncclCommAbort, which wait for the worker to end, but for an aborted
+ * rendezvous). */
 struct ncclComm {
   std::atomic<dt_comm_t *> c{nullptr}; /* the transport, once the rendezvous made it */
   std::shared_ptr<rendezvous> rv;
@@ -110,6 +112,7 @@ struct ncclComm {
   std::condition_variable cv;
   std::deque<std::function<void(bool canceled)>> jobs;
   bool closing = false; /* the handle is gone: the worker ends after its jobs */
+  bool ended = false;   /* the worker has ended */
 };
 
 static void unref(ncclComm_t comm)
@@ -231,6 +234,11 @@ static ncclComm_t comm_new(int rank, int world, std::shared_ptr<rendezvous> rv)
       }
       job(comm->aborted.load());
     }
+    {
+      std::lock_guard<std::mutex> lock(comm->mu);
+      comm->ended = true;
+      comm->cv.notify_all();
+    }
     unref(comm);
   }).detach();
   return comm;
@@ -241,10 +249,12 @@ static void post(ncclComm_t comm, std::function<void(bool canceled)> job)
 {
   std::lock_guard<std::mutex> lock(comm->mu);
   comm->jobs.push_back(std::move(job));
-  comm->cv.notify_one();
+  comm->cv.notify_all(); /* the worker, not a closer waiting on the same variable */
 }
 
-/* The handle's end: abort cancels the transport's blocked operation and the jobs not started. */
+/* The handle's end, once the worker has ended (abort cancels the transport's blocked operation
+ * and the jobs not started), so that the communicator is gone when the call returns, as NCCL's
+ * is. Except for an aborted rendezvous, which nothing can cancel: its worker ends on its own. */
 static void comm_close(ncclComm_t comm, bool abort)
 {
   if (abort) {
@@ -254,9 +264,12 @@ static void comm_close(ncclComm_t comm, bool abort)
       (void)dt_comm_abort(c);
   }
   {
-    std::lock_guard<std::mutex> lock(comm->mu);
+    std::unique_lock<std::mutex> lock(comm->mu);
     comm->closing = true;
-    comm->cv.notify_one();
+    comm->cv.notify_all();
+    const bool joining = comm->c.load() || comm->async.load() != ncclInProgress;
+    if (!abort || joining)
+      comm->cv.wait(lock, [comm] { return comm->ended; });
   }
   unref(comm);
 }
