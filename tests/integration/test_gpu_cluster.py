@@ -4,7 +4,8 @@ handing them out.
 - run --local with training.device cuda: node i's agent offers GPUs i x devices_per_node, ...
   (round robin over the machine's GPUs, shared when there are fewer than devices), each trainer
   trains on its device's GPU (its log names the GPU's PCI address), and a pp=2 x tp=2 job on
-  2 nodes x 2 GPUs ends with the losses of one GPU within 1e-5. A CPU job on the same machine
+  2 nodes x 2 GPUs ends with the losses of one GPU within 1e-5, its collectives on NCCL where
+  every rank has a GPU of its own (emulated: tests/emul/nccl_host.cc). A CPU job on the same machine
   keeps to CPU devices; a cuda job on a machine without a GPU is refused before anything starts.
 - distrain-worker --gpus: the devices it registers (distrainctl nodes: the GPUs' names and
   memory, in the order listed, a GPU listed twice twice) and the usage its heartbeats carry
@@ -115,8 +116,6 @@ class GpuCluster(cp.ClusterTest):
         with open(job, "w") as f:
             f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt_" + tag), STEPS, every=STEPS,
                                 val_every=0, min_nodes=nodes, max_nodes=nodes))
-        if EMULATED:  # NCCL is real: it would look for the GPUs on the real driver
-            sets = tuple(sets) + ("parallel.comm=cpu",)
         args = ["run", "--local", "--nodes", str(nodes), "--devices-per-node", str(per_node),
                 "--run-dir", run_dir, "--metrics", metrics, "--set",
                 "training.device=%s" % device] + [x for s in sets for x in ("--set", s)]
@@ -163,6 +162,11 @@ class GpuCluster(cp.ClusterTest):
                     if EMULATED:
                         self.assertEqual((m.group(4), m.group(5)), (EMUL_NAME, pci))
                     self.assertIn("device cuda:%s" % m.group(1), text)
+                # parallel.comm auto: NCCL with a GPU per rank, else staged through the host
+                _, text = self.rank_log(run_dir, 0)
+                if "cannot use NCCL" not in text:  # (a build without NCCL)
+                    self.assertEqual("collectives: nccl on 4 ranks, one GPU each" in text,
+                                     gpus >= 4, text[-3000:])
                 self.assertEqual(len(got), STEPS, tag)
                 for a, b in zip(ref, got):
                     self.assertLess(abs(a - b) / abs(a), 1e-5, (tag, ref, got))
@@ -222,7 +226,7 @@ class GpuCluster(cp.ClusterTest):
 
         # A dp=3 job on the listed node's devices: rank r on device r, so on GPU order[r].
         sets = ["parallel.dp=3", "training.batch=6", "training.micro_batch=2",
-                "training.device=cuda"] + (["parallel.comm=cpu"] if EMULATED else [])
+                "training.device=cuda"]
         path = os.path.join(self.tmp, "dp3.yaml")
         with open(path, "w") as f:
             f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt"), 2, every=0, val_every=0))
