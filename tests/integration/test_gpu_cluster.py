@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import unittest
@@ -108,23 +109,33 @@ class GpuCluster(cp.ClusterTest):
                                           if x["state"] == "ALIVE"]) >= n, timeout,
                              "%d alive nodes" % n)
 
-    def run_local(self, tag, nodes, per_node, device, sets=(), env=None):
-        """run --local of the test's tiny job; returns (result, run dir, losses)."""
+    def local_args(self, tag, nodes, per_node, device, sets=(), steps=STEPS, every=STEPS):
+        """distrainctl run --local's arguments for the test's tiny job; and its run directory
+        and metrics file."""
         run_dir = os.path.join(self.tmp, "run_" + tag)
         metrics = os.path.join(self.tmp, "metrics_%s.jsonl" % tag)
         job = os.path.join(self.tmp, "job_%s.yaml" % tag)
         with open(job, "w") as f:
-            f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt_" + tag), STEPS, every=STEPS,
+            f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt_" + tag), steps, every=every,
                                 val_every=0, min_nodes=nodes, max_nodes=nodes))
         args = ["run", "--local", "--nodes", str(nodes), "--devices-per-node", str(per_node),
                 "--run-dir", run_dir, "--metrics", metrics, "--set",
                 "training.device=%s" % device] + [x for s in sets for x in ("--set", s)]
-        r = self.ctl(*(args + [job]), timeout=600, env=dict(self.env, **(env or {})))
-        losses = []
-        if os.path.exists(metrics):
-            with open(metrics) as f:
-                losses = [json.loads(x)["loss"] for x in f.read().splitlines()]
-        return r, run_dir, losses
+        return args + [job], run_dir, metrics
+
+    @staticmethod
+    def losses(metrics):
+        """{step: loss} of a run's metrics (a step taken again after a restart: its last)."""
+        if not os.path.exists(metrics):
+            return {}
+        with open(metrics) as f:
+            return {m["step"]: m["loss"] for m in map(json.loads, f.read().splitlines())}
+
+    def run_local(self, tag, nodes, per_node, device, sets=(), env=None):
+        """run --local of the test's tiny job; returns (result, run dir, losses)."""
+        args, run_dir, metrics = self.local_args(tag, nodes, per_node, device, sets)
+        r = self.ctl(*args, timeout=600, env=dict(self.env, **(env or {})))
+        return r, run_dir, [loss for _, loss in sorted(self.losses(metrics).items())]
 
     def rank_log(self, run_dir, rank):
         [path] = glob.glob(os.path.join(run_dir, "node-*", "job-1", "rank-%d.log" % rank))
@@ -180,6 +191,67 @@ class GpuCluster(cp.ClusterTest):
             self.assertIn("device cpu", self.rank_log(run_dir, rank)[1])
         for a, b in zip(ref, cpu):
             self.assertLess(abs(a - b) / abs(a), 1e-4, (ref, cpu))
+
+    def test_stalled_nccl_rank_is_named_and_the_job_recovers(self):
+        """dp=2 on 2 nodes x 1 GPU, on NCCL; rank 1's trainer is stopped (SIGSTOP) mid-run.
+        Rank 0 blocks in an NCCL collective, its GPU waiting for the peer; the coordinator
+        names rank 1 within hang_timeout_s from the ranks' progress reports, restarts the job
+        from its last checkpoint on new communicators, and every step's loss equals the
+        uninterrupted run's."""
+        if self.gpus < 2:
+            self.skipTest("NCCL between trainers needs two GPUs")
+        sets = ("parallel.dp=2", "training.micro_batch=2", "elastic.hang_timeout_s=4",
+                "elastic.max_restarts=2")
+        steps, every = 40, 5
+        args, _, metrics = self.local_args("stall_ref", 2, 1, "cuda", sets, steps, every)
+        r = self.ctl(*args, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        ref = self.losses(metrics)
+        self.assertEqual(sorted(ref), list(range(1, steps + 1)))
+
+        args, run_dir, metrics = self.local_args("stall", 2, 1, "cuda", sets, steps, every)
+        p = subprocess.Popen([self.bin["distrainctl"]] + args, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp)
+        victim = None
+        try:
+            cp.wait_until(lambda: len(self.losses(metrics)) >= 2 * every, 120,
+                          "%d steps" % (2 * every))
+            victim = self.trainer_pid(rank=1, generation=1)
+            os.kill(victim, signal.SIGSTOP)
+            out, err = p.communicate(timeout=300)
+        finally:
+            if victim:
+                try:
+                    os.kill(victim, signal.SIGCONT)
+                except OSError:
+                    pass
+            p.kill()
+        self.assertEqual(p.returncode, 0, err[-3000:])
+        _, log = self.rank_log(run_dir, 0)
+        self.assertIn("collectives: nccl on 2 ranks, one GPU each", log)
+        with open(os.path.join(run_dir, "coordinator.log")) as f:
+            coord = f.read()
+        self.assertRegex(coord, r"RUNNING -> RECOVERING \(generation 1\): hang: rank 0 has "
+                         r"waited [\d.]+ s in [\w/]+ \w+ #\d+; rank 1 sent no report", coord[-3000:])
+        got = self.losses(metrics)
+        self.assertEqual(sorted(got), list(range(1, steps + 1)))
+        for step in ref:
+            self.assertLess(abs(ref[step] - got[step]) / abs(ref[step]), 1e-5, (step, ref, got))
+
+    def trainer_pid(self, rank, generation):
+        """The pid of this test's trainer of that rank and generation (from /proc)."""
+        want = {b"RANK=%d" % rank, b"DISTRAIN_GENERATION=%d" % generation}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv0 = f.read().split(b"\0")[0]
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    env = set(f.read().split(b"\0"))
+            except OSError:
+                continue
+            if argv0 == self.bin["distrain-train"].encode() and want <= env:
+                return int(pid)
+        self.fail("no trainer of rank %d, generation %d" % (rank, generation))
 
     def test_cuda_job_without_a_gpu_is_refused(self):
         if not EMULATED:
