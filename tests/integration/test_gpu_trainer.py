@@ -148,13 +148,16 @@ class GpuTrainer(unittest.TestCase):
                 self.assert_close(ref, got, 1e-4, prec + " materialized against flash")
             with self.subTest(prec + " --profile"):
                 # the GPU's timed events around every kernel change nothing
-                self.assertEqual(ref, self.train(1, 4, "cuda", p + ["--profile", "2:2"],
+                trace = os.path.join(self.tmp, "opt_prof_%s.trace.json" % prec)
+                self.assertEqual(ref, self.train(1, 4, "cuda", p + ["--profile", "2:2",
+                                                                    "--profile-trace", trace],
                                                  tag="opt_prof_" + prec))
                 metrics = os.path.join(self.tmp, "opt_prof_%s_cuda_w1.jsonl" % prec)
                 suffix = "_bf16" if prec == "bf16" else ""
                 want = {k + suffix: v for k, v in test_profile.expected_products("flash").items()}
-                test_profile.check_profile(self, test_profile.read_profile(metrics)[0], want,
-                                           (2, 3), "cuda:0")
+                prof = test_profile.read_profile(metrics)[0]
+                test_profile.check_profile(self, prof, want, (2, 3), "cuda:0")
+                test_profile.check_trace(self, trace, prof)  # the timed events' placement
             with self.subTest(prec + " resume"):
                 ckpt = ["--ckpt-dir", os.path.join(self.tmp, "ckpt_" + prec)]
                 first = self.train(1, 4, "cuda", p + ckpt + ["--stop-at", "4"],

@@ -15,6 +15,9 @@ batch 4 x seq 32, 2 micro-batches per step) and checks:
     add up to the one process's;
   * a window running past the last step reports the steps it got; a process resumed after the
     window says that it ran none of them;
+  * --profile-trace: a Chrome trace of the profiled steps (a span per step and per kernel call,
+    the calls in order inside their step, as many as the table counts and as long); with pp=2
+    a file per rank (%r) whose steps overlap on the host clock both share;
   * training.profile in a job spec reaches the trainer through distrainctl run --local;
   * malformed --profile and DISTRAIN_PROFILE values, and a window after the last step: a
     one-line error naming the flag or the variable, before any training.
@@ -117,6 +120,35 @@ def check_profile(test, prof, want, steps, device):
                          "the kernels take %.3f ms of a %.3f ms step" % (total, prof["step_ms"]))
 
 
+def check_trace(test, path, prof, rank=0):
+    """A --profile-trace file against the profile record of the same run: a step span per
+    profiled step on the steps row, every call of it on the kernels row, inside its step, one
+    after another (the device runs them in order), their durations adding up to the table's."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    test.assertTrue(all(e["pid"] == rank for e in events), path)
+    steps = [e for e in spans if e["cat"] == "step"]
+    first, last = prof["steps"][0], prof["steps"][0] + prof["profiled"] - 1
+    test.assertEqual([e["name"] for e in steps], ["step %d" % s for s in range(first, last + 1)])
+    kernels = [e for e in spans if e["cat"] == "kernel"]
+    test.assertTrue(all(e["tid"] == 2 for e in kernels) and all(e["tid"] == 1 for e in steps))
+    calls = {k["kernel"]: k["calls"] * prof["profiled"] for k in prof["kernels"]}
+    test.assertEqual({n: sum(1 for e in kernels if e["name"] == n) for n in calls}, calls)
+    test.assertEqual(len(kernels), sum(calls.values()))
+    total_ms = sum(k["ms"] for k in prof["kernels"]) * prof["profiled"]
+    test.assertAlmostEqual(sum(e["dur"] for e in kernels) / 1e3 / total_ms, 1.0, delta=1e-4)
+    eps = 1.0  # us: a GPU event's resolution, and float rounding of the offsets
+    for a, b in zip(kernels, kernels[1:]):
+        test.assertLessEqual(a["ts"] + a["dur"], b["ts"] + eps, (a, b))
+    for st in steps:
+        mine = [e for e in kernels if e["args"]["step"] == int(st["name"].split()[1])]
+        test.assertTrue(mine, st)
+        test.assertGreaterEqual(mine[0]["ts"], st["ts"] - eps, st)
+        test.assertLessEqual(mine[-1]["ts"] + mine[-1]["dur"], st["ts"] + st["dur"] + eps, st)
+    return steps
+
+
 class Profile(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -165,6 +197,36 @@ class Profile(unittest.TestCase):
                 table = log_table(prof.stderr)
                 self.assertEqual({k: v[0] for k, v in table.items()},
                                  {k["kernel"]: k["calls"] for k in found[0]["kernels"]})
+
+    def test_trace(self):
+        trace = os.path.join(self.tmp, "one.trace.json")
+        p, m = self.run_one("trace", ["--profile", "2:2", "--profile-trace", trace])
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        self.assertIn("profile trace: %s (chrome://tracing, ui.perfetto.dev)" % trace, p.stderr)
+        check_trace(self, trace, read_profile(m)[0])
+
+    def test_pipeline_traces_line_up(self):
+        """pp=2, a file per rank (%r): each stage's steps on the host clock both share, so that
+        the merged traces show the stages side by side."""
+        pattern = os.path.join(self.tmp, "pp.%r.json")
+        metrics = os.path.join(self.tmp, "pp_trace.jsonl")
+        kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+        outs = dp.wait_all(dp.launch(2, lambda r: dp.base_args(4, ACCUM, metrics, STEPS)
+                                     + ["--pp", "2", "--profile", "3", "--profile-trace", pattern],
+                                     kv))
+        dp.assert_ranks_ok(outs, "pp2 trace")
+        steps = []
+        for r in range(2):
+            with open(os.path.join(self.tmp, "pp.%d.json" % r)) as f:
+                events = json.load(f)["traceEvents"]
+            self.assertTrue(all(e["pid"] == r for e in events))
+            [st] = [e for e in events if e.get("cat") == "step"]
+            self.assertEqual(st["name"], "step 3")
+            steps.append(st)
+        a, b = steps
+        self.assertLess(max(a["ts"], b["ts"]), min(a["ts"] + a["dur"], b["ts"] + b["dur"]),
+                        "the two stages' step 3 do not overlap in time: %s" % steps)
+        check_trace(self, os.path.join(self.tmp, "pp.0.json"), read_profile(metrics)[0])
 
     def test_the_environment_variable(self):
         p, m = self.run_one("env", env={"DISTRAIN_PROFILE": "3"})
@@ -258,6 +320,17 @@ class Profile(unittest.TestCase):
         p, _ = self.run_one("bad_env", env={"DISTRAIN_PROFILE": "soon"})
         self.assertEqual(p.returncode, 2)
         self.assertIn("distrain-train: DISTRAIN_PROFILE: expected S or S:N", p.stderr)
+        p, _ = self.run_one("trace_alone", ["--profile-trace", "x.json"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--profile-trace needs --profile (or DISTRAIN_PROFILE)", p.stderr)
+        kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+        outs = dp.wait_all(dp.launch(2, lambda r: dp.base_args(4, ACCUM, os.path.join(
+            self.tmp, "one_file.jsonl"), STEPS) + ["--profile", "2", "--profile-trace", "t.json"],
+            kv))
+        for rc, _, err in outs:
+            self.assertEqual(rc, 1)
+            self.assertIn("--profile-trace t.json: 2 ranks would write one file; put %r (the "
+                          "rank) in its name", err)
         p, m = self.run_one("late", ["--profile", "5"])
         self.assertEqual(p.returncode, 1)
         self.assertIn("--profile (or DISTRAIN_PROFILE) from step 5: the run has 4 steps",

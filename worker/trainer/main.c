@@ -46,6 +46,8 @@ static void usage(FILE *out)
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
       "  --profile S[:N]             time every kernel of steps S..S+N-1 (N default 1) and log\n"
       "                              where the step went (default: DISTRAIN_PROFILE, else off)\n"
+      "  --profile-trace FILE        also write those steps' kernel calls as a Chrome trace (%%r:\n"
+      "                              the rank; default: DISTRAIN_PROFILE_TRACE)\n"
       "device:\n"
       "  --device cpu|cuda|auto      where to train (default auto: the GPU that LOCAL_RANK picks\n"
       "                              when a CUDA GPU is present, else the CPU)\n"
@@ -121,6 +123,7 @@ enum {
   OPT_PP_VIRTUAL,
   OPT_QUIET,
   OPT_PROFILE,
+  OPT_PROFILE_TRACE,
   OPT_DEVICE,
   OPT_COMM,
   OPT_PRECISION,
@@ -181,6 +184,7 @@ static const struct option g_opts[] = {
     {"pp-virtual", required_argument, 0, OPT_PP_VIRTUAL},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"profile", required_argument, 0, OPT_PROFILE},
+    {"profile-trace", required_argument, 0, OPT_PROFILE_TRACE},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -416,6 +420,9 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     case OPT_PROFILE:
       rc = parse_profile("--profile", optarg, o);
       break;
+    case OPT_PROFILE_TRACE:
+      o->profile_trace = optarg;
+      break;
     case OPT_DEVICE:
       o->device = optarg;
       break;
@@ -457,9 +464,16 @@ static int parse_args(int argc, char **argv, dt_train_opts_t *o)
     return DT_EINVAL;
   }
   /* The variable reaches the trainers an agent starts (every DISTRAIN_* does); the flag wins. */
-  const char *env = getenv("DISTRAIN_PROFILE");
-  if (!o->profile_from && env && *env)
-    return parse_profile("DISTRAIN_PROFILE", env, o);
+  const char *env = getenv("DISTRAIN_PROFILE"), *trace = getenv("DISTRAIN_PROFILE_TRACE");
+  if (!o->profile_from && env && *env && parse_profile("DISTRAIN_PROFILE", env, o) != 0)
+    return DT_EINVAL;
+  if (!o->profile_trace && trace && *trace)
+    o->profile_trace = trace;
+  if (o->profile_trace && !o->profile_from) {
+    fprintf(stderr, "distrain-train: --profile-trace needs --profile (or DISTRAIN_PROFILE): "
+                    "which steps to trace\n");
+    return DT_EINVAL;
+  }
   return 0;
 }
 

@@ -68,6 +68,13 @@ typedef struct {
   double t0, t1; /* host clock (devices without timed events) */
 } mark_t;
 
+/* A call or a step on the host's monotonic clock (dt_now_ms), for the trace. */
+typedef struct {
+  int kernel; /* -1: the step */
+  int step;
+  double start_ms, ms, flop, bytes;
+} span_t;
+
 struct dt_profile {
   dt_device_t dev; /* handed out: inner's entries and state, ops = &ops */
   dt_ops_t ops;
@@ -77,6 +84,10 @@ struct dt_profile {
   size_t n, cap;
   void **events; /* (nevents) timed events, two per mark */
   size_t nevents;
+  double anchor_ms; /* host clock when the step's first call was queued */
+  int keep_spans;
+  span_t *spans; /* (nspans) every profiled call and step, when keep_spans */
+  size_t nspans, spans_cap;
   int steps;
   double wall_ms;
   double calls[K_COUNT], ms[K_COUNT], flop[K_COUNT], bytes[K_COUNT];
@@ -104,6 +115,8 @@ static int call_begin(dt_profile_t *p)
     p->cap = cap;
   }
   dt_device_t *in = p->inner;
+  if (p->n == 0)
+    p->anchor_ms = dt_now_ms();
   if (!in->timed_event_create) {
     p->marks[p->n].t0 = dt_now_ms();
     return 0;
@@ -307,6 +320,7 @@ void dt_profile_destroy(dt_profile_t *p)
 {
   if (!p)
     return;
+  free(p->spans);
   for (size_t i = 0; i < p->nevents; i++)
     p->inner->event_destroy(p->inner, p->events[i]);
   free(p->events);
@@ -325,21 +339,53 @@ void dt_profile_begin(dt_profile_t *p)
   p->armed = 1;
 }
 
-int dt_profile_end(dt_profile_t *p, double t0_ms)
+void dt_profile_keep_spans(dt_profile_t *p)
+{
+  p->keep_spans = 1;
+}
+
+static int add_span(dt_profile_t *p, span_t sp)
+{
+  if (!p->keep_spans)
+    return 0;
+  if (p->nspans == p->spans_cap) {
+    size_t cap = p->spans_cap ? 2 * p->spans_cap : 1024;
+    span_t *v = realloc(p->spans, cap * sizeof *v);
+    if (!v)
+      return DT_ENOMEM;
+    p->spans = v;
+    p->spans_cap = cap;
+  }
+  p->spans[p->nspans++] = sp;
+  return 0;
+}
+
+int dt_profile_end(dt_profile_t *p, int step, double t0_ms)
 {
   dt_device_t *in = p->inner;
   p->armed = 0;
   DT_CHECK(in->sync(in));
   const double wall = dt_now_ms() - t0_ms;
+  DT_CHECK(add_span(p, (span_t){.kernel = -1, .step = step, .start_ms = t0_ms, .ms = wall}));
   for (size_t i = 0; i < p->n; i++) {
     const mark_t *m = &p->marks[i];
-    double ms = m->t1 - m->t0;
-    if (in->timed_event_create)
+    double ms = m->t1 - m->t0, start = m->t0;
+    if (in->timed_event_create) {
+      /* on the host clock from the moment the step's first call was queued */
       DT_CHECK(in->event_ms(in, p->events[2 * i], p->events[2 * i + 1], &ms));
+      DT_CHECK(in->event_ms(in, p->events[0], p->events[2 * i], &start));
+      start += p->anchor_ms;
+    }
     p->calls[m->kernel] += 1;
     p->ms[m->kernel] += ms;
     p->flop[m->kernel] += m->flop;
     p->bytes[m->kernel] += m->bytes;
+    DT_CHECK(add_span(p, (span_t){.kernel = m->kernel,
+                                  .step = step,
+                                  .start_ms = start,
+                                  .ms = ms,
+                                  .flop = m->flop,
+                                  .bytes = m->bytes}));
   }
   p->n = 0;
   p->steps++;
@@ -429,4 +475,34 @@ void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last)
             rows[i].bytes / 1e6);
   fprintf(f, "]}}\n");
   fflush(f);
+}
+
+/* Chrome's trace event format: complete ("X") events in microseconds, metadata ("M") events
+ * naming the process and its two rows. */
+int dt_profile_trace(const dt_profile_t *p, FILE *f, int rank)
+{
+  fprintf(f,
+          "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n"
+          "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
+          "\"args\": {\"name\": \"rank %d (%s)\"}},\n"
+          "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, "
+          "\"args\": {\"name\": \"steps\"}},\n"
+          "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, "
+          "\"args\": {\"name\": \"kernels\"}}",
+          rank, rank, p->inner->name, rank, rank);
+  for (size_t i = 0; i < p->nspans; i++) {
+    const span_t *sp = &p->spans[i];
+    char name[48] = "";
+    if (sp->kernel < 0)
+      snprintf(name, sizeof name, "step %d", sp->step);
+    fprintf(f,
+            ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+            "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d, \"gflop\": %.9g, "
+            "\"mbytes\": %.9g}}",
+            sp->kernel < 0 ? name : g_names[sp->kernel], sp->kernel < 0 ? "step" : "kernel", rank,
+            sp->kernel < 0 ? 1 : 2, sp->start_ms * 1e3, sp->ms * 1e3, sp->step, sp->flop / 1e9,
+            sp->bytes / 1e6);
+  }
+  fprintf(f, "\n]}\n");
+  return ferror(f) ? DT_EIO : 0;
 }

@@ -35,9 +35,11 @@ dt_device_t *dt_profile_device(dt_profile_t *p);
 
 /* Times the kernel calls from now on (one step of the trainer's). */
 void dt_profile_begin(dt_profile_t *p);
-/* Stops timing, waits for the device to finish the step's work, and adds the step (its wall
- * time: from t0_ms, dt_now_ms()'s clock, to now) and its calls to the totals. */
-int dt_profile_end(dt_profile_t *p, double t0_ms);
+/* Stops timing, waits for the device to finish the step's work, and adds step number `step`
+ * (its wall time: from t0_ms, dt_now_ms()'s clock, to now) and its calls to the totals. */
+int dt_profile_end(dt_profile_t *p, int step, double t0_ms);
+/* Keeps every profiled call and step from now on, for dt_profile_trace. */
+void dt_profile_keep_spans(dt_profile_t *p);
 
 /* One kernel-table entry over the profiled steps, per step. */
 typedef struct {
@@ -59,5 +61,13 @@ void dt_profile_log(const dt_profile_t *p, const char *what);
  * steps profiled, the device, step_ms, and kernels [{"kernel", "calls", "ms", "gflop",
  * "mbytes"}] (per step). */
 void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last);
+
+/* The kept spans as a Chrome trace (JSON for chrome://tracing and ui.perfetto.dev): process
+ * `rank`, a row of steps and a row of kernel calls, each call with its step, GFLOP and MB. Times
+ * are on the host's monotonic clock (dt_now_ms, in microseconds), which every process of a host
+ * shares, so that the ranks' traces of one host line up when merged (their traceEvents
+ * concatenated). A GPU's calls are placed from the moment the step's first call was queued, by
+ * the timed events' offsets from it. 0, or DT_EIO. */
+int dt_profile_trace(const dt_profile_t *p, FILE *f, int rank);
 
 #endif

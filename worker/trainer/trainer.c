@@ -893,7 +893,16 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
                o->profile_from, o->steps);
       return DT_EINVAL;
     }
+    if (o->profile_trace && o->world > 1 && !strstr(o->profile_trace, "%r")) {
+      DT_ERROR(TRAIN,
+               "--profile-trace %s: %d ranks would write one file; put %%r (the rank) in its "
+               "name",
+               o->profile_trace, o->world);
+      return DT_EINVAL;
+    }
     DT_CHECK(dt_profile_create(&t->prof, t->dev));
+    if (o->profile_trace)
+      dt_profile_keep_spans(t->prof);
     t->dev = dt_profile_device(t->prof);
   }
   if (world > 1) {
@@ -1051,6 +1060,27 @@ static int skip_step(trainer_t *t, dt_step_metrics_t *sm)
 }
 
 /* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
+/* --profile-trace: the file, its %r replaced by the rank. A failure to write it is logged, not
+ * fatal: the training it describes is done. */
+static void profile_trace(trainer_t *t)
+{
+  char path[4096], rank[16];
+  const char *name = t->o->profile_trace, *at = strstr(name, "%r");
+  snprintf(rank, sizeof rank, "%d", t->o->rank);
+  if (at)
+    snprintf(path, sizeof path, "%.*s%s%s", (int)(at - name), name, rank, at + 2);
+  else
+    snprintf(path, sizeof path, "%s", name);
+  FILE *f = fopen(path, "w");
+  int rc = f ? dt_profile_trace(t->prof, f, t->o->rank) : DT_EIO;
+  if (f && fclose(f) != 0)
+    rc = DT_EIO;
+  if (rc == 0)
+    DT_INFO(TRAIN, "profile trace: %s (chrome://tracing, ui.perfetto.dev)", path);
+  else
+    DT_ERROR(TRAIN, "--profile-trace: cannot write %s: %m", path);
+}
+
 /* The --profile table in the log, and on rank 0 in the metrics file; once. */
 static void profile_report(trainer_t *t)
 {
@@ -1064,6 +1094,8 @@ static void profile_report(trainer_t *t)
   if (t->metrics)
     dt_profile_json(t->prof, t->metrics, first, last);
   t->prof_logged = 1;
+  if (t->o->profile_trace)
+    profile_trace(t);
 }
 
 static int step(trainer_t *t, dt_step_metrics_t *sm)
@@ -1125,7 +1157,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   t->state.step = s + 1;
   t->state.data = t->train.pos;
   if (profiled) /* waits for the device: the step's time then includes its last kernels */
-    DT_CHECK(dt_profile_end(t->prof, t0));
+    DT_CHECK(dt_profile_end(t->prof, s + 1, t0));
   const double ms = dt_now_ms() - t0;
   *sm = (dt_step_metrics_t){.step = t->state.step,
                             .loss = loss,

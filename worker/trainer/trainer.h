@@ -71,6 +71,8 @@ typedef struct {
   /* --profile S[:N]: time every kernel of steps S..S+N-1 (profile.h) and log the table after
    * them (rank 0 also into the metrics file); 0: off */
   int profile_from, profile_steps;
+  /* --profile-trace FILE: those steps' kernel calls as a Chrome trace ("%r": the rank) */
+  const char *profile_trace;
   int sample_tokens;
   float sample_temp;
   int threads;
