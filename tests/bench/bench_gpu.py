@@ -30,7 +30,8 @@ dense bf16; pass --peak-tflops for another GPU. distrain then runs step N+1 unde
 (every kernel between timed events on its stream; not in the figures above) and the table of
 that step follows: each kernel's calls, time, share of the step and TFLOP/s for the products,
 GB/s (of the least traffic its arguments imply) for the memory-bound kernels, so that a run
-short of its target says which kernels to work on.
+short of its target says which kernels to work on; --trace keeps that step's timeline too
+(--profile-trace: the launch gaps between kernels show there).
 
 Exit status 77 (a skip) where distrain-train finds no GPU. tests/gpu/run.sh runs it after the
 GPU tests, for gpt2-124m and gpt2-1.5b.
@@ -40,6 +41,7 @@ implementation then runs that batch (one that runs out of memory there says so).
 
     /usr/bin/python3 tests/bench/bench_gpu.py --build build [--model gpt2-124m] [--steps 20]
         [--batch auto] [--impls distrain,torch-eager,torch-compile] [--json FILE]
+        [--trace FILE]
 """
 
 import argparse
@@ -121,6 +123,8 @@ def run_distrain(a, B, steps, tmp):
         cmd += ["--zero-stage", "1"]
     if measured:
         cmd += ["--profile", str(steps + 1)]
+        if a.trace:
+            cmd += ["--profile-trace", a.trace]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         if "no usable CUDA GPU" in p.stderr or "built without CUDA" in p.stderr:
@@ -299,6 +303,7 @@ def main():
     ap.add_argument("--distrain-attention", choices=("flash", "materialized"), default="flash")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", help="write the result lines here too")
+    ap.add_argument("--trace", help="write distrain's profiled step here as a Chrome trace")
     ap.add_argument("--shard", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -32,7 +32,8 @@
 # matches), GPU_TEST_TIMEOUT (seconds for a test without a CTest TIMEOUT, default 300),
 # GPU_BENCH (1, the default: the tests, then tests/bench/bench_gpu.py for each of
 # GPU_BENCH_MODELS, default "gpt2-124m gpt2-1.5b", each within GPU_BENCH_TIMEOUT seconds,
-# default 420; 0: the tests only; only: the benchmark only; the benchmark also runs
+# default 420, its profiled step's Chrome trace beside RESULTS (bench_gpu_<model>.trace.json);
+# 0: the tests only; only: the benchmark only; the benchmark also runs
 # tests/bench/bench_pipeline.py for p = 2 and 4 stages on the machine's CPU cores, skipped where
 # fewer than 4, within GPU_BENCH_TIMEOUT),
 # GPU_LIB_DIRS (colon-separated directories searched before the detected CUDA ones). Tests see
@@ -533,7 +534,7 @@ cmd_run() {
     echo "== benchmark"
     for model in ${GPU_BENCH_MODELS:-gpt2-124m gpt2-1.5b}; do
       run_test "bench_gpu_$model" 77 "${GPU_BENCH_TIMEOUT:-420}" @B@/src - \
-        "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model"
+        "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model --trace $(printf %q "$(dirname "$RESULTS")/bench_gpu_$model.trace.json")"
       summary="$summary; bench_gpu_$model: $STATUS"
     done
     run_test bench_pipeline 77 "${GPU_BENCH_TIMEOUT:-420}" @B@/src - \
