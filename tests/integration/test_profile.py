@@ -10,9 +10,10 @@ batch 4 x seq 32, 2 micro-batches per step) and checks:
   * every kernel's time is positive and their sum is within the step's time; the table is in
     the log and, on rank 0, one {"profile": ...} line in the metrics file;
   * profiling changes nothing: the losses equal the unprofiled run's bit for bit;
-  * tensor parallelism halves each rank's products exactly (columns, rows and vocabulary split
-    in two) and runs the vocabulary-parallel cross-entropy; the two pipeline stages' products
-    add up to the one process's;
+  * under tensor parallelism each rank computes half of every layer (columns and rows split in
+    two) and the real rows of its vocabulary slice (64 and 36 of 100), and runs the
+    vocabulary-parallel cross-entropy; each pipeline stage its layer, the last the head; the
+    ranks' products add up to the one process's;
   * a window running past the last step reports the steps it got; a process resumed after the
     window says that it ran none of them;
   * --profile-trace: a Chrome trace of the profiled steps (a span per step and per kernel call,
@@ -22,7 +23,8 @@ batch 4 x seq 32, 2 micro-batches per step) and checks:
   * malformed --profile and DISTRAIN_PROFILE values, and a window after the last step: a
     one-line error naming the flag or the variable, before any training.
 
-test_gpu_trainer.py applies the same checks (check_profile below) to the CUDA trainer.
+test_gpu_trainer.py applies the same checks (check_profile and check_trace below) to the CUDA
+trainer, whose times come from timed CUDA events.
 
     /usr/bin/python3 tests/integration/test_profile.py --build build
 """
