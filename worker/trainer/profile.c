@@ -102,18 +102,29 @@ static dt_profile_t *of(dt_device_t *d)
 /* Marking a call                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Room for element n of an array *arr of *cap elements of size bytes: its capacity doubled
+ * (first: the first capacity) when full. */
+static int reserve(void **arr, size_t *cap, size_t n, size_t size, size_t first)
+{
+  if (n < *cap)
+    return 0;
+  const size_t c = *cap ? 2 * *cap : first;
+  void *v = realloc(*arr, c * size);
+  if (!v)
+    return DT_ENOMEM;
+  *arr = v;
+  *cap = c;
+  return 0;
+}
+
 static int call_begin(dt_profile_t *p)
 {
   if (!p->armed)
     return 0;
-  if (p->n == p->cap) {
-    size_t cap = p->cap ? 2 * p->cap : 256;
-    mark_t *m = realloc(p->marks, cap * sizeof *m);
-    if (!m)
-      return DT_ENOMEM;
-    p->marks = m;
-    p->cap = cap;
-  }
+  void *marks = p->marks;
+  int rc = reserve(&marks, &p->cap, p->n, sizeof *p->marks, 256);
+  p->marks = marks;
+  DT_CHECK(rc);
   dt_device_t *in = p->inner;
   if (p->n == 0)
     p->anchor_ms = dt_now_ms();
@@ -348,14 +359,10 @@ static int add_span(dt_profile_t *p, span_t sp)
 {
   if (!p->keep_spans)
     return 0;
-  if (p->nspans == p->spans_cap) {
-    size_t cap = p->spans_cap ? 2 * p->spans_cap : 1024;
-    span_t *v = realloc(p->spans, cap * sizeof *v);
-    if (!v)
-      return DT_ENOMEM;
-    p->spans = v;
-    p->spans_cap = cap;
-  }
+  void *spans = p->spans;
+  int rc = reserve(&spans, &p->spans_cap, p->nspans, sizeof *p->spans, 1024);
+  p->spans = spans;
+  DT_CHECK(rc);
   p->spans[p->nspans++] = sp;
   return 0;
 }
