@@ -83,7 +83,7 @@ struct dt_profile {
   mark_t *marks; /* (cap) this step's calls */
   size_t n, cap;
   void **events; /* (nevents) timed events, two per mark */
-  size_t nevents;
+  size_t nevents, events_cap;
   double anchor_ms; /* host clock when the step's first call was queued */
   int keep_spans;
   span_t *spans; /* (nspans) every profiled call and step, when keep_spans */
@@ -132,13 +132,12 @@ static int call_begin(dt_profile_t *p)
     p->marks[p->n].t0 = dt_now_ms();
     return 0;
   }
-  if (p->nevents < 2 * (p->n + 1)) {
-    void **ev = realloc(p->events, 2 * p->cap * sizeof *ev);
-    if (!ev)
-      return DT_ENOMEM;
+  for (; p->nevents < 2 * (p->n + 1); p->nevents++) { /* the pool grows by doubling */
+    void *ev = p->events;
+    rc = reserve(&ev, &p->events_cap, p->nevents, sizeof *p->events, 512);
     p->events = ev;
-    for (; p->nevents < 2 * (p->n + 1); p->nevents++)
-      DT_CHECK(in->timed_event_create(in, &p->events[p->nevents]));
+    DT_CHECK(rc);
+    DT_CHECK(in->timed_event_create(in, &p->events[p->nevents]));
   }
   return in->event_record(in, p->events[2 * p->n]);
 }
