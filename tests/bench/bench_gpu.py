@@ -166,7 +166,13 @@ def print_profile(r):
             rate = "%.0f GB/s" % (k["mbytes"] / k["ms"])
         print("  %-36s %6d %10.3f %6.1f%% %14s" % (k["kernel"], k["calls"], k["ms"],
                                                    100 * k["ms"] / p["step_ms"], rate))
-    print("  %-36s %6s %10.3f %6.1f%%" % ("(the rest: copies, communication, host)", "",
+    for c in p.get("comm", []):  # a multi-rank run's communication (none on one GPU)
+        print("  %-36s %6d %10.3f %6.1f%% %14s" % (
+            "comm %s %s%s" % (c["group"], c["op"], " (overlapped)" if c["overlapped"] else ""),
+            c["calls"], c["ms"], 100 * c["ms"] / p["step_ms"],
+            "%.0f GB/s" % (c["mbytes"] / c["ms"]) if c["mbytes"] > 0 else "-"))
+        total += 0 if c["overlapped"] else c["ms"]
+    print("  %-36s %6s %10.3f %6.1f%%" % ("(the rest: copies, host)", "",
                                           p["step_ms"] - total,
                                           100 * (p["step_ms"] - total) / p["step_ms"]))
 

@@ -249,6 +249,34 @@ class GpuTrainer(unittest.TestCase):
                 self.assert_close(ref, got, 1e-5, what)
                 self.assertIn("collectives: nccl on %d ranks" % world, self.logs[0])
 
+    def test_profile_communication(self):
+        """--profile times the communication on a GPU too: tp=2 on NCCL (a GPU per rank), whose
+        all-reduces sit between the kernels' timed events on the compute stream, 4L + 2 of the
+        residual stream per micro-batch (test_profile.py); dp=2 on one GPU through the host,
+        whose gradient all-reduces run on the comm thread, overlapped, P floats a step."""
+        act = test_profile.B * test_profile.T * test_profile.C * 4
+        runs = [("cpu", 1, ["--zero-stage", "1"])]
+        if gpu_count() >= 2:
+            runs.insert(0, ("nccl", 2, ["--tp", "2", "--comm", "nccl"]))
+        for comm, gpus, extra in runs:
+            with self.subTest(comm):
+                trace = os.path.join(self.tmp, "comm_%s.%%r.json" % comm)
+                metrics, outs = self.launch(2, 4, "cuda", extra + ["--profile", "2",
+                                                                   "--profile-trace", trace],
+                                            "prof_" + comm, own_gpus=gpus == 2)
+                dp.assert_ranks_ok(outs, comm)
+                prof = test_profile.read_profile(metrics)[0]
+                for r in range(2):
+                    ev = test_profile.check_comm(self, trace.replace("%r", str(r)), prof, r)
+                    if comm == "nccl":
+                        self.assertEqual(len(test_profile.comm_spans(
+                            ev, r"comm world all_reduce", act)),
+                            test_profile.ACCUM * (4 * test_profile.L + 2))
+                if comm == "cpu":
+                    rows = {(c["op"], c["overlapped"]): c for c in prof["comm"]}
+                    self.assertEqual(rows["all_reduce", True]["mbytes"] * 1e6,
+                                     4 * test_profile.param_count(outs[0][2]))
+
     def test_nccl_peer_stalls(self):
         """Two trainers on NCCL, one GPU each; rank 1 is stopped (SIGSTOP: a wedged process,
         its sockets open) in the middle of training. Rank 0's next NCCL operation, on the

@@ -151,6 +151,44 @@ def check_trace(test, path, prof, rank=0):
     return steps
 
 
+def comm_spans(events, pattern, nbytes=None):
+    """The communication spans of a trace whose name matches pattern (and that moved nbytes)."""
+    return [e for e in events if e.get("cat") == "comm" and re.fullmatch(pattern, e["name"])
+            and (nbytes is None or abs(e["args"]["mbytes"] * 1e6 - nbytes) < 0.5)]
+
+
+def check_comm(test, path, prof, rank=0):
+    """A trace's communication against the table (the profile record of rank 0's run): the
+    profiled thread's operations on row 3, between its kernel calls (one after another on that
+    thread, on a GPU as on the host) and inside their steps; the other threads' on row 4, inside
+    their steps; as many of each as the table counts; the kernels and the profiled thread's
+    operations together within the step's time. Returns the trace's events."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    comm = [e for e in events if e.get("cat") == "comm"]
+    rows = {("comm %s %s" % (c["group"], c["op"]), c["overlapped"]): c for c in prof["comm"]}
+    eps = 1.0
+    if rank == 0:
+        test.assertEqual({k: c["calls"] * prof["profiled"] for k, c in rows.items()},
+                         {k: sum(1 for e in comm if (e["name"], e["tid"] == 4) == k)
+                          for k in rows})
+        busy = sum(k["ms"] for k in prof["kernels"]) + sum(
+            c["ms"] for c in prof["comm"] if not c["overlapped"])
+        test.assertLessEqual(busy, prof["step_ms"] * 1.0001)
+    test.assertTrue(all(e["tid"] in (3, 4) for e in comm))
+    mine = sorted((e for e in events if e.get("cat") in ("kernel", "comm") and e["tid"] in (2, 3)),
+                  key=lambda e: e["ts"])
+    for a, b in zip(mine, mine[1:]):
+        test.assertLessEqual(a["ts"] + a["dur"], b["ts"] + eps, (a, b))
+    steps = {int(e["name"].split()[1]): e for e in events if e.get("cat") == "step"}
+    for e in comm:
+        st = steps[e["args"]["step"]]
+        test.assertGreaterEqual(e["ts"], st["ts"] - eps, e)
+        test.assertLessEqual(e["ts"] + e["dur"], st["ts"] + st["dur"] + eps, e)
+        test.assertGreater(e["dur"], 0.0, e)
+    return events
+
+
 class Profile(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -272,6 +310,70 @@ class Profile(unittest.TestCase):
         tables = self.launch("pp2", 2, ["--pp", "2"])
         self.check_ranks(tables, lambda r: expected_products("flash", layers=1, head=r == 1),
                          "pp2")
+
+    def comm_run(self, tag, world, extra, env=None):
+        """world ranks profiling step 2, a trace each: (rank 0's profile record, the traces'
+        events by rank), each trace checked against the table by check_comm."""
+        metrics = os.path.join(self.tmp, tag + ".jsonl")
+        pattern = os.path.join(self.tmp, tag + ".%r.json")
+        kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+        outs = dp.wait_all(dp.launch(world, lambda r: dp.base_args(4, ACCUM, metrics, STEPS)
+                                     + list(extra) + ["--profile", "2", "--profile-trace", pattern],
+                                     kv, env))
+        dp.assert_ranks_ok(outs, tag)
+        prof = read_profile(metrics)[0]
+        return prof, [check_comm(self, pattern.replace("%r", str(r)), prof, r)
+                      for r in range(world)], outs
+
+    def test_communication(self):
+        """The communication rows, against the design of each layout, from the trace's
+        operations and the bytes each moves (a micro-batch's residual stream is B T C floats):
+        Megatron's tensor parallelism all-reduces it once per row-parallel layer forward (the
+        attention and MLP projections, and the vocabulary-parallel embedding) and once per
+        column-parallel layer backward (QKV and fc, and the LM head), 4L + 2 per micro-batch;
+        with sequence parallelism each of those is a reduce-scatter, and every input of a
+        column-parallel layer (LN1 and LN2 forward; backward the recomputed inputs, the
+        projections' output gradients, the LM head's input and the embedding's gradient) an
+        all-gather, 6L + 2. A pipeline stage of two sends its activations and receives their
+        gradients: 2 m B T C floats. DDP all-reduces the P gradients once per step (no_sync
+        over the accumulation), on the comm thread when it overlaps and on the step's own
+        otherwise; ZeRO-1 then gathers the P updated parameters."""
+        act = B * T * C * 4
+        prof, traces, _ = self.comm_run("tp2_comm", 2, ["--tp", "2"])
+        for ev in traces:
+            self.assertEqual(len(comm_spans(ev, r"comm world all_reduce", act)),
+                             ACCUM * (4 * L + 2))
+            self.assertEqual(comm_spans(ev, r"comm world (all_gather|reduce_scatter)", act), [])
+        prof, traces, _ = self.comm_run("sp2_comm", 2, ["--tp", "2", "--sp"])
+        for ev in traces:
+            self.assertEqual(comm_spans(ev, r"comm world all_reduce", act), [])
+            self.assertEqual(len(comm_spans(ev, r"comm world all_gather", act)),
+                             ACCUM * (6 * L + 2))
+            self.assertEqual(len(comm_spans(ev, r"comm world reduce_scatter", act)),
+                             ACCUM * (4 * L + 2))
+        for schedule in ("gpipe", "1f1b"):
+            prof, traces, _ = self.comm_run("pp2_comm_" + schedule, 2,
+                                            ["--pp", "2", "--pp-schedule", schedule])
+            for ev in traces:
+                p2p = comm_spans(ev, r"comm world (send|recv|send/recv)")
+                self.assertEqual(sum(e["args"]["mbytes"] for e in p2p) * 1e6, 2 * ACCUM * act,
+                                 schedule)
+        for overlap in ("1", "0"):
+            prof, traces, outs = self.comm_run("dp2_comm_" + overlap, 2, ["--zero-stage", "1"],
+                                               {"DISTRAIN_DP_OVERLAP": overlap})
+            params = param_count(outs[0][2])
+            rows = {(c["op"], c["overlapped"]): c for c in prof["comm"]}
+            if overlap == "1":
+                self.assertEqual(rows["all_reduce", True]["mbytes"] * 1e6, 4 * params)
+                self.assertIn("overlapped with the above, on the data-parallel comm thread:",
+                              outs[0][2])
+            else:
+                self.assertFalse(any(c["overlapped"] for c in prof["comm"]), prof["comm"])
+                # the gradients and the loss's average, one float
+                self.assertEqual(rows["all_reduce", False]["mbytes"] * 1e6, 4 * params + 4)
+            self.assertEqual(rows["all_gather", False]["mbytes"] * 1e6, 4 * params)
+            self.assertRegex(outs[0][2], r"in \d+ kernel calls, [\d.]+ ms \([\d.]+%\) in \d+ "
+                             r"communication calls")
 
     def test_through_the_control_plane(self):
         """training.profile in a job spec reaches the trainer (distrainctl run --local): the

@@ -1298,6 +1298,65 @@ START_TEST(test_gate)
 }
 END_TEST
 
+typedef struct {
+  int n;
+  dt_comm_event_t e[16];
+  char label[16][16];
+} observed_t;
+
+static void observe(void *ud, const dt_comm_event_t *e)
+{
+  observed_t *o = ud;
+  ck_assert_int_lt(o->n, 16);
+  snprintf(o->label[o->n], sizeof o->label[o->n], "%s", e->label);
+  o->e[o->n++] = *e;
+}
+
+/* dt_comm_set_observer: a start and a return for every operation that reaches the backend,
+ * named, with the bytes it moves for this rank; nothing for argument errors, empty operations
+ * or a canceled communicator; splits do not inherit it. */
+START_TEST(test_observer)
+{
+  dt_kv_t kv;
+  ck_assert_int_eq(dt_kv_mem_create(&kv), 0);
+  dt_comm_t *comm = NULL, *sub = NULL;
+  ck_assert_int_eq(dt_comm_init(&comm, "cpu", &kv, "obs/gen0", 0, 1, 1000), 0);
+  dt_comm_set_label(comm, "tp");
+  observed_t o = {0};
+  dt_comm_set_observer(comm, observe, &o);
+  float a[3] = {1, 2, 3}, b[3] = {0};
+  const size_t counts[1] = {2};
+  ck_assert_int_eq(dt_comm_all_reduce(comm, a, 3, DT_COMM_SUM), 0);
+  ck_assert_int_eq(dt_comm_reduce_scatter_v(comm, a, b, counts, DT_COMM_SUM), 0);
+  ck_assert_int_eq(dt_comm_all_gather(comm, a, b, 1), 0);
+  ck_assert_int_eq(dt_comm_broadcast(comm, a, 3, 0), 0);
+  ck_assert_int_eq(dt_comm_barrier(comm), 0);
+  ck_assert_int_eq(dt_comm_split(comm, 0, 0, &sub), 0);
+  static const struct {
+    const char *op;
+    size_t bytes;
+  } want[] = {{"all_reduce", 12}, {"reduce_scatter", 8}, {"all_gather", 4},
+              {"broadcast", 12},  {"barrier", 0},        {"split", 0}};
+  ck_assert_int_eq(o.n, 12);
+  for (int i = 0; i < 12; i++) {
+    ck_assert_str_eq(o.e[i].op, want[i / 2].op);
+    ck_assert_uint_eq(o.e[i].bytes, want[i / 2].bytes);
+    ck_assert_int_eq(o.e[i].end, i % 2);
+    ck_assert_int_eq(o.e[i].rc, 0);
+    ck_assert_str_eq(o.label[i], "tp");
+  }
+  ck_assert_int_eq(dt_comm_all_reduce(sub, a, 3, DT_COMM_SUM), 0); /* not inherited */
+  ck_assert_int_eq(dt_comm_all_reduce(comm, a, 3, (dt_comm_op_t)99), DT_EINVAL);
+  ck_assert_int_eq(dt_comm_all_reduce(comm, a, 0, DT_COMM_SUM), 0); /* empty */
+  ck_assert_int_eq(dt_comm_abort(comm), 0);
+  ck_assert_int_eq(dt_comm_barrier(comm), DT_ECANCELED);
+  ck_assert_int_eq(o.n, 12);
+  dt_comm_destroy(sub);
+  dt_comm_destroy(comm);
+  dt_kv_mem_destroy(&kv);
+}
+END_TEST
+
 START_TEST(test_invalid_arguments)
 {
   dt_kv_t kv;
@@ -1447,6 +1506,7 @@ static Suite *comm_suite(void)
   tcase_add_test(t, test_device_buffers_staged);
   tcase_add_test(t, test_world1);
   tcase_add_test(t, test_gate);
+  tcase_add_test(t, test_observer);
   tcase_add_test(t, test_invalid_arguments);
   tcase_add_test(t, test_bad_interface);
   tcase_add_test(t, test_io_thread_class);

@@ -34,6 +34,9 @@ struct dt_comm {
   size_t stage_cap;
   int (*gate)(void *ud); /* dt_comm_set_gate, or NULL */
   void *gate_ud;
+  void (*observe)(void *ud, const dt_comm_event_t *e); /* dt_comm_set_observer, or NULL */
+  void *observe_ud;
+  size_t op_bytes; /* the operation in progress's (operating thread only) */
   /* progress (dt_comm_progress): written by the operating thread, read by any */
   char label[16];
   atomic_uint_fast64_t entered, done;
@@ -124,8 +127,11 @@ static int comm_enter(dt_comm_t *comm)
  * whose distinct peers are remembered; NULL for a collective). Every rank of a group makes
  * the same calls in the same order, so their counts agree while they progress; a rank blocked
  * in operation n names the members still below n, or its point-to-point peers. */
-static void op_begin(dt_comm_t *comm, const char *op, const dt_comm_p2p_t *ops, int n)
+static void op_begin(dt_comm_t *comm, const char *op, size_t bytes, const dt_comm_p2p_t *ops, int n)
 {
+  if (comm->observe)
+    comm->observe(comm->observe_ud, &(dt_comm_event_t){comm->label, op, bytes, 0, 0});
+  comm->op_bytes = bytes;
   int np = 0;
   for (int i = 0; i < n; i++) {
     int k = 0;
@@ -143,6 +149,7 @@ static void op_begin(dt_comm_t *comm, const char *op, const dt_comm_p2p_t *ops, 
 /* Ends the operation op_begin started; records its first failure (argument errors excepted). */
 static int comm_leave(dt_comm_t *comm, int rc)
 {
+  const char *op = atomic_load(&comm->op);
   atomic_store(&comm->op, NULL);
   atomic_fetch_add(&comm->done, 1);
   if (rc < 0 && rc != DT_EINVAL) {
@@ -151,6 +158,8 @@ static int comm_leave(dt_comm_t *comm, int rc)
     if (!comm->err)
       comm->err = rc;
   }
+  if (comm->observe)
+    comm->observe(comm->observe_ud, &(dt_comm_event_t){comm->label, op, comm->op_bytes, 1, rc});
   return rc;
 }
 
@@ -335,6 +344,12 @@ int dt_comm_progress(dt_comm_progress_t *out, int max)
   return n;
 }
 
+void dt_comm_set_observer(dt_comm_t *comm, void (*fn)(void *ud, const dt_comm_event_t *e), void *ud)
+{
+  comm->observe = fn;
+  comm->observe_ud = ud;
+}
+
 void dt_comm_set_gate(dt_comm_t *comm, int (*gate)(void *ud), void *ud)
 {
   comm->gate = gate;
@@ -466,7 +481,7 @@ int dt_comm_all_reduce(dt_comm_t *comm, float *buf, size_t n, dt_comm_op_t op)
   if (n == 0)
     return 0;
   operand_t o[1] = {{buf, n * sizeof(float), 1, 1, NULL}};
-  op_begin(comm, "all_reduce", NULL, 0);
+  op_begin(comm, "all_reduce", n * sizeof(float), NULL, 0);
   int rc = stage_in(comm, o, 1);
   if (rc == 0)
     rc = stage_out(comm, o, 1, comm->be->all_reduce(comm->impl, o[0].h, n, op));
@@ -486,7 +501,7 @@ int dt_comm_reduce_scatter_v(dt_comm_t *comm, const float *in, float *out, const
     return 0;
   operand_t o[2] = {{(void *)in, total * sizeof(float), 1, 0, NULL},
                     {out, counts[comm->rank] * sizeof(float), 0, 1, NULL}};
-  op_begin(comm, "reduce_scatter", NULL, 0);
+  op_begin(comm, "reduce_scatter", total * sizeof(float), NULL, 0);
   int rc = stage_in(comm, o, 2);
   if (rc == 0)
     rc = stage_out(comm, o, 2, comm->be->reduce_scatter(comm->impl, o[0].h, o[1].h, counts, op));
@@ -518,7 +533,7 @@ int dt_comm_all_gather_v(dt_comm_t *comm, const float *in, float *out, const siz
     return 0;
   operand_t o[2] = {{(void *)in, counts[comm->rank] * sizeof(float), 1, 0, NULL},
                     {out, total * sizeof(float), 0, 1, NULL}};
-  op_begin(comm, "all_gather", NULL, 0);
+  op_begin(comm, "all_gather", total * sizeof(float), NULL, 0);
   int rc = stage_in(comm, o, 2);
   if (rc == 0)
     rc = stage_out(comm, o, 2, comm->be->all_gather(comm->impl, o[0].h, o[1].h, counts));
@@ -546,7 +561,7 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
   if (n == 0)
     return 0;
   operand_t o[1] = {{buf, n * sizeof(float), comm->rank == root, comm->rank != root, NULL}};
-  op_begin(comm, "broadcast", NULL, 0);
+  op_begin(comm, "broadcast", n * sizeof(float), NULL, 0);
   int rc = stage_in(comm, o, 1);
   if (rc == 0)
     rc = stage_out(comm, o, 1, comm->be->broadcast(comm->impl, o[0].h, n, root));
@@ -556,7 +571,7 @@ int dt_comm_broadcast(dt_comm_t *comm, float *buf, size_t n, int root)
 int dt_comm_barrier(dt_comm_t *comm)
 {
   DT_CHECK(comm_enter(comm));
-  op_begin(comm, "barrier", NULL, 0);
+  op_begin(comm, "barrier", 0, NULL, 0);
   return comm_leave(comm, comm->be->barrier(comm->impl));
 }
 
@@ -581,7 +596,10 @@ int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
   dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
   for (int i = 0; i < n; i++)
     o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
-  op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", ops, n);
+  size_t bytes = 0;
+  for (int i = 0; i < n; i++)
+    bytes += ops[i].bytes;
+  op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", bytes, ops, n);
   int rc = stage_in(comm, o, n);
   for (int i = 0; i < n; i++) {
     staged[i] = ops[i];
@@ -793,6 +811,6 @@ int dt_comm_split(dt_comm_t *comm, int color, int key, dt_comm_t **out)
   if (!out || color < DT_COMM_NO_COLOR)
     return DT_EINVAL;
   *out = NULL;
-  op_begin(comm, "split", NULL, 0);
+  op_begin(comm, "split", 0, NULL, 0);
   return comm_leave(comm, split_run(comm, color, key, out));
 }

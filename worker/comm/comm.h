@@ -121,6 +121,25 @@ int dt_comm_set_device(dt_comm_t *comm, const dt_comm_device_t *dev);
  * communication, poisoning nothing. The trainer uses it to keep two "nccl" communicators from
  * running operations at once on one GPU (worker/trainer/dp.h, dt_dp_order_before). */
 void dt_comm_set_gate(dt_comm_t *comm, int (*gate)(void *ud), void *ud);
+/* An operation's start or return, as dt_comm_set_observer's function sees it. */
+typedef struct {
+  const char *label; /* the communicator's (dt_comm_set_label) */
+  const char *op;    /* "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
+                        "split", "send", "recv" or "send/recv" (a batch of halves): a string
+                        literal */
+  size_t bytes;      /* the data it moves for this rank: the buffer of an all-reduce or a
+                        broadcast, the whole buffer of an all-gather (its output) or of a
+                        reduce-scatter (its input), a point-to-point's halves added up */
+  int end;           /* 0: it starts (before it waits for the device work it follows); 1: it
+                        returned, with rc */
+  int rc;
+} dt_comm_event_t;
+/* Calls fn on the calling thread at the start and at the return of every operation on comm that
+ * reaches its backend (argument errors and empty operations do not); NULL: none. Splits do not
+ * inherit it. Set it before any thread operates on comm. distrain-train --profile times the
+ * communication so (worker/trainer/profile.h). */
+void dt_comm_set_observer(dt_comm_t *comm, void (*fn)(void *ud, const dt_comm_event_t *e),
+                          void *ud);
 /* Whether this build has the backend: "cpu" always, "nccl" in builds with CUDA and NCCL. */
 int dt_comm_has_backend(const char *backend);
 

@@ -1,10 +1,15 @@
 /* profile.c — the timed kernel table of profile.h.
  *
- * Invariants: marks[0..n) are the calls of the step being profiled, in order; on a device with
- * timed events, mark i is bracketed by events[2i] and events[2i+1] (a pool that grows to the
- * longest step and is reused). Totals are per dt_ops_t entry, over every profiled step. */
+ * Invariants: marks[0..n) are the calls of the step being profiled, in order, kernels and the
+ * profiled thread's communication alike; on a device with timed events, mark i is bracketed by
+ * events[2i] and events[2i+1] (a pool that grows to the longest step and is reused). Totals are
+ * per row, over every profiled step: a dt_ops_t entry (row k < K_COUNT) or a group's operation
+ * (row K_COUNT + j, comm[j]). Other threads' operations go straight to the totals and spans,
+ * under the lock, which the profiled thread also takes to touch them. */
 #include "profile.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +65,18 @@ static const char *const g_names[K_COUNT] = {
 #undef DT__PROFILE_NAME
 };
 
-_Static_assert(K_COUNT <= DT_PROFILE_MAX_ROWS, "DT_PROFILE_MAX_ROWS is below dt_ops_t's entries");
+/* Communication rows: a group's operation, on the profiled thread or overlapped. */
+#define MAX_COMM_ROWS (DT_PROFILE_MAX_ROWS - K_COUNT)
+#define NROWS         DT_PROFILE_MAX_ROWS
+_Static_assert(K_COUNT + 16 <= DT_PROFILE_MAX_ROWS,
+               "DT_PROFILE_MAX_ROWS leaves too few rows for communication");
+
+typedef struct {
+  char group[16];
+  const char *op; /* a string literal (dt_comm_event_t) */
+  int overlapped;
+  char name[48]; /* "comm <group> <op>" */
+} comm_row_t;
 
 typedef struct {
   int kernel;
@@ -70,7 +86,7 @@ typedef struct {
 
 /* A call or a step on the host's monotonic clock (dt_now_ms), for the trace. */
 typedef struct {
-  int kernel; /* -1: the step */
+  int kernel; /* its row; -1: the step */
   int step;
   double start_ms, ms, flop, bytes;
 } span_t;
@@ -79,7 +95,15 @@ struct dt_profile {
   dt_device_t dev; /* handed out: inner's entries and state, ops = &ops */
   dt_ops_t ops;
   dt_device_t *inner;
-  int armed;
+  pthread_t owner;  /* the profiled thread */
+  atomic_int armed; /* between dt_profile_begin and dt_profile_end */
+  int step;         /* the step being profiled */
+  double t0_ms;     /* its start */
+  int comm_open;    /* the profiled thread's operation in progress was marked (call_begin) */
+  int comm_err;     /* the first failure to mark one, for dt_profile_end */
+  pthread_mutex_t lock;
+  comm_row_t comm[MAX_COMM_ROWS]; /* under lock */
+  int ncomm, comm_full;
   mark_t *marks; /* (cap) this step's calls */
   size_t n, cap;
   void **events; /* (nevents) timed events, two per mark */
@@ -90,7 +114,7 @@ struct dt_profile {
   size_t nspans, spans_cap;
   int steps;
   double wall_ms;
-  double calls[K_COUNT], ms[K_COUNT], flop[K_COUNT], bytes[K_COUNT];
+  double calls[NROWS], ms[NROWS], flop[NROWS], bytes[NROWS];
 };
 
 static dt_profile_t *of(dt_device_t *d)
@@ -303,6 +327,102 @@ TIMED(sum_squares, 0, 4.0 * n, (dt_device_t * dev, const float *x, size_t n, dou
       out)
 
 /* ------------------------------------------------------------------------------------------ */
+/* Communication                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The name of row k. */
+static const char *row_name(const dt_profile_t *p, int k)
+{
+  return k < K_COUNT ? g_names[k] : p->comm[k - K_COUNT].name;
+}
+
+/* The row of e's group and operation, on the profiled thread or not (overlapped), made on first
+ * use; -1 when every row is taken (said once). Under lock. */
+static int comm_row(dt_profile_t *p, const dt_comm_event_t *e, int overlapped)
+{
+  for (int j = 0; j < p->ncomm; j++) {
+    const comm_row_t *r = &p->comm[j];
+    if (r->op == e->op && r->overlapped == overlapped && strcmp(r->group, e->label) == 0)
+      return K_COUNT + j;
+  }
+  if (p->ncomm == MAX_COMM_ROWS) {
+    if (!p->comm_full++)
+      DT_WARN(TRAIN,
+              "profile: more than %d kinds of communication; comm %s %s and later "
+              "kinds are left out",
+              MAX_COMM_ROWS, e->label, e->op);
+    return -1;
+  }
+  comm_row_t *r = &p->comm[p->ncomm];
+  snprintf(r->group, sizeof r->group, "%s", e->label);
+  snprintf(r->name, sizeof r->name, "comm %s %s", e->label, e->op);
+  r->op = e->op;
+  r->overlapped = overlapped;
+  return K_COUNT + p->ncomm++;
+}
+
+static int add_span(dt_profile_t *p, span_t sp);
+
+/* Another thread's operation in progress: when it started, if inside a profiled step (else
+ * -1). */
+static _Thread_local double t_comm_start = -1.0;
+
+/* dt_comm_set_observer's function. The profiled thread's operations are marked as its kernel
+ * calls are; another thread's go to the totals at their return, on the host clock, if they
+ * started and ended inside the profiled step. */
+static void observe(void *ud, const dt_comm_event_t *e)
+{
+  dt_profile_t *p = ud;
+  if (pthread_equal(pthread_self(), p->owner)) {
+    if (!e->end) {
+      const int rc = call_begin(p);
+      p->comm_open = p->armed && rc == 0;
+      if (rc < 0 && !p->comm_err)
+        p->comm_err = rc;
+      return;
+    }
+    if (!p->comm_open)
+      return;
+    p->comm_open = 0;
+    pthread_mutex_lock(&p->lock);
+    const int row = comm_row(p, e, 0);
+    pthread_mutex_unlock(&p->lock);
+    const int rc = row >= 0 && e->rc >= 0 ? call_end(p, row, 0.0, (double)e->bytes, 0) : 0;
+    if (rc < 0 && !p->comm_err)
+      p->comm_err = rc;
+    return;
+  }
+  if (!e->end) {
+    t_comm_start = p->armed ? dt_now_ms() : -1.0;
+    return;
+  }
+  if (!p->armed || e->rc < 0 || t_comm_start < 0)
+    return;
+  const double end = dt_now_ms();
+  pthread_mutex_lock(&p->lock);
+  const int row = comm_row(p, e, 1);
+  if (row >= 0) {
+    p->calls[row] += 1;
+    p->ms[row] += end - t_comm_start;
+    p->bytes[row] += (double)e->bytes;
+    const int rc = add_span(p, (span_t){.kernel = row,
+                                        .step = p->step,
+                                        .start_ms = t_comm_start,
+                                        .ms = end - t_comm_start,
+                                        .bytes = (double)e->bytes});
+    if (rc < 0 && !p->comm_err)
+      p->comm_err = rc;
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+void dt_profile_watch(dt_profile_t *p, dt_comm_t *comm)
+{
+  if (comm)
+    dt_comm_set_observer(comm, observe, p);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Life cycle and steps                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -313,6 +433,9 @@ int dt_profile_create(dt_profile_t **out, dt_device_t *inner)
   if (!p)
     return DT_ENOMEM;
   p->inner = inner;
+  p->owner = pthread_self();
+  atomic_init(&p->armed, 0);
+  pthread_mutex_init(&p->lock, NULL);
   p->ops = *inner->ops;
   /* A backend's missing entries stay missing: the model reads them as "no such path". */
 #define DT__PROFILE_WRAP(e)                                                                        \
@@ -335,6 +458,7 @@ void dt_profile_destroy(dt_profile_t *p)
     p->inner->event_destroy(p->inner, p->events[i]);
   free(p->events);
   free(p->marks);
+  pthread_mutex_destroy(&p->lock);
   free(p);
 }
 
@@ -343,10 +467,12 @@ dt_device_t *dt_profile_device(dt_profile_t *p)
   return &p->dev;
 }
 
-void dt_profile_begin(dt_profile_t *p)
+void dt_profile_begin(dt_profile_t *p, int step, double t0_ms)
 {
   p->n = 0;
-  p->armed = 1;
+  p->step = step;
+  p->t0_ms = t0_ms;
+  atomic_store(&p->armed, 1);
 }
 
 void dt_profile_keep_spans(dt_profile_t *p)
@@ -354,6 +480,7 @@ void dt_profile_keep_spans(dt_profile_t *p)
   p->keep_spans = 1;
 }
 
+/* Under lock. */
 static int add_span(dt_profile_t *p, span_t sp)
 {
   if (!p->keep_spans)
@@ -366,13 +493,10 @@ static int add_span(dt_profile_t *p, span_t sp)
   return 0;
 }
 
-int dt_profile_end(dt_profile_t *p, int step, double t0_ms)
+/* The step's marks into the totals and spans. Under lock. */
+static int add_marks(dt_profile_t *p)
 {
   dt_device_t *in = p->inner;
-  p->armed = 0;
-  DT_CHECK(in->sync(in));
-  const double wall = dt_now_ms() - t0_ms;
-  DT_CHECK(add_span(p, (span_t){.kernel = -1, .step = step, .start_ms = t0_ms, .ms = wall}));
   for (size_t i = 0; i < p->n; i++) {
     const mark_t *m = &p->marks[i];
     double ms = m->t1 - m->t0, start = m->t0;
@@ -387,12 +511,29 @@ int dt_profile_end(dt_profile_t *p, int step, double t0_ms)
     p->flop[m->kernel] += m->flop;
     p->bytes[m->kernel] += m->bytes;
     DT_CHECK(add_span(p, (span_t){.kernel = m->kernel,
-                                  .step = step,
+                                  .step = p->step,
                                   .start_ms = start,
                                   .ms = ms,
                                   .flop = m->flop,
                                   .bytes = m->bytes}));
   }
+  return 0;
+}
+
+int dt_profile_end(dt_profile_t *p)
+{
+  dt_device_t *in = p->inner;
+  atomic_store(&p->armed, 0);
+  DT_CHECK(in->sync(in));
+  const double wall = dt_now_ms() - p->t0_ms;
+  pthread_mutex_lock(&p->lock);
+  int rc = p->comm_err;
+  if (rc == 0)
+    rc = add_span(p, (span_t){.kernel = -1, .step = p->step, .start_ms = p->t0_ms, .ms = wall});
+  if (rc == 0)
+    rc = add_marks(p);
+  pthread_mutex_unlock(&p->lock);
+  DT_CHECK(rc);
   p->n = 0;
   p->steps++;
   p->wall_ms += wall;
@@ -411,56 +552,83 @@ static int by_time(const void *a, const void *b)
 
 int dt_profile_summary(const dt_profile_t *p, int *steps, double *step_ms, dt_profile_row_t *rows)
 {
+  dt_profile_t *q = (dt_profile_t *)p; /* the lock only */
+  pthread_mutex_lock(&q->lock);
   *steps = p->steps;
   *step_ms = p->steps ? p->wall_ms / p->steps : 0.0;
   int n = 0;
-  for (int k = 0; k < K_COUNT && p->steps; k++)
-    if (p->calls[k] > 0)
-      rows[n++] = (dt_profile_row_t){.kernel = g_names[k],
-                                     .calls = p->calls[k] / p->steps,
-                                     .ms = p->ms[k] / p->steps,
-                                     .flop = p->flop[k] / p->steps,
-                                     .bytes = p->bytes[k] / p->steps};
+  for (int k = 0; k < K_COUNT + p->ncomm && p->steps; k++) {
+    if (p->calls[k] <= 0)
+      continue;
+    const comm_row_t *c = k < K_COUNT ? NULL : &p->comm[k - K_COUNT];
+    rows[n++] = (dt_profile_row_t){.kernel = row_name(p, k),
+                                   .group = c ? c->group : NULL,
+                                   .op = c ? c->op : NULL,
+                                   .overlapped = c && c->overlapped,
+                                   .calls = p->calls[k] / p->steps,
+                                   .ms = p->ms[k] / p->steps,
+                                   .flop = p->flop[k] / p->steps,
+                                   .bytes = p->bytes[k] / p->steps};
+  }
+  pthread_mutex_unlock(&q->lock);
   qsort(rows, (size_t)n, sizeof *rows, by_time);
   return n;
+}
+
+/* A row of the table in the log (share: percent of the step per millisecond). */
+static void log_row(const dt_profile_row_t *r, double share)
+{
+  const double s = DT_MAX(r->ms, 1e-9) / 1e3;
+  char work[32] = "-", rate[32] = "-";
+  if (r->flop > 0) {
+    snprintf(work, sizeof work, "%.6g GFLOP", r->flop / 1e9);
+    snprintf(rate, sizeof rate, "%.3f TFLOP/s", r->flop / s / 1e12);
+  } else if (r->bytes > 0) {
+    snprintf(work, sizeof work, "%.6g MB", r->bytes / 1e6);
+    snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / s / 1e9);
+  }
+  DT_INFO(TRAIN, "  %-36s %8.0f %10.3f %6.1f%% %16s %16s", r->kernel, r->calls, r->ms,
+          r->ms * share, work, rate);
 }
 
 void dt_profile_log(const dt_profile_t *p, const char *what)
 {
   dt_profile_row_t rows[DT_PROFILE_MAX_ROWS];
-  int steps;
-  double step_ms, kernel_ms = 0.0, calls = 0.0;
+  int steps, overlapped = 0;
+  double step_ms, kernel_ms = 0.0, calls = 0.0, comm_ms = 0.0, comm_calls = 0.0;
   const int n = dt_profile_summary(p, &steps, &step_ms, rows);
   if (steps == 0) {
     DT_WARN(TRAIN, "profile of %s: this process ran none of those steps", what);
     return;
   }
   for (int i = 0; i < n; i++) {
-    kernel_ms += rows[i].ms;
-    calls += rows[i].calls;
+    overlapped += rows[i].overlapped;
+    if (rows[i].overlapped)
+      continue;
+    *(rows[i].group ? &comm_ms : &kernel_ms) += rows[i].ms;
+    *(rows[i].group ? &comm_calls : &calls) += rows[i].calls;
   }
-  const double share = 100.0 / DT_MAX(step_ms, 1e-9);
+  const double share = 100.0 / DT_MAX(step_ms, 1e-9), rest = step_ms - kernel_ms - comm_ms;
+  char comm[96] = "";
+  if (comm_calls > 0)
+    snprintf(comm, sizeof comm, ", %.3f ms (%.1f%%) in %.0f communication calls", comm_ms,
+             comm_ms * share, comm_calls);
   DT_INFO(TRAIN,
-          "profile of %s on %s: %.3f ms per step, %.3f ms of it (%.1f%%) in %.0f kernel calls",
-          what, p->inner->name, step_ms, kernel_ms, kernel_ms * share, calls);
+          "profile of %s on %s: %.3f ms per step, %.3f ms of it (%.1f%%) in %.0f kernel calls%s",
+          what, p->inner->name, step_ms, kernel_ms, kernel_ms * share, calls, comm);
   DT_INFO(TRAIN, "  %-36s %8s %10s %7s %16s %16s", "kernel (per step)", "calls", "ms", "share",
           "work", "rate");
-  for (int i = 0; i < n; i++) {
-    const dt_profile_row_t *r = &rows[i];
-    const double s = DT_MAX(r->ms, 1e-9) / 1e3;
-    char work[32] = "-", rate[32] = "-";
-    if (r->flop > 0) {
-      snprintf(work, sizeof work, "%.6g GFLOP", r->flop / 1e9);
-      snprintf(rate, sizeof rate, "%.3f TFLOP/s", r->flop / s / 1e12);
-    } else if (r->bytes > 0) {
-      snprintf(work, sizeof work, "%.6g MB", r->bytes / 1e6);
-      snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / s / 1e9);
-    }
-    DT_INFO(TRAIN, "  %-36s %8.0f %10.3f %6.1f%% %16s %16s", r->kernel, r->calls, r->ms,
-            r->ms * share, work, rate);
-  }
-  DT_INFO(TRAIN, "  %-36s %8s %10.3f %6.1f%%", "(the rest: copies, communication, host)", "",
-          step_ms - kernel_ms, (step_ms - kernel_ms) * share);
+  for (int i = 0; i < n; i++)
+    if (!rows[i].overlapped)
+      log_row(&rows[i], share);
+  DT_INFO(TRAIN, "  %-36s %8s %10.3f %6.1f%%",
+          comm_calls > 0 ? "(the rest: copies, host)" : "(the rest: copies, communication, host)",
+          "", rest, rest * share);
+  if (overlapped)
+    DT_INFO(TRAIN, "  overlapped with the above, on the data-parallel comm thread:");
+  for (int i = 0; i < n; i++)
+    if (rows[i].overlapped)
+      log_row(&rows[i], share);
 }
 
 void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last)
@@ -473,31 +641,46 @@ void dt_profile_json(const dt_profile_t *p, FILE *f, int first, int last)
           "{\"profile\": {\"steps\": [%d, %d], \"profiled\": %d, \"device\": \"%s\", "
           "\"step_ms\": %.6g, \"kernels\": [",
           first, last, steps, p->inner->name, step_ms);
-  for (int i = 0; i < n; i++)
-    fprintf(f,
-            "%s{\"kernel\": \"%s\", \"calls\": %.6g, \"ms\": %.6g, \"gflop\": %.9g, "
-            "\"mbytes\": %.9g}",
-            i ? ", " : "", rows[i].kernel, rows[i].calls, rows[i].ms, rows[i].flop / 1e9,
-            rows[i].bytes / 1e6);
+  for (int i = 0, k = 0; i < n; i++)
+    if (!rows[i].group)
+      fprintf(f,
+              "%s{\"kernel\": \"%s\", \"calls\": %.6g, \"ms\": %.6g, \"gflop\": %.9g, "
+              "\"mbytes\": %.9g}",
+              k++ ? ", " : "", rows[i].kernel, rows[i].calls, rows[i].ms, rows[i].flop / 1e9,
+              rows[i].bytes / 1e6);
+  fprintf(f, "], \"comm\": [");
+  for (int i = 0, k = 0; i < n; i++)
+    if (rows[i].group)
+      fprintf(f,
+              "%s{\"group\": \"%s\", \"op\": \"%s\", \"overlapped\": %s, \"calls\": %.6g, "
+              "\"ms\": %.6g, \"mbytes\": %.9g}",
+              k++ ? ", " : "", rows[i].group, rows[i].op, rows[i].overlapped ? "true" : "false",
+              rows[i].calls, rows[i].ms, rows[i].bytes / 1e6);
   fprintf(f, "]}}\n");
   fflush(f);
 }
 
 /* Chrome's trace event format: complete ("X") events in microseconds, metadata ("M") events
- * naming the process and its two rows. */
+ * naming the process and its rows. */
 int dt_profile_trace(const dt_profile_t *p, FILE *f, int rank)
 {
+  static const char *const tids[] = {"steps", "kernels", "communication",
+                                     "communication, overlapped (data-parallel comm thread)"};
   fprintf(f,
           "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n"
           "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
-          "\"args\": {\"name\": \"rank %d (%s)\"}},\n"
-          "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, "
-          "\"args\": {\"name\": \"steps\"}},\n"
-          "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, "
-          "\"args\": {\"name\": \"kernels\"}}",
-          rank, rank, p->inner->name, rank, rank);
+          "\"args\": {\"name\": \"rank %d (%s)\"}}",
+          rank, rank, p->inner->name);
+  for (int t = 0; t < 4; t++)
+    fprintf(f,
+            ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
+            "\"args\": {\"name\": \"%s\"}}",
+            rank, t + 1, tids[t]);
+  dt_profile_t *q = (dt_profile_t *)p; /* the lock only */
+  pthread_mutex_lock(&q->lock);
   for (size_t i = 0; i < p->nspans; i++) {
     const span_t *sp = &p->spans[i];
+    const comm_row_t *c = sp->kernel >= K_COUNT ? &p->comm[sp->kernel - K_COUNT] : NULL;
     char name[48] = "";
     if (sp->kernel < 0)
       snprintf(name, sizeof name, "step %d", sp->step);
@@ -505,10 +688,18 @@ int dt_profile_trace(const dt_profile_t *p, FILE *f, int rank)
             ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
             "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d, \"gflop\": %.9g, "
             "\"mbytes\": %.9g}}",
-            sp->kernel < 0 ? name : g_names[sp->kernel], sp->kernel < 0 ? "step" : "kernel", rank,
-            sp->kernel < 0 ? 1 : 2, sp->start_ms * 1e3, sp->ms * 1e3, sp->step, sp->flop / 1e9,
-            sp->bytes / 1e6);
+            sp->kernel < 0 ? name : row_name(p, sp->kernel),
+            sp->kernel < 0 ? "step"
+            : c            ? "comm"
+                           : "kernel",
+            rank,
+            sp->kernel < 0  ? 1
+            : !c            ? 2
+            : c->overlapped ? 4
+                            : 3,
+            sp->start_ms * 1e3, sp->ms * 1e3, sp->step, sp->flop / 1e9, sp->bytes / 1e6);
   }
+  pthread_mutex_unlock(&q->lock);
   fprintf(f, "\n]}\n");
   return ferror(f) ? DT_EIO : 0;
 }

@@ -822,6 +822,7 @@ static int open_device_comm(trainer_t *t, int world)
   DT_CHECK(dt_comm_init(&t->devworld, t->dev->comm_backend, o->kv, prefix, o->rank, world,
                         (int)dt_param_CommTimeoutMs()));
   DT_CHECK(dt_comm_set_device(t->devworld, &t->comm_dev));
+  dt_comm_set_label(t->devworld, "world"); /* its prefix, under the job's, reads as a group's */
   if (t->lead)
     DT_INFO(TRAIN, "collectives: %s on %d ranks, one GPU each", t->dev->comm_backend, world);
   return 0;
@@ -908,6 +909,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (world > 1) {
     DT_CHECK(dt_comm_init(&t->world, "cpu", o->kv, o->kv_prefix, o->rank, world,
                           (int)dt_param_CommTimeoutMs()));
+    dt_comm_set_label(t->world, "world"); /* whatever the job's prefix */
     if (!t->dev->host) {
       t->comm_dev = (dt_comm_device_t){t->dev,     comm_is_device, comm_copy,
                                        comm_alloc, comm_release,   comm_sync};
@@ -917,6 +919,12 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   }
   DT_CHECK(dt_plan_create(&t->plan, &mesh, bounds, mesh.pp > 1 ? chunks : 1,
                           t->devworld ? t->devworld : t->world));
+  if (t->prof) { /* before any thread operates on them */
+    dt_comm_t *all[] = {t->world,   t->devworld, t->plan.tp, t->plan.dp,
+                        t->plan.pp, t->plan.emb, t->plan.mp, t->plan.cp};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+      dt_profile_watch(t->prof, all[i]);
+  }
   t->dprank = t->plan.coord.dp;
   t->dpsize = mesh.dp;
   t->pp = mesh.pp;
@@ -1108,7 +1116,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   const int profiled =
       t->prof && s + 1 >= o->profile_from && s + 1 < o->profile_from + o->profile_steps;
   if (profiled)
-    dt_profile_begin(t->prof);
+    dt_profile_begin(t->prof, s + 1, t0);
   if (dt_param_FaultSlowMs() > 0)
     dt_sleep_ms((double)dt_param_FaultSlowMs());
   DT_CHECK(dt_dp_zero_grad(t->dp));
@@ -1157,7 +1165,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   t->state.step = s + 1;
   t->state.data = t->train.pos;
   if (profiled) /* waits for the device: the step's time then includes its last kernels */
-    DT_CHECK(dt_profile_end(t->prof, s + 1, t0));
+    DT_CHECK(dt_profile_end(t->prof));
   const double ms = dt_now_ms() - t0;
   *sm = (dt_step_metrics_t){.step = t->state.step,
                             .loss = loss,
