@@ -126,7 +126,8 @@ static int comm_enter(dt_comm_t *comm)
 /* Marks the start of an operation that reaches the backend (ops: a point-to-point's halves,
  * whose distinct peers are remembered; NULL for a collective). Every rank of a group makes
  * the same calls in the same order, so their counts agree while they progress; a rank blocked
- * in operation n names the members still below n, or its point-to-point peers. */
+ * in operation n names the members still below n, or its point-to-point peers. The observer
+ * hears of it first, and of its end in comm_leave. */
 static void op_begin(dt_comm_t *comm, const char *op, size_t bytes, const dt_comm_p2p_t *ops, int n)
 {
   if (comm->observe)
@@ -594,11 +595,11 @@ int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
       return DT_EINVAL;
   operand_t o[DT_COMM_P2P_MAX];
   dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
-  for (int i = 0; i < n; i++)
-    o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
   size_t bytes = 0;
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
+    o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
     bytes += ops[i].bytes;
+  }
   op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", bytes, ops, n);
   int rc = stage_in(comm, o, n);
   for (int i = 0; i < n; i++) {
