@@ -439,7 +439,7 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
     }
   }
   out->bubble = (l->pp - 1) / (K + l->pp - 1);
-  out->t_step = out->t_compute * (K + l->pp - 1) / K + out->t_comm;
+  out->t_step = out->t_compute + out->t_compute * (l->pp - 1) / K + out->t_comm; /* ties exact */
   out->tokens_per_s = tokens / out->t_step;
   out->fits = out->mem.total <= c->gpu_mem;
 }
@@ -450,8 +450,13 @@ static int cmp_eval(const void *pa, const void *pb)
   if (a->fits != b->fits)
     return b->fits - a->fits;
   double x = a->fits ? a->t_step : a->mem.total, y = b->fits ? b->t_step : b->mem.total;
-  if (x == y && a->fits) /* equally fast: the one that sends less, then the smaller */
+  if (x == y && a->fits) /* equally fast: the one that sends less, */
     x = a->comm, y = b->comm;
+  /* then the one with fewer, larger micro-batches (the time model's constant MFU does not see
+   * that a GPU runs a bigger GEMM closer to its peak and launches fewer kernels per token),
+   * then the smaller */
+  if (x == y && a->fits)
+    x = a->layout.accum, y = b->layout.accum;
   if (x == y)
     x = a->mem.total, y = b->mem.total;
   return x < y ? -1 : x > y;

@@ -213,7 +213,8 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
 
 /* Every valid layout: tp a divisor of heads up to gpus_per_node, pp a divisor of layers,
  * dp = gpus / (tp pp), micro a power of two dividing global_batch / dp, ZeRO 0..3 (only 0
- * at dp = 1), checkpointing off and on. Sorted: layouts that fit first, fastest first; then
+ * at dp = 1), checkpointing off and on. Sorted: layouts that fit first, fastest first (equally
+ * fast ones: less communication, then fewer and larger micro-batches, then less memory); then
  * the rest, smallest memory first. *out is malloc'ed (free it); *n may be 0 (no valid
  * layout). 0, DT_EINVAL (model or cluster invalid, why says) or DT_ENOMEM. */
 int dt_plan_enumerate(const dt_plan_model_t *m, const dt_plan_train_t *tr,

@@ -13,6 +13,7 @@
 
 #include "ctl.h"
 #include "dt_error.h"
+#include "dt_util.h"
 #include "jobspec.h"
 #include "planner.h"
 
@@ -326,6 +327,46 @@ START_TEST(test_enumerate)
 }
 END_TEST
 
+/* Layouts the time model cannot tell apart (gpt2-124m over DDP: every micro-batch size hides the
+ * all-reduce behind the last backward pass) come with the fewest, largest micro-batches that fit
+ * first, not the smallest ones: what a GPU runs fastest. 48 sequences per rank: 3 micro-batches
+ * of 16 take the same time as 1 of 48, exactly. */
+START_TEST(test_equal_times_prefer_large_micro_batches)
+{
+  dt_plan_model_t m;
+  char why[256];
+  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
+  ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
+  const struct {
+    int global_batch;
+    double gib;
+    int micro;
+  } cases[] = {{512, 80, 64}, {512, 16, 16}, {384, 80, 48}};
+  for (size_t k = 0; k < DT_ARRAY_SIZE(cases); k++) {
+    dt_plan_train_t tr = {1024, cases[k].global_batch, DT_PLAN_BF16, 0};
+    dt_plan_cluster_t c = cluster(8);
+    c.gpu_mem = cases[k].gib * (1 << 30);
+    dt_plan_eval_t *v;
+    int n;
+    ck_assert_int_eq(dt_plan_enumerate(&m, &tr, &c, &v, &n, why, sizeof why), 0);
+    ck_assert(v[0].fits);
+    ck_assert_int_eq(v[0].layout.dp, 8);
+    ck_assert_int_eq(v[0].layout.zero, 0);
+    ck_assert_msg(v[0].layout.micro == cases[k].micro, "batch %d, %g GiB: micro-batch %d first",
+                  cases[k].global_batch, cases[k].gib, v[0].layout.micro);
+    for (int i = 1; i < n && v[i].fits; i++)
+      if (v[i].t_step == v[i - 1].t_step && v[i].comm == v[i - 1].comm)
+        ck_assert_int_le(v[i - 1].layout.accum, v[i].layout.accum);
+    int ties = 0; /* the DDP layouts of every micro-batch size that fits are equally fast */
+    for (int i = 0; i < n; i++)
+      ties += v[i].fits && v[i].layout.dp == 8 && v[i].layout.zero == 0 && !v[i].layout.ckpt &&
+              v[i].t_step == v[0].t_step;
+    ck_assert_int_ge(ties, 3);
+    free(v);
+  }
+}
+END_TEST
+
 START_TEST(test_emit_spec_parses)
 {
   dt_plan_model_t m;
@@ -380,6 +421,7 @@ static Suite *planner_suite(void)
   tcase_add_test(t, test_layout_check);
   tcase_add_test(t, test_context_parallel);
   tcase_add_test(t, test_enumerate);
+  tcase_add_test(t, test_equal_times_prefer_large_micro_batches);
   tcase_add_test(t, test_emit_spec_parses);
   suite_add_tcase(s, t);
   return s;
