@@ -35,12 +35,15 @@ typedef struct dt_ops {
                          const float *wte,                            /* (vocab_n, C) */
                          int vocab_lo, int vocab_n, const float *wpe, /* (maxT, C) or NULL */
                          int B, int T, int C);
-  /* dwte[inp - vocab_lo] += dout for the tokens in the slice; dwpe[t] += dout (dwpe may be
-   * NULL) */
+  /* dwte[inp - vocab_lo] += dout for the tokens in the slice, in token order; dwpe[t] += dout
+   * (dwpe may be NULL). inp_host holds the same tokens in host memory (the caller's copy of
+   * the micro-batch; inp itself on a host device): a GPU sorts them by row there, so that each
+   * row's sum runs on its own threads. */
   int (*encoder_backward)(struct dt_device *dev, float *dwte,     /* (vocab_n, C) += */
                           int vocab_lo, int vocab_n, float *dwpe, /* (maxT, C) += or NULL */
                           const float *dout,                      /* (B*T, C) */
                           const int *inp,                         /* (B, T) */
+                          const int *inp_host,                    /* (B, T), host memory */
                           int B, int T, int C);
 
   /* out = (inp - mean) * rstd * weight + bias, eps 1e-5; mean/rstd saved for backward */

@@ -41,9 +41,12 @@ typedef struct dt_cuda_impl {
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
   void *ws;          /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
-  float *ones;   /* ones_n floats equal to 1.0f (column sums through GEMV) */
-  size_t ones_n; /* its allocation is ones_n floats (0 when there is none) */
-  char name[32]; /* "cuda:<ordinal>" */
+  float *ones;            /* ones_n floats equal to 1.0f (column sums through GEMV) */
+  size_t ones_n;          /* its allocation is ones_n floats (0 when there is none) */
+  void *pin;              /* pinned host memory: encoder.cu's token lists on their way up */
+  size_t pin_bytes;       /* grows, never shrinks */
+  cudaEvent_t pin_copied; /* the last copy out of pin (created on first use) */
+  char name[32];          /* "cuda:<ordinal>" */
 } dt_cuda_impl_t;
 
 static inline dt_cuda_impl_t *dt__cuda(struct dt_device *d)
@@ -78,7 +81,8 @@ int dt__cuda_gemm_lt(dt_cuda_impl_t *c, const dt_gemm_t *g, cudaDataType_t ab);
 int dt__cuda_encoder_forward(struct dt_device *dev, float *out, const int *inp, const float *wte,
                              int vocab_lo, int vocab_n, const float *wpe, int B, int T, int C);
 int dt__cuda_encoder_backward(struct dt_device *dev, float *dwte, int vocab_lo, int vocab_n,
-                              float *dwpe, const float *dout, const int *inp, int B, int T, int C);
+                              float *dwpe, const float *dout, const int *inp, const int *inp_host,
+                              int B, int T, int C);
 int dt__cuda_layernorm_forward(struct dt_device *dev, float *out, float *mean, float *rstd,
                                const float *inp, const float *weight, const float *bias, int N,
                                int C);

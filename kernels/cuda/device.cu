@@ -356,6 +356,10 @@ static void impl_free(dt_cuda_impl_t *c)
     (void)cudaFree(c->ws);
   if (c->ones)
     (void)cudaFree(c->ones);
+  if (c->pin)
+    (void)cudaFreeHost(c->pin);
+  if (c->pin_copied)
+    (void)cudaEventDestroy(c->pin_copied);
   if (c->lt_ws)
     (void)cudaFree(c->lt_ws);
   if (c->lt)

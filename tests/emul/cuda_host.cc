@@ -214,6 +214,7 @@ typedef struct registry {
   size_t live[MAX_GPUS] = {};                       /* allocated bytes per GPU */
   std::unordered_map<const void *, kind_t> handles; /* every live handle, by kind */
   std::unordered_map<const void *, int> smem;       /* kernel -> its dynamic shared memory limit */
+  std::map<uintptr_t, size_t> pinned;               /* cudaMallocHost's: start -> bytes */
 } registry_t;
 
 /* Never destroyed: the comm thread may still copy while the process exits. */
@@ -683,6 +684,49 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
 
 static void drain_all(void); /* with the streams, below */
 
+/* [p, p + n) lies in one block of cudaMallocHost's. */
+static bool pinned(uintptr_t p, size_t n)
+{
+  std::lock_guard<std::mutex> lock(reg().mu);
+  std::map<uintptr_t, size_t>::iterator it = reg().pinned.upper_bound(p);
+  if (it == reg().pinned.begin())
+    return false;
+  --it;
+  return p - it->first < it->second && n <= it->second - (p - it->first);
+}
+
+/* Page-locked host memory: host memory, which the copies read and write when they run. */
+cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+  if (!ptr)
+    return fail(cudaErrorInvalidValue);
+  *ptr = NULL;
+  GATE();
+  void *p = malloc(size ? size : 1);
+  if (!p)
+    return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(reg().mu);
+  reg().pinned[(uintptr_t)p] = size ? size : 1;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+  if (!ptr)
+    return cudaSuccess;
+  drain_all(); /* as cudaFree: queued copies may still read it */
+  {
+    std::lock_guard<std::mutex> lock(reg().mu);
+    if (reg().pinned.erase((uintptr_t)ptr) == 0) {
+      report("cudaFreeHost: %p is not the start of a cudaMallocHost block", ptr);
+      return fail(cudaErrorInvalidValue);
+    }
+  }
+  free(ptr);
+  return cudaSuccess;
+}
+
 cudaError_t cudaFree(void *devPtr)
 {
   if (!devPtr)
@@ -911,7 +955,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
            src, dst);
     return fail(cudaErrorInvalidValue);
   }
-  if (kind == cudaMemcpyHostToDevice) { /* pageable host memory: read before the call returns */
+  if (kind == cudaMemcpyHostToDevice && !pinned(s, count)) {
+    /* pageable host memory: read before the call returns; pinned memory is read when the copy
+     * runs, as a GPU's DMA reads it, so that a host that rewrites it too early is caught */
     std::vector<char> staged((const char *)src, (const char *)src + count);
     enqueue(stream,
             [dst, staged = std::move(staged)] { memcpy(dst, staged.data(), staged.size()); });

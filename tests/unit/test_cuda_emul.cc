@@ -190,6 +190,18 @@ END_TEST
 
 /* ---- Embeddings (encoder.cu's launches) ------------------------------------------------------ */
 
+/* encoder.cu's token-gradient pass: the host's buckets (encoder_buckets), then the kernel with
+ * its launch geometry (16 channels a block here, so that C spans several). */
+static void backward_wte(float *dwte, int lo, int vn, const float *dout, const int *inp, size_t BT,
+                         int C)
+{
+  std::vector<int> count((size_t)vn + 1), list(2 * std::min(BT, (size_t)vn) + 1 + BT, -1);
+  const int nb = encoder_buckets(inp, BT, lo, vn, count.data(), list.data());
+  const unsigned threads = 16;
+  launch(dim3((unsigned)nb, (unsigned)((C + 15) / 16)), threads, 0,
+         [&] { encoder_backward_wte_kernel(dwte, dout, list.data(), nb, C); });
+}
+
 START_TEST(test_encoder)
 {
   dt_rng_seed(&g_rng, 84);
@@ -209,23 +221,20 @@ START_TEST(test_encoder)
                            dwpe0 = randn((size_t)maxT * C);
   std::vector<float> dwte_h = dwte0, dwpe_h = dwpe0, dwte_g = dwte0, dwpe_g = dwpe0;
   dt_cpu_encoder_backward(dwte_h.data(), lo, vn, dwpe_h.data(), dout.data(), inp.data(), B, T, C);
-  launch(dim3(dt__cuda_grid((size_t)C, 32)), 32, 0, [&] {
-    encoder_backward_wte_kernel(dwte_g.data(), lo, vn, dout.data(), inp.data(), BT, C);
-  });
+  backward_wte(dwte_g.data(), lo, vn, dout.data(), inp.data(), BT, C);
   const size_t TC = (size_t)T * C;
   launch(dim3(dt__cuda_grid(TC, DT__CUDA_THREADS)), DT__CUDA_THREADS, 0,
          [&] { encoder_backward_wpe_kernel(dwpe_g.data(), dout.data(), B, T, C); });
   ck_assert(dwte_g == dwte_h); /* one thread per element, the CPU's order: the same bits */
   ck_assert(dwpe_g == dwpe_h);
 
-  /* A vocabulary of 6 and a slice of rows 1..4: rows repeat inside every batch of ENC_BATCH
-   * tokens the kernel loads at once, and tokens 0 and 5 fall outside the slice. */
+  /* A vocabulary of 6 and a slice of rows 1..4: every row hit many times, and tokens 0 and 5
+   * outside the slice. */
   const std::vector<int> few = targets((int)BT, 6);
   const std::vector<float> dwte4 = randn((size_t)4 * C);
   std::vector<float> few_h = dwte4, few_g = dwte4;
   dt_cpu_encoder_backward(few_h.data(), 1, 4, NULL, dout.data(), few.data(), B, T, C);
-  launch(dim3(dt__cuda_grid((size_t)C, 32)), 32, 0,
-         [&] { encoder_backward_wte_kernel(few_g.data(), 1, 4, dout.data(), few.data(), BT, C); });
+  backward_wte(few_g.data(), 1, 4, dout.data(), few.data(), BT, C);
   ck_assert(few_g == few_h);
 }
 END_TEST

@@ -1367,14 +1367,14 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
   if (!last)
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
   DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-  if (!m->dev->host)
-    inputs = a->tokens; /* the forward pass copied them */
+  /* the forward pass copied them to the device; the host's are the kernel's inp_host */
+  const int *dev_inputs = m->dev->host ? inputs : a->tokens;
   const int halves = m->cp.cp > 1 ? 2 : 1, Th = T / halves;
   for (int j = 0; j < halves; j++) {
     const size_t rows = (size_t)j * B * Th, pos = m->cp.cp > 1 ? (size_t)cp_chunk(m, j) * Th : 0;
     DT_CHECK(k->encoder_backward(m->dev, eg.t[DT_T_WTE], d.vlo, d.Vl,
                                  eg.t[DT_T_WPE] ? eg.t[DT_T_WPE] + pos * C : NULL, dout + rows * C,
-                                 inputs + rows, B, Th, C));
+                                 dev_inputs + rows, inputs + rows, B, Th, C));
   }
   return release(m, DT_UNIT_EMBED, 1);
 }

@@ -104,7 +104,7 @@ int main(int argc, char **argv)
       return 2;
     }
   }
-  if (!input || !out || optind < argc) {
+  if (!input || !out || !*out || optind < argc) {
     fprintf(stderr, "distrain-prep: --input and --out are required\n");
     return 2;
   }
@@ -125,14 +125,15 @@ int main(int argc, char **argv)
     return 1;
   }
   char path[4200];
+  const char *sep = out[strlen(out) - 1] == '/' ? "" : "/"; /* "data/" names data/val.bin */
   size_t ntrain = n - nval;
   for (size_t off = 0, i = 0; off < ntrain && rc == 0; off += (size_t)shard_tokens, i++) {
     size_t len = DT_MIN((size_t)shard_tokens, ntrain - off);
-    snprintf(path, sizeof path, "%s/train_%06zu.bin", out, i);
+    snprintf(path, sizeof path, "%s%strain_%06zu.bin", out, sep, i);
     rc = write_bytes(path, text + off, len);
   }
   if (rc == 0) {
-    snprintf(path, sizeof path, "%s/val.bin", out);
+    snprintf(path, sizeof path, "%s%sval.bin", out, sep);
     rc = write_bytes(path, text + ntrain, nval);
   }
   free(text);

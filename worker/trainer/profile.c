@@ -215,8 +215,8 @@ TIMED(encoder_forward, 0, 4.0 * (2.0 * B * T * C + (wpe ? (double)T * C : 0.0) +
       out, inp, wte, vocab_lo, vocab_n, wpe, B, T, C)
 TIMED(encoder_backward, 0, 4.0 * (3.0 * B * T * C + (dwpe ? 2.0 * T * C : 0.0) + (double)B * T),
       (dt_device_t * dev, float *dwte, int vocab_lo, int vocab_n, float *dwpe, const float *dout,
-       const int *inp, int B, int T, int C),
-      dwte, vocab_lo, vocab_n, dwpe, dout, inp, B, T, C)
+       const int *inp, const int *inp_host, int B, int T, int C),
+      dwte, vocab_lo, vocab_n, dwpe, dout, inp, inp_host, B, T, C)
 TIMED(layernorm_forward, 0, 4.0 * (2.0 * N * C + 2.0 * C + 2.0 * N),
       (dt_device_t * dev, float *out, float *mean, float *rstd, const float *inp,
        const float *weight, const float *bias, int N, int C),
