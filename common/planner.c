@@ -262,6 +262,54 @@ static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   return scratch + live_slots(l, s) * slot;
 }
 
+/* Bytes rounded up to a multiple of unit. */
+static double round_up(double bytes, double unit)
+{
+  return ceil(bytes / unit) * unit;
+}
+
+/* The bf16 linear layer's workspace request (kernels/cuda/matmul.cu): a bf16 copy of the weight
+ * (OC x IN) when no bf16 copy is kept (ZeRO-3), and of the output gradient (rows x OC) with its
+ * bias gradient's partial column sums (one row of OC per COLSUM_ROWS = 256 rows, or more rows
+ * per block past the grid's 65535), each piece 256-byte aligned. */
+static double linear_ws(double rows, double OC, double IN, int weight_copy, int dout_copy, int bias)
+{
+  const double per_block = 256 * ceil(ceil(rows / 256) / 65535);
+  return (weight_copy ? round_up(OC * IN * 2, 256) : 0) +
+         (dout_copy ? round_up(rows * OC * 2, 256) +
+                          (bias ? round_up(ceil(rows / per_block) * OC * 4, 256) : 0)
+                    : 0);
+}
+
+/* What a GPU trainer allocates beside its tensors (planner.h), bytes. */
+static double device_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                             const dt_plan_layout_t *l, int s)
+{
+  const double MiB = 1024.0 * 1024.0;
+  const double cp = cp_of(l), S = tr->seq / cp, N = l->micro * S, C = m->hidden, t = l->tp;
+  const double Vl = (double)padded_vocab(m) / t, F = m->ffn / t, Q = (C + 2 * kv_width(m)) / t;
+  const double halves = cp > 1 ? 2 : 1; /* attention and the embedding by chunk under cp */
+  const int bias = m->arch == DT_PLAN_GPT2, zero3 = l->zero == 3 && grad_group(l) > 1;
+  const double ln_rows = DT_MAX(32.0, ceil(N / 1024));
+  double ws = 8.0 * (1024 + 1);                   /* the gradient norm's partial sums */
+  ws = DT_MAX(ws, 2 * ceil(N / ln_rows) * C * 4); /* LayerNorm's weight gradients */
+  if (!tr->materialized)                          /* flash: D = dout . out per query */
+    ws = DT_MAX(ws, l->micro * (m->heads / t) * (S / halves) * 4);
+  if (s == 0) { /* the tokens sorted by row */
+    const double bt = l->micro * S / halves;
+    ws = DT_MAX(ws, (2 * DT_MIN(bt, Vl) + 1 + bt) * 4);
+  }
+  if (tr->precision == DT_PLAN_BF16) {
+    const double layers[4][2] = {{Q, C}, {C, C / t}, {F, C}, {C, F}}; /* qkv, proj, fc, proj */
+    for (int i = 0; i < 4; i++)
+      ws = DT_MAX(ws, linear_ws(N, layers[i][0], layers[i][1], zero3, 1, bias));
+    if (s == l->pp - 1) /* the LM head: its dlogits are bf16 already */
+      ws = DT_MAX(ws, linear_ws(N, Vl, C, zero3, 0, 0));
+  }
+  const double ones = tr->precision == DT_PLAN_FP32 && bias ? round_up(N * 4, MiB) : 0;
+  return 32 * MiB + round_up(ws, MiB) + ones;
+}
+
 /* The textbook 16-bit trainer: Korthikanti et al. (planner.h), bytes. */
 static double acts_mixed16(const dt_plan_model_t *m, const dt_plan_train_t *tr,
                            const dt_plan_layout_t *l, int s)
@@ -313,9 +361,10 @@ void dt_plan_memory(const dt_plan_model_t *m, const dt_plan_train_t *tr, const d
      * on a GPU) all-reduces each unit's gradients during the backward pass. */
     out->working = prec_bytes(tr->precision).p * DT_MAX(rp.final, rp.layer);
   }
-  out->acts = tr->precision == DT_PLAN_MIXED16 ? acts_mixed16(m, tr, l, stage)
-                                               : acts_trainer(m, tr, l, stage);
-  out->total = out->params + out->grads + out->optim + out->working + out->acts;
+  const int mixed16 = tr->precision == DT_PLAN_MIXED16;
+  out->acts = mixed16 ? acts_mixed16(m, tr, l, stage) : acts_trainer(m, tr, l, stage);
+  out->device = mixed16 ? 0 : device_trainer(m, tr, l, stage);
+  out->total = out->params + out->grads + out->optim + out->working + out->acts + out->device;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -441,7 +490,7 @@ void dt_plan_evaluate(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   out->bubble = (l->pp - 1) / (K + l->pp - 1);
   out->t_step = out->t_compute + out->t_compute * (l->pp - 1) / K + out->t_comm; /* ties exact */
   out->tokens_per_s = tokens / out->t_step;
-  out->fits = out->mem.total <= c->gpu_mem;
+  out->fits = out->mem.total + c->reserve <= c->gpu_mem;
 }
 
 static int cmp_eval(const void *pa, const void *pb)

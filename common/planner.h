@@ -80,6 +80,22 @@
  * Flash attention replaces the a s^2 b terms (5 for GPT-2, 2 for Llama) by the fp32 log-sum-exp
  * of each query row, 4 a s b / t.
  *
+ * ---- The device's own buffers (fp32 and bf16: distrain's GPU trainer) -------------------------
+ * What kernels/cuda allocates beside the tensors, as the trainer's "device's own" line reports it
+ * after the first step: cuBLASLt's workspace (32 MiB, an H100's), the kernels' scratch (one
+ * buffer grown to the step's largest single request, in whole MiB) and under fp32 the vector of
+ * N ones the bias gradients are summed with (in whole MiB). The requests, N = b s rows:
+ *   the gradient norm's 1025 partial sums (doubles); LayerNorm's weight-gradient partials
+ *   2 C ceil(N / max(32, ceil(N / 1024))) floats; flash attention's D, b (a/t) s floats (s/2
+ *   under cp, which runs each chunk apart); on the first stage the tokens sorted by row,
+ *   2 min(n, Vp/t) + 1 + n ints (n = b s, halved under cp); under bf16 each linear layer's bf16
+ *   copy of its output gradient (N OC values; the LM head's dlogits are bf16 already) with its
+ *   bias gradient's partial sums (OC floats per 256 rows), plus under ZeRO-3 the weight's bf16
+ *   copy (the LM head's too), each piece 256-byte aligned.
+ * The CUDA context and NCCL's buffers are not counted: a cluster's `reserve` leaves room for them
+ * (a layout fits when its total plus the reserve is within the GPU's memory). mixed16, another
+ * trainer, counts none of this.
+ *
  * ---- Communication per rank and step (bytes sent; g = gradient bytes/param) ----------------
  * distrain's trainer sends fp32 in both its precisions (gradients, gathered weights and
  * activations: 4 bytes a value); mixed16 sends 2.
@@ -134,6 +150,7 @@ typedef struct {
   double intra_bw;   /* bytes/s per GPU within a node */
   double inter_bw;   /* bytes/s per GPU across nodes */
   double latency;    /* seconds per collective or message (alpha of the alpha-beta model) */
+  double reserve;    /* bytes of a GPU left free for what the planner does not count */
 } dt_plan_cluster_t;
 
 typedef struct {
@@ -151,9 +168,9 @@ typedef struct {
   int cp;    /* context parallelism: each sequence over cp ranks (0 or 1: none) */
 } dt_plan_layout_t;
 
-/* One rank's memory, bytes. total = params + grads + optim + working + acts. */
+/* One rank's memory, bytes. total = params + grads + optim + working + acts + device. */
 typedef struct {
-  double params, grads, optim, working, acts, total;
+  double params, grads, optim, working, acts, device, total;
 } dt_plan_mem_t;
 
 typedef struct {
@@ -164,7 +181,7 @@ typedef struct {
   double t_compute, t_comm, t_step;                /* seconds: compute, exposed comm, whole step */
   double bubble;                                   /* idle fraction of a stage */
   double tokens_per_s;
-  int fits; /* mem.total <= cluster gpu_mem */
+  int fits; /* mem.total + cluster reserve <= cluster gpu_mem */
 } dt_plan_eval_t;
 
 /* GPT-2 124M/350M/774M/1.5B ("gpt2-124m", ...) or Llama-shaped 7B/13B/70B/405B ("llama-7b",

@@ -35,13 +35,15 @@ static void plan_usage(FILE *out)
       "                         | --job JOB.yaml)\n"
       "                        --seq S --global-batch B --gpus N [--gpus-per-node G]\n"
       "                        [--gpu-mem-gib M] [--peak-tflops T] [--mfu F] [--intra-gbps X]\n"
-      "                        [--inter-gbps Y] [--latency-us U] [--precision bf16|fp32|mixed16]\n"
+      "                        [--inter-gbps Y] [--latency-us U] [--reserve-gib R]\n"
+      "                        [--precision bf16|fp32|mixed16]\n"
       "                        [--attention flash|materialized] [--top K] [--json]\n"
       "                        [--emit-spec]\n"
       "                        [--layout dp=D,tp=T,pp=P,cp=C,zero=Z,micro=M,ckpt=0|1]\n"
       "  presets: %s\n"
       "  defaults: an H100 node: 8 GPUs per node, 80 GiB, 989 TFLOP/s (bf16 dense), MFU 0.4,\n"
-      "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective; bf16, flash\n"
+      "  NVLink 450 GB/s, InfiniBand 50 GB/s per GPU, 10 us per collective, 1 GiB of each\n"
+      "  GPU left for what is not counted (the CUDA context, NCCL's buffers); bf16, flash\n"
       "  attention (or the job spec's); top 10.\n"
       "  --precision: bf16 and fp32 are distrain-train's (bf16: fp32 master weights, gradients\n"
       "  and Adam state plus a bf16 weight copy, 4+2+4+8 bytes/param); mixed16 is the textbook\n"
@@ -69,14 +71,21 @@ static int parse_int(const char *opt, const char *s, int min, int *out)
   return 0;
 }
 
-static int parse_pos_double(const char *opt, const char *s, double *out)
+static int parse_double(const char *opt, const char *s, int zero_ok, double *out)
 {
   char *end;
   double v = strtod(s, &end);
-  if (end == s || *end || !(v > 0) || !isfinite(v))
-    return bad("%s: expected a positive number, got '%s'", opt, s);
+  if (end == s || *end || !(zero_ok ? v >= 0 : v > 0) || !isfinite(v))
+    return bad(zero_ok ? "%s: expected a number >= 0, got '%s'"
+                       : "%s: expected a positive number, got '%s'",
+               opt, s);
   *out = v;
   return 0;
+}
+
+static int parse_pos_double(const char *opt, const char *s, double *out)
+{
+  return parse_double(opt, s, 0, out);
 }
 
 /* "dp=2,tp=1,pp=1,cp=1,zero=3,micro=2,ckpt=0": every key optional (dp, tp, pp, cp 1; zero 0;
@@ -160,6 +169,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
     O_JOB,
     O_LAYOUT,
     O_LAT,
+    O_RESERVE,
     O_HELP
   };
   static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
@@ -188,10 +198,11 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
                                        {"job", required_argument, 0, O_JOB},
                                        {"layout", required_argument, 0, O_LAYOUT},
                                        {"latency-us", required_argument, 0, O_LAT},
+                                       {"reserve-gib", required_argument, 0, O_RESERVE},
                                        {"help", no_argument, 0, O_HELP},
                                        {0, 0, 0, 0}};
   int ch, explicit_dims = 0, seq = 0, batch = 0, gpn = 0;
-  double gib = 80, tflops = 989, intra = 450, inter = 50, lat_us = 10;
+  double gib = 80, tflops = 989, intra = 450, inter = 50, lat_us = 10, reserve = 1;
   const char *job = NULL, *attention = NULL, *precision = NULL;
   a->cl.gpus = 0;
   a->cl.mfu = 0.4;
@@ -271,6 +282,9 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
       break;
     case O_LAT:
       rc = parse_pos_double(o, optarg, &lat_us);
+      break;
+    case O_RESERVE:
+      rc = parse_double(o, optarg, 1, &reserve);
       break;
     case O_PREC:
       if (strcmp(optarg, "fp32") != 0 && strcmp(optarg, "bf16") != 0 &&
@@ -363,6 +377,7 @@ static int parse_plan(int argc, char **argv, plan_args_t *a)
   a->cl.intra_bw = intra * 1e9;
   a->cl.inter_bw = inter * 1e9;
   a->cl.latency = lat_us * 1e-6;
+  a->cl.reserve = reserve * GIB;
   char why[512];
   if (dt_plan_model_check(&a->model, a->tr.seq, why, sizeof why) != 0)
     return bad("model %s: %s", a->model_name, why);
@@ -408,25 +423,27 @@ static void print_header(FILE *out, const plan_args_t *a)
           a->tr.materialized ? "materialized" : "flash");
   fprintf(out,
           "cluster: %d GPUs, %d per node, %.0f GiB each, %.0f TFLOP/s x MFU %.2f, intra-node %.0f "
-          "GB/s, inter-node %.0f GB/s, %.0f us per collective\n",
+          "GB/s, inter-node %.0f GB/s, %.0f us per collective, %.3g GiB left free\n",
           a->cl.gpus, a->cl.gpus_per_node, a->cl.gpu_mem / GIB, a->cl.peak_flops / 1e12, a->cl.mfu,
-          a->cl.intra_bw / 1e9, a->cl.inter_bw / 1e9, a->cl.latency * 1e6);
+          a->cl.intra_bw / 1e9, a->cl.inter_bw / 1e9, a->cl.latency * 1e6, a->cl.reserve / GIB);
 }
 
 static void print_table(FILE *out, const dt_plan_eval_t *v, int n)
 {
-  fprintf(out, "%-24s %4s %4s %7s %7s %7s %7s %7s %9s %8s %6s %9s %10s\n", "layout", "zero", "ckpt",
-          "params", "grads", "optim", "work", "acts", "total GiB", "comm GB", "bubble", "step s",
-          "tokens/s");
+  fprintf(out, "%-24s %4s %4s %7s %7s %7s %7s %7s %6s %9s %8s %6s %9s %10s\n", "layout", "zero",
+          "ckpt", "params", "grads", "optim", "work", "acts", "device", "total GiB", "comm GB",
+          "bubble", "step s", "tokens/s");
   for (int i = 0; i < n; i++) {
     const dt_plan_eval_t *e = &v[i];
     char name[64];
     layout_name(&e->layout, name, sizeof name);
-    fprintf(out, "%-24s %4d %4s %7.2f %7.2f %7.2f %7.2f %7.2f %9.2f %8.2f %5.1f%% %9.3g %10.4g%s\n",
-            name, e->layout.zero, e->layout.ckpt ? "on" : "off", e->mem.params / GIB,
-            e->mem.grads / GIB, e->mem.optim / GIB, e->mem.working / GIB, e->mem.acts / GIB,
-            e->mem.total / GIB, e->comm / 1e9, 100 * e->bubble, e->t_step, e->tokens_per_s,
-            e->fits ? "" : "  (does not fit)");
+    fprintf(
+        out,
+        "%-24s %4d %4s %7.2f %7.2f %7.2f %7.2f %7.2f %6.2f %9.2f %8.2f %5.1f%% %9.3g %10.4g%s\n",
+        name, e->layout.zero, e->layout.ckpt ? "on" : "off", e->mem.params / GIB,
+        e->mem.grads / GIB, e->mem.optim / GIB, e->mem.working / GIB, e->mem.acts / GIB,
+        e->mem.device / GIB, e->mem.total / GIB, e->comm / 1e9, 100 * e->bubble, e->t_step,
+        e->tokens_per_s, e->fits ? "" : "  (does not fit)");
   }
 }
 
@@ -434,8 +451,8 @@ static void json_mem(FILE *out, const dt_plan_mem_t *m)
 {
   fprintf(out,
           "{\"params\": %.0f, \"grads\": %.0f, \"optim\": %.0f, \"working\": %.0f, \"acts\": %.0f, "
-          "\"total\": %.0f}",
-          m->params, m->grads, m->optim, m->working, m->acts, m->total);
+          "\"device\": %.0f, \"total\": %.0f}",
+          m->params, m->grads, m->optim, m->working, m->acts, m->device, m->total);
 }
 
 static void json_eval(FILE *out, const plan_args_t *a, const dt_plan_eval_t *e, int stages)
@@ -533,11 +550,12 @@ int dt_ctl_plan(int argc, char **argv)
     fprintf(stdout,
             ", \"arch\": \"%s\", \"params\": %lld, \"layers\": %d, \"hidden\": %d, \"heads\": %d, "
             "\"kv_heads\": %d, \"ffn\": %d, \"vocab\": %d}, \"seq\": %d, \"global_batch\": %d, "
-            "\"precision\": \"%s\", \"attention\": \"%s\", \"gpus\": %d, \"layouts\": [",
+            "\"precision\": \"%s\", \"attention\": \"%s\", \"gpus\": %d, \"reserve\": %.0f, "
+            "\"layouts\": [",
             a.model.arch == DT_PLAN_GPT2 ? "gpt2" : "llama", (long long)dt_plan_params(&a.model),
             a.model.layers, a.model.hidden, a.model.heads, a.model.kv_heads, a.model.ffn,
             a.model.vocab, a.tr.seq, a.tr.global_batch, precision_name(a.tr.precision),
-            a.tr.materialized ? "materialized" : "flash", a.cl.gpus);
+            a.tr.materialized ? "materialized" : "flash", a.cl.gpus, a.cl.reserve);
     for (int i = 0; i < DT_MIN(n, a.top); i++) {
       fputs(i ? ",\n  " : "\n  ", stdout);
       json_eval(stdout, &a, &v[i], a.have_layout);
@@ -565,10 +583,10 @@ int dt_ctl_plan(int argc, char **argv)
     char name[64];
     layout_name(&v[0].layout, name, sizeof name); /* the rest are sorted by memory */
     fprintf(stderr,
-            "distrainctl plan: nothing fits in %.0f GiB per GPU: the smallest layout, %s ZeRO-%d "
-            "checkpointing %s, needs %.1f GiB\n",
-            a.cl.gpu_mem / GIB, name, v[0].layout.zero, v[0].layout.ckpt ? "on" : "off",
-            v[0].mem.total / GIB);
+            "distrainctl plan: nothing fits in %.0f GiB per GPU (%.3g GiB left free): the smallest "
+            "layout, %s ZeRO-%d checkpointing %s, needs %.1f GiB\n",
+            a.cl.gpu_mem / GIB, a.cl.reserve / GIB, name, v[0].layout.zero,
+            v[0].layout.ckpt ? "on" : "off", v[0].mem.total / GIB);
     code = 1;
   }
   if (v != &one)

@@ -198,22 +198,68 @@ class PlannerAgainstTrainer(unittest.TestCase):
             self.report.append("  %-22s state err %5.2f%%  acts err %5.2f%%"
                                % (name, 100 * worst_state, 100 * worst_acts))
             for r, err in enumerate(errs):
-                self.check_device_total(name, r, err)
+                stage = r // (tp * cp * dpn)
+                self.check_device_total(name, r, err, lay["stages"][stage]["device"])
 
-    def check_device_total(self, name, r, err):
+    def check_device_total(self, name, r, err, planned):
         """The trainer's tensors and the device's own buffers (cuBLASLt's workspace, the kernel
         scratch) are everything the process allocates on the GPU: on the emulated one, whose
         memory in use is the process's allocations and nothing else, they sum to it; a real
-        GPU adds its CUDA context, NCCL and other processes."""
+        GPU adds its CUDA context, NCCL and other processes. The planner's "device" is the
+        own buffers to the byte (printed in MiB with 2 decimals)."""
         d = DEVICE.search(err)
         self.assertTrue(d, "%s rank %d: no device memory line in:\n%s" % (name, r, err[-2000:]))
         tensors, own, used = (float(x) for x in d.groups())
         self.assertGreater(own, 0, "%s rank %d: %s" % (name, r, d.group(0)))
+        self.assertAlmostEqual(planned / MIB, own, delta=0.006,
+                               msg="%s rank %d: the device's own buffers, planned %.3f MiB: %s"
+                               % (name, r, planned / MIB, d.group(0)))
+        if r == 0:
+            self.report.append("    %s: device's own buffers predicted %.3f MiB, measured %.2f MiB"
+                               % (name, planned / MIB, own))
         if "emul" in os.path.basename(GPU_TRAINER):
             self.assertAlmostEqual(tensors + own, used, delta=0.02,
                                    msg="%s rank %d: %s" % (name, r, d.group(0)))
         else:
             self.assertGreaterEqual(used + 0.02, tensors + own, d.group(0))
+
+    def test_device_buffers_on_a_gpu(self):
+        """The device's own buffers past the scratch's first MiB: a wider model (C 256) and
+        1984 rows per micro-batch, where the bf16 copy of the MLP's output gradient (3.9 MiB)
+        sets the scratch (4 MiB), its weight's copy under ZeRO-3 takes it to 5 MiB, tp halves
+        it, and fp32 keeps LayerNorm's partials and the ones; the planner's "device" against
+        the trainer's line, rank by rank."""
+        if not GPU_TRAINER:
+            self.skipTest("no CUDA trainer (tests/emul's distrain-train-emul is built where the "
+                          "CUDA headers are)")
+        ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
+        model = ["--layers", "2", "--heads", "4", "--vocab", "100", "--max-seq", "64"]
+        for name, world, tp, zero, precision in (("bf16", 1, 1, 0, "bf16"),
+                                                 ("bf16 dp2 ZeRO-3", 2, 1, 3, "bf16"),
+                                                 ("bf16 tp2", 2, 2, 0, "bf16"),
+                                                 ("fp32", 1, 1, 0, "fp32")):
+            with self.subTest(name):
+                dpn = world // tp
+                tag = re.sub(r"\W+", "_", name) + "_dev"
+                a = dp.base_args(31, 1, os.path.join(self.tmp, tag + ".jsonl"), steps=1)
+                i = a.index("--init")
+                a[i:i + 2] = ["--init", "seed:7"]
+                a[a.index("--seq") + 1] = "64"
+                a = [GPU_TRAINER] + a[1:] + model + [
+                    "--channels", "256", "--tp", str(tp), "--zero-stage", str(zero), "--device",
+                    "cuda", "--precision", precision]
+                outs = dp.wait_all(dp.launch(world, lambda r: a, tempfile.mkdtemp(
+                    prefix="kv_" + tag, dir=self.tmp), {"LOCAL_RANK": "0"}), timeout=300)
+                dp.assert_ranks_ok(outs, name)
+                lay = json.loads(subprocess.run(
+                    [ctl, "plan"] + model + ["--hidden", "256", "--seq", "64", "--global-batch",
+                                             str(31 * dpn), "--precision", precision, "--json",
+                                             "--layout", "dp=%d,tp=%d,zero=%d,micro=31"
+                                             % (dpn, tp, zero)],
+                    check=True, stdout=subprocess.PIPE, text=True).stdout)["layouts"][0]
+                self.assertGreater(lay["stages"][0]["device"], 33 * MIB, name)  # past 1 MiB
+                for r, (_, _, err) in enumerate(outs):
+                    self.check_device_total(name, r, err, lay["stages"][0]["device"])
 
     def test_cli_errors(self):
         ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
@@ -236,12 +282,14 @@ class PlannerAgainstTrainer(unittest.TestCase):
                    "dp=1,cp=3"), 2, "cp (3): 2 x cp must divide the sequence (1000)"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "x"), 2,
                   "--gpus: expected a positive integer, got 'x'"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--reserve-gib",
+                   "-1"), 2, "--reserve-gib: expected a number >= 0, got '-1'"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--precision",
                    "fp8"), 2, "expected bf16, fp32 or mixed16"),
                  (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--precision",
                    "mixed16", "--emit-spec"), 2, "--emit-spec: mixed16 is the textbook trainer's"),
                  (("--model", "llama-405b", "--seq", "8192", "--global-batch", "16", "--gpus",
-                   "8"), 1, "nothing fits in 80 GiB per GPU: the smallest layout"),
+                   "8"), 1, "nothing fits in 80 GiB per GPU (1 GiB left free): the smallest layout"),
                  (("--model", "gpt2-124m", "--global-batch", "7", "--gpus", "5"), 2,
                   "no valid layout of 5 GPUs")]
         for args, code, msg in cases:

@@ -28,7 +28,7 @@ static dt_plan_model_t tiny(void)
 
 static dt_plan_cluster_t cluster(int gpus)
 {
-  return (dt_plan_cluster_t){gpus, 8, 80.0 * (1 << 30), 1e12, 0.5, 100e9, 10e9, 0};
+  return (dt_plan_cluster_t){gpus, 8, 80.0 * (1 << 30), 1e12, 0.5, 100e9, 10e9, 0, 0};
 }
 
 START_TEST(test_textbook_table)
@@ -288,7 +288,7 @@ START_TEST(test_enumerate)
   ck_assert_int_eq(dt_plan_preset("llama-7b", &m), 0);
   ck_assert_int_eq(dt_plan_model_check(&m, 4096, why, sizeof why), 0);
   dt_plan_train_t tr = {4096, 64, DT_PLAN_BF16, 0};
-  dt_plan_cluster_t c = {8, 8, 80.0 * (1 << 30), 989e12, 0.4, 450e9, 50e9, 10e-6};
+  dt_plan_cluster_t c = {8, 8, 80.0 * (1 << 30), 989e12, 0.4, 450e9, 50e9, 10e-6, 1 << 30};
   dt_plan_eval_t *v;
   int n;
   ck_assert_int_eq(dt_plan_enumerate(&m, &tr, &c, &v, &n, why, sizeof why), 0);
@@ -367,6 +367,51 @@ START_TEST(test_equal_times_prefer_large_micro_batches)
 }
 END_TEST
 
+/* The GPU trainer's own buffers for gpt2-124m at micro-batch 16 x 1024 (N = 16384 rows), worked
+ * out from kernels/cuda's requests: under bf16 the largest is the MLP's fc backward, a bf16 copy
+ * of its N x 3072 output gradient (96 MiB) and its bias gradient's partial sums (64 blocks of 256
+ * rows x 3072 floats, 0.75 MiB), 97 MiB when rounded up; under ZeRO-3 also its weight's bf16 copy
+ * (3072 x 768, 4.5 MiB): 102 MiB. Under fp32, LayerNorm's partials (512 chunks of 32 rows, 2 x
+ * 768 floats each: 3 MiB) and the vector of ones (64 KiB: 1 MiB). Plus cuBLASLt's 32 MiB. */
+START_TEST(test_device_buffers)
+{
+  dt_plan_model_t m;
+  char why[256];
+  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
+  ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
+  const double MiB = 1 << 20;
+  const struct {
+    dt_plan_precision_t prec;
+    int dp, zero;
+    double mib;
+  } cases[] = {{DT_PLAN_BF16, 1, 0, 32 + 97},
+               {DT_PLAN_BF16, 8, 3, 32 + 102},
+               {DT_PLAN_FP32, 1, 0, 32 + 3 + 1},
+               {DT_PLAN_MIXED16, 1, 0, 0}};
+  for (size_t k = 0; k < DT_ARRAY_SIZE(cases); k++) {
+    dt_plan_train_t tr = {1024, 16 * cases[k].dp, cases[k].prec, 0};
+    dt_plan_layout_t l = {cases[k].dp, 1, 1, cases[k].zero, 16, 1, 0, 1};
+    dt_plan_mem_t mem;
+    dt_plan_memory(&m, &tr, &l, 0, &mem);
+    ck_assert_msg(mem.device == cases[k].mib * MiB, "case %zu: %.4f MiB", k, mem.device / MiB);
+    ck_assert(mem.total ==
+              mem.params + mem.grads + mem.optim + mem.working + mem.acts + mem.device);
+  }
+  /* The reserve: a layout fits when its total and the reserve do. */
+  dt_plan_train_t tr = {1024, 16, DT_PLAN_BF16, 0};
+  dt_plan_layout_t l = {1, 1, 1, 0, 16, 1, 0, 1};
+  dt_plan_cluster_t c = cluster(1);
+  dt_plan_eval_t e;
+  dt_plan_evaluate(&m, &tr, &c, &l, &e);
+  c.gpu_mem = e.mem.total;
+  dt_plan_evaluate(&m, &tr, &c, &l, &e);
+  ck_assert(e.fits);
+  c.reserve = 1;
+  dt_plan_evaluate(&m, &tr, &c, &l, &e);
+  ck_assert(!e.fits);
+}
+END_TEST
+
 START_TEST(test_emit_spec_parses)
 {
   dt_plan_model_t m;
@@ -415,6 +460,7 @@ static Suite *planner_suite(void)
   tcase_add_test(t, test_param_counts);
   tcase_add_test(t, test_rank_params);
   tcase_add_test(t, test_activations);
+  tcase_add_test(t, test_device_buffers);
   suite_add_tcase(s, t);
   t = tcase_create("layouts");
   tcase_add_test(t, test_comm_volumes);
