@@ -75,4 +75,41 @@ template <typename T, typename Op> __device__ T dt__block_reduce(T v, Op op)
   return r;
 }
 
+/* The second pass of a column sum: out[z][c] += the sum of in[z]'s rows (rows x cols, row-major)
+ * in column c, for the one or two matrices z = blockIdx.z. A block of DT__CSUM_THREADS threads
+ * takes DT__CSUM_COLS columns (a warp's coalesced loads of a row): thread (y, x) sums the rows
+ * y, y + DT__CSUM_LANES, ... of column x in order, then a fixed tree adds the lanes' sums (y and
+ * y + h for h = 16, 8, ..., 1). The order depends on rows only, so the result is the same from
+ * run to run; a thread per column adding all the rows had cols threads for the whole GPU and one
+ * chain of loads each. Grid (ceil(cols / DT__CSUM_COLS), 1, matrices). */
+#define DT__CSUM_COLS    32
+#define DT__CSUM_LANES   32
+#define DT__CSUM_THREADS (DT__CSUM_COLS * DT__CSUM_LANES)
+template <typename T> struct dt__csum {
+  T *out[2];
+  const T *in[2];
+};
+typedef dt__csum<float> dt__csum_t;
+
+template <typename T>
+__global__ static void dt__column_sums_kernel(dt__csum<T> m, int rows, int cols)
+{
+  __shared__ T lane_sum[DT__CSUM_LANES][DT__CSUM_COLS + 1];
+  const int x = (int)threadIdx.x % DT__CSUM_COLS, y = (int)threadIdx.x / DT__CSUM_COLS;
+  const int c = (int)blockIdx.x * DT__CSUM_COLS + x;
+  const T *in = m.in[blockIdx.z];
+  T s = 0;
+  if (c < cols)
+    for (int r = y; r < rows; r += DT__CSUM_LANES)
+      s += in[(size_t)r * cols + c];
+  lane_sum[y][x] = s;
+  for (int h = DT__CSUM_LANES / 2; h > 0; h /= 2) {
+    __syncthreads();
+    if (y < h)
+      lane_sum[y][x] += lane_sum[y + h][x];
+  }
+  if (y == 0 && c < cols)
+    m.out[blockIdx.z][c] += lane_sum[0][x];
+}
+
 #endif

@@ -5,9 +5,9 @@
  * Forward and the dinp part of backward take one block per row; the row sums are block
  * reductions of fixed shape. dweight / dbias are sums over rows, done in two passes without
  * atomics: pass one gives each (row chunk, channel) one thread that sums its chunk's rows in
- * order into the workspace; pass two gives each channel one thread that adds the chunks' partial
- * sums in chunk order. The chunking depends on N only, so results are bit-identical from run
- * to run (and on any GPU). dinp, dweight and dbias accumulate (+=). */
+ * order into the workspace; pass two adds the chunks' partial sums per channel in the fixed
+ * order of block.cuh's dt__column_sums_kernel. The chunking depends on N only, so results are
+ * bit-identical from run to run (and on any GPU). dinp, dweight and dbias accumulate (+=). */
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
@@ -90,8 +90,9 @@ int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweig
   layernorm_backward_partial_kernel<<<grid, LN_COL_THREADS, 0, cu->stream>>>(
       part_dw, part_db, dout, inp, mean, rstd, N, C, rows);
   DT_CUDA_CHECK(cudaGetLastError());
-  layernorm_backward_final_kernel<<<dt__cuda_grid((size_t)C, LN_COL_THREADS), LN_COL_THREADS, 0,
-                                    cu->stream>>>(dweight, dbias, part_dw, part_db, nchunks, C);
+  const dt__csum_t sums = {{dweight, dbias}, {part_dw, part_db}};
+  dt__column_sums_kernel<float><<<dim3((unsigned)((C + DT__CSUM_COLS - 1) / DT__CSUM_COLS), 1, 2),
+                                  DT__CSUM_THREADS, 0, cu->stream>>>(sums, nchunks, C);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }

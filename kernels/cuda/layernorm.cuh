@@ -119,21 +119,4 @@ __global__ static void layernorm_backward_partial_kernel(float *part_dw, /* (nch
   part_db[(size_t)chunk * C + c] = db;
 }
 
-/* Pass two: one thread per channel adds the chunks in order. */
-__global__ static void layernorm_backward_final_kernel(float *dweight, float *dbias,
-                                                       const float *part_dw, const float *part_db,
-                                                       int nchunks, int C)
-{
-  DT__CUDA_FOR(c, (size_t)C)
-  {
-    float dw = 0.0f, db = 0.0f;
-    for (int k = 0; k < nchunks; k++) {
-      dw += part_dw[(size_t)k * C + c];
-      db += part_db[(size_t)k * C + c];
-    }
-    dweight[c] += dw;
-    dbias[c] += db;
-  }
-}
-
 #endif

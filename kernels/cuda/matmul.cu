@@ -211,8 +211,10 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
     to_bf16_colsum_kernel<<<grid, COLSUM_THREADS, 0, cu->stream>>>(
         o->dst, partial, o->src, (int)o->rows, (int)o->cols, (int)o->lds, rpb);
     DT_CUDA_CHECK(cudaGetLastError());
-    colsum_finish_kernel<<<dt__cuda_grid(o->cols, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
-                           cu->stream>>>(o->colsum, partial, (int)grid.y, (int)o->cols);
+    const dt__csum_t sums = {{o->colsum, NULL}, {partial, NULL}};
+    dt__column_sums_kernel<float>
+        <<<dim3((unsigned)((o->cols + DT__CSUM_COLS - 1) / DT__CSUM_COLS)), DT__CSUM_THREADS, 0,
+           cu->stream>>>(sums, (int)grid.y, (int)o->cols);
     DT_CUDA_CHECK(cudaGetLastError());
   }
   return 0;

@@ -65,16 +65,4 @@ __global__ static void to_bf16_colsum_kernel(__nv_bfloat16 *dst, float *partial,
   }
 }
 
-/* sums[c] += partial's column c over its blocks rows, in order. */
-__global__ static void colsum_finish_kernel(float *sums, const float *partial, int blocks, int cols)
-{
-  DT__CUDA_FOR(c, (size_t)cols)
-  {
-    float s = 0.0f;
-    for (int b = 0; b < blocks; b++)
-      s += partial[(size_t)b * cols + c];
-    sums[c] += s;
-  }
-}
-
 #endif

@@ -86,10 +86,9 @@ START_TEST(test_layernorm)
     layernorm_backward_partial_kernel(part.data(), part.data() + (size_t)nchunks * C, dout.data(),
                                       inp.data(), mean_h.data(), rstd_h.data(), N, C, rows);
   });
-  launch(dim3(dt__cuda_grid((size_t)C, LN_COL_THREADS)), LN_COL_THREADS, 0, [&] {
-    layernorm_backward_final_kernel(dw_g.data(), db_g.data(), part.data(),
-                                    part.data() + (size_t)nchunks * C, nchunks, C);
-  });
+  const dt__csum_t sums = {{dw_g.data(), db_g.data()}, {part.data(), part.data() + nchunks * C}};
+  launch(dim3((C + DT__CSUM_COLS - 1) / DT__CSUM_COLS, 1, 2), DT__CSUM_THREADS, 0,
+         [&] { dt__column_sums_kernel(sums, nchunks, C); });
   expect_close("layernorm backward dinp (+=)", dinp_g, dinp_h);
   expect_close("layernorm backward dweight (+=)", dw_g, dw_h);
   expect_close("layernorm backward dbias (+=)", db_g, db_h);
@@ -600,11 +599,32 @@ START_TEST(test_matmul_and_device_kernels)
     }
     launch(dim3((Cc + COLSUM_COLS - 1) / COLSUM_COLS, by), COLSUM_THREADS, 0,
            [&] { to_bf16_colsum_kernel(d16.data(), partial.data(), g.data(), R, Cc, L, rpb); });
-    launch_elementwise(Cc, [&] { colsum_finish_kernel(sums.data(), partial.data(), by, Cc); });
+    const dt__csum_t pass2 = {{sums.data(), NULL}, {partial.data(), NULL}};
+    launch(dim3((Cc + DT__CSUM_COLS - 1) / DT__CSUM_COLS), DT__CSUM_THREADS, 0,
+           [&] { dt__column_sums_kernel(pass2, by, Cc); });
     for (int r = 0; r < R; r++)
       for (int c = 0; c < Cc; c++)
         ck_assert(__bfloat162float(d16[(size_t)r * Cc + c]) == dt_bf16_round(g[(size_t)r * L + c]));
     expect_close("to_bf16_colsum column sums", sums, want);
+  }
+
+  /* The column sums' second pass alone, on two matrices of more rows than its 32 lanes (and
+   * not a multiple of them) and columns over three blocks: against double sums. */
+  {
+    const int R = 1000, Cc = 70;
+    const std::vector<float> m0 = randn((size_t)R * Cc), m1 = randn((size_t)R * Cc);
+    std::vector<float> s0 = randn(Cc), s1 = randn(Cc), w0(Cc), w1(Cc);
+    for (int c = 0; c < Cc; c++) {
+      double t0 = s0[c], t1 = s1[c];
+      for (int r = 0; r < R; r++)
+        t0 += m0[(size_t)r * Cc + c], t1 += m1[(size_t)r * Cc + c];
+      w0[c] = (float)t0, w1[c] = (float)t1;
+    }
+    const dt__csum_t two = {{s0.data(), s1.data()}, {m0.data(), m1.data()}};
+    launch(dim3((Cc + DT__CSUM_COLS - 1) / DT__CSUM_COLS, 1, 2), DT__CSUM_THREADS, 0,
+           [&] { dt__column_sums_kernel(two, R, Cc); });
+    expect_close("column sums, first matrix", s0, w0);
+    expect_close("column sums, second matrix", s1, w1);
   }
 
   const size_t n = 2049;
