@@ -233,7 +233,7 @@ class PlannerAgainstTrainer(unittest.TestCase):
             self.skipTest("no CUDA trainer (tests/emul's distrain-train-emul is built where the "
                           "CUDA headers are)")
         ctl = os.path.join(dp.BUILD, "coordinator", "distrainctl")
-        model = ["--layers", "2", "--heads", "4", "--vocab", "100", "--max-seq", "64"]
+        model = ["--layers", "1", "--heads", "4", "--vocab", "100", "--max-seq", "64"]
         for name, world, tp, zero, precision in (("bf16", 1, 1, 0, "bf16"),
                                                  ("bf16 dp2 ZeRO-3", 2, 1, 3, "bf16"),
                                                  ("bf16 tp2", 2, 2, 0, "bf16"),
