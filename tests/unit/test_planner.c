@@ -31,6 +31,16 @@ static dt_plan_cluster_t cluster(int gpus)
   return (dt_plan_cluster_t){gpus, 8, 80.0 * (1 << 30), 1e12, 0.5, 100e9, 10e9, 0, 0};
 }
 
+/* gpt2-124m at sequence length 1024, checked. */
+static dt_plan_model_t gpt2_124m(void)
+{
+  dt_plan_model_t m;
+  char why[256];
+  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
+  ck_assert_msg(dt_plan_model_check(&m, 1024, why, sizeof why) == 0, "%s", why);
+  return m;
+}
+
 START_TEST(test_textbook_table)
 {
   /* 7B with Adam on 8 GPUs under ZeRO-0..3, bytes. mixed16: Rajbhandari et al. (ZeRO; 7.5B in
@@ -88,10 +98,7 @@ END_TEST
 START_TEST(test_rank_params)
 {
   /* gpt2-124m on one rank: the padded vocabulary (50304) adds 47 x 768 rows. */
-  dt_plan_model_t m;
-  char why[256];
-  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
-  ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
+  dt_plan_model_t m = gpt2_124m();
   ck_assert_int_eq(dt_plan_rank_params(&m, 1, 1, 0), 124439808 + 47 * 768);
   /* The trainer's formula (trainer.c): per layer (12C^2 + 7C)/tp + 6C; the first stage adds
    * wte/tp and wpe, the last wte/tp (the tied copy) and the final LayerNorm. */
@@ -333,10 +340,8 @@ END_TEST
  * of 16 take the same time as 1 of 48, exactly. */
 START_TEST(test_equal_times_prefer_large_micro_batches)
 {
-  dt_plan_model_t m;
+  dt_plan_model_t m = gpt2_124m();
   char why[256];
-  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
-  ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
   const struct {
     int global_batch;
     double gib;
@@ -375,10 +380,7 @@ END_TEST
  * 768 floats each: 3 MiB) and the vector of ones (64 KiB: 1 MiB). Plus cuBLASLt's 32 MiB. */
 START_TEST(test_device_buffers)
 {
-  dt_plan_model_t m;
-  char why[256];
-  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
-  ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
+  dt_plan_model_t m = gpt2_124m();
   const double MiB = 1 << 20;
   const struct {
     dt_plan_precision_t prec;
@@ -414,10 +416,8 @@ END_TEST
 
 START_TEST(test_emit_spec_parses)
 {
-  dt_plan_model_t m;
+  dt_plan_model_t m = gpt2_124m();
   char why[256], err[1024];
-  ck_assert_int_eq(dt_plan_preset("gpt2-124m", &m), 0);
-  ck_assert_int_eq(dt_plan_model_check(&m, 1024, why, sizeof why), 0);
   dt_plan_train_t tr = {1024, 64, DT_PLAN_BF16, 0};
   dt_plan_cluster_t c = cluster(8);
   dt_plan_layout_t l = {2, 2, 2, 1, 4, 8, 1, 0};
