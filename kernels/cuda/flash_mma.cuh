@@ -13,17 +13,19 @@
  * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (query rows in
  * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
  * other side through shared memory, which holds every operand as bf16 rows of FMMA_LD(HSM)
- * elements (head size padded with zeros to the bucket HSM, plus 8 against bank conflicts).
- * The products are fmma_tile calls: a warp-wide C (16 x 8 NT) += A (16 x 16 KS) B (16 KS x 8 NT)
- * with A and B read from shared memory through (row, column) strides, so one helper serves
- * every orientation (K^T, V^T, P^T, ...). Each lane's accumulator element acc[nt][e] is row
- * g + 8 (e / 2), column 8 nt + 2 c + e % 2 of C (g = lane / 4, c = lane % 4: mma's layout).
- * The P and dS operands go through a per-warp shared area (fp32 accumulators rounded to bf16),
- * not the registers: simpler, at the cost of shared-memory traffic.
+ * elements (head size padded with zeros to the bucket HSM, plus 8 against bank conflicts),
+ * converted from the fp32 tensors with 16-byte loads. Each pass is two warp-wide products: the
+ * scores (fmma_abt: S = Q K^T, its A and B operands read from the tiles with ldmatrix), then the
+ * product of the probabilities (fmma_pv: P V), whose A operand P never leaves the registers:
+ * mma's C layout of S, rounded to bf16 and packed in pairs, is the A layout of P (fmma_frag_p),
+ * and V's B operand comes through the transposing ldmatrix. Each lane's accumulator element
+ * acc[nt][e] is row g + 8 (e / 2), column 8 nt + 2 c + e % 2 of C (g = lane / 4, c = lane % 4:
+ * mma's layout).
  *
  * Portability: the kernels use only the CUDA thread model plus three primitives the includer
  * may replace (tests/unit/test_flash_emul.cc runs them on the host): DT_MMA_BF16 (the mma),
- * DT_SHFL_XOR (a float butterfly within the warp) and DT_SYNCWARP. */
+ * DT_LDMATRIX_X4 (ldmatrix, plain or transposing) and DT_SHFL_XOR (a float butterfly within
+ * the warp). */
 #ifndef DT_KERNELS_CUDA_FLASH_MMA_CUH
 #define DT_KERNELS_CUDA_FLASH_MMA_CUH
 
@@ -31,6 +33,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#endif
 
 #ifndef DT_FLASH_SMEM
 #define DT_FLASH_SMEM(name) extern __shared__ float name[]
@@ -49,39 +55,55 @@ __device__ static inline void dt_mma_bf16(float d[4], const uint32_t a[4], const
   __trap(); /* attention.cu launches these kernels on sm_80 and later only */
 #endif
 }
-#define DT_MMA_BF16(d, a, b) dt_mma_bf16(d, a, b)
-#define DT_SHFL_XOR(v, m)    __shfl_xor_sync(0xffffffffu, v, m)
-#define DT_SYNCWARP()        __syncwarp()
+
+/* ldmatrix.m8n8.x4 (trans: .trans) of the 16-bit shared-memory rows the lanes address. */
+__device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool trans)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+  if (trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#else
+  (void)r, (void)row, (void)trans;
+  __trap();
+#endif
+}
+#define DT_MMA_BF16(d, a, b)          dt_mma_bf16(d, a, b)
+#define DT_LDMATRIX_X4(r, row, trans) dt_ldmatrix_x4(r, row, trans)
+#define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
 #endif
 
 #define FMMA_WARPS   4
 #define FMMA_THREADS (32 * FMMA_WARPS)
 #define FMMA_ROWS    (16 * FMMA_WARPS) /* the block's own rows, and the rows of a streamed tile */
-#define FMMA_PLD     (FMMA_ROWS + 8)   /* row length of the per-warp P / dS areas */
 #define FMMA_LD(HSM) ((HSM) + 8)       /* row length of a shared operand tile */
 
-/* Shared memory (bytes): `tiles` operand tiles, `areas` per-warp P / dS areas for every warp,
- * and `floats` floats. The forward kernel: q, k, v and P; dq: q, dout, k, v and dS; dk/dv: k,
- * v, q, dout, P, dS, and the tile's lse and D. */
-template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int areas, int floats)
+/* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
+ * and v; dq: q, dout, k and v; dk/dv: k, v, q, dout, and the tile's lse and D. */
+template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats)
 {
-  return ((size_t)tiles * FMMA_ROWS * FMMA_LD(HSM) + (size_t)areas * FMMA_ROWS * FMMA_PLD) * 2 +
-         (size_t)floats * sizeof(float);
+  return (size_t)tiles * FMMA_ROWS * FMMA_LD(HSM) * 2 + (size_t)floats * sizeof(float);
 }
 
 template <int HSM> static constexpr size_t fmma_fwd_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(3, 1, 0);
+  return fmma_smem_bytes<HSM>(3, 0);
 }
 
 template <int HSM> static constexpr size_t fmma_dq_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(4, 1, 0);
+  return fmma_smem_bytes<HSM>(4, 0);
 }
 
 template <int HSM> static constexpr size_t fmma_dkdv_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(4, 2, 2 * FMMA_ROWS);
+  return fmma_smem_bytes<HSM>(4, 2 * FMMA_ROWS);
 }
 
 static inline unsigned fmma_blocks(int rows)
@@ -100,42 +122,134 @@ __device__ static inline uint16_t fmma_bf16(float x)
   return (uint16_t)(u >> 16);
 }
 
-__device__ static inline uint32_t fmma_pack(uint16_t lo, uint16_t hi)
+/* lo and hi rounded to bf16 (fmma_bf16's rule; on the GPU one conversion instruction, whose NaN
+ * may carry another payload), packed as an mma register holds them: lo in the low half. */
+__device__ static inline uint32_t fmma_pack2(float lo, float hi)
 {
-  return (uint32_t)lo | (uint32_t)hi << 16;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof u);
+  return u;
+#else
+  return (uint32_t)fmma_bf16(lo) | (uint32_t)fmma_bf16(hi) << 16;
+#endif
 }
 
-/* acc[nt] += A B for the calling warp: A(r, k) = a[r * ars + k * acs] (16 x 16 KS), B(k, n) =
- * b[k * bks + n * bns] (16 KS x 8 NT), bf16 in shared memory; acc in mma's C layout. */
-template <int NT, int KS>
-__device__ static void fmma_tile(float (*acc)[4], const uint16_t *a, int ars, int acs,
-                                 const uint16_t *b, int bks, int bns)
+/* ---- Operands: ldmatrix's 8 x 8 matrices of 16-bit values, lane l giving the address of row
+ * l % 8 of matrix l / 8; register j of lane (g, c) gets matrix j's elements (g, 2c), (g, 2c + 1),
+ * or transposed (2c, g), (2c + 1, g). Every address is a row start plus a multiple of 8 columns
+ * of a tile whose rows are multiples of 16 bytes long: 16-byte aligned, as ldmatrix needs. -- */
+
+/* The calling warp's A operand: rows 0..15, columns 0..15 of the row-major tile t (row length
+ * ld). Matrices (rows 0-7, columns 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): A's registers. */
+__device__ static inline void fmma_frag_a(uint32_t a[4], const uint16_t *t, int ld)
 {
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int lane = threadIdx.x % 32, j = lane / 8;
+  DT_LDMATRIX_X4(a, t + (lane % 8 + 8 * (j % 2)) * ld + 8 * (j / 2), false);
+}
+
+/* The B operands of two adjacent 8-column tiles (b[0..1] columns 0..7, b[2..3] 8..15), k 0..15:
+ * with rows_are_n B(k, n) = t[n * ld + k] (K^T of a row-major K), else B(k, n) = t[k * ld + n]
+ * (a row-major V, through the transposing load). */
+__device__ static inline void fmma_frag_b(uint32_t b[4], const uint16_t *t, int ld, bool rows_are_n)
+{
+  const int lane = threadIdx.x % 32, j = lane / 8, n = 8 * (j / 2), k = 8 * (j % 2);
+  if (rows_are_n)
+    DT_LDMATRIX_X4(b, t + (n + lane % 8) * ld + k, false);
+  else
+    DT_LDMATRIX_X4(b, t + (k + lane % 8) * ld + n, true);
+}
+
+/* acc (16 x 8 NT, mma's C layout) += A B^T for the calling warp: A the 16 rows of tile a, B^T
+ * the 8 NT rows of tile b, over HSM columns (the scores Q K^T, dO V^T, K Q^T, V dO^T). */
+template <int HSM, int NT>
+__device__ static void fmma_abt(float (*acc)[4], const uint16_t *a, const uint16_t *b)
+{
+  constexpr int LD = FMMA_LD(HSM);
 #pragma unroll
-  for (int ks = 0; ks < KS; ks++) {
-    const int k = 16 * ks + 2 * c;
-    const uint16_t *r0 = a + g * ars, *r1 = a + (g + 8) * ars;
-    const uint32_t af[4] = {fmma_pack(r0[k * acs], r0[(k + 1) * acs]),
-                            fmma_pack(r1[k * acs], r1[(k + 1) * acs]),
-                            fmma_pack(r0[(k + 8) * acs], r0[(k + 9) * acs]),
-                            fmma_pack(r1[(k + 8) * acs], r1[(k + 9) * acs])};
+  for (int ks = 0; ks < HSM / 16; ks++) {
+    uint32_t af[4];
+    fmma_frag_a(af, a + 16 * ks, LD);
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-      const uint16_t *col = b + (8 * nt + g) * bns;
-      const uint32_t bf[2] = {fmma_pack(col[k * bks], col[(k + 1) * bks]),
-                              fmma_pack(col[(k + 8) * bks], col[(k + 9) * bks])};
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t bf[4];
+      fmma_frag_b(bf, b + 8 * nt * LD + 16 * ks, LD, true);
       DT_MMA_BF16(acc[nt], af, bf);
+      DT_MMA_BF16(acc[nt + 1], af, bf + 2);
     }
   }
 }
 
+/* A operands from registers: p (16 x FMMA_ROWS in mma's C layout, fmma_abt's output) rounded to
+ * bf16. C tiles 2 ks and 2 ks + 1 hold k-slice ks: (row g, columns 2c, 2c + 1), (g + 8, ...), then
+ * the same 8 columns on: A's four registers, in order. */
+__device__ static inline void fmma_frag_p(uint32_t (*pa)[4], const float (*p)[4])
+{
+#pragma unroll
+  for (int ks = 0; ks < FMMA_ROWS / 16; ks++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      pa[ks][j] = fmma_pack2(p[2 * ks + j / 2][2 * (j % 2)], p[2 * ks + j / 2][2 * (j % 2) + 1]);
+}
+
+/* acc (16 x HSM) += P V for the calling warp: P (16 x FMMA_ROWS) the register operands pa
+ * (fmma_frag_p), V the tile v (FMMA_ROWS rows of HSM columns): P V, dS K, P^T dO, dS^T Q. */
+template <int HSM>
+__device__ static void fmma_pv(float (*acc)[4], const uint32_t (*pa)[4], const uint16_t *v)
+{
+  constexpr int LD = FMMA_LD(HSM);
+#pragma unroll
+  for (int ks = 0; ks < FMMA_ROWS / 16; ks++)
+#pragma unroll
+    for (int nt = 0; nt < HSM / 8; nt += 2) {
+      uint32_t bf[4];
+      fmma_frag_b(bf, v + 16 * ks * LD + 8 * nt, LD, false);
+      DT_MMA_BF16(acc[nt], pa[ks], bf);
+      DT_MMA_BF16(acc[nt + 1], pa[ks], bf + 2);
+    }
+}
+
+/* v = the 16-byte aligned p[0..3] in one load; q[0..3] = the 8-byte aligned bf16 pairs lo, hi in
+ * one store. */
+__device__ static inline void fmma_load4(float v[4], const float *p)
+{
+#ifdef __CUDACC__
+  const float4 x = *(const float4 *)p;
+  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+#else
+  memcpy(v, p, 4 * sizeof *v);
+#endif
+}
+
+__device__ static inline void fmma_store4(uint16_t *q, uint32_t lo, uint32_t hi)
+{
+#ifdef __CUDACC__
+  *(uint2 *)q = make_uint2(lo, hi);
+#else
+  memcpy(q, &lo, sizeof lo);
+  memcpy(q + 2, &hi, sizeof hi);
+#endif
+}
+
 /* Rows [r0, r0 + FMMA_ROWS) of src (row stride ld floats, hs values each) into the bf16 tile
- * dst, zero past row rend and past column hs. The block's threads share the loads. */
+ * dst, zero past row rend and past column hs. The block's threads share the loads: 16 bytes a
+ * load where hs, ld and src allow it (every shape with hs a multiple of 4), else 4. */
 template <int HSM>
 __device__ static void fmma_load(uint16_t *dst, const float *src, size_t ld, int r0, int rend,
                                  int hs)
 {
+  if (hs % 4 == 0 && ld % 4 == 0 && (uintptr_t)src % 16 == 0) {
+    constexpr int Q = HSM / 4; /* 4-value groups per row */
+    for (int i = threadIdx.x; i < FMMA_ROWS * Q; i += blockDim.x) {
+      const int r = i / Q, d = 4 * (i % Q);
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (r0 + r < rend && d < hs)
+        fmma_load4(v, src + (size_t)(r0 + r) * ld + d);
+      fmma_store4(dst + r * FMMA_LD(HSM) + d, fmma_pack2(v[0], v[1]), fmma_pack2(v[2], v[3]));
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < FMMA_ROWS * HSM; i += blockDim.x) {
     const int r = i / HSM, d = i % HSM;
     dst[r * FMMA_LD(HSM) + d] =
@@ -183,7 +297,6 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
   uint16_t *qs = (uint16_t *)smem_f, *ks = qs + FMMA_ROWS * LD, *vs = ks + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  uint16_t *ps = vs + FMMA_ROWS * LD + warp * 16 * FMMA_PLD;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
@@ -197,7 +310,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_load<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
     __syncthreads();
     float s[8][4] = {};
-    fmma_tile<8, HSM / 16>(s, qs + 16 * warp * LD, LD, 1, ks, 1, LD);
+    fmma_abt<HSM, 8>(s, qs + 16 * warp * LD, ks);
 #pragma unroll
     for (int i = 0; i < 2; i++) { /* key 0 is in the first tile: m is finite from then on */
       float mt = -INFINITY;
@@ -220,15 +333,14 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
       for (int nt = 0; nt < 8; nt++)
 #pragma unroll
         for (int e = 2 * i; e < 2 * i + 2; e++) {
-          const float p = expf(s[nt][e] - mn);
-          l[i] += p;
-          ps[(g + 8 * i) * FMMA_PLD + 8 * nt + 2 * c + e % 2] = fmma_bf16(p);
+          s[nt][e] = expf(s[nt][e] - mn);
+          l[i] += s[nt][e];
         }
       m[i] = mn;
     }
-    DT_SYNCWARP();
-    fmma_tile<NO, 4>(o, ps, FMMA_PLD, 1, vs, LD, 1);
-    DT_SYNCWARP(); /* ps is rewritten by the next tile */
+    uint32_t pa[FMMA_ROWS / 16][4];
+    fmma_frag_p(pa, s);
+    fmma_pv<HSM>(o, pa, vs);
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -255,7 +367,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
   uint16_t *qs = (uint16_t *)smem_f, *gs = qs + FMMA_ROWS * LD, *ks = gs + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  uint16_t *vs = ks + FMMA_ROWS * LD, *ss = vs + FMMA_ROWS * LD + warp * 16 * FMMA_PLD;
+  uint16_t *vs = ks + FMMA_ROWS * LD;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
@@ -285,19 +397,19 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_load<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};
-    fmma_tile<8, HSM / 16>(s, qs + 16 * warp * LD, LD, 1, ks, 1, LD);
-    fmma_tile<8, HSM / 16>(dp, gs + 16 * warp * LD, LD, 1, vs, 1, LD);
+    fmma_abt<HSM, 8>(s, qs + 16 * warp * LD, ks);
+    fmma_abt<HSM, 8>(dp, gs + 16 * warp * LD, vs);
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
+      for (int e = 0; e < 4; e++) { /* dS, in place of dP */
         const int i = e / 2, key = j0 + 8 * nt + 2 * c + e % 2;
         const float p = key <= q0 + row[i] ? expf(s[nt][e] * scale - L[i]) : 0.0f;
-        ss[(g + 8 * i) * FMMA_PLD + 8 * nt + 2 * c + e % 2] = fmma_bf16(p * (dp[nt][e] - D[i]));
+        dp[nt][e] = p * (dp[nt][e] - D[i]);
       }
-    DT_SYNCWARP();
-    fmma_tile<NO, 4>(dq, ss, FMMA_PLD, 1, ks, LD, 1);
-    DT_SYNCWARP();
+    uint32_t da[FMMA_ROWS / 16][4];
+    fmma_frag_p(da, dp);
+    fmma_pv<HSM>(dq, da, ks);
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -321,8 +433,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   uint16_t *ks = (uint16_t *)smem_f, *vs = ks + FMMA_ROWS * LD, *qs = vs + FMMA_ROWS * LD;
   uint16_t *gs = qs + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  uint16_t *ps = gs + FMMA_ROWS * LD + warp * 16 * FMMA_PLD, *ss = ps + FMMA_ROWS * FMMA_PLD;
-  float *ls = (float *)(gs + FMMA_ROWS * LD + 2 * FMMA_ROWS * FMMA_PLD), *Ds = ls + FMMA_ROWS;
+  float *ls = (float *)(gs + FMMA_ROWS * LD), *Ds = ls + FMMA_ROWS;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
@@ -344,21 +455,21 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     }
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {}; /* transposed: rows are keys, columns query rows */
-    fmma_tile<8, HSM / 16>(s, ks + 16 * warp * LD, LD, 1, qs, 1, LD);
-    fmma_tile<8, HSM / 16>(dp, vs + 16 * warp * LD, LD, 1, gs, 1, LD);
+    fmma_abt<HSM, 8>(s, ks + 16 * warp * LD, qs);
+    fmma_abt<HSM, 8>(dp, vs + 16 * warp * LD, gs);
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
+      for (int e = 0; e < 4; e++) { /* P^T and dS^T, in place of S^T and dP^T */
         const int i = e / 2, tt = 8 * nt + 2 * c + e % 2, t = t0 + tt;
-        const float p = t < Tq && key[i] <= q0 + t ? expf(s[nt][e] * scale - ls[tt]) : 0.0f;
-        ps[(g + 8 * i) * FMMA_PLD + tt] = fmma_bf16(p);
-        ss[(g + 8 * i) * FMMA_PLD + tt] = fmma_bf16(p * (dp[nt][e] - Ds[tt]));
+        s[nt][e] = t < Tq && key[i] <= q0 + t ? expf(s[nt][e] * scale - ls[tt]) : 0.0f;
+        dp[nt][e] = s[nt][e] * (dp[nt][e] - Ds[tt]);
       }
-    DT_SYNCWARP();
-    fmma_tile<NO, 4>(dv, ps, FMMA_PLD, 1, gs, LD, 1);
-    fmma_tile<NO, 4>(dk, ss, FMMA_PLD, 1, qs, LD, 1);
-    DT_SYNCWARP();
+    uint32_t pa[FMMA_ROWS / 16][4]; /* one operand at a time: dk and dv hold 2 HSM registers */
+    fmma_frag_p(pa, s);
+    fmma_pv<HSM>(dv, pa, gs);
+    fmma_frag_p(pa, dp);
+    fmma_pv<HSM>(dk, pa, qs);
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {

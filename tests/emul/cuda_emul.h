@@ -7,12 +7,12 @@
  * memory (__shared__ is defined as static), and the dynamic shared memory is a heap buffer of
  * exactly the bytes the launch asks for, filled with 0xFF bytes (NaN as a float and as a bf16: a
  * read of an entry no thread wrote poisons the result; a read past it is an ASan error in the
- * sanitizer build). A fiber runs until it reaches a barrier (__syncthreads, or a warp's: shuffles
- * and mma exchange through per-warp slots) or returns; each phase between barriers runs the
- * waiting fibers in another order (ascending, descending, then shuffled), so a missing barrier
+ * sanitizer build). A fiber runs until it reaches a barrier (__syncthreads, or a warp's: shuffles,
+ * ldmatrix and mma exchange through per-warp slots) or returns; each phase between barriers runs
+ * the waiting fibers in another order (ascending, descending, then shuffled), so a missing barrier
  * shows as a wrong result. A barrier some threads of the block can never reach (one inside
  * divergent code, or after others returned) aborts, saying how many threads wait where.
- * mma.sync.m16n8k16 (bf16) is rebuilt from the PTX ISA's fragment layouts.
+ * mma.sync.m16n8k16 (bf16) and ldmatrix.x4 are rebuilt from the PTX ISA's fragment layouts.
  *
  * What this checks: the kernels' indexing, masks, tiles and their edges, reductions and barrier
  * structure. What it cannot: the GPU compiler's code, warp scheduling, memory ordering between
@@ -50,6 +50,7 @@ struct dim3 {
 #endif
 inline dim3 threadIdx, blockIdx, blockDim, gridDim; /* the running fiber's; one block at a time */
 inline float *g_smem;
+inline size_t g_smem_bytes;
 
 /* ---- Fibers: the threads of the running block -------------------------------------------- */
 
@@ -263,6 +264,7 @@ inline void __syncthreads(void)
  * A lane can rewrite a set only two exchanges later, past the next barrier, which every lane
  * reaches only once done reading it, so no second barrier is needed. */
 inline uint32_t g_lane_a[2][32][32][4], g_lane_b[2][32][32][2];
+inline const uint16_t *g_lane_row[2][32][32];
 inline double g_lane_v[2][32][32];
 
 /* The calling lane's slot set for its next exchange (counted). */
@@ -331,6 +333,27 @@ inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
   }
 }
 
+/* ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 from the PTX ISA: lane l gives the address of
+ * row l % 8 of matrix l / 8, 16 bytes in the dynamic shared memory, 16-byte aligned (else the
+ * emulation dies, as the GPU would fault); register j of lane (g, c) gets matrix j's elements
+ * (g, 2c) and (g, 2c + 1) in its low and high halves, transposed (2c, g) and (2c + 1, g). */
+inline void ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool trans)
+{
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const char *p = (const char *)row, *smem = (const char *)g_smem;
+  if ((uintptr_t)p % 16 != 0 || p < smem || p + 16 > smem + g_smem_bytes)
+    dt_emul::die("ldmatrix: a row address outside the shared memory or not 16-byte aligned");
+  const int set = next_slots();
+  g_lane_row[set][w][lane] = row;
+  warp_sync();
+  for (int j = 0; j < 4; j++) {
+    const uint16_t *const *rows = g_lane_row[set][w] + 8 * j;
+    const uint16_t lo = trans ? rows[2 * c][g] : rows[g][2 * c];
+    const uint16_t hi = trans ? rows[2 * c + 1][g] : rows[g][2 * c + 1];
+    r[j] = (uint32_t)lo | (uint32_t)hi << 16;
+  }
+}
+
 /* ---- Intrinsics: IEEE single operations, each rounded on its own (the suite is compiled with
  * -ffp-contract=off, so none is fused into an FMA); bf16 as its 16 bits ------------------------ */
 
@@ -386,10 +409,10 @@ using std::min;
 #define __device__
 #define __shared__ static
 #define __launch_bounds__(n)
-#define DT_FLASH_SMEM(name)  float *name = g_smem
-#define DT_MMA_BF16(d, a, b) mma_bf16(d, a, b)
-#define DT_SHFL_XOR(v, m)    __shfl_xor_sync(0xffffffffu, v, m)
-#define DT_SYNCWARP()        warp_sync()
+#define DT_FLASH_SMEM(name)           float *name = g_smem
+#define DT_MMA_BF16(d, a, b)          mma_bf16(d, a, b)
+#define DT_LDMATRIX_X4(r, row, trans) ldmatrix_x4(r, row, trans)
+#define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
 template <typename F> inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
@@ -408,6 +431,7 @@ template <typename F> inline void launch(dim3 grid, unsigned threads, size_t sme
       for (unsigned x = 0; x < grid.x; x++) {
         blockIdx = dim3(x, y, z);
         g_smem = (float *)malloc(smem_bytes ? smem_bytes : 1);
+        g_smem_bytes = smem_bytes;
         if (!g_smem)
           dt_emul::die("no memory for the dynamic shared memory");
         memset(g_smem, 0xff, smem_bytes); /* NaN as a float and as a bf16 */
