@@ -111,6 +111,14 @@ static inline unsigned fmma_blocks(int rows)
   return (unsigned)((rows + FMMA_ROWS - 1) / FMMA_ROWS);
 }
 
+/* The first query row of the forward and dq kernels' block: the last rows' blocks first, as they
+ * have the most keys to stream and a grid's blocks start in order of blockIdx (the dk/dv kernel's
+ * first key blocks, the busiest there, already come first). */
+__device__ static inline int fmma_query_block_row(void)
+{
+  return (int)(gridDim.x - 1 - blockIdx.x) * FMMA_ROWS;
+}
+
 /* x rounded to bf16, to nearest even (NaN stays NaN): dt_bf16_round's rule. */
 __device__ static inline uint16_t fmma_bf16(float x)
 {
@@ -300,7 +308,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
-  const int r0 = blockIdx.x * FMMA_ROWS, rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
+  const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
   fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
   const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8}; /* this lane's rows */
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[NO][4] = {};
@@ -372,7 +380,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   const size_t C3 = 3 * (size_t)C;
   const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
-  const int r0 = blockIdx.x * FMMA_ROWS, rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
+  const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
   fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
   fmma_load<HSM>(gs, gbase, C, r0, Tq, hs);
   const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8};
