@@ -200,6 +200,7 @@ START_TEST(test_flash_mma_kernels)
   check_mma<32>(1, 1, 24, 3, 1);    /* a single position */
   check_mma<128>(1, 75, 200, 2, 1); /* hs 100 */
   check_mma<64>(1, 150, 192, 3, 3); /* chunks of 50: q0 off the tiles */
+  check_mma<32>(2, 40, 90, 3, 1);   /* hs 30, rows of 270 floats: the tiles' 4-byte loads */
 }
 END_TEST
 
