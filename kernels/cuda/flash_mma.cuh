@@ -189,26 +189,26 @@ __device__ static void fmma_abt(float (*acc)[4], const uint16_t *a, const uint16
   }
 }
 
-/* A operands from registers: p (16 x FMMA_ROWS in mma's C layout, fmma_abt's output) rounded to
+/* A operands from registers: p (16 x 16 KS in mma's C layout, fmma_abt's output) rounded to
  * bf16. C tiles 2 ks and 2 ks + 1 hold k-slice ks: (row g, columns 2c, 2c + 1), (g + 8, ...), then
  * the same 8 columns on: A's four registers, in order. */
-__device__ static inline void fmma_frag_p(uint32_t (*pa)[4], const float (*p)[4])
+template <int KS> __device__ static inline void fmma_frag_p(uint32_t (*pa)[4], const float (*p)[4])
 {
 #pragma unroll
-  for (int ks = 0; ks < FMMA_ROWS / 16; ks++)
+  for (int ks = 0; ks < KS; ks++)
 #pragma unroll
     for (int j = 0; j < 4; j++)
       pa[ks][j] = fmma_pack2(p[2 * ks + j / 2][2 * (j % 2)], p[2 * ks + j / 2][2 * (j % 2) + 1]);
 }
 
-/* acc (16 x HSM) += P V for the calling warp: P (16 x FMMA_ROWS) the register operands pa
- * (fmma_frag_p), V the tile v (FMMA_ROWS rows of HSM columns): P V, dS K, P^T dO, dS^T Q. */
-template <int HSM>
+/* acc (16 x HSM) += P V for the calling warp: P (16 x 16 KS) the register operands pa
+ * (fmma_frag_p), V the 16 KS rows of HSM columns of tile v: P V, dS K, P^T dO, dS^T Q. */
+template <int HSM, int KS>
 __device__ static void fmma_pv(float (*acc)[4], const uint32_t (*pa)[4], const uint16_t *v)
 {
   constexpr int LD = FMMA_LD(HSM);
 #pragma unroll
-  for (int ks = 0; ks < FMMA_ROWS / 16; ks++)
+  for (int ks = 0; ks < KS; ks++)
 #pragma unroll
     for (int nt = 0; nt < HSM / 8; nt += 2) {
       uint32_t bf[4];
@@ -347,8 +347,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
       m[i] = mn;
     }
     uint32_t pa[FMMA_ROWS / 16][4];
-    fmma_frag_p(pa, s);
-    fmma_pv<HSM>(o, pa, vs);
+    fmma_frag_p<FMMA_ROWS / 16>(pa, s);
+    fmma_pv<HSM, FMMA_ROWS / 16>(o, pa, vs);
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -416,8 +416,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
         dp[nt][e] = p * (dp[nt][e] - D[i]);
       }
     uint32_t da[FMMA_ROWS / 16][4];
-    fmma_frag_p(da, dp);
-    fmma_pv<HSM>(dq, da, ks);
+    fmma_frag_p<FMMA_ROWS / 16>(da, dp);
+    fmma_pv<HSM, FMMA_ROWS / 16>(dq, da, ks);
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -462,22 +462,27 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
       Ds[i] = ok ? Dbuf[(size_t)bh * Tq + t0 + i] : 0.0f;
     }
     __syncthreads();
-    float s[8][4] = {}, dp[8][4] = {}; /* transposed: rows are keys, columns query rows */
-    fmma_abt<HSM, 8>(s, ks + 16 * warp * LD, qs);
-    fmma_abt<HSM, 8>(dp, vs + 16 * warp * LD, gs);
+    /* The tile's query rows in two halves of 32 (the same products per accumulator, in the same
+     * order): dk and dv hold 2 HSM / 4 registers a lane, so S^T and dP^T get half a tile. */
+#pragma unroll 1
+    for (int tq = 0; tq < FMMA_ROWS; tq += 32) {
+      float s[4][4] = {}, dp[4][4] = {}; /* transposed: rows are keys, columns query rows */
+      fmma_abt<HSM, 4>(s, ks + 16 * warp * LD, qs + tq * LD);
+      fmma_abt<HSM, 4>(dp, vs + 16 * warp * LD, gs + tq * LD);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+      for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) { /* P^T and dS^T, in place of S^T and dP^T */
-        const int i = e / 2, tt = 8 * nt + 2 * c + e % 2, t = t0 + tt;
-        s[nt][e] = t < Tq && key[i] <= q0 + t ? expf(s[nt][e] * scale - ls[tt]) : 0.0f;
-        dp[nt][e] = s[nt][e] * (dp[nt][e] - Ds[tt]);
-      }
-    uint32_t pa[FMMA_ROWS / 16][4]; /* one operand at a time: dk and dv hold 2 HSM registers */
-    fmma_frag_p(pa, s);
-    fmma_pv<HSM>(dv, pa, gs);
-    fmma_frag_p(pa, dp);
-    fmma_pv<HSM>(dk, pa, qs);
+        for (int e = 0; e < 4; e++) { /* P^T and dS^T, in place of S^T and dP^T */
+          const int i = e / 2, tt = tq + 8 * nt + 2 * c + e % 2, t = t0 + tt;
+          s[nt][e] = t < Tq && key[i] <= q0 + t ? expf(s[nt][e] * scale - ls[tt]) : 0.0f;
+          dp[nt][e] = s[nt][e] * (dp[nt][e] - Ds[tt]);
+        }
+      uint32_t pa[2][4]; /* one operand at a time */
+      fmma_frag_p<2>(pa, s);
+      fmma_pv<HSM, 2>(dv, pa, gs + tq * LD);
+      fmma_frag_p<2>(pa, dp);
+      fmma_pv<HSM, 2>(dk, pa, qs + tq * LD);
+    }
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
