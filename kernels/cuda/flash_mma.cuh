@@ -83,6 +83,12 @@ __device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row,
 #define FMMA_THREADS (32 * FMMA_WARPS)
 #define FMMA_ROWS    (16 * FMMA_WARPS) /* the block's own rows, and the rows of a streamed tile */
 #define FMMA_LD(HSM) ((HSM) + 8)       /* row length of a shared operand tile */
+/* The blocks an SM is to hold at once, the launch bounds' second argument, at head sizes up to
+ * 64 (GPT-2's): ptxas then keeps the forward kernel within 96 registers a thread (5 blocks, 100
+ * unbounded: 4) and the dk/dv kernel within 128 (4 blocks, 134 unbounded: 3; 4 registers
+ * spill). Latency is what the extra warps hide: a tile's global loads stall the block until
+ * its barrier. */
+#define FMMA_MIN_BLOCKS(HSM, n) ((HSM) <= 64 ? (n) : 1)
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
  * and v; dq: q, dout, k and v; dk/dv: k, v, q, dout, and the tile's lse and D. */
@@ -297,7 +303,7 @@ __device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, 
 
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS)
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5))
     fmma_forward_kernel(float *out, float *lse, const float *qkv, int Tq, int q0, int Tall, int C,
                         int NH, float scale)
 {
@@ -431,7 +437,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
 /* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
  * Adds the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS)
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4))
     fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
                               const float *lse, int Tq, int q0, int Tall, int C, int NH,
                               float scale, bool add)
