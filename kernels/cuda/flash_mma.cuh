@@ -83,12 +83,13 @@ __device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row,
 #define FMMA_THREADS (32 * FMMA_WARPS)
 #define FMMA_ROWS    (16 * FMMA_WARPS) /* the block's own rows, and the rows of a streamed tile */
 #define FMMA_LD(HSM) ((HSM) + 8)       /* row length of a shared operand tile */
-/* The blocks an SM is to hold at once, the launch bounds' second argument, at head sizes up to
- * 64 (GPT-2's): ptxas then keeps the forward kernel within 96 registers a thread (5 blocks, 100
- * unbounded: 4) and the dk/dv kernel within 128 (4 blocks, 134 unbounded: 3; 4 registers
- * spill). Latency is what the extra warps hide: a tile's global loads stall the block until
- * its barrier. */
-#define FMMA_MIN_BLOCKS(HSM, n) ((HSM) <= 64 ? (n) : 1)
+/* The blocks an SM is to hold at once, the launch bounds' second argument: n64 at head sizes up
+ * to 64 (GPT-2's), n128 above. At hs 64 ptxas then keeps the forward and dq kernels within 96
+ * registers a thread (5 blocks; unbounded 100 and 97: 4) and the dk/dv kernel within 128 (4
+ * blocks; unbounded 134: 3; 4 registers spill); at hs 128 the forward within 168 (3 blocks; 4
+ * would spill), dq 128 (4) and dk/dv 255 (2). Latency is what the extra warps hide: a tile's
+ * global loads stall the block until its barrier. */
+#define FMMA_MIN_BLOCKS(HSM, n64, n128) ((HSM) <= 64 ? (n64) : (n128))
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
  * and v; dq: q, dout, k and v; dk/dv: k, v, q, dout, and the tile's lse and D. */
@@ -303,7 +304,7 @@ __device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, 
 
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5))
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
     fmma_forward_kernel(float *out, float *lse, const float *qkv, int Tq, int q0, int Tall, int C,
                         int NH, float scale)
 {
@@ -372,7 +373,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5))
  * the query gradients into dqkv (add false: writes them); Dbuf (B, NH, Tq) gets D = dout . out of
  * every query row. */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS)
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 4))
     fmma_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const float *qkv,
                             const float *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
@@ -410,20 +411,24 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     fmma_load<HSM>(ks, base + C, C3, j0, kend, hs);
     fmma_load<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
     __syncthreads();
-    float s[8][4] = {}, dp[8][4] = {};
-    fmma_abt<HSM, 8>(s, qs + 16 * warp * LD, ks);
-    fmma_abt<HSM, 8>(dp, gs + 16 * warp * LD, vs);
+    /* The tile's keys in two halves of 32, as the dk/dv kernel's queries (same bits). */
+#pragma unroll 1
+    for (int jh = 0; jh < FMMA_ROWS; jh += 32) {
+      float s[4][4] = {}, dp[4][4] = {};
+      fmma_abt<HSM, 4>(s, qs + 16 * warp * LD, ks + jh * LD);
+      fmma_abt<HSM, 4>(dp, gs + 16 * warp * LD, vs + jh * LD);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+      for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) { /* dS, in place of dP */
-        const int i = e / 2, key = j0 + 8 * nt + 2 * c + e % 2;
-        const float p = key <= q0 + row[i] ? expf(s[nt][e] * scale - L[i]) : 0.0f;
-        dp[nt][e] = p * (dp[nt][e] - D[i]);
-      }
-    uint32_t da[FMMA_ROWS / 16][4];
-    fmma_frag_p<FMMA_ROWS / 16>(da, dp);
-    fmma_pv<HSM, FMMA_ROWS / 16>(dq, da, ks);
+        for (int e = 0; e < 4; e++) { /* dS, in place of dP */
+          const int i = e / 2, key = j0 + jh + 8 * nt + 2 * c + e % 2;
+          const float p = key <= q0 + row[i] ? expf(s[nt][e] * scale - L[i]) : 0.0f;
+          dp[nt][e] = p * (dp[nt][e] - D[i]);
+        }
+      uint32_t da[2][4];
+      fmma_frag_p<2>(da, dp);
+      fmma_pv<HSM, 2>(dq, da, ks + jh * LD);
+    }
   }
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -437,7 +442,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
 /* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
  * Adds the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4))
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
     fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
                               const float *lse, int Tq, int q0, int Tall, int C, int NH,
                               float scale, bool add)
