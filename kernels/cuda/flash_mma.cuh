@@ -86,9 +86,10 @@ __device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row,
 /* The blocks an SM is to hold at once, the launch bounds' second argument: n64 at head sizes up
  * to 64 (GPT-2's), n128 above. At hs 64 ptxas then keeps the forward and dq kernels within 96
  * registers a thread (5 blocks; unbounded 100 and 97: 4) and the dk/dv kernel within 128 (4
- * blocks; unbounded 134: 3; 4 registers spill); at hs 128 the forward within 168 (3 blocks; 4
- * would spill), dq 128 (4) and dk/dv 255 (2). Latency is what the extra warps hide: a tile's
- * global loads stall the block until its barrier. */
+ * blocks; unbounded 134: 3; 4 registers spill); at hs 128, where shared memory allows 4, 3 and
+ * 3 blocks, the forward and dq within 168 (3 blocks; a forward of 4 would spill) and dk/dv 255
+ * (2). Latency is what the extra warps hide: a tile's global loads stall the block until its
+ * barrier. */
 #define FMMA_MIN_BLOCKS(HSM, n64, n128) ((HSM) <= 64 ? (n64) : (n128))
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
@@ -373,7 +374,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
  * the query gradients into dqkv (add false: writes them); Dbuf (B, NH, Tq) gets D = dout . out of
  * every query row. */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 4))
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
     fmma_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const float *qkv,
                             const float *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
