@@ -333,7 +333,11 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, "sbatch: %s%s" % (r.stdout, r.stderr))
         out = self.job_output(r.stdout)
         self.assertIn("--set parallel.dp=2 --set elastic.max_nodes=2", out)
-        self.assertRegex(out, r"world 2 \(pp 1 x dp 2 x cp 1 x tp 1\).* on node-\d,node-\d")
+        # The placement, from the coordinator's log of every transition: the job's output shows
+        # the states that distrainctl's polls see, and a rendezvous can fall between two polls.
+        coord_log = cp.read_text(os.path.join(run_dir, "coordinator.log"))
+        self.assertRegex(coord_log, r"-> RENDEZVOUS \(generation 1\): world 2 "
+                         r"\(pp 1 x dp 2 x cp 1 x tp 1\).* on node-\d,node-\d")
         self.assertRegex(out, r"state: +COMPLETED \(generation 1, 0 restarts\)")
         self.assertRegex(out, r"progress: +step %d/%d" % (STEPS, STEPS))
         for n in NODES:  # an agent per Slurm node, registered under its node name, ran a rank
