@@ -109,9 +109,11 @@ typedef struct dt_ops {
    * whose fp32 values are gone, is DT_EINVAL). gelu_in, where not NULL (with dinp;
    * (N, C) like it), says the layer's input was GELU(gelu_in): dinp is then the gradient of
    * gelu_in, gelu'(gelu_in) * (dout @ weight), what gelu_backward would make of it in place (on
-   * a GPU in the GEMM's epilogue, with no pass of its own). NULL where a backend has no bf16
-   * path. */
-  int (*matmul_forward_bf16)(struct dt_device *dev, float *out, const void *inp,
+   * a GPU in the GEMM's epilogue, with no pass of its own). out16 (forward): out is a bf16
+   * activation buffer of (N, OC) values (ldo must be OC) that gets the fp32 results, the bias
+   * added, rounded to bf16 (to nearest even; on a GPU as the GEMM stores them), else the fp32
+   * (N, ldo) output above. NULL where a backend has no bf16 path. */
+  int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias, int N,
                              int C, int OC, int ldo);
   int (*matmul_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -164,18 +166,18 @@ typedef struct dt_ops {
   int (*attention_backward_flash)(struct dt_device *dev, float *dqkv, const float *dout,
                                   const float *qkv, const float *out, const float *lse, int B,
                                   int Tq, int q0, int Tall, int C, int NH, int accumulate);
-  /* The flash entries in bf16 compute (--precision bf16, as PyTorch autocast's SDPA): q, k, v
-   * and dout rounded to bf16; every product a bf16 GEMM accumulating in fp32; the softmax, lse
-   * and D = dout . out in fp32; the probabilities and score gradients rounded to bf16 as the
-   * operands of their products, the probabilities relative to the running maximum of 64-key
-   * tiles (the GPU's flash_mma.cuh streams the keys so; the CPU follows it exactly). out, lse
-   * and the gradients stay fp32. NULL where a backend has none: bf16 is then refused with
-   * flash attention. */
+  /* The flash entries in bf16 compute (--precision bf16, as PyTorch autocast's SDPA): qkv is a
+   * bf16 activation buffer (B, Tall, 3C) (the qkv layer's out16 output) and dout is rounded to
+   * bf16; every product a bf16 GEMM accumulating in fp32; the softmax, lse and D = dout . out
+   * in fp32; the probabilities and score gradients rounded to bf16 as the operands of their
+   * products, the probabilities relative to the running maximum of 64-key tiles (the GPU's
+   * flash_mma.cuh streams the keys so; the CPU follows it exactly). out, lse and the gradients
+   * stay fp32. NULL where a backend has none: bf16 is then refused with flash attention. */
   int (*attention_forward_flash_bf16)(struct dt_device *dev, float *out, float *lse,
-                                      const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                      const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                       int NH);
   int (*attention_backward_flash_bf16)(struct dt_device *dev, float *dqkv, const float *dout,
-                                       const float *qkv, const float *out, const float *lse, int B,
+                                       const void *qkv, const float *out, const float *lse, int B,
                                        int Tq, int q0, int Tall, int C, int NH, int accumulate);
 
   /* GELU, tanh approximation */

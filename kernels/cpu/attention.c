@@ -25,12 +25,12 @@
  *
  * The _flash_bf16 variants are bf16 attention with the tensor-core kernels' arithmetic
  * (kernels/cuda/flash_mma.cuh), so that --precision bf16 means the same math on every device:
- * q, k, v and dout rounded to bf16 (scratch copies); scores, softmax statistics and every sum in
- * fp32; the probabilities rounded to bf16 before P V and P^T dO, as the GPU rounds them: exp(s -
- * m) with m the running maximum over the 64-key tiles streamed so far (keys from 0), the tile's
- * sum later rescaled by exp(m - the row's maximum); the score gradients dS = P (dP - D) rounded
- * before dS K and dS^T Q, with D = dout . out in fp32 from the fp32 tensors and the 1/sqrt(hs)
- * applied after those products. */
+ * q, k, v in bf16 (the qkv layer's bf16 output) and dout rounded to bf16 (a scratch copy); scores,
+ * softmax statistics and every sum in fp32; the probabilities rounded to bf16 before P V and P^T
+ * dO, as the GPU rounds them: exp(s - m) with m the running maximum over the 64-key tiles streamed
+ * so far (keys from 0), the tile's sum later rescaled by exp(m - the row's maximum); the score
+ * gradients dS = P (dP - D) rounded before dS K and dS^T Q, with D = dout . out in fp32 from the
+ * fp32 tensors and the 1/sqrt(hs) applied after those products. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -329,7 +329,7 @@ static void zero_head_grads(float *dq, float *dk, float *dv, int Tq, int Tk, int
   }
 }
 
-/* The flash backward on qkv and dout (bf16: rounded copies; dout32 and out, the fp32 tensors,
+/* The flash backward on qkv and dout (bf16: both rounded; dout32 and out, the fp32 tensors,
  * give D), adding into dqkv or (accumulate 0) writing it. */
 static int flash_backward(float *dqkv, const float *dout, const float *qkv, const float *dout32,
                           const float *out, const float *lse, int B, int Tq, int q0, int Tall,
@@ -408,22 +408,17 @@ int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float 
 int dt_cpu_attention_forward_flash_bf16(float *out, float *lse, const float *qkv, int B, int Tq,
                                         int q0, int Tall, int C, int NH)
 {
-  float *qkv_r = dt_cpu_bf16_copy(qkv, (size_t)B * Tall, (size_t)3 * C, (size_t)3 * C);
-  const int err = qkv_r ? flash_forward(out, lse, qkv_r, B, Tq, q0, Tall, C, NH, 1) : -1;
-  free(qkv_r);
-  return err;
+  return flash_forward(out, lse, qkv, B, Tq, q0, Tall, C, NH, 1);
 }
 
 int dt_cpu_attention_backward_flash_bf16(float *dqkv, const float *dout, const float *qkv,
                                          const float *out, const float *lse, int B, int Tq, int q0,
                                          int Tall, int C, int NH, int accumulate)
 {
-  float *qkv_r = dt_cpu_bf16_copy(qkv, (size_t)B * Tall, (size_t)3 * C, (size_t)3 * C);
   float *dout_r = dt_cpu_bf16_copy(dout, (size_t)B * Tq, (size_t)C, (size_t)C);
-  const int err = qkv_r && dout_r ? flash_backward(dqkv, dout_r, qkv_r, dout, out, lse, B, Tq, q0,
-                                                   Tall, C, NH, 1, accumulate)
-                                  : -1;
-  free(qkv_r);
+  const int err = dout_r ? flash_backward(dqkv, dout_r, qkv, dout, out, lse, B, Tq, q0, Tall, C, NH,
+                                          1, accumulate)
+                         : -1;
   free(dout_r);
   return err;
 }

@@ -78,7 +78,8 @@ int dt_cpu_attention_forward_flash(float *out, float *lse, const float *qkv, int
 int dt_cpu_attention_backward_flash(float *dqkv, const float *dout, const float *qkv,
                                     const float *out, const float *lse, int B, int Tq, int q0,
                                     int Tall, int C, int NH, int accumulate);
-/* The same in bf16, with the GPU tensor-core kernels' arithmetic (attention.c states it). */
+/* The same in bf16, with the GPU tensor-core kernels' arithmetic (attention.c states it): qkv
+ * holds bf16 values (a CPU bf16 activation buffer), dout is rounded in a copy. */
 int dt_cpu_attention_forward_flash_bf16(float *out, float *lse, const float *qkv, int B, int Tq,
                                         int q0, int Tall, int C, int NH);
 int dt_cpu_attention_backward_flash_bf16(float *dqkv, const float *dout, const float *qkv,

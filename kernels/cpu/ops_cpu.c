@@ -87,14 +87,20 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
   return 0;
 }
 
-static int matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
+static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                const float *weight, const void *weight16, const float *bias, int N,
                                int C, int OC, int ldo)
 {
-  return dt_cpu_matmul_forward_bf16(H(out), H(inp), H(weight), H(weight16), H(bias), N, C, OC,
-                                    ldo) == 0
-             ? 0
-             : DT_ENOMEM;
+  if (out16 && ldo != OC) {
+    DT_ERROR(KERNEL, "matmul_forward_bf16: a bf16 output is (N, OC): ldo %d, OC %d", ldo, OC);
+    return DT_EINVAL;
+  }
+  float *o = H(out);
+  if (dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16), H(bias), N, C, OC, ldo) != 0)
+    return DT_ENOMEM;
+  if (out16) /* the CPU's bf16 buffer: the fp32 numbers equal to the rounded values */
+    dt_cpu_to_bf16(o, o, (size_t)N * OC);
+  return 0;
 }
 
 static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -161,7 +167,7 @@ static int attention_backward_flash(struct dt_device *dev, float *dqkv, const fl
 }
 
 static int attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
-                                        const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                        const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                         int NH)
 {
   return dt_cpu_attention_forward_flash_bf16(H(out), H(lse), H(qkv), B, Tq, q0, Tall, C, NH) == 0
@@ -170,9 +176,8 @@ static int attention_forward_flash_bf16(struct dt_device *dev, float *out, float
 }
 
 static int attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
-                                         const float *qkv, const float *out, const float *lse,
-                                         int B, int Tq, int q0, int Tall, int C, int NH,
-                                         int accumulate)
+                                         const void *qkv, const float *out, const float *lse, int B,
+                                         int Tq, int q0, int Tall, int C, int NH, int accumulate)
 {
   return dt_cpu_attention_backward_flash_bf16(H(dqkv), H(dout), H(qkv), H(out), H(lse), B, Tq, q0,
                                               Tall, C, NH, accumulate) == 0

@@ -99,56 +99,64 @@ int dt__cuda_attention_backward(struct dt_device *dev, float *dqkv, float *scrat
 /* Flash attention (flash.cuh)                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Dynamic shared memory past the default 48 KiB needs the kernel's consent. */
-template <typename K> static int flash_smem(K kernel, size_t bytes)
+/* One launch of kernel on the device's stream, with its dynamic shared memory (past the
+ * default 48 KiB with the kernel's consent). */
+template <typename K, typename... A>
+static int flash_launch(dt_cuda_impl_t *cu, K kernel, dim3 grid, unsigned threads, size_t smem,
+                        A... args)
 {
-  if (bytes > 48 * 1024)
+  if (smem > 48 * 1024)
     DT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  kernel<<<grid, threads, smem, cu->stream>>>(args...);
+  DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
 
-/* mma: the tensor-core kernels (flash_mma.cuh, bf16), else flash.cuh's fp32 ones. */
+/* mma: the tensor-core kernels (flash_mma.cuh) on bf16 q, k, v, else flash.cuh's fp32 ones on
+ * fp32 q, k, v. */
 template <int HSM>
-static int flash_forward(dt_cuda_impl_t *cu, bool mma, float *out, float *lse, const float *qkv,
+static int flash_forward(dt_cuda_impl_t *cu, bool mma, float *out, float *lse, const void *qkv,
                          int B, int Tq, int q0, int Tall, int C, int NH)
 {
-  const auto kernel = mma ? fmma_forward_kernel<HSM> : flash_forward_kernel<HSM>;
-  const dim3 grid = flash_grid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), B, NH);
-  const size_t smem = mma ? fmma_fwd_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
-  DT_CHECK(flash_smem(kernel, smem));
-  kernel<<<grid, mma ? FMMA_THREADS : FLASH_ROWS, smem, cu->stream>>>(
-      out, lse, qkv, Tq, q0, Tall, C, NH, 1.0f / sqrtf((float)(C / NH)));
-  DT_CUDA_CHECK(cudaGetLastError());
-  return 0;
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  if (mma)
+    return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_blocks(Tq), B, NH),
+                        FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(), out, lse, (const uint16_t *)qkv,
+                        Tq, q0, Tall, C, NH, scale);
+  return flash_launch(cu, flash_forward_kernel<HSM>, flash_grid(flash_query_blocks(Tq), B, NH),
+                      FLASH_ROWS, flash_kv_smem_bytes<HSM>(), out, lse, (const float *)qkv, Tq, q0,
+                      Tall, C, NH, scale);
 }
 
 /* The dq kernel, then (D in the workspace) the dk/dv kernel; each adds its rows into dqkv or
  * (add false) writes them. */
 template <int HSM>
 static int flash_backward(dt_cuda_impl_t *cu, bool mma, float *dqkv, const float *dout,
-                          const float *qkv, const float *out, const float *lse, int B, int Tq,
+                          const void *qkv, const float *out, const float *lse, int B, int Tq,
                           int q0, int Tall, int C, int NH, bool add)
 {
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, (size_t)B * NH * Tq * sizeof(float), &ws));
   float *D = (float *)ws;
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  const auto dq = mma ? fmma_backward_dq_kernel<HSM> : flash_backward_dq_kernel<HSM>;
-  const dim3 qgrid = flash_grid(mma ? fmma_blocks(Tq) : flash_query_blocks(Tq), B, NH);
-  const size_t qsmem = mma ? fmma_dq_smem_bytes<HSM>() : flash_kv_smem_bytes<HSM>();
-  DT_CHECK(flash_smem(dq, qsmem));
-  dq<<<qgrid, mma ? FMMA_THREADS : FLASH_ROWS, qsmem, cu->stream>>>(
-      dqkv, D, dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale, add);
-  DT_CUDA_CHECK(cudaGetLastError());
-  const auto dkdv = mma ? fmma_backward_dkdv_kernel<HSM> : flash_backward_dkdv_kernel<HSM>;
-  const dim3 kgrid = flash_grid(mma ? fmma_blocks(q0 + Tq) : flash_key_blocks(q0 + Tq), B, NH);
-  const size_t ksmem = mma ? fmma_dkdv_smem_bytes<HSM>() : flash_dkdv_smem_bytes<HSM>();
-  DT_CHECK(flash_smem(dkdv, ksmem));
-  dkdv<<<kgrid, mma ? FMMA_THREADS : FLASH_KROWS, ksmem, cu->stream>>>(dqkv, D, dout, qkv, lse, Tq,
-                                                                       q0, Tall, C, NH, scale, add);
-  DT_CUDA_CHECK(cudaGetLastError());
-  return 0;
+  if (mma) {
+    const uint16_t *q16 = (const uint16_t *)qkv;
+    DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM>, flash_grid(fmma_blocks(Tq), B, NH),
+                          FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), dqkv, D, dout, q16, out, lse, Tq,
+                          q0, Tall, C, NH, scale, add));
+    return flash_launch(cu, fmma_backward_dkdv_kernel<HSM>, flash_grid(fmma_blocks(q0 + Tq), B, NH),
+                        FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), dqkv, (const float *)D, dout,
+                        q16, lse, Tq, q0, Tall, C, NH, scale, add);
+  }
+  const float *q32 = (const float *)qkv;
+  DT_CHECK(flash_launch(
+      cu, flash_backward_dq_kernel<HSM>, flash_grid(flash_query_blocks(Tq), B, NH), FLASH_ROWS,
+      flash_kv_smem_bytes<HSM>(), dqkv, D, dout, q32, out, lse, Tq, q0, Tall, C, NH, scale, add));
+  return flash_launch(cu, flash_backward_dkdv_kernel<HSM>,
+                      flash_grid(flash_key_blocks(q0 + Tq), B, NH), FLASH_KROWS,
+                      flash_dkdv_smem_bytes<HSM>(), dqkv, (const float *)D, dout, q32, lse, Tq, q0,
+                      Tall, C, NH, scale, add);
 }
 
 /* flash_bucket(hs), or 0 with the error logged. */
@@ -163,7 +171,7 @@ static int bucket_or_refuse(int C, int NH)
   return hsm;
 }
 
-static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse, const float *qkv,
+static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse, const void *qkv,
                          int B, int Tq, int q0, int Tall, int C, int NH)
 {
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
@@ -182,7 +190,7 @@ static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse
 }
 
 static int backward_flash(struct dt_device *dev, bool mma, float *dqkv, const float *dout,
-                          const float *qkv, const float *out, const float *lse, int B, int Tq,
+                          const void *qkv, const float *out, const float *lse, int B, int Tq,
                           int q0, int Tall, int C, int NH, int accumulate)
 {
   const bool add = accumulate != 0;
@@ -216,14 +224,14 @@ int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const 
 }
 
 int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
-                                          const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                          const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                           int NH)
 {
   return forward_flash(dev, true, out, lse, qkv, B, Tq, q0, Tall, C, NH);
 }
 
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
-                                           const float *qkv, const float *out, const float *lse,
+                                           const void *qkv, const float *out, const float *lse,
                                            int B, int Tq, int q0, int Tall, int C, int NH,
                                            int accumulate)
 {

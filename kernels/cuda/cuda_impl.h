@@ -41,6 +41,8 @@ typedef struct dt_cuda_impl {
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
   void *ws;          /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
+  void *stage; /* fp32 products on their way to a bf16 output, where cuBLAS writes them */
+  size_t stage_bytes;
   float *ones;            /* ones_n floats equal to 1.0f (column sums through GEMV) */
   size_t ones_n;          /* its allocation is ones_n floats (0 when there is none) */
   void *pin;              /* pinned host memory: encoder.cu's token lists on their way up */
@@ -58,6 +60,10 @@ static inline dt_cuda_impl_t *dt__cuda(struct dt_device *d)
  * second request may move the buffer). Growing waits for the stream, since queued kernels may
  * still read the old buffer. 0 or DT_ENOMEM / DT_ECUDA. */
 int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out);
+/* At least `bytes` of device memory for matmul.cu's fp32 products that a bf16 output gets
+ * rounded from, when cuBLASLt cannot write it (its own buffer, like the workspace: grows, never
+ * shrinks, valid until the next call). */
+int dt__cuda_stage(dt_cuda_impl_t *c, size_t bytes, void **out);
 /* A device vector of at least n ones (its own buffer, independent of the workspace). */
 int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
 
@@ -104,7 +110,7 @@ int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
 int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight, int N, int C,
                              int OC, int ldd);
-int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
+int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
                                  int N, int C, int OC, int ldo);
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -132,10 +138,10 @@ int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const 
  * _flash_bf16 kernels follow them), the model's attention under --precision bf16;
  * tests/unit/test_flash_emul.cc checks the kernels on the host, test_cuda on a GPU. */
 int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
-                                          const float *qkv, int B, int Tq, int q0, int Tall, int C,
+                                          const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                           int NH);
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
-                                           const float *qkv, const float *out, const float *lse,
+                                           const void *qkv, const float *out, const float *lse,
                                            int B, int Tq, int q0, int Tall, int C, int NH,
                                            int accumulate);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);

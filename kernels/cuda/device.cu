@@ -261,7 +261,7 @@ static size_t cuda_own_bytes(dt_device_t *d, char *what, size_t whatlen)
 {
   const dt_cuda_impl_t *c = dt__cuda(d);
   const double MiB = 1024.0 * 1024.0;
-  const size_t scratch = c->ws_bytes + c->ones_n * sizeof(float);
+  const size_t scratch = c->ws_bytes + c->stage_bytes + c->ones_n * sizeof(float);
   snprintf(what, whatlen, "cuBLASLt's workspace %.1f MiB + kernel scratch %.1f MiB",
            c->lt_ws_bytes / MiB, scratch / MiB);
   return c->lt_ws_bytes + scratch;
@@ -284,7 +284,7 @@ static int cuda_owns(dt_device_t *d, const void *p)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Scratch: the workspace and the ones vector                                                  */
+/* Scratch: the workspace, the staging and the ones vector                                    */
 /* ------------------------------------------------------------------------------------------ */
 
 /* Replaces *buf by a zeroed buffer of at least `want` bytes if it is smaller. Rounded up to
@@ -315,6 +315,13 @@ int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out)
 {
   int rc = grow(c, &c->ws, &c->ws_bytes, bytes, "the CUDA kernels' workspace");
   *out = rc < 0 ? NULL : c->ws;
+  return rc;
+}
+
+int dt__cuda_stage(dt_cuda_impl_t *c, size_t bytes, void **out)
+{
+  int rc = grow(c, &c->stage, &c->stage_bytes, bytes, "the bf16 outputs' fp32 staging");
+  *out = rc < 0 ? NULL : c->stage;
   return rc;
 }
 
@@ -354,6 +361,8 @@ static void impl_free(dt_cuda_impl_t *c)
     }
   if (c->ws)
     (void)cudaFree(c->ws);
+  if (c->stage)
+    (void)cudaFree(c->stage);
   if (c->ones)
     (void)cudaFree(c->ones);
   if (c->pin)

@@ -3,8 +3,9 @@
  * kernels (online softmax forward; a dq kernel that also writes D = dout . out, then a dk/dv
  * kernel; no atomics), for bf16 precision.
  *
- * Numerics (what "bf16 attention" means here, as PyTorch's autocast SDPA): q, k, v and dout
- * are rounded to bf16 (nearest even) when a tile is loaded; every product is a bf16 mma with
+ * Numerics (what "bf16 attention" means here, as PyTorch's autocast SDPA): q, k, v are bf16
+ * (qkv is the bf16 output of the qkv layer) and dout is rounded to bf16 (nearest even) when a
+ * tile is loaded; every product is a bf16 mma with
  * fp32 accumulation; the softmax (max, exp, sums, lse) is fp32; the probabilities P and the
  * score gradients dS are rounded to bf16 as the operands of the second product of each pass
  * (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from the fp32 tensors. out, lse and the
@@ -14,13 +15,13 @@
  * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
  * other side through shared memory, which holds every operand as bf16 rows of FMMA_LD(HSM)
  * elements (head size padded with zeros to the bucket HSM, plus 8 against bank conflicts),
- * converted from the fp32 tensors with 16-byte loads. Each pass is two warp-wide products: the
- * scores (fmma_abt: S = Q K^T, its A and B operands read from the tiles with ldmatrix), then the
- * product of the probabilities (fmma_pv: P V), whose A operand P never leaves the registers:
- * mma's C layout of S, rounded to bf16 and packed in pairs, is the A layout of P (fmma_frag_p),
- * and V's B operand comes through the transposing ldmatrix. Each lane's accumulator element
- * acc[nt][e] is row g + 8 (e / 2), column 8 nt + 2 c + e % 2 of C (g = lane / 4, c = lane % 4:
- * mma's layout).
+ * copied from q, k, v and converted from dout with 16-byte loads. Each pass is two warp-wide
+ * products: the scores (fmma_abt: S = Q K^T, its A and B operands read from the tiles with
+ * ldmatrix), then the product of the probabilities (fmma_pv: P V), whose A operand P never leaves
+ * the registers: mma's C layout of S, rounded to bf16 and packed in pairs, is the A layout of P
+ * (fmma_frag_p), and V's B operand comes through the transposing ldmatrix. Each lane's accumulator
+ * element acc[nt][e] is row g + 8 (e / 2), column 8 nt + 2 c + e % 2 of C (g = lane / 4, c = lane %
+ * 4: mma's layout).
  *
  * Portability: the kernels use only the CUDA thread model plus three primitives the includer
  * may replace (tests/unit/test_flash_emul.cc runs them on the host): DT_MMA_BF16 (the mma),
@@ -248,28 +249,60 @@ __device__ static inline void fmma_store4(uint16_t *q, uint32_t lo, uint32_t hi)
 #endif
 }
 
-/* Rows [r0, r0 + FMMA_ROWS) of src (row stride ld floats, hs values each) into the bf16 tile
- * dst, zero past row rend and past column hs. The block's threads share the loads: 16 bytes a
- * load where hs, ld and src allow it (every shape with hs a multiple of 4), else 4. */
-template <int HSM>
-__device__ static void fmma_load(uint16_t *dst, const float *src, size_t ld, int r0, int rend,
-                                 int hs)
+/* The 16 bytes at p (16-byte aligned), or zeros where !ok, as bf16 values at q: 4 fp32 values
+ * rounded (8 bytes stored), or 8 bf16 values as they are (16 bytes). */
+__device__ static inline void fmma_move16(uint16_t *q, const float *p, bool ok)
 {
-  if (hs % 4 == 0 && ld % 4 == 0 && (uintptr_t)src % 16 == 0) {
-    constexpr int Q = HSM / 4; /* 4-value groups per row */
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (ok)
+    fmma_load4(v, p);
+  fmma_store4(q, fmma_pack2(v[0], v[1]), fmma_pack2(v[2], v[3]));
+}
+
+__device__ static inline void fmma_move16(uint16_t *q, const uint16_t *p, bool ok)
+{
+#ifdef __CUDACC__
+  *(uint4 *)q = ok ? *(const uint4 *)p : make_uint4(0u, 0u, 0u, 0u);
+#else
+  if (ok)
+    memcpy(q, p, 16);
+  else
+    memset(q, 0, 16);
+#endif
+}
+
+/* One value as bf16: an fp32 one rounded, a bf16 one as it is. */
+__device__ static inline uint16_t fmma_to_bf16(float x)
+{
+  return fmma_bf16(x);
+}
+
+__device__ static inline uint16_t fmma_to_bf16(uint16_t x)
+{
+  return x;
+}
+
+/* Rows [r0, r0 + FMMA_ROWS) of src (fp32: dout; bf16: q, k or v; row stride ld values, hs
+ * values each) into the bf16 tile dst, zero past row rend and past column hs. The block's
+ * threads share the loads: 16 bytes a load where hs, ld and src allow it (every shape with hs
+ * a multiple of 4 for fp32, of 8 for bf16), else one value. */
+template <int HSM, typename S>
+__device__ static void fmma_load(uint16_t *dst, const S *src, size_t ld, int r0, int rend, int hs)
+{
+  constexpr int V = 16 / sizeof(S); /* values a load */
+  if (hs % V == 0 && ld % V == 0 && (uintptr_t)src % 16 == 0) {
+    constexpr int Q = HSM / V; /* loads a row */
+    const S *rows = src + (size_t)r0 * ld;
     for (int i = threadIdx.x; i < FMMA_ROWS * Q; i += blockDim.x) {
-      const int r = i / Q, d = 4 * (i % Q);
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (r0 + r < rend && d < hs)
-        fmma_load4(v, src + (size_t)(r0 + r) * ld + d);
-      fmma_store4(dst + r * FMMA_LD(HSM) + d, fmma_pack2(v[0], v[1]), fmma_pack2(v[2], v[3]));
+      const int r = i / Q, d = V * (i % Q);
+      fmma_move16(dst + r * FMMA_LD(HSM) + d, rows + (size_t)r * ld + d, r0 + r < rend && d < hs);
     }
     return;
   }
   for (int i = threadIdx.x; i < FMMA_ROWS * HSM; i += blockDim.x) {
     const int r = i / HSM, d = i % HSM;
     dst[r * FMMA_LD(HSM) + d] =
-        r0 + r < rend && d < hs ? fmma_bf16(src[(size_t)(r0 + r) * ld + d]) : (uint16_t)0;
+        r0 + r < rend && d < hs ? fmma_to_bf16(src[(size_t)(r0 + r) * ld + d]) : (uint16_t)0;
   }
 }
 
@@ -306,8 +339,8 @@ __device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, 
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
-    fmma_forward_kernel(float *out, float *lse, const float *qkv, int Tq, int q0, int Tall, int C,
-                        int NH, float scale)
+    fmma_forward_kernel(float *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
+                        int C, int NH, float scale)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
@@ -315,7 +348,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
-  const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
+  const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
   fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
   const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8}; /* this lane's rows */
@@ -375,7 +408,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
  * every query row. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
-    fmma_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const float *qkv,
+    fmma_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const uint16_t *qkv,
                             const float *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
 {
@@ -386,7 +419,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
   uint16_t *vs = ks + FMMA_ROWS * LD;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
-  const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
+  const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
   fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
@@ -444,9 +477,9 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
  * Adds the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
-    fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout, const float *qkv,
-                              const float *lse, int Tq, int q0, int Tall, int C, int NH,
-                              float scale, bool add)
+    fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout,
+                              const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall,
+                              int C, int NH, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
@@ -456,7 +489,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   float *ls = (float *)(gs + FMMA_ROWS * LD), *Ds = ls + FMMA_ROWS;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
-  const float *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
+  const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int k0 = blockIdx.x * FMMA_ROWS, kend = q0 + Tq; /* keys [k0, k0 + 64) of [0, kend) */
   fmma_load<HSM>(ks, base + C, C3, k0, kend, hs);

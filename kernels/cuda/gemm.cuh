@@ -30,7 +30,9 @@ typedef struct {
  * gelu_in (fp32, laid out like C, or NULL): cuBLASLt's DGELU epilogue, each element of the
  * product multiplied by the GELU's derivative at gelu_in's element as it is stored (only the
  * bf16 linear layer's dinp, beta 0, sets it: the backward of a layer whose input was
- * GELU(gelu_in)). */
+ * GELU(gelu_in)). c16: C is bf16, each element the fp32 result (the bias added) rounded to
+ * nearest even as it is stored (only the bf16 linear layer's forward with a bf16 output, beta
+ * 0, sets it); else C is fp32. */
 typedef struct {
   int ta, tb; /* 1: op is the transpose */
   int m, n, k;
@@ -42,6 +44,7 @@ typedef struct {
   int batch;
   const float *bias;
   const float *gelu_in;
+  int c16;
 } dt_gemm_t;
 
 static inline dt_gemm_mat_t gemm_mat(const void *p, int ld, long long stride)
@@ -54,7 +57,7 @@ static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alp
                                   dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
                                   int batch)
 {
-  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL};
+  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL, 0};
   return g;
 }
 

@@ -37,12 +37,15 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
   const cublasLtEpilogue_t epilogue = g->bias      ? CUBLASLT_EPILOGUE_BIAS
                                       : g->gelu_in ? CUBLASLT_EPILOGUE_DGELU
                                                    : CUBLASLT_EPILOGUE_DEFAULT;
-  const cudaDataType_t fp32 = CUDA_R_32F;
+  const cudaDataType_t fp32 = CUDA_R_32F, cd = g->c16 ? CUDA_R_16BF : CUDA_R_32F;
   const int64_t aux_ld = g->ldc;
   memset(lt, 0, sizeof *lt);
-  if (g->batch != 1 || (g->bias && g->gelu_in)) {
-    DT_ERROR(KERNEL, "cuBLASLt GEMM: batch %d%s (only single products, with one epilogue)",
-             g->batch, g->bias && g->gelu_in ? ", bias and GELU gradient" : "");
+  if (g->batch != 1 || (g->bias && g->gelu_in) || (g->c16 && (g->gelu_in || g->beta != 0.0f))) {
+    DT_ERROR(KERNEL,
+             "cuBLASLt GEMM: batch %d%s%s (only single products, with one epilogue; a bf16 C "
+             "only written, with no GELU gradient)",
+             g->batch, g->bias && g->gelu_in ? ", bias and GELU gradient" : "",
+             g->c16 ? ", bf16 C" : "");
     return DT_EINVAL;
   }
   if (g->gelu_in && aux_ld % 8) /* cuBLASLt's rule for the GELU input's leading dimension */
@@ -68,6 +71,7 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
   DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), rc, fail);
   DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), rc,
                 fail);
+  /* The bias stays fp32 under a bf16 C too: added to the fp32 result before the rounding. */
   if (g->bias) { /* the heuristic reads the pointer for its alignment */
     DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias), rc,
                   fail);
@@ -86,8 +90,7 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
   }
   DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->A, ab, a_rows, a_cols, g->A.ld), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->B, ab, b_rows, b_cols, g->B.ld), rc, fail);
-  DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->C, CUDA_R_32F, g->m, g->n, g->ldc), rc,
-                       fail);
+  DT_CUBLAS_CHECK_GOTO(cublasLtMatrixLayoutCreate(&lt->C, cd, g->m, g->n, g->ldc), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatmulPreferenceCreate(&lt->pref), rc, fail);
   DT_CHECK_GOTO(
       set_pref(lt->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes), rc,

@@ -26,10 +26,11 @@ typedef struct {
 } dt_lt_gemm_t;
 
 /* Builds the cuBLASLt form of g (batch 1) with A and B of type ab (CUDA_R_32F or CUDA_R_16BF),
- * C fp32, CUBLAS_COMPUTE_32F (no TF32) and at most ws_bytes of workspace. 0, or DT_EINVAL for
- * a batched descriptor, one with both epilogues, or a leading dimension shorter than its stored
- * rows (which cuBLASLt would only refuse on the GPU), or DT_ENOTSUP (nothing logged) for a GELU
- * input whose leading dimension cuBLASLt does not take (not a multiple of 8), or DT_ECUDA with
+ * C fp32 (bf16 with g->c16), CUBLAS_COMPUTE_32F (no TF32), an fp32 bias, and at most ws_bytes
+ * of workspace. 0, or DT_EINVAL for a batched descriptor, one with both epilogues, a bf16 C
+ * that is read (beta != 0) or gets the GELU gradient, or a leading dimension shorter than its
+ * stored rows (which cuBLASLt would only refuse on the GPU), or DT_ENOTSUP (nothing logged) for a
+ * GELU input whose leading dimension cuBLASLt does not take (not a multiple of 8), or DT_ECUDA with
  * the refused call logged; on failure *lt holds nothing to release. */
 int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, size_t ws_bytes);
 void dt_lt_gemm_release(dt_lt_gemm_t *lt);

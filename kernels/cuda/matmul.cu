@@ -68,11 +68,13 @@ out:
 }
 
 /* One product of the linear layer: by cuBLASLt, or by cuBLAS, the same arithmetic (fp32
- * accumulation, the bias added to the fp32 result, the GELU's derivative applied to it) with a
- * pass that seeds the output with the bias before and one that applies the derivative after
- * (gemm_seeded): with DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no algorithm for,
- * counted in cu->lt_fallbacks and named in a WARN line the first time, so that a run on a new
- * GPU or library still trains (test_cuda fails on any fallback). */
+ * accumulation, the bias added to the fp32 result, the GELU's derivative applied to it, a bf16
+ * output rounded from it) with a pass that seeds the output with the bias before and one that
+ * applies the derivative after (gemm_seeded), and a bf16 output made in fp32 in the staging
+ * buffer (by cuBLASLt where only the bf16 output had no algorithm) and rounded from there: with
+ * DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no algorithm for, counted in
+ * cu->lt_fallbacks and named in a WARN line the first time, so that a run on a new GPU or library
+ * still trains (test_cuda fails on any fallback). */
 static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
   /* A single row or column (a one-token forward) goes to cuBLAS without asking: not a fallback. */
@@ -83,12 +85,29 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
     if (cu->lt_fallbacks++ == 0)
       DT_WARN(KERNEL,
               "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d "
-              "%d%s); such products run on cuBLAS, with the epilogue as a pass of its own",
+              "%d%s%s); %s",
               cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
               g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc,
               g->bias      ? ", bias epilogue"
               : g->gelu_in ? ", GELU-gradient epilogue"
-                           : "");
+                           : "",
+              g->c16 ? ", bf16 output" : "",
+              g->c16 ? "such products are made in fp32, then rounded to bf16 in a pass of their own"
+                     : "such products run on cuBLAS, with the epilogue as a pass of its own");
+  }
+  if (g->c16) { /* C (m x n, ld m: contiguous) rounded from the fp32 product */
+    const size_t total = (size_t)g->n * g->m;
+    void *stage = NULL;
+    DT_CHECK(dt__cuda_stage(cu, total * sizeof(float), &stage));
+    dt_gemm_t f = *g;
+    f.c16 = 0;
+    f.C = stage;
+    f.ldc = g->m;
+    DT_CHECK(linear_gemm(cu, &f, ab)); /* on cuBLASLt where it has an fp32-output algorithm */
+    to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
+        (__nv_bfloat16 *)g->C, (const float *)stage, total, total, total);
+    DT_CUDA_CHECK(cudaGetLastError());
+    return 0;
   }
   const dt_gemm_t s = gemm_seeded(*g);
   if (g->bias) {
@@ -231,19 +250,24 @@ int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t 
 }
 
 /* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (unless the caller
- * holds its bf16 values) and in the backward dout (likewise) get bf16 copies in the workspace. */
-int dt__cuda_matmul_forward_bf16(struct dt_device *dev, float *out, const void *inp,
+ * holds its bf16 values) and in the backward dout (likewise) get bf16 copies in the workspace.
+ * out16: cuBLASLt writes out in bf16 (C and D bf16, the bias fp32). */
+int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
                                  int N, int C, int OC, int ldo)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
+  if (out16 && ldo != OC) {
+    DT_ERROR(KERNEL, "matmul_forward_bf16: a bf16 output is (N, OC): ldo %d, OC %d", ldo, OC);
+    return DT_EINVAL;
+  }
   if (N <= 0 || OC <= 0)
     return 0;
   bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL};
   if (!weight16)
     DT_CHECK(bf16_operands(cu, &w, 1));
-  const dt_gemm_t g =
-      gemm_linear_forward(out, inp, weight16 ? weight16 : w.dst, bias, N, C, OC, ldo);
+  dt_gemm_t g = gemm_linear_forward(out, inp, weight16 ? weight16 : w.dst, bias, N, C, OC, ldo);
+  g.c16 = out16 != 0;
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 

@@ -1269,6 +1269,24 @@ static float load(const void *p, cudaDataType_t t, int64_t i)
   return f;
 }
 
+/* Element i of an fp32 or bf16 array = v: a bf16 gets v rounded to the nearest bf16, ties to
+ * even (a NaN stays a quiet NaN), as cuBLASLt converts its fp32 results to a bf16 output. */
+static void store(void *p, cudaDataType_t t, int64_t i, float v)
+{
+  if (t != CUDA_R_16BF) {
+    memcpy((char *)p + 4 * i, &v, sizeof v);
+    return;
+  }
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    u |= 0x00400000u;
+  else
+    u += 0x7fffu + ((u >> 16) & 1u);
+  const uint16_t h = (uint16_t)(u >> 16);
+  memcpy((char *)p + 2 * i, &h, sizeof h);
+}
+
 /* out[i * c + l] = op(M)(i, l) of batch b, where op(M), r x c, is M (t false) or M^T. */
 static void gather(const mat_t &M, int64_t b, bool t, float *out)
 {
@@ -1296,13 +1314,14 @@ static float gelu_grad(float x)
 }
 
 /* Batch b of D (m x n, ldd) = alpha op(A) op(B) + beta C (ldc), then the epilogue; C and D
- * point at batch b's matrices. Each element's sum runs over l = 0..k-1 in double; the result
- * is rounded to fp32 once (the bias added before, the GELU's derivative multiplied after, as
- * the cuBLAS fallback of matmul.cu does it: bias seeded into C, gelu_backward_kernel on the
- * stored product). False when the host is out of memory. */
+ * point at batch b's matrices, both of type cd. Each element's sum runs over l = 0..k-1 in
+ * double; the result is rounded to fp32 once (the bias added before, the GELU's derivative
+ * multiplied after, as the cuBLAS fallback of matmul.cu does it: bias seeded into C,
+ * gelu_backward_kernel on the stored product), then to a bf16 D's type. False when the host
+ * is out of memory. */
 static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A, bool ta,
-                    const mat_t &B, bool tb, float beta, const float *C, int64_t ldc, float *D,
-                    int64_t ldd, const epi_t &epi, int64_t b)
+                    const mat_t &B, bool tb, float beta, const void *C, int64_t ldc, void *D,
+                    int64_t ldd, cudaDataType_t cd, const epi_t &epi, int64_t b)
 {
   const bool reads_ab = alpha != 0.0f && k > 0;
   std::vector<float> a, bt; /* op(A) by rows, op(B) by columns: k contiguous values each */
@@ -1332,13 +1351,13 @@ static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A
           t = (double)alpha * acc;
         }
         if (beta != 0.0f)
-          t += (double)beta * (double)C[i + j * ldc];
+          t += (double)beta * (double)load(C, cd, i + j * ldc);
         if (epi.kind == EPI_BIAS)
           t += (double)load(epi.bias, epi.bias_type, i);
         float v = (float)t;
         if (epi.kind == EPI_DGELU)
           v = gelu_grad(load(epi.aux, epi.aux_type, i + j * epi.aux_ld)) * v;
-        D[i + j * ldd] = v;
+        store(D, cd, i + j * ldd, v);
       }
     }
   }
@@ -1348,10 +1367,10 @@ static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A
 /* product() for queued work, which has no status to return: out of host memory ends the test. */
 static void product_or_die(const char *fn, int64_t m, int64_t n, int64_t k, float alpha,
                            const mat_t &A, bool ta, const mat_t &B, bool tb, float beta,
-                           const float *C, int64_t ldc, float *D, int64_t ldd, const epi_t &epi,
-                           int64_t b)
+                           const void *C, int64_t ldc, void *D, int64_t ldd, cudaDataType_t cd,
+                           const epi_t &epi, int64_t b)
 {
-  if (!product(m, n, k, alpha, A, ta, B, tb, beta, C, ldc, D, ldd, epi, b)) {
+  if (!product(m, n, k, alpha, A, ta, B, tb, beta, C, ldc, D, ldd, cd, epi, b)) {
     report("%s: out of host memory for a %lld x %lld x %lld product", fn, (long long)m,
            (long long)n, (long long)k);
     abort();
@@ -1505,7 +1524,7 @@ static cublasStatus_t blas_gemm(const char *fn, cublasHandle_t h, cublasOperatio
   enqueue(h->stream, [=] {
     for (int b = 0; b < batch; b++) {
       float *Cb = C + (ptrdiff_t)b * sc;
-      product_or_die(fn, m, n, k, al, mA, tA, mB, tB, be, Cb, ldc, Cb, ldc, none, b);
+      product_or_die(fn, m, n, k, al, mA, tA, mB, tB, be, Cb, ldc, Cb, ldc, CUDA_R_32F, none, b);
     }
   });
   return CUBLAS_STATUS_SUCCESS;
@@ -1975,16 +1994,18 @@ static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublas
   p->epi = o.epilogue == CUBLASLT_EPILOGUE_BIAS    ? EPI_BIAS
            : o.epilogue == CUBLASLT_EPILOGUE_DGELU ? EPI_DGELU
                                                    : EPI_NONE;
-  p->bias_type = o.bias_type == -1 ? CUDA_R_32F : (cudaDataType_t)o.bias_type;
-  p->aux_type = o.aux_type == -1 ? CUDA_R_32F : (cudaDataType_t)o.aux_type;
+  p->bias_type = o.bias_type == -1 ? (cudaDataType_t)p->D.type : (cudaDataType_t)o.bias_type;
+  p->aux_type = o.aux_type == -1 ? (cudaDataType_t)p->D.type : (cudaDataType_t)o.aux_type;
   if (o.compute != CUBLAS_COMPUTE_32F)
     why = "compute type (CUBLAS_COMPUTE_32F only)";
   else if (o.scale != CUDA_R_32F)
     why = "scale type (CUDA_R_32F only)";
   else if ((p->ab != CUDA_R_32F && p->ab != CUDA_R_16BF) || p->B.type != p->A.type)
     why = "A and B types (both CUDA_R_32F or both CUDA_R_16BF only)";
-  else if (p->C.type != CUDA_R_32F || p->D.type != CUDA_R_32F)
-    why = "C and D types (CUDA_R_32F only)";
+  else if ((p->D.type != CUDA_R_32F && p->D.type != CUDA_R_16BF) || p->C.type != p->D.type)
+    why = "C and D types (both CUDA_R_32F or both CUDA_R_16BF only)";
+  else if (p->D.type == CUDA_R_16BF && p->epi == EPI_DGELU)
+    why = "a bf16 D with the GELU gradient (not emulated)";
   else if (p->A.order != CUBLASLT_ORDER_COL || p->B.order != CUBLASLT_ORDER_COL ||
            p->C.order != CUBLASLT_ORDER_COL || p->D.order != CUBLASLT_ORDER_COL)
     why = "matrix order (CUBLASLT_ORDER_COL only)";
@@ -2278,7 +2299,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   const cublasStatus_t s = lt_resolve(fn, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p);
   if (s != CUBLAS_STATUS_SUCCESS)
     return s;
-  const size_t es[4] = {type_bytes(p.ab), type_bytes(p.ab), 4, 4};
+  const size_t ecd = type_bytes((cudaDataType_t)p.D.type);
+  const size_t es[4] = {type_bytes(p.ab), type_bytes(p.ab), ecd, ecd};
   for (int i = 0; i < 4; i++)
     if (pref.align[i] % es[i])
       return CUBLAS_STATUS_SUCCESS; /* no algorithm */
@@ -2333,8 +2355,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     return CUBLAS_STATUS_INVALID_VALUE;
   const float al = *(const float *)alpha, be = *(const float *)beta; /* scale type fp32 */
   const size_t eab = type_bytes(p.ab);
+  const cudaDataType_t cd = (cudaDataType_t)p.D.type;
   /* Without the preference here, each pointer must be at least element-aligned. */
-  if (!aligned_to(A, eab) || !aligned_to(B, eab) || !aligned_to(C, 4) || !aligned_to(D, 4) ||
+  if (!aligned_to(A, eab) || !aligned_to(B, eab) || !aligned_to(C, type_bytes(cd)) ||
+      !aligned_to(D, type_bytes(cd)) ||
       (p.epi == EPI_BIAS && !aligned_to(p.op.bias, type_bytes(p.bias_type))) ||
       (p.epi == EPI_DGELU && !aligned_to(p.op.aux, type_bytes(p.aux_type)))) {
     report("%s: a pointer is not aligned to its elements: A %p, B %p (%zu bytes), C %p, D %p, "
@@ -2352,8 +2376,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     return CUBLAS_STATUS_SUCCESS;
   const mat_t mA = {A, p.ab, (int64_t)p.A.rows, (int64_t)p.A.cols, p.A.ld, p.A.stride};
   const mat_t mB = {B, p.ab, (int64_t)p.B.rows, (int64_t)p.B.cols, p.B.ld, p.B.stride};
-  const mat_t mC = {C, CUDA_R_32F, p.m, p.n, p.C.ld, p.C.stride};
-  const mat_t mD = {D, CUDA_R_32F, p.m, p.n, p.D.ld, p.D.stride};
+  const mat_t mC = {C, cd, p.m, p.n, p.C.ld, p.C.stride};
+  const mat_t mD = {D, cd, p.m, p.n, p.D.ld, p.D.stride};
   const bool reads_ab = al != 0.0f && p.k > 0;
   if ((reads_ab &&
        (!check_mat(fn, "A", mA, p.batch, dev) || !check_mat(fn, "B", mB, p.batch, dev))) ||
@@ -2374,9 +2398,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   }
   enqueue(stream, [=] {
     for (int64_t i = 0; i < p.batch; i++) {
-      const float *Ci = be != 0.0f ? (const float *)C + i * p.C.stride : NULL;
-      float *Di = (float *)D + i * p.D.stride;
-      product_or_die(fn, p.m, p.n, p.k, al, mA, p.ta, mB, p.tb, be, Ci, p.C.ld, Di, p.D.ld, epi, i);
+      const size_t e = type_bytes(cd);
+      const void *Ci = be != 0.0f ? (const char *)C + i * p.C.stride * e : NULL;
+      void *Di = (char *)D + i * p.D.stride * e;
+      product_or_die(fn, p.m, p.n, p.k, al, mA, p.ta, mB, p.tb, be, Ci, p.C.ld, Di, p.D.ld, cd, epi,
+                     i);
     }
   });
   return CUBLAS_STATUS_SUCCESS;

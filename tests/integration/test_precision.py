@@ -64,6 +64,12 @@ class Bf16(unittest.TestCase):
         self.assertLess(bf16[-1], 0.9 * bf16[0], "bf16 training did not reduce the loss")
 
     def test_layouts_agree(self):
+        """Within 5e-5 of one process: each layout sums some fp32 values in another order
+        (ZeRO's and tp's reductions, cp's dk/dv from two ranks), and under bf16 a last-bit
+        difference that moves a bf16 weight or probability across a rounding boundary shows in
+        the loss. Measured on an AVX2 machine: at most 1.3e-5 (cp=2, step 6), 9.2e-6 (ZeRO-1),
+        6.9e-6 (tp=2), not growing over the steps; a lost or doubled gradient is off by far
+        more."""
         ref = self.train("bf16_ref", 8, batch=8, extra=["--precision", "bf16"])
         # tp=2 with --sp keeps the LayerNorm outputs fp32 (gathered), rounding them before
         # their GEMMs, where one process stores them in bf16: the same values either way
@@ -72,7 +78,7 @@ class Bf16(unittest.TestCase):
             got = self.train("bf16_%s" % "_".join(e.strip("-") for e in extra), 8, world, batch,
                              ["--precision", "bf16"] + extra)
             for i, (a, b) in enumerate(zip(ref, got)):
-                self.assertLess(abs(a - b) / a, 1e-5, "%s step %d: %.9g vs %.9g"
+                self.assertLess(abs(a - b) / a, 5e-5, "%s step %d: %.9g vs %.9g"
                                 % (" ".join(extra), i + 1, b, a))
 
     def test_remote_device_same_bits(self):

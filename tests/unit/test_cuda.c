@@ -231,6 +231,21 @@ static void expect_close_tol(const char *what, const pair_t *p, double tol)
   free(g);
 }
 
+/* The same for bf16 values (the GPU's bits as floats against the CPU's bf16 buffer). */
+static void expect_bf16_close(const char *what, const pair16_t *p, double tol)
+{
+  uint16_t *raw = xmalloc(p->n * sizeof *raw);
+  float *g = xmalloc(p->n * sizeof *g);
+  to_host(raw, p->d, p->n * sizeof *raw);
+  for (size_t i = 0; i < p->n; i++) {
+    const uint32_t bits = (uint32_t)raw[i] << 16;
+    memcpy(&g[i], &bits, sizeof bits);
+  }
+  double e = rel_err(g, p->h, p->n);
+  ck_assert_msg(e <= tol, "%s: relative error %.3g > %.0e over %zu values", what, e, tol, p->n);
+  free(raw), free(g);
+}
+
 static void expect_close(const char *what, const pair_t *p)
 {
   expect_close_tol(what, p, TOL);
@@ -602,9 +617,19 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   pair_t out = pair_rand((size_t)N * ld, 5.0f, 1.0f);
   if (bf16) {
     ck_assert_int_eq(
-        H->matmul_forward_bf16(g_cpu, out.h, in16.h, weight.h, NULL, bias.h, N, C, OC, ld), 0);
+        H->matmul_forward_bf16(g_cpu, out.h, 0, in16.h, weight.h, NULL, bias.h, N, C, OC, ld), 0);
     ck_assert_int_eq(
-        G->matmul_forward_bf16(g_gpu, out.d, in16.d, weight.d, NULL, bias.d, N, C, OC, ld), 0);
+        G->matmul_forward_bf16(g_gpu, out.d, 0, in16.d, weight.d, NULL, bias.d, N, C, OC, ld), 0);
+    /* into a bf16 output (the qkv layer's): the fp32 results rounded as cuBLASLt stores them;
+     * within two bf16 steps of the largest value (the sums' order may move a value across a
+     * rounding boundary) */
+    pair16_t o16 = pair16_alloc((size_t)N * OC);
+    ck_assert_int_eq(
+        H->matmul_forward_bf16(g_cpu, o16.h, 1, in16.h, weight.h, NULL, bias.h, N, C, OC, OC), 0);
+    ck_assert_int_eq(
+        G->matmul_forward_bf16(g_gpu, o16.d, 1, in16.d, weight.d, NULL, bias.d, N, C, OC, OC), 0);
+    expect_bf16_close("matmul_forward_bf16 into bf16", &o16, 8e-3);
+    pair16_free(&o16);
   } else {
     ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
     ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
@@ -681,9 +706,9 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     expect_close("matmul_backward_bf16 dweight from dout16", &dw2);
     pair_t out2 = pair_rand((size_t)N * ld, 5.0f, 1.0f);
     ck_assert_int_eq(
-        H->matmul_forward_bf16(g_cpu, out2.h, in16.h, weight.h, NULL, NULL, N, C, OC, ld), 0);
-    ck_assert_int_eq(G->matmul_forward_bf16(g_gpu, out2.d, in16.d, NULL, w16.d, NULL, N, C, OC, ld),
-                     0);
+        H->matmul_forward_bf16(g_cpu, out2.h, 0, in16.h, weight.h, NULL, NULL, N, C, OC, ld), 0);
+    ck_assert_int_eq(
+        G->matmul_forward_bf16(g_gpu, out2.d, 0, in16.d, NULL, w16.d, NULL, N, C, OC, ld), 0);
     expect_close("matmul_forward_bf16 from weight16", &out2);
     free(r), free(raw), g_gpu->free(g_gpu, d16), pair_free(&dw2), pair_free(&di2);
     pair_free(&out2), pair16_free(&w16);
@@ -812,23 +837,31 @@ static void check_attention_cp(int B, int T, int C, int NH, int cp)
 #define BF16_ATT_TOL 1e-3
 static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
 {
-  __typeof__(H->attention_forward_flash) hf =
-      bf16 ? H->attention_forward_flash_bf16 : H->attention_forward_flash;
-  __typeof__(H->attention_forward_flash) gf =
-      bf16 ? G->attention_forward_flash_bf16 : G->attention_forward_flash;
-  __typeof__(H->attention_backward_flash) hb =
-      bf16 ? H->attention_backward_flash_bf16 : H->attention_backward_flash;
-  __typeof__(H->attention_backward_flash) gb =
-      bf16 ? G->attention_backward_flash_bf16 : G->attention_backward_flash;
   const double tol = bf16 ? BF16_ATT_TOL : TOL;
   const int Tq = T / cp;
   pair_t qkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
+  pair16_t qkv16 = {0}; /* bf16: the entries' q, k, v, each side's to_bf16 of qkv (equal bits) */
+  if (bf16) {
+    qkv16 = pair16_alloc(qkv.n);
+    ck_assert_int_eq(H->to_bf16(g_cpu, qkv16.h, qkv.h, qkv.n), 0);
+    ck_assert_int_eq(G->to_bf16(g_gpu, qkv16.d, qkv.d, qkv.n), 0);
+    expect_bf16_equal("to_bf16 of qkv", &qkv16, qkv16.h);
+  }
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq;
     const size_t BQ = (size_t)B * Tq;
     pair_t out = pair_garbage(BQ * C), lse = pair_garbage((size_t)B * NH * Tq);
-    ck_assert_int_eq(hf(g_cpu, out.h, lse.h, qkv.h, B, Tq, q0, T, C, NH), 0);
-    ck_assert_int_eq(gf(g_gpu, out.d, lse.d, qkv.d, B, Tq, q0, T, C, NH), 0);
+    if (bf16) {
+      ck_assert_int_eq(
+          H->attention_forward_flash_bf16(g_cpu, out.h, lse.h, qkv16.h, B, Tq, q0, T, C, NH), 0);
+      ck_assert_int_eq(
+          G->attention_forward_flash_bf16(g_gpu, out.d, lse.d, qkv16.d, B, Tq, q0, T, C, NH), 0);
+    } else {
+      ck_assert_int_eq(H->attention_forward_flash(g_cpu, out.h, lse.h, qkv.h, B, Tq, q0, T, C, NH),
+                       0);
+      ck_assert_int_eq(G->attention_forward_flash(g_gpu, out.d, lse.d, qkv.d, B, Tq, q0, T, C, NH),
+                       0);
+    }
     expect_close_tol("attention_forward_flash out", &out, tol);
     expect_close("attention_forward_flash lse", &lse);
     /* The backward takes the CPU's out and lse on both sides. */
@@ -840,12 +873,27 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
     pair_t dout = pair_rand(BQ * C, 0.0f, 1.0f),
            dqkv = add ? pair_rand((size_t)B * T * 3 * C, 0.0f, bf16 ? 0.0f : 1.0f)
                       : pair_garbage((size_t)B * T * 3 * C);
-    ck_assert_int_eq(hb(g_cpu, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, Tq, q0, T, C, NH, add), 0);
-    ck_assert_int_eq(gb(g_gpu, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, Tq, q0, T, C, NH, add), 0);
+    if (bf16) {
+      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, dqkv.h, dout.h, qkv16.h, out.h,
+                                                        lse.h, B, Tq, q0, T, C, NH, add),
+                       0);
+      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, dqkv.d, dout.d, qkv16.d, out.d,
+                                                        lse.d, B, Tq, q0, T, C, NH, add),
+                       0);
+    } else {
+      ck_assert_int_eq(H->attention_backward_flash(g_cpu, dqkv.h, dout.h, qkv.h, out.h, lse.h, B,
+                                                   Tq, q0, T, C, NH, add),
+                       0);
+      ck_assert_int_eq(G->attention_backward_flash(g_gpu, dqkv.d, dout.d, qkv.d, out.d, lse.d, B,
+                                                   Tq, q0, T, C, NH, add),
+                       0);
+    }
     expect_close_tol("attention_backward_flash dqkv", &dqkv, tol);
     pair_free(&out), pair_free(&lse), pair_free(&dout), pair_free(&dqkv);
   }
   pair_free(&qkv);
+  if (bf16)
+    pair16_free(&qkv16);
 }
 
 START_TEST(test_attention_flash)

@@ -159,6 +159,16 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     ck_assert_ptr_null(lt.op);
   }
 
+  /* bf16: the forward into a bf16 output (the qkv layer's): C bf16, the bias still fp32 */
+  if (ab == CUDA_R_16BF) {
+    dt_gemm_t g = gemm_linear_forward(out, inp, w, bias, N, C, OC, ld);
+    g.c16 = 1;
+    ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
+    check_op(&lt, 1, 0, bias, NULL, 0);
+    check_layout(lt.C, (want_t){CUDA_R_16BF, (uint64_t)OC, (uint64_t)N, ld}, "forward C (bf16)");
+    dt_lt_gemm_release(&lt);
+  }
+
   /* dinp, and (bf16, C a multiple of 8) through a GELU: the GELU input (N, C) laid out like dinp */
   const float *gelu_in = (const float *)at(0x80000, off, 4);
   for (int through_gelu = 0; through_gelu < (ab == CUDA_R_16BF && C % 8 == 0 ? 2 : 1);
@@ -226,6 +236,15 @@ START_TEST(test_alignment_and_refusals)
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_ENOTSUP);
   ck_assert_ptr_null(lt.op);
   g.bias = (const float *)0x5000;
+  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
+  ck_assert_ptr_null(lt.op);
+  /* a bf16 C is only written: not with the GELU gradient, not read (beta != 0) */
+  g = gemm_linear_dinp((void *)0x1000, (const void *)0x2000, (const void *)0x3000, 4, 16, 8, 8);
+  g.c16 = 1;
+  g.gelu_in = (const float *)0x4000;
+  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
+  g.gelu_in = NULL;
+  g.beta = 1.0f;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
   ck_assert_ptr_null(lt.op);
 }

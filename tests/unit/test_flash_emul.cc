@@ -13,6 +13,7 @@
 #include <check.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 extern "C" {
@@ -55,7 +56,7 @@ static void emul_backward(float *dqkv, const float *dout, const float *qkv, cons
 
 /* attention.cu's tensor-core launches of flash_mma.cuh's kernels. */
 template <int HSM>
-static void emul_mma_forward(float *out, float *lse, const float *qkv, int B, int Tq, int q0,
+static void emul_mma_forward(float *out, float *lse, const uint16_t *qkv, int B, int Tq, int q0,
                              int Tall, int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
@@ -64,7 +65,7 @@ static void emul_mma_forward(float *out, float *lse, const float *qkv, int B, in
 }
 
 template <int HSM>
-static void emul_mma_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+static void emul_mma_backward(float *dqkv, const float *dout, const uint16_t *qkv, const float *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
                               bool add)
 {
@@ -135,18 +136,35 @@ static std::vector<float> minus(const std::vector<float> &a, const std::vector<f
   return d;
 }
 
+/* q, k, v as the bf16 kernels take them: the CPU's bf16 buffer (the rounded fp32 numbers) and
+ * the GPU's (their top 16 bits). */
+static void bf16_qkv(const std::vector<float> &x, std::vector<float> *cpu,
+                     std::vector<uint16_t> *gpu)
+{
+  cpu->resize(x.size());
+  gpu->resize(x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    uint32_t u;
+    (*cpu)[i] = dt_bf16_round(x[i]);
+    memcpy(&u, &(*cpu)[i], sizeof u);
+    (*gpu)[i] = (uint16_t)(u >> 16);
+  }
+}
+
 /* The tensor-core kernels against the CPU's bf16 flash kernels, which round the same values at
- * the same points (attention.c, flash_mma.cuh): out within 1e-4 of scale, the gradients within
- * 5e-4 (test_kernels' bounds for the CPU kernels against their double reference; what is left is
- * a rare value that fp32 summation order moves across a bf16 rounding boundary: measured at most
- * 2e-7 for out and 4.7e-5 for the gradients), lse within 1e-5. The gradients are compared as
- * what each side added to the same dqkv, and for the whole sequence as what each side wrote
- * (over NaN on the emulated side). */
+ * the same points (attention.c, flash_mma.cuh), on the same bf16 q, k, v: out within 1e-4 of scale,
+ * the gradients within 5e-4 (test_kernels' bounds for the CPU kernels against their double
+ * reference; what is left is a rare value that fp32 summation order moves across a bf16 rounding
+ * boundary: measured at most 2e-7 for out and 4.7e-5 for the gradients), lse within 1e-5. The
+ * gradients are compared as what each side added to the same dqkv, and for the whole sequence as
+ * what each side wrote (over NaN on the emulated side). */
 template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
 {
   ck_assert_int_eq(flash_bucket(C / NH), HSM);
   const int Tq = T / cp;
-  const std::vector<float> qkv = randn((size_t)B * T * 3 * C);
+  std::vector<float> qkv;
+  std::vector<uint16_t> qkv16;
+  bf16_qkv(randn((size_t)B * T * 3 * C), &qkv, &qkv16);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq;
     const size_t nout = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
@@ -155,7 +173,7 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
     ck_assert_int_eq(dt_cpu_attention_forward_flash_bf16(out_h.data(), lse_h.data(), qkv.data(), B,
                                                          Tq, q0, T, C, NH),
                      0);
-    emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv.data(), B, Tq, q0, T, C, NH);
+    emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv16.data(), B, Tq, q0, T, C, NH);
     expect_close("bf16 forward out", out_g, out_h, 1e-4);
     expect_close("bf16 forward lse", lse_g, lse_h);
 
@@ -168,8 +186,8 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
                                                             out_h.data(), lse_h.data(), B, Tq, q0,
                                                             T, C, NH, add),
                        0);
-      emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv.data(), out_h.data(), lse_h.data(), B,
-                             Tq, q0, T, C, NH, add);
+      emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv16.data(), out_h.data(), lse_h.data(),
+                             B, Tq, q0, T, C, NH, add);
       if (add)
         expect_close("bf16 backward dqkv (+=)", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 5e-4);
       else

@@ -739,8 +739,19 @@ START_TEST(test_matmul_bf16)
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
   ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), plain, in16, w, NULL, bias, N, C, OC, ld), 0);
+      ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, N, C, OC, ld), 0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
+  /* into a bf16 output (out16, rows OC apart): the fp32 output's values rounded, bit for bit;
+   * one with a longer row stride is refused */
+  float *o16 = filled((size_t)N * OC, GARBAGE);
+  ck_assert_int_eq(
+      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, OC), 0);
+  for (size_t i = 0; i < (size_t)N; i++)
+    for (size_t j = 0; j < (size_t)OC; j++)
+      ck_assert(o16[i * OC + j] == ref_bf16(out[i * ld + j]));
+  ck_assert_int_eq(
+      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, ld),
+      DT_EINVAL);
   /* the GELU into a bf16 activation: the fp32 GELU's values rounded, bit for bit */
   float *g32 = falloc((size_t)N * C), *g16 = filled((size_t)N * C, GARBAGE);
   ck_assert_int_eq(ops->gelu_forward(dt_device_cpu(), g32, inp, (size_t)N * C), 0);
@@ -1154,9 +1165,9 @@ static double rel_err(const float *got, const double *want, size_t n)
  * kernel and reference is fp32 against double before a rounding, which moves a probability or a
  * score gradient by one bf16 step where it lies on a rounding boundary (rare: measured at most
  * 1.5e-5 and 1.1e-4 here). Leaving out the rounding of P (forward or for dV), of dS or of q,
- * k, v, taking D from P dP, or rounding P against the row's maximum instead of the tiles'
- * running one, each measured 2.9e-4 to 3.5e-3. The fp32 flash kernel must be further off than
- * 1e-3 (the rounding took effect). */
+ * k, v (passing the kernels unrounded ones), taking D from P dP, or rounding P against the row's
+ * maximum instead of the tiles' running one, each measured 2.9e-4 to 3.5e-3. The fp32 flash kernel
+ * must be further off than 1e-3 (the rounding took effect). */
 static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64_t seed)
 {
   const att_case_t x = att_case(B, T, C, NH, seed);
@@ -1166,6 +1177,9 @@ static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       ref_flash_bf16_head(out_d, lse_d, dqkv_d, x.qkv, x.R, b, h, T, C, NH);
+  float *qkv16 = falloc(nqkv); /* the kernels' input: a bf16 buffer (ops.h) */
+  for (size_t i = 0; i < nqkv; i++)
+    qkv16[i] = ref_bf16(x.qkv[i]);
   float *sum = filled(nqkv, 0.0f), *out_all = falloc(nout), *lse_all = falloc((size_t)B * NH * T);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq, Tk = q0 + Tq;
@@ -1173,7 +1187,7 @@ static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64
     float *out = filled(nloc, GARBAGE), *lse = filled(nlse, NAN), *dout;
     double *unused;
     att_chunk_rows(&x, B, T, C, q0, Tq, &dout, &unused);
-    ck_assert_int_eq(dt_cpu_attention_forward_flash_bf16(out, lse, x.qkv, B, Tq, q0, T, C, NH), 0);
+    ck_assert_int_eq(dt_cpu_attention_forward_flash_bf16(out, lse, qkv16, B, Tq, q0, T, C, NH), 0);
     for (int b = 0; b < B; b++) {
       memcpy(out_all + ((size_t)b * T + q0) * C, out + (size_t)b * Tq * C, (size_t)Tq * C * 4);
       for (int h = 0; h < NH; h++)
@@ -1182,13 +1196,13 @@ static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64
     }
     float *d = filled(nqkv, 0.0f), *ones = filled(nqkv, 1.0f);
     ck_assert_int_eq(
-        dt_cpu_attention_backward_flash_bf16(d, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH, 1), 0);
+        dt_cpu_attention_backward_flash_bf16(d, dout, qkv16, out, lse, B, Tq, q0, T, C, NH, 1), 0);
     ck_assert_int_eq(
-        dt_cpu_attention_backward_flash_bf16(ones, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH, 1),
+        dt_cpu_attention_backward_flash_bf16(ones, dout, qkv16, out, lse, B, Tq, q0, T, C, NH, 1),
         0);
     float *w = filled(nqkv, GARBAGE);
     ck_assert_int_eq(
-        dt_cpu_attention_backward_flash_bf16(w, dout, x.qkv, out, lse, B, Tq, q0, T, C, NH, 0), 0);
+        dt_cpu_attention_backward_flash_bf16(w, dout, qkv16, out, lse, B, Tq, q0, T, C, NH, 0), 0);
     check_written("attention_flash_bf16 written", w, d, nqkv);
     check_chunk_added("attention_flash_bf16", r, d, ones, sum, B, T, C, q0, Tk);
   }

@@ -8,6 +8,7 @@
 
 #include <check.h>
 
+#include "cpu_kernels.h"
 #include "device.h"
 #include "dt_error.h"
 #include "gpt2.h"
@@ -36,24 +37,62 @@ static int choose(dt_device_t *dev, int bf16, int flash, dt_gpt2_t *m)
   return rc ? rc : dt_gpt2_set_attention(m, flash);
 }
 
-/* bf16 swaps in the table's bf16 flash attention, nothing else (the linear layers and the GELU
- * pick their bf16 entries by m.bf16, on bf16 activations: the entries' types differ). */
-START_TEST(test_bf16_takes_the_bf16_entries)
+/* Stand-ins for the table's flash forward entries: the fp32 one fails (a bf16 model must not
+ * call it); the bf16 one notes whether every q, k, v value it gets is a bf16 number (the qkv
+ * layer's output rounded, ops.h) and runs the CPU's. */
+static int g_qkv_bf16 = -1;
+
+static int refused_flash(struct dt_device *dev, float *out, float *lse, const float *qkv, int B,
+                         int Tq, int q0, int Tall, int C, int NH)
+{
+  (void)dev, (void)out, (void)lse, (void)qkv, (void)B, (void)Tq, (void)q0, (void)Tall, (void)C;
+  (void)NH;
+  return DT_EINVAL;
+}
+
+static int spied_flash_bf16(struct dt_device *dev, float *out, float *lse, const void *qkv, int B,
+                            int Tq, int q0, int Tall, int C, int NH)
+{
+  const float *x = qkv; /* the CPU's bf16 buffer: the fp32 numbers equal to bf16 values */
+  g_qkv_bf16 = 1;
+  for (size_t i = 0; i < (size_t)B * Tall * 3 * C; i++)
+    g_qkv_bf16 &= dt_bf16_round(x[i]) == x[i];
+  return dt_ops_cpu()->attention_forward_flash_bf16(dev, out, lse, qkv, B, Tq, q0, Tall, C, NH);
+}
+
+static const int BATCH[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
+                                 {7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6, 13}};
+
+/* One forward and backward of a fresh model on dev: its error. */
+static int step(dt_device_t *dev, int bf16)
 {
   dt_gpt2_t m;
+  float loss = 0.0f;
+  ck_assert_int_eq(choose(dev, bf16, 1, &m), 0);
+  ck_assert_ptr_eq(m.ops, dev->ops); /* the device's table, in either precision */
+  ck_assert_int_eq(dt_gpt2_init_weights(&m, 5), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 2, 8, (int[]){1}, 0), 0);
+  const int rc = dt_gpt2_forward_backward(&m, BATCH[0], BATCH[1], 2, 8, 1.0f, &loss);
+  dt_gpt2_destroy(&m);
+  return rc;
+}
+
+/* bf16 calls the table's bf16 flash attention on q, k, v that the qkv layer wrote in bf16, and
+ * never its fp32 flash entry; fp32 the reverse (the linear layers and the GELU pick their bf16
+ * entries by m.bf16 alike, on bf16 activations). */
+START_TEST(test_bf16_takes_the_bf16_entries)
+{
   dt_device_t *dev = edited_cpu();
-  ck_assert_int_eq(choose(dev, 1, 1, &m), 0);
-  ck_assert_int_eq(m.bf16, 1);
-  ck_assert_ptr_eq(m.ops->matmul_forward, g_ops.matmul_forward);
-  ck_assert_ptr_eq(m.ops->gelu_forward, g_ops.gelu_forward);
-  ck_assert_ptr_eq(m.ops->attention_forward_flash, g_ops.attention_forward_flash_bf16);
-  ck_assert_ptr_eq(m.ops->attention_backward_flash, g_ops.attention_backward_flash_bf16);
-  ck_assert_ptr_eq(m.ops->attention_forward_cp, g_ops.attention_forward_cp); /* fp32 */
-  ck_assert_ptr_eq(m.ops->layernorm_forward, g_ops.layernorm_forward);
-  dt_gpt2_destroy(&m);
-  ck_assert_int_eq(choose(dev, 0, 1, &m), 0);
-  ck_assert_ptr_eq(m.ops, &g_ops);
-  dt_gpt2_destroy(&m);
+  g_ops.attention_forward_flash = refused_flash;
+  g_ops.attention_forward_flash_bf16 = spied_flash_bf16;
+  ck_assert_int_eq(step(dev, 1), 0);
+  ck_assert_int_eq(g_qkv_bf16, 1);
+  ck_assert_int_eq(step(dev, 0), DT_EINVAL); /* fp32 took the fp32 entry */
+  dev = edited_cpu();
+  g_ops.attention_forward_flash_bf16 = spied_flash_bf16;
+  g_qkv_bf16 = -1;
+  ck_assert_int_eq(step(dev, 0), 0);
+  ck_assert_int_eq(g_qkv_bf16, -1); /* fp32 never called the bf16 entry */
 }
 END_TEST
 

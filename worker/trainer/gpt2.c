@@ -446,6 +446,19 @@ static size_t att_elems(const dt_gpt2_t *m, int B, int NH, int T)
   return (size_t)B * NH * h * (size_t)(cp_chunk(m, 0) + cp_chunk(m, 1) + 2) * h;
 }
 
+/* Whether q, k, v are a bf16 buffer: bf16 flash attention reads them so (ops.h), which the qkv
+ * layer then writes (its GEMM's output rounded as it is stored); else fp32. */
+static int qkv16(const dt_gpt2_t *m)
+{
+  return m->bf16 && m->flash;
+}
+
+/* Bytes of a q, k, v value. */
+static size_t qkv_bytes(const dt_gpt2_t *m)
+{
+  return qkv16(m) ? m->ops->bf16_bytes : sizeof(float);
+}
+
 /* Rows of the residual stream this rank holds for an allocated (B, T): all, or N/tp. */
 static size_t stream_rows(const dt_gpt2_t *m, size_t N)
 {
@@ -478,7 +491,7 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
     DT__ALLOC(ln1, Lh * Ns * C);
   DT__ALLOC(ln1_mean, Lh * Ns);
   DT__ALLOC(ln1_rstd, Lh * Ns);
-  DT__ALLOC(qkv, Lh * N * (size_t)m->cp.cp * 3 * Cl);
+  DT__ALLOC_BYTES(qkv, Lh * N * (size_t)m->cp.cp * 3 * Cl, qkv_bytes(m));
   DT__ALLOC(atty, Lh * N * Cl);
   DT__ALLOC(att, Lh * att_elems(m, B, (int)NH, T));
   DT__ALLOC(residual2, Lh * Ns * C);
@@ -646,13 +659,7 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
     DT_ERROR(TRAIN, "the precision must be chosen before the activations are allocated");
     return DT_EINVAL;
   }
-  m->mixed = *k;
-  if (bf16) { /* dt_gpt2_set_attention refuses flash when the bf16 flash entries are NULL */
-    m->mixed.attention_forward_flash = k->attention_forward_flash_bf16;
-    m->mixed.attention_backward_flash = k->attention_backward_flash_bf16;
-  }
-  m->ops = bf16 ? &m->mixed : k;
-  m->bf16 = bf16;
+  m->bf16 = bf16; /* dt_gpt2_set_attention refuses flash when the bf16 flash entries are NULL */
   return 0;
 }
 
@@ -865,14 +872,14 @@ static int reduce_rows(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *partial, size_t N
                                 N / (size_t)m->tp.tp * m->cfg.channels, DT_COMM_SUM);
 }
 
-/* Context parallelism moves q, k, v rows between the group's layout, rank by rank and each
- * rank's rows half-major, (cp, 2, B, h, 3C/tp) in a->cpbuf, and the sequence's, (B, 2cp*h,
- * 3C/tp): rank r's half j of sequence b is chunk c = (j ? 2cp-1-r : r) of it. to_seq 1: the
- * group's layout into seq, 0: back. */
-static int cp_permute(dt_gpt2_t *m, float *group, float *seq, int B, int T, int to_seq)
+/* Context parallelism moves q, k, v rows (or their gradients) of `bytes` a value between the
+ * group's layout, rank by rank and each rank's rows half-major, (cp, 2, B, h, 3C/tp) in
+ * a->cpbuf, and the sequence's, (B, 2cp*h, 3C/tp): rank r's half j of sequence b is chunk
+ * c = (j ? 2cp-1-r : r) of it. to_seq 1: the group's layout into seq, 0: back. */
+static int cp_permute(dt_gpt2_t *m, void *group, void *seq, size_t bytes, int B, int T, int to_seq)
 {
   const int cp = m->cp.cp, h = T / 2;
-  const size_t row = 3 * (size_t)dims(m).Cl, piece = (size_t)h * row * sizeof(float);
+  const size_t row = 3 * (size_t)dims(m).Cl, piece = (size_t)h * row * bytes;
   /* One strided copy per (r, j): its B pieces lie piece apart in the group's layout and
    * 2cp pieces apart in the sequence's. */
   for (int r = 0; r < cp; r++)
@@ -889,18 +896,19 @@ static int cp_permute(dt_gpt2_t *m, float *group, float *seq, int B, int T, int 
 
 /* cp_gather_qkv: every rank's q, k, v rows (this rank's are in a->cpbuf already, at mine) into
  * qkv, the whole sequence. */
-static int cp_gather_qkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *qkv, const float *mine, int B,
-                         int T)
+static int cp_gather_qkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *qkv, const void *mine, int B, int T)
 {
-  DT_CHECK(dt_comm_all_gather(m->cp.comm, mine, a->cpbuf, (size_t)B * T * 3 * dims(m).Cl));
-  return cp_permute(m, a->cpbuf, qkv, B, T, 1);
+  /* counted in floats: a rank's (B, T, 3C/tp) values, whose count is even (T is) */
+  const size_t values = (size_t)B * T * 3 * dims(m).Cl;
+  DT_CHECK(dt_comm_all_gather(m->cp.comm, mine, a->cpbuf, values * qkv_bytes(m) / sizeof(float)));
+  return cp_permute(m, a->cpbuf, qkv, qkv_bytes(m), B, T, 1);
 }
 
 /* The attention backward's dqkv over the whole sequence (a->dqkv_full, added to by this rank's
  * queries) summed over the group: each rank receives its own rows, in a->dqkv. */
 static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 {
-  DT_CHECK(cp_permute(m, a->cpbuf, a->dqkv_full, B, T, 0));
+  DT_CHECK(cp_permute(m, a->cpbuf, a->dqkv_full, sizeof(float), B, T, 0));
   return dt_comm_reduce_scatter(m->cp.comm, a->cpbuf, a->dqkv, (size_t)B * T * 3 * dims(m).Cl,
                                 DT_COMM_SUM);
 }
@@ -908,14 +916,20 @@ static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 /* Attention of the Tq queries at [q0, q0 + Tq) of the Tall positions in qkv: forward (dout
  * NULL) into out and att, or backward with out the forward's into dqkv (Tall rows), adding
  * under context parallelism (a chunk of the queries), else writing it (flash, every query). */
-static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const float *qkv,
+static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const void *qkv,
                      const float *dout, float *dqkv, int B, int Tq, int q0, int Tall)
 {
   const dims_t d = dims(m);
   const dt_ops_t *k = m->ops;
+  const int add = m->cp.cp > 1;
+  if (qkv16(m))
+    return dout ? k->attention_backward_flash_bf16(m->dev, dqkv, dout, qkv, out, att, B, Tq, q0,
+                                                   Tall, d.Cl, d.NHl, add)
+                : k->attention_forward_flash_bf16(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl,
+                                                  d.NHl);
   if (m->flash)
     return dout ? k->attention_backward_flash(m->dev, dqkv, dout, qkv, out, att, B, Tq, q0, Tall,
-                                              d.Cl, d.NHl, m->cp.cp > 1)
+                                              d.Cl, d.NHl, add)
                 : k->attention_forward_flash(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl, d.NHl);
   return dout ? k->attention_backward_cp(m->dev, dqkv, a->datt, dout, qkv, att, B, Tq, q0, Tall,
                                          d.Cl, d.NHl)
@@ -924,7 +938,7 @@ static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, co
 
 /* This rank's two query chunks against the keys up to each one's end (forward: out, att; or,
  * with dout, backward: added into dqkv_full, out the forward's, datt the scratch). */
-static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const float *qkv,
+static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const void *qkv,
                         const float *dout, int B, int T)
 {
   const dims_t d = dims(m);
@@ -970,8 +984,9 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
 /* The activations of layer l inside slot a: the layer's own buffers, or with activation
  * checkpointing the one layer's worth that every layer reuses. */
 typedef struct {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-      *fchg, *res3;
+  float *ln1, *ln1_mean, *ln1_rstd, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg,
+      *res3;
+  void *qkv;                      /* qkv_bytes a value */
   void *ln1_16, *ln2_16, *fchg16; /* bf16 compute: kept in bf16 (the fp32 one is NULL then) */
 } layer_acts_t;
 
@@ -997,7 +1012,7 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
                         .ln1_16 = bf16_at(m, a->ln1_16, h * Rn * C),
                         .ln1_mean = a->ln1_mean + h * Rn,
                         .ln1_rstd = a->ln1_rstd + h * Rn,
-                        .qkv = a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl,
+                        .qkv = (char *)a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl * qkv_bytes(m),
                         .atty = a->atty + h * An * Cl,
                         .att = a->att + h * att_stride,
                         .res2 = a->residual2 + h * Rn * C,
@@ -1024,8 +1039,8 @@ static int bf16_input(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *in, const vo
 
 /* The linear layer out = in @ w^T + b (ops.h) with weight tensor w of view p: in fp32, or under
  * bf16 compute on in's bf16 values (bf16_input) and w's (the view's bf16 copy where it has one,
- * else rounded by the kernel). */
-static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const float *in,
+ * else rounded by the kernel), into a bf16 out where out16 (bf16 compute only). */
+static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16, const float *in,
                           const void *in16, const dt_gpt2_view_t *p, int w, const float *b, int N,
                           int C, int OC, int ldo)
 {
@@ -1033,7 +1048,7 @@ static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, const flo
   if (!m->bf16)
     return k->matmul_forward(m->dev, out, in, p->t[w], b, N, C, OC, ldo);
   DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-  return k->matmul_forward_bf16(m->dev, out, in16, p->t[w], p->t16[w], b, N, C, OC, ldo);
+  return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, N, C, OC, ldo);
 }
 
 /* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
@@ -1075,20 +1090,20 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
                                   p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
   if (m->cp.cp == 1) {
-    DT_CHECK(linear_forward(m, a, y.qkv, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB], (int)N, C,
-                            3 * Cl, 3 * Cl));
+    DT_CHECK(linear_forward(m, a, y.qkv, qkv16(m), in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB],
+                            (int)N, C, 3 * Cl, 3 * Cl));
     if (m->flash)
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
     else
       DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
   } else {
-    float *mine = a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl;
-    DT_CHECK(linear_forward(m, a, mine, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB], (int)N, C,
-                            3 * Cl, 3 * Cl));
+    void *mine = (char *)a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl * qkv_bytes(m);
+    DT_CHECK(linear_forward(m, a, mine, qkv16(m), in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB],
+                            (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
-  DT_CHECK(linear_forward(m, a, a->tmp, y.atty, NULL, p, DT_T_ATTPROJW,
+  DT_CHECK(linear_forward(m, a, a->tmp, 0, y.atty, NULL, p, DT_T_ATTPROJW,
                           lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   if (y.ln2_16)
@@ -1099,13 +1114,13 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
                                            p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  DT_CHECK(linear_forward(m, a, y.fch, in, y.ln2_16, p, DT_T_FCW, p->t[DT_T_FCB], (int)N, C, 4 * Cl,
-                          4 * Cl));
+  DT_CHECK(linear_forward(m, a, y.fch, 0, in, y.ln2_16, p, DT_T_FCW, p->t[DT_T_FCB], (int)N, C,
+                          4 * Cl, 4 * Cl));
   if (m->bf16)
     DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch, N * 4 * Cl));
   else
     DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
-  DT_CHECK(linear_forward(m, a, a->tmp, y.fchg, y.fchg16, p, DT_T_FCPROJW,
+  DT_CHECK(linear_forward(m, a, a->tmp, 0, y.fchg, y.fchg16, p, DT_T_FCPROJW,
                           lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   DT_CHECK(k->residual_forward(m->dev, y.res3, y.res2, branch, R * C));
@@ -1206,7 +1221,7 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    DT_CHECK(linear_forward(m, a, a->logits, a->lnf, a->lnf16, &p, DT_T_WTE, NULL, (int)N, C,
+    DT_CHECK(linear_forward(m, a, a->logits, 0, a->lnf, a->lnf16, &p, DT_T_WTE, NULL, (int)N, C,
                             d.Vreal, d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }

@@ -210,7 +210,8 @@ typedef struct {
                        fch_gelu16 and lnf16 */
   float *ln1_mean;  /* (L, N) */
   float *ln1_rstd;  /* (L, N) */
-  float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence */
+  float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence;
+                       bf16 compute with flash attention: a bf16 buffer (ops.h) */
   float *atty;      /* (L, N, C) attention output, heads concatenated */
   float *att;       /* (L, B, NH, T, T) softmax probabilities; with context parallelism each
                        chunk's (B, NH, T/2, the keys up to its end), one after the other; with
@@ -255,9 +256,7 @@ typedef struct {
 typedef struct {
   dt_gpt2_config_t cfg; /* the global model */
   dt_device_t *dev;     /* where its tensors live: every buffer below is device memory */
-  const dt_ops_t *ops;  /* dev's kernels, or `mixed` under bf16 compute */
-  dt_ops_t mixed;       /* dev's kernels with its bf16 flash attention (dt_gpt2_set_precision);
-                           the linear layers and GELU choose their bf16 entries themselves */
+  const dt_ops_t *ops;  /* dev's kernels (each layer chooses its bf16 entries under bf16) */
   int bf16;             /* bf16 compute */
   int flash;            /* flash attention: att holds each query row's lse, no (T, T) matrix */
   dt_gpt2_tp_t tp;

@@ -246,9 +246,9 @@ TIMED(matmul_backward, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
        const float *inp, const float *weight, int N, int C, int OC, int ldd),
       dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd)
 TIMED(matmul_forward_bf16, 2.0 * N * C * OC, 0,
-      (dt_device_t * dev, float *out, const void *inp, const float *weight, const void *weight16,
-       const float *bias, int N, int C, int OC, int ldo),
-      out, inp, weight, weight16, bias, N, C, OC, ldo)
+      (dt_device_t * dev, void *out, int out16, const void *inp, const float *weight,
+       const void *weight16, const float *bias, int N, int C, int OC, int ldo),
+      out, out16, inp, weight, weight16, bias, N, C, OC, ldo)
 TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
        const void *dout16, const void *inp, const float *weight, const void *weight16,
@@ -280,11 +280,11 @@ TIMED(attention_backward_flash, attn_flop(10, B, Tq, q0, C), 0,
        const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
       dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(attention_forward_flash_bf16, attn_flop(4, B, Tq, q0, C), 0,
-      (dt_device_t * dev, float *out, float *lse, const float *qkv, int B, int Tq, int q0, int Tall,
+      (dt_device_t * dev, float *out, float *lse, const void *qkv, int B, int Tq, int q0, int Tall,
        int C, int NH),
       out, lse, qkv, B, Tq, q0, Tall, C, NH)
 TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C), 0,
-      (dt_device_t * dev, float *dqkv, const float *dout, const float *qkv, const float *out,
+      (dt_device_t * dev, float *dqkv, const float *dout, const void *qkv, const float *out,
        const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
       dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(gelu_forward, 0, 8.0 * n, (dt_device_t * dev, float *out, const float *inp, size_t n), out,
