@@ -60,8 +60,8 @@ static int spied_flash_bf16(struct dt_device *dev, float *out, float *lse, const
   return dt_ops_cpu()->attention_forward_flash_bf16(dev, out, lse, qkv, B, Tq, q0, Tall, C, NH);
 }
 
-static const int BATCH[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
-                                 {7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6, 13}};
+static const int TOKENS[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
+                                  {7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6, 13}};
 
 /* One forward and backward of a fresh model on dev: its error. */
 static int step(dt_device_t *dev, int bf16)
@@ -72,7 +72,7 @@ static int step(dt_device_t *dev, int bf16)
   ck_assert_ptr_eq(m.ops, dev->ops); /* the device's table, in either precision */
   ck_assert_int_eq(dt_gpt2_init_weights(&m, 5), 0);
   ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 2, 8, (int[]){1}, 0), 0);
-  const int rc = dt_gpt2_forward_backward(&m, BATCH[0], BATCH[1], 2, 8, 1.0f, &loss);
+  const int rc = dt_gpt2_forward_backward(&m, TOKENS[0], TOKENS[1], 2, 8, 1.0f, &loss);
   dt_gpt2_destroy(&m);
   return rc;
 }
@@ -158,9 +158,6 @@ END_TEST
 /* ------------------------------------------------------------------------------------------ */
 /* The bf16 weight copy                                                                         */
 /* ------------------------------------------------------------------------------------------ */
-
-static const int TOKENS[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
-                                  {7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6, 13}};
 
 /* A bf16 model on the CPU from seed's weights, with activations for (2, 8). */
 static void bf16_model(dt_gpt2_t *m, uint64_t seed)
