@@ -36,8 +36,13 @@ short of its target says which kernels to work on; --trace keeps that step's tim
 Exit status 77 (a skip) where distrain-train finds no GPU. tests/gpu/run.sh runs it after the
 GPU tests, for gpt2-124m and gpt2-1.5b.
 
---batch auto takes the largest of 64, 32, ..., 1 at which distrain completes two steps; every
-implementation then runs that batch (one that runs out of memory there says so).
+--batch auto takes the largest of 64, 32, ..., 1 at which distrain completes two steps, and
+every implementation starts at that batch. PyTorch needs more memory per sequence (its bf16
+logits and activations): where torch-eager runs out of memory it retries at half the batch, down
+to 1, and torch-compile starts at the batch eager fits (a compiled model needs no more than the
+eager one, and each try would compile again). Where PyTorch ends at a smaller batch than
+distrain, distrain runs that batch too, so that the ratios come both ways: each implementation
+at its largest batch (what a user gets from the GPU) and all at the same batch.
 
     /usr/bin/python3 tests/bench/bench_gpu.py --build build [--model gpt2-124m] [--steps 20]
         [--batch auto] [--impls distrain,torch-eager,torch-compile] [--json FILE]
@@ -105,9 +110,10 @@ def summarize(impl, precision, B, T, times_ms, device_mib, extra=None):
 # distrain
 # ---------------------------------------------------------------------------------------------
 
-def run_distrain(a, B, steps, tmp):
+def run_distrain(a, B, steps, tmp, trace=True):
     """One distrain-train run; its row, or {"oom": True} / a failure. A measured run takes one
-    step more, profiled (--profile: every kernel timed), which the timings leave out."""
+    step more, profiled (--profile: every kernel timed), which the timings leave out; with
+    trace, that step's timeline goes to --trace."""
     L, H, C, V, T = MODELS[a.model]
     metrics = os.path.join(tmp, "distrain_b%d.jsonl" % B)
     measured = steps > WARMUP_STEPS
@@ -123,7 +129,7 @@ def run_distrain(a, B, steps, tmp):
         cmd += ["--zero-stage", "1"]
     if measured:
         cmd += ["--profile", str(steps + 1)]
-        if a.trace:
+        if a.trace and trace:
             cmd += ["--profile-trace", a.trace]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -236,6 +242,9 @@ def torch_child(a):
             logits = self.lnf(x) @ self.wte.weight.t()  # tied head
             return F.cross_entropy(logits[..., :V].float().reshape(-1, V), targets.reshape(-1))
 
+    if a.torch_max_batch and B > a.torch_max_batch:  # the retry's smoke test, on a CPU
+        print(json.dumps({"impl": a.child, "batch": B, "oom": True}))
+        return
     torch.manual_seed(1337)
     model = GPT().to(dev)
     fused = {"fused": True} if dev.type == "cuda" else {}
@@ -280,7 +289,8 @@ def torch_child(a):
 
 def run_torch(a, impl, B):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--model", a.model,
-           "--batch", str(B), "--steps", str(a.steps), "--shard", a.shard, "--device", a.device]
+           "--batch", str(B), "--steps", str(a.steps), "--shard", a.shard, "--device", a.device,
+           "--torch-max-batch", str(a.torch_max_batch)]
     env = dict(os.environ)
     if "DT_ORIG_LD_LIBRARY_PATH" in env:  # tests/gpu/run.sh: PyTorch gets its own libraries
         env["LD_LIBRARY_PATH"] = env["DT_ORIG_LD_LIBRARY_PATH"]
@@ -297,6 +307,28 @@ def run_torch(a, impl, B):
 # main
 # ---------------------------------------------------------------------------------------------
 
+def ratios(rows):
+    """distrain's tokens/s over each PyTorch implementation's: each at its largest measured
+    batch, and, where PyTorch ran a smaller one, at that batch too."""
+    best, at = {}, {}
+    for r in rows:
+        if "tokens_per_s" in r:
+            at[r["impl"], r["batch"]] = r["tokens_per_s"]
+            if r["batch"] > best.get(r["impl"], (0, 0))[0]:
+                best[r["impl"]] = (r["batch"], r["tokens_per_s"])
+    lines = []
+    for other in ("torch-eager", "torch-compile"):
+        if "distrain" not in best or other not in best:
+            continue
+        (bd, d), (bo, o) = best["distrain"], best[other]
+        lines.append("distrain / %s tokens/s: %.2fx (batch %d / %d%s)" % (
+            other, d / o, bd, bo, ", each its largest" if bd != bo else ""))
+        if bd != bo and ("distrain", bo) in at:
+            lines.append("distrain / %s tokens/s at batch %d: %.2fx" % (
+                other, bo, at["distrain", bo] / o))
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -311,6 +343,9 @@ def main():
     ap.add_argument("--json", help="write the result lines here too")
     ap.add_argument("--trace", help="write distrain's profiled step here as a Chrome trace")
     ap.add_argument("--shard", help=argparse.SUPPRESS)
+    # PyTorch runs out of memory above this batch (0: never): the OOM retry on a machine
+    # without a GPU
+    ap.add_argument("--torch-max-batch", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -334,11 +369,25 @@ def main():
             print("bench_gpu: batch %d (the largest distrain fits)" % B, file=sys.stderr)
         else:
             B = int(a.batch)
+        torch_batch = B  # where the next PyTorch run starts (auto: the largest eager fits)
         for impl in impls:
-            print("bench_gpu: %s, %s, batch %d x %d, %d steps" % (impl, a.model, B, T, a.steps),
-                  file=sys.stderr)
-            rows.append(run_distrain(a, B, a.steps, tmp) if impl == "distrain"
-                        else run_torch(a, impl, B))
+            Bi = B if impl == "distrain" else torch_batch
+            while True:
+                print("bench_gpu: %s, %s, batch %d x %d, %d steps" % (impl, a.model, Bi, T,
+                                                                      a.steps), file=sys.stderr)
+                r = run_distrain(a, Bi, a.steps, tmp) if impl == "distrain" else run_torch(a, impl,
+                                                                                           Bi)
+                rows.append(r)
+                if not (r.get("oom") and a.batch == "auto" and impl != "distrain" and Bi > 1):
+                    break
+                Bi //= 2
+            if impl == "torch-eager" and "tokens_per_s" in r:
+                torch_batch = Bi
+        if "distrain" in impls and a.batch == "auto":  # distrain at PyTorch's batch as well
+            for Bt in sorted({r["batch"] for r in rows if r["impl"] != "distrain"
+                              and "tokens_per_s" in r and r["batch"] < B}, reverse=True):
+                print("bench_gpu: distrain at PyTorch's batch %d" % Bt, file=sys.stderr)
+                rows.append(run_distrain(a, Bt, a.steps, tmp, trace=False))
 
     fpt = flops_per_token(L, C, V, T)
     for r in rows:
@@ -356,12 +405,10 @@ def main():
         print("%-14s %-14s %6d %10.2f %12.0f %6.1f%% %11s" % (
             r["impl"], r["precision"], r["batch"], r["median_ms"], r["tokens_per_s"],
             100 * r["mfu"], r["device_mib"] if r["device_mib"] is not None else "-"))
-    measured = {r["impl"]: r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
-    for other in ("torch-eager", "torch-compile"):
-        if "distrain" in measured and other in measured:
-            print("distrain / %s tokens/s: %.2fx" % (other, measured["distrain"] / measured[other]))
+    for line in ratios(rows):
+        print(line)
     for r in rows:
-        if r.get("profile"):
+        if r.get("profile") and r["batch"] == max(x["batch"] for x in rows if x.get("profile")):
             print_profile(r)
     for r in rows:
         print(json.dumps(r))

@@ -36,8 +36,18 @@
 # 0: the tests only; only: the benchmark only; the benchmark also runs
 # tests/bench/bench_pipeline.py for p = 2 and 4 stages on the machine's CPU cores, skipped where
 # fewer than 4, within GPU_BENCH_TIMEOUT),
+# GPU_BUDGET (seconds for the whole run, 0 or unset: none; with it no item starts once fewer
+# than GPU_MIN_LEFT seconds, default 30, are left, each is listed NOT RUN instead, and an item's
+# timeout is cut to what is left), GPU_SANITIZE (1, the default: each failed test again under
+# compute-sanitizer's memcheck, where the machine has it and 60 s of the budget are left; 0:
+# not), GPU_FIRST (the names run first, in this order, before the
+# rest in their usual order; default "test_cuda test_golden_cuda bench_gpu_gpt2-124m": the
+# kernels against the CPU's, the trainer against the golden files, the headline benchmark),
 # GPU_LIB_DIRS (colon-separated directories searched before the detected CUDA ones). Tests see
 # DT_SOURCE_DIR and DT_BINARY_DIR pointing at the bundle's copies of the two trees.
+# On a machine of 8 cores or more, bench_pipeline (CPU only) runs from the start on the last 4
+# cores, beside the GPU items, which keep the other cores: its figures need a core per stage, and
+# it costs the run no time of its own.
 set -euo pipefail
 
 PROG=tests/gpu/run.sh
@@ -418,7 +428,9 @@ gpu_line() {
 # now_ms: wall clock in milliseconds.
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
-# run_test LINE: runs one manifest entry and appends its result to RESULTS; sets STATUS.
+# run_test NAME SKIP LIMIT WD ENVS CMD: runs one manifest entry and appends its result to
+# RESULTS; sets STATUS. CAP (seconds, when positive) cuts LIMIT; PIN (words) prefixes the
+# command (taskset).
 run_test() {
   local name=$1 skip=$2 limit=$3 wd=$4 envs=$5 cmd=$6 argv envv rc=0 t0 ms note=""
   # The manifest is ours (write_manifest quotes every word): eval only splits the words.
@@ -430,10 +442,12 @@ run_test() {
   [ ${#envv[@]} -eq 0 ] || envv=("${envv[@]//@B@/$B}")
   wd=${wd//@B@/$B}
   [ "$limit" -gt 0 ] || limit=${GPU_TEST_TIMEOUT:-300}
+  [ "${CAP:-0}" -le 0 ] || [ "$limit" -le "$CAP" ] || limit=$CAP
   mkdir -p "$wd"
   local log=$WORK/logs/$name.log
   t0=$(now_ms)
-  (cd "$wd" && exec env ${envv[@]+"${envv[@]}"} timeout -k 10 "$limit" "${argv[@]}") \
+  (cd "$wd" && exec ${PIN[@]+"${PIN[@]}"} env ${envv[@]+"${envv[@]}"} timeout -k 10 "$limit" \
+    "${argv[@]}") \
     </dev/null >"$log" 2>&1 || rc=$?
   ms=$(($(now_ms) - t0))
   if [ $rc -eq 0 ]; then
@@ -512,35 +526,113 @@ cmd_run() {
     cat "$WORK/libnotes" "$WORK/ldd" | sed 's/^/  /'
   } >"$RESULTS"
 
-  echo "== tests"
-  local name skip limit wd envs cmd pass=0 fail=0 skipped=0 failed=""
-  while [ "${GPU_BENCH:-1}" != only ] && IFS=$'\t' read -r -u 3 name skip limit wd envs cmd; do
-    if [ -n "${GPU_TESTS:-}" ] && ! [[ $name =~ $GPU_TESTS ]]; then continue; fi
-    run_test "$name" "$skip" "$limit" "$wd" "$envs" "$cmd"
+  # The items: the gpu tests, then the benchmarks, in MANIFEST's format; GPU_FIRST's first.
+  local resdir model
+  resdir=$(dirname "$RESULTS")
+  {
+    if [ "${GPU_BENCH:-1}" != only ]; then
+      awk -F '\t' -v re="${GPU_TESTS:-}" 're == "" || $1 ~ re' "$B/MANIFEST"
+    fi
+    if [ "${GPU_BENCH:-1}" != 0 ]; then
+      for model in ${GPU_BENCH_MODELS:-gpt2-124m gpt2-1.5b}; do
+        printf '%s\t77\t%s\t@B@/src\t-\t%s\n' "bench_gpu_$model" "${GPU_BENCH_TIMEOUT:-420}" \
+          "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model --trace $(printf %q "$resdir/bench_gpu_$model.trace.json")"
+      done
+      printf '%s\t77\t%s\t@B@/src\t-\t%s\n' bench_pipeline "${GPU_BENCH_TIMEOUT:-420}" \
+        "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 2 4 --require-cores 4"
+    fi
+  } | awk -F '\t' -v first="${GPU_FIRST-test_cuda test_golden_cuda bench_gpu_gpt2-124m}" '
+    BEGIN { n = split(first, f, " "); for (i = 1; i <= n; i++) rank[f[i]] = i }
+    { line[NR] = $0; key[NR] = ($1 in rank) ? rank[$1] : n + 1 }
+    END { for (k = 1; k <= n + 1; k++) for (i = 1; i <= NR; i++) if (key[i] == k) print line[i] }
+  ' >"$WORK/items"
+
+  local budget=${GPU_BUDGET:-0} min_left=${GPU_MIN_LEFT:-30} deadline=0
+  [ "$budget" -le 0 ] || deadline=$(($(date +%s) + budget))
+  # The pipeline benchmark beside the rest where the cores allow: the last 4 cores are its own.
+  local cores bg_pid="" bg_line=""
+  cores=$(python3 -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')
+  PIN=()
+  if [ "$(wc -w <<<"$cores")" -ge 8 ] && command -v taskset >/dev/null &&
+    bg_line=$(grep -m 1 $'^bench_pipeline\t' "$WORK/items"); then
+    local bg_cores fg_cores
+    bg_cores=$(tr ' ' '\n' <<<"$cores" | tail -n 4 | paste -sd, -)
+    fg_cores=$(tr ' ' '\n' <<<"$cores" | head -n -4 | paste -sd, -)
+    grep -v $'^bench_pipeline\t' "$WORK/items" >"$WORK/items.fg" || true
+    mv "$WORK/items.fg" "$WORK/items"
+    echo "== bench_pipeline on cores $bg_cores, beside the rest (cores $fg_cores)"
+    (
+      IFS=$'\t' read -r name skip limit wd envs cmd <<<"$bg_line"
+      PIN=(taskset -c "$bg_cores") CAP=$budget RESULTS=$WORK/bg.results
+      run_test "$name" "$skip" "$limit" "$wd" "$envs" "$cmd" >"$WORK/bg.out"
+    ) &
+    bg_pid=$!
+    PIN=(taskset -c "$fg_cores")
+  fi
+
+  echo "== tests and benchmarks$([ "$deadline" -eq 0 ] || echo " (budget $budget s)")"
+  local name skip limit wd envs cmd pass=0 fail=0 skipped=0 notrun=0 failed="" benches="" left
+  # record NAME: counts STATUS, a test's or a benchmark's.
+  record() {
+    if [[ $1 == bench_* ]]; then
+      benches="$benches; $1: $STATUS"
+      [ "$STATUS" != "NOT RUN" ] || notrun=$((notrun + 1))
+      return
+    fi
     case $STATUS in
     PASS) pass=$((pass + 1)) ;;
     SKIP) skipped=$((skipped + 1)) ;;
-    *) fail=$((fail + 1)) failed="$failed $name" ;;
+    "NOT RUN") notrun=$((notrun + 1)) ;;
+    *) fail=$((fail + 1)) failed="$failed $1" ;;
     esac
-  done 3<"$B/MANIFEST"
+  }
+  while IFS=$'\t' read -r -u 3 name skip limit wd envs cmd; do
+    CAP=0
+    if [ "$deadline" -gt 0 ]; then
+      left=$((deadline - $(date +%s)))
+      if [ "$left" -lt "$min_left" ]; then
+        STATUS="NOT RUN"
+        echo "$name: NOT RUN (budget: ${left} s left)"
+        printf '\n== %s: NOT RUN (budget: %d s of %d left)\n' "$name" "$left" "$budget" >>"$RESULTS"
+        record "$name"
+        continue
+      fi
+      CAP=$left
+    fi
+    run_test "$name" "$skip" "$limit" "$wd" "$envs" "$cmd"
+    record "$name"
+  done 3<"$WORK/items"
+  # The failed tests again under compute-sanitizer's memcheck (their child processes too), in
+  # the time left: the first run on a new GPU gets the fault's kernel and address along with
+  # the failure. Reported as sanitize_<test>, counted apart from the tests.
+  local sanitizer="" sane=""
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1) || true
+  for name in $failed; do
+    [ "${GPU_SANITIZE:-1}" != 0 ] && [ -n "$sanitizer" ] || break
+    left=$((deadline > 0 ? deadline - $(date +%s) : ${GPU_TEST_TIMEOUT:-300}))
+    [ "$left" -ge 60 ] || break
+    IFS=$'\t' read -r name skip limit wd envs cmd < <(grep -m 1 "^$name"$'\t' "$WORK/items")
+    CAP=$left
+    run_test "sanitize_$name" "$skip" "$limit" "$wd" "$envs" \
+      "$(printf %q "$sanitizer") --tool memcheck --target-processes all --print-limit 20 $cmd"
+    sane="$sane; sanitize_$name: $STATUS"
+  done
+  if [ -n "$bg_pid" ]; then
+    wait "$bg_pid" || true
+    cat "$WORK/bg.out" 2>/dev/null || true
+    cat "$WORK/bg.results" >>"$RESULTS" 2>/dev/null || true
+    STATUS=$(sed -n 's/^== bench_pipeline: \([A-Z]*\) .*/\1/p' "$WORK/bg.results" 2>/dev/null)
+    STATUS=${STATUS:-FAIL}
+    record bench_pipeline
+  fi
 
-  local total=$((pass + fail + skipped)) summary model
+  local total=$((pass + fail + skipped)) summary
   summary="summary: $total tests, $pass passed, $fail failed, $skipped skipped${failed:+ (failed:$failed)}"
   [ $total -gt 0 ] || summary="summary: no gpu tests in the bundle${GPU_TESTS:+ matching $GPU_TESTS}"
   [ "${GPU_BENCH:-1}" != only ] || summary="summary: benchmark only (GPU_BENCH=only)"
-
-  # The GPU benchmark: figures, not a test (a failure is reported, and fails no test).
-  if [ "${GPU_BENCH:-1}" != 0 ]; then
-    echo "== benchmark"
-    for model in ${GPU_BENCH_MODELS:-gpt2-124m gpt2-1.5b}; do
-      run_test "bench_gpu_$model" 77 "${GPU_BENCH_TIMEOUT:-420}" @B@/src - \
-        "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model --trace $(printf %q "$(dirname "$RESULTS")/bench_gpu_$model.trace.json")"
-      summary="$summary; bench_gpu_$model: $STATUS"
-    done
-    run_test bench_pipeline 77 "${GPU_BENCH_TIMEOUT:-420}" @B@/src - \
-      "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 2 4 --require-cores 4"
-    summary="$summary; bench_pipeline: $STATUS"
-  fi
+  [ $notrun -eq 0 ] || summary="$summary; $notrun not run within the budget of $budget s"
+  summary="$summary$benches$sane"
   printf '\n%s\n' "$summary" >>"$RESULTS"
   echo "$summary"
   echo "results: $RESULTS"

@@ -2,7 +2,9 @@
 # test_gpu_bundle.sh — tests/gpu/run.sh end to end on a machine without a GPU: bundles BUILD_DIR
 # into a temporary directory, runs the bundle, and checks that the run exits 0, that the results
 # list every test labelled gpu (as CTest knows them), the GPU benchmark's two shapes and the
-# pipeline benchmark, each as SKIP, that GPU_BENCH=only runs just the benchmarks, and that the
+# pipeline benchmark, each as SKIP, GPU_FIRST's items first, that GPU_BENCH=only runs just the
+# benchmarks, that GPU_BUDGET lists what it leaves no time for as NOT RUN, that a failed test
+# runs again under compute-sanitizer (a stand-in here, and a test made to fail), and that the
 # bundle holds no glibc and no NVIDIA library. Skips (77) where a GPU is present, since the gpu
 # tests would run there instead of skipping: use tests/gpu/run.sh directly.
 #
@@ -56,6 +58,12 @@ else
   bad "results list $listed entries, CTest has ${#want[@]} labelled gpu (+ 3 benchmarks)"
 fi
 if has_line "summary: "; then ok "summary line"; else bad "no summary line"; fi
+order=$(grep '^== ' "$T/results.txt" | head -n 3 | cut -d' ' -f2 | paste -sd ' ' -)
+if [ "$order" = "test_cuda: test_golden_cuda: bench_gpu_gpt2-124m:" ]; then
+  ok "GPU_FIRST's items run first"
+else
+  bad "the first three items are $order"
+fi
 if has_line "bundle: commit: "; then ok "header names the commit"; else bad "no commit in the header"; fi
 GPU_BENCH=only GPU_BENCH_MODELS=tiny "${ONE_CORE[@]}" "$RUN" run "$T/bundle.tar.gz" "$T/bench.txt" \
   >"$T/run.log" 2>&1 ||
@@ -65,6 +73,36 @@ if [ "$(grep '^== ' "$T/bench.txt" | cut -d' ' -f2-3 | paste -sd,)" = \
   ok "GPU_BENCH=only runs the benchmark alone"
 else
   bad "GPU_BENCH=only ran: $(grep '^== ' "$T/bench.txt")"
+fi
+
+rc=0
+GPU_BUDGET=1 GPU_BENCH=only GPU_BENCH_MODELS=tiny "${ONE_CORE[@]}" "$RUN" run "$T/bundle.tar.gz" \
+  "$T/budget.txt" >"$T/run.log" 2>&1 || rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c '^== bench_[a-z_]*: NOT RUN (budget: ' "$T/budget.txt")" -eq 2 ] &&
+  grep -q '^summary: .*; 2 not run within the budget of 1 s' "$T/budget.txt"; then
+  ok "GPU_BUDGET lists what it has no time for as NOT RUN"
+else
+  bad "GPU_BUDGET=1 run (exit $rc): $(grep '^== \|^summary' "$T/budget.txt")"
+fi
+
+# A test that fails, added to a copy of the bundle, and a compute-sanitizer that says it ran.
+mkdir -p "$T/failing" "$T/bin"
+tar -C "$T/failing" -xzf "$T/bundle.tar.gz"
+printf 'fails_on_purpose\t-\t20\t@B@\t-\tbash -c "echo boom; exit 3"\n' \
+  >>"$T/failing/gpu-bundle/MANIFEST"
+tar -C "$T/failing" -czf "$T/failing.tar.gz" gpu-bundle
+printf '#!/bin/sh\necho "sanitizer: $*"\nshift 7\nexec "$@"\n' >"$T/bin/compute-sanitizer"
+chmod +x "$T/bin/compute-sanitizer"
+rc=0
+PATH=$T/bin:$PATH GPU_BENCH=0 GPU_TESTS='^fails_on_purpose$' "${ONE_CORE[@]}" "$RUN" run \
+  "$T/failing.tar.gz" "$T/failing.txt" >"$T/run.log" 2>&1 || rc=$?
+if [ $rc -eq 1 ] && grep -q '^== fails_on_purpose: FAIL (' "$T/failing.txt" &&
+  grep -q '^== sanitize_fails_on_purpose: FAIL (' "$T/failing.txt" &&
+  grep -q '^sanitizer: --tool memcheck --target-processes all --print-limit 20 bash' \
+    "$T/failing.txt"; then
+  ok "a failed test runs again under compute-sanitizer"
+else
+  bad "the failing run (exit $rc): $(grep '^== \|^summary\|^sanitizer' "$T/failing.txt")"
 fi
 
 forbidden=$(tar -tzf "$T/bundle.tar.gz" |
