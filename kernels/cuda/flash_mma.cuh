@@ -227,10 +227,20 @@ __device__ static void fmma_pv(float (*acc)[4], const uint32_t (*pa)[4], const u
     }
 }
 
+/* Off the GPU (the emulation, whose cuda_emul.h comes first), a vector access at an address
+ * not a multiple of its size aborts, as it would fault on the GPU: x86 would let it pass. */
+#ifdef __CUDACC__
+#define FMMA_ALIGNED(p, bytes) ((void)0)
+#else
+#define FMMA_ALIGNED(p, bytes)                                                                     \
+  ((uintptr_t)(p) % (bytes) ? dt_emul::die("a " #bytes "-byte vector access, misaligned") : (void)0)
+#endif
+
 /* v = the 16-byte aligned p[0..3] in one load; q[0..3] = the 8-byte aligned bf16 pairs lo, hi in
  * one store. */
 __device__ static inline void fmma_load4(float v[4], const float *p)
 {
+  FMMA_ALIGNED(p, 16);
 #ifdef __CUDACC__
   const float4 x = *(const float4 *)p;
   v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
@@ -241,6 +251,7 @@ __device__ static inline void fmma_load4(float v[4], const float *p)
 
 __device__ static inline void fmma_store4(uint16_t *q, uint32_t lo, uint32_t hi)
 {
+  FMMA_ALIGNED(q, 8);
 #ifdef __CUDACC__
   *(uint2 *)q = make_uint2(lo, hi);
 #else
@@ -261,6 +272,9 @@ __device__ static inline void fmma_move16(uint16_t *q, const float *p, bool ok)
 
 __device__ static inline void fmma_move16(uint16_t *q, const uint16_t *p, bool ok)
 {
+  FMMA_ALIGNED(q, 16);
+  if (ok)
+    FMMA_ALIGNED(p, 16);
 #ifdef __CUDACC__
   *(uint4 *)q = ok ? *(const uint4 *)p : make_uint4(0u, 0u, 0u, 0u);
 #else

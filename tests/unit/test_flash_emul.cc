@@ -158,13 +158,18 @@ static void bf16_qkv(const std::vector<float> &x, std::vector<float> *cpu,
  * boundary: measured at most 2e-7 for out and 4.7e-5 for the gradients), lse within 1e-5. The
  * gradients are compared as what each side added to the same dqkv, and for the whole sequence as
  * what each side wrote (over NaN on the emulated side). */
-template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
+template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bool off16 = false)
 {
   ck_assert_int_eq(flash_bucket(C / NH), HSM);
   const int Tq = T / cp;
   std::vector<float> qkv;
   std::vector<uint16_t> qkv16;
   bf16_qkv(randn((size_t)B * T * 3 * C), &qkv, &qkv16);
+  /* off16: the kernels' q, k, v and dout 8 bytes past a 16-byte boundary (std::vector's data is
+   * 16-byte aligned), which the tiles' 16-byte loads must not be used for. */
+  if (off16)
+    qkv16.insert(qkv16.begin(), 4, (uint16_t)0);
+  const uint16_t *qkv_g = qkv16.data() + (off16 ? 4 : 0);
   for (int r = 0; r < cp; r++) {
     const int q0 = r * Tq;
     const size_t nout = (size_t)B * Tq * C, nlse = (size_t)B * NH * Tq;
@@ -173,11 +178,15 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
     ck_assert_int_eq(dt_cpu_attention_forward_flash_bf16(out_h.data(), lse_h.data(), qkv.data(), B,
                                                          Tq, q0, T, C, NH),
                      0);
-    emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv16.data(), B, Tq, q0, T, C, NH);
+    emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv_g, B, Tq, q0, T, C, NH);
     expect_close("bf16 forward out", out_g, out_h, 1e-4);
     expect_close("bf16 forward lse", lse_g, lse_h);
 
     const std::vector<float> dout = randn(nout), dqkv0 = randn((size_t)B * T * 3 * C);
+    std::vector<float> dout_g(dout);
+    if (off16)
+      dout_g.insert(dout_g.begin(), 2, 0.0f);
+    const float *dout_gp = dout_g.data() + (off16 ? 2 : 0);
     for (int add = 1; add >= (cp == 1 ? 0 : 1); add--) {
       std::vector<float> dqkv_h = dqkv0, dqkv_g(dqkv0.size(), NAN);
       if (add)
@@ -186,8 +195,8 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp)
                                                             out_h.data(), lse_h.data(), B, Tq, q0,
                                                             T, C, NH, add),
                        0);
-      emul_mma_backward<HSM>(dqkv_g.data(), dout.data(), qkv16.data(), out_h.data(), lse_h.data(),
-                             B, Tq, q0, T, C, NH, add);
+      emul_mma_backward<HSM>(dqkv_g.data(), dout_gp, qkv_g, out_h.data(), lse_h.data(), B, Tq, q0,
+                             T, C, NH, add);
       if (add)
         expect_close("bf16 backward dqkv (+=)", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 5e-4);
       else
@@ -213,12 +222,13 @@ END_TEST
 START_TEST(test_flash_mma_kernels)
 {
   dt_rng_seed(&g_rng, 72);
-  check_mma<32>(2, 37, 48, 4, 1);   /* hs 12, T prime: partial tiles everywhere */
-  check_mma<64>(1, 130, 128, 2, 1); /* hs 64 (GPT-2's): three row blocks */
-  check_mma<32>(1, 1, 24, 3, 1);    /* a single position */
-  check_mma<128>(1, 75, 200, 2, 1); /* hs 100 */
-  check_mma<64>(1, 150, 192, 3, 3); /* chunks of 50: q0 off the tiles */
-  check_mma<32>(2, 40, 90, 3, 1);   /* hs 30, rows of 270 floats: the tiles' 4-byte loads */
+  check_mma<32>(2, 37, 48, 4, 1);         /* hs 12, T prime: partial tiles everywhere */
+  check_mma<64>(1, 130, 128, 2, 1);       /* hs 64 (GPT-2's): three row blocks */
+  check_mma<32>(1, 1, 24, 3, 1);          /* a single position */
+  check_mma<128>(1, 75, 200, 2, 1);       /* hs 100 */
+  check_mma<64>(1, 150, 192, 3, 3);       /* chunks of 50: q0 off the tiles */
+  check_mma<32>(2, 40, 90, 3, 1);         /* hs 30, rows of 270 floats: the tiles' 4-byte loads */
+  check_mma<64>(1, 130, 128, 2, 1, true); /* hs 64 off a 16-byte boundary: 4-byte loads too */
 }
 END_TEST
 
