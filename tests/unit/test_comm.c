@@ -323,7 +323,7 @@ START_TEST(test_kv_file_two_stores)
   for (int k = 0; k < 2; k++) {
     ck_assert_int_eq(w[k].errors, 0);
     for (int i = 0; i < KV_PUTS; i++) {
-      char key[32], want[32];
+      char key[32], want[48];
       snprintf(key, sizeof key, "w%d/%d", k, i);
       snprintf(want, sizeof want, "value %d of %d", i, k);
       void *v = NULL;
