@@ -38,11 +38,11 @@
 # fewer than 4, within GPU_BENCH_TIMEOUT),
 # GPU_BUDGET (seconds for the whole run, 0 or unset: none; with it no item starts once fewer
 # than GPU_MIN_LEFT seconds, default 30, are left, each is listed NOT RUN instead, and an item's
-# timeout is cut to what is left), GPU_SANITIZE (1, the default: each failed test again under
-# compute-sanitizer's memcheck, where the machine has it and 60 s of the budget are left; 0:
-# not), GPU_FIRST (the names run first, in this order, before the
+# timeout is cut to what is left), GPU_FIRST (the names run first, in this order, before the
 # rest in their usual order; default "test_cuda test_golden_cuda bench_gpu_gpt2-124m": the
 # kernels against the CPU's, the trainer against the golden files, the headline benchmark),
+# GPU_SANITIZE (1, the default: each failed test again under compute-sanitizer's memcheck, where
+# the machine has it and 60 s of the budget are left; 0: not),
 # GPU_LIB_DIRS (colon-separated directories searched before the detected CUDA ones). Tests see
 # DT_SOURCE_DIR and DT_BINARY_DIR pointing at the bundle's copies of the two trees.
 # On a machine of 8 cores or more, bench_pipeline (CPU only) runs from the start on the last 4
