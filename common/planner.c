@@ -247,19 +247,21 @@ static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   const double att = !tr->materialized ? b * (a / t) * S /* flash: the rows' lse */
                      : cp > 1          ? b * (a / t) * (S / 2) * (S / 2) * (2 * cp + 1)
                                        : b * (a / t) * S * S;
-  /* ln1 and ln2, and the MLP activation, at w bytes; q, k, v too for bf16 flash attention */
+  /* ln1 and ln2, the MLP's pre-activation and activation, at w bytes; q, k, v too for bf16
+   * flash attention */
   const double qkv_w = !tr->materialized ? w : 4;
   const double layer =
-      4 * (N * C + 4 * N + N * C / t + att + mlp) + qkv_w * qkv + w * (2 * N * C + N * F / t);
+      4 * (N * C + 4 * N + N * C / t + att) + w * mlp + qkv_w * qkv + w * (2 * N * C + N * F / t);
   double slot = 4 * ((Ls + 2) * N * C + 2 * N) + (l->ckpt ? 0 : Ls * layer);
   if (last)
     slot += w * N * C + 4 * (3 * N + N * Vp / t);
-  double scratch = 2 * N * C + N * F / t + N * (C + 2 * k) / t + (tr->materialized ? att : 0);
+  double scratch = 2 * N * C + N * (C + 2 * k) / t + (tr->materialized ? att : 0);
   if (cp > 1) /* the group's gathered rows and their gradients */
     scratch += 2 * qkv;
   if (t > 1 && last)
     scratch += 3 * (t + 1) * N;
-  scratch = 4 * scratch + (bf16 ? w * N * C : 0) + (l->ckpt ? layer : 0);
+  /* the MLP pre-activation's gradient at w bytes; bf16: a linear layer's input rounded */
+  scratch = 4 * scratch + w * N * F / t + (bf16 ? w * N * C : 0) + (l->ckpt ? layer : 0);
   return scratch + live_slots(l, s) * slot;
 }
 
@@ -272,14 +274,14 @@ static double round_up(double bytes, double unit)
 /* The bf16 linear layer's workspace request (kernels/cuda/matmul.cu): a bf16 copy of the weight
  * (OC x IN) when no bf16 copy is kept (ZeRO-3), and of the output gradient (rows x OC) with its
  * bias gradient's partial column sums (one row of OC per COLSUM_ROWS = 256 rows, or more rows
- * per block past the grid's 65535), each piece 256-byte aligned. */
+ * per block past the grid's 65535), each piece 256-byte aligned. A gradient held in bf16 (the fc
+ * layer's) has no copy: its partial sums are a request of their own, before the weight's. */
 static double linear_ws(double rows, double OC, double IN, int weight_copy, int dout_copy, int bias)
 {
   const double per_block = 256 * ceil(ceil(rows / 256) / 65535);
-  return (weight_copy ? round_up(OC * IN * 2, 256) : 0) +
-         (dout_copy ? round_up(rows * OC * 2, 256) +
-                          (bias ? round_up(ceil(rows / per_block) * OC * 4, 256) : 0)
-                    : 0);
+  const double weight = weight_copy ? round_up(OC * IN * 2, 256) : 0;
+  const double partial = bias ? round_up(ceil(rows / per_block) * OC * 4, 256) : 0;
+  return dout_copy ? weight + round_up(rows * OC * 2, 256) + partial : DT_MAX(weight, partial);
 }
 
 /* What a GPU trainer allocates beside its tensors (planner.h), bytes. */
@@ -302,8 +304,8 @@ static double device_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr
   }
   if (tr->precision == DT_PLAN_BF16) {
     const double layers[4][2] = {{Q, C}, {C, C / t}, {F, C}, {C, F}}; /* qkv, proj, fc, proj */
-    for (int i = 0; i < 4; i++)
-      ws = DT_MAX(ws, linear_ws(N, layers[i][0], layers[i][1], zero3, 1, bias));
+    for (int i = 0; i < 4; i++) /* the fc layer's output gradient is bf16 already */
+      ws = DT_MAX(ws, linear_ws(N, layers[i][0], layers[i][1], zero3, i != 2, bias));
     if (s == l->pp - 1) /* the LM head: its dlogits are bf16 already */
       ws = DT_MAX(ws, linear_ws(N, Vl, C, zero3, 0, 0));
   }

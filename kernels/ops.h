@@ -19,6 +19,9 @@
 
 #include <stddef.h>
 
+#include "dt_error.h"
+#include "dt_log.h"
+
 struct dt_device;
 
 /* Every kernel takes the device it runs on (its stream, its handles) and returns 0 or a
@@ -106,20 +109,23 @@ typedef struct dt_ops {
    * (crossentropy_forward_backward_bf16's dlogits), is used instead of rounding dout: a bf16
    * buffer in the bytes an fp32 dout would take, its rows ldd * 4 / bf16_bytes values apart;
    * dout is then read only for dbias (both may be NULL; dbias with dout16 in dout's own bytes,
-   * whose fp32 values are gone, is DT_EINVAL). gelu_in, where not NULL (with dinp;
-   * (N, C) like it), says the layer's input was GELU(gelu_in): dinp is then the gradient of
-   * gelu_in, gelu'(gelu_in) * (dout @ weight), what gelu_backward would make of it in place (on
-   * a GPU in the GEMM's epilogue, with no pass of its own). out16 (forward): out is a bf16
-   * activation buffer of (N, OC) values (ldo must be OC) that gets the fp32 results, the bias
-   * added, rounded to bf16 (to nearest even; on a GPU as the GEMM stores them), else the fp32
-   * (N, ldo) output above. NULL where a backend has no bf16 path. */
+   * whose fp32 values are gone, is DT_EINVAL). dbias with dout NULL: the gradient exists in bf16
+   * only (the MLP's pre-activation gradient, as the gelu_in backward below wrote it, contiguous:
+   * ldd = OC * bf16_bytes / 4) and dbias sums dout16's values. gelu_in, where
+   * not NULL (with dinp; (N, C) like it), says the layer's input was GELU(gelu_in) and holds the
+   * pre-activation as a bf16 buffer (the forward's out16 output): dinp is then a bf16 buffer of
+   * (N, C) values, gelu'(gelu_in) * (dout @ weight) computed in fp32 and rounded to bf16 (to
+   * nearest even; on a GPU in the GEMM's epilogue, with no pass of its own), else fp32 (N, C).
+   * out16 (forward): out is a bf16 activation buffer of (N, OC) values (ldo must be OC) that gets
+   * the fp32 results, the bias added, rounded to bf16 (to nearest even; on a GPU as the GEMM
+   * stores them), else the fp32 (N, ldo) output above. NULL where a backend has no bf16 path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias, int N,
                              int C, int OC, int ldo);
-  int (*matmul_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+  int (*matmul_backward_bf16)(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
                               const float *dout, const void *dout16, const void *inp,
-                              const float *weight, const void *weight16, const float *gelu_in,
-                              int N, int C, int OC, int ldd);
+                              const float *weight, const void *weight16, const void *gelu_in, int N,
+                              int C, int OC, int ldd);
   /* bf16 activation buffers: bf16_bytes bytes per value (0 where a backend has no bf16 path):
    * 2 on a GPU (bfloat16), 4 on the CPU (the fp32 number equal to the bfloat16, which its BLAS
    * reads as it is). A buffer of n values takes n * bf16_bytes bytes. */
@@ -182,9 +188,10 @@ typedef struct dt_ops {
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
-  /* the same GELU, its fp32 result rounded into a bf16 activation buffer (bf16_bytes above;
-   * the input of the next linear layer under --precision bf16); NULL without a bf16 path */
-  int (*gelu_forward_bf16)(struct dt_device *dev, void *out, const float *inp, size_t n);
+  /* the same GELU of a bf16 activation buffer (bf16_bytes above: the fc layer's out16 output
+   * under --precision bf16), computed in fp32 and rounded into a bf16 activation buffer (the
+   * input of the next linear layer); NULL without a bf16 path */
+  int (*gelu_forward_bf16)(struct dt_device *dev, void *out, const void *inp, size_t n);
   /* dinp = dout * gelu'(inp); dinp may alias dout */
   int (*gelu_backward)(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                        size_t n);
@@ -238,6 +245,21 @@ typedef struct dt_ops {
   /* *out = sum of squares, accumulated in double */
   int (*sum_squares)(struct dt_device *dev, const float *x, size_t n, double *out);
 } dt_ops_t;
+
+/* matmul_backward_bf16's rules on dout and dout16 (ops.h above), for every backend: 0, or
+ * DT_EINVAL (logged). */
+static inline int dt_bf16_backward_check(const float *dbias, const float *dout, const void *dout16)
+{
+  if (!dout && !dout16) {
+    DT_ERROR(KERNEL, "matmul_backward_bf16: no output gradient (dout and dout16 NULL)");
+    return DT_EINVAL;
+  }
+  if (dbias && dout16 && dout16 == (const void *)dout) {
+    DT_ERROR(KERNEL, "matmul_backward_bf16: dbias asked of a dout overwritten by its bf16 values");
+    return DT_EINVAL;
+  }
+  return 0;
+}
 
 /* The CPU backend (always available). */
 const dt_ops_t *dt_ops_cpu(void);

@@ -94,10 +94,12 @@ int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const
   if (ok)
     dt_cpu_matmul_backward(dinp, dweight, NULL, dout16 ? dout16 : g, inp, w16, N, C, OC,
                            dout16 ? ldd : OC);
-  if (ok && dinp && gelu_in)
+  if (ok && dinp && gelu_in) { /* the pre-activation's gradient, a bf16 activation */
     dt_cpu_gelu_backward(dinp, gelu_in, dinp, (size_t)N * C);
-  if (ok && dbias) /* from the unrounded gradient, as ops.h says */
-    bias_backward(dbias, dout, N, OC, ldd);
+    dt_cpu_to_bf16(dinp, dinp, (size_t)N * C);
+  }
+  if (ok && dbias) /* from the unrounded gradient where there is one, as ops.h says */
+    bias_backward(dbias, dout ? dout : dout16, N, OC, ldd);
   free(g);
   free(w);
   return ok ? 0 : -1;

@@ -103,15 +103,12 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
   return 0;
 }
 
-static int matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+static int matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
                                 const float *dout, const void *dout16, const void *inp,
-                                const float *weight, const void *weight16, const float *gelu_in,
+                                const float *weight, const void *weight16, const void *gelu_in,
                                 int N, int C, int OC, int ldd)
 {
-  if (dbias && dout16 && dout16 == (const void *)dout) {
-    DT_ERROR(KERNEL, "matmul_backward_bf16: dbias asked of a dout overwritten by its bf16 values");
-    return DT_EINVAL;
-  }
+  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16));
   return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(dout16), H(inp),
                                      H(weight), H(weight16), H(gelu_in), N, C, OC, ldd) == 0
              ? 0
@@ -200,7 +197,7 @@ static int to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n)
 /* The fp32 GELU, then rounded in place: the same fp32 values as gelu_forward (whose vector and
  * scalar tanhf may differ in the last ulp, so one loop with the rounding fused into it could
  * differ from it after rounding). */
-static int gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n)
+static int gelu_forward_bf16(struct dt_device *dev, void *out, const void *inp, size_t n)
 {
   dt_cpu_gelu_forward(H(out), H(inp), n);
   dt_cpu_to_bf16(H(out), H(out), n);

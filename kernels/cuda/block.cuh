@@ -34,6 +34,17 @@ __device__ static inline void dt__store(__nv_bfloat16 *o, float v)
   *o = __float2bfloat16_rn(v);
 }
 
+/* An input element as fp32: kernels templated on their input type read through it. */
+__device__ static inline float dt__load(const float *p)
+{
+  return *p;
+}
+
+__device__ static inline float dt__load(const __nv_bfloat16 *p)
+{
+  return __bfloat162float(*p);
+}
+
 /* Grid-stride loop over [0, n) with a size_t index. */
 #define DT__CUDA_FOR(i, n)                                                                         \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \

@@ -113,9 +113,9 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
                                  int N, int C, int OC, int ldo);
-int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
                                   const float *dout, const void *dout16, const void *inp,
-                                  const float *weight, const void *weight16, const float *gelu_in,
+                                  const float *weight, const void *weight16, const void *gelu_in,
                                   int N, int C, int OC, int ldd);
 int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n);
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
@@ -145,7 +145,7 @@ int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, c
                                            int B, int Tq, int q0, int Tall, int C, int NH,
                                            int accumulate);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
-int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n);
+int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const void *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                            size_t n);
 int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,

@@ -8,12 +8,12 @@
 #include "cuda_impl.h"
 #include "gelu.cuh"
 
-template <typename O>
-static int gelu_forward(struct dt_device *dev, O *out, const float *inp, size_t n)
+template <typename I, typename O>
+static int gelu_forward(struct dt_device *dev, O *out, const I *inp, size_t n)
 {
   if (n == 0)
     return 0;
-  gelu_forward_kernel<O>
+  gelu_forward_kernel<I, O>
       <<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, dt__cuda(dev)->stream>>>(out, inp,
                                                                                            n);
   DT_CUDA_CHECK(cudaGetLastError());
@@ -25,9 +25,9 @@ int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, s
   return gelu_forward(dev, out, inp, n);
 }
 
-int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const float *inp, size_t n)
+int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const void *inp, size_t n)
 {
-  return gelu_forward(dev, (__nv_bfloat16 *)out, inp, n);
+  return gelu_forward(dev, (__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, n);
 }
 
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,

@@ -27,12 +27,12 @@ typedef struct {
 /* C (m x n, ld ldc) = alpha op(A) op(B) + beta C (+ bias), column-major, for each of batch
  * products. bias (fp32, m values, or NULL): cuBLASLt's BIAS epilogue, bias[i] added to every
  * element of row i after the product (only the linear layer's forward, batch 1, sets it).
- * gelu_in (fp32, laid out like C, or NULL): cuBLASLt's DGELU epilogue, each element of the
+ * gelu_in (bf16, laid out like C, or NULL): cuBLASLt's DGELU epilogue, each element of the
  * product multiplied by the GELU's derivative at gelu_in's element as it is stored (only the
- * bf16 linear layer's dinp, beta 0, sets it: the backward of a layer whose input was
- * GELU(gelu_in)). c16: C is bf16, each element the fp32 result (the bias added) rounded to
- * nearest even as it is stored (only the bf16 linear layer's forward with a bf16 output, beta
- * 0, sets it); else C is fp32. */
+ * bf16 linear layer's dinp, beta 0, c16, sets it: the backward of a layer whose input was
+ * GELU(gelu_in)). c16: C is bf16, each element the fp32 result (the bias added, or the GELU's
+ * derivative applied) rounded to nearest even as it is stored (only the bf16 linear layer's
+ * forward with a bf16 output and its dinp through the GELU, beta 0, set it); else C is fp32. */
 typedef struct {
   int ta, tb; /* 1: op is the transpose */
   int m, n, k;
@@ -43,7 +43,7 @@ typedef struct {
   long long sC;
   int batch;
   const float *bias;
-  const float *gelu_in;
+  const void *gelu_in;
   int c16;
 } dt_gemm_t;
 
@@ -77,8 +77,8 @@ static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const vo
 
 /* g without its epilogues, for cuBLAS (which has none): the caller seeds every row i of C with
  * bias[i] first (the first m values of each of the n columns), and the product accumulates
- * onto it (only for a product that does not otherwise read C, beta 0, as the forward's); and
- * multiplies the product by the GELU's derivative at gelu_in afterwards (in place). */
+ * onto it (only for a product that does not otherwise read C, beta 0, as the forward's). A GELU
+ * gradient comes with a bf16 C, which linear_gemm makes in fp32 first and then applies it. */
 static inline dt_gemm_t gemm_seeded(dt_gemm_t g)
 {
   g.beta = g.bias ? 1.0f : g.beta;

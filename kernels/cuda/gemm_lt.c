@@ -40,12 +40,13 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
   const cudaDataType_t fp32 = CUDA_R_32F, cd = g->c16 ? CUDA_R_16BF : CUDA_R_32F;
   const int64_t aux_ld = g->ldc;
   memset(lt, 0, sizeof *lt);
-  if (g->batch != 1 || (g->bias && g->gelu_in) || (g->c16 && (g->gelu_in || g->beta != 0.0f))) {
+  if (g->batch != 1 || (g->bias && g->gelu_in) || (g->c16 && g->beta != 0.0f) ||
+      (g->gelu_in && !g->c16)) {
     DT_ERROR(KERNEL,
-             "cuBLASLt GEMM: batch %d%s%s (only single products, with one epilogue; a bf16 C "
-             "only written, with no GELU gradient)",
+             "cuBLASLt GEMM: batch %d%s%s%s (only single products, with one epilogue; a bf16 C "
+             "only written; a GELU gradient into a bf16 C)",
              g->batch, g->bias && g->gelu_in ? ", bias and GELU gradient" : "",
-             g->c16 ? ", bf16 C" : "");
+             g->c16 ? ", bf16 C" : "", g->gelu_in ? ", GELU gradient" : "");
     return DT_EINVAL;
   }
   if (g->gelu_in && aux_ld % 8) /* cuBLASLt's rule for the GELU input's leading dimension */
@@ -79,8 +80,9 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
                   fail);
   }
   /* The GELU input, laid out like C (the heuristic reads its alignment). Its type is left unset:
-   * it then is D's (fp32), and cublasLt.h warns that setting it for a combination the library
-   * does not list makes cublasLtMatmul fail with INVALID_VALUE. */
+   * it then is D's (bf16, as the forward's bf16 output wrote it), and cublasLt.h warns that
+   * setting it for a combination the library does not list makes cublasLtMatmul fail with
+   * INVALID_VALUE. */
   if (g->gelu_in) {
     DT_CHECK_GOTO(
         set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->gelu_in, sizeof g->gelu_in),

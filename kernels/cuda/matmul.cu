@@ -3,9 +3,10 @@
  * out = inp @ weight^T + bias. The GEMMs' column-major views are gemm.cuh's (built there, run
  * here): the layer's products by cuBLASLt (linear_gemm), the forward's bias added by its BIAS
  * epilogue as the product is stored (no pass of its own over the output), the bf16 dinp's GELU
- * backward by its DGELU epilogue; the bias gradient, a column sum, by cublasSgemv
- * (dt__cuda_gemm, which attention.cu uses too), or under bf16 compute in the pass that copies
- * the output gradient to bf16 (to_bf16_colsum_kernel).
+ * backward by its DGELU epilogue (into bf16, the GELU's input bf16 too); the bias gradient, a
+ * column sum, by cublasSgemv (dt__cuda_gemm, which attention.cu uses too), or under bf16 compute
+ * in the pass that copies the output gradient to bf16 (to_bf16_colsum_kernel), which also sums
+ * a gradient that exists in bf16 only.
  *
  * Invariants: plain fp32 accumulation (CUBLAS_COMPUTE_32F, CUBLAS_DEFAULT_MATH: no TF32);
  * beta = 0 never reads the output (so it may hold garbage); only the first OC columns of an
@@ -68,10 +69,11 @@ out:
 }
 
 /* One product of the linear layer: by cuBLASLt, or by cuBLAS, the same arithmetic (fp32
- * accumulation, the bias added to the fp32 result, the GELU's derivative applied to it, a bf16
- * output rounded from it) with a pass that seeds the output with the bias before and one that
- * applies the derivative after (gemm_seeded), and a bf16 output made in fp32 in the staging
- * buffer (by cuBLASLt where only the bf16 output had no algorithm) and rounded from there: with
+ * accumulation, the bias added to the fp32 result, a bf16 output rounded from it, through the
+ * GELU's derivative for the GELU gradient) with a pass that seeds the output with the bias before
+ * (gemm_seeded), and a bf16 output made in fp32 in the staging buffer (by cuBLASLt where only the
+ * bf16 output had no algorithm) and rounded from there (dgelu_to_bf16_kernel applies the
+ * derivative on the way): with
  * DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no algorithm for, counted in
  * cu->lt_fallbacks and named in a WARN line the first time, so that a run on a new GPU or library
  * still trains (test_cuda fails on any fallback). */
@@ -95,17 +97,23 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
               g->c16 ? "such products are made in fp32, then rounded to bf16 in a pass of their own"
                      : "such products run on cuBLAS, with the epilogue as a pass of its own");
   }
-  if (g->c16) { /* C (m x n, ld m: contiguous) rounded from the fp32 product */
+  if (g->c16) { /* C (m x n, ld m: contiguous) rounded from the fp32 product (through the GELU) */
     const size_t total = (size_t)g->n * g->m;
     void *stage = NULL;
     DT_CHECK(dt__cuda_stage(cu, total * sizeof(float), &stage));
     dt_gemm_t f = *g;
     f.c16 = 0;
+    f.gelu_in = NULL;
     f.C = stage;
     f.ldc = g->m;
     DT_CHECK(linear_gemm(cu, &f, ab)); /* on cuBLASLt where it has an fp32-output algorithm */
-    to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        (__nv_bfloat16 *)g->C, (const float *)stage, total, total, total);
+    const unsigned grid = dt__cuda_grid(total, DT__CUDA_THREADS);
+    if (g->gelu_in)
+      dgelu_to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+          (__nv_bfloat16 *)g->C, (const __nv_bfloat16 *)g->gelu_in, (const float *)stage, total);
+    else
+      to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+          (__nv_bfloat16 *)g->C, (const float *)stage, total, total, total);
     DT_CUDA_CHECK(cudaGetLastError());
     return 0;
   }
@@ -117,17 +125,10 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
     DT_CUDA_CHECK(cudaGetLastError());
   }
   if (ab == CUDA_R_32F)
-    DT_CHECK(dt__cuda_gemm(cu, &s));
-  else
-    DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(s.ta), gemm_op(s.tb), s.m, s.n, s.k, &s.alpha,
-                                 s.A.p, ab, s.A.ld, s.B.p, ab, s.B.ld, &s.beta, s.C, CUDA_R_32F,
-                                 s.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (g->gelu_in) { /* C is contiguous (ldc = m: the dinp GEMM's) */
-    const size_t total = (size_t)g->n * g->m;
-    gelu_backward_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
-                           cu->stream>>>((float *)g->C, g->gelu_in, (const float *)g->C, total);
-    DT_CUDA_CHECK(cudaGetLastError());
-  }
+    return dt__cuda_gemm(cu, &s);
+  DT_CUBLAS_CHECK(cublasGemmEx(cu->blas, gemm_op(s.ta), gemm_op(s.tb), s.m, s.n, s.k, &s.alpha,
+                               s.A.p, ab, s.A.ld, s.B.p, ab, s.B.ld, &s.beta, s.C, CUDA_R_32F,
+                               s.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return 0;
 }
 
@@ -198,6 +199,33 @@ static int colsum_rows_per_block(size_t rows)
   return COLSUM_ROWS * (int)((blocks + 65534) / 65535);
 }
 
+/* Bytes of colsum's partial sums for rows x cols (each row block's), 256-byte aligned. */
+static size_t colsum_partial_bytes(size_t rows, size_t cols)
+{
+  const size_t rpb = (size_t)colsum_rows_per_block(rows);
+  return ws_round((rows + rpb - 1) / rpb * cols * sizeof(float));
+}
+
+/* colsum (cols) += the column sums of src (rows x cols, row stride lds), with partial (in the
+ * workspace: colsum_partial_bytes) between the two passes; dst, where not NULL, gets src's bf16
+ * copy in the same pass (to_bf16_colsum_kernel). */
+template <typename S>
+static int colsum(dt_cuda_impl_t *cu, __nv_bfloat16 *dst, float *partial, float *sum, const S *src,
+                  size_t rows, size_t cols, size_t lds)
+{
+  const int rpb = colsum_rows_per_block(rows);
+  const dim3 grid((unsigned)((cols + COLSUM_COLS - 1) / COLSUM_COLS),
+                  (unsigned)((rows + rpb - 1) / rpb));
+  to_bf16_colsum_kernel<S><<<grid, COLSUM_THREADS, 0, cu->stream>>>(dst, partial, src, (int)rows,
+                                                                    (int)cols, (int)lds, rpb);
+  DT_CUDA_CHECK(cudaGetLastError());
+  const dt__csum_t sums = {{sum, NULL}, {partial, NULL}};
+  dt__column_sums_kernel<float><<<dim3((unsigned)((cols + DT__CSUM_COLS - 1) / DT__CSUM_COLS)),
+                                  DT__CSUM_THREADS, 0, cu->stream>>>(sums, (int)grid.y, (int)cols);
+  DT_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
 static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
 {
   size_t bytes = 0, off[2], poff[2];
@@ -205,11 +233,8 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
     off[i] = bytes;
     bytes += ws_round(ops[i].rows * ops[i].cols * sizeof(__nv_bfloat16));
     poff[i] = bytes;
-    if (ops[i].colsum) {
-      const size_t blocks = (ops[i].rows + colsum_rows_per_block(ops[i].rows) - 1) /
-                            colsum_rows_per_block(ops[i].rows);
-      bytes += ws_round(blocks * ops[i].cols * sizeof(float));
-    }
+    if (ops[i].colsum)
+      bytes += colsum_partial_bytes(ops[i].rows, ops[i].cols);
   }
   void *ws = NULL;
   DT_CHECK(dt__cuda_workspace(cu, bytes, &ws));
@@ -217,23 +242,13 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
     const bf16_operand_t *o = &ops[i];
     const size_t total = o->rows * o->cols;
     ops[i].dst = (__nv_bfloat16 *)((char *)ws + off[i]);
-    if (!o->colsum) {
-      to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-          o->dst, o->src, o->cols, o->lds, total);
-      DT_CUDA_CHECK(cudaGetLastError());
+    if (o->colsum) {
+      DT_CHECK(colsum(cu, o->dst, (float *)((char *)ws + poff[i]), o->colsum, o->src, o->rows,
+                      o->cols, o->lds));
       continue;
     }
-    const int rpb = colsum_rows_per_block(o->rows);
-    const dim3 grid((unsigned)((o->cols + COLSUM_COLS - 1) / COLSUM_COLS),
-                    (unsigned)((o->rows + rpb - 1) / rpb));
-    float *partial = (float *)((char *)ws + poff[i]);
-    to_bf16_colsum_kernel<<<grid, COLSUM_THREADS, 0, cu->stream>>>(
-        o->dst, partial, o->src, (int)o->rows, (int)o->cols, (int)o->lds, rpb);
-    DT_CUDA_CHECK(cudaGetLastError());
-    const dt__csum_t sums = {{o->colsum, NULL}, {partial, NULL}};
-    dt__column_sums_kernel<float>
-        <<<dim3((unsigned)((o->cols + DT__CSUM_COLS - 1) / DT__CSUM_COLS)), DT__CSUM_THREADS, 0,
-           cu->stream>>>(sums, (int)grid.y, (int)o->cols);
+    to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
+        o->dst, o->src, o->cols, o->lds, total);
     DT_CUDA_CHECK(cudaGetLastError());
   }
   return 0;
@@ -271,22 +286,26 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, co
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 
-int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
                                   const float *dout, const void *dout16, const void *inp,
-                                  const float *weight, const void *weight16, const float *gelu_in,
+                                  const float *weight, const void *weight16, const void *gelu_in,
                                   int N, int C, int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
+  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16));
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
-  if (dbias && dout16 && dout16 == (const void *)dout) {
-    DT_ERROR(KERNEL, "matmul_backward_bf16: dbias asked of a dout overwritten by its bf16 values");
-    return DT_EINVAL;
-  }
   /* The bias gradient sums the fp32 gradient (ops.h): as the pass that copies it to bf16 reads
-   * it, or, where the caller holds its bf16 values, by a GEMV of its own. */
-  if (dbias && dout16)
+   * it, or, where the caller holds its bf16 values, by a GEMV of its own; where there is no fp32
+   * gradient, the bf16 values' column sums. */
+  if (dbias && dout16 && dout)
     DT_CHECK(bias_backward(cu, dbias, dout, N, OC, ldd));
+  else if (dbias && dout16) {
+    void *partial = NULL;
+    DT_CHECK(dt__cuda_workspace(cu, colsum_partial_bytes((size_t)N, (size_t)OC), &partial));
+    DT_CHECK(colsum(cu, (__nv_bfloat16 *)NULL, (float *)partial, dbias,
+                    (const __nv_bfloat16 *)dout16, (size_t)N, (size_t)OC, 2 * (size_t)ldd));
+  }
   /* dout's bf16 values: the caller's (in the fp32 rows' bytes: 2 ldd apart), or a contiguous
    * copy (ld OC) beside the weight's */
   bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL},
@@ -296,9 +315,10 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, float *dinp, float *dwe
     DT_CHECK(bf16_operands(cu, op + (copy_w ? 0 : 1), copies));
   const void *g16 = dout16 ? dout16 : op[1].dst;
   const int ld16 = dout16 ? 2 * ldd : OC;
-  if (dinp) { /* through the GELU, where gelu_in is given, in the GEMM's epilogue */
+  if (dinp) { /* through the GELU, where gelu_in is given, in the GEMM's epilogue, into bf16 */
     dt_gemm_t g = gemm_linear_dinp(dinp, g16, weight16 ? weight16 : op[0].dst, N, C, OC, ld16);
     g.gelu_in = gelu_in;
+    g.c16 = gelu_in != NULL;
     DT_CHECK(linear_gemm(cu, &g, CUDA_R_16BF));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, g16, inp, N, C, OC, ld16);

@@ -1,7 +1,8 @@
 /* matmul.cuh — the linear layer's own kernels beside cuBLASLt (matmul.cu launches them): the
  * bf16 copies of the GEMM operands, the bf16 copy of an output gradient together with the bias
- * gradient (its column sums) in one pass, and the bias seed of the output for a product that
- * cuBLASLt cannot take (see gemm_seeded). The includer provides __nv_bfloat16 and
+ * gradient (its column sums) in one pass (or the column sums alone of a bf16 gradient), and the
+ * bias seed of the output for a product that cuBLASLt cannot take (see gemm_seeded). The includer
+ * provides __nv_bfloat16 and
  * __float2bfloat16_rn (cuda_bf16.h, or tests/unit/cuda_emul.h on the host). */
 #ifndef DT_KERNELS_CUDA_MATMUL_CUH
 #define DT_KERNELS_CUDA_MATMUL_CUH
@@ -40,8 +41,10 @@ __global__ static void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size
 
 /* dst (rows x cols, contiguous) = src (row stride lds) rounded to bf16, and partial[y * cols + c]
  * = the sum of src's fp32 column c over row block y: each lane adds its rows in order, then the
- * lanes are added in order, so the sums depend on the shapes only (deterministic). */
-__global__ static void to_bf16_colsum_kernel(__nv_bfloat16 *dst, float *partial, const float *src,
+ * lanes are added in order, so the sums depend on the shapes only (deterministic). A bf16 src
+ * (a gradient that exists in bf16 only) has no copy to make: dst is NULL then. */
+template <typename S>
+__global__ static void to_bf16_colsum_kernel(__nv_bfloat16 *dst, float *partial, const S *src,
                                              int rows, int cols, int lds, int rows_per_block)
 {
   __shared__ float lane_sum[COLSUM_LANES][COLSUM_COLS];
@@ -51,8 +54,9 @@ __global__ static void to_bf16_colsum_kernel(__nv_bfloat16 *dst, float *partial,
   float acc = 0.0f;
   if (c < cols)
     for (int r = r0 + lane; r < r1; r += COLSUM_LANES) {
-      const float x = src[(size_t)r * lds + c];
-      dst[(size_t)r * cols + c] = __float2bfloat16_rn(x);
+      const float x = dt__load(src + (size_t)r * lds + c);
+      if (dst)
+        dst[(size_t)r * cols + c] = __float2bfloat16_rn(x);
       acc += x;
     }
   lane_sum[lane][tc] = acc;

@@ -2004,8 +2004,6 @@ static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublas
     why = "A and B types (both CUDA_R_32F or both CUDA_R_16BF only)";
   else if ((p->D.type != CUDA_R_32F && p->D.type != CUDA_R_16BF) || p->C.type != p->D.type)
     why = "C and D types (both CUDA_R_32F or both CUDA_R_16BF only)";
-  else if (p->D.type == CUDA_R_16BF && p->epi == EPI_DGELU)
-    why = "a bf16 D with the GELU gradient (not emulated)";
   else if (p->A.order != CUBLASLT_ORDER_COL || p->B.order != CUBLASLT_ORDER_COL ||
            p->C.order != CUBLASLT_ORDER_COL || p->D.order != CUBLASLT_ORDER_COL)
     why = "matrix order (CUBLASLT_ORDER_COL only)";

@@ -665,19 +665,42 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   if (with_bias)
     expect_close("matmul_backward dbias", &dbias);
   if (bf16 && with_dinp && C % 8 == 0) {
-    /* dinp through a GELU (the MLP projection's): cuBLASLt's DGELU epilogue, whose GELU input
-     * needs a leading dimension that is a multiple of 8 (else the product falls back) */
-    pair_t x = pair_rand(inp.n, 0.0f, 1.5f), dx = pair_garbage(inp.n);
+    /* dinp through a GELU of a bf16 pre-activation (the MLP projection's), into bf16:
+     * cuBLASLt's DGELU epilogue, whose GELU input needs a leading dimension that is a multiple
+     * of 8 (else the product falls back); within two bf16 steps of the largest value */
+    pair_t x = pair_rand(inp.n, 0.0f, 1.5f);
+    pair16_t x16 = pair16_alloc(inp.n), dx = pair16_alloc(inp.n);
+    ck_assert_int_eq(H->to_bf16(g_cpu, x16.h, x.h, x.n), 0);
+    ck_assert_int_eq(G->to_bf16(g_gpu, x16.d, x.d, x.n), 0);
     pair_t dwx = pair_rand((size_t)OC * C, 0.0f, 1.0f);
     ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dx.h, dwx.h, NULL, dout.h, NULL, in16.h,
-                                             weight.h, NULL, x.h, N, C, OC, ld),
+                                             weight.h, NULL, x16.h, N, C, OC, ld),
                      0);
     ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dx.d, dwx.d, NULL, dout.d, NULL, in16.d,
-                                             weight.d, NULL, x.d, N, C, OC, ld),
+                                             weight.d, NULL, x16.d, N, C, OC, ld),
                      0);
-    expect_close("matmul_backward_bf16 dinp through the GELU", &dx);
+    expect_bf16_close("matmul_backward_bf16 dinp through the GELU", &dx, 8e-3);
     expect_close("matmul_backward_bf16 dweight beside the GELU", &dwx);
-    pair_free(&x), pair_free(&dx), pair_free(&dwx);
+    pair_free(&x), pair16_free(&x16), pair16_free(&dx), pair_free(&dwx);
+  }
+  if (bf16 && with_bias && with_dinp && OC % 2 == 0) {
+    /* a gradient in bf16 only (the fc layer's, as the GELU's backward wrote it): no fp32 dout,
+     * dout16 contiguous (ldd = OC * bf16_bytes / 4), dbias the sums of its values */
+    pair_t g = pair_rand((size_t)N * OC, 0.0f, 1.0f), di = pair_garbage((size_t)N * C);
+    pair_t dw = pair_rand((size_t)OC * C, 0.0f, 1.0f), db = pair_rand((size_t)OC, 0.0f, 1.0f);
+    pair16_t g16 = pair16_alloc(g.n);
+    ck_assert_int_eq(H->to_bf16(g_cpu, g16.h, g.h, g.n), 0);
+    ck_assert_int_eq(G->to_bf16(g_gpu, g16.d, g.d, g.n), 0);
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di.h, dw.h, db.h, NULL, g16.h, in16.h, weight.h,
+                                             NULL, NULL, N, C, OC, OC),
+                     0);
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di.d, dw.d, db.d, NULL, g16.d, in16.d, weight.d,
+                                             NULL, NULL, N, C, OC, OC / 2),
+                     0);
+    expect_close("matmul_backward_bf16 dinp from a bf16 gradient", &di);
+    expect_close("matmul_backward_bf16 dweight from a bf16 gradient", &dw);
+    expect_close("matmul_backward_bf16 dbias, the bf16 gradient's sums", &db);
+    pair_free(&g), pair_free(&di), pair_free(&dw), pair_free(&db), pair16_free(&g16);
   }
   if (bf16 && !with_bias) {
     /* dout's bf16 values given, in dout's bytes (the LM head's case), and the weight's (the
@@ -936,20 +959,28 @@ START_TEST(test_gelu_residual)
   ck_assert_int_eq(H->gelu_forward(g_cpu, out.h, inp.h, n), 0);
   ck_assert_int_eq(G->gelu_forward(g_gpu, out.d, inp.d, n), 0);
   expect_close("gelu_forward", &out);
-  /* bf16 output: on each device its own fp32 GELU rounded (the same bits as to_bf16 of it) */
-  pair16_t out16 = pair16_alloc(n);
-  float *gelu_gpu = fetch(&out);
+  /* bf16 input and output (the fc layer's bf16 output in, the next layer's input out): on each
+   * device its own fp32 GELU of the rounded inputs, rounded (the same bits as to_bf16 of it) */
+  pair16_t in16 = pair16_alloc(n), out16 = pair16_alloc(n);
+  pair_t inr = pair_rand(n, 0.0f, 1.0f), outr = pair_garbage(n);
+  ck_assert_int_eq(H->to_bf16(g_cpu, in16.h, inp.h, n), 0);
+  ck_assert_int_eq(G->to_bf16(g_gpu, in16.d, inp.d, n), 0);
+  memcpy(inr.h, in16.h, n * sizeof(float)); /* the rounded inputs as fp32, on both sides */
+  to_dev(inr.d, inr.h, n * sizeof(float));
+  ck_assert_int_eq(H->gelu_forward(g_cpu, outr.h, inr.h, n), 0);
+  ck_assert_int_eq(G->gelu_forward(g_gpu, outr.d, inr.d, n), 0);
+  float *gelu_gpu = fetch(&outr);
   ck_assert_int_eq(H->to_bf16(g_cpu, out16.h, gelu_gpu, n), 0);
-  ck_assert_int_eq(G->gelu_forward_bf16(g_gpu, out16.d, inp.d, n), 0);
+  ck_assert_int_eq(G->gelu_forward_bf16(g_gpu, out16.d, in16.d, n), 0);
   expect_bf16_equal("gelu_forward_bf16 (the GPU's fp32 GELU, rounded)", &out16, out16.h);
-  ck_assert_int_eq(H->gelu_forward_bf16(g_cpu, out16.h, inp.h, n), 0);
+  ck_assert_int_eq(H->gelu_forward_bf16(g_cpu, out16.h, in16.h, n), 0);
   for (size_t i = 0; i < n; i++) { /* the CPU's: its own fp32 GELU rounded */
-    float want = out.h[i];
+    float want = outr.h[i];
     ck_assert_int_eq(H->to_bf16(g_cpu, &want, &want, 1), 0);
     ck_assert(memcmp(&out16.h[i], &want, sizeof want) == 0);
   }
   free(gelu_gpu);
-  pair16_free(&out16);
+  pair16_free(&in16), pair16_free(&out16), pair_free(&inr), pair_free(&outr);
 
   pair_t dout = pair_rand(n, 0.0f, 1.0f), dinp = pair_garbage(n);
   ck_assert_int_eq(H->gelu_backward(g_cpu, dinp.h, inp.h, dout.h, n), 0);

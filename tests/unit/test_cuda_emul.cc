@@ -317,6 +317,16 @@ START_TEST(test_gelu_residual)
     ck_assert_msg(fabsf(v - out16_h[i]) <= 0x1p-8f * fabsf(out16_h[i]) + 1e-6f * scale,
                   "gelu bf16 [%zu]: %g, the CPU's %g", i, (double)v, (double)out16_h[i]);
   }
+  /* bf16 input (the fc layer's bf16 output): the fp32 kernel's values on the same rounded
+   * inputs, rounded, bit for bit */
+  std::vector<__nv_bfloat16> x16(n), outb(n, __nv_bfloat16{0xffffu});
+  std::vector<float> xr(n), outr(n, NAN);
+  for (size_t i = 0; i < n; i++)
+    x16[i] = __float2bfloat16_rn(x[i]), xr[i] = dt_bf16_round(x[i]);
+  launch_elementwise(n, [&] { gelu_forward_kernel(outb.data(), x16.data(), n); });
+  launch_elementwise(n, [&] { gelu_forward_kernel(outr.data(), xr.data(), n); });
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(__bfloat162float(outb[i]) == dt_bf16_round(outr[i]), "gelu bf16 in [%zu]", i);
   std::vector<float> din_h(n), din_g = dout; /* dinp aliases dout on the GPU side */
   dt_cpu_gelu_backward(din_h.data(), x.data(), dout.data(), n);
   launch_elementwise(n, [&] { gelu_backward_kernel(din_g.data(), x.data(), din_g.data(), n); });
@@ -406,11 +416,15 @@ static void ref_gemm(const dt_gemm_t &g)
           const double b = g.tb ? B[j + (size_t)p * g.B.ld] : B[p + (size_t)j * g.B.ld];
           acc += a * b;
         }
-        float &c = C[i + (size_t)j * g.ldc];
-        const double d = g.gelu_in ? ref_dgelu(g.gelu_in[i + (size_t)j * g.ldc]) : 1.0;
-        c = (float)((g.alpha * acc + (g.beta != 0.0f ? (double)g.beta * c : 0.0) +
-                     (g.bias ? (double)g.bias[i] : 0.0)) *
-                    d);
+        const size_t at = i + (size_t)j * g.ldc;
+        const double d =
+            g.gelu_in ? ref_dgelu(__bfloat162float(((const __nv_bfloat16 *)g.gelu_in)[at])) : 1.0;
+        const double c = g.beta != 0.0f ? (double)g.beta * C[at] : 0.0; /* fp32 C only */
+        const float v = (float)((g.alpha * acc + c + (g.bias ? (double)g.bias[i] : 0.0)) * d);
+        if (g.c16) /* rounded as it is stored */
+          ((__nv_bfloat16 *)g.C + t * g.sC)[at] = __float2bfloat16_rn(v);
+        else
+          C[at] = v;
       }
   }
 }
@@ -453,20 +467,36 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
   expect_close("linear backward dweight (+=)", dw_g, dw_h);
   expect_close("linear backward dbias (+=)", db_g, db_h);
 
-  /* dinp through a GELU of x: the epilogue's form, and the cuBLAS form (the product, then the
-   * GELU's backward in place), against the CPU's product then GELU backward */
-  const std::vector<float> x = randn((size_t)N * C);
-  std::vector<float> dx_h((size_t)N * C), dx_g((size_t)N * C, NAN), dx_s((size_t)N * C, NAN);
-  dt_cpu_gelu_backward(dx_h.data(), x.data(), dinp_h.data(), dx_h.size());
+  /* dinp through a GELU of x (bf16, as is dinp then): the epilogue's form, and matmul.cu's
+   * fallback (the fp32 product staged, then dgelu_to_bf16_kernel), against the CPU's product,
+   * GELU backward and rounding: within bf16's ulp, plus the fp32 tolerance */
+  const size_t nx = (size_t)N * C;
+  std::vector<float> x = randn(nx), dx_h(nx), stage(nx, NAN);
+  std::vector<__nv_bfloat16> x16(nx), dx_g(nx, __nv_bfloat16{0xffffu}), dx_s = dx_g;
+  for (size_t i = 0; i < nx; i++)
+    x16[i] = __float2bfloat16_rn(x[i]), x[i] = dt_bf16_round(x[i]);
+  dt_cpu_gelu_backward(dx_h.data(), x.data(), dinp_h.data(), nx);
+  dt_cpu_to_bf16(dx_h.data(), dx_h.data(), nx);
   dt_gemm_t g = gemm_linear_dinp(dx_g.data(), dout.data(), w.data(), N, C, OC, ld);
-  g.gelu_in = x.data();
+  g.gelu_in = x16.data();
+  g.c16 = 1;
   ref_gemm(g);
-  expect_close("linear backward dinp through the GELU", dx_g, dx_h);
-  g.C = dx_s.data();
-  ref_gemm(gemm_seeded(g));
-  launch_elementwise(
-      dx_s.size(), [&] { gelu_backward_kernel(dx_s.data(), x.data(), dx_s.data(), dx_s.size()); });
-  expect_close("linear backward dinp, GELU's backward after", dx_s, dx_h);
+  dt_gemm_t f = g; /* linear_gemm's staged form */
+  f.C = stage.data(), f.c16 = 0, f.gelu_in = NULL;
+  ref_gemm(gemm_seeded(f));
+  launch_elementwise(nx, [&] { dgelu_to_bf16_kernel(dx_s.data(), x16.data(), stage.data(), nx); });
+  float scale = 0.0f;
+  for (size_t i = 0; i < nx; i++)
+    scale = fmaxf(scale, fabsf(dx_h[i]));
+  for (size_t i = 0; i < nx; i++) {
+    const float e = __bfloat162float(dx_g[i]), f2 = __bfloat162float(dx_s[i]);
+    ck_assert_msg(fabsf(e - dx_h[i]) <= 0x1p-8f * fabsf(dx_h[i]) + 1e-5f * scale,
+                  "dinp through the GELU [%zu]: epilogue %g, the CPU's %g", i, (double)e,
+                  (double)dx_h[i]);
+    ck_assert_msg(fabsf(f2 - dx_h[i]) <= 0x1p-8f * fabsf(dx_h[i]) + 1e-5f * scale,
+                  "dinp through the GELU [%zu]: staged %g, the CPU's %g", i, (double)f2,
+                  (double)dx_h[i]);
+  }
 }
 
 /* The materialised attention as attention.cu runs it: per batch element the batched products,
@@ -606,6 +636,25 @@ START_TEST(test_matmul_and_device_kernels)
       for (int c = 0; c < Cc; c++)
         ck_assert(__bfloat162float(d16[(size_t)r * Cc + c]) == dt_bf16_round(g[(size_t)r * L + c]));
     expect_close("to_bf16_colsum column sums", sums, want);
+    /* a bf16 gradient (no copy to make): the column sums of its values */
+    std::vector<__nv_bfloat16> g16((size_t)R * L);
+    std::vector<float> sums16 = randn(Cc), want16(Cc);
+    for (size_t i = 0; i < g16.size(); i++)
+      g16[i] = __float2bfloat16_rn(g[i]);
+    for (int c = 0; c < Cc; c++) {
+      double t = sums16[c];
+      for (int r = 0; r < R; r++)
+        t += __bfloat162float(g16[(size_t)r * L + c]);
+      want16[c] = (float)t;
+    }
+    std::fill(partial.begin(), partial.end(), NAN);
+    launch(dim3((Cc + COLSUM_COLS - 1) / COLSUM_COLS, by), COLSUM_THREADS, 0, [&] {
+      to_bf16_colsum_kernel((__nv_bfloat16 *)NULL, partial.data(), g16.data(), R, Cc, L, rpb);
+    });
+    const dt__csum_t pass16 = {{sums16.data(), NULL}, {partial.data(), NULL}};
+    launch(dim3((Cc + DT__CSUM_COLS - 1) / DT__CSUM_COLS), DT__CSUM_THREADS, 0,
+           [&] { dt__column_sums_kernel(pass16, by, Cc); });
+    expect_close("to_bf16_colsum column sums of a bf16 gradient", sums16, want16);
   }
 
   /* The column sums' second pass alone, on two matrices of more rows than its 32 lanes (and

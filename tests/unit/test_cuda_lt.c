@@ -66,9 +66,9 @@ static void check_layout(cublasLtMatrixLayout_t l, want_t w, const char *what)
 }
 
 /* The operation: fp32 accumulation and scale, the transposes, the epilogue and its bias or GELU
- * input (fp32, leading dimension gelu_ld). */
-static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias,
-                     const float *gelu_in, int64_t gelu_ld)
+ * input (D's type, bf16; leading dimension gelu_ld). */
+static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias, const void *gelu_in,
+                     int64_t gelu_ld)
 {
   int32_t compute = -1, scale = -1, opa = -1, opb = -1;
   uint32_t epilogue = 0;
@@ -169,17 +169,21 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     dt_lt_gemm_release(&lt);
   }
 
-  /* dinp, and (bf16, C a multiple of 8) through a GELU: the GELU input (N, C) laid out like dinp */
-  const float *gelu_in = (const float *)at(0x80000, off, 4);
+  /* dinp, and (bf16, C a multiple of 8) through a GELU into bf16: the GELU input (N, C) laid
+   * out like dinp, bf16 like it */
+  const void *gelu_in = at(0x80000, off, 4);
   for (int through_gelu = 0; through_gelu < (ab == CUDA_R_16BF && C % 8 == 0 ? 2 : 1);
        through_gelu++) {
     dt_gemm_t g = gemm_linear_dinp(dinp, dout, w, N, C, OC, ld);
     g.gelu_in = through_gelu ? gelu_in : NULL;
+    g.c16 = through_gelu;
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
     check_op(&lt, 0, 0, NULL, g.gelu_in, C);
     check_layout(lt.A, weight, "dinp A (weight)");
     check_layout(lt.B, grad, "dinp B (dout)");
-    check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)C, (uint64_t)N, C}, "dinp C (dinp)");
+    check_layout(lt.C,
+                 (want_t){through_gelu ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)C, (uint64_t)N, C},
+                 "dinp C (dinp)");
     check_pref(&lt, ws,
                (const uint32_t[4]){w_al, d_al, dt_lt_alignment(dinp), dt_lt_alignment(dinp)});
     dt_lt_gemm_release(&lt);
@@ -232,18 +236,21 @@ START_TEST(test_alignment_and_refusals)
   /* a GELU input whose leading dimension is not a multiple of 8: not cuBLASLt's (the caller
    * falls back), and both epilogues at once: no such product */
   g = gemm_linear_dinp((void *)0x1000, (const void *)0x2000, (const void *)0x3000, 4, 12, 8, 8);
-  g.gelu_in = (const float *)0x4000;
+  g.gelu_in = (const void *)0x4000;
+  g.c16 = 1;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_ENOTSUP);
   ck_assert_ptr_null(lt.op);
   g.bias = (const float *)0x5000;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
   ck_assert_ptr_null(lt.op);
-  /* a bf16 C is only written: not with the GELU gradient, not read (beta != 0) */
+  /* the GELU gradient only into a bf16 C (its input is bf16); a bf16 C is only written, not
+   * read (beta != 0) */
   g = gemm_linear_dinp((void *)0x1000, (const void *)0x2000, (const void *)0x3000, 4, 16, 8, 8);
-  g.c16 = 1;
-  g.gelu_in = (const float *)0x4000;
+  g.gelu_in = (const void *)0x4000;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
+  ck_assert_ptr_null(lt.op);
   g.gelu_in = NULL;
+  g.c16 = 1;
   g.beta = 1.0f;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
   ck_assert_ptr_null(lt.op);

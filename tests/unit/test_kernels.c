@@ -731,11 +731,42 @@ START_TEST(test_matmul_bf16)
   ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out16, in16, w_bad, w_r, bias, N, C, OC, ld), 0);
   ck_assert(memcmp(out16, want, (size_t)N * ld * sizeof(float)) == 0);
   check_bwd16(&t, dout, NULL, w_bad, w_r, NULL, dinp_w);
-  /* through a GELU (gelu_in): the GELU's backward of that dinp, bit for bit */
+  /* through a GELU of a bf16 pre-activation (gelu_in): the GELU's backward of that dinp,
+   * rounded to bf16, bit for bit */
   float *x = rand_normal(&rng, (size_t)N * C, 0.0f, 1.0f), *want_x = falloc((size_t)N * C);
+  for (size_t i = 0; i < (size_t)N * C; i++)
+    x[i] = ref_bf16(x[i]);
   dt_cpu_gelu_backward(want_x, x, dinp_w, (size_t)N * C);
+  for (size_t i = 0; i < (size_t)N * C; i++)
+    want_x[i] = ref_bf16(want_x[i]);
   ck_assert(memcmp(want_x, dinp_w, (size_t)N * C * sizeof(float)) != 0);
   check_bwd16(&t, dout, NULL, w, NULL, x, want_x);
+  /* a gradient in bf16 only (dout NULL; dout16 (N, OC) contiguous, as the GELU's backward
+   * above writes it, ldd = OC * bf16_bytes / 4): the GEMMs of its values, and dbias their sums
+   * (against double sums) */
+  float *g16 = falloc((size_t)N * OC), *db16 = filled((size_t)OC, 0.25f);
+  for (size_t i = 0; i < (size_t)N; i++)
+    for (size_t j = 0; j < (size_t)OC; j++)
+      g16[i * OC + j] = dout_r[i * ld + j];
+  float *dinp16 = filled((size_t)N * C, GARBAGE), *dinp16_w = falloc((size_t)N * C);
+  float *dw16 = filled((size_t)OC * C, 0.5f), *dw16_w = filled((size_t)OC * C, 0.5f);
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, db16, NULL, g16, in16,
+                                             w, NULL, NULL, N, C, OC, OC),
+                   0);
+  dt_cpu_matmul_backward(dinp16_w, dw16_w, NULL, g16, inp_r, w_r, N, C, OC, OC);
+  ck_assert(memcmp(dinp16, dinp16_w, (size_t)N * C * sizeof(float)) == 0);
+  ck_assert(memcmp(dw16, dw16_w, (size_t)OC * C * sizeof(float)) == 0);
+  for (int o = 0; o < OC; o++) {
+    double want_b = 0.25;
+    for (int i = 0; i < N; i++)
+      want_b += g16[(size_t)i * OC + o];
+    ck_assert_msg(fabs(db16[o] - want_b) <= 1e-5 * (1.0 + fabs(want_b)), "dbias[%d] %g, want %g", o,
+                  (double)db16[o], want_b);
+  }
+  /* refused: no gradient at all */
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, NULL, NULL, NULL, in16,
+                                             w, NULL, NULL, N, C, OC, OC),
+                   DT_EINVAL);
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
   ck_assert_int_eq(
@@ -752,12 +783,12 @@ START_TEST(test_matmul_bf16)
   ck_assert_int_eq(
       ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, ld),
       DT_EINVAL);
-  /* the GELU into a bf16 activation: the fp32 GELU's values rounded, bit for bit */
-  float *g32 = falloc((size_t)N * C), *g16 = filled((size_t)N * C, GARBAGE);
-  ck_assert_int_eq(ops->gelu_forward(dt_device_cpu(), g32, inp, (size_t)N * C), 0);
-  ck_assert_int_eq(ops->gelu_forward_bf16(dt_device_cpu(), g16, inp, (size_t)N * C), 0);
+  /* the GELU of a bf16 activation into one: the fp32 GELU's values rounded, bit for bit */
+  float *g32 = falloc((size_t)N * C), *gl16 = filled((size_t)N * C, GARBAGE);
+  ck_assert_int_eq(ops->gelu_forward(dt_device_cpu(), g32, in16, (size_t)N * C), 0);
+  ck_assert_int_eq(ops->gelu_forward_bf16(dt_device_cpu(), gl16, in16, (size_t)N * C), 0);
   for (size_t i = 0; i < (size_t)N * C; i++)
-    ck_assert(g16[i] == ref_bf16(g32[i]));
+    ck_assert(gl16[i] == ref_bf16(g32[i]));
 }
 END_TEST
 

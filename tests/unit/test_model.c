@@ -60,6 +60,45 @@ static int spied_flash_bf16(struct dt_device *dev, float *out, float *lse, const
   return dt_ops_cpu()->attention_forward_flash_bf16(dev, out, lse, qkv, B, Tq, q0, Tall, C, NH);
 }
 
+/* Stand-ins for the MLP's bf16 entries, which run the CPU's and count the calls whose bf16
+ * buffers all hold bf16 numbers: the GELU's input (the fc layer's bf16 output), the GELU-gradient
+ * backward's input and output, and the fc layer's backward from that bf16 gradient alone. */
+static int g_gelu_calls, g_gelu_bf16, g_dgelu_calls, g_dgelu_bf16, g_dout16_calls, g_dout16_bf16;
+
+static int all_bf16(const void *p, size_t n)
+{
+  const float *x = p; /* the CPU's bf16 buffer */
+  for (size_t i = 0; i < n; i++)
+    if (dt_bf16_round(x[i]) != x[i])
+      return 0;
+  return 1;
+}
+
+static int spied_gelu_bf16(struct dt_device *dev, void *out, const void *inp, size_t n)
+{
+  g_gelu_calls++;
+  g_gelu_bf16 += all_bf16(inp, n);
+  return dt_ops_cpu()->gelu_forward_bf16(dev, out, inp, n);
+}
+
+static int spied_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
+                               const float *dout, const void *dout16, const void *inp,
+                               const float *weight, const void *weight16, const void *gelu_in,
+                               int N, int C, int OC, int ldd)
+{
+  const int rc = dt_ops_cpu()->matmul_backward_bf16(dev, dinp, dweight, dbias, dout, dout16, inp,
+                                                    weight, weight16, gelu_in, N, C, OC, ldd);
+  if (gelu_in) {
+    g_dgelu_calls++;
+    g_dgelu_bf16 += all_bf16(gelu_in, (size_t)N * C) && all_bf16(dinp, (size_t)N * C);
+  }
+  if (!dout) {
+    g_dout16_calls++;
+    g_dout16_bf16 += dbias && all_bf16(dout16, (size_t)N * OC);
+  }
+  return rc;
+}
+
 static const int TOKENS[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
                                   {7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6, 13}};
 
@@ -93,6 +132,25 @@ START_TEST(test_bf16_takes_the_bf16_entries)
   g_qkv_bf16 = -1;
   ck_assert_int_eq(step(dev, 0), 0);
   ck_assert_int_eq(g_qkv_bf16, -1); /* fp32 never called the bf16 entry */
+}
+END_TEST
+
+/* bf16 keeps the MLP's pre-activation and its gradient in bf16 (as autocast does): every layer's
+ * GELU reads bf16 values, its backward writes them, and the fc layer's backward takes that
+ * gradient with no fp32 one, its bias gradient too. */
+START_TEST(test_bf16_mlp)
+{
+  dt_device_t *dev = edited_cpu();
+  g_ops.gelu_forward_bf16 = spied_gelu_bf16;
+  g_ops.matmul_backward_bf16 = spied_backward_bf16;
+  ck_assert_int_eq(step(dev, 1), 0);
+  const int L = CFG.layers;
+  ck_assert_int_eq(g_gelu_calls, L);
+  ck_assert_int_eq(g_gelu_bf16, L);
+  ck_assert_int_eq(g_dgelu_calls, L);
+  ck_assert_int_eq(g_dgelu_bf16, L);
+  ck_assert_int_eq(g_dout16_calls, L);
+  ck_assert_int_eq(g_dout16_bf16, L);
 }
 END_TEST
 
@@ -240,6 +298,7 @@ int main(void)
   Suite *s = suite_create("model");
   TCase *t = tcase_create("choices");
   tcase_add_test(t, test_bf16_takes_the_bf16_entries);
+  tcase_add_test(t, test_bf16_mlp);
   tcase_add_test(t, test_refusals);
   tcase_add_test(t, test_flash_head_size_limit);
   suite_add_tcase(s, t);

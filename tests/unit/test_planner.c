@@ -187,13 +187,14 @@ START_TEST(test_activations)
   const double N = b * s, C = h, layer = 15 * N * C + 4 * N + b * a * s * s;
   ck_assert_double_eq_tol(
       mem.acts, 4 * (2 * layer + 5 * N * C + 5 * N + N * 128 + 9 * N * C + b * a * s * s), 1e-6);
-  /* distrain's bf16: ln1, ln2 (N C each) and the GELU output (4 N C) of each layer and the
-   * final norm's output (N C) in 2-byte bf16, the rest fp32; the scratch adds a bf16 N C. */
+  /* distrain's bf16: ln1, ln2 (N C each), the MLP's pre-activation and GELU output (4 N C
+   * each) of each layer and the final norm's output (N C) in 2-byte bf16, the rest fp32; in the
+   * scratch the pre-activation's gradient (4 N C) is bf16, and a bf16 N C is added. */
   tr.precision = DT_PLAN_BF16;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
-  const double layer16 = 4 * (9 * N * C + 4 * N + b * a * s * s) + 2 * (6 * N * C);
+  const double layer16 = 4 * (5 * N * C + 4 * N + b * a * s * s) + 2 * (10 * N * C);
   const double slot16 = 4 * (4 * N * C + 2 * N) + 2 * layer16 + 2 * N * C + 4 * (3 * N + N * 128);
-  const double scratch16 = 4 * (9 * N * C + b * a * s * s) + 2 * N * C;
+  const double scratch16 = 4 * (5 * N * C + b * a * s * s) + 2 * (4 * N * C + N * C);
   ck_assert_double_eq_tol(mem.acts, slot16 + scratch16, 1e-6);
   /* Flash attention (the default): each query row's lse, b a s floats, in place of the
    * probabilities, none in the scratch; in mixed16, 4 a s b bytes in place of 5 a s^2 b. */
@@ -373,11 +374,13 @@ START_TEST(test_equal_times_prefer_large_micro_batches)
 END_TEST
 
 /* The GPU trainer's own buffers for gpt2-124m at micro-batch 16 x 1024 (N = 16384 rows), worked
- * out from kernels/cuda's requests: under bf16 the largest is the MLP's fc backward, a bf16 copy
- * of its N x 3072 output gradient (96 MiB) and its bias gradient's partial sums (64 blocks of 256
- * rows x 3072 floats, 0.75 MiB), 97 MiB when rounded up; under ZeRO-3 also its weight's bf16 copy
- * (3072 x 768, 4.5 MiB): 102 MiB. Under fp32, LayerNorm's partials (512 chunks of 32 rows, 2 x
- * 768 floats each: 3 MiB) and the vector of ones (64 KiB: 1 MiB). Plus cuBLASLt's 32 MiB. */
+ * out from kernels/cuda's requests: under bf16 the largest is the qkv layer's backward, a bf16
+ * copy of its N x 2304 output gradient (72 MiB) and its bias gradient's partial sums (64 blocks
+ * of 256 rows x 2304 floats, 0.5625 MiB), 73 MiB when rounded up; under ZeRO-3 also its weight's
+ * bf16 copy (2304 x 768, 3.375 MiB): 76 MiB. (The MLP's fc backward, whose output gradient is
+ * bf16 already, asks for its partial sums alone, 0.75 MiB, then its weight's copy, 4.5 MiB.) Under
+ * fp32, LayerNorm's partials (512 chunks of 32 rows, 2 x 768 floats each: 3 MiB) and the vector of
+ * ones (64 KiB: 1 MiB). Plus cuBLASLt's 32 MiB. */
 START_TEST(test_device_buffers)
 {
   dt_plan_model_t m = gpt2_124m();
@@ -386,8 +389,8 @@ START_TEST(test_device_buffers)
     dt_plan_precision_t prec;
     int dp, zero;
     double mib;
-  } cases[] = {{DT_PLAN_BF16, 1, 0, 32 + 97},
-               {DT_PLAN_BF16, 8, 3, 32 + 102},
+  } cases[] = {{DT_PLAN_BF16, 1, 0, 32 + 73},
+               {DT_PLAN_BF16, 8, 3, 32 + 76},
                {DT_PLAN_FP32, 1, 0, 32 + 3 + 1},
                {DT_PLAN_MIXED16, 1, 0, 0}};
   for (size_t k = 0; k < DT_ARRAY_SIZE(cases); k++) {

@@ -198,7 +198,8 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
 /* Its bf16 activation buffers (ops.h), also in a fixed order. */
 #define DT__ACTS_BF16_FIELDS(a)                                                                    \
   {                                                                                                \
-    &(a)->ln1_16, &(a)->ln2_16, &(a)->fch_gelu16, &(a)->lnf16, &(a)->x16                           \
+    &(a)->ln1_16, &(a)->ln2_16, &(a)->fch16, &(a)->fch_gelu16, &(a)->lnf16, &(a)->x16,             \
+        &(a)->dfch16                                                                               \
   }
 
 /* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
@@ -501,11 +502,13 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
     DT__ALLOC(ln2, Lh * Ns * C);
   DT__ALLOC(ln2_mean, Lh * Ns);
   DT__ALLOC(ln2_rstd, Lh * Ns);
-  DT__ALLOC(fch, Lh * N * 4 * Cl);
-  if (m->bf16) /* only the next linear layer reads it, in bf16 */
+  if (m->bf16) { /* the GELU and its gradient read the one, the next linear layer the other */
+    DT__ALLOC_BYTES(fch16, Lh * N * 4 * Cl, m->ops->bf16_bytes);
     DT__ALLOC_BYTES(fch_gelu16, Lh * N * 4 * Cl, m->ops->bf16_bytes);
-  else
+  } else {
+    DT__ALLOC(fch, Lh * N * 4 * Cl);
     DT__ALLOC(fch_gelu, Lh * N * 4 * Cl);
+  }
   *bytes += total;
   return ok;
 }
@@ -526,7 +529,10 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
     DT__ALLOC(lngrad, 2 * C);
   }
   DT__ALLOC(dbuf, N * C);
-  DT__ALLOC(dbuf4, N * 4 * Cl);
+  if (m->bf16)
+    DT__ALLOC_BYTES(dfch16, N * 4 * Cl, m->ops->bf16_bytes);
+  else
+    DT__ALLOC(dbuf4, N * 4 * Cl);
   DT__ALLOC(dqkv, N * 3 * Cl);
   if (!m->flash)
     DT__ALLOC(datt, att_elems(m, B, (int)NH, T));
@@ -986,8 +992,8 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
 typedef struct {
   float *ln1, *ln1_mean, *ln1_rstd, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg,
       *res3;
-  void *qkv;                      /* qkv_bytes a value */
-  void *ln1_16, *ln2_16, *fchg16; /* bf16 compute: kept in bf16 (the fp32 one is NULL then) */
+  void *qkv;                              /* qkv_bytes a value */
+  void *ln1_16, *ln2_16, *fch16, *fchg16; /* bf16 compute: kept in bf16 (fp32's NULL then) */
 } layer_acts_t;
 
 /* Element off of an fp32 or a bf16 activation buffer that may be absent (NULL stays NULL). */
@@ -1020,7 +1026,8 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
                         .ln2_16 = bf16_at(m, a->ln2_16, h * Rn * C),
                         .ln2_mean = a->ln2_mean + h * Rn,
                         .ln2_rstd = a->ln2_rstd + h * Rn,
-                        .fch = a->fch + h * An * 4 * Cl,
+                        .fch = f32_at(a->fch, h * An * 4 * Cl),
+                        .fch16 = bf16_at(m, a->fch16, h * An * 4 * Cl),
                         .fchg = f32_at(a->fch_gelu, h * An * 4 * Cl),
                         .fchg16 = bf16_at(m, a->fch_gelu16, h * An * 4 * Cl),
                         .res3 = a->residual3 + (size_t)l * Rn * C};
@@ -1051,13 +1058,22 @@ static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16,
   return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, N, C, OC, ldo);
 }
 
+/* The row stride, in fp32 values, of the MLP pre-activation's gradient (ops.h: dout16's
+ * rows ldd * 4 / bf16_bytes values apart): dbuf4's rows, or under bf16 dfch16's (4 Cl values). */
+static int dfch_ld(const dt_gpt2_t *m)
+{
+  const int F = 4 * dims(m).Cl;
+  return m->bf16 ? (int)((size_t)F * m->ops->bf16_bytes / sizeof(float)) : F;
+}
+
 /* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
- * bf16 compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits).
- * gelu_in, where not NULL: in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under
- * bf16 compute in the GEMM's epilogue on a GPU). */
-static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *dw, float *db,
+ * bf16 compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits), or with
+ * dout NULL is the gradient (the MLP pre-activation's, in bf16 only). gelu_in, where not NULL:
+ * in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under bf16 compute both are bf16
+ * buffers, and on a GPU the GELU's derivative is the GEMM's epilogue). */
+static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, float *dw, float *db,
                            const float *dout, const void *dout16, const float *in, const void *in16,
-                           const dt_gpt2_view_t *p, int w, const float *gelu_in, int N, int C,
+                           const dt_gpt2_view_t *p, int w, const void *gelu_in, int N, int C,
                            int OC, int ldd)
 {
   const dt_ops_t *k = m->ops;
@@ -1114,10 +1130,10 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
                                            p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  DT_CHECK(linear_forward(m, a, y.fch, 0, in, y.ln2_16, p, DT_T_FCW, p->t[DT_T_FCB], (int)N, C,
-                          4 * Cl, 4 * Cl));
+  DT_CHECK(linear_forward(m, a, m->bf16 ? y.fch16 : y.fch, m->bf16, in, y.ln2_16, p, DT_T_FCW,
+                          p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl));
   if (m->bf16)
-    DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch, N * 4 * Cl));
+    DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch16, N * 4 * Cl));
   else
     DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
   DT_CHECK(linear_forward(m, a, a->tmp, 0, y.fchg, y.fchg16, p, DT_T_FCPROJW,
@@ -1347,11 +1363,12 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(linear_backward(m, a, a->dbuf4, g.t[DT_T_FCPROJW], g.t[DT_T_FCPROJB], dout, NULL,
-                             y.fchg, y.fchg16, &p, DT_T_FCPROJW, y.fch, (int)N, 4 * Cl, C, C));
+    DT_CHECK(linear_backward(m, a, m->bf16 ? a->dfch16 : (void *)a->dbuf4, g.t[DT_T_FCPROJW],
+                             g.t[DT_T_FCPROJB], dout, NULL, y.fchg, y.fchg16, &p, DT_T_FCPROJW,
+                             m->bf16 ? y.fch16 : (const void *)y.fch, (int)N, 4 * Cl, C, C));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, NULL, in,
-                             y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl, 4 * Cl));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, a->dfch16, in,
+                             y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl, dfch_ld(m)));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
                                 p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));

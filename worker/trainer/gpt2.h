@@ -222,7 +222,9 @@ typedef struct {
   void *ln2_16;     /* (L, N, C) */
   float *ln2_mean;  /* (L, N) */
   float *ln2_rstd;  /* (L, N) */
-  float *fch;       /* (L, N, 4C) MLP pre-activation */
+  float *fch;       /* (L, N, 4C) MLP pre-activation; NULL when fch16 holds it */
+  void *fch16;      /* (L, N, 4C) bf16 compute: the pre-activation in bf16, as PyTorch autocast
+                       keeps it (the fc layer's out16 output, the GELU's input) */
   float *fch_gelu;  /* (L, N, 4C); NULL under bf16 compute, which keeps fch_gelu16 */
   void *fch_gelu16; /* (L, N, 4C) bf16 compute (with sequence parallelism too) */
   float *residual3; /* (L, N, C) after the MLP branch = next layer's input */
@@ -242,7 +244,9 @@ typedef struct {
   /* backward scratch, shared by all layers */
   float *dresidual; /* (N, C) gradient of the residual stream */
   float *dbuf;      /* (N, C) */
-  float *dbuf4;     /* (N, 4C) */
+  float *dbuf4;     /* (N, 4C) the MLP pre-activation's gradient; NULL when dfch16 holds it */
+  void *dfch16;     /* (N, 4C) bf16 compute: that gradient in bf16 (the fc-proj layer's dinp
+                       through the GELU), all the fc layer's backward reads of it */
   float *dqkv;      /* (N, 3C) */
   float *datt;      /* like one layer's att (not with flash attention) */
   float *tmp;       /* (N, C) branch outputs before the residual add */

@@ -250,9 +250,9 @@ TIMED(matmul_forward_bf16, 2.0 * N * C * OC, 0,
        const void *weight16, const float *bias, int N, int C, int OC, int ldo),
       out, out16, inp, weight, weight16, bias, N, C, OC, ldo)
 TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
-      (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
+      (dt_device_t * dev, void *dinp, float *dweight, float *dbias, const float *dout,
        const void *dout16, const void *inp, const float *weight, const void *weight16,
-       const float *gelu_in, int N, int C, int OC, int ldd),
+       const void *gelu_in, int N, int C, int OC, int ldd),
       dinp, dweight, dbias, dout, dout16, inp, weight, weight16, gelu_in, N, C, OC, ldd)
 TIMED(to_bf16, 0, (4.0 + h) * n, (dt_device_t * dev, void *dst, const float *src, size_t n), dst,
       src, n)
@@ -289,8 +289,8 @@ TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C), 0,
       dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(gelu_forward, 0, 8.0 * n, (dt_device_t * dev, float *out, const float *inp, size_t n), out,
       inp, n)
-TIMED(gelu_forward_bf16, 0, (4.0 + h) * n,
-      (dt_device_t * dev, void *out, const float *inp, size_t n), out, inp, n)
+TIMED(gelu_forward_bf16, 0, 2.0 * h * n, (dt_device_t * dev, void *out, const void *inp, size_t n),
+      out, inp, n)
 TIMED(gelu_backward, 0, 12.0 * n,
       (dt_device_t * dev, float *dinp, const float *inp, const float *dout, size_t n), dinp, inp,
       dout, n)
