@@ -230,6 +230,17 @@ static int live_slots(const dt_plan_layout_t *l, int s)
   return l->pp == 1 ? 1 : DT_MIN(l->pp - s, l->accum);
 }
 
+/* Bytes of a value of q, k and v's gradient in distrain's trainer: 2 where the bf16 flash
+ * backward writes it in bf16 (one whole sequence, rows of (C + 2k)/t values a whole number of
+ * floats), else 4. */
+static double dqkv_bytes(const dt_plan_model_t *m, const dt_plan_train_t *tr,
+                         const dt_plan_layout_t *l)
+{
+  const long row = (long)((m->hidden + 2 * kv_width(m)) / l->tp);
+  return tr->precision == DT_PLAN_BF16 && !tr->materialized && cp_of(l) == 1 && row % 2 == 0 ? 2
+                                                                                             : 4;
+}
+
 /* distrain's trainer, float for float (planner.h), bytes. */
 static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
                            const dt_plan_layout_t *l, int s)
@@ -255,13 +266,15 @@ static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   double slot = 4 * ((Ls + 2) * N * C + 2 * N) + (l->ckpt ? 0 : Ls * layer);
   if (last)
     slot += w * N * C + 4 * (3 * N + N * Vp / t);
-  double scratch = 2 * N * C + N * (C + 2 * k) / t + (tr->materialized ? att : 0);
+  double scratch = 2 * N * C + (tr->materialized ? att : 0);
   if (cp > 1) /* the group's gathered rows and their gradients */
     scratch += 2 * qkv;
   if (t > 1 && last)
     scratch += 3 * (t + 1) * N;
-  /* the MLP pre-activation's gradient at w bytes; bf16: a linear layer's input rounded */
-  scratch = 4 * scratch + w * N * F / t + (bf16 ? w * N * C : 0) + (l->ckpt ? layer : 0);
+  /* the MLP pre-activation's gradient at w bytes, q, k and v's at dqkv_bytes; bf16: a linear
+   * layer's input rounded */
+  scratch = 4 * scratch + w * N * F / t + dqkv_bytes(m, tr, l) * N * (C + 2 * k) / t +
+            (bf16 ? w * N * C : 0) + (l->ckpt ? layer : 0);
   return scratch + live_slots(l, s) * slot;
 }
 
@@ -304,8 +317,10 @@ static double device_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr
   }
   if (tr->precision == DT_PLAN_BF16) {
     const double layers[4][2] = {{Q, C}, {C, C / t}, {F, C}, {C, F}}; /* qkv, proj, fc, proj */
-    for (int i = 0; i < 4; i++) /* the fc layer's output gradient is bf16 already */
-      ws = DT_MAX(ws, linear_ws(N, layers[i][0], layers[i][1], zero3, i != 2, bias));
+    for (int i = 0; i < 4; i++) { /* fc's output gradient is bf16 already, qkv's may be */
+      const int held16 = i == 2 || (i == 0 && dqkv_bytes(m, tr, l) == 2);
+      ws = DT_MAX(ws, linear_ws(N, layers[i][0], layers[i][1], zero3, !held16, bias));
+    }
     if (s == l->pp - 1) /* the LM head: its dlogits are bf16 already */
       ws = DT_MAX(ws, linear_ws(N, Vl, C, zero3, 0, 0));
   }

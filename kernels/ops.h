@@ -177,14 +177,19 @@ typedef struct dt_ops {
    * bf16; every product a bf16 GEMM accumulating in fp32; the softmax, lse and D = dout . out
    * in fp32; the probabilities and score gradients rounded to bf16 as the operands of their
    * products, the probabilities relative to the running maximum of 64-key tiles (the GPU's
-   * flash_mma.cuh streams the keys so; the CPU follows it exactly). out, lse and the gradients
-   * stay fp32. NULL where a backend has none: bf16 is then refused with flash attention. */
+   * flash_mma.cuh streams the keys so; the CPU follows it exactly). out and lse stay fp32, and
+   * so do the gradients added into a context-parallel buffer; with dqkv16 (one whole sequence:
+   * q0 0, Tall Tq, accumulate 0) dqkv is a bf16 buffer of (B, Tq, 3C) values that gets the
+   * gradients rounded to bf16 (to nearest even; as autocast's SDPA returns them, and what the
+   * qkv layer's backward reads as they are). NULL where a backend has none: bf16 is then refused
+   * with flash attention. */
   int (*attention_forward_flash_bf16)(struct dt_device *dev, float *out, float *lse,
                                       const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                       int NH);
-  int (*attention_backward_flash_bf16)(struct dt_device *dev, float *dqkv, const float *dout,
-                                       const void *qkv, const float *out, const float *lse, int B,
-                                       int Tq, int q0, int Tall, int C, int NH, int accumulate);
+  int (*attention_backward_flash_bf16)(struct dt_device *dev, void *dqkv, int dqkv16,
+                                       const float *dout, const void *qkv, const float *out,
+                                       const float *lse, int B, int Tq, int q0, int Tall, int C,
+                                       int NH, int accumulate);
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
@@ -256,6 +261,20 @@ static inline int dt_bf16_backward_check(const float *dbias, const float *dout, 
   }
   if (dbias && dout16 && dout16 == (const void *)dout) {
     DT_ERROR(KERNEL, "matmul_backward_bf16: dbias asked of a dout overwritten by its bf16 values");
+    return DT_EINVAL;
+  }
+  return 0;
+}
+
+/* attention_backward_flash_bf16's rule on dqkv16 (above), for every backend: 0, or DT_EINVAL
+ * (logged). */
+static inline int dt_flash_dqkv16_check(int dqkv16, int Tq, int q0, int Tall, int accumulate)
+{
+  if (dqkv16 && (q0 != 0 || Tall != Tq || accumulate)) {
+    DT_ERROR(KERNEL,
+             "attention_backward_flash_bf16: bf16 gradients of one whole sequence only (q0 %d, "
+             "Tq %d, Tall %d, accumulate %d)",
+             q0, Tq, Tall, accumulate);
     return DT_EINVAL;
   }
   return 0;

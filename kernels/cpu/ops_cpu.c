@@ -172,14 +172,20 @@ static int attention_forward_flash_bf16(struct dt_device *dev, float *out, float
              : DT_ENOMEM;
 }
 
-static int attention_backward_flash_bf16(struct dt_device *dev, float *dqkv, const float *dout,
-                                         const void *qkv, const float *out, const float *lse, int B,
-                                         int Tq, int q0, int Tall, int C, int NH, int accumulate)
+/* dqkv16: the fp32 gradients, then rounded in place (the CPU's bf16 buffer). */
+static int attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
+                                         const float *dout, const void *qkv, const float *out,
+                                         const float *lse, int B, int Tq, int q0, int Tall, int C,
+                                         int NH, int accumulate)
 {
-  return dt_cpu_attention_backward_flash_bf16(H(dqkv), H(dout), H(qkv), H(out), H(lse), B, Tq, q0,
-                                              Tall, C, NH, accumulate) == 0
-             ? 0
-             : DT_ENOMEM;
+  DT_CHECK(dt_flash_dqkv16_check(dqkv16, Tq, q0, Tall, accumulate));
+  float *g = H(dqkv);
+  if (dt_cpu_attention_backward_flash_bf16(g, H(dout), H(qkv), H(out), H(lse), B, Tq, q0, Tall, C,
+                                           NH, accumulate) != 0)
+    return DT_ENOMEM;
+  if (dqkv16)
+    dt_cpu_to_bf16(g, g, (size_t)B * Tq * 3 * C);
+  return 0;
 }
 
 static int gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n)

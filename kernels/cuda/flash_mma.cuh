@@ -8,8 +8,9 @@
  * tile is loaded; every product is a bf16 mma with
  * fp32 accumulation; the softmax (max, exp, sums, lse) is fp32; the probabilities P and the
  * score gradients dS are rounded to bf16 as the operands of the second product of each pass
- * (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from the fp32 tensors. out, lse and the
- * gradients are fp32.
+ * (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from the fp32 tensors. out and lse are
+ * fp32; the gradients are fp32 added into a context-parallel buffer, else rounded to bf16 as
+ * they are stored (G = uint16_t: autocast's SDPA returns them in bf16).
  *
  * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (query rows in
  * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
@@ -334,9 +335,21 @@ __device__ static inline float fmma_row_max(float v)
 }
 
 /* dst[d] = mul acc (or += with add) for the calling lane's columns d < hs of its row g + 8 i of
- * the C layout (acc: NO tiles of 8 columns). */
-template <int NO>
-__device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, float mul, int hs,
+ * the C layout (acc: NO tiles of 8 columns); a bf16 dst gets the value rounded (add is false
+ * there: the caller's). */
+__device__ static inline void fmma_store_one(float *dst, float v, bool add)
+{
+  *dst = add ? *dst + v : v;
+}
+
+__device__ static inline void fmma_store_one(uint16_t *dst, float v, bool add)
+{
+  (void)add;
+  *dst = fmma_bf16(v);
+}
+
+template <int NO, typename G>
+__device__ static void fmma_store_row(G *dst, const float (*acc)[4], int i, float mul, int hs,
                                       bool add)
 {
   const int c = threadIdx.x % 4;
@@ -346,7 +359,7 @@ __device__ static void fmma_store_row(float *dst, const float (*acc)[4], int i, 
     for (int e = 2 * i; e < 2 * i + 2; e++) {
       const int d = 8 * nd + 2 * c + e % 2;
       if (d < hs)
-        dst[d] = add ? dst[d] + mul * acc[nd][e] : mul * acc[nd][e];
+        fmma_store_one(dst + d, mul * acc[nd][e], add);
     }
 }
 
@@ -418,11 +431,11 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
 }
 
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds
- * the query gradients into dqkv (add false: writes them); Dbuf (B, NH, Tq) gets D = dout . out of
- * every query row. */
-template <int HSM>
+ * the query gradients into dqkv (add false: writes them; G = uint16_t: as bf16, never added);
+ * Dbuf (B, NH, Tq) gets D = dout . out of every query row. */
+template <int HSM, typename G>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
-    fmma_backward_dq_kernel(float *dqkv, float *Dbuf, const float *dout, const uint16_t *qkv,
+    fmma_backward_dq_kernel(G *dqkv, float *Dbuf, const float *dout, const uint16_t *qkv,
                             const float *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
 {
@@ -488,12 +501,13 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
 }
 
 /* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
- * Adds the key and value gradients into dqkv (add false: writes them); Dbuf is the dq kernel's. */
-template <int HSM>
+ * Adds the key and value gradients into dqkv (add false: writes them; G as the dq kernel's); Dbuf
+ * is the dq kernel's. */
+template <int HSM, typename G>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
-    fmma_backward_dkdv_kernel(float *dqkv, const float *Dbuf, const float *dout,
-                              const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall,
-                              int C, int NH, float scale, bool add)
+    fmma_backward_dkdv_kernel(G *dqkv, const float *Dbuf, const float *dout, const uint16_t *qkv,
+                              const float *lse, int Tq, int q0, int Tall, int C, int NH,
+                              float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
@@ -547,7 +561,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   for (int i = 0; i < 2; i++) {
     if (key[i] >= kend)
       continue;
-    float *krow = dqkv + ((size_t)b * Tall + key[i]) * C3 + (size_t)h * hs;
+    G *krow = dqkv + ((size_t)b * Tall + key[i]) * C3 + (size_t)h * hs;
     fmma_store_row<NO>(krow + C, dk, i, scale, hs, add);
     fmma_store_row<NO>(krow + 2 * C, dv, i, 1.0f, hs, add);
   }

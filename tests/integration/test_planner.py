@@ -225,10 +225,10 @@ class PlannerAgainstTrainer(unittest.TestCase):
 
     def test_device_buffers_on_a_gpu(self):
         """The device's own buffers past the scratch's first MiB: a wider model (C 256) and
-        1984 rows per micro-batch, where the bf16 copy of the MLP's output gradient (3.9 MiB)
-        sets the scratch (4 MiB), its weight's copy under ZeRO-3 takes it to 5 MiB, tp halves
-        it, and fp32 keeps LayerNorm's partials and the ones; the planner's "device" against
-        the trainer's line, rank by rank."""
+        4032 rows per micro-batch, where the bf16 copy of a projection's output gradient
+        (1.97 MiB; the MLP's and q, k, v's are bf16 already) sets the scratch (2 MiB), its
+        weight's copy under ZeRO-3 takes it to 3 MiB, and fp32 keeps LayerNorm's partials and
+        the ones; the planner's "device" against the trainer's line, rank by rank."""
         if not GPU_TRAINER:
             self.skipTest("no CUDA trainer (tests/emul's distrain-train-emul is built where the "
                           "CUDA headers are)")
@@ -241,7 +241,7 @@ class PlannerAgainstTrainer(unittest.TestCase):
             with self.subTest(name):
                 dpn = world // tp
                 tag = re.sub(r"\W+", "_", name) + "_dev"
-                a = dp.base_args(31, 1, os.path.join(self.tmp, tag + ".jsonl"), steps=1)
+                a = dp.base_args(63, 1, os.path.join(self.tmp, tag + ".jsonl"), steps=1)
                 i = a.index("--init")
                 a[i:i + 2] = ["--init", "seed:7"]
                 a[a.index("--seq") + 1] = "64"
@@ -253,8 +253,8 @@ class PlannerAgainstTrainer(unittest.TestCase):
                 dp.assert_ranks_ok(outs, name)
                 lay = json.loads(subprocess.run(
                     [ctl, "plan"] + model + ["--hidden", "256", "--seq", "64", "--global-batch",
-                                             str(31 * dpn), "--precision", precision, "--json",
-                                             "--layout", "dp=%d,tp=%d,zero=%d,micro=31"
+                                             str(63 * dpn), "--precision", precision, "--json",
+                                             "--layout", "dp=%d,tp=%d,zero=%d,micro=63"
                                              % (dpn, tp, zero)],
                     check=True, stdout=subprocess.PIPE, text=True).stdout)["layouts"][0]
                 self.assertGreater(lay["stages"][0]["device"], 33 * MIB, name)  # past 1 MiB

@@ -897,10 +897,10 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
            dqkv = add ? pair_rand((size_t)B * T * 3 * C, 0.0f, bf16 ? 0.0f : 1.0f)
                       : pair_garbage((size_t)B * T * 3 * C);
     if (bf16) {
-      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, dqkv.h, dout.h, qkv16.h, out.h,
+      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, dqkv.h, 0, dout.h, qkv16.h, out.h,
                                                         lse.h, B, Tq, q0, T, C, NH, add),
                        0);
-      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, dqkv.d, dout.d, qkv16.d, out.d,
+      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, dqkv.d, 0, dout.d, qkv16.d, out.d,
                                                         lse.d, B, Tq, q0, T, C, NH, add),
                        0);
     } else {
@@ -912,6 +912,21 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
                        0);
     }
     expect_close_tol("attention_backward_flash dqkv", &dqkv, tol);
+    if (bf16 && !add) { /* into bf16 (dqkv16): the CPU's its fp32 gradients rounded, bit for bit;
+                         * the GPU's within the same tolerance of them */
+      pair16_t d16 = pair16_alloc(dqkv.n);
+      float *want = xmalloc(dqkv.n * sizeof(float));
+      ck_assert_int_eq(H->to_bf16(g_cpu, want, dqkv.h, dqkv.n), 0);
+      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, d16.h, 1, dout.h, qkv16.h, out.h,
+                                                        lse.h, B, Tq, q0, T, C, NH, 0),
+                       0);
+      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, d16.d, 1, dout.d, qkv16.d, out.d,
+                                                        lse.d, B, Tq, q0, T, C, NH, 0),
+                       0);
+      ck_assert(memcmp(d16.h, want, dqkv.n * sizeof(float)) == 0);
+      expect_bf16_close("attention_backward_flash_bf16 dqkv into bf16", &d16, tol);
+      free(want), pair16_free(&d16);
+    }
     pair_free(&out), pair_free(&lse), pair_free(&dout), pair_free(&dqkv);
   }
   pair_free(&qkv);

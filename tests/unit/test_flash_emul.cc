@@ -64,19 +64,20 @@ static void emul_mma_forward(float *out, float *lse, const uint16_t *qkv, int B,
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
-template <int HSM>
-static void emul_mma_backward(float *dqkv, const float *dout, const uint16_t *qkv, const float *out,
+template <int HSM, typename G>
+static void emul_mma_backward(G *dqkv, const float *dout, const uint16_t *qkv, const float *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
                               bool add)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   std::vector<float> D((size_t)B * NH * Tq, NAN);
   launch(flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
-    fmma_backward_dq_kernel<HSM>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale,
-                                 add);
+    fmma_backward_dq_kernel<HSM, G>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale,
+                                    add);
   });
   launch(flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), [&] {
-    fmma_backward_dkdv_kernel<HSM>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH, scale, add);
+    fmma_backward_dkdv_kernel<HSM, G>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH, scale,
+                                      add);
   });
 }
 
@@ -197,10 +198,23 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
                        0);
       emul_mma_backward<HSM>(dqkv_g.data(), dout_gp, qkv_g, out_h.data(), lse_h.data(), B, Tq, q0,
                              T, C, NH, add);
-      if (add)
+      if (add) {
         expect_close("bf16 backward dqkv (+=)", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0), 5e-4);
-      else
-        expect_close("bf16 backward dqkv (=)", dqkv_g, dqkv_h, 5e-4);
+        continue;
+      }
+      expect_close("bf16 backward dqkv (=)", dqkv_g, dqkv_h, 5e-4);
+      /* into bf16 (the whole sequence's dqkv16): the same gradients, rounded as stored, bit for
+       * bit, over all-ones bits (an element not written fails) */
+      std::vector<uint16_t> d16(dqkv0.size(), (uint16_t)0xffff);
+      emul_mma_backward<HSM>(d16.data(), dout_gp, qkv_g, out_h.data(), lse_h.data(), B, Tq, q0, T,
+                             C, NH, false);
+      for (size_t i = 0; i < d16.size(); i++) {
+        const uint32_t bits = (uint32_t)d16[i] << 16;
+        float v;
+        memcpy(&v, &bits, sizeof v);
+        ck_assert_msg(v == dt_bf16_round(dqkv_g[i]), "bf16 backward dqkv into bf16 [%zu]: %g, %g",
+                      i, (double)v, (double)dqkv_g[i]);
+      }
     }
   }
 }

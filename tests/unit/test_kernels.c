@@ -1236,6 +1236,15 @@ static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64
         dt_cpu_attention_backward_flash_bf16(w, dout, qkv16, out, lse, B, Tq, q0, T, C, NH, 0), 0);
     check_written("attention_flash_bf16 written", w, d, nqkv);
     check_chunk_added("attention_flash_bf16", r, d, ones, sum, B, T, C, q0, Tk);
+    /* the table's bf16 gradients (dqkv16): of one whole sequence only, written rounded */
+    const dt_ops_t *ops = dt_ops_cpu();
+    float *w16 = filled(nqkv, GARBAGE);
+    const int whole = cp == 1;
+    ck_assert_int_eq(ops->attention_backward_flash_bf16(dt_device_cpu(), w16, 1, dout, qkv16, out,
+                                                        lse, B, Tq, q0, T, C, NH, 0),
+                     whole ? 0 : DT_EINVAL);
+    for (size_t i = 0; whole && i < nqkv; i++)
+      ck_assert(w16[i] == ref_bf16(w[i]));
   }
   const double e_out = rel_err(out_all, out_d, nout), e_dqkv = rel_err(sum, dqkv_d, nqkv);
   const double e_lse = rel_err(lse_all, lse_d, (size_t)B * NH * T);

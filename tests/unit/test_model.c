@@ -60,9 +60,9 @@ static int spied_flash_bf16(struct dt_device *dev, float *out, float *lse, const
   return dt_ops_cpu()->attention_forward_flash_bf16(dev, out, lse, qkv, B, Tq, q0, Tall, C, NH);
 }
 
-/* Stand-ins for the MLP's bf16 entries, which run the CPU's and count the calls whose bf16
- * buffers all hold bf16 numbers: the GELU's input (the fc layer's bf16 output), the GELU-gradient
- * backward's input and output, and the fc layer's backward from that bf16 gradient alone. */
+/* Stand-ins for the bf16 entries, which run the CPU's and count the calls whose bf16 buffers all
+ * hold bf16 numbers: the GELU's input (the fc layer's bf16 output), the GELU-gradient backward's
+ * input and output, and a linear layer's backward from a bf16 gradient alone. */
 static int g_gelu_calls, g_gelu_bf16, g_dgelu_calls, g_dgelu_bf16, g_dout16_calls, g_dout16_bf16;
 
 static int all_bf16(const void *p, size_t n)
@@ -137,7 +137,8 @@ END_TEST
 
 /* bf16 keeps the MLP's pre-activation and its gradient in bf16 (as autocast does): every layer's
  * GELU reads bf16 values, its backward writes them, and the fc layer's backward takes that
- * gradient with no fp32 one, its bias gradient too. */
+ * gradient with no fp32 one, its bias gradient too; so does the qkv layer's with the bf16 flash
+ * backward's q, k, v gradient (one whole sequence, as here). */
 START_TEST(test_bf16_mlp)
 {
   dt_device_t *dev = edited_cpu();
@@ -149,8 +150,8 @@ START_TEST(test_bf16_mlp)
   ck_assert_int_eq(g_gelu_bf16, L);
   ck_assert_int_eq(g_dgelu_calls, L);
   ck_assert_int_eq(g_dgelu_bf16, L);
-  ck_assert_int_eq(g_dout16_calls, L);
-  ck_assert_int_eq(g_dout16_bf16, L);
+  ck_assert_int_eq(g_dout16_calls, 2 * L); /* fc and qkv */
+  ck_assert_int_eq(g_dout16_bf16, 2 * L);
 }
 END_TEST
 

@@ -199,7 +199,7 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
 #define DT__ACTS_BF16_FIELDS(a)                                                                    \
   {                                                                                                \
     &(a)->ln1_16, &(a)->ln2_16, &(a)->fch16, &(a)->fch_gelu16, &(a)->lnf16, &(a)->x16,             \
-        &(a)->dfch16                                                                               \
+        &(a)->dfch16, &(a)->dqkv16                                                                 \
   }
 
 /* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
@@ -454,6 +454,15 @@ static int qkv16(const dt_gpt2_t *m)
   return m->bf16 && m->flash;
 }
 
+/* Whether their gradient is a bf16 buffer too: the bf16 flash backward writes it so over one
+ * whole sequence (ops.h; context parallelism adds the chunks' parts in fp32), in rows the qkv
+ * layer's backward can take (ops.h's dout16: 3 C/tp values a row, a whole number of floats). */
+static int dqkv16(const dt_gpt2_t *m)
+{
+  const size_t row = 3 * (size_t)(m->cfg.channels / m->tp.tp);
+  return qkv16(m) && m->cp.cp == 1 && row * m->ops->bf16_bytes % sizeof(float) == 0;
+}
+
 /* Bytes of a q, k, v value. */
 static size_t qkv_bytes(const dt_gpt2_t *m)
 {
@@ -533,7 +542,10 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
     DT__ALLOC_BYTES(dfch16, N * 4 * Cl, m->ops->bf16_bytes);
   else
     DT__ALLOC(dbuf4, N * 4 * Cl);
-  DT__ALLOC(dqkv, N * 3 * Cl);
+  if (dqkv16(m))
+    DT__ALLOC_BYTES(dqkv16, N * 3 * Cl, m->ops->bf16_bytes);
+  else
+    DT__ALLOC(dqkv, N * 3 * Cl);
   if (!m->flash)
     DT__ALLOC(datt, att_elems(m, B, (int)NH, T));
   if (m->cp.cp > 1) {
@@ -923,14 +935,14 @@ static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
  * NULL) into out and att, or backward with out the forward's into dqkv (Tall rows), adding
  * under context parallelism (a chunk of the queries), else writing it (flash, every query). */
 static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const void *qkv,
-                     const float *dout, float *dqkv, int B, int Tq, int q0, int Tall)
+                     const float *dout, void *dqkv, int B, int Tq, int q0, int Tall)
 {
   const dims_t d = dims(m);
   const dt_ops_t *k = m->ops;
   const int add = m->cp.cp > 1;
   if (qkv16(m))
-    return dout ? k->attention_backward_flash_bf16(m->dev, dqkv, dout, qkv, out, att, B, Tq, q0,
-                                                   Tall, d.Cl, d.NHl, add)
+    return dout ? k->attention_backward_flash_bf16(m->dev, dqkv, dqkv16(m), dout, qkv, out, att, B,
+                                                   Tq, q0, Tall, d.Cl, d.NHl, add)
                 : k->attention_forward_flash_bf16(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl,
                                                   d.NHl);
   if (m->flash)
@@ -1058,12 +1070,12 @@ static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16,
   return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, N, C, OC, ldo);
 }
 
-/* The row stride, in fp32 values, of the MLP pre-activation's gradient (ops.h: dout16's
- * rows ldd * 4 / bf16_bytes values apart): dbuf4's rows, or under bf16 dfch16's (4 Cl values). */
-static int dfch_ld(const dt_gpt2_t *m)
+/* The ldd of an output gradient of cols values a row: cols for an fp32 one, or where g16 holds
+ * it in bf16 (the MLP pre-activation's, the attention's q, k, v) the row's bytes in floats, as
+ * ops.h's dout16 takes it. */
+static int grad_ld(const dt_gpt2_t *m, const void *g16, int cols)
 {
-  const int F = 4 * dims(m).Cl;
-  return m->bf16 ? (int)((size_t)F * m->ops->bf16_bytes / sizeof(float)) : F;
+  return g16 ? (int)((size_t)cols * m->ops->bf16_bytes / sizeof(float)) : cols;
 }
 
 /* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
@@ -1368,7 +1380,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
                              m->bf16 ? y.fch16 : (const void *)y.fch, (int)N, 4 * Cl, C, C));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, a->dfch16, in,
-                             y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl, dfch_ld(m)));
+                             y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl,
+                             grad_ld(m, a->dfch16, 4 * Cl)));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
                                 p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
@@ -1377,7 +1390,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
                              y.atty, NULL, &p, DT_T_ATTPROJW, NULL, (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) {
-      DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf, a->dqkv, B, T, 0, T));
+      DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf,
+                         dqkv16(m) ? a->dqkv16 : (void *)a->dqkv, B, T, 0, T));
     } else if (m->cp.cp == 1) {
       DT_CHECK(
           k->attention_backward(m->dev, a->dqkv, a->datt, a->dbuf, y.qkv, y.att, B, T, Cl, d.NHl));
@@ -1387,8 +1401,9 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, NULL, in,
-                             y.ln1_16, &p, DT_T_QKVW, NULL, (int)N, C, 3 * Cl, 3 * Cl));
+    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, a->dqkv16, in,
+                             y.ln1_16, &p, DT_T_QKVW, NULL, (int)N, C, 3 * Cl,
+                             grad_ld(m, a->dqkv16, 3 * Cl)));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));

@@ -247,7 +247,9 @@ typedef struct {
   float *dbuf4;     /* (N, 4C) the MLP pre-activation's gradient; NULL when dfch16 holds it */
   void *dfch16;     /* (N, 4C) bf16 compute: that gradient in bf16 (the fc-proj layer's dinp
                        through the GELU), all the fc layer's backward reads of it */
-  float *dqkv;      /* (N, 3C) */
+  float *dqkv;      /* (N, 3C); NULL when dqkv16 holds it */
+  void *dqkv16;     /* (N, 3C) bf16 flash attention over one whole sequence: its q, k, v
+                       gradient in bf16, all the qkv layer's backward reads of it */
   float *datt;      /* like one layer's att (not with flash attention) */
   float *tmp;       /* (N, C) branch outputs before the residual add */
   void *x16;        /* (N, C) bf16 compute: a linear layer's input rounded to bf16 (where its
