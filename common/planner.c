@@ -258,11 +258,11 @@ static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   const double att = !tr->materialized ? b * (a / t) * S /* flash: the rows' lse */
                      : cp > 1          ? b * (a / t) * (S / 2) * (S / 2) * (2 * cp + 1)
                                        : b * (a / t) * S * S;
-  /* ln1 and ln2, the MLP's pre-activation and activation, at w bytes; q, k, v too for bf16
-   * flash attention */
+  /* ln1 and ln2, the MLP's pre-activation and activation, at w bytes; q, k, v and the
+   * attention's output too for bf16 flash attention */
   const double qkv_w = !tr->materialized ? w : 4;
   const double layer =
-      4 * (N * C + 4 * N + N * C / t + att) + w * mlp + qkv_w * qkv + w * (2 * N * C + N * F / t);
+      4 * (N * C + 4 * N + att) + w * mlp + qkv_w * (qkv + N * C / t) + w * (2 * N * C + N * F / t);
   double slot = 4 * ((Ls + 2) * N * C + 2 * N) + (l->ckpt ? 0 : Ls * layer);
   if (last)
     slot += w * N * C + 4 * (3 * N + N * Vp / t);

@@ -175,19 +175,20 @@ typedef struct dt_ops {
   /* The flash entries in bf16 compute (--precision bf16, as PyTorch autocast's SDPA): qkv is a
    * bf16 activation buffer (B, Tall, 3C) (the qkv layer's out16 output) and dout is rounded to
    * bf16; every product a bf16 GEMM accumulating in fp32; the softmax, lse and D = dout . out
-   * in fp32; the probabilities and score gradients rounded to bf16 as the operands of their
-   * products, the probabilities relative to the running maximum of 64-key tiles (the GPU's
-   * flash_mma.cuh streams the keys so; the CPU follows it exactly). out and lse stay fp32, and
-   * so do the gradients added into a context-parallel buffer; with dqkv16 (one whole sequence:
-   * q0 0, Tall Tq, accumulate 0) dqkv is a bf16 buffer of (B, Tq, 3C) values that gets the
-   * gradients rounded to bf16 (to nearest even; as autocast's SDPA returns them, and what the
-   * qkv layer's backward reads as they are). NULL where a backend has none: bf16 is then refused
-   * with flash attention. */
-  int (*attention_forward_flash_bf16)(struct dt_device *dev, float *out, float *lse,
-                                      const void *qkv, int B, int Tq, int q0, int Tall, int C,
-                                      int NH);
+   * in fp32 (from dout's fp32 values and out's bf16 ones); the probabilities and score
+   * gradients rounded to bf16 as the operands of their products, the probabilities relative to
+   * the running maximum of 64-key tiles (the GPU's flash_mma.cuh streams the keys so; the CPU
+   * follows it exactly). out is a bf16 activation buffer (B, Tq, C) that gets the output
+   * rounded to bf16 (as autocast's SDPA returns it; the attention projection's input as it is),
+   * lse stays fp32, and so do the gradients added into a context-parallel buffer; with dqkv16
+   * (one whole sequence: q0 0, Tall Tq, accumulate 0) dqkv is a bf16 buffer of (B, Tq, 3C)
+   * values that gets the gradients rounded to bf16 (to nearest even; as autocast's SDPA returns
+   * them, and what the qkv layer's backward reads as they are). NULL where a backend has none:
+   * bf16 is then refused with flash attention. */
+  int (*attention_forward_flash_bf16)(struct dt_device *dev, void *out, float *lse, const void *qkv,
+                                      int B, int Tq, int q0, int Tall, int C, int NH);
   int (*attention_backward_flash_bf16)(struct dt_device *dev, void *dqkv, int dqkv16,
-                                       const float *dout, const void *qkv, const float *out,
+                                       const float *dout, const void *qkv, const void *out,
                                        const float *lse, int B, int Tq, int q0, int Tall, int C,
                                        int NH, int accumulate);
 

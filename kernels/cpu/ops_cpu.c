@@ -163,18 +163,21 @@ static int attention_backward_flash(struct dt_device *dev, float *dqkv, const fl
              : DT_ENOMEM;
 }
 
-static int attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
+/* out: the fp32 output, then rounded in place (the CPU's bf16 buffer). */
+static int attention_forward_flash_bf16(struct dt_device *dev, void *out, float *lse,
                                         const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                         int NH)
 {
-  return dt_cpu_attention_forward_flash_bf16(H(out), H(lse), H(qkv), B, Tq, q0, Tall, C, NH) == 0
-             ? 0
-             : DT_ENOMEM;
+  float *o = H(out);
+  if (dt_cpu_attention_forward_flash_bf16(o, H(lse), H(qkv), B, Tq, q0, Tall, C, NH) != 0)
+    return DT_ENOMEM;
+  dt_cpu_to_bf16(o, o, (size_t)B * Tq * C);
+  return 0;
 }
 
 /* dqkv16: the fp32 gradients, then rounded in place (the CPU's bf16 buffer). */
 static int attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
-                                         const float *dout, const void *qkv, const float *out,
+                                         const float *dout, const void *qkv, const void *out,
                                          const float *lse, int B, int Tq, int q0, int Tall, int C,
                                          int NH, int accumulate)
 {

@@ -116,23 +116,23 @@ static int flash_launch(dt_cuda_impl_t *cu, K kernel, dim3 grid, unsigned thread
 /* mma: the tensor-core kernels (flash_mma.cuh) on bf16 q, k, v, else flash.cuh's fp32 ones on
  * fp32 q, k, v. */
 template <int HSM>
-static int flash_forward(dt_cuda_impl_t *cu, bool mma, float *out, float *lse, const void *qkv,
+static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, const void *qkv,
                          int B, int Tq, int q0, int Tall, int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   if (mma)
     return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_blocks(Tq), B, NH),
-                        FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(), out, lse, (const uint16_t *)qkv,
-                        Tq, q0, Tall, C, NH, scale);
+                        FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(), (uint16_t *)out, lse,
+                        (const uint16_t *)qkv, Tq, q0, Tall, C, NH, scale);
   return flash_launch(cu, flash_forward_kernel<HSM>, flash_grid(flash_query_blocks(Tq), B, NH),
-                      FLASH_ROWS, flash_kv_smem_bytes<HSM>(), out, lse, (const float *)qkv, Tq, q0,
-                      Tall, C, NH, scale);
+                      FLASH_ROWS, flash_kv_smem_bytes<HSM>(), (float *)out, lse, (const float *)qkv,
+                      Tq, q0, Tall, C, NH, scale);
 }
 
 /* The tensor-core dq kernel, then (D in the workspace) the dk/dv kernel, gradients of type G. */
 template <int HSM, typename G>
 static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, float *D, const float *dout,
-                         const uint16_t *q16, const float *out, const float *lse, int B, int Tq,
+                         const uint16_t *q16, const uint16_t *out, const float *lse, int B, int Tq,
                          int q0, int Tall, int C, int NH, float scale, bool add)
 {
   DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>, flash_grid(fmma_blocks(Tq), B, NH),
@@ -148,26 +148,27 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, float *D, const float *dou
  * (add false) writes them, in bf16 where dqkv16 (the tensor-core kernels only). */
 template <int HSM>
 static int flash_backward(dt_cuda_impl_t *cu, bool mma, void *dqkv, bool dqkv16, const float *dout,
-                          const void *qkv, const float *out, const float *lse, int B, int Tq,
-                          int q0, int Tall, int C, int NH, bool add)
+                          const void *qkv, const void *out, const float *lse, int B, int Tq, int q0,
+                          int Tall, int C, int NH, bool add)
 {
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, (size_t)B * NH * Tq * sizeof(float), &ws));
   float *D = (float *)ws;
   const float scale = 1.0f / sqrtf((float)(C / NH));
   if (mma) {
-    const uint16_t *q16 = (const uint16_t *)qkv;
+    const uint16_t *q16 = (const uint16_t *)qkv, *o16 = (const uint16_t *)out;
     if (dqkv16)
-      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, dout, q16, out, lse, B, Tq, q0, Tall, C,
+      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, dout, q16, o16, lse, B, Tq, q0, Tall, C,
                                 NH, scale, add);
-    return fmma_backward<HSM>(cu, (float *)dqkv, D, dout, q16, out, lse, B, Tq, q0, Tall, C, NH,
+    return fmma_backward<HSM>(cu, (float *)dqkv, D, dout, q16, o16, lse, B, Tq, q0, Tall, C, NH,
                               scale, add);
   }
   const float *q32 = (const float *)qkv;
   float *g = (float *)dqkv;
-  DT_CHECK(flash_launch(
-      cu, flash_backward_dq_kernel<HSM>, flash_grid(flash_query_blocks(Tq), B, NH), FLASH_ROWS,
-      flash_kv_smem_bytes<HSM>(), g, D, dout, q32, out, lse, Tq, q0, Tall, C, NH, scale, add));
+  DT_CHECK(flash_launch(cu, flash_backward_dq_kernel<HSM>,
+                        flash_grid(flash_query_blocks(Tq), B, NH), FLASH_ROWS,
+                        flash_kv_smem_bytes<HSM>(), g, D, dout, q32, (const float *)out, lse, Tq,
+                        q0, Tall, C, NH, scale, add));
   return flash_launch(cu, flash_backward_dkdv_kernel<HSM>,
                       flash_grid(flash_key_blocks(q0 + Tq), B, NH), FLASH_KROWS,
                       flash_dkdv_smem_bytes<HSM>(), g, (const float *)D, dout, q32, lse, Tq, q0,
@@ -186,7 +187,7 @@ static int bucket_or_refuse(int C, int NH)
   return hsm;
 }
 
-static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse, const void *qkv,
+static int forward_flash(struct dt_device *dev, bool mma, void *out, float *lse, const void *qkv,
                          int B, int Tq, int q0, int Tall, int C, int NH)
 {
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
@@ -205,7 +206,7 @@ static int forward_flash(struct dt_device *dev, bool mma, float *out, float *lse
 }
 
 static int backward_flash(struct dt_device *dev, bool mma, void *dqkv, bool dqkv16,
-                          const float *dout, const void *qkv, const float *out, const float *lse,
+                          const float *dout, const void *qkv, const void *out, const float *lse,
                           int B, int Tq, int q0, int Tall, int C, int NH, int accumulate)
 {
   const bool add = accumulate != 0;
@@ -242,7 +243,7 @@ int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const 
                         accumulate);
 }
 
-int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
+int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, void *out, float *lse,
                                           const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                           int NH)
 {
@@ -250,7 +251,7 @@ int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, flo
 }
 
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
-                                           const float *dout, const void *qkv, const float *out,
+                                           const float *dout, const void *qkv, const void *out,
                                            const float *lse, int B, int Tq, int q0, int Tall, int C,
                                            int NH, int accumulate)
 {

@@ -137,11 +137,11 @@ int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const 
 /* The same contracts in bf16 on the tensor cores (flash_mma.cuh states the numerics; the CPU's
  * _flash_bf16 kernels follow them), the model's attention under --precision bf16;
  * tests/unit/test_flash_emul.cc checks the kernels on the host, test_cuda on a GPU. */
-int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, float *out, float *lse,
+int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, void *out, float *lse,
                                           const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                           int NH);
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
-                                           const float *dout, const void *qkv, const float *out,
+                                           const float *dout, const void *qkv, const void *out,
                                            const float *lse, int B, int Tq, int q0, int Tall, int C,
                                            int NH, int accumulate);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);

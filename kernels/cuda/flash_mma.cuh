@@ -8,9 +8,10 @@
  * tile is loaded; every product is a bf16 mma with
  * fp32 accumulation; the softmax (max, exp, sums, lse) is fp32; the probabilities P and the
  * score gradients dS are rounded to bf16 as the operands of the second product of each pass
- * (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from the fp32 tensors. out and lse are
- * fp32; the gradients are fp32 added into a context-parallel buffer, else rounded to bf16 as
- * they are stored (G = uint16_t: autocast's SDPA returns them in bf16).
+ * (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from dout's fp32 values and out's bf16
+ * ones. out is rounded to bf16 as it is stored, lse is fp32, and the gradients are fp32 added
+ * into a context-parallel buffer, else rounded to bf16 as they are stored (G = uint16_t);
+ * autocast's SDPA returns out and the gradients in bf16.
  *
  * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (query rows in
  * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
@@ -138,6 +139,15 @@ __device__ static inline uint16_t fmma_bf16(float x)
     return (uint16_t)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+}
+
+/* The value of bf16 bits x. */
+__device__ static inline float fmma_f32(uint16_t x)
+{
+  const uint32_t u = (uint32_t)x << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 /* lo and hi rounded to bf16 (fmma_bf16's rule; on the GPU one conversion instruction, whose NaN
@@ -366,7 +376,7 @@ __device__ static void fmma_store_row(G *dst, const float (*acc)[4], int i, floa
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
-    fmma_forward_kernel(float *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
+    fmma_forward_kernel(uint16_t *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
                         int C, int NH, float scale)
 {
   DT_FLASH_SMEM(smem_f);
@@ -436,7 +446,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
 template <int HSM, typename G>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
     fmma_backward_dq_kernel(G *dqkv, float *Dbuf, const float *dout, const uint16_t *qkv,
-                            const float *out, const float *lse, int Tq, int q0, int Tall, int C,
+                            const uint16_t *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
@@ -454,12 +464,12 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
   const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8};
   float D[2], L[2];
 #pragma unroll
-  for (int i = 0; i < 2; i++) { /* D in fp32 from the fp32 tensors; the lanes of a row share */
+  for (int i = 0; i < 2; i++) { /* D in fp32 from dout and out's values; a row's lanes share */
     float part = 0.0f;
     if (row[i] < Tq) {
       const size_t o = ((size_t)b * Tq + row[i]) * C + (size_t)h * hs;
       for (int d = c; d < hs; d += 4)
-        part += dout[o + d] * out[o + d];
+        part += dout[o + d] * fmma_f32(out[o + d]);
     }
     D[i] = fmma_row_sum(part);
     L[i] = row[i] < Tq ? lse[(size_t)bh * Tq + row[i]] : 0.0f;

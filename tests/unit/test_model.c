@@ -50,7 +50,7 @@ static int refused_flash(struct dt_device *dev, float *out, float *lse, const fl
   return DT_EINVAL;
 }
 
-static int spied_flash_bf16(struct dt_device *dev, float *out, float *lse, const void *qkv, int B,
+static int spied_flash_bf16(struct dt_device *dev, void *out, float *lse, const void *qkv, int B,
                             int Tq, int q0, int Tall, int C, int NH)
 {
   const float *x = qkv; /* the CPU's bf16 buffer: the fp32 numbers equal to bf16 values */

@@ -463,7 +463,8 @@ static int dqkv16(const dt_gpt2_t *m)
   return qkv16(m) && m->cp.cp == 1 && row * m->ops->bf16_bytes % sizeof(float) == 0;
 }
 
-/* Bytes of a q, k, v value. */
+/* Bytes of a q, k, v value, and of a value of the attention's output (bf16 flash attention
+ * writes it in bf16 too, what the attention projection reads). */
 static size_t qkv_bytes(const dt_gpt2_t *m)
 {
   return qkv16(m) ? m->ops->bf16_bytes : sizeof(float);
@@ -502,7 +503,7 @@ static int alloc_layers(dt_gpt2_t *m, dt_gpt2_acts_t *a, size_t Lh, int B, int T
   DT__ALLOC(ln1_mean, Lh * Ns);
   DT__ALLOC(ln1_rstd, Lh * Ns);
   DT__ALLOC_BYTES(qkv, Lh * N * (size_t)m->cp.cp * 3 * Cl, qkv_bytes(m));
-  DT__ALLOC(atty, Lh * N * Cl);
+  DT__ALLOC_BYTES(atty, Lh * N * Cl, qkv_bytes(m));
   DT__ALLOC(att, Lh * att_elems(m, B, (int)NH, T));
   DT__ALLOC(residual2, Lh * Ns * C);
   if (keep16)
@@ -934,7 +935,7 @@ static int cp_reduce_dqkv(dt_gpt2_t *m, dt_gpt2_acts_t *a, int B, int T)
 /* Attention of the Tq queries at [q0, q0 + Tq) of the Tall positions in qkv: forward (dout
  * NULL) into out and att, or backward with out the forward's into dqkv (Tall rows), adding
  * under context parallelism (a chunk of the queries), else writing it (flash, every query). */
-static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const void *qkv,
+static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, float *att, const void *qkv,
                      const float *dout, void *dqkv, int B, int Tq, int q0, int Tall)
 {
   const dims_t d = dims(m);
@@ -956,7 +957,7 @@ static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, co
 
 /* This rank's two query chunks against the keys up to each one's end (forward: out, att; or,
  * with dout, backward: added into dqkv_full, out the forward's, datt the scratch). */
-static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att, const void *qkv,
+static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, float *att, const void *qkv,
                         const float *dout, int B, int T)
 {
   const dims_t d = dims(m);
@@ -965,7 +966,7 @@ static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *out, float *att,
   for (int j = 0; j < 2; j++) {
     const int q0 = cp_chunk(m, j) * h;
     const size_t rows = (size_t)j * B * h;
-    DT_CHECK(attention(m, a, out + rows * d.Cl, att + att_off, qkv,
+    DT_CHECK(attention(m, a, (char *)out + rows * d.Cl * qkv_bytes(m), att + att_off, qkv,
                        dout ? dout + rows * d.Cl : NULL, a->dqkv_full, B, h, q0, Tall));
     att_off += (size_t)B * d.NHl * h * (size_t)(m->flash ? 1 : q0 + h);
   }
@@ -1002,9 +1003,8 @@ static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, floa
 /* The activations of layer l inside slot a: the layer's own buffers, or with activation
  * checkpointing the one layer's worth that every layer reuses. */
 typedef struct {
-  float *ln1, *ln1_mean, *ln1_rstd, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg,
-      *res3;
-  void *qkv;                              /* qkv_bytes a value */
+  float *ln1, *ln1_mean, *ln1_rstd, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg, *res3;
+  void *qkv, *atty;                       /* qkv_bytes a value */
   void *ln1_16, *ln2_16, *fch16, *fchg16; /* bf16 compute: kept in bf16 (fp32's NULL then) */
 } layer_acts_t;
 
@@ -1031,7 +1031,7 @@ static layer_acts_t layer_acts(const dt_gpt2_t *m, const dt_gpt2_acts_t *a, int 
                         .ln1_mean = a->ln1_mean + h * Rn,
                         .ln1_rstd = a->ln1_rstd + h * Rn,
                         .qkv = (char *)a->qkv + h * An * (size_t)m->cp.cp * 3 * Cl * qkv_bytes(m),
-                        .atty = a->atty + h * An * Cl,
+                        .atty = (char *)a->atty + h * An * Cl * qkv_bytes(m),
                         .att = a->att + h * att_stride,
                         .res2 = a->residual2 + h * Rn * C,
                         .ln2 = f32_at(a->ln2, h * Rn * C),
@@ -1131,8 +1131,8 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
-  DT_CHECK(linear_forward(m, a, a->tmp, 0, y.atty, NULL, p, DT_T_ATTPROJW,
-                          lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
+  DT_CHECK(linear_forward(m, a, a->tmp, 0, qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, p,
+                          DT_T_ATTPROJW, lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
   if (y.ln2_16)
     DT_CHECK(k->residual_layernorm_forward_bf16(m->dev, y.res2, y.ln2_16, y.ln2_mean, y.ln2_rstd, x,
@@ -1388,7 +1388,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
     DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
-                             y.atty, NULL, &p, DT_T_ATTPROJW, NULL, (int)N, Cl, C, C));
+                             qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, &p, DT_T_ATTPROJW,
+                             NULL, (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) {
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf,
                          dqkv16(m) ? a->dqkv16 : (void *)a->dqkv, B, T, 0, T));

@@ -212,7 +212,8 @@ typedef struct {
   float *ln1_rstd;  /* (L, N) */
   float *qkv;       /* (L, N, 3C); context parallel: (L, B, cp*T, 3C), the whole sequence;
                        bf16 compute with flash attention: a bf16 buffer (ops.h) */
-  float *atty;      /* (L, N, C) attention output, heads concatenated */
+  float *atty;      /* (L, N, C) attention output, heads concatenated; bf16 compute with flash
+                       attention: a bf16 buffer (ops.h), as the qkv */
   float *att;       /* (L, B, NH, T, T) softmax probabilities; with context parallelism each
                        chunk's (B, NH, T/2, the keys up to its end), one after the other; with
                        flash attention (L, B, NH, T) log-sum-exps (cp: each chunk's (B, NH,

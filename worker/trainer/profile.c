@@ -280,12 +280,12 @@ TIMED(attention_backward_flash, attn_flop(10, B, Tq, q0, C), 0,
        const float *lse, int B, int Tq, int q0, int Tall, int C, int NH, int accumulate),
       dqkv, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(attention_forward_flash_bf16, attn_flop(4, B, Tq, q0, C), 0,
-      (dt_device_t * dev, float *out, float *lse, const void *qkv, int B, int Tq, int q0, int Tall,
+      (dt_device_t * dev, void *out, float *lse, const void *qkv, int B, int Tq, int q0, int Tall,
        int C, int NH),
       out, lse, qkv, B, Tq, q0, Tall, C, NH)
 TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C), 0,
       (dt_device_t * dev, void *dqkv, int dqkv16, const float *dout, const void *qkv,
-       const float *out, const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
+       const void *out, const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
        int accumulate),
       dqkv, dqkv16, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(gelu_forward, 0, 8.0 * n, (dt_device_t * dev, float *out, const float *inp, size_t n), out,
