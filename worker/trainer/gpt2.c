@@ -1080,9 +1080,9 @@ static int grad_ld(const dt_gpt2_t *m, const void *g16, int cols)
 
 /* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
  * bf16 compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits), or with
- * dout NULL is the gradient (the MLP pre-activation's, in bf16 only). gelu_in, where not NULL:
- * in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under bf16 compute both are bf16
- * buffers, and on a GPU the GELU's derivative is the GEMM's epilogue). */
+ * dout NULL is the gradient (the MLP pre-activation's, q, k, v's: bf16 only). gelu_in, where not
+ * NULL: in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under bf16 compute both are
+ * bf16 buffers, and on a GPU the GELU's derivative is the GEMM's epilogue). */
 static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, float *dw, float *db,
                            const float *dout, const void *dout16, const float *in, const void *in16,
                            const dt_gpt2_view_t *p, int w, const void *gelu_in, int N, int C,
