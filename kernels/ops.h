@@ -252,12 +252,18 @@ typedef struct dt_ops {
   int (*sum_squares)(struct dt_device *dev, const float *x, size_t n, double *out);
 } dt_ops_t;
 
-/* matmul_backward_bf16's rules on dout and dout16 (ops.h above), for every backend: 0, or
- * DT_EINVAL (logged). */
-static inline int dt_bf16_backward_check(const float *dbias, const float *dout, const void *dout16)
+/* matmul_backward_bf16's rules on dout and dout16 (ops.h above), for every backend, whose
+ * dout16 rows are row16 values apart (ldd * 4 / bf16_bytes): 0, or DT_EINVAL (logged). */
+static inline int dt_bf16_backward_check(const float *dbias, const float *dout, const void *dout16,
+                                         int OC, long row16)
 {
   if (!dout && !dout16) {
     DT_ERROR(KERNEL, "matmul_backward_bf16: no output gradient (dout and dout16 NULL)");
+    return DT_EINVAL;
+  }
+  if (dout16 && row16 < OC) {
+    DT_ERROR(KERNEL, "matmul_backward_bf16: dout16's rows are %ld values apart, shorter than OC %d",
+             row16, OC);
     return DT_EINVAL;
   }
   if (dbias && dout16 && dout16 == (const void *)dout) {

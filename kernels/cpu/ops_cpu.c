@@ -108,7 +108,7 @@ static int matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweigh
                                 const float *weight, const void *weight16, const void *gelu_in,
                                 int N, int C, int OC, int ldd)
 {
-  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16));
+  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16, OC, ldd));
   return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(dout16), H(inp),
                                      H(weight), H(weight16), H(gelu_in), N, C, OC, ldd) == 0
              ? 0

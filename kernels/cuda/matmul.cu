@@ -292,7 +292,7 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dwei
                                   int N, int C, int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16));
+  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16, OC, 2 * (long)ldd));
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
   /* The bias gradient sums the fp32 gradient (ops.h): as the pass that copies it to bf16 reads
@@ -300,7 +300,8 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dwei
    * gradient, the bf16 values' column sums. */
   if (dbias && dout16 && dout)
     DT_CHECK(bias_backward(cu, dbias, dout, N, OC, ldd));
-  else if (dbias && dout16) {
+  else if (dbias && dout16) { /* the weight's copy below may take these bytes again: the column
+                               * sums, queued before it on the stream, have read them by then */
     void *partial = NULL;
     DT_CHECK(dt__cuda_workspace(cu, colsum_partial_bytes((size_t)N, (size_t)OC), &partial));
     DT_CHECK(colsum(cu, (__nv_bfloat16 *)NULL, (float *)partial, dbias,

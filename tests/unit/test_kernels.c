@@ -763,7 +763,10 @@ START_TEST(test_matmul_bf16)
     ck_assert_msg(fabs(db16[o] - want_b) <= 1e-5 * (1.0 + fabs(want_b)), "dbias[%d] %g, want %g", o,
                   (double)db16[o], want_b);
   }
-  /* refused: no gradient at all */
+  /* refused: dout16's rows shorter than OC; no gradient at all */
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, db16, NULL, g16, in16,
+                                             w, NULL, NULL, N, C, OC, OC - 1),
+                   DT_EINVAL);
   ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, NULL, NULL, NULL, in16,
                                              w, NULL, NULL, N, C, OC, OC),
                    DT_EINVAL);
