@@ -905,14 +905,15 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
       expect_close_tol("attention_forward_flash out", &out, tol);
     }
     expect_close("attention_forward_flash lse", &lse);
-    /* The backward takes the CPU's out and lse on both sides. */
-    to_dev(out.d, out.h, out.n * sizeof(float));
-    to_dev(lse.d, lse.h, lse.n * sizeof(float));
+    /* The backward takes the CPU's out (bf16: its bf16 one) and lse on both sides. */
     const void *out_h = out.h, *out_d = out.d;
     if (bf16) {
       pair16_upload(&out16);
       out_h = out16.h, out_d = out16.d;
+    } else {
+      to_dev(out.d, out.h, out.n * sizeof(float));
     }
+    to_dev(lse.d, lse.h, lse.n * sizeof(float));
     /* context parallelism's chunks add into dqkv; the whole sequence writes all of it (over
      * garbage: an element not written fails) */
     const int add = cp > 1;

@@ -137,6 +137,15 @@ static std::vector<float> minus(const std::vector<float> &a, const std::vector<f
   return d;
 }
 
+/* The value of bf16 bits b (the GPU's buffers). */
+static float bf16_value(uint16_t b)
+{
+  const uint32_t bits = (uint32_t)b << 16;
+  float v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
 /* q, k, v (or out) as the bf16 kernels take them: the CPU's bf16 buffer (the rounded fp32
  * numbers) and the GPU's (their top 16 bits). */
 static void bf16_qkv(const std::vector<float> &x, std::vector<float> *cpu,
@@ -187,9 +196,7 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
     std::vector<uint16_t> out16;
     bf16_qkv(out_h, &out_r, &out16);
     for (size_t i = 0; i < nout; i++) {
-      const uint32_t bits = (uint32_t)out_g[i] << 16;
-      float v;
-      memcpy(&v, &bits, sizeof v);
+      const float v = bf16_value(out_g[i]);
       ck_assert_msg(fabsf(v - out_r[i]) <= 0x1p-7f * fabsf(out_r[i]),
                     "bf16 forward out [%zu]: %g, %g", i, (double)v, (double)out_r[i]);
     }
@@ -220,13 +227,10 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
       std::vector<uint16_t> d16(dqkv0.size(), (uint16_t)0xffff);
       emul_mma_backward<HSM>(d16.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq, q0, T,
                              C, NH, false);
-      for (size_t i = 0; i < d16.size(); i++) {
-        const uint32_t bits = (uint32_t)d16[i] << 16;
-        float v;
-        memcpy(&v, &bits, sizeof v);
-        ck_assert_msg(v == dt_bf16_round(dqkv_g[i]), "bf16 backward dqkv into bf16 [%zu]: %g, %g",
-                      i, (double)v, (double)dqkv_g[i]);
-      }
+      for (size_t i = 0; i < d16.size(); i++)
+        ck_assert_msg(bf16_value(d16[i]) == dt_bf16_round(dqkv_g[i]),
+                      "bf16 backward dqkv into bf16 [%zu]: %g, %g", i, (double)bf16_value(d16[i]),
+                      (double)dqkv_g[i]);
     }
   }
 }
