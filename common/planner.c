@@ -264,8 +264,8 @@ static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   const double layer =
       4 * (N * C + 4 * N + att) + w * mlp + qkv_w * (qkv + N * C / t) + w * (2 * N * C + N * F / t);
   double slot = 4 * ((Ls + 2) * N * C + 2 * N) + (l->ckpt ? 0 : Ls * layer);
-  if (last)
-    slot += w * N * C + 4 * (3 * N + N * Vp / t);
+  if (last) /* the final norm, its mean and rstd, the losses, the logits */
+    slot += w * N * C + 4 * 3 * N + w * N * Vp / t;
   double scratch = 2 * N * C + (tr->materialized ? att : 0);
   if (cp > 1) /* the group's gathered rows and their gradients */
     scratch += 2 * qkv;

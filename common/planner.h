@@ -64,13 +64,14 @@
  *                    recomputed), not per layer and slot: layer outputs only.
  * all in 4-byte floats, except under bf16, where the values only a linear layer reads are 2-byte
  * bf16 (the GPU's bf16_bytes): the LayerNorm outputs (ln1, ln2, the final norm), the MLP
- * pre-activation and activation, and with flash attention q, k, v (the qkv layer writes them in
- * bf16 for the bf16 flash kernels) and the attention's output (which they write in bf16); in the
- * scratch the MLP pre-activation's gradient (N F/t) is bf16 too, and so is q, k, v's (N (C + 2k)/t)
- * with flash attention and no cp (where a row of it is a whole number of floats), and one N C bf16
- * buffer is added (a linear layer's rounded input). This is exact against the trainer's
- * "activations: X MiB" line (tests/integration/test_planner.py: fp32 on the CPU, bf16 on the
- * emulated GPU). Those are the terms of materialised attention (train.materialized); flash
+ * pre-activation and activation, the logits (the LM head writes them in bf16, the loss reads
+ * them and writes the bf16 dlogits over them), and with flash attention q, k, v (the qkv layer
+ * writes them in bf16 for the bf16 flash kernels) and the attention's output (which they write in
+ * bf16); in the scratch the MLP pre-activation's gradient (N F/t) is bf16 too, and so is q, k, v's
+ * (N (C + 2k)/t) with flash attention and no cp (where a row of it is a whole number of floats),
+ * and one N C bf16 buffer is added (a linear layer's rounded input). This is exact against the
+ * trainer's "activations: X MiB" line (tests/integration/test_planner.py: fp32 on the CPU, bf16 on
+ * the emulated GPU). Those are the terms of materialised attention (train.materialized); flash
  * attention, the default, keeps each query row's log-sum-exp instead, b (a/t) s per layer (with cp
  * too: the rank's s rows), and no probabilities in the scratch. mixed16 (a Megatron-style GPU
  * trainer; Korthikanti et al. 2022, 16-bit activations with dropout masks, no sequence

@@ -105,20 +105,20 @@ typedef struct dt_ops {
    * its gradient stay fp32 (dbias sums the unrounded dout). weight16, where the caller holds
    * weight's bf16 values (a bf16 buffer of OC x C, e.g. what adamw_update's param16 wrote), is
    * read instead of rounding weight, which is then not read (the backward reads either only for
-   * dinp). dout16, where the caller holds dout's bf16 values already
-   * (crossentropy_forward_backward_bf16's dlogits), is used instead of rounding dout: a bf16
-   * buffer in the bytes an fp32 dout would take, its rows ldd * 4 / bf16_bytes values apart;
-   * dout is then read only for dbias (both may be NULL; dbias with dout16 in dout's own bytes,
-   * whose fp32 values are gone, is DT_EINVAL). dbias with dout NULL: the gradient exists in bf16
-   * only (the MLP's pre-activation gradient, as the gelu_in backward below wrote it, contiguous:
-   * ldd = OC * bf16_bytes / 4) and dbias sums dout16's values. gelu_in, where
+   * dinp). dout16, where the caller holds dout's bf16 values already, is used instead of
+   * rounding dout: a bf16 buffer whose rows are ldd * 4 / bf16_bytes values apart; dout is then
+   * read only for dbias (dbias with dout16 in dout's own bytes, whose fp32 values are gone, is
+   * DT_EINVAL). dout NULL: the gradient exists in bf16 only (the cross-entropy's bf16 dlogits,
+   * ldd = Vp * bf16_bytes / 4; the MLP's pre-activation gradient, as the gelu_in backward below
+   * wrote it, ldd = OC * bf16_bytes / 4) and dbias sums dout16's values. gelu_in, where
    * not NULL (with dinp; (N, C) like it), says the layer's input was GELU(gelu_in) and holds the
    * pre-activation as a bf16 buffer (the forward's out16 output): dinp is then a bf16 buffer of
    * (N, C) values, gelu'(gelu_in) * (dout @ weight) computed in fp32 and rounded to bf16 (to
    * nearest even; on a GPU in the GEMM's epilogue, with no pass of its own), else fp32 (N, C).
-   * out16 (forward): out is a bf16 activation buffer of (N, OC) values (ldo must be OC) that gets
-   * the fp32 results, the bias added, rounded to bf16 (to nearest even; on a GPU as the GEMM
-   * stores them), else the fp32 (N, ldo) output above. NULL where a backend has no bf16 path. */
+   * out16 (forward): out is a bf16 activation buffer of N rows ldo values apart (ldo >= OC; the
+   * columns past OC are not written) that gets the fp32 results, the bias added, rounded to bf16
+   * (to nearest even; on a GPU as the GEMM stores them), else the fp32 (N, ldo) output above.
+   * NULL where a backend has no bf16 path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias, int N,
                              int C, int OC, int ldo);
@@ -213,11 +213,11 @@ typedef struct dt_ops {
                                        float *logits,      /* (N, Vp) in: logits, out: dlogits */
                                        const int *targets, /* (N) */
                                        float dloss, int N, int V, int Vp);
-  /* The same with the dlogits (dloss != 0) as bf16 values, all the LM head's bf16 GEMMs read
-   * of them: row i's Vp values rounded to bf16, written in place from the row's first byte (a
-   * bf16 buffer whose rows are Vp * 4 / bf16_bytes values apart: the fp32 rows' bytes). NULL
-   * without a bf16 path. */
-  int (*crossentropy_forward_backward_bf16)(struct dt_device *dev, float *losses, float *logits,
+  /* The same on bf16 logits (the LM head's out16 output under bf16 compute): logits is a bf16
+   * buffer of (N, Vp) values, read as they are, and when dloss != 0 overwritten in place by the
+   * dlogits rounded to bf16 (to nearest even), which all the LM head's bf16 GEMMs read as they
+   * are. NULL without a bf16 path. */
+  int (*crossentropy_forward_backward_bf16)(struct dt_device *dev, float *losses, void *logits,
                                             const int *targets, float dloss, int N, int V, int Vp);
 
   /* Vocabulary-parallel cross-entropy over logits of columns [vocab_lo, vocab_lo + Vl)
@@ -234,10 +234,12 @@ typedef struct dt_ops {
                                 const float *all_stats, /* (nranks, N, 3) */
                                 int nranks, const int *targets, int vocab_lo, float dloss, int N,
                                 int Vl, int ldl);
-  /* finish with the dlogits (dloss != 0) as bf16 values written in place, as
-   * crossentropy_forward_backward_bf16 writes them: row i's ldl values rounded, from the row's
-   * first byte (rows ldl * 4 / bf16_bytes values apart). NULL without a bf16 path. */
-  int (*crossentropy_vp_finish_bf16)(struct dt_device *dev, float *losses, float *logits,
+  /* The pair on bf16 logits, as crossentropy_forward_backward_bf16 takes them: (N, ldl) values
+   * of a bf16 buffer, overwritten in place by the dlogits rounded to bf16. NULL without a bf16
+   * path. */
+  int (*crossentropy_vp_stats_bf16)(struct dt_device *dev, float *stats, const void *logits,
+                                    const int *targets, int vocab_lo, int N, int Vl, int ldl);
+  int (*crossentropy_vp_finish_bf16)(struct dt_device *dev, float *losses, void *logits,
                                      const float *all_stats, int nranks, const int *targets,
                                      int vocab_lo, float dloss, int N, int Vl, int ldl);
 

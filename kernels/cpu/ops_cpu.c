@@ -91,15 +91,18 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
                                const float *weight, const void *weight16, const float *bias, int N,
                                int C, int OC, int ldo)
 {
-  if (out16 && ldo != OC) {
-    DT_ERROR(KERNEL, "matmul_forward_bf16: a bf16 output is (N, OC): ldo %d, OC %d", ldo, OC);
+  if (out16 && ldo < OC) {
+    DT_ERROR(KERNEL,
+             "matmul_forward_bf16: a bf16 output's rows are %d values apart, fewer than OC %d", ldo,
+             OC);
     return DT_EINVAL;
   }
   float *o = H(out);
   if (dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16), H(bias), N, C, OC, ldo) != 0)
     return DT_ENOMEM;
-  if (out16) /* the CPU's bf16 buffer: the fp32 numbers equal to the rounded values */
-    dt_cpu_to_bf16(o, o, (size_t)N * OC);
+  for (int i = 0; out16 && i < N; i++) /* the CPU's bf16 buffer: the fp32 numbers equal to the
+                                        * rounded values */
+    dt_cpu_to_bf16(o + (size_t)i * ldo, o + (size_t)i * ldo, (size_t)OC);
   return 0;
 }
 
@@ -234,8 +237,9 @@ static int crossentropy_forward_backward(struct dt_device *dev, float *losses, f
   return 0;
 }
 
-/* dlogits rounded in place (a CPU bf16 buffer holds floats, in the fp32 rows' places). */
-static int crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, float *logits,
+/* A CPU bf16 buffer holds floats (the bf16 values): the fp32 arithmetic, the dlogits rounded in
+ * place. */
+static int crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, void *logits,
                                               const int *targets, float dloss, int N, int V, int Vp)
 {
   dt_cpu_crossentropy_forward_backward(H(losses), H(logits), H(targets), dloss, N, V, Vp);
@@ -260,8 +264,14 @@ static int crossentropy_vp_finish(struct dt_device *dev, float *losses, float *l
   return 0;
 }
 
+static int crossentropy_vp_stats_bf16(struct dt_device *dev, float *stats, const void *logits,
+                                      const int *targets, int vocab_lo, int N, int Vl, int ldl)
+{
+  return crossentropy_vp_stats(dev, stats, logits, targets, vocab_lo, N, Vl, ldl);
+}
+
 /* dlogits rounded in place, as crossentropy_forward_backward_bf16's. */
-static int crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, float *logits,
+static int crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, void *logits,
                                        const float *all_stats, int nranks, const int *targets,
                                        int vocab_lo, float dloss, int N, int Vl, int ldl)
 {
@@ -317,6 +327,7 @@ static const dt_ops_t g_cpu_ops = {
     .crossentropy_forward_backward = crossentropy_forward_backward,
     .crossentropy_forward_backward_bf16 = crossentropy_forward_backward_bf16,
     .crossentropy_vp_stats = crossentropy_vp_stats,
+    .crossentropy_vp_stats_bf16 = crossentropy_vp_stats_bf16,
     .crossentropy_vp_finish = crossentropy_vp_finish,
     .crossentropy_vp_finish_bf16 = crossentropy_vp_finish_bf16,
     .adamw_update = adamw_update,

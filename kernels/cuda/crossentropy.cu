@@ -8,9 +8,8 @@
  * only when dloss != 0; the padding columns (>= V, or >= Vl up to the row stride) become 0.
  * Every thread reads the target's logit before the first barrier, and no thread writes the row
  * before that barrier, so the in-place overwrite never races with that read. Threads write only
- * elements they exponentiated themselves (same stride mapping in every loop). Under bf16 the
- * fused kernel and finish may write their dlogits as bf16 values in place (crossentropy.cuh
- * says how that stays race-free). */
+ * elements they read themselves (same stride mapping in every loop). Under bf16 the logits
+ * and the dlogits written over them are bf16 values (the kernels are templated on the type). */
 #include <math.h>
 
 #include <cuda_bf16.h>
@@ -18,13 +17,13 @@
 #include "cuda_impl.h"
 #include "crossentropy.cuh"
 
-template <typename O>
-static int crossentropy(struct dt_device *dev, float *losses, float *logits, const int *targets,
+template <typename T>
+static int crossentropy(struct dt_device *dev, float *losses, T *logits, const int *targets,
                         float dloss, int N, int V, int Vp)
 {
   if (N <= 0)
     return 0;
-  crossentropy_kernel<O><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
+  crossentropy_kernel<T><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
       losses, logits, targets, dloss, V, Vp);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
@@ -33,40 +32,52 @@ static int crossentropy(struct dt_device *dev, float *losses, float *logits, con
 int dt__cuda_crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
                                            const int *targets, float dloss, int N, int V, int Vp)
 {
-  return crossentropy<float>(dev, losses, logits, targets, dloss, N, V, Vp);
+  return crossentropy(dev, losses, logits, targets, dloss, N, V, Vp);
 }
 
-/* dlogits as bf16 values in place (ops.h): row i's from byte 4 i Vp, 2 Vp values apart. */
-int dt__cuda_crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, float *logits,
+int dt__cuda_crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, void *logits,
                                                 const int *targets, float dloss, int N, int V,
                                                 int Vp)
 {
-  return crossentropy<__nv_bfloat16>(dev, losses, logits, targets, dloss, N, V, Vp);
+  return crossentropy(dev, losses, (__nv_bfloat16 *)logits, targets, dloss, N, V, Vp);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Vocabulary-parallel cross-entropy (see the CPU reference for the algebra)                    */
 /* ------------------------------------------------------------------------------------------ */
 
-int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
-                                   const int *targets, int vocab_lo, int N, int Vl, int ldl)
+template <typename T>
+static int vp_stats(struct dt_device *dev, float *stats, const T *logits, const int *targets,
+                    int vocab_lo, int N, int Vl, int ldl)
 {
   if (N <= 0)
     return 0;
-  vp_stats_kernel<<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(stats, logits, targets,
-                                                                         vocab_lo, Vl, ldl);
+  vp_stats_kernel<T><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(stats, logits, targets,
+                                                                            vocab_lo, Vl, ldl);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
 
-template <typename O>
-static int vp_finish(struct dt_device *dev, float *losses, float *logits, const float *all_stats,
+int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
+                                   const int *targets, int vocab_lo, int N, int Vl, int ldl)
+{
+  return vp_stats(dev, stats, logits, targets, vocab_lo, N, Vl, ldl);
+}
+
+int dt__cuda_crossentropy_vp_stats_bf16(struct dt_device *dev, float *stats, const void *logits,
+                                        const int *targets, int vocab_lo, int N, int Vl, int ldl)
+{
+  return vp_stats(dev, stats, (const __nv_bfloat16 *)logits, targets, vocab_lo, N, Vl, ldl);
+}
+
+template <typename T>
+static int vp_finish(struct dt_device *dev, float *losses, T *logits, const float *all_stats,
                      int nranks, const int *targets, int vocab_lo, float dloss, int N, int Vl,
                      int ldl)
 {
   if (N <= 0)
     return 0;
-  vp_finish_kernel<O><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
+  vp_finish_kernel<T><<<(unsigned)N, CE_THREADS, 0, dt__cuda(dev)->stream>>>(
       losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
@@ -76,15 +87,13 @@ int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float 
                                     const float *all_stats, int nranks, const int *targets,
                                     int vocab_lo, float dloss, int N, int Vl, int ldl)
 {
-  return vp_finish<float>(dev, losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl,
-                          ldl);
+  return vp_finish(dev, losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl);
 }
 
-/* dlogits as bf16 values in place (ops.h): row i's from byte 4 i ldl, 2 ldl values apart. */
-int dt__cuda_crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, float *logits,
+int dt__cuda_crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, void *logits,
                                          const float *all_stats, int nranks, const int *targets,
                                          int vocab_lo, float dloss, int N, int Vl, int ldl)
 {
-  return vp_finish<__nv_bfloat16>(dev, losses, logits, all_stats, nranks, targets, vocab_lo, dloss,
-                                  N, Vl, ldl);
+  return vp_finish(dev, losses, (__nv_bfloat16 *)logits, all_stats, nranks, targets, vocab_lo,
+                   dloss, N, Vl, ldl);
 }

@@ -152,15 +152,17 @@ int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a,
                               size_t n);
 int dt__cuda_crossentropy_forward_backward(struct dt_device *dev, float *losses, float *logits,
                                            const int *targets, float dloss, int N, int V, int Vp);
-int dt__cuda_crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, float *logits,
+int dt__cuda_crossentropy_forward_backward_bf16(struct dt_device *dev, float *losses, void *logits,
                                                 const int *targets, float dloss, int N, int V,
                                                 int Vp);
 int dt__cuda_crossentropy_vp_stats(struct dt_device *dev, float *stats, const float *logits,
                                    const int *targets, int vocab_lo, int N, int Vl, int ldl);
+int dt__cuda_crossentropy_vp_stats_bf16(struct dt_device *dev, float *stats, const void *logits,
+                                        const int *targets, int vocab_lo, int N, int Vl, int ldl);
 int dt__cuda_crossentropy_vp_finish(struct dt_device *dev, float *losses, float *logits,
                                     const float *all_stats, int nranks, const int *targets,
                                     int vocab_lo, float dloss, int N, int Vl, int ldl);
-int dt__cuda_crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, float *logits,
+int dt__cuda_crossentropy_vp_finish_bf16(struct dt_device *dev, float *losses, void *logits,
                                          const float *all_stats, int nranks, const int *targets,
                                          int vocab_lo, float dloss, int N, int Vl, int ldl);
 int dt__cuda_adamw_update(struct dt_device *dev, float *param, void *param16, const float *grad,

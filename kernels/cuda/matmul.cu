@@ -97,7 +97,8 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
               g->c16 ? "such products are made in fp32, then rounded to bf16 in a pass of their own"
                      : "such products run on cuBLAS, with the epilogue as a pass of its own");
   }
-  if (g->c16) { /* C (m x n, ld m: contiguous) rounded from the fp32 product (through the GELU) */
+  if (g->c16) { /* C (m x n, ld ldc; contiguous with a GELU gradient) rounded from the fp32
+                 * product (through the GELU), staged contiguous */
     const size_t total = (size_t)g->n * g->m;
     void *stage = NULL;
     DT_CHECK(dt__cuda_stage(cu, total * sizeof(float), &stage));
@@ -113,7 +114,8 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
           (__nv_bfloat16 *)g->C, (const __nv_bfloat16 *)g->gelu_in, (const float *)stage, total);
     else
       to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
-          (__nv_bfloat16 *)g->C, (const float *)stage, total, total, total);
+          (__nv_bfloat16 *)g->C, (size_t)g->ldc, (const float *)stage, (size_t)g->m, (size_t)g->m,
+          total);
     DT_CUDA_CHECK(cudaGetLastError());
     return 0;
   }
@@ -248,7 +250,7 @@ static int bf16_operands(dt_cuda_impl_t *cu, bf16_operand_t *ops, int n)
       continue;
     }
     to_bf16_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        o->dst, o->src, o->cols, o->lds, total);
+        o->dst, o->cols, o->src, o->lds, o->cols, total);
     DT_CUDA_CHECK(cudaGetLastError());
   }
   return 0;
@@ -259,7 +261,7 @@ int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t 
   if (n == 0)
     return 0;
   to_bf16_kernel<<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
-                   dt__cuda(dev)->stream>>>((__nv_bfloat16 *)dst, src, n, n, n);
+                   dt__cuda(dev)->stream>>>((__nv_bfloat16 *)dst, n, src, n, n, n);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
@@ -272,8 +274,10 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, co
                                  int N, int C, int OC, int ldo)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  if (out16 && ldo != OC) {
-    DT_ERROR(KERNEL, "matmul_forward_bf16: a bf16 output is (N, OC): ldo %d, OC %d", ldo, OC);
+  if (out16 && ldo < OC) {
+    DT_ERROR(KERNEL,
+             "matmul_forward_bf16: a bf16 output's rows are %d values apart, fewer than OC %d", ldo,
+             OC);
     return DT_EINVAL;
   }
   if (N <= 0 || OC <= 0)

@@ -21,13 +21,14 @@ __global__ static void bias_fill_kernel(float *out, const float *bias, int OC, i
   }
 }
 
-/* dst (rows x cols, contiguous) = src (row stride lds) rounded to bf16. */
-__global__ static void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t cols, size_t lds,
-                                      size_t total)
+/* dst (total / cols rows of cols values, row stride ldd) = src (row stride lds) rounded to bf16. */
+__global__ static void to_bf16_kernel(__nv_bfloat16 *dst, size_t ldd, const float *src, size_t lds,
+                                      size_t cols, size_t total)
 {
   DT__CUDA_FOR(i, total)
   {
-    dst[i] = __float2bfloat16_rn(src[(i / cols) * lds + i % cols]);
+    const size_t r = i / cols, c = i % cols;
+    dst[r * ldd + c] = __float2bfloat16_rn(src[r * lds + c]);
   }
 }
 

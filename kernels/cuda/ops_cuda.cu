@@ -41,6 +41,7 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.crossentropy_forward_backward = dt__cuda_crossentropy_forward_backward;
   o.crossentropy_forward_backward_bf16 = dt__cuda_crossentropy_forward_backward_bf16;
   o.crossentropy_vp_stats = dt__cuda_crossentropy_vp_stats;
+  o.crossentropy_vp_stats_bf16 = dt__cuda_crossentropy_vp_stats_bf16;
   o.crossentropy_vp_finish = dt__cuda_crossentropy_vp_finish;
   o.crossentropy_vp_finish_bf16 = dt__cuda_crossentropy_vp_finish_bf16;
   o.adamw_update = dt__cuda_adamw_update;

@@ -186,22 +186,6 @@ static void expect_bf16_equal(const char *what, const pair16_t *p, const float *
   free(g);
 }
 
-/* The bf16 bits of the GPU's bf16 values whose rows lie in the bytes of fp32 rows of ld floats
- * (2 ld values apart), each row's first `cols` as floats. */
-static float *fetch_rows16(const void *d, size_t rows, size_t cols, size_t ld)
-{
-  uint16_t *raw = xmalloc(rows * ld * sizeof(float));
-  to_host(raw, d, rows * ld * sizeof(float));
-  float *v = xmalloc(rows * cols * sizeof(float));
-  for (size_t r = 0; r < rows; r++)
-    for (size_t c = 0; c < cols; c++) {
-      const uint32_t bits = (uint32_t)raw[r * 2 * ld + c] << 16;
-      memcpy(&v[r * cols + c], &bits, sizeof bits);
-    }
-  free(raw);
-  return v;
-}
-
 /* The device copy of p becomes its host copy's values (bf16 numbers: exact in 16 bits). */
 static void pair16_upload(pair16_t *p)
 {
@@ -633,16 +617,23 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
         H->matmul_forward_bf16(g_cpu, out.h, 0, in16.h, weight.h, NULL, bias.h, N, C, OC, ld), 0);
     ck_assert_int_eq(
         G->matmul_forward_bf16(g_gpu, out.d, 0, in16.d, weight.d, NULL, bias.d, N, C, OC, ld), 0);
-    /* into a bf16 output (the qkv layer's): the fp32 results rounded as cuBLASLt stores them;
-     * within two bf16 steps of the largest value (the sums' order may move a value across a
-     * rounding boundary) */
-    pair16_t o16 = pair16_alloc((size_t)N * OC);
-    ck_assert_int_eq(
-        H->matmul_forward_bf16(g_cpu, o16.h, 1, in16.h, weight.h, NULL, bias.h, N, C, OC, OC), 0);
-    ck_assert_int_eq(
-        G->matmul_forward_bf16(g_gpu, o16.d, 1, in16.d, weight.d, NULL, bias.d, N, C, OC, OC), 0);
-    expect_bf16_close("matmul_forward_bf16 into bf16", &o16, 8e-3);
-    pair16_free(&o16);
+    /* into a bf16 output (the qkv layer's, rows OC apart; the LM head's, ld apart): the fp32
+     * results rounded as cuBLASLt stores them; within two bf16 steps of the largest value (the
+     * sums' order may move a value across a rounding boundary); columns past OC left alone */
+    for (int ldo = OC; ldo <= ld; ldo += ld > OC ? ld - OC : 1) {
+      pair16_t o16 = pair16_alloc((size_t)N * ldo);
+      for (size_t i = 0; i < o16.n; i++)
+        o16.h[i] = 5.0f;
+      pair16_upload(&o16);
+      ck_assert_int_eq(
+          H->matmul_forward_bf16(g_cpu, o16.h, 1, in16.h, weight.h, NULL, bias.h, N, C, OC, ldo),
+          0);
+      ck_assert_int_eq(
+          G->matmul_forward_bf16(g_gpu, o16.d, 1, in16.d, weight.d, NULL, bias.d, N, C, OC, ldo),
+          0);
+      expect_bf16_close("matmul_forward_bf16 into bf16", &o16, 8e-3);
+      pair16_free(&o16);
+    }
   } else {
     ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
     ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
@@ -1042,6 +1033,57 @@ START_TEST(test_gelu_residual)
 }
 END_TEST
 
+/* A cross-entropy entry's bf16 form on the values of logits (n) rounded to bf16: the fp32
+ * entry's losses on those values, and its dlogits (or logits, dloss 0) rounded, bit for bit.
+ * vocab_lo < 0: the fused entry over V of ld columns; else the vocabulary-parallel stats (equal)
+ * and finish over this rank's V columns from vocab_lo, with the group's all_stats (nranks). */
+static void expect_ce_bf16(const float *logits, size_t n, int N, const ipair_t *targets,
+                           float dloss, int vocab_lo, int V, int ld, const float *all_stats,
+                           int nranks)
+{
+  pair16_t l16 = pair16_alloc(n);
+  ck_assert_int_eq(H->to_bf16(g_cpu, l16.h, logits, n), 0);
+  pair16_upload(&l16);
+  float *l32 = dev_alloc(n * sizeof(float)), *loss32 = dev_alloc((size_t)N * sizeof(float)),
+        *loss16 = dev_alloc((size_t)N * sizeof(float));
+  to_dev(l32, l16.h, n * sizeof(float));
+  if (vocab_lo < 0) {
+    ck_assert_int_eq(
+        G->crossentropy_forward_backward(g_gpu, loss32, l32, targets->d, dloss, N, V, ld), 0);
+    ck_assert_int_eq(
+        G->crossentropy_forward_backward_bf16(g_gpu, loss16, l16.d, targets->d, dloss, N, V, ld),
+        0);
+  } else {
+    float *s32 = dev_alloc((size_t)N * 3 * sizeof(float)),
+          *s16 = dev_alloc((size_t)N * 3 * sizeof(float));
+    ck_assert_int_eq(G->crossentropy_vp_stats(g_gpu, s32, l32, targets->d, vocab_lo, N, V, ld), 0);
+    ck_assert_int_eq(
+        G->crossentropy_vp_stats_bf16(g_gpu, s16, l16.d, targets->d, vocab_lo, N, V, ld), 0);
+    float *a = xmalloc((size_t)N * 3 * sizeof(float)), *b = xmalloc((size_t)N * 3 * sizeof(float));
+    to_host(a, s32, (size_t)N * 3 * sizeof(float));
+    to_host(b, s16, (size_t)N * 3 * sizeof(float));
+    ck_assert_msg(memcmp(a, b, (size_t)N * 3 * sizeof(float)) == 0, "vp stats of bf16 logits");
+    free(a), free(b), g_gpu->free(g_gpu, s32), g_gpu->free(g_gpu, s16);
+    ck_assert_int_eq(G->crossentropy_vp_finish(g_gpu, loss32, l32, all_stats, nranks, targets->d,
+                                               vocab_lo, dloss, N, V, ld),
+                     0);
+    ck_assert_int_eq(G->crossentropy_vp_finish_bf16(g_gpu, loss16, l16.d, all_stats, nranks,
+                                                    targets->d, vocab_lo, dloss, N, V, ld),
+                     0);
+  }
+  float *a = xmalloc((size_t)N * sizeof(float)), *b = xmalloc((size_t)N * sizeof(float));
+  to_host(a, loss32, (size_t)N * sizeof(float));
+  to_host(b, loss16, (size_t)N * sizeof(float));
+  ck_assert_msg(memcmp(a, b, (size_t)N * sizeof(float)) == 0, "losses of bf16 logits");
+  float *want = xmalloc(n * sizeof(float));
+  to_host(want, l32, n * sizeof(float));
+  ck_assert_int_eq(H->to_bf16(g_cpu, want, want, n), 0);
+  expect_bf16_equal(dloss != 0.0f ? "bf16 dlogits" : "bf16 logits kept", &l16, want);
+  free(a), free(b), free(want);
+  g_gpu->free(g_gpu, l32), g_gpu->free(g_gpu, loss32), g_gpu->free(g_gpu, loss16);
+  pair16_free(&l16);
+}
+
 static void check_crossentropy(int N, int V, int Vp, float dloss)
 {
   ipair_t targets = ipair_below((size_t)N, V);
@@ -1063,23 +1105,9 @@ static void check_crossentropy(int N, int V, int Vp, float dloss)
       for (int j = V; j < Vp; j++)
         ck_assert_msg(g[(size_t)i * Vp + j] == 0.0f, "dlogits[%d][%d] = %g in the padding", i, j,
                       g[(size_t)i * Vp + j]);
-    /* The bf16 entry on the same logits: the same losses, and each row's first 2 Vp bytes hold
-     * the fp32 dlogits above rounded, bit for bit. */
-    float *l16 = dev_alloc(logits.n * sizeof(float)),
-          *loss16 = dev_alloc((size_t)N * sizeof(float));
-    to_dev(l16, orig, logits.n * sizeof(float));
-    ck_assert_int_eq(
-        G->crossentropy_forward_backward_bf16(g_gpu, loss16, l16, targets.d, dloss, N, V, Vp), 0);
-    float *want = xmalloc(logits.n * sizeof(float)), *loss_a = fetch(&losses);
-    float *loss_b = xmalloc((size_t)N * sizeof(float));
-    to_host(loss_b, loss16, (size_t)N * sizeof(float));
-    ck_assert(memcmp(loss_a, loss_b, (size_t)N * sizeof(float)) == 0);
-    ck_assert_int_eq(H->to_bf16(g_cpu, want, g, logits.n), 0);
-    float *got = fetch_rows16(l16, (size_t)N, (size_t)Vp, (size_t)Vp);
-    ck_assert(memcmp(got, want, logits.n * sizeof(float)) == 0);
-    free(g), free(want), free(loss_a), free(loss_b), free(got);
-    g_gpu->free(g_gpu, l16), g_gpu->free(g_gpu, loss16);
+    free(g);
   }
+  expect_ce_bf16(orig, logits.n, N, &targets, dloss, -1, V, Vp, NULL, 0);
   free(orig);
   ipair_free(&targets), pair_free(&logits), pair_free(&losses);
 }
@@ -1146,28 +1174,10 @@ START_TEST(test_crossentropy_vp)
           for (int j = vl[r]; j < LDL; j++)
             ck_assert_msg(g[(size_t)i * LDL + j] == 0.0f, "vp dlogits[%d][%d] = %g in the padding",
                           i, j, g[(size_t)i * LDL + j]);
-        /* The bf16 entry on the same slice: the same losses, and each row's first 2 LDL bytes
-         * hold the fp32 dlogits above rounded, bit for bit. */
-        float *l16 = dev_alloc((size_t)N * LDL * sizeof(float)),
-              *loss16 = dev_alloc((size_t)N * sizeof(float));
-        to_dev(l16, slice[r].h, (size_t)N * LDL * sizeof(float));
-        ck_assert_int_eq(G->crossentropy_vp_finish_bf16(g_gpu, loss16, l16, all_stats.d, NR,
-                                                        targets.d, lo[r], dlosses[k], N, vl[r],
-                                                        LDL),
-                         0);
-        float *loss_a = fetch(&losses), *loss_b = xmalloc((size_t)N * sizeof(float));
-        to_host(loss_b, loss16, (size_t)N * sizeof(float));
-        ck_assert(memcmp(loss_a, loss_b, (size_t)N * sizeof(float)) == 0);
-        float *want = xmalloc((size_t)N * LDL * sizeof(float));
-        ck_assert_int_eq(H->to_bf16(g_cpu, want, g, (size_t)N * LDL), 0);
-        float *got = fetch_rows16(l16, N, LDL, LDL);
-        for (size_t i = 0; i < (size_t)N * LDL; i++)
-          ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
-                        "vp bf16 dlogits[%zu][%zu] = %g, the fp32 ones rounded %g", i / LDL,
-                        i % LDL, got[i], want[i]);
-        free(g), free(want), free(got), free(loss_a), free(loss_b);
-        g_gpu->free(g_gpu, l16), g_gpu->free(g_gpu, loss16);
+        free(g);
       }
+      expect_ce_bf16(slice[r].h, (size_t)N * LDL, N, &targets, dlosses[k], lo[r], vl[r], LDL,
+                     all_stats.d, NR);
       pair_free(&logits), pair_free(&losses);
     }
   }

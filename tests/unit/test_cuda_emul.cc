@@ -122,26 +122,29 @@ START_TEST(test_crossentropy)
     expect_close(dloss != 0.0f ? "crossentropy dlogits" : "crossentropy logits kept", logits_g,
                  logits_h);
   }
-  /* The dlogits as bf16 values in place, over several passes of the block (Vp > CE_THREADS,
-   * where a value lands on bytes another thread reads): each row's first 2 Vp bytes hold the
-   * fp32 kernel's dlogits rounded, bit for bit, and the losses are the same. */
+  /* bf16 logits, over several passes of the block (Vp > CE_THREADS): the same losses as the
+   * fp32 kernel on the same values, and its dlogits rounded, bit for bit, in place of the bf16
+   * logits (the padding columns 0). */
   const int N2 = 3, V2 = 1100, Vp2 = 1152;
   const std::vector<int> tgt2 = targets(N2, V2);
-  std::vector<float> l32 = randn((size_t)N2 * Vp2, 0.0f, 3.0f), l16 = l32;
-  std::vector<float> loss32(N2, NAN), loss16(N2, NAN);
-  launch(dim3(N2), CE_THREADS, 0, [&] {
-    crossentropy_kernel<float>(loss32.data(), l32.data(), tgt2.data(), 0.5f, V2, Vp2);
-  });
-  launch(dim3(N2), CE_THREADS, 0, [&] {
-    crossentropy_kernel<__nv_bfloat16>(loss16.data(), l16.data(), tgt2.data(), 0.5f, V2, Vp2);
-  });
-  ck_assert(loss16 == loss32);
-  for (int r = 0; r < N2; r++) {
-    const __nv_bfloat16 *g = (const __nv_bfloat16 *)(l16.data() + (size_t)r * Vp2);
-    for (int j = 0; j < Vp2; j++)
-      ck_assert_msg(__bfloat162float(g[j]) == dt_bf16_round(l32[(size_t)r * Vp2 + j]),
-                    "bf16 dlogit [%d][%d]: %g, want %g", r, j, (double)__bfloat162float(g[j]),
-                    (double)dt_bf16_round(l32[(size_t)r * Vp2 + j]));
+  std::vector<float> l32 = randn((size_t)N2 * Vp2, 0.0f, 3.0f);
+  std::vector<__nv_bfloat16> l16(l32.size());
+  for (size_t i = 0; i < l32.size(); i++)
+    l16[i] = __float2bfloat16_rn(l32[i]), l32[i] = dt_bf16_round(l32[i]);
+  for (float dloss : {0.5f, 0.0f}) {
+    std::vector<float> g32 = l32, loss32(N2, NAN), loss16(N2, NAN);
+    std::vector<__nv_bfloat16> g16 = l16;
+    launch(dim3(N2), CE_THREADS, 0, [&] {
+      crossentropy_kernel<float>(loss32.data(), g32.data(), tgt2.data(), dloss, V2, Vp2);
+    });
+    launch(dim3(N2), CE_THREADS, 0, [&] {
+      crossentropy_kernel<__nv_bfloat16>(loss16.data(), g16.data(), tgt2.data(), dloss, V2, Vp2);
+    });
+    ck_assert(loss16 == loss32);
+    for (size_t i = 0; i < g16.size(); i++)
+      ck_assert_msg(__bfloat162float(g16[i]) == dt_bf16_round(g32[i]),
+                    "bf16 dlogit [%zu][%zu] (dloss %g): %g, want %g", i / Vp2, i % Vp2,
+                    (double)dloss, (double)__bfloat162float(g16[i]), (double)dt_bf16_round(g32[i]));
   }
 }
 END_TEST
@@ -178,11 +181,38 @@ START_TEST(test_crossentropy_vocab_parallel)
     dt_cpu_crossentropy_vp_finish(loss_h.data(), lh.data(), all_h.data(), R, tgt.data(), lo[r],
                                   0.5f, N, Vl[r], ldl);
     launch(dim3(N), CE_THREADS, 0, [&] {
-      vp_finish_kernel<float>(loss_g.data(), lg.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N,
-                              Vl[r], ldl);
+      vp_finish_kernel(loss_g.data(), lg.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N, Vl[r],
+                       ldl);
     });
     expect_close("crossentropy vp losses", loss_g, loss_h);
     expect_close("crossentropy vp dlogits (padding zeroed)", lg, lh);
+  }
+  /* bf16 slices: stats, losses and the dlogits (rounded) those of the fp32 kernels on the same
+   * values, bit for bit */
+  for (int r = 0; r < R; r++) {
+    std::vector<float> l32 = logits[r], s32(N * 3, NAN), s16(N * 3, NAN), loss32(N, NAN),
+                       loss16(N, NAN);
+    std::vector<__nv_bfloat16> l16(l32.size());
+    for (size_t i = 0; i < l32.size(); i++)
+      l16[i] = __float2bfloat16_rn(l32[i]), l32[i] = dt_bf16_round(l32[i]);
+    launch(dim3(N), CE_THREADS, 0,
+           [&] { vp_stats_kernel(s32.data(), l32.data(), tgt.data(), lo[r], Vl[r], ldl); });
+    launch(dim3(N), CE_THREADS, 0,
+           [&] { vp_stats_kernel(s16.data(), l16.data(), tgt.data(), lo[r], Vl[r], ldl); });
+    ck_assert(memcmp(s32.data(), s16.data(), s32.size() * sizeof(float)) == 0);
+    launch(dim3(N), CE_THREADS, 0, [&] {
+      vp_finish_kernel(loss32.data(), l32.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N,
+                       Vl[r], ldl);
+    });
+    launch(dim3(N), CE_THREADS, 0, [&] {
+      vp_finish_kernel(loss16.data(), l16.data(), all_h.data(), R, tgt.data(), lo[r], 0.5f, N,
+                       Vl[r], ldl);
+    });
+    ck_assert(loss16 == loss32);
+    for (size_t i = 0; i < l16.size(); i++)
+      ck_assert_msg(__bfloat162float(l16[i]) == dt_bf16_round(l32[i]),
+                    "vp bf16 dlogit [%zu][%zu] of rank %d: %g, want %g", i / ldl, i % ldl, r,
+                    (double)__bfloat162float(l16[i]), (double)dt_bf16_round(l32[i]));
   }
 }
 END_TEST
@@ -606,12 +636,15 @@ START_TEST(test_matmul_and_device_kernels)
 
   const size_t rows = 29, cols = 33, lds = 40;
   const std::vector<float> src = randn(rows * lds, 0.0f, 5.0f);
-  std::vector<__nv_bfloat16> dst(rows * cols, __nv_bfloat16{0xffffu});
-  launch_elementwise(rows * cols,
-                     [&] { to_bf16_kernel(dst.data(), src.data(), cols, lds, rows * cols); });
-  for (size_t r = 0; r < rows; r++)
-    for (size_t c = 0; c < cols; c++)
-      ck_assert(__bfloat162float(dst[r * cols + c]) == dt_bf16_round(src[r * lds + c]));
+  for (const size_t ldd : {cols, cols + 3}) { /* contiguous; rows longer, the rest untouched */
+    std::vector<__nv_bfloat16> dst(rows * ldd, __nv_bfloat16{0xffffu});
+    launch_elementwise(
+        rows * cols, [&] { to_bf16_kernel(dst.data(), ldd, src.data(), lds, cols, rows * cols); });
+    for (size_t r = 0; r < rows; r++)
+      for (size_t c = 0; c < ldd; c++)
+        ck_assert(c < cols ? __bfloat162float(dst[r * ldd + c]) == dt_bf16_round(src[r * lds + c])
+                           : dst[r * ldd + c].x == 0xffffu);
+  }
 
   /* The bf16 copy with the column sums (the bias gradient) in the same pass: the copy bit for
    * bit, the sums against double ones added to what the target held. Partial tiles of columns

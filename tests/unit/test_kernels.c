@@ -775,16 +775,21 @@ START_TEST(test_matmul_bf16)
   ck_assert_int_eq(
       ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, N, C, OC, ld), 0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
-  /* into a bf16 output (out16, rows OC apart): the fp32 output's values rounded, bit for bit;
-   * one with a longer row stride is refused */
-  float *o16 = filled((size_t)N * OC, GARBAGE);
+  /* into a bf16 output (out16), rows OC and ld apart: the fp32 output's values rounded, bit for
+   * bit, the columns past OC untouched; rows shorter than OC are refused */
+  float *o16 = falloc((size_t)N * ld);
+  for (int ldo = OC; ldo <= ld; ldo += ld - OC) {
+    for (size_t i = 0; i < (size_t)N * ld; i++)
+      o16[i] = GARBAGE;
+    ck_assert_int_eq(
+        ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, ldo), 0);
+    for (size_t i = 0; i < (size_t)N; i++)
+      for (size_t j = 0; j < (size_t)ldo; j++)
+        ck_assert(j < (size_t)OC ? o16[i * ldo + j] == ref_bf16(out[i * ld + j])
+                                 : o16[i * ldo + j] == GARBAGE);
+  }
   ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, OC), 0);
-  for (size_t i = 0; i < (size_t)N; i++)
-    for (size_t j = 0; j < (size_t)OC; j++)
-      ck_assert(o16[i * OC + j] == ref_bf16(out[i * ld + j]));
-  ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, ld),
+      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, OC - 1),
       DT_EINVAL);
   /* the GELU of a bf16 activation into one: the fp32 GELU's values rounded, bit for bit */
   float *g32 = falloc((size_t)N * C), *gl16 = filled((size_t)N * C, GARBAGE);
@@ -1846,6 +1851,7 @@ START_TEST(test_ops_table)
                            (const void *)ops->crossentropy_forward_backward,
                            (const void *)ops->crossentropy_forward_backward_bf16,
                            (const void *)ops->crossentropy_vp_stats,
+                           (const void *)ops->crossentropy_vp_stats_bf16,
                            (const void *)ops->crossentropy_vp_finish,
                            (const void *)ops->crossentropy_vp_finish_bf16,
                            (const void *)ops->adamw_update,
@@ -1879,6 +1885,9 @@ START_TEST(test_ops_table)
         *loss16 = filled(N, GARBAGE);
   memcpy(l16, l32, (size_t)N * ld * sizeof(float));
   dt_cpu_crossentropy_vp_stats(stats, l32, tg, 2, N, C, ld);
+  float *stats16 = filled((size_t)N * 3, GARBAGE);
+  ck_assert_int_eq(ops->crossentropy_vp_stats_bf16(dev, stats16, l32, tg, 2, N, C, ld), 0);
+  ck_assert_int_eq(memcmp(stats, stats16, (size_t)N * 3 * sizeof(float)), 0);
   ck_assert_int_eq(ops->crossentropy_vp_finish(dev, loss32, l32, stats, nr, tg, 2, 0.25f, N, C, ld),
                    0);
   ck_assert_int_eq(

@@ -62,8 +62,10 @@ static int spied_flash_bf16(struct dt_device *dev, void *out, float *lse, const 
 
 /* Stand-ins for the bf16 entries, which run the CPU's and count the calls whose bf16 buffers all
  * hold bf16 numbers: the GELU's input (the fc layer's bf16 output), the GELU-gradient backward's
- * input and output, and a linear layer's backward from a bf16 gradient alone. */
-static int g_gelu_calls, g_gelu_bf16, g_dgelu_calls, g_dgelu_bf16, g_dout16_calls, g_dout16_bf16;
+ * input and output, a linear layer's backward from a bf16 gradient alone (and those with a bias
+ * gradient), the loss's logits (the LM head's bf16 output). */
+static int g_gelu_calls, g_gelu_bf16, g_dgelu_calls, g_dgelu_bf16, g_dout16_calls, g_dout16_bf16,
+    g_dout16_bias, g_ce_calls, g_ce_bf16;
 
 static int all_bf16(const void *p, size_t n)
 {
@@ -92,11 +94,21 @@ static int spied_backward_bf16(struct dt_device *dev, void *dinp, float *dweight
     g_dgelu_calls++;
     g_dgelu_bf16 += all_bf16(gelu_in, (size_t)N * C) && all_bf16(dinp, (size_t)N * C);
   }
-  if (!dout) {
+  if (!dout) { /* the CPU's bf16 rows are ldd values apart */
     g_dout16_calls++;
-    g_dout16_bf16 += dbias && all_bf16(dout16, (size_t)N * OC);
+    g_dout16_bf16 += all_bf16(dout16, (size_t)N * ldd);
+    g_dout16_bias += dbias != NULL;
   }
   return rc;
+}
+
+static int spied_crossentropy_bf16(struct dt_device *dev, float *losses, void *logits,
+                                   const int *targets, float dloss, int N, int V, int Vp)
+{
+  g_ce_calls++;
+  g_ce_bf16 += all_bf16(logits, (size_t)N * Vp);
+  return dt_ops_cpu()->crossentropy_forward_backward_bf16(dev, losses, logits, targets, dloss, N, V,
+                                                          Vp);
 }
 
 static const int TOKENS[2][16] = {{1, 7, 3, 9, 42, 0, 5, 5, 17, 2, 8, 49, 30, 11, 4, 6},
@@ -138,20 +150,25 @@ END_TEST
 /* bf16 keeps the MLP's pre-activation and its gradient in bf16 (as autocast does): every layer's
  * GELU reads bf16 values, its backward writes them, and the fc layer's backward takes that
  * gradient with no fp32 one, its bias gradient too; so does the qkv layer's with the bf16 flash
- * backward's q, k, v gradient (one whole sequence, as here). */
+ * backward's q, k, v gradient (one whole sequence, as here). The logits are bf16 too: the loss
+ * reads the LM head's bf16 output, and the LM head's backward takes the bf16 dlogits alone. */
 START_TEST(test_bf16_mlp)
 {
   dt_device_t *dev = edited_cpu();
   g_ops.gelu_forward_bf16 = spied_gelu_bf16;
   g_ops.matmul_backward_bf16 = spied_backward_bf16;
+  g_ops.crossentropy_forward_backward_bf16 = spied_crossentropy_bf16;
   ck_assert_int_eq(step(dev, 1), 0);
   const int L = CFG.layers;
   ck_assert_int_eq(g_gelu_calls, L);
   ck_assert_int_eq(g_gelu_bf16, L);
   ck_assert_int_eq(g_dgelu_calls, L);
   ck_assert_int_eq(g_dgelu_bf16, L);
-  ck_assert_int_eq(g_dout16_calls, 2 * L); /* fc and qkv */
-  ck_assert_int_eq(g_dout16_bf16, 2 * L);
+  ck_assert_int_eq(g_dout16_calls, 2 * L + 1); /* fc and qkv, the LM head */
+  ck_assert_int_eq(g_dout16_bf16, 2 * L + 1);
+  ck_assert_int_eq(g_dout16_bias, 2 * L); /* the tied LM head has no bias */
+  ck_assert_int_eq(g_ce_calls, 1);
+  ck_assert_int_eq(g_ce_bf16, 1);
 }
 END_TEST
 
@@ -167,9 +184,24 @@ START_TEST(test_refusals)
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
   dt_gpt2_destroy(&m);
   dev = edited_cpu();
-  g_ops.crossentropy_forward_backward_bf16 = NULL; /* or the dlogits in bf16, */
+  g_ops.crossentropy_forward_backward_bf16 = NULL; /* or the loss on bf16 logits, */
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
   dt_gpt2_destroy(&m);
+  dev = edited_cpu();
+  g_ops.crossentropy_vp_stats_bf16 = NULL; /* the tensor-parallel one too, */
+  ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
+  dt_gpt2_destroy(&m);
+  /* 2-byte bf16 values: a row of bf16 dlogits must be a whole number of floats (ops.h's
+   * dout16), so an odd padded vocabulary is refused, an even one taken */
+  for (int vp = 51; vp <= 52; vp++) {
+    dt_gpt2_config_t cfg = CFG;
+    cfg.padded_vocab = vp;
+    dev = edited_cpu();
+    g_ops.bf16_bytes = 2;
+    ck_assert_int_eq(dt_gpt2_create(&m, &cfg, dev, NULL, NULL), 0);
+    ck_assert_int_eq(dt_gpt2_set_precision(&m, 1), vp % 2 ? DT_EINVAL : 0);
+    dt_gpt2_destroy(&m);
+  }
   dev = edited_cpu();
   g_ops.residual_layernorm_forward_bf16 = NULL; /* or a LayerNorm into bf16, */
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);

@@ -198,8 +198,8 @@ int dt_gpt2_create(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, dt_device_t *dev,
 /* Its bf16 activation buffers (ops.h), also in a fixed order. */
 #define DT__ACTS_BF16_FIELDS(a)                                                                    \
   {                                                                                                \
-    &(a)->ln1_16, &(a)->ln2_16, &(a)->fch16, &(a)->fch_gelu16, &(a)->lnf16, &(a)->x16,             \
-        &(a)->dfch16, &(a)->dqkv16                                                                 \
+    &(a)->ln1_16, &(a)->ln2_16, &(a)->fch16, &(a)->fch_gelu16, &(a)->lnf16, &(a)->logits16,        \
+        &(a)->x16, &(a)->dfch16, &(a)->dqkv16                                                      \
   }
 
 /* Frees a slot's buffers, except those it shares with the scratch (NULL: frees all). */
@@ -581,7 +581,10 @@ static size_t alloc_slot(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, int B, int 
       DT__ALLOC(lnf, N * C); /* gathered: the LM head needs every row */
     DT__ALLOC(lnf_mean, Ns);
     DT__ALLOC(lnf_rstd, Ns);
-    DT__ALLOC(logits, N * Vl);
+    if (m->bf16)
+      DT__ALLOC_BYTES(logits16, N * Vl, m->ops->bf16_bytes);
+    else
+      DT__ALLOC(logits, N * Vl);
     DT__ALLOC(losses, N);
   }
   DT__ALLOC(dresidual, Ns * C);
@@ -666,13 +669,23 @@ int dt_gpt2_set_sequence_parallel(dt_gpt2_t *m, int on)
 int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
 {
   const dt_ops_t *k = m->dev->ops;
-  if (bf16 && (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
-               !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 ||
-               !k->residual_layernorm_forward_bf16 || !k->crossentropy_forward_backward_bf16 ||
-               !k->crossentropy_vp_finish_bf16 || !k->bf16_bytes)) {
+  if (bf16 &&
+      (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
+       !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 || !k->residual_layernorm_forward_bf16 ||
+       !k->crossentropy_forward_backward_bf16 || !k->crossentropy_vp_stats_bf16 ||
+       !k->crossentropy_vp_finish_bf16 || !k->bf16_bytes)) {
     DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers and activations",
              k->name);
     return DT_ENOTSUP;
+  }
+  /* the bf16 dlogits' rows, as matmul_backward_bf16 takes them, are a whole number of floats */
+  const int Vl = m->cfg.padded_vocab / m->tp.tp;
+  if (bf16 && (size_t)Vl * k->bf16_bytes % sizeof(float) != 0) {
+    DT_ERROR(TRAIN,
+             "--precision bf16 needs an even vocabulary slice per tp rank: padded vocab %d "
+             "/ tp %d = %d",
+             m->cfg.padded_vocab, m->tp.tp, Vl);
+    return DT_EINVAL;
   }
   if (m->acts) {
     DT_ERROR(TRAIN, "the precision must be chosen before the activations are allocated");
@@ -1071,16 +1084,16 @@ static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16,
 }
 
 /* The ldd of an output gradient of cols values a row: cols for an fp32 one, or where g16 holds
- * it in bf16 (the MLP pre-activation's, the attention's q, k, v) the row's bytes in floats, as
- * ops.h's dout16 takes it. */
+ * it in bf16 (the dlogits, the MLP pre-activation's, the attention's q, k, v) the row's bytes in
+ * floats, as ops.h's dout16 takes it. */
 static int grad_ld(const dt_gpt2_t *m, const void *g16, int cols)
 {
   return g16 ? (int)((size_t)cols * m->ops->bf16_bytes / sizeof(float)) : cols;
 }
 
 /* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
- * bf16 compute dout16, where not NULL, holds dout's bf16 values (the LM head's dlogits), or with
- * dout NULL is the gradient (the MLP pre-activation's, q, k, v's: bf16 only). gelu_in, where not
+ * bf16 compute dout16, where not NULL, is the gradient, held in bf16 only (the dlogits, the MLP
+ * pre-activation's, q, k, v's), and dout NULL. gelu_in, where not
  * NULL: in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under bf16 compute both are
  * bf16 buffers, and on a GPU the GELU's derivative is the GEMM's epilogue). */
 static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, float *dw, float *db,
@@ -1249,8 +1262,8 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    DT_CHECK(linear_forward(m, a, a->logits, 0, a->lnf, a->lnf16, &p, DT_T_WTE, NULL, (int)N, C,
-                            d.Vreal, d.Vl));
+    DT_CHECK(linear_forward(m, a, m->bf16 ? a->logits16 : a->logits, m->bf16, a->lnf, a->lnf16, &p,
+                            DT_T_WTE, NULL, (int)N, C, d.Vreal, d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
 
@@ -1274,32 +1287,31 @@ static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out
   return 0;
 }
 
-/* Where the loss writes the dlogits as bf16 values (under bf16 compute: all the LM head's bf16
- * GEMMs read of them), or NULL. */
-static const void *dlogits16(const dt_gpt2_t *m, const dt_gpt2_acts_t *a)
-{
-  return m->bf16 ? (const void *)a->logits : NULL;
-}
-
 /* Per-token losses of slot a's logits into a->losses and, when dloss != 0, dlogits in place of
- * the logits (bf16 values under bf16 compute). One process: the fused kernel. Tensor parallel:
- * the vocabulary-parallel pair around one all-gather of 3N floats per rank. */
+ * the logits (in bf16 under bf16 compute). One process: the fused kernel. Tensor parallel: the
+ * vocabulary-parallel pair around one all-gather of 3N floats per rank. */
 static int cross_entropy(dt_gpt2_t *m, dt_gpt2_acts_t *a, const int *targets, float dloss, int N)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
-  if (m->tp.tp == 1) {
-    DT_CHECK((m->bf16 ? k->crossentropy_forward_backward_bf16 : k->crossentropy_forward_backward)(
-        m->dev, a->losses, a->logits, targets, dloss, N, m->cfg.vocab, m->cfg.padded_vocab));
-    return 0;
-  }
+  const int V = m->cfg.vocab, Vp = m->cfg.padded_vocab;
+  if (m->tp.tp == 1)
+    return a->logits16 ? k->crossentropy_forward_backward_bf16(m->dev, a->losses, a->logits16,
+                                                               targets, dloss, N, V, Vp)
+                       : k->crossentropy_forward_backward(m->dev, a->losses, a->logits, targets,
+                                                          dloss, N, V, Vp);
   float *mine = a->ce_stats + (size_t)m->tp.tp * 3 * N;
-  DT_CHECK(k->crossentropy_vp_stats(m->dev, mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl));
+  if (a->logits16)
+    DT_CHECK(
+        k->crossentropy_vp_stats_bf16(m->dev, mine, a->logits16, targets, d.vlo, N, d.Vreal, d.Vl));
+  else
+    DT_CHECK(k->crossentropy_vp_stats(m->dev, mine, a->logits, targets, d.vlo, N, d.Vreal, d.Vl));
   DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->ce_stats, 3 * (size_t)N));
-  DT_CHECK((m->bf16 ? k->crossentropy_vp_finish_bf16 : k->crossentropy_vp_finish)(
-      m->dev, a->losses, a->logits, a->ce_stats, m->tp.tp, targets, d.vlo, dloss, N, d.Vreal,
-      d.Vl));
-  return 0;
+  if (a->logits16)
+    return k->crossentropy_vp_finish_bf16(m->dev, a->losses, a->logits16, a->ce_stats, m->tp.tp,
+                                          targets, d.vlo, dloss, N, d.Vreal, d.Vl);
+  return k->crossentropy_vp_finish(m->dev, a->losses, a->logits, a->ce_stats, m->tp.tp, targets,
+                                   d.vlo, dloss, N, d.Vreal, d.Vl);
 }
 
 int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, const int *targets,
@@ -1352,8 +1364,9 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
-      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, dlogits16(m, a),
-                               a->lnf, a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, d.Vreal, d.Vl));
+      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->logits16, a->lnf,
+                               a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, d.Vreal,
+                               grad_ld(m, a->logits16, d.Vl)));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
     if (!first)

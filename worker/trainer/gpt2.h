@@ -234,7 +234,9 @@ typedef struct {
   float *lnf_mean;  /* (N) */
   float *lnf_rstd;  /* (N) */
   float *logits;    /* (N, Vl) this rank's vocabulary columns (Vl = Vp/tp); overwritten by
-                       dlogits in a training step */
+                       dlogits in a training step. NULL when logits16 holds them */
+  void *logits16;   /* (N, Vl) bf16 compute: the logits in bf16, as PyTorch autocast keeps them
+                       (the LM head's out16 output), then the dlogits in bf16 */
   float *losses;    /* (N) per-token loss */
   float *ce_stats;  /* (tp, N, 3) vocabulary-parallel cross-entropy stats, all tp ranks */
   float *gath;      /* (N, C) sequence parallel: rows gathered from the tp group */

@@ -47,6 +47,7 @@
   X(crossentropy_forward_backward)                                                                 \
   X(crossentropy_forward_backward_bf16)                                                            \
   X(crossentropy_vp_stats)                                                                         \
+  X(crossentropy_vp_stats_bf16)                                                                    \
   X(crossentropy_vp_finish)                                                                        \
   X(crossentropy_vp_finish_bf16)                                                                   \
   X(adamw_update)                                                                                  \
@@ -301,13 +302,17 @@ TIMED(crossentropy_forward_backward, 0, (4.0 + (dloss != 0.0f ? 4.0 : 0.0)) * N 
       (dt_device_t * dev, float *losses, float *logits, const int *targets, float dloss, int N,
        int V, int Vp),
       losses, logits, targets, dloss, N, V, Vp)
-TIMED(crossentropy_forward_backward_bf16, 0, (4.0 + (dloss != 0.0f ? h : 0.0)) * N * Vp + 8.0 * N,
-      (dt_device_t * dev, float *losses, float *logits, const int *targets, float dloss, int N,
+TIMED(crossentropy_forward_backward_bf16, 0, (dloss != 0.0f ? 2.0 : 1.0) * h * N * Vp + 8.0 * N,
+      (dt_device_t * dev, float *losses, void *logits, const int *targets, float dloss, int N,
        int V, int Vp),
       losses, logits, targets, dloss, N, V, Vp)
 TIMED(crossentropy_vp_stats, 0, 4.0 * N * Vl + 16.0 * N,
       (dt_device_t * dev, float *stats, const float *logits, const int *targets, int vocab_lo,
        int N, int Vl, int ldl),
+      stats, logits, targets, vocab_lo, N, Vl, ldl)
+TIMED(crossentropy_vp_stats_bf16, 0, 1.0 * h * N * Vl + 16.0 * N,
+      (dt_device_t * dev, float *stats, const void *logits, const int *targets, int vocab_lo, int N,
+       int Vl, int ldl),
       stats, logits, targets, vocab_lo, N, Vl, ldl)
 TIMED(crossentropy_vp_finish, 0,
       (4.0 + (dloss != 0.0f ? 4.0 : 0.0)) * N * Vl + 12.0 * N * nranks + 8.0 * N,
@@ -315,8 +320,8 @@ TIMED(crossentropy_vp_finish, 0,
        const int *targets, int vocab_lo, float dloss, int N, int Vl, int ldl),
       losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl)
 TIMED(crossentropy_vp_finish_bf16, 0,
-      (4.0 + (dloss != 0.0f ? h : 0.0)) * N * Vl + 12.0 * N * nranks + 8.0 * N,
-      (dt_device_t * dev, float *losses, float *logits, const float *all_stats, int nranks,
+      (dloss != 0.0f ? 2.0 * h * N * Vl : 0.0) + 12.0 * N * nranks + 8.0 * N,
+      (dt_device_t * dev, float *losses, void *logits, const float *all_stats, int nranks,
        const int *targets, int vocab_lo, float dloss, int N, int Vl, int ldl),
       losses, logits, all_stats, nranks, targets, vocab_lo, dloss, N, Vl, ldl)
 TIMED(adamw_update, 0, (28.0 + (param16 ? h : 0.0)) * n,

@@ -342,14 +342,26 @@ static void print_token(FILE *out, int tok, int byte_vocab)
 }
 
 /* The last position's logits over the whole vocabulary into row (Vp floats): under tensor
- * parallelism each rank holds a slice of the columns, gathered for this one row only. */
+ * parallelism each rank holds a slice of the columns, gathered for this one row only. Under
+ * bf16 compute they are bf16 values, bf16_bytes each: 2-byte ones are widened here. */
 static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 {
-  const int Vl = m->cfg.padded_vocab / m->tp.tp;
-  const float *mine = m->acts[0].logits + (size_t)(tlen - 1) * Vl;
+  const dt_gpt2_acts_t *a = &m->acts[0];
+  const size_t Vp = (size_t)m->cfg.padded_vocab, Vl = Vp / (size_t)m->tp.tp;
+  const size_t vb = a->logits16 ? m->ops->bf16_bytes : sizeof(float); /* a value's bytes */
+  const char *mine = (const char *)(a->logits16 ? a->logits16 : (void *)a->logits);
+  mine += (size_t)(tlen - 1) * Vl * vb;
   if (m->tp.tp == 1)
-    return m->dev->copy(m->dev, row, mine, (size_t)Vl * sizeof(float), DT_COPY_D2H);
-  return dt_comm_all_gather(m->tp.comm, mine, row, (size_t)Vl);
+    DT_CHECK(m->dev->copy(m->dev, row, mine, Vl * vb, DT_COPY_D2H));
+  else /* a row of bf16 values is a whole number of floats (dt_gpt2_set_precision) */
+    DT_CHECK(dt_comm_all_gather(m->tp.comm, (const float *)mine, row, Vl * vb / sizeof(float)));
+  for (size_t j = Vp; vb == 2 && j-- > 0;) { /* in place from the back: bf16 j's bits are the */
+    uint16_t h;                              /* top half of float j's */
+    memcpy(&h, (const char *)row + 2 * j, sizeof h);
+    const uint32_t bits = (uint32_t)h << 16;
+    memcpy(row + j, &bits, sizeof bits);
+  }
+  return 0;
 }
 
 /* Generates n tokens after a prompt taken from the start of the given batch; prints them
