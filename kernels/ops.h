@@ -118,10 +118,13 @@ typedef struct dt_ops {
    * out16 (forward): out is a bf16 activation buffer of N rows ldo values apart (ldo >= OC; the
    * columns past OC are not written) that gets the fp32 results, the bias added, rounded to bf16
    * (to nearest even; on a GPU as the GEMM stores them), else the fp32 (N, ldo) output above.
-   * NULL where a backend has no bf16 path. */
+   * res, where not NULL (fp32 out only): out = res + (inp @ weight^T + bias), res laid out like
+   * out (a residual add with no pass of its own: on a GPU the GEMM's C input; the fp32 sums may
+   * be added in another order there, as a GEMM's own are). NULL where a backend has no bf16
+   * path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
-                             const float *weight, const void *weight16, const float *bias, int N,
-                             int C, int OC, int ldo);
+                             const float *weight, const void *weight16, const float *bias,
+                             const float *res, int N, int C, int OC, int ldo);
   int (*matmul_backward_bf16)(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
                               const float *dout, const void *dout16, const void *inp,
                               const float *weight, const void *weight16, const void *gelu_in, int N,
@@ -253,6 +256,23 @@ typedef struct dt_ops {
   /* *out = sum of squares, accumulated in double */
   int (*sum_squares)(struct dt_device *dev, const float *x, size_t n, double *out);
 } dt_ops_t;
+
+/* matmul_forward_bf16's rules on a bf16 output (ops.h above), for every backend: 0, or
+ * DT_EINVAL (logged). */
+static inline int dt_bf16_forward_check(int out16, const float *res, int OC, int ldo)
+{
+  if (out16 && ldo < OC) {
+    DT_ERROR(KERNEL,
+             "matmul_forward_bf16: a bf16 output's rows are %d values apart, fewer than OC %d", ldo,
+             OC);
+    return DT_EINVAL;
+  }
+  if (out16 && res) {
+    DT_ERROR(KERNEL, "matmul_forward_bf16: a residual add into a bf16 output");
+    return DT_EINVAL;
+  }
+  return 0;
+}
 
 /* matmul_backward_bf16's rules on dout and dout16 (ops.h above), for every backend, whose
  * dout16 rows are row16 values apart (ldd * 4 / bf16_bytes): 0, or DT_EINVAL (logged). */

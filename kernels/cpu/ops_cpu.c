@@ -88,21 +88,20 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
 }
 
 static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
-                               const float *weight, const void *weight16, const float *bias, int N,
-                               int C, int OC, int ldo)
+                               const float *weight, const void *weight16, const float *bias,
+                               const float *res, int N, int C, int OC, int ldo)
 {
-  if (out16 && ldo < OC) {
-    DT_ERROR(KERNEL,
-             "matmul_forward_bf16: a bf16 output's rows are %d values apart, fewer than OC %d", ldo,
-             OC);
-    return DT_EINVAL;
-  }
+  DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
   float *o = H(out);
   if (dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16), H(bias), N, C, OC, ldo) != 0)
     return DT_ENOMEM;
   for (int i = 0; out16 && i < N; i++) /* the CPU's bf16 buffer: the fp32 numbers equal to the
                                         * rounded values */
     dt_cpu_to_bf16(o + (size_t)i * ldo, o + (size_t)i * ldo, (size_t)OC);
+  const float *r = H(res);
+  for (size_t i = 0; r && i < (size_t)N; i++) /* as residual_forward adds a branch: res + it */
+    for (size_t j = 0; j < (size_t)OC; j++)
+      o[i * ldo + j] = r[i * ldo + j] + o[i * ldo + j];
   return 0;
 }
 

@@ -112,7 +112,7 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
                              int OC, int ldd);
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
-                                 int N, int C, int OC, int ldo);
+                                 const float *res, int N, int C, int OC, int ldo);
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
                                   const float *dout, const void *dout16, const void *inp,
                                   const float *weight, const void *weight16, const void *gelu_in,

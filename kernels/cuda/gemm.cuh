@@ -32,7 +32,9 @@ typedef struct {
  * bf16 linear layer's dinp, beta 0, c16, sets it: the backward of a layer whose input was
  * GELU(gelu_in)). c16: C is bf16, each element the fp32 result (the bias added, or the GELU's
  * derivative applied) rounded to nearest even as it is stored (only the bf16 linear layer's
- * forward with a bf16 output and its dinp through the GELU, beta 0, set it); else C is fp32. */
+ * forward with a bf16 output and its dinp through the GELU, beta 0, set it); else C is fp32.
+ * Cin (fp32, laid out like C, or NULL: C itself): where beta C is read from, C then only
+ * written (only the bf16 linear layer's forward with a residual, beta 1, sets it). */
 typedef struct {
   int ta, tb; /* 1: op is the transpose */
   int m, n, k;
@@ -45,6 +47,7 @@ typedef struct {
   const float *bias;
   const void *gelu_in;
   int c16;
+  const float *Cin;
 } dt_gemm_t;
 
 static inline dt_gemm_mat_t gemm_mat(const void *p, int ld, long long stride)
@@ -57,7 +60,7 @@ static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alp
                                   dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
                                   int batch)
 {
-  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL, 0};
+  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL, 0, NULL};
   return g;
 }
 
@@ -76,14 +79,16 @@ static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const vo
 }
 
 /* g without its epilogues, for cuBLAS (which has none): the caller seeds every row i of C with
- * bias[i] first (the first m values of each of the n columns), and the product accumulates
- * onto it (only for a product that does not otherwise read C, beta 0, as the forward's). A GELU
- * gradient comes with a bf16 C, which linear_gemm makes in fp32 first and then applies it. */
+ * bias[i] first (the first m values of each of the n columns), plus Cin's element (beta 1)
+ * where g has one, and the product accumulates onto it (only for a product that does not
+ * otherwise read C: beta 0, or 1 with a Cin, as the forward's). A GELU gradient comes with a
+ * bf16 C, which linear_gemm makes in fp32 first and then applies it. */
 static inline dt_gemm_t gemm_seeded(dt_gemm_t g)
 {
-  g.beta = g.bias ? 1.0f : g.beta;
+  g.beta = g.bias || g.Cin ? 1.0f : g.beta;
   g.bias = NULL;
   g.gelu_in = NULL;
+  g.Cin = NULL;
   return g;
 }
 

@@ -60,8 +60,8 @@ int dt__cuda_gemm_lt(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
   }
   DT_CUBLAS_CHECK_GOTO(hs, rc, out);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatmul(cu->lt, lt.op, &g->alpha, g->A.p, lt.A, g->B.p, lt.B,
-                                      &g->beta, g->C, lt.C, g->C, lt.C, &algo.algo, cu->lt_ws,
-                                      cu->lt_ws_bytes, cu->stream),
+                                      &g->beta, g->Cin ? (const void *)g->Cin : g->C, lt.C, g->C,
+                                      lt.C, &algo.algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream),
                        rc, out);
 out:
   dt_lt_gemm_release(&lt);
@@ -120,10 +120,10 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
     return 0;
   }
   const dt_gemm_t s = gemm_seeded(*g);
-  if (g->bias) {
+  if (g->bias || g->Cin) {
     const size_t total = (size_t)g->n * g->m; /* rows of the row-major output, OC columns */
-    bias_fill_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        (float *)g->C, g->bias, g->m, g->ldc, total);
+    linear_seed_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
+        (float *)g->C, g->bias, g->Cin, g->m, g->ldc, total);
     DT_CUDA_CHECK(cudaGetLastError());
   }
   if (ab == CUDA_R_32F)
@@ -268,18 +268,14 @@ int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t 
 
 /* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (unless the caller
  * holds its bf16 values) and in the backward dout (likewise) get bf16 copies in the workspace.
- * out16: cuBLASLt writes out in bf16 (C and D bf16, the bias fp32). */
+ * out16: cuBLASLt writes out in bf16 (C and D bf16, the bias fp32). res: the GEMM's C input
+ * (beta 1), D out. */
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
-                                 int N, int C, int OC, int ldo)
+                                 const float *res, int N, int C, int OC, int ldo)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  if (out16 && ldo < OC) {
-    DT_ERROR(KERNEL,
-             "matmul_forward_bf16: a bf16 output's rows are %d values apart, fewer than OC %d", ldo,
-             OC);
-    return DT_EINVAL;
-  }
+  DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
   if (N <= 0 || OC <= 0)
     return 0;
   bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL};
@@ -287,6 +283,8 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, co
     DT_CHECK(bf16_operands(cu, &w, 1));
   dt_gemm_t g = gemm_linear_forward(out, inp, weight16 ? weight16 : w.dst, bias, N, C, OC, ldo);
   g.c16 = out16 != 0;
+  g.Cin = res;
+  g.beta = res ? 1.0f : 0.0f;
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 

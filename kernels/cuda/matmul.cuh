@@ -9,15 +9,16 @@
 
 #include "block.cuh"
 
-/* out[i, o] = bias[o] for the first OC columns of each row. */
-__global__ static void bias_fill_kernel(float *out, const float *bias, int OC, int ldo,
-                                        size_t total)
+/* The seed of the linear layer's cuBLAS form: out[i, o] = in[i, o] + bias[o], or either term
+ * alone where the other is NULL, for the first OC columns of each row (in laid out like out). */
+__global__ static void linear_seed_kernel(float *out, const float *bias, const float *in, int OC,
+                                          int ldo, size_t total)
 {
   DT__CUDA_FOR(i, total)
   {
-    const size_t row = i / (size_t)OC;
-    const size_t o = i % (size_t)OC;
-    out[row * ldo + o] = bias[o];
+    const size_t at = i / (size_t)OC * ldo + i % (size_t)OC;
+    const float b = bias ? bias[i % (size_t)OC] : 0.0f;
+    out[at] = in ? (bias ? in[at] + b : in[at]) : b;
   }
 }
 

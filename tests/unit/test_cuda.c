@@ -614,9 +614,11 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   pair_t out = pair_rand((size_t)N * ld, 5.0f, 1.0f);
   if (bf16) {
     ck_assert_int_eq(
-        H->matmul_forward_bf16(g_cpu, out.h, 0, in16.h, weight.h, NULL, bias.h, N, C, OC, ld), 0);
+        H->matmul_forward_bf16(g_cpu, out.h, 0, in16.h, weight.h, NULL, bias.h, NULL, N, C, OC, ld),
+        0);
     ck_assert_int_eq(
-        G->matmul_forward_bf16(g_gpu, out.d, 0, in16.d, weight.d, NULL, bias.d, N, C, OC, ld), 0);
+        G->matmul_forward_bf16(g_gpu, out.d, 0, in16.d, weight.d, NULL, bias.d, NULL, N, C, OC, ld),
+        0);
     /* into a bf16 output (the qkv layer's, rows OC apart; the LM head's, ld apart): the fp32
      * results rounded as cuBLASLt stores them; within two bf16 steps of the largest value (the
      * sums' order may move a value across a rounding boundary); columns past OC left alone */
@@ -625,15 +627,27 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
       for (size_t i = 0; i < o16.n; i++)
         o16.h[i] = 5.0f;
       pair16_upload(&o16);
-      ck_assert_int_eq(
-          H->matmul_forward_bf16(g_cpu, o16.h, 1, in16.h, weight.h, NULL, bias.h, N, C, OC, ldo),
-          0);
-      ck_assert_int_eq(
-          G->matmul_forward_bf16(g_gpu, o16.d, 1, in16.d, weight.d, NULL, bias.d, N, C, OC, ldo),
-          0);
+      ck_assert_int_eq(H->matmul_forward_bf16(g_cpu, o16.h, 1, in16.h, weight.h, NULL, bias.h, NULL,
+                                              N, C, OC, ldo),
+                       0);
+      ck_assert_int_eq(G->matmul_forward_bf16(g_gpu, o16.d, 1, in16.d, weight.d, NULL, bias.d, NULL,
+                                              N, C, OC, ldo),
+                       0);
       expect_bf16_close("matmul_forward_bf16 into bf16", &o16, 8e-3);
       pair16_free(&o16);
     }
+    /* with a residual (the projections' under bf16 at tp 1): res + the product, the GEMM's C
+     * input on the GPU; columns past OC left alone */
+    pair_t res = pair_rand((size_t)N * ld, 0.0f, 1.0f), sum = pair_rand((size_t)N * ld, 5.0f, 1.0f);
+    ck_assert_int_eq(H->matmul_forward_bf16(g_cpu, sum.h, 0, in16.h, weight.h, NULL, bias.h, res.h,
+                                            N, C, OC, ld),
+                     0);
+    ck_assert_int_eq(G->matmul_forward_bf16(g_gpu, sum.d, 0, in16.d, weight.d, NULL, bias.d, res.d,
+                                            N, C, OC, ld),
+                     0);
+    expect_close("matmul_forward_bf16 + residual", &sum);
+    expect_equal("matmul_forward_bf16's residual unchanged", &res);
+    pair_free(&res), pair_free(&sum);
   } else {
     ck_assert_int_eq(H->matmul_forward(g_cpu, out.h, inp.h, weight.h, bias.h, N, C, OC, ld), 0);
     ck_assert_int_eq(G->matmul_forward(g_gpu, out.d, inp.d, weight.d, bias.d, N, C, OC, ld), 0);
@@ -733,9 +747,10 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     expect_close("matmul_backward_bf16 dweight from dout16", &dw2);
     pair_t out2 = pair_rand((size_t)N * ld, 5.0f, 1.0f);
     ck_assert_int_eq(
-        H->matmul_forward_bf16(g_cpu, out2.h, 0, in16.h, weight.h, NULL, NULL, N, C, OC, ld), 0);
+        H->matmul_forward_bf16(g_cpu, out2.h, 0, in16.h, weight.h, NULL, NULL, NULL, N, C, OC, ld),
+        0);
     ck_assert_int_eq(
-        G->matmul_forward_bf16(g_gpu, out2.d, 0, in16.d, NULL, w16.d, NULL, N, C, OC, ld), 0);
+        G->matmul_forward_bf16(g_gpu, out2.d, 0, in16.d, NULL, w16.d, NULL, NULL, N, C, OC, ld), 0);
     expect_close("matmul_forward_bf16 from weight16", &out2);
     free(r), free(raw), g_gpu->free(g_gpu, d16), pair_free(&dw2), pair_free(&di2);
     pair_free(&out2), pair16_free(&w16);

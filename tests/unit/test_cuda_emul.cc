@@ -449,7 +449,8 @@ static void ref_gemm(const dt_gemm_t &g)
         const size_t at = i + (size_t)j * g.ldc;
         const double d =
             g.gelu_in ? ref_dgelu(__bfloat162float(((const __nv_bfloat16 *)g.gelu_in)[at])) : 1.0;
-        const double c = g.beta != 0.0f ? (double)g.beta * C[at] : 0.0; /* fp32 C only */
+        const float *Cin = g.Cin ? g.Cin + t * g.sC : C; /* fp32 C only */
+        const double c = g.beta != 0.0f ? (double)g.beta * Cin[at] : 0.0;
         const float v = (float)((g.alpha * acc + c + (g.bias ? (double)g.bias[i] : 0.0)) * d);
         if (g.c16) /* rounded as it is stored */
           ((__nv_bfloat16 *)g.C + t * g.sC)[at] = __float2bfloat16_rn(v);
@@ -476,13 +477,36 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
   ref_gemm(gemm_linear_forward(out_g.data(), inp.data(), w.data(), bias ? b.data() : NULL, N, C, OC,
                                ld));
   expect_close("linear forward", out_g, out_h);
+  const size_t total = (size_t)N * OC;
   if (bias) { /* the cuBLAS form (matmul.cu's fallback): the seed pass, then the product onto it */
     std::vector<float> out_s((size_t)N * ld, pad);
-    const size_t total = (size_t)N * OC;
-    launch_elementwise(total, [&] { bias_fill_kernel(out_s.data(), b.data(), OC, ld, total); });
+    launch_elementwise(total,
+                       [&] { linear_seed_kernel(out_s.data(), b.data(), NULL, OC, ld, total); });
     ref_gemm(gemm_seeded(
         gemm_linear_forward(out_s.data(), inp.data(), w.data(), b.data(), N, C, OC, ld)));
     expect_close("linear forward, bias seeded", out_s, out_h);
+  }
+  /* With a residual (Cin, beta 1, as matmul.cu's forward with res): res + the CPU's output, by
+   * the epilogue's form and by the cuBLAS form (seeded with res + bias); Cin itself unchanged */
+  const std::vector<float> res = randn((size_t)N * ld);
+  std::vector<float> want((size_t)N * ld, pad);
+  for (int r = 0; r < N; r++)
+    for (int o = 0; o < OC; o++)
+      want[(size_t)r * ld + o] = res[(size_t)r * ld + o] + out_h[(size_t)r * ld + o];
+  for (const bool seeded : {false, true}) {
+    std::vector<float> out_r((size_t)N * ld, pad);
+    dt_gemm_t g = gemm_linear_forward(out_r.data(), inp.data(), w.data(), bias ? b.data() : NULL, N,
+                                      C, OC, ld);
+    g.Cin = res.data(), g.beta = 1.0f;
+    if (seeded) {
+      launch_elementwise(total, [&] {
+        linear_seed_kernel(out_r.data(), bias ? b.data() : NULL, res.data(), OC, ld, total);
+      });
+      g = gemm_seeded(g);
+    }
+    ref_gemm(g);
+    expect_close(seeded ? "linear forward + residual, seeded" : "linear forward + residual", out_r,
+                 want);
   }
 
   const std::vector<float> db0 = randn(OC), ones(N, 1.0f);
@@ -619,20 +643,28 @@ START_TEST(test_adamw)
 }
 END_TEST
 
-/* The linear layer's bias seed (the first OC of ldo columns; the rest untouched), the bf16
- * copies of strided operands (against dt_bf16_round) and with their column sums, and the
- * device's accumulate and fill. */
+/* The linear layer's seed (bias, a residual, or their sum, in the first OC of ldo columns; the
+ * rest untouched), the bf16 copies of strided operands (against dt_bf16_round) and with their
+ * column sums, and the device's accumulate and fill. */
 START_TEST(test_matmul_and_device_kernels)
 {
   dt_rng_seed(&g_rng, 88);
   const int N = 37, OC = 45, ldo = 50;
-  const std::vector<float> bias = randn(OC);
-  std::vector<float> out((size_t)N * ldo, -7.0f);
+  const std::vector<float> bias = randn(OC), res = randn((size_t)N * ldo);
   const size_t total = (size_t)N * OC;
-  launch_elementwise(total, [&] { bias_fill_kernel(out.data(), bias.data(), OC, ldo, total); });
-  for (int i = 0; i < N; i++)
-    for (int o = 0; o < ldo; o++)
-      ck_assert(out[(size_t)i * ldo + o] == (o < OC ? bias[o] : -7.0f));
+  for (int k = 0; k < 3; k++) { /* bias, residual, both */
+    const float *b = k != 1 ? bias.data() : NULL, *r = k != 0 ? res.data() : NULL;
+    std::vector<float> out((size_t)N * ldo, -7.0f);
+    launch_elementwise(total, [&] { linear_seed_kernel(out.data(), b, r, OC, ldo, total); });
+    for (size_t i = 0; i < (size_t)N; i++)
+      for (size_t o = 0; o < (size_t)ldo; o++) {
+        const float want = o >= (size_t)OC ? -7.0f
+                           : !r            ? bias[o]
+                           : !b            ? res[i * ldo + o]
+                                           : res[i * ldo + o] + bias[o];
+        ck_assert(out[i * ldo + o] == want);
+      }
+  }
 
   const size_t rows = 29, cols = 33, lds = 40;
   const std::vector<float> src = randn(rows * lds, 0.0f, 5.0f);

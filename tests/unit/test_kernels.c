@@ -773,7 +773,8 @@ START_TEST(test_matmul_bf16)
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
   ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, N, C, OC, ld), 0);
+      ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, NULL, N, C, OC, ld),
+      0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
   /* into a bf16 output (out16), rows OC and ld apart: the fp32 output's values rounded, bit for
    * bit, the columns past OC untouched; rows shorter than OC are refused */
@@ -782,14 +783,27 @@ START_TEST(test_matmul_bf16)
     for (size_t i = 0; i < (size_t)N * ld; i++)
       o16[i] = GARBAGE;
     ck_assert_int_eq(
-        ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, ldo), 0);
+        ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL, N, C, OC, ldo),
+        0);
     for (size_t i = 0; i < (size_t)N; i++)
       for (size_t j = 0; j < (size_t)ldo; j++)
         ck_assert(j < (size_t)OC ? o16[i * ldo + j] == ref_bf16(out[i * ld + j])
                                  : o16[i * ldo + j] == GARBAGE);
   }
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL, N,
+                                            C, OC, OC - 1),
+                   DT_EINVAL);
+  /* with a residual (res): res + the output above, as residual_forward adds it, bit for bit, the
+   * columns past OC untouched; refused into a bf16 output */
+  float *res = rand_normal(&rng, (size_t)N * ld, 0.0f, 1.0f), *sum = filled((size_t)N * ld, 0.5f);
+  float *want_sum = filled((size_t)N * ld, 0.5f);
+  for (size_t i = 0; i < (size_t)N; i++)
+    dt_cpu_residual_forward(want_sum + i * ld, res + i * ld, out + i * ld, (size_t)OC);
   ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, N, C, OC, OC - 1),
+      ops->matmul_forward_bf16(dt_device_cpu(), sum, 0, in16, w, NULL, bias, res, N, C, OC, ld), 0);
+  ck_assert(memcmp(sum, want_sum, (size_t)N * ld * sizeof(float)) == 0);
+  ck_assert_int_eq(
+      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, res, N, C, OC, OC),
       DT_EINVAL);
   /* the GELU of a bf16 activation into one: the fp32 GELU's values rounded, bit for bit */
   float *g32 = falloc((size_t)N * C), *gl16 = filled((size_t)N * C, GARBAGE);

@@ -102,6 +102,34 @@ static int spied_backward_bf16(struct dt_device *dev, void *dinp, float *dweight
   return rc;
 }
 
+/* The residual stream's adds: in the projections' GEMMs (res), or by passes of their own. */
+static int g_gemm_res, g_residual_passes;
+
+static int spied_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
+                              const float *weight, const void *weight16, const float *bias,
+                              const float *res, int N, int C, int OC, int ldo)
+{
+  g_gemm_res += res != NULL;
+  return dt_ops_cpu()->matmul_forward_bf16(dev, out, out16, inp, weight, weight16, bias, res, N, C,
+                                           OC, ldo);
+}
+
+static int spied_residual(struct dt_device *dev, float *out, const float *a, const float *b,
+                          size_t n)
+{
+  g_residual_passes++;
+  return dt_ops_cpu()->residual_forward(dev, out, a, b, n);
+}
+
+static int spied_residual_layernorm_bf16(struct dt_device *dev, float *res, void *out, float *mean,
+                                         float *rstd, const float *a, const float *b,
+                                         const float *weight, const float *bias, int N, int C)
+{
+  g_residual_passes++;
+  return dt_ops_cpu()->residual_layernorm_forward_bf16(dev, res, out, mean, rstd, a, b, weight,
+                                                       bias, N, C);
+}
+
 static int spied_crossentropy_bf16(struct dt_device *dev, float *losses, void *logits,
                                    const int *targets, float dloss, int N, int V, int Vp)
 {
@@ -151,13 +179,18 @@ END_TEST
  * GELU reads bf16 values, its backward writes them, and the fc layer's backward takes that
  * gradient with no fp32 one, its bias gradient too; so does the qkv layer's with the bf16 flash
  * backward's q, k, v gradient (one whole sequence, as here). The logits are bf16 too: the loss
- * reads the LM head's bf16 output, and the LM head's backward takes the bf16 dlogits alone. */
+ * reads the LM head's bf16 output, and the LM head's backward takes the bf16 dlogits alone.
+ * With the whole branch here (tp 1), each projection adds its branch to the residual stream in
+ * its GEMM, with no residual pass of its own. */
 START_TEST(test_bf16_mlp)
 {
   dt_device_t *dev = edited_cpu();
   g_ops.gelu_forward_bf16 = spied_gelu_bf16;
   g_ops.matmul_backward_bf16 = spied_backward_bf16;
   g_ops.crossentropy_forward_backward_bf16 = spied_crossentropy_bf16;
+  g_ops.matmul_forward_bf16 = spied_forward_bf16;
+  g_ops.residual_forward = spied_residual;
+  g_ops.residual_layernorm_forward_bf16 = spied_residual_layernorm_bf16;
   ck_assert_int_eq(step(dev, 1), 0);
   const int L = CFG.layers;
   ck_assert_int_eq(g_gelu_calls, L);
@@ -169,6 +202,8 @@ START_TEST(test_bf16_mlp)
   ck_assert_int_eq(g_dout16_bias, 2 * L); /* the tied LM head has no bias */
   ck_assert_int_eq(g_ce_calls, 1);
   ck_assert_int_eq(g_ce_bf16, 1);
+  ck_assert_int_eq(g_gemm_res, 2 * L); /* both projections add to the residual stream */
+  ck_assert_int_eq(g_residual_passes, 0);
 }
 END_TEST
 

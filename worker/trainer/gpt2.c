@@ -1071,16 +1071,18 @@ static int bf16_input(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *in, const vo
 
 /* The linear layer out = in @ w^T + b (ops.h) with weight tensor w of view p: in fp32, or under
  * bf16 compute on in's bf16 values (bf16_input) and w's (the view's bf16 copy where it has one,
- * else rounded by the kernel), into a bf16 out where out16 (bf16 compute only). */
-static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16, const float *in,
-                          const void *in16, const dt_gpt2_view_t *p, int w, const float *b, int N,
-                          int C, int OC, int ldo)
+ * else rounded by the kernel), into a bf16 out where out16, plus res where not NULL (bf16
+ * compute only: fused_residual). */
+static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16, const float *res,
+                          const float *in, const void *in16, const dt_gpt2_view_t *p, int w,
+                          const float *b, int N, int C, int OC, int ldo)
 {
   const dt_ops_t *k = m->ops;
   if (!m->bf16)
     return k->matmul_forward(m->dev, out, in, p->t[w], b, N, C, OC, ldo);
   DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-  return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, N, C, OC, ldo);
+  return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, res, N, C, OC,
+                                ldo);
 }
 
 /* The ldd of an output gradient of cols values a row: cols for an fp32 one, or where g16 holds
@@ -1111,6 +1113,13 @@ static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, float *d
   return gelu_in ? k->gelu_backward(m->dev, dinp, gelu_in, dinp, (size_t)N * C) : 0;
 }
 
+/* Whether the projections add their branch to the residual stream in their GEMM (ops.h's res):
+ * under bf16 compute, where each rank holds the whole branch (no tensor parallelism). */
+static int fused_residual(const dt_gpt2_t *m)
+{
+  return m->bf16 && m->tp.tp == 1;
+}
+
 /* Layer l's forward from its input x with parameters p (acquired by the caller); also what
  * activation checkpointing reruns before the layer's backward (deterministic kernels and
  * collectives: the same bits as the first time). */
@@ -1131,41 +1140,51 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
                                   p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
   if (m->cp.cp == 1) {
-    DT_CHECK(linear_forward(m, a, y.qkv, qkv16(m), in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB],
-                            (int)N, C, 3 * Cl, 3 * Cl));
+    DT_CHECK(linear_forward(m, a, y.qkv, qkv16(m), NULL, in, y.ln1_16, p, DT_T_QKVW,
+                            p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl));
     if (m->flash)
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
     else
       DT_CHECK(k->attention_forward(m->dev, y.atty, y.att, y.qkv, B, T, Cl, d.NHl));
   } else {
     void *mine = (char *)a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl * qkv_bytes(m);
-    DT_CHECK(linear_forward(m, a, mine, qkv16(m), in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB],
+    DT_CHECK(linear_forward(m, a, mine, qkv16(m), NULL, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB],
                             (int)N, C, 3 * Cl, 3 * Cl));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
-  DT_CHECK(linear_forward(m, a, a->tmp, 0, qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, p,
-                          DT_T_ATTPROJW, lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
-  DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
-  if (y.ln2_16)
-    DT_CHECK(k->residual_layernorm_forward_bf16(m->dev, y.res2, y.ln2_16, y.ln2_mean, y.ln2_rstd, x,
-                                                branch, p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R,
-                                                C));
-  else
-    DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x, branch,
-                                           p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
+  /* Each branch's projection: added to the residual stream by its GEMM where the branch is whole
+   * here (fused_residual), else after the tensor-parallel sum (the first fused with LN2). */
+  const int fuse = fused_residual(m);
+  DT_CHECK(linear_forward(m, a, fuse ? y.res2 : a->tmp, 0, fuse ? x : NULL,
+                          qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, p, DT_T_ATTPROJW,
+                          lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
+  if (fuse) {
+    DT_CHECK(k->layernorm_forward_bf16(m->dev, y.ln2_16, y.ln2_mean, y.ln2_rstd, y.res2,
+                                       p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
+  } else {
+    DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
+    if (y.ln2_16)
+      DT_CHECK(k->residual_layernorm_forward_bf16(m->dev, y.res2, y.ln2_16, y.ln2_mean, y.ln2_rstd,
+                                                  x, branch, p->t[DT_T_LN2W], p->t[DT_T_LN2B],
+                                                  (int)R, C));
+    else
+      DT_CHECK(k->residual_layernorm_forward(m->dev, y.res2, y.ln2, y.ln2_mean, y.ln2_rstd, x,
+                                             branch, p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
+  }
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-  DT_CHECK(linear_forward(m, a, m->bf16 ? y.fch16 : y.fch, m->bf16, in, y.ln2_16, p, DT_T_FCW,
+  DT_CHECK(linear_forward(m, a, m->bf16 ? y.fch16 : y.fch, m->bf16, NULL, in, y.ln2_16, p, DT_T_FCW,
                           p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl));
   if (m->bf16)
     DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch16, N * 4 * Cl));
   else
     DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
-  DT_CHECK(linear_forward(m, a, a->tmp, 0, y.fchg, y.fchg16, p, DT_T_FCPROJW,
-                          lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
+  DT_CHECK(linear_forward(m, a, fuse ? y.res3 : a->tmp, 0, fuse ? y.res2 : NULL, y.fchg, y.fchg16,
+                          p, DT_T_FCPROJW, lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
+  if (fuse)
+    return 0;
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
-  DT_CHECK(k->residual_forward(m->dev, y.res3, y.res2, branch, R * C));
-  return 0;
+  return k->residual_forward(m->dev, y.res3, y.res2, branch, R * C);
 }
 
 /* The input of layer l in slot a: the stage's input or the previous layer's output. */
@@ -1262,8 +1281,8 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   /* Only the real vocabulary columns are computed; the padded ones are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
-    DT_CHECK(linear_forward(m, a, m->bf16 ? a->logits16 : a->logits, m->bf16, a->lnf, a->lnf16, &p,
-                            DT_T_WTE, NULL, (int)N, C, d.Vreal, d.Vl));
+    DT_CHECK(linear_forward(m, a, m->bf16 ? a->logits16 : a->logits, m->bf16, NULL, a->lnf,
+                            a->lnf16, &p, DT_T_WTE, NULL, (int)N, C, d.Vreal, d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
 

@@ -248,8 +248,8 @@ TIMED(matmul_backward, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd)
 TIMED(matmul_forward_bf16, 2.0 * N * C * OC, 0,
       (dt_device_t * dev, void *out, int out16, const void *inp, const float *weight,
-       const void *weight16, const float *bias, int N, int C, int OC, int ldo),
-      out, out16, inp, weight, weight16, bias, N, C, OC, ldo)
+       const void *weight16, const float *bias, const float *res, int N, int C, int OC, int ldo),
+      out, out16, inp, weight, weight16, bias, res, N, C, OC, ldo)
 TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       (dt_device_t * dev, void *dinp, float *dweight, float *dbias, const float *dout,
        const void *dout16, const void *inp, const float *weight, const void *weight16,
