@@ -82,6 +82,11 @@ typedef struct dt_ops {
                             const float *mean,                  /* (N) */
                             const float *rstd,                  /* (N) */
                             int N, int C);
+  /* The same from a dout held in bf16 (a bf16 buffer of (N, C) values: the next linear layer's
+   * dinp16 output), read as it is. NULL without a bf16 path. */
+  int (*layernorm_backward_bf16)(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                                 const void *dout, const float *inp, const float *weight,
+                                 const float *mean, const float *rstd, int N, int C);
 
   /* out = inp @ weight^T + bias (bias may be NULL); out has row stride ldo >= OC */
   int (*matmul_forward)(struct dt_device *dev, float *out, /* (N, ldo) */
@@ -110,11 +115,12 @@ typedef struct dt_ops {
    * read only for dbias (dbias with dout16 in dout's own bytes, whose fp32 values are gone, is
    * DT_EINVAL). dout NULL: the gradient exists in bf16 only (the cross-entropy's bf16 dlogits,
    * ldd = Vp * bf16_bytes / 4; the MLP's pre-activation gradient, as the gelu_in backward below
-   * wrote it, ldd = OC * bf16_bytes / 4) and dbias sums dout16's values. gelu_in, where
-   * not NULL (with dinp; (N, C) like it), says the layer's input was GELU(gelu_in) and holds the
-   * pre-activation as a bf16 buffer (the forward's out16 output): dinp is then a bf16 buffer of
-   * (N, C) values, gelu'(gelu_in) * (dout @ weight) computed in fp32 and rounded to bf16 (to
-   * nearest even; on a GPU in the GEMM's epilogue, with no pass of its own), else fp32 (N, C).
+   * wrote it, ldd = OC * bf16_bytes / 4) and dbias sums dout16's values. dinp16: dinp is a bf16
+   * buffer of (N, C) values, the fp32 results rounded to bf16 (to nearest even; on a GPU as the
+   * GEMM stores them), else fp32 (N, C). gelu_in, where not NULL (with dinp16; (N, C) like
+   * dinp), says the layer's input was GELU(gelu_in) and holds the pre-activation as a bf16
+   * buffer (the forward's out16 output): dinp is then gelu'(gelu_in) * (dout @ weight), computed
+   * in fp32 before the rounding (on a GPU in the GEMM's epilogue, with no pass of its own).
    * out16 (forward): out is a bf16 activation buffer of N rows ldo values apart (ldo >= OC; the
    * columns past OC are not written) that gets the fp32 results, the bias added, rounded to bf16
    * (to nearest even; on a GPU as the GEMM stores them), else the fp32 (N, ldo) output above.
@@ -125,8 +131,8 @@ typedef struct dt_ops {
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias,
                              const float *res, int N, int C, int OC, int ldo);
-  int (*matmul_backward_bf16)(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
-                              const float *dout, const void *dout16, const void *inp,
+  int (*matmul_backward_bf16)(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
+                              float *dbias, const float *dout, const void *dout16, const void *inp,
                               const float *weight, const void *weight16, const void *gelu_in, int N,
                               int C, int OC, int ldd);
   /* bf16 activation buffers: bf16_bytes bytes per value (0 where a backend has no bf16 path):
@@ -276,9 +282,14 @@ static inline int dt_bf16_forward_check(int out16, const float *res, int OC, int
 
 /* matmul_backward_bf16's rules on dout and dout16 (ops.h above), for every backend, whose
  * dout16 rows are row16 values apart (ldd * 4 / bf16_bytes): 0, or DT_EINVAL (logged). */
-static inline int dt_bf16_backward_check(const float *dbias, const float *dout, const void *dout16,
-                                         int OC, long row16)
+static inline int dt_bf16_backward_check(int dinp16, const float *dbias, const float *dout,
+                                         const void *dout16, const void *gelu_in, int OC,
+                                         long row16)
 {
+  if (gelu_in && !dinp16) {
+    DT_ERROR(KERNEL, "matmul_backward_bf16: a GELU gradient (gelu_in) is a bf16 dinp (dinp16)");
+    return DT_EINVAL;
+  }
   if (!dout && !dout16) {
     DT_ERROR(KERNEL, "matmul_backward_bf16: no output gradient (dout and dout16 NULL)");
     return DT_EINVAL;

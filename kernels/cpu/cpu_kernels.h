@@ -34,15 +34,16 @@ void dt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
  * (unless dout16 does) are rounded to bfloat16 in scratch copies, then the fp32 kernels above
  * run (bf16 x bf16 products are exact in fp32, so this is a bf16 GEMM with fp32 accumulation,
  * as a GPU's tensor cores do it, up to the order of the sums), and with gelu_in
- * dt_cpu_gelu_backward on dinp, then dinp rounded to bf16. dout NULL: dbias sums dout16. 0, or -1
- * when the copies do not fit in memory (nothing written then). */
+ * dt_cpu_gelu_backward on dinp; dinp16 (which gelu_in needs): dinp rounded to bf16 last. dout
+ * NULL: dbias sums dout16. 0, or -1 when the copies do not fit in memory (nothing written
+ * then). */
 int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight,
                                const float *weight16, const float *bias, int N, int C, int OC,
                                int ldo);
-int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *dout16, const float *inp, const float *weight,
-                                const float *weight16, const float *gelu_in, int N, int C, int OC,
-                                int ldd);
+int dt_cpu_matmul_backward_bf16(float *dinp, int dinp16, float *dweight, float *dbias,
+                                const float *dout, const float *dout16, const float *inp,
+                                const float *weight, const float *weight16, const float *gelu_in,
+                                int N, int C, int OC, int ldd);
 /* x rounded to the nearest bfloat16 (ties to even), as a float: the top 16 bits of its
  * pattern. Infinities stay; NaN stays NaN; finite values beyond bf16's range become inf. */
 static inline float dt_bf16_round(float x)

@@ -82,10 +82,10 @@ int dt_cpu_matmul_forward_bf16(float *out, const float *inp, const float *weight
   return w16 ? 0 : -1;
 }
 
-int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *dout16, const float *inp, const float *weight,
-                                const float *weight16, const float *gelu_in, int N, int C, int OC,
-                                int ldd)
+int dt_cpu_matmul_backward_bf16(float *dinp, int dinp16, float *dweight, float *dbias,
+                                const float *dout, const float *dout16, const float *inp,
+                                const float *weight, const float *weight16, const float *gelu_in,
+                                int N, int C, int OC, int ldd)
 {
   float *g = dout16 ? NULL : dt_cpu_bf16_copy(dout, (size_t)N, (size_t)OC, (size_t)ldd);
   float *w = dinp && !weight16 ? dt_cpu_bf16_copy(weight, (size_t)OC, (size_t)C, (size_t)C) : NULL;
@@ -94,10 +94,10 @@ int dt_cpu_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const
   if (ok)
     dt_cpu_matmul_backward(dinp, dweight, NULL, dout16 ? dout16 : g, inp, w16, N, C, OC,
                            dout16 ? ldd : OC);
-  if (ok && dinp && gelu_in) { /* the pre-activation's gradient, a bf16 activation */
+  if (ok && dinp && gelu_in) /* the pre-activation's gradient */
     dt_cpu_gelu_backward(dinp, gelu_in, dinp, (size_t)N * C);
+  if (ok && dinp && dinp16) /* a bf16 activation gradient */
     dt_cpu_to_bf16(dinp, dinp, (size_t)N * C);
-  }
   if (ok && dbias) /* from the unrounded gradient where there is one, as ops.h says */
     bias_backward(dbias, dout ? dout : dout16, N, OC, ldd);
   free(g);

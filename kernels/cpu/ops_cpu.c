@@ -72,6 +72,14 @@ static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight
   return 0;
 }
 
+/* A CPU bf16 buffer holds floats (the bf16 values): the fp32 entry. */
+static int layernorm_backward_bf16(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                                   const void *dout, const float *inp, const float *weight,
+                                   const float *mean, const float *rstd, int N, int C)
+{
+  return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
 static int matmul_forward(struct dt_device *dev, float *out, const float *inp, const float *weight,
                           const float *bias, int N, int C, int OC, int ldo)
 {
@@ -105,14 +113,14 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
   return 0;
 }
 
-static int matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
-                                const float *dout, const void *dout16, const void *inp,
-                                const float *weight, const void *weight16, const void *gelu_in,
-                                int N, int C, int OC, int ldd)
+static int matmul_backward_bf16(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
+                                float *dbias, const float *dout, const void *dout16,
+                                const void *inp, const float *weight, const void *weight16,
+                                const void *gelu_in, int N, int C, int OC, int ldd)
 {
-  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16, OC, ldd));
-  return dt_cpu_matmul_backward_bf16(H(dinp), H(dweight), H(dbias), H(dout), H(dout16), H(inp),
-                                     H(weight), H(weight16), H(gelu_in), N, C, OC, ldd) == 0
+  DT_CHECK(dt_bf16_backward_check(dinp16, dbias, dout, dout16, gelu_in, OC, ldd));
+  return dt_cpu_matmul_backward_bf16(H(dinp), dinp16, H(dweight), H(dbias), H(dout), H(dout16),
+                                     H(inp), H(weight), H(weight16), H(gelu_in), N, C, OC, ldd) == 0
              ? 0
              : DT_ENOMEM;
 }
@@ -305,6 +313,7 @@ static const dt_ops_t g_cpu_ops = {
     .layernorm_forward_bf16 = layernorm_forward_bf16,
     .residual_layernorm_forward_bf16 = residual_layernorm_forward_bf16,
     .layernorm_backward = layernorm_backward,
+    .layernorm_backward_bf16 = layernorm_backward_bf16,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
     .matmul_forward_bf16 = matmul_forward_bf16,

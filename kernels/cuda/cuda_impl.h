@@ -105,6 +105,10 @@ int dt__cuda_residual_layernorm_forward_bf16(struct dt_device *dev, float *res, 
 int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, int N, int C);
+int dt__cuda_layernorm_backward_bf16(struct dt_device *dev, float *dinp, float *dweight,
+                                     float *dbias, const void *dout, const float *inp,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     int N, int C);
 int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,
                             const float *weight, const float *bias, int N, int C, int OC, int ldo);
 int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
@@ -113,10 +117,10 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
                                  const float *res, int N, int C, int OC, int ldo);
-int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
-                                  const float *dout, const void *dout16, const void *inp,
-                                  const float *weight, const void *weight16, const void *gelu_in,
-                                  int N, int C, int OC, int ldd);
+int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
+                                  float *dbias, const float *dout, const void *dout16,
+                                  const void *inp, const float *weight, const void *weight16,
+                                  const void *gelu_in, int N, int C, int OC, int ldd);
 int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n);
 int dt__cuda_attention_forward(struct dt_device *dev, float *out, float *att, const float *qkv,
                                int B, int T, int C, int NH);

@@ -68,15 +68,16 @@ int dt__cuda_residual_layernorm_forward_bf16(struct dt_device *dev, float *res, 
                                     N, C);
 }
 
-int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight,
-                                const float *mean, const float *rstd, int N, int C)
+template <typename G>
+static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                              const G *dout, const float *inp, const float *weight,
+                              const float *mean, const float *rstd, int N, int C)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || C <= 0)
     return 0;
-  layernorm_backward_dinp_kernel<<<(unsigned)N, LN_THREADS, 0, cu->stream>>>(dinp, dout, inp,
-                                                                             weight, mean, rstd, C);
+  layernorm_backward_dinp_kernel<G>
+      <<<(unsigned)N, LN_THREADS, 0, cu->stream>>>(dinp, dout, inp, weight, mean, rstd, C);
   DT_CUDA_CHECK(cudaGetLastError());
 
   const int rows = ln_chunk_rows(N), nchunks = (N + rows - 1) / rows;
@@ -87,7 +88,7 @@ int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweig
   float *part_dw = (float *)ws;
   float *part_db = part_dw + (size_t)nchunks * C;
   dim3 grid((unsigned)((C + LN_COL_THREADS - 1) / LN_COL_THREADS), (unsigned)nchunks);
-  layernorm_backward_partial_kernel<<<grid, LN_COL_THREADS, 0, cu->stream>>>(
+  layernorm_backward_partial_kernel<G><<<grid, LN_COL_THREADS, 0, cu->stream>>>(
       part_dw, part_db, dout, inp, mean, rstd, N, C, rows);
   DT_CUDA_CHECK(cudaGetLastError());
   const dt__csum_t sums = {{dweight, dbias}, {part_dw, part_db}};
@@ -95,4 +96,20 @@ int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweig
                                   DT__CSUM_THREADS, 0, cu->stream>>>(sums, nchunks, C);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
+}
+
+int dt__cuda_layernorm_backward(struct dt_device *dev, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight,
+                                const float *mean, const float *rstd, int N, int C)
+{
+  return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+int dt__cuda_layernorm_backward_bf16(struct dt_device *dev, float *dinp, float *dweight,
+                                     float *dbias, const void *dout, const float *inp,
+                                     const float *weight, const float *mean, const float *rstd,
+                                     int N, int C)
+{
+  return layernorm_backward(dev, dinp, dweight, dbias, (const __nv_bfloat16 *)dout, inp, weight,
+                            mean, rstd, N, C);
 }

@@ -70,20 +70,22 @@ residual_layernorm_forward_kernel(float *res, O *out, float *mean, float *rstd, 
   layernorm_row(out + row * C, mean + row, rstd + row, r, weight, bias, C);
 }
 
-/* dinp[row] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, one block per row. */
-__global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
-                                                      const float *inp, const float *weight,
-                                                      const float *mean, const float *rstd, int C)
+/* dinp[row] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, one block per row.
+ * G: dout's element type (float, or __nv_bfloat16: a bf16 dout read as fp32), as below. */
+template <typename G>
+__global__ static void layernorm_backward_dinp_kernel(float *dinp, const G *dout, const float *inp,
+                                                      const float *weight, const float *mean,
+                                                      const float *rstd, int C)
 {
   const size_t row = blockIdx.x;
   const float *x = inp + row * C;
-  const float *g = dout + row * C;
+  const G *g = dout + row * C;
   float *dx = dinp + row * C;
   const float m = mean[row], s = rstd[row];
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (x[c] - m) * s;
-    const float dnorm = weight[c] * g[c];
+    const float dnorm = weight[c] * dt__load(g + c);
     dnorm_mean += dnorm;
     dnorm_norm_mean += dnorm * norm;
   }
@@ -91,15 +93,16 @@ __global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *
   dnorm_norm_mean = dt__block_reduce(dnorm_norm_mean, dt__sum_op()) / (float)C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (x[c] - m) * s;
-    const float dnorm = weight[c] * g[c];
+    const float dnorm = weight[c] * dt__load(g + c);
     dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
   }
 }
 
 /* Pass one: thread (chunk = blockIdx.y, channel c) sums rows [chunk * rows, ...) in order. */
+template <typename G>
 __global__ static void layernorm_backward_partial_kernel(float *part_dw, /* (nchunks, C) */
                                                          float *part_db, /* (nchunks, C) */
-                                                         const float *dout, const float *inp,
+                                                         const G *dout, const float *inp,
                                                          const float *mean, const float *rstd,
                                                          int N, int C, int rows)
 {
@@ -111,7 +114,7 @@ __global__ static void layernorm_backward_partial_kernel(float *part_dw, /* (nch
   const int r1 = r0 + rows < N ? r0 + rows : N;
   float dw = 0.0f, db = 0.0f;
   for (int i = r0; i < r1; i++) {
-    const float g = dout[(size_t)i * C + c];
+    const float g = dt__load(dout + (size_t)i * C + c);
     db += g;
     dw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * g;
   }

@@ -288,13 +288,13 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, co
   return linear_gemm(cu, &g, CUDA_R_16BF);
 }
 
-int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
-                                  const float *dout, const void *dout16, const void *inp,
-                                  const float *weight, const void *weight16, const void *gelu_in,
-                                  int N, int C, int OC, int ldd)
+int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
+                                  float *dbias, const float *dout, const void *dout16,
+                                  const void *inp, const float *weight, const void *weight16,
+                                  const void *gelu_in, int N, int C, int OC, int ldd)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  DT_CHECK(dt_bf16_backward_check(dbias, dout, dout16, OC, 2 * (long)ldd));
+  DT_CHECK(dt_bf16_backward_check(dinp16, dbias, dout, dout16, gelu_in, OC, 2 * (long)ldd));
   if (N <= 0 || C <= 0 || OC <= 0)
     return 0;
   /* The bias gradient sums the fp32 gradient (ops.h): as the pass that copies it to bf16 reads
@@ -318,10 +318,10 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, float *dwei
     DT_CHECK(bf16_operands(cu, op + (copy_w ? 0 : 1), copies));
   const void *g16 = dout16 ? dout16 : op[1].dst;
   const int ld16 = dout16 ? 2 * ldd : OC;
-  if (dinp) { /* through the GELU, where gelu_in is given, in the GEMM's epilogue, into bf16 */
+  if (dinp) { /* through the GELU, where gelu_in is given, in the GEMM's epilogue */
     dt_gemm_t g = gemm_linear_dinp(dinp, g16, weight16 ? weight16 : op[0].dst, N, C, OC, ld16);
     g.gelu_in = gelu_in;
-    g.c16 = gelu_in != NULL;
+    g.c16 = dinp16 != 0;
     DT_CHECK(linear_gemm(cu, &g, CUDA_R_16BF));
   }
   const dt_gemm_t g = gemm_linear_dweight(dweight, g16, inp, N, C, OC, ld16);

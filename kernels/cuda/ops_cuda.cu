@@ -19,6 +19,7 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.layernorm_forward_bf16 = dt__cuda_layernorm_forward_bf16;
   o.residual_layernorm_forward_bf16 = dt__cuda_residual_layernorm_forward_bf16;
   o.layernorm_backward = dt__cuda_layernorm_backward;
+  o.layernorm_backward_bf16 = dt__cuda_layernorm_backward_bf16;
   o.matmul_forward = dt__cuda_matmul_forward;
   o.matmul_backward = dt__cuda_matmul_backward;
   o.matmul_forward_bf16 = dt__cuda_matmul_forward_bf16;

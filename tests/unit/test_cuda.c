@@ -576,6 +576,21 @@ static void check_layernorm(int N, int C, double tol)
   expect_close("layernorm_backward dinp", &dinp);
   expect_close_tol("layernorm_backward dweight", &dweight, tol);
   expect_close_tol("layernorm_backward dbias", &dbias, tol);
+  /* from a bf16 dout (each side's to_bf16 of dout: the same values), accumulating on */
+  pair16_t d16 = pair16_alloc(NC);
+  ck_assert_int_eq(H->to_bf16(g_cpu, d16.h, dout.h, NC), 0);
+  ck_assert_int_eq(G->to_bf16(g_gpu, d16.d, dout.d, NC), 0);
+  expect_bf16_equal("to_bf16 of dout", &d16, d16.h);
+  ck_assert_int_eq(H->layernorm_backward_bf16(g_cpu, dinp.h, dweight.h, dbias.h, d16.h, inp.h,
+                                              weight.h, mean.h, rstd.h, N, C),
+                   0);
+  ck_assert_int_eq(G->layernorm_backward_bf16(g_gpu, dinp.d, dweight.d, dbias.d, d16.d, inp.d,
+                                              weight.d, mean.d, rstd.d, N, C),
+                   0);
+  expect_close("layernorm_backward_bf16 dinp", &dinp);
+  expect_close_tol("layernorm_backward_bf16 dweight", &dweight, tol);
+  expect_close_tol("layernorm_backward_bf16 dbias", &dbias, tol);
+  pair16_free(&d16);
 
   pair_free(&inp), pair_free(&weight), pair_free(&bias), pair_free(&out), pair_free(&mean);
   pair_free(&rstd), pair_free(&dout), pair_free(&dinp), pair_free(&dweight), pair_free(&dbias);
@@ -663,10 +678,10 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
   if (with_bias)
     dbias = pair_rand((size_t)OC, 0.0f, 1.0f);
   if (bf16) {
-    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dinp.h, dweight.h, dbias.h, dout.h, NULL,
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dinp.h, 0, dweight.h, dbias.h, dout.h, NULL,
                                              in16.h, weight.h, NULL, NULL, N, C, OC, ld),
                      0);
-    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dinp.d, dweight.d, dbias.d, dout.d, NULL,
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dinp.d, 0, dweight.d, dbias.d, dout.d, NULL,
                                              in16.d, weight.d, NULL, NULL, N, C, OC, ld),
                      0);
   } else {
@@ -691,10 +706,10 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     ck_assert_int_eq(H->to_bf16(g_cpu, x16.h, x.h, x.n), 0);
     ck_assert_int_eq(G->to_bf16(g_gpu, x16.d, x.d, x.n), 0);
     pair_t dwx = pair_rand((size_t)OC * C, 0.0f, 1.0f);
-    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dx.h, dwx.h, NULL, dout.h, NULL, in16.h,
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, dx.h, 1, dwx.h, NULL, dout.h, NULL, in16.h,
                                              weight.h, NULL, x16.h, N, C, OC, ld),
                      0);
-    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dx.d, dwx.d, NULL, dout.d, NULL, in16.d,
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, dx.d, 1, dwx.d, NULL, dout.d, NULL, in16.d,
                                              weight.d, NULL, x16.d, N, C, OC, ld),
                      0);
     expect_bf16_close("matmul_backward_bf16 dinp through the GELU", &dx, 8e-3);
@@ -709,19 +724,29 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     pair16_t g16 = pair16_alloc(g.n);
     ck_assert_int_eq(H->to_bf16(g_cpu, g16.h, g.h, g.n), 0);
     ck_assert_int_eq(G->to_bf16(g_gpu, g16.d, g.d, g.n), 0);
-    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di.h, dw.h, db.h, NULL, g16.h, in16.h, weight.h,
-                                             NULL, NULL, N, C, OC, OC),
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di.h, 0, dw.h, db.h, NULL, g16.h, in16.h,
+                                             weight.h, NULL, NULL, N, C, OC, OC),
                      0);
-    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di.d, dw.d, db.d, NULL, g16.d, in16.d, weight.d,
-                                             NULL, NULL, N, C, OC, OC / 2),
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di.d, 0, dw.d, db.d, NULL, g16.d, in16.d,
+                                             weight.d, NULL, NULL, N, C, OC, OC / 2),
                      0);
     expect_close("matmul_backward_bf16 dinp from a bf16 gradient", &di);
+    /* into a bf16 dinp (dinp16: a LayerNorm's output gradient at tp 1) */
+    pair16_t di16 = pair16_alloc(di.n);
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di16.h, 1, dw.h, NULL, NULL, g16.h, in16.h,
+                                             weight.h, NULL, NULL, N, C, OC, OC),
+                     0);
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di16.d, 1, dw.d, NULL, NULL, g16.d, in16.d,
+                                             weight.d, NULL, NULL, N, C, OC, OC / 2),
+                     0);
+    expect_bf16_close("matmul_backward_bf16 dinp into bf16", &di16, 8e-3);
+    pair16_free(&di16);
     expect_close("matmul_backward_bf16 dweight from a bf16 gradient", &dw);
     expect_close("matmul_backward_bf16 dbias, the bf16 gradient's sums", &db);
     pair_free(&g), pair_free(&di), pair_free(&dw), pair_free(&db), pair16_free(&g16);
   }
   if (bf16 && !with_bias) {
-    /* dout's bf16 values given, in dout's bytes (the LM head's case), and the weight's (the
+    /* dout's bf16 values given, in dout's bytes (rows 2 ld values apart), and the weight's (the
      * model's bf16 weight copy), the fp32 weight then unread (NULL) */
     float *r = xmalloc(dout.n * sizeof(float));
     uint16_t *raw = xmalloc(dout.n * sizeof(float));
@@ -737,10 +762,10 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     pair16_t w16 = pair16_alloc(weight.n);
     ck_assert_int_eq(G->to_bf16(g_gpu, w16.d, weight.d, weight.n), 0);
     pair_t dw2 = pair_rand((size_t)OC * C, 0.0f, 1.0f), di2 = pair_garbage((size_t)N * C);
-    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di2.h, dw2.h, NULL, dout.h, NULL, in16.h,
+    ck_assert_int_eq(H->matmul_backward_bf16(g_cpu, di2.h, 0, dw2.h, NULL, dout.h, NULL, in16.h,
                                              weight.h, NULL, NULL, N, C, OC, ld),
                      0);
-    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di2.d, dw2.d, NULL, NULL, d16, in16.d, NULL,
+    ck_assert_int_eq(G->matmul_backward_bf16(g_gpu, di2.d, 0, dw2.d, NULL, NULL, d16, in16.d, NULL,
                                              w16.d, NULL, N, C, OC, ld),
                      0);
     expect_close("matmul_backward_bf16 dinp from dout16 and weight16", &di2);

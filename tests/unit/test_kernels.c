@@ -648,16 +648,17 @@ typedef struct {
   float *dw, *dw_w;
 } bwd16_case_t;
 
-/* dt_cpu_matmul_backward_bf16 with these dout / dout16 / weight / weight16 / gelu_in over a
- * GARBAGE dinp: dinp must be want_dinp, and dw the reference's after one more accumulation. */
+/* dt_cpu_matmul_backward_bf16 with these dout / dout16 / weight / weight16 / gelu_in and dinp16
+ * (with gelu_in) over a GARBAGE dinp: dinp must be want_dinp, and dw the reference's after one
+ * more accumulation. */
 static void check_bwd16(const bwd16_case_t *t, const float *dout, const float *dout16,
-                        const float *w, const float *w16, const float *gelu_in,
+                        const float *w, const float *w16, const float *gelu_in, int dinp16,
                         const float *want_dinp)
 {
   const size_t nd = (size_t)t->N * t->C;
   float *dinp = filled(nd, GARBAGE);
-  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, t->dw, NULL, dout, dout16, t->in16, w, w16,
-                                               gelu_in, t->N, t->C, t->OC, t->ld),
+  ck_assert_int_eq(dt_cpu_matmul_backward_bf16(dinp, dinp16, t->dw, NULL, dout, dout16, t->in16, w,
+                                               w16, gelu_in, t->N, t->C, t->OC, t->ld),
                    0);
   dt_cpu_matmul_backward(NULL, t->dw_w, NULL, t->dout_r, t->inp_r, t->w_r, t->N, t->C, t->OC,
                          t->ld);
@@ -705,7 +706,8 @@ START_TEST(test_matmul_bf16)
   float *dw = filled((size_t)OC * C, 0.5f), *dw_w = filled((size_t)OC * C, 0.5f);
   float *db = filled((size_t)OC, 0.25f), *db_w = filled((size_t)OC, 0.25f);
   ck_assert_int_eq(
-      dt_cpu_matmul_backward_bf16(dinp, dw, db, dout, NULL, in16, w, NULL, NULL, N, C, OC, ld), 0);
+      dt_cpu_matmul_backward_bf16(dinp, 0, dw, db, dout, NULL, in16, w, NULL, NULL, N, C, OC, ld),
+      0);
   dt_cpu_matmul_backward(dinp_w, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   float *dw_unused = filled((size_t)OC * C, 0.0f);
   dt_cpu_matmul_backward(NULL, dw_unused, db_w, dout, inp, w, N, C, OC, ld);
@@ -714,23 +716,29 @@ START_TEST(test_matmul_bf16)
   ck_assert(memcmp(db, db_w, (size_t)OC * sizeof(float)) == 0);
   /* dinp NULL: only the parameter gradients */
   ck_assert_int_eq(
-      dt_cpu_matmul_backward_bf16(NULL, dw, NULL, dout, NULL, in16, w, NULL, NULL, N, C, OC, ld),
+      dt_cpu_matmul_backward_bf16(NULL, 0, dw, NULL, dout, NULL, in16, w, NULL, NULL, N, C, OC, ld),
       0);
   dt_cpu_matmul_backward(NULL, dw_w, NULL, dout_r, inp_r, w_r, N, C, OC, ld);
   ck_assert(memcmp(dw, dw_w, (size_t)OC * C * sizeof(float)) == 0);
   /* the table refuses a bias gradient of a dout whose bytes hold its bf16 values (in place) */
-  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), NULL, dw, db, dout, dout, in16, w,
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), NULL, 0, dw, db, dout, dout, in16, w,
                                              NULL, NULL, N, C, OC, ld),
                    DT_EINVAL);
   /* Variants, each over a GARBAGE dinp and accumulating into dw like the reference's dw_w: */
   const bwd16_case_t t = {N, C, OC, ld, in16, dout_r, inp_r, w_r, dw, dw_w};
   /* dout's bf16 values given (dout16, in dout's places): the same GEMMs, dout unread (NULL); */
-  check_bwd16(&t, NULL, dout_r, w, NULL, NULL, dinp_w);
+  check_bwd16(&t, NULL, dout_r, w, NULL, NULL, 0, dinp_w);
   /* the weight's bf16 values given (weight16): read in place of the weight, here garbage; */
   float *w_bad = filled((size_t)OC * C, GARBAGE), *out16 = filled((size_t)N * ld, SENTINEL);
   ck_assert_int_eq(dt_cpu_matmul_forward_bf16(out16, in16, w_bad, w_r, bias, N, C, OC, ld), 0);
   ck_assert(memcmp(out16, want, (size_t)N * ld * sizeof(float)) == 0);
-  check_bwd16(&t, dout, NULL, w_bad, w_r, NULL, dinp_w);
+  check_bwd16(&t, dout, NULL, w_bad, w_r, NULL, 0, dinp_w);
+  /* into a bf16 dinp (dinp16): the same dinp rounded to bf16, bit for bit */
+  float *dinp_r = falloc((size_t)N * C);
+  for (size_t i = 0; i < (size_t)N * C; i++)
+    dinp_r[i] = ref_bf16(dinp_w[i]);
+  ck_assert(memcmp(dinp_r, dinp_w, (size_t)N * C * sizeof(float)) != 0);
+  check_bwd16(&t, dout, NULL, w, NULL, NULL, 1, dinp_r);
   /* through a GELU of a bf16 pre-activation (gelu_in): the GELU's backward of that dinp,
    * rounded to bf16, bit for bit */
   float *x = rand_normal(&rng, (size_t)N * C, 0.0f, 1.0f), *want_x = falloc((size_t)N * C);
@@ -740,7 +748,11 @@ START_TEST(test_matmul_bf16)
   for (size_t i = 0; i < (size_t)N * C; i++)
     want_x[i] = ref_bf16(want_x[i]);
   ck_assert(memcmp(want_x, dinp_w, (size_t)N * C * sizeof(float)) != 0);
-  check_bwd16(&t, dout, NULL, w, NULL, x, want_x);
+  check_bwd16(&t, dout, NULL, w, NULL, x, 1, want_x);
+  /* the table refuses a GELU gradient into an fp32 dinp */
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp, 0, dw, NULL, dout, NULL, in16,
+                                             w, NULL, x, N, C, OC, ld),
+                   DT_EINVAL);
   /* a gradient in bf16 only (dout NULL; dout16 (N, OC) contiguous, as the GELU's backward
    * above writes it, ldd = OC * bf16_bytes / 4): the GEMMs of its values, and dbias their sums
    * (against double sums) */
@@ -750,8 +762,8 @@ START_TEST(test_matmul_bf16)
       g16[i * OC + j] = dout_r[i * ld + j];
   float *dinp16 = filled((size_t)N * C, GARBAGE), *dinp16_w = falloc((size_t)N * C);
   float *dw16 = filled((size_t)OC * C, 0.5f), *dw16_w = filled((size_t)OC * C, 0.5f);
-  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, db16, NULL, g16, in16,
-                                             w, NULL, NULL, N, C, OC, OC),
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, 0, dw16, db16, NULL, g16,
+                                             in16, w, NULL, NULL, N, C, OC, OC),
                    0);
   dt_cpu_matmul_backward(dinp16_w, dw16_w, NULL, g16, inp_r, w_r, N, C, OC, OC);
   ck_assert(memcmp(dinp16, dinp16_w, (size_t)N * C * sizeof(float)) == 0);
@@ -764,11 +776,11 @@ START_TEST(test_matmul_bf16)
                   (double)db16[o], want_b);
   }
   /* refused: dout16's rows shorter than OC; no gradient at all */
-  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, db16, NULL, g16, in16,
-                                             w, NULL, NULL, N, C, OC, OC - 1),
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, 0, dw16, db16, NULL, g16,
+                                             in16, w, NULL, NULL, N, C, OC, OC - 1),
                    DT_EINVAL);
-  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, dw16, NULL, NULL, NULL, in16,
-                                             w, NULL, NULL, N, C, OC, OC),
+  ck_assert_int_eq(ops->matmul_backward_bf16(dt_device_cpu(), dinp16, 0, dw16, NULL, NULL, NULL,
+                                             in16, w, NULL, NULL, N, C, OC, OC),
                    DT_EINVAL);
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
@@ -1847,6 +1859,7 @@ START_TEST(test_ops_table)
                            (const void *)ops->layernorm_forward_bf16,
                            (const void *)ops->residual_layernorm_forward_bf16,
                            (const void *)ops->layernorm_backward,
+                           (const void *)ops->layernorm_backward_bf16,
                            (const void *)ops->matmul_forward,
                            (const void *)ops->matmul_backward,
                            (const void *)ops->matmul_forward_bf16,
@@ -1886,6 +1899,22 @@ START_TEST(test_ops_table)
   dt_cpu_gelu_forward(a, x, (size_t)N * C);
   ck_assert_int_eq(ops->gelu_forward(dev, b, x, (size_t)N * C), 0);
   ck_assert_int_eq(memcmp(a, b, (size_t)N * C * sizeof(float)), 0);
+  /* the LayerNorm backward from a bf16 dout: the fp32 entry's, on the same (bf16) values */
+  float *lw = rand_normal(&rng, C, 1.0f, 0.1f), *lb = rand_normal(&rng, C, 0.0f, 0.1f);
+  float *mean = falloc(N), *rstd = falloc(N), *lo = falloc((size_t)N * C);
+  float *g16 = falloc((size_t)N * C);
+  dt_cpu_layernorm_forward(lo, mean, rstd, x, lw, lb, N, C);
+  dt_cpu_to_bf16(g16, lo, (size_t)N * C);
+  float *din[2], *dlw[2], *dlb[2];
+  for (int k = 0; k < 2; k++)
+    din[k] = filled((size_t)N * C, 0.5f), dlw[k] = filled(C, 0.25f), dlb[k] = filled(C, -1.0f);
+  ck_assert_int_eq(
+      ops->layernorm_backward(dev, din[0], dlw[0], dlb[0], g16, x, lw, mean, rstd, N, C), 0);
+  ck_assert_int_eq(
+      ops->layernorm_backward_bf16(dev, din[1], dlw[1], dlb[1], g16, x, lw, mean, rstd, N, C), 0);
+  ck_assert_int_eq(memcmp(din[0], din[1], (size_t)N * C * sizeof(float)), 0);
+  ck_assert_int_eq(memcmp(dlw[0], dlw[1], (size_t)C * sizeof(float)), 0);
+  ck_assert_int_eq(memcmp(dlb[0], dlb[1], (size_t)C * sizeof(float)), 0);
   double s1 = dt_cpu_sum_squares(x, (size_t)N * C), s2 = -1.0;
   ck_assert_int_eq(ops->sum_squares(dev, x, (size_t)N * C, &s2), 0);
   ck_assert(s1 == s2);

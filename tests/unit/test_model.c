@@ -63,9 +63,10 @@ static int spied_flash_bf16(struct dt_device *dev, void *out, float *lse, const 
 /* Stand-ins for the bf16 entries, which run the CPU's and count the calls whose bf16 buffers all
  * hold bf16 numbers: the GELU's input (the fc layer's bf16 output), the GELU-gradient backward's
  * input and output, a linear layer's backward from a bf16 gradient alone (and those with a bias
- * gradient), the loss's logits (the LM head's bf16 output). */
+ * gradient) and into a bf16 dinp, the loss's logits (the LM head's bf16 output), a LayerNorm
+ * backward's output gradient. */
 static int g_gelu_calls, g_gelu_bf16, g_dgelu_calls, g_dgelu_bf16, g_dout16_calls, g_dout16_bf16,
-    g_dout16_bias, g_ce_calls, g_ce_bf16;
+    g_dout16_bias, g_ce_calls, g_ce_bf16, g_dinp16_calls, g_dinp16_bf16, g_ln16_calls, g_ln16_bf16;
 
 static int all_bf16(const void *p, size_t n)
 {
@@ -76,6 +77,17 @@ static int all_bf16(const void *p, size_t n)
   return 1;
 }
 
+static int spied_layernorm_backward_bf16(struct dt_device *dev, float *dinp, float *dweight,
+                                         float *dbias, const void *dout, const float *inp,
+                                         const float *weight, const float *mean, const float *rstd,
+                                         int N, int C)
+{
+  g_ln16_calls++;
+  g_ln16_bf16 += all_bf16(dout, (size_t)N * C);
+  return dt_ops_cpu()->layernorm_backward_bf16(dev, dinp, dweight, dbias, dout, inp, weight, mean,
+                                               rstd, N, C);
+}
+
 static int spied_gelu_bf16(struct dt_device *dev, void *out, const void *inp, size_t n)
 {
   g_gelu_calls++;
@@ -83,13 +95,17 @@ static int spied_gelu_bf16(struct dt_device *dev, void *out, const void *inp, si
   return dt_ops_cpu()->gelu_forward_bf16(dev, out, inp, n);
 }
 
-static int spied_backward_bf16(struct dt_device *dev, void *dinp, float *dweight, float *dbias,
-                               const float *dout, const void *dout16, const void *inp,
+static int spied_backward_bf16(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
+                               float *dbias, const float *dout, const void *dout16, const void *inp,
                                const float *weight, const void *weight16, const void *gelu_in,
                                int N, int C, int OC, int ldd)
 {
-  const int rc = dt_ops_cpu()->matmul_backward_bf16(dev, dinp, dweight, dbias, dout, dout16, inp,
-                                                    weight, weight16, gelu_in, N, C, OC, ldd);
+  const int rc = dt_ops_cpu()->matmul_backward_bf16(dev, dinp, dinp16, dweight, dbias, dout, dout16,
+                                                    inp, weight, weight16, gelu_in, N, C, OC, ldd);
+  if (dinp16 && !gelu_in) {
+    g_dinp16_calls++;
+    g_dinp16_bf16 += all_bf16(dinp, (size_t)N * C);
+  }
   if (gelu_in) {
     g_dgelu_calls++;
     g_dgelu_bf16 += all_bf16(gelu_in, (size_t)N * C) && all_bf16(dinp, (size_t)N * C);
@@ -180,8 +196,9 @@ END_TEST
  * gradient with no fp32 one, its bias gradient too; so does the qkv layer's with the bf16 flash
  * backward's q, k, v gradient (one whole sequence, as here). The logits are bf16 too: the loss
  * reads the LM head's bf16 output, and the LM head's backward takes the bf16 dlogits alone.
- * With the whole branch here (tp 1), each projection adds its branch to the residual stream in
- * its GEMM, with no residual pass of its own. */
+ * With whole rows here (tp 1), each projection adds its branch to the residual stream in its
+ * GEMM, with no residual pass of its own, and each LayerNorm's backward reads its output's
+ * gradient in bf16, as the linear layer after it wrote it. */
 START_TEST(test_bf16_mlp)
 {
   dt_device_t *dev = edited_cpu();
@@ -191,6 +208,7 @@ START_TEST(test_bf16_mlp)
   g_ops.matmul_forward_bf16 = spied_forward_bf16;
   g_ops.residual_forward = spied_residual;
   g_ops.residual_layernorm_forward_bf16 = spied_residual_layernorm_bf16;
+  g_ops.layernorm_backward_bf16 = spied_layernorm_backward_bf16;
   ck_assert_int_eq(step(dev, 1), 0);
   const int L = CFG.layers;
   ck_assert_int_eq(g_gelu_calls, L);
@@ -204,6 +222,11 @@ START_TEST(test_bf16_mlp)
   ck_assert_int_eq(g_ce_bf16, 1);
   ck_assert_int_eq(g_gemm_res, 2 * L); /* both projections add to the residual stream */
   ck_assert_int_eq(g_residual_passes, 0);
+  /* every LayerNorm's output gradient bf16: the qkv, fc and LM head layers' dinp16 */
+  ck_assert_int_eq(g_dinp16_calls, 2 * L + 1);
+  ck_assert_int_eq(g_dinp16_bf16, 2 * L + 1);
+  ck_assert_int_eq(g_ln16_calls, 2 * L + 1);
+  ck_assert_int_eq(g_ln16_bf16, 2 * L + 1);
 }
 END_TEST
 
@@ -239,6 +262,10 @@ START_TEST(test_refusals)
   }
   dev = edited_cpu();
   g_ops.residual_layernorm_forward_bf16 = NULL; /* or a LayerNorm into bf16, */
+  ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
+  dt_gpt2_destroy(&m);
+  dev = edited_cpu();
+  g_ops.layernorm_backward_bf16 = NULL; /* or its backward from bf16, */
   ck_assert_int_eq(choose(dev, 1, 0, &m), DT_ENOTSUP);
   dt_gpt2_destroy(&m);
   dev = edited_cpu();

@@ -672,8 +672,8 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
   if (bf16 &&
       (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
        !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 || !k->residual_layernorm_forward_bf16 ||
-       !k->crossentropy_forward_backward_bf16 || !k->crossentropy_vp_stats_bf16 ||
-       !k->crossentropy_vp_finish_bf16 || !k->bf16_bytes)) {
+       !k->layernorm_backward_bf16 || !k->crossentropy_forward_backward_bf16 ||
+       !k->crossentropy_vp_stats_bf16 || !k->crossentropy_vp_finish_bf16 || !k->bf16_bytes)) {
     DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers and activations",
              k->name);
     return DT_ENOTSUP;
@@ -986,15 +986,29 @@ static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, float *att, 
   return 0;
 }
 
-/* LayerNorm backward over the rows this rank holds. With SP each rank sees N/tp rows, so the
- * weight and bias gradients are partial sums: computed apart, summed over the tp group, then
- * accumulated (the all-reduce must not see the accumulator of earlier micro-batches). */
+/* bf16 compute where each rank holds whole rows of the residual stream's width (no tensor
+ * parallelism: no branch output or input gradient is a partial sum to all-reduce in fp32). Then
+ * the projections add their branch to the stream in their GEMM (ops.h's res), and the linear
+ * layers write the gradients of the LayerNorms' outputs in bf16 (dinp16), as autocast's bf16
+ * GEMMs return them, which the LayerNorms' backward reads as they are. */
+static int whole_bf16(const dt_gpt2_t *m)
+{
+  return m->bf16 && m->tp.tp == 1;
+}
+
+/* LayerNorm backward over the rows this rank holds, from dout's bf16 values where dout16
+ * (whole_bf16). With SP each rank sees N/tp rows, so the weight and bias gradients are partial
+ * sums: computed apart, summed over the tp group, then accumulated (the all-reduce must not see
+ * the accumulator of earlier micro-batches). */
 static int layernorm_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, float *dinp, float *dweight,
-                              float *dbias, const float *dout, const float *inp,
+                              float *dbias, const float *dout, int dout16, const float *inp,
                               const float *weight, const float *mean, const float *rstd,
                               size_t rows)
 {
   const int C = m->cfg.channels;
+  if (dout16)
+    return m->ops->layernorm_backward_bf16(m->dev, dinp, dweight, dbias, dout, inp, weight, mean,
+                                           rstd, (int)rows, C);
   if (!m->sp) {
     DT_CHECK(m->ops->layernorm_backward(m->dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
                                         (int)rows, C));
@@ -1072,7 +1086,7 @@ static int bf16_input(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *in, const vo
 /* The linear layer out = in @ w^T + b (ops.h) with weight tensor w of view p: in fp32, or under
  * bf16 compute on in's bf16 values (bf16_input) and w's (the view's bf16 copy where it has one,
  * else rounded by the kernel), into a bf16 out where out16, plus res where not NULL (bf16
- * compute only: fused_residual). */
+ * compute only: whole_bf16). */
 static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16, const float *res,
                           const float *in, const void *in16, const dt_gpt2_view_t *p, int w,
                           const float *b, int N, int C, int OC, int ldo)
@@ -1095,29 +1109,23 @@ static int grad_ld(const dt_gpt2_t *m, const void *g16, int cols)
 
 /* Its backward, with the same choice of inputs (ops.h: dinp =, dweight and dbias +=); under
  * bf16 compute dout16, where not NULL, is the gradient, held in bf16 only (the dlogits, the MLP
- * pre-activation's, q, k, v's), and dout NULL. gelu_in, where not
- * NULL: in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under bf16 compute both are
- * bf16 buffers, and on a GPU the GELU's derivative is the GEMM's epilogue). */
-static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, float *dw, float *db,
-                           const float *dout, const void *dout16, const float *in, const void *in16,
-                           const dt_gpt2_view_t *p, int w, const void *gelu_in, int N, int C,
-                           int OC, int ldd)
+ * pre-activation's, q, k, v's), and dout NULL; dinp is bf16 where dinp16 (bf16 compute only).
+ * gelu_in, where not NULL: in was GELU(gelu_in), and dinp becomes gelu_in's gradient (under
+ * bf16 compute both are bf16 buffers, and on a GPU the GELU's derivative is the GEMM's
+ * epilogue). */
+static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, int dinp16, float *dw,
+                           float *db, const float *dout, const void *dout16, const float *in,
+                           const void *in16, const dt_gpt2_view_t *p, int w, const void *gelu_in,
+                           int N, int C, int OC, int ldd)
 {
   const dt_ops_t *k = m->ops;
   if (m->bf16) {
     DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-    return k->matmul_backward_bf16(m->dev, dinp, dw, db, dout, dout16, in16, p->t[w], p->t16[w],
-                                   gelu_in, N, C, OC, ldd);
+    return k->matmul_backward_bf16(m->dev, dinp, dinp16 || gelu_in, dw, db, dout, dout16, in16,
+                                   p->t[w], p->t16[w], gelu_in, N, C, OC, ldd);
   }
   DT_CHECK(k->matmul_backward(m->dev, dinp, dw, db, dout, in, p->t[w], N, C, OC, ldd));
   return gelu_in ? k->gelu_backward(m->dev, dinp, gelu_in, dinp, (size_t)N * C) : 0;
-}
-
-/* Whether the projections add their branch to the residual stream in their GEMM (ops.h's res):
- * under bf16 compute, where each rank holds the whole branch (no tensor parallelism). */
-static int fused_residual(const dt_gpt2_t *m)
-{
-  return m->bf16 && m->tp.tp == 1;
 }
 
 /* Layer l's forward from its input x with parameters p (acquired by the caller); also what
@@ -1154,8 +1162,8 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
   /* Each branch's projection: added to the residual stream by its GEMM where the branch is whole
-   * here (fused_residual), else after the tensor-parallel sum (the first fused with LN2). */
-  const int fuse = fused_residual(m);
+   * here (whole_bf16), else after the tensor-parallel sum (the first fused with LN2). */
+  const int fuse = whole_bf16(m);
   DT_CHECK(linear_forward(m, a, fuse ? y.res2 : a->tmp, 0, fuse ? x : NULL,
                           qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, p, DT_T_ATTPROJW,
                           lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
@@ -1376,6 +1384,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
   const size_t N = (size_t)B * T, R = stream_rows(m, N);
   dt_gpt2_view_t p, g, ep, eg;
   const float *din, *dout, *in;
+  const int din16 = whole_bf16(m); /* the LayerNorms' output gradients in dbuf as bf16 values */
 
   if (last) {
     /* The embeddings' gradients accumulate from the LM head now (and, on one stage, from the
@@ -1383,8 +1392,8 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
     /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf */
     if (d.Vreal > 0)
-      DT_CHECK(linear_backward(m, a, a->dbuf, eg.t[DT_T_WTE], NULL, a->logits, a->logits16, a->lnf,
-                               a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, d.Vreal,
+      DT_CHECK(linear_backward(m, a, a->dbuf, din16, eg.t[DT_T_WTE], NULL, a->logits, a->logits16,
+                               a->lnf, a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, d.Vreal,
                                grad_ld(m, a->logits16, d.Vl)));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
@@ -1393,7 +1402,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
     DT_CHECK(m->dev->zero(m->dev, a->dresidual, R * C * sizeof(float)));
     DT_CHECK(acquire(m, DT_UNIT_FINAL, 1, &p, &g));
-    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], din,
+    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LNFW], g.t[DT_T_LNFB], din, din16,
                                 layer_input(m, a, L), p.t[DT_T_LNFW], a->lnf_mean, a->lnf_rstd, R));
     DT_CHECK(release(m, DT_UNIT_FINAL, 1));
   } /* else: dresidual holds the next stage's input gradient */
@@ -1407,19 +1416,19 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(linear_backward(m, a, m->bf16 ? a->dfch16 : (void *)a->dbuf4, g.t[DT_T_FCPROJW],
+    DT_CHECK(linear_backward(m, a, m->bf16 ? a->dfch16 : (void *)a->dbuf4, 0, g.t[DT_T_FCPROJW],
                              g.t[DT_T_FCPROJB], dout, NULL, y.fchg, y.fchg16, &p, DT_T_FCPROJW,
                              m->bf16 ? y.fch16 : (const void *)y.fch, (int)N, 4 * Cl, C, C));
     DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4, a->dfch16, in,
-                             y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl,
+    DT_CHECK(linear_backward(m, a, a->dbuf, din16, g.t[DT_T_FCW], g.t[DT_T_FCB], a->dbuf4,
+                             a->dfch16, in, y.ln2_16, &p, DT_T_FCW, NULL, (int)N, C, 4 * Cl,
                              grad_ld(m, a->dfch16, 4 * Cl)));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
-    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, y.res2,
-                                p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
+    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN2W], g.t[DT_T_LN2B], din, din16,
+                                y.res2, p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
+    DT_CHECK(linear_backward(m, a, a->dbuf, 0, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
                              qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, &p, DT_T_ATTPROJW,
                              NULL, (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) {
@@ -1434,11 +1443,11 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
       DT_CHECK(cp_reduce_dqkv(m, a, B, T));
     }
     DT_CHECK(gather_rows(m, a, y.ln1, N, &in));
-    DT_CHECK(linear_backward(m, a, a->dbuf, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv, a->dqkv16, in,
-                             y.ln1_16, &p, DT_T_QKVW, NULL, (int)N, C, 3 * Cl,
+    DT_CHECK(linear_backward(m, a, a->dbuf, din16, g.t[DT_T_QKVW], g.t[DT_T_QKVB], a->dqkv,
+                             a->dqkv16, in, y.ln1_16, &p, DT_T_QKVW, NULL, (int)N, C, 3 * Cl,
                              grad_ld(m, a->dqkv16, 3 * Cl)));
     DT_CHECK(reduce_rows(m, a, a->dbuf, N, &din));
-    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, x,
+    DT_CHECK(layernorm_backward(m, a, a->dresidual, g.t[DT_T_LN1W], g.t[DT_T_LN1B], din, din16, x,
                                 p.t[DT_T_LN1W], y.ln1_mean, y.ln1_rstd, R));
     DT_CHECK(release(m, u0 + l, 1));
   }

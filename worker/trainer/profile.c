@@ -27,6 +27,7 @@
   X(layernorm_forward_bf16)                                                                        \
   X(residual_layernorm_forward_bf16)                                                               \
   X(layernorm_backward)                                                                            \
+  X(layernorm_backward_bf16)                                                                       \
   X(matmul_forward)                                                                                \
   X(matmul_backward)                                                                               \
   X(matmul_forward_bf16)                                                                           \
@@ -238,6 +239,10 @@ TIMED(layernorm_backward, 0, 4.0 * (4.0 * N * C + 5.0 * C + 2.0 * N),
       (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const float *dout,
        const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C),
       dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)
+TIMED(layernorm_backward_bf16, 0, (12.0 + h) * N * C + 4.0 * (5.0 * C + 2.0 * N),
+      (dt_device_t * dev, float *dinp, float *dweight, float *dbias, const void *dout,
+       const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C),
+      dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C)
 TIMED(matmul_forward, 2.0 * N * C * OC, 0,
       (dt_device_t * dev, float *out, const float *inp, const float *weight, const float *bias,
        int N, int C, int OC, int ldo),
@@ -251,10 +256,10 @@ TIMED(matmul_forward_bf16, 2.0 * N * C * OC, 0,
        const void *weight16, const float *bias, const float *res, int N, int C, int OC, int ldo),
       out, out16, inp, weight, weight16, bias, res, N, C, OC, ldo)
 TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
-      (dt_device_t * dev, void *dinp, float *dweight, float *dbias, const float *dout,
+      (dt_device_t * dev, void *dinp, int dinp16, float *dweight, float *dbias, const float *dout,
        const void *dout16, const void *inp, const float *weight, const void *weight16,
        const void *gelu_in, int N, int C, int OC, int ldd),
-      dinp, dweight, dbias, dout, dout16, inp, weight, weight16, gelu_in, N, C, OC, ldd)
+      dinp, dinp16, dweight, dbias, dout, dout16, inp, weight, weight16, gelu_in, N, C, OC, ldd)
 TIMED(to_bf16, 0, (4.0 + h) * n, (dt_device_t * dev, void *dst, const float *src, size_t n), dst,
       src, n)
 TIMED(attention_forward, attn_flop(4, B, T, 0, C), 0,
