@@ -192,14 +192,16 @@ typedef struct dt_ops {
    * lse stays fp32, and so do the gradients added into a context-parallel buffer; with dqkv16
    * (one whole sequence: q0 0, Tall Tq, accumulate 0) dqkv is a bf16 buffer of (B, Tq, 3C)
    * values that gets the gradients rounded to bf16 (to nearest even; as autocast's SDPA returns
-   * them, and what the qkv layer's backward reads as they are). NULL where a backend has none:
-   * bf16 is then refused with flash attention. */
+   * them, and what the qkv layer's backward reads as they are); with dout16 too (dqkv16's cases
+   * only) dout is a bf16 buffer of (B, Tq, C) values (the attention projection's dinp16 output),
+   * read as it is, and D is computed from those values. NULL where a backend has none: bf16 is
+   * then refused with flash attention. */
   int (*attention_forward_flash_bf16)(struct dt_device *dev, void *out, float *lse, const void *qkv,
                                       int B, int Tq, int q0, int Tall, int C, int NH);
   int (*attention_backward_flash_bf16)(struct dt_device *dev, void *dqkv, int dqkv16,
-                                       const float *dout, const void *qkv, const void *out,
-                                       const float *lse, int B, int Tq, int q0, int Tall, int C,
-                                       int NH, int accumulate);
+                                       const void *dout, int dout16, const void *qkv,
+                                       const void *out, const float *lse, int B, int Tq, int q0,
+                                       int Tall, int C, int NH, int accumulate);
 
   /* GELU, tanh approximation */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
@@ -306,10 +308,16 @@ static inline int dt_bf16_backward_check(int dinp16, const float *dbias, const f
   return 0;
 }
 
-/* attention_backward_flash_bf16's rule on dqkv16 (above), for every backend: 0, or DT_EINVAL
- * (logged). */
-static inline int dt_flash_dqkv16_check(int dqkv16, int Tq, int q0, int Tall, int accumulate)
+/* attention_backward_flash_bf16's rules on dqkv16 and dout16 (above), for every backend: 0, or
+ * DT_EINVAL (logged). */
+static inline int dt_flash_dqkv16_check(int dqkv16, int dout16, int Tq, int q0, int Tall,
+                                        int accumulate)
 {
+  if (dout16 && !dqkv16) {
+    DT_ERROR(KERNEL,
+             "attention_backward_flash_bf16: a bf16 dout with bf16 gradients (dqkv16) only");
+    return DT_EINVAL;
+  }
   if (dqkv16 && (q0 != 0 || Tall != Tq || accumulate)) {
     DT_ERROR(KERNEL,
              "attention_backward_flash_bf16: bf16 gradients of one whole sequence only (q0 %d, "

@@ -186,12 +186,13 @@ static int attention_forward_flash_bf16(struct dt_device *dev, void *out, float 
 }
 
 /* dqkv16: the fp32 gradients, then rounded in place (the CPU's bf16 buffer). */
+/* A CPU bf16 dout (dout16) holds floats, the bf16 values: the same arithmetic reads it. */
 static int attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
-                                         const float *dout, const void *qkv, const void *out,
-                                         const float *lse, int B, int Tq, int q0, int Tall, int C,
-                                         int NH, int accumulate)
+                                         const void *dout, int dout16, const void *qkv,
+                                         const void *out, const float *lse, int B, int Tq, int q0,
+                                         int Tall, int C, int NH, int accumulate)
 {
-  DT_CHECK(dt_flash_dqkv16_check(dqkv16, Tq, q0, Tall, accumulate));
+  DT_CHECK(dt_flash_dqkv16_check(dqkv16, dout16, Tq, q0, Tall, accumulate));
   float *g = H(dqkv);
   if (dt_cpu_attention_backward_flash_bf16(g, H(dout), H(qkv), H(out), H(lse), B, Tq, q0, Tall, C,
                                            NH, accumulate) != 0)

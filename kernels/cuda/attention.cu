@@ -129,27 +129,29 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
                       Tq, q0, Tall, C, NH, scale);
 }
 
-/* The tensor-core dq kernel, then (D in the workspace) the dk/dv kernel, gradients of type G. */
-template <int HSM, typename G>
-static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, float *D, const float *dout,
-                         const uint16_t *q16, const uint16_t *out, const float *lse, int B, int Tq,
-                         int q0, int Tall, int C, int NH, float scale, bool add)
+/* The tensor-core dq kernel, then (D in the workspace) the dk/dv kernel, gradients of type G
+ * from an output gradient of type O. */
+template <int HSM, typename G, typename O>
+static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, float *D, const O *dout, const uint16_t *q16,
+                         const uint16_t *out, const float *lse, int B, int Tq, int q0, int Tall,
+                         int C, int NH, float scale, bool add)
 {
-  DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>, flash_grid(fmma_blocks(Tq), B, NH),
+  DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G, O>, flash_grid(fmma_blocks(Tq), B, NH),
                         FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), dqkv, D, dout, q16, out, lse, Tq,
                         q0, Tall, C, NH, scale, add));
-  return flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G>,
+  return flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
                       flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS,
                       fmma_dkdv_smem_bytes<HSM>(), dqkv, (const float *)D, dout, q16, lse, Tq, q0,
                       Tall, C, NH, scale, add);
 }
 
 /* The dq kernel, then (D in the workspace) the dk/dv kernel; each adds its rows into dqkv or
- * (add false) writes them, in bf16 where dqkv16 (the tensor-core kernels only). */
+ * (add false) writes them, in bf16 where dqkv16, from a bf16 dout where dout16 (the tensor-core
+ * kernels only; dout16 with dqkv16: dt_flash_dqkv16_check). */
 template <int HSM>
-static int flash_backward(dt_cuda_impl_t *cu, bool mma, void *dqkv, bool dqkv16, const float *dout,
-                          const void *qkv, const void *out, const float *lse, int B, int Tq, int q0,
-                          int Tall, int C, int NH, bool add)
+static int flash_backward(dt_cuda_impl_t *cu, bool mma, void *dqkv, bool dqkv16, const void *dout,
+                          bool dout16, const void *qkv, const void *out, const float *lse, int B,
+                          int Tq, int q0, int Tall, int C, int NH, bool add)
 {
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, (size_t)B * NH * Tq * sizeof(float), &ws));
@@ -157,21 +159,24 @@ static int flash_backward(dt_cuda_impl_t *cu, bool mma, void *dqkv, bool dqkv16,
   const float scale = 1.0f / sqrtf((float)(C / NH));
   if (mma) {
     const uint16_t *q16 = (const uint16_t *)qkv, *o16 = (const uint16_t *)out;
+    if (dout16)
+      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, (const uint16_t *)dout, q16, o16, lse, B,
+                                Tq, q0, Tall, C, NH, scale, add);
     if (dqkv16)
-      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, dout, q16, o16, lse, B, Tq, q0, Tall, C,
-                                NH, scale, add);
-    return fmma_backward<HSM>(cu, (float *)dqkv, D, dout, q16, o16, lse, B, Tq, q0, Tall, C, NH,
-                              scale, add);
+      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, (const float *)dout, q16, o16, lse, B, Tq,
+                                q0, Tall, C, NH, scale, add);
+    return fmma_backward<HSM>(cu, (float *)dqkv, D, (const float *)dout, q16, o16, lse, B, Tq, q0,
+                              Tall, C, NH, scale, add);
   }
-  const float *q32 = (const float *)qkv;
+  const float *q32 = (const float *)qkv, *g32 = (const float *)dout;
   float *g = (float *)dqkv;
   DT_CHECK(flash_launch(cu, flash_backward_dq_kernel<HSM>,
                         flash_grid(flash_query_blocks(Tq), B, NH), FLASH_ROWS,
-                        flash_kv_smem_bytes<HSM>(), g, D, dout, q32, (const float *)out, lse, Tq,
-                        q0, Tall, C, NH, scale, add));
+                        flash_kv_smem_bytes<HSM>(), g, D, g32, q32, (const float *)out, lse, Tq, q0,
+                        Tall, C, NH, scale, add));
   return flash_launch(cu, flash_backward_dkdv_kernel<HSM>,
                       flash_grid(flash_key_blocks(q0 + Tq), B, NH), FLASH_KROWS,
-                      flash_dkdv_smem_bytes<HSM>(), g, (const float *)D, dout, q32, lse, Tq, q0,
+                      flash_dkdv_smem_bytes<HSM>(), g, (const float *)D, g32, q32, lse, Tq, q0,
                       Tall, C, NH, scale, add);
 }
 
@@ -206,8 +211,9 @@ static int forward_flash(struct dt_device *dev, bool mma, void *out, float *lse,
 }
 
 static int backward_flash(struct dt_device *dev, bool mma, void *dqkv, bool dqkv16,
-                          const float *dout, const void *qkv, const void *out, const float *lse,
-                          int B, int Tq, int q0, int Tall, int C, int NH, int accumulate)
+                          const void *dout, bool dout16, const void *qkv, const void *out,
+                          const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
+                          int accumulate)
 {
   const bool add = accumulate != 0;
   if (B <= 0 || Tq <= 0 || C <= 0 || NH <= 0)
@@ -215,14 +221,14 @@ static int backward_flash(struct dt_device *dev, bool mma, void *dqkv, bool dqkv
   dt_cuda_impl_t *cu = dt__cuda(dev);
   switch (bucket_or_refuse(C, NH)) {
   case 32:
-    return flash_backward<32>(cu, mma, dqkv, dqkv16, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH,
-                              add);
+    return flash_backward<32>(cu, mma, dqkv, dqkv16, dout, dout16, qkv, out, lse, B, Tq, q0, Tall,
+                              C, NH, add);
   case 64:
-    return flash_backward<64>(cu, mma, dqkv, dqkv16, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH,
-                              add);
+    return flash_backward<64>(cu, mma, dqkv, dqkv16, dout, dout16, qkv, out, lse, B, Tq, q0, Tall,
+                              C, NH, add);
   case 128:
-    return flash_backward<128>(cu, mma, dqkv, dqkv16, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH,
-                               add);
+    return flash_backward<128>(cu, mma, dqkv, dqkv16, dout, dout16, qkv, out, lse, B, Tq, q0, Tall,
+                               C, NH, add);
   default:
     return DT_ENOTSUP;
   }
@@ -239,7 +245,7 @@ int dt__cuda_attention_backward_flash(struct dt_device *dev, float *dqkv, const 
                                       const float *qkv, const float *out, const float *lse, int B,
                                       int Tq, int q0, int Tall, int C, int NH, int accumulate)
 {
-  return backward_flash(dev, false, dqkv, false, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH,
+  return backward_flash(dev, false, dqkv, false, dout, false, qkv, out, lse, B, Tq, q0, Tall, C, NH,
                         accumulate);
 }
 
@@ -251,11 +257,11 @@ int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, void *out, floa
 }
 
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
-                                           const float *dout, const void *qkv, const void *out,
-                                           const float *lse, int B, int Tq, int q0, int Tall, int C,
-                                           int NH, int accumulate)
+                                           const void *dout, int dout16, const void *qkv,
+                                           const void *out, const float *lse, int B, int Tq, int q0,
+                                           int Tall, int C, int NH, int accumulate)
 {
-  DT_CHECK(dt_flash_dqkv16_check(dqkv16, Tq, q0, Tall, accumulate));
-  return backward_flash(dev, true, dqkv, dqkv16 != 0, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH,
-                        accumulate);
+  DT_CHECK(dt_flash_dqkv16_check(dqkv16, dout16, Tq, q0, Tall, accumulate));
+  return backward_flash(dev, true, dqkv, dqkv16 != 0, dout, dout16 != 0, qkv, out, lse, B, Tq, q0,
+                        Tall, C, NH, accumulate);
 }

@@ -145,9 +145,9 @@ int dt__cuda_attention_forward_flash_bf16(struct dt_device *dev, void *out, floa
                                           const void *qkv, int B, int Tq, int q0, int Tall, int C,
                                           int NH);
 int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
-                                           const float *dout, const void *qkv, const void *out,
-                                           const float *lse, int B, int Tq, int q0, int Tall, int C,
-                                           int NH, int accumulate);
+                                           const void *dout, int dout16, const void *qkv,
+                                           const void *out, const float *lse, int B, int Tq, int q0,
+                                           int Tall, int C, int NH, int accumulate);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
 int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const void *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,

@@ -5,13 +5,13 @@
  *
  * Numerics (what "bf16 attention" means here, as PyTorch's autocast SDPA): q, k, v are bf16
  * (qkv is the bf16 output of the qkv layer) and dout is rounded to bf16 (nearest even) when a
- * tile is loaded; every product is a bf16 mma with
- * fp32 accumulation; the softmax (max, exp, sums, lse) is fp32; the probabilities P and the
- * score gradients dS are rounded to bf16 as the operands of the second product of each pass
- * (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from dout's fp32 values and out's bf16
- * ones. out is rounded to bf16 as it is stored, lse is fp32, and the gradients are fp32 added
- * into a context-parallel buffer, else rounded to bf16 as they are stored (G = uint16_t);
- * autocast's SDPA returns out and the gradients in bf16.
+ * tile is loaded, or is bf16 already (the attention projection's bf16 input gradient); every
+ * product is a bf16 mma with fp32 accumulation; the softmax (max, exp, sums, lse) is fp32; the
+ * probabilities P and the score gradients dS are rounded to bf16 as the operands of the second
+ * product of each pass (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from dout's values
+ * (fp32 or bf16) and out's bf16 ones. out is rounded to bf16 as it is stored, lse is fp32, and the
+ * gradients are fp32 added into a context-parallel buffer, else rounded to bf16 as they are stored
+ * (G = uint16_t); autocast's SDPA returns out and the gradients in bf16.
  *
  * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (query rows in
  * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
@@ -141,7 +141,12 @@ __device__ static inline uint16_t fmma_bf16(float x)
   return (uint16_t)(u >> 16);
 }
 
-/* The value of bf16 bits x. */
+/* The value of an fp32 x, and of bf16 bits x. */
+__device__ static inline float fmma_f32(float x)
+{
+  return x;
+}
+
 __device__ static inline float fmma_f32(uint16_t x)
 {
   const uint32_t u = (uint32_t)x << 16;
@@ -307,7 +312,7 @@ __device__ static inline uint16_t fmma_to_bf16(uint16_t x)
   return x;
 }
 
-/* Rows [r0, r0 + FMMA_ROWS) of src (fp32: dout; bf16: q, k or v; row stride ld values, hs
+/* Rows [r0, r0 + FMMA_ROWS) of src (fp32: dout; bf16: q, k, v or dout; row stride ld values, hs
  * values each) into the bf16 tile dst, zero past row rend and past column hs. The block's
  * threads share the loads: 16 bytes a load where hs, ld and src allow it (every shape with hs
  * a multiple of 4 for fp32, of 8 for bf16), else one value. */
@@ -442,10 +447,11 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
 
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds
  * the query gradients into dqkv (add false: writes them; G = uint16_t: as bf16, never added);
- * Dbuf (B, NH, Tq) gets D = dout . out of every query row. */
-template <int HSM, typename G>
+ * Dbuf (B, NH, Tq) gets D = dout . out of every query row. O: dout's type (float, rounded to bf16
+ * as it is loaded; uint16_t: bf16 values, read as they are). */
+template <int HSM, typename G, typename O>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
-    fmma_backward_dq_kernel(G *dqkv, float *Dbuf, const float *dout, const uint16_t *qkv,
+    fmma_backward_dq_kernel(G *dqkv, float *Dbuf, const O *dout, const uint16_t *qkv,
                             const uint16_t *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
 {
@@ -457,7 +463,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
-  const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
+  const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
   fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
   fmma_load<HSM>(gs, gbase, C, r0, Tq, hs);
@@ -469,7 +475,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
     if (row[i] < Tq) {
       const size_t o = ((size_t)b * Tq + row[i]) * C + (size_t)h * hs;
       for (int d = c; d < hs; d += 4)
-        part += dout[o + d] * fmma_f32(out[o + d]);
+        part += fmma_f32(dout[o + d]) * fmma_f32(out[o + d]);
     }
     D[i] = fmma_row_sum(part);
     L[i] = row[i] < Tq ? lse[(size_t)bh * Tq + row[i]] : 0.0f;
@@ -511,11 +517,11 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
 }
 
 /* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
- * Adds the key and value gradients into dqkv (add false: writes them; G as the dq kernel's); Dbuf
- * is the dq kernel's. */
-template <int HSM, typename G>
+ * Adds the key and value gradients into dqkv (add false: writes them; G and O as the dq
+ * kernel's); Dbuf is the dq kernel's. */
+template <int HSM, typename G, typename O>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
-    fmma_backward_dkdv_kernel(G *dqkv, const float *Dbuf, const float *dout, const uint16_t *qkv,
+    fmma_backward_dkdv_kernel(G *dqkv, const float *Dbuf, const O *dout, const uint16_t *qkv,
                               const float *lse, int Tq, int q0, int Tall, int C, int NH,
                               float scale, bool add)
 {
@@ -528,7 +534,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
-  const float *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
+  const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int k0 = blockIdx.x * FMMA_ROWS, kend = q0 + Tq; /* keys [k0, k0 + 64) of [0, kend) */
   fmma_load<HSM>(ks, base + C, C3, k0, kend, hs);
   fmma_load<HSM>(vs, base + 2 * C, C3, k0, kend, hs);

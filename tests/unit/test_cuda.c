@@ -952,10 +952,10 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
            dqkv = add ? pair_rand((size_t)B * T * 3 * C, 0.0f, bf16 ? 0.0f : 1.0f)
                       : pair_garbage((size_t)B * T * 3 * C);
     if (bf16) {
-      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, dqkv.h, 0, dout.h, qkv16.h, out_h,
+      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, dqkv.h, 0, dout.h, 0, qkv16.h, out_h,
                                                         lse.h, B, Tq, q0, T, C, NH, add),
                        0);
-      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, dqkv.d, 0, dout.d, qkv16.d, out_d,
+      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, dqkv.d, 0, dout.d, 0, qkv16.d, out_d,
                                                         lse.d, B, Tq, q0, T, C, NH, add),
                        0);
     } else {
@@ -972,15 +972,26 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
       pair16_t d16 = pair16_alloc(dqkv.n);
       float *want = xmalloc(dqkv.n * sizeof(float));
       ck_assert_int_eq(H->to_bf16(g_cpu, want, dqkv.h, dqkv.n), 0);
-      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, d16.h, 1, dout.h, qkv16.h, out_h,
+      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, d16.h, 1, dout.h, 0, qkv16.h, out_h,
                                                         lse.h, B, Tq, q0, T, C, NH, 0),
                        0);
-      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, d16.d, 1, dout.d, qkv16.d, out_d,
+      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, d16.d, 1, dout.d, 0, qkv16.d, out_d,
                                                         lse.d, B, Tq, q0, T, C, NH, 0),
                        0);
       ck_assert(memcmp(d16.h, want, dqkv.n * sizeof(float)) == 0);
       expect_bf16_close("attention_backward_flash_bf16 dqkv into bf16", &d16, 8e-3);
-      free(want), pair16_free(&d16);
+      /* from a bf16 dout too (dout16; each side's to_bf16 of dout: the same values) */
+      pair16_t g16 = pair16_alloc(dout.n);
+      ck_assert_int_eq(H->to_bf16(g_cpu, g16.h, dout.h, dout.n), 0);
+      ck_assert_int_eq(G->to_bf16(g_gpu, g16.d, dout.d, dout.n), 0);
+      ck_assert_int_eq(H->attention_backward_flash_bf16(g_cpu, d16.h, 1, g16.h, 1, qkv16.h, out_h,
+                                                        lse.h, B, Tq, q0, T, C, NH, 0),
+                       0);
+      ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, d16.d, 1, g16.d, 1, qkv16.d, out_d,
+                                                        lse.d, B, Tq, q0, T, C, NH, 0),
+                       0);
+      expect_bf16_close("attention_backward_flash_bf16 from a bf16 dout", &d16, 8e-3);
+      free(want), pair16_free(&d16), pair16_free(&g16);
     }
     pair_free(&out), pair_free(&lse), pair_free(&dout), pair_free(&dqkv);
     if (bf16)

@@ -64,20 +64,20 @@ static void emul_mma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
-template <int HSM, typename G>
-static void emul_mma_backward(G *dqkv, const float *dout, const uint16_t *qkv, const uint16_t *out,
+template <int HSM, typename G, typename O>
+static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const uint16_t *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
                               bool add)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   std::vector<float> D((size_t)B * NH * Tq, NAN);
   launch(flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
-    fmma_backward_dq_kernel<HSM, G>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH, scale,
-                                    add);
+    fmma_backward_dq_kernel<HSM, G, O>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH,
+                                       scale, add);
   });
   launch(flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), [&] {
-    fmma_backward_dkdv_kernel<HSM, G>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH, scale,
-                                      add);
+    fmma_backward_dkdv_kernel<HSM, G, O>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH, scale,
+                                         add);
   });
 }
 
@@ -231,6 +231,18 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
         ck_assert_msg(bf16_value(d16[i]) == dt_bf16_round(dqkv_g[i]),
                       "bf16 backward dqkv into bf16 [%zu]: %g, %g", i, (double)bf16_value(d16[i]),
                       (double)dqkv_g[i]);
+      /* from a bf16 dout (dout16: the attention projection's bf16 input gradient), with the
+       * same offset: the gradients of dout's values rounded in fp32, bit for bit */
+      std::vector<float> dout_r;
+      std::vector<uint16_t> dout16, e16(d16.size(), (uint16_t)0xffff), f16 = e16;
+      bf16_qkv(dout, &dout_r, &dout16);
+      if (off16)
+        dout_r.insert(dout_r.begin(), 2, 0.0f), dout16.insert(dout16.begin(), 4, (uint16_t)0);
+      emul_mma_backward<HSM>(e16.data(), dout_r.data() + (off16 ? 2 : 0), qkv_g, out16.data(),
+                             lse_h.data(), B, Tq, q0, T, C, NH, false);
+      emul_mma_backward<HSM>(f16.data(), dout16.data() + (off16 ? 4 : 0), qkv_g, out16.data(),
+                             lse_h.data(), B, Tq, q0, T, C, NH, false);
+      ck_assert(f16 == e16);
     }
   }
 }

@@ -1274,11 +1274,15 @@ static void run_attention_flash_bf16(int B, int T, int C, int NH, int cp, uint64
     const dt_ops_t *ops = dt_ops_cpu();
     float *w16 = filled(nqkv, GARBAGE);
     const int whole = cp == 1;
-    ck_assert_int_eq(ops->attention_backward_flash_bf16(dt_device_cpu(), w16, 1, dout, qkv16, out,
-                                                        lse, B, Tq, q0, T, C, NH, 0),
+    ck_assert_int_eq(ops->attention_backward_flash_bf16(dt_device_cpu(), w16, 1, dout, 0, qkv16,
+                                                        out, lse, B, Tq, q0, T, C, NH, 0),
                      whole ? 0 : DT_EINVAL);
     for (size_t i = 0; whole && i < nqkv; i++)
       ck_assert(w16[i] == ref_bf16(w[i]));
+    /* a bf16 dout (dout16) with bf16 gradients only */
+    ck_assert_int_eq(ops->attention_backward_flash_bf16(dt_device_cpu(), w16, 0, dout, 1, qkv16,
+                                                        out, lse, B, Tq, q0, T, C, NH, 0),
+                     DT_EINVAL);
   }
   const double e_out = rel_err(out_all, out_d, nout), e_dqkv = rel_err(sum, dqkv_d, nqkv);
   const double e_lse = rel_err(lse_all, lse_d, (size_t)B * NH * T);

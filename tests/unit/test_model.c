@@ -88,6 +88,19 @@ static int spied_layernorm_backward_bf16(struct dt_device *dev, float *dinp, flo
                                                rstd, N, C);
 }
 
+static int g_datt16_calls, g_datt16_bf16;
+
+static int spied_flash_backward_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
+                                     const void *dout, int dout16, const void *qkv, const void *out,
+                                     const float *lse, int B, int Tq, int q0, int Tall, int C,
+                                     int NH, int accumulate)
+{
+  g_datt16_calls += dout16;
+  g_datt16_bf16 += dout16 && all_bf16(dout, (size_t)B * Tq * C);
+  return dt_ops_cpu()->attention_backward_flash_bf16(dev, dqkv, dqkv16, dout, dout16, qkv, out, lse,
+                                                     B, Tq, q0, Tall, C, NH, accumulate);
+}
+
 static int spied_gelu_bf16(struct dt_device *dev, void *out, const void *inp, size_t n)
 {
   g_gelu_calls++;
@@ -198,7 +211,8 @@ END_TEST
  * reads the LM head's bf16 output, and the LM head's backward takes the bf16 dlogits alone.
  * With whole rows here (tp 1), each projection adds its branch to the residual stream in its
  * GEMM, with no residual pass of its own, and each LayerNorm's backward reads its output's
- * gradient in bf16, as the linear layer after it wrote it. */
+ * gradient in bf16, as the linear layer after it wrote it; so does the flash backward the
+ * attention output's. */
 START_TEST(test_bf16_mlp)
 {
   dt_device_t *dev = edited_cpu();
@@ -209,6 +223,7 @@ START_TEST(test_bf16_mlp)
   g_ops.residual_forward = spied_residual;
   g_ops.residual_layernorm_forward_bf16 = spied_residual_layernorm_bf16;
   g_ops.layernorm_backward_bf16 = spied_layernorm_backward_bf16;
+  g_ops.attention_backward_flash_bf16 = spied_flash_backward_bf16;
   ck_assert_int_eq(step(dev, 1), 0);
   const int L = CFG.layers;
   ck_assert_int_eq(g_gelu_calls, L);
@@ -223,10 +238,13 @@ START_TEST(test_bf16_mlp)
   ck_assert_int_eq(g_gemm_res, 2 * L); /* both projections add to the residual stream */
   ck_assert_int_eq(g_residual_passes, 0);
   /* every LayerNorm's output gradient bf16: the qkv, fc and LM head layers' dinp16 */
-  ck_assert_int_eq(g_dinp16_calls, 2 * L + 1);
-  ck_assert_int_eq(g_dinp16_bf16, 2 * L + 1);
+  ck_assert_int_eq(g_dinp16_bf16, 3 * L + 1);
   ck_assert_int_eq(g_ln16_calls, 2 * L + 1);
   ck_assert_int_eq(g_ln16_bf16, 2 * L + 1);
+  /* and the attention output's, from the projection's backward into the flash backward */
+  ck_assert_int_eq(g_dinp16_calls, 2 * L + 1 + L);
+  ck_assert_int_eq(g_datt16_calls, L);
+  ck_assert_int_eq(g_datt16_bf16, L);
 }
 END_TEST
 

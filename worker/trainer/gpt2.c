@@ -463,6 +463,24 @@ static int dqkv16(const dt_gpt2_t *m)
   return qkv16(m) && m->cp.cp == 1 && row * m->ops->bf16_bytes % sizeof(float) == 0;
 }
 
+/* bf16 compute where each rank holds whole rows of the residual stream's width (no tensor
+ * parallelism: no branch output or input gradient is a partial sum to all-reduce in fp32). Then
+ * the projections add their branch to the stream in their GEMM (ops.h's res), and the linear
+ * layers write the gradients of the LayerNorms' outputs in bf16 (dinp16), as autocast's bf16
+ * GEMMs return them, which the LayerNorms' backward reads as they are. */
+static int whole_bf16(const dt_gpt2_t *m)
+{
+  return m->bf16 && m->tp.tp == 1;
+}
+
+/* whole_bf16 with bf16 flash gradients (dqkv16): the attention projection's input gradient is
+ * bf16 too (its dinp16), as autocast's bf16 GEMM returns it, and the flash backward reads it as
+ * it is (its dout16). */
+static int datty16(const dt_gpt2_t *m)
+{
+  return whole_bf16(m) && dqkv16(m);
+}
+
 /* Bytes of a q, k, v value, and of a value of the attention's output (bf16 flash attention
  * writes it in bf16 too, what the attention projection reads). */
 static size_t qkv_bytes(const dt_gpt2_t *m)
@@ -955,8 +973,8 @@ static int attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, float *att, con
   const dt_ops_t *k = m->ops;
   const int add = m->cp.cp > 1;
   if (qkv16(m))
-    return dout ? k->attention_backward_flash_bf16(m->dev, dqkv, dqkv16(m), dout, qkv, out, att, B,
-                                                   Tq, q0, Tall, d.Cl, d.NHl, add)
+    return dout ? k->attention_backward_flash_bf16(m->dev, dqkv, dqkv16(m), dout, datty16(m), qkv,
+                                                   out, att, B, Tq, q0, Tall, d.Cl, d.NHl, add)
                 : k->attention_forward_flash_bf16(m->dev, out, att, qkv, B, Tq, q0, Tall, d.Cl,
                                                   d.NHl);
   if (m->flash)
@@ -984,16 +1002,6 @@ static int cp_attention(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, float *att, 
     att_off += (size_t)B * d.NHl * h * (size_t)(m->flash ? 1 : q0 + h);
   }
   return 0;
-}
-
-/* bf16 compute where each rank holds whole rows of the residual stream's width (no tensor
- * parallelism: no branch output or input gradient is a partial sum to all-reduce in fp32). Then
- * the projections add their branch to the stream in their GEMM (ops.h's res), and the linear
- * layers write the gradients of the LayerNorms' outputs in bf16 (dinp16), as autocast's bf16
- * GEMMs return them, which the LayerNorms' backward reads as they are. */
-static int whole_bf16(const dt_gpt2_t *m)
-{
-  return m->bf16 && m->tp.tp == 1;
 }
 
 /* LayerNorm backward over the rows this rank holds, from dout's bf16 values where dout16
@@ -1428,9 +1436,9 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
                                 y.res2, p.t[DT_T_LN2W], y.ln2_mean, y.ln2_rstd, R));
     /* Attention branch. */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));
-    DT_CHECK(linear_backward(m, a, a->dbuf, 0, g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB], dout, NULL,
-                             qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, &p, DT_T_ATTPROJW,
-                             NULL, (int)N, Cl, C, C));
+    DT_CHECK(linear_backward(m, a, a->dbuf, datty16(m), g.t[DT_T_ATTPROJW], g.t[DT_T_ATTPROJB],
+                             dout, NULL, qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, &p,
+                             DT_T_ATTPROJW, NULL, (int)N, Cl, C, C));
     if (m->cp.cp == 1 && m->flash) {
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, a->dbuf,
                          dqkv16(m) ? a->dqkv16 : (void *)a->dqkv, B, T, 0, T));

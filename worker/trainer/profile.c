@@ -290,10 +290,10 @@ TIMED(attention_forward_flash_bf16, attn_flop(4, B, Tq, q0, C), 0,
        int C, int NH),
       out, lse, qkv, B, Tq, q0, Tall, C, NH)
 TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C), 0,
-      (dt_device_t * dev, void *dqkv, int dqkv16, const float *dout, const void *qkv,
+      (dt_device_t * dev, void *dqkv, int dqkv16, const void *dout, int dout16, const void *qkv,
        const void *out, const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
        int accumulate),
-      dqkv, dqkv16, dout, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
+      dqkv, dqkv16, dout, dout16, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(gelu_forward, 0, 8.0 * n, (dt_device_t * dev, float *out, const float *inp, size_t n), out,
       inp, n)
 TIMED(gelu_forward_bf16, 0, 2.0 * h * n, (dt_device_t * dev, void *out, const void *inp, size_t n),
