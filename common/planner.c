@@ -266,7 +266,8 @@ static double acts_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
   double slot = 4 * ((Ls + 2) * N * C + 2 * N) + (l->ckpt ? 0 : Ls * layer);
   if (last) /* the final norm, its mean and rstd, the losses, the logits */
     slot += w * N * C + 4 * 3 * N + w * N * Vp / t;
-  double scratch = 2 * N * C + (tr->materialized ? att : 0);
+  /* dbuf, and the branch outputs' tmp but where bf16 without tp adds them in the GEMMs */
+  double scratch = (bf16 && t == 1 ? 1 : 2) * N * C + (tr->materialized ? att : 0);
   if (cp > 1) /* the group's gathered rows and their gradients */
     scratch += 2 * qkv;
   if (t > 1 && last)

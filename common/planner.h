@@ -69,13 +69,15 @@
  * writes them in bf16 for the bf16 flash kernels) and the attention's output (which they write in
  * bf16); in the scratch the MLP pre-activation's gradient (N F/t) is bf16 too, and so is q, k, v's
  * (N (C + 2k)/t) with flash attention and no cp (where a row of it is a whole number of floats),
- * and one N C bf16 buffer is added (a linear layer's rounded input). This is exact against the
- * trainer's "activations: X MiB" line (tests/integration/test_planner.py: fp32 on the CPU, bf16 on
- * the emulated GPU). Those are the terms of materialised attention (train.materialized); flash
- * attention, the default, keeps each query row's log-sum-exp instead, b (a/t) s per layer (with cp
- * too: the rank's s rows), and no probabilities in the scratch. mixed16 (a Megatron-style GPU
- * trainer; Korthikanti et al. 2022, 16-bit activations with dropout masks, no sequence
- * parallelism): per layer and micro-batch, GPT-2 s b h (10 + (8 + 4 F/h)/t) + 5 a s^2 b / t   bytes
+ * and one N C bf16 buffer is added (a linear layer's rounded input), while at t = 1 one of the
+ * 2 N C is not (the branch outputs, which the projections add to the stream in their GEMMs).
+ * This is exact against the trainer's "activations: X MiB" line (tests/integration/
+ * test_planner.py: fp32 on the CPU, bf16 on the emulated GPU). Those are the terms of materialised
+ * attention (train.materialized); flash attention, the default, keeps each query row's log-sum-exp
+ * instead, b (a/t) s per layer (with cp too: the rank's s rows), and no probabilities in the
+ * scratch. mixed16 (a Megatron-style GPU trainer; Korthikanti et al. 2022, 16-bit activations with
+ * dropout masks, no sequence parallelism): per layer and micro-batch, GPT-2 s b h (10 + (8 + 4
+ * F/h)/t) + 5 a s^2 b / t   bytes
  * (= s b h (34 + 5 a s / h) at t = 1) Llama (no dropout, GQA, SwiGLU): s b h (8 + (4 + 4 k/h + 6
  * F/h)/t) + 2 a s^2 b / t. With full recomputation 2 s b h per layer is kept, plus one layer's full
  * set while it is recomputed. The last stage adds fp32 logits 4 s b Vp / t; slots as above. With cp

@@ -189,13 +189,13 @@ START_TEST(test_activations)
       mem.acts, 4 * (2 * layer + 5 * N * C + 5 * N + N * 128 + 9 * N * C + b * a * s * s), 1e-6);
   /* distrain's bf16: ln1, ln2 (N C each), the MLP's pre-activation and GELU output (4 N C
    * each) of each layer, the final norm's output (N C) and the logits (N Vp) in 2-byte bf16,
-   * the rest fp32; in the scratch the pre-activation's gradient (4 N C) is bf16, and a bf16 N C
-   * is added. */
+   * the rest fp32; in the scratch the pre-activation's gradient (4 N C) is bf16, a bf16 N C is
+   * added, and the branch outputs' N C is gone (the projections add them in their GEMMs). */
   tr.precision = DT_PLAN_BF16;
   dt_plan_memory(&m, &tr, &l, 0, &mem);
   const double layer16 = 4 * (5 * N * C + 4 * N + b * a * s * s) + 2 * (10 * N * C);
   const double slot16 = 4 * (4 * N * C + 2 * N) + 2 * layer16 + 2 * (N * C + N * 128) + 4 * 3 * N;
-  const double scratch16 = 4 * (5 * N * C + b * a * s * s) + 2 * (4 * N * C + N * C);
+  const double scratch16 = 4 * (4 * N * C + b * a * s * s) + 2 * (4 * N * C + N * C);
   ck_assert_double_eq_tol(mem.acts, slot16 + scratch16, 1e-6);
   /* Flash attention (the default): each query row's lse, b a s floats, in place of the
    * probabilities, none in the scratch; in mixed16, 4 a s b bytes in place of 5 a s^2 b. */

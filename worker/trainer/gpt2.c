@@ -571,7 +571,8 @@ static size_t alloc_scratch(dt_gpt2_t *m, int B, int T)
     DT__ALLOC(cpbuf, (size_t)m->cp.cp * N * 3 * Cl);
     DT__ALLOC(dqkv_full, (size_t)m->cp.cp * N * 3 * Cl);
   }
-  DT__ALLOC(tmp, N * C);
+  if (!whole_bf16(m)) /* else the projections add their branches in their GEMMs */
+    DT__ALLOC(tmp, N * C);
   if (m->bf16)
     DT__ALLOC_BYTES(x16, N * C, m->ops->bf16_bytes);
   if (tp > 1 && m->stage.last)
