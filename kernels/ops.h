@@ -105,7 +105,8 @@ typedef struct dt_ops {
 
   /* The same two layers in bf16 compute (--precision bf16, PyTorch autocast's rule for linear
    * layers): every GEMM operand (inp, weight, dout) is a bfloat16 value and the products
-   * accumulate in fp32 into fp32 outputs. inp is a bf16 activation buffer (below), (N, C)
+   * accumulate in fp32, into fp32 outputs unless out16 / dinp16 below. inp is a bf16 activation
+   * buffer (below), (N, C)
    * contiguous; weight and dout are fp32, rounded to bf16 (to nearest even) inside. The bias and
    * its gradient stay fp32 (dbias sums the unrounded dout). weight16, where the caller holds
    * weight's bf16 values (a bf16 buffer of OC x C, e.g. what adamw_update's param16 wrote), is
@@ -114,20 +115,20 @@ typedef struct dt_ops {
    * rounding dout: a bf16 buffer whose rows are ldd * 4 / bf16_bytes values apart; dout is then
    * read only for dbias (dbias with dout16 in dout's own bytes, whose fp32 values are gone, is
    * DT_EINVAL). dout NULL: the gradient exists in bf16 only (the cross-entropy's bf16 dlogits,
-   * ldd = Vp * bf16_bytes / 4; the MLP's pre-activation gradient, as the gelu_in backward below
-   * wrote it, ldd = OC * bf16_bytes / 4) and dbias sums dout16's values. dinp16: dinp is a bf16
-   * buffer of (N, C) values, the fp32 results rounded to bf16 (to nearest even; on a GPU as the
-   * GEMM stores them), else fp32 (N, C). gelu_in, where not NULL (with dinp16; (N, C) like
-   * dinp), says the layer's input was GELU(gelu_in) and holds the pre-activation as a bf16
-   * buffer (the forward's out16 output): dinp is then gelu'(gelu_in) * (dout @ weight), computed
-   * in fp32 before the rounding (on a GPU in the GEMM's epilogue, with no pass of its own).
-   * out16 (forward): out is a bf16 activation buffer of N rows ldo values apart (ldo >= OC; the
-   * columns past OC are not written) that gets the fp32 results, the bias added, rounded to bf16
-   * (to nearest even; on a GPU as the GEMM stores them), else the fp32 (N, ldo) output above.
-   * res, where not NULL (fp32 out only): out = res + (inp @ weight^T + bias), res laid out like
-   * out (a residual add with no pass of its own: on a GPU the GEMM's C input; the fp32 sums may
-   * be added in another order there, as a GEMM's own are). NULL where a backend has no bf16
-   * path. */
+   * ldd = Vl * bf16_bytes / 4, Vl this rank's padded vocabulary columns; the MLP's pre-activation
+   * gradient, as the gelu_in backward below wrote it, ldd = OC * bf16_bytes / 4) and dbias sums
+   * dout16's values. dinp16: dinp is a bf16 buffer of (N, C) values, the fp32 results rounded to
+   * bf16 (to nearest even; on a GPU as the GEMM stores them), else fp32 (N, C). gelu_in, where not
+   * NULL (with dinp16; (N, C) like dinp), says the layer's input was GELU(gelu_in) and holds the
+   * pre-activation as a bf16 buffer (the forward's out16 output): dinp is then gelu'(gelu_in) *
+   * (dout @ weight), computed in fp32 before the rounding (on a GPU in the GEMM's epilogue, with no
+   * pass of its own). out16 (forward): out is a bf16 activation buffer of N rows ldo values apart
+   * (ldo >= OC; the columns past OC are not written) that gets the fp32 results, the bias added,
+   * rounded to bf16 (to nearest even; on a GPU as the GEMM stores them), else the fp32 (N, ldo)
+   * output above. res, where not NULL (fp32 out only): out = res + (inp @ weight^T + bias), res
+   * laid out like out (a residual add with no pass of its own: on a GPU the GEMM's C input; the
+   * fp32 sums may be added in another order there, as a GEMM's own are). NULL where a backend has
+   * no bf16 path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias,
                              const float *res, int N, int C, int OC, int ldo);

@@ -32,7 +32,8 @@ typedef struct {
  * bf16 linear layer's dinp, beta 0, c16, sets it: the backward of a layer whose input was
  * GELU(gelu_in)). c16: C is bf16, each element the fp32 result (the bias added, or the GELU's
  * derivative applied) rounded to nearest even as it is stored (only the bf16 linear layer's
- * forward with a bf16 output and its dinp through the GELU, beta 0, set it); else C is fp32.
+ * forward with a bf16 output and its bf16 dinp, through the GELU or not, beta 0, set it); else C
+ * is fp32.
  * Cin (fp32, laid out like C, or NULL: C itself): where beta C is read from, C then only
  * written (only the bf16 linear layer's forward with a residual, beta 1, sets it). */
 typedef struct {

@@ -65,7 +65,8 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
     }
   lt->align[0] = dt_lt_alignment(g->A.p);
   lt->align[1] = dt_lt_alignment(g->B.p);
-  lt->align[2] = lt->align[3] = dt_lt_alignment(g->C);
+  lt->align[2] = dt_lt_alignment(g->Cin ? (const void *)g->Cin : g->C); /* where C is read */
+  lt->align[3] = dt_lt_alignment(g->C);
   int rc = 0;
   DT_CUBLAS_CHECK_GOTO(cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), rc, fail);
   DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), rc, fail);

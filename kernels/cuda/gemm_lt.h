@@ -20,7 +20,7 @@ extern "C" {
 
 typedef struct {
   cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t A, B, C; /* C is also D (the product is written in place) */
+  cublasLtMatrixLayout_t A, B, C; /* C's is also D's (D is C, or beside g->Cin, laid out alike) */
   cublasLtMatmulPreference_t pref;
   uint32_t align[4]; /* A, B, C, D: the alignment in bytes the algorithm may assume */
 } dt_lt_gemm_t;

@@ -90,8 +90,9 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
               "%d%s%s); %s",
               cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
               g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc,
-              g->bias      ? ", bias epilogue"
+              g->bias      ? (g->Cin ? ", bias epilogue and a residual C" : ", bias epilogue")
               : g->gelu_in ? ", GELU-gradient epilogue"
+              : g->Cin     ? ", a residual C"
                            : "",
               g->c16 ? ", bf16 output" : "",
               g->c16 ? "such products are made in fp32, then rounded to bf16 in a pass of their own"
@@ -309,7 +310,7 @@ int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, int dinp16,
     DT_CHECK(colsum(cu, (__nv_bfloat16 *)NULL, (float *)partial, dbias,
                     (const __nv_bfloat16 *)dout16, (size_t)N, (size_t)OC, 2 * (size_t)ldd));
   }
-  /* dout's bf16 values: the caller's (in the fp32 rows' bytes: 2 ldd apart), or a contiguous
+  /* dout's bf16 values: the caller's (rows 2 ldd values apart: ops.h's dout16), or a contiguous
    * copy (ld OC) beside the weight's */
   bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL},
                           {dout, (size_t)N, (size_t)OC, (size_t)ldd, dbias, NULL}};

@@ -159,6 +159,19 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     ck_assert_ptr_null(lt.op);
   }
 
+  /* bf16: the forward adding a residual (Cin, beta 1): C's alignment is the residual's, where
+   * it is read, D's the output's */
+  if (ab == CUDA_R_16BF) {
+    const float *res = (const float *)at(0x90000, off + 1, 4);
+    dt_gemm_t g = gemm_linear_forward(out, inp, w, bias, N, C, OC, ld);
+    g.Cin = res, g.beta = 1.0f;
+    ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
+    check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)OC, (uint64_t)N, ld}, "forward C (res)");
+    ck_assert_uint_ne(dt_lt_alignment(res), o_al);
+    check_pref(&lt, ws, (const uint32_t[4]){w_al, in_al, dt_lt_alignment(res), o_al});
+    dt_lt_gemm_release(&lt);
+  }
+
   /* bf16: the forward into a bf16 output (the qkv layer's): C bf16, the bias still fp32 */
   if (ab == CUDA_R_16BF) {
     dt_gemm_t g = gemm_linear_forward(out, inp, w, bias, N, C, OC, ld);

@@ -246,7 +246,8 @@ typedef struct {
   float *dqkv_full; /* (B, cp*T, 3C) context parallel: this rank's part of every row's dqkv */
   /* backward scratch, shared by all layers */
   float *dresidual; /* (N, C) gradient of the residual stream */
-  float *dbuf;      /* (N, C) */
+  float *dbuf;      /* (N, C); under bf16 without tp it holds the bf16 gradients of the
+                       LayerNorms' outputs (and with bf16 flash ones, the attention output's) */
   float *dbuf4;     /* (N, 4C) the MLP pre-activation's gradient; NULL when dfch16 holds it */
   void *dfch16;     /* (N, 4C) bf16 compute: that gradient in bf16 (the fc-proj layer's dinp
                        through the GELU), all the fc layer's backward reads of it */
@@ -254,7 +255,8 @@ typedef struct {
   void *dqkv16;     /* (N, 3C) bf16 flash attention over one whole sequence: its q, k, v
                        gradient in bf16, all the qkv layer's backward reads of it */
   float *datt;      /* like one layer's att (not with flash attention) */
-  float *tmp;       /* (N, C) branch outputs before the residual add */
+  float *tmp;       /* (N, C) branch outputs before the residual add; NULL under bf16 without
+                       tp, whose projections add them in their GEMMs */
   void *x16;        /* (N, C) bf16 compute: a linear layer's input rounded to bf16 (where its
                        producer keeps fp32) */
   int *tokens;      /* (2, N) on a device that is not host memory: the micro-batch's inputs
