@@ -185,8 +185,8 @@ static int attention_forward_flash_bf16(struct dt_device *dev, void *out, float 
   return 0;
 }
 
-/* dqkv16: the fp32 gradients, then rounded in place (the CPU's bf16 buffer). */
-/* A CPU bf16 dout (dout16) holds floats, the bf16 values: the same arithmetic reads it. */
+/* dqkv16: the fp32 gradients, then rounded in place (the CPU's bf16 buffer); a CPU bf16 dout
+ * (dout16) holds floats, the bf16 values, which the same arithmetic reads. */
 static int attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, int dqkv16,
                                          const void *dout, int dout16, const void *qkv,
                                          const void *out, const float *lse, int B, int Tq, int q0,
