@@ -27,6 +27,11 @@
 /* The device                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The fp32 staging of a bf16 output that cuBLASLt cannot write holds at most this many bytes
+ * at a time (matmul.cu's linear_gemm makes such a product in blocks of columns): 256 MiB, within
+ * the 1 GiB the planner leaves free by default. */
+#define DT__CUDA_STAGE_MAX ((size_t)256 << 20)
+
 typedef struct dt_cuda_impl {
   dt_device_t dev; /* the public face; dev.impl points back to this struct */
   int ordinal;
@@ -43,10 +48,11 @@ typedef struct dt_cuda_impl {
   size_t ws_bytes;
   void *stage; /* fp32 products on their way to a bf16 output, where cuBLAS writes them */
   size_t stage_bytes;
-  float *ones;            /* ones_n floats equal to 1.0f (column sums through GEMV) */
-  size_t ones_n;          /* its allocation is ones_n floats (0 when there is none) */
-  void *pin;              /* pinned host memory: encoder.cu's token lists on their way up */
-  size_t pin_bytes;       /* grows, never shrinks */
+  size_t stage_max; /* their blocks' size (DT__CUDA_STAGE_MAX; a column of m floats at least) */
+  float *ones;      /* ones_n floats equal to 1.0f (column sums through GEMV) */
+  size_t ones_n;    /* its allocation is ones_n floats (0 when there is none) */
+  void *pin;        /* pinned host memory: encoder.cu's token lists on their way up */
+  size_t pin_bytes; /* grows, never shrinks */
   cudaEvent_t pin_copied; /* the last copy out of pin (created on first use) */
   char name[32];          /* "cuda:<ordinal>" */
 } dt_cuda_impl_t;

@@ -38,6 +38,11 @@ const dt_ops_t *dt_ops_cuda(void);
 /* How many of the device's linear-layer products cuBLASLt had no algorithm for (run by cuBLAS
  * instead, the same arithmetic; the first is logged as a WARN). test_cuda requires 0. */
 long dt_cuda_lt_fallbacks(const dt_device_t *dev);
+/* The fp32 staging of bf16 outputs that cuBLASLt cannot write (such products are made in blocks
+ * of columns): its size now, and the blocks' size (DT__CUDA_STAGE_MAX, 256 MiB, at create; tests
+ * make it small). */
+size_t dt_cuda_stage_bytes(const dt_device_t *dev);
+void dt_cuda_set_stage_max(dt_device_t *dev, size_t bytes);
 
 /* AdamW on device buffers, same contract as dt_cpu_adamw_update (kernels/ops.h), issued on the
  * legacy default stream; the kernel table's adamw_update runs the same kernel on the device's

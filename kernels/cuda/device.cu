@@ -404,6 +404,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
    * with the CPU reference to fp32 rounding. */
   DT_CUBLAS_CHECK_GOTO(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), rc, fail);
   c->use_lt = 1;
+  c->stage_max = DT__CUDA_STAGE_MAX;
   DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_CUBLASLT", &c->use_lt), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtCreate(&c->lt), rc, fail);
   {

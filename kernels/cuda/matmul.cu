@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
+#include "dt_util.h" /* DT_MIN, DT_MAX */
 #include "gelu.cuh"
 #include "gemm_lt.h"
 #include "matmul.cuh"
@@ -99,25 +100,33 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
                      : "such products run on cuBLAS, with the epilogue as a pass of its own");
   }
   if (g->c16) { /* C (m x n, ld ldc; contiguous with a GELU gradient) rounded from the fp32
-                 * product (through the GELU), staged contiguous */
-    const size_t total = (size_t)g->n * g->m;
+                 * product (through the GELU), staged contiguous, in blocks of columns of at most
+                 * stage_max bytes (the LM head's whole product would be 3.3 GB at gpt2-124m b16);
+                 * op(B)'s and C's columns are the block's (c16 products are batch 1) */
+    const size_t col_bytes = (size_t)g->m * sizeof(float), esize = ab == CUDA_R_16BF ? 2 : 4;
+    const int cols = (int)DT_MIN((size_t)g->n, DT_MAX((size_t)1, cu->stage_max / col_bytes));
     void *stage = NULL;
-    DT_CHECK(dt__cuda_stage(cu, total * sizeof(float), &stage));
-    dt_gemm_t f = *g;
-    f.c16 = 0;
-    f.gelu_in = NULL;
-    f.C = stage;
-    f.ldc = g->m;
-    DT_CHECK(linear_gemm(cu, &f, ab)); /* on cuBLASLt where it has an fp32-output algorithm */
-    const unsigned grid = dt__cuda_grid(total, DT__CUDA_THREADS);
-    if (g->gelu_in)
-      dgelu_to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
-          (__nv_bfloat16 *)g->C, (const __nv_bfloat16 *)g->gelu_in, (const float *)stage, total);
-    else
-      to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
-          (__nv_bfloat16 *)g->C, (size_t)g->ldc, (const float *)stage, (size_t)g->m, (size_t)g->m,
-          total);
-    DT_CUDA_CHECK(cudaGetLastError());
+    DT_CHECK(dt__cuda_stage(cu, (size_t)cols * col_bytes, &stage));
+    for (int j0 = 0; j0 < g->n; j0 += cols) {
+      dt_gemm_t f = *g;
+      f.n = DT_MIN(cols, g->n - j0);
+      f.B.p = (const char *)g->B.p + (size_t)j0 * (g->tb ? 1 : (size_t)g->B.ld) * esize;
+      f.c16 = 0;
+      f.gelu_in = NULL;
+      f.C = stage;
+      f.ldc = g->m;
+      DT_CHECK(linear_gemm(cu, &f, ab)); /* on cuBLASLt where it has an fp32-output algorithm */
+      const size_t total = (size_t)f.n * g->m;
+      __nv_bfloat16 *c = (__nv_bfloat16 *)g->C + (size_t)j0 * g->ldc;
+      const unsigned grid = dt__cuda_grid(total, DT__CUDA_THREADS);
+      if (g->gelu_in)
+        dgelu_to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+            c, (const __nv_bfloat16 *)g->gelu_in + (size_t)j0 * g->m, (const float *)stage, total);
+      else
+        to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+            c, (size_t)g->ldc, (const float *)stage, (size_t)g->m, (size_t)g->m, total);
+      DT_CUDA_CHECK(cudaGetLastError());
+    }
     return 0;
   }
   const dt_gemm_t s = gemm_seeded(*g);
@@ -138,6 +147,16 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
 extern "C" long dt_cuda_lt_fallbacks(const dt_device_t *dev)
 {
   return ((const dt_cuda_impl_t *)dev->impl)->lt_fallbacks;
+}
+
+extern "C" size_t dt_cuda_stage_bytes(const dt_device_t *dev)
+{
+  return ((const dt_cuda_impl_t *)dev->impl)->stage_bytes;
+}
+
+extern "C" void dt_cuda_set_stage_max(dt_device_t *dev, size_t bytes)
+{
+  ((dt_cuda_impl_t *)dev->impl)->stage_max = bytes;
 }
 
 int dt__cuda_matmul_forward(struct dt_device *dev, float *out, const float *inp,

@@ -814,7 +814,10 @@ END_TEST
 
 /* The same products on cuBLAS (DISTRAIN_CUDA_CUBLASLT=0: the bias seeded by a pass of its own,
  * the GELU's derivative applied by another),
- * the path a product takes when cuBLASLt has no algorithm for it; a bad value is refused. */
+ * the path a product takes when cuBLASLt has no algorithm for it; a bad value is refused. A bf16
+ * output is made there in fp32 blocks of columns, here of 8 KiB: the 45-row LM-head-like
+ * output (ld 50) in blocks of 45 columns, 2304 rows one column at a time; the staging stays in
+ * one 1 MiB granule (the whole qkv product would take 3). */
 START_TEST(test_matmul_cublas)
 {
   dt_device_t *lt = g_gpu, *plain = NULL;
@@ -824,10 +827,13 @@ START_TEST(test_matmul_cublas)
   setenv("DISTRAIN_CUDA_CUBLASLT", "0", 1);
   ck_assert_int_eq(dt_device_cuda_create(0, &plain), 0);
   unsetenv("DISTRAIN_CUDA_CUBLASLT");
+  dt_cuda_set_stage_max(plain, 8 << 10);
   g_gpu = plain;
   check_matmuls();
   g_gpu = lt;
   ck_assert_int_eq(dt_cuda_lt_fallbacks(plain), 0);
+  ck_assert_msg(dt_cuda_stage_bytes(plain) > 0 && dt_cuda_stage_bytes(plain) <= (1 << 20),
+                "bf16 outputs staged in %zu bytes", dt_cuda_stage_bytes(plain));
   dt_device_cuda_destroy(plain);
 }
 END_TEST
