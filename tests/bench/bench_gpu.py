@@ -36,7 +36,7 @@ short of its target says which kernels to work on; --trace keeps that step's tim
 Exit status 77 (a skip) where distrain-train finds no GPU. tests/gpu/run.sh runs it after the
 GPU tests, for gpt2-124m and gpt2-1.5b.
 
---batch auto takes the largest of 64, 32, ..., 1 at which distrain completes two steps, and
+--batch auto takes the largest of 128, 64, ..., 1 at which distrain completes two steps, and
 every implementation starts at that batch. PyTorch needs more memory per sequence (its bf16
 logits and activations): where torch-eager runs out of memory it retries at half the batch, down
 to 1, and torch-compile starts at the batch eager fits (a compiled model needs no more than the
@@ -363,7 +363,7 @@ def main():
         write_shard(a.shard, max(200000, 70 * T * 64), V)
         rows = []
         if a.batch == "auto":
-            for B in (64, 32, 16, 8, 4, 2, 1):
+            for B in (128, 64, 32, 16, 8, 4, 2, 1):
                 if not run_distrain(a, B, WARMUP_STEPS, tmp).get("oom"):
                     break
             print("bench_gpu: batch %d (the largest distrain fits)" % B, file=sys.stderr)
