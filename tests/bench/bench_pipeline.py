@@ -17,18 +17,31 @@ it (gpipe p=2 m=4: first stage 21.9%, second 8.7%, ideal 20%). Waiting includes 
 point-to-point transfers themselves (loopback TCP here).
 
 A stage needs a core of its own for its waiting time to mean anything: with p stages on
-fewer cores, stages also wait for the CPU, and the row is marked "oversubscribed". When the
-cores suffice, stage r is pinned to the r-th core this process may use (its compute thread
-and its communicator's threads alike), as a trainer per device is pinned on a GPU node:
-unpinned, the scheduler moves the stages' threads between cores, and every move shows up as
-waiting at the next exchange (measured here: interleaved p=2 m=16 at 13% unpinned against 6.8%
-pinned, for an ideal 3.0%).
+fewer cores, stages also wait for the CPU. When the cores suffice, stage r is pinned to the r-th
+core this process may use (its compute thread and its communicator's threads alike), as a
+trainer per device is pinned on a GPU node: unpinned, the scheduler moves the stages' threads
+between cores, and every move shows up as waiting at the next exchange (measured here:
+interleaved p=2 m=16 at 13% unpinned against 6.8% pinned, for an ideal 3.0%).
+
+With more stages than cores (p = 4 on a 2-core machine), k = p / cores neighbouring stages
+share a core, each held to 0.9 / k of it by the kernel's CPU bandwidth control (a cgroup per
+stage: cpu.max in cgroup v2, cpu.cfs_quota_us in v1; root, or a delegated cgroup, is needed),
+in periods of 2.25 ms. The shares sum to less than the core, so a stage runs at the same speed
+whether its core's other stages compute or wait: p slower cores, on which the bubble, a ratio of
+times, would be the same. The row says "throttled 45%", say; where no cgroup can be made it says
+"oversubscribed" and means little. It is an approximation: a stage that wakes while its quota
+is spent waits for the next period, and that counts as waiting; the stages' compute spread (the
+imbalance column) varies more from run to run. --cores N uses only the first N cores, so that
+throttled rows can be checked against pinned ones: p = 2 with --cores 1 --batch 4 measured here
+within 3 points of the same rows pinned on 2 cores, either way (interleaved m=16: 4.8% throttled,
+4.3% pinned, for an ideal 3.0%), about the spread of two pinned runs. --batch (default 2) sets
+the sequences per micro-batch: larger ones make the ops longer against the per-transfer costs.
 
     /usr/bin/python3 tests/bench/bench_pipeline.py --build build [--stages 2 4] [--micro 4 8 16]
-        [--schedules gpipe 1f1b interleaved] [--require-cores N]
+        [--schedules gpipe 1f1b interleaved] [--batch B] [--cores N] [--require-cores N]
 
 --require-cores N exits 77 (skipped) where fewer than N cores are allowed: tests/gpu/run.sh
-runs it so on the GPU machines (16 cores), whose p = 4 rows this 2-core machine cannot give.
+runs it so on the GPU machines (16 cores), which pin every stage of p = 4 to a core of its own.
 """
 
 import argparse
@@ -42,40 +55,129 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS_PER_STAGE, VOCAB = 8, 128
 
 
-def pin_to(cpu):
-    """In the child before exec: run on that core only (left unpinned where the kernel refuses)."""
+PERIOD_US = 2250  # the CPU bandwidth control's period for a throttled stage (its quota: >= 1 ms)
+
+
+def cpu_cgroup():
+    """(version, directory) of this process's cgroup where the cpu controller is, or None."""
+    own = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            own[controllers] = path
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, right = line.split(" - ", 1)
+            root, mount = left.split()[3:5]
+            fstype, _, options = right.split()[:3]
+            if fstype == "cgroup" and "cpu" in options.split(","):
+                path = next((p for c, p in own.items() if "cpu" in c.split(",")), None)
+            elif fstype == "cgroup2" and "" in own:
+                path = own[""]
+            else:
+                continue
+            if path is None:
+                continue
+            if root != "/" and path.startswith(root):
+                path = path[len(root):]
+            directory = mount + path.rstrip("/")
+            if fstype == "cgroup":
+                return 1, directory
+            with open(os.path.join(directory, "cgroup.controllers")) as c:
+                if "cpu" in c.read().split():
+                    return 2, directory
+    return None
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def make_groups(n, share):
+    """n cgroups, each holding its processes to `share` of a core; [] where none can be made."""
+    found = cpu_cgroup()
+    if not found:
+        return []
+    version, parent = found
+    quota, groups = int(share * PERIOD_US), []
+    try:
+        if version == 2:
+            write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
+        for r in range(n):
+            d = os.path.join(parent, "dt_bench_pipeline_%d_%d" % (os.getpid(), r))
+            os.mkdir(d)
+            groups.append(d)
+            if version == 2:
+                write(os.path.join(d, "cpu.max"), "%d %d" % (quota, PERIOD_US))
+            else:
+                write(os.path.join(d, "cpu.cfs_period_us"), str(PERIOD_US))
+                write(os.path.join(d, "cpu.cfs_quota_us"), str(quota))
+    except OSError:
+        remove_groups(groups)
+        return []
+    return groups
+
+
+def remove_groups(groups):
+    for d in groups:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def place(cpu, group):
+    """In the child before exec: run on that core only (left unpinned where the kernel refuses),
+    in that cgroup (None: none)."""
     try:
         os.sched_setaffinity(0, {cpu})
     except OSError:
         pass
+    if group:
+        write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
 
 
-def run(build, shard, p, m, schedule, steps, tmp, chunks, cpus):
+def run(build, shard, p, m, schedule, steps, tmp, chunks, cpus, batch):
+    """Each stage's waiting shares, the stages' compute spread (%) and how they were placed."""
     kv = tempfile.mkdtemp(prefix="kv_p%d_m%d_%s_" % (p, m, schedule), dir=tmp)
     cmd = [os.path.join(build, "worker", "trainer", "distrain-train"), "--init", "seed:1",
            "--layers", str(LAYERS_PER_STAGE * p), "--heads", "4", "--channels", "256",
            "--vocab", str(VOCAB),
-           "--max-seq", "128", "--train", shard, "--batch", "2", "--seq", "128",
+           "--max-seq", "128", "--train", shard, "--batch", str(batch), "--seq", "128",
            "--grad-accum", str(m), "--steps", str(steps), "--lr", "1e-4", "--threads", "1",
            "--quiet", "--pp", str(p), "--pp-schedule", schedule]
     if chunks > 1:
         cmd += ["--pp-virtual", str(chunks)]
+    k = -(-p // len(cpus))  # stages a core
+    groups = make_groups(p, 0.9 / k) if k > 1 else []
+    placed = k == 1 or groups
     procs = []
-    for r in range(p):
-        env = dict(os.environ, WORLD_SIZE=str(p), RANK=str(r), DISTRAIN_KV_DIR=kv,
-                   OMP_NUM_THREADS="1", DISTRAIN_COMM_HOST="127.0.0.1")
-        pin = (lambda c=cpus[r]: pin_to(c)) if p <= len(cpus) else None
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, preexec_fn=pin,
-                                      stderr=subprocess.PIPE, text=True))
-    bubbles, busy = [], []
-    for r, proc in enumerate(procs):
-        _, err = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            sys.exit("stage %d failed:\n%s" % (r, err[-2000:]))
-        found = re.search(r"busy ([\d.]+) ms.*bubble ([\d.]+)%", err)
-        busy.append(float(found.group(1)))
-        bubbles.append(float(found.group(2)))
-    return bubbles, 100.0 * (max(busy) / min(busy) - 1.0)
+    try:
+        for r in range(p):
+            env = dict(os.environ, WORLD_SIZE=str(p), RANK=str(r), DISTRAIN_KV_DIR=kv,
+                       OMP_NUM_THREADS="1", DISTRAIN_COMM_HOST="127.0.0.1")
+            pin = (lambda c=cpus[r // k], g=groups[r] if groups else None: place(c, g)
+                   ) if placed else None
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          preexec_fn=pin, stderr=subprocess.PIPE, text=True))
+        bubbles, busy = [], []
+        for r, proc in enumerate(procs):
+            _, err = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                sys.exit("stage %d failed:\n%s" % (r, err[-2000:]))
+            found = re.search(r"busy ([\d.]+) ms.*bubble ([\d.]+)%", err)
+            busy.append(float(found.group(1)))
+            bubbles.append(float(found.group(2)))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        remove_groups(groups)
+    how = ("pinned" if k == 1 else "throttled %d%%" % round(90 / k) if groups
+           else "oversubscribed")
+    return bubbles, 100.0 * (max(busy) / min(busy) - 1.0), how
 
 
 def main():
@@ -85,9 +187,13 @@ def main():
     ap.add_argument("--micro", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved"])
+    ap.add_argument("--batch", type=int, default=2, help="sequences per micro-batch")
+    ap.add_argument("--cores", type=int, default=0, help="use only the first N cores")
     ap.add_argument("--require-cores", type=int, default=0)
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
+    if args.cores > 0:
+        cpus = cpus[:args.cores]
     cores = len(cpus)
     if cores < args.require_cores:
         print("bench_pipeline: %d cores here, %d required: skipped" % (cores, args.require_cores))
@@ -98,8 +204,8 @@ def main():
                         "--tokens", "2000000", "--vocab", str(VOCAB), "--seed", "0"], check=True,
                        stdout=subprocess.DEVNULL)
         print("pipeline bubble: stages p, micro-batches m; %d layers per stage of C256, "
-              "vocabulary %d, batch 2 x 128 per micro-batch; %d cores"
-              % (LAYERS_PER_STAGE, VOCAB, cores))
+              "vocabulary %d, batch %d x 128 per micro-batch; %d cores"
+              % (LAYERS_PER_STAGE, VOCAB, args.batch, cores))
         print("%-3s %-4s %-14s %9s %11s %18s %12s" % ("p", "m", "sched", "ideal %", "measured %",
                                                       "later stages %", "imbalance %"))
         for p in args.stages:
@@ -108,13 +214,12 @@ def main():
                     v = 2 if schedule == "interleaved" else 1
                     if m % p and v > 1:
                         continue  # interleaving takes micro-batches in groups of p
-                    b, imbalance = run(args.build, shard, p, m, schedule, args.steps, tmp, v,
-                                       cpus)
+                    b, imbalance, how = run(args.build, shard, p, m, schedule, args.steps, tmp, v,
+                                            cpus, args.batch)
                     ideal = 100.0 * (p - 1) / (v * m + p - 1)
                     print("%-3d %-4d %-14s %9.1f %11.1f %12.1f-%-5.1f %12.1f %s" % (
                         p, m, schedule + (" v=%d" % v if v > 1 else ""), ideal, b[0],
-                        min(b[1:]), max(b[1:]), imbalance,
-                        "oversubscribed" if p > cores else "pinned"), flush=True)
+                        min(b[1:]), max(b[1:]), imbalance, how), flush=True)
 
 
 if __name__ == "__main__":
