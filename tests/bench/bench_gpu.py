@@ -329,6 +329,14 @@ def ratios(rows):
     return lines
 
 
+def progress(r):
+    """r, its figures also on stderr at once (without the profile): a run cut short by a timeout
+    keeps the rows it finished in its output."""
+    print("bench_gpu: -> %s" % json.dumps({k: v for k, v in r.items() if k != "profile"}),
+          file=sys.stderr, flush=True)
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -377,7 +385,7 @@ def main():
                                                                       a.steps), file=sys.stderr)
                 r = run_distrain(a, Bi, a.steps, tmp) if impl == "distrain" else run_torch(a, impl,
                                                                                            Bi)
-                rows.append(r)
+                rows.append(progress(r))
                 if not (r.get("oom") and a.batch == "auto" and impl != "distrain" and Bi > 1):
                     break
                 Bi //= 2
@@ -387,7 +395,7 @@ def main():
             for Bt in sorted({r["batch"] for r in rows if r["impl"] != "distrain"
                               and "tokens_per_s" in r and r["batch"] < B}, reverse=True):
                 print("bench_gpu: distrain at PyTorch's batch %d" % Bt, file=sys.stderr)
-                rows.append(run_distrain(a, Bt, a.steps, tmp, trace=False))
+                rows.append(progress(run_distrain(a, Bt, a.steps, tmp, trace=False)))
 
     fpt = flops_per_token(L, C, V, T)
     for r in rows:
