@@ -15,6 +15,7 @@
 #include "dt_param.h"
 #include "dt_util.h"
 #include "jobspec.h"
+#include "mesh.h"
 
 DT_PARAM(CtlPollMs, "CTL_POLL_MS", 500)
 DT_PARAM(CtlRpcTimeoutMs, "CTL_RPC_TIMEOUT_MS", 10000)
@@ -426,6 +427,39 @@ static void fmt_eta(char *buf, size_t n, double seconds)
     snprintf(buf, n, "%.0fs", seconds);
 }
 
+void dt_ctl_print_transition(FILE *out, const char *job_id, const Distrain__V1__Job *j,
+                             uint64_t *placed_gen)
+{
+  fprintf(out, "[%s] %s (generation %llu): %s\n", job_id, dt_ctl_state_name(j->state),
+          (unsigned long long)j->generation, j->reason);
+  if (j->state == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS) { /* its reason names the placement */
+    *placed_gen = j->generation;
+    return;
+  }
+  if (j->generation == *placed_gen || j->n_ranks == 0)
+    return;
+  /* The rendezvous fell between two polls: the placement from the ranks, each node once in rank
+   * order, worded as the rendezvous's reason words it. */
+  const Distrain__V1__ParallelSpec *p = j->spec ? j->spec->parallel : NULL;
+  char mesh_s[64] = "?", nodes[256] = "";
+  dt_mesh_t mesh;
+  if (p && dt_mesh_init(&mesh, DT_MAX(p->pp, 1), DT_MAX(p->dp, 1), DT_MAX(p->cp, 1),
+                        DT_MAX(p->tp, 1)) == 0)
+    dt_mesh_format(&mesh, mesh_s, sizeof mesh_s);
+  for (size_t i = 0; i < j->n_ranks; i++) {
+    const char *id = j->ranks[i]->node_id;
+    size_t k = 0;
+    while (k < i && strcmp(j->ranks[k]->node_id, id) != 0)
+      k++;
+    const size_t len = strlen(nodes);
+    if (k == i)
+      snprintf(nodes + len, sizeof nodes - len, "%s%s", len ? "," : "", id);
+  }
+  fprintf(out, "[%s] generation %llu: world %d (%s) on %s\n", job_id,
+          (unsigned long long)j->generation, j->world_size, mesh_s, nodes);
+  *placed_gen = j->generation;
+}
+
 int dt_ctl_follow(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id)
 {
   return dt_ctl_follow_until(c, o, job_id, NULL);
@@ -441,7 +475,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
   }
   int64_t after = 0;
   Distrain__V1__JobState last_state = DISTRAIN__V1__JOB_STATE__JOB_UNKNOWN;
-  uint64_t last_gen = 0;
+  uint64_t last_gen = 0, placed_gen = 0;
   int ret = 0, failures = 0;
   double ms_ewma = 0.0;
   while (!(stop && *stop)) {
@@ -466,8 +500,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     const int steps = j->spec->training->steps;
     if (j->state != last_state || j->generation != last_gen) {
       if (!o->json)
-        fprintf(stderr, "[%s] %s (generation %llu): %s\n", job_id, dt_ctl_state_name(j->state),
-                (unsigned long long)j->generation, j->reason);
+        dt_ctl_print_transition(stderr, job_id, j, &placed_gen);
       last_state = j->state;
       last_gen = j->generation;
     }

@@ -40,6 +40,12 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json);
 void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);
 void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json);
 const char *dt_ctl_state_name(Distrain__V1__JobState s);
+/* A followed job's new state (or generation), as a line; and, where *placed_gen is not its
+ * generation and it has ranks, the generation's placement as the RENDEZVOUS reason words it
+ * ("world 4 (pp 2 x dp 1 x cp 1 x tp 2) on node-0,node-1"): a rendezvous may fall between two
+ * polls. *placed_gen: the last generation whose placement was printed (0 at first). */
+void dt_ctl_print_transition(FILE *out, const char *job_id, const Distrain__V1__Job *j,
+                             uint64_t *placed_gen);
 
 /* run --local: a coordinator and nodes agents on loopback, then submit and follow. Splits the
  * machine's cores among the trainers when the spec leaves training.threads at 0. */

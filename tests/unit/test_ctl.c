@@ -1,6 +1,7 @@
 /* test_ctl.c — Check suite for distrainctl's output (coordinator/ctl.c): `nodes` as a table
  * and as JSON, for GPU nodes with and without usage, mixed and CPU nodes, from Node messages
- * built here as ListNodes would return them. */
+ * built here as ListNodes would return them; a followed job's transitions and placement, from
+ * Job messages as GetJob would return them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,12 +211,89 @@ START_TEST(test_nodes_json)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------------------------ */
+/* A followed job                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* What dt_ctl_print_transition prints for j, *placed_gen updated. */
+static char *print_transition(const Distrain__V1__Job *j, uint64_t *placed_gen)
+{
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(fp);
+  dt_ctl_print_transition(fp, "job-1", j, placed_gen);
+  fclose(fp);
+  return buf;
+}
+
+/* A poll that sees RUNNING where the rendezvous fell between two polls prints the placement
+ * from the ranks (4 ranks, 2 a node); one that saw RENDEZVOUS (whose reason names it) does
+ * not print it again, nor does a later state of the same generation; a new generation does. */
+START_TEST(test_transitions_show_the_placement)
+{
+  Distrain__V1__ParallelSpec par = DISTRAIN__V1__PARALLEL_SPEC__INIT;
+  par.pp = 2, par.dp = 1, par.cp = 1, par.tp = 2;
+  Distrain__V1__JobSpec spec = DISTRAIN__V1__JOB_SPEC__INIT;
+  spec.parallel = &par;
+  Distrain__V1__RankStatus rs[4], *ranks[4];
+  const char *node_of[4] = {"node-1", "node-1", "node-0", "node-0"};
+  for (int r = 0; r < 4; r++) {
+    distrain__v1__rank_status__init(&rs[r]);
+    rs[r].rank = r;
+    rs[r].node_id = (char *)node_of[r];
+    ranks[r] = &rs[r];
+  }
+  Distrain__V1__Job j = DISTRAIN__V1__JOB__INIT;
+  j.spec = &spec;
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_PENDING;
+  j.reason = "waiting for nodes: 0 idle, min_nodes 2";
+  uint64_t placed = 0;
+  char *out = print_transition(&j, &placed);
+  ck_assert_str_eq(out, "[job-1] PENDING (generation 0): waiting for nodes: 0 idle, min_nodes 2\n");
+  free(out);
+
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_RUNNING, j.generation = 1, j.world_size = 4;
+  j.reason = "all 4 ranks running";
+  j.ranks = ranks, j.n_ranks = 4;
+  out = print_transition(&j, &placed);
+  ck_assert_str_eq(out, "[job-1] RUNNING (generation 1): all 4 ranks running\n"
+                        "[job-1] generation 1: world 4 (pp 2 x dp 1 x cp 1 x tp 2) on "
+                        "node-1,node-0\n");
+  free(out);
+  ck_assert_uint_eq(placed, 1);
+
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_COMPLETED, j.reason = "all 4 ranks finished step 10";
+  out = print_transition(&j, &placed);
+  ck_assert_str_eq(out, "[job-1] COMPLETED (generation 1): all 4 ranks finished step 10\n");
+  free(out);
+
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS, j.generation = 2;
+  j.reason = "world 4 (pp 2 x dp 1 x cp 1 x tp 2), grad accum 2, on node-0,node-1";
+  out = print_transition(&j, &placed);
+  ck_assert_str_eq(out, "[job-1] RENDEZVOUS (generation 2): world 4 (pp 2 x dp 1 x cp 1 x tp 2), "
+                        "grad accum 2, on node-0,node-1\n");
+  free(out);
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_RUNNING, j.reason = "all 4 ranks running";
+  out = print_transition(&j, &placed);
+  ck_assert_str_eq(out, "[job-1] RUNNING (generation 2): all 4 ranks running\n");
+  free(out);
+
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_FAILED, j.generation = 3, j.ranks = NULL, j.n_ranks = 0;
+  j.reason = "rank 0 on node-0 exited with code 1";
+  out = print_transition(&j, &placed); /* no ranks: nothing to place */
+  ck_assert_str_eq(out, "[job-1] FAILED (generation 3): rank 0 on node-0 exited with code 1\n");
+  free(out);
+}
+END_TEST
+
 static Suite *ctl_suite(void)
 {
   Suite *s = suite_create("ctl");
   TCase *t = tcase_create("nodes");
   tcase_add_test(t, test_nodes_table);
   tcase_add_test(t, test_nodes_json);
+  tcase_add_test(t, test_transitions_show_the_placement);
   suite_add_tcase(s, t);
   return s;
 }
