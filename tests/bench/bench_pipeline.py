@@ -29,13 +29,18 @@ stage: cpu.max in cgroup v2, cpu.cfs_quota_us in v1; root, or a delegated cgroup
 in periods of 2.25 ms. The shares sum to less than the core, so a stage runs at the same speed
 whether its core's other stages compute or wait: p slower cores, on which the bubble, a ratio of
 times, would be the same. The row says "throttled 45%", say; where no cgroup can be made it says
-"oversubscribed" and means little. It is an approximation: a stage that wakes while its quota
-is spent waits for the next period, and that counts as waiting; the stages' compute spread (the
-imbalance column) varies more from run to run. --cores N uses only the first N cores, so that
-throttled rows can be checked against pinned ones: p = 2 with --cores 1 --batch 4 measured here
-within 3 points of the same rows pinned on 2 cores, either way (interleaved m=16: 4.8% throttled,
-4.3% pinned, for an ideal 3.0%), about the spread of two pinned runs. --batch (default 2) sets
-the sequences per micro-batch: larger ones make the ops longer against the per-transfer costs.
+"oversubscribed" and means little. It is an approximation, and its cost is in the transfers: a
+stage woken while its quota is spent waits for the next period, and the communicator's I/O
+thread (idle class on a one-core trainer) runs only when its core's other stage leaves it room,
+so an exchange took 5-13 ms at the median here (DISTRAIN_DEBUG=trace, p=4 interleaved m=8,
+--batch 4) against 0.7-1 ms pinned, and a stage's ops about 2.5 times as long as pinned (not
+1 / 0.45). That waiting counts in the bubble, so throttled rows want long ops: --batch 8 (ops of
+about 200-400 ms) kept 17 of 18 p=4 rows of two runs within 3 points here (interleaved m=4
+3.6 above once, at an imbalance of 5.7%); --batch 4 left interleaved 2-7 points above. --cores N uses only the first N cores, so that throttled rows can be checked
+against pinned ones: p = 2 with --cores 1 --batch 4 measured here within 3 points of the same
+rows pinned on 2 cores, either way (interleaved m=16: 4.8% throttled, 4.3% pinned, for an ideal
+3.0%), about the spread of two pinned runs. --batch (default 2) sets the sequences per
+micro-batch.
 
     /usr/bin/python3 tests/bench/bench_pipeline.py --build build [--stages 2 4] [--micro 4 8 16]
         [--schedules gpipe 1f1b interleaved] [--batch B] [--cores N] [--require-cores N]
