@@ -23,22 +23,24 @@ trainer per device is pinned on a GPU node: unpinned, the scheduler moves the st
 between cores, and every move shows up as waiting at the next exchange (measured here:
 interleaved p=2 m=16 at 13% unpinned against 6.8% pinned, for an ideal 3.0%).
 
-With more stages than cores (p = 4 on a 2-core machine), k = p / cores neighbouring stages
-share a core, each held to 0.9 / k of it by the kernel's CPU bandwidth control (a cgroup per
-stage: cpu.max in cgroup v2, cpu.cfs_quota_us in v1; root, or a delegated cgroup, is needed),
-in periods of 2.25 ms. The shares sum to less than the core, so a stage runs at the same speed
-whether its core's other stages compute or wait: p slower cores, on which the bubble, a ratio of
-times, would be the same. The row says "throttled 45%", say; where no cgroup can be made it says
-"oversubscribed" and means little. It is an approximation, and its cost is in the transfers: a
-stage woken while its quota is spent waits for the next period, and the communicator's I/O
-thread (idle class on a one-core trainer) runs only when its core's other stage leaves it room,
-so an exchange took 5-13 ms at the median here (DISTRAIN_DEBUG=trace, p=4 interleaved m=8,
---batch 4) against 0.7-1 ms pinned, and a stage's ops about 2.5 times as long as pinned (not
-1 / 0.45). That waiting counts in the bubble, so throttled rows want long ops: --batch 8 (ops of
-about 200-400 ms) kept 17 of 18 p=4 rows of two runs within 3 points here (interleaved m=4
-3.6 above once, at an imbalance of 5.7%); --batch 4 left interleaved 2-7 points above. --cores N uses only the first N cores, so that throttled rows can be checked
-against pinned ones: p = 2 with --cores 1 --batch 4 measured here within 3 points of the same
-rows pinned on 2 cores, either way (interleaved m=16: 4.8% throttled, 4.3% pinned, for an ideal
+With more stages than cores (p = 4 on a 2-core machine), k = p / cores neighbouring stages share
+a core, each held to 0.9 / k of it by the kernel's CPU bandwidth control (a cgroup per stage:
+cpu.max in cgroup v2, cpu.cfs_quota_us in v1; root, or a delegated cgroup, is needed), in
+periods of 2.25 ms (longer where a share of one would be under the kernel's least quota, 1 ms:
+4.4 ms for 4 stages a core). The shares sum to less than the core, so a stage runs at the same
+speed whether its core's other stages compute or wait: p slower cores, on which the bubble, a
+ratio of times, would be the same. The row says "throttled 45%", say; where no cgroup can be
+made it says "oversubscribed" and means little. It is an approximation, and its cost is in the
+transfers: a stage woken while its quota is spent waits for the next period, and the
+communicator's I/O thread (idle class on a one-core trainer) runs only when its core's other
+stage leaves it room, so an exchange took 5-13 ms at the median here (DISTRAIN_DEBUG=trace, p=4
+interleaved m=8, --batch 4) against 0.7-1 ms pinned, and a stage's ops about 2.5 times as long
+as pinned (not 1 / 0.45). That waiting counts in the bubble, so throttled rows want long ops:
+--batch 8 (ops of about 200-400 ms) kept 17 of 18 p=4 rows of two runs within 3 points here
+(interleaved m=4 3.6 above once, at an imbalance of 5.7%); --batch 4 left interleaved 2-7 points
+above. --cores N uses only the first N cores, so that throttled rows can be checked against
+pinned ones: p = 2 with --cores 1 --batch 4 measured here within 3 points of the same rows
+pinned on 2 cores, either way (interleaved m=16: 4.8% throttled, 4.3% pinned, for an ideal
 3.0%), about the spread of two pinned runs. --batch (default 2) sets the sequences per
 micro-batch.
 
@@ -58,8 +60,6 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS_PER_STAGE, VOCAB = 8, 128
-
-
 PERIOD_US = 2250  # the CPU bandwidth control's period for a throttled stage (its quota: >= 1 ms)
 
 
@@ -105,7 +105,8 @@ def make_groups(n, share):
     if not found:
         return []
     version, parent = found
-    quota, groups = int(share * PERIOD_US), []
+    period = max(PERIOD_US, int(1000 / share) + 1)  # the kernel's least quota is 1 ms
+    quota, groups = int(share * period), []
     try:
         if version == 2:
             write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
@@ -114,9 +115,9 @@ def make_groups(n, share):
             os.mkdir(d)
             groups.append(d)
             if version == 2:
-                write(os.path.join(d, "cpu.max"), "%d %d" % (quota, PERIOD_US))
+                write(os.path.join(d, "cpu.max"), "%d %d" % (quota, period))
             else:
-                write(os.path.join(d, "cpu.cfs_period_us"), str(PERIOD_US))
+                write(os.path.join(d, "cpu.cfs_period_us"), str(period))
                 write(os.path.join(d, "cpu.cfs_quota_us"), str(quota))
     except OSError:
         remove_groups(groups)
