@@ -490,7 +490,7 @@ class T0_Help(unittest.TestCase):
                 ("coordinator/ctl_plan.c", "coordinator", "distrainctl", ["plan"]),
                 ("coordinator/main.c", "coordinator", "distrain-coordinator", []),
                 ("worker/agent/main.c", "worker/agent", "distrain-worker", []),
-                ("worker/trainer/main.c", "worker/trainer", "distrain-train", [])]
+                ("worker/trainer/args.c", "worker/trainer", "distrain-train", [])]
 
     def test_help(self):
         """--help exits 0, fits 100 columns, and names every long option the program's parser
