@@ -248,8 +248,9 @@ int dt_ckpt_manifest_read(const char *sdir, dt_ckpt_manifest_t *mf)
     memset(&s, 0, sizeof s);
     if (sscanf(line, "shard %d %" SCNd64 " %" SCNd64 " %" SCNu64 " %x %63s", &s.rank, &s.lo, &s.hi,
                &s.bytes, &s.crc32c, s.name) != 6 ||
-        s.rank < 0 || s.rank >= mf->world || strchr(s.name, '/'))
-      goto bad;
+        s.rank < 0 || s.rank >= mf->world || mf->shards[s.rank].name[0] != '\0' ||
+        strchr(s.name, '/') || strcmp(s.name, ".") == 0 || strcmp(s.name, "..") == 0)
+      goto bad; /* a rank listed twice, or a name that is not a file in the step directory */
     mf->shards[s.rank] = s;
     seen++;
   }
@@ -263,7 +264,8 @@ int dt_ckpt_manifest_read(const char *sdir, dt_ckpt_manifest_t *mf)
 bad:
   DT_ERROR(CKPT,
            "%s: malformed manifest (expected '" MANIFEST_MAGIC " %d', step, num_params, "
-           "world and one shard line per rank, the shards tiling [0, num_params))",
+           "world and one shard line per rank naming a file of the step directory, the shards "
+           "tiling [0, num_params))",
            path, DT_CKPT_VERSION);
   ret = DT_EFORMAT;
 out:

@@ -238,7 +238,9 @@ int dt_parse_f64(const char *s, double *out)
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno != 0 || *end != '\0' || !isfinite(v))
+  /* glibc sets ERANGE for a subnormal result (5e-324) as for an underflow to zero: both are
+   * what the text rounds to, as a job spec's YAML reads them. Only overflow is out of range. */
+  if ((errno != 0 && errno != ERANGE) || *end != '\0' || !isfinite(v))
     return DT_EINVAL;
   *out = v;
   return 0;

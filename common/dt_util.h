@@ -45,7 +45,8 @@ int dt_fsync_parent(const char *path);
 /* CRC-32C (Castagnoli) over a buffer, chainable: crc = dt_crc32c(crc, buf, n), start with 0. */
 uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
 
-/* Strict number parsing: the whole string must be a number in range. 0 or DT_EINVAL. */
+/* Strict number parsing: the whole string must be a number in range (for doubles: finite;
+ * subnormal and underflowing values are taken as strtod rounds them). 0 or DT_EINVAL. */
 int dt_parse_i64(const char *s, int64_t *out);
 int dt_parse_f64(const char *s, double *out);
 /* A range of steps, "S" or "S:N": the N >= 1 steps from step S >= 1 (N 1 when left out), so

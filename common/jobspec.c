@@ -102,6 +102,40 @@ static bool str_empty(const char *s)
   return !s || !*s;
 }
 
+/* Whether s (n bytes) is UTF-8 (RFC 3629: shortest forms, no surrogates, at most U+10FFFF), as
+ * protobuf's string fields and YAML must be: a job spec string that is not would reach the
+ * coordinator and never print back as YAML. libyaml checks what it reads; --set values and
+ * specs from the wire are checked here. */
+static bool utf8_valid(const char *s, size_t n)
+{
+  const unsigned char *p = (const unsigned char *)s, *end = p + n;
+  while (p < end) {
+    const unsigned c = *p++;
+    if (c < 0x80)
+      continue;
+    int more;
+    unsigned cp, min;
+    if (c >= 0xC2 && c <= 0xDF)
+      more = 1, cp = c & 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+      more = 2, cp = c & 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+      more = 3, cp = c & 0x07, min = 0x10000;
+    else
+      return false;
+    if (end - p < more)
+      return false;
+    for (int k = 0; k < more; k++, p++) {
+      if ((*p & 0xC0) != 0x80)
+        return false;
+      cp = cp << 6 | (*p & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+  }
+  return true;
+}
+
 void dt_jobspec_free(spec_t *spec)
 {
   if (spec)
@@ -427,10 +461,9 @@ static int apply_scalar(dt__ctx_t *c, ProtobufCMessage *m, const ProtobufCFieldD
     double x;
     if (!v->plain || !is_decimal_number(v->text))
       return fail_type(c, v, path, f);
-    /* Not dt_parse_f64: glibc flags subnormal results (5e-324) with ERANGE, but they are exact
-     * doubles that the writer may produce. Only overflow to infinity is out of range. */
-    x = strtod(v->text, NULL);
-    if (!isfinite(x))
+    /* As the trainer parses its flags: subnormal values (which the writer may produce) are
+     * kept, only overflow to infinity is out of range. */
+    if (dt_parse_f64(v->text, &x) != 0)
       return fail(c, v->line, "%s: %s is out of range", path, v->text);
     if (f->type == PROTOBUF_C_TYPE_FLOAT)
       *(float *)p = (float)x;
@@ -451,6 +484,8 @@ static int apply_scalar(dt__ctx_t *c, ProtobufCMessage *m, const ProtobufCFieldD
   case PROTOBUF_C_TYPE_STRING:
     if (strlen(v->text) != v->len)
       return fail(c, v->line, "%s: the string contains a NUL character", path);
+    if (!utf8_valid(v->text, v->len))
+      return fail(c, v->line, "%s: the string is not valid UTF-8", path);
     if (!v->verbatim && is_null(v))
       return str_set((char **)p, "", 0) < 0 ? fail_nomem(c) : 0;
     return str_set((char **)p, v->text, v->len) < 0 ? fail_nomem(c) : 0;
@@ -870,6 +905,24 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
       bad(&v, "section '%s' is missing", d->fields[i].name);
   if (v.count)
     return DT_EINVAL;
+  /* Strings from the wire: protobuf-c does not check their encoding. */
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCMessage *sec = &spec->base;
+    const ProtobufCFieldDescriptor *fs = &d->fields[i];
+    unsigned nf = 1;
+    if (d->fields[i].type == PROTOBUF_C_TYPE_MESSAGE) {
+      sec = *(ProtobufCMessage *const *)field_cptr(&spec->base, &d->fields[i]);
+      fs = sec->descriptor->fields, nf = sec->descriptor->n_fields;
+    }
+    for (unsigned k = 0; k < nf; k++) {
+      if (fs[k].type != PROTOBUF_C_TYPE_STRING || fs[k].label == PROTOBUF_C_LABEL_REPEATED)
+        continue;
+      const char *str = *(const char *const *)field_cptr(sec, &fs[k]);
+      if (str && !utf8_valid(str, strlen(str)))
+        bad(&v, "%s%s%s is not valid UTF-8", sec == &spec->base ? "" : d->fields[i].name,
+            sec == &spec->base ? "" : ".", fs[k].name);
+    }
+  }
 
   const Distrain__V1__ModelSpec *model = spec->model;
   const Distrain__V1__DataSpec *data = spec->data;
@@ -884,6 +937,14 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   DT__POSITIVE(&v, model, heads);
   DT__POSITIVE(&v, model, channels);
   DT__POSITIVE(&v, model, max_seq);
+  /* The trainer's bounds (worker/trainer/gpt2.h, DT_GPT2_MAX_*): refused here, before any
+   * trainer starts. */
+  if (model->layers > 4096)
+    bad(&v, "model.layers (%d) must be <= 4096", model->layers);
+  if (model->channels > 131072)
+    bad(&v, "model.channels (%d) must be <= 131072", model->channels);
+  if (model->max_seq > 16777216)
+    bad(&v, "model.max_seq (%d) must be <= 16777216", model->max_seq);
   if (model->vocab < 2 || model->vocab > 65536)
     bad(&v, "model.vocab (%d) must be in [2, 65536] (token shards hold 16-bit ids)", model->vocab);
   if (model->heads > 0 && model->channels > 0 && model->channels % model->heads != 0)
@@ -945,16 +1006,22 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
         optimizer->schedule ? optimizer->schedule : "");
   if (!(optimizer->min_lr_frac >= 0.0 && optimizer->min_lr_frac <= 1.0))
     bad(&v, "optimizer.min_lr_frac (%g) must be in [0, 1]", optimizer->min_lr_frac);
-  if (!(optimizer->weight_decay >= 0.0 && isfinite(optimizer->weight_decay)))
-    bad(&v, "optimizer.weight_decay (%g) must be >= 0", optimizer->weight_decay);
-  if (!(optimizer->beta1 >= 0.0 && optimizer->beta1 < 1.0))
-    bad(&v, "optimizer.beta1 (%g) must be in [0, 1)", optimizer->beta1);
-  if (!(optimizer->beta2 >= 0.0 && optimizer->beta2 < 1.0))
-    bad(&v, "optimizer.beta2 (%g) must be in [0, 1)", optimizer->beta2);
-  if (!(optimizer->eps > 0.0 && isfinite(optimizer->eps)))
-    bad(&v, "optimizer.eps (%g) must be > 0", optimizer->eps);
-  if (!(optimizer->grad_clip >= 0.0 && isfinite(optimizer->grad_clip)))
-    bad(&v, "optimizer.grad_clip (%g) must be >= 0 (0 disables clipping)", optimizer->grad_clip);
+  /* AdamW's own settings are single precision in the trainer: the rules hold for the values
+   * rounded to float (an eps of 1e-50 is 0 there, a beta1 of 1 - 1e-9 is 1). */
+  const float wd = (float)optimizer->weight_decay, b1 = (float)optimizer->beta1,
+              b2 = (float)optimizer->beta2, eps = (float)optimizer->eps,
+              clip = (float)optimizer->grad_clip;
+  if (!(wd >= 0.0f && isfinite(wd)))
+    bad(&v, "optimizer.weight_decay (%g) must be >= 0 and a finite float", optimizer->weight_decay);
+  if (!(b1 >= 0.0f && b1 < 1.0f))
+    bad(&v, "optimizer.beta1 (%.12g) must be in [0, 1), also rounded to a float", optimizer->beta1);
+  if (!(b2 >= 0.0f && b2 < 1.0f))
+    bad(&v, "optimizer.beta2 (%.12g) must be in [0, 1), also rounded to a float", optimizer->beta2);
+  if (!(eps > 0.0f && isfinite(eps)))
+    bad(&v, "optimizer.eps (%g) must be > 0 and a finite float (>= 1.4e-45)", optimizer->eps);
+  if (!(clip >= 0.0f && isfinite(clip)))
+    bad(&v, "optimizer.grad_clip (%g) must be >= 0 (0 disables clipping) and a finite float",
+        optimizer->grad_clip);
 
   /* parallel: the mesh must divide the model, the batch and the sequence */
   DT__POSITIVE(&v, parallel, dp);

@@ -144,7 +144,8 @@ int dt_mesh_parse_partition(const char *text, int pp, int total_layers, int *lay
                             size_t whylen)
 {
   const char *p = text;
-  int n = 0, sum = 0;
+  int n = 0;
+  long long sum = 0; /* of up to pp counts, each up to total_layers */
   while (*p) {
     char *end;
     long v = strtol(p, &end, 10);
@@ -156,12 +157,12 @@ int dt_mesh_parse_partition(const char *text, int pp, int total_layers, int *lay
       return DT_EINVAL;
     }
     layers[n++] = (int)v;
-    sum += (int)v;
+    sum += v;
     p = *end ? end + 1 : end;
   }
   if (n != pp || sum != total_layers) {
     snprintf(why, whylen,
-             "parallel.partition '%s' gives %d stages %d layers: it must give each of the %d "
+             "parallel.partition '%s' gives %d stages %lld layers: it must give each of the %d "
              "stages its layers and cover all %d",
              text, n, sum, pp, total_layers);
     return DT_EINVAL;

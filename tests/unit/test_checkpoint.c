@@ -166,6 +166,28 @@ START_TEST(test_llmc_bad_files)
   const int32_t heads3 = 3;
   ut_patch(path, 5 * 4, &heads3, 4);
   ck_assert_int_eq(dt_llmc_read_config(path, &cfg), DT_EFORMAT);
+  /* sizes whose parameter count overflows 64 bits (found by tests/fuzz: the count was summed
+   * before the sizes were bounded, a signed overflow), and sizes just past each bound */
+  ck_assert_int_eq(dt_llmc_save(&m, path), 0);
+  const int32_t huge[5] = {1 << 24, 2, 2, 1 << 30, 1 << 30}; /* maxT V L NH C */
+  ut_patch(path, 2 * 4, huge, sizeof huge);
+  ck_assert_int_eq(dt_llmc_read_config(path, &cfg), DT_EFORMAT);
+  char why[256];
+  dt_gpt2_config_t big = TINY;
+  ck_assert_int_eq(dt_gpt2_config_validate(&big, why, sizeof why), 0);
+  big.layers = DT_GPT2_MAX_LAYERS + 1;
+  ck_assert_int_eq(dt_gpt2_config_validate(&big, why, sizeof why), DT_EINVAL);
+  ck_assert_msg(strstr(why, "layers must be in [1, 4096]"), "%s", why);
+  big = TINY, big.heads = 1, big.channels = DT_GPT2_MAX_CHANNELS + 1;
+  ck_assert_int_eq(dt_gpt2_config_validate(&big, why, sizeof why), DT_EINVAL);
+  ck_assert_msg(strstr(why, "channels must be a multiple of heads in [1, 131072]"), "%s", why);
+  big = TINY, big.max_seq = DT_GPT2_MAX_ROWS + 1;
+  ck_assert_int_eq(dt_gpt2_config_validate(&big, why, sizeof why), DT_EINVAL);
+  big = TINY, big.padded_vocab = DT_GPT2_MAX_ROWS + 1;
+  ck_assert_int_eq(dt_gpt2_config_validate(&big, why, sizeof why), DT_EINVAL);
+  big = TINY, big.layers = DT_GPT2_MAX_LAYERS, big.heads = 1, big.channels = DT_GPT2_MAX_CHANNELS;
+  big.max_seq = big.padded_vocab = DT_GPT2_MAX_ROWS;
+  ck_assert_int_eq(dt_gpt2_config_validate(&big, why, sizeof why), 0);
 
   /* None of the failures touched the model. */
   ck_assert(m.params_flat[0] == before);
@@ -433,6 +455,37 @@ START_TEST(test_ckpt_manifest_must_tile)
                      info[1].name);
   snprintf(mpath, sizeof mpath, "%s/step-00000004/MANIFEST", dir);
   ut_write_all(mpath, text, (size_t)len);
+  ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), DT_EFORMAT);
+  dt_gpt2_destroy(&a);
+  dt_gpt2_destroy(&b);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* The same inside the tiling: shards whose runs list an element twice. Their lengths add up to
+ * P, so the count of elements delivered matched the count asked for, and a load "succeeded"
+ * with the elements no run held left as they were. */
+START_TEST(test_ckpt_runs_must_not_overlap)
+{
+  char dir[256];
+  ut_mkdtemp(dir, sizeof dir);
+  dt_gpt2_t a, b;
+  dt_train_state_t st, sb;
+  make_model(&a, &TINY, 57, 1);
+  make_model(&b, &TINY, 58, 1);
+  make_state(&st, 5);
+  const int64_t P = (int64_t)a.num_params, k = P / 2;
+  /* Writer 0 holds [0, k), writer 1 (its place in the concatenation [k, P)) [0, P - k). */
+  const dt_gpt2_run_t r0 = {.global = 0, .local = 0, .len = k};
+  const dt_gpt2_run_t r1 = {.global = 0, .local = 0, .len = P - k};
+  dt_ckpt_shard_info_t info[2];
+  ck_assert_int_eq(dt_ckpt_write_runs(&TINY, P, &st, dir, 0, 2, 0, &r0, 1, a.params_flat, a.m_flat,
+                                      a.v_flat, &info[0]),
+                   0);
+  ck_assert_int_eq(dt_ckpt_write_runs(&TINY, P, &st, dir, 1, 2, k, &r1, 1, a.params_flat, a.m_flat,
+                                      a.v_flat, &info[1]),
+                   0);
+  ck_assert_int_eq(dt_ckpt_commit(dir, 5, P, 2, info), 0);
   ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), DT_EFORMAT);
   dt_gpt2_destroy(&a);
   dt_gpt2_destroy(&b);
@@ -794,6 +847,7 @@ static Suite *checkpoint_suite(void)
   tcase_add_test(t, test_ckpt_corrupt_payload);
   tcase_add_test(t, test_ckpt_bad_shard_files);
   tcase_add_test(t, test_ckpt_manifest_must_tile);
+  tcase_add_test(t, test_ckpt_runs_must_not_overlap);
   tcase_add_test(t, test_ckpt_config_mismatch);
   tcase_add_test(t, test_ckpt_without_optimizer_state);
   tcase_add_test(t, test_ckpt_refuses_committed_step);

@@ -251,6 +251,14 @@ START_TEST(test_parse_f64)
   ck_assert(v == 7.0);
   ck_assert_int_eq(dt_parse_f64("1e30", &v), 0);
   ck_assert(v == 1e30);
+  /* Subnormal and underflowing values (strtod's ERANGE) are what they round to, as a job spec
+   * reads them: a spec with optimizer.lr 1e-310 used to validate, then fail every trainer. */
+  ck_assert_int_eq(dt_parse_f64("1e-310", &v), 0);
+  ck_assert(v == 1e-310 && v > 0.0);
+  ck_assert_int_eq(dt_parse_f64("4.9406564584124654e-324", &v), 0);
+  ck_assert(v == 4.9406564584124654e-324);
+  ck_assert_int_eq(dt_parse_f64("1e-400", &v), 0);
+  ck_assert(v == 0.0);
 
   const char *bad[] = {"",    "abc",  "1.5x",  "1.5 ",   " 1.5", "nan", "NaN",
                        "inf", "-inf", "1e400", "-1e400", ".",    "e5",  "1,5"};

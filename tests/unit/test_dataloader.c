@@ -368,7 +368,15 @@ START_TEST(test_seek_invalid)
   dt_dataloader_t dl;
   ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 0, 0), 0);
   const dt_data_pos_t bad[] = {
-      {-1, 0, 0, 2}, {0, -1, 0, 2}, {0, SH_SHARDS, 0, 2}, {0, 0, -1, 2}, {0, 0, SH_WINDOWS + 1, 2}};
+      {-1, 0, 0, 2},
+      {0, -1, 0, 2},
+      {0, SH_SHARDS, 0, 2},
+      {0, 0, -1, 2},
+      {0, 0, SH_WINDOWS + 1, 2},
+      /* saved with another window size (found by tests/fuzz): a negative one turned the window
+       * negative, and a huge window overflowed its sequence count */
+      {0, 0, 3, -4},
+      {0, 0, INT64_MAX / 3, 4}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     ck_assert_int_eq(dt_dataloader_seek(&dl, bad[i]), DT_ERANGE);
   /* The end of a shard is a valid position: the next batch is the next shard's first. */

@@ -596,6 +596,17 @@ START_TEST(test_set_errors)
   set_fails("model..layers=1", "empty key component", NULL);
   set_fails(".layers=1", "empty key component", NULL);
   set_fails("model.=1", "empty key component", NULL);
+  /* Strings are UTF-8 (YAML's and protobuf's encoding): a shell's raw byte is refused, or the
+   * spec would reach the coordinator and never print back as YAML. */
+  set_fails("checkpoint.dir=/tmp/x\x8a", "checkpoint.dir: the string is not valid UTF-8", NULL);
+  set_fails("name=\xc0\xaf", "name: the string is not valid UTF-8", NULL);     /* overlong '/' */
+  set_fails("name=\xed\xa0\x80", "name: the string is not valid UTF-8", NULL); /* surrogate */
+  set_fails("name=\xf4\x90\x80\x80", "not valid UTF-8", NULL);                 /* > U+10FFFF */
+  set_fails("name=\xe2\x82", "not valid UTF-8", NULL);                         /* truncated */
+  spec_t *u = fresh();
+  set_ok(u, "name=r\xc3\xa9sum\xc3\xa9-\xe2\x82\xac-\xf0\x9f\x9a\x80");
+  ck_assert_str_eq(u->name, "r\xc3\xa9sum\xc3\xa9-\xe2\x82\xac-\xf0\x9f\x9a\x80");
+  dt_jobspec_free(u);
   /* A failed --set changes nothing. */
   spec_t *s = fresh(), *ref = fresh();
   char err[256];
@@ -620,6 +631,10 @@ static const struct {
     {{"model.heads=-1"}, "model.heads (-1) must be > 0"},
     {{"model.channels=0"}, "model.channels (0) must be > 0"},
     {{"model.max_seq=0"}, "model.max_seq (0) must be > 0"},
+    {{"model.layers=4097"}, "model.layers (4097) must be <= 4096"},
+    {{"model.channels=131584", "model.heads=1"}, "model.channels (131584) must be <= 131072"},
+    {{"model.max_seq=16777217", "training.seq=256"},
+     "model.max_seq (16777217) must be <= 16777216"},
     {{"model.vocab=1"}, "model.vocab (1) must be in [2, 65536]"},
     {{"model.vocab=65537"}, "model.vocab (65537) must be in [2, 65536]"},
     {{"model.channels=250"}, "model.channels (250) must be divisible by model.heads (4)"},
@@ -662,6 +677,12 @@ static const struct {
     {{"optimizer.beta2=-0.5"}, "optimizer.beta2 (-0.5) must be in [0, 1)"},
     {{"optimizer.eps=0"}, "optimizer.eps (0) must be > 0"},
     {{"optimizer.grad_clip=-1"}, "optimizer.grad_clip (-1) must be >= 0"},
+    /* rounded to the trainer's floats (found by tests/fuzz: the spec validated, then every
+     * trainer refused its flags) */
+    {{"optimizer.eps=1e-50"}, "optimizer.eps (1e-50) must be > 0 and a finite float"},
+    {{"optimizer.beta1=0.99999999999"}, "optimizer.beta1 (0.99999999999) must be in [0, 1), also"},
+    {{"optimizer.weight_decay=1e300"}, "optimizer.weight_decay (1e+300) must be >= 0 and a finite"},
+    {{"optimizer.grad_clip=1e39"}, "optimizer.grad_clip (1e+39) must be >= 0"},
     {{"parallel.dp=0"}, "parallel.dp (0) must be > 0"},
     {{"parallel.tp=0"}, "parallel.tp (0) must be > 0"},
     {{"parallel.pp=0"}, "parallel.pp (0) must be > 0"},
@@ -698,9 +719,9 @@ static const struct {
     {{"training.micro_batch=3"},
      "training.batch (8) must be divisible by training.micro_batch (3) x parallel.dp (1) = 3"},
     {{"parallel.cp=3"}, "training.seq (256) must be divisible by 2 x parallel.cp (3)"},
-    {{"model.layers=65536", "parallel.pp=65536", "model.max_seq=65536", "training.seq=65536",
-      "parallel.cp=32768"},
-     "parallel: world size pp (65536) x dp (1) x cp (32768) x tp (1) is too large"},
+    {{"model.layers=4096", "parallel.pp=4096", "model.max_seq=2097152", "training.seq=2097152",
+      "parallel.cp=1048576"},
+     "parallel: world size pp (4096) x dp (1) x cp (1048576) x tp (1) is too large"},
     {{"checkpoint.dir="}, "checkpoint.dir must name a directory"},
     {{"checkpoint.every=-1"}, "checkpoint.every (-1) must be >= 0"},
     {{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
@@ -764,6 +785,15 @@ START_TEST(test_validate_reports_all)
   ck_assert_str_eq(err, "model.channels (256) must be divisible by model.heads (3); data.train "
                         "must name the training shards (a file or a glob); elastic.heartbeat_ms "
                         "(10) must be >= 50");
+  /* Strings off the wire are checked too (protobuf-c does not). */
+  spec_t *w = fresh();
+  set_ok(w, "data.train=x");
+  set_ok(w, "data.val=v"); /* on the heap, as unpack leaves a non-empty string */
+  free(w->data->val);
+  w->data->val = strdup("v\xff");
+  ck_assert_int_eq(dt_jobspec_validate(w, err, sizeof err), DT_EINVAL);
+  ck_assert_str_eq(err, "data.val is not valid UTF-8");
+  dt_jobspec_free(w);
   /* A short buffer holds the first violations, NUL-terminated. */
   char small[20];
   ck_assert_int_eq(dt_jobspec_validate(s, small, sizeof small), DT_EINVAL);

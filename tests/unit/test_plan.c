@@ -99,6 +99,11 @@ START_TEST(test_partition)
   ck_assert_int_eq(dt_mesh_parse_partition("5,2", 2, 8, layers, why, sizeof why), DT_EINVAL);
   ck_assert_msg(strstr(why, "parallel.partition '5,2' gives 2 stages 7 layers"), "%s", why);
   ck_assert_int_eq(dt_mesh_parse_partition("4,4,0", 3, 8, layers, why, sizeof why), DT_EINVAL);
+  /* counts whose sum passes INT_MAX (a signed overflow, caught by the sanitizer build) */
+  ck_assert_int_eq(
+      dt_mesh_parse_partition("2147483647,2147483647", 2, 2147483647, layers, why, sizeof why),
+      DT_EINVAL);
+  ck_assert_msg(strstr(why, "gives 2 stages 4294967294 layers"), "%s", why);
   ck_assert_int_eq(dt_mesh_parse_partition("8", 2, 8, layers, why, sizeof why), DT_EINVAL);
 }
 END_TEST

@@ -359,9 +359,15 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
   }
   if (h->version == 1)
     h->nruns = 1; /* the range itself (the field was padding, hence zero, in version 1) */
-  uint64_t nfloats = (uint64_t)(h->hi - h->lo) * ((h->flags & CKPT_FLAG_OPTIM) ? 3 : 1);
-  uint64_t table = h->version == 1 ? 0 : (uint64_t)h->nruns * 16;
-  if ((uint64_t)size != s->bytes || h->nruns < 0 || h->payload_bytes != table + nfloats * 4 ||
+  /* The run table and the floats must fit the file: bounded first, so that the sizes below
+   * cannot wrap around (a wrapped count once let a short table pass as a long one). */
+  const int64_t room = size - (int64_t)sizeof *h;
+  const int sections = (h->flags & CKPT_FLAG_OPTIM) ? 3 : 1;
+  const int fits = room >= 0 && h->nruns >= 0 && h->nruns <= room / 16 && h->hi >= h->lo &&
+                   h->hi - h->lo <= room / 4 / sections;
+  uint64_t nfloats = fits ? (uint64_t)(h->hi - h->lo) * sections : 0;
+  uint64_t table = h->version == 1 || !fits ? 0 : (uint64_t)h->nruns * 16;
+  if (!fits || (uint64_t)size != s->bytes || h->payload_bytes != table + nfloats * 4 ||
       (uint64_t)size != sizeof *h + h->payload_bytes || h->lo != s->lo || h->hi != s->hi) {
     DT_ERROR(CKPT,
              "%s: size %lld bytes / range [%lld, %lld) disagree with the manifest "
@@ -433,6 +439,35 @@ static void deliver(const dt_gpt2_run_t *want, size_t nwant, int64_t g, size_t k
   }
 }
 
+static int cmp_pair_global(const void *a, const void *b)
+{
+  const int64_t *x = a, *y = b;
+  return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Whether the shards' runs (all of them: n (global offset, length) pairs) hold each element at
+ * most once. Their lengths add up to num_params and each lies inside the model (checked as
+ * each table was read), so then they hold every element exactly once; without this check, a
+ * run listed twice would make up in the element count for one that is missing, and a load
+ * would leave the missing elements unwritten. */
+static int runs_disjoint(const char *sdir, int64_t *runs, size_t n)
+{
+  if (n < 2)
+    return 0; /* (runs is NULL when there are none) */
+  qsort(runs, n, 2 * sizeof(int64_t), cmp_pair_global);
+  for (size_t i = 1; i < n; i++)
+    if (runs[2 * (i - 1)] + runs[2 * (i - 1) + 1] > runs[2 * i]) {
+      DT_ERROR(CKPT,
+               "%s: the shards list global offset %lld twice (runs [%lld, %lld) and [%lld, "
+               "%lld)): the checkpoint is corrupt",
+               sdir, (long long)runs[2 * i], (long long)runs[2 * (i - 1)],
+               (long long)(runs[2 * (i - 1)] + runs[2 * (i - 1) + 1]), (long long)runs[2 * i],
+               (long long)(runs[2 * i] + runs[2 * i + 1]));
+      return DT_EFORMAT;
+    }
+  return 0;
+}
+
 /* Streams one section (the shard's runs in order, n floats): checksums all of it and delivers
  * the wanted parts to dst. */
 static int read_section(FILE *fp, const char *path, const int64_t *table, int64_t nruns,
@@ -475,7 +510,7 @@ static int read_run_table(FILE *fp, const char *path, const ckpt_header_t *h, in
     *crc = dt_crc32c(*crc, t, (size_t)nr * 2 * sizeof(int64_t));
   }
   for (int64_t r = 0; r < nr; r++) {
-    if (t[2 * r] < 0 || t[2 * r + 1] < 0 || t[2 * r] + t[2 * r + 1] > h->num_params) {
+    if (t[2 * r] < 0 || t[2 * r + 1] < 0 || t[2 * r] > h->num_params - t[2 * r + 1]) {
       DT_ERROR(CKPT, "%s: run %lld lies outside the model's %lld parameters", path, (long long)r,
                (long long)h->num_params);
       free(t);
@@ -510,6 +545,8 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
     wanted += want[i].len;
   DT_CHECK_GOTO(dt_ckpt_resolve_step_dir(path, sdir, sizeof sdir), ret, free_want);
   DT_CHECK_GOTO(dt_ckpt_manifest_read(sdir, &mf), ret, free_want);
+  int64_t *all = NULL; /* every shard's runs, for runs_disjoint */
+  size_t nall = 0;
   if (mf.num_params != num_params) {
     DT_ERROR(CKPT, "%s: checkpoint has %lld parameters, the configured model %lld", sdir,
              (long long)mf.num_params, (long long)num_params);
@@ -528,6 +565,13 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       fclose(fp);
       goto out;
     }
+    if (h.num_params != mf.num_params) {
+      DT_ERROR(CKPT, "%s: the shard is of a %lld-parameter model, the manifest's of %lld", spath,
+               (long long)h.num_params, (long long)mf.num_params);
+      ret = DT_EFORMAT;
+      fclose(fp);
+      goto out;
+    }
     if (!(h.flags & CKPT_FLAG_OPTIM)) {
       DT_ERROR(CKPT, "%s: shard holds no optimizer state; cannot resume training from it", spath);
       ret = DT_EFORMAT;
@@ -541,6 +585,15 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
     float *dst[3] = {params, m, v};
     for (int k = 0; k < 3 && ret == 0; k++)
       ret = read_section(fp, spath, table, h.nruns, want, nruns, dst[k], &crc, &got[k]);
+    if (ret == 0 && h.nruns > 0) {
+      int64_t *grown = realloc(all, (nall + (size_t)h.nruns) * 2 * sizeof(int64_t));
+      if (grown) {
+        memcpy(grown + 2 * nall, table, (size_t)h.nruns * 2 * sizeof(int64_t));
+        all = grown, nall += (size_t)h.nruns;
+      } else {
+        ret = DT_ENOMEM;
+      }
+    }
     free(table);
     fclose(fp);
     if (ret != 0)
@@ -562,6 +615,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       state->threads = h.threads;
     }
   }
+  DT_CHECK_GOTO(runs_disjoint(sdir, all, nall), ret, out);
   if (got[0] != wanted) {
     DT_ERROR(CKPT,
              "%s: the shards hold %lld of the %lld parameters asked for (overlapping or "
@@ -572,6 +626,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
   }
   DT_INFO(CKPT, "loaded checkpoint %s (step %lld)", sdir, (long long)state->step);
 out:
+  free(all);
   free(mf.shards);
 free_want:
   free(want);

@@ -207,14 +207,20 @@ fail_noglob:
 
 int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
 {
-  if (pos.epoch < 0 || pos.shard < 0 || pos.shard >= dl->nshards || pos.window < 0) {
-    DT_ERROR(DATA, "invalid data position epoch=%lld shard=%lld window=%lld (%d shards)",
-             (long long)pos.epoch, (long long)pos.shard, (long long)pos.window, dl->nshards);
-    return DT_ERANGE;
-  }
   const int64_t unit = window_seqs(dl);
   /* Older checkpoints counted windows of world*B sequences, one per micro-step. */
   const int64_t saved = pos.unit ? pos.unit : unit / dl->accum;
+  /* A window past every shard's end (or its sequence count past 64 bits) is as invalid as a
+   * negative one: checked before the conversion below multiplies by it. */
+  if (pos.epoch < 0 || pos.shard < 0 || pos.shard >= dl->nshards || pos.window < 0 || saved < 1 ||
+      pos.window > INT64_MAX / saved) {
+    DT_ERROR(DATA,
+             "invalid data position epoch=%lld shard=%lld window=%lld of %lld sequences (%d "
+             "shards)",
+             (long long)pos.epoch, (long long)pos.shard, (long long)pos.window, (long long)saved,
+             dl->nshards);
+    return DT_ERANGE;
+  }
   if (saved != unit) {
     const int64_t seqs = pos.window * saved;
     if (seqs % unit)

@@ -23,19 +23,21 @@ int dt_gpt2_padded_vocab(int vocab)
 
 int dt_gpt2_config_validate(const dt_gpt2_config_t *c, char *why, size_t whylen)
 {
+  /* The upper bounds are far above any GPT (GPT-3 175B: 96 layers, 12288 channels) and keep
+   * every tensor's size, and their sum, well inside 64 bits (under 2^51 elements). */
   const char *msg = NULL;
-  if (c->layers < 1)
-    msg = "layers must be >= 1";
+  if (c->layers < 1 || c->layers > DT_GPT2_MAX_LAYERS)
+    msg = "layers must be in [1, 4096]";
   else if (c->heads < 1)
     msg = "heads must be >= 1";
-  else if (c->channels < 1 || c->channels % c->heads != 0)
-    msg = "channels must be a positive multiple of heads";
+  else if (c->channels < 1 || c->channels > DT_GPT2_MAX_CHANNELS || c->channels % c->heads != 0)
+    msg = "channels must be a multiple of heads in [1, 131072]";
   else if (c->vocab < 2 || c->vocab > 65536)
     msg = "vocab must be in [2, 65536] (tokens are uint16)";
-  else if (c->padded_vocab < c->vocab)
-    msg = "padded vocab must be >= vocab";
-  else if (c->max_seq < 1)
-    msg = "max_seq must be >= 1";
+  else if (c->padded_vocab < c->vocab || c->padded_vocab > DT_GPT2_MAX_ROWS)
+    msg = "padded vocab must be in [vocab, 16777216]";
+  else if (c->max_seq < 1 || c->max_seq > DT_GPT2_MAX_ROWS)
+    msg = "max_seq must be in [1, 16777216]";
   if (msg) {
     snprintf(why, whylen, "%s (layers=%d heads=%d channels=%d vocab=%d padded_vocab=%d max_seq=%d)",
              msg, c->layers, c->heads, c->channels, c->vocab, c->padded_vocab, c->max_seq);

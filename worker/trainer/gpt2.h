@@ -313,7 +313,13 @@ typedef struct {
 
 /* Rounds V up to llm.c's padded vocabulary (multiple of 128). */
 int dt_gpt2_padded_vocab(int vocab);
-/* Checks a configuration; on failure writes a one-line reason into why. */
+/* A config's bounds: far above any GPT's, they keep every size and the parameter count inside
+ * 64 bits. dt_gpt2_config_validate's messages and dt_jobspec_validate repeat the numbers. */
+#define DT_GPT2_MAX_LAYERS   4096
+#define DT_GPT2_MAX_CHANNELS 131072
+#define DT_GPT2_MAX_ROWS     16777216 /* max_seq and padded_vocab */
+/* Checks a configuration (sizes within the bounds above); on failure writes a one-line reason
+ * into why. */
 int dt_gpt2_config_validate(const dt_gpt2_config_t *cfg, char *why, size_t whylen);
 /* Checks that tp ranks can split the model (heads and padded vocabulary divisible by tp);
  * writes a one-line reason naming the rule on failure. */
