@@ -231,6 +231,18 @@ int dt_parse_step_range(const char *s, int *first, int *count)
   return 0;
 }
 
+char *dt_join_i64(const int64_t *v, size_t n)
+{
+  char *out = malloc(n * 21 + 1); /* "-9223372036854775808," is 21 */
+  if (!out)
+    return NULL;
+  size_t at = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++)
+    at += (size_t)sprintf(out + at, "%s%lld", i ? "," : "", (long long)v[i]);
+  return out;
+}
+
 int dt_parse_f64(const char *s, double *out)
 {
   if (!starts_like_number(s))

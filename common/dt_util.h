@@ -49,6 +49,9 @@ uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
  * subnormal and underflowing values are taken as strtod rounds them). 0 or DT_EINVAL. */
 int dt_parse_i64(const char *s, int64_t *out);
 int dt_parse_f64(const char *s, double *out);
+/* "v0,v1,...": the n numbers in decimal, comma-separated, in a malloc'd string ("" for none);
+ * NULL when out of memory. (The agent passes the steps to skip so: whole, however many.) */
+char *dt_join_i64(const int64_t *v, size_t n);
 /* A range of steps, "S" or "S:N": the N >= 1 steps from step S >= 1 (N 1 when left out), so
  * that the last, S + N - 1, is an int. 0 or DT_EINVAL. */
 int dt_parse_step_range(const char *s, int *first, int *count);

@@ -270,6 +270,8 @@ run flag_lr "$TRAIN" --train "$DATA" --lr nan
 expect_error flag_lr 2 "--lr" "expected a number, got 'nan'"
 run flag_skip "$TRAIN" --train "$DATA" --skip-steps 3,0
 expect_error flag_skip 2 "--skip-steps" "step numbers >= 1, comma-separated, got '3,0'"
+run flag_skip_empty "$TRAIN" --train "$DATA" --skip-steps 3,,4
+expect_error flag_skip_empty 2 "--skip-steps" "comma-separated, got '3,,4'"
 run flag_unknown "$TRAIN" --train "$DATA" --frobnicate 3
 expect_error flag_unknown 2 "--frobnicate" "unknown"
 run flag_missing_arg "$TRAIN" --train "$DATA" --steps

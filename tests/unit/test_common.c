@@ -238,6 +238,27 @@ START_TEST(test_parse_step_range)
 }
 END_TEST
 
+/* The agent's --skip-steps list: whole however long (a 2048-byte buffer once cut the list, and
+ * its last step number, short). */
+START_TEST(test_join_i64)
+{
+  char *s = dt_join_i64(NULL, 0);
+  ck_assert_str_eq(s, "");
+  free(s);
+  const int64_t few[3] = {3, 57, INT64_MIN};
+  s = dt_join_i64(few, 3);
+  ck_assert_str_eq(s, "3,57,-9223372036854775808");
+  free(s);
+  int64_t many[300];
+  for (int i = 0; i < 300; i++)
+    many[i] = 1000000000000 + i;
+  s = dt_join_i64(many, 300);
+  ck_assert_uint_eq(strlen(s), 300 * 14 - 1);
+  ck_assert_str_eq(s + strlen(s) - 13, "1000000000299");
+  free(s);
+}
+END_TEST
+
 START_TEST(test_parse_f64)
 {
   double v = 0;
@@ -773,6 +794,7 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_parse_i64);
   tcase_add_test(t, test_parse_step_range);
   tcase_add_test(t, test_parse_f64);
+  tcase_add_test(t, test_join_i64);
   suite_add_tcase(s, t);
 
   t = tcase_create("crc32c");

@@ -440,7 +440,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
                          const Distrain__V1__RankAssignment *r)
 {
   int ret = 0, logfd = -1;
-  char **args = NULL, **env = NULL, **argv = NULL;
+  char **args = NULL, **env = NULL, **argv = NULL, *skip = NULL;
   trainer_t *t = calloc(1, sizeof *t);
   if (!t)
     return DT_ENOMEM;
@@ -466,11 +466,13 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
   argv[0] = (char *)a->cfg.trainer;
   for (int i = 0; i < argc; i++)
     argv[i + 1] = args[i];
-  /* Steps rolled back after a NaN/Inf: taken without an update. */
-  char skip[2048] = "";
-  for (size_t i = 0, at = 0; i < as->n_skip_steps && at < sizeof skip; i++)
-    at += (size_t)snprintf(skip + at, sizeof skip - at, "%s%lld", i ? "," : "",
-                           (long long)as->skip_steps[i]);
+  /* Steps rolled back after a NaN/Inf: taken without an update. All of them, however many (a
+   * fixed buffer once cut the list, and with it the last step number, short). */
+  skip = dt_join_i64(as->skip_steps, as->n_skip_steps);
+  if (!skip) {
+    ret = DT_ENOMEM;
+    goto fail;
+  }
   if (skip[0]) {
     argv[argc + 1] = (char *)"--skip-steps";
     argv[argc + 2] = skip;
@@ -547,6 +549,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
   dt_argv_free(args);
   dt_argv_free(env);
   free(argv);
+  free(skip);
   return 0;
 fail:
   if (logfd >= 0)
@@ -554,6 +557,7 @@ fail:
   dt_argv_free(args);
   dt_argv_free(env);
   free(argv);
+  free(skip);
   free(t);
   return ret;
 }

@@ -218,16 +218,23 @@ static int cmp_i64(const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
-/* "10,57": positive step numbers, kept ascending in a static array. */
+/* "10,57": positive step numbers, kept ascending in a static array. Every comma-separated
+ * token must be one (an empty one is an error, as is a list past the array). */
 static int parse_skip_steps(const char *s, dt_train_opts_t *o)
 {
   static int64_t steps[256];
   int n = 0;
-  char buf[4096];
-  snprintf(buf, sizeof buf, "%s", s);
-  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    int64_t v;
-    if (n == (int)(sizeof steps / sizeof *steps) || dt_parse_i64(tok, &v) != 0 || v < 1) {
+  for (const char *p = s;;) {
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char tok[32];
+    int64_t v = 0;
+    if (len < sizeof tok) {
+      memcpy(tok, p, len);
+      tok[len] = '\0';
+    }
+    if (n == (int)(sizeof steps / sizeof *steps) || len == 0 || len >= sizeof tok ||
+        dt_parse_i64(tok, &v) != 0 || v < 1) {
       fprintf(stderr,
               "distrain-train: --skip-steps: expected at most %zu step numbers >= 1, "
               "comma-separated, got '%s'\n",
@@ -235,6 +242,9 @@ static int parse_skip_steps(const char *s, dt_train_opts_t *o)
       return DT_EINVAL;
     }
     steps[n++] = v;
+    if (!comma)
+      break;
+    p = comma + 1;
   }
   qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
   o->skip_steps = steps;
