@@ -1,13 +1,14 @@
 /* fuzz_ckpt.c — model files as found on disk. An input that starts with llm.c's magic is an
  * llm.c checkpoint (dt_llmc_read_config, then dt_llmc_load into a model of its config when that
  * is small); any other is a distrain checkpoint shard, which the target commits as step 1 of a
- * one-writer checkpoint and loads (dt_ckpt_read_config, dt_ckpt_load_runs) in two runs that ask
- * for the whole model out of order.
+ * one-writer checkpoint of its header's model (the manifest lists [0, num_params), whatever
+ * range the header claims) and loads (dt_ckpt_read_config, dt_ckpt_load_runs) in two runs that
+ * ask for the whole model out of order.
  *
  * A shard's checksums would stop almost every mutation at the header. So the target compiles
  * checkpoint.c itself (for its header type) and reseals each input: the header's CRC and the
- * payload's (also written to the manifest, with the shard's size and range) are made to match,
- * and the checks behind them (sizes, run tables, ranges, the model config) see the mutations.
+ * payload's (also written to the manifest, with the file's size) are made to match, and the
+ * checks behind them (sizes, run tables, ranges, the model config) see the mutations.
  * Property: every load either fails with a reason or fills every wanted element. */
 #include "../../worker/trainer/checkpoint.c"
 
@@ -61,14 +62,15 @@ static void shard(const uint8_t *data, size_t size)
                   fwrite(data + sizeof h, 1, size - sizeof h, fp) == size - sizeof h &&
                   fclose(fp) == 0,
               "cannot write %s", g_shard);
+  if (h.num_params < 0)
+    return;
   dt_ckpt_shard_info_t info = {
-      .rank = 0, .lo = h.lo, .hi = h.hi, .bytes = size, .crc32c = h.payload_crc32c};
+      .rank = 0, .lo = 0, .hi = h.num_params, .bytes = size, .crc32c = h.payload_crc32c};
   snprintf(info.name, sizeof info.name, "shard-00000-of-00001.bin");
-  if (dt_ckpt_commit(g_dir, 1, h.num_params, 1, &info) != 0)
-    return; /* the range does not tile [0, num_params): no manifest would list it */
+  FUZZ_ASSERT(dt_ckpt_commit(g_dir, 1, h.num_params, 1, &info) == 0, "cannot commit");
 
   dt_gpt2_config_t cfg;
-  if (dt_ckpt_read_config(g_dir, &cfg) != 0 || h.num_params < 0 || h.num_params > SMALL_MODEL)
+  if (dt_ckpt_read_config(g_dir, &cfg) != 0 || h.num_params > SMALL_MODEL)
     return;
   const int64_t P = h.num_params, cut = P / 3;
   float *buf = calloc((size_t)(P ? P : 1) * 3, sizeof(float));

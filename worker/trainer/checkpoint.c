@@ -363,8 +363,8 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
    * cannot wrap around (a wrapped count once let a short table pass as a long one). */
   const int64_t room = size - (int64_t)sizeof *h;
   const int sections = (h->flags & CKPT_FLAG_OPTIM) ? 3 : 1;
-  const int fits = room >= 0 && h->nruns >= 0 && h->nruns <= room / 16 && h->hi >= h->lo &&
-                   h->hi - h->lo <= room / 4 / sections;
+  const int fits = room >= 0 && h->nruns >= 0 && h->nruns <= room / 16 && h->lo >= 0 &&
+                   h->hi >= h->lo && h->hi - h->lo <= room / 4 / sections;
   uint64_t nfloats = fits ? (uint64_t)(h->hi - h->lo) * sections : 0;
   uint64_t table = h->version == 1 || !fits ? 0 : (uint64_t)h->nruns * 16;
   if (!fits || (uint64_t)size != s->bytes || h->payload_bytes != table + nfloats * 4 ||
