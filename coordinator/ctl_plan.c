@@ -543,6 +543,20 @@ int dt_ctl_plan(int argc, char **argv)
       return 2;
     }
   }
+  /* Degenerate cluster figures (a rate of 1e-300 TFLOP/s) overflow the model's arithmetic: an
+   * error, not a table of inf and nan. */
+  for (int i = 0; i < n; i++)
+    if (!(isfinite(v[i].t_step) && v[i].t_step > 0 && isfinite(v[i].tokens_per_s))) {
+      fprintf(stderr,
+              "distrainctl plan: these figures give no finite step time (%g TFLOP/s at MFU %g, "
+              "%g / %g GB/s, %g us): check --peak-tflops, --mfu, --intra-gbps, --inter-gbps "
+              "and --latency-us\n",
+              a.cl.peak_flops / 1e12, a.cl.mfu, a.cl.intra_bw / 1e9, a.cl.inter_bw / 1e9,
+              a.cl.latency * 1e6);
+      if (v != &one)
+        free(v);
+      return 2;
+    }
   const int rec = v[0].fits ? 0 : -1; /* sorted: the fastest that fits comes first */
   if (a.json) {
     fprintf(stdout, "{\"model\": {\"name\": ");

@@ -291,7 +291,9 @@ class PlannerAgainstTrainer(unittest.TestCase):
                  (("--model", "llama-405b", "--seq", "8192", "--global-batch", "16", "--gpus",
                    "8"), 1, "nothing fits in 80 GiB per GPU (1 GiB left free): the smallest layout"),
                  (("--model", "gpt2-124m", "--global-batch", "7", "--gpus", "5"), 2,
-                  "no valid layout of 5 GPUs")]
+                  "no valid layout of 5 GPUs"),
+                 (("--model", "gpt2-124m", "--global-batch", "8", "--gpus", "8", "--peak-tflops",
+                   "1e-308"), 2, "these figures give no finite step time (1e-308 TFLOP/s")]
         for args, code, msg in cases:
             r = run(*args)
             self.assertEqual(r.returncode, code, "%s: %s" % (args, r.stderr))
