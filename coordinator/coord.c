@@ -186,9 +186,13 @@ static int load_ckpt_report(void *ud, dt_job_t *j, const Distrain__V1__ReportChe
   char err[256];
   int committed;
   int ret = dt_coord_checkpoint_report(c, j, 1, r, &committed, err, sizeof err);
+  if (ret == DT_ENOMEM)
+    return ret;
+  /* Any other failure is the step's own (its manifest cannot be written: the directory is
+   * gone, the disk is full): that step stays uncommitted, and the coordinator still starts. */
   if (ret != 0)
     DT_ERROR(COORD, "job %s: restoring a checkpoint report: %s", j->id, err);
-  return ret;
+  return 0;
 }
 
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)

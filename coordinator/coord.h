@@ -117,7 +117,9 @@ void dt_coord_free_assignments(Distrain__V1__WatchAssignmentResponse *r);
 /* Wakes a node's held WatchAssignment call, if any, after its assignments changed. */
 void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n);
 /* Records a checkpoint shard report (kept in the store first, unless restore: it is being read
- * back from there); writes the manifest when the step is complete. */
+ * back from there); writes the manifest when the step is complete. A manifest that cannot be
+ * written abandons the step (its reports leave memory, and the store unless restore) and
+ * fails the report that completed it. */
 int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen);

@@ -946,8 +946,15 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   const double first_ms = p->first_ms;
   *p = j->ckpts[--j->n_ckpts];
   if (rc != 0) {
+    /* The step is abandoned: the writer that completed it fails, its generation restarts from
+     * the last committed step and writes this one again. Its reports leave the store too, or
+     * a restarted coordinator would try this commit again (a restore keeps them: it cannot
+     * delete the rows it is reading, and trying again at the next start is harmless). */
     snprintf(err, errlen, "writing the manifest of step %lld failed: %s", (long long)step,
              dt_strerror(rc));
+    dt_coord_event(c, j->id, 1, "checkpoint step %lld not committed: %s", (long long)step, err);
+    if (!restore)
+      dt_coord_store_drop_ckpt_reports(c->store, j->id, step, step);
     return rc;
   }
   if (step > j->job->committed_step)

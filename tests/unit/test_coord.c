@@ -203,13 +203,13 @@ static void all_running(fx_t *f, dt_job_t *j, int64_t step)
               (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, .step = step});
 }
 
-/* Rank r's shard report of step (its share of 100 parameters). */
-static int report_ckpt(fx_t *f, dt_job_t *j, uint64_t gen, int64_t step, int r, int world,
-                       int *committed)
+/* Rank r's shard report of step (its share of 100 parameters); name holds its shard's name. */
+static Distrain__V1__ReportCheckpointRequest
+shard_report(fx_t *f, dt_job_t *j, uint64_t gen, int64_t step, int r, int world, char name[32])
 {
   Distrain__V1__ReportCheckpointRequest q = DISTRAIN__V1__REPORT_CHECKPOINT_REQUEST__INIT;
-  char name[32], err[256], sdir[512];
-  snprintf(name, sizeof name, "shard-%d.bin", r);
+  char sdir[512];
+  snprintf(name, 32, "shard-%d.bin", r);
   dt_ckpt_step_dir(sdir, sizeof sdir, f->ckpt, step); /* where the writers put their shards */
   mkdir(f->ckpt, 0755);
   mkdir(sdir, 0755);
@@ -223,7 +223,28 @@ static int report_ckpt(fx_t *f, dt_job_t *j, uint64_t gen, int64_t step, int r, 
   q.bytes = 4 * (uint64_t)(q.hi - q.lo);
   q.crc32c = 0x1234u + (uint32_t)r;
   q.name = name;
+  return q;
+}
+
+static int report_ckpt(fx_t *f, dt_job_t *j, uint64_t gen, int64_t step, int r, int world,
+                       int *committed)
+{
+  char name[32], err[256];
+  Distrain__V1__ReportCheckpointRequest q = shard_report(f, j, gen, step, r, world, name);
   return dt_coord_checkpoint_report(&f->c, j, 0, &q, committed, err, sizeof err);
+}
+
+/* Makes step's directory unusable for a manifest (a file where the directory should be), or
+ * usable again. */
+static void break_step_dir(fx_t *f, int64_t step, int broken)
+{
+  char sdir[512];
+  dt_ckpt_step_dir(sdir, sizeof sdir, f->ckpt, step);
+  ut_rm_rf(sdir);
+  if (broken)
+    ut_write_all(sdir, "not a directory", 15);
+  else
+    ck_assert_int_eq(mkdir(sdir, 0755), 0);
 }
 
 /* Commits step: every rank of the current generation reports its shard. */
@@ -546,6 +567,55 @@ START_TEST(test_restart_keeps_jobs_plans_and_pending_reports)
 }
 END_TEST
 
+/* A manifest that cannot be written (the step's directory gone, a full disk) leaves the step
+ * uncommitted, and never stops the coordinator from starting on its state: its reports leave
+ * the store when the live commit fails; reports restored from the store (the coordinator died
+ * between storing the last one and writing the manifest) commit at the next start that can. */
+START_TEST(test_unwritable_manifest_abandons_the_step)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  char id[32];
+  snprintf(id, sizeof id, "%s", j->id);
+  int committed = -1;
+  ck_assert_int_eq(report_ckpt(f, j, 1, 20, 0, 2, &committed), 0);
+  break_step_dir(f, 20, 1);
+  ck_assert_int_ne(report_ckpt(f, j, 1, 20, 1, 2, &committed), 0);
+  ck_assert_int_eq(committed, 0);
+  ck_assert_int_eq(j->job->committed_step, 0);
+  ck_assert_int_eq(j->n_ckpts, 0);
+  fx_restart(f); /* fx_start asserts that it starts */
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_int_eq(j->job->committed_step, 0);
+  ck_assert_int_eq(j->n_ckpts, 0);
+  /* Its writer failed, its generation writes step 20 again: the old reports are gone for good,
+   * not committed by a later start over shards being rewritten. */
+  break_step_dir(f, 20, 0);
+  fx_restart(f);
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_int_eq(j->job->committed_step, 0);
+
+  /* Both reports stored, the manifest not written yet when the coordinator died. */
+  char names[2][32];
+  for (int r = 0; r < 2; r++) {
+    Distrain__V1__ReportCheckpointRequest q = shard_report(f, j, 1, 30, r, 2, names[r]);
+    ck_assert_int_eq(dt_coord_store_put_ckpt_report(f->c.store, j->id, &q), 0);
+  }
+  break_step_dir(f, 30, 1);
+  fx_restart(f);
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_int_eq(j->job->committed_step, 0);
+  break_step_dir(f, 30, 0);
+  fx_restart(f);
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_int_eq(j->job->committed_step, 30);
+  int64_t latest;
+  ck_assert_int_eq(dt_ckpt_latest(f->ckpt, &latest), 0);
+  ck_assert_int_eq(latest, 30);
+  fx_free(f);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Step metrics                                                                                */
 /* ------------------------------------------------------------------------------------------ */
@@ -618,6 +688,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
+  tcase_add_test(t, test_unwritable_manifest_abandons_the_step);
   tcase_add_test(t, test_metrics_across_generations);
   suite_add_tcase(s, t);
   return s;
