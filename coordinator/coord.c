@@ -20,9 +20,16 @@ DT_PARAM(LivenessScanMs, "LIVENESS_SCAN_MS", 100)
  * RPC_RECONNECT_MAX_MS (1 s) between attempts, before their next heartbeat can arrive. */
 DT_PARAM(RestartGraceMs, "RESTART_GRACE_MS", 3000)
 
+static double g_clock_skew_ms; /* dt_coord_clock_advance */
+
 double dt_coord_now_ms(void)
 {
-  return dt_now_ms();
+  return dt_now_ms() + g_clock_skew_ms;
+}
+
+void dt_coord_clock_advance(double ms)
+{
+  g_clock_skew_ms += ms;
 }
 
 void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
@@ -105,9 +112,8 @@ void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len)
 #undef ADD
 }
 
-static void on_liveness(uv_timer_t *t)
+void dt_coord_liveness_scan(dt_coord_t *c)
 {
-  dt_coord_t *c = t->data;
   const double limit = (double)c->cfg.heartbeat_ms * c->cfg.dead_after_missed;
   const double now = dt_coord_now_ms();
   /* libuv runs timers before the I/O that queued up while the loop was busy: after a stall
@@ -136,6 +142,11 @@ static void on_liveness(uv_timer_t *t)
     dt_coord_store_commit(c->store);
   dt_coord_blame_expired(c);
   dt_coord_resync(c, 0);
+}
+
+static void on_liveness(uv_timer_t *t)
+{
+  dt_coord_liveness_scan(t->data);
 }
 
 static void on_sched(uv_timer_t *t)

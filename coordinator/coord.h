@@ -76,7 +76,15 @@ struct dt_coord {
 /* ---- lifecycle (coord.c) ---- */
 int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg);
 void dt_coord_close(dt_coord_t *c, void (*cb)(void *ud), void *ud);
+/* The coordinator's clock (ms, monotonic): dt_now_ms, plus what dt_coord_clock_advance added. */
 double dt_coord_now_ms(void);
+/* Moves the coordinator's clock forward (process-wide): tests and fuzz_coord see what time does
+ * (nodes that stop heartbeating die, held watches reach their deadline) without waiting. */
+void dt_coord_clock_advance(double ms);
+/* One liveness scan (the timer runs one every DT_PARAM LivenessScanMs): declares silent nodes
+ * dead, answers watches at their deadline, recovers jobs whose blame wait is over, and tries to
+ * rewrite a store that failed. */
+void dt_coord_liveness_scan(dt_coord_t *c);
 /* Records an event (job may be NULL or ""). */
 void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

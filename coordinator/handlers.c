@@ -398,8 +398,10 @@ static void handle_metrics(dt_rpc_call_t *call, const ProtobufCMessage *m, void 
       hi = mid;
   }
   Distrain__V1__GetJobMetricsResponse resp = DISTRAIN__V1__GET_JOB_METRICS_RESPONSE__INIT;
-  resp.metrics = j->metrics + lo;
-  resp.n_metrics = j->n_metrics - lo;
+  if (lo < j->n_metrics) { /* none yet: metrics may be NULL, and NULL + 0 is undefined */
+    resp.metrics = j->metrics + lo;
+    resp.n_metrics = j->n_metrics - lo;
+  }
   dt_rpc_call_reply(call, &resp.base);
 }
 

@@ -132,7 +132,8 @@ int dt_coord_kv_restore(dt_coord_kv_t *kv, const char *job, uint64_t gen, const 
   uint8_t *copy = malloc(len ? len : 1);
   if (!copy)
     return DT_ENOMEM;
-  memcpy(copy, val, len);
+  if (len) /* an empty value may come as NULL, and memcpy(p, NULL, 0) is undefined */
+    memcpy(copy, val, len);
   free(e->val);
   e->val = copy;
   e->len = len;

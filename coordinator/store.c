@@ -17,7 +17,12 @@
 #include <unistd.h>
 
 #include "dt_log.h"
+#include "dt_param.h"
 #include "dt_util.h"
+
+/* How long a write waits for another process holding the database (an operator's sqlite3
+ * shell) before it fails and the store is out of step (the coordinator rewrites it later). */
+DT_PARAM(StoreBusyTimeoutMs, "STORE_BUSY_TIMEOUT_MS", 1000)
 
 struct dt_coord_store {
   sqlite3 *db;
@@ -120,7 +125,7 @@ int dt_coord_store_open(dt_coord_store_t **out, const char *state_dir)
   }
   /* Only another process (an operator's sqlite3 shell) can hold the database: wait for it a
    * little, not long enough to stall the loop's heartbeats. */
-  sqlite3_busy_timeout(s->db, 1000);
+  sqlite3_busy_timeout(s->db, (int)DT_MIN(DT_MAX(dt_param_StoreBusyTimeoutMs(), 0), 60000));
   char *msg = NULL;
   if (sqlite3_exec(s->db, k_schema, NULL, NULL, &msg) != SQLITE_OK) {
     DT_ERROR(COORD, "%s: schema: %s", s->path, msg ? msg : "?");

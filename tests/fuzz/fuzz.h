@@ -31,5 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 const char *fuzz_setup(void);
 /* Writes size bytes to path (replacing it); aborts on failure (the harness's, not the input's). */
 void fuzz_write(const char *path, const void *data, size_t size);
+/* Removes path and everything under it (nothing when it does not exist). */
+void fuzz_remove_tree(const char *path);
 
 #endif

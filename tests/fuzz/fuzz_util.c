@@ -16,9 +16,14 @@ static int remove_one(const char *path, const struct stat *st, int flag, struct 
   return remove(path);
 }
 
+void fuzz_remove_tree(const char *path)
+{
+  nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 static void remove_dir(void)
 {
-  nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+  fuzz_remove_tree(dir);
 }
 
 const char *fuzz_setup(void)
