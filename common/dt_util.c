@@ -283,3 +283,48 @@ int dt_env_switch(const char *name, int *on)
   DT_ERROR(INIT, "%s=%s: expected 0 or 1, or unset", name, v);
   return DT_EINVAL;
 }
+
+/* The length of the UTF-8 sequence starting at p (end - p bytes left), or 0 if none does. */
+static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
+{
+  const unsigned c = *p;
+  if (c < 0x80)
+    return 1;
+  size_t more;
+  unsigned cp, min;
+  if (c >= 0xC2 && c <= 0xDF)
+    more = 1, cp = c & 0x1F, min = 0x80;
+  else if (c >= 0xE0 && c <= 0xEF)
+    more = 2, cp = c & 0x0F, min = 0x800;
+  else if (c >= 0xF0 && c <= 0xF4)
+    more = 3, cp = c & 0x07, min = 0x10000;
+  else
+    return 0;
+  if ((size_t)(end - p) <= more)
+    return 0;
+  for (size_t k = 1; k <= more; k++) {
+    if ((p[k] & 0xC0) != 0x80)
+      return 0;
+    cp = cp << 6 | (p[k] & 0x3F);
+  }
+  return cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) ? 0 : more + 1;
+}
+
+int dt_utf8_valid(const char *s, size_t n)
+{
+  const unsigned char *p = (const unsigned char *)s, *end = p + n;
+  for (size_t k; p < end; p += k)
+    if (!(k = utf8_seq(p, end)))
+      return 0;
+  return 1;
+}
+
+void dt_utf8_sanitize(char *s)
+{
+  unsigned char *p = (unsigned char *)s, *end = p + strlen(s);
+  for (size_t k; p < end; p += k)
+    if (!(k = utf8_seq(p, end))) {
+      *p = '?';
+      k = 1;
+    }
+}

@@ -49,6 +49,13 @@ uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
  * subnormal and underflowing values are taken as strtod rounds them). 0 or DT_EINVAL. */
 int dt_parse_i64(const char *s, int64_t *out);
 int dt_parse_f64(const char *s, double *out);
+/* Whether s (n bytes) is UTF-8 (RFC 3629: shortest forms, no surrogates, at most U+10FFFF), as
+ * protobuf's string fields and YAML must be (protobuf-c does not check; the official libraries
+ * refuse to decode a message with a string that is not). */
+int dt_utf8_valid(const char *s, size_t n);
+/* Makes the NUL-terminated s UTF-8 in place: each byte that starts no valid sequence (a
+ * Latin-1 byte of a path, a character cut in two by a fixed-size buffer) becomes '?'. */
+void dt_utf8_sanitize(char *s);
 /* "v0,v1,...": the n numbers in decimal, comma-separated, in a malloc'd string ("" for none);
  * NULL when out of memory. (The agent passes the steps to skip so: whole, however many.) */
 char *dt_join_i64(const int64_t *v, size_t n);

@@ -102,40 +102,6 @@ static bool str_empty(const char *s)
   return !s || !*s;
 }
 
-/* Whether s (n bytes) is UTF-8 (RFC 3629: shortest forms, no surrogates, at most U+10FFFF), as
- * protobuf's string fields and YAML must be: a job spec string that is not would reach the
- * coordinator and never print back as YAML. libyaml checks what it reads; --set values and
- * specs from the wire are checked here. */
-static bool utf8_valid(const char *s, size_t n)
-{
-  const unsigned char *p = (const unsigned char *)s, *end = p + n;
-  while (p < end) {
-    const unsigned c = *p++;
-    if (c < 0x80)
-      continue;
-    int more;
-    unsigned cp, min;
-    if (c >= 0xC2 && c <= 0xDF)
-      more = 1, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF)
-      more = 2, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4)
-      more = 3, cp = c & 0x07, min = 0x10000;
-    else
-      return false;
-    if (end - p < more)
-      return false;
-    for (int k = 0; k < more; k++, p++) {
-      if ((*p & 0xC0) != 0x80)
-        return false;
-      cp = cp << 6 | (*p & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-  }
-  return true;
-}
-
 void dt_jobspec_free(spec_t *spec)
 {
   if (spec)
@@ -484,7 +450,7 @@ static int apply_scalar(dt__ctx_t *c, ProtobufCMessage *m, const ProtobufCFieldD
   case PROTOBUF_C_TYPE_STRING:
     if (strlen(v->text) != v->len)
       return fail(c, v->line, "%s: the string contains a NUL character", path);
-    if (!utf8_valid(v->text, v->len))
+    if (!dt_utf8_valid(v->text, v->len))
       return fail(c, v->line, "%s: the string is not valid UTF-8", path);
     if (!v->verbatim && is_null(v))
       return str_set((char **)p, "", 0) < 0 ? fail_nomem(c) : 0;
@@ -918,7 +884,7 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
       if (fs[k].type != PROTOBUF_C_TYPE_STRING || fs[k].label == PROTOBUF_C_LABEL_REPEATED)
         continue;
       const char *str = *(const char *const *)field_cptr(sec, &fs[k]);
-      if (str && !utf8_valid(str, strlen(str)))
+      if (str && !dt_utf8_valid(str, strlen(str)))
         bad(&v, "%s%s%s is not valid UTF-8", sec == &spec->base ? "" : d->fields[i].name,
             sec == &spec->base ? "" : ".", fs[k].name);
     }

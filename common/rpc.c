@@ -302,6 +302,38 @@ void *dt_pb_copy(const ProtobufCMessage *m)
   return copy;
 }
 
+int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len)
+{
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)
+      continue;
+    const char *member = (const char *)m + f->offset;
+    const void *const *values = (const void *const *)member; /* one, or the repeated array */
+    size_t n = 1;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      n = *(const size_t *)((const char *)m + f->quantifier_offset);
+      values = *(const void *const *const *)member;
+    } else if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+               *(const uint32_t *)((const char *)m + f->quantifier_offset) != f->id) {
+      continue;
+    }
+    for (size_t k = 0; k < n; k++) {
+      if (!values[k])
+        continue;
+      if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+        if (dt_pb_check_utf8(values[k], field, len) != 0)
+          return DT_EINVAL;
+      } else if (!dt_utf8_valid(values[k], strlen(values[k]))) {
+        snprintf(field, len, "%s.%s", d->name, f->name);
+        return DT_EINVAL;
+      }
+    }
+  }
+  return 0;
+}
+
 int dt_rpc_status_to_err(int status)
 {
   switch (status) {

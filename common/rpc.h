@@ -108,6 +108,12 @@ int dt_rpc_status_to_err(int status);
  * protobuf_c_message_free_unpacked); NULL when out of memory. For keeping what a call's request
  * holds past the handler. */
 void *dt_pb_copy(const ProtobufCMessage *m);
+/* Whether every string of m, in nested and repeated messages too, is UTF-8 (dt_utf8_valid), as
+ * protobuf requires (protobuf-c does not check; the official libraries refuse to decode a
+ * message holding one that is not): 0, or DT_EINVAL with the first such field's full name in
+ * field ("distrain.v1.NodeInfo.hostname"). The server refuses such a request
+ * (INVALID_ARGUMENT): whatever it stored of one would reach every client in its answers. */
+int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* TLS                                                                                         */

@@ -382,6 +382,13 @@ static void on_request(dt_rpc_call_t *c)
     dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "malformed %s message", c->method->input->name);
     return;
   }
+  char field[256];
+  if (dt_pb_check_utf8(req, field, sizeof field) != 0) {
+    dt_rpc_call_fail(c, DT_RPC_INVALID_ARGUMENT, "%s: %s is not UTF-8 (protobuf strings must be)",
+                     c->method->name, field);
+    protobuf_c_message_free_unpacked(req, NULL);
+    return;
+  }
   if (!c->method->fn) {
     dt_rpc_call_fail(c, DT_RPC_UNIMPLEMENTED, "method %s has no handler", c->method->name);
   } else {

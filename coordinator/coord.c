@@ -42,6 +42,7 @@ void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, .
   va_start(ap, fmt);
   vsnprintf(e->text, sizeof e->text, fmt, ap);
   va_end(ap);
+  dt_utf8_sanitize(e->text); /* what was cut short may end inside a character */
 }
 
 int dt_coord_resync(dt_coord_t *c, int force)
@@ -61,6 +62,7 @@ int dt_coord_resync(dt_coord_t *c, int force)
     const dt_job_t *j = c->st.jobs[i];
     const Distrain__V1__Job *job = j->job;
     dt_coord_store_put_job(c->store, j);
+    dt_coord_store_drop_metrics(c->store, j->id, INT64_MIN); /* steps replayed meanwhile too */
     dt_coord_store_put_metrics(c->store, j->id, j->metrics, j->n_metrics);
     dt_coord_store_expire_kv(c->store, j->id,
                              dt_coord_state_terminal(job->state) ? UINT64_MAX : job->generation);

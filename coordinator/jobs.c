@@ -48,6 +48,7 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   va_start(ap, fmt);
   vsnprintf(reason, sizeof reason, fmt, ap);
   va_end(ap);
+  dt_utf8_sanitize(reason); /* a trainer's error cut short may end inside a character */
   Distrain__V1__Job *job = j->job;
   DT_INFO(COORD, "job %s: %s -> %s (generation %llu): %s", j->id, state_name(job->state),
           state_name(to), (unsigned long long)job->generation, reason);
@@ -536,10 +537,12 @@ static int metrics_reserve(dt_job_t *j)
 static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__TrainerStatus *ts)
 {
   size_t first_new = j->n_metrics;
+  int64_t dropped = INT64_MAX; /* the first step dropped from memory, to drop from the store */
   for (size_t i = 0; i < ts->n_metrics; i++) {
     const Distrain__V1__StepMetrics *m = ts->metrics[i];
     /* A restarted generation replays steps after the checkpoint: its values replace ours. */
     while (j->n_metrics > 0 && j->metrics[j->n_metrics - 1]->step >= m->step) {
+      dropped = j->metrics[j->n_metrics - 1]->step;
       distrain__v1__step_metrics__free_unpacked(j->metrics[--j->n_metrics], NULL);
       first_new = DT_MIN(first_new, j->n_metrics);
     }
@@ -556,7 +559,10 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
       break;
     j->metrics[j->n_metrics++] = copy;
   }
-  dt_coord_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
+  if (dropped != INT64_MAX) /* or a restart would bring back the steps replaced */
+    dt_coord_store_drop_metrics(c->store, j->id, dropped);
+  if (first_new < j->n_metrics)
+    dt_coord_store_put_metrics(c->store, j->id, j->metrics + first_new, j->n_metrics - first_new);
 }
 
 /* Rank 0's last steps, read by its agent after the trainer exited and so sent after the job

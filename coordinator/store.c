@@ -509,20 +509,33 @@ int dt_coord_store_put_ckpt_report(dt_coord_store_t *s, const char *job,
   return ret;
 }
 
-int dt_coord_store_drop_ckpt_reports(dt_coord_store_t *s, const char *job, int64_t from_step,
-                                     int64_t to_step)
+/* Deletes the rows of table for job's steps [from_step, to_step]. */
+static int delete_steps(dt_coord_store_t *s, const char *table, const char *job, int64_t from_step,
+                        int64_t to_step)
 {
   WRITE_GATE(s);
+  char sql[128];
+  snprintf(sql, sizeof sql, "DELETE FROM %s WHERE job=? AND step BETWEEN ? AND ?", table);
   sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(s->db, "DELETE FROM ckpt_reports WHERE job=? AND step BETWEEN ? AND ?", -1,
-                         &st, NULL) != SQLITE_OK)
-    return sql_fail(s, "prepare checkpoint report deletion");
+  if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+    return sql_fail(s, sql);
   sqlite3_bind_text(st, 1, job, -1, SQLITE_STATIC);
   sqlite3_bind_int64(st, 2, from_step);
   sqlite3_bind_int64(st, 3, to_step);
-  int ret = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(s, "delete checkpoint reports");
+  int ret = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_fail(s, sql);
   sqlite3_finalize(st);
   return ret;
+}
+
+int dt_coord_store_drop_ckpt_reports(dt_coord_store_t *s, const char *job, int64_t from_step,
+                                     int64_t to_step)
+{
+  return delete_steps(s, "ckpt_reports", job, from_step, to_step);
+}
+
+int dt_coord_store_drop_metrics(dt_coord_store_t *s, const char *job, int64_t from_step)
+{
+  return delete_steps(s, "metrics", job, from_step, INT64_MAX);
 }
 
 /* The shard reports of checkpoints not yet committed: a restart keeps what the writers

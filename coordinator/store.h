@@ -29,6 +29,8 @@ int dt_coord_store_put_node(dt_coord_store_t *s, const dt_node_t *n);
 int dt_coord_store_put_job(dt_coord_store_t *s, const dt_job_t *j);
 int dt_coord_store_put_metrics(dt_coord_store_t *s, const char *job,
                                Distrain__V1__StepMetrics *const *m, size_t n);
+/* Deletes a job's step metrics from from_step on (a replay replaced them in memory). */
+int dt_coord_store_drop_metrics(dt_coord_store_t *s, const char *job, int64_t from_step);
 int dt_coord_store_put_kv(dt_coord_store_t *s, const char *job, uint64_t gen, const char *key,
                           const uint8_t *val, size_t len);
 /* Deletes a job's keys of generations older than gen. */

@@ -17,6 +17,7 @@ enum { OP_GONE = 14, OP_TIME = 15, OP_RESTART = 16, OP_RENDER = 17, OP_LOCK = 19
 
 static FILE *g_out;
 static uint32_t g_waiting_ms = 50; /* how long the ranks of a heartbeat wait in all_reduce */
+static int g_exit_code = 1;        /* of the ranks of a heartbeat with an error */
 
 static void rec(unsigned op, const ProtobufCMessage *m)
 {
@@ -154,7 +155,7 @@ static void heartbeat(const char *node, int first, Distrain__V1__TrainerState s,
     ts[i].compute_ms = 100;
     ts[i].progress = &prog;
     ts[i].last_error = (char *)(error ? error : "");
-    ts[i].exit_code = error ? 1 : 0;
+    ts[i].exit_code = error ? g_exit_code : 0;
   }
   ts[0].n_metrics = first == 0 ? 1 : 0;
   ts[0].metrics = smp;
@@ -317,6 +318,21 @@ int main(int argc, char **argv)
   g_waiting_ms = 50;
   job_call("GetJob");
   rec(OP_RENDER, NULL);
+  fclose(g_out);
+
+  open_seed(dir, "utf8");       /* strings that are not UTF-8, and UTF-8 cut short by a buffer */
+  register_node("caf\xe9", ""); /* refused: it would reach every ListNodes answer */
+  call("ListNodes", NULL);
+  running_job();
+  char long_error[602] = "x";
+  for (int i = 0; i < 300; i++)
+    strcat(long_error, "\xc3\xa9"); /* 300 x U+00E9: the job's reason cuts one in two */
+  g_exit_code = 2;                  /* the job's input: it fails at once, and its reason stays */
+  heartbeat("node-1", 2, DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, 3, long_error);
+  g_exit_code = 1;
+  rec(OP_RENDER, NULL);
+  job_call("GetJob");
+  call("ListJobs", NULL);
   fclose(g_out);
 
   open_seed(dir, "held-calls"); /* long polls, logs, clients that go away */

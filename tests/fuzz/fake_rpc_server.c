@@ -141,6 +141,10 @@ int dt_rpc_call_reply(dt_rpc_call_t *c, const ProtobufCMessage *resp)
               resp->descriptor->name, m->output->name);
   FUZZ_ASSERT(protobuf_c_message_check(resp), "%s's answer is not a valid %s", m->name,
               m->output->name);
+  char field[256];
+  FUZZ_ASSERT(dt_pb_check_utf8(resp, field, sizeof field) == 0,
+              "%s's answer holds a %s that is not UTF-8: other clients cannot decode it", m->name,
+              field);
   const size_t len = protobuf_c_message_get_packed_size(resp);
   FUZZ_ASSERT(len <= DT_RPC_MAX_MESSAGE, "%s's answer is %zu bytes, over the limit", m->name, len);
   uint8_t *buf = malloc(len ? len : 1);
@@ -197,6 +201,9 @@ int fake_rpc_call(dt_rpc_server_t *s, unsigned method, const ProtobufCMessage *r
   const handler_t *h = &s->handlers[method];
   if (!h->fn)
     return DT_RPC_UNIMPLEMENTED;
+  char field[256];
+  if (dt_pb_check_utf8(req, field, sizeof field) != 0)
+    return DT_RPC_INVALID_ARGUMENT; /* refused before any handler, as rpc_server.c does */
   dt_rpc_call_t *c = calloc(1, sizeof *c);
   FUZZ_ASSERT(c, "out of memory");
   c->server = s;

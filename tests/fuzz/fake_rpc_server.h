@@ -1,11 +1,12 @@
 /* fake_rpc_server.h — the server half of rpc.h without gRPC, for fuzz_coord: linked in place of
  * common/rpc_server.c, it keeps the handlers dt_rpc_server_handle registers and calls them
- * directly with a request the harness decoded. Replies are checked, not sent: an answer must
- * be a message its client can decode (protobuf_c_message_check, then a pack/unpack round
- * trip) of the method's output type; a failure must carry a gRPC error status and a reason; a
- * call is answered at most once, never after its client went away (the fake frees it then, so
- * AddressSanitizer reports a late use), and a call kept past its handler has a cancel callback
- * (otherwise the coordinator could never forget it). Any violation aborts (fuzz.h). */
+ * directly with a request the harness decoded (one with a string that is not UTF-8 is refused
+ * first, as the real server refuses it). Replies are checked, not sent: an answer must be a
+ * message any client can decode (protobuf_c_message_check, every string UTF-8, then a
+ * pack/unpack round trip) of the method's output type; a failure must carry a gRPC error status and
+ * a reason; a call is answered at most once, never after its client went away (the fake frees it
+ * then, so AddressSanitizer reports a late use), and a call kept past its handler has a cancel
+ * callback (otherwise the coordinator could never forget it). Any violation aborts (fuzz.h). */
 #ifndef DT_TESTS_FAKE_RPC_SERVER_H
 #define DT_TESTS_FAKE_RPC_SERVER_H
 

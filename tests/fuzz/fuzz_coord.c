@@ -15,14 +15,14 @@
  *
  * Properties, besides the fake server's and the sanitizers': after every record, the state's
  * invariants (state.h: node ids match their slots, a node's job exists and has not ended, a
- * job's ranks are on known nodes), a running job's placement (each rank on a live node the job
- * holds, on a device of its own); a job's generation and committed step never go back, a job
- * that ended stays ended); a restart restores every node and job as they were (id, state,
- * generation, committed step, spec), once the store is writable again and the coordinator has
- * rewritten it (dt_coord_resync, as its liveness scan would); /metrics is Prometheus text, a value
- * on every sample line. The checkpoint directory of every submitted job is forced under the
- * target's private directory (a commit writes manifests and deletes old steps), and a shard report
- * makes its step's directory there, as its writer would have. Liveness scans run only
+ * job's ranks are on known nodes, its reason is UTF-8), a running job's placement (each rank on a
+ * live node the job holds, on a device of its own); a job's generation and committed step never go
+ * back, a job that ended stays ended); a restart restores every node and job as they were (id,
+ * state, generation, committed step, spec), once the store is writable again and the coordinator
+ * has rewritten it (dt_coord_resync, as its liveness scan would); /metrics is UTF-8 Prometheus
+ * text, a value on every sample line. The checkpoint directory of every submitted job is forced
+ * under the target's private directory (a commit writes manifests and deletes old steps), and a
+ * shard report makes its step's directory there, as its writer would have. Liveness scans run only
  * when op 15 moves the coordinator's clock (dt_coord_clock_advance), so an input replays the
  * same way. */
 #include <math.h>
@@ -34,6 +34,7 @@
 #include "checkpoint_manifest.h"
 #include "coord.h"
 #include "dt_error.h"
+#include "dt_util.h"
 #include "fake_rpc_server.h"
 #include "fuzz.h"
 
@@ -166,6 +167,7 @@ static void check_state(const dt_coord_t *c)
       s->state = job->state;
     }
     FUZZ_ASSERT(strcmp(s->id, j->id) == 0, "job %zu was %s, is %s", i, s->id, j->id);
+    FUZZ_ASSERT(dt_utf8_valid(job->reason, strlen(job->reason)), "%s's reason is not UTF-8", j->id);
     FUZZ_ASSERT(!dt_coord_state_terminal(s->state) || job->state == s->state,
                 "%s ended (state %d), then went to state %d", j->id, s->state, job->state);
     FUZZ_ASSERT(job->generation >= s->generation && job->committed_step >= s->committed,
@@ -187,24 +189,50 @@ static void check_state(const dt_coord_t *c)
   g_n_seen = st->n_jobs;
 }
 
-/* What a restart must keep: each node's state, each job's spec (packed). */
+/* What a restart must keep: each node's state, each job's spec and step metrics (packed). */
 typedef struct {
   Distrain__V1__NodeState *node_states;
   size_t n_nodes, n_jobs;
-  uint8_t **specs;
-  size_t *spec_lens;
+  uint8_t **specs, **metrics;
+  size_t *spec_lens, *metrics_lens;
 } kept_t;
+
+/* A job's step metrics as one buffer: each step's packed message after its length. */
+static uint8_t *pack_metrics(const dt_job_t *j, size_t *len)
+{
+  size_t total = 0;
+  for (size_t i = 0; i < j->n_metrics; i++)
+    total += sizeof(size_t) + protobuf_c_message_get_packed_size(&j->metrics[i]->base);
+  uint8_t *buf = malloc(total + 1), *at = buf;
+  FUZZ_ASSERT(buf, "out of memory");
+  for (size_t i = 0; i < j->n_metrics; i++) {
+    const size_t n = protobuf_c_message_get_packed_size(&j->metrics[i]->base);
+    memcpy(at, &n, sizeof n);
+    at += sizeof n;
+    at += protobuf_c_message_pack(&j->metrics[i]->base, at);
+  }
+  *len = total;
+  return buf;
+}
 
 static kept_t keep(const dt_coord_t *c)
 {
   const dt_coord_state_t *st = &c->st;
-  kept_t k = {calloc(st->n_nodes + 1, sizeof *k.node_states), st->n_nodes, st->n_jobs,
-              calloc(st->n_jobs + 1, sizeof *k.specs), calloc(st->n_jobs + 1, sizeof *k.spec_lens)};
-  FUZZ_ASSERT(k.node_states && k.specs && k.spec_lens, "out of memory");
+  kept_t k = {calloc(st->n_nodes + 1, sizeof *k.node_states),
+              st->n_nodes,
+              st->n_jobs,
+              calloc(st->n_jobs + 1, sizeof *k.specs),
+              calloc(st->n_jobs + 1, sizeof *k.metrics),
+              calloc(st->n_jobs + 1, sizeof *k.spec_lens),
+              calloc(st->n_jobs + 1, sizeof *k.metrics_lens)};
+  FUZZ_ASSERT(k.node_states && k.specs && k.metrics && k.spec_lens && k.metrics_lens,
+              "out of memory");
   for (size_t i = 0; i < st->n_nodes; i++)
     k.node_states[i] = st->nodes[i] ? st->nodes[i]->state : 0;
-  for (size_t i = 0; i < st->n_jobs; i++)
+  for (size_t i = 0; i < st->n_jobs; i++) {
     k.specs[i] = pack(&st->jobs[i]->job->spec->base, &k.spec_lens[i]);
+    k.metrics[i] = pack_metrics(st->jobs[i], &k.metrics_lens[i]);
+  }
   return k;
 }
 
@@ -234,11 +262,19 @@ static void check_restored(const dt_coord_t *c, kept_t *k)
     FUZZ_ASSERT(len == k->spec_lens[i] && memcmp(spec, k->specs[i], len) == 0,
                 "%s's spec changed across a restart", s->id);
     free(spec);
+    uint8_t *metrics = pack_metrics(st->jobs[i], &len);
+    FUZZ_ASSERT(len == k->metrics_lens[i] && memcmp(metrics, k->metrics[i], len) == 0,
+                "%s's step metrics changed across a restart (%zu steps now)", s->id,
+                st->jobs[i]->n_metrics);
+    free(metrics);
     free(k->specs[i]);
+    free(k->metrics[i]);
   }
   free(k->node_states);
   free(k->specs);
+  free(k->metrics);
   free(k->spec_lens);
+  free(k->metrics_lens);
 }
 
 /* Another process takes the database (every write of the coordinator fails), or lets it go. */
@@ -276,6 +312,7 @@ static void check_metrics(dt_coord_t *c)
   char *text = dt_coord_metrics(c, &len);
   FUZZ_ASSERT(text && strlen(text) == len, "/metrics rendered %zu bytes, %zu of them text", len,
               text ? strlen(text) : 0);
+  FUZZ_ASSERT(dt_utf8_valid(text, len), "/metrics is not UTF-8");
   for (char *line = text, *next; *line; line = next) {
     char *nl = strchr(line, '\n');
     FUZZ_ASSERT(nl, "/metrics does not end its last line");
@@ -293,6 +330,7 @@ static void check_metrics(dt_coord_t *c)
   char *json = dt_coord_status_json(c, &len);
   FUZZ_ASSERT(json && strlen(json) == len, "the dashboard's status is %zu bytes, %zu of them text",
               len, json ? strlen(json) : 0);
+  FUZZ_ASSERT(dt_utf8_valid(json, len), "the dashboard's status is not UTF-8 (nor JSON)");
   free(json);
 }
 

@@ -549,6 +549,24 @@ class T1_GrpcSurface(ClusterTest):
             self.assertCode(cm, grpc.StatusCode.UNIMPLEMENTED)
             self.assertLess(took, 2.0, "UNIMPLEMENTED for %s took %.2f s" % (path, took))
 
+        # A string that is not UTF-8 (a raw RegisterWorker; Python's protobuf cannot make one):
+        # INVALID_ARGUMENT naming the field. Stored, it would reach every client in ListNodes,
+        # which the official protobuf libraries (this test's) then refuse to decode.
+        register = ch.unary_unary("/%s/RegisterWorker" % SERVICE)  # bytes in, bytes out
+        info = b"\x0a\x04caf\xe9" + b"\x12\x05\x0a\x03cpu"  # hostname, a device of kind cpu
+        with self.assertRaises(grpc.RpcError) as cm:
+            register(b"\x0a" + bytes([len(info)]) + info, metadata=self.auth(), timeout=5)
+        self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("RegisterWorker: distrain.v1.NodeInfo.hostname is not UTF-8",
+                      cm.exception.details())
+        self.assertEqual(self.nodes(), [])
+        r = subprocess.run([binary("worker/agent", "distrain-worker"), "--coordinator", self.addr,
+                            "--token-file", self.token_file, "--work-dir",
+                            os.path.join(self.tmp, "w"), "--hostname", b"caf\xe9"],
+                           capture_output=True, text=True, timeout=30, env=self.env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("the host name is not UTF-8; name the node with --hostname", r.stderr)
+
         # Invalid specs: INVALID_ARGUMENT naming every violated rule.
         bad = job_spec("/tmp/x", 5)
         bad.model.heads = 3  # channels 32 % 3 != 0

@@ -259,6 +259,37 @@ START_TEST(test_join_i64)
 }
 END_TEST
 
+/* RFC 3629: what is UTF-8, and sanitizing what is not, byte by byte. */
+START_TEST(test_utf8)
+{
+  static const struct {
+    const char *in, *sanitized;
+  } cases[] = {
+      {"plain ascii", NULL},
+      {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", NULL}, /* é € 😀: valid, unchanged */
+      {"caf\xe9.bin", "caf?.bin"},                         /* Latin-1 é */
+      {"\xe2\x82", "??"},                                  /* € cut short */
+      {"x\xf0\x9f\x98", "x???"},                           /* 😀 cut short */
+      {"\xc0\xaf", "??"},                                  /* overlong '/' */
+      {"\xed\xa0\x80", "???"},                             /* a surrogate */
+      {"\xf4\x90\x80\x80", "????"},                        /* past U+10FFFF */
+      {"\x80\xbf", "??"},                                  /* lone continuations */
+      {"\xc3\xa9\xc3", "\xc3\xa9?"},                       /* a whole é, then half */
+  };
+  for (size_t i = 0; i < DT_ARRAY_SIZE(cases); i++) {
+    const char *want = cases[i].sanitized ? cases[i].sanitized : cases[i].in;
+    ck_assert_msg(dt_utf8_valid(cases[i].in, strlen(cases[i].in)) == (cases[i].sanitized == NULL),
+                  "case %zu", i);
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", cases[i].in);
+    dt_utf8_sanitize(buf);
+    ck_assert_str_eq(buf, want);
+    ck_assert(dt_utf8_valid(buf, strlen(buf)));
+  }
+  ck_assert(dt_utf8_valid("a\xc3\xa9", 2) == 0); /* the length given, not the NUL, ends it */
+}
+END_TEST
+
 START_TEST(test_parse_f64)
 {
   double v = 0;
@@ -795,6 +826,7 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_parse_step_range);
   tcase_add_test(t, test_parse_f64);
   tcase_add_test(t, test_join_i64);
+  tcase_add_test(t, test_utf8);
   suite_add_tcase(s, t);
 
   t = tcase_create("crc32c");

@@ -673,6 +673,34 @@ START_TEST(test_metrics_across_generations)
 }
 END_TEST
 
+/* A generation that replays steps replaces them in the store too: a restart must not bring back
+ * the steps of the generation before, which the replay has not reached yet. */
+START_TEST(test_replaced_steps_stay_replaced_across_a_restart)
+{
+  fx_t *f = fx_new();
+  dt_node_t *n = add_node(f, "h0", 1);
+  dt_job_t *j = submit(f, NULL);
+  dt_coord_schedule(&f->c);
+  const int64_t s1to6[] = {1, 2, 3, 4, 5, 6}, s12[] = {1, 2};
+  const Distrain__V1__TrainerState running = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  heartbeat(f, n, j, 0,
+            (status_t){.state = running, .step = 6, .metric_steps = s1to6, .n_metrics = 6});
+  /* No checkpoint: generation 2 starts over, and reports steps 1 and 2 (loss + 0.5). */
+  heartbeat(f, n, j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
+  ck_assert_int_eq(j->job->generation, 2);
+  heartbeat(
+      f, n, j, 0,
+      (status_t){
+          .state = running, .step = 2, .metric_steps = s12, .n_metrics = 2, .loss_offset = 0.5});
+  const double offset[] = {0, 0.5, 0.5};
+  check_metrics(j, 2, offset);
+  fx_restart(f);
+  check_metrics(f->c.st.jobs[0], 2, offset);
+  fx_free(f);
+}
+END_TEST
+
 static Suite *coord_suite(void)
 {
   Suite *s = suite_create("coord");
@@ -690,6 +718,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
   tcase_add_test(t, test_unwritable_manifest_abandons_the_step);
   tcase_add_test(t, test_metrics_across_generations);
+  tcase_add_test(t, test_replaced_steps_stay_replaced_across_a_restart);
   suite_add_tcase(s, t);
   return s;
 }

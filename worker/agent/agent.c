@@ -223,8 +223,10 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
       }
     }
   }
-  if (r->error && r->error[0])
+  if (r->error && r->error[0]) {
     snprintf(t->last_error, sizeof t->last_error, "%s", r->error);
+    dt_utf8_sanitize(t->last_error); /* the coordinator refuses a heartbeat that is not UTF-8 */
+  }
   if (r->nonfinite_step > 0)
     t->status.nonfinite_step = r->nonfinite_step;
   if (r->input_error)
@@ -534,6 +536,7 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
     DT_ERROR(WORKER, "cannot start %s: %s", a->cfg.trainer, uv_strerror(uerr));
     snprintf(t->last_error, sizeof t->last_error, "cannot start %s: %s", a->cfg.trainer,
              uv_strerror(uerr));
+    dt_utf8_sanitize(t->last_error);
     t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED;
     t->reaped = t->exited = t->pipe_eof = 1;
     t->proc_open = 1; /* uv_spawn failures still need uv_close */
@@ -995,6 +998,8 @@ static void log_work(uv_work_t *w)
   put.data.len = error[0] ? 0 : ch.len;
   put.offset = ch.start;
   put.size = size;
+  dt_utf8_sanitize(error); /* shown to the user; the coordinator refuses strings not UTF-8 */
+  dt_utf8_sanitize(path);
   put.error = error;
   put.path = path;
   put.writing = lr->writing;

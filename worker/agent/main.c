@@ -168,6 +168,10 @@ int main(int argc, char **argv)
     gethostname(host, sizeof host - 1);
     cfg.hostname = host;
   }
+  if (!dt_utf8_valid(cfg.hostname, strlen(cfg.hostname))) { /* the coordinator would refuse it */
+    fprintf(stderr, "distrain-worker: the host name is not UTF-8; name the node with --hostname\n");
+    return 2;
+  }
   if (!cfg.work_dir) {
     const char *st = getenv("STATE_DIRECTORY");
     snprintf(work, sizeof work, "%s/worker", st && *st ? st : "/var/lib/distrain");
