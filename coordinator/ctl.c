@@ -156,6 +156,14 @@ void dt_json_string(FILE *out, const char *s)
   fputc('"', out);
 }
 
+void dt_json_number(FILE *out, const char *fmt, double v)
+{
+  if (isfinite(v))
+    fprintf(out, fmt, v);
+  else
+    fputs("null", out);
+}
+
 static const char *trainer_state(Distrain__V1__TrainerState s)
 {
   const ProtobufCEnumValue *v =
@@ -175,11 +183,13 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
   dt_json_string(out, j->reason);
   fprintf(out,
           ", \"generation\": %llu, \"restarts\": %d, \"world_size\": %d, \"step\": %lld, "
-          "\"steps\": %d, \"loss\": %.9g, \"tokens_per_s\": %.1f, \"committed_step\": %lld, "
-          "\"failed_nodes\": [",
+          "\"steps\": %d, \"loss\": ",
           (unsigned long long)j->generation, j->restarts, j->world_size, (long long)j->step,
-          j->spec && j->spec->training ? j->spec->training->steps : 0, j->loss, j->tokens_per_s,
-          (long long)j->committed_step);
+          j->spec && j->spec->training ? j->spec->training->steps : 0);
+  dt_json_number(out, "%.9g", j->loss);
+  fputs(", \"tokens_per_s\": ", out);
+  dt_json_number(out, "%.1f", j->tokens_per_s);
+  fprintf(out, ", \"committed_step\": %lld, \"failed_nodes\": [", (long long)j->committed_step);
   for (size_t i = 0; i < j->n_failed_nodes; i++) {
     if (i)
       fputs(", ", out);
@@ -201,8 +211,9 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
       fprintf(out, ", \"state\": \"%s\", \"step\": %lld, \"waiting\": ", trainer_state(r->state),
               (long long)r->step);
       dt_json_string(out, r->waiting);
-      fprintf(out, ", \"report_age_ms\": %u, \"compute_ms\": %.3f, \"straggler\": %s}",
-              r->report_age_ms, r->compute_ms, r->straggler ? "true" : "false");
+      fprintf(out, ", \"report_age_ms\": %u, \"compute_ms\": ", r->report_age_ms);
+      dt_json_number(out, "%.3f", r->compute_ms);
+      fprintf(out, ", \"straggler\": %s}", r->straggler ? "true" : "false");
     }
     fputc(']', out);
   }

@@ -65,5 +65,8 @@ void dt_ctl_plan_emit_spec(FILE *out, const dt_plan_model_t *m, const dt_plan_tr
 
 /* JSON output helpers (emitting only; strings are escaped per RFC 8259). */
 void dt_json_string(FILE *out, const char *s);
+/* v printed with fmt ("%.9g"), or null when it is NaN or infinite: JSON has no such numbers,
+ * and a "nan" would make the whole document unreadable (the dashboard, `status --json`). */
+void dt_json_number(FILE *out, const char *fmt, double v);
 
 #endif

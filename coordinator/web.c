@@ -46,7 +46,7 @@ static void write_history(FILE *out, const dt_job_t *j)
       if (k == 0)
         fprintf(out, "%lld", (long long)m->step);
       else
-        fprintf(out, "%.7g", k == 1 ? (double)m->loss : m->tokens_per_s);
+        dt_json_number(out, "%.7g", k == 1 ? (double)m->loss : m->tokens_per_s);
     }
     fputc(']', out);
   }

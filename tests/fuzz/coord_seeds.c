@@ -5,6 +5,7 @@
  *
  * (their layout is fuzz_coord.c's: op, 2-byte length, payload). The job is dp=4 over two nodes
  * of two CPU devices each: node-0 holds ranks 0-1 and node-1 ranks 2-3 of generation 1. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@ enum { OP_GONE = 14, OP_TIME = 15, OP_RESTART = 16, OP_RENDER = 17, OP_LOCK = 19
 static FILE *g_out;
 static uint32_t g_waiting_ms = 50; /* how long the ranks of a heartbeat wait in all_reduce */
 static int g_exit_code = 1;        /* of the ranks of a heartbeat with an error */
+static float g_loss = 4.5f;        /* the ranks' loss */
 
 static void rec(unsigned op, const ProtobufCMessage *m)
 {
@@ -124,7 +126,7 @@ static void heartbeat(const char *node, int first, Distrain__V1__TrainerState s,
   Distrain__V1__StepMetrics sm = DISTRAIN__V1__STEP_METRICS__INIT;
   Distrain__V1__StepMetrics *smp[1] = {&sm};
   sm.step = step;
-  sm.loss = 4.5f;
+  sm.loss = g_loss;
   sm.lr = 3e-4;
   sm.ms = 120;
   sm.tokens_per_s = 4000;
@@ -150,7 +152,7 @@ static void heartbeat(const char *node, int first, Distrain__V1__TrainerState s,
     ts[i].state = s;
     ts[i].pid = 100 + first + i;
     ts[i].step = step;
-    ts[i].loss = 4.5f;
+    ts[i].loss = g_loss;
     ts[i].memory_bytes = 1 << 28;
     ts[i].compute_ms = 100;
     ts[i].progress = &prog;
@@ -333,6 +335,14 @@ int main(int argc, char **argv)
   rec(OP_RENDER, NULL);
   job_call("GetJob");
   call("ListJobs", NULL);
+  fclose(g_out);
+
+  open_seed(dir, "diverged"); /* a NaN loss on the dashboard (JSON has no NaN) */
+  running_job();
+  g_loss = NAN;
+  heartbeat("node-0", 0, DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, 2, NULL);
+  g_loss = 4.5f;
+  rec(OP_RENDER, NULL);
   fclose(g_out);
 
   open_seed(dir, "held-calls"); /* long polls, logs, clients that go away */

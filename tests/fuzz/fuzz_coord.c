@@ -25,6 +25,7 @@
  * shard report makes its step's directory there, as its writer would have. Liveness scans run only
  * when op 15 moves the coordinator's clock (dt_coord_clock_advance), so an input replays the
  * same way. */
+#include <ctype.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <string.h>
@@ -305,6 +306,29 @@ static void restart(dt_coord_t *c, uv_loop_t *loop)
   check_restored(c, &k);
 }
 
+/* Outside its strings a JSON document holds only numbers, punctuation, white space and the
+ * literals true, false and null: no "nan", no "inf" (a lexical check, not a parser). */
+static void check_json_tokens(const char *json)
+{
+  for (const char *p = json; *p; p++) {
+    if (*p == '"') {
+      for (p++; *p && *p != '"'; p++) {
+        FUZZ_ASSERT((unsigned char)*p >= 0x20, "a raw control character in a JSON string");
+        if (*p == '\\' && p[1])
+          p++;
+      }
+      FUZZ_ASSERT(*p, "an unterminated JSON string");
+    } else if (isalpha((unsigned char)*p) &&
+               !((*p == 'e' || *p == 'E') && p > json && isdigit((unsigned char)p[-1]))) {
+      const size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz");
+      FUZZ_ASSERT((n == 4 && (!strncmp(p, "true", 4) || !strncmp(p, "null", 4))) ||
+                      (n == 5 && !strncmp(p, "false", 5)),
+                  "'%.*s' in JSON", (int)(n ? n : 1), p);
+      p += n ? n - 1 : 0;
+    }
+  }
+}
+
 /* Prometheus text: comments, and samples "name{labels} value" with a number as the value. */
 static void check_metrics(dt_coord_t *c)
 {
@@ -331,6 +355,7 @@ static void check_metrics(dt_coord_t *c)
   FUZZ_ASSERT(json && strlen(json) == len, "the dashboard's status is %zu bytes, %zu of them text",
               len, json ? strlen(json) : 0);
   FUZZ_ASSERT(dt_utf8_valid(json, len), "the dashboard's status is not UTF-8 (nor JSON)");
+  check_json_tokens(json);
   free(json);
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include <check.h>
+#include <math.h>
 
 #include "ctl.h"
 
@@ -230,6 +231,34 @@ static char *print_transition(const Distrain__V1__Job *j, uint64_t *placed_gen)
 /* A poll that sees RUNNING where the rendezvous fell between two polls prints the placement
  * from the ranks (4 ranks, 2 a node); one that saw RENDEZVOUS (whose reason names it) does
  * not print it again, nor does a later state of the same generation; a new generation does. */
+/* JSON has no NaN or infinity: a job whose loss diverged prints null there, and the document
+ * stays readable (json_job printed "nan", which no JSON reader takes). */
+START_TEST(test_job_json_non_finite)
+{
+  Distrain__V1__Job j = DISTRAIN__V1__JOB__INIT;
+  j.job_id = "job-1";
+  j.reason = "diverged";
+  j.loss = NAN;
+  j.tokens_per_s = INFINITY;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(fp);
+  dt_ctl_print_job(fp, &j, 1);
+  fclose(fp);
+  ck_assert_msg(strstr(buf, "\"loss\": null, \"tokens_per_s\": null, \"committed_step\": 0"), "%s",
+                buf);
+  ck_assert_ptr_null(strstr(buf, "nan"));
+  ck_assert_ptr_null(strstr(buf, "inf"));
+  free(buf);
+  fp = open_memstream(&buf, &len);
+  dt_json_number(fp, "%.3f", 2.5);
+  fclose(fp);
+  ck_assert_str_eq(buf, "2.500");
+  free(buf);
+}
+END_TEST
+
 START_TEST(test_transitions_show_the_placement)
 {
   Distrain__V1__ParallelSpec par = DISTRAIN__V1__PARALLEL_SPEC__INIT;
@@ -293,6 +322,7 @@ static Suite *ctl_suite(void)
   TCase *t = tcase_create("nodes");
   tcase_add_test(t, test_nodes_table);
   tcase_add_test(t, test_nodes_json);
+  tcase_add_test(t, test_job_json_non_finite);
   tcase_add_test(t, test_transitions_show_the_placement);
   suite_add_tcase(s, t);
   return s;
