@@ -28,7 +28,5 @@ void fake_rpc_cancel(dt_rpc_server_t *s, size_t i);
 /* Frees the calls answered since the last sweep (kept until then, as gRPC keeps a call until
  * its completions come back to the loop). */
 void fake_rpc_sweep(dt_rpc_server_t *s);
-/* Answers so far, by status, and replies that carried a message (for the seeds' checks). */
-extern uint64_t fake_rpc_answers[17], fake_rpc_replies;
 
 #endif

@@ -13,18 +13,19 @@
  * take the store's database, or give it back (the coordinator's writes fail meanwhile). After each
  * record the loop turns once (the coordinator answers watches and plans on the next turn).
  *
- * Properties, besides the fake server's and the sanitizers': after every record, the state's
+ * Properties, besides the fake server's and the sanitizers', after every record: the state's
  * invariants (state.h: node ids match their slots, a node's job exists and has not ended, a
- * job's ranks are on known nodes, its reason is UTF-8), a running job's placement (each rank on a
- * live node the job holds, on a device of its own); a job's generation and committed step never go
- * back, a job that ended stays ended); a restart restores every node and job as they were (id,
- * state, generation, committed step, spec), once the store is writable again and the coordinator
- * has rewritten it (dt_coord_resync, as its liveness scan would); /metrics is UTF-8 Prometheus
- * text, a value on every sample line. The checkpoint directory of every submitted job is forced
- * under the target's private directory (a commit writes manifests and deletes old steps), and a
- * shard report makes its step's directory there, as its writer would have. Liveness scans run only
- * when op 15 moves the coordinator's clock (dt_coord_clock_advance), so an input replays the
- * same way. */
+ * job's ranks are on known nodes, its reason is UTF-8); a running job's placement (each rank on
+ * a live node the job holds, on a device of its own); a job's generation and committed step
+ * never go back, and a job that ended stays ended. A restart restores every node and job as
+ * they were (state, generation, committed step, spec, step metrics), once the store is
+ * writable again and the coordinator has rewritten it (dt_coord_resync, as its liveness scan
+ * would). /metrics is UTF-8 Prometheus text, a value on every sample line; the dashboard's
+ * status is UTF-8 with no "nan" or "inf" (JSON has none). The checkpoint directory of every
+ * submitted job is forced under the target's private directory (a commit writes manifests and
+ * deletes old steps), and a shard report makes its step's directory there, as its writer would
+ * have. Liveness scans run only when op 15 moves the coordinator's clock
+ * (dt_coord_clock_advance), so an input replays the same way. */
 #include <ctype.h>
 #include <math.h>
 #include <sqlite3.h>
