@@ -27,7 +27,6 @@
  * have. Liveness scans run only when op 15 moves the coordinator's clock
  * (dt_coord_clock_advance), so an input replays the same way. */
 #include <ctype.h>
-#include <math.h>
 #include <sqlite3.h>
 #include <string.h>
 #include <sys/stat.h>
