@@ -870,6 +870,25 @@ void dt_coord_blame_expired(dt_coord_t *c)
 /* Checkpoints                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Steps of one generation waiting for shards at once. Each writer has at most one save in
+ * flight, so writers a save apart leave two; more is a trainer reporting steps it never
+ * finishes, which would otherwise grow without bound. */
+#define MAX_PENDING_CKPTS 8
+
+/* Drops the pending steps of generations before gen, whose writers are gone: no report of
+ * theirs is taken any more (handlers.c takes the current generation's only). */
+static void drop_stale_ckpts(dt_coord_t *c, dt_job_t *j, uint64_t gen)
+{
+  for (size_t i = j->n_ckpts; i-- > 0;) {
+    dt_ckpt_pending_t *p = &j->ckpts[i];
+    if (p->generation >= gen)
+      continue;
+    dt_coord_store_drop_ckpt_reports(c->store, j->id, p->step, p->step);
+    dt_ckpt_pending_free(p);
+    *p = j->ckpts[--j->n_ckpts];
+  }
+}
+
 int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen)
@@ -883,6 +902,16 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   /* A report repeated after a coordinator restart, of a step since committed: done already. */
   if (r->step <= j->job->committed_step)
     return 0;
+  if (!restore) {
+    /* The writers are some of the current generation's ranks (a restored report may be an
+     * older generation's, of another world). */
+    if (r->world > j->world) {
+      snprintf(err, errlen, "step %lld: a report of %d writers, but the job has %d ranks",
+               (long long)r->step, r->world, j->world);
+      return DT_EINVAL;
+    }
+    drop_stale_ckpts(c, j, r->generation);
+  }
   dt_ckpt_pending_t *p = NULL;
   for (size_t i = 0; i < j->n_ckpts; i++)
     if (j->ckpts[i].step == r->step)
@@ -893,6 +922,11 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
     *p = j->ckpts[--j->n_ckpts];
     p = NULL;
     dt_coord_store_drop_ckpt_reports(c->store, j->id, r->step, r->step);
+  }
+  if (!p && !restore && j->n_ckpts >= MAX_PENDING_CKPTS) {
+    snprintf(err, errlen, "step %lld: %zu earlier steps still wait for shards (at most %d)",
+             (long long)r->step, j->n_ckpts, MAX_PENDING_CKPTS);
+    return DT_EINVAL;
   }
   if (!p) {
     dt_ckpt_pending_t *grown = realloc(j->ckpts, (j->n_ckpts + 1) * sizeof *grown);

@@ -616,6 +616,48 @@ START_TEST(test_unwritable_manifest_abandons_the_step)
 }
 END_TEST
 
+/* What a writer can make the coordinator hold is bounded: a report names at most the job's
+ * ranks as writers, a generation has at most 8 steps waiting for shards, and a new
+ * generation's first report drops the steps its predecessors left unfinished (in memory and in
+ * the store: a restart does not bring them back). */
+START_TEST(test_checkpoint_reports_are_bounded)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  char id[32];
+  snprintf(id, sizeof id, "%s", j->id);
+  int committed;
+  char name[32], err[256] = "";
+  Distrain__V1__ReportCheckpointRequest q = shard_report(f, j, 1, 10, 0, 1 << 20, name);
+  ck_assert_int_eq(dt_coord_checkpoint_report(&f->c, j, 0, &q, &committed, err, sizeof err),
+                   DT_EINVAL);
+  ck_assert_str_eq(err, "step 10: a report of 1048576 writers, but the job has 2 ranks");
+  ck_assert_int_eq(j->n_ckpts, 0);
+  for (int64_t step = 10; step <= 80; step += 10)
+    ck_assert_int_eq(report_ckpt(f, j, 1, step, 0, 2, &committed), 0);
+  q = shard_report(f, j, 1, 90, 0, 2, name);
+  ck_assert_int_eq(dt_coord_checkpoint_report(&f->c, j, 0, &q, &committed, err, sizeof err),
+                   DT_EINVAL);
+  ck_assert_str_eq(err, "step 90: 8 earlier steps still wait for shards (at most 8)");
+  ck_assert_int_eq(j->n_ckpts, 8);
+  /* Rank 1 completes one of them: room again. */
+  ck_assert_int_eq(report_ckpt(f, j, 1, 50, 1, 2, &committed), 0);
+  ck_assert_int_eq(committed, 1);
+  ck_assert_int_eq(report_ckpt(f, j, 1, 90, 0, 2, &committed), 0);
+  ck_assert_int_eq(j->n_ckpts, 8);
+  /* Generation 2's first report: generation 1's unfinished steps go. */
+  ck_assert_int_eq(report_ckpt(f, j, 2, 100, 0, 2, &committed), 0);
+  ck_assert_int_eq(committed, 0);
+  ck_assert_int_eq(j->n_ckpts, 1);
+  fx_restart(f);
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_int_eq(j->job->committed_step, 50);
+  ck_assert_int_eq(j->n_ckpts, 1);
+  ck_assert_int_eq(j->ckpts[0].step, 100);
+  fx_free(f);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* Step metrics                                                                                */
 /* ------------------------------------------------------------------------------------------ */
@@ -717,6 +759,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
   tcase_add_test(t, test_unwritable_manifest_abandons_the_step);
+  tcase_add_test(t, test_checkpoint_reports_are_bounded);
   tcase_add_test(t, test_metrics_across_generations);
   tcase_add_test(t, test_replaced_steps_stay_replaced_across_a_restart);
   suite_add_tcase(s, t);
