@@ -302,7 +302,9 @@ void *dt_pb_copy(const ProtobufCMessage *m)
   return copy;
 }
 
-int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len)
+/* Walks every string of m (nested and repeated messages too): the first that is not UTF-8
+ * names its field and fails, or, with fix, each is made UTF-8 in place. */
+static int pb_utf8(const ProtobufCMessage *m, int fix, char *field, size_t len)
 {
   const ProtobufCMessageDescriptor *d = m->descriptor;
   for (unsigned i = 0; i < d->n_fields; i++) {
@@ -310,11 +312,11 @@ int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len)
     if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)
       continue;
     const char *member = (const char *)m + f->offset;
-    const void *const *values = (const void *const *)member; /* one, or the repeated array */
+    void *const *values = (void *const *)member; /* one, or the repeated array */
     size_t n = 1;
     if (f->label == PROTOBUF_C_LABEL_REPEATED) {
       n = *(const size_t *)((const char *)m + f->quantifier_offset);
-      values = *(const void *const *const *)member;
+      values = *(void *const *const *)member;
     } else if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
                *(const uint32_t *)((const char *)m + f->quantifier_offset) != f->id) {
       continue;
@@ -323,15 +325,29 @@ int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len)
       if (!values[k])
         continue;
       if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
-        if (dt_pb_check_utf8(values[k], field, len) != 0)
+        if (pb_utf8(values[k], fix, field, len) != 0)
           return DT_EINVAL;
       } else if (!dt_utf8_valid(values[k], strlen(values[k]))) {
+        if (fix) {
+          dt_utf8_sanitize(values[k]);
+          continue;
+        }
         snprintf(field, len, "%s.%s", d->name, f->name);
         return DT_EINVAL;
       }
     }
   }
   return 0;
+}
+
+int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len)
+{
+  return pb_utf8(m, 0, field, len);
+}
+
+void dt_pb_sanitize_utf8(ProtobufCMessage *m)
+{
+  pb_utf8(m, 1, NULL, 0);
 }
 
 int dt_rpc_status_to_err(int status)

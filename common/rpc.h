@@ -114,6 +114,10 @@ void *dt_pb_copy(const ProtobufCMessage *m);
  * field ("distrain.v1.NodeInfo.hostname"). The server refuses such a request
  * (INVALID_ARGUMENT): whatever it stored of one would reach every client in its answers. */
 int dt_pb_check_utf8(const ProtobufCMessage *m, char *field, size_t len);
+/* Makes every string of m UTF-8 in place (dt_utf8_sanitize): for messages read back from
+ * storage that an older version wrote before it checked. m must be an unpacked (writable)
+ * one. */
+void dt_pb_sanitize_utf8(ProtobufCMessage *m);
 
 /* ------------------------------------------------------------------------------------------ */
 /* TLS                                                                                         */

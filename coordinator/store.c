@@ -19,6 +19,7 @@
 #include "dt_log.h"
 #include "dt_param.h"
 #include "dt_util.h"
+#include "rpc.h"
 
 /* How long a write waits for another process holding the database (an operator's sqlite3
  * shell) before it fails and the store is out of step (the coordinator rewrites it later). */
@@ -340,6 +341,7 @@ static int load_nodes(dt_coord_store_t *s, dt_coord_state_t *c, double now_ms)
       ret = sql_fail(s, "corrupt node row");
       break;
     }
+    dt_pb_sanitize_utf8(&n->info->base); /* a row a version before the check wrote */
     if ((ret = dt_coord_add_node(c, n)) != 0)
       dt_node_free(n);
   }
@@ -403,6 +405,7 @@ static int load_jobs(dt_coord_store_t *s, dt_coord_state_t *c)
       ret = sql_fail(s, "corrupt job row");
       break;
     }
+    dt_pb_sanitize_utf8(&j->job->base);
     j->world = plan[0], j->dp = plan[1], j->grad_accum = plan[2], j->resume_step = plan[3];
     j->ranks = calloc((size_t)DT_MAX(j->world, 1), sizeof *j->ranks);
     for (int r = 0; j->ranks && r < j->world; r++) {

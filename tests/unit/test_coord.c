@@ -567,6 +567,29 @@ START_TEST(test_restart_keeps_jobs_plans_and_pending_reports)
 }
 END_TEST
 
+/* A state DB that a coordinator from before the UTF-8 check wrote can hold strings that are
+ * not UTF-8 (an agent's host name, a reason cut inside a character): a restart serves them
+ * made UTF-8, or every ListNodes / ListJobs answer would be undecodable for other clients. */
+START_TEST(test_restart_makes_stored_strings_utf8)
+{
+  fx_t *f = fx_new();
+  add_node(f, "caf\xe9", 1);
+  dt_job_t *j = submit(f, NULL);
+  char id[32];
+  snprintf(id, sizeof id, "%s", j->id);
+  free(j->job->reason);
+  j->job->reason = strdup("trainer said \xc3");
+  ck_assert_int_eq(dt_coord_store_put_job(f->c.store, j), 0);
+  fx_restart(f);
+  ck_assert_str_eq(f->c.st.nodes[0]->info->hostname, "caf?");
+  j = dt_coord_job_by_id(&f->c.st, id);
+  ck_assert_str_eq(j->job->reason, "trainer said ?");
+  char field[128];
+  ck_assert_int_eq(dt_pb_check_utf8(&j->job->base, field, sizeof field), 0);
+  fx_free(f);
+}
+END_TEST
+
 /* A manifest that cannot be written (the step's directory gone, a full disk) leaves the step
  * uncommitted, and never stops the coordinator from starting on its state: its reports leave
  * the store when the live commit fails; reports restored from the store (the coordinator died
@@ -758,6 +781,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
+  tcase_add_test(t, test_restart_makes_stored_strings_utf8);
   tcase_add_test(t, test_unwritable_manifest_abandons_the_step);
   tcase_add_test(t, test_checkpoint_reports_are_bounded);
   tcase_add_test(t, test_metrics_across_generations);
