@@ -20,6 +20,7 @@ static FILE *g_out;
 static uint32_t g_waiting_ms = 50; /* how long the ranks of a heartbeat wait in all_reduce */
 static int g_exit_code = 1;        /* of the ranks of a heartbeat with an error */
 static float g_loss = 4.5f;        /* the ranks' loss */
+static double g_compute_ms = 100;  /* node-1's ranks' compute per step (node-0's: 100) */
 
 static void rec(unsigned op, const ProtobufCMessage *m)
 {
@@ -154,7 +155,7 @@ static void heartbeat(const char *node, int first, Distrain__V1__TrainerState s,
     ts[i].step = step;
     ts[i].loss = g_loss;
     ts[i].memory_bytes = 1 << 28;
-    ts[i].compute_ms = 100;
+    ts[i].compute_ms = first == 0 ? 100 : g_compute_ms;
     ts[i].progress = &prog;
     ts[i].last_error = (char *)(error ? error : "");
     ts[i].exit_code = error ? g_exit_code : 0;
@@ -343,6 +344,29 @@ int main(int argc, char **argv)
   heartbeat("node-0", 0, DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, 2, NULL);
   g_loss = 4.5f;
   rec(OP_RENDER, NULL);
+  fclose(g_out);
+
+  open_seed(dir, "straggler"); /* node-1's ranks compute 3x as long: reported, then not */
+  running_job();
+  for (int step = 2; step < 16; step++) {
+    g_compute_ms = step < 7 ? 300 : 100;
+    time_passes(11); /* one straggler check a second */
+    heartbeat("node-0", 0, DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, step, NULL);
+    heartbeat("node-1", 2, DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING, step, NULL);
+    if (step == 6)
+      job_call("GetJob");
+  }
+  g_compute_ms = 100;
+  rec(OP_RENDER, NULL);
+  fclose(g_out);
+
+  open_seed(dir, "ckpt-flood"); /* steps that never get their last shard: at most 8 kept */
+  running_job();
+  for (int64_t step = 10; step <= 100; step += 10)
+    checkpoint(step, 3);
+  rec(OP_RESTART, NULL);
+  checkpoint(100, 4);
+  job_call("GetJob");
   fclose(g_out);
 
   open_seed(dir, "held-calls"); /* long polls, logs, clients that go away */
