@@ -1059,6 +1059,11 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
           "= %lld",
           training->batch, training->micro_batch, parallel->dp, per_step);
   }
+  if (training->sample > 0 && (parallel->cp > 1 || parallel->sequence_parallel))
+    bad(&v,
+        "training.sample (%d) needs parallel.cp 1 and parallel.sequence_parallel false (got cp "
+        "%d, sequence_parallel %s): text generation does not split sequences",
+        training->sample, parallel->cp, parallel->sequence_parallel ? "true" : "false");
   if (parallel->dp > 0 && parallel->tp > 0 && parallel->pp > 0 && parallel->cp > 0) {
     dt_mesh_t mesh = {
         .pp = parallel->pp, .dp = parallel->dp, .cp = parallel->cp, .tp = parallel->tp};
@@ -1116,6 +1121,34 @@ int dt_jobspec_grad_accum(const spec_t *spec, int dp_size)
   if (p && p->pp > 1 && p->schedule && strcmp(p->schedule, "interleaved") == 0 && accum % p->pp)
     return DT_EINVAL;
   return (int)accum;
+}
+
+int dt_jobspec_place(const spec_t *spec, int min_dp, int max_dp, const int *node_devices,
+                     int nnodes, dt_placement_t *pl, char *why, size_t whylen)
+{
+  dt_mesh_t mesh;
+  memset(pl, 0, sizeof *pl);
+  if (whylen > 0)
+    why[0] = '\0';
+  if (dt_jobspec_mesh(spec, &mesh) != 0) {
+    snprintf(why, whylen, "invalid mesh");
+    return DT_EINVAL;
+  }
+  for (int d = max_dp; d >= DT_MAX(min_dp, 1); d--) {
+    if (dt_jobspec_grad_accum(spec, d) < 1)
+      continue;
+    char reason[256];
+    mesh.dp = d;
+    if (dt_mesh_place(&mesh, node_devices, nnodes, pl, reason, sizeof reason) == 0)
+      return d;
+    dt_placement_free(pl);
+    if (whylen > 0 && !why[0])
+      snprintf(why, whylen, "%s", reason);
+  }
+  if (whylen > 0 && !why[0])
+    snprintf(why, whylen, "no dp in [%d, %d] divides the batch into whole micro-batches",
+             DT_MAX(min_dp, 1), max_dp);
+  return DT_EUNAVAIL;
 }
 
 /* ------------------------------------------------------------------------------------------ */

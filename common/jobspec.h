@@ -73,6 +73,16 @@ int dt_jobspec_mesh(const Distrain__V1__JobSpec *spec, dt_mesh_t *mesh);
  * job that shrinks after losing a node never gets a layout its trainers refuse. */
 int dt_jobspec_grad_accum(const Distrain__V1__JobSpec *spec, int dp_size);
 
+/* Places the job on nnodes nodes of node_devices[i] devices each: the largest dp in
+ * [min_dp, max_dp] with a whole gradient accumulation (dt_jobspec_grad_accum) whose mesh (the
+ * spec's pp, cp and tp at that dp) fits (dt_mesh_place). Returns that dp with its placement in
+ * *pl (free with dt_placement_free), or DT_EUNAVAIL with why saying why the largest candidate
+ * did not fit (DT_EINVAL for an invalid mesh). The coordinator plans with this, and
+ * `distrainctl run --local` checks with it that its cluster can ever hold the job. */
+int dt_jobspec_place(const Distrain__V1__JobSpec *spec, int min_dp, int max_dp,
+                     const int *node_devices, int nnodes, dt_placement_t *pl, char *why,
+                     size_t whylen);
+
 /* distrain-train's arguments for one rank of this job (argv[0] not included), NULL-terminated,
  * every string malloc'ed; free with dt_argv_free. dp_size is the data-parallel size of the
  * current generation (it may differ from parallel.dp after an elastic re-plan: the global batch

@@ -487,6 +487,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
   int64_t after = 0;
   Distrain__V1__JobState last_state = DISTRAIN__V1__JOB_STATE__JOB_UNKNOWN;
   uint64_t last_gen = 0, placed_gen = 0;
+  char last_reason[512] = ""; /* a waiting job's reason changes as nodes come and go */
   int ret = 0, failures = 0;
   double ms_ewma = 0.0;
   while (!(stop && *stop)) {
@@ -509,11 +510,15 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     failures = 0;
     Distrain__V1__Job *j = (void *)resp;
     const int steps = j->spec->training->steps;
-    if (j->state != last_state || j->generation != last_gen) {
+    const char *reason = j->reason ? j->reason : "";
+    if (j->state != last_state || j->generation != last_gen ||
+        (j->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING &&
+         strncmp(reason, last_reason, sizeof last_reason - 1) != 0)) {
       if (!o->json)
         dt_ctl_print_transition(stderr, job_id, j, &placed_gen);
       last_state = j->state;
       last_gen = j->generation;
+      snprintf(last_reason, sizeof last_reason, "%s", reason);
     }
     Distrain__V1__GetJobMetricsRequest mreq = DISTRAIN__V1__GET_JOB_METRICS_REQUEST__INIT;
     mreq.job_id = (char *)job_id;

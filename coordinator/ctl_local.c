@@ -27,6 +27,7 @@
 #include "ctl.h"
 #include "dt_log.h"
 #include "dt_util.h"
+#include "jobspec.h"
 #ifdef DT_HAVE_CUDA
 #include "probe.h"
 #endif
@@ -146,6 +147,41 @@ static void node_gpus(const dt_ctl_local_t *l, int gpus, int node, char *out, si
                             (node * l->devices_per_node + k) % gpus);
 }
 
+/* A local cluster's nodes are all it will ever have: a job that cannot be placed on them would
+ * wait for nodes forever, so it is refused before anything starts. (The coordinator plans the
+ * job itself, with the same dt_jobspec_place.) */
+static int check_fits(const dt_ctl_local_t *l, const Distrain__V1__JobSpec *spec)
+{
+  const Distrain__V1__ElasticSpec *el = spec->elastic;
+  const int n = DT_MIN(l->nodes, el->max_nodes);
+  char why[256] = "";
+  if (el->min_nodes > l->nodes) {
+    snprintf(why, sizeof why, "elastic.min_nodes is %d", el->min_nodes);
+  } else {
+    int *devs = malloc((size_t)n * sizeof *devs);
+    if (!devs)
+      return DT_ENOMEM;
+    for (int i = 0; i < n; i++)
+      devs[i] = l->devices_per_node;
+    dt_placement_t pl;
+    const int dp = dt_jobspec_place(spec, 1, spec->parallel->dp, devs, n, &pl, why, sizeof why);
+    dt_placement_free(&pl);
+    free(devs);
+    if (dp > 0)
+      return 0;
+  }
+  fprintf(stderr,
+          "distrainctl: this local cluster can never run the job: %s. It has %d node%s of %d "
+          "device%s (--nodes, --devices-per-node)",
+          why, l->nodes, l->nodes == 1 ? "" : "s", l->devices_per_node,
+          l->devices_per_node == 1 ? "" : "s");
+  if (n < l->nodes)
+    fprintf(stderr, ", of which the job may use %d (--set elastic.max_nodes=%d lets it use all)", n,
+            l->nodes);
+  fputc('\n', stderr);
+  return DT_EINVAL;
+}
+
 static void stop_job(dt_rpc_client_t *c, const char *job_id)
 {
   Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
@@ -166,6 +202,7 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
   if (!agents)
     return DT_ENOMEM;
   DT_CHECK_GOTO(local_gpus(spec, &gpus), ret, out);
+  DT_CHECK_GOTO(check_fits(l, spec), ret, out);
   DT_CHECK_GOTO(find_binary("distrain-coordinator", "coordinator", coord_bin, sizeof coord_bin),
                 ret, out);
   DT_CHECK_GOTO(find_binary("distrain-worker", "worker/agent", worker_bin, sizeof worker_bin), ret,

@@ -271,27 +271,17 @@ static int larger_dp(dt_coord_t *c, dt_job_t *j)
 {
   const Distrain__V1__JobSpec *spec = j->job->spec;
   const int jidx = dt_coord_job_index(&c->st, j), max_nodes = spec->elastic->max_nodes;
-  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0, best = 0;
-  dt_mesh_t mesh;
-  if (!devs || dt_jobspec_mesh(spec, &mesh) != 0) {
-    free(devs);
+  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0;
+  if (!devs)
     return 0;
-  }
   for (size_t i = 0; i < c->st.n_nodes && (max_nodes <= 0 || n < max_nodes); i++)
     if (node_serves(c->st.nodes[i], jidx, device_kind(spec)))
       devs[n++] = (int)c->st.nodes[i]->info->n_devices;
-  for (int d = requested_dp(j); d > j->dp && !best; d--) {
-    dt_placement_t pl;
-    char why[256];
-    mesh.dp = d;
-    memset(&pl, 0, sizeof pl);
-    if (dt_jobspec_grad_accum(spec, d) >= 1 &&
-        dt_mesh_place(&mesh, devs, n, &pl, why, sizeof why) == 0)
-      best = d;
-    dt_placement_free(&pl);
-  }
+  dt_placement_t pl;
+  const int dp = dt_jobspec_place(spec, j->dp + 1, requested_dp(j), devs, n, &pl, NULL, 0);
+  dt_placement_free(&pl);
   free(devs);
-  return best;
+  return DT_MAX(dp, 0);
 }
 
 /* After a checkpoint commit: a job running below its submitted dp (it shrank when a node was
@@ -322,13 +312,13 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->st.n_nodes;
   int *idle = malloc((c->st.n_nodes + 1) * sizeof *idle);
   int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs);
-  int nidle = 0, planned = 0;
+  int nidle = 0, nserving = 0, planned = 0;
   char why[256] = "";
   if (!idle || !devs)
     goto out;
   const char *kind = device_kind(spec);
-  for (size_t i = 0; i < c->st.n_nodes && nidle < max_nodes; i++) {
-    if (node_serves(c->st.nodes[i], -1, kind)) {
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    if (node_serves(c->st.nodes[i], -1, kind) && nserving++ < max_nodes) {
       idle[nidle] = (int)i;
       devs[nidle++] = (int)c->st.nodes[i]->info->n_devices;
     }
@@ -338,32 +328,20 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
              kind ? " with " : "", kind ? kind : "", kind ? " devices" : "", el->min_nodes);
     goto wait;
   }
-  dt_mesh_t mesh;
-  if (dt_jobspec_mesh(spec, &mesh) != 0) {
-    snprintf(why, sizeof why, "invalid mesh");
-    goto wait;
-  }
   /* Keep tp x pp x cp; take the largest dp <= the submitted one that fits and divides the
    * batch. */
   dt_placement_t pl;
-  memset(&pl, 0, sizeof pl);
-  int dp = -1;
-  for (int d = requested_dp(j); d >= 1; d--) {
-    if (dt_jobspec_grad_accum(spec, d) < 1)
-      continue;
-    dt_mesh_t m = mesh;
-    m.dp = d;
-    char reason[256];
-    if (dt_mesh_place(&m, devs, nidle, &pl, reason, sizeof reason) == 0) {
-      dp = d;
-      break;
+  const int dp = dt_jobspec_place(spec, 1, requested_dp(j), devs, nidle, &pl, why, sizeof why);
+  if (dp < 0) {
+    if (nserving > nidle) { /* the job's own limit, not the cluster's */
+      const size_t len = strlen(why);
+      snprintf(why + len, sizeof why - len, " (elastic.max_nodes %d; %d nodes are idle)", max_nodes,
+               nserving);
     }
-    if (!why[0])
-      snprintf(why, sizeof why, "%s", reason);
-    dt_placement_free(&pl);
-  }
-  if (dp < 0)
     goto wait;
+  }
+  dt_mesh_t mesh;
+  dt_jobspec_mesh(spec, &mesh);
 
   /* Commit the plan: a new generation. */
   dt_job_free_ranks(j);

@@ -616,6 +616,31 @@ class T1_GrpcSurface(ClusterTest):
         st = json.loads(r.stdout)
         self.assertEqual((st["job_id"], st["state"], st["name"]), (job_id, "PENDING", "from-python"))
 
+        # status --watch prints a waiting job's reason each time it changes, not only its
+        # state: a job that can never start says why, instead of nothing.
+        self.call("StopJob", pb.StopJobRequest(job_id=job_id))
+        spec.elastic.min_nodes = spec.elastic.max_nodes = 2
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        watch = subprocess.Popen([binary("coordinator", "distrainctl"), "status", job_id, "--watch",
+                                  "--coordinator", self.addr, "--token-file", self.token_file],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=self.env, cwd=self.tmp)
+        try:
+            first = watch.stderr.readline()  # its first poll: no nodes yet
+            self.assertEqual(first, "[%s] PENDING (generation 0): waiting for nodes: 0 idle, "
+                             "min_nodes 2\n" % job_id)
+            info = pb.NodeInfo(hostname="fake0", devices=[pb.Device(kind="cpu", name="cpu")])
+            self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info))
+            self.assertIn("1 idle", self.get_job(job_id).reason)
+            time.sleep(1.0)  # a few of the watch's polls
+            self.call("StopJob", pb.StopJobRequest(job_id=job_id))
+            _, err = watch.communicate(timeout=30)
+        finally:
+            watch.kill()
+        self.assertEqual(watch.returncode, 1, err)  # the job ended STOPPED
+        self.assertIn("[%s] PENDING (generation 0): waiting for nodes: 1 idle, min_nodes 2"
+                      % job_id, err)
+
 
 # ---------------------------------------------------------------------------------------------
 # 2. Garbage on the port
@@ -1013,6 +1038,32 @@ class T3_RunLocal(ClusterTest):
             self.assertEqual(len(got), steps, tag)
             for a, b in zip(ref, got):
                 self.assertLess(abs(a - b) / abs(a), 1e-5, (tag, ref, got))
+
+    def test_job_the_local_cluster_cannot_hold_is_refused(self):
+        """run --local's nodes are all it will have: a job they can never hold (its own
+        max_nodes keeps it to one node of 2 devices; a tensor-parallel group wider than a
+        node) is refused with the reason before anything starts, not left waiting."""
+        job = os.path.join(self.tmp, "wide.yaml")
+        with open(job, "w") as f:
+            f.write(job_yaml(os.path.join(self.tmp, "ckpt"), 10))
+        run_dir = os.path.join(self.tmp, "run")
+        for devices, sets, why in (
+                (2, ["parallel.pp=2", "parallel.tp=2"],
+                 "world 4 (pp 2 x dp 1 x cp 1 x tp 2) needs 4 devices, 1 node offers 2. It has 2 "
+                 "nodes of 2 devices (--nodes, --devices-per-node), of which the job may use 1 "
+                 "(--set elastic.max_nodes=2 lets it use all)"),
+                (1, ["parallel.tp=2", "elastic.max_nodes=2"],
+                 "tp=2 needs 2 devices on one node; the largest node has 1. It has 2 nodes of 1 "
+                 "device (--nodes, --devices-per-node)\n")):
+            args = ["run", "--local", "--nodes", "2", "--devices-per-node", str(devices),
+                    "--run-dir", run_dir]
+            for kv in sets:
+                args += ["--set", kv]
+            r = self.ctl(*(args + [job]), timeout=30)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("distrainctl: this local cluster can never run the job: " + why, r.stderr)
+            self.assertFalse(os.path.exists(run_dir), "a run directory was created")
+            self.assertEqual(procs_under(self.tmp), [])
 
     def test_bad_yaml_is_refused_before_anything_starts(self):
         job = os.path.join(self.tmp, "bad.yaml")

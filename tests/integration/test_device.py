@@ -129,7 +129,7 @@ class RemoteDevice(unittest.TestCase):
         self.assert_same(*self.both("tp", 2, ["--tp", "2", "--sp"], sample=False), "tp=2 with sp")
 
     def test_pipeline_parallel(self):
-        self.assert_same(*self.both("pp", 2, ["--pp", "2"], sample=False), "pp=2 1F1B")
+        self.assert_same(*self.both("pp", 2, ["--pp", "2"]), "pp=2 1F1B")
 
     def test_context_parallel(self):
         self.assert_same(*self.both("cp", 4, ["--cp", "2", "--zero-stage", "1"], sample=False),

@@ -18,6 +18,8 @@ DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp t
     one process, and a one-process checkpoint resumes as pp=2 x tp=2: every continuation
     follows the one-process trajectory;
   * an explicit partition (--pp-partition 3,1) is followed exactly;
+  * text generation (--sample) through a pipeline, also with tp x dp under ZeRO-3 and the
+    interleaved schedule, prints the one-process text;
   * a stage killed mid-training: its neighbour fails with an error at once;
   * pp > layers, a partition that does not cover the layers, an interleaved schedule whose
     micro-batches are not a multiple of pp or whose virtual stages outnumber the layers, and
@@ -222,6 +224,30 @@ class PipelineParallel(unittest.TestCase):
         tpt.assert_weights(self, wref, w, "pp=2 partition 3,1")
         self.assertIn("at pp 0 tp 0 dp 0 cp 0: layers 0..2 + embeddings,", errs[0])
         self.assertIn("at pp 1 tp 0 dp 0 cp 0: layers 3..3 + LM head,", errs[1])
+
+    def test_sampling_through_the_pipeline(self):
+        """--sample through a pipeline (the last stage samples each token and sends it to the
+        others), composed with tp x dp under ZeRO-3 and with the interleaved schedule: the text
+        of one process trained on the same global batch."""
+        def sample(world, extra, batch=4):
+            tag = "sample_%d_%s" % (batch, "_".join(extra))
+            kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
+            a = args(batch, os.path.join(self.tmp, tag + ".jsonl")) + ["--sample", "24"]
+            outs = dp.wait_all(dp.launch(world, lambda r: a + list(extra), kv), timeout=300)
+            dp.assert_ranks_ok(outs, tag)
+            text = re.search(r"---- sample.*?---- end of sample ----", outs[0][1], re.S)
+            self.assertTrue(text, "%s: rank 0 printed no sample:\n%s" % (tag, outs[0][1]))
+            for _, out, _ in outs[1:]:
+                self.assertNotIn("---- sample", out, tag + ": only rank 0 prints")
+            return text.group(0)
+        ref = {4: sample(1, ()), 8: sample(1, (), 8)}
+        self.assertEqual(len(re.findall(r"\[\d+\]", ref[4])), 32 + 24, ref[4])  # prompt + 24
+        for world, extra, batch in ((2, ("--pp", "2"), 4),
+                                    (8, ("--pp", "2", "--tp", "2", "--zero-stage", "3"), 8),
+                                    (2, ("--pp", "2", "--pp-schedule", "interleaved",
+                                         "--pp-virtual", "2"), 4)):
+            with self.subTest(extra=" ".join(extra)):
+                self.assertEqual(sample(world, extra), ref[batch])
 
     def test_stage_dies_mid_training(self):
         """A stage killed mid-step: its neighbour fails at once with an error, not a hang."""

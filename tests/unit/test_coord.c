@@ -344,6 +344,25 @@ START_TEST(test_plan_waits_for_min_nodes_then_takes_the_largest_dp)
 }
 END_TEST
 
+/* A job its own elastic.max_nodes keeps from idle nodes it needs says so: the cluster could
+ * hold it, its spec does not let it. */
+START_TEST(test_plan_names_max_nodes_when_it_limits)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit(f, "parallel.pp=2", "elastic.max_nodes=1", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  ck_assert_str_eq(j->job->reason, "world 2 (pp 2 x dp 1 x cp 1 x tp 1) needs 2 devices, 1 node "
+                                   "offers 1 (elastic.max_nodes 1; 2 nodes are idle)");
+  dt_job_t *k = submit(f, "parallel.pp=2", NULL); /* max_nodes 8 */
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(k), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  fx_free(f);
+}
+END_TEST
+
 /* A job asking for cuda devices takes only nodes that offer GPUs, one asking for cpu only
  * nodes that offer CPU devices; auto takes either. */
 START_TEST(test_plan_matches_the_device_kind)
@@ -774,6 +793,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_plan_places_ranks_on_idle_nodes);
   tcase_add_test(t, test_plan_waits_for_min_nodes_then_takes_the_largest_dp);
   tcase_add_test(t, test_plan_matches_the_device_kind);
+  tcase_add_test(t, test_plan_names_max_nodes_when_it_limits);
   tcase_add_test(t, test_lost_node_shrinks_then_grows_back_at_a_commit);
   tcase_add_test(t, test_failed_trainer_restarts_in_place_until_max_restarts);
   tcase_add_test(t, test_input_error_fails_without_a_restart);

@@ -722,6 +722,12 @@ static const struct {
     {{"model.layers=4096", "parallel.pp=4096", "model.max_seq=2097152", "training.seq=2097152",
       "parallel.cp=1048576"},
      "parallel: world size pp (4096) x dp (1) x cp (1048576) x tp (1) is too large"},
+    {{"training.sample=10", "parallel.cp=2"},
+     "training.sample (10) needs parallel.cp 1 and parallel.sequence_parallel false (got cp 2, "
+     "sequence_parallel false): text generation does not split sequences"},
+    {{"training.sample=10", "parallel.tp=2", "parallel.sequence_parallel=true"},
+     "training.sample (10) needs parallel.cp 1 and parallel.sequence_parallel false (got cp 1, "
+     "sequence_parallel true)"},
     {{"checkpoint.dir="}, "checkpoint.dir must name a directory"},
     {{"checkpoint.every=-1"}, "checkpoint.every (-1) must be >= 0"},
     {{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
@@ -757,6 +763,7 @@ START_TEST(test_validate_accepts)
       {"parallel.tp=4", "parallel.pp=2", "parallel.cp=2", "parallel.dp=2", "training.batch=16",
        "training.micro_batch=4"},
       {"parallel.zero_stage=3", "parallel.schedule=gpipe", "optimizer.schedule=constant"},
+      {"training.sample=10", "parallel.pp=2", "parallel.tp=2"}, /* generation through a pipeline */
       {"model.init=llmc:/weights/gpt2_124M.bin", "model.vocab=50257", "model.max_seq=1024"},
       {"model.init=/ckpt/run1", "data.val=val.bin", "training.val_every=10"},
       {"model.init=seed:0", "optimizer.lr=0", "optimizer.grad_clip=0", "checkpoint.every=0",

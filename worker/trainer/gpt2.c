@@ -1305,11 +1305,6 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   return release(m, DT_UNIT_EMBED, 0);
 }
 
-int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T)
-{
-  return forward_stage(m, &m->acts[0], 0, inputs, B, T);
-}
-
 /* The mean of slot a's n per-token losses, read back from the device when it is not the host. */
 static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out)
 {
@@ -1357,7 +1352,7 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
 {
   dt_gpt2_acts_t *a = slot_acts(m, chunk, slot);
   DT_CHECK(forward_stage(m, a, chunk, inputs, B, T));
-  if (!heads(m, chunk))
+  if (!heads(m, chunk) || !targets)
     return 0;
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
   const size_t N = (size_t)B * T;

@@ -388,9 +388,6 @@ int dt_gpt2_unit_ranges(const dt_gpt2_t *m, int unit, dt_flat_range_t *ranges);
 /* Points a view at a unit's tensors inside a flat buffer laid out like the parameters. */
 void dt_gpt2_unit_view(const dt_gpt2_t *m, int unit, float *flat, dt_gpt2_view_t *v);
 
-/* Forward pass to logits: inputs (B, T) with B*T <= the allocated batch. 0 or a hook's error. */
-int dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, int B, int T);
-
 /* Forward + backward of one micro-batch; gradients of (mean loss * grad_scale) accumulate into
  * the gradient buffers (or the hooks'). *loss gets the micro-batch's mean loss. One stage. */
 int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T,
@@ -400,7 +397,8 @@ int dt_gpt2_forward_backward(dt_gpt2_t *m, const int *inputs, const int *targets
  * `slot`: the model's first chunk embeds inputs, the others start from dt_gpt2_stage_input
  * (filled by the caller with the previous virtual stage's output). The model's last chunk ends
  * with the loss: *loss gets the mean, and when grad_scale != 0 the logits become the gradient
- * of (mean loss * grad_scale). Other chunks leave their output in dt_gpt2_stage_output. */
+ * of (mean loss * grad_scale); without targets (NULL: text generation) it ends with the
+ * logits, and *loss is left alone. Other chunks leave their output in dt_gpt2_stage_output. */
 int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, const int *targets,
                           int B, int T, float grad_scale, float *loss);
 /* The backward of the micro-batch in the chunk's slot: the model's last chunk starts from its

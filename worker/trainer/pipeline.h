@@ -30,7 +30,8 @@ int dt_pipeline_step(dt_pipeline_t *pl, dt_gpt2_t *m, dt_dp_t *dp, const int *in
                      const int *targets, int B, int T, double *loss_sum, double *bubble);
 /* One micro-batch forward through the stages (every chunk in turn), without gradients
  * (evaluation), in each chunk's slot 0: *loss is the mean loss on the last stage, 0
- * elsewhere. */
+ * elsewhere. Without targets (NULL: text generation) the last stage ends with the logits in
+ * its last chunk's slot 0, and *loss is 0. */
 int dt_pipeline_eval(dt_pipeline_t *pl, dt_gpt2_t *m, const int *inputs, const int *targets, int B,
                      int T, float *loss);
 /* Milliseconds computing and waiting over the steps after the first (allocation and page

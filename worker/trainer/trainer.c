@@ -341,12 +341,13 @@ static void print_token(FILE *out, int tok, int byte_vocab)
     fputc(tok, out);
 }
 
-/* The last position's logits over the whole vocabulary into row (Vp floats): under tensor
- * parallelism each rank holds a slice of the columns, gathered for this one row only. Under
- * bf16 compute they are bf16 values, bf16_bytes each: 2-byte ones are widened here. */
+/* The last position's logits over the whole vocabulary into row (Vp floats), from the model's
+ * last chunk (slot 0): under tensor parallelism each rank holds a slice of the columns,
+ * gathered for this one row only. Under bf16 compute they are bf16 values, bf16_bytes each:
+ * 2-byte ones are widened here. */
 static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 {
-  const dt_gpt2_acts_t *a = &m->acts[0];
+  const dt_gpt2_acts_t *a = &m->acts[m->slot_base[m->stage.chunks - 1]];
   const size_t Vp = (size_t)m->cfg.padded_vocab, Vl = Vp / (size_t)m->tp.tp;
   const size_t vb = a->logits16 ? m->ops->bf16_bytes : sizeof(float); /* a value's bytes */
   const char *mine = (const char *)(a->logits16 ? a->logits16 : (void *)a->logits);
@@ -365,10 +366,13 @@ static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 }
 
 /* Generates n tokens after a prompt taken from the start of the given batch; prints them
- * when print is set (every rank runs the same sampling from the same RNG state). */
-static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
+ * when print is set. Every rank runs the same forwards (collective under ZeRO-3 and tensor
+ * parallelism; through the stages of a pipeline, whose last one samples each token and sends
+ * it to the others) and draws from the same RNG state, so the text is the one process's. */
+static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
                     int print)
 {
+  dt_gpt2_t *m = &t->model;
   const int T = m->acts[0].T, V = m->cfg.vocab, byte_vocab = m->cfg.vocab == 256;
   int *ctx = calloc((size_t)(plen + n), sizeof(int));
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
@@ -386,12 +390,22 @@ static int generate(dt_gpt2_t *m, const int *prompt, int plen, int n, float temp
   for (int len = plen; len < plen + n; len++) {
     int start = len > T ? len - T : 0;
     int tlen = len - start;
-    DT_CHECK_GOTO(dt_gpt2_forward(m, ctx + start, 1, tlen), ret, out);
-    DT_CHECK_GOTO(last_logits(m, tlen, row), ret, out);
-    int tok = sample_token(row, V, temp, rng);
-    ctx[len] = tok;
+    float unused, tok = 0.0f; /* a token id, exact in a float (V <= 65536) */
+    if (t->pipe)
+      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, ctx + start, NULL, 1, tlen, &unused), ret, out);
+    else
+      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, ctx + start, NULL, 1, tlen, 0.0f, &unused), ret,
+                    out);
+    if (m->stage.last) {
+      DT_CHECK_GOTO(last_logits(m, tlen, row), ret, out);
+      tok = (float)sample_token(row, V, temp, rng);
+    } else {
+      (void)dt_rng_uniform(rng); /* sample_token's one draw: the ranks' RNGs stay equal */
+    }
+    DT_CHECK_GOTO(from_last_stage(t, &tok), ret, out);
+    ctx[len] = (int)tok;
     if (print) {
-      print_token(stdout, tok, byte_vocab);
+      print_token(stdout, ctx[len], byte_vocab);
       fflush(stdout);
     }
   }
@@ -884,10 +898,9 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
-  if ((mesh.pp > 1 || mesh.cp > 1 || o->sequence_parallel) && o->sample_tokens > 0) {
-    DT_ERROR(TRAIN, "--sample: generating text through a pipeline or with sequence or context "
-                    "parallelism is not supported; export the weights (--export-llmc) and "
-                    "sample from one process");
+  if ((mesh.cp > 1 || o->sequence_parallel) && o->sample_tokens > 0) {
+    DT_ERROR(TRAIN, "--sample: generating text with sequence or context parallelism is not "
+                    "supported; export the weights (--export-llmc) and sample from one process");
     return DT_ENOTSUP;
   }
   t->cp = mesh.cp;
@@ -1310,14 +1323,13 @@ static int finish(trainer_t *t)
   const dt_train_opts_t *o = t->o;
   DT_CHECK(check_and_export(t));
   if (o->sample_tokens > 0) {
-    /* Every rank generates (ZeRO-3 and tensor-parallel forwards are collective); rank 0
-     * prints. */
+    /* Every rank generates (generate: its forwards are collective); rank 0 prints. */
     dt_dataloader_t *src = o->val_pattern ? &t->val : &t->train;
     DT_CHECK(dt_dataloader_reset(src));
     DT_CHECK(dt_dataloader_next(src));
     int plen = o->seq < 32 ? o->seq : 32;
-    DT_CHECK(generate(&t->model, src->inputs, plen, o->sample_tokens, o->sample_temp, &t->state.rng,
-                      t->lead));
+    DT_CHECK(
+        generate(t, src->inputs, plen, o->sample_tokens, o->sample_temp, &t->state.rng, t->lead));
   }
   if (t->pipe) {
     double busy, idle;
