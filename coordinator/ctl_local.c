@@ -182,6 +182,31 @@ static int check_fits(const dt_ctl_local_t *l, const Distrain__V1__JobSpec *spec
   return DT_EINVAL;
 }
 
+/* The text rank 0 generated (training.sample), for the person watching, from the node that
+ * ran it: the coordinator numbers nodes as they register, not as they were started, and
+ * a restart may have moved rank 0, so every node's rank-0 log is looked at. */
+static void print_sample(const char *dir, int nodes, const char *job_id)
+{
+  for (int i = 0; i < nodes; i++) {
+    char path[PATH_MAX + 128], line[4096];
+    snprintf(path, sizeof path, "%s/node-%d/%s/rank-0.log", dir, i, job_id);
+    FILE *fp = fopen(path, "r");
+    int in_sample = 0, found = 0;
+    while (fp && fgets(line, sizeof line, fp)) {
+      if (strncmp(line, "---- sample", 11) == 0)
+        in_sample = found = 1;
+      if (in_sample)
+        fputs(line, stdout);
+      if (strncmp(line, "---- end of sample", 18) == 0)
+        in_sample = 0;
+    }
+    if (fp)
+      fclose(fp);
+    if (found)
+      return;
+  }
+}
+
 static void stop_job(dt_rpc_client_t *c, const char *job_id)
 {
   Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
@@ -194,7 +219,7 @@ static void stop_job(dt_rpc_client_t *c, const char *job_id)
 
 int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__JobSpec *spec)
 {
-  char coord_bin[PATH_MAX], worker_bin[PATH_MAX], dir[PATH_MAX], path[PATH_MAX + 128];
+  char coord_bin[PATH_MAX], worker_bin[PATH_MAX], dir[PATH_MAX];
   char token_path[PATH_MAX + 64], port_path[PATH_MAX + 64], addr[64], token[256];
   pid_t coord = -1, *agents = calloc((size_t)l->nodes, sizeof(pid_t));
   dt_rpc_client_t *client = NULL;
@@ -301,24 +326,8 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  /* The sample and the last lines of rank 0, for the person watching. */
-  if (ret == 0) {
-    snprintf(path, sizeof path, "%s/node-0/%s/rank-0.log", dir, job_id);
-    FILE *fp = fopen(path, "r");
-    if (fp) {
-      char line[4096];
-      int in_sample = 0;
-      while (fgets(line, sizeof line, fp)) {
-        if (strncmp(line, "---- sample", 11) == 0)
-          in_sample = 1;
-        if (in_sample)
-          fputs(line, stdout);
-        if (strncmp(line, "---- end of sample", 18) == 0)
-          in_sample = 0;
-      }
-      fclose(fp);
-    }
-  }
+  if (ret == 0)
+    print_sample(dir, l->nodes, job_id);
 out:
   dt_rpc_client_destroy(client);
   for (int i = 0; i < l->nodes; i++)

@@ -947,7 +947,8 @@ class T3_RunLocal(ClusterTest):
     def test_two_rank_job_on_three_agents(self):
         """A dp=2 (ZeRO-1) job on 3 agents of 1 device: 2 nodes take a rank each, the
         checkpoint is committed from 2 shards, and the losses equal a 1-rank run of the same
-        global batch (the ranks really cooperate: gradients are averaged across them)."""
+        global batch (the ranks really cooperate: gradients are averaged across them). run
+        prints rank 0's sample from whichever agent ran it (not always the first started)."""
         steps = 12
         losses = {}
         for dp in (1, 2):
@@ -960,13 +961,15 @@ class T3_RunLocal(ClusterTest):
                                  max_nodes=dp))
             args = ["run", "--local", "--nodes", "3", "--run-dir", run_dir, "--metrics", metrics,
                     "--set", "parallel.dp=%d" % dp, "--set", "parallel.zero_stage=1",
-                    "--set", "training.micro_batch=%d" % (TINY["batch"] // dp), job]
+                    "--set", "training.micro_batch=%d" % (TINY["batch"] // dp),
+                    "--set", "training.sample=16", job]
             # DISTRAIN_* tunables given to the agents reach their trainers: comm debug lines.
             env = dict(self.env, DISTRAIN_DEBUG="debug", DISTRAIN_DEBUG_SUBSYS="comm")
             r = self.ctl(*args, timeout=180, env=env)
             self.assertEqual(r.returncode, 0, "dp=%d run failed:\n%s\n%s" % (
                 dp, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
             self.assertIn("all %d ranks finished" % dp, r.stderr)
+            self.assertRegex(r.stdout, r"(?s)---- sample .*---- end of sample ----")
             if dp == 2:
                 text = "".join(open(p).read() for p in glob.glob(
                     os.path.join(run_dir, "node-*", "**", "rank-*.log"), recursive=True))

@@ -333,12 +333,56 @@ static int sample_token(const float *logits, int V, float temp, dt_rng_t *rng)
   return V - 1;
 }
 
-static void print_token(FILE *out, int tok, int byte_vocab)
+/* A sample's text as it is generated. A byte-level model's bytes are written as UTF-8: each
+ * character once its last byte is in, U+FFFD for a byte that starts none (a model early in
+ * training emits any bytes; the log, and the terminal or tool reading it, get valid text).
+ * Other vocabularies print token ids. */
+typedef struct {
+  FILE *out;
+  int byte_vocab;
+  unsigned char pending[4]; /* the start of a character */
+  int n;
+} text_out_t;
+
+static int utf8_length(unsigned char lead)
 {
-  if (!byte_vocab)
-    fprintf(out, "[%d]", tok);
-  else
-    fputc(tok, out);
+  return lead < 0x80                    ? 1
+         : lead >= 0xC2 && lead <= 0xDF ? 2
+         : lead >= 0xE0 && lead <= 0xEF ? 3
+         : lead >= 0xF0 && lead <= 0xF4 ? 4
+                                        : 0;
+}
+
+/* Writes the pending bytes that are decided; with flush, the rest too (U+FFFD each). */
+static void text_drain(text_out_t *o, int flush)
+{
+  while (o->n > 0) {
+    const int len = utf8_length(o->pending[0]);
+    int k = 1; /* the bytes that can still be this character's */
+    while (k < o->n && k < len && (o->pending[k] & 0xC0) == 0x80)
+      k++;
+    if (len > o->n && k == o->n && !flush)
+      return; /* its next bytes are still to come */
+    int used = 1;
+    if (len > 0 && k == len && dt_utf8_valid((const char *)o->pending, (size_t)len)) {
+      fwrite(o->pending, 1, (size_t)len, o->out);
+      used = len;
+    } else {
+      fputs("\xEF\xBF\xBD", o->out); /* U+FFFD */
+    }
+    o->n -= used;
+    memmove(o->pending, o->pending + used, (size_t)o->n);
+  }
+}
+
+static void text_token(text_out_t *o, int tok)
+{
+  if (!o->byte_vocab) {
+    fprintf(o->out, "[%d]", tok);
+    return;
+  }
+  o->pending[o->n++] = (unsigned char)tok;
+  text_drain(o, 0);
 }
 
 /* The last position's logits over the whole vocabulary into row (Vp floats), from the model's
@@ -373,7 +417,8 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
                     int print)
 {
   dt_gpt2_t *m = &t->model;
-  const int T = m->acts[0].T, V = m->cfg.vocab, byte_vocab = m->cfg.vocab == 256;
+  const int T = m->acts[0].T, V = m->cfg.vocab;
+  text_out_t text = {.out = stdout, .byte_vocab = V == 256};
   int *ctx = calloc((size_t)(plen + n), sizeof(int));
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
   int ret = 0;
@@ -385,7 +430,7 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
   if (print) {
     fprintf(stdout, "---- sample (temperature %.2f) ----\n", temp);
     for (int i = 0; i < plen; i++)
-      print_token(stdout, ctx[i], byte_vocab);
+      text_token(&text, ctx[i]);
   }
   for (int len = plen; len < plen + n; len++) {
     int start = len > T ? len - T : 0;
@@ -405,11 +450,12 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
     DT_CHECK_GOTO(from_last_stage(t, &tok), ret, out);
     ctx[len] = (int)tok;
     if (print) {
-      print_token(stdout, ctx[len], byte_vocab);
+      text_token(&text, ctx[len]);
       fflush(stdout);
     }
   }
   if (print) {
+    text_drain(&text, 1);
     fprintf(stdout, "\n---- end of sample ----\n");
     fflush(stdout);
   }
