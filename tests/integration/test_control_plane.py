@@ -904,6 +904,13 @@ class T3_RunLocal(ClusterTest):
         self.assertIn("==== job job-1 generation 1 rank 0", r.stdout)
         # nothing is left running
         self.assertEqual(procs_under(run_dir), [])
+        # The same job again: its checkpoint.dir holds a run, refused at once in the job
+        # spec's words (the trainer's flags are the coordinator's), not restarted.
+        r = self.ctl("run", "--local", "--run-dir", run_dir, job, timeout=120)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("%s already holds a committed checkpoint (step 40): set the job's "
+                      "model.init to \"%s\" to continue it, or use another checkpoint.dir (the "
+                      "job's input or configuration: not restarted)" % (ckpt, ckpt), r.stderr)
 
     def test_interrupted(self):
         """Ctrl-C in the terminal (SIGINT to distrainctl's whole process group, the local

@@ -166,7 +166,7 @@ static int check_model_flags(const dt_train_opts_t *o, const dt_gpt2_config_t *f
 
 /* A fresh run must not clobber an earlier run's checkpoints, and the directory must be
  * writable before the first step is spent. */
-static int prepare_ckpt_dir(const char *dir, int resuming)
+static int prepare_ckpt_dir(const char *dir, int resuming, int in_job)
 {
   int rc = dt_mkdir_p(dir);
   if (rc != 0) {
@@ -183,10 +183,16 @@ static int prepare_ckpt_dir(const char *dir, int resuming)
   unlink(probe);
   int64_t step;
   if (!resuming && dt_ckpt_latest(dir, &step) == 0) {
-    DT_ERROR(CKPT,
-             "%s already holds a committed checkpoint (step %lld): pass --resume to "
-             "continue it, or use another --ckpt-dir",
-             dir, (long long)step);
+    if (in_job) /* the flags are the coordinator's: say it in the job spec's terms */
+      DT_ERROR(CKPT,
+               "%s already holds a committed checkpoint (step %lld): set the job's model.init "
+               "to \"%s\" to continue it, or use another checkpoint.dir",
+               dir, (long long)step, dir);
+    else
+      DT_ERROR(CKPT,
+               "%s already holds a committed checkpoint (step %lld): pass --resume to "
+               "continue it, or use another --ckpt-dir",
+               dir, (long long)step);
     return DT_EEXIST;
   }
   return 0;
@@ -1024,7 +1030,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize, 1,
                                 t->cfg.vocab, 0, 0));
   if (o->ckpt_dir)
-    DT_CHECK(prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL));
+    DT_CHECK(
+        prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL, dt_link_has_coordinator(o->link)));
   DT_CHECK(dt_dp_create(&t->dp, &t->model, t->plan.dp, t->plan.mp, t->plan.emb, o->zero_stage));
   if (t->devworld) { /* NCCL: one group's operations at a time on the GPU (dp.h) */
     dt_comm_t *mine[] = {t->plan.tp, t->plan.cp, t->plan.pp, t->plan.emb, t->plan.mp};
