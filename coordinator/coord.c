@@ -266,6 +266,10 @@ int dt_coord_start(dt_coord_t *c, uv_loop_t *loop, const dt_coord_config_t *cfg)
   uv_timer_start(&c->liveness, on_liveness, scan, scan);
   uv_timer_init(loop, &c->sched);
   c->sched.data = c;
+  /* Restored jobs that wait (PENDING, or RECOVERING with their nodes released) are planned
+   * now: the last coordinator may have died before it did, and nothing else would until a
+   * node registers, dies or finishes a job. */
+  dt_coord_schedule_soon(c);
   return 0;
 fail_rpc:
   dt_rpc_server_close(c->rpc, NULL, NULL);

@@ -512,7 +512,8 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     const int steps = j->spec->training->steps;
     const char *reason = j->reason ? j->reason : "";
     if (j->state != last_state || j->generation != last_gen ||
-        (j->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING &&
+        ((j->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
+          j->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING) &&
          strncmp(reason, last_reason, sizeof last_reason - 1) != 0)) {
       if (!o->json)
         dt_ctl_print_transition(stderr, job_id, j, &placed_gen);

@@ -304,6 +304,9 @@ static void maybe_grow(dt_coord_t *c, dt_job_t *j)
   dt_coord_schedule_soon(c);
 }
 
+/* Between a recovering job's cause and what its new generation waits for, in its reason. */
+#define WAITING_MARK "; next generation: "
+
 /* Tries to place job j on idle alive nodes. Returns 1 when planned. */
 static int plan_job(dt_coord_t *c, dt_job_t *j)
 {
@@ -390,10 +393,23 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   dt_placement_free(&pl);
   planned = 1;
   goto out;
-wait:
-  if (strcmp(j->job->reason ? j->job->reason : "", why) != 0 &&
-      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING) {
-    set_string(&j->job->reason, why);
+wait:;
+  /* A waiting job says why; a recovering one keeps its cause first (what failed, which
+   * restart) and says what it waits for after it. */
+  const char *had = j->job->reason ? j->job->reason : "";
+  char reason[768];
+  if (j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING) {
+    snprintf(reason, sizeof reason, "%s", why);
+  } else if (j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING) {
+    const char *mark = strstr(had, WAITING_MARK);
+    snprintf(reason, sizeof reason, "%.*s" WAITING_MARK "%s",
+             (int)(mark ? (size_t)(mark - had) : strlen(had)), had, why);
+    dt_utf8_sanitize(reason); /* a cut cause */
+  } else {
+    goto out;
+  }
+  if (strcmp(had, reason) != 0) {
+    set_string(&j->job->reason, reason);
     dt_coord_store_put_job(c->store, j);
   }
 out:

@@ -586,6 +586,60 @@ START_TEST(test_restart_keeps_jobs_plans_and_pending_reports)
 }
 END_TEST
 
+/* A job the last coordinator stored but did not plan (it died first) is planned by the next
+ * one on its own, with no node event to set it off; one it cannot plan says why. */
+START_TEST(test_restart_plans_waiting_jobs)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  dt_job_t *j = submit(f, NULL);
+  dt_job_t *k = submit(f, "parallel.pp=2", NULL); /* world 2: more than h0 has */
+  char id[2][32];
+  snprintf(id[0], sizeof id[0], "%s", j->id);
+  snprintf(id[1], sizeof id[1], "%s", k->id);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  fx_restart(f);
+  uv_run(&f->loop, UV_RUN_NOWAIT);
+  j = dt_coord_job_by_id(&f->c.st, id[0]);
+  k = dt_coord_job_by_id(&f->c.st, id[1]);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(state(k), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  ck_assert_str_eq(k->job->reason, "waiting for nodes: 0 idle, min_nodes 1");
+  fx_free(f);
+}
+END_TEST
+
+/* A recovering job that cannot be planned keeps its cause and says what its next generation
+ * waits for, as that changes. */
+START_TEST(test_recovering_job_says_what_it_waits_for)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  add_node(f, "h1", 1);
+  dt_job_t *j = submit(f, "parallel.pp=2", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  all_running(f, j, 3);
+  dt_node_t *lost = f->c.st.nodes[1];
+  lost->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
+  dt_coord_node_dead(&f->c, lost);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  const char *tail = " ms; restart 1 of 3 from the beginning (no checkpoint yet); next "
+                     "generation: world 2 (pp 2 x dp 1 x cp 1 x tp 1) needs 2 devices, 1 node "
+                     "offers 1";
+  ck_assert_msg(strncmp(j->job->reason, "node node-1 (h1) missed heartbeats for ", 39) == 0 &&
+                    strstr(j->job->reason, tail) &&
+                    strlen(strstr(j->job->reason, tail)) == strlen(tail),
+                "%s", j->job->reason);
+  char before[768];
+  snprintf(before, sizeof before, "%s", j->job->reason);
+  dt_coord_schedule(&f->c); /* the same wait: the same reason, not a second suffix */
+  ck_assert_str_eq(j->job->reason, before);
+  fx_free(f);
+}
+END_TEST
+
 /* A state DB that a coordinator from before the UTF-8 check wrote can hold strings that are
  * not UTF-8 (an agent's host name, a reason cut inside a character): a restart serves them
  * made UTF-8, or every ListNodes / ListJobs answer would be undecodable for other clients. */
@@ -802,6 +856,8 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
   tcase_add_test(t, test_restart_makes_stored_strings_utf8);
+  tcase_add_test(t, test_restart_plans_waiting_jobs);
+  tcase_add_test(t, test_recovering_job_says_what_it_waits_for);
   tcase_add_test(t, test_unwritable_manifest_abandons_the_step);
   tcase_add_test(t, test_checkpoint_reports_are_bounded);
   tcase_add_test(t, test_metrics_across_generations);
