@@ -284,6 +284,9 @@ expect_error flag_extra 2 "stray" "unexpected argument"
 # A value the option parser takes but the run's validation refuses (as --precision): exit 1.
 run flag_attention "$TRAIN" --train "$DATA" --attention sdpa
 expect_error flag_attention 1 "--attention" "expected flash or materialized"
+# A model-parallel layout started as one process: how to start its ranks.
+run flag_tp_alone "$TRAIN" --train "$DATA" --tp 2
+expect_error flag_tp_alone 1 "does not divide WORLD_SIZE 1" "start one distrain-train per rank"
 
 echo "$CHECKS checks, $FAILS failed"
 [[ $FAILS -eq 0 ]]

@@ -788,7 +788,11 @@ static int resolve_mesh(const dt_train_opts_t *o, int world, dt_mesh_t *mesh)
   }
   const int tp = o->tp > 0 ? o->tp : 1, pp = o->pp > 0 ? o->pp : 1, cp = o->cp > 0 ? o->cp : 1;
   if (world % (tp * pp * cp) != 0) {
-    DT_ERROR(TRAIN, "--tp %d x --pp %d x --cp %d does not divide WORLD_SIZE %d", tp, pp, cp, world);
+    DT_ERROR(TRAIN, "--tp %d x --pp %d x --cp %d does not divide WORLD_SIZE %d%s", tp, pp, cp,
+             world,
+             world == 1 ? " (start one distrain-train per rank with WORLD_SIZE, RANK and "
+                          "DISTRAIN_KV_DIR set, or run the job with distrainctl run --local)"
+                        : "");
     return DT_EINVAL;
   }
   return dt_mesh_init(mesh, pp, world / (tp * pp * cp), cp, tp);
