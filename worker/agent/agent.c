@@ -1254,6 +1254,9 @@ static int detect_devices(dt_agent_t *a)
     a->devices[i].memory_bytes = gpu ? a->gpus[i].memory_bytes : 0;
     a->device_ptrs[i] = &a->devices[i];
   }
+  if (!gpu)
+    DT_INFO(WORKER, "offering %d CPU device%s (no GPU%s)", n, n == 1 ? "" : "s",
+            a->cfg.gpus && strcmp(a->cfg.gpus, "none") == 0 ? ": --gpus none" : " found");
   distrain__v1__node_info__init(&a->info);
   a->info.hostname = (char *)a->cfg.hostname;
   a->info.devices = a->device_ptrs;
@@ -1291,6 +1294,7 @@ int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *c
     a->usage_work.data = a;
     uv_queue_work(loop, &a->usage_work, usage_work, usage_done);
   }
+  DT_INFO(WORKER, "registering with %s as %s", cfg->coordinator, cfg->hostname);
   start_register(a);
   *out = a;
   return 0;
