@@ -258,6 +258,14 @@ int dt_parse_f64(const char *s, double *out)
   return 0;
 }
 
+int dt_addr_port_out_of_range(const char *addr)
+{
+  const char *colon = addr ? strrchr(addr, ':') : NULL;
+  if (!colon || !colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
+    return 0;
+  return strlen(colon + 1) > 5 || atoi(colon + 1) > 65535;
+}
+
 int dt_parse_int_flag(const char *prog, const char *flag, const char *s, int64_t lo, int64_t hi,
                       int *out)
 {

@@ -49,6 +49,11 @@ uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
  * subnormal and underflowing values are taken as strtod rounds them). 0 or DT_EINVAL. */
 int dt_parse_i64(const char *s, int64_t *out);
 int dt_parse_f64(const char *s, double *out);
+/* Whether an address ("host:port", "[v6]:port", ":port", or a gRPC target such as
+ * "dns:///host:port") ends with a port number above 65535: resolvers take such a number modulo
+ * 65536 (99999 becomes 34463), so a typo would listen on, or connect to, another port. A
+ * predicate: 1 when out of range. */
+int dt_addr_port_out_of_range(const char *addr);
 /* Whether s (n bytes) is UTF-8 (RFC 3629: shortest forms, no surrogates, at most U+10FFFF), as
  * protobuf's string fields and YAML must be (protobuf-c does not check; the official libraries
  * refuse to decode a message with a string that is not). */

@@ -228,8 +228,12 @@ static int bind_all(const char *hostport, int *fds, int max, int *n, int *port)
 {
   char host[256], service[16];
   *n = 0;
-  if (split_hostport(hostport, host, sizeof host, service, sizeof service) != 0) {
-    DT_ERROR(RPC, "bad listen address '%s' (expected host:port, [ipv6]:port or :port)", hostport);
+  if (split_hostport(hostport, host, sizeof host, service, sizeof service) != 0 ||
+      dt_addr_port_out_of_range(hostport)) {
+    DT_ERROR(RPC,
+             "bad listen address '%s' (expected host:port, [ipv6]:port or :port, the port in "
+             "0..65535)",
+             hostport);
     return DT_EINVAL;
   }
   struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM};

@@ -252,6 +252,10 @@ int dt_rpc_client_create(const char *target, const char *token,
                          const ProtobufCServiceDescriptor *service, dt_rpc_client_t **out)
 {
   dt__rpc_init(NULL);
+  if (dt_addr_port_out_of_range(target)) {
+    DT_ERROR(RPC, "bad address '%s': the port must be in 1..65535", target);
+    return DT_EINVAL;
+  }
   if (dt__rpc_tls_config() != 0)
     return DT_EINVAL;
   dt_rpc_client_t *c = calloc(1, sizeof *c);

@@ -538,7 +538,9 @@ int dt_rpc_server_create(uv_loop_t *loop, const char *listen, const char *token,
   int port = 0, err = 0;
   if (dt_rpc_tls_server_enabled()) {
     /* gRPC's own listener: only it can put TLS on a connection. */
-    port = grpc_server_add_http2_port(s->server, listen, s->creds);
+    port = dt_addr_port_out_of_range(listen)
+               ? 0
+               : grpc_server_add_http2_port(s->server, listen, s->creds);
     if (port <= 0) {
       DT_ERROR(RPC, "cannot listen on %s (TLS)", listen);
       err = DT_EUNAVAIL;

@@ -12,6 +12,7 @@
 #include "dt_error.h"
 #include "dt_param.h"
 #include "dt_util.h"
+#include "listener.h"
 #include "logs.h"
 #include "rng.h"
 #include "ut_fs.h"
@@ -260,6 +261,27 @@ START_TEST(test_join_i64)
 END_TEST
 
 /* RFC 3629: what is UTF-8, and sanitizing what is not, byte by byte. */
+/* A port above 65535 is refused, not taken modulo 65536 by the resolver (99999 -> 34463). */
+START_TEST(test_addr_port_range)
+{
+  static const char *const ok[] = {
+      "127.0.0.1:7470",          "0.0.0.0:0", ":65535", "[::1]:443", "dns:///head:7470",
+      "unix:/run/distrain.sock", "head",      ""};
+  static const char *const bad[] = {
+      "127.0.0.1:65536", "127.0.0.1:99999",     ":123456",
+      "[::1]:70000",     "dns:///head:0065536", "h:99999999999999999999"};
+  for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+    ck_assert_msg(!dt_addr_port_out_of_range(ok[i]), "%s", ok[i]);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    ck_assert_msg(dt_addr_port_out_of_range(bad[i]), "%s", bad[i]);
+  ck_assert(!dt_addr_port_out_of_range(NULL));
+  /* and a listener refuses one before binding anything */
+  int fd = -1, port = 0;
+  ck_assert_int_eq(dt_listener_bind("127.0.0.1:99999", &fd, &port), DT_EINVAL);
+  ck_assert_int_eq(fd, -1);
+}
+END_TEST
+
 START_TEST(test_utf8)
 {
   static const struct {
@@ -827,6 +849,7 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_parse_f64);
   tcase_add_test(t, test_join_i64);
   tcase_add_test(t, test_utf8);
+  tcase_add_test(t, test_addr_port_range);
   suite_add_tcase(s, t);
 
   t = tcase_create("crc32c");
