@@ -131,9 +131,14 @@ static int parse(int argc, char **argv, args_t *a)
     case 'n':
     case 'd':
     case 'R':
-      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'R' ? 0 : 1) || v > 4096) {
-        fprintf(stderr, "distrainctl: %s: expected a %s integer, got '%s'\n", argv[optind - 1],
-                ch == 'R' ? "non-negative" : "positive", optarg);
+      /* a rank of the largest world the coordinator plans; a local cluster's size */
+      if (dt_parse_i64(optarg, &v) != 0 || v < (ch == 'R' ? 0 : 1) ||
+          v > (ch == 'R' ? (1 << 20) - 1 : 4096)) {
+        fprintf(stderr, "distrainctl: %s: expected an integer in %d..%d, got '%s'\n",
+                ch == 'n'   ? "--nodes"
+                : ch == 'd' ? "--devices-per-node"
+                            : "--rank",
+                ch == 'R' ? 0 : 1, ch == 'R' ? (1 << 20) - 1 : 4096, optarg);
         return DT_EINVAL;
       }
       *(ch == 'n' ? &a->local.nodes : ch == 'd' ? &a->local.devices_per_node : &a->rank) = (int)v;

@@ -513,6 +513,24 @@ class T0_Help(unittest.TestCase):
                     self.assertLessEqual(len(line), 100, line)
                 self.assertEqual([o for o in sorted(opts) if "--" + o not in out], [])
 
+    def test_distrainctl_number_flags(self):
+        """A bad number names its flag (given as "--flag VALUE", not only "--flag=VALUE") and
+        the range; a rank of a world larger than a local cluster is taken."""
+        ctl = binary("coordinator", "distrainctl")
+        for args, want in ((["run", "--local", "--nodes", "0", "j.yaml"],
+                            "distrainctl: --nodes: expected an integer in 1..4096, got '0'"),
+                           (["run", "--local", "--devices-per-node=5000", "j.yaml"],
+                            "distrainctl: --devices-per-node: expected an integer in 1..4096, "
+                            "got '5000'"),
+                           (["logs", "job-1", "--rank", "-1"],
+                            "distrainctl: --rank: expected an integer in 0..1048575, got '-1'")):
+            p = subprocess.run([ctl] + args, capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(want, p.stderr)
+        p = subprocess.run([ctl, "logs", "job-1", "--rank", "5000", "--coordinator", "127.0.0.1:1",
+                            "--token-file", os.devnull], capture_output=True, text=True, timeout=30)
+        self.assertNotIn("expected an integer", p.stderr)
+
 
 # ---------------------------------------------------------------------------------------------
 # 1. The gRPC surface, from a Python client
