@@ -315,20 +315,26 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->st.n_nodes;
   int *idle = malloc((c->st.n_nodes + 1) * sizeof *idle);
   int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs);
-  int nidle = 0, nserving = 0, planned = 0;
+  int nidle = 0, nserving = 0, nbusy = 0, planned = 0;
   char why[256] = "";
   if (!idle || !devs)
     goto out;
   const char *kind = device_kind(spec);
   for (size_t i = 0; i < c->st.n_nodes; i++) {
-    if (node_serves(c->st.nodes[i], -1, kind) && nserving++ < max_nodes) {
+    const dt_node_t *nd = c->st.nodes[i];
+    if (node_serves(nd, -1, kind) && nserving++ < max_nodes) {
       idle[nidle] = (int)i;
-      devs[nidle++] = (int)c->st.nodes[i]->info->n_devices;
+      devs[nidle++] = (int)nd->info->n_devices;
     }
+    nbusy += nd && nd->job >= 0 && node_serves(nd, nd->job, kind); /* another job's */
   }
   if (nidle < el->min_nodes) {
     snprintf(why, sizeof why, "waiting for nodes: %d idle%s%s%s, min_nodes %d", nidle,
              kind ? " with " : "", kind ? kind : "", kind ? " devices" : "", el->min_nodes);
+    if (nbusy > 0) {
+      const size_t len = strlen(why);
+      snprintf(why + len, sizeof why - len, " (%d more busy with other jobs)", nbusy);
+    }
     goto wait;
   }
   /* Keep tp x pp x cp; take the largest dp <= the submitted one that fits and divides the
@@ -594,14 +600,17 @@ static void evaluate_job(dt_coord_t *c, dt_job_t *j)
   Distrain__V1__JobState s = j->job->state;
   if (s != DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && s != DISTRAIN__V1__JOB_STATE__JOB_RUNNING)
     return;
+  char ranks[32] = "its rank"; /* "all 4 ranks", not "all 1 ranks" */
+  if (j->world > 1)
+    snprintf(ranks, sizeof ranks, "all %d ranks", j->world);
   if (j->n_done == j->world) {
-    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_COMPLETED,
-                            "all %d ranks finished step %lld", j->world, (long long)j->job->step);
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_COMPLETED, "%s finished step %lld",
+                            ranks, (long long)j->job->step);
     dt_coord_release_nodes(c, j);
     dt_coord_schedule(c);
   } else if (s == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS && j->n_running + j->n_done == j->world) {
-    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RUNNING, "all %d ranks are training",
-                            j->world);
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RUNNING, "%s %s training", ranks,
+                            j->world > 1 ? "are" : "is");
   }
 }
 

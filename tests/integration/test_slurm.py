@@ -388,7 +388,7 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, "sbatch: %s" % out_s)
         out = self.job_output(out_s)
         self.assertRegex(out, r"srun: error: dtn2: task \d+: Killed")
-        self.assertRegex(out, r"RUNNING \(generation 2\): all 1 ranks are training")
+        self.assertRegex(out, r"RUNNING \(generation 2\): its rank is training")
         self.assertRegex(out, r"state: +COMPLETED \(generation 2, 1 restart\)")
         self.assertRegex(out, r"failed node: +node-\d")
         self.assert_losses(read_metrics(metrics), 1e-5)

@@ -604,7 +604,8 @@ START_TEST(test_restart_plans_waiting_jobs)
   k = dt_coord_job_by_id(&f->c.st, id[1]);
   ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
   ck_assert_int_eq(state(k), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
-  ck_assert_str_eq(k->job->reason, "waiting for nodes: 0 idle, min_nodes 1");
+  ck_assert_str_eq(k->job->reason,
+                   "waiting for nodes: 0 idle, min_nodes 1 (1 more busy with other jobs)");
   fx_free(f);
 }
 END_TEST
