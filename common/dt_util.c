@@ -292,10 +292,12 @@ int dt_env_switch(const char *name, int *on)
   return DT_EINVAL;
 }
 
-/* The length of the UTF-8 sequence starting at p (end - p bytes left), or 0 if none does. */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
+int dt_utf8_next(const char *s, size_t n)
 {
-  const unsigned c = *p;
+  const unsigned char *p = (const unsigned char *)s;
+  if (n == 0)
+    return 0;
+  const unsigned c = p[0];
   if (c < 0x80)
     return 1;
   size_t more;
@@ -307,32 +309,35 @@ static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
   else if (c >= 0xF0 && c <= 0xF4)
     more = 3, cp = c & 0x07, min = 0x10000;
   else
-    return 0;
-  if ((size_t)(end - p) <= more)
-    return 0;
+    return -1;
   for (size_t k = 1; k <= more; k++) {
+    if (k == n)
+      return 0; /* so far the start of one */
     if ((p[k] & 0xC0) != 0x80)
-      return 0;
+      return -1;
     cp = cp << 6 | (p[k] & 0x3F);
   }
-  return cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) ? 0 : more + 1;
+  return cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) ? -1 : (int)more + 1;
 }
 
 int dt_utf8_valid(const char *s, size_t n)
 {
-  const unsigned char *p = (const unsigned char *)s, *end = p + n;
-  for (size_t k; p < end; p += k)
-    if (!(k = utf8_seq(p, end)))
+  for (size_t i = 0; i < n;) {
+    const int k = dt_utf8_next(s + i, n - i);
+    if (k <= 0)
       return 0;
+    i += (size_t)k;
+  }
   return 1;
 }
 
 void dt_utf8_sanitize(char *s)
 {
-  unsigned char *p = (unsigned char *)s, *end = p + strlen(s);
-  for (size_t k; p < end; p += k)
-    if (!(k = utf8_seq(p, end))) {
-      *p = '?';
-      k = 1;
-    }
+  const size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    const int k = dt_utf8_next(s + i, n - i);
+    if (k <= 0)
+      s[i] = '?';
+    i += k > 0 ? (size_t)k : 1;
+  }
 }

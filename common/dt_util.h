@@ -58,6 +58,10 @@ int dt_addr_port_out_of_range(const char *addr);
  * protobuf's string fields and YAML must be (protobuf-c does not check; the official libraries
  * refuse to decode a message with a string that is not). */
 int dt_utf8_valid(const char *s, size_t n);
+/* The character starting at s (n bytes there): its length when they hold a whole valid one,
+ * 0 when they are the start of one still to be completed (a stream's next bytes), -1 when s[0]
+ * starts none. */
+int dt_utf8_next(const char *s, size_t n);
 /* Makes the NUL-terminated s UTF-8 in place: each byte that starts no valid sequence (a
  * Latin-1 byte of a path, a character cut in two by a fixed-size buffer) becomes '?'. */
 void dt_utf8_sanitize(char *s);

@@ -309,6 +309,16 @@ START_TEST(test_utf8)
     ck_assert(dt_utf8_valid(buf, strlen(buf)));
   }
   ck_assert(dt_utf8_valid("a\xc3\xa9", 2) == 0); /* the length given, not the NUL, ends it */
+  /* A stream's next character: whole, still coming, or none. */
+  ck_assert_int_eq(dt_utf8_next("a", 1), 1);
+  ck_assert_int_eq(dt_utf8_next("\xe2\x82\xac!", 4), 3); /* the euro sign */
+  ck_assert_int_eq(dt_utf8_next("\xe2\x82", 2), 0);
+  ck_assert_int_eq(dt_utf8_next("\xf0", 1), 0);
+  ck_assert_int_eq(dt_utf8_next("", 0), 0);
+  ck_assert_int_eq(dt_utf8_next("\xe2x", 2), -1);        /* not a continuation */
+  ck_assert_int_eq(dt_utf8_next("\xe0\x80\x80", 3), -1); /* overlong */
+  ck_assert_int_eq(dt_utf8_next("\xed\xa0\x80", 3), -1); /* a surrogate */
+  ck_assert_int_eq(dt_utf8_next("\xff", 1), -1);
 }
 END_TEST
 

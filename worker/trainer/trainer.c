@@ -350,34 +350,21 @@ typedef struct {
   int n;
 } text_out_t;
 
-static int utf8_length(unsigned char lead)
-{
-  return lead < 0x80                    ? 1
-         : lead >= 0xC2 && lead <= 0xDF ? 2
-         : lead >= 0xE0 && lead <= 0xEF ? 3
-         : lead >= 0xF0 && lead <= 0xF4 ? 4
-                                        : 0;
-}
-
 /* Writes the pending bytes that are decided; with flush, the rest too (U+FFFD each). */
 static void text_drain(text_out_t *o, int flush)
 {
   while (o->n > 0) {
-    const int len = utf8_length(o->pending[0]);
-    int k = 1; /* the bytes that can still be this character's */
-    while (k < o->n && k < len && (o->pending[k] & 0xC0) == 0x80)
-      k++;
-    if (len > o->n && k == o->n && !flush)
-      return; /* its next bytes are still to come */
-    int used = 1;
-    if (len > 0 && k == len && dt_utf8_valid((const char *)o->pending, (size_t)len)) {
+    int len = dt_utf8_next((const char *)o->pending, (size_t)o->n);
+    if (len == 0 && !flush)
+      return; /* a character whose next bytes are still to come */
+    if (len > 0) {
       fwrite(o->pending, 1, (size_t)len, o->out);
-      used = len;
     } else {
       fputs("\xEF\xBF\xBD", o->out); /* U+FFFD */
+      len = 1;
     }
-    o->n -= used;
-    memmove(o->pending, o->pending + used, (size_t)o->n);
+    o->n -= len;
+    memmove(o->pending, o->pending + len, (size_t)o->n);
   }
 }
 
