@@ -321,6 +321,11 @@ static double device_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr
     for (int i = 0; i < 4; i++) { /* fc's output gradient is bf16 already, qkv's may be */
       const int held16 = i == 2 || (i == 0 && dqkv_bytes(m, tr, l) == 2);
       ws = DT_MAX(ws, linear_ws(N, layers[i][0], layers[i][1], zero3, !held16, bias));
+      /* the forwards into bf16 (fc's, qkv's under flash): the bias's bf16 copy after the
+       * weight's (cuBLASLt's bias epilogue takes a bias of the output's type) */
+      if (bias && (i == 2 || (i == 0 && !tr->materialized)))
+        ws = DT_MAX(ws, (zero3 ? round_up(layers[i][0] * layers[i][1] * 2, 256) : 0) +
+                            round_up(layers[i][0] * 2, 256));
     }
     if (s == l->pp - 1) /* the LM head: its dlogits are bf16 already */
       ws = DT_MAX(ws, linear_ws(N, Vl, C, zero3, 0, 0));

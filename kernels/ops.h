@@ -108,9 +108,11 @@ typedef struct dt_ops {
    * accumulate in fp32, into fp32 outputs unless out16 / dinp16 below. inp is a bf16 activation
    * buffer (below), (N, C)
    * contiguous; weight and dout are fp32, rounded to bf16 (to nearest even) inside. The bias and
-   * its gradient stay fp32 (dbias sums the unrounded dout). weight16, where the caller holds
-   * weight's bf16 values (a bf16 buffer of OC x C, e.g. what adamw_update's param16 wrote), is
-   * read instead of rounding weight, which is then not read (the backward reads either only for
+   * its gradient stay fp32 (dbias sums the unrounded dout), except that a bf16 output (out16)
+   * adds the bias's bf16 value, as PyTorch autocast, which rounds a linear layer's bias too (and
+   * cuBLASLt's bias epilogue takes a bias of the output's type only). weight16, where the caller
+   * holds weight's bf16 values (a bf16 buffer of OC x C, e.g. what adamw_update's param16 wrote),
+   * is read instead of rounding weight, which is then not read (the backward reads either only for
    * dinp). dout16, where the caller holds dout's bf16 values already, is used instead of
    * rounding dout: a bf16 buffer whose rows are ldd * 4 / bf16_bytes values apart; dout is then
    * read only for dbias (dbias with dout16 in dout's own bytes, whose fp32 values are gone, is
@@ -123,12 +125,12 @@ typedef struct dt_ops {
    * pre-activation as a bf16 buffer (the forward's out16 output): dinp is then gelu'(gelu_in) *
    * (dout @ weight), computed in fp32 before the rounding (on a GPU in the GEMM's epilogue, with no
    * pass of its own). out16 (forward): out is a bf16 activation buffer of N rows ldo values apart
-   * (ldo >= OC; the columns past OC are not written) that gets the fp32 results, the bias added,
-   * rounded to bf16 (to nearest even; on a GPU as the GEMM stores them), else the fp32 (N, ldo)
-   * output above. res, where not NULL (fp32 out only): out = res + (inp @ weight^T + bias), res
-   * laid out like out (a residual add with no pass of its own: on a GPU the GEMM's C input; the
-   * fp32 sums may be added in another order there, as a GEMM's own are). NULL where a backend has
-   * no bf16 path. */
+   * (ldo >= OC; the columns past OC are not written) that gets the fp32 results, the bias's bf16
+   * value added, rounded to bf16 (to nearest even; on a GPU as the GEMM stores them), else the fp32
+   * (N, ldo) output above. res, where not NULL (fp32 out only): out = res + (inp @ weight^T +
+   * bias), res laid out like out (a residual add with no pass of its own: on a GPU the GEMM's C
+   * input; the fp32 sums may be added in another order there, as a GEMM's own are). NULL where a
+   * backend has no bf16 path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias,
                              const float *res, int N, int C, int OC, int ldo);

@@ -1,6 +1,8 @@
 /* ops_cpu.c — the CPU backend's kernel table: the reference kernels of cpu_kernels.h, which take
  * no device and cannot fail, adapted to the table's convention (ops.h), on the host addresses
  * behind the device's pointers (the remote CPU device translates them). */
+#include <stdlib.h>
+
 #include "../ops.h"
 #include "cpu_kernels.h"
 #include "device.h"
@@ -101,7 +103,14 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
 {
   DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
   float *o = H(out);
-  if (dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16), H(bias), N, C, OC, ldo) != 0)
+  /* a bf16 output adds the bias's bf16 value (ops.h) */
+  float *b16 = out16 && bias ? dt_cpu_bf16_copy(H(bias), 1, (size_t)OC, (size_t)OC) : NULL;
+  const int rc = out16 && bias && !b16
+                     ? -1
+                     : dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16),
+                                                  b16 ? b16 : H(bias), N, C, OC, ldo);
+  free(b16);
+  if (rc != 0)
     return DT_ENOMEM;
   for (int i = 0; out16 && i < N; i++) /* the CPU's bf16 buffer: the fp32 numbers equal to the
                                         * rounded values */

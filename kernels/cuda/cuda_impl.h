@@ -44,7 +44,8 @@ typedef struct dt_cuda_impl {
   size_t lt_ws_bytes;
   int use_lt;        /* DISTRAIN_CUDA_CUBLASLT (default 1): 0 runs the linear layer on cuBLAS */
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
-  void *ws;          /* scratch for partial sums; grows, never shrinks */
+  unsigned long long lt_warned[8]; /* the first distinct such products' signatures (WARNed) */
+  void *ws;                        /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
   void *stage; /* fp32 products on their way to a bf16 output, where cuBLAS writes them */
   size_t stage_bytes;

@@ -25,8 +25,10 @@ typedef struct {
 } dt_gemm_mat_t;
 
 /* C (m x n, ld ldc) = alpha op(A) op(B) + beta C (+ bias), column-major, for each of batch
- * products. bias (fp32, m values, or NULL): cuBLASLt's BIAS epilogue, bias[i] added to every
- * element of row i after the product (only the linear layer's forward, batch 1, sets it).
+ * products. bias (m values, or NULL): cuBLASLt's BIAS epilogue, bias[i] added to every
+ * element of row i after the product (only the linear layer's forward, batch 1, sets it); fp32,
+ * or bf16 where bias16 (with c16 only: cuBLASLt takes a bias of D's type, "Bias vector elements
+ * are the same type as the elements of output matrix (Dtype)", so a bf16 C has a bf16 bias).
  * gelu_in (bf16, laid out like C, or NULL): cuBLASLt's DGELU epilogue, each element of the
  * product multiplied by the GELU's derivative at gelu_in's element as it is stored (only the
  * bf16 linear layer's dinp, beta 0, c16, sets it: the backward of a layer whose input was
@@ -45,10 +47,11 @@ typedef struct {
   int ldc;
   long long sC;
   int batch;
-  const float *bias;
+  const void *bias;
   const void *gelu_in;
   int c16;
   const float *Cin;
+  int bias16;
 } dt_gemm_t;
 
 static inline dt_gemm_mat_t gemm_mat(const void *p, int ld, long long stride)
@@ -61,7 +64,7 @@ static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alp
                                   dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
                                   int batch)
 {
-  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL, 0, NULL};
+  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL, 0, NULL, 0};
   return g;
 }
 
@@ -80,14 +83,15 @@ static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const vo
 }
 
 /* g without its epilogues, for cuBLAS (which has none): the caller seeds every row i of C with
- * bias[i] first (the first m values of each of the n columns), plus Cin's element (beta 1)
- * where g has one, and the product accumulates onto it (only for a product that does not
- * otherwise read C: beta 0, or 1 with a Cin, as the forward's). A GELU gradient comes with a
- * bf16 C, which linear_gemm makes in fp32 first and then applies it. */
+ * bias[i] first (the first m values of each of the n columns, bf16 where bias16), plus Cin's
+ * element (beta 1) where g has one, and the product accumulates onto it (only for a product that
+ * does not otherwise read C: beta 0, or 1 with a Cin, as the forward's). A GELU gradient comes with
+ * a bf16 C, which linear_gemm makes in fp32 first and then applies it. */
 static inline dt_gemm_t gemm_seeded(dt_gemm_t g)
 {
   g.beta = g.bias || g.Cin ? 1.0f : g.beta;
   g.bias = NULL;
+  g.bias16 = 0;
   g.gelu_in = NULL;
   g.Cin = NULL;
   return g;

@@ -49,7 +49,9 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
              g->c16 ? ", bf16 C" : "", g->gelu_in ? ", GELU gradient" : "");
     return DT_EINVAL;
   }
-  if (g->gelu_in && aux_ld % 8) /* cuBLASLt's rule for the GELU input's leading dimension */
+  /* cuBLASLt's rules: the GELU input's leading dimension a multiple of 8; the bias of D's type
+   * (a bf16 bias with a bf16 C only; an fp32 bias with an fp32 C only) */
+  if ((g->gelu_in && aux_ld % 8) || (g->bias && g->bias16 != g->c16))
     return DT_ENOTSUP;
   /* Stored column-major: op(A) is m x k, so a transposed A is stored k x m; likewise B. */
   const int a_rows = g->ta ? g->k : g->m, a_cols = g->ta ? g->m : g->k;
@@ -73,12 +75,14 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
   DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), rc, fail);
   DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), rc,
                 fail);
-  /* The bias stays fp32 under a bf16 C too: added to the fp32 result before the rounding. */
+  /* The bias is added to the fp32 result before a bf16 C's rounding. Its type is left unset (then
+   * D's) for a bf16 bias, as for the GELU input below. */
   if (g->bias) { /* the heuristic reads the pointer for its alignment */
     DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias), rc,
                   fail);
-    DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof fp32), rc,
-                  fail);
+    if (!g->bias16)
+      DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof fp32), rc,
+                    fail);
   }
   /* The GELU input, laid out like C (the heuristic reads its alignment). Its type is left unset:
    * it then is D's (bf16, as the forward's bf16 output wrote it), and cublasLt.h warns that

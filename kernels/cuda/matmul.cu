@@ -69,6 +69,40 @@ out:
   return rc;
 }
 
+/* Counts a product cuBLASLt had no algorithm for; 1 for the first of its kind (shape, layout,
+ * types and epilogue), up to 8 kinds, so that each gets a WARN line once. */
+static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
+{
+  const long long f[] = {g->m,
+                         g->n,
+                         g->k,
+                         g->ta,
+                         g->tb,
+                         g->A.ld,
+                         g->B.ld,
+                         g->ldc,
+                         ab == CUDA_R_16BF,
+                         g->bias != NULL,
+                         g->bias16,
+                         g->c16,
+                         g->gelu_in != NULL,
+                         g->Cin != NULL};
+  unsigned long long h = 1469598103934665603ULL; /* FNV-1a over the fields */
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+    h = (h ^ (unsigned long long)f[i]) * 1099511628211ULL;
+  h |= 1; /* never 0, an empty slot */
+  cu->lt_fallbacks++;
+  for (int i = 0; i < 8; i++) {
+    if (cu->lt_warned[i] == h)
+      return 0;
+    if (cu->lt_warned[i] == 0) {
+      cu->lt_warned[i] = h;
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* One product of the linear layer: by cuBLASLt, or by cuBLAS, the same arithmetic (fp32
  * accumulation, the bias added to the fp32 result, a bf16 output rounded from it, through the
  * GELU's derivative for the GELU gradient) with a pass that seeds the output with the bias before
@@ -76,8 +110,8 @@ out:
  * bf16 output had no algorithm) and rounded from there (dgelu_to_bf16_kernel applies the
  * derivative on the way): with
  * DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no algorithm for, counted in
- * cu->lt_fallbacks and named in a WARN line the first time, so that a run on a new GPU or library
- * still trains (test_cuda fails on any fallback). */
+ * cu->lt_fallbacks and named in a WARN line (first_fallback), so that a run on a new GPU or
+ * library still trains (test_cuda fails on any fallback). */
 static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
   /* A single row or column (a one-token forward) goes to cuBLAS without asking: not a fallback. */
@@ -85,13 +119,15 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
     const int rc = dt__cuda_gemm_lt(cu, g, ab);
     if (rc != DT_ENOTSUP)
       return rc;
-    if (cu->lt_fallbacks++ == 0)
+    if (first_fallback(cu, g, ab))
       DT_WARN(KERNEL,
               "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d "
               "%d%s%s); %s",
               cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
               g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc,
-              g->bias      ? (g->Cin ? ", bias epilogue and a residual C" : ", bias epilogue")
+              g->bias      ? (g->Cin      ? ", bias epilogue and a residual C"
+                              : g->bias16 ? ", bf16 bias epilogue"
+                                          : ", bias epilogue")
               : g->gelu_in ? ", GELU-gradient epilogue"
               : g->Cin     ? ", a residual C"
                            : "",
@@ -132,8 +168,13 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
   const dt_gemm_t s = gemm_seeded(*g);
   if (g->bias || g->Cin) {
     const size_t total = (size_t)g->n * g->m; /* rows of the row-major output, OC columns */
-    linear_seed_kernel<<<dt__cuda_grid(total, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, cu->stream>>>(
-        (float *)g->C, g->bias, g->Cin, g->m, g->ldc, total);
+    const unsigned grid = dt__cuda_grid(total, DT__CUDA_THREADS);
+    if (g->bias16)
+      linear_seed_kernel<__nv_bfloat16><<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+          (float *)g->C, (const __nv_bfloat16 *)g->bias, g->Cin, g->m, g->ldc, total);
+    else
+      linear_seed_kernel<float><<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+          (float *)g->C, (const float *)g->bias, g->Cin, g->m, g->ldc, total);
     DT_CUDA_CHECK(cudaGetLastError());
   }
   if (ab == CUDA_R_32F)
@@ -288,8 +329,8 @@ int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t 
 
 /* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (unless the caller
  * holds its bf16 values) and in the backward dout (likewise) get bf16 copies in the workspace.
- * out16: cuBLASLt writes out in bf16 (C and D bf16, the bias fp32). res: the GEMM's C input
- * (beta 1), D out. */
+ * out16: cuBLASLt writes out in bf16 (C and D bf16), the bias's bf16 copy beside the weight's
+ * (its epilogue takes a bias of D's type only). res: the GEMM's C input (beta 1), D out. */
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
                                  const float *res, int N, int C, int OC, int ldo)
@@ -298,10 +339,14 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, co
   DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
   if (N <= 0 || OC <= 0)
     return 0;
-  bf16_operand_t w = {weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL};
-  if (!weight16)
-    DT_CHECK(bf16_operands(cu, &w, 1));
-  dt_gemm_t g = gemm_linear_forward(out, inp, weight16 ? weight16 : w.dst, bias, N, C, OC, ldo);
+  bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL},
+                          {bias, 1, (size_t)OC, (size_t)OC, NULL, NULL}};
+  const int copy_w = !weight16, copy_b = out16 && bias;
+  if (copy_w || copy_b)
+    DT_CHECK(bf16_operands(cu, op + (copy_w ? 0 : 1), copy_w + copy_b));
+  dt_gemm_t g = gemm_linear_forward(out, inp, weight16 ? weight16 : op[0].dst, bias, N, C, OC, ldo);
+  if (copy_b)
+    g.bias = op[1].dst, g.bias16 = 1;
   g.c16 = out16 != 0;
   g.Cin = res;
   g.beta = res ? 1.0f : 0.0f;

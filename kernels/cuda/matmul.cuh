@@ -10,14 +10,16 @@
 #include "block.cuh"
 
 /* The seed of the linear layer's cuBLAS form: out[i, o] = in[i, o] + bias[o], or either term
- * alone where the other is NULL, for the first OC columns of each row (in laid out like out). */
-__global__ static void linear_seed_kernel(float *out, const float *bias, const float *in, int OC,
+ * alone where the other is NULL, for the first OC columns of each row (in laid out like out);
+ * B: the bias's type (float, or __nv_bfloat16: a bf16 output's bias). */
+template <typename B>
+__global__ static void linear_seed_kernel(float *out, const B *bias, const float *in, int OC,
                                           int ldo, size_t total)
 {
   DT__CUDA_FOR(i, total)
   {
     const size_t at = i / (size_t)OC * ldo + i % (size_t)OC;
-    const float b = bias ? bias[i % (size_t)OC] : 0.0f;
+    const float b = bias ? dt__load(bias + i % (size_t)OC) : 0.0f;
     out[at] = in ? (bias ? in[at] + b : in[at]) : b;
   }
 }

@@ -1966,7 +1966,9 @@ typedef struct {
  *   So D(i, j) = GELU'(aux[i + j aux_ld]) * (the product's element), GELU' of the tanh
  *   approximation (the GPT-2 GELU, gelu_grad above).
  * - The bias and aux types default (-1) to D's ("Bias vector elements are the same type as the
- *   elements of output matrix (Dtype)"; CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, _AUX_DATA_TYPE). */
+ *   elements of output matrix (Dtype)"; CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, _AUX_DATA_TYPE).
+ *   A bias of another type is NOT_SUPPORTED, as on an H200 with CUDA 13's cuBLASLt, which had
+ *   no algorithm for an fp32 bias with a bf16 D (the exceptions listed are IMMA and fp8). */
 static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A,
                                  cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
                                  cublasLtMatrixLayout_t D, lt_problem_t *p)
@@ -2009,8 +2011,8 @@ static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublas
     why = "matrix order (CUBLASLT_ORDER_COL only)";
   else if (o.epilogue != CUBLASLT_EPILOGUE_DEFAULT && p->epi == EPI_NONE)
     why = "epilogue (DEFAULT, BIAS and DGELU only)";
-  else if (p->epi == EPI_BIAS && p->bias_type != CUDA_R_32F && p->bias_type != CUDA_R_16BF)
-    why = "bias type (CUDA_R_32F or CUDA_R_16BF only)";
+  else if (p->epi == EPI_BIAS && p->bias_type != (cudaDataType_t)p->D.type)
+    why = "bias type (D's only: the documented exceptions are IMMA and fp8 kernels)";
   else if (p->epi == EPI_DGELU && p->aux_type != CUDA_R_32F && p->aux_type != CUDA_R_16BF)
     why = "aux type (CUDA_R_32F or CUDA_R_16BF only)";
   for (int i = 0; i < 4 && !why; i++)

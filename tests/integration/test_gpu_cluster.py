@@ -317,7 +317,8 @@ class GpuCluster(cp.ClusterTest):
         for rank, gpu in enumerate(order):
             text = cp.tail(os.path.join(self.tmp, "work-listed", job, "rank-%d.log" % rank),
                            100000)
-            m = re.search(r"GPU (\d+) of 2 visible \(CUDA_VISIBLE_DEVICES=([^)]*)\)", text)
+            m = re.search(r"GPU (\d+) of %d visible \(CUDA_VISIBLE_DEVICES=([^)]*)\)"
+                          % len(set(order)), text)
             self.assertTrue(m, text[-3000:])
             self.assertEqual(m.group(2).split(",")[int(m.group(1))], str(gpu), m.group(0))
 

@@ -363,7 +363,12 @@ START_TEST(test_device_side_stream)
   flags[0] = 1;
   ck_assert_int_eq(g_gpu->sync(g_gpu), 0);
   ck_assert_int_eq(j.rc, 0);
-  ck_assert_msg(held, "the other thread's work waited for the compute stream");
+  /* compute-sanitizer's memcheck serialises kernels: the hold then times out first (tests/gpu/
+   * run.sh sets DT_COMPUTE_SANITIZER=1 for its runs under it) */
+  if (getenv("DT_COMPUTE_SANITIZER"))
+    printf("test_device_side_stream: under compute-sanitizer, concurrency not checked\n");
+  else
+    ck_assert_msg(held, "the other thread's work waited for the compute stream");
   ck_assert_int_eq(j.ordinal_seen, 0); /* g_gpu is cuda:0 here; the thread made it current */
   g_gpu->free(g_gpu, j.d);
   ck_assert_int_eq(cudaFreeHost((void *)flags), cudaSuccess);

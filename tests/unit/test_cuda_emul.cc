@@ -477,7 +477,10 @@ static void ref_gemm(const dt_gemm_t &g)
             g.gelu_in ? ref_dgelu(__bfloat162float(((const __nv_bfloat16 *)g.gelu_in)[at])) : 1.0;
         const float *Cin = g.Cin ? g.Cin + t * g.sC : C; /* fp32 C only */
         const double c = g.beta != 0.0f ? (double)g.beta * Cin[at] : 0.0;
-        const float v = (float)((g.alpha * acc + c + (g.bias ? (double)g.bias[i] : 0.0)) * d);
+        const double b = !g.bias    ? 0.0
+                         : g.bias16 ? (double)__bfloat162float(((const __nv_bfloat16 *)g.bias)[i])
+                                    : (double)((const float *)g.bias)[i];
+        const float v = (float)((g.alpha * acc + c + b) * d);
         if (g.c16) /* rounded as it is stored */
           ((__nv_bfloat16 *)g.C + t * g.sC)[at] = __float2bfloat16_rn(v);
         else

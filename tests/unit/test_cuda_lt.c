@@ -67,8 +67,8 @@ static void check_layout(cublasLtMatrixLayout_t l, want_t w, const char *what)
 
 /* The operation: fp32 accumulation and scale, the transposes, the epilogue and its bias or GELU
  * input (D's type, bf16; leading dimension gelu_ld). */
-static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias, const void *gelu_in,
-                     int64_t gelu_ld)
+static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const void *bias, int bias16,
+                     const void *gelu_in, int64_t gelu_ld)
 {
   int32_t compute = -1, scale = -1, opa = -1, opb = -1;
   uint32_t epilogue = 0;
@@ -90,7 +90,7 @@ static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const float *bias, 
   if (bias) {
     int32_t btype = -1;
     op_get(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &btype, sizeof btype);
-    ck_assert_int_eq(btype, CUDA_R_32F);
+    ck_assert_int_eq(btype, bias16 ? -1 : CUDA_R_32F); /* bf16: unset, D's type */
   }
   const void *aux = (const void *)1;
   op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
@@ -150,7 +150,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
   for (int with_bias = 0; with_bias < 2; with_bias++) {
     const dt_gemm_t g = gemm_linear_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC, ld);
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 1, 0, with_bias ? bias : NULL, NULL, 0);
+    check_op(&lt, 1, 0, with_bias ? bias : NULL, 0, NULL, 0);
     check_layout(lt.A, weight, "forward A (weight)");
     check_layout(lt.B, input, "forward B (inp)");
     check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)OC, (uint64_t)N, ld}, "forward C (out)");
@@ -172,12 +172,19 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     dt_lt_gemm_release(&lt);
   }
 
-  /* bf16: the forward into a bf16 output (the qkv layer's): C bf16, the bias still fp32 */
+  /* bf16: the forward into a bf16 output (the qkv layer's): C bf16 and its bias bf16 (D's type,
+   * which cuBLASLt requires); an fp32 bias there, or a bf16 one with an fp32 C, has no algorithm
+   * (refused before the heuristic is asked) */
   if (ab == CUDA_R_16BF) {
     dt_gemm_t g = gemm_linear_forward(out, inp, w, bias, N, C, OC, ld);
     g.c16 = 1;
+    ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), DT_ENOTSUP);
+    ck_assert_ptr_null(lt.op);
+    g.c16 = 0, g.bias16 = 1;
+    ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), DT_ENOTSUP);
+    g.c16 = 1;
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 1, 0, bias, NULL, 0);
+    check_op(&lt, 1, 0, bias, 1, NULL, 0);
     check_layout(lt.C, (want_t){CUDA_R_16BF, (uint64_t)OC, (uint64_t)N, ld}, "forward C (bf16)");
     dt_lt_gemm_release(&lt);
   }
@@ -191,7 +198,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     g.gelu_in = through_gelu ? gelu_in : NULL;
     g.c16 = through_gelu;
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 0, 0, NULL, g.gelu_in, C);
+    check_op(&lt, 0, 0, NULL, 0, g.gelu_in, C);
     check_layout(lt.A, weight, "dinp A (weight)");
     check_layout(lt.B, grad, "dinp B (dout)");
     check_layout(lt.C,
@@ -204,7 +211,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
 
   dt_gemm_t g = gemm_linear_dweight(dw, dout, inp, N, C, OC, ld);
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-  check_op(&lt, 0, 1, NULL, NULL, 0);
+  check_op(&lt, 0, 1, NULL, 0, NULL, 0);
   check_layout(lt.A, input, "dweight A (inp)");
   check_layout(lt.B, grad, "dweight B (dout)");
   check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)C, (uint64_t)OC, C}, "dweight C (dweight)");

@@ -788,8 +788,15 @@ START_TEST(test_matmul_bf16)
       ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, NULL, N, C, OC, ld),
       0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
-  /* into a bf16 output (out16), rows OC and ld apart: the fp32 output's values rounded, bit for
-   * bit, the columns past OC untouched; rows shorter than OC are refused */
+  /* into a bf16 output (out16), rows OC and ld apart: the fp32 output's values with the bias's
+   * bf16 value (as PyTorch autocast), rounded, bit for bit, the columns past OC untouched; rows
+   * shorter than OC are refused */
+  float *b16 = falloc((size_t)OC), *out_b16 = falloc((size_t)N * ld);
+  for (int o = 0; o < OC; o++)
+    b16[o] = ref_bf16(bias[o]);
+  ck_assert_int_eq(
+      ops->matmul_forward_bf16(dt_device_cpu(), out_b16, 0, in16, w, NULL, b16, NULL, N, C, OC, ld),
+      0);
   float *o16 = falloc((size_t)N * ld);
   for (int ldo = OC; ldo <= ld; ldo += ld - OC) {
     for (size_t i = 0; i < (size_t)N * ld; i++)
@@ -799,7 +806,7 @@ START_TEST(test_matmul_bf16)
         0);
     for (size_t i = 0; i < (size_t)N; i++)
       for (size_t j = 0; j < (size_t)ldo; j++)
-        ck_assert(j < (size_t)OC ? o16[i * ldo + j] == ref_bf16(out[i * ld + j])
+        ck_assert(j < (size_t)OC ? o16[i * ldo + j] == ref_bf16(out_b16[i * ld + j])
                                  : o16[i * ldo + j] == GARBAGE);
   }
   ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL, N,
