@@ -1,14 +1,16 @@
 /* crossentropy.cu — softmax + cross-entropy on the GPU: the fused forward/backward over the
  * first V of Vp columns, and the vocabulary-parallel pair (stats, then finish after the
  * tensor-parallel exchange). Reference: kernels/cpu/crossentropy.c, whose arithmetic this
- * follows: fp32 throughout, expf / logf, max subtracted before exponentiating.
+ * follows: fp32 throughout, expf / logf, a max subtracted before exponentiating (here each
+ * thread's running max, its sum rescaled as the max grows and once more to the row's: the
+ * sums' order and rounding differ from the CPU's, as any parallel sum's).
  *
  * One block per row; max and sum-of-exp are block reductions of fixed shape (deterministic).
  * The backward overwrites the logits in place with dlogits = (softmax - onehot) * dloss, and
  * only when dloss != 0; the padding columns (>= V, or >= Vl up to the row stride) become 0.
  * Every thread reads the target's logit before the first barrier, and no thread writes the row
- * before that barrier, so the in-place overwrite never races with that read. Threads write only
- * elements they read themselves (same stride mapping in every loop). Under bf16 the logits
+ * before the reductions' barriers, so the in-place overwrite never races with a read. Threads
+ * write only elements they read themselves in the same pass. Under bf16 the logits
  * and the dlogits written over them are bf16 values (the kernels are templated on the type). */
 #include <math.h>
 

@@ -1,6 +1,8 @@
 /* crossentropy.cuh — the cross-entropy kernels (crossentropy.cu launches them, one block of
- * CE_THREADS per row; its top comment states the arithmetic). Device code only, also compiled
- * for the host by tests/unit/cuda_emul.h. */
+ * CE_THREADS per row; its top comment states the arithmetic). A row is read in 16-byte vectors
+ * where it is 16-byte aligned (the LM head's rows are, with Vp a multiple of 128), and once for
+ * the max and the sum together (online softmax), then once more for the gradients. Device code
+ * only, also compiled for the host by tests/unit/cuda_emul.h. */
 #ifndef DT_KERNELS_CUDA_CROSSENTROPY_CUH
 #define DT_KERNELS_CUDA_CROSSENTROPY_CUH
 
@@ -9,10 +11,131 @@
 #include "block.cuh"
 
 #define CE_THREADS 512 /* a multiple of 32 */
+#define CE_VEC     8   /* elements a thread reads at once: 16 bytes of bf16, 32 of fp32 */
+
+/* v = x[0..CE_VEC) as fp32, x 16-byte aligned: one 16-byte load of bf16, two of fp32. */
+__device__ static inline void ce_load(const float *x, float v[CE_VEC])
+{
+#ifdef __CUDACC__
+  const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+#else
+  for (int i = 0; i < CE_VEC; i++)
+    v[i] = x[i];
+#endif
+}
+
+__device__ static inline void ce_load(const __nv_bfloat16 *x, float v[CE_VEC])
+{
+#ifdef __CUDACC__
+  const uint4 u = *(const uint4 *)x;
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int i = 0; i < 4; i++) /* a bf16 is the high half of its fp32 */
+    v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+#else
+  for (int i = 0; i < CE_VEC; i++)
+    v[i] = __bfloat162float(x[i]);
+#endif
+}
+
+/* x[0..CE_VEC) = v (bf16: each rounded to nearest even), x 16-byte aligned. */
+__device__ static inline void ce_store(float *x, const float v[CE_VEC])
+{
+#ifdef __CUDACC__
+  ((float4 *)x)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  ((float4 *)x)[1] = make_float4(v[4], v[5], v[6], v[7]);
+#else
+  for (int i = 0; i < CE_VEC; i++)
+    x[i] = v[i];
+#endif
+}
+
+__device__ static inline void ce_store(__nv_bfloat16 *x, const float v[CE_VEC])
+{
+#ifdef __CUDACC__
+  unsigned w[4];
+  for (int i = 0; i < 4; i++)
+    w[i] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i])) |
+           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1])) << 16;
+  *(uint4 *)x = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  for (int i = 0; i < CE_VEC; i++)
+    x[i] = __float2bfloat16_rn(v[i]);
+#endif
+}
+
+/* Whole vectors of CE_VEC in the first n elements of a row at x whose rows are ld elements
+ * apart: n / CE_VEC where x is 16-byte aligned and ld a multiple of CE_VEC, else 0 (the row then
+ * goes one element at a time). The same for fp32 and bf16 rows of the same shape, so that both
+ * forms split a row among the threads alike and sum in the same order. */
+template <typename T> __device__ static inline int ce_vectors(const T *x, int n, int ld)
+{
+  return ((size_t)x % 16) == 0 && ld % CE_VEC == 0 ? n / CE_VEC : 0;
+}
+
+/* Folds v into a running (max m, sum s of exp(. - m)): the sum rescaled when the max grows. */
+__device__ static inline void ce_online(float *m, float *s, float v)
+{
+  if (v > *m) {
+    *s *= expf(*m - v);
+    *m = v;
+  }
+  *s += expf(v - *m);
+}
+
+/* The block's (max M, sum S of exp(x[j] - M)) over row x's first n elements (rows ld apart) in
+ * one pass (online
+ * softmax): each thread's vectors (vector c = threadIdx.x + k blockDim.x), then the elements past
+ * the last whole vector one at a time, then the threads' pairs rescaled to M and summed in the
+ * fixed order of dt__block_reduce (deterministic). Every thread of the block must call it. */
+template <typename T>
+__device__ static inline void ce_row_stats(const T *x, int n, int ld, float *M, float *S)
+{
+  float m = -INFINITY, s = 0.0f;
+  const int nv = ce_vectors(x, n, ld);
+  for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+    float v[CE_VEC];
+    ce_load(x + (size_t)c * CE_VEC, v);
+    float vm = v[0];
+    for (int i = 1; i < CE_VEC; i++)
+      vm = v[i] > vm ? v[i] : vm;
+    if (vm > m) {
+      s *= expf(m - vm);
+      m = vm;
+    }
+    for (int i = 0; i < CE_VEC; i++)
+      s += expf(v[i] - m);
+  }
+  for (int j = nv * CE_VEC + threadIdx.x; j < n; j += blockDim.x)
+    ce_online(&m, &s, dt__load(x + j));
+  *M = dt__block_reduce(m, dt__max_op());
+  *S = dt__block_reduce(m == -INFINITY ? 0.0f : s * expf(m - *M), dt__sum_op());
+}
+
+/* Overwrites row x's first ld elements with the gradients: exp(x[j] - M) * scale for j < n, less
+ * dloss at tgt (a column of this row, or outside [0, n) for none), 0 past n. Each thread reads
+ * and writes only its own elements (the vectors as ce_row_stats', then the rest). */
+template <typename T>
+__device__ static inline void ce_row_grads(T *x, int n, int ld, float M, float scale, int tgt,
+                                           float dloss)
+{
+  const int nv = ce_vectors(x, ld, ld);
+  for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+    T *p = x + (size_t)c * CE_VEC;
+    float v[CE_VEC];
+    ce_load(p, v);
+    for (int i = 0; i < CE_VEC; i++) {
+      const int j = c * CE_VEC + i;
+      v[i] = j < n ? expf(v[i] - M) * scale - (j == tgt ? dloss : 0.0f) : 0.0f;
+    }
+    ce_store(p, v);
+  }
+  for (int j = nv * CE_VEC + threadIdx.x; j < ld; j += blockDim.x)
+    dt__store(x + j, j < n ? expf(dt__load(x + j) - M) * scale - (j == tgt ? dloss : 0.0f) : 0.0f);
+}
 
 /* T: the logits' element type (float, or __nv_bfloat16 under bf16 compute: the LM head's bf16
- * output), read as fp32; the dlogits overwrite them in place in the same type, each thread
- * writing only the elements it read itself (the same stride mapping in every loop). The exps are
+ * output), read as fp32; the dlogits overwrite them in place in the same type. The exps are
  * computed again for the gradient rather than kept in place: a bf16 row could not hold them. */
 template <typename T>
 __global__ static void crossentropy_kernel(float *losses, T *logits, const int *targets,
@@ -22,31 +145,12 @@ __global__ static void crossentropy_kernel(float *losses, T *logits, const int *
   T *x = logits + row * Vp;
   const int tgt = targets[row];
   const float x_tgt = dt__load(x + tgt);
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    const float v = dt__load(x + j);
-    m = v > m ? v : m;
-  }
-  m = dt__block_reduce(m, dt__max_op());
-  const float xt = x_tgt - m;
-  float s = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x)
-    s += expf(dt__load(x + j) - m);
-  s = dt__block_reduce(s, dt__sum_op());
+  float M, S;
+  ce_row_stats(x, V, Vp, &M, &S);
   if (threadIdx.x == 0)
-    losses[row] = logf(s) - xt;
-  if (dloss == 0.0f)
-    return;
-  const float scale = dloss / s;
-  for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-    float g = 0.0f;
-    if (j < V) {
-      g = expf(dt__load(x + j) - m) * scale;
-      if (j == tgt)
-        g -= dloss;
-    }
-    dt__store(x + j, g);
-  }
+    losses[row] = logf(S) - (x_tgt - M);
+  if (dloss != 0.0f)
+    ce_row_grads(x, V, Vp, M, dloss / S, tgt, dloss);
 }
 
 /* stats[row] = (local max, local sum of exp(x - max), target logit if held here else 0); a
@@ -57,20 +161,12 @@ __global__ static void vp_stats_kernel(float *stats, const T *logits, const int 
 {
   const size_t row = blockIdx.x;
   const T *x = logits + row * ldl;
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-    const float v = dt__load(x + j);
-    m = v > m ? v : m;
-  }
-  m = dt__block_reduce(m, dt__max_op());
-  float s = 0.0f;
-  for (int j = threadIdx.x; j < Vl; j += blockDim.x)
-    s += expf(dt__load(x + j) - m);
-  s = dt__block_reduce(s, dt__sum_op());
+  float M, S;
+  ce_row_stats(x, Vl, ldl, &M, &S);
   if (threadIdx.x == 0) {
     const int t = targets[row] - vocab_lo;
-    stats[3 * row + 0] = Vl > 0 ? m : -INFINITY;
-    stats[3 * row + 1] = s;
+    stats[3 * row + 0] = Vl > 0 ? M : -INFINITY;
+    stats[3 * row + 1] = Vl > 0 ? S : 0.0f;
     stats[3 * row + 2] = t >= 0 && t < Vl ? dt__load(x + t) : 0.0f;
   }
 }
@@ -99,20 +195,8 @@ __global__ static void vp_finish_kernel(float *losses, T *logits, const float *a
   }
   if (threadIdx.x == 0)
     losses[row] = logf(S) - (xt - M);
-  if (dloss == 0.0f)
-    return;
-  T *x = logits + row * ldl;
-  const float scale = dloss / S;
-  const int t = targets[row] - vocab_lo;
-  for (int j = threadIdx.x; j < ldl; j += blockDim.x) {
-    float g = 0.0f;
-    if (j < Vl) {
-      g = expf(dt__load(x + j) - M) * scale;
-      if (j == t)
-        g -= dloss;
-    }
-    dt__store(x + j, g);
-  }
+  if (dloss != 0.0f)
+    ce_row_grads(logits + row * ldl, Vl, ldl, M, dloss / S, targets[row] - vocab_lo, dloss);
 }
 
 #endif
