@@ -86,6 +86,17 @@ template <typename T, typename Op> __device__ T dt__block_reduce(T v, Op op)
   return r;
 }
 
+/* Combines one value per lane over the calling warp (all 32 lanes must call it); every lane
+ * returns the same result: a butterfly of xor shuffles, whose operands differ between lanes
+ * only in the order of commutative pairs, so the order is fixed (deterministic) and every lane's
+ * bits are equal. */
+template <typename T, typename Op> __device__ T dt__warp_reduce(T v, Op op)
+{
+  for (int off = 16; off > 0; off >>= 1)
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 /* The second pass of a column sum: out[z][c] += the sum of in[z]'s rows (rows x cols, row-major)
  * in column c, for the one or two matrices z = blockIdx.z. A block of DT__CSUM_THREADS threads
  * takes DT__CSUM_COLS columns (a warp's coalesced loads of a row): thread (y, x) sums the rows

@@ -2,10 +2,11 @@
  * backward (reference: kernels/cpu/layernorm.c, whose arithmetic this follows: float, two-pass
  * statistics, 1 / sqrtf).
  *
- * Forward and the dinp part of backward take one block per row; the row sums are block
- * reductions of fixed shape. dweight / dbias are sums over rows, done in two passes without
- * atomics: pass one gives each (row chunk, channel) one thread that sums its chunk's rows in
- * order into the workspace; pass two adds the chunks' partial sums per channel in the fixed
+ * Forward and the dinp part of backward take one warp per row (LN_ROWS rows a block: a block
+ * per row of GPT-2's 768 channels left most of its threads waiting at barriers); the row sums
+ * are warp reductions of fixed shape. dweight / dbias are sums over rows, done in two passes
+ * without atomics: pass one gives each (row chunk, channel) one thread that sums its chunk's rows
+ * in order into the workspace; pass two adds the chunks' partial sums per channel in the fixed
  * order of block.cuh's dt__column_sums_kernel. The chunking depends on N only, so results are
  * bit-identical from run to run (and on any GPU). dinp, dweight and dbias accumulate (+=). */
 #include <cuda_bf16.h>
@@ -19,8 +20,8 @@ static int layernorm_forward(struct dt_device *dev, O *out, float *mean, float *
 {
   if (N <= 0 || C <= 0)
     return 0;
-  layernorm_forward_kernel<O><<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
-      out, mean, rstd, inp, weight, bias, C);
+  layernorm_forward_kernel<O><<<ln_blocks(N), LN_THREADS, 0, dt__cuda(dev)->stream>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
@@ -32,8 +33,8 @@ static int residual_layernorm_forward(struct dt_device *dev, float *res, O *out,
 {
   if (N <= 0 || C <= 0)
     return 0;
-  residual_layernorm_forward_kernel<O><<<(unsigned)N, LN_THREADS, 0, dt__cuda(dev)->stream>>>(
-      res, out, mean, rstd, a, b, weight, bias, C);
+  residual_layernorm_forward_kernel<O><<<ln_blocks(N), LN_THREADS, 0, dt__cuda(dev)->stream>>>(
+      res, out, mean, rstd, a, b, weight, bias, N, C);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
@@ -77,7 +78,7 @@ static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight
   if (N <= 0 || C <= 0)
     return 0;
   layernorm_backward_dinp_kernel<G>
-      <<<(unsigned)N, LN_THREADS, 0, cu->stream>>>(dinp, dout, inp, weight, mean, rstd, C);
+      <<<ln_blocks(N), LN_THREADS, 0, cu->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   DT_CUDA_CHECK(cudaGetLastError());
 
   const int rows = ln_chunk_rows(N), nchunks = (N + rows - 1) / rows;

@@ -1,5 +1,5 @@
 /* layernorm.cuh — the LayerNorm kernels (layernorm.cu launches them; its top comment states
- * the algorithm): one block per row for the forward pass and the backward's dinp, then the two
+ * the algorithm): one warp per row for the forward pass and the backward's dinp, then the two
  * column passes of dweight / dbias. The forward kernels write fp32 or, for a bf16 activation
  * (ops.h), the same values rounded to bf16 (dt__store). Device code only, also compiled for
  * the host by tests/unit/cuda_emul.h. */
@@ -9,7 +9,8 @@
 #include "block.cuh"
 
 #define LN_EPS         1e-5f
-#define LN_THREADS     256  /* per-row kernels (a multiple of 32) */
+#define LN_ROWS        8 /* per-row kernels: a warp per row, LN_ROWS rows a block */
+#define LN_THREADS     (32 * LN_ROWS)
 #define LN_COL_THREADS 256  /* channels per block in the column passes */
 #define LN_CHUNK_ROWS  32   /* at least this many rows per partial sum */
 #define LN_MAX_CHUNKS  1024 /* at most this many partial sums per channel */
@@ -21,27 +22,43 @@ static inline int ln_chunk_rows(int N)
   return rows < LN_CHUNK_ROWS ? LN_CHUNK_ROWS : rows;
 }
 
-/* One row by one block: o = (x - mean) * rstd * weight + bias, its statistics stored. Each
- * thread reads only the channels c = threadIdx.x + k * blockDim.x, so x may have been written by
- * the same thread just before without a barrier. */
+/* Blocks of the per-row kernels for N rows. */
+static inline unsigned ln_blocks(int N)
+{
+  return (unsigned)((N + LN_ROWS - 1) / LN_ROWS);
+}
+
+/* The row of the calling warp in a per-row kernel (N rows, LN_ROWS a block), or -1 past N: the
+ * warp then has nothing to do (no kernel here synchronises the block). */
+__device__ static inline long ln_row(int N)
+{
+  const long row = (long)blockIdx.x * LN_ROWS + (long)(threadIdx.x / 32);
+  return row < N ? row : -1;
+}
+
+/* One row by one warp: o = (x - mean) * rstd * weight + bias, its statistics stored. Each lane
+ * reads only the channels c = lane + 32 k, so x may have been written by the same lane just
+ * before without a barrier; the row's sums are warp reductions (no block barrier: a block's
+ * warps work on their rows independently). */
 template <typename O>
 __device__ static void layernorm_row(O *o, float *mean, float *rstd, const float *x,
                                      const float *weight, const float *bias, int C)
 {
+  const int lane = (int)(threadIdx.x % 32);
   float s = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
+  for (int c = lane; c < C; c += 32)
     s += x[c];
-  const float m = dt__block_reduce(s, dt__sum_op()) / (float)C;
+  const float m = dt__warp_reduce(s, dt__sum_op()) / (float)C;
   float v = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+  for (int c = lane; c < C; c += 32) {
     const float d = x[c] - m;
     v += d * d;
   }
-  v = dt__block_reduce(v, dt__sum_op()) / (float)C;
+  v = dt__warp_reduce(v, dt__sum_op()) / (float)C;
   const float rs = 1.0f / sqrtf(v + LN_EPS);
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
+  for (int c = lane; c < C; c += 32)
     dt__store(o + c, (x[c] - m) * rs * weight[c] + bias[c]);
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     *mean = m;
     *rstd = rs;
   }
@@ -49,49 +66,58 @@ __device__ static void layernorm_row(O *o, float *mean, float *rstd, const float
 
 template <typename O>
 __global__ static void layernorm_forward_kernel(O *out, float *mean, float *rstd, const float *inp,
-                                                const float *weight, const float *bias, int C)
+                                                const float *weight, const float *bias, int N,
+                                                int C)
 {
-  const size_t row = blockIdx.x;
+  const long row = ln_row(N);
+  if (row < 0)
+    return;
   layernorm_row(out + row * C, mean + row, rstd + row, inp + row * C, weight, bias, C);
 }
 
-/* res = a + b, then the LayerNorm of res, one block per row: the sum is read back by the thread
+/* res = a + b, then the LayerNorm of res, one warp per row: the sum is read back by the lane
  * that wrote it (from L1), so the pair costs one pass less over memory than the residual kernel
  * and the LayerNorm apart, with the same bits. res may alias a or b. */
 template <typename O>
-__global__ static void
-residual_layernorm_forward_kernel(float *res, O *out, float *mean, float *rstd, const float *a,
-                                  const float *b, const float *weight, const float *bias, int C)
+__global__ static void residual_layernorm_forward_kernel(float *res, O *out, float *mean,
+                                                         float *rstd, const float *a,
+                                                         const float *b, const float *weight,
+                                                         const float *bias, int N, int C)
 {
-  const size_t row = blockIdx.x;
+  const long row = ln_row(N);
+  if (row < 0)
+    return;
   float *r = res + row * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
+  for (int c = (int)(threadIdx.x % 32); c < C; c += 32)
     r[c] = a[row * C + c] + b[row * C + c];
   layernorm_row(out + row * C, mean + row, rstd + row, r, weight, bias, C);
 }
 
-/* dinp[row] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, one block per row.
+/* dinp[row] += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, one warp per row.
  * G: dout's element type (float, or __nv_bfloat16: a bf16 dout read as fp32), as below. */
 template <typename G>
 __global__ static void layernorm_backward_dinp_kernel(float *dinp, const G *dout, const float *inp,
                                                       const float *weight, const float *mean,
-                                                      const float *rstd, int C)
+                                                      const float *rstd, int N, int C)
 {
-  const size_t row = blockIdx.x;
+  const long row = ln_row(N);
+  if (row < 0)
+    return;
+  const int lane = (int)(threadIdx.x % 32);
   const float *x = inp + row * C;
   const G *g = dout + row * C;
   float *dx = dinp + row * C;
   const float m = mean[row], s = rstd[row];
   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+  for (int c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * s;
     const float dnorm = weight[c] * dt__load(g + c);
     dnorm_mean += dnorm;
     dnorm_norm_mean += dnorm * norm;
   }
-  dnorm_mean = dt__block_reduce(dnorm_mean, dt__sum_op()) / (float)C;
-  dnorm_norm_mean = dt__block_reduce(dnorm_norm_mean, dt__sum_op()) / (float)C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+  dnorm_mean = dt__warp_reduce(dnorm_mean, dt__sum_op()) / (float)C;
+  dnorm_norm_mean = dt__warp_reduce(dnorm_norm_mean, dt__sum_op()) / (float)C;
+  for (int c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * s;
     const float dnorm = weight[c] * dt__load(g + c);
     dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;

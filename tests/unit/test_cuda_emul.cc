@@ -62,9 +62,9 @@ START_TEST(test_layernorm)
       rstd_g(N, NAN);
   dt_cpu_layernorm_forward(out_h.data(), mean_h.data(), rstd_h.data(), inp.data(), w.data(),
                            b.data(), N, C);
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     layernorm_forward_kernel(out_g.data(), mean_g.data(), rstd_g.data(), inp.data(), w.data(),
-                             b.data(), C);
+                             b.data(), N, C);
   });
   expect_close("layernorm forward out", out_g, out_h);
   expect_close("layernorm forward mean", mean_g, mean_h);
@@ -75,9 +75,9 @@ START_TEST(test_layernorm)
   std::vector<float> dinp_h = dinp0, dw_h = dw0, db_h = db0, dinp_g = dinp0, dw_g = dw0, db_g = db0;
   dt_cpu_layernorm_backward(dinp_h.data(), dw_h.data(), db_h.data(), dout.data(), inp.data(),
                             w.data(), mean_h.data(), rstd_h.data(), N, C);
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     layernorm_backward_dinp_kernel(dinp_g.data(), dout.data(), inp.data(), w.data(), mean_h.data(),
-                                   rstd_h.data(), C);
+                                   rstd_h.data(), N, C);
   });
   const int rows = ln_chunk_rows(N), nchunks = (N + rows - 1) / rows;
   ck_assert_int_eq(nchunks, 4);
@@ -98,13 +98,13 @@ START_TEST(test_layernorm)
   std::vector<float> dr(NC), dinp_r = dinp0, dinp_b = dinp0, part_r = part, part_b = part;
   for (size_t i = 0; i < NC; i++)
     d16[i] = __float2bfloat16_rn(dout[i]), dr[i] = dt_bf16_round(dout[i]);
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     layernorm_backward_dinp_kernel(dinp_r.data(), dr.data(), inp.data(), w.data(), mean_h.data(),
-                                   rstd_h.data(), C);
+                                   rstd_h.data(), N, C);
   });
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     layernorm_backward_dinp_kernel(dinp_b.data(), d16.data(), inp.data(), w.data(), mean_h.data(),
-                                   rstd_h.data(), C);
+                                   rstd_h.data(), N, C);
   });
   ck_assert(dinp_b == dinp_r);
   const dim3 cols((C + LN_COL_THREADS - 1) / LN_COL_THREADS, nchunks);
@@ -406,9 +406,9 @@ START_TEST(test_residual_layernorm)
                            w = randn(C, 1.0f, 0.2f), bias = randn(C, 0.0f, 0.2f);
   std::vector<float> sum_s(NC, NAN), out_s(NC, NAN), mean_s(N, NAN), rstd_s(N, NAN);
   launch_elementwise(NC, [&] { residual_forward_kernel(sum_s.data(), a.data(), b.data(), NC); });
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     layernorm_forward_kernel(out_s.data(), mean_s.data(), rstd_s.data(), sum_s.data(), w.data(),
-                             bias.data(), C);
+                             bias.data(), N, C);
   });
   std::vector<float> sum_h(NC), out_h(NC), mean_h(N), rstd_h(N);
   dt_cpu_residual_layernorm_forward(sum_h.data(), out_h.data(), mean_h.data(), rstd_h.data(),
@@ -417,9 +417,9 @@ START_TEST(test_residual_layernorm)
     std::vector<float> sum_g = alias ? a : std::vector<float>(NC, NAN), out_g(NC, NAN),
                        mean_g(N, NAN), rstd_g(N, NAN);
     const float *x = alias ? sum_g.data() : a.data();
-    launch(dim3(N), LN_THREADS, 0, [&] {
+    launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
       residual_layernorm_forward_kernel(sum_g.data(), out_g.data(), mean_g.data(), rstd_g.data(), x,
-                                        b.data(), w.data(), bias.data(), C);
+                                        b.data(), w.data(), bias.data(), N, C);
     });
     ck_assert(sum_g == sum_s && out_g == out_s && mean_g == mean_s && rstd_g == rstd_s);
     ck_assert(sum_g == sum_h);
@@ -430,13 +430,13 @@ START_TEST(test_residual_layernorm)
   /* bf16 outputs: the fp32 kernels' values rounded to nearest even, bit for bit, the rest equal */
   std::vector<__nv_bfloat16> o16(NC, __nv_bfloat16{0xffffu}), r16(NC, __nv_bfloat16{0xffffu});
   std::vector<float> m16(N, NAN), s16(N, NAN), mr16(N, NAN), sr16(N, NAN), sum16(NC, NAN);
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     layernorm_forward_kernel(o16.data(), m16.data(), s16.data(), sum_s.data(), w.data(),
-                             bias.data(), C);
+                             bias.data(), N, C);
   });
-  launch(dim3(N), LN_THREADS, 0, [&] {
+  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
     residual_layernorm_forward_kernel(sum16.data(), r16.data(), mr16.data(), sr16.data(), a.data(),
-                                      b.data(), w.data(), bias.data(), C);
+                                      b.data(), w.data(), bias.data(), N, C);
   });
   ck_assert(m16 == mean_s && s16 == rstd_s && mr16 == mean_s && sr16 == rstd_s && sum16 == sum_s);
   for (size_t i = 0; i < NC; i++) {
