@@ -45,6 +45,60 @@ __device__ static inline float dt__load(const __nv_bfloat16 *p)
   return __bfloat162float(*p);
 }
 
+/* Vectors of DT__VEC elements, for kernels that stream rows or arrays with 16-byte accesses: v =
+ * x[0..DT__VEC) as fp32 (one 16-byte load of bf16, two of fp32), and x[0..DT__VEC) = v (bf16:
+ * each rounded to nearest even); x 16-byte aligned. */
+#define DT__VEC 8
+
+__device__ static inline void dt__load_vec(const float *x, float v[DT__VEC])
+{
+#ifdef __CUDACC__
+  const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+#else
+  for (int i = 0; i < DT__VEC; i++)
+    v[i] = x[i];
+#endif
+}
+
+__device__ static inline void dt__load_vec(const __nv_bfloat16 *x, float v[DT__VEC])
+{
+#ifdef __CUDACC__
+  const uint4 u = *(const uint4 *)x;
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int i = 0; i < 4; i++) /* a bf16 is the high half of its fp32 */
+    v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+#else
+  for (int i = 0; i < DT__VEC; i++)
+    v[i] = __bfloat162float(x[i]);
+#endif
+}
+
+__device__ static inline void dt__store_vec(float *x, const float v[DT__VEC])
+{
+#ifdef __CUDACC__
+  ((float4 *)x)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  ((float4 *)x)[1] = make_float4(v[4], v[5], v[6], v[7]);
+#else
+  for (int i = 0; i < DT__VEC; i++)
+    x[i] = v[i];
+#endif
+}
+
+__device__ static inline void dt__store_vec(__nv_bfloat16 *x, const float v[DT__VEC])
+{
+#ifdef __CUDACC__
+  unsigned w[4];
+  for (int i = 0; i < 4; i++)
+    w[i] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i])) |
+           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1])) << 16;
+  *(uint4 *)x = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  for (int i = 0; i < DT__VEC; i++)
+    x[i] = __float2bfloat16_rn(v[i]);
+#endif
+}
+
 /* Grid-stride loop over [0, n) with a size_t index. */
 #define DT__CUDA_FOR(i, n)                                                                         \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \

@@ -10,59 +10,8 @@
 
 #include "block.cuh"
 
-#define CE_THREADS 512 /* a multiple of 32 */
-#define CE_VEC     8   /* elements a thread reads at once: 16 bytes of bf16, 32 of fp32 */
-
-/* v = x[0..CE_VEC) as fp32, x 16-byte aligned: one 16-byte load of bf16, two of fp32. */
-__device__ static inline void ce_load(const float *x, float v[CE_VEC])
-{
-#ifdef __CUDACC__
-  const float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-#else
-  for (int i = 0; i < CE_VEC; i++)
-    v[i] = x[i];
-#endif
-}
-
-__device__ static inline void ce_load(const __nv_bfloat16 *x, float v[CE_VEC])
-{
-#ifdef __CUDACC__
-  const uint4 u = *(const uint4 *)x;
-  const unsigned w[4] = {u.x, u.y, u.z, u.w};
-  for (int i = 0; i < 4; i++) /* a bf16 is the high half of its fp32 */
-    v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-#else
-  for (int i = 0; i < CE_VEC; i++)
-    v[i] = __bfloat162float(x[i]);
-#endif
-}
-
-/* x[0..CE_VEC) = v (bf16: each rounded to nearest even), x 16-byte aligned. */
-__device__ static inline void ce_store(float *x, const float v[CE_VEC])
-{
-#ifdef __CUDACC__
-  ((float4 *)x)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  ((float4 *)x)[1] = make_float4(v[4], v[5], v[6], v[7]);
-#else
-  for (int i = 0; i < CE_VEC; i++)
-    x[i] = v[i];
-#endif
-}
-
-__device__ static inline void ce_store(__nv_bfloat16 *x, const float v[CE_VEC])
-{
-#ifdef __CUDACC__
-  unsigned w[4];
-  for (int i = 0; i < 4; i++)
-    w[i] = (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i])) |
-           (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1])) << 16;
-  *(uint4 *)x = make_uint4(w[0], w[1], w[2], w[3]);
-#else
-  for (int i = 0; i < CE_VEC; i++)
-    x[i] = __float2bfloat16_rn(v[i]);
-#endif
-}
+#define CE_THREADS 512     /* a multiple of 32 */
+#define CE_VEC     DT__VEC /* elements a thread reads at once (block.cuh's vectors) */
 
 /* Whole vectors of CE_VEC in the first n elements of a row at x whose rows are ld elements
  * apart: n / CE_VEC where x is 16-byte aligned and ld a multiple of CE_VEC, else 0 (the row then
@@ -95,7 +44,7 @@ __device__ static inline void ce_row_stats(const T *x, int n, int ld, float *M, 
   const int nv = ce_vectors(x, n, ld);
   for (int c = threadIdx.x; c < nv; c += blockDim.x) {
     float v[CE_VEC];
-    ce_load(x + (size_t)c * CE_VEC, v);
+    dt__load_vec(x + (size_t)c * CE_VEC, v);
     float vm = v[0];
     for (int i = 1; i < CE_VEC; i++)
       vm = v[i] > vm ? v[i] : vm;
@@ -123,12 +72,12 @@ __device__ static inline void ce_row_grads(T *x, int n, int ld, float M, float s
   for (int c = threadIdx.x; c < nv; c += blockDim.x) {
     T *p = x + (size_t)c * CE_VEC;
     float v[CE_VEC];
-    ce_load(p, v);
+    dt__load_vec(p, v);
     for (int i = 0; i < CE_VEC; i++) {
       const int j = c * CE_VEC + i;
       v[i] = j < n ? expf(v[i] - M) * scale - (j == tgt ? dloss : 0.0f) : 0.0f;
     }
-    ce_store(p, v);
+    dt__store_vec(p, v);
   }
   for (int j = nv * CE_VEC + threadIdx.x; j < ld; j += blockDim.x)
     dt__store(x + j, j < n ? expf(dt__load(x + j) - M) * scale - (j == tgt ? dloss : 0.0f) : 0.0f);

@@ -13,9 +13,8 @@ static int gelu_forward(struct dt_device *dev, O *out, const I *inp, size_t n)
 {
   if (n == 0)
     return 0;
-  gelu_forward_kernel<I, O>
-      <<<dt__cuda_grid(n, DT__CUDA_THREADS), DT__CUDA_THREADS, 0, dt__cuda(dev)->stream>>>(out, inp,
-                                                                                           n);
+  gelu_forward_kernel<I, O><<<dt__cuda_grid(gelu_threads(n), DT__CUDA_THREADS), DT__CUDA_THREADS, 0,
+                              dt__cuda(dev)->stream>>>(out, inp, n);
   DT_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
