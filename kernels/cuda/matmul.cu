@@ -73,20 +73,10 @@ out:
  * types and epilogue), up to 8 kinds, so that each gets a WARN line once. */
 static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
-  const long long f[] = {g->m,
-                         g->n,
-                         g->k,
-                         g->ta,
-                         g->tb,
-                         g->A.ld,
-                         g->B.ld,
-                         g->ldc,
-                         ab == CUDA_R_16BF,
-                         g->bias != NULL,
-                         g->bias16,
-                         g->c16,
-                         g->gelu_in != NULL,
-                         g->Cin != NULL};
+  const long long flags = g->ta | g->tb << 1 | (ab == CUDA_R_16BF) << 2 | (g->bias != NULL) << 3 |
+                          g->bias16 << 4 | g->c16 << 5 | (g->gelu_in != NULL) << 6 |
+                          (g->Cin != NULL) << 7;
+  const long long f[] = {g->m, g->n, g->k, g->A.ld, g->B.ld, g->ldc, flags};
   unsigned long long h = 1469598103934665603ULL; /* FNV-1a over the fields */
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
     h = (h ^ (unsigned long long)f[i]) * 1099511628211ULL;
