@@ -63,10 +63,11 @@ static int bad(const char *fmt, const char *a, const char *b)
 static int parse_int(const char *opt, const char *s, int min, int *out)
 {
   int64_t v;
-  if (dt_parse_i64(s, &v) != 0 || v < min || v > (1 << 30))
-    return bad(min > 0 ? "%s: expected a positive integer, got '%s'"
-                       : "%s: expected a non-negative integer, got '%s'",
-               opt, s);
+  if (dt_parse_i64(s, &v) != 0 || v < min || v > (1 << 30)) {
+    fprintf(stderr, "distrainctl plan: %s: expected an integer from %d to %d, got '%s'\n", opt, min,
+            1 << 30, s);
+    return DT_EINVAL;
+  }
   *out = (int)v;
   return 0;
 }
