@@ -183,6 +183,31 @@ def print_profile(r):
                                           100 * (p["step_ms"] - total) / p["step_ms"]))
 
 
+def print_trace_calls(path):
+    """The profiled step's calls grouped by kernel and size (the trace's GFLOP or MB per call),
+    the largest total first: a product whose shape runs slowly (the H200's first run found the
+    LM head's GEMMs at 92-122 TFLOP/s among others at 500-720) shows here, where the table above
+    adds it into its kernel's row. Best and median call, and the rate of the best."""
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    groups = {}
+    for e in events:
+        if e.get("ph") == "X" and not e["name"].startswith("step"):
+            args = e.get("args", {})
+            key = (e["name"], args.get("gflop", 0), args.get("mbytes", 0))
+            groups.setdefault(key, []).append(e["dur"] / 1000.0)
+    print("  calls by size (ms):")
+    print("  %-36s %10s %6s %9s %9s %14s" % ("kernel", "size", "calls", "best", "median", "rate"))
+    for (name, gflop, mb), ms in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        ms.sort()
+        size = "%.1f GFLOP" % gflop if gflop else "%.0f MB" % mb if mb else "-"
+        rate = ("%.1f TFLOP/s" % (gflop / ms[0]) if gflop else
+                "%.0f GB/s" % (mb / ms[0]) if mb else "-")
+        print("  %-36s %10s %6d %9.3f %9.3f %14s" % (name, size, len(ms), ms[0], ms[len(ms) // 2],
+                                                     rate))
+
+
 # ---------------------------------------------------------------------------------------------
 # PyTorch (in a child process: python3 bench_gpu.py --child torch-eager ...)
 # ---------------------------------------------------------------------------------------------
@@ -418,6 +443,8 @@ def main():
     for r in rows:
         if r.get("profile") and r["batch"] == max(x["batch"] for x in rows if x.get("profile")):
             print_profile(r)
+            if a.trace and os.path.exists(a.trace):
+                print_trace_calls(a.trace)
     for r in rows:
         print(json.dumps(r))
     if a.json:
