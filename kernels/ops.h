@@ -144,6 +144,12 @@ typedef struct dt_ops {
   size_t bf16_bytes;
   /* dst (n bf16 values) = src rounded to bf16, to nearest even (NaN stays NaN) */
   int (*to_bf16)(struct dt_device *dev, void *dst, const float *src, size_t n);
+  /* 1: the LM head's products run over the rank's whole padded vocabulary slice (a GPU's
+   * tensor-core GEMMs stay on their slow unaligned kernels for GPT-2's 50257 columns; the padded
+   * rows of wte are zero and get zero gradients, the cross-entropy reads the real columns only);
+   * 0: over the real columns only (the CPU's BLAS takes any size: fewer products, and the bits
+   * the golden files were made with). */
+  int padded_head;
 
   /* causal multi-head self-attention over packed qkv; att keeps the softmax probabilities */
   int (*attention_forward)(struct dt_device *dev, float *out, /* (B, T, C) heads concatenated */

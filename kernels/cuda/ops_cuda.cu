@@ -26,6 +26,7 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.matmul_backward_bf16 = dt__cuda_matmul_backward_bf16;
   o.bf16_bytes = 2; /* __nv_bfloat16 */
   o.to_bf16 = dt__cuda_to_bf16;
+  o.padded_head = 1;
   o.attention_forward = dt__cuda_attention_forward;
   o.attention_backward = dt__cuda_attention_backward;
   o.attention_forward_cp = dt__cuda_attention_forward_cp;

@@ -11,8 +11,7 @@ batch 4 x seq 32, 2 micro-batches per step) and checks:
     the log and, on rank 0, one {"profile": ...} line in the metrics file;
   * profiling changes nothing: the losses equal the unprofiled run's bit for bit;
   * under tensor parallelism each rank computes half of every layer (columns and rows split in
-    two) and the whole padded slice of the vocabulary that holds real rows (64 rows each, of
-    which 64 and 36 are real), and runs the
+    two) and the real rows of its vocabulary slice (64 and 36 of 100), and runs the
     vocabulary-parallel cross-entropy; each pipeline stage its layer, the last the head; the
     ranks' products add up to the one process's;
   * a window running past the last step reports the steps it got; a process resumed after the
@@ -50,15 +49,15 @@ ACCUM = 2
 STEPS = 4
 
 
-def expected_products(attention, tp=1, tp_rank=0, layers=L, head=True):
+def expected_products(attention, tp=1, tp_rank=0, layers=L, head=True, padded_head=False):
     """{kernel: (calls, GFLOP)} of a step's products, from the model's shape: a tp rank holds
-    1/tp of every linear layer and its slice of the padded vocabulary, all of which the LM head
-    computes (a GEMM dimension that is a multiple of 8) where it holds a real row; a pipeline
-    stage holds its layers, and the head on the last."""
+    1/tp of every linear layer and its slice of the padded vocabulary, of which the LM head
+    computes the real rows, or on a GPU (padded_head) the whole slice where it holds a real
+    row; a pipeline stage holds its layers, and the head on the last."""
     n = B * T
     lo = tp_rank * VP // tp
     real = max(0, min(V, lo + VP // tp) - lo) if head else 0  # real vocabulary rows held
-    rows = VP // tp if real else 0
+    rows = VP // tp if real and padded_head else real
     linear = 12 * C * C * layers // tp + rows * C  # qkv 3C, proj C, fc 4C, fcproj 4C; head
     calls = ACCUM * (4 * layers + (1 if rows else 0))
     pairs = T * (T + 1) / 2  # (query, key) pairs the causal mask keeps, per sequence

@@ -884,6 +884,12 @@ static dims_t dims(const dt_gpt2_t *m)
                   .Vreal = DT_MAX(0, DT_MIN(c->vocab - vlo, Vl))};
 }
 
+/* The vocabulary columns the LM head's products run over (ops.h's padded_head). */
+static int head_cols(const dt_gpt2_t *m, dims_t d)
+{
+  return m->ops->padded_head ? d.Vl : d.Vreal;
+}
+
 /* Sums a full-width partial result over the tensor-parallel group (row-parallel forward,
  * column-parallel backward). */
 static int tp_sum(dt_gpt2_t *m, float *buf, size_t n)
@@ -1297,14 +1303,12 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   DT_CHECK(release(m, DT_UNIT_FINAL, 0));
   if (m->sp)
     DT_CHECK(dt_comm_all_gather(m->tp.comm, mine, a->lnf, R * C));
-  /* The rank's whole padded slice of the vocabulary is computed (the padded rows of wte are zero
-   * and get zero gradients; the cross-entropy reads the real columns only and writes zero
-   * gradients to the rest): a GEMM dimension that is a multiple of 8, where the real vocabulary
-   * (50257) would leave GPUs' tensor-core GEMMs on their slow unaligned kernels. */
+  /* The real vocabulary columns, or on a GPU the whole padded slice (ops.h's padded_head); the
+   * rest are never read. */
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
     DT_CHECK(linear_forward(m, a, m->bf16 ? a->logits16 : a->logits, m->bf16, NULL, a->lnf,
-                            a->lnf16, &p, DT_T_WTE, NULL, (int)N, C, d.Vl, d.Vl));
+                            a->lnf16, &p, DT_T_WTE, NULL, (int)N, C, head_cols(m, d), d.Vl));
   return release(m, DT_UNIT_EMBED, 0);
 }
 
@@ -1399,11 +1403,11 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     /* The embeddings' gradients accumulate from the LM head now (and, on one stage, from the
      * encoder at the end: the unit stays acquired until then). */
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 1, &ep, &eg));
-    /* LM head (tied): dlnf = dlogits @ wte[:Vp]; dwte[:Vp] += dlogits^T @ lnf (the padded
-     * columns' dlogits are zero, as the forward says) */
+    /* LM head (tied): dlnf = dlogits @ wte[:V]; dwte[:V] += dlogits^T @ lnf, over the forward's
+     * columns (a GPU's padded ones have zero dlogits) */
     if (d.Vreal > 0)
       DT_CHECK(linear_backward(m, a, a->dbuf, din16, eg.t[DT_T_WTE], NULL, a->logits, a->logits16,
-                               a->lnf, a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, d.Vl,
+                               a->lnf, a->lnf16, &ep, DT_T_WTE, NULL, (int)N, C, head_cols(m, d),
                                grad_ld(m, a->logits16, d.Vl)));
     else
       DT_CHECK(m->dev->zero(m->dev, a->dbuf, N * C * sizeof(float)));
