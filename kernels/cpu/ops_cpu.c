@@ -103,12 +103,11 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
 {
   DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
   float *o = H(out);
-  /* a bf16 output adds the bias's bf16 value (ops.h) */
-  float *b16 = out16 && bias ? dt_cpu_bf16_copy(H(bias), 1, (size_t)OC, (size_t)OC) : NULL;
-  const int rc = out16 && bias && !b16
-                     ? -1
-                     : dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16),
-                                                  b16 ? b16 : H(bias), N, C, OC, ldo);
+  float *b16 = NULL; /* a bf16 output adds the bias's bf16 value (ops.h) */
+  if (out16 && bias && !(b16 = dt_cpu_bf16_copy(H(bias), 1, (size_t)OC, (size_t)OC)))
+    return DT_ENOMEM;
+  const int rc = dt_cpu_matmul_forward_bf16(o, H(inp), H(weight), H(weight16), b16 ? b16 : H(bias),
+                                            N, C, OC, ldo);
   free(b16);
   if (rc != 0)
     return DT_ENOMEM;

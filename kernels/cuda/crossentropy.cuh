@@ -22,21 +22,21 @@ template <typename T> __device__ static inline int ce_vectors(const T *x, int n,
   return ((size_t)x % 16) == 0 && ld % CE_VEC == 0 ? n / CE_VEC : 0;
 }
 
-/* Folds v into a running (max m, sum s of exp(. - m)): the sum rescaled when the max grows. */
-__device__ static inline void ce_online(float *m, float *s, float v)
+/* Raises a running (max m, sum s of exp(. - m)) to the max v where v is larger, the sum
+ * rescaled to it. */
+__device__ static inline void ce_rescale(float *m, float *s, float v)
 {
   if (v > *m) {
     *s *= expf(*m - v);
     *m = v;
   }
-  *s += expf(v - *m);
 }
 
 /* The block's (max M, sum S of exp(x[j] - M)) over row x's first n elements (rows ld apart) in
- * one pass (online
- * softmax): each thread's vectors (vector c = threadIdx.x + k blockDim.x), then the elements past
- * the last whole vector one at a time, then the threads' pairs rescaled to M and summed in the
- * fixed order of dt__block_reduce (deterministic). Every thread of the block must call it. */
+ * one pass (online softmax): each thread's vectors (vector c = threadIdx.x + k blockDim.x), then
+ * the elements past the last whole vector one at a time, then the threads' pairs rescaled to M
+ * and summed in the fixed order of dt__block_reduce (deterministic). Every thread of the block
+ * must call it. */
 template <typename T>
 __device__ static inline void ce_row_stats(const T *x, int n, int ld, float *M, float *S)
 {
@@ -48,15 +48,15 @@ __device__ static inline void ce_row_stats(const T *x, int n, int ld, float *M, 
     float vm = v[0];
     for (int i = 1; i < CE_VEC; i++)
       vm = v[i] > vm ? v[i] : vm;
-    if (vm > m) {
-      s *= expf(m - vm);
-      m = vm;
-    }
+    ce_rescale(&m, &s, vm);
     for (int i = 0; i < CE_VEC; i++)
       s += expf(v[i] - m);
   }
-  for (int j = nv * CE_VEC + threadIdx.x; j < n; j += blockDim.x)
-    ce_online(&m, &s, dt__load(x + j));
+  for (int j = nv * CE_VEC + threadIdx.x; j < n; j += blockDim.x) {
+    const float v = dt__load(x + j);
+    ce_rescale(&m, &s, v);
+    s += expf(v - m);
+  }
   *M = dt__block_reduce(m, dt__max_op());
   *S = dt__block_reduce(m == -INFINITY ? 0.0f : s * expf(m - *M), dt__sum_op());
 }

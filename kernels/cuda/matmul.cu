@@ -70,7 +70,7 @@ out:
 }
 
 /* Counts a product cuBLASLt had no algorithm for; 1 for the first of its kind (shape, layout,
- * types and epilogue), up to 8 kinds, so that each gets a WARN line once. */
+ * types and epilogue), up to 8 kinds (cu->lt_warned), so that each gets a WARN line once. */
 static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
   const long long flags = g->ta | g->tb << 1 | (ab == CUDA_R_16BF) << 2 | (g->bias != NULL) << 3 |
@@ -78,11 +78,11 @@ static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t
                           (g->Cin != NULL) << 7;
   const long long f[] = {g->m, g->n, g->k, g->A.ld, g->B.ld, g->ldc, flags};
   unsigned long long h = 1469598103934665603ULL; /* FNV-1a over the fields */
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+  for (size_t i = 0; i < DT_ARRAY_SIZE(f); i++)
     h = (h ^ (unsigned long long)f[i]) * 1099511628211ULL;
   h |= 1; /* never 0, an empty slot */
   cu->lt_fallbacks++;
-  for (int i = 0; i < 8; i++) {
+  for (size_t i = 0; i < DT_ARRAY_SIZE(cu->lt_warned); i++) {
     if (cu->lt_warned[i] == h)
       return 0;
     if (cu->lt_warned[i] == 0) {
