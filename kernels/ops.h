@@ -196,7 +196,9 @@ typedef struct dt_ops {
    * in fp32 (from dout's fp32 values and out's bf16 ones); the probabilities and score
    * gradients rounded to bf16 as the operands of their products, the probabilities relative to
    * the running maximum of 64-key tiles (the GPU's flash_mma.cuh streams the keys so; the CPU
-   * follows it exactly). out is a bf16 activation buffer (B, Tq, C) that gets the output
+   * follows it exactly; the exponentials themselves are each device's: the GPU's 2^x of one FMA,
+   * a few fp32 ulps from the CPU's e^x, which now and then rounds a probability to the next bf16
+   * value). out is a bf16 activation buffer (B, Tq, C) that gets the output
    * rounded to bf16 (as autocast's SDPA returns it; the attention projection's input as it is),
    * lse stays fp32, and so do the gradients added into a context-parallel buffer; with dqkv16
    * (one whole sequence: q0 0, Tall Tq, accumulate 0) dqkv is a bf16 buffer of (B, Tq, 3C)

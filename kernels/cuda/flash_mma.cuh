@@ -6,7 +6,8 @@
  * Numerics (what "bf16 attention" means here, as PyTorch's autocast SDPA): q, k, v are bf16
  * (qkv is the bf16 output of the qkv layer) and dout is rounded to bf16 (nearest even) when a
  * tile is loaded, or is bf16 already (the attention projection's bf16 input gradient); every
- * product is a bf16 mma with fp32 accumulation; the softmax (max, exp, sums, lse) is fp32; the
+ * product is a bf16 mma with fp32 accumulation; the softmax (max, exp, sums, lse) is fp32, its
+ * exponentials 2^x of one FMA each (fmma_exp2: the CPU's e^x in another form, a few ulps off); the
  * probabilities P and the score gradients dS are rounded to bf16 as the operands of the second
  * product of each pass (P V, dS K, P^T dO, dS^T Q); D = dout . out is fp32 from dout's values
  * (fp32 or bf16) and out's bf16 ones. out is rounded to bf16 as it is stored, lse is fp32, and the
@@ -17,7 +18,10 @@
  * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
  * other side through shared memory, which holds every operand as bf16 rows of FMMA_LD(HSM)
  * elements (head size padded with zeros to the bucket HSM, plus 8 against bank conflicts),
- * copied from q, k, v and converted from dout with 16-byte loads. Each pass is two warp-wide
+ * copied from q, k, v (and a bf16 dout) by cp.async and converted from an fp32 dout with 16-byte
+ * loads. The copies of the next tile are in flight while the current one is used (the forward
+ * alternates its K and V tiles, the backward kernels double-buffer theirs), and the causal mask
+ * is applied only to the tiles that cross the diagonal. Each pass is two warp-wide
  * products: the scores (fmma_abt: S = Q K^T, its A and B operands read from the tiles with
  * ldmatrix), then the product of the probabilities (fmma_pv: P V), whose A operand P never leaves
  * the registers: mma's C layout of S, rounded to bf16 and packed in pairs, is the A layout of P
@@ -25,10 +29,10 @@
  * element acc[nt][e] is row g + 8 (e / 2), column 8 nt + 2 c + e % 2 of C (g = lane / 4, c = lane %
  * 4: mma's layout).
  *
- * Portability: the kernels use only the CUDA thread model plus three primitives the includer
+ * Portability: the kernels use only the CUDA thread model plus five primitives the includer
  * may replace (tests/unit/test_flash_emul.cc runs them on the host): DT_MMA_BF16 (the mma),
- * DT_LDMATRIX_X4 (ldmatrix, plain or transposing) and DT_SHFL_XOR (a float butterfly within
- * the warp). */
+ * DT_LDMATRIX_X4 (ldmatrix, plain or transposing), DT_SHFL_XOR (a float butterfly within the
+ * warp), DT_CP_ASYNC16 and DT_CP_ASYNC_WAIT_ALL (cp.async and its wait). */
 #ifndef DT_KERNELS_CUDA_FLASH_MMA_CUH
 #define DT_KERNELS_CUDA_FLASH_MMA_CUH
 
@@ -77,9 +81,35 @@ __device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row,
   __trap();
 #endif
 }
+
+/* cp.async of 16 bytes from global src to shared dst (16-byte aligned both), or 16 zero bytes
+ * where !ok (a source size of 0: src is not read); cp.async.wait_all: the calling thread's
+ * copies have landed (other threads see them after a barrier). */
+__device__ static inline void dt_cp_async16(void *dst, const void *src, bool ok)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+#else
+  (void)dst, (void)src, (void)ok;
+  __trap();
+#endif
+}
+
+__device__ static inline void dt_cp_async_wait_all(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#else
+  __trap();
+#endif
+}
 #define DT_MMA_BF16(d, a, b)          dt_mma_bf16(d, a, b)
 #define DT_LDMATRIX_X4(r, row, trans) dt_ldmatrix_x4(r, row, trans)
 #define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
+#define DT_CP_ASYNC16(dst, src, ok)   dt_cp_async16(dst, src, ok)
+#define DT_CP_ASYNC_WAIT_ALL()        dt_cp_async_wait_all()
 #endif
 
 #define FMMA_WARPS   4
@@ -87,16 +117,16 @@ __device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row,
 #define FMMA_ROWS    (16 * FMMA_WARPS) /* the block's own rows, and the rows of a streamed tile */
 #define FMMA_LD(HSM) ((HSM) + 8)       /* row length of a shared operand tile */
 /* The blocks an SM is to hold at once, the launch bounds' second argument: n64 at head sizes up
- * to 64 (GPT-2's), n128 above. At hs 64 ptxas then keeps the forward and dq kernels within 96
- * registers a thread (5 blocks; unbounded 100 and 97: 4) and the dk/dv kernel within 128 (4
- * blocks; unbounded 134: 3; 4 registers spill); at hs 128, where shared memory allows 4, 3 and
- * 3 blocks, the forward and dq within 168 (3 blocks; a forward of 4 would spill) and dk/dv 255
- * (2). Latency is what the extra warps hide: a tile's global loads stall the block until its
- * barrier. */
+ * to 64 (GPT-2's), n128 above. At hs 64 (sm_90, CUDA 13) ptxas keeps the forward kernel within
+ * 96 registers a thread (5 blocks of 27 KiB of shared memory), the dq and dk/dv kernels within
+ * 128 (4 blocks: their double-buffered tiles take 54 and 55 KiB; dk/dv spills 4 bytes); at hs
+ * 128 the forward in 166 (3 blocks) and the two backward kernels in 186-251 (2 blocks of about
+ * 102 KiB). The warps of the other blocks hide what the tiles' copies and barriers leave. */
 #define FMMA_MIN_BLOCKS(HSM, n64, n128) ((HSM) <= 64 ? (n64) : (n128))
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
- * and v; dq: q, dout, k and v; dk/dv: k, v, q, dout, and the tile's lse and D. */
+ * and v; dq: q, dout, and k and v twice (double buffered); dk/dv: k, v, and q, dout and the
+ * tile's lse and D twice. */
 template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats)
 {
   return (size_t)tiles * FMMA_ROWS * FMMA_LD(HSM) * 2 + (size_t)floats * sizeof(float);
@@ -109,12 +139,12 @@ template <int HSM> static constexpr size_t fmma_fwd_smem_bytes(void)
 
 template <int HSM> static constexpr size_t fmma_dq_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(4, 0);
+  return fmma_smem_bytes<HSM>(6, 0);
 }
 
 template <int HSM> static constexpr size_t fmma_dkdv_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(4, 2 * FMMA_ROWS);
+  return fmma_smem_bytes<HSM>(6, 4 * FMMA_ROWS);
 }
 
 static inline unsigned fmma_blocks(int rows)
@@ -336,6 +366,48 @@ __device__ static void fmma_load(uint16_t *dst, const S *src, size_t ld, int r0,
   }
 }
 
+/* fmma_load's tile, by cp.async where the rows allow its 16-byte bf16 loads (the copies land when
+ * the thread waits, DT_CP_ASYNC_WAIT_ALL; the other threads see them after the next barrier),
+ * else by fmma_load at once. Either way the tile may be overwritten only once every thread is
+ * done reading what it held, and read only past a wait and a barrier. */
+template <int HSM>
+__device__ static void fmma_load_async(uint16_t *dst, const uint16_t *src, size_t ld, int r0,
+                                       int rend, int hs)
+{
+  if (hs % 8 != 0 || ld % 8 != 0 || (uintptr_t)src % 16 != 0) {
+    fmma_load<HSM>(dst, src, ld, r0, rend, hs);
+    return;
+  }
+  constexpr int Q = HSM / 8; /* copies a row */
+  for (int i = threadIdx.x; i < FMMA_ROWS * Q; i += blockDim.x) {
+    const int r = i / Q, d = 8 * (i % Q);
+    const bool ok = r0 + r < rend && d < hs; /* else zeros, and src (read nowhere) stands in */
+    DT_CP_ASYNC16(dst + r * FMMA_LD(HSM) + d, ok ? src + (size_t)(r0 + r) * ld + d : src, ok);
+  }
+}
+
+template <int HSM>
+__device__ static void fmma_load_async(uint16_t *dst, const float *src, size_t ld, int r0, int rend,
+                                       int hs)
+{
+  fmma_load<HSM>(dst, src, ld, r0, rend, hs); /* fp32 values are rounded on the way */
+}
+
+/* 2^x: the GPU's ex2.approx.ftz (one instruction, relative error ~2^-22; results below 2^-126
+ * flushed to 0), exp2f off it. The softmax exponentials are exp2 of a single FMA, the scale folded
+ * with log2(e) into one factor (FA2's form): p = 2^(s sl2 - m sl2) = e^(scale s - scale m). */
+#define FMMA_LOG2E 1.4426950408889634f
+__device__ static inline float fmma_exp2(float x)
+{
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 /* Sum (or max) of v over the 4 lanes that share a row of the C layout. */
 __device__ static inline float fmma_row_sum(float v)
 {
@@ -378,7 +450,48 @@ __device__ static void fmma_store_row(G *dst, const float (*acc)[4], int i, floa
     }
 }
 
-/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>(). */
+/* The online softmax of one tile of keys j0.. for the calling lane's two rows (query positions
+ * qpos): the raw scores s (Q K^T, mma's C layout) become 2^(s sl2 - m sl2), m and l (the rows'
+ * running max of the raw scores and sum) are updated and o rescaled as m grows. MASK: the keys
+ * past a row's position get -inf first (the tiles that reach past the block's first row). */
+template <bool MASK, int NO>
+__device__ static inline void fmma_online_softmax(float (*s)[4], float (*o)[4], float m[2],
+                                                  float l[2], const int qpos[2], int j0, float sl2)
+{
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < 2; i++) { /* key 0 is in the first tile: m is finite from then on */
+    float mt = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; e++) {
+        if (MASK && j0 + 8 * nt + 2 * c + e % 2 > qpos[i])
+          s[nt][e] = -INFINITY;
+        mt = fmaxf(mt, s[nt][e]);
+      }
+    const float mn = fmaxf(m[i], fmma_row_max(mt)), mb = mn * sl2;
+    const float corr = fmma_exp2(fmaf(m[i], sl2, -mb)); /* 0 while m was -inf */
+    l[i] *= corr;
+#pragma unroll
+    for (int nd = 0; nd < NO; nd++) {
+      o[nd][2 * i] *= corr;
+      o[nd][2 * i + 1] *= corr;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; e++) {
+        s[nt][e] = fmma_exp2(fmaf(s[nt][e], sl2, -mb));
+        l[i] += s[nt][e];
+      }
+    m[i] = mn;
+  }
+}
+
+/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>().
+ * The K and V tiles of one step take turns in flight (FA2's order): V's lands while the scores are
+ * computed, the next K's during the softmax and P V. */
 template <int HSM>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
     fmma_forward_kernel(uint16_t *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
@@ -392,43 +505,26 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
-  fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
+  const float sl2 = scale * FMMA_LOG2E;
+  fmma_load_async<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
+  fmma_load_async<HSM>(ks, base + C, C3, 0, kend, hs);
   const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8}; /* this lane's rows */
+  const int qpos[2] = {q0 + row[0], q0 + row[1]};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[NO][4] = {};
   for (int j0 = 0; j0 < kend; j0 += FMMA_ROWS) {
-    __syncthreads(); /* the previous tile's readers are done (and qs is written) */
-    fmma_load<HSM>(ks, base + C, C3, j0, kend, hs);
-    fmma_load<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
-    __syncthreads();
+    DT_CP_ASYNC_WAIT_ALL();
+    __syncthreads(); /* K's tile (and q) in place; every warp done with the previous V's */
+    fmma_load_async<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
     float s[8][4] = {};
     fmma_abt<HSM, 8>(s, qs + 16 * warp * LD, ks);
-#pragma unroll
-    for (int i = 0; i < 2; i++) { /* key 0 is in the first tile: m is finite from then on */
-      float mt = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 2 * i; e < 2 * i + 2; e++) {
-          const int key = j0 + 8 * nt + 2 * c + e % 2;
-          s[nt][e] = key <= q0 + row[i] ? s[nt][e] * scale : -INFINITY;
-          mt = fmaxf(mt, s[nt][e]);
-        }
-      const float mn = fmaxf(m[i], fmma_row_max(mt)), corr = expf(m[i] - mn);
-      l[i] *= corr;
-#pragma unroll
-      for (int nd = 0; nd < NO; nd++) {
-        o[nd][2 * i] *= corr;
-        o[nd][2 * i + 1] *= corr;
-      }
-#pragma unroll
-      for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 2 * i; e < 2 * i + 2; e++) {
-          s[nt][e] = expf(s[nt][e] - mn);
-          l[i] += s[nt][e];
-        }
-      m[i] = mn;
-    }
+    DT_CP_ASYNC_WAIT_ALL();
+    __syncthreads(); /* V's tile in place; every warp done with K's */
+    if (j0 + FMMA_ROWS < kend)
+      fmma_load_async<HSM>(ks, base + C, C3, j0 + FMMA_ROWS, kend, hs);
+    if (j0 + FMMA_ROWS - 1 > q0 + r0) /* a key after the block's first row */
+      fmma_online_softmax<true, NO>(s, o, m, l, qpos, j0, sl2);
+    else
+      fmma_online_softmax<false, NO>(s, o, m, l, qpos, j0, sl2);
     uint32_t pa[FMMA_ROWS / 16][4];
     fmma_frag_p<FMMA_ROWS / 16>(pa, s);
     fmma_pv<HSM, FMMA_ROWS / 16>(o, pa, vs);
@@ -441,33 +537,58 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
     fmma_store_row<NO>(out + ((size_t)b * Tq + row[i]) * C + (size_t)h * hs, o, i, 1.0f / sum, hs,
                        false);
     if (c == 0)
-      lse[(size_t)bh * Tq + row[i]] = m[i] + logf(sum);
+      lse[(size_t)bh * Tq + row[i]] = m[i] * scale + logf(sum);
   }
+}
+
+/* The backward's probabilities and score gradients for the calling lane's 16 x 32 elements of a
+ * half tile: s (scores) becomes P = 2^(s sl2 - L) and dp (dP) becomes dS = P (dP - D), where
+ * at(i, j, &L, &D) gives element (row g + 8 i, column 8 nt + 2 c + (e % 2)) its L (lse log2 e)
+ * and D and says whether the causal mask keeps it; MASK: P = 0 where it does not (the tiles
+ * that cross the diagonal, or past the last row). */
+template <bool MASK, typename F>
+__device__ static inline void fmma_dscores(float (*s)[4], float (*dp)[4], float sl2, F at)
+{
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float L, D;
+      const bool keep = at(e / 2, 8 * nt + 2 * c + e % 2, &L, &D);
+      const float p = fmma_exp2(fmaf(s[nt][e], sl2, -L));
+      s[nt][e] = MASK && !keep ? 0.0f : p;
+      dp[nt][e] = s[nt][e] * (dp[nt][e] - D);
+    }
 }
 
 /* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds
  * the query gradients into dqkv (add false: writes them; G = uint16_t: as bf16, never added);
  * Dbuf (B, NH, Tq) gets D = dout . out of every query row. O: dout's type (float, rounded to bf16
- * as it is loaded; uint16_t: bf16 values, read as they are). */
+ * as it is loaded; uint16_t: bf16 values, read as they are). The key and value tiles are double
+ * buffered: the next step's land while this one's are used. */
 template <int HSM, typename G, typename O>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
     fmma_backward_dq_kernel(G *dqkv, float *Dbuf, const O *dout, const uint16_t *qkv,
                             const uint16_t *out, const float *lse, int Tq, int q0, int Tall, int C,
                             int NH, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
-  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
-  uint16_t *qs = (uint16_t *)smem_f, *gs = qs + FMMA_ROWS * LD, *ks = gs + FMMA_ROWS * LD;
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
+  uint16_t *qs = (uint16_t *)smem_f, *gs = qs + TILE, *kv = gs + TILE; /* kv: K, V; K, V */
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  uint16_t *vs = ks + FMMA_ROWS * LD;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
-  fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
-  fmma_load<HSM>(gs, gbase, C, r0, Tq, hs);
+  const float sl2 = scale * FMMA_LOG2E;
+  fmma_load_async<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
+  fmma_load_async<HSM>(gs, gbase, C, r0, Tq, hs);
+  fmma_load_async<HSM>(kv, base + C, C3, 0, kend, hs);
+  fmma_load_async<HSM>(kv + TILE, base + 2 * C, C3, 0, kend, hs);
   const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8};
+  const int qpos[2] = {q0 + row[0], q0 + row[1]};
   float D[2], L[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) { /* D in fp32 from dout and out's values; a row's lanes share */
@@ -478,30 +599,34 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
         part += fmma_f32(dout[o + d]) * fmma_f32(out[o + d]);
     }
     D[i] = fmma_row_sum(part);
-    L[i] = row[i] < Tq ? lse[(size_t)bh * Tq + row[i]] : 0.0f;
+    L[i] = row[i] < Tq ? lse[(size_t)bh * Tq + row[i]] * FMMA_LOG2E : 0.0f;
     if (row[i] < Tq && c == 0)
       Dbuf[(size_t)bh * Tq + row[i]] = D[i];
   }
   float dq[NO][4] = {};
-  for (int j0 = 0; j0 < kend; j0 += FMMA_ROWS) {
-    __syncthreads();
-    fmma_load<HSM>(ks, base + C, C3, j0, kend, hs);
-    fmma_load<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
-    __syncthreads();
+  for (int j0 = 0, buf = 0; j0 < kend; j0 += FMMA_ROWS, buf ^= 1) {
+    DT_CP_ASYNC_WAIT_ALL();
+    __syncthreads(); /* this step's K and V (and q, dout) in place; the other pair is free */
+    if (j0 + FMMA_ROWS < kend) {
+      uint16_t *next = kv + 2 * (buf ^ 1) * TILE;
+      fmma_load_async<HSM>(next, base + C, C3, j0 + FMMA_ROWS, kend, hs);
+      fmma_load_async<HSM>(next + TILE, base + 2 * C, C3, j0 + FMMA_ROWS, kend, hs);
+    }
+    const uint16_t *ks = kv + 2 * buf * TILE, *vs = ks + TILE;
     /* The tile's keys in two halves of 32, as the dk/dv kernel's queries (same bits). */
 #pragma unroll 1
     for (int jh = 0; jh < FMMA_ROWS; jh += 32) {
       float s[4][4] = {}, dp[4][4] = {};
       fmma_abt<HSM, 4>(s, qs + 16 * warp * LD, ks + jh * LD);
       fmma_abt<HSM, 4>(dp, gs + 16 * warp * LD, vs + jh * LD);
-#pragma unroll
-      for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) { /* dS, in place of dP */
-          const int i = e / 2, key = j0 + jh + 8 * nt + 2 * c + e % 2;
-          const float p = key <= q0 + row[i] ? expf(s[nt][e] * scale - L[i]) : 0.0f;
-          dp[nt][e] = p * (dp[nt][e] - D[i]);
-        }
+      auto at = [&](int i, int j, float *Li, float *Di) {
+        *Li = L[i], *Di = D[i];
+        return j0 + jh + j <= qpos[i];
+      };
+      if (j0 + jh + 31 > q0 + r0) /* a key after the block's first row */
+        fmma_dscores<true>(s, dp, sl2, at);
+      else
+        fmma_dscores<false>(s, dp, sl2, at);
       uint32_t da[2][4];
       fmma_frag_p<2>(da, dp);
       fmma_pv<HSM, 2>(dq, da, ks + jh * LD);
@@ -518,7 +643,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3
 
 /* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
  * Adds the key and value gradients into dqkv (add false: writes them; G and O as the dq
- * kernel's); Dbuf is the dq kernel's. */
+ * kernel's); Dbuf is the dq kernel's. The query tiles (q, dout, lse log2 e and D) are double
+ * buffered as the dq kernel's key tiles are. */
 template <int HSM, typename G, typename O>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
     fmma_backward_dkdv_kernel(G *dqkv, const float *Dbuf, const O *dout, const uint16_t *qkv,
@@ -526,31 +652,41 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
                               float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
-  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
-  uint16_t *ks = (uint16_t *)smem_f, *vs = ks + FMMA_ROWS * LD, *qs = vs + FMMA_ROWS * LD;
-  uint16_t *gs = qs + FMMA_ROWS * LD;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  float *ls = (float *)(gs + FMMA_ROWS * LD), *Ds = ls + FMMA_ROWS;
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
+  uint16_t *ks = (uint16_t *)smem_f, *vs = ks + TILE, *qg = vs + TILE; /* qg: q, dout; q, dout */
+  float *lD = (float *)(qg + 4 * TILE); /* lse log2 e, D; lse log2 e, D (FMMA_ROWS each) */
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int k0 = blockIdx.x * FMMA_ROWS, kend = q0 + Tq; /* keys [k0, k0 + 64) of [0, kend) */
-  fmma_load<HSM>(ks, base + C, C3, k0, kend, hs);
-  fmma_load<HSM>(vs, base + 2 * C, C3, k0, kend, hs);
-  const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
-  float dk[NO][4] = {}, dv[NO][4] = {};
-  /* the query rows (chunk-relative) at or after the block's first key */
-  for (int t0 = max(k0 - q0, 0); t0 < Tq; t0 += FMMA_ROWS) {
-    __syncthreads();
-    fmma_load<HSM>(qs, base + (size_t)q0 * C3, C3, t0, Tq, hs);
-    fmma_load<HSM>(gs, gbase, C, t0, Tq, hs);
+  const float sl2 = scale * FMMA_LOG2E;
+  /* the query rows [t0, t0 + 64) (chunk-relative) into buffer buf */
+  auto load_queries = [&](int t0, int buf) {
+    uint16_t *q = qg + 2 * buf * TILE;
+    fmma_load_async<HSM>(q, base + (size_t)q0 * C3, C3, t0, Tq, hs);
+    fmma_load_async<HSM>(q + TILE, gbase, C, t0, Tq, hs);
+    float *ld = lD + 2 * buf * FMMA_ROWS;
     for (int i = threadIdx.x; i < FMMA_ROWS; i += blockDim.x) {
       const bool ok = t0 + i < Tq;
-      ls[i] = ok ? lse[(size_t)bh * Tq + t0 + i] : 0.0f;
-      Ds[i] = ok ? Dbuf[(size_t)bh * Tq + t0 + i] : 0.0f;
+      ld[i] = ok ? lse[(size_t)bh * Tq + t0 + i] * FMMA_LOG2E : 0.0f;
+      ld[FMMA_ROWS + i] = ok ? Dbuf[(size_t)bh * Tq + t0 + i] : 0.0f;
     }
-    __syncthreads();
+  };
+  fmma_load_async<HSM>(ks, base + C, C3, k0, kend, hs);
+  fmma_load_async<HSM>(vs, base + 2 * C, C3, k0, kend, hs);
+  const int tfirst = max(k0 - q0, 0); /* the first query row at or after the block's first key */
+  load_queries(tfirst, 0);            /* tfirst < Tq: k0 < kend */
+  const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
+  float dk[NO][4] = {}, dv[NO][4] = {};
+  for (int t0 = tfirst, buf = 0; t0 < Tq; t0 += FMMA_ROWS, buf ^= 1) {
+    DT_CP_ASYNC_WAIT_ALL();
+    __syncthreads(); /* this step's query tiles (and k, v) in place; the other buffer is free */
+    if (t0 + FMMA_ROWS < Tq)
+      load_queries(t0 + FMMA_ROWS, buf ^ 1);
+    const uint16_t *qs = qg + 2 * buf * TILE, *gs = qs + TILE;
+    const float *ls = lD + 2 * buf * FMMA_ROWS, *Ds = ls + FMMA_ROWS;
     /* The tile's query rows in two halves of 32 (the same products per accumulator, in the same
      * order): dk and dv hold 2 HSM / 4 registers a lane, so S^T and dP^T get half a tile. */
 #pragma unroll 1
@@ -558,14 +694,15 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
       float s[4][4] = {}, dp[4][4] = {}; /* transposed: rows are keys, columns query rows */
       fmma_abt<HSM, 4>(s, ks + 16 * warp * LD, qs + tq * LD);
       fmma_abt<HSM, 4>(dp, vs + 16 * warp * LD, gs + tq * LD);
-#pragma unroll
-      for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) { /* P^T and dS^T, in place of S^T and dP^T */
-          const int i = e / 2, tt = tq + 8 * nt + 2 * c + e % 2, t = t0 + tt;
-          s[nt][e] = t < Tq && key[i] <= q0 + t ? expf(s[nt][e] * scale - ls[tt]) : 0.0f;
-          dp[nt][e] = s[nt][e] * (dp[nt][e] - Ds[tt]);
-        }
+      auto at = [&](int i, int j, float *Li, float *Di) { /* P^T and dS^T */
+                                                          const int t = t0 + tq + j;
+                                                          *Li = ls[tq + j], *Di = Ds[tq + j];
+                                                          return t < Tq && key[i] <= q0 + t;
+      };
+      if (k0 + FMMA_ROWS - 1 > q0 + t0 + tq || t0 + tq + 32 > Tq) /* past a row, or the last */
+        fmma_dscores<true>(s, dp, sl2, at);
+      else
+        fmma_dscores<false>(s, dp, sl2, at);
       uint32_t pa[2][4]; /* one operand at a time */
       fmma_frag_p<2>(pa, s);
       fmma_pv<HSM, 2>(dv, pa, gs + tq * LD);

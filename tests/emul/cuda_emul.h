@@ -12,7 +12,8 @@
  * the waiting fibers in another order (ascending, descending, then shuffled), so a missing barrier
  * shows as a wrong result. A barrier some threads of the block can never reach (one inside
  * divergent code, or after others returned) aborts, saying how many threads wait where.
- * mma.sync.m16n8k16 (bf16) and ldmatrix.x4 are rebuilt from the PTX ISA's fragment layouts.
+ * mma.sync.m16n8k16 (bf16) and ldmatrix.x4 are rebuilt from the PTX ISA's fragment layouts;
+ * cp.async copies land late or early (cp_async16).
  *
  * What this checks: the kernels' indexing, masks, tiles and their edges, reductions and barrier
  * structure. What it cannot: the GPU compiler's code, warp scheduling, memory ordering between
@@ -113,6 +114,22 @@ inline ucontext_t g_scheduler;
 #endif
 inline unsigned g_threads, g_cur, g_at_block, g_returned, g_at_warp[32];
 inline unsigned g_exchanges[1024]; /* warp exchanges each thread made (the slot sets below) */
+struct cp_copy {                   /* a cp.async (cp_async16 below) */
+  void *dst;
+  const void *src;
+  bool ok;
+};
+inline std::vector<cp_copy> g_cp_async[1024]; /* each thread's, not yet waited for */
+inline std::vector<cp_copy> g_cp_waited;      /* waited for, landing at the next block barrier */
+inline bool g_cp_early; /* the copies land as they are issued instead (cp_async16) */
+
+inline void cp_land(const cp_copy &c)
+{
+  if (c.ok)
+    memcpy(c.dst, c.src, 16);
+  else
+    memset(c.dst, 0, 16);
+}
 inline void (*g_trampoline)(void *);
 inline void *g_body;
 
@@ -229,6 +246,10 @@ inline void run_block(unsigned n)
         g_fibers[t].state = RUNNABLE;
       g_at_block = 0;
       released = 1;
+      if (!g_cp_early)
+        for (const cp_copy &c : g_cp_waited)
+          cp_land(c);
+      g_cp_waited.clear();
     }
     for (unsigned w = 0; w * 32 < n; w++)
       if (g_at_warp[w] > 0 && g_at_warp[w] == std::min(32u, n - 32 * w)) {
@@ -248,6 +269,11 @@ inline void run_block(unsigned n)
       die(why);
     }
   }
+  for (unsigned t = 0; t < n; t++)
+    if (!g_cp_async[t].empty())
+      die("a thread returned with cp.async copies it never waited for");
+  if (!g_cp_waited.empty())
+    die("cp.async copies waited for, but no barrier made them visible before the block's end");
 }
 } /* namespace dt_emul */
 
@@ -354,6 +380,37 @@ inline void ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool trans)
   }
 }
 
+/* cp.async (16 bytes, zeros where !ok) and cp.async.wait_all. On the GPU a copy lands at some
+ * time between its issue and its thread's wait, and the other threads see it after a barrier
+ * that follows the wait. The emulation takes the two extremes, one per run: by default a copy
+ * lands only at the first block barrier after its thread's wait, so a tile read before that wait
+ * or that barrier reads the bytes of before; with dt_emul::g_cp_early it lands as it is issued,
+ * so a tile overwritten by copies while other threads still read it is seen as such. A kernel
+ * right under both is right in between. (The default is stricter than the GPU in one way: a
+ * thread does not see its own copies between its wait and the barrier.) A copy never waited for,
+ * or waited for with no barrier after it, aborts at the block's end. The destination must be 16
+ * bytes of the dynamic shared memory, 16-byte aligned, and the source 16-byte aligned, or the
+ * emulation dies (the GPU would fault). */
+inline void cp_async16(void *dst, const void *src, bool ok)
+{
+  const char *d = (const char *)dst, *smem = (const char *)g_smem;
+  if ((uintptr_t)d % 16 != 0 || d < smem || d + 16 > smem + g_smem_bytes)
+    dt_emul::die("cp.async: a destination outside the shared memory or not 16-byte aligned");
+  if (ok && (uintptr_t)src % 16 != 0)
+    dt_emul::die("cp.async: a source not 16-byte aligned");
+  const dt_emul::cp_copy c = {dst, src, ok};
+  if (dt_emul::g_cp_early)
+    dt_emul::cp_land(c);
+  dt_emul::g_cp_async[threadIdx.x].push_back(c);
+}
+
+inline void cp_async_wait_all(void)
+{
+  std::vector<dt_emul::cp_copy> &mine = dt_emul::g_cp_async[threadIdx.x];
+  dt_emul::g_cp_waited.insert(dt_emul::g_cp_waited.end(), mine.begin(), mine.end());
+  mine.clear();
+}
+
 /* ---- Intrinsics: IEEE single operations, each rounded on its own (the suite is compiled with
  * -ffp-contract=off, so none is fused into an FMA); bf16 as its 16 bits ------------------------ */
 
@@ -413,6 +470,8 @@ using std::min;
 #define DT_MMA_BF16(d, a, b)          mma_bf16(d, a, b)
 #define DT_LDMATRIX_X4(r, row, trans) ldmatrix_x4(r, row, trans)
 #define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
+#define DT_CP_ASYNC16(dst, src, ok)   cp_async16(dst, src, ok)
+#define DT_CP_ASYNC_WAIT_ALL()        cp_async_wait_all()
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
 template <typename F> inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
