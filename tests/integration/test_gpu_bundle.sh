@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test_gpu_bundle.sh — tests/gpu/run.sh end to end on a machine without a GPU: bundles BUILD_DIR
 # into a temporary directory, runs the bundle, and checks that the run exits 0, that the results
-# list every test labelled gpu (as CTest knows them), the GPU benchmark's two shapes and the
-# pipeline benchmark, each as SKIP, GPU_FIRST's items first, that GPU_BENCH=only runs just the
-# benchmarks, that GPU_BUDGET lists what it leaves no time for as NOT RUN, that a failed test
+# list every test labelled gpu (as CTest knows them), the flash kernels' compute-sanitizer item,
+# the GPU benchmark's two shapes and the pipeline benchmark, each as SKIP, GPU_FIRST's items
+# first, that GPU_BENCH=only runs just the benchmarks, that GPU_BUDGET lists what it leaves no
+# time for as NOT RUN, that a failed test
 # runs again under compute-sanitizer (a stand-in here, and a test made to fail), and that the
 # bundle holds no glibc and no NVIDIA library. Skips (77) where a GPU is present, since the gpu
 # tests would run there instead of skipping: use tests/gpu/run.sh directly.
@@ -51,17 +52,25 @@ done
 for t in bench_gpu_gpt2-124m bench_gpu_gpt2-1.5b bench_pipeline; do
   if has_line "== $t: SKIP ("; then ok "$t: SKIP"; else bad "$t is not listed as SKIP"; fi
 done
+# run.sh's own item beside test_cuda: the flash kernels under compute-sanitizer (none here)
+extra=0
+if printf '%s\n' "${want[@]}" | grep -qx test_cuda; then
+  extra=1
+  if has_line "== racecheck_flash: SKIP ("; then ok "racecheck_flash: SKIP"; else
+    bad "racecheck_flash is not listed as SKIP"
+  fi
+fi
 listed=$(grep -c '^== ' "$T/results.txt" || true)
-if [ "$listed" -eq $((${#want[@]} + 3)) ]; then
-  ok "results list ${#want[@]} gpu tests and 3 benchmarks"
+if [ "$listed" -eq $((${#want[@]} + extra + 3)) ]; then
+  ok "results list ${#want[@]} gpu tests, $extra sanitizer item and 3 benchmarks"
 else
-  bad "results list $listed entries, CTest has ${#want[@]} labelled gpu (+ 3 benchmarks)"
+  bad "results list $listed entries, CTest has ${#want[@]} labelled gpu (+ $extra + 3 benchmarks)"
 fi
 if has_line "summary: "; then ok "summary line"; else bad "no summary line"; fi
 # The default GPU_FIRST's items that the bundle has (a build without CUDA has no gpu test) come
 # first, in its order.
 first=()
-for t in test_cuda test_golden_cuda bench_gpu_gpt2-124m; do
+for t in test_cuda test_golden_cuda bench_gpu_gpt2-124m racecheck_flash; do
   if has_line "== $t: "; then first+=("$t:"); fi
 done
 order=$(grep '^== ' "$T/results.txt" | head -n ${#first[@]} | cut -d' ' -f2 | paste -sd ' ' -)

@@ -228,8 +228,8 @@ static void expect_close_tol(const char *what, const pair_t *p, double tol)
   free(g);
 }
 
-/* The same for bf16 values (the GPU's bits as floats against the CPU's bf16 buffer). */
-static void expect_bf16_close(const char *what, const pair16_t *p, double tol)
+/* The device's bf16 values of p as floats. */
+static float *fetch16(const pair16_t *p)
 {
   uint16_t *raw = xmalloc(p->n * sizeof *raw);
   float *g = xmalloc(p->n * sizeof *g);
@@ -238,9 +238,17 @@ static void expect_bf16_close(const char *what, const pair16_t *p, double tol)
     const uint32_t bits = (uint32_t)raw[i] << 16;
     memcpy(&g[i], &bits, sizeof bits);
   }
+  free(raw);
+  return g;
+}
+
+/* The same for bf16 values (the GPU's bits as floats against the CPU's bf16 buffer). */
+static void expect_bf16_close(const char *what, const pair16_t *p, double tol)
+{
+  float *g = fetch16(p);
   double e = rel_err(g, p->h, p->n);
   ck_assert_msg(e <= tol, "%s: relative error %.3g > %.0e over %zu values", what, e, tol, p->n);
-  free(raw), free(g);
+  free(g);
 }
 
 static void expect_close(const char *what, const pair_t *p)
@@ -908,14 +916,34 @@ static void check_attention_cp(int B, int T, int C, int NH, int cp)
  * out and lse against the CPU's flash kernels, and the backward, which adds, from the same
  * random dqkv on both sides (rows a chunk does not own must stay equal). bf16: the
  * _flash_bf16 entries (tensor cores), whose rounding the CPU's follow (ops.h), from a zero dqkv
- * so that the error is the gradients' own: out and dqkv within BF16_ATT_TOL. On the host, the
- * emulated kernels are within 2e-7 (out) and 4.7e-5 (dqkv) of the CPU's (test_flash_emul); the
- * GPU's expf differs from glibc's by an ulp or two, which moves more values across a bf16
- * rounding boundary (each such value one bf16 step off). */
-#define BF16_ATT_TOL 1e-3
+ * so that the error is the gradients' own, checked by expect_att_close. */
+
+/* bf16 attention against the CPU's. The two sides' exponentials differ by a few fp32 ulps (the
+ * GPU's 2^x of one FMA, glibc's e^x: ops.h), so now and then a probability or a score gradient
+ * rounds to the next bf16 value on one side: that element's terms move by a bf16 step (2^-8
+ * relative), which where p is near 1 is a few percent of the tensor's largest value
+ * (test_attention_flash's hs-64, T-1100 chunks met 0.73% of it, from one such p), while every
+ * other element differs only by fp32 summation order. So: the relative L2 error within 1e-3
+ * (a few such elements among thousands barely move it; a wrong tile, mask or row moves many),
+ * and the largest error within 5e-2 of the largest value (no element off by more than a few such
+ * steps). */
+static void expect_att_close(const char *what, const float *gpu, const float *cpu, size_t n)
+{
+  double d2 = 0.0, c2 = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const double d = (double)gpu[i] - (double)cpu[i];
+    d2 += d * d;
+    c2 += (double)cpu[i] * cpu[i];
+  }
+  const double l2 = sqrt(d2 / (c2 > 1e-60 ? c2 : 1e-60)), worst = rel_err(gpu, cpu, n);
+  ck_assert_msg(l2 <= 1e-3 && worst <= 5e-2,
+                "%s: relative L2 error %.3g (at most 1e-3), largest error %.3g of the largest "
+                "value (at most 5e-2), over %zu values",
+                what, l2, worst, n);
+}
+
 static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
 {
-  const double tol = bf16 ? BF16_ATT_TOL : TOL;
   const int Tq = T / cp;
   pair_t qkv = pair_rand((size_t)B * T * 3 * C, 0.0f, 1.0f);
   pair16_t qkv16 = {0}; /* bf16: the entries' q, k, v, each side's to_bf16 of qkv (equal bits) */
@@ -936,15 +964,15 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
           H->attention_forward_flash_bf16(g_cpu, out16.h, lse.h, qkv16.h, B, Tq, q0, T, C, NH), 0);
       ck_assert_int_eq(
           G->attention_forward_flash_bf16(g_gpu, out16.d, lse.d, qkv16.d, B, Tq, q0, T, C, NH), 0);
-      /* rounded: within two bf16 steps of the largest value (a value near a rounding boundary
-       * may round the other way) */
-      expect_bf16_close("attention_forward_flash_bf16 out", &out16, 8e-3);
+      float *g = fetch16(&out16);
+      expect_att_close("attention_forward_flash_bf16 out", g, out16.h, out16.n);
+      free(g);
     } else {
       ck_assert_int_eq(H->attention_forward_flash(g_cpu, out.h, lse.h, qkv.h, B, Tq, q0, T, C, NH),
                        0);
       ck_assert_int_eq(G->attention_forward_flash(g_gpu, out.d, lse.d, qkv.d, B, Tq, q0, T, C, NH),
                        0);
-      expect_close_tol("attention_forward_flash out", &out, tol);
+      expect_close("attention_forward_flash out", &out);
     }
     expect_close("attention_forward_flash lse", &lse);
     /* The backward takes the CPU's out (bf16: its bf16 one) and lse on both sides. */
@@ -977,7 +1005,13 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
                                                    Tq, q0, T, C, NH, add),
                        0);
     }
-    expect_close_tol("attention_backward_flash dqkv", &dqkv, tol);
+    if (bf16) {
+      float *g = fetch(&dqkv);
+      expect_att_close("attention_backward_flash_bf16 dqkv", g, dqkv.h, dqkv.n);
+      free(g);
+    } else {
+      expect_close("attention_backward_flash dqkv", &dqkv);
+    }
     if (bf16 && !add) { /* into bf16 (dqkv16): the CPU's its fp32 gradients rounded, bit for bit;
                          * the GPU's within two bf16 steps of the largest */
       pair16_t d16 = pair16_alloc(dqkv.n);
@@ -990,7 +1024,9 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
                                                         lse.d, B, Tq, q0, T, C, NH, 0),
                        0);
       ck_assert(memcmp(d16.h, want, dqkv.n * sizeof(float)) == 0);
-      expect_bf16_close("attention_backward_flash_bf16 dqkv into bf16", &d16, 8e-3);
+      float *g = fetch16(&d16);
+      expect_att_close("attention_backward_flash_bf16 dqkv into bf16", g, d16.h, d16.n);
+      free(g);
       /* from a bf16 dout too (dout16; each side's to_bf16 of dout: the same values) */
       pair16_t g16 = pair16_alloc(dout.n);
       ck_assert_int_eq(H->to_bf16(g_cpu, g16.h, dout.h, dout.n), 0);
@@ -1001,7 +1037,9 @@ static void check_attention_flash(int B, int T, int C, int NH, int cp, int bf16)
       ck_assert_int_eq(G->attention_backward_flash_bf16(g_gpu, d16.d, 1, g16.d, 1, qkv16.d, out_d,
                                                         lse.d, B, Tq, q0, T, C, NH, 0),
                        0);
-      expect_bf16_close("attention_backward_flash_bf16 from a bf16 dout", &d16, 8e-3);
+      g = fetch16(&d16);
+      expect_att_close("attention_backward_flash_bf16 from a bf16 dout", g, d16.h, d16.n);
+      free(g);
       free(want), pair16_free(&d16), pair16_free(&g16);
     }
     pair_free(&out), pair_free(&lse), pair_free(&dout), pair_free(&dqkv);
@@ -1462,7 +1500,6 @@ int main(void)
   tcase_add_test(tc, test_matmul);
   tcase_add_test(tc, test_matmul_cublas);
   tcase_add_test(tc, test_attention);
-  tcase_add_test(tc, test_attention_flash);
   tcase_add_test(tc, test_gelu_residual);
   tcase_add_test(tc, test_crossentropy);
   tcase_add_test(tc, test_crossentropy_vp);
@@ -1471,6 +1508,11 @@ int main(void)
   tcase_add_test(tc, test_sum_squares);
   tcase_add_test(tc, test_determinism);
   suite_add_tcase(s, tc);
+  /* a case of its own, which CK_RUN_CASE=flash runs alone (tests/gpu/sanitize_flash.sh) */
+  TCase *flash = tcase_create("flash");
+  tcase_set_timeout(flash, 300);
+  tcase_add_test(flash, test_attention_flash);
+  suite_add_tcase(s, flash);
   SRunner *sr = srunner_create(s);
   /* CUDA is initialised above (the device count): a forked child could not use it. */
   srunner_set_fork_status(sr, CK_NOFORK);

@@ -1,0 +1,24 @@
+#!/bin/sh
+# The flash-attention kernels' shared-memory pipeline (kernels/cuda/flash_mma.cuh: tiles copied
+# by cp.async, waits and barriers; flash.cuh's fp32 kernels too) under compute-sanitizer's
+# racecheck and synccheck, through test_cuda's flash case alone (CK_RUN_CASE=flash: every
+# head-size bucket, both precisions, context-parallel chunks). The emulation of
+# tests/emul/cuda_emul.h checks the same pipeline off the GPU, but not the hardware's memory
+# ordering. Run by tests/gpu/run.sh as the item racecheck_flash. Exit 77 (skipped) where the
+# machine has no compute-sanitizer, or test_cuda no GPU.
+set -eu
+test_cuda=$1
+if [ ! -x "$test_cuda" ]; then
+  echo "sanitize_flash: no $test_cuda (a build without CUDA)"
+  exit 77
+fi
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+  /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1) || true
+if [ -z "$san" ]; then
+  echo "sanitize_flash: no compute-sanitizer here"
+  exit 77
+fi
+for tool in racecheck synccheck; do
+  echo "== compute-sanitizer --tool $tool"
+  CK_RUN_CASE=flash "$san" --tool "$tool" --error-exitcode 1 "$test_cuda"
+done
