@@ -121,7 +121,7 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   if (mma)
-    return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_blocks(Tq), B, NH),
+    return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_fwd_blocks<HSM>(Tq), B, NH),
                         FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(), (uint16_t *)out, lse,
                         (const uint16_t *)qkv, Tq, q0, Tall, C, NH, scale);
   return flash_launch(cu, flash_forward_kernel<HSM>, flash_grid(flash_query_blocks(Tq), B, NH),

@@ -15,7 +15,8 @@
  * (G = uint16_t); autocast's SDPA returns out and the gradients in bf16.
  *
  * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (query rows in
- * the forward and dq kernels, key rows in the dk/dv kernel) and streams 64-row tiles of the
+ * the dq kernel, key rows in the dk/dv kernel; the forward's warps own FMMA_FWD_MT tiles of 16
+ * query rows: 32 of 128 at head sizes up to 64) and streams 64-row tiles of the
  * other side through shared memory, which holds every operand as bf16 rows of FMMA_LD(HSM)
  * elements (head size padded with zeros to the bucket HSM, plus 8 against bank conflicts),
  * copied from q, k, v (and a bf16 dout) by cp.async and converted from an fp32 dout with 16-byte
@@ -117,12 +118,18 @@ __device__ static inline void dt_cp_async_wait_all(void)
 #define FMMA_ROWS    (16 * FMMA_WARPS) /* the block's own rows, and the rows of a streamed tile */
 #define FMMA_LD(HSM) ((HSM) + 8)       /* row length of a shared operand tile */
 /* The blocks an SM is to hold at once, the launch bounds' second argument: n64 at head sizes up
- * to 64 (GPT-2's), n128 above. At hs 64 (sm_90, CUDA 13) ptxas keeps the forward kernel within
- * 96 registers a thread (5 blocks of 27 KiB of shared memory), the dq and dk/dv kernels within
- * 128 (4 blocks: their double-buffered tiles take 54 and 55 KiB; dk/dv spills 4 bytes); at hs
- * 128 the forward in 166 (3 blocks) and the two backward kernels in 186-251 (2 blocks of about
- * 102 KiB). The warps of the other blocks hide what the tiles' copies and barriers leave. */
+ * to 64 (GPT-2's), n128 above. ptxas (sm_90, CUDA 13) then keeps the forward kernel within 168
+ * registers a thread at hs 64 (3 blocks of 37 KiB of shared memory; its two row tiles a warp),
+ * the dq and dk/dv kernels within 128 (4 blocks: their double-buffered tiles take 54 and 55 KiB;
+ * dk/dv spills 4 bytes); at hs 128 the forward in 159 (3 blocks) and the two backward kernels in
+ * 186-251 (2 blocks of about 102 KiB). The warps of the other blocks hide what the tiles' copies
+ * and barriers leave. */
 #define FMMA_MIN_BLOCKS(HSM, n64, n128) ((HSM) <= 64 ? (n64) : (n128))
+/* The forward kernel's row tiles a warp (FA2's layout at hs 64): each K and V fragment read from
+ * shared memory then serves FMMA_FWD_MT 16-row tiles, half the shared-memory reads an mma of one
+ * (which at 64 rows a block took about as long as the mma themselves); at hs 128 the
+ * accumulators of two would not fit the registers. The block's query rows: 64 FMMA_FWD_MT. */
+#define FMMA_FWD_MT(HSM) ((HSM) <= 64 ? 2 : 1)
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
  * and v; dq: q, dout, and k and v twice (double buffered); dk/dv: k, v, and q, dout and the
@@ -134,7 +141,7 @@ template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats
 
 template <int HSM> static constexpr size_t fmma_fwd_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(3, 0);
+  return fmma_smem_bytes<HSM>(FMMA_FWD_MT(HSM) + 2, 0);
 }
 
 template <int HSM> static constexpr size_t fmma_dq_smem_bytes(void)
@@ -147,17 +154,23 @@ template <int HSM> static constexpr size_t fmma_dkdv_smem_bytes(void)
   return fmma_smem_bytes<HSM>(6, 4 * FMMA_ROWS);
 }
 
+/* Blocks of the dq and dk/dv kernels (FMMA_ROWS rows each), and of the forward kernel. */
 static inline unsigned fmma_blocks(int rows)
 {
   return (unsigned)((rows + FMMA_ROWS - 1) / FMMA_ROWS);
 }
 
-/* The first query row of the forward and dq kernels' block: the last rows' blocks first, as they
- * have the most keys to stream and a grid's blocks start in order of blockIdx (the dk/dv kernel's
- * first key blocks, the busiest there, already come first). */
-__device__ static inline int fmma_query_block_row(void)
+template <int HSM> static inline unsigned fmma_fwd_blocks(int rows)
 {
-  return (int)(gridDim.x - 1 - blockIdx.x) * FMMA_ROWS;
+  return (unsigned)((rows + FMMA_ROWS * FMMA_FWD_MT(HSM) - 1) / (FMMA_ROWS * FMMA_FWD_MT(HSM)));
+}
+
+/* The first query row of the forward and dq kernels' block of `rows` rows: the last rows' blocks
+ * first, as they have the most keys to stream and a grid's blocks start in order of blockIdx (the
+ * dk/dv kernel's first key blocks, the busiest there, already come first). */
+__device__ static inline int fmma_query_block_row(int rows)
+{
+  return (int)(gridDim.x - 1 - blockIdx.x) * rows;
 }
 
 /* x rounded to bf16, to nearest even (NaN stays NaN): dt_bf16_round's rule. */
@@ -224,22 +237,28 @@ __device__ static inline void fmma_frag_b(uint32_t b[4], const uint16_t *t, int 
     DT_LDMATRIX_X4(b, t + (k + lane % 8) * ld + n, true);
 }
 
-/* acc (16 x 8 NT, mma's C layout) += A B^T for the calling warp: A the 16 rows of tile a, B^T
- * the 8 NT rows of tile b, over HSM columns (the scores Q K^T, dO V^T, K Q^T, V dO^T). */
-template <int HSM, int NT>
+/* acc (MT tiles of 16 x 8 NT, mma's C layout; tile mt at acc[NT mt]) += A_mt B^T for the calling
+ * warp: A_mt the 16 rows of tile a from row 16 mt, B^T the 8 NT rows of tile b, over HSM columns
+ * (the scores Q K^T, dO V^T, K Q^T, V dO^T); each B fragment is read once for the MT row tiles. */
+template <int HSM, int NT, int MT = 1>
 __device__ static void fmma_abt(float (*acc)[4], const uint16_t *a, const uint16_t *b)
 {
   constexpr int LD = FMMA_LD(HSM);
 #pragma unroll
   for (int ks = 0; ks < HSM / 16; ks++) {
-    uint32_t af[4];
-    fmma_frag_a(af, a + 16 * ks, LD);
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+      fmma_frag_a(af[mt], a + 16 * mt * LD + 16 * ks, LD);
 #pragma unroll
     for (int nt = 0; nt < NT; nt += 2) {
       uint32_t bf[4];
       fmma_frag_b(bf, b + 8 * nt * LD + 16 * ks, LD, true);
-      DT_MMA_BF16(acc[nt], af, bf);
-      DT_MMA_BF16(acc[nt + 1], af, bf + 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        DT_MMA_BF16(acc[NT * mt + nt], af[mt], bf);
+        DT_MMA_BF16(acc[NT * mt + nt + 1], af[mt], bf + 2);
+      }
     }
   }
 }
@@ -256,20 +275,24 @@ template <int KS> __device__ static inline void fmma_frag_p(uint32_t (*pa)[4], c
       pa[ks][j] = fmma_pack2(p[2 * ks + j / 2][2 * (j % 2)], p[2 * ks + j / 2][2 * (j % 2) + 1]);
 }
 
-/* acc (16 x HSM) += P V for the calling warp: P (16 x 16 KS) the register operands pa
- * (fmma_frag_p), V the 16 KS rows of HSM columns of tile v: P V, dS K, P^T dO, dS^T Q. */
-template <int HSM, int KS>
+/* acc (MT tiles of 16 x HSM, tile mt at acc[HSM / 8 mt]) += P_mt V for the calling warp: P_mt
+ * (16 x 16 KS) the register operands pa[KS mt ..] (fmma_frag_p), V the 16 KS rows of HSM columns
+ * of tile v, each of its fragments read once for the MT tiles: P V, dS K, P^T dO, dS^T Q. */
+template <int HSM, int KS, int MT = 1>
 __device__ static void fmma_pv(float (*acc)[4], const uint32_t (*pa)[4], const uint16_t *v)
 {
-  constexpr int LD = FMMA_LD(HSM);
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
 #pragma unroll
   for (int ks = 0; ks < KS; ks++)
 #pragma unroll
-    for (int nt = 0; nt < HSM / 8; nt += 2) {
+    for (int nt = 0; nt < NO; nt += 2) {
       uint32_t bf[4];
       fmma_frag_b(bf, v + 16 * ks * LD + 8 * nt, LD, false);
-      DT_MMA_BF16(acc[nt], pa[ks], bf);
-      DT_MMA_BF16(acc[nt + 1], pa[ks], bf + 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        DT_MMA_BF16(acc[NO * mt + nt], pa[KS * mt + ks], bf);
+        DT_MMA_BF16(acc[NO * mt + nt + 1], pa[KS * mt + ks], bf + 2);
+      }
     }
 }
 
@@ -489,55 +512,73 @@ __device__ static inline void fmma_online_softmax(float (*s)[4], float (*o)[4], 
   }
 }
 
-/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_fwd_smem_bytes<HSM>().
- * The K and V tiles of one step take turns in flight (FA2's order): V's lands while the scores are
+/* Grid flash_grid(fmma_fwd_blocks<HSM>(Tq), B, NH), FMMA_THREADS threads,
+ * fmma_fwd_smem_bytes<HSM>(). Each warp owns MT = FMMA_FWD_MT(HSM) tiles of 16 query rows. The K
+ * and V tiles of one step take turns in flight (FA2's order): V's lands while the scores are
  * computed, the next K's during the softmax and P V. */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 5, 3))
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 3, 3))
     fmma_forward_kernel(uint16_t *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
                         int C, int NH, float scale)
 {
   DT_FLASH_SMEM(smem_f);
-  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8;
-  uint16_t *qs = (uint16_t *)smem_f, *ks = qs + FMMA_ROWS * LD, *vs = ks + FMMA_ROWS * LD;
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, MT = FMMA_FWD_MT(HSM), ROWS = FMMA_ROWS * MT;
+  uint16_t *qs = (uint16_t *)smem_f, *ks = qs + ROWS * LD, *vs = ks + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
-  const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
+  const int r0 = fmma_query_block_row(ROWS), rend = min(r0 + ROWS, Tq), kend = q0 + rend;
   const float sl2 = scale * FMMA_LOG2E;
-  fmma_load_async<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+    fmma_load_async<HSM>(qs + FMMA_ROWS * mt * LD, base + (size_t)q0 * C3, C3, r0 + FMMA_ROWS * mt,
+                         Tq, hs);
   fmma_load_async<HSM>(ks, base + C, C3, 0, kend, hs);
-  const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8}; /* this lane's rows */
-  const int qpos[2] = {q0 + row[0], q0 + row[1]};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[NO][4] = {};
+  const int w0 = r0 + 16 * MT * warp; /* the warp's first row; this lane's: row[2 mt + i] */
+  int row[2 * MT], qpos[2 * MT];
+#pragma unroll
+  for (int j = 0; j < 2 * MT; j++) {
+    row[j] = w0 + 16 * (j / 2) + 8 * (j % 2) + g;
+    qpos[j] = q0 + row[j];
+  }
+  float m[2 * MT], l[2 * MT], o[MT * NO][4] = {};
+#pragma unroll
+  for (int j = 0; j < 2 * MT; j++)
+    m[j] = -INFINITY, l[j] = 0.0f;
   for (int j0 = 0; j0 < kend; j0 += FMMA_ROWS) {
     DT_CP_ASYNC_WAIT_ALL();
     __syncthreads(); /* K's tile (and q) in place; every warp done with the previous V's */
     fmma_load_async<HSM>(vs, base + 2 * C, C3, j0, kend, hs);
-    float s[8][4] = {};
-    fmma_abt<HSM, 8>(s, qs + 16 * warp * LD, ks);
+    float s[MT * 8][4] = {};
+    fmma_abt<HSM, 8, MT>(s, qs + 16 * MT * warp * LD, ks);
     DT_CP_ASYNC_WAIT_ALL();
     __syncthreads(); /* V's tile in place; every warp done with K's */
     if (j0 + FMMA_ROWS < kend)
       fmma_load_async<HSM>(ks, base + C, C3, j0 + FMMA_ROWS, kend, hs);
-    if (j0 + FMMA_ROWS - 1 > q0 + r0) /* a key after the block's first row */
-      fmma_online_softmax<true, NO>(s, o, m, l, qpos, j0, sl2);
-    else
-      fmma_online_softmax<false, NO>(s, o, m, l, qpos, j0, sl2);
-    uint32_t pa[FMMA_ROWS / 16][4];
-    fmma_frag_p<FMMA_ROWS / 16>(pa, s);
-    fmma_pv<HSM, FMMA_ROWS / 16>(o, pa, vs);
+    uint32_t pa[MT * 4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      float(*st)[4] = s + 8 * mt;
+      if (j0 + FMMA_ROWS - 1 > q0 + w0 + 16 * mt) /* a key after the row tile's first row */
+        fmma_online_softmax<true, NO>(st, o + NO * mt, m + 2 * mt, l + 2 * mt, qpos + 2 * mt, j0,
+                                      sl2);
+      else
+        fmma_online_softmax<false, NO>(st, o + NO * mt, m + 2 * mt, l + 2 * mt, qpos + 2 * mt, j0,
+                                       sl2);
+      fmma_frag_p<4>(pa + 4 * mt, st);
+    }
+    fmma_pv<HSM, 4, MT>(o, pa, vs);
   }
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const float sum = fmma_row_sum(l[i]);
-    if (row[i] >= Tq)
+  for (int j = 0; j < 2 * MT; j++) {
+    const float sum = fmma_row_sum(l[j]);
+    if (row[j] >= Tq)
       continue;
-    fmma_store_row<NO>(out + ((size_t)b * Tq + row[i]) * C + (size_t)h * hs, o, i, 1.0f / sum, hs,
-                       false);
+    fmma_store_row<NO>(out + ((size_t)b * Tq + row[j]) * C + (size_t)h * hs, o + NO * (j / 2),
+                       j % 2, 1.0f / sum, hs, false);
     if (c == 0)
-      lse[(size_t)bh * Tq + row[i]] = m[i] * scale + logf(sum);
+      lse[(size_t)bh * Tq + row[j]] = m[j] * scale + logf(sum);
   }
 }
 
@@ -581,7 +622,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
-  const int r0 = fmma_query_block_row(), rend = min(r0 + FMMA_ROWS, Tq), kend = q0 + rend;
+  const int r0 = fmma_query_block_row(FMMA_ROWS), rend = min(r0 + FMMA_ROWS, Tq);
+  const int kend = q0 + rend;
   const float sl2 = scale * FMMA_LOG2E;
   fmma_load_async<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
   fmma_load_async<HSM>(gs, gbase, C, r0, Tq, hs);

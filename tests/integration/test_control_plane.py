@@ -649,7 +649,11 @@ class T1_GrpcSurface(ClusterTest):
                              "min_nodes 2\n" % job_id)
             info = pb.NodeInfo(hostname="fake0", devices=[pb.Device(kind="cpu", name="cpu")])
             self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info))
-            self.assertIn("1 idle", self.get_job(job_id).reason)
+            # The reason is the scheduler's, whose pass the registration queues on the
+            # coordinator's loop after its reply: a GetJob can come first (seen on a loaded CI
+            # machine), so the test waits for it.
+            wait_until(lambda: "1 idle" in self.get_job(job_id).reason, 10,
+                       "the reason to count the registered node")
             time.sleep(1.0)  # a few of the watch's polls
             self.call("StopJob", pb.StopJobRequest(job_id=job_id))
             _, err = watch.communicate(timeout=30)

@@ -60,7 +60,7 @@ static void emul_mma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int
                              int Tall, int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  launch(flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
+  launch(flash_grid(fmma_fwd_blocks<HSM>(Tq), B, NH), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
@@ -297,6 +297,7 @@ START_TEST(test_flash_mma_kernels)
     check_mma<32>(1, 1, 24, 3, 1);          /* a single position */
     check_mma<128>(1, 75, 200, 2, 1);       /* hs 100 */
     check_mma<64>(1, 150, 192, 3, 3);       /* chunks of 50: q0 off the tiles */
+    check_mma<64>(1, 120, 128, 2, 2);       /* chunks of 60: the diagonal 3 keys into a tile */
     check_mma<32>(2, 40, 90, 3, 1);         /* hs 30, rows of 270 floats: the tiles' 4-byte loads */
     check_mma<64>(1, 130, 128, 2, 1, true); /* hs 64 off a 16-byte boundary: 4-byte loads too */
   }
