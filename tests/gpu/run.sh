@@ -40,11 +40,11 @@
 # GPU_BUDGET (seconds for the whole run, 0 or unset: none; with it no item starts once fewer
 # than GPU_MIN_LEFT seconds, default 30, are left, each is listed NOT RUN instead, and an item's
 # timeout is cut to what is left), GPU_FIRST (the names run first, in this order, before the
-# rest in their usual order; default "test_cuda test_golden_cuda bench_gpu_gpt2-124m
-# racecheck_flash": the kernels against the CPU's, the trainer against the golden files, the
-# headline benchmark, the flash kernels' shared memory under compute-sanitizer's racecheck and
-# synccheck: tests/gpu/sanitize_flash.sh, an item of this script's beside the bundle's tests
-# where it has test_cuda),
+# rest in their usual order; default "test_cuda test_golden_cuda bench_gpu_gpt2-124m": the
+# kernels against the CPU's, the trainer against the golden files, the headline benchmark),
+# racecheck_flash follows the bundle's tests where it has test_cuda: the tensor-core flash
+# kernels' shared memory under compute-sanitizer's racecheck and synccheck
+# (tests/gpu/sanitize_flash.sh),
 # GPU_SANITIZE (1, the default: each failed test again under compute-sanitizer's memcheck, where
 # the machine has it and 60 s of the budget are left; 0: not),
 # GPU_LIB_DIRS (colon-separated directories searched before the detected CUDA ones). Tests see
@@ -536,7 +536,7 @@ cmd_run() {
       {
         cat "$B/MANIFEST"
         if grep -q '^test_cuda'$'\t' "$B/MANIFEST"; then
-          printf '%s\t77\t240\t@B@/build/tests/unit\t-\t%s\n' racecheck_flash \
+          printf '%s\t77\t180\t@B@/build/tests/unit\t-\t%s\n' racecheck_flash \
             "sh @B@/src/tests/gpu/sanitize_flash.sh @B@/build/tests/unit/test_cuda"
         fi
       } | awk -F '\t' -v re="${GPU_TESTS:-}" 're == "" || $1 ~ re'
@@ -551,7 +551,7 @@ cmd_run() {
       printf '%s\t77\t%s\t@B@/src\t-\t%s\n' bench_pipeline "${GPU_BENCH_TIMEOUT:-420}" \
         "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 2 4 --require-cores 4"
     fi
-  } | awk -F '\t' -v first="${GPU_FIRST-test_cuda test_golden_cuda bench_gpu_gpt2-124m racecheck_flash}" '
+  } | awk -F '\t' -v first="${GPU_FIRST-test_cuda test_golden_cuda bench_gpu_gpt2-124m}" '
     BEGIN { n = split(first, f, " "); for (i = 1; i <= n; i++) rank[f[i]] = i }
     { line[NR] = $0; key[NR] = ($1 in rank) ? rank[$1] : n + 1 }
     END { for (k = 1; k <= n + 1; k++) for (i = 1; i <= NR; i++) if (key[i] == k) print line[i] }

@@ -1,8 +1,9 @@
 #!/bin/sh
-# The flash-attention kernels' shared-memory pipeline (kernels/cuda/flash_mma.cuh: tiles copied
-# by cp.async, waits and barriers; flash.cuh's fp32 kernels too) under compute-sanitizer's
-# racecheck and synccheck, through test_cuda's flash case alone (CK_RUN_CASE=flash: every
-# head-size bucket, both precisions, context-parallel chunks). The emulation of
+# The tensor-core flash-attention kernels' shared-memory pipeline (kernels/cuda/flash_mma.cuh:
+# tiles copied by cp.async, waits and barriers) under compute-sanitizer's racecheck and
+# synccheck, through test_cuda's flash case alone (CK_RUN_CASE=flash: every head-size bucket,
+# context-parallel chunks), only the fmma_ kernels instrumented (the rest, such as the fp32
+# case of 65,600 heads, run at full speed). The emulation of
 # tests/emul/cuda_emul.h checks the same pipeline off the GPU, but not the hardware's memory
 # ordering. Run by tests/gpu/run.sh as the item racecheck_flash. Exit 77 (skipped) where the
 # machine has no compute-sanitizer, or test_cuda no GPU.
@@ -20,5 +21,5 @@ if [ -z "$san" ]; then
 fi
 for tool in racecheck synccheck; do
   echo "== compute-sanitizer --tool $tool"
-  CK_RUN_CASE=flash "$san" --tool "$tool" --error-exitcode 1 "$test_cuda"
+  CK_RUN_CASE=flash "$san" --tool "$tool" --kernel-name kns=fmma_ --error-exitcode 1 "$test_cuda"
 done

@@ -70,7 +70,7 @@ if has_line "summary: "; then ok "summary line"; else bad "no summary line"; fi
 # The default GPU_FIRST's items that the bundle has (a build without CUDA has no gpu test) come
 # first, in its order.
 first=()
-for t in test_cuda test_golden_cuda bench_gpu_gpt2-124m racecheck_flash; do
+for t in test_cuda test_golden_cuda bench_gpu_gpt2-124m; do
   if has_line "== $t: "; then first+=("$t:"); fi
 done
 order=$(grep '^== ' "$T/results.txt" | head -n ${#first[@]} | cut -d' ' -f2 | paste -sd ' ' -)
