@@ -517,7 +517,7 @@ __device__ static inline void fmma_online_softmax(float (*s)[4], float (*o)[4], 
  * and V tiles of one step take turns in flight (FA2's order): V's lands while the scores are
  * computed, the next K's during the softmax and P V. */
 template <int HSM>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 3, 3))
+__global__ static void __launch_bounds__(FMMA_THREADS, 3)
     fmma_forward_kernel(uint16_t *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
                         int C, int NH, float scale)
 {

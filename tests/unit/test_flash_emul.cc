@@ -21,6 +21,7 @@ extern "C" {
 #include "rng.h"
 }
 
+#include "att_close.h"
 #include "cuda_emul.h"
 #include "emul_expect.h"
 #include "flash.cuh"
@@ -171,22 +172,19 @@ static void bf16_qkv(const std::vector<float> &x, std::vector<float> *cpu,
  * first the two bf16 roundings of out; lse within 1e-5. The gradients move likewise where a
  * probability or a score gradient rounds the other way, an element by up to a few percent of the
  * tensor's largest value where p is near 1: they are checked as test_cuda checks the GPU's
- * (expect_att_close: relative L2 error within 1e-3, the largest error within 5e-2 of the
+ * (att_close.h: relative L2 error within 1e-3, the largest error within 5e-2 of the
  * largest value), compared as what each side added to the same dqkv, and for the whole sequence
  * as what each side wrote (over NaN on the emulated side). */
 static void expect_att_close(const char *what, const std::vector<float> &got,
                              const std::vector<float> &want)
 {
-  double d2 = 0.0, w2 = 0.0;
-  for (size_t i = 0; i < want.size(); i++) {
-    const double d = (double)got[i] - (double)want[i];
-    d2 += d * d;
-    w2 += (double)want[i] * want[i];
-  }
-  const double l2 = sqrt(d2 / (w2 > 1e-60 ? w2 : 1e-60));
-  ck_assert_msg(l2 <= 1e-3, "%s: relative L2 error %.3g (at most 1e-3)", what, l2);
-  expect_close(what, got, want, 5e-2);
+  double l2, worst;
+  ck_assert_msg(att_close(got.data(), want.data(), want.size(), &l2, &worst),
+                "%s: relative L2 error %.3g (at most %.0e), largest error %.3g of the largest "
+                "value (at most %.0e), over %zu values",
+                what, l2, ATT_L2_TOL, worst, ATT_MAX_TOL, want.size());
 }
+
 template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bool off16 = false)
 {
   ck_assert_int_eq(flash_bucket(C / NH), HSM);
