@@ -298,6 +298,19 @@ static double linear_ws(double rows, double OC, double IN, int weight_copy, int 
   return dout_copy ? weight + round_up(rows * OC * 2, 256) + partial : DT_MAX(weight, partial);
 }
 
+/* The bf16 flash attention backward's workspace request (kernels/cuda/flash_mma.cuh,
+ * fmma_backward_ws) for B sequences of NH heads, Tq queries from position q0: D (B NH Tq floats,
+ * 256-byte aligned), then one group's score gradients in bf16 tiles of 64 keys x 64 queries (the
+ * key blocks' tiles from the diagonal's on), batch elements in groups whose tiles stay within
+ * 1 GiB. */
+static double flash_bf16_ws(double B, double NH, double Tq, double q0)
+{
+  const double nqt = ceil(Tq / 64), nkb = ceil((q0 + Tq) / 64), s = DT_MAX(0, nkb - ceil(q0 / 64));
+  const double per_b = NH * (nkb * nqt - s * (s - 1) / 2) * 64 * 64 * 2;
+  const double groups = ceil(B * per_b / (1024.0 * 1024 * 1024));
+  return round_up(B * NH * Tq * 4, 256) + ceil(B / groups) * per_b;
+}
+
 /* What a GPU trainer allocates beside its tensors (planner.h), bytes. */
 static double device_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr,
                              const dt_plan_layout_t *l, int s)
@@ -310,8 +323,11 @@ static double device_trainer(const dt_plan_model_t *m, const dt_plan_train_t *tr
   const double ln_rows = DT_MAX(32.0, ceil(N / 1024));
   double ws = 8.0 * (1024 + 1);                   /* the gradient norm's partial sums */
   ws = DT_MAX(ws, 2 * ceil(N / ln_rows) * C * 4); /* LayerNorm's weight gradients */
-  if (!tr->materialized)                          /* flash: D = dout . out per query */
-    ws = DT_MAX(ws, l->micro * (m->heads / t) * (S / halves) * 4);
+  if (!tr->materialized) { /* flash: D = dout . out per query (and bf16's score gradients) */
+    const double Tq = S / halves, q0 = cp > 1 ? (2 * cp - 1) * Tq : 0; /* rank 0's last chunk */
+    ws = DT_MAX(ws, tr->precision == DT_PLAN_BF16 ? flash_bf16_ws(l->micro, m->heads / t, Tq, q0)
+                                                  : l->micro * (m->heads / t) * Tq * 4);
+  }
   if (s == 0) { /* the tokens sorted by row */
     const double bt = l->micro * S / halves;
     ws = DT_MAX(ws, (2 * DT_MIN(bt, Vl) + 1 + bt) * 4);

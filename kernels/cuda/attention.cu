@@ -121,7 +121,7 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   if (mma)
-    return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_fwd_blocks<HSM>(Tq), B, NH),
+    return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH),
                         FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(), (uint16_t *)out, lse,
                         (const uint16_t *)qkv, Tq, q0, Tall, C, NH, scale);
   return flash_launch(cu, flash_forward_kernel<HSM>, flash_grid(flash_query_blocks(Tq), B, NH),
@@ -129,45 +129,65 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
                       Tq, q0, Tall, C, NH, scale);
 }
 
-/* The tensor-core dq kernel, then (D in the workspace) the dk/dv kernel, gradients of type G
- * from an output gradient of type O. */
+/* The tensor-core backward, gradients of type G from an output gradient of type O: the D kernel,
+ * then per group of batch elements the dk/dv kernel and the dq kernel, the score gradients in the
+ * workspace between them (fmma_backward_ws: D, then one group's dS^T tiles). */
 template <int HSM, typename G, typename O>
-static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, float *D, const O *dout, const uint16_t *q16,
+static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint16_t *qkv,
                          const uint16_t *out, const float *lse, int B, int Tq, int q0, int Tall,
-                         int C, int NH, float scale, bool add)
+                         int C, int NH, bool add)
 {
-  DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G, O>, flash_grid(fmma_blocks(Tq), B, NH),
-                        FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), dqkv, D, dout, q16, out, lse, Tq,
-                        q0, Tall, C, NH, scale, add));
-  return flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
-                      flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS,
-                      fmma_dkdv_smem_bytes<HSM>(), dqkv, (const float *)D, dout, q16, lse, Tq, q0,
-                      Tall, C, NH, scale, add);
+  const fmma_ws_plan p =
+      fmma_backward_ws(B, Tq, q0, NH, cu->flash_ws_max ? cu->flash_ws_max : FMMA_DS_MAX_BYTES);
+  void *ws;
+  DT_CHECK(dt__cuda_workspace(cu, p.bytes, &ws));
+  float *D = (float *)ws;
+  uint16_t *dsT = (uint16_t *)((char *)ws + p.ds_offset);
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  const size_t C3 = 3 * (size_t)C;
+  DT_CHECK(flash_launch(cu, fmma_backward_d_kernel<O>, dim3(fmma_d_blocks((size_t)B * Tq * NH)),
+                        FMMA_THREADS, 0, D, dout, out, B, Tq, C, NH));
+  for (int b0 = 0; b0 < B; b0 += p.group) {
+    const int bg = min(p.group, B - b0);
+    G *dg = dqkv + (size_t)b0 * Tall * C3;
+    const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
+    const size_t r = (size_t)b0 * NH * Tq; /* the group's first row of D and lse */
+    DT_CHECK(flash_launch(
+        cu, fmma_backward_dkdv_kernel<HSM, G, O>, flash_grid(fmma_blocks(q0 + Tq), bg, NH),
+        FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), dg, dsT, (const float *)D + r,
+        dout + (size_t)b0 * Tq * C, qg, lse + r, Tq, q0, Tall, C, NH, scale, add));
+    DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>,
+                          flash_grid(fmma_mt_blocks<HSM>(Tq), bg, NH), FMMA_THREADS,
+                          fmma_dq_smem_bytes<HSM>(), dg, (const uint16_t *)dsT, qg, Tq, q0, Tall, C,
+                          NH, scale, add));
+  }
+  return 0;
 }
 
-/* The dq kernel, then (D in the workspace) the dk/dv kernel; each adds its rows into dqkv or
- * (add false) writes them, in bf16 where dqkv16, from a bf16 dout where dout16 (the tensor-core
- * kernels only; dout16 with dqkv16: dt_flash_dqkv16_check). */
+/* Flash attention's backward: each kernel adds its rows into dqkv or (add false) writes them, in
+ * bf16 where dqkv16, from a bf16 dout where dout16 (the tensor-core kernels only; dout16 with
+ * dqkv16: dt_flash_dqkv16_check); fp32: flash.cuh's dq kernel, then (D in the workspace) its
+ * dk/dv kernel. */
 template <int HSM>
 static int flash_backward(dt_cuda_impl_t *cu, bool mma, void *dqkv, bool dqkv16, const void *dout,
                           bool dout16, const void *qkv, const void *out, const float *lse, int B,
                           int Tq, int q0, int Tall, int C, int NH, bool add)
 {
+  if (mma) {
+    const uint16_t *q16 = (const uint16_t *)qkv, *o16 = (const uint16_t *)out;
+    if (dout16)
+      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, (const uint16_t *)dout, q16, o16, lse, B, Tq,
+                                q0, Tall, C, NH, add);
+    if (dqkv16)
+      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, (const float *)dout, q16, o16, lse, B, Tq, q0,
+                                Tall, C, NH, add);
+    return fmma_backward<HSM>(cu, (float *)dqkv, (const float *)dout, q16, o16, lse, B, Tq, q0,
+                              Tall, C, NH, add);
+  }
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, (size_t)B * NH * Tq * sizeof(float), &ws));
   float *D = (float *)ws;
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  if (mma) {
-    const uint16_t *q16 = (const uint16_t *)qkv, *o16 = (const uint16_t *)out;
-    if (dout16)
-      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, (const uint16_t *)dout, q16, o16, lse, B,
-                                Tq, q0, Tall, C, NH, scale, add);
-    if (dqkv16)
-      return fmma_backward<HSM>(cu, (uint16_t *)dqkv, D, (const float *)dout, q16, o16, lse, B, Tq,
-                                q0, Tall, C, NH, scale, add);
-    return fmma_backward<HSM>(cu, (float *)dqkv, D, (const float *)dout, q16, o16, lse, B, Tq, q0,
-                              Tall, C, NH, scale, add);
-  }
   const float *q32 = (const float *)qkv, *g32 = (const float *)dout;
   float *g = (float *)dqkv;
   DT_CHECK(flash_launch(cu, flash_backward_dq_kernel<HSM>,
@@ -264,4 +284,9 @@ int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, in
   DT_CHECK(dt_flash_dqkv16_check(dqkv16, dout16, Tq, q0, Tall, accumulate));
   return backward_flash(dev, true, dqkv, dqkv16 != 0, dout, dout16 != 0, qkv, out, lse, B, Tq, q0,
                         Tall, C, NH, accumulate);
+}
+
+extern "C" void dt_cuda_set_flash_ws_max(dt_device_t *dev, size_t bytes)
+{
+  dt__cuda(dev)->flash_ws_max = bytes;
 }

@@ -49,11 +49,12 @@ typedef struct dt_cuda_impl {
   size_t ws_bytes;
   void *stage; /* fp32 products on their way to a bf16 output, where cuBLAS writes them */
   size_t stage_bytes;
-  size_t stage_max; /* their blocks' size (DT__CUDA_STAGE_MAX; a column of m floats at least) */
-  float *ones;      /* ones_n floats equal to 1.0f (column sums through GEMV) */
-  size_t ones_n;    /* its allocation is ones_n floats (0 when there is none) */
-  void *pin;        /* pinned host memory: encoder.cu's token lists on their way up */
-  size_t pin_bytes; /* grows, never shrinks */
+  size_t stage_max;    /* their blocks' size (DT__CUDA_STAGE_MAX; a column of m floats at least) */
+  size_t flash_ws_max; /* the bf16 flash backward's score gradients at a time (0: 1 GiB) */
+  float *ones;         /* ones_n floats equal to 1.0f (column sums through GEMV) */
+  size_t ones_n;       /* its allocation is ones_n floats (0 when there is none) */
+  void *pin;           /* pinned host memory: encoder.cu's token lists on their way up */
+  size_t pin_bytes;    /* grows, never shrinks */
   cudaEvent_t pin_copied; /* the last copy out of pin (created on first use) */
   char name[32];          /* "cuda:<ordinal>" */
 } dt_cuda_impl_t;

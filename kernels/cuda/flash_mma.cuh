@@ -1,7 +1,8 @@
 /* flash_mma.cuh — flash attention on the tensor cores: bf16 mma.sync.m16n8k16 with fp32
- * accumulation (sm_80 and later). The same algorithm and entry points as flash.cuh's fp32
- * kernels (online softmax forward; a dq kernel that also writes D = dout . out, then a dk/dv
- * kernel; no atomics), for bf16 precision.
+ * accumulation (sm_80 and later). The forward is flash.cuh's online softmax; the backward (no
+ * atomics) is a D kernel (D = dout . out per query row), a dk/dv kernel that also stores the
+ * score gradients dS^T as bf16 tiles in a workspace, then a dq kernel of one product, dq = dS K
+ * (flash.cuh's fp32 dq kernel recomputes S and dP instead: two products more).
  *
  * Numerics (what "bf16 attention" means here, as PyTorch's autocast SDPA): q, k, v are bf16
  * (qkv is the bf16 output of the qkv layer) and dout is rounded to bf16 (nearest even) when a
@@ -14,9 +15,9 @@
  * gradients are fp32 added into a context-parallel buffer, else rounded to bf16 as they are stored
  * (G = uint16_t); autocast's SDPA returns out and the gradients in bf16.
  *
- * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (query rows in
- * the dq kernel, key rows in the dk/dv kernel; the forward's warps own FMMA_FWD_MT tiles of 16
- * query rows: 32 of 128 at head sizes up to 64) and streams 64-row tiles of the
+ * Layout: a block is FMMA_WARPS warps; each warp owns 16 rows of the block's 64 (key rows in
+ * the dk/dv kernel; the forward's and the dq kernel's warps own FMMA_MT tiles of 16 query rows:
+ * 32 of 128 at head sizes up to 64) and streams 64-row tiles of the
  * other side through shared memory, which holds every operand as bf16 rows of FMMA_LD(HSM)
  * elements (head size padded with zeros to the bucket HSM, plus 8 against bank conflicts),
  * copied from q, k, v (and a bf16 dout) by cp.async and converted from an fp32 dout with 16-byte
@@ -121,19 +122,19 @@ __device__ static inline void dt_cp_async_wait_all(void)
  * to 64 (GPT-2's), n128 above. ptxas (sm_90, CUDA 13) then keeps the forward kernel within 168
  * registers a thread at hs 64 (3 blocks of 37 KiB of shared memory; its two row tiles a warp),
  * the dq and dk/dv kernels within 128 (4 blocks: their double-buffered tiles take 54 and 55 KiB;
- * dk/dv spills 4 bytes); at hs 128 the forward in 159 (3 blocks) and the two backward kernels in
- * 186-251 (2 blocks of about 102 KiB). The warps of the other blocks hide what the tiles' copies
- * and barriers leave. */
+ * dk/dv spills 8 bytes); at hs 128 the forward in 159 (3 blocks), the dq kernel in 158 (3 blocks
+ * of 52 KiB) and the dk/dv kernel in 247-250 (2 blocks of 102 KiB). The warps of the other blocks
+ * hide what the tiles' copies and barriers leave. */
 #define FMMA_MIN_BLOCKS(HSM, n64, n128) ((HSM) <= 64 ? (n64) : (n128))
-/* The forward kernel's row tiles a warp (FA2's layout at hs 64): each K and V fragment read from
- * shared memory then serves FMMA_FWD_MT 16-row tiles, half the shared-memory reads an mma of one
- * (which at 64 rows a block took about as long as the mma themselves); at hs 128 the
- * accumulators of two would not fit the registers. The block's query rows: 64 FMMA_FWD_MT. */
-#define FMMA_FWD_MT(HSM) ((HSM) <= 64 ? 2 : 1)
+/* The forward and dq kernels' row tiles a warp (FA2's layout at hs 64): each K and V fragment
+ * read from shared memory then serves FMMA_MT 16-row tiles, half the shared-memory reads an mma
+ * of one (which at 64 rows a block took about as long as the mma themselves); at hs 128 the
+ * forward's accumulators of two would not fit the registers. The block's query rows: 64 FMMA_MT. */
+#define FMMA_MT(HSM) ((HSM) <= 64 ? 2 : 1)
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
- * and v; dq: q, dout, and k and v twice (double buffered); dk/dv: k, v, and q, dout and the
- * tile's lse and D twice. */
+ * and v; dq: k and its FMMA_MT dS^T tiles (64 x 64: FMMA_LD(64) rows), twice (double buffered);
+ * dk/dv: k, v, and q, dout and the tile's lse and D twice. */
 template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats)
 {
   return (size_t)tiles * FMMA_ROWS * FMMA_LD(HSM) * 2 + (size_t)floats * sizeof(float);
@@ -141,12 +142,12 @@ template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats
 
 template <int HSM> static constexpr size_t fmma_fwd_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(FMMA_FWD_MT(HSM) + 2, 0);
+  return fmma_smem_bytes<HSM>(FMMA_MT(HSM) + 2, 0);
 }
 
 template <int HSM> static constexpr size_t fmma_dq_smem_bytes(void)
 {
-  return fmma_smem_bytes<HSM>(6, 0);
+  return 2 * (fmma_smem_bytes<HSM>(1, 0) + fmma_smem_bytes<64>(FMMA_MT(HSM), 0));
 }
 
 template <int HSM> static constexpr size_t fmma_dkdv_smem_bytes(void)
@@ -154,15 +155,52 @@ template <int HSM> static constexpr size_t fmma_dkdv_smem_bytes(void)
   return fmma_smem_bytes<HSM>(6, 4 * FMMA_ROWS);
 }
 
-/* Blocks of the dq and dk/dv kernels (FMMA_ROWS rows each), and of the forward kernel. */
+/* Blocks of the dk/dv kernel (FMMA_ROWS rows each), and of the forward and dq kernels. */
 static inline unsigned fmma_blocks(int rows)
 {
   return (unsigned)((rows + FMMA_ROWS - 1) / FMMA_ROWS);
 }
 
-template <int HSM> static inline unsigned fmma_fwd_blocks(int rows)
+template <int HSM> static inline unsigned fmma_mt_blocks(int rows)
 {
-  return (unsigned)((rows + FMMA_ROWS * FMMA_FWD_MT(HSM) - 1) / (FMMA_ROWS * FMMA_FWD_MT(HSM)));
+  return (unsigned)((rows + FMMA_ROWS * FMMA_MT(HSM) - 1) / (FMMA_ROWS * FMMA_MT(HSM)));
+}
+
+/* ---- The backward's workspace: D (B NH Tq floats), then the score gradients dS^T in bf16 tiles
+ * of 64 keys x 64 query rows (FMMA_DS_TILE values, row-major by key), which the dk/dv kernel of
+ * key block kb writes for each query tile qt (of 64 chunk rows) it reaches: qt from
+ * max(0, kb - a), a = ceil(q0 / 64), to nqt - 1 (the tile holding position 64 kb, the diagonal's,
+ * on). A (b, h) has FMMA_DS_BEFORE(nkb, nqt, a) tiles, ordered by kb then qt; the dq kernel of
+ * query tile qt reads tile (kb, qt) for every key block up to its last row. Batch elements are
+ * processed in groups whose tiles stay within max_bytes (FMMA_DS_MAX_BYTES by default): at GPT-2
+ * 124M's T 1024, 136 tiles of 8 KiB a head, 1.7 GB for batch 128 in one group, so two. ---- */
+#define FMMA_DS_TILE      (FMMA_ROWS * FMMA_ROWS)
+#define FMMA_DS_MAX_BYTES ((size_t)1 << 30)
+/* The tiles of one (b, h) before key block kb's: kb nqt less the query tiles the key blocks
+ * before it skip (block k's first tile is max(0, k - a)). A macro: host and device code use it. */
+#define FMMA_DS_BEFORE(kb, nqt, a)                                                                 \
+  ((size_t)(kb) * (size_t)(nqt) -                                                                  \
+   ((kb) > (a) ? (size_t)((kb) - (a)) * (size_t)((kb) - (a)-1) / 2 : (size_t)0))
+
+/* A backward's workspace: D at its start, the tiles from ds_offset (256-byte aligned), batch
+ * elements `group` at a time (the last group may be smaller), bytes in all. */
+struct fmma_ws_plan {
+  size_t ds_offset, bytes;
+  int group;
+};
+
+static inline fmma_ws_plan fmma_backward_ws(int B, int Tq, int q0, int NH,
+                                            size_t max_bytes = FMMA_DS_MAX_BYTES)
+{
+  const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS;
+  const int a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
+  const size_t per_b = (size_t)NH * FMMA_DS_BEFORE(nkb, nqt, a) * FMMA_DS_TILE * sizeof(uint16_t);
+  const size_t groups = ((size_t)B * per_b + max_bytes - 1) / max_bytes;
+  fmma_ws_plan p;
+  p.ds_offset = ((size_t)B * NH * Tq * sizeof(float) + 255) / 256 * 256;
+  p.group = (int)(((size_t)B + groups - 1) / groups);
+  p.bytes = p.ds_offset + (size_t)p.group * per_b;
+  return p;
 }
 
 /* The first query row of the forward and dq kernels' block of `rows` rows: the last rows' blocks
@@ -223,6 +261,15 @@ __device__ static inline void fmma_frag_a(uint32_t a[4], const uint16_t *t, int 
 {
   const int lane = threadIdx.x % 32, j = lane / 8;
   DT_LDMATRIX_X4(a, t + (lane % 8 + 8 * (j % 2)) * ld + 8 * (j / 2), false);
+}
+
+/* The same A operand from a transposed tile, A(m, k) = t[k * ld + m] (dS from a dS^T tile),
+ * through the transposing load: matrices (k 0-7, m 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
+ * of t. */
+__device__ static inline void fmma_frag_at(uint32_t a[4], const uint16_t *t, int ld)
+{
+  const int lane = threadIdx.x % 32, j = lane / 8;
+  DT_LDMATRIX_X4(a, t + (lane % 8 + 8 * (j / 2)) * ld + 8 * (j % 2), true);
 }
 
 /* The B operands of two adjacent 8-column tiles (b[0..1] columns 0..7, b[2..3] 8..15), k 0..15:
@@ -352,6 +399,26 @@ __device__ static inline void fmma_move16(uint16_t *q, const uint16_t *p, bool o
   else
     memset(q, 0, 16);
 #endif
+}
+
+/* The calling warp's 16 x 32 half tile of dS^T (pa: fmma_frag_p's registers of it) into a
+ * workspace tile (rows of FMMA_ROWS values), t at the half tile's first element: bf16 pairs in
+ * 4-byte stores. */
+__device__ static inline void fmma_store_ds(uint16_t *t, const uint32_t (*pa)[4])
+{
+  const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+#pragma unroll
+  for (int ks = 0; ks < 2; ks++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      uint16_t *q = t + (g + 8 * (j % 2)) * FMMA_ROWS + 16 * ks + 8 * (j / 2) + 2 * c;
+      FMMA_ALIGNED(q, 4);
+#ifdef __CUDACC__
+      *(uint32_t *)q = pa[ks][j];
+#else
+      memcpy(q, &pa[ks][j], sizeof pa[ks][j]);
+#endif
+    }
 }
 
 /* One value as bf16: an fp32 one rounded, a bf16 one as it is. */
@@ -512,8 +579,8 @@ __device__ static inline void fmma_online_softmax(float (*s)[4], float (*o)[4], 
   }
 }
 
-/* Grid flash_grid(fmma_fwd_blocks<HSM>(Tq), B, NH), FMMA_THREADS threads,
- * fmma_fwd_smem_bytes<HSM>(). Each warp owns MT = FMMA_FWD_MT(HSM) tiles of 16 query rows. The K
+/* Grid flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH), FMMA_THREADS threads,
+ * fmma_fwd_smem_bytes<HSM>(). Each warp owns MT = FMMA_MT(HSM) tiles of 16 query rows. The K
  * and V tiles of one step take turns in flight (FA2's order): V's lands while the scores are
  * computed, the next K's during the softmax and P V. */
 template <int HSM>
@@ -522,7 +589,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, 3)
                         int C, int NH, float scale)
 {
   DT_FLASH_SMEM(smem_f);
-  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, MT = FMMA_FWD_MT(HSM), ROWS = FMMA_ROWS * MT;
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, MT = FMMA_MT(HSM), ROWS = FMMA_ROWS * MT;
   uint16_t *qs = (uint16_t *)smem_f, *ks = qs + ROWS * LD, *vs = ks + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
@@ -603,95 +670,47 @@ __device__ static inline void fmma_dscores(float (*s)[4], float (*dp)[4], float 
     }
 }
 
-/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_dq_smem_bytes<HSM>(). Adds
- * the query gradients into dqkv (add false: writes them; G = uint16_t: as bf16, never added);
- * Dbuf (B, NH, Tq) gets D = dout . out of every query row. O: dout's type (float, rounded to bf16
- * as it is loaded; uint16_t: bf16 values, read as they are). The key and value tiles are double
- * buffered: the next step's land while this one's are used. */
-template <int HSM, typename G, typename O>
-__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
-    fmma_backward_dq_kernel(G *dqkv, float *Dbuf, const O *dout, const uint16_t *qkv,
-                            const uint16_t *out, const float *lse, int Tq, int q0, int Tall, int C,
-                            int NH, float scale, bool add)
+/* Grid fmma_d_blocks(B Tq NH), FMMA_THREADS threads: D = dout . out of every query row and
+ * head into Dbuf (B, NH, Tq), in fp32 from dout's values (O: float, or bf16 bits) and out's bf16
+ * ones; the 4 lanes of a quad share a (row, head), lane c summing columns c, c + 4, ... */
+#define FMMA_D_ROWS (FMMA_THREADS / 4)
+static inline unsigned fmma_d_blocks(size_t rows)
 {
-  DT_FLASH_SMEM(smem_f);
-  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
-  uint16_t *qs = (uint16_t *)smem_f, *gs = qs + TILE, *kv = gs + TILE; /* kv: K, V; K, V */
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
-  const size_t C3 = 3 * (size_t)C;
-  const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
-  const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
-  const int r0 = fmma_query_block_row(FMMA_ROWS), rend = min(r0 + FMMA_ROWS, Tq);
-  const int kend = q0 + rend;
-  const float sl2 = scale * FMMA_LOG2E;
-  fmma_load_async<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
-  fmma_load_async<HSM>(gs, gbase, C, r0, Tq, hs);
-  fmma_load_async<HSM>(kv, base + C, C3, 0, kend, hs);
-  fmma_load_async<HSM>(kv + TILE, base + 2 * C, C3, 0, kend, hs);
-  const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8};
-  const int qpos[2] = {q0 + row[0], q0 + row[1]};
-  float D[2], L[2];
-#pragma unroll
-  for (int i = 0; i < 2; i++) { /* D in fp32 from dout and out's values; a row's lanes share */
-    float part = 0.0f;
-    if (row[i] < Tq) {
-      const size_t o = ((size_t)b * Tq + row[i]) * C + (size_t)h * hs;
-      for (int d = c; d < hs; d += 4)
-        part += fmma_f32(dout[o + d]) * fmma_f32(out[o + d]);
-    }
-    D[i] = fmma_row_sum(part);
-    L[i] = row[i] < Tq ? lse[(size_t)bh * Tq + row[i]] * FMMA_LOG2E : 0.0f;
-    if (row[i] < Tq && c == 0)
-      Dbuf[(size_t)bh * Tq + row[i]] = D[i];
-  }
-  float dq[NO][4] = {};
-  for (int j0 = 0, buf = 0; j0 < kend; j0 += FMMA_ROWS, buf ^= 1) {
-    DT_CP_ASYNC_WAIT_ALL();
-    __syncthreads(); /* this step's K and V (and q, dout) in place; the other pair is free */
-    if (j0 + FMMA_ROWS < kend) {
-      uint16_t *next = kv + 2 * (buf ^ 1) * TILE;
-      fmma_load_async<HSM>(next, base + C, C3, j0 + FMMA_ROWS, kend, hs);
-      fmma_load_async<HSM>(next + TILE, base + 2 * C, C3, j0 + FMMA_ROWS, kend, hs);
-    }
-    const uint16_t *ks = kv + 2 * buf * TILE, *vs = ks + TILE;
-    /* The tile's keys in two halves of 32, as the dk/dv kernel's queries (same bits). */
-#pragma unroll 1
-    for (int jh = 0; jh < FMMA_ROWS; jh += 32) {
-      float s[4][4] = {}, dp[4][4] = {};
-      fmma_abt<HSM, 4>(s, qs + 16 * warp * LD, ks + jh * LD);
-      fmma_abt<HSM, 4>(dp, gs + 16 * warp * LD, vs + jh * LD);
-      auto at = [&](int i, int j, float *Li, float *Di) {
-        *Li = L[i], *Di = D[i];
-        return j0 + jh + j <= qpos[i];
-      };
-      if (j0 + jh + 31 > q0 + r0) /* a key after the block's first row */
-        fmma_dscores<true>(s, dp, sl2, at);
-      else
-        fmma_dscores<false>(s, dp, sl2, at);
-      uint32_t da[2][4];
-      fmma_frag_p<2>(da, dp);
-      fmma_pv<HSM, 2>(dq, da, ks + jh * LD);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    if (row[i] >= Tq)
-      continue;
-    fmma_store_row<NO>(dqkv + ((size_t)b * Tall + q0 + row[i]) * C3 + (size_t)h * hs, dq, i, scale,
-                       hs, add);
-  }
+  return (unsigned)((rows + FMMA_D_ROWS - 1) / FMMA_D_ROWS);
 }
 
-/* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>().
- * Adds the key and value gradients into dqkv (add false: writes them; G and O as the dq
- * kernel's); Dbuf is the dq kernel's. The query tiles (q, dout, lse log2 e and D) are double
- * buffered as the dq kernel's key tiles are. */
+template <typename O>
+__global__ static void __launch_bounds__(FMMA_THREADS)
+    fmma_backward_d_kernel(float *Dbuf, const O *dout, const uint16_t *out, int B, int Tq, int C,
+                           int NH)
+{
+  const size_t i = (size_t)blockIdx.x * FMMA_D_ROWS + threadIdx.x / 4; /* (b, t, h), h fastest */
+  const int c = threadIdx.x % 4, hs = C / NH, h = (int)(i % NH);
+  const size_t bt = i / NH;
+  const bool ok = bt < (size_t)B * Tq;
+  float part = 0.0f;
+  if (ok) {
+    const size_t o = bt * C + (size_t)h * hs;
+    for (int d = c; d < hs; d += 4)
+      part += fmma_f32(dout[o + d]) * fmma_f32(out[o + d]);
+  }
+  const float D = fmma_row_sum(part); /* every lane: the butterfly needs the whole warp */
+  if (ok && c == 0)
+    Dbuf[((bt / Tq) * NH + h) * Tq + bt % Tq] = D;
+}
+
+/* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>(),
+ * after the D kernel (Dbuf): adds the key and value gradients into dqkv (add false: writes them;
+ * G = uint16_t: as bf16, never added) and stores the score gradients dS^T of its key block,
+ * rounded to bf16 as the products take them, into its tiles of dsT (the workspace's, of these
+ * batch elements) for the dq kernel. O: dout's type (float, rounded to bf16 as it is loaded;
+ * uint16_t: bf16 values, read as they are). The query tiles (q, dout, lse log2 e and D) are
+ * double buffered: the next step's land while this one's are used. */
 template <int HSM, typename G, typename O>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
-    fmma_backward_dkdv_kernel(G *dqkv, const float *Dbuf, const O *dout, const uint16_t *qkv,
-                              const float *lse, int Tq, int q0, int Tall, int C, int NH,
-                              float scale, bool add)
+    fmma_backward_dkdv_kernel(G *dqkv, uint16_t *dsT, const float *Dbuf, const O *dout,
+                              const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall,
+                              int C, int NH, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
@@ -718,8 +737,15 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   };
   fmma_load_async<HSM>(ks, base + C, C3, k0, kend, hs);
   fmma_load_async<HSM>(vs, base + 2 * C, C3, k0, kend, hs);
-  const int tfirst = max(k0 - q0, 0); /* the first query row at or after the block's first key */
-  load_queries(tfirst, 0);            /* tfirst < Tq: k0 < kend */
+  /* the query tile (of 64 chunk rows) holding the block's first key's position: tfirst < Tq */
+  const int tfirst = max(k0 - q0, 0) / FMMA_ROWS * FMMA_ROWS;
+  load_queries(tfirst, 0);
+  const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
+  uint16_t *ds = dsT +
+                 ((size_t)bh * FMMA_DS_BEFORE((int)gridDim.x, nqt, a) +
+                  FMMA_DS_BEFORE((int)blockIdx.x, nqt, a) - tfirst / FMMA_ROWS) *
+                     (size_t)FMMA_DS_TILE +
+                 16 * warp * FMMA_ROWS; /* + qt tiles: query tile qt's, at the warp's keys */
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   float dk[NO][4] = {}, dv[NO][4] = {};
   for (int t0 = tfirst, buf = 0; t0 < Tq; t0 += FMMA_ROWS, buf ^= 1) {
@@ -749,6 +775,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
       fmma_frag_p<2>(pa, s);
       fmma_pv<HSM, 2>(dv, pa, gs + tq * LD);
       fmma_frag_p<2>(pa, dp);
+      fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE + tq, pa);
       fmma_pv<HSM, 2>(dk, pa, qs + tq * LD);
     }
   }
@@ -759,6 +786,74 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
     G *krow = dqkv + ((size_t)b * Tall + key[i]) * C3 + (size_t)h * hs;
     fmma_store_row<NO>(krow + C, dk, i, scale, hs, add);
     fmma_store_row<NO>(krow + 2 * C, dv, i, 1.0f, hs, add);
+  }
+}
+
+/* Grid flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH), FMMA_THREADS threads,
+ * fmma_dq_smem_bytes<HSM>(), after the dk/dv kernel: adds the query gradients dq = scale dS K
+ * into dqkv (add false: writes them; G = uint16_t: as bf16, never added), dS from the dk/dv
+ * kernel's tiles dsT (the workspace's, of these batch elements). Each warp owns MT = FMMA_MT(HSM)
+ * tiles of 16 query rows; a tile of K and the block's MT dS^T tiles stream through shared memory,
+ * double buffered (a tile the dk/dv kernel did not write, past the diagonal or the last query
+ * tile, is zeros). */
+template <int HSM, typename G>
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3))
+    fmma_backward_dq_kernel(G *dqkv, const uint16_t *dsT, const uint16_t *qkv, int Tq, int q0,
+                            int Tall, int C, int NH, float scale, bool add)
+{
+  DT_FLASH_SMEM(smem_f);
+  constexpr int LD = FMMA_LD(HSM), LS = FMMA_LD(64), NO = HSM / 8, MT = FMMA_MT(HSM);
+  constexpr int ROWS = FMMA_ROWS * MT, KT = FMMA_ROWS * LD, ST = FMMA_ROWS * LS, BUF = KT + MT * ST;
+  uint16_t *sm = (uint16_t *)smem_f; /* per buffer: K's tile, then the MT dS^T tiles */
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const int b = blockIdx.z, h = blockIdx.y, hs = C / NH;
+  const size_t C3 = 3 * (size_t)C;
+  const uint16_t *kbase = qkv + (size_t)b * Tall * C3 + (size_t)h * hs + C;
+  const int r0 = fmma_query_block_row(ROWS), rend = min(r0 + ROWS, Tq), kend = q0 + rend;
+  const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
+  const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
+  const uint16_t *ds =
+      dsT + ((size_t)b * NH + h) * FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
+  /* key block kb's K and dS^T tiles into buffer buf */
+  auto load = [&](int kb, int buf) {
+    uint16_t *t = sm + buf * BUF;
+    fmma_load_async<HSM>(t, kbase, C3, FMMA_ROWS * kb, kend, hs);
+    const int first = max(0, kb - a);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      const int qt = r0 / FMMA_ROWS + mt;
+      const bool ok = qt < nqt && qt >= first; /* else zeros, and ds (read nowhere) stands in */
+      const uint16_t *src =
+          ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : ds;
+      fmma_load_async<64>(t + KT + mt * ST, src, FMMA_ROWS, 0, ok ? FMMA_ROWS : 0, FMMA_ROWS);
+    }
+  };
+  load(0, 0);
+  const int wr = 16 * MT * warp; /* the warp's first row in the block */
+  float dq[MT * NO][4] = {};
+  for (int kb = 0, buf = 0; kb < nk; kb++, buf ^= 1) {
+    DT_CP_ASYNC_WAIT_ALL();
+    __syncthreads(); /* this step's tiles in place; the other buffer is free */
+    if (kb + 1 < nk)
+      load(kb + 1, buf ^ 1);
+    const uint16_t *ks = sm + buf * BUF, *st = ks + KT + wr / FMMA_ROWS * ST + wr % FMMA_ROWS;
+    /* keys 16 kk.. of the tile, in the order of the dk/dv kernel's (and of flash.cuh's) sums */
+#pragma unroll
+    for (int kk = 0; kk < FMMA_ROWS / 16; kk++) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+        fmma_frag_at(pa[mt], st + 16 * kk * LS + 16 * mt, LS);
+      fmma_pv<HSM, 1, MT>(dq, pa, ks + 16 * kk * LD);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2 * MT; j++) {
+    const int row = r0 + wr + 16 * (j / 2) + 8 * (j % 2) + g;
+    if (row >= Tq)
+      continue;
+    fmma_store_row<NO>(dqkv + ((size_t)b * Tall + q0 + row) * C3 + (size_t)h * hs,
+                       dq + NO * (j / 2), j % 2, scale, hs, add);
   }
 }
 

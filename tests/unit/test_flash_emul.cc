@@ -4,12 +4,13 @@
  * flash.cuh is compiled here as plain C++ under the emulation of CUDA's thread model in
  * cuda_emul.h (what it checks and what it cannot are said there). The launches mirror
  * kernels/cuda/attention.cu's: the same grids, block sizes and shared memory from flash.cuh,
- * the dq kernel then the dk/dv kernel with D between them. Beyond test_cuda_emul's kernels these
- * check the online softmax, the causal masks of the tiles and the head-size buckets. The
- * tolerance is test_cuda's: max |emulated -
- * cpu| <= 1e-5 of the tensor's largest value (the sums run in other orders). The tensor-core
- * kernels (flash_mma.cuh) are checked against the CPU's bf16 flash kernels, which round at the
- * same points (check_mma states the bounds). */
+ * the dq kernel then the dk/dv kernel with D between them (the tensor-core backward: D, then
+ * per group of batch elements dk/dv and dq, the score gradients' tiles between them). Beyond
+ * test_cuda_emul's kernels these check the online softmax, the causal masks of the tiles and the
+ * head-size buckets. The tolerance is test_cuda's: max |emulated - cpu| <= 1e-5 of the tensor's
+ * largest value (the sums run in other orders). The tensor-core kernels (flash_mma.cuh) are checked
+ * against the CPU's bf16 flash kernels, which round at the same points (check_mma states the
+ * bounds). */
 #include <check.h>
 
 #include <cmath>
@@ -61,25 +62,44 @@ static void emul_mma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int
                              int Tall, int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  launch(flash_grid(fmma_fwd_blocks<HSM>(Tq), B, NH), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
+  launch(flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
+/* The D kernel, then per group of batch elements (fmma_backward_ws's, or `group` of them) the
+ * dk/dv and dq kernels, the workspace's dS^T tiles between them. */
 template <int HSM, typename G, typename O>
 static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const uint16_t *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
-                              bool add)
+                              bool add, int group = 0)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
+  const fmma_ws_plan ws = fmma_backward_ws(B, Tq, q0, NH);
+  if (!group)
+    group = ws.group;
   std::vector<float> D((size_t)B * NH * Tq, NAN);
-  launch(flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(), [&] {
-    fmma_backward_dq_kernel<HSM, G, O>(dqkv, D.data(), dout, qkv, out, lse, Tq, q0, Tall, C, NH,
-                                       scale, add);
-  });
-  launch(flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), [&] {
-    fmma_backward_dkdv_kernel<HSM, G, O>(dqkv, D.data(), dout, qkv, lse, Tq, q0, Tall, C, NH, scale,
-                                         add);
-  });
+  /* the tiles over all-ones bits (NaN): a tile the dq kernel reads but no dk/dv block wrote fails
+   */
+  std::vector<uint16_t> dsT((ws.bytes - ws.ds_offset) / sizeof(uint16_t) * group / ws.group + 8,
+                            (uint16_t)0xffff);
+  launch(dim3(fmma_d_blocks((size_t)B * Tq * NH)), FMMA_THREADS, 0,
+         [&] { fmma_backward_d_kernel<O>(D.data(), dout, out, B, Tq, C, NH); });
+  const size_t C3 = 3 * (size_t)C;
+  for (int b0 = 0; b0 < B; b0 += group) {
+    const int bg = std::min(group, B - b0);
+    G *dg = dqkv + (size_t)b0 * Tall * C3;
+    const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
+    launch(flash_grid(fmma_blocks(q0 + Tq), bg, NH), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
+           [&] {
+             fmma_backward_dkdv_kernel<HSM, G, O>(
+                 dg, dsT.data(), D.data() + (size_t)b0 * NH * Tq, dout + (size_t)b0 * Tq * C, qg,
+                 lse + (size_t)b0 * NH * Tq, Tq, q0, Tall, C, NH, scale, add);
+           });
+    launch(flash_grid(fmma_mt_blocks<HSM>(Tq), bg, NH), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(),
+           [&] {
+             fmma_backward_dq_kernel<HSM, G>(dg, dsT.data(), qg, Tq, q0, Tall, C, NH, scale, add);
+           });
+  }
 }
 
 /* ---- The checks --------------------------------------------------------------------------- */
@@ -240,6 +260,14 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
                        0);
       emul_mma_backward<HSM>(dqkv_g.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
                              T, C, NH, add);
+      if (B > 1) { /* in groups of one batch element (the workspace's groups): the same bits */
+        std::vector<float> one(dqkv0.size(), NAN);
+        if (add)
+          one = dqkv0;
+        emul_mma_backward<HSM>(one.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq, q0, T,
+                               C, NH, add, 1);
+        ck_assert(memcmp(one.data(), dqkv_g.data(), one.size() * sizeof one[0]) == 0);
+      }
       if (add) {
         expect_att_close("bf16 backward dqkv (+=)", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0));
         continue;

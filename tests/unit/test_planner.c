@@ -375,12 +375,14 @@ START_TEST(test_equal_times_prefer_large_micro_batches)
 END_TEST
 
 /* The GPU trainer's own buffers for gpt2-124m at micro-batch 16 x 1024 (N = 16384 rows), worked
- * out from kernels/cuda's requests: under bf16 (flash attention) the fc and qkv layers' output
- * gradients are bf16 already (their backward asks for the bias gradient's partial sums, then
- * the weight's bf16 copy under ZeRO-3), so the largest request is a projection's backward: a
- * bf16 copy of its N x 768 output gradient (24 MiB) and its bias gradient's partial sums (64
- * blocks of 256 rows x 768 floats, 0.1875 MiB), 25 MiB when rounded up. Under ZeRO-3 the LM
- * head's bf16 copy of the embedding (50304 x 768, 73.7 MiB) is larger: 74 MiB. Under fp32,
+ * out from kernels/cuda's requests: under bf16 the largest request is the flash attention
+ * backward's: D (16 x 12 x 1024 floats, 0.75 MiB) and the score gradients' bf16 tiles of 64 x 64
+ * on and below the diagonal (16 x 16 / 2 + 8 = 136 a head, 8 KiB each: 16 x 12 x 136 x 8 KiB =
+ * 204 MiB, within 1 GiB: one group), 205 MiB when rounded up. With materialized attention under
+ * ZeRO-3 the qkv layer's backward is the largest: its output gradient is fp32 there, so a bf16
+ * copy of it (N x 2304: 72 MiB), its bias gradient's partial sums (64 blocks of 256 rows x 2304
+ * floats, 0.5625 MiB) and the weight's bf16 copy (2304 x 768: 3.375 MiB), 76 MiB when rounded up
+ * (the LM head's bf16 copy of the embedding, 50304 x 768, is 73.7 MiB). Under fp32,
  * LayerNorm's partials (512 chunks of 32 rows, 2 x 768 floats each: 3 MiB) and the vector of
  * ones (64 KiB: 1 MiB). Plus cuBLASLt's 32 MiB. */
 START_TEST(test_device_buffers)
@@ -389,14 +391,14 @@ START_TEST(test_device_buffers)
   const double MiB = 1 << 20;
   const struct {
     dt_plan_precision_t prec;
-    int dp, zero;
+    int dp, zero, materialized;
     double mib;
-  } cases[] = {{DT_PLAN_BF16, 1, 0, 32 + 25},
-               {DT_PLAN_BF16, 8, 3, 32 + 74},
-               {DT_PLAN_FP32, 1, 0, 32 + 3 + 1},
-               {DT_PLAN_MIXED16, 1, 0, 0}};
+  } cases[] = {{DT_PLAN_BF16, 1, 0, 0, 32 + 205},
+               {DT_PLAN_BF16, 8, 3, 1, 32 + 76},
+               {DT_PLAN_FP32, 1, 0, 0, 32 + 3 + 1},
+               {DT_PLAN_MIXED16, 1, 0, 0, 0}};
   for (size_t k = 0; k < DT_ARRAY_SIZE(cases); k++) {
-    dt_plan_train_t tr = {1024, 16 * cases[k].dp, cases[k].prec, 0};
+    dt_plan_train_t tr = {1024, 16 * cases[k].dp, cases[k].prec, cases[k].materialized};
     dt_plan_layout_t l = {cases[k].dp, 1, 1, cases[k].zero, 16, 1, 0, 1};
     dt_plan_mem_t mem;
     dt_plan_memory(&m, &tr, &l, 0, &mem);
