@@ -22,6 +22,9 @@ static void make_model(dt_gpt2_t *m, const dt_gpt2_config_t *cfg, uint64_t seed,
   dt_rng_t r;
   dt_rng_seed(&r, seed);
   dt_rng_normal(&r, m->params_flat, m->num_params, 0.0f, 1.0f);
+  /* wte's padded rows zero, as every model holds them (dt_llmc_load sets them so) */
+  memset(m->params_flat + (size_t)cfg->vocab * cfg->channels, 0,
+         (size_t)(cfg->padded_vocab - cfg->vocab) * cfg->channels * sizeof(float));
   if (optim) {
     ck_assert_int_eq(dt_gpt2_alloc_optimizer(m), 0);
     dt_rng_normal(&r, m->m_flat, m->num_params, 0.0f, 0.1f);
@@ -111,6 +114,37 @@ START_TEST(test_llmc_round_trip)
   ck_assert_int_eq(dt_llmc_load(&b, path), 0);
   ck_assert_int_eq(memcmp(a.params_flat, b.params_flat, a.bytes_params), 0);
   ck_assert_int_eq(ut_count_entries(dir, ".tmp"), 0);
+  dt_gpt2_destroy(&a);
+  dt_gpt2_destroy(&b);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* wte's rows past the vocabulary come back zero whatever the file holds there (a NaN would reach
+ * every input gradient through a GPU's LM head, which runs over them); the rest as written. */
+START_TEST(test_llmc_padded_rows_zeroed)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/model.bin", dir);
+  dt_gpt2_t a, b;
+  make_model(&a, &TINY, 1, 0);
+  ck_assert_int_eq(dt_llmc_save(&a, path), 0);
+  const size_t C = (size_t)TINY.channels, lo = (size_t)TINY.vocab * C,
+               hi = (size_t)TINY.padded_vocab * C;
+  for (size_t i = lo; i < hi; i++) /* the saved padding is zero */
+    ck_assert(a.params_flat[i] == 0.0f);
+  FILE *fp = fopen(path, "r+b");
+  ck_assert_ptr_nonnull(fp);
+  const float junk[2] = {NAN, 3.0f};
+  ck_assert_int_eq(fseek(fp, (long)(256 * 4 + lo * 4), SEEK_SET), 0);
+  ck_assert_int_eq(fwrite(junk, sizeof junk[0], 2, fp), 2);
+  ck_assert_int_eq(fseek(fp, (long)(256 * 4 + (hi - 1) * 4), SEEK_SET), 0);
+  ck_assert_int_eq(fwrite(junk, sizeof junk[0], 1, fp), 1);
+  fclose(fp);
+  make_model(&b, &TINY, 2, 0);
+  ck_assert_int_eq(dt_llmc_load(&b, path), 0);
+  ck_assert_int_eq(memcmp(a.params_flat, b.params_flat, a.bytes_params), 0);
   dt_gpt2_destroy(&a);
   dt_gpt2_destroy(&b);
   ut_rm_rf(dir);
@@ -836,6 +870,7 @@ static Suite *checkpoint_suite(void)
   Suite *s = suite_create("checkpoint");
   TCase *t = tcase_create("llmc");
   tcase_add_test(t, test_llmc_round_trip);
+  tcase_add_test(t, test_llmc_padded_rows_zeroed);
   tcase_add_test(t, test_llmc_bad_files);
   tcase_add_test(t, test_llmc_config_mismatch);
   suite_add_tcase(s, t);

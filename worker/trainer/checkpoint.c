@@ -121,6 +121,24 @@ static int config_mismatch(const char *path, const dt_gpt2_config_t *want,
   return DT_ESHAPE;
 }
 
+/* wte's rows past the vocabulary (the file's first tensor, padded_vocab x channels) set to zero,
+ * as llm.c's own files and distrain's initialisation hold them: no token reads them, but a GPU's
+ * LM head runs over the padded vocabulary (ops.h's padded_head), where a NaN there would reach
+ * every input gradient. Other values are said. */
+static void zero_padded_rows(const char *path, const dt_gpt2_config_t *c, float *wte)
+{
+  size_t changed = 0;
+  for (size_t i = (size_t)c->vocab * c->channels; i < (size_t)c->padded_vocab * c->channels; i++) {
+    changed += wte[i] != 0.0f; /* NaN too */
+    wte[i] = 0.0f;
+  }
+  if (changed)
+    DT_WARN(CKPT,
+            "%s: %zu values of wte's padded rows [%d, %d) were not zero; set to zero (no token "
+            "reads them)",
+            path, changed, c->vocab, c->padded_vocab);
+}
+
 int dt_llmc_load(dt_gpt2_t *m, const char *path)
 {
   int ret = 0;
@@ -144,11 +162,15 @@ int dt_llmc_load(dt_gpt2_t *m, const char *path)
   if (fread(global, sizeof(float), m->global_params, fp) != m->global_params) {
     DT_ERROR(CKPT, "%s: short read of %zu parameters", path, m->global_params);
     ret = DT_EIO;
-  } else if (global != m->params_flat) {
+    goto done;
+  }
+  zero_padded_rows(path, &cfg, global);
+  if (global != m->params_flat) {
     ret = dt_gpt2_load_global(m, global);
   } else {
     dt_gpt2_params_written(m);
   }
+done:
   if (global != m->params_flat)
     dt_free_aligned(global);
 out:
