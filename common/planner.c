@@ -301,14 +301,18 @@ static double linear_ws(double rows, double OC, double IN, int weight_copy, int 
 /* The bf16 flash attention backward's workspace request (kernels/cuda/flash_mma.cuh,
  * fmma_backward_ws) for B sequences of NH heads, Tq queries from position q0: D (B NH Tq floats,
  * 256-byte aligned), then one group's score gradients in bf16 tiles of 64 keys x 64 queries (the
- * key blocks' tiles from the diagonal's on), batch elements in groups whose tiles stay within
- * 1 GiB. */
+ * key blocks' tiles from the diagonal's on): sequences in balanced groups within 1 GiB of tiles,
+ * else one sequence's heads so, else (one head's past 1 GiB: T over 32768) none. */
 static double flash_bf16_ws(double B, double NH, double Tq, double q0)
 {
+  const double GiB = 1024.0 * 1024 * 1024, d = round_up(B * NH * Tq * 4, 256);
   const double nqt = ceil(Tq / 64), nkb = ceil((q0 + Tq) / 64), s = DT_MAX(0, nkb - ceil(q0 / 64));
-  const double per_b = NH * (nkb * nqt - s * (s - 1) / 2) * 64 * 64 * 2;
-  const double groups = ceil(B * per_b / (1024.0 * 1024 * 1024));
-  return round_up(B * NH * Tq * 4, 256) + ceil(B / groups) * per_b;
+  const double per_h = (nkb * nqt - s * (s - 1) / 2) * 64 * 64 * 2;
+  if (per_h > GiB)
+    return d;
+  if (NH * per_h <= GiB)
+    return d + ceil(B / ceil(B * NH * per_h / GiB)) * NH * per_h;
+  return d + ceil(NH / ceil(NH * per_h / GiB)) * per_h;
 }
 
 /* What a GPU trainer allocates beside its tensors (planner.h), bytes. */

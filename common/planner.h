@@ -95,8 +95,9 @@
  *   2 C ceil(N / max(32, ceil(N / 1024))) floats; flash attention's D, b (a/t) s floats (s/2
  *   under cp, which runs each chunk apart), under bf16 followed (256-byte aligned) by the
  *   backward's score gradients: per sequence and head the bf16 tiles of 64 keys x 64 queries
- *   on and below the diagonal (136 at s 1024: 1.1 MB; rank 0's last chunk under cp), batch
- *   elements in groups within 1 GiB of tiles; on the first stage the tokens sorted by row,
+ *   on and below the diagonal (136 at s 1024: 1.1 MB; rank 0's last chunk under cp), sequences
+ *   (else heads) in balanced groups within 1 GiB of tiles (none past s 32768, where the dq kernel
+ *   recomputes them); on the first stage the tokens sorted by row,
  *   2 min(n, Vp/t) + 1 + n ints (n = b s, halved under cp); under bf16 each linear layer's bf16
  *   copy of its output gradient (N OC values; the LM head's dlogits are bf16 already) with its
  *   bias gradient's partial sums (OC floats per 256 rows), plus under ZeRO-3 the weight's bf16

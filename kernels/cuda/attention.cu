@@ -130,8 +130,9 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
 }
 
 /* The tensor-core backward, gradients of type G from an output gradient of type O: the D kernel,
- * then per group of batch elements the dk/dv kernel and the dq kernel, the score gradients in the
- * workspace between them (fmma_backward_ws: D, then one group's dS^T tiles). */
+ * then per group of sequences or heads the dk/dv kernel and the dq kernel, the score gradients in
+ * the workspace between them (fmma_backward_ws: D, then one group's dS^T tiles), or where one
+ * head's tiles would not fit, the dk/dv kernel and the dq kernel that recomputes them. */
 template <int HSM, typename G, typename O>
 static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint16_t *qkv,
                          const uint16_t *out, const float *lse, int B, int Tq, int q0, int Tall,
@@ -142,25 +143,34 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint1
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, p.bytes, &ws));
   float *D = (float *)ws;
-  uint16_t *dsT = (uint16_t *)((char *)ws + p.ds_offset);
+  uint16_t *dsT = p.heads ? (uint16_t *)((char *)ws + p.ds_offset) : NULL;
   const float scale = 1.0f / sqrtf((float)(C / NH));
   const size_t C3 = 3 * (size_t)C;
   DT_CHECK(flash_launch(cu, fmma_backward_d_kernel<O>, dim3(fmma_d_blocks((size_t)B * Tq * NH)),
                         FMMA_THREADS, 0, D, dout, out, B, Tq, C, NH));
-  for (int b0 = 0; b0 < B; b0 += p.group) {
-    const int bg = min(p.group, B - b0);
-    G *dg = dqkv + (size_t)b0 * Tall * C3;
-    const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
-    const size_t r = (size_t)b0 * NH * Tq; /* the group's first row of D and lse */
-    DT_CHECK(flash_launch(
-        cu, fmma_backward_dkdv_kernel<HSM, G, O>, flash_grid(fmma_blocks(q0 + Tq), bg, NH),
-        FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(), dg, dsT, (const float *)D + r,
-        dout + (size_t)b0 * Tq * C, qg, lse + r, Tq, q0, Tall, C, NH, scale, add));
-    DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>,
-                          flash_grid(fmma_mt_blocks<HSM>(Tq), bg, NH), FMMA_THREADS,
-                          fmma_dq_smem_bytes<HSM>(), dg, (const uint16_t *)dsT, qg, Tq, q0, Tall, C,
-                          NH, scale, add));
-  }
+  const int heads = p.heads ? p.heads : NH;
+  for (int b0 = 0; b0 < B; b0 += p.seqs)
+    for (int h0 = 0; h0 < NH; h0 += heads) {
+      const int bn = min(p.seqs, B - b0), hn = min(heads, NH - h0);
+      G *dg = dqkv + (size_t)b0 * Tall * C3;
+      const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
+      const O *gg = dout + (size_t)b0 * Tq * C;
+      const size_t r = (size_t)b0 * NH * Tq; /* the group's first row of D and lse */
+      DT_CHECK(flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
+                            flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS,
+                            fmma_dkdv_smem_bytes<HSM>(), dg, dsT, (const float *)D + r, gg, qg,
+                            lse + r, Tq, q0, Tall, C, NH, h0, scale, add));
+      if (dsT)
+        DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>,
+                              flash_grid(fmma_mt_blocks<HSM>(Tq), bn, hn), FMMA_THREADS,
+                              fmma_dq_smem_bytes<HSM>(), dg, (const uint16_t *)dsT, qg, Tq, q0,
+                              Tall, C, NH, h0, scale, add));
+      else
+        DT_CHECK(flash_launch(cu, fmma_backward_dq_recompute_kernel<HSM, G, O>,
+                              flash_grid(fmma_blocks(Tq), bn, hn), FMMA_THREADS,
+                              fmma_smem_bytes<HSM>(6, 0), dg, (const float *)D + r, gg, qg, lse + r,
+                              Tq, q0, Tall, C, NH, scale, add));
+    }
   return 0;
 }
 

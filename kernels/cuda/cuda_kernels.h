@@ -43,8 +43,9 @@ long dt_cuda_lt_fallbacks(const dt_device_t *dev);
  * make it small). */
 size_t dt_cuda_stage_bytes(const dt_device_t *dev);
 void dt_cuda_set_stage_max(dt_device_t *dev, size_t bytes);
-/* The bf16 flash attention backward keeps the score gradients of as many sequences at a time as
- * fit this many bytes (one at least; 0: the default, 1 GiB; tests make it small). */
+/* The bf16 flash attention backward keeps the score gradients of as many sequences (else heads)
+ * at a time as fit this many bytes, or where one head's do not, recomputes them (0: the default,
+ * 1 GiB; tests make it small). */
 void dt_cuda_set_flash_ws_max(dt_device_t *dev, size_t bytes);
 
 /* AdamW on device buffers, same contract as dt_cpu_adamw_update (kernels/ops.h), issued on the

@@ -122,9 +122,9 @@ __device__ static inline void dt_cp_async_wait_all(void)
  * to 64 (GPT-2's), n128 above. ptxas (sm_90, CUDA 13) then keeps the forward kernel within 168
  * registers a thread at hs 64 (3 blocks of 37 KiB of shared memory; its two row tiles a warp),
  * the dq and dk/dv kernels within 128 (4 blocks: their double-buffered tiles take 54 and 55 KiB;
- * dk/dv spills 8 bytes); at hs 128 the forward in 159 (3 blocks), the dq kernel in 158 (3 blocks
- * of 52 KiB) and the dk/dv kernel in 247-250 (2 blocks of 102 KiB). The warps of the other blocks
- * hide what the tiles' copies and barriers leave. */
+ * dk/dv spills 12-20 bytes); at hs 128 the forward in 159 (3 blocks), the dq kernel in 158 (3
+ * blocks of 52 KiB) and the dk/dv kernel in 242-253 (2 blocks of 102 KiB). The warps of the other
+ * blocks hide what the tiles' copies and barriers leave. */
 #define FMMA_MIN_BLOCKS(HSM, n64, n128) ((HSM) <= 64 ? (n64) : (n128))
 /* The forward and dq kernels' row tiles a warp (FA2's layout at hs 64): each K and V fragment
  * read from shared memory then serves FMMA_MT 16-row tiles, half the shared-memory reads an mma
@@ -134,7 +134,8 @@ __device__ static inline void dt_cp_async_wait_all(void)
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
  * and v; dq: k and its FMMA_MT dS^T tiles (64 x 64: FMMA_LD(64) rows), twice (double buffered);
- * dk/dv: k, v, and q, dout and the tile's lse and D twice. */
+ * dk/dv: k, v, and q, dout and the tile's lse and D twice; the recomputing dq kernel: q, dout,
+ * and k and v twice (fmma_smem_bytes<HSM>(6, 0)). */
 template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats)
 {
   return (size_t)tiles * FMMA_ROWS * FMMA_LD(HSM) * 2 + (size_t)floats * sizeof(float);
@@ -171,9 +172,11 @@ template <int HSM> static inline unsigned fmma_mt_blocks(int rows)
  * key block kb writes for each query tile qt (of 64 chunk rows) it reaches: qt from
  * max(0, kb - a), a = ceil(q0 / 64), to nqt - 1 (the tile holding position 64 kb, the diagonal's,
  * on). A (b, h) has FMMA_DS_BEFORE(nkb, nqt, a) tiles, ordered by kb then qt; the dq kernel of
- * query tile qt reads tile (kb, qt) for every key block up to its last row. Batch elements are
- * processed in groups whose tiles stay within max_bytes (FMMA_DS_MAX_BYTES by default): at GPT-2
- * 124M's T 1024, 136 tiles of 8 KiB a head, 1.7 GB for batch 128 in one group, so two. ---- */
+ * query tile qt reads tile (kb, qt) for every key block up to its last row. The tiles of a group
+ * of sequences (or, where one sequence's do not fit, of heads) at a time stay within max_bytes
+ * (FMMA_DS_MAX_BYTES by default): at GPT-2 124M's T 1024, 136 tiles of 8 KiB a head, 1.7 GB for
+ * batch 128, so two groups. Past T 32768 one head's tiles (T^2 bytes) do not fit, and the dq
+ * kernel recomputes the scores instead (fmma_backward_dq_recompute_kernel). ---- */
 #define FMMA_DS_TILE      (FMMA_ROWS * FMMA_ROWS)
 #define FMMA_DS_MAX_BYTES ((size_t)1 << 30)
 /* The tiles of one (b, h) before key block kb's: kb nqt less the query tiles the key blocks
@@ -182,11 +185,12 @@ template <int HSM> static inline unsigned fmma_mt_blocks(int rows)
   ((size_t)(kb) * (size_t)(nqt) -                                                                  \
    ((kb) > (a) ? (size_t)((kb) - (a)) * (size_t)((kb) - (a)-1) / 2 : (size_t)0))
 
-/* A backward's workspace: D at its start, the tiles from ds_offset (256-byte aligned), batch
- * elements `group` at a time (the last group may be smaller), bytes in all. */
+/* A backward's workspace: D at its start, the tiles from ds_offset (256-byte aligned), `seqs`
+ * sequences times `heads` heads at a time (the last groups may be smaller; heads 0: no tiles, the
+ * dq kernel recomputes), bytes in all. */
 struct fmma_ws_plan {
   size_t ds_offset, bytes;
-  int group;
+  int seqs, heads;
 };
 
 static inline fmma_ws_plan fmma_backward_ws(int B, int Tq, int q0, int NH,
@@ -194,12 +198,20 @@ static inline fmma_ws_plan fmma_backward_ws(int B, int Tq, int q0, int NH,
 {
   const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS;
   const int a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
-  const size_t per_b = (size_t)NH * FMMA_DS_BEFORE(nkb, nqt, a) * FMMA_DS_TILE * sizeof(uint16_t);
-  const size_t groups = ((size_t)B * per_b + max_bytes - 1) / max_bytes;
+  const size_t per_h = FMMA_DS_BEFORE(nkb, nqt, a) * FMMA_DS_TILE * sizeof(uint16_t);
   fmma_ws_plan p;
   p.ds_offset = ((size_t)B * NH * Tq * sizeof(float) + 255) / 256 * 256;
-  p.group = (int)(((size_t)B + groups - 1) / groups);
-  p.bytes = p.ds_offset + (size_t)p.group * per_b;
+  p.seqs = 1, p.heads = 0;
+  if (per_h > max_bytes) { /* not one head: recompute */
+    p.seqs = B;
+  } else if ((size_t)NH * per_h <= max_bytes) { /* whole sequences, in balanced groups */
+    const size_t groups = ((size_t)B * NH * per_h + max_bytes - 1) / max_bytes;
+    p.seqs = (int)(((size_t)B + groups - 1) / groups), p.heads = NH;
+  } else { /* one sequence's heads, in balanced groups */
+    const size_t groups = ((size_t)NH * per_h + max_bytes - 1) / max_bytes;
+    p.heads = (int)(((size_t)NH + groups - 1) / groups);
+  }
+  p.bytes = p.ds_offset + (size_t)p.seqs * p.heads * per_h;
   return p;
 }
 
@@ -699,25 +711,26 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
     Dbuf[((bt / Tq) * NH + h) * Tq + bt % Tq] = D;
 }
 
-/* Grid flash_grid(fmma_blocks(q0 + Tq), B, NH), FMMA_THREADS threads, fmma_dkdv_smem_bytes<HSM>(),
- * after the D kernel (Dbuf): adds the key and value gradients into dqkv (add false: writes them;
- * G = uint16_t: as bf16, never added) and stores the score gradients dS^T of its key block,
- * rounded to bf16 as the products take them, into its tiles of dsT (the workspace's, of these
- * batch elements) for the dq kernel. O: dout's type (float, rounded to bf16 as it is loaded;
+/* Grid flash_grid(fmma_blocks(q0 + Tq), B, heads), FMMA_THREADS threads,
+ * fmma_dkdv_smem_bytes<HSM>(), after the D kernel (Dbuf): block (x, y, b) works on head h0 + y of
+ * sequence b. Adds the key and value gradients into dqkv (add false: writes them; G = uint16_t:
+ * as bf16, never added) and, where dsT is not NULL, stores the score gradients dS^T of its key
+ * block, rounded to bf16 as the products take them, into its tiles of dsT (the workspace's, of
+ * this group of heads) for the dq kernel. O: dout's type (float, rounded to bf16 as it is loaded;
  * uint16_t: bf16 values, read as they are). The query tiles (q, dout, lse log2 e and D) are
  * double buffered: the next step's land while this one's are used. */
 template <int HSM, typename G, typename O>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
     fmma_backward_dkdv_kernel(G *dqkv, uint16_t *dsT, const float *Dbuf, const O *dout,
                               const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall,
-                              int C, int NH, float scale, bool add)
+                              int C, int NH, int h0, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
   uint16_t *ks = (uint16_t *)smem_f, *vs = ks + TILE, *qg = vs + TILE; /* qg: q, dout; q, dout */
   float *lD = (float *)(qg + 4 * TILE); /* lse log2 e, D; lse log2 e, D (FMMA_ROWS each) */
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
+  const int b = blockIdx.z, h = h0 + blockIdx.y, bh = b * NH + h, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
@@ -741,11 +754,13 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   const int tfirst = max(k0 - q0, 0) / FMMA_ROWS * FMMA_ROWS;
   load_queries(tfirst, 0);
   const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
-  uint16_t *ds = dsT +
-                 ((size_t)bh * FMMA_DS_BEFORE((int)gridDim.x, nqt, a) +
-                  FMMA_DS_BEFORE((int)blockIdx.x, nqt, a) - tfirst / FMMA_ROWS) *
-                     (size_t)FMMA_DS_TILE +
-                 16 * warp * FMMA_ROWS; /* + qt tiles: query tile qt's, at the warp's keys */
+  const size_t gh = (size_t)blockIdx.z * gridDim.y + blockIdx.y; /* (b, h) in the group */
+  uint16_t *ds = dsT ? dsT +
+                           (gh * FMMA_DS_BEFORE((int)gridDim.x, nqt, a) +
+                            FMMA_DS_BEFORE((int)blockIdx.x, nqt, a) - tfirst / FMMA_ROWS) *
+                               (size_t)FMMA_DS_TILE +
+                           16 * warp * FMMA_ROWS /* + qt tiles: query tile qt's, the warp's keys */
+                     : NULL;
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   float dk[NO][4] = {}, dv[NO][4] = {};
   for (int t0 = tfirst, buf = 0; t0 < Tq; t0 += FMMA_ROWS, buf ^= 1) {
@@ -775,7 +790,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
       fmma_frag_p<2>(pa, s);
       fmma_pv<HSM, 2>(dv, pa, gs + tq * LD);
       fmma_frag_p<2>(pa, dp);
-      fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE + tq, pa);
+      if (ds)
+        fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE + tq, pa);
       fmma_pv<HSM, 2>(dk, pa, qs + tq * LD);
     }
   }
@@ -789,31 +805,31 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   }
 }
 
-/* Grid flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH), FMMA_THREADS threads,
- * fmma_dq_smem_bytes<HSM>(), after the dk/dv kernel: adds the query gradients dq = scale dS K
- * into dqkv (add false: writes them; G = uint16_t: as bf16, never added), dS from the dk/dv
- * kernel's tiles dsT (the workspace's, of these batch elements). Each warp owns MT = FMMA_MT(HSM)
+/* Grid flash_grid(fmma_mt_blocks<HSM>(Tq), B, heads), FMMA_THREADS threads,
+ * fmma_dq_smem_bytes<HSM>(), after the dk/dv kernel, on its heads: adds the query gradients
+ * dq = scale dS K into dqkv (add false: writes them; G = uint16_t: as bf16, never added), dS from
+ * the dk/dv kernel's tiles dsT. Each warp owns MT = FMMA_MT(HSM)
  * tiles of 16 query rows; a tile of K and the block's MT dS^T tiles stream through shared memory,
  * double buffered (a tile the dk/dv kernel did not write, past the diagonal or the last query
  * tile, is zeros). */
 template <int HSM, typename G>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3))
     fmma_backward_dq_kernel(G *dqkv, const uint16_t *dsT, const uint16_t *qkv, int Tq, int q0,
-                            int Tall, int C, int NH, float scale, bool add)
+                            int Tall, int C, int NH, int h0, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), LS = FMMA_LD(64), NO = HSM / 8, MT = FMMA_MT(HSM);
   constexpr int ROWS = FMMA_ROWS * MT, KT = FMMA_ROWS * LD, ST = FMMA_ROWS * LS, BUF = KT + MT * ST;
   uint16_t *sm = (uint16_t *)smem_f; /* per buffer: K's tile, then the MT dS^T tiles */
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
-  const int b = blockIdx.z, h = blockIdx.y, hs = C / NH;
+  const int b = blockIdx.z, h = h0 + blockIdx.y, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *kbase = qkv + (size_t)b * Tall * C3 + (size_t)h * hs + C;
   const int r0 = fmma_query_block_row(ROWS), rend = min(r0 + ROWS, Tq), kend = q0 + rend;
   const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
   const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
-  const uint16_t *ds =
-      dsT + ((size_t)b * NH + h) * FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
+  const uint16_t *ds = dsT + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
+                                 FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
   /* key block kb's K and dS^T tiles into buffer buf */
   auto load = [&](int kb, int buf) {
     uint16_t *t = sm + buf * BUF;
@@ -854,6 +870,78 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3
       continue;
     fmma_store_row<NO>(dqkv + ((size_t)b * Tall + q0 + row) * C3 + (size_t)h * hs,
                        dq + NO * (j / 2), j % 2, scale, hs, add);
+  }
+}
+
+/* Grid flash_grid(fmma_blocks(Tq), B, NH), FMMA_THREADS threads, fmma_smem_bytes<HSM>(6, 0),
+ * after the D kernel, where the score gradients' tiles would not fit (fmma_backward_ws): adds the
+ * query gradients into dqkv as fmma_backward_dq_kernel does, with the same bits, recomputing S and
+ * dP (as the dk/dv kernel does) instead of reading dS: two products more. Its warps own 16 query
+ * rows; the key and value tiles are double buffered. */
+template <int HSM, typename G, typename O>
+__global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
+    fmma_backward_dq_recompute_kernel(G *dqkv, const float *Dbuf, const O *dout,
+                                      const uint16_t *qkv, const float *lse, int Tq, int q0,
+                                      int Tall, int C, int NH, float scale, bool add)
+{
+  DT_FLASH_SMEM(smem_f);
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
+  uint16_t *qs = (uint16_t *)smem_f, *gs = qs + TILE, *kv = gs + TILE; /* kv: K, V; K, V */
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
+  const size_t C3 = 3 * (size_t)C;
+  const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
+  const O *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
+  const int r0 = fmma_query_block_row(FMMA_ROWS), rend = min(r0 + FMMA_ROWS, Tq);
+  const int kend = q0 + rend;
+  const float sl2 = scale * FMMA_LOG2E;
+  fmma_load_async<HSM>(qs, base + (size_t)q0 * C3, C3, r0, Tq, hs);
+  fmma_load_async<HSM>(gs, gbase, C, r0, Tq, hs);
+  fmma_load_async<HSM>(kv, base + C, C3, 0, kend, hs);
+  fmma_load_async<HSM>(kv + TILE, base + 2 * C, C3, 0, kend, hs);
+  const int row[2] = {r0 + 16 * warp + g, r0 + 16 * warp + g + 8};
+  const int qpos[2] = {q0 + row[0], q0 + row[1]};
+  float D[2], L[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    D[i] = row[i] < Tq ? Dbuf[(size_t)bh * Tq + row[i]] : 0.0f;
+    L[i] = row[i] < Tq ? lse[(size_t)bh * Tq + row[i]] * FMMA_LOG2E : 0.0f;
+  }
+  float dq[NO][4] = {};
+  for (int j0 = 0, buf = 0; j0 < kend; j0 += FMMA_ROWS, buf ^= 1) {
+    DT_CP_ASYNC_WAIT_ALL();
+    __syncthreads(); /* this step's K and V (and q, dout) in place; the other pair is free */
+    if (j0 + FMMA_ROWS < kend) {
+      uint16_t *next = kv + 2 * (buf ^ 1) * TILE;
+      fmma_load_async<HSM>(next, base + C, C3, j0 + FMMA_ROWS, kend, hs);
+      fmma_load_async<HSM>(next + TILE, base + 2 * C, C3, j0 + FMMA_ROWS, kend, hs);
+    }
+    const uint16_t *ks = kv + 2 * buf * TILE, *vs = ks + TILE;
+    /* The tile's keys in two halves of 32, as the dk/dv kernel's query rows (same bits). */
+#pragma unroll 1
+    for (int jh = 0; jh < FMMA_ROWS; jh += 32) {
+      float s[4][4] = {}, dp[4][4] = {};
+      fmma_abt<HSM, 4>(s, qs + 16 * warp * LD, ks + jh * LD);
+      fmma_abt<HSM, 4>(dp, gs + 16 * warp * LD, vs + jh * LD);
+      auto at = [&](int i, int j, float *Li, float *Di) {
+        *Li = L[i], *Di = D[i];
+        return j0 + jh + j <= qpos[i];
+      };
+      if (j0 + jh + 31 > q0 + r0) /* a key after the block's first row */
+        fmma_dscores<true>(s, dp, sl2, at);
+      else
+        fmma_dscores<false>(s, dp, sl2, at);
+      uint32_t da[2][4];
+      fmma_frag_p<2>(da, dp);
+      fmma_pv<HSM, 2>(dq, da, ks + jh * LD);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    if (row[i] >= Tq)
+      continue;
+    fmma_store_row<NO>(dqkv + ((size_t)b * Tall + q0 + row[i]) * C3 + (size_t)h * hs, dq, i, scale,
+                       hs, add);
   }
 }
 

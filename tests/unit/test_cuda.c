@@ -1049,10 +1049,12 @@ START_TEST(test_attention_flash)
     check_attention_flash(2, 150, 48, 4, 3, bf16);   /* chunks of 50: q0 off the tiles */
     check_attention_flash(1, 1100, 128, 2, 2, bf16); /* hs 64, chunks of 550 */
   }
-  /* the bf16 backward's score gradients one sequence at a time (its workspace's groups) */
+  /* the bf16 backward's other workspace plans: the score gradients of one head at a time (6
+   * tiles of 8 KiB at T 130), and none (the dq kernel recomputes them) */
+  dt_cuda_set_flash_ws_max(g_gpu, 6 * 8192);
+  check_attention_flash(3, 130, 128, 2, 1, 1);
   dt_cuda_set_flash_ws_max(g_gpu, 1);
   check_attention_flash(2, 150, 48, 4, 3, 1);
-  check_attention_flash(3, 130, 128, 2, 1, 1);
   dt_cuda_set_flash_ws_max(g_gpu, 0);
   /* B * NH = 65600 heads, more than a grid's y or z may hold. The geometry (flash_grid) is the
    * same for both precisions; fp32 alone, since the emulated GPU takes minutes to run the

@@ -66,40 +66,47 @@ static void emul_mma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
-/* The D kernel, then per group of batch elements (fmma_backward_ws's, or `group` of them) the
- * dk/dv and dq kernels, the workspace's dS^T tiles between them. */
+/* The D kernel, then per group of sequences or heads (fmma_backward_ws's, with max_bytes) the
+ * dk/dv and dq kernels, the workspace's dS^T tiles between them, or the recomputing dq kernel. */
 template <int HSM, typename G, typename O>
 static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const uint16_t *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
-                              bool add, int group = 0)
+                              bool add, size_t max_bytes = FMMA_DS_MAX_BYTES)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
-  const fmma_ws_plan ws = fmma_backward_ws(B, Tq, q0, NH);
-  if (!group)
-    group = ws.group;
+  const fmma_ws_plan ws = fmma_backward_ws(B, Tq, q0, NH, max_bytes);
   std::vector<float> D((size_t)B * NH * Tq, NAN);
   /* the tiles over all-ones bits (NaN): a tile the dq kernel reads but no dk/dv block wrote fails
    */
-  std::vector<uint16_t> dsT((ws.bytes - ws.ds_offset) / sizeof(uint16_t) * group / ws.group + 8,
-                            (uint16_t)0xffff);
+  std::vector<uint16_t> tiles((ws.bytes - ws.ds_offset) / sizeof(uint16_t) + 8, (uint16_t)0xffff);
+  uint16_t *dsT = ws.heads ? tiles.data() : nullptr;
   launch(dim3(fmma_d_blocks((size_t)B * Tq * NH)), FMMA_THREADS, 0,
          [&] { fmma_backward_d_kernel<O>(D.data(), dout, out, B, Tq, C, NH); });
   const size_t C3 = 3 * (size_t)C;
-  for (int b0 = 0; b0 < B; b0 += group) {
-    const int bg = std::min(group, B - b0);
-    G *dg = dqkv + (size_t)b0 * Tall * C3;
-    const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
-    launch(flash_grid(fmma_blocks(q0 + Tq), bg, NH), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
-           [&] {
-             fmma_backward_dkdv_kernel<HSM, G, O>(
-                 dg, dsT.data(), D.data() + (size_t)b0 * NH * Tq, dout + (size_t)b0 * Tq * C, qg,
-                 lse + (size_t)b0 * NH * Tq, Tq, q0, Tall, C, NH, scale, add);
-           });
-    launch(flash_grid(fmma_mt_blocks<HSM>(Tq), bg, NH), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(),
-           [&] {
-             fmma_backward_dq_kernel<HSM, G>(dg, dsT.data(), qg, Tq, q0, Tall, C, NH, scale, add);
-           });
-  }
+  const int heads = ws.heads ? ws.heads : NH;
+  for (int b0 = 0; b0 < B; b0 += ws.seqs)
+    for (int h0 = 0; h0 < NH; h0 += heads) {
+      const int bn = std::min(ws.seqs, B - b0), hn = std::min(heads, NH - h0);
+      G *dg = dqkv + (size_t)b0 * Tall * C3;
+      const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
+      const O *gg = dout + (size_t)b0 * Tq * C;
+      const size_t r = (size_t)b0 * NH * Tq;
+      launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
+             [&] {
+               fmma_backward_dkdv_kernel<HSM, G, O>(dg, dsT, D.data() + r, gg, qg, lse + r, Tq, q0,
+                                                    Tall, C, NH, h0, scale, add);
+             });
+      if (dsT)
+        launch(flash_grid(fmma_mt_blocks<HSM>(Tq), bn, hn), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(),
+               [&] {
+                 fmma_backward_dq_kernel<HSM, G>(dg, dsT, qg, Tq, q0, Tall, C, NH, h0, scale, add);
+               });
+      else
+        launch(flash_grid(fmma_blocks(Tq), bn, hn), FMMA_THREADS, fmma_smem_bytes<HSM>(6, 0), [&] {
+          fmma_backward_dq_recompute_kernel<HSM, G, O>(dg, D.data() + r, gg, qg, lse + r, Tq, q0,
+                                                       Tall, C, NH, scale, add);
+        });
+    }
 }
 
 /* ---- The checks --------------------------------------------------------------------------- */
@@ -260,13 +267,19 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
                        0);
       emul_mma_backward<HSM>(dqkv_g.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
                              T, C, NH, add);
-      if (B > 1) { /* in groups of one batch element (the workspace's groups): the same bits */
-        std::vector<float> one(dqkv0.size(), NAN);
-        if (add)
-          one = dqkv0;
-        emul_mma_backward<HSM>(one.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq, q0, T,
-                               C, NH, add, 1);
-        ck_assert(memcmp(one.data(), dqkv_g.data(), one.size() * sizeof one[0]) == 0);
+      { /* the workspace's other plans, the same bits: one head's tiles at a time (one
+         * sequence where NH is 1), and none (the recomputing dq kernel) */
+        const fmma_ws_plan w = fmma_backward_ws(B, Tq, q0, NH);
+        const size_t per_h = (w.bytes - w.ds_offset) / ((size_t)w.seqs * w.heads);
+        for (size_t max_bytes : {per_h, (size_t)1}) {
+          ck_assert_int_eq(fmma_backward_ws(B, Tq, q0, NH, max_bytes).heads, max_bytes > 1);
+          std::vector<float> other(dqkv0.size(), NAN);
+          if (add)
+            other = dqkv0;
+          emul_mma_backward<HSM>(other.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq,
+                                 q0, T, C, NH, add, max_bytes);
+          ck_assert(memcmp(other.data(), dqkv_g.data(), other.size() * sizeof other[0]) == 0);
+        }
       }
       if (add) {
         expect_att_close("bf16 backward dqkv (+=)", minus(dqkv_g, dqkv0), minus(dqkv_h, dqkv0));

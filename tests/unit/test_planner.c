@@ -382,7 +382,11 @@ END_TEST
  * ZeRO-3 the qkv layer's backward is the largest: its output gradient is fp32 there, so a bf16
  * copy of it (N x 2304: 72 MiB), its bias gradient's partial sums (64 blocks of 256 rows x 2304
  * floats, 0.5625 MiB) and the weight's bf16 copy (2304 x 768: 3.375 MiB), 76 MiB when rounded up
- * (the LM head's bf16 copy of the embedding, 50304 x 768, is 73.7 MiB). Under fp32,
+ * (the LM head's bf16 copy of the embedding, 50304 x 768, is 73.7 MiB). One sequence of 16384:
+ * 256 x 257 / 2 = 32896 tiles a head (257 MiB), 12 heads past 1 GiB, so 4 groups of 3 heads:
+ * 771 MiB and D's 0.75, 772 MiB. Of 65536: a head's tiles (4 GiB) never fit, and the dq kernel
+ * recomputes; the largest request is then a projection's backward (a bf16 copy of its 65536 x 768
+ * output gradient, 96 MiB, and its bias gradient's partial sums, 0.75 MiB): 97 MiB. Under fp32,
  * LayerNorm's partials (512 chunks of 32 rows, 2 x 768 floats each: 3 MiB) and the vector of
  * ones (64 KiB: 1 MiB). Plus cuBLASLt's 32 MiB. */
 START_TEST(test_device_buffers)
@@ -391,15 +395,17 @@ START_TEST(test_device_buffers)
   const double MiB = 1 << 20;
   const struct {
     dt_plan_precision_t prec;
-    int dp, zero, materialized;
+    int dp, zero, materialized, seq, micro;
     double mib;
-  } cases[] = {{DT_PLAN_BF16, 1, 0, 0, 32 + 205},
-               {DT_PLAN_BF16, 8, 3, 1, 32 + 76},
-               {DT_PLAN_FP32, 1, 0, 0, 32 + 3 + 1},
-               {DT_PLAN_MIXED16, 1, 0, 0, 0}};
+  } cases[] = {
+      {DT_PLAN_BF16, 1, 0, 0, 1024, 16, 32 + 205},   {DT_PLAN_BF16, 8, 3, 1, 1024, 16, 32 + 76},
+      {DT_PLAN_FP32, 1, 0, 0, 1024, 16, 32 + 3 + 1}, {DT_PLAN_MIXED16, 1, 0, 0, 1024, 16, 0},
+      {DT_PLAN_BF16, 1, 0, 0, 16384, 1, 32 + 772},   {DT_PLAN_BF16, 1, 0, 0, 65536, 1, 32 + 97},
+  };
   for (size_t k = 0; k < DT_ARRAY_SIZE(cases); k++) {
-    dt_plan_train_t tr = {1024, 16 * cases[k].dp, cases[k].prec, cases[k].materialized};
-    dt_plan_layout_t l = {cases[k].dp, 1, 1, cases[k].zero, 16, 1, 0, 1};
+    dt_plan_train_t tr = {cases[k].seq, cases[k].micro * cases[k].dp, cases[k].prec,
+                          cases[k].materialized};
+    dt_plan_layout_t l = {cases[k].dp, 1, 1, cases[k].zero, cases[k].micro, 1, 0, 1};
     dt_plan_mem_t mem;
     dt_plan_memory(&m, &tr, &l, 0, &mem);
     ck_assert_msg(mem.device == cases[k].mib * MiB, "case %zu: %.4f MiB", k, mem.device / MiB);
