@@ -267,8 +267,9 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
                        0);
       emul_mma_backward<HSM>(dqkv_g.data(), dout_gp, qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
                              T, C, NH, add);
-      { /* the workspace's other plans, the same bits: one head's tiles at a time (one
-         * sequence where NH is 1), and none (the recomputing dq kernel) */
+      if (add == (cp > 1) && !dt_emul::g_cp_early) {
+        /* the workspace's other plans, the same bits: one head's tiles at a time (one sequence
+         * where NH is 1), and none (the recomputing dq kernel); once a shape */
         const fmma_ws_plan w = fmma_backward_ws(B, Tq, q0, NH);
         const size_t per_h = (w.bytes - w.ds_offset) / ((size_t)w.seqs * w.heads);
         for (size_t max_bytes : {per_h, (size_t)1}) {
