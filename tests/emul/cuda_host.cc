@@ -1291,15 +1291,27 @@ static void store(void *p, cudaDataType_t t, int64_t i, float v)
 static void gather(const mat_t &M, int64_t b, bool t, float *out)
 {
   const int64_t r = t ? M.cols : M.rows, c = t ? M.rows : M.cols, base = b * M.stride;
-  if (t) {
-    for (int64_t i = 0; i < r; i++)
-      for (int64_t l = 0; l < c; l++)
-        out[i * c + l] = load(M.p, M.type, base + l + i * M.ld);
-  } else {
-    for (int64_t l = 0; l < c; l++)
-      for (int64_t i = 0; i < r; i++)
-        out[i * c + l] = load(M.p, M.type, base + i + l * M.ld);
+  const int64_t si = t ? M.ld : 1, sl = t ? 1 : M.ld; /* (i, l)'s offset: i si + l sl */
+  const int64_t TB = 32; /* in tiles, so that neither side's accesses stride through memory */
+  for (int64_t i0 = 0; i0 < r; i0 += TB)
+    for (int64_t l0 = 0; l0 < c; l0 += TB)
+      for (int64_t i = i0; i < r && i < i0 + TB; i++)
+        for (int64_t l = l0; l < c && l < l0 + TB; l++)
+          out[i * c + l] = load(M.p, M.type, base + i * si + l * sl);
+}
+
+/* op(M) of batch b (t: M^T) by rows of contiguous values, *ld apart: M's own memory where it is
+ * fp32 and stored so (M^T's rows are M's columns), else a copy in buf (which may throw). */
+static const float *by_rows(const mat_t &M, int64_t b, bool t, std::vector<float> &buf, int64_t *ld)
+{
+  if (t && M.type == CUDA_R_32F) {
+    *ld = M.ld;
+    return (const float *)M.p + b * M.stride;
   }
+  buf.resize((size_t)(M.rows * M.cols));
+  gather(M, b, t, buf.data());
+  *ld = t ? M.rows : M.cols;
+  return buf.data();
 }
 
 /* The GELU's derivative at x (tanh approximation), the expression of kernels/cpu/gelu.c's
@@ -1313,43 +1325,101 @@ static float gelu_grad(float x)
   return 0.5f * (1.0f + th) + 0.5f * x * sech2 * s * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+/* The products' inner loops are not instrumented by the sanitizers (in their build they cost 70%
+ * of test_cuda_on_emul's time): every operand's extent is checked against its live allocation
+ * before a product runs (check_mat), and the results against the CPU's. */
+#define DT_EMUL_HOT_LOOP __attribute__((no_sanitize("address", "undefined")))
+
+/* sum_l x[l] y[l] over l = 0..k-1 in double, in DOT_LANES partial sums (l mod DOT_LANES) added
+ * at the end: the adds of one chain wait on each other, and a single chain made the emulated
+ * GPU's products the CI suites' largest cost. Each product of two floats is exact in double. */
+#define DOT_LANES 8
+DT_EMUL_HOT_LOOP static double dot(const float *x, const float *y, int64_t k)
+{
+  double s[DOT_LANES] = {};
+  int64_t l = 0;
+  for (; l + DOT_LANES <= k; l += DOT_LANES)
+#pragma GCC unroll 8
+    for (int u = 0; u < DOT_LANES; u++)
+      s[u] += (double)x[l + u] * (double)y[l + u];
+  for (; l < k; l++)
+    s[l % DOT_LANES] += (double)x[l] * (double)y[l];
+  double sum = 0.0;
+  for (int u = 0; u < DOT_LANES; u++)
+    sum += s[u];
+  return sum;
+}
+
 /* Batch b of D (m x n, ldd) = alpha op(A) op(B) + beta C (ldc), then the epilogue; C and D
  * point at batch b's matrices, both of type cd. Each element's sum runs over l = 0..k-1 in
- * double; the result is rounded to fp32 once (the bias added before, the GELU's derivative
+ * double (dot); the result is rounded to fp32 once (the bias added before, the GELU's derivative
  * multiplied after, as the cuBLAS fallback of matmul.cu does it: bias seeded into C,
  * gelu_backward_kernel on the stored product), then to a bf16 D's type. False when the host
  * is out of memory. */
+/* The sums of column bj (k values) with every row of op(A), as dot() sums them (the same
+ * bits), op(A) read in place: its element (i, l) at A.p's base + i si + l sl. lanes holds
+ * m DOT_LANES partial sums. For a product of a few columns, where copying op(A) would cost more
+ * than the product (the cuBLAS fallback stages a bf16 output one block of columns at a time). */
+DT_EMUL_HOT_LOOP static void sums_in_place(const mat_t &A, int64_t base, int64_t si, int64_t sl,
+                                           const float *bj, int64_t m, int64_t k, double *lanes,
+                                           double *out)
+{
+  std::fill(lanes, lanes + m * DOT_LANES, 0.0);
+  auto add = [&](int64_t i, int64_t l) {
+    lanes[i * DOT_LANES + l % DOT_LANES] +=
+        (double)load(A.p, A.type, base + i * si + l * sl) * (double)bj[l];
+  };
+  if (sl == 1) { /* along A's memory either way; each lane's terms in the order of l */
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t l = 0; l < k; l++)
+        add(i, l);
+  } else {
+    for (int64_t l = 0; l < k; l++)
+      for (int64_t i = 0; i < m; i++)
+        add(i, l);
+  }
+  for (int64_t i = 0; i < m; i++) {
+    double sum = 0.0;
+    for (int u = 0; u < DOT_LANES; u++)
+      sum += lanes[i * DOT_LANES + u];
+    out[i] = sum;
+  }
+}
+
 static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A, bool ta,
                     const mat_t &B, bool tb, float beta, const void *C, int64_t ldc, void *D,
                     int64_t ldd, cudaDataType_t cd, const epi_t &epi, int64_t b)
 {
   const bool reads_ab = alpha != 0.0f && k > 0;
-  std::vector<float> a, bt; /* op(A) by rows, op(B) by columns: k contiguous values each */
+  const bool in_place = reads_ab && n < 16 && !(ta && A.type == CUDA_R_32F);
+  std::vector<float> abuf, bbuf;
+  std::vector<double> lanes, col;
+  const float *a = NULL, *bt = NULL; /* op(A) by rows, op(B) by columns: k contiguous values each */
+  int64_t lda = 0, ldb = 0;
   try {
-    if (reads_ab) {
-      a.resize((size_t)(m * k));
-      bt.resize((size_t)(n * k));
+    if (reads_ab)
+      bt = by_rows(B, b, !tb, bbuf, &ldb); /* op(B)^T's rows are op(B)'s columns */
+    if (in_place) {
+      lanes.resize((size_t)(m * DOT_LANES));
+      col.resize((size_t)m);
+    } else if (reads_ab) {
+      a = by_rows(A, b, ta, abuf, &lda);
     }
   } catch (...) { /* no exception leaves this file: out of host memory is a status */
     return false;
   }
-  if (reads_ab) {
-    gather(A, b, ta, a.data());
-    gather(B, b, !tb, bt.data()); /* op(B)^T's rows are op(B)'s columns */
-  }
-  const int64_t JB = 8; /* columns per pass: each row of op(A) is read once per pass */
+  /* columns per pass: each row of op(A) is read once per pass (in place: one, into col) */
+  const int64_t JB = in_place ? 1 : 8;
   for (int64_t j0 = 0; j0 < n; j0 += JB) {
     const int64_t j1 = j0 + JB < n ? j0 + JB : n;
+    if (in_place) /* op(A)'s element (i, l): A's (l, i) (ta) or (i, l) */
+      sums_in_place(A, b * A.stride, ta ? A.ld : 1, ta ? 1 : A.ld, bt + j0 * ldb, m, k,
+                    lanes.data(), col.data());
     for (int64_t i = 0; i < m; i++) {
       for (int64_t j = j0; j < j1; j++) {
         double t = 0.0;
-        if (reads_ab) {
-          const float *ai = &a[(size_t)(i * k)], *bj = &bt[(size_t)(j * k)];
-          double acc = 0.0;
-          for (int64_t l = 0; l < k; l++)
-            acc += (double)ai[l] * (double)bj[l];
-          t = (double)alpha * acc;
-        }
+        if (reads_ab)
+          t = (double)alpha * (in_place ? col[i] : dot(a + i * lda, bt + j * ldb, k));
         if (beta != 0.0f)
           t += (double)beta * (double)load(C, cd, i + j * ldc);
         if (epi.kind == EPI_BIAS)

@@ -782,9 +782,9 @@ START_TEST(test_matmul_and_device_kernels)
 }
 END_TEST
 
-/* The sum of squares' two passes in double, on a grid of 7 blocks instead of norm.cu's fixed
- * SS_BLOCKS (262,144 emulated threads would take minutes here): the kernels take any grid, and
- * the grid-stride loop, the double block reduction and the final pass are the same code. */
+/* The sum of squares' two passes in double, on a grid of 7 blocks instead of norm.cu's
+ * ss_blocks(n) (25 here): the kernels take any grid, and the grid-stride loop, the double block
+ * reduction and the final pass are the same code. */
 START_TEST(test_sum_squares)
 {
   dt_rng_seed(&g_rng, 89);
