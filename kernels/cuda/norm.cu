@@ -7,8 +7,9 @@
  * fixed tree into one partial; then one block adds the partials in a fixed tree. The shape
  * depends on nothing but n and the constants of norm.cuh, so the result is bit-identical from
  * run to run and across GPU models. (A grid of SS_BLOCKS for any n made each small tensor's
- * call, one a tensor under tensor parallelism, a quarter of a million threads mostly idle.) The result goes to the host through the workspace, and is
- * complete when the entry returns (the stream is synchronised). */
+ * call, one a tensor under tensor parallelism, a quarter of a million threads mostly idle.) The
+ * result goes to the host through the workspace, and is complete when the entry returns (the stream
+ * is synchronised). */
 #include "cuda_impl.h"
 #include "norm.cuh"
 
