@@ -1291,13 +1291,15 @@ static void store(void *p, cudaDataType_t t, int64_t i, float v)
 static void gather(const mat_t &M, int64_t b, bool t, float *out)
 {
   const int64_t r = t ? M.cols : M.rows, c = t ? M.rows : M.cols, base = b * M.stride;
-  const int64_t si = t ? M.ld : 1, sl = t ? 1 : M.ld; /* (i, l)'s offset: i si + l sl */
-  const int64_t TB = 32; /* in tiles, so that neither side's accesses stride through memory */
-  for (int64_t i0 = 0; i0 < r; i0 += TB)
-    for (int64_t l0 = 0; l0 < c; l0 += TB)
-      for (int64_t i = i0; i < r && i < i0 + TB; i++)
-        for (int64_t l = l0; l < c && l < l0 + TB; l++)
-          out[i * c + l] = load(M.p, M.type, base + i * si + l * sl);
+  if (t) {
+    for (int64_t i = 0; i < r; i++)
+      for (int64_t l = 0; l < c; l++)
+        out[i * c + l] = load(M.p, M.type, base + l + i * M.ld);
+  } else {
+    for (int64_t l = 0; l < c; l++)
+      for (int64_t i = 0; i < r; i++)
+        out[i * c + l] = load(M.p, M.type, base + i + l * M.ld);
+  }
 }
 
 /* op(M) of batch b (t: M^T) by rows of contiguous values, *ld apart: M's own memory where it is
@@ -1334,6 +1336,14 @@ static float gelu_grad(float x)
  * at the end: the adds of one chain wait on each other, and a single chain made the emulated
  * GPU's products the CI suites' largest cost. Each product of two floats is exact in double. */
 #define DOT_LANES 8
+static double lane_sum(const double *s) /* the partial sums' total, in their order */
+{
+  double sum = 0.0;
+  for (int u = 0; u < DOT_LANES; u++)
+    sum += s[u];
+  return sum;
+}
+
 DT_EMUL_HOT_LOOP static double dot(const float *x, const float *y, int64_t k)
 {
   double s[DOT_LANES] = {};
@@ -1344,18 +1354,9 @@ DT_EMUL_HOT_LOOP static double dot(const float *x, const float *y, int64_t k)
       s[u] += (double)x[l + u] * (double)y[l + u];
   for (; l < k; l++)
     s[l % DOT_LANES] += (double)x[l] * (double)y[l];
-  double sum = 0.0;
-  for (int u = 0; u < DOT_LANES; u++)
-    sum += s[u];
-  return sum;
+  return lane_sum(s);
 }
 
-/* Batch b of D (m x n, ldd) = alpha op(A) op(B) + beta C (ldc), then the epilogue; C and D
- * point at batch b's matrices, both of type cd. Each element's sum runs over l = 0..k-1 in
- * double (dot); the result is rounded to fp32 once (the bias added before, the GELU's derivative
- * multiplied after, as the cuBLAS fallback of matmul.cu does it: bias seeded into C,
- * gelu_backward_kernel on the stored product), then to a bf16 D's type. False when the host
- * is out of memory. */
 /* The sums of column bj (k values) with every row of op(A), as dot() sums them (the same
  * bits), op(A) read in place: its element (i, l) at A.p's base + i si + l sl. lanes holds
  * m DOT_LANES partial sums. For a product of a few columns, where copying op(A) would cost more
@@ -1369,7 +1370,9 @@ DT_EMUL_HOT_LOOP static void sums_in_place(const mat_t &A, int64_t base, int64_t
     lanes[i * DOT_LANES + l % DOT_LANES] +=
         (double)load(A.p, A.type, base + i * si + l * sl) * (double)bj[l];
   };
-  if (sl == 1) { /* along A's memory either way; each lane's terms in the order of l */
+  /* along A's memory (l inner where it is contiguous in l, else i); either order adds each
+   * lane's terms in the order of l */
+  if (sl == 1) {
     for (int64_t i = 0; i < m; i++)
       for (int64_t l = 0; l < k; l++)
         add(i, l);
@@ -1378,14 +1381,16 @@ DT_EMUL_HOT_LOOP static void sums_in_place(const mat_t &A, int64_t base, int64_t
       for (int64_t i = 0; i < m; i++)
         add(i, l);
   }
-  for (int64_t i = 0; i < m; i++) {
-    double sum = 0.0;
-    for (int u = 0; u < DOT_LANES; u++)
-      sum += lanes[i * DOT_LANES + u];
-    out[i] = sum;
-  }
+  for (int64_t i = 0; i < m; i++)
+    out[i] = lane_sum(lanes + i * DOT_LANES);
 }
 
+/* Batch b of D (m x n, ldd) = alpha op(A) op(B) + beta C (ldc), then the epilogue; C and D
+ * point at batch b's matrices, both of type cd. Each element's sum runs over l = 0..k-1 in
+ * double (dot); the result is rounded to fp32 once (the bias added before, the GELU's derivative
+ * multiplied after, as the cuBLAS fallback of matmul.cu does it: bias seeded into C,
+ * gelu_backward_kernel on the stored product), then to a bf16 D's type. False when the host
+ * is out of memory. */
 static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A, bool ta,
                     const mat_t &B, bool tb, float beta, const void *C, int64_t ldc, void *D,
                     int64_t ldd, cudaDataType_t cd, const epi_t &epi, int64_t b)
