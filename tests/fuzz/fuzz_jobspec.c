@@ -114,6 +114,7 @@ static void trainer_accepts(const Distrain__V1__JobSpec *spec, char **argv, int 
           strcmp(o.attention ? o.attention : "flash", t->attention[0] ? t->attention : "flash") ==
               0,
       "the precision or attention changed on their way to the trainer:%s", flags);
+  dt_train_args_free(&o);
   free(full);
 }
 

@@ -272,6 +272,18 @@ run flag_skip "$TRAIN" --train "$DATA" --skip-steps 3,0
 expect_error flag_skip 2 "--skip-steps" "step numbers >= 1, comma-separated, got '3,0'"
 run flag_skip_empty "$TRAIN" --train "$DATA" --skip-steps 3,,4
 expect_error flag_skip_empty 2 "--skip-steps" "comma-separated, got '3,,4'"
+# However many rollbacks a job has had (max_restarts has no bound): 300 steps, of which step 2
+# is taken without an update (a fixed array of 256 once refused the list).
+SKIPS=2$(seq -s , 1000 1298 | sed 's/^/,/')
+run skip_many "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 3 --skip-steps "$SKIPS" \
+  --metrics "$T/skip.jsonl"
+if [[ $RC -eq 0 ]] && grep -q "step     2/3 | skipped: no update" "$T/skip_many.err" &&
+  [[ $(grep -c '"loss"' "$T/skip.jsonl") -eq 2 ]]; then
+  ok "--skip-steps with 300 steps: step 2 skipped, 2 steps trained"
+else
+  bad "--skip-steps with 300 steps: exit $RC"
+  tail -5 "$T/skip_many.err"
+fi
 run flag_unknown "$TRAIN" --train "$DATA" --frobnicate 3
 expect_error flag_unknown 2 "--frobnicate" "unknown"
 run flag_missing_arg "$TRAIN" --train "$DATA" --steps

@@ -218,11 +218,14 @@ static int cmp_i64(const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
-/* "10,57": positive step numbers, kept ascending in a static array. Every comma-separated
- * token must be one (an empty one is an error, as is a list past the array). */
+/* "10,57": positive step numbers, kept ascending in an array as long as the list needs (a
+ * rollback after each non-finite step adds one, within the job's max_restarts, which has no
+ * bound). Every comma-separated token must be one (an empty one is an error). */
 static int parse_skip_steps(const char *s, dt_train_opts_t *o)
 {
-  static int64_t steps[256];
+  int64_t *steps = malloc((strlen(s) / 2 + 1) * sizeof *steps); /* tokens of >= 1 char + ',' */
+  if (!steps)
+    return DT_ENOMEM;
   int n = 0;
   for (const char *p = s;;) {
     const char *comma = strchr(p, ',');
@@ -233,12 +236,12 @@ static int parse_skip_steps(const char *s, dt_train_opts_t *o)
       memcpy(tok, p, len);
       tok[len] = '\0';
     }
-    if (n == (int)(sizeof steps / sizeof *steps) || len == 0 || len >= sizeof tok ||
-        dt_parse_i64(tok, &v) != 0 || v < 1) {
+    if (len == 0 || len >= sizeof tok || dt_parse_i64(tok, &v) != 0 || v < 1) {
       fprintf(stderr,
-              "distrain-train: --skip-steps: expected at most %zu step numbers >= 1, "
-              "comma-separated, got '%s'\n",
-              sizeof steps / sizeof *steps, s);
+              "distrain-train: --skip-steps: expected step numbers >= 1, comma-separated, "
+              "got '%s'\n",
+              s);
+      free(steps);
       return DT_EINVAL;
     }
     steps[n++] = v;
@@ -247,9 +250,17 @@ static int parse_skip_steps(const char *s, dt_train_opts_t *o)
     p = comma + 1;
   }
   qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
+  dt_train_args_free(o); /* an earlier --skip-steps */
   o->skip_steps = steps;
   o->n_skip_steps = n;
   return 0;
+}
+
+void dt_train_args_free(dt_train_opts_t *o)
+{
+  free((void *)o->skip_steps);
+  o->skip_steps = NULL;
+  o->n_skip_steps = 0;
 }
 
 /* --profile or DISTRAIN_PROFILE (from names which): "S" or "S:N". */

@@ -112,8 +112,10 @@ int main(int argc, char **argv)
   reexec_for_blas(argv);
   dt_train_opts_default(&o);
   const int parsed = dt_train_parse_args(argc, argv, &o);
-  if (parsed != 0)
+  if (parsed != 0) {
+    dt_train_args_free(&o);
     return parsed == 1 ? 0 : 2; /* 1: --help */
+  }
   if (dt_link_open(&o.link) != 0)
     return 1;
   dt_kv_t kv;
@@ -130,5 +132,6 @@ int main(int argc, char **argv)
   if (have_kv == 1)
     dt_kv_file_destroy(&kv);
   dt_link_close(o.link);
+  dt_train_args_free(&o);
   return rc != 0;
 }
