@@ -35,13 +35,15 @@
 # H200 torch.compile took more than 240 s to compile it), each within GPU_BENCH_TIMEOUT seconds,
 # default 420, its profiled step's Chrome trace beside RESULTS (bench_gpu_<model>.trace.json);
 # 0: the tests only; only: the benchmark only; the benchmark also runs
-# tests/bench/bench_pipeline.py for p = 2 and 4 stages on the machine's CPU cores, skipped where
-# fewer than 4, within GPU_BENCH_TIMEOUT),
+# tests/bench/bench_attention.py, the flash attention kernels alone against PyTorch's SDPA,
+# within 180 s, and tests/bench/bench_pipeline.py for p = 2 and 4 stages on the machine's CPU
+# cores, skipped where fewer than 4, within GPU_BENCH_TIMEOUT),
 # GPU_BUDGET (seconds for the whole run, 0 or unset: none; with it no item starts once fewer
 # than GPU_MIN_LEFT seconds, default 30, are left, each is listed NOT RUN instead, and an item's
 # timeout is cut to what is left), GPU_FIRST (the names run first, in this order, before the
-# rest in their usual order; default "test_cuda test_golden_cuda bench_gpu_gpt2-124m": the
-# kernels against the CPU's, the trainer against the golden files, the headline benchmark),
+# rest in their usual order; default "test_cuda test_golden_cuda bench_gpu_gpt2-124m
+# bench_attention": the kernels against the CPU's, the trainer against the golden files, the
+# headline benchmark, the attention's share of it),
 # racecheck_flash follows the bundle's tests where it has test_cuda: the tensor-core flash
 # kernels' shared memory under compute-sanitizer's racecheck and synccheck
 # (tests/gpu/sanitize_flash.sh),
@@ -58,7 +60,7 @@ MAX_BYTES=$((60 * 1024 * 1024))
 TAIL_LINES=200
 # Binaries bundled besides the tests (when built), relative to the build directory: what a GPU
 # test that trains or starts daemons runs.
-EXTRA_BINS=(worker/trainer/distrain-train worker/trainer/distrain-prep
+EXTRA_BINS=(worker/trainer/distrain-train worker/trainer/distrain-prep tests/bench/bench_attention
   worker/agent/distrain-worker coordinator/distrain-coordinator coordinator/distrainctl)
 # Sonames never bundled: glibc and the loader, and the NVIDIA/CUDA libraries.
 GLIBC_RE='^(linux-vdso|linux-gate|ld-linux[^ ]*|libc|libm|libmvec|libpthread|libdl|librt|libutil|libresolv|libnsl|libanl|libBrokenLocale|libthread_db|libnss_[a-z]+)\.so'
@@ -548,10 +550,12 @@ cmd_run() {
         printf '%s\t77\t%s\t@B@/src\t-\t%s\n' "bench_gpu_$model" "${GPU_BENCH_TIMEOUT:-420}" \
           "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model --impls $impls --trace $(printf %q "$resdir/bench_gpu_$model.trace.json")"
       done
+      printf '%s\t77\t180\t@B@/src\t-\t%s\n' bench_attention \
+        "python3 @B@/src/tests/bench/bench_attention.py --build @B@/build"
       printf '%s\t77\t%s\t@B@/src\t-\t%s\n' bench_pipeline "${GPU_BENCH_TIMEOUT:-420}" \
         "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 2 4 --require-cores 4"
     fi
-  } | awk -F '\t' -v first="${GPU_FIRST-test_cuda test_golden_cuda bench_gpu_gpt2-124m}" '
+  } | awk -F '\t' -v first="${GPU_FIRST-test_cuda test_golden_cuda bench_gpu_gpt2-124m bench_attention}" '
     BEGIN { n = split(first, f, " "); for (i = 1; i <= n; i++) rank[f[i]] = i }
     { line[NR] = $0; key[NR] = ($1 in rank) ? rank[$1] : n + 1 }
     END { for (k = 1; k <= n + 1; k++) for (i = 1; i <= NR; i++) if (key[i] == k) print line[i] }

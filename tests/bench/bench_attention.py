@@ -1,0 +1,178 @@
+"""Benchmark: distrain's bf16 flash attention kernels against PyTorch's scaled_dot_product_attention.
+
+Runs tests/bench/bench_attention (the kernels alone on one GPU, each call timed by CUDA events)
+at each shape, and PyTorch's causal SDPA in bf16 at the same shape, forward and backward (q, k
+and v as views of one (B, T, 3C) tensor, as a GPT-2 layer makes them; the backward timed alone,
+after its forward), under PyTorch's own choice of backend and under each of its FlashAttention-2
+and cuDNN backends that runs here. distrain's backward is timed in both of its plans: the score
+gradients kept for a dq kernel of one product (what the trainer runs) and the dq kernel that
+recomputes them (its plan past T 32768).
+
+TFLOP/s count as FlashAttention's papers do: a causal forward 2 B NH T^2 hs, the backward 2.5
+times that. Each figure is the median of --iters calls after one warm-up call.
+
+    python3 tests/bench/bench_attention.py --build build [--model gpt2-124m gpt2-1.5b]
+        [--shape B,T,C,NH ...] [--iters 20] [--bin PATH] [--no-torch] [--check]
+
+--check fails (exit 1) unless each shape gave distrain's three passes with positive times (the
+emulated GPU's smoke test runs it so). Exit 77 where there is no GPU.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# Shapes as the 124M and 1.5B benchmarks train them (tests/bench/bench_gpu.py), at a batch whose
+# backward fits one workspace group.
+MODELS = {"gpt2-124m": (64, 1024, 768, 12), "gpt2-1.5b": (16, 1024, 1600, 25)}
+
+
+def shape_arg(text):
+    try:
+        b, t, c, nh = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B,T,C,NH, got {text!r}")
+    if min(b, t, c, nh) < 1 or c % nh:
+        raise argparse.ArgumentTypeError(f"{text}: positive, and NH dividing C")
+    return (b, t, c, nh)
+
+
+def fwd_flop(b, t, c, nh):
+    return 2.0 * b * nh * t * t * (c // nh)
+
+
+def run_distrain(binary, shape, iters):
+    """distrain's passes at shape: [(pass, plan, ms)], or None where there is no GPU."""
+    proc = subprocess.run([binary, *map(str, shape), str(iters)], capture_output=True, text=True)
+    if proc.returncode == 77:
+        return None
+    if proc.returncode != 0:
+        sys.exit(f"{binary} {' '.join(map(str, shape))}: exit {proc.returncode}\n{proc.stderr}")
+    rows = []
+    for line in proc.stdout.splitlines():
+        r = json.loads(line)
+        rows.append((r["pass"], "distrain" + ("" if r["plan"] == "-" else f" ({r['plan']})"),
+                     r["ms"]))
+    return rows
+
+
+def run_torch(shape, iters):
+    """PyTorch's SDPA at shape under each backend that runs: [(pass, impl, ms)], and a note."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return [], "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return [], "PyTorch sees no GPU"
+    if not hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.0 on
+        return [], f"PyTorch {torch.__version__} has no scaled_dot_product_attention"
+    b, t, c, nh = shape
+    hs = c // nh
+    qkv = torch.randn(b, t, 3 * c, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(b, nh, t, hs, device="cuda", dtype=torch.bfloat16)
+
+    def attend():
+        q, k, v = (x.view(b, t, nh, hs).transpose(1, 2) for x in qkv.split(c, dim=2))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def timed(fn):
+        times = []
+        for i in range(iters + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            if i:
+                times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    def measure(label):
+        ms_f = timed(attend)
+        state = {}
+
+        def backward():
+            torch.autograd.grad(state["out"], qkv, dout)
+
+        times = []
+        for i in range(iters + 1):
+            state["out"] = attend()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            backward()
+            end.record()
+            end.synchronize()
+            if i:
+                times.append(start.elapsed_time(end))
+        return [("forward", label, ms_f), ("backward", label, sorted(times)[len(times) // 2])]
+
+    rows = measure("torch sdpa (its choice)")
+    notes = [f"PyTorch {torch.__version__}, {torch.cuda.get_device_name()}"]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return rows, "; ".join(notes + ["no torch.nn.attention: one backend only"])
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                          ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None))):
+        if backend is None:
+            continue
+        try:
+            with sdpa_kernel([backend]):
+                rows += measure(f"torch sdpa ({name})")
+        except RuntimeError as e:  # the backend does not take this shape or GPU
+            notes.append(f"sdpa {name}: {str(e).splitlines()[0][:80]}")
+    return rows, "; ".join(notes)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--bin", help="the bench_attention binary (default BUILD/tests/bench/...)")
+    ap.add_argument("--model", nargs="+", choices=sorted(MODELS), default=None)
+    ap.add_argument("--shape", nargs="+", type=shape_arg, default=[])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    binary = a.bin or os.path.join(a.build, "tests", "bench", "bench_attention")
+    if not os.access(binary, os.X_OK):
+        print(f"{binary}: not built (only a build with CUDA makes it): skipped")
+        return 77
+    shapes = a.shape + [MODELS[m] for m in (a.model or ([] if a.shape else sorted(MODELS)))]
+
+    print("attention, bf16, causal; TFLOP/s as FlashAttention counts them (forward 2 B NH T^2 hs,"
+          " backward 2.5x); median of %d calls" % a.iters)
+    print("%-22s %-9s %-32s %9s %9s" % ("shape", "pass", "implementation", "ms", "TFLOP/s"))
+    for shape in shapes:
+        rows = run_distrain(binary, shape, a.iters)
+        if rows is None:
+            print("no GPU: skipped")
+            return 77
+        if a.check:
+            passes = sorted((p, impl) for p, impl, ms in rows if ms > 0)
+            want = [("backward", "distrain (dS tiles)"), ("backward", "distrain (recompute)"),
+                    ("forward", "distrain")]
+            if passes != want:
+                sys.exit(f"--check: {shape}: distrain's passes were {rows}")
+        note = ""
+        if not a.no_torch:
+            more, note = run_torch(shape, a.iters)
+            rows += more
+        label = "B%d T%d C%d NH%d" % shape
+        for p in ("forward", "backward"):
+            for pas, impl, ms in rows:
+                if pas == p:
+                    flop = fwd_flop(*shape) * (1.0 if p == "forward" else 2.5)
+                    print("%-22s %-9s %-32s %9.3f %9.1f" % (label, p, impl, ms, flop / ms / 1e9))
+                    label = ""
+        if note:
+            print("  (%s)" % note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
