@@ -227,8 +227,8 @@ class PipelineParallel(unittest.TestCase):
 
     def test_sampling_through_the_pipeline(self):
         """--sample through a pipeline (the last stage samples each token and sends it to the
-        others), composed with tp x dp under ZeRO-3 and with the interleaved schedule: the text
-        of one process trained on the same global batch."""
+        others), composed with tp x dp under ZeRO-3 and with the interleaved schedule, and under
+        sequence parallelism: the text of one process trained on the same global batch."""
         def sample(world, extra, batch=4):
             tag = "sample_%d_%s" % (batch, "_".join(extra))
             kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
@@ -248,6 +248,13 @@ class PipelineParallel(unittest.TestCase):
                                          "--pp-virtual", "2"), 4)):
             with self.subTest(extra=" ".join(extra)):
                 self.assertEqual(sample(world, extra), ref[batch])
+        # Sequence parallelism splits each window's rows among the tp ranks, padded to a multiple
+        # of tp: at seq 64 the windows grow from the 32-token prompt through odd lengths.
+        long = ("--seq", "64")
+        ref_long = sample(1, long)
+        for world, extra in ((2, ("--tp", "2", "--sp")), (4, ("--pp", "2", "--tp", "2", "--sp"))):
+            with self.subTest(extra=" ".join(long + extra)):
+                self.assertEqual(sample(world, long + extra), ref_long)
 
     def test_stage_dies_mid_training(self):
         """A stage killed mid-step: its neighbour fails at once with an error, not a hang."""
@@ -297,6 +304,14 @@ class PipelineParallel(unittest.TestCase):
             for rc, _, err in outs:
                 self.assertNotEqual(rc, 0)
                 self.assertIn(rule, err)
+        kv = os.path.join(self.tmp, "kv_bad_sample_sp")  # a window of 31 rows cannot split in 2
+        outs = dp.wait_all(dp.launch(2, lambda r: args(4, os.path.join(self.tmp, "bad.jsonl"))
+                                     + ["--tp", "2", "--sp", "--sample", "5", "--seq", "31"], kv),
+                           timeout=60)
+        for rc, _, err in outs:
+            self.assertNotEqual(rc, 0)
+            self.assertIn("--sample with sequence parallelism needs --seq (31) divisible by --tp "
+                          "(2)", err)
 
 
 if __name__ == "__main__":

@@ -405,14 +405,17 @@ static int last_logits(dt_gpt2_t *m, int tlen, float *row)
 /* Generates n tokens after a prompt taken from the start of the given batch; prints them
  * when print is set. Every rank runs the same forwards (collective under ZeRO-3 and tensor
  * parallelism; through the stages of a pipeline, whose last one samples each token and sends
- * it to the others) and draws from the same RNG state, so the text is the one process's. */
+ * it to the others) and draws from the same RNG state, so the text is the one process's. Under
+ * sequence parallelism, which splits a forward's rows among the tp ranks, each window runs
+ * padded to a multiple of tp with token 0 after its end (the causal mask keeps the padding out
+ * of the real positions' logits; the run checked that tp divides T). */
 static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
                     int print)
 {
   dt_gpt2_t *m = &t->model;
-  const int T = m->acts[0].T, V = m->cfg.vocab;
+  const int T = m->acts[0].T, V = m->cfg.vocab, pad_to = m->sp ? m->tp.tp : 1;
   text_out_t text = {.out = stdout, .byte_vocab = V == 256};
-  int *ctx = calloc((size_t)(plen + n), sizeof(int));
+  int *ctx = calloc((size_t)(plen + n + pad_to), sizeof(int)); /* zero past the text: padding */
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
   int ret = 0;
   if (!ctx || !row) {
@@ -426,13 +429,13 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
       text_token(&text, ctx[i]);
   }
   for (int len = plen; len < plen + n; len++) {
-    int start = len > T ? len - T : 0;
-    int tlen = len - start;
+    const int start = len > T ? len - T : 0, tlen = len - start;
+    const int rows = (tlen + pad_to - 1) / pad_to * pad_to; /* <= T */
     float unused, tok = 0.0f; /* a token id, exact in a float (V <= 65536) */
     if (t->pipe)
-      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, ctx + start, NULL, 1, tlen, &unused), ret, out);
+      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, ctx + start, NULL, 1, rows, &unused), ret, out);
     else
-      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, ctx + start, NULL, 1, tlen, 0.0f, &unused), ret,
+      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, ctx + start, NULL, 1, rows, 0.0f, &unused), ret,
                     out);
     if (m->stage.last) {
       DT_CHECK_GOTO(last_logits(m, tlen, row), ret, out);
@@ -941,10 +944,17 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
-  if ((mesh.cp > 1 || o->sequence_parallel) && o->sample_tokens > 0) {
-    DT_ERROR(TRAIN, "--sample: generating text with sequence or context parallelism is not "
-                    "supported; export the weights (--export-llmc) and sample from one process");
+  if (mesh.cp > 1 && o->sample_tokens > 0) {
+    DT_ERROR(TRAIN, "--sample: generating text with context parallelism is not supported; "
+                    "export the weights (--export-llmc) and sample from one process");
     return DT_ENOTSUP;
+  }
+  if (o->sequence_parallel && o->sample_tokens > 0 && o->seq % mesh.tp != 0) {
+    DT_ERROR(TRAIN,
+             "--sample with sequence parallelism needs --seq (%d) divisible by --tp (%d): each "
+             "window of text is split among the tp ranks",
+             o->seq, mesh.tp);
+    return DT_EINVAL;
   }
   t->cp = mesh.cp;
   t->seq = o->seq / mesh.cp; /* dt_plan_check: cp divides seq */
