@@ -12,15 +12,23 @@ TFLOP/s count as FlashAttention's papers do: a causal forward 2 B NH T^2 hs, the
 times that. Each figure is the median of --iters calls after one warm-up call.
 
     python3 tests/bench/bench_attention.py --build build [--model gpt2-124m gpt2-1.5b]
-        [--shape B,T,C,NH ...] [--iters 20] [--bin PATH] [--no-torch] [--check]
+        [--shape B,T,C,NH ...] [--iters 20] [--bin PATH] [--no-torch] [--check] [--ncu FILE]
 
 --check fails (exit 1) unless each shape gave distrain's three passes with positive times (the
 emulated GPU's smoke test runs it so). Exit 77 where there is no GPU.
+
+--ncu FILE: where Nsight Compute's ncu is installed (on PATH, under /usr/local/cuda or
+/opt/nvidia), also profiles one call of each of distrain's attention kernels at the first shape
+with a quarter of its batch (speed of light, occupancy, warp stall reasons, the shared-memory
+and pipe tables: what bounds each kernel) into FILE; without ncu, or where the machine denies
+access to the GPU's counters, FILE says so and the benchmark goes on.
 """
 
 import argparse
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -128,6 +136,45 @@ def run_torch(shape, iters):
     return rows, "; ".join(notes)
 
 
+NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats",
+                "MemoryWorkloadAnalysis_Tables", "ComputeWorkloadAnalysis")
+
+
+def find_ncu():
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda/bin/ncu", "/usr/local/cuda*/bin/ncu",
+                    "/opt/nvidia/nsight-compute/*/ncu"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def profile_kernels(binary, shape, path):
+    """One call of each of distrain's attention kernels under ncu, its report into path."""
+    ncu = find_ncu()
+    b, t, c, nh = shape
+    small = (max(1, b // 4), t, c, nh)
+    with open(path, "w") as f:
+        if not ncu:
+            f.write("no ncu (Nsight Compute) on this machine\n")
+            return "no ncu here"
+        cmd = [ncu, "--kernel-name", "regex:fmma_"]
+        for section in NCU_SECTIONS:
+            cmd += ["--section", section]
+        cmd += [binary, *map(str, small), "1"]
+        f.write("$ %s\n" % " ".join(cmd))
+        f.flush()
+        try:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=120)
+        except subprocess.TimeoutExpired:
+            f.write("\nncu: timed out after 120 s\n")
+            return "ncu timed out"
+    return "ncu report of B%d T%d C%d NH%d in %s (exit %d)" % (*small, path, proc.returncode)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -137,6 +184,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--ncu", metavar="FILE")
     a = ap.parse_args()
     binary = a.bin or os.path.join(a.build, "tests", "bench", "bench_attention")
     if not os.access(binary, os.X_OK):
@@ -171,6 +219,8 @@ def main():
                     label = ""
         if note:
             print("  (%s)" % note)
+    if a.ncu and shapes:
+        print(profile_kernels(binary, shapes[0], a.ncu))
     return 0
 
 
