@@ -25,6 +25,7 @@ access to the GPU's counters, FILE says so and the benchmark goes on.
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -86,53 +87,38 @@ def run_torch(shape, iters):
         q, k, v = (x.view(b, t, nh, hs).transpose(1, 2) for x in qkv.split(c, dim=2))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def timed(fn):
+    def timed(fn, setup=lambda: None):
+        """The median of iters timed calls fn(setup()), setup's work outside the events."""
         times = []
         for i in range(iters + 1):
+            arg = setup()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            fn(arg)
             end.record()
             end.synchronize()
             if i:
                 times.append(start.elapsed_time(end))
         return sorted(times)[len(times) // 2]
 
-    def measure(label):
-        ms_f = timed(attend)
-        state = {}
-
-        def backward():
-            torch.autograd.grad(state["out"], qkv, dout)
-
-        times = []
-        for i in range(iters + 1):
-            state["out"] = attend()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            backward()
-            end.record()
-            end.synchronize()
-            if i:
-                times.append(start.elapsed_time(end))
-        return [("forward", label, ms_f), ("backward", label, sorted(times)[len(times) // 2])]
-
-    rows = measure("torch sdpa (its choice)")
-    notes = [f"PyTorch {torch.__version__}, {torch.cuda.get_device_name()}"]
+    rows, notes = [], [f"PyTorch {torch.__version__}, {torch.cuda.get_device_name()}"]
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = [("flash", [SDPBackend.FLASH_ATTENTION])]
+        if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+            backends.append(("cudnn", [SDPBackend.CUDNN_ATTENTION]))
     except ImportError:
-        return rows, "; ".join(notes + ["no torch.nn.attention: one backend only"])
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
-                          ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None))):
-        if backend is None:
-            continue
+        backends = []
+        notes.append("no torch.nn.attention: its own choice of backend only")
+    for name, chosen in [("its choice", None)] + backends:
+        label = f"torch sdpa ({name})"
         try:
-            with sdpa_kernel([backend]):
-                rows += measure(f"torch sdpa ({name})")
-        except RuntimeError as e:  # the backend does not take this shape or GPU
-            notes.append(f"sdpa {name}: {str(e).splitlines()[0][:80]}")
+            with sdpa_kernel(chosen) if chosen else contextlib.nullcontext():
+                fwd = timed(lambda _: attend())
+                bwd = timed(lambda out: torch.autograd.grad(out, qkv, dout), attend)
+            rows += [("forward", label, fwd), ("backward", label, bwd)]
+        except Exception as e:  # the backend does not take this shape or GPU, or none is left
+            notes.append(f"sdpa {name}: {(str(e).splitlines() or [type(e).__name__])[0][:80]}")
     return rows, "; ".join(notes)
 
 
