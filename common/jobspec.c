@@ -1059,17 +1059,15 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
           "= %lld",
           training->batch, training->micro_batch, parallel->dp, per_step);
   }
-  if (training->sample > 0 && parallel->cp > 1)
-    bad(&v,
-        "training.sample (%d) needs parallel.cp 1 (got %d): text generation does not split "
-        "sequences among ranks",
-        training->sample, parallel->cp);
-  if (training->sample > 0 && parallel->sequence_parallel && parallel->tp > 0 &&
-      training->seq % parallel->tp != 0)
+  /* generated text runs in windows split as training sequences (distrain-train's --sample) */
+  if (training->sample > 0 && parallel->sequence_parallel && parallel->tp > 0 && parallel->cp > 0 &&
+      training->seq % ((parallel->cp > 1 ? 2 * parallel->cp : 1) * parallel->tp))
     bad(&v,
         "training.sample (%d) with parallel.sequence_parallel needs training.seq (%d) divisible "
-        "by parallel.tp (%d): each window of text is split among the tp ranks",
-        training->sample, training->seq, parallel->tp);
+        "by %s%d: each window of text is split as a training sequence",
+        training->sample, training->seq,
+        parallel->cp > 1 ? "2 x parallel.cp x parallel.tp = " : "parallel.tp = ",
+        (parallel->cp > 1 ? 2 * parallel->cp : 1) * parallel->tp);
   if (parallel->dp > 0 && parallel->tp > 0 && parallel->pp > 0 && parallel->cp > 0) {
     dt_mesh_t mesh = {
         .pp = parallel->pp, .dp = parallel->dp, .cp = parallel->cp, .tp = parallel->tp};

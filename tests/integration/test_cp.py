@@ -10,6 +10,7 @@ DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
     within 1e-5 relative, and the final weights within 1e-5 (relative L2);
   * every rank logs the sequence chunk it holds;
   * a cp=2 x dp=2 checkpoint resumes as one process on the same trajectory;
+  * --sample under cp=2, cp=4, cp=2 x tp=2 with --sp and cp=2 x pp=2 prints one process's text;
   * 2 x cp not dividing the sequence: a one-line error naming the rule, before any training.
 
     /usr/bin/python3 tests/integration/test_cp.py --build build
@@ -17,6 +18,7 @@ DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,30 @@ class ContextParallel(tp.OneProcessReference):
         subprocess.run(rest + ["--ckpt-dir", ckpt, "--resume"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.assert_losses(ref, dp.read_metrics(m1) + dp.read_metrics(m2), "cp2 x dp2 -> one")
+
+    def test_sampling(self):
+        """--sample under context parallelism: each window padded after its end to a multiple
+        of 2 cp (2 cp tp under --sp) and split as a training sequence, the rank holding its last
+        position sampling: the text of one process. At seq 64 the windows grow from the
+        32-token prompt through lengths that no such multiple divides; under cp=4 the padding
+        (up to 7) can exceed a chunk (5 positions at 40), so the last real position moves off
+        the last chunk's rank."""
+        def sample(world, extra):
+            tag = "sample_" + "_".join(a.strip("-") for a in extra)
+            a = dp.base_args(4, 1, os.path.join(self.tmp, tag + ".jsonl")) + [
+                "--seq", "64", "--sample", "24"] + list(extra)
+            outs = dp.wait_all(dp.launch(world, lambda r: a,
+                                         tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)))
+            dp.assert_ranks_ok(outs, tag)
+            text = re.search(r"---- sample.*?---- end of sample ----", outs[0][1], re.S)
+            self.assertTrue(text, "%s: rank 0 printed no sample:\n%s" % (tag, outs[0][1]))
+            return text.group(0)
+        ref = sample(1, ())
+        for world, extra in ((2, ("--cp", "2")), (4, ("--cp", "4")),
+                             (4, ("--cp", "2", "--tp", "2", "--sp")),
+                             (4, ("--cp", "2", "--pp", "2"))):
+            with self.subTest(extra=" ".join(extra)):
+                self.assertEqual(sample(world, extra), ref)
 
     def test_bad_input(self):
         m = os.path.join(self.tmp, "bad.jsonl")

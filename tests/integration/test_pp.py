@@ -310,8 +310,7 @@ class PipelineParallel(unittest.TestCase):
                            timeout=60)
         for rc, _, err in outs:
             self.assertNotEqual(rc, 0)
-            self.assertIn("--sample with sequence parallelism needs --seq (31) divisible by --tp "
-                          "(2)", err)
+            self.assertIn("--sample needs --seq (31) divisible by 2 (--tp under --sp)", err)
 
 
 if __name__ == "__main__":

@@ -722,12 +722,13 @@ static const struct {
     {{"model.layers=4096", "parallel.pp=4096", "model.max_seq=2097152", "training.seq=2097152",
       "parallel.cp=1048576"},
      "parallel: world size pp (4096) x dp (1) x cp (1048576) x tp (1) is too large"},
-    {{"training.sample=10", "parallel.cp=2"},
-     "training.sample (10) needs parallel.cp 1 (got 2): text generation does not split sequences "
-     "among ranks"},
     {{"training.sample=10", "parallel.tp=4", "parallel.sequence_parallel=true", "training.seq=254"},
      "training.sample (10) with parallel.sequence_parallel needs training.seq (254) divisible by "
-     "parallel.tp (4): each window of text is split among the tp ranks"},
+     "parallel.tp = 4: each window of text is split as a training sequence"},
+    {{"training.sample=10", "parallel.tp=2", "parallel.cp=2", "parallel.sequence_parallel=true",
+      "training.seq=252"},
+     "training.sample (10) with parallel.sequence_parallel needs training.seq (252) divisible by "
+     "2 x parallel.cp x parallel.tp = 8"},
     {{"checkpoint.dir="}, "checkpoint.dir must name a directory"},
     {{"checkpoint.every=-1"}, "checkpoint.every (-1) must be >= 0"},
     {{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},

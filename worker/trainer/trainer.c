@@ -279,14 +279,14 @@ static int from_last_stage(trainer_t *t, float *x)
   return t->pp > 1 ? dt_comm_broadcast(t->plan.pp, x, 1, t->pp - 1) : 0;
 }
 
-/* This rank's two chunks of each of a (B, T) batch's sequences into dst, half-major (2, B,
+/* This rank's two chunks of each of B sequences of T tokens into dst, half-major (2, B,
  * T/(2cp)): chunk cprank of every sequence, then chunk 2cp-1-cprank (gpt2.h, context
- * parallelism); with cp = 1 the batch itself. */
-static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
+ * parallelism); with cp = 1 the sequences themselves. */
+static const int *chunks_of(const trainer_t *t, const int *batch, int B, int T, int *dst)
 {
   if (t->cp == 1)
     return batch;
-  const int B = t->o->batch, T = t->o->seq, h = t->seq / 2;
+  const int h = T / (2 * t->cp);
   for (int j = 0; j < 2; j++) {
     const int c = j ? 2 * t->cp - 1 - t->cprank : t->cprank;
     for (int b = 0; b < B; b++)
@@ -294,6 +294,12 @@ static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
              (size_t)h * sizeof(int));
   }
   return dst;
+}
+
+/* chunks_of a training or validation batch */
+static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
+{
+  return chunks_of(t, batch, t->o->batch, t->o->seq, dst);
 }
 
 /* Mean validation loss over the first batches of the validation set; each data-parallel rank
@@ -378,17 +384,17 @@ static void text_token(text_out_t *o, int tok)
   text_drain(o, 0);
 }
 
-/* The last position's logits over the whole vocabulary into row (Vp floats), from the model's
+/* The logits of local row r over the whole vocabulary into row (Vp floats), from the model's
  * last chunk (slot 0): under tensor parallelism each rank holds a slice of the columns,
  * gathered for this one row only. Under bf16 compute they are bf16 values, bf16_bytes each:
  * 2-byte ones are widened here. */
-static int last_logits(dt_gpt2_t *m, int tlen, float *row)
+static int row_logits(dt_gpt2_t *m, int r, float *row)
 {
   const dt_gpt2_acts_t *a = &m->acts[m->slot_base[m->stage.chunks - 1]];
   const size_t Vp = (size_t)m->cfg.padded_vocab, Vl = Vp / (size_t)m->tp.tp;
   const size_t vb = a->logits16 ? m->ops->bf16_bytes : sizeof(float); /* a value's bytes */
   const char *mine = (const char *)(a->logits16 ? a->logits16 : (void *)a->logits);
-  mine += (size_t)(tlen - 1) * Vl * vb;
+  mine += (size_t)r * Vl * vb;
   if (m->tp.tp == 1)
     DT_CHECK(m->dev->copy(m->dev, row, mine, Vl * vb, DT_COPY_D2H));
   else /* a row of bf16 values is a whole number of floats (dt_gpt2_set_precision) */
@@ -402,20 +408,30 @@ static int last_logits(dt_gpt2_t *m, int tlen, float *row)
   return 0;
 }
 
+/* Rows a window of generated text is padded to a multiple of, so that it splits as a training
+ * sequence does: into 2 cp chunks under context parallelism, its rows among the tp ranks under
+ * sequence parallelism. */
+static int window_unit(int cp, int tp, int sp)
+{
+  return (cp > 1 ? 2 * cp : 1) * (sp ? tp : 1);
+}
+
 /* Generates n tokens after a prompt taken from the start of the given batch; prints them
  * when print is set. Every rank runs the same forwards (collective under ZeRO-3 and tensor
  * parallelism; through the stages of a pipeline, whose last one samples each token and sends
- * it to the others) and draws from the same RNG state, so the text is the one process's. Under
- * sequence parallelism, which splits a forward's rows among the tp ranks, each window runs
- * padded to a multiple of tp with token 0 after its end (the causal mask keeps the padding out
- * of the real positions' logits; the run checked that tp divides T). */
+ * it to the others) and draws from the same RNG state, so the text is the one process's. Each
+ * window runs padded after its end with token 0 to a multiple of window_unit (the causal mask
+ * keeps the padding out of the real positions' logits; the run checked that the unit divides
+ * the sequence length), split among the context-parallel ranks as training splits a sequence;
+ * the one holding the window's last position samples and sends the token to the others. */
 static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
                     int print)
 {
   dt_gpt2_t *m = &t->model;
-  const int T = m->acts[0].T, V = m->cfg.vocab, pad_to = m->sp ? m->tp.tp : 1;
+  const int T = t->o->seq, V = m->cfg.vocab, cp = t->cp;
+  const int unit = window_unit(cp, m->tp.tp, m->sp);
   text_out_t text = {.out = stdout, .byte_vocab = V == 256};
-  int *ctx = calloc((size_t)(plen + n + pad_to), sizeof(int)); /* zero past the text: padding */
+  int *ctx = calloc((size_t)(plen + n + unit), sizeof(int)); /* zero past the text: padding */
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
   int ret = 0;
   if (!ctx || !row) {
@@ -430,19 +446,30 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
   }
   for (int len = plen; len < plen + n; len++) {
     const int start = len > T ? len - T : 0, tlen = len - start;
-    const int rows = (tlen + pad_to - 1) / pad_to * pad_to; /* <= T */
+    const int rows = (tlen + unit - 1) / unit * unit; /* <= T */
+    const int *in = chunks_of(t, ctx + start, 1, rows, t->cp_inputs);
     float unused, tok = 0.0f; /* a token id, exact in a float (V <= 65536) */
     if (t->pipe)
-      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, ctx + start, NULL, 1, rows, &unused), ret, out);
+      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, in, NULL, 1, rows / cp, &unused), ret, out);
     else
-      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, ctx + start, NULL, 1, rows, 0.0f, &unused), ret,
+      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, in, NULL, 1, rows / cp, 0.0f, &unused), ret,
                     out);
-    if (m->stage.last) {
-      DT_CHECK_GOTO(last_logits(m, tlen, row), ret, out);
+    /* position tlen - 1: in chunk k of 2 cp (of h positions), which this rank holds as its
+     * first or second half */
+    int owner = 0, r = tlen - 1;
+    if (cp > 1) {
+      const int h = rows / (2 * cp), k = (tlen - 1) / h;
+      owner = k < cp ? k : 2 * cp - 1 - k;
+      r = (k < cp ? 0 : h) + (tlen - 1) % h;
+    }
+    if (m->stage.last && t->cprank == owner) {
+      DT_CHECK_GOTO(row_logits(m, r, row), ret, out);
       tok = (float)sample_token(row, V, temp, rng);
     } else {
       (void)dt_rng_uniform(rng); /* sample_token's one draw: the ranks' RNGs stay equal */
     }
+    if (cp > 1 && m->stage.last)
+      DT_CHECK_GOTO(dt_comm_broadcast(t->plan.cp, &tok, 1, owner), ret, out);
     DT_CHECK_GOTO(from_last_stage(t, &tok), ret, out);
     ctx[len] = (int)tok;
     if (print) {
@@ -944,16 +971,14 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     DT_ERROR(TRAIN, "%s", why);
     return DT_EINVAL;
   }
-  if (mesh.cp > 1 && o->sample_tokens > 0) {
-    DT_ERROR(TRAIN, "--sample: generating text with context parallelism is not supported; "
-                    "export the weights (--export-llmc) and sample from one process");
-    return DT_ENOTSUP;
-  }
-  if (o->sequence_parallel && o->sample_tokens > 0 && o->seq % mesh.tp != 0) {
+  const int unit = window_unit(mesh.cp, mesh.tp, o->sequence_parallel);
+  if (o->sample_tokens > 0 && o->seq % unit != 0) {
     DT_ERROR(TRAIN,
-             "--sample with sequence parallelism needs --seq (%d) divisible by --tp (%d): each "
-             "window of text is split among the tp ranks",
-             o->seq, mesh.tp);
+             "--sample needs --seq (%d) divisible by %d (%s): each window of text is split as a "
+             "training sequence",
+             o->seq, unit,
+             mesh.cp == 1 ? "--tp under --sp"
+                          : (o->sequence_parallel ? "2 x --cp x --tp under --sp" : "2 x --cp"));
     return DT_EINVAL;
   }
   t->cp = mesh.cp;
