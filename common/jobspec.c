@@ -1060,14 +1060,14 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
           training->batch, training->micro_batch, parallel->dp, per_step);
   }
   /* generated text runs in windows split as training sequences (distrain-train's --sample) */
-  if (training->sample > 0 && parallel->sequence_parallel && parallel->tp > 0 && parallel->cp > 0 &&
-      training->seq % ((parallel->cp > 1 ? 2 * parallel->cp : 1) * parallel->tp))
+  const long long text_unit = (parallel->cp > 1 ? 2LL * parallel->cp : 1LL) * parallel->tp;
+  if (training->sample > 0 && parallel->sequence_parallel && text_unit > 0 &&
+      training->seq % text_unit != 0)
     bad(&v,
         "training.sample (%d) with parallel.sequence_parallel needs training.seq (%d) divisible "
-        "by %s%d: each window of text is split as a training sequence",
+        "by %s%lld: each window of text is split as a training sequence",
         training->sample, training->seq,
-        parallel->cp > 1 ? "2 x parallel.cp x parallel.tp = " : "parallel.tp = ",
-        (parallel->cp > 1 ? 2 * parallel->cp : 1) * parallel->tp);
+        parallel->cp > 1 ? "2 x parallel.cp x parallel.tp = " : "parallel.tp = ", text_unit);
   if (parallel->dp > 0 && parallel->tp > 0 && parallel->pp > 0 && parallel->cp > 0) {
     dt_mesh_t mesh = {
         .pp = parallel->pp, .dp = parallel->dp, .cp = parallel->cp, .tp = parallel->tp};
