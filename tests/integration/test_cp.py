@@ -18,7 +18,6 @@ DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -93,12 +92,7 @@ class ContextParallel(tp.OneProcessReference):
             tag = "sample_" + "_".join(a.strip("-") for a in extra)
             a = dp.base_args(4, 1, os.path.join(self.tmp, tag + ".jsonl")) + [
                 "--seq", "64", "--sample", "24"] + list(extra)
-            outs = dp.wait_all(dp.launch(world, lambda r: a,
-                                         tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)))
-            dp.assert_ranks_ok(outs, tag)
-            text = re.search(r"---- sample.*?---- end of sample ----", outs[0][1], re.S)
-            self.assertTrue(text, "%s: rank 0 printed no sample:\n%s" % (tag, outs[0][1]))
-            return text.group(0)
+            return dp.sample_text(a, world, self.tmp, tag)
         ref = sample(1, ())
         for world, extra in ((2, ("--cp", "2")), (4, ("--cp", "4")),
                              (4, ("--cp", "2", "--tp", "2", "--sp")),

@@ -107,6 +107,22 @@ def assert_ranks_ok(outs, what, tail=2500):
     raise AssertionError("\n".join(report))
 
 
+def sample_text(args, world, tmp, tag, timeout=300):
+    """Runs world ranks of args (which hold --sample) and returns the text rank 0 printed, from
+    "---- sample" to "---- end of sample ----"; fails unless every rank exited 0, rank 0 printed
+    a sample and no other rank did."""
+    outs = wait_all(launch(world, lambda r: args, tempfile.mkdtemp(prefix="kv_" + tag, dir=tmp)),
+                    timeout=timeout)
+    assert_ranks_ok(outs, tag)
+    text = re.search(r"---- sample.*?---- end of sample ----", outs[0][1], re.S)
+    if not text:
+        raise AssertionError("%s: rank 0 printed no sample:\n%s" % (tag, outs[0][1]))
+    for r, (_, out, _) in enumerate(outs[1:], 1):
+        if "---- sample" in out:
+            raise AssertionError("%s: rank %d printed a sample too; only rank 0 prints" % (tag, r))
+    return text.group(0)
+
+
 class DataParallel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

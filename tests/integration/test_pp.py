@@ -231,15 +231,8 @@ class PipelineParallel(unittest.TestCase):
         sequence parallelism: the text of one process trained on the same global batch."""
         def sample(world, extra, batch=4):
             tag = "sample_%d_%s" % (batch, "_".join(extra))
-            kv = tempfile.mkdtemp(prefix="kv_" + tag, dir=self.tmp)
             a = args(batch, os.path.join(self.tmp, tag + ".jsonl")) + ["--sample", "24"]
-            outs = dp.wait_all(dp.launch(world, lambda r: a + list(extra), kv), timeout=300)
-            dp.assert_ranks_ok(outs, tag)
-            text = re.search(r"---- sample.*?---- end of sample ----", outs[0][1], re.S)
-            self.assertTrue(text, "%s: rank 0 printed no sample:\n%s" % (tag, outs[0][1]))
-            for _, out, _ in outs[1:]:
-                self.assertNotIn("---- sample", out, tag + ": only rank 0 prints")
-            return text.group(0)
+            return dp.sample_text(a + list(extra), world, self.tmp, tag)
         ref = {4: sample(1, ()), 8: sample(1, (), 8)}
         self.assertEqual(len(re.findall(r"\[\d+\]", ref[4])), 32 + 24, ref[4])  # prompt + 24
         for world, extra, batch in ((2, ("--pp", "2"), 4),
