@@ -525,7 +525,11 @@ __device__ static inline float fmma_row_max(float v)
 
 /* dst[d] = mul acc (or += with add) for the calling lane's columns d < hs of its row g + 8 i of
  * the C layout (acc: NO tiles of 8 columns); a bf16 dst gets the value rounded (add is false
- * there: the caller's). */
+ * there: the caller's). A lane's columns come in pairs (2 c, 2 c + 1 of each tile), stored in one
+ * access (4 bytes of bf16, 8 of fp32) where hs is even and the row aligned to a pair: a quad then
+ * writes 16 or 32 contiguous bytes, where single values used a quarter of each 32-byte sector
+ * they touched (on an H200 the pairs took the bf16 forward from 0.594 to 0.549 ms at GPT-2
+ * 124M's shape, batch 64, and the backward from 1.93 to 1.71). */
 __device__ static inline void fmma_store_one(float *dst, float v, bool add)
 {
   *dst = add ? *dst + v : v;
@@ -537,19 +541,48 @@ __device__ static inline void fmma_store_one(uint16_t *dst, float v, bool add)
   *dst = fmma_bf16(v);
 }
 
+__device__ static inline void fmma_store_two(float *dst, float v0, float v1, bool add)
+{
+  FMMA_ALIGNED(dst, 8);
+#ifdef __CUDACC__
+  float2 *p = (float2 *)dst;
+  const float2 old = add ? *p : make_float2(0.0f, 0.0f);
+  *p = add ? make_float2(old.x + v0, old.y + v1) : make_float2(v0, v1);
+#else
+  fmma_store_one(dst, v0, add);
+  fmma_store_one(dst + 1, v1, add);
+#endif
+}
+
+__device__ static inline void fmma_store_two(uint16_t *dst, float v0, float v1, bool add)
+{
+  (void)add;
+  FMMA_ALIGNED(dst, 4);
+  const uint32_t u = (uint32_t)fmma_bf16(v0) | (uint32_t)fmma_bf16(v1) << 16;
+#ifdef __CUDACC__
+  *(uint32_t *)dst = u;
+#else
+  memcpy(dst, &u, sizeof u);
+#endif
+}
+
 template <int NO, typename G>
 __device__ static void fmma_store_row(G *dst, const float (*acc)[4], int i, float mul, int hs,
                                       bool add)
 {
   const int c = threadIdx.x % 4;
+  const bool pairs = hs % 2 == 0 && (uintptr_t)dst % (2 * sizeof(G)) == 0;
 #pragma unroll
-  for (int nd = 0; nd < NO; nd++)
+  for (int nd = 0; nd < NO; nd++) {
+    const int d = 8 * nd + 2 * c;
+    if (pairs && d < hs)
+      fmma_store_two(dst + d, mul * acc[nd][2 * i], mul * acc[nd][2 * i + 1], add);
+    else if (!pairs)
 #pragma unroll
-    for (int e = 2 * i; e < 2 * i + 2; e++) {
-      const int d = 8 * nd + 2 * c + e % 2;
-      if (d < hs)
-        fmma_store_one(dst + d, mul * acc[nd][e], add);
-    }
+      for (int e = 0; e < 2; e++)
+        if (d + e < hs)
+          fmma_store_one(dst + d + e, mul * acc[nd][2 * i + e], add);
+  }
 }
 
 /* The online softmax of one tile of keys j0.. for the calling lane's two rows (query positions
@@ -684,11 +717,36 @@ __device__ static inline void fmma_dscores(float (*s)[4], float (*dp)[4], float 
 
 /* Grid fmma_d_blocks(B Tq NH), FMMA_THREADS threads: D = dout . out of every query row and
  * head into Dbuf (B, NH, Tq), in fp32 from dout's values (O: float, or bf16 bits) and out's bf16
- * ones; the 4 lanes of a quad share a (row, head), lane c summing columns c, c + 4, ... */
+ * ones; the 4 lanes of a quad share a (row, head). Where hs and C are multiples of 8 and both
+ * tensors 16-byte aligned, lane c sums the 8 columns from 8 c, 8 c + 32, ... read in 16-byte
+ * loads (a warp's 8 quads read 8 adjacent heads: contiguous memory), else columns c, c + 4, ...
+ * one value a load (on an H200, 22.4 us then 11.3 for B4 T1024 C1600 NH25). */
 #define FMMA_D_ROWS (FMMA_THREADS / 4)
 static inline unsigned fmma_d_blocks(size_t rows)
 {
   return (unsigned)((rows + FMMA_D_ROWS - 1) / FMMA_D_ROWS);
+}
+
+/* The 8 values at p (16-byte aligned) as fp32. */
+__device__ static inline void fmma_load8(float v[8], const float *p)
+{
+  fmma_load4(v, p);
+  fmma_load4(v + 4, p + 4);
+}
+
+__device__ static inline void fmma_load8(float v[8], const uint16_t *p)
+{
+  FMMA_ALIGNED(p, 16);
+  uint16_t u[8];
+#ifdef __CUDACC__
+  const uint4 x = *(const uint4 *)p;
+  memcpy(u, &x, sizeof u);
+#else
+  memcpy(u, p, sizeof u);
+#endif
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    v[j] = fmma_f32(u[j]);
 }
 
 template <typename O>
@@ -700,11 +758,23 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
   const int c = threadIdx.x % 4, hs = C / NH, h = (int)(i % NH);
   const size_t bt = i / NH;
   const bool ok = bt < (size_t)B * Tq;
+  const bool vec =
+      hs % 8 == 0 && C % 8 == 0 && (uintptr_t)dout % 16 == 0 && (uintptr_t)out % 16 == 0;
   float part = 0.0f;
   if (ok) {
     const size_t o = bt * C + (size_t)h * hs;
-    for (int d = c; d < hs; d += 4)
-      part += fmma_f32(dout[o + d]) * fmma_f32(out[o + d]);
+    if (vec)
+      for (int d = 8 * c; d < hs; d += 32) {
+        float x[8], y[8];
+        fmma_load8(x, dout + o + d);
+        fmma_load8(y, out + o + d);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+          part += x[j] * y[j];
+      }
+    else
+      for (int d = c; d < hs; d += 4)
+        part += fmma_f32(dout[o + d]) * fmma_f32(out[o + d]);
   }
   const float D = fmma_row_sum(part); /* every lane: the butterfly needs the whole warp */
   if (ok && c == 0)

@@ -1058,6 +1058,7 @@ START_TEST(test_attention_flash)
     check_attention_flash(2, 37, 48, 4, 1, bf16);    /* hs 12 (bucket 32), T prime */
     check_attention_flash(3, 70, 64, 2, 1, bf16);    /* hs 32, T over a 64-row block */
     check_attention_flash(1, 1, 24, 3, 1, bf16);     /* a single position */
+    check_attention_flash(2, 40, 45, 3, 1, bf16);    /* hs 15, odd: no paired stores */
     check_attention_flash(2, 256, 256, 4, 1, bf16);  /* hs 64: GPT-2's */
     check_attention_flash(1, 100, 200, 2, 1, bf16);  /* hs 100 (bucket 128) */
     check_attention_flash(2, 150, 48, 4, 3, bf16);   /* chunks of 50: q0 off the tiles */

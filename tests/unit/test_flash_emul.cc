@@ -320,6 +320,7 @@ START_TEST(test_flash_kernels)
   check<32>(2, 37, 48, 4, 1);             /* hs 12, T prime: partial tiles everywhere */
   check<32>(3, 70, 64, 2, 1);             /* hs 32, T over a 64-row block */
   check<32>(1, 1, 24, 3, 1);              /* a single position */
+  check<32>(2, 40, 45, 3, 1);             /* hs 15, odd: no pairs, no 16-byte rows */
   check<64>(1, 130, 128, 2, 1);           /* hs 64 (GPT-2's): three query blocks, five key blocks */
   check<128>(1, 75, 200, 2, 1);           /* hs 100 */
   check<32>(2, 150, 48, 4, 3);            /* chunks of 50: q0 off the tiles */
