@@ -18,8 +18,13 @@ point-to-point transfers themselves (loopback TCP here).
 
 A stage needs a core of its own for its waiting time to mean anything: with p stages on
 fewer cores, stages also wait for the CPU. When the cores suffice, stage r is pinned to the r-th
-core this process may use (its compute thread and its communicator's threads alike), as a
-trainer per device is pinned on a GPU node: unpinned, the scheduler moves the stages' threads
+core of the list this process may use (its compute thread and its communicator's threads alike),
+as a trainer per device is pinned on a GPU node. The list takes one hardware thread of each
+physical core before any second one (two stages on the siblings of one core would share its
+units), and CPU 0, which serves most interrupts, last; the header prints the cores used and the
+rows each stage's compute time, since a stage slower than its neighbours is what the bubble
+then measures (the first p = 4 rows on a 16-core GPU machine had stages 93-359% apart).
+Unpinned, the scheduler moves the stages' threads
 between cores, and every move shows up as waiting at the next exchange (measured here:
 interleaved p=2 m=16 at 13% unpinned against 6.8% pinned, for an ideal 3.0%).
 
@@ -133,6 +138,21 @@ def remove_groups(groups):
             pass
 
 
+def core_order(cpus):
+    """cpus with one hardware thread of each physical core first, CPU 0 last."""
+    def siblings(c):
+        try:
+            with open("/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list" % c) as f:
+                return f.read().strip()
+        except OSError:
+            return str(c)
+    seen, first, rest = set(), [], []
+    for c in sorted(cpus, key=lambda c: (c == 0, c)):
+        (rest if siblings(c) in seen else first).append(c)
+        seen.add(siblings(c))
+    return first + rest
+
+
 def place(cpu, group):
     """In the child before exec: run on that core only (left unpinned where the kernel refuses),
     in that cgroup (None: none)."""
@@ -183,7 +203,7 @@ def run(build, shard, p, m, schedule, steps, tmp, chunks, cpus, batch):
         remove_groups(groups)
     how = ("pinned" if k == 1 else "throttled %d%%" % round(90 / k) if groups
            else "oversubscribed")
-    return bubbles, 100.0 * (max(busy) / min(busy) - 1.0), how
+    return bubbles, busy, how
 
 
 def main():
@@ -197,7 +217,7 @@ def main():
     ap.add_argument("--cores", type=int, default=0, help="use only the first N cores")
     ap.add_argument("--require-cores", type=int, default=0)
     args = ap.parse_args()
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = core_order(os.sched_getaffinity(0))
     if args.cores > 0:
         cpus = cpus[:args.cores]
     cores = len(cpus)
@@ -210,22 +230,25 @@ def main():
                         "--tokens", "2000000", "--vocab", str(VOCAB), "--seed", "0"], check=True,
                        stdout=subprocess.DEVNULL)
         print("pipeline bubble: stages p, micro-batches m; %d layers per stage of C256, "
-              "vocabulary %d, batch %d x 128 per micro-batch; %d cores"
-              % (LAYERS_PER_STAGE, VOCAB, args.batch, cores))
-        print("%-3s %-4s %-14s %9s %11s %18s %12s" % ("p", "m", "sched", "ideal %", "measured %",
-                                                      "later stages %", "imbalance %"))
+              "vocabulary %d, batch %d x 128 per micro-batch; %d cores, stage r on %s"
+              % (LAYERS_PER_STAGE, VOCAB, args.batch, cores,
+                 ",".join(str(c) for c in cpus[:max(args.stages)])))
+        print("%-3s %-4s %-14s %9s %11s %18s %12s  %s" % (
+            "p", "m", "sched", "ideal %", "measured %", "later stages %", "imbalance %",
+            "compute ms by stage"))
         for p in args.stages:
             for m in args.micro:
                 for schedule in args.schedules:
                     v = 2 if schedule == "interleaved" else 1
                     if m % p and v > 1:
                         continue  # interleaving takes micro-batches in groups of p
-                    b, imbalance, how = run(args.build, shard, p, m, schedule, args.steps, tmp, v,
-                                            cpus, args.batch)
+                    b, busy, how = run(args.build, shard, p, m, schedule, args.steps, tmp, v,
+                                       cpus, args.batch)
                     ideal = 100.0 * (p - 1) / (v * m + p - 1)
-                    print("%-3d %-4d %-14s %9.1f %11.1f %12.1f-%-5.1f %12.1f %s" % (
+                    print("%-3d %-4d %-14s %9.1f %11.1f %12.1f-%-5.1f %12.1f %s  %s" % (
                         p, m, schedule + (" v=%d" % v if v > 1 else ""), ideal, b[0],
-                        min(b[1:]), max(b[1:]), imbalance, how), flush=True)
+                        min(b[1:]), max(b[1:]), 100.0 * (max(busy) / min(busy) - 1.0), how,
+                        "/".join("%.0f" % x for x in busy)), flush=True)
 
 
 if __name__ == "__main__":
