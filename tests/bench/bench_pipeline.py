@@ -24,9 +24,9 @@ physical core before any second one (two stages on the siblings of one core woul
 units), and CPU 0, which serves most interrupts, last; the header prints the cores used and the
 rows each stage's compute time, since a stage slower than its neighbours is what the bubble
 then measures (the first p = 4 rows on a 16-core GPU machine had stages 93-359% apart).
-Unpinned, the scheduler moves the stages' threads
-between cores, and every move shows up as waiting at the next exchange (measured here:
-interleaved p=2 m=16 at 13% unpinned against 6.8% pinned, for an ideal 3.0%).
+Unpinned, the scheduler moves the stages' threads between cores, and every move shows up as
+waiting at the next exchange (measured here: interleaved p=2 m=16 at 13% unpinned against 6.8%
+pinned, for an ideal 3.0%).
 
 With more stages than cores (p = 4 on a 2-core machine), k = p / cores neighbouring stages share
 a core, each held to 0.9 / k of it by the kernel's CPU bandwidth control (a cgroup per stage:

@@ -314,8 +314,8 @@ class GpuTrainer(unittest.TestCase):
                         p.communicate()
                 self.assertNotEqual(procs[0].returncode, 0, "rank 0 finished without its peer")
                 self.assertLess(elapsed, 3.0 + 10.0, "rank 0 gave up after %.1f s" % elapsed)
-                self.assertRegex(err, r"comm \S+ rank 0/2: [\w-]+ timed out after 3000 ms "
-                                 r"\(a peer is missing or stalled\)")
+                self.assertRegex(err, r"comm world \(\S+\) rank 0/2: [\w-]+ timed out after "
+                                 r"3000 ms \(a peer is missing or stalled\)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ DISTRAIN_KV_DIR; --pp P stages, outermost in rank order, --tp T neighbours, dp t
   * an explicit partition (--pp-partition 3,1) is followed exactly;
   * text generation (--sample) through a pipeline, also with tp x dp under ZeRO-3 and the
     interleaved schedule, prints the one-process text;
-  * a stage killed mid-training: its neighbour fails with an error at once;
+  * a stage killed mid-training: its neighbour fails with an error at once, naming the stage;
   * pp > layers, a partition that does not cover the layers, an interleaved schedule whose
     micro-batches are not a multiple of pp or whose virtual stages outnumber the layers, and
     virtual stages without the interleaved schedule: a one-line error naming the rule, before
@@ -269,6 +269,13 @@ class PipelineParallel(unittest.TestCase):
         self.assertNotEqual(procs[0].returncode, 0, "the survivor must fail, not finish")
         self.assertLess(time.time() - t0, 5.0 + 5.0)
         self.assertRegex(err, r"(?i)(closed|remote|peer|timed out)")
+        # the communicator named by its label: the world (the pipeline's, at pp 2 alone) in a
+        # transfer, as most kills find the survivor, or the first and last stages' group ("emb")
+        # in the tied embeddings' all-reduce; after a transfer, the stage it exchanged with
+        op = re.search(r"comm (world|emb) \(\S+\) rank 0/2: (\S+) failed", err)
+        self.assertIsNotNone(op, err[-2000:])
+        if op.group(2) == "send/recv":
+            self.assertIn("pipeline stage 0 of 2: the transfer with stage 1 failed", err)
 
     def test_bad_layouts(self):
         kv = os.path.join(self.tmp, "kv_bad")

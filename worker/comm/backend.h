@@ -53,6 +53,10 @@ typedef struct dt_comm_backend {
   int (*split)(void *parent, const char *prefix, int color, int new_rank, int new_world,
                int timeout_ms, void **impl);
   int device_memory; /* its buffers are device memory ("nccl"), else host memory */
+  /* Optional: the instance's name in its later log lines becomes "label (prefix)"
+   * (dt_comm_set_label's label: "pp", "tp", ...), so that an operation's failure names the
+   * group as progress reports do. Called before the instance's first operation. */
+  void (*set_label)(void *impl, const char *label);
 } dt_comm_backend_t;
 
 /* Waits for key until deadline_ms (dt_now_ms() clock) in slices of at most 100 ms, giving up

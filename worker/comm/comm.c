@@ -317,6 +317,8 @@ void dt_comm_set_label(dt_comm_t *comm, const char *label)
   pthread_mutex_lock(&g_live_lock);
   snprintf(comm->label, sizeof comm->label, "%s", label);
   pthread_mutex_unlock(&g_live_lock);
+  if (comm->be->set_label)
+    comm->be->set_label(comm->impl, comm->label);
 }
 
 int dt_comm_progress(dt_comm_progress_t *out, int max)

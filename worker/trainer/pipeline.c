@@ -73,7 +73,20 @@ static int transfer(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, siz
       break;
     }
   }
-  return dt_comm_p2p(pl->comm, b, n);
+  const int rc = dt_comm_p2p(pl->comm, b, n);
+  if (rc < 0 && rc != DT_ECANCELED && n > 0) { /* canceled: whoever aborted it says why */
+    int a = b[0].peer, c = a;                  /* the batch's peers: next, prev or both */
+    for (int i = 1; i < n; i++)
+      if (b[i].peer != a)
+        c = b[i].peer;
+    if (a == c)
+      DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stage %d failed: %s", pl->s,
+               pl->p, a, dt_strerror(rc));
+    else
+      DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stages %d and %d failed: %s",
+               pl->s, pl->p, a, c, dt_strerror(rc));
+  }
+  return rc;
 }
 
 /* Runs one op; compute time is busy, transfers idle. At DISTRAIN_DEBUG=trace each op is logged

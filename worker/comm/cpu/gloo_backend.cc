@@ -131,6 +131,8 @@ public:
 
 struct Gloo {
   std::string prefix;
+  std::string name;   /* in log lines after init: prefix, or "label (prefix)" */
+  std::mutex name_mu; /* name's: gloo_set_label and the sentinel thread's log line */
   int rank = 0, world = 1;
   ms timeout{0};
   bool gloo_allreduce = false;
@@ -157,6 +159,12 @@ struct Gloo {
   std::vector<Buf> sentinels; /* every sentinel armed (watchdog thread only): receives stay
                                  posted on healthy pairs, so their buffers must live on */
 };
+
+std::string name_of(Gloo *g)
+{
+  std::lock_guard<std::mutex> lock(g->name_mu);
+  return g->name;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Errors and interruption                                                                     */
@@ -306,7 +314,7 @@ void watch(Gloo *g)
           armed++;
         } catch (...) {
           g->dead[i] = 1;
-          DT_DEBUG(COMM, "comm %s rank %d/%d: connection to rank %d closed", g->prefix.c_str(),
+          DT_DEBUG(COMM, "comm %s rank %d/%d: connection to rank %d closed", name_of(g).c_str(),
                    g->rank, g->world, i);
         }
       }
@@ -351,10 +359,10 @@ int on_exception(Gloo *g, const char *what)
   }
   if (g->aborted.load()) {
     rc = DT_ECANCELED;
-    DT_DEBUG(COMM, "comm %s rank %d/%d: %s canceled (%s)", g->prefix.c_str(), g->rank, g->world,
+    DT_DEBUG(COMM, "comm %s rank %d/%d: %s canceled (%s)", name_of(g).c_str(), g->rank, g->world,
              what, msg.c_str());
   } else {
-    DT_ERROR(COMM, "comm %s rank %d/%d: %s failed (%s): %s", g->prefix.c_str(), g->rank, g->world,
+    DT_ERROR(COMM, "comm %s rank %d/%d: %s failed (%s): %s", name_of(g).c_str(), g->rank, g->world,
              what, dt_err_name(rc), msg.c_str());
   }
   poison(g);
@@ -628,7 +636,7 @@ int gloo_init(void **impl, const dt_kv_t *kv, const char *prefix, int rank, int 
   Gloo *g = nullptr;
   try {
     g = new Gloo;
-    g->prefix = prefix;
+    g->prefix = g->name = prefix;
     g->rank = rank;
     g->world = world;
     g->timeout = ms(timeout_ms);
@@ -1077,7 +1085,7 @@ int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
         DT_ERROR(COMM,
                  "comm %s rank %d/%d: recv from rank %d (tag %d): peer sent %llu bytes, "
                  "expected %zu",
-                 g->prefix.c_str(), g->rank, g->world, ops[i].peer, ops[i].tag,
+                 name_of(g).c_str(), g->rank, g->world, ops[i].peer, ops[i].tag,
                  (unsigned long long)hdr[i], ops[i].bytes);
         return DT_ESHAPE;
       }
@@ -1095,6 +1103,13 @@ int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
   });
 }
 
+void gloo_set_label(void *impl, const char *label)
+{
+  Gloo *g = static_cast<Gloo *>(impl);
+  std::lock_guard<std::mutex> lock(g->name_mu);
+  g->name = std::string(label) + " (" + g->prefix + ")";
+}
+
 } // namespace
 
 /* No split entry (nullptr): comm.c splits by a child init sharing the parent's Gloo device. */
@@ -1102,4 +1117,5 @@ extern "C" const dt_comm_backend_t dt__comm_cpu_backend = {
     "cpu",           gloo_init,           gloo_destroy,    gloo_abort,
     gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast,
     gloo_p2p,        gloo_barrier,        nullptr,         0 /* host memory */,
+    gloo_set_label,
 };

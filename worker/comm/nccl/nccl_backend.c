@@ -46,7 +46,8 @@
 #include "dt_util.h"
 
 typedef struct nccl {
-  char *prefix; /* for log lines */
+  char *prefix; /* its KV prefix */
+  char *name;   /* in log lines: the prefix, or "label (prefix)" once nccl_set_label has run */
   int rank, world, timeout_ms;
   int device;               /* CUDA device of the communicator */
   ncclComm_t comm;          /* NULL until created, and again once aborted or destroyed */
@@ -96,7 +97,7 @@ static int nccl_fail_at(const nccl_t *c, ncclResult_t r, const char *what, const
 {
   if (dt_log_enabled(DT_LOG_ERROR, DT_SUBSYS_COMM))
     dt_log_write(DT_LOG_ERROR, DT_SUBSYS_COMM, file, line, "comm %s rank %d/%d: %s failed: %s (%s)",
-                 c->prefix, c->rank, c->world, what, ncclGetErrorString(r), ncclGetLastError(NULL));
+                 c->name, c->rank, c->world, what, ncclGetErrorString(r), ncclGetLastError(NULL));
   return nccl_code(r);
 }
 #define NB_NCCL_FAIL(c, r, what) nccl_fail_at((c), (r), (what), __FILE__, __LINE__)
@@ -106,7 +107,7 @@ static int nccl_fail_at(const nccl_t *c, ncclResult_t r, const char *what, const
   do {                                                                                             \
     cudaError_t nb__e = (call);                                                                    \
     if (nb__e != cudaSuccess) {                                                                    \
-      DT_ERROR(COMM, "comm %s rank %d/%d: %s failed: %s (%s)", (c)->prefix, (c)->rank, (c)->world, \
+      DT_ERROR(COMM, "comm %s rank %d/%d: %s failed: %s (%s)", (c)->name, (c)->rank, (c)->world,   \
                #call, cudaGetErrorName(nb__e), cudaGetErrorString(nb__e));                         \
       (ret) = cuda_code(nb__e);                                                                    \
       goto label;                                                                                  \
@@ -186,7 +187,7 @@ static int wait_done(const nccl_t *c, ncclComm_t comm, cudaStream_t stream, doub
       if (e == cudaSuccess)
         return 0;
       if (e != cudaErrorNotReady) {
-        DT_ERROR(COMM, "comm %s rank %d/%d: %s failed on the GPU: %s (%s)", c->prefix, c->rank,
+        DT_ERROR(COMM, "comm %s rank %d/%d: %s failed on the GPU: %s (%s)", c->name, c->rank,
                  c->world, what, cudaGetErrorName(e), cudaGetErrorString(e));
         return cuda_code(e);
       }
@@ -230,8 +231,8 @@ static void close_comm(nccl_t *c)
                       : NB_NCCL_FAIL(c, r, "ncclCommFinalize");
   if (rc < 0) {
     if (rc == DT_ETIMEDOUT)
-      DT_WARN(COMM, "comm %s rank %d/%d: NCCL did not finalize within %d ms; aborting it",
-              c->prefix, c->rank, c->world, c->timeout_ms);
+      DT_WARN(COMM, "comm %s rank %d/%d: NCCL did not finalize within %d ms; aborting it", c->name,
+              c->rank, c->world, c->timeout_ms);
     kill_comm(c, rc);
     return;
   }
@@ -256,6 +257,7 @@ static void nccl_free(nccl_t *c)
   if (c->scratch)
     (void)cudaFree(c->scratch);
   free(c->prefix);
+  free(c->name);
   free(c);
 }
 
@@ -273,7 +275,8 @@ static int nccl_new(nccl_t **out, const char *prefix, int rank, int world, int t
   c->timeout_ms = timeout_ms;
   atomic_init(&c->aborted, 0);
   c->prefix = strdup(prefix);
-  if (!c->prefix)
+  c->name = strdup(prefix);
+  if (!c->prefix || !c->name)
     goto fail;
   if (device < 0)
     NB_CUDA_CHECK_GOTO(c, cudaGetDevice(&device), rc, fail);
@@ -301,7 +304,7 @@ static int exchange_id(nccl_t *c, const dt_kv_t *kv, double deadline_ms, ncclUni
     ncclResult_t r = ncclGetUniqueId(id);
     rc = nccl_ok(r) ? kv->put(kv->ud, key, id, sizeof *id) : NB_NCCL_FAIL(c, r, "ncclGetUniqueId");
     if (nccl_ok(r) && rc < 0)
-      DT_ERROR(COMM, "comm %s rank %d/%d: posting the NCCL id under %s failed: %s", c->prefix,
+      DT_ERROR(COMM, "comm %s rank %d/%d: posting the NCCL id under %s failed: %s", c->name,
                c->rank, c->world, key, dt_strerror(rc));
     goto out;
   }
@@ -312,12 +315,12 @@ static int exchange_id(nccl_t *c, const dt_kv_t *kv, double deadline_ms, ncclUni
     DT_ERROR(COMM,
              "comm %s rank %d/%d: rendezvous timed out after %d ms: rank 0 never posted the "
              "NCCL id (%s)",
-             c->prefix, c->rank, c->world, c->timeout_ms, key);
+             c->name, c->rank, c->world, c->timeout_ms, key);
   else if (rc < 0 && rc != DT_ECANCELED)
-    DT_ERROR(COMM, "comm %s rank %d/%d: reading %s failed: %s", c->prefix, c->rank, c->world, key,
+    DT_ERROR(COMM, "comm %s rank %d/%d: reading %s failed: %s", c->name, c->rank, c->world, key,
              dt_strerror(rc));
   if (rc == 0 && len != sizeof *id) {
-    DT_ERROR(COMM, "comm %s rank %d/%d: %s holds %zu bytes, expected an NCCL id of %zu", c->prefix,
+    DT_ERROR(COMM, "comm %s rank %d/%d: %s holds %zu bytes, expected an NCCL id of %zu", c->name,
              c->rank, c->world, key, len, sizeof *id);
     rc = DT_EFORMAT;
   }
@@ -399,7 +402,7 @@ static int nccl_split(void *parent, const char *prefix, int color, int new_rank,
     DT_ERROR(COMM,
              "comm %s rank %d/%d: split timed out after %d ms: a parent rank never called split "
              "or a child rank never joined",
-             p->prefix, p->rank, p->world, timeout_ms);
+             p->name, p->rank, p->world, timeout_ms);
   if (rc == 0 && color >= 0) {
     int nr = -1, nw = -1;
     if (!child || ncclCommUserRank(child, &nr) != ncclSuccess ||
@@ -466,7 +469,7 @@ static int op_end(nccl_t *c, const char *what, ncclResult_t enq, int prev)
     DT_ERROR(COMM,
              "comm %s rank %d/%d: %s timed out after %d ms (a peer is missing or stalled); "
              "aborting the communicator",
-             c->prefix, c->rank, c->world, what, c->timeout_ms);
+             c->name, c->rank, c->world, what, c->timeout_ms);
   if (rc < 0)
     kill_comm(c, rc);
   dev_leave(c, prev);
@@ -579,6 +582,18 @@ static int nccl_barrier(void *impl)
   return op_end(c, "barrier", r, prev);
 }
 
+static void nccl_set_label(void *impl, const char *label)
+{
+  nccl_t *c = impl;
+  const size_t n = strlen(label) + strlen(c->prefix) + sizeof " ()";
+  char *name = malloc(n);
+  if (!name)
+    return; /* the prefix alone names it */
+  snprintf(name, n, "%s (%s)", label, c->prefix);
+  free(c->name);
+  c->name = name;
+}
+
 const dt_comm_backend_t dt__comm_nccl_backend = {
     .name = "nccl",
     .device_memory = 1,
@@ -592,4 +607,5 @@ const dt_comm_backend_t dt__comm_nccl_backend = {
     .p2p = nccl_p2p,
     .barrier = nccl_barrier,
     .split = nccl_split,
+    .set_label = nccl_set_label,
 };
