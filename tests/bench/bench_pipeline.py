@@ -148,8 +148,9 @@ def core_order(cpus):
             return str(c)
     seen, first, rest = set(), [], []
     for c in sorted(cpus, key=lambda c: (c == 0, c)):
-        (rest if siblings(c) in seen else first).append(c)
-        seen.add(siblings(c))
+        core = siblings(c)
+        (rest if core in seen else first).append(c)
+        seen.add(core)
     return first + rest
 
 
