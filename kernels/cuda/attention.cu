@@ -131,7 +131,7 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
 
 /* The tensor-core backward, gradients of type G from an output gradient of type O: the D kernel,
  * then per group of sequences or heads the dk/dv kernel and the dq kernel, the score gradients in
- * the workspace between them (fmma_backward_ws: D, then one group's dS^T tiles), or where one
+ * the workspace between them (fmma_backward_ws: D, then one group's dS tiles), or where one
  * head's tiles would not fit, the dk/dv kernel and the dq kernel that recomputes them. */
 template <int HSM, typename G, typename O>
 static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint16_t *qkv,
@@ -143,7 +143,7 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint1
   void *ws;
   DT_CHECK(dt__cuda_workspace(cu, p.bytes, &ws));
   float *D = (float *)ws;
-  uint16_t *dsT = p.heads ? (uint16_t *)((char *)ws + p.ds_offset) : NULL;
+  uint16_t *ds_tiles = p.heads ? (uint16_t *)((char *)ws + p.ds_offset) : NULL;
   const float scale = 1.0f / sqrtf((float)(C / NH));
   const size_t C3 = 3 * (size_t)C;
   DT_CHECK(flash_launch(cu, fmma_backward_d_kernel<O>, dim3(fmma_d_blocks((size_t)B * Tq * NH)),
@@ -158,12 +158,12 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint1
       const size_t r = (size_t)b0 * NH * Tq; /* the group's first row of D and lse */
       DT_CHECK(flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
                             flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS,
-                            fmma_dkdv_smem_bytes<HSM>(), dg, dsT, (const float *)D + r, gg, qg,
+                            fmma_dkdv_smem_bytes<HSM>(), dg, ds_tiles, (const float *)D + r, gg, qg,
                             lse + r, Tq, q0, Tall, C, NH, h0, scale, add));
-      if (dsT)
+      if (ds_tiles)
         DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>,
                               flash_grid(fmma_mt_blocks<HSM>(Tq), bn, hn), FMMA_THREADS,
-                              fmma_dq_smem_bytes<HSM>(), dg, (const uint16_t *)dsT, qg, Tq, q0,
+                              fmma_dq_smem_bytes<HSM>(), dg, (const uint16_t *)ds_tiles, qg, Tq, q0,
                               Tall, C, NH, h0, scale, add));
       else
         DT_CHECK(flash_launch(cu, fmma_backward_dq_recompute_kernel<HSM, G, O>,

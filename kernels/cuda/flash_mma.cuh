@@ -1,7 +1,7 @@
 /* flash_mma.cuh — flash attention on the tensor cores: bf16 mma.sync.m16n8k16 with fp32
  * accumulation (sm_80 and later). The forward is flash.cuh's online softmax; the backward (no
  * atomics) is a D kernel (D = dout . out per query row), a dk/dv kernel that also stores the
- * score gradients dS^T as bf16 tiles in a workspace, then a dq kernel of one product, dq = dS K
+ * score gradients dS as bf16 tiles in a workspace, then a dq kernel of one product, dq = dS K
  * (flash.cuh's fp32 dq kernel recomputes S and dP instead: two products more).
  *
  * Numerics (what "bf16 attention" means here, as PyTorch's autocast SDPA): q, k, v are bf16
@@ -31,10 +31,11 @@
  * element acc[nt][e] is row g + 8 (e / 2), column 8 nt + 2 c + e % 2 of C (g = lane / 4, c = lane %
  * 4: mma's layout).
  *
- * Portability: the kernels use only the CUDA thread model plus five primitives the includer
+ * Portability: the kernels use only the CUDA thread model plus six primitives the includer
  * may replace (tests/unit/test_flash_emul.cc runs them on the host): DT_MMA_BF16 (the mma),
- * DT_LDMATRIX_X4 (ldmatrix, plain or transposing), DT_SHFL_XOR (a float butterfly within the
- * warp), DT_CP_ASYNC16 and DT_CP_ASYNC_WAIT_ALL (cp.async and its wait). */
+ * DT_LDMATRIX_X4 (ldmatrix, plain or transposing), DT_MOVMATRIX_T (movmatrix.trans), DT_SHFL_XOR
+ * (a float butterfly within the warp), DT_CP_ASYNC16 and DT_CP_ASYNC_WAIT_ALL (cp.async and its
+ * wait). */
 #ifndef DT_KERNELS_CUDA_FLASH_MMA_CUH
 #define DT_KERNELS_CUDA_FLASH_MMA_CUH
 
@@ -84,6 +85,22 @@ __device__ static inline void dt_ldmatrix_x4(uint32_t r[4], const uint16_t *row,
 #endif
 }
 
+/* movmatrix.m8n8.trans.b16: the transpose of the 8 x 8 matrix of 16-bit values the warp holds
+ * in mma's layout (register x of lane (g, c): elements (g, 2c), (g, 2c + 1)); lane (g, c) gets
+ * elements (2c, g), (2c + 1, g). */
+__device__ static inline uint32_t dt_movmatrix_t(uint32_t x)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+#else
+  (void)x;
+  __trap();
+  return 0u;
+#endif
+}
+
 /* cp.async of 16 bytes from global src to shared dst (16-byte aligned both), or 16 zero bytes
  * where !ok (a source size of 0: src is not read); cp.async.wait_all: the calling thread's
  * copies have landed (other threads see them after a barrier). */
@@ -109,6 +126,7 @@ __device__ static inline void dt_cp_async_wait_all(void)
 }
 #define DT_MMA_BF16(d, a, b)          dt_mma_bf16(d, a, b)
 #define DT_LDMATRIX_X4(r, row, trans) dt_ldmatrix_x4(r, row, trans)
+#define DT_MOVMATRIX_T(x)             dt_movmatrix_t(x)
 #define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
 #define DT_CP_ASYNC16(dst, src, ok)   dt_cp_async16(dst, src, ok)
 #define DT_CP_ASYNC_WAIT_ALL()        dt_cp_async_wait_all()
@@ -118,6 +136,7 @@ __device__ static inline void dt_cp_async_wait_all(void)
 #define FMMA_THREADS (32 * FMMA_WARPS)
 #define FMMA_ROWS    (16 * FMMA_WARPS) /* the block's own rows, and the rows of a streamed tile */
 #define FMMA_LD(HSM) ((HSM) + 8)       /* row length of a shared operand tile */
+#define FMMA_DS_TILE (FMMA_ROWS * FMMA_ROWS) /* values in a tile of dS (the workspace's, below) */
 /* The blocks an SM is to hold at once, the launch bounds' second argument: n64 at head sizes up
  * to 64 (GPT-2's), n128 above. ptxas (sm_90, CUDA 13) then keeps the forward kernel within 168
  * registers a thread at hs 64 (3 blocks of 37 KiB of shared memory; its two row tiles a warp),
@@ -133,7 +152,7 @@ __device__ static inline void dt_cp_async_wait_all(void)
 #define FMMA_MT(HSM) ((HSM) <= 64 ? 2 : 1)
 
 /* Shared memory (bytes): `tiles` operand tiles and `floats` floats. The forward kernel: q, k
- * and v; dq: k and its FMMA_MT dS^T tiles (64 x 64: FMMA_LD(64) rows), twice (double buffered);
+ * and v; dq: k and its FMMA_MT dS tiles (FMMA_DS_TILE values), twice (double buffered);
  * dk/dv: k, v, and q, dout and the tile's lse and D twice; the recomputing dq kernel: q, dout,
  * and k and v twice (fmma_smem_bytes<HSM>(6, 0)). */
 template <int HSM> static constexpr size_t fmma_smem_bytes(int tiles, int floats)
@@ -148,7 +167,7 @@ template <int HSM> static constexpr size_t fmma_fwd_smem_bytes(void)
 
 template <int HSM> static constexpr size_t fmma_dq_smem_bytes(void)
 {
-  return 2 * (fmma_smem_bytes<HSM>(1, 0) + fmma_smem_bytes<64>(FMMA_MT(HSM), 0));
+  return 2 * (fmma_smem_bytes<HSM>(1, 0) + FMMA_MT(HSM) * FMMA_DS_TILE * sizeof(uint16_t));
 }
 
 template <int HSM> static constexpr size_t fmma_dkdv_smem_bytes(void)
@@ -167,18 +186,22 @@ template <int HSM> static inline unsigned fmma_mt_blocks(int rows)
   return (unsigned)((rows + FMMA_ROWS * FMMA_MT(HSM) - 1) / (FMMA_ROWS * FMMA_MT(HSM)));
 }
 
-/* ---- The backward's workspace: D (B NH Tq floats), then the score gradients dS^T in bf16 tiles
- * of 64 keys x 64 query rows (FMMA_DS_TILE values, row-major by key), which the dk/dv kernel of
- * key block kb writes for each query tile qt (of 64 chunk rows) it reaches: qt from
+/* ---- The backward's workspace: D (B NH Tq floats), then the score gradients dS in bf16 tiles
+ * of 64 query rows x 64 keys (FMMA_DS_TILE values), which the dk/dv kernel of key block kb writes
+ * for each query tile qt (of 64 chunk rows) it reaches: qt from
  * max(0, kb - a), a = ceil(q0 / 64), to nqt - 1 (the tile holding position 64 kb, the diagonal's,
  * on). A (b, h) has FMMA_DS_BEFORE(nkb, nqt, a) tiles, ordered by kb then qt; the dq kernel of
  * query tile qt reads tile (kb, qt) for every key block up to its last row. The tiles of a group
  * of sequences (or, where one sequence's do not fit, of heads) at a time stay within max_bytes
  * (FMMA_DS_MAX_BYTES by default): at GPT-2 124M's T 1024, 136 tiles of 8 KiB a head, 1.7 GB for
  * batch 128, so two groups. Past T 32768 one head's tiles (T^2 bytes) do not fit, and the dq
- * kernel recomputes the scores instead (fmma_backward_dq_recompute_kernel). ---- */
-#define FMMA_DS_TILE      (FMMA_ROWS * FMMA_ROWS)
-#define FMMA_DS_MAX_BYTES ((size_t)1 << 30)
+ * kernel recomputes the scores instead (fmma_backward_dq_recompute_kernel). A tile is in the dq
+ * kernel's operand order: 16 chunks of 16 query rows x 16 keys, chunk FMMA_DS_CHUNK(qb, kb) for
+ * rows 16 qb.. and keys 16 kb.., each the A operand of one mma as the warp holds it, lane l's four
+ * registers at 8 l: the dk/dv kernel stores them and the dq kernel reads them 16 bytes a lane,
+ * 512 contiguous bytes a warp, with no ldmatrix. ---- */
+#define FMMA_DS_MAX_BYTES     ((size_t)1 << 30)
+#define FMMA_DS_CHUNK(qb, kb) ((FMMA_ROWS / 16 * (qb) + (kb)) * 16 * 16)
 /* The tiles of one (b, h) before key block kb's: kb nqt less the query tiles the key blocks
  * before it skip (block k's first tile is max(0, k - a)). A macro: host and device code use it. */
 #define FMMA_DS_BEFORE(kb, nqt, a)                                                                 \
@@ -273,15 +296,6 @@ __device__ static inline void fmma_frag_a(uint32_t a[4], const uint16_t *t, int 
 {
   const int lane = threadIdx.x % 32, j = lane / 8;
   DT_LDMATRIX_X4(a, t + (lane % 8 + 8 * (j % 2)) * ld + 8 * (j / 2), false);
-}
-
-/* The same A operand from a transposed tile, A(m, k) = t[k * ld + m] (dS from a dS^T tile),
- * through the transposing load: matrices (k 0-7, m 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
- * of t. */
-__device__ static inline void fmma_frag_at(uint32_t a[4], const uint16_t *t, int ld)
-{
-  const int lane = threadIdx.x % 32, j = lane / 8;
-  DT_LDMATRIX_X4(a, t + (lane % 8 + 8 * (j / 2)) * ld + 8 * (j % 2), true);
 }
 
 /* The B operands of two adjacent 8-column tiles (b[0..1] columns 0..7, b[2..3] 8..15), k 0..15:
@@ -413,24 +427,44 @@ __device__ static inline void fmma_move16(uint16_t *q, const uint16_t *p, bool o
 #endif
 }
 
-/* The calling warp's 16 x 32 half tile of dS^T (pa: fmma_frag_p's registers of it) into a
- * workspace tile (rows of FMMA_ROWS values), t at the half tile's first element: bf16 pairs in
- * 4-byte stores. */
-__device__ static inline void fmma_store_ds(uint16_t *t, const uint32_t (*pa)[4])
+/* The 16 bytes at p (16-byte aligned, in global or shared memory) as 4 registers, and back. */
+__device__ static inline void fmma_get16(uint32_t r[4], const uint16_t *p)
 {
-  const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-#pragma unroll
-  for (int ks = 0; ks < 2; ks++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      uint16_t *q = t + (g + 8 * (j % 2)) * FMMA_ROWS + 16 * ks + 8 * (j / 2) + 2 * c;
-      FMMA_ALIGNED(q, 4);
+  FMMA_ALIGNED(p, 16);
 #ifdef __CUDACC__
-      *(uint32_t *)q = pa[ks][j];
+  const uint4 x = *(const uint4 *)p;
+  r[0] = x.x, r[1] = x.y, r[2] = x.z, r[3] = x.w;
 #else
-      memcpy(q, &pa[ks][j], sizeof pa[ks][j]);
+  memcpy(r, p, 16);
 #endif
-    }
+}
+
+__device__ static inline void fmma_put16(uint16_t *p, const uint32_t r[4])
+{
+  FMMA_ALIGNED(p, 16);
+#ifdef __CUDACC__
+  *(uint4 *)p = make_uint4(r[0], r[1], r[2], r[3]);
+#else
+  memcpy(p, r, 16);
+#endif
+}
+
+/* The calling warp's 16 keys (16 kb..) x 32 query rows (16 qb..) of dS^T (pa: fmma_frag_p's
+ * registers of it) into the workspace tile t as chunks of dS (FMMA_DS_CHUNK): register j of pa[ks]
+ * holds the 8 x 8 matrix of keys 8 (j % 2).. and rows 16 ks + 8 (j / 2)..; transposed
+ * (movmatrix), it is register 2 (j % 2) + j / 2 of the A operand of chunk (qb + ks, kb). Two
+ * 16-byte stores a lane. */
+__device__ static inline void fmma_store_ds(uint16_t *t, int qb, int kb, const uint32_t (*pa)[4])
+{
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int ks = 0; ks < 2; ks++) {
+    uint32_t a[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      a[j] = DT_MOVMATRIX_T(pa[ks][2 * (j % 2) + j / 2]);
+    fmma_put16(t + FMMA_DS_CHUNK(qb + ks, kb) + 8 * lane, a);
+  }
 }
 
 /* One value as bf16: an fp32 one rounded, a bf16 one as it is. */
@@ -784,14 +818,14 @@ __global__ static void __launch_bounds__(FMMA_THREADS)
 /* Grid flash_grid(fmma_blocks(q0 + Tq), B, heads), FMMA_THREADS threads,
  * fmma_dkdv_smem_bytes<HSM>(), after the D kernel (Dbuf): block (x, y, b) works on head h0 + y of
  * sequence b. Adds the key and value gradients into dqkv (add false: writes them; G = uint16_t:
- * as bf16, never added) and, where dsT is not NULL, stores the score gradients dS^T of its key
- * block, rounded to bf16 as the products take them, into its tiles of dsT (the workspace's, of
- * this group of heads) for the dq kernel. O: dout's type (float, rounded to bf16 as it is loaded;
- * uint16_t: bf16 values, read as they are). The query tiles (q, dout, lse log2 e and D) are
- * double buffered: the next step's land while this one's are used. */
+ * as bf16, never added) and, where ds_tiles is not NULL, stores the score gradients dS of its
+ * key block, rounded to bf16 as the products take them, into its tiles of ds_tiles (the
+ * workspace's, of this group of heads) for the dq kernel. O: dout's type (float, rounded to bf16 as
+ * it is loaded; uint16_t: bf16 values, read as they are). The query tiles (q, dout, lse log2 e and
+ * D) are double buffered: the next step's land while this one's are used. */
 template <int HSM, typename G, typename O>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2))
-    fmma_backward_dkdv_kernel(G *dqkv, uint16_t *dsT, const float *Dbuf, const O *dout,
+    fmma_backward_dkdv_kernel(G *dqkv, uint16_t *ds_tiles, const float *Dbuf, const O *dout,
                               const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall,
                               int C, int NH, int h0, float scale, bool add)
 {
@@ -825,11 +859,10 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   load_queries(tfirst, 0);
   const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
   const size_t gh = (size_t)blockIdx.z * gridDim.y + blockIdx.y; /* (b, h) in the group */
-  uint16_t *ds = dsT ? dsT +
-                           (gh * FMMA_DS_BEFORE((int)gridDim.x, nqt, a) +
-                            FMMA_DS_BEFORE((int)blockIdx.x, nqt, a) - tfirst / FMMA_ROWS) *
-                               (size_t)FMMA_DS_TILE +
-                           16 * warp * FMMA_ROWS /* + qt tiles: query tile qt's, the warp's keys */
+  uint16_t *ds = ds_tiles
+                     ? ds_tiles + (gh * FMMA_DS_BEFORE((int)gridDim.x, nqt, a) +
+                                   FMMA_DS_BEFORE((int)blockIdx.x, nqt, a) - tfirst / FMMA_ROWS) *
+                                      (size_t)FMMA_DS_TILE /* + qt tiles: query tile qt's */
                      : NULL;
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   float dk[NO][4] = {}, dv[NO][4] = {};
@@ -861,7 +894,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
       fmma_pv<HSM, 2>(dv, pa, gs + tq * LD);
       fmma_frag_p<2>(pa, dp);
       if (ds)
-        fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE + tq, pa);
+        fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE, tq / 16, warp, pa);
       fmma_pv<HSM, 2>(dk, pa, qs + tq * LD);
     }
   }
@@ -878,19 +911,18 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
 /* Grid flash_grid(fmma_mt_blocks<HSM>(Tq), B, heads), FMMA_THREADS threads,
  * fmma_dq_smem_bytes<HSM>(), after the dk/dv kernel, on its heads: adds the query gradients
  * dq = scale dS K into dqkv (add false: writes them; G = uint16_t: as bf16, never added), dS from
- * the dk/dv kernel's tiles dsT. Each warp owns MT = FMMA_MT(HSM)
- * tiles of 16 query rows; a tile of K and the block's MT dS^T tiles stream through shared memory,
- * double buffered (a tile the dk/dv kernel did not write, past the diagonal or the last query
- * tile, is zeros). */
+ * the dk/dv kernel's tiles ds_tiles. Each warp owns MT = FMMA_MT(HSM) tiles of 16 query rows; a
+ * tile of K and the block's MT dS tiles stream through shared memory, double buffered (a tile the
+ * dk/dv kernel did not write, past the diagonal or the last query tile, is zeros). */
 template <int HSM, typename G>
 __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3))
-    fmma_backward_dq_kernel(G *dqkv, const uint16_t *dsT, const uint16_t *qkv, int Tq, int q0,
+    fmma_backward_dq_kernel(G *dqkv, const uint16_t *ds_tiles, const uint16_t *qkv, int Tq, int q0,
                             int Tall, int C, int NH, int h0, float scale, bool add)
 {
   DT_FLASH_SMEM(smem_f);
-  constexpr int LD = FMMA_LD(HSM), LS = FMMA_LD(64), NO = HSM / 8, MT = FMMA_MT(HSM);
-  constexpr int ROWS = FMMA_ROWS * MT, KT = FMMA_ROWS * LD, ST = FMMA_ROWS * LS, BUF = KT + MT * ST;
-  uint16_t *sm = (uint16_t *)smem_f; /* per buffer: K's tile, then the MT dS^T tiles */
+  constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, MT = FMMA_MT(HSM);
+  constexpr int ROWS = FMMA_ROWS * MT, KT = FMMA_ROWS * LD, BUF = KT + MT * FMMA_DS_TILE;
+  uint16_t *sm = (uint16_t *)smem_f; /* per buffer: K's tile, then the MT dS tiles */
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int b = blockIdx.z, h = h0 + blockIdx.y, hs = C / NH;
   const size_t C3 = 3 * (size_t)C;
@@ -898,9 +930,9 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3
   const int r0 = fmma_query_block_row(ROWS), rend = min(r0 + ROWS, Tq), kend = q0 + rend;
   const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
   const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
-  const uint16_t *ds = dsT + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
-                                 FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
-  /* key block kb's K and dS^T tiles into buffer buf */
+  const uint16_t *ds = ds_tiles + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
+                                      FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
+  /* key block kb's K and dS tiles into buffer buf */
   auto load = [&](int kb, int buf) {
     uint16_t *t = sm + buf * BUF;
     fmma_load_async<HSM>(t, kbase, C3, FMMA_ROWS * kb, kend, hs);
@@ -911,7 +943,8 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3
       const bool ok = qt < nqt && qt >= first; /* else zeros, and ds (read nowhere) stands in */
       const uint16_t *src =
           ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : ds;
-      fmma_load_async<64>(t + KT + mt * ST, src, FMMA_ROWS, 0, ok ? FMMA_ROWS : 0, FMMA_ROWS);
+      for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE; i += 8 * blockDim.x)
+        DT_CP_ASYNC16(t + KT + mt * FMMA_DS_TILE + i, src + (ok ? i : 0), ok);
     }
   };
   load(0, 0);
@@ -922,14 +955,15 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3
     __syncthreads(); /* this step's tiles in place; the other buffer is free */
     if (kb + 1 < nk)
       load(kb + 1, buf ^ 1);
-    const uint16_t *ks = sm + buf * BUF, *st = ks + KT + wr / FMMA_ROWS * ST + wr % FMMA_ROWS;
+    const uint16_t *ks = sm + buf * BUF, *st = ks + KT + wr / FMMA_ROWS * FMMA_DS_TILE;
+    const int qb = wr % FMMA_ROWS / 16; /* the warp's first 16 rows in its dS tile */
     /* keys 16 kk.. of the tile, in the order of the dk/dv kernel's (and of flash.cuh's) sums */
 #pragma unroll
     for (int kk = 0; kk < FMMA_ROWS / 16; kk++) {
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
-        fmma_frag_at(pa[mt], st + 16 * kk * LS + 16 * mt, LS);
+        fmma_get16(pa[mt], st + FMMA_DS_CHUNK(qb + mt, kk) + 8 * (threadIdx.x % 32));
       fmma_pv<HSM, 1, MT>(dq, pa, ks + 16 * kk * LD);
     }
   }

@@ -380,6 +380,23 @@ inline void ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool trans)
   }
 }
 
+/* movmatrix.sync.aligned.m8n8.trans.b16 from the PTX ISA: the warp holds an 8 x 8 matrix of
+ * 16-bit values, lane (g, c) its elements (g, 2c) and (g, 2c + 1) in register x's low and high
+ * halves; the result of lane (g, c) holds elements (2c, g) and (2c + 1, g). */
+inline uint32_t movmatrix_t(uint32_t x)
+{
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int set = next_slots();
+  g_lane_v[set][w][lane] = (double)x; /* 32 bits travel exactly */
+  warp_sync();
+  auto at = [&](int r, int col) { /* element (r, col) of the matrix */
+                                  return (uint32_t)g_lane_v[set][w][4 * r + col / 2] >>
+                                             (16 * (col % 2)) &
+                                         0xffffu;
+  };
+  return at(2 * c, g) | at(2 * c + 1, g) << 16;
+}
+
 /* cp.async (16 bytes, zeros where !ok) and cp.async.wait_all. On the GPU a copy lands at some
  * time between its issue and its thread's wait, and the other threads see it after a barrier
  * that follows the wait. The emulation takes the two extremes, one per run: by default a copy
@@ -469,6 +486,7 @@ using std::min;
 #define DT_FLASH_SMEM(name)           float *name = g_smem
 #define DT_MMA_BF16(d, a, b)          mma_bf16(d, a, b)
 #define DT_LDMATRIX_X4(r, row, trans) ldmatrix_x4(r, row, trans)
+#define DT_MOVMATRIX_T(x)             movmatrix_t(x)
 #define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
 #define DT_CP_ASYNC16(dst, src, ok)   cp_async16(dst, src, ok)
 #define DT_CP_ASYNC_WAIT_ALL()        cp_async_wait_all()

@@ -67,7 +67,7 @@ static void emul_mma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int
 }
 
 /* The D kernel, then per group of sequences or heads (fmma_backward_ws's, with max_bytes) the
- * dk/dv and dq kernels, the workspace's dS^T tiles between them, or the recomputing dq kernel. */
+ * dk/dv and dq kernels, the workspace's dS tiles between them, or the recomputing dq kernel. */
 template <int HSM, typename G, typename O>
 static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const uint16_t *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
@@ -79,7 +79,7 @@ static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const
   /* the tiles over all-ones bits (NaN): a tile the dq kernel reads but no dk/dv block wrote fails
    */
   std::vector<uint16_t> tiles((ws.bytes - ws.ds_offset) / sizeof(uint16_t) + 8, (uint16_t)0xffff);
-  uint16_t *dsT = ws.heads ? tiles.data() : nullptr;
+  uint16_t *ds_tiles = ws.heads ? tiles.data() : nullptr;
   launch(dim3(fmma_d_blocks((size_t)B * Tq * NH)), FMMA_THREADS, 0,
          [&] { fmma_backward_d_kernel<O>(D.data(), dout, out, B, Tq, C, NH); });
   const size_t C3 = 3 * (size_t)C;
@@ -93,13 +93,14 @@ static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const
       const size_t r = (size_t)b0 * NH * Tq;
       launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
              [&] {
-               fmma_backward_dkdv_kernel<HSM, G, O>(dg, dsT, D.data() + r, gg, qg, lse + r, Tq, q0,
-                                                    Tall, C, NH, h0, scale, add);
+               fmma_backward_dkdv_kernel<HSM, G, O>(dg, ds_tiles, D.data() + r, gg, qg, lse + r, Tq,
+                                                    q0, Tall, C, NH, h0, scale, add);
              });
-      if (dsT)
+      if (ds_tiles)
         launch(flash_grid(fmma_mt_blocks<HSM>(Tq), bn, hn), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(),
                [&] {
-                 fmma_backward_dq_kernel<HSM, G>(dg, dsT, qg, Tq, q0, Tall, C, NH, h0, scale, add);
+                 fmma_backward_dq_kernel<HSM, G>(dg, ds_tiles, qg, Tq, q0, Tall, C, NH, h0, scale,
+                                                 add);
                });
       else
         launch(flash_grid(fmma_blocks(Tq), bn, hn), FMMA_THREADS, fmma_smem_bytes<HSM>(6, 0), [&] {
