@@ -23,7 +23,11 @@ as a trainer per device is pinned on a GPU node. The list takes one hardware thr
 physical core before any second one (two stages on the siblings of one core would share its
 units), and CPU 0, which serves most interrupts, last; the header prints the cores used and the
 rows each stage's compute time, since a stage slower than its neighbours is what the bubble
-then measures (the first p = 4 rows on a 16-core GPU machine had stages 93-359% apart).
+then measures (the first p = 4 rows on a 16-core GPU machine had stages 93-359% apart), and
+each core's load by others: the share of the run it was busy with anything but its stages
+(other processes, interrupts: /proc/stat's busy time less the stages' own CPU time, from
+wait4; pinned rows only), with the share a hypervisor stole where there is any. A slow stage on a core others
+load is that machine's doing; one on a quiet core is the model's or the schedule's.
 Unpinned, the scheduler moves the stages' threads between cores, and every move shows up as
 waiting at the next exchange (measured here: interleaved p=2 m=16 at 13% unpinned against 6.8%
 pinned, for an ideal 3.0%).
@@ -62,6 +66,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS_PER_STAGE, VOCAB = 8, 128
@@ -165,8 +170,57 @@ def place(cpu, group):
         write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
 
 
+def cpu_ticks():
+    """{cpu: (busy, steal, total)} in clock ticks since boot, from /proc/stat (busy: user, nice,
+    system, irq and softirq; steal: time the hypervisor ran something else; total: all of it)."""
+    ticks = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                t = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                ticks[int(name[3:])] = (t[0] + t[1] + t[2] + t[5] + t[6], t[7], sum(t))
+    return ticks
+
+
+def reap(procs, timeout):
+    """Waits for every process (Popen) and returns each one's CPU seconds, user and system, all
+    its threads (wait4's resource usage); a process still running at the deadline is killed."""
+    deadline, used = time.time() + timeout, [None] * len(procs)
+    while None in used:
+        for i, proc in enumerate(procs):
+            if used[i] is None:
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    used[i] = ru.ru_utime + ru.ru_stime
+        if None in used and time.time() > deadline:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+            sys.exit("a stage ran past %d s" % timeout)
+        time.sleep(0.02)
+    return used
+
+
+def others_load(before, after, placed_on, cpu_s):
+    """Per core the stages ran on (in their order): the share of the run's time it was busy with
+    anything but them (other processes, interrupts) and the share a hypervisor stole, in %."""
+    hz = os.sysconf("SC_CLK_TCK")
+    others, steal = [], []
+    for c in dict.fromkeys(placed_on):
+        busy, stolen, total = (a - b for a, b in zip(after[c], before[c]))
+        own = sum(s for s, on in zip(cpu_s, placed_on) if on == c)
+        others.append(max(0.0, 100.0 * (busy / hz - own) / (total / hz)) if total else 0.0)
+        steal.append(100.0 * stolen / total if total else 0.0)
+    return others, steal
+
+
 def run(build, shard, p, m, schedule, steps, tmp, chunks, cpus, batch):
-    """Each stage's waiting shares, the stages' compute spread (%) and how they were placed."""
+    """Each stage's waiting shares, the stages' compute times, how they were placed and, for each
+    core they ran on, its load by others and steal (%: others_load; pinned runs only: under the
+    CPU bandwidth control /proc/stat's tick-sampled busy time ran 17 points above a throttled
+    process's own CPU time here, where a pinned one's matched within 0.1)."""
     kv = tempfile.mkdtemp(prefix="kv_p%d_m%d_%s_" % (p, m, schedule), dir=tmp)
     cmd = [os.path.join(build, "worker", "trainer", "distrain-train"), "--init", "seed:1",
            "--layers", str(LAYERS_PER_STAGE * p), "--heads", "4", "--channels", "256",
@@ -179,18 +233,23 @@ def run(build, shard, p, m, schedule, steps, tmp, chunks, cpus, batch):
     k = -(-p // len(cpus))  # stages a core
     groups = make_groups(p, 0.9 / k) if k > 1 else []
     placed = k == 1 or groups
-    procs = []
+    procs, logs = [], []
+    before = cpu_ticks()
     try:
         for r in range(p):
             env = dict(os.environ, WORLD_SIZE=str(p), RANK=str(r), DISTRAIN_KV_DIR=kv,
                        OMP_NUM_THREADS="1", DISTRAIN_COMM_HOST="127.0.0.1")
             pin = (lambda c=cpus[r // k], g=groups[r] if groups else None: place(c, g)
                    ) if placed else None
+            logs.append(tempfile.TemporaryFile("w+", dir=tmp))
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                          preexec_fn=pin, stderr=subprocess.PIPE, text=True))
+                                          preexec_fn=pin, stderr=logs[-1]))
+        cpu_s = reap(procs, 900)
+        load = others_load(before, cpu_ticks(), cpus[:p], cpu_s) if k == 1 else None
         bubbles, busy = [], []
         for r, proc in enumerate(procs):
-            _, err = proc.communicate(timeout=900)
+            logs[r].seek(0)
+            err = logs[r].read()
             if proc.returncode != 0:
                 sys.exit("stage %d failed:\n%s" % (r, err[-2000:]))
             found = re.search(r"busy ([\d.]+) ms.*bubble ([\d.]+)%", err)
@@ -201,10 +260,12 @@ def run(build, shard, p, m, schedule, steps, tmp, chunks, cpus, batch):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for log in logs:
+            log.close()
         remove_groups(groups)
     how = ("pinned" if k == 1 else "throttled %d%%" % round(90 / k) if groups
            else "oversubscribed")
-    return bubbles, busy, how
+    return bubbles, busy, how, load
 
 
 def main():
@@ -236,20 +297,25 @@ def main():
                  ",".join(str(c) for c in cpus[:max(args.stages)])))
         print("%-3s %-4s %-14s %9s %11s %18s %12s  %s" % (
             "p", "m", "sched", "ideal %", "measured %", "later stages %", "imbalance %",
-            "compute ms by stage"))
+            "compute ms by stage; the cores' load by others (and steal) %"))
         for p in args.stages:
             for m in args.micro:
                 for schedule in args.schedules:
                     v = 2 if schedule == "interleaved" else 1
                     if m % p and v > 1:
                         continue  # interleaving takes micro-batches in groups of p
-                    b, busy, how = run(args.build, shard, p, m, schedule, args.steps, tmp, v,
-                                       cpus, args.batch)
+                    b, busy, how, load = run(args.build, shard, p, m, schedule, args.steps, tmp,
+                                             v, cpus, args.batch)
                     ideal = 100.0 * (p - 1) / (v * m + p - 1)
-                    print("%-3d %-4d %-14s %9.1f %11.1f %12.1f-%-5.1f %12.1f %s  %s" % (
+                    others = ""
+                    if load:
+                        others = "; others " + "/".join("%.1f" % x for x in load[0])
+                        if max(load[1]) >= 0.1:
+                            others += " (steal " + "/".join("%.1f" % x for x in load[1]) + ")"
+                    print("%-3d %-4d %-14s %9.1f %11.1f %12.1f-%-5.1f %12.1f %s  %s%s" % (
                         p, m, schedule + (" v=%d" % v if v > 1 else ""), ideal, b[0],
                         min(b[1:]), max(b[1:]), 100.0 * (max(busy) / min(busy) - 1.0), how,
-                        "/".join("%.0f" % x for x in busy)), flush=True)
+                        "/".join("%.0f" % x for x in busy), others), flush=True)
 
 
 if __name__ == "__main__":
