@@ -10,6 +10,12 @@
 #include <cuda_bf16.h>
 #endif
 
+/* A kernel's dynamic shared memory as float name[] (the host emulation, tests/emul/cuda_emul.h,
+ * defines its own). */
+#ifndef DT_DYNAMIC_SMEM
+#define DT_DYNAMIC_SMEM(name) extern __shared__ float name[]
+#endif
+
 #define DT__CUDA_THREADS  256    /* elementwise kernels */
 #define DT__CUDA_MAX_GRID 65536u /* grid-stride loops cover the rest */
 

@@ -413,6 +413,10 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
     DT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
                        rc, fail);
     c->lt_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    int optin = 0;
+    DT_CUDA_CHECK_GOTO(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal), rc, fail);
+    c->smem_optin = (size_t)optin;
     rc = gpu_alloc(c, c->lt_ws_bytes, "cuBLASLt's workspace",
                    "the GPU is full before training starts: another process may hold its memory "
                    "(nvidia-smi)",

@@ -17,7 +17,7 @@
  *
  * Only the kernels and their launch geometry live here, written against nothing but CUDA C++'s
  * thread model (blockIdx, threadIdx, __syncthreads, dynamic shared memory through
- * DT_FLASH_SMEM): tests/unit/test_flash_emul.cc compiles this file for the host, with a CUDA
+ * DT_DYNAMIC_SMEM): tests/unit/test_flash_emul.cc compiles this file for the host, with a CUDA
  * thread-model emulation (a POSIX thread per CUDA thread, a barrier for __syncthreads, shared
  * memory of exactly the launch's bytes), and checks the kernels against the CPU ones on
  * machines without a GPU. */
@@ -27,8 +27,8 @@
 #include <math.h>
 #include <stddef.h>
 
-#ifndef DT_FLASH_SMEM
-#define DT_FLASH_SMEM(name) extern __shared__ float name[]
+#ifndef DT_DYNAMIC_SMEM
+#define DT_DYNAMIC_SMEM(name) extern __shared__ float name[]
 #endif
 
 #define FLASH_ROWS   64  /* threads per block of the forward and dq kernels: query rows */
@@ -90,7 +90,7 @@ __global__ static void __launch_bounds__(FLASH_ROWS)
     flash_forward_kernel(float *out, float *lse, const float *qkv, int Tq, int q0, int Tall, int C,
                          int NH, float scale)
 {
-  DT_FLASH_SMEM(smem);
+  DT_DYNAMIC_SMEM(smem);
   float *ks = smem, *vs = smem + FLASH_KEYS * HSM;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const int r = blockIdx.x * FLASH_ROWS + threadIdx.x, pos = q0 + r;
@@ -154,7 +154,7 @@ __global__ static void __launch_bounds__(FLASH_ROWS)
                              const float *out, const float *lse, int Tq, int q0, int Tall, int C,
                              int NH, float scale, bool add)
 {
-  DT_FLASH_SMEM(smem);
+  DT_DYNAMIC_SMEM(smem);
   float *ks = smem, *vs = smem + FLASH_KEYS * HSM;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = C / NH;
   const int r = blockIdx.x * FLASH_ROWS + threadIdx.x, pos = q0 + r;
@@ -219,7 +219,7 @@ __global__ static void __launch_bounds__(FLASH_KROWS)
                                const float *lse, int Tq, int q0, int Tall, int C, int NH,
                                float scale, bool add)
 {
-  DT_FLASH_SMEM(smem);
+  DT_DYNAMIC_SMEM(smem);
   float *kown = smem, *vown = smem + FLASH_KROWS * (HSM + 1);
   float *qs = vown + FLASH_KROWS * (HSM + 1), *gs = qs + FLASH_QTILE * HSM;
   float *Ls = gs + FLASH_QTILE * HSM, *Ds = Ls + FLASH_QTILE;

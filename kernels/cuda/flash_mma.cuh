@@ -48,8 +48,8 @@
 #include <cuda_bf16.h>
 #endif
 
-#ifndef DT_FLASH_SMEM
-#define DT_FLASH_SMEM(name) extern __shared__ float name[]
+#ifndef DT_DYNAMIC_SMEM
+#define DT_DYNAMIC_SMEM(name) extern __shared__ float name[]
 #endif
 
 #ifndef DT_MMA_BF16
@@ -667,7 +667,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, 3)
     fmma_forward_kernel(uint16_t *out, float *lse, const uint16_t *qkv, int Tq, int q0, int Tall,
                         int C, int NH, float scale)
 {
-  DT_FLASH_SMEM(smem_f);
+  DT_DYNAMIC_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, MT = FMMA_MT(HSM), ROWS = FMMA_ROWS * MT;
   uint16_t *qs = (uint16_t *)smem_f, *ks = qs + ROWS * LD, *vs = ks + FMMA_ROWS * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -829,7 +829,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
                               const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall,
                               int C, int NH, int h0, float scale, bool add)
 {
-  DT_FLASH_SMEM(smem_f);
+  DT_DYNAMIC_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
   uint16_t *ks = (uint16_t *)smem_f, *vs = ks + TILE, *qg = vs + TILE; /* qg: q, dout; q, dout */
   float *lD = (float *)(qg + 4 * TILE); /* lse log2 e, D; lse log2 e, D (FMMA_ROWS each) */
@@ -919,7 +919,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3
     fmma_backward_dq_kernel(G *dqkv, const uint16_t *ds_tiles, const uint16_t *qkv, int Tq, int q0,
                             int Tall, int C, int NH, int h0, float scale, bool add)
 {
-  DT_FLASH_SMEM(smem_f);
+  DT_DYNAMIC_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, MT = FMMA_MT(HSM);
   constexpr int ROWS = FMMA_ROWS * MT, KT = FMMA_ROWS * LD, BUF = KT + MT * FMMA_DS_TILE;
   uint16_t *sm = (uint16_t *)smem_f; /* per buffer: K's tile, then the MT dS tiles */
@@ -988,7 +988,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
                                       const uint16_t *qkv, const float *lse, int Tq, int q0,
                                       int Tall, int C, int NH, float scale, bool add)
 {
-  DT_FLASH_SMEM(smem_f);
+  DT_DYNAMIC_SMEM(smem_f);
   constexpr int LD = FMMA_LD(HSM), NO = HSM / 8, TILE = FMMA_ROWS * LD;
   uint16_t *qs = (uint16_t *)smem_f, *gs = qs + TILE, *kv = gs + TILE; /* kv: K, V; K, V */
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;

@@ -5,10 +5,14 @@
  * Forward and the dinp part of backward take one warp per row (LN_ROWS rows a block: a block
  * per row of GPT-2's 768 channels left most of its threads waiting at barriers); the row sums
  * are warp reductions of fixed shape. dweight / dbias are sums over rows, done in two passes
- * without atomics: pass one gives each (row chunk, channel) one thread that sums its chunk's rows
- * in order into the workspace; pass two adds the chunks' partial sums per channel in the fixed
- * order of block.cuh's dt__column_sums_kernel. The chunking depends on N only, so results are
- * bit-identical from run to run (and on any GPU). dinp, dweight and dbias accumulate (+=). */
+ * without atomics: pass one sums each row chunk's rows per channel into the workspace, in the
+ * backward's fused kernel (a block per chunk: each warp its rows' dinp and its own sums in shared
+ * memory, then the warps' sums added in order) or, where a block's shared memory cannot hold one
+ * warp's 2 C sums, in a kernel of its own after the dinp kernel (one thread per (chunk, channel)
+ * summing the chunk's rows in order; it reads dout and inp a second time); pass two adds the
+ * chunks' partial sums per channel in the fixed order of block.cuh's dt__column_sums_kernel. The
+ * chunking depends on N only and the warps of the fused kernel on C and the GPU's shared memory,
+ * so results are bit-identical from run to run. dinp, dweight and dbias accumulate (+=). */
 #include <cuda_bf16.h>
 
 #include "cuda_impl.h"
@@ -77,10 +81,6 @@ static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight
   dt_cuda_impl_t *cu = dt__cuda(dev);
   if (N <= 0 || C <= 0)
     return 0;
-  layernorm_backward_dinp_kernel<G>
-      <<<ln_blocks(N), LN_THREADS, 0, cu->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-  DT_CUDA_CHECK(cudaGetLastError());
-
   const int rows = ln_chunk_rows(N), nchunks = (N + rows - 1) / rows;
   void *ws = NULL;
   int rc = dt__cuda_workspace(cu, 2 * (size_t)nchunks * C * sizeof(float), &ws);
@@ -88,10 +88,26 @@ static int layernorm_backward(struct dt_device *dev, float *dinp, float *dweight
     return rc;
   float *part_dw = (float *)ws;
   float *part_db = part_dw + (size_t)nchunks * C;
-  dim3 grid((unsigned)((C + LN_COL_THREADS - 1) / LN_COL_THREADS), (unsigned)nchunks);
-  layernorm_backward_partial_kernel<G><<<grid, LN_COL_THREADS, 0, cu->stream>>>(
-      part_dw, part_db, dout, inp, mean, rstd, N, C, rows);
-  DT_CUDA_CHECK(cudaGetLastError());
+  int warps = LN_FUSED_WARPS;
+  while (warps > 0 && ln_fused_smem_bytes(warps, C) > cu->smem_optin)
+    warps--;
+  if (warps > 0) {
+    const size_t smem = ln_fused_smem_bytes(warps, C);
+    if (smem > 48 * 1024)
+      DT_CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_fused_kernel<G>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    layernorm_backward_fused_kernel<G><<<nchunks, 32 * warps, smem, cu->stream>>>(
+        dinp, part_dw, part_db, dout, inp, weight, mean, rstd, N, C, rows);
+    DT_CUDA_CHECK(cudaGetLastError());
+  } else {
+    layernorm_backward_dinp_kernel<G>
+        <<<ln_blocks(N), LN_THREADS, 0, cu->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    DT_CUDA_CHECK(cudaGetLastError());
+    dim3 grid((unsigned)((C + LN_COL_THREADS - 1) / LN_COL_THREADS), (unsigned)nchunks);
+    layernorm_backward_partial_kernel<G><<<grid, LN_COL_THREADS, 0, cu->stream>>>(
+        part_dw, part_db, dout, inp, mean, rstd, N, C, rows);
+    DT_CUDA_CHECK(cudaGetLastError());
+  }
   const dt__csum_t sums = {{dweight, dbias}, {part_dw, part_db}};
   dt__column_sums_kernel<float><<<dim3((unsigned)((C + DT__CSUM_COLS - 1) / DT__CSUM_COLS), 1, 2),
                                   DT__CSUM_THREADS, 0, cu->stream>>>(sums, nchunks, C);

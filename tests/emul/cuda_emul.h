@@ -483,7 +483,7 @@ using std::min;
 #define __device__
 #define __shared__ static
 #define __launch_bounds__(...)
-#define DT_FLASH_SMEM(name)           float *name = g_smem
+#define DT_DYNAMIC_SMEM(name)         float *name = g_smem
 #define DT_MMA_BF16(d, a, b)          mma_bf16(d, a, b)
 #define DT_LDMATRIX_X4(r, row, trans) ldmatrix_x4(r, row, trans)
 #define DT_MOVMATRIX_T(x)             movmatrix_t(x)

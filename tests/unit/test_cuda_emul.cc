@@ -72,52 +72,59 @@ START_TEST(test_layernorm)
 
   /* backward, from the CPU's statistics; dinp, dweight, dbias accumulate (+=) */
   const std::vector<float> dout = randn(NC), dinp0 = randn(NC), dw0 = randn(C), db0 = randn(C);
-  std::vector<float> dinp_h = dinp0, dw_h = dw0, db_h = db0, dinp_g = dinp0, dw_g = dw0, db_g = db0;
+  std::vector<float> dinp_h = dinp0, dw_h = dw0, db_h = db0;
   dt_cpu_layernorm_backward(dinp_h.data(), dw_h.data(), db_h.data(), dout.data(), inp.data(),
                             w.data(), mean_h.data(), rstd_h.data(), N, C);
-  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
-    layernorm_backward_dinp_kernel(dinp_g.data(), dout.data(), inp.data(), w.data(), mean_h.data(),
-                                   rstd_h.data(), N, C);
-  });
   const int rows = ln_chunk_rows(N), nchunks = (N + rows - 1) / rows;
   ck_assert_int_eq(nchunks, 4);
-  std::vector<float> part((size_t)2 * nchunks * C, NAN);
-  launch(dim3((C + LN_COL_THREADS - 1) / LN_COL_THREADS, nchunks), LN_COL_THREADS, 0, [&] {
-    layernorm_backward_partial_kernel(part.data(), part.data() + (size_t)nchunks * C, dout.data(),
-                                      inp.data(), mean_h.data(), rstd_h.data(), N, C, rows);
-  });
-  const dt__csum_t sums = {{dw_g.data(), db_g.data()}, {part.data(), part.data() + nchunks * C}};
-  launch(dim3((C + DT__CSUM_COLS - 1) / DT__CSUM_COLS, 1, 2), DT__CSUM_THREADS, 0,
-         [&] { dt__column_sums_kernel(sums, nchunks, C); });
-  expect_close("layernorm backward dinp (+=)", dinp_g, dinp_h);
-  expect_close("layernorm backward dweight (+=)", dw_g, dw_h);
-  expect_close("layernorm backward dbias (+=)", db_g, db_h);
+  /* pass one as layernorm.cu runs it, from dout of type G: the fused kernel with `warps` warps,
+   * or (warps 0) the dinp kernel and the partial sums' own; dinp += into dinp, the partial sums
+   * into part (over NaN: a sum not written fails) */
+  auto pass_one = [&](int warps, const auto *g, std::vector<float> &dinp,
+                      std::vector<float> &part) {
+    part.assign((size_t)2 * nchunks * C, NAN);
+    float *pdw = part.data(), *pdb = pdw + (size_t)nchunks * C;
+    if (warps > 0) {
+      launch(dim3(nchunks), 32 * warps, ln_fused_smem_bytes(warps, C), [&] {
+        layernorm_backward_fused_kernel(dinp.data(), pdw, pdb, g, inp.data(), w.data(),
+                                        mean_h.data(), rstd_h.data(), N, C, rows);
+      });
+      return;
+    }
+    launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
+      layernorm_backward_dinp_kernel(dinp.data(), g, inp.data(), w.data(), mean_h.data(),
+                                     rstd_h.data(), N, C);
+    });
+    launch(dim3((C + LN_COL_THREADS - 1) / LN_COL_THREADS, nchunks), LN_COL_THREADS, 0, [&] {
+      layernorm_backward_partial_kernel(pdw, pdb, g, inp.data(), mean_h.data(), rstd_h.data(), N, C,
+                                        rows);
+    });
+  };
+  std::vector<float> dinp_plain;
+  for (int warps : {0, LN_FUSED_WARPS, 3, 1}) { /* fewer warps: wider rows' shared memory */
+    std::vector<float> dinp_g = dinp0, dw_g = dw0, db_g = db0, part;
+    pass_one(warps, dout.data(), dinp_g, part);
+    const dt__csum_t sums = {{dw_g.data(), db_g.data()},
+                             {part.data(), part.data() + (size_t)nchunks * C}};
+    launch(dim3((C + DT__CSUM_COLS - 1) / DT__CSUM_COLS, 1, 2), DT__CSUM_THREADS, 0,
+           [&] { dt__column_sums_kernel(sums, nchunks, C); });
+    expect_close("layernorm backward dinp (+=)", dinp_g, dinp_h);
+    expect_close("layernorm backward dweight (+=)", dw_g, dw_h);
+    expect_close("layernorm backward dbias (+=)", db_g, db_h);
+    if (warps == 0)
+      dinp_plain = dinp_g;
+    ck_assert(dinp_g == dinp_plain); /* the fused kernel's dinp: the dinp kernel's bits */
 
-  /* from a bf16 dout: the fp32 kernels' results on the same values, bit for bit */
-  std::vector<__nv_bfloat16> d16(NC);
-  std::vector<float> dr(NC), dinp_r = dinp0, dinp_b = dinp0, part_r = part, part_b = part;
-  for (size_t i = 0; i < NC; i++)
-    d16[i] = __float2bfloat16_rn(dout[i]), dr[i] = dt_bf16_round(dout[i]);
-  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
-    layernorm_backward_dinp_kernel(dinp_r.data(), dr.data(), inp.data(), w.data(), mean_h.data(),
-                                   rstd_h.data(), N, C);
-  });
-  launch(dim3(ln_blocks(N)), LN_THREADS, 0, [&] {
-    layernorm_backward_dinp_kernel(dinp_b.data(), d16.data(), inp.data(), w.data(), mean_h.data(),
-                                   rstd_h.data(), N, C);
-  });
-  ck_assert(dinp_b == dinp_r);
-  const dim3 cols((C + LN_COL_THREADS - 1) / LN_COL_THREADS, nchunks);
-  launch(cols, LN_COL_THREADS, 0, [&] {
-    layernorm_backward_partial_kernel(part_r.data(), part_r.data() + (size_t)nchunks * C, dr.data(),
-                                      inp.data(), mean_h.data(), rstd_h.data(), N, C, rows);
-  });
-  launch(cols, LN_COL_THREADS, 0, [&] {
-    layernorm_backward_partial_kernel(part_b.data(), part_b.data() + (size_t)nchunks * C,
-                                      d16.data(), inp.data(), mean_h.data(), rstd_h.data(), N, C,
-                                      rows);
-  });
-  ck_assert(part_b == part_r);
+    /* from a bf16 dout: the fp32 kernels' results on the same values, bit for bit */
+    std::vector<__nv_bfloat16> d16(NC);
+    std::vector<float> dr(NC), dinp_r = dinp0, dinp_b = dinp0, part_r, part_b;
+    for (size_t i = 0; i < NC; i++)
+      d16[i] = __float2bfloat16_rn(dout[i]), dr[i] = dt_bf16_round(dout[i]);
+    pass_one(warps, dr.data(), dinp_r, part_r);
+    pass_one(warps, d16.data(), dinp_b, part_b);
+    ck_assert(dinp_b == dinp_r);
+    ck_assert(part_b == part_r);
+  }
 }
 END_TEST
 
