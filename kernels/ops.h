@@ -129,11 +129,16 @@ typedef struct dt_ops {
    * value added, rounded to bf16 (to nearest even; on a GPU as the GEMM stores them), else the fp32
    * (N, ldo) output above. res, where not NULL (fp32 out only): out = res + (inp @ weight^T +
    * bias), res laid out like out (a residual add with no pass of its own: on a GPU the GEMM's C
-   * input; the fp32 sums may be added in another order there, as a GEMM's own are). NULL where a
-   * backend has no bf16 path. */
+   * input; the fp32 sums may be added in another order there, as a GEMM's own are). gelu, where
+   * not NULL (with out16, without res): a bf16 activation buffer laid out like out that gets
+   * GELU(x) (tanh approximation, in fp32) of each fp32 result x, the bias's bf16 value added,
+   * rounded to bf16, while out gets x rounded: the MLP's pre-activation and activation in one
+   * pass (on a GPU cuBLASLt's GELU_AUX_BIAS epilogue, out its auxiliary output); the GELU of
+   * x, not of x rounded (PyTorch autocast's GELU reads the rounded linear output: the two
+   * differ by a bf16 rounding of the GELU's input). NULL where a backend has no bf16 path. */
   int (*matmul_forward_bf16)(struct dt_device *dev, void *out, int out16, const void *inp,
                              const float *weight, const void *weight16, const float *bias,
-                             const float *res, int N, int C, int OC, int ldo);
+                             const float *res, void *gelu, int N, int C, int OC, int ldo);
   int (*matmul_backward_bf16)(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
                               float *dbias, const float *dout, const void *dout16, const void *inp,
                               const float *weight, const void *weight16, const void *gelu_in, int N,
@@ -214,12 +219,8 @@ typedef struct dt_ops {
                                        const void *out, const float *lse, int B, int Tq, int q0,
                                        int Tall, int C, int NH, int accumulate);
 
-  /* GELU, tanh approximation */
+  /* GELU, tanh approximation (under --precision bf16 matmul_forward_bf16's gelu output) */
   int (*gelu_forward)(struct dt_device *dev, float *out, const float *inp, size_t n);
-  /* the same GELU of a bf16 activation buffer (bf16_bytes above: the fc layer's out16 output
-   * under --precision bf16), computed in fp32 and rounded into a bf16 activation buffer (the
-   * input of the next linear layer); NULL without a bf16 path */
-  int (*gelu_forward_bf16)(struct dt_device *dev, void *out, const void *inp, size_t n);
   /* dinp = dout * gelu'(inp); dinp may alias dout */
   int (*gelu_backward)(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                        size_t n);
@@ -278,7 +279,8 @@ typedef struct dt_ops {
 
 /* matmul_forward_bf16's rules on a bf16 output (ops.h above), for every backend: 0, or
  * DT_EINVAL (logged). */
-static inline int dt_bf16_forward_check(int out16, const float *res, int OC, int ldo)
+static inline int dt_bf16_forward_check(int out16, const float *res, const void *gelu, int OC,
+                                        int ldo)
 {
   if (out16 && ldo < OC) {
     DT_ERROR(KERNEL,
@@ -288,6 +290,10 @@ static inline int dt_bf16_forward_check(int out16, const float *res, int OC, int
   }
   if (out16 && res) {
     DT_ERROR(KERNEL, "matmul_forward_bf16: a residual add into a bf16 output");
+    return DT_EINVAL;
+  }
+  if (gelu && (!out16 || res)) {
+    DT_ERROR(KERNEL, "matmul_forward_bf16: a GELU output beside an fp32 output or a residual add");
     return DT_EINVAL;
   }
   return 0;

@@ -99,9 +99,9 @@ static int matmul_backward(struct dt_device *dev, float *dinp, float *dweight, f
 
 static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                const float *weight, const void *weight16, const float *bias,
-                               const float *res, int N, int C, int OC, int ldo)
+                               const float *res, void *gelu, int N, int C, int OC, int ldo)
 {
-  DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
+  DT_CHECK(dt_bf16_forward_check(out16, res, gelu, OC, ldo));
   float *o = H(out);
   float *b16 = NULL; /* a bf16 output adds the bias's bf16 value (ops.h) */
   if (out16 && bias && !(b16 = dt_cpu_bf16_copy(H(bias), 1, (size_t)OC, (size_t)OC)))
@@ -111,9 +111,17 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
   free(b16);
   if (rc != 0)
     return DT_ENOMEM;
-  for (int i = 0; out16 && i < N; i++) /* the CPU's bf16 buffer: the fp32 numbers equal to the
-                                        * rounded values */
-    dt_cpu_to_bf16(o + (size_t)i * ldo, o + (size_t)i * ldo, (size_t)OC);
+  /* the CPU's bf16 buffers: the fp32 numbers equal to the rounded values; the GELU of the
+   * unrounded x, then rounded (gelu_forward's values); the rows as one run where they are */
+  float *g = H(gelu);
+  const size_t runs = ldo == OC ? 1 : (size_t)N, n = (size_t)OC * (ldo == OC ? (size_t)N : 1);
+  for (size_t i = 0; out16 && i < runs; i++) {
+    if (g) {
+      dt_cpu_gelu_forward(g + i * ldo, o + i * ldo, n);
+      dt_cpu_to_bf16(g + i * ldo, g + i * ldo, n);
+    }
+    dt_cpu_to_bf16(o + i * ldo, o + i * ldo, n);
+  }
   const float *r = H(res);
   for (size_t i = 0; r && i < (size_t)N; i++) /* as residual_forward adds a branch: res + it */
     for (size_t j = 0; j < (size_t)OC; j++)
@@ -219,16 +227,6 @@ static int gelu_forward(struct dt_device *dev, float *out, const float *inp, siz
 static int to_bf16(struct dt_device *dev, void *dst, const float *src, size_t n)
 {
   dt_cpu_to_bf16(H(dst), H(src), n);
-  return 0;
-}
-
-/* The fp32 GELU, then rounded in place: the same fp32 values as gelu_forward (whose vector and
- * scalar tanhf may differ in the last ulp, so one loop with the rounding fused into it could
- * differ from it after rounding). */
-static int gelu_forward_bf16(struct dt_device *dev, void *out, const void *inp, size_t n)
-{
-  dt_cpu_gelu_forward(H(out), H(inp), n);
-  dt_cpu_to_bf16(H(out), H(out), n);
   return 0;
 }
 
@@ -338,7 +336,6 @@ static const dt_ops_t g_cpu_ops = {
     .attention_forward_flash_bf16 = attention_forward_flash_bf16,
     .attention_backward_flash_bf16 = attention_backward_flash_bf16,
     .gelu_forward = gelu_forward,
-    .gelu_forward_bf16 = gelu_forward_bf16,
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,

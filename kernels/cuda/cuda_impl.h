@@ -125,7 +125,7 @@ int dt__cuda_matmul_backward(struct dt_device *dev, float *dinp, float *dweight,
                              int OC, int ldd);
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
-                                 const float *res, int N, int C, int OC, int ldo);
+                                 const float *res, void *gelu, int N, int C, int OC, int ldo);
 int dt__cuda_matmul_backward_bf16(struct dt_device *dev, void *dinp, int dinp16, float *dweight,
                                   float *dbias, const float *dout, const void *dout16,
                                   const void *inp, const float *weight, const void *weight16,
@@ -158,7 +158,6 @@ int dt__cuda_attention_backward_flash_bf16(struct dt_device *dev, void *dqkv, in
                                            const void *out, const float *lse, int B, int Tq, int q0,
                                            int Tall, int C, int NH, int accumulate);
 int dt__cuda_gelu_forward(struct dt_device *dev, float *out, const float *inp, size_t n);
-int dt__cuda_gelu_forward_bf16(struct dt_device *dev, void *out, const void *inp, size_t n);
 int dt__cuda_gelu_backward(struct dt_device *dev, float *dinp, const float *inp, const float *dout,
                            size_t n);
 int dt__cuda_residual_forward(struct dt_device *dev, float *out, const float *a, const float *b,

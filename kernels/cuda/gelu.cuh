@@ -1,8 +1,9 @@
 /* gelu.cuh — the GELU kernels (gelu.cu launches them, elementwise over a capped grid; its top
  * comment states the expression). Device code only, also compiled for the host by
- * tests/unit/cuda_emul.h. The forward reads fp32 and writes fp32, or reads a bf16 activation
- * (ops.h) and writes its values rounded to bf16; the bf16 backward is cuBLASLt's epilogue
- * (matmul.cu), or dgelu_to_bf16_kernel where cuBLASLt has no algorithm for it. */
+ * tests/unit/cuda_emul.h. The forward reads fp32 and writes fp32; under bf16 compute the forward
+ * and the backward are cuBLASLt's epilogues of the fc layer's forward and of the projection's
+ * dinp (matmul.cu), or gelu_aux_to_bf16_kernel and dgelu_to_bf16_kernel where cuBLASLt has no
+ * algorithm for them. */
 #ifndef DT_KERNELS_CUDA_GELU_CUH
 #define DT_KERNELS_CUDA_GELU_CUH
 
@@ -59,6 +60,22 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *inp, const
   DT__CUDA_FOR(i, n)
   {
     dinp[i] = gelu_grad(inp[i]) * dout[i];
+  }
+}
+
+/* dst = GELU(x) and pre = x, both rounded to bf16, of each fp32 x of src (rows of cols values,
+ * lds apart; dst's and pre's ldd apart): the bf16 linear layer's GELU_AUX epilogue as a pass of
+ * its own (src the fp32 product, its bias added). */
+__global__ static void gelu_aux_to_bf16_kernel(__nv_bfloat16 *dst, __nv_bfloat16 *pre, size_t ldd,
+                                               const float *src, size_t lds, size_t cols,
+                                               size_t total)
+{
+  DT__CUDA_FOR(i, total)
+  {
+    const size_t r = i / cols, c = i % cols;
+    const float x = src[r * lds + c];
+    dst[r * ldd + c] = __float2bfloat16_rn(gelu(x));
+    pre[r * ldd + c] = __float2bfloat16_rn(x);
   }
 }
 

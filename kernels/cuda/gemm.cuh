@@ -32,7 +32,10 @@ typedef struct {
  * gelu_in (bf16, laid out like C, or NULL): cuBLASLt's DGELU epilogue, each element of the
  * product multiplied by the GELU's derivative at gelu_in's element as it is stored (only the
  * bf16 linear layer's dinp, beta 0, c16, sets it: the backward of a layer whose input was
- * GELU(gelu_in)). c16: C is bf16, each element the fp32 result (the bias added, or the GELU's
+ * GELU(gelu_in)). gelu_pre (bf16, laid out like C, or NULL): cuBLASLt's GELU_AUX_BIAS
+ * epilogue, C getting GELU(x) of each element x of the product (the bias added) and gelu_pre x
+ * itself (only the bf16 linear layer's forward into the MLP's activation, beta 0, c16, bias16,
+ * sets it). c16: C is bf16, each element the fp32 result (the bias added, the GELU or its
  * derivative applied) rounded to nearest even as it is stored (only the bf16 linear layer's
  * forward with a bf16 output and its bf16 dinp, through the GELU or not, beta 0, set it); else C
  * is fp32.
@@ -49,6 +52,7 @@ typedef struct {
   int batch;
   const void *bias;
   const void *gelu_in;
+  void *gelu_pre;
   int c16;
   const float *Cin;
   int bias16;
@@ -64,7 +68,8 @@ static inline dt_gemm_t gemm_make(int ta, int tb, int m, int n, int k, float alp
                                   dt_gemm_mat_t B, float beta, void *C, int ldc, long long sC,
                                   int batch)
 {
-  dt_gemm_t g = {ta, tb, m, n, k, alpha, beta, A, B, C, ldc, sC, batch, NULL, NULL, 0, NULL, 0};
+  dt_gemm_t g = {ta,  tb, m,     n,    k,    alpha, beta, A,    B, C,
+                 ldc, sC, batch, NULL, NULL, NULL,  0,    NULL, 0};
   return g;
 }
 
@@ -86,13 +91,14 @@ static inline dt_gemm_t gemm_linear_forward(void *out, const void *inp, const vo
  * bias[i] first (the first m values of each of the n columns, bf16 where bias16), plus Cin's
  * element (beta 1) where g has one, and the product accumulates onto it (only for a product that
  * does not otherwise read C: beta 0, or 1 with a Cin, as the forward's). A GELU gradient comes with
- * a bf16 C, which linear_gemm makes in fp32 first and then applies it. */
+ * a bf16 C, which linear_gemm makes in fp32 first and then applies it; so does the GELU. */
 static inline dt_gemm_t gemm_seeded(dt_gemm_t g)
 {
   g.beta = g.bias || g.Cin ? 1.0f : g.beta;
   g.bias = NULL;
   g.bias16 = 0;
   g.gelu_in = NULL;
+  g.gelu_pre = NULL;
   g.Cin = NULL;
   return g;
 }

@@ -34,24 +34,28 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   const cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = g->bias      ? CUBLASLT_EPILOGUE_BIAS
-                                      : g->gelu_in ? CUBLASLT_EPILOGUE_DGELU
-                                                   : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epilogue =
+      g->gelu_pre  ? (g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+      : g->bias    ? CUBLASLT_EPILOGUE_BIAS
+      : g->gelu_in ? CUBLASLT_EPILOGUE_DGELU
+                   : CUBLASLT_EPILOGUE_DEFAULT;
+  const void *aux = g->gelu_pre ? (const void *)g->gelu_pre : g->gelu_in;
   const cudaDataType_t fp32 = CUDA_R_32F, cd = g->c16 ? CUDA_R_16BF : CUDA_R_32F;
   const int64_t aux_ld = g->ldc;
   memset(lt, 0, sizeof *lt);
   if (g->batch != 1 || (g->bias && g->gelu_in) || (g->c16 && g->beta != 0.0f) ||
-      (g->gelu_in && !g->c16)) {
+      ((g->gelu_in || g->gelu_pre) && !g->c16) || (g->gelu_pre && g->gelu_in)) {
     DT_ERROR(KERNEL,
-             "cuBLASLt GEMM: batch %d%s%s%s (only single products, with one epilogue; a bf16 C "
-             "only written; a GELU gradient into a bf16 C)",
+             "cuBLASLt GEMM: batch %d%s%s%s%s (only single products, with one epilogue; a bf16 C "
+             "only written; a GELU or its gradient into a bf16 C)",
              g->batch, g->bias && g->gelu_in ? ", bias and GELU gradient" : "",
-             g->c16 ? ", bf16 C" : "", g->gelu_in ? ", GELU gradient" : "");
+             g->c16 ? ", bf16 C" : "", g->gelu_in ? ", GELU gradient" : "",
+             g->gelu_pre ? ", GELU" : "");
     return DT_EINVAL;
   }
   /* cuBLASLt's rules: the GELU input's leading dimension a multiple of 8; the bias of D's type
    * (a bf16 bias with a bf16 C only; an fp32 bias with an fp32 C only) */
-  if ((g->gelu_in && aux_ld % 8) || (g->bias && g->bias16 != g->c16))
+  if (((g->gelu_in || g->gelu_pre) && aux_ld % 8) || (g->bias && g->bias16 != g->c16))
     return DT_ENOTSUP;
   /* Stored column-major: op(A) is m x k, so a transposed A is stored k x m; likewise B. */
   const int a_rows = g->ta ? g->k : g->m, a_cols = g->ta ? g->m : g->k;
@@ -84,14 +88,13 @@ int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, si
       DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &fp32, sizeof fp32), rc,
                     fail);
   }
-  /* The GELU input, laid out like C (the heuristic reads its alignment). Its type is left unset:
-   * it then is D's (bf16, as the forward's bf16 output wrote it), and cublasLt.h warns that
-   * setting it for a combination the library does not list makes cublasLtMatmul fail with
-   * INVALID_VALUE. */
-  if (g->gelu_in) {
-    DT_CHECK_GOTO(
-        set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->gelu_in, sizeof g->gelu_in),
-        rc, fail);
+  /* The GELU input, laid out like C (the heuristic reads its alignment): read by DGELU, written
+   * by GELU_AUX_BIAS. Its type is left unset: it then is D's (bf16, as the forward's bf16 output
+   * wrote it), and cublasLt.h warns that setting it for a combination the library does not list
+   * makes cublasLtMatmul fail with INVALID_VALUE. */
+  if (aux) {
+    DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), rc,
+                  fail);
     DT_CHECK_GOTO(set_op(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), rc,
                   fail);
   }

@@ -1,6 +1,6 @@
 /* gemm_lt.h — a gemm.cuh descriptor as cuBLASLt's: the operation (transposes, fp32 accumulation,
- * the bias or GELU-gradient epilogue), the three matrix layouts and the algorithm preferences
- * (workspace, the operands' actual alignment) that matmul.cu hands to
+ * the bias, GELU and GELU-gradient epilogues), the three matrix layouts and the algorithm
+ * preferences (workspace, the operands' actual alignment) that matmul.cu hands to
  * cublasLtMatmulAlgoGetHeuristic and cublasLtMatmul. Built apart from any device: cuBLASLt's
  * descriptors are host objects that it validates as they are set (an attribute of the wrong size or
  * value is refused), so tests/unit/test_cuda_lt.c builds the linear layer's on machines without a
@@ -27,10 +27,11 @@ typedef struct {
 
 /* Builds the cuBLASLt form of g (batch 1) with A and B of type ab (CUDA_R_32F or CUDA_R_16BF),
  * C fp32 (bf16 with g->c16), CUBLAS_COMPUTE_32F (no TF32), an fp32 bias, and at most ws_bytes
- * of workspace. 0, or DT_EINVAL for a batched descriptor, one with both epilogues, a bf16 C
- * that is read (beta != 0) or gets the GELU gradient, or a leading dimension shorter than its
- * stored rows (which cuBLASLt would only refuse on the GPU), or DT_ENOTSUP (nothing logged) for a
- * GELU input whose leading dimension cuBLASLt does not take (not a multiple of 8), or DT_ECUDA with
+ * of workspace. 0, or DT_EINVAL for a batched descriptor, one with a bias and the GELU gradient
+ * or with the GELU and its gradient, a bf16 C that is read (beta != 0), an fp32 C that gets the
+ * GELU or its gradient, or a leading dimension shorter than its stored rows (which cuBLASLt would
+ * only refuse on the GPU), or DT_ENOTSUP (nothing logged) for a GELU input (read or written)
+ * whose leading dimension cuBLASLt does not take (not a multiple of 8), or DT_ECUDA with
  * the refused call logged; on failure *lt holds nothing to release. */
 int dt_lt_gemm_build(dt_lt_gemm_t *lt, const dt_gemm_t *g, cudaDataType_t ab, size_t ws_bytes);
 void dt_lt_gemm_release(dt_lt_gemm_t *lt);

@@ -2,8 +2,9 @@
  * kernels/cpu/matmul.c). PyTorch's nn.Linear convention: weight is (OC, C) and
  * out = inp @ weight^T + bias. The GEMMs' column-major views are gemm.cuh's (built there, run
  * here): the layer's products by cuBLASLt (linear_gemm), the forward's bias added by its BIAS
- * epilogue as the product is stored (no pass of its own over the output), the bf16 dinp's GELU
- * backward by its DGELU epilogue (into bf16, the GELU's input bf16 too); the bias gradient, a
+ * epilogue as the product is stored (no pass of its own over the output), the bf16 fc layer's
+ * GELU by its GELU_AUX_BIAS epilogue (the activation and the GELU's input, both bf16, in one
+ * pass), the bf16 dinp's GELU backward by its DGELU epilogue (into bf16); the bias gradient, a
  * column sum, by cublasSgemv (dt__cuda_gemm, which attention.cu uses too), or under bf16 compute
  * in the pass that copies the output gradient to bf16 (to_bf16_colsum_kernel), which also sums
  * a gradient that exists in bf16 only.
@@ -75,7 +76,7 @@ static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t
 {
   const long long flags = g->ta | g->tb << 1 | (ab == CUDA_R_16BF) << 2 | (g->bias != NULL) << 3 |
                           g->bias16 << 4 | g->c16 << 5 | (g->gelu_in != NULL) << 6 |
-                          (g->Cin != NULL) << 7;
+                          (g->Cin != NULL) << 7 | (g->gelu_pre != NULL) << 8;
   const long long f[] = {g->m, g->n, g->k, g->A.ld, g->B.ld, g->ldc, flags};
   unsigned long long h = 1469598103934665603ULL; /* FNV-1a over the fields */
   for (size_t i = 0; i < DT_ARRAY_SIZE(f); i++)
@@ -95,10 +96,10 @@ static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t
 
 /* One product of the linear layer: by cuBLASLt, or by cuBLAS, the same arithmetic (fp32
  * accumulation, the bias added to the fp32 result, a bf16 output rounded from it, through the
- * GELU's derivative for the GELU gradient) with a pass that seeds the output with the bias before
- * (gemm_seeded), and a bf16 output made in fp32 in the staging buffer (by cuBLASLt where only the
- * bf16 output had no algorithm) and rounded from there (dgelu_to_bf16_kernel applies the
- * derivative on the way): with
+ * GELU or its derivative) with a pass that seeds the output with the bias before (gemm_seeded),
+ * and a bf16 output made in fp32 in the staging buffer (by cuBLASLt where only the bf16 output
+ * had no algorithm) and rounded from there (gelu_aux_to_bf16_kernel and dgelu_to_bf16_kernel
+ * apply the GELU and its derivative on the way): with
  * DISTRAIN_CUDA_CUBLASLT=0, or for a product cuBLASLt has no algorithm for, counted in
  * cu->lt_fallbacks and named in a WARN line (first_fallback), so that a run on a new GPU or
  * library still trains (test_cuda fails on any fallback). */
@@ -115,7 +116,8 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
               "%d%s%s); %s",
               cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
               g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc,
-              g->bias      ? (g->Cin      ? ", bias epilogue and a residual C"
+              g->gelu_pre  ? ", GELU epilogue"
+              : g->bias    ? (g->Cin      ? ", bias epilogue and a residual C"
                               : g->bias16 ? ", bf16 bias epilogue"
                                           : ", bias epilogue")
               : g->gelu_in ? ", GELU-gradient epilogue"
@@ -126,7 +128,8 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
                      : "such products run on cuBLAS, with the epilogue as a pass of its own");
   }
   if (g->c16) { /* C (m x n, ld ldc; contiguous with a GELU gradient) rounded from the fp32
-                 * product (through the GELU), staged contiguous, in blocks of columns of at most
+                 * product (through the GELU or its gradient, the GELU's input into gelu_pre),
+                 * staged contiguous, in blocks of columns of at most
                  * stage_max bytes (the LM head's whole product would be 3.3 GB at gpt2-124m b16);
                  * op(B)'s and C's columns are the block's (c16 products are batch 1) */
     const size_t col_bytes = (size_t)g->m * sizeof(float), esize = ab == CUDA_R_16BF ? 2 : 4;
@@ -139,6 +142,7 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
       f.B.p = (const char *)g->B.p + (size_t)j0 * (g->tb ? 1 : (size_t)g->B.ld) * esize;
       f.c16 = 0;
       f.gelu_in = NULL;
+      f.gelu_pre = NULL;
       f.C = stage;
       f.ldc = g->m;
       DT_CHECK(linear_gemm(cu, &f, ab)); /* on cuBLASLt where it has an fp32-output algorithm */
@@ -148,6 +152,10 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
       if (g->gelu_in)
         dgelu_to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
             c, (const __nv_bfloat16 *)g->gelu_in + (size_t)j0 * g->m, (const float *)stage, total);
+      else if (g->gelu_pre)
+        gelu_aux_to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
+            c, (__nv_bfloat16 *)g->gelu_pre + (size_t)j0 * g->ldc, (size_t)g->ldc,
+            (const float *)stage, (size_t)g->m, (size_t)g->m, total);
       else
         to_bf16_kernel<<<grid, DT__CUDA_THREADS, 0, cu->stream>>>(
             c, (size_t)g->ldc, (const float *)stage, (size_t)g->m, (size_t)g->m, total);
@@ -320,13 +328,14 @@ int dt__cuda_to_bf16(struct dt_device *dev, void *dst, const float *src, size_t 
 /* inp is a bf16 activation (ops.h): the GEMM reads it as it is; the weight (unless the caller
  * holds its bf16 values) and in the backward dout (likewise) get bf16 copies in the workspace.
  * out16: cuBLASLt writes out in bf16 (C and D bf16), the bias's bf16 copy beside the weight's
- * (its epilogue takes a bias of D's type only). res: the GEMM's C input (beta 1), D out. */
+ * (its epilogue takes a bias of D's type only). res: the GEMM's C input (beta 1), D out. gelu:
+ * D is gelu, and out the GELU_AUX_BIAS epilogue's auxiliary output (the GELU's input). */
 int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, const void *inp,
                                  const float *weight, const void *weight16, const float *bias,
-                                 const float *res, int N, int C, int OC, int ldo)
+                                 const float *res, void *gelu, int N, int C, int OC, int ldo)
 {
   dt_cuda_impl_t *cu = dt__cuda(dev);
-  DT_CHECK(dt_bf16_forward_check(out16, res, OC, ldo));
+  DT_CHECK(dt_bf16_forward_check(out16, res, gelu, OC, ldo));
   if (N <= 0 || OC <= 0)
     return 0;
   bf16_operand_t op[2] = {{weight, (size_t)OC, (size_t)C, (size_t)C, NULL, NULL},
@@ -334,7 +343,10 @@ int dt__cuda_matmul_forward_bf16(struct dt_device *dev, void *out, int out16, co
   const int copy_w = !weight16, copy_b = out16 && bias;
   if (copy_w || copy_b)
     DT_CHECK(bf16_operands(cu, op + (copy_w ? 0 : 1), copy_w + copy_b));
-  dt_gemm_t g = gemm_linear_forward(out, inp, weight16 ? weight16 : op[0].dst, bias, N, C, OC, ldo);
+  /* with the GELU: D gets GELU(x), the epilogue's auxiliary output x */
+  dt_gemm_t g = gemm_linear_forward(gelu ? gelu : out, inp, weight16 ? weight16 : op[0].dst, bias,
+                                    N, C, OC, ldo);
+  g.gelu_pre = gelu ? out : NULL;
   if (copy_b)
     g.bias = op[1].dst, g.bias16 = 1;
   g.c16 = out16 != 0;

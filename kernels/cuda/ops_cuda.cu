@@ -37,7 +37,6 @@ static constexpr dt_ops_t make_cuda_ops(void)
   o.attention_forward_flash_bf16 = dt__cuda_attention_forward_flash_bf16;
   o.attention_backward_flash_bf16 = dt__cuda_attention_backward_flash_bf16;
   o.gelu_forward = dt__cuda_gelu_forward;
-  o.gelu_forward_bf16 = dt__cuda_gelu_forward_bf16;
   o.gelu_backward = dt__cuda_gelu_backward;
   o.residual_forward = dt__cuda_residual_forward;
   o.crossentropy_forward_backward = dt__cuda_crossentropy_forward_backward;

@@ -1232,14 +1232,14 @@ typedef struct {
   int64_t rows, cols, ld, stride;
 } mat_t;
 
-typedef enum { EPI_NONE, EPI_BIAS, EPI_DGELU } epi_kind_t;
+typedef enum { EPI_NONE, EPI_BIAS, EPI_DGELU, EPI_GELU_AUX } epi_kind_t;
 
 /* What is done to each element after alpha op(A) op(B) + beta C (cuBLASLt's epilogues). */
 typedef struct {
   epi_kind_t kind;
-  const void *bias; /* m values of bias_type */
+  const void *bias; /* m values of bias_type (EPI_BIAS; EPI_GELU_AUX where not NULL) */
   cudaDataType_t bias_type;
-  const void *aux; /* m x n, ld aux_ld, of aux_type: the GELU's input */
+  void *aux; /* m x n, ld aux_ld, of aux_type: the GELU's input (DGELU reads it, GELU_AUX writes) */
   cudaDataType_t aux_type;
   int64_t aux_ld;
 } epi_t;
@@ -1316,6 +1316,14 @@ static const float *by_rows(const mat_t &M, int64_t b, bool t, std::vector<float
   return buf.data();
 }
 
+/* The GELU at x (tanh approximation), the expression of kernels/cpu/gelu.c's dt_cpu_gelu_forward
+ * and kernels/cuda/gelu.cuh's gelu, in fp32 like them. */
+static float gelu(float x)
+{
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x); /* sqrt(2/pi) (...) */
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
 /* The GELU's derivative at x (tanh approximation), the expression of kernels/cpu/gelu.c's
  * dt_cpu_gelu_backward and kernels/cuda/gelu.cuh's gelu_backward_kernel, in fp32 like them. */
 static float gelu_grad(float x)
@@ -1387,10 +1395,10 @@ DT_EMUL_HOT_LOOP static void sums_in_place(const mat_t &A, int64_t base, int64_t
 
 /* Batch b of D (m x n, ldd) = alpha op(A) op(B) + beta C (ldc), then the epilogue; C and D
  * point at batch b's matrices, both of type cd. Each element's sum runs over l = 0..k-1 in
- * double (dot); the result is rounded to fp32 once (the bias added before, the GELU's derivative
- * multiplied after, as the cuBLAS fallback of matmul.cu does it: bias seeded into C,
- * gelu_backward_kernel on the stored product), then to a bf16 D's type. False when the host
- * is out of memory. */
+ * double (dot); the result is rounded to fp32 once (the bias added before, the GELU or its
+ * derivative applied after, as the cuBLAS fallback of matmul.cu does it: bias seeded into C, the
+ * GELU's kernels on the stored product), then to a bf16 D's type; GELU_AUX stores the GELU's
+ * input x, so rounded, in aux and GELU(x) in D. False when the host is out of memory. */
 static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A, bool ta,
                     const mat_t &B, bool tb, float beta, const void *C, int64_t ldc, void *D,
                     int64_t ldd, cudaDataType_t cd, const epi_t &epi, int64_t b)
@@ -1427,11 +1435,15 @@ static bool product(int64_t m, int64_t n, int64_t k, float alpha, const mat_t &A
           t = (double)alpha * (in_place ? col[i] : dot(a + i * lda, bt + j * ldb, k));
         if (beta != 0.0f)
           t += (double)beta * (double)load(C, cd, i + j * ldc);
-        if (epi.kind == EPI_BIAS)
+        if (epi.bias)
           t += (double)load(epi.bias, epi.bias_type, i);
         float v = (float)t;
         if (epi.kind == EPI_DGELU)
           v = gelu_grad(load(epi.aux, epi.aux_type, i + j * epi.aux_ld)) * v;
+        if (epi.kind == EPI_GELU_AUX) {
+          store(epi.aux, epi.aux_type, i + j * epi.aux_ld, v);
+          v = gelu(v);
+        }
         store(D, cd, i + j * ldd, v);
       }
     }
@@ -2022,6 +2034,7 @@ typedef struct {
   int64_t m, n, k, batch;
   bool ta, tb;
   epi_kind_t epi;
+  bool biased; /* the epilogue adds the bias (BIAS, GELU_AUX_BIAS) */
   cudaDataType_t ab, bias_type, aux_type;
 } lt_problem_t;
 
@@ -2040,6 +2053,11 @@ typedef struct {
  *   no less than the number of rows in the output matrix" (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
  *   So D(i, j) = GELU'(aux[i + j aux_ld]) * (the product's element), GELU' of the tanh
  *   approximation (the GPT-2 GELU, gelu_grad above).
+ * - "GELU and Bias, apply Bias and then GELU transform. This epilogue mode outputs GELU input
+ *   as a separate matrix (useful for training)." (CUBLASLT_EPILOGUE_GELU_AUX_BIAS; GELU_AUX
+ *   without the bias): the aux matrix is the "Output of GELU input matrix in forward pass", with
+ *   DGELU's rule on its leading dimension; so aux(i, j) = x and D(i, j) = GELU(x) for each
+ *   element x of the product, the bias added, each rounded to its matrix's type.
  * - The bias and aux types default (-1) to D's ("Bias vector elements are the same type as the
  *   elements of output matrix (Dtype)"; CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, _AUX_DATA_TYPE).
  *   A bias of another type is NOT_SUPPORTED, as on an H200 with CUDA 13's cuBLASLt, which had
@@ -2068,9 +2086,14 @@ static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublas
   const lt_desc_t &o = p->op;
   const char *why = NULL;
   p->ab = (cudaDataType_t)p->A.type;
-  p->epi = o.epilogue == CUBLASLT_EPILOGUE_BIAS    ? EPI_BIAS
-           : o.epilogue == CUBLASLT_EPILOGUE_DGELU ? EPI_DGELU
-                                                   : EPI_NONE;
+  p->epi =
+      o.epilogue == CUBLASLT_EPILOGUE_BIAS    ? EPI_BIAS
+      : o.epilogue == CUBLASLT_EPILOGUE_DGELU ? EPI_DGELU
+      : o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+          ? EPI_GELU_AUX
+          : EPI_NONE;
+  p->biased = o.epilogue == CUBLASLT_EPILOGUE_BIAS || o.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool has_aux = p->epi == EPI_DGELU || p->epi == EPI_GELU_AUX;
   p->bias_type = o.bias_type == -1 ? (cudaDataType_t)p->D.type : (cudaDataType_t)o.bias_type;
   p->aux_type = o.aux_type == -1 ? (cudaDataType_t)p->D.type : (cudaDataType_t)o.aux_type;
   if (o.compute != CUBLAS_COMPUTE_32F)
@@ -2085,10 +2108,10 @@ static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublas
            p->C.order != CUBLASLT_ORDER_COL || p->D.order != CUBLASLT_ORDER_COL)
     why = "matrix order (CUBLASLT_ORDER_COL only)";
   else if (o.epilogue != CUBLASLT_EPILOGUE_DEFAULT && p->epi == EPI_NONE)
-    why = "epilogue (DEFAULT, BIAS and DGELU only)";
-  else if (p->epi == EPI_BIAS && p->bias_type != (cudaDataType_t)p->D.type)
+    why = "epilogue (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS and DGELU only)";
+  else if (p->biased && p->bias_type != (cudaDataType_t)p->D.type)
     why = "bias type (D's only: the documented exceptions are IMMA and fp8 kernels)";
-  else if (p->epi == EPI_DGELU && p->aux_type != CUDA_R_32F && p->aux_type != CUDA_R_16BF)
+  else if (has_aux && p->aux_type != CUDA_R_32F && p->aux_type != CUDA_R_16BF)
     why = "aux type (CUDA_R_32F or CUDA_R_16BF only)";
   for (int i = 0; i < 4 && !why; i++)
     if (dst[i]->rows > INT32_MAX || dst[i]->cols > INT32_MAX)
@@ -2135,7 +2158,7 @@ static cublasStatus_t lt_resolve(const char *fn, cublasLtMatmulDesc_t op, cublas
       return CUBLAS_STATUS_INVALID_VALUE;
     }
   }
-  if (p->epi == EPI_DGELU && (o.aux_ld < (p->m > 1 ? p->m : 1) || o.aux_ld % 8)) {
+  if (has_aux && (o.aux_ld < (p->m > 1 ? p->m : 1) || o.aux_ld % 8)) {
     report("%s: EPILOGUE_AUX_LD %lld must be a multiple of 8 and at least D's %lld rows", fn,
            (long long)o.aux_ld, (long long)p->m);
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -2379,8 +2402,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   for (int i = 0; i < 4; i++)
     if (pref.align[i] % es[i])
       return CUBLAS_STATUS_SUCCESS; /* no algorithm */
-  if ((p.epi == EPI_BIAS && !aligned_to(p.op.bias, type_bytes(p.bias_type))) ||
-      (p.epi == EPI_DGELU && !aligned_to(p.op.aux, type_bytes(p.aux_type))))
+  if ((p.biased && !aligned_to(p.op.bias, type_bytes(p.bias_type))) ||
+      (p.epi != EPI_NONE && p.epi != EPI_BIAS && !aligned_to(p.op.aux, type_bytes(p.aux_type))))
     return CUBLAS_STATUS_SUCCESS;
   cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[0];
   memset(r, 0, sizeof *r);
@@ -2434,8 +2457,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   /* Without the preference here, each pointer must be at least element-aligned. */
   if (!aligned_to(A, eab) || !aligned_to(B, eab) || !aligned_to(C, type_bytes(cd)) ||
       !aligned_to(D, type_bytes(cd)) ||
-      (p.epi == EPI_BIAS && !aligned_to(p.op.bias, type_bytes(p.bias_type))) ||
-      (p.epi == EPI_DGELU && !aligned_to(p.op.aux, type_bytes(p.aux_type)))) {
+      (p.biased && !aligned_to(p.op.bias, type_bytes(p.bias_type))) ||
+      (p.epi != EPI_NONE && p.epi != EPI_BIAS && !aligned_to(p.op.aux, type_bytes(p.aux_type)))) {
     report("%s: a pointer is not aligned to its elements: A %p, B %p (%zu bytes), C %p, D %p, "
            "bias %p, aux %p",
            fn, A, B, eab, C, (void *)D, p.op.bias, p.op.aux);
@@ -2460,16 +2483,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
       !check_mat(fn, "D", mD, p.batch, dev))
     return CUBLAS_STATUS_INVALID_VALUE;
   epi_t epi = {p.epi, NULL, p.bias_type, NULL, p.aux_type, p.op.aux_ld};
-  if (p.epi == EPI_BIAS) { /* m packed values, the same for every batch (no batch stride set) */
+  if (p.biased) { /* m packed values, the same for every batch (no batch stride set) */
     const mat_t bias = {p.op.bias, p.bias_type, p.m, 1, p.m, 0};
     if (!check_mat(fn, "the bias", bias, 1, dev))
       return CUBLAS_STATUS_INVALID_VALUE;
     epi.bias = p.op.bias;
-  } else if (p.epi == EPI_DGELU) { /* m x n, ld aux_ld, likewise */
+  }
+  if (p.epi == EPI_DGELU || p.epi == EPI_GELU_AUX) { /* m x n, ld aux_ld, likewise */
     const mat_t aux = {p.op.aux, p.aux_type, p.m, p.n, p.op.aux_ld, 0};
     if (!check_mat(fn, "the GELU input (aux)", aux, 1, dev))
       return CUBLAS_STATUS_INVALID_VALUE;
-    epi.aux = p.op.aux;
+    epi.aux = (void *)p.op.aux; /* written by GELU_AUX */
   }
   enqueue(stream, [=] {
     for (int64_t i = 0; i < p.batch; i++) {

@@ -458,7 +458,12 @@ END_TEST
  * documented semantics. beta = 0 never reads C, and nothing outside the m x n blocks is written,
  * so the NaN and sentinel fills below stay where they are or the check fails. */
 
-/* GELU's derivative (the tanh form, GPT-2's), in double. */
+/* GELU (the tanh form, GPT-2's) and its derivative, in double. */
+static double ref_gelu(double x)
+{
+  return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
 static double ref_dgelu(double x)
 {
   const double s = sqrt(2.0 / M_PI), u = s * (x + 0.044715 * x * x * x), th = tanh(u);
@@ -487,7 +492,11 @@ static void ref_gemm(const dt_gemm_t &g)
         const double b = !g.bias    ? 0.0
                          : g.bias16 ? (double)__bfloat162float(((const __nv_bfloat16 *)g.bias)[i])
                                     : (double)((const float *)g.bias)[i];
-        const float v = (float)((g.alpha * acc + c + b) * d);
+        float v = (float)((g.alpha * acc + c + b) * d);
+        if (g.gelu_pre) { /* GELU_AUX: x into gelu_pre, GELU(x) into C */
+          ((__nv_bfloat16 *)g.gelu_pre)[at] = __float2bfloat16_rn(v);
+          v = (float)ref_gelu(v);
+        }
         if (g.c16) /* rounded as it is stored */
           ((__nv_bfloat16 *)g.C + t * g.sC)[at] = __float2bfloat16_rn(v);
         else
@@ -556,6 +565,54 @@ static void check_linear(int N, int C, int OC, int ld, bool bias)
   expect_close("linear backward dinp", dinp_g, dinp_h);
   expect_close("linear backward dweight (+=)", dw_g, dw_h);
   expect_close("linear backward dbias (+=)", db_g, db_h);
+
+  /* Into the MLP's activation (bf16, rows ld apart): GELU(x) and x itself (gelu_pre) of each
+   * output x, by the GELU_AUX epilogue's form and matmul.cu's fallback (the fp32 product staged,
+   * then gelu_aux_to_bf16_kernel), against the CPU's output, GELU and rounding: within bf16's ulp,
+   * plus the fp32 tolerance; the columns past OC untouched */
+  {
+    const size_t no = (size_t)N * ld;
+    std::vector<float> gl_h((size_t)N * OC), stage_f(total, NAN);
+    for (int r = 0; r < N; r++)
+      dt_cpu_gelu_forward(gl_h.data() + (size_t)r * OC, out_h.data() + (size_t)r * ld, (size_t)OC);
+    std::vector<__nv_bfloat16> ge(no, __nv_bfloat16{0x7777u}), pe = ge, gs = ge, ps = ge;
+    dt_gemm_t g =
+        gemm_linear_forward(ge.data(), inp.data(), w.data(), bias ? b.data() : NULL, N, C, OC, ld);
+    g.gelu_pre = pe.data(), g.c16 = 1;
+    ref_gemm(g);
+    dt_gemm_t f = g; /* linear_gemm's staged form: contiguous fp32, then the pass */
+    f.C = stage_f.data(), f.ldc = OC, f.c16 = 0, f.gelu_pre = NULL;
+    if (bias)
+      launch_elementwise(
+          total, [&] { linear_seed_kernel(stage_f.data(), b.data(), NULL, OC, OC, total); });
+    ref_gemm(gemm_seeded(f));
+    launch_elementwise(total, [&] {
+      gelu_aux_to_bf16_kernel(gs.data(), ps.data(), (size_t)ld, stage_f.data(), (size_t)OC,
+                              (size_t)OC, total);
+    });
+    float scale = 0.0f;
+    for (size_t i = 0; i < total; i++)
+      scale = fmaxf(scale, fmaxf(fabsf(gl_h[i]), fabsf(out_h[i / OC * ld + i % OC])));
+    for (int r = 0; r < N; r++)
+      for (int o = 0; o < ld; o++) {
+        const size_t at = (size_t)r * ld + o;
+        if (o >= OC) {
+          ck_assert(ge[at].x == 0x7777u && pe[at].x == 0x7777u && gs[at].x == 0x7777u &&
+                    ps[at].x == 0x7777u);
+          continue;
+        }
+        const float wg = gl_h[(size_t)r * OC + o], wp = out_h[at];
+        const float got[4] = {__bfloat162float(ge[at]), __bfloat162float(gs[at]),
+                              __bfloat162float(pe[at]), __bfloat162float(ps[at])};
+        for (int k = 0; k < 4; k++) {
+          const float ref = k < 2 ? wg : wp;
+          ck_assert_msg(fabsf(got[k] - ref) <= 0x1p-8f * fabsf(ref) + 1e-5f * scale,
+                        "linear forward into the GELU [%d, %d]: %s %s %g, the CPU's %g", r, o,
+                        k % 2 ? "staged" : "epilogue", k < 2 ? "GELU" : "input", (double)got[k],
+                        (double)ref);
+        }
+      }
+  }
 
   /* dinp through a GELU of x (bf16, as is dinp then): the epilogue's form, and matmul.cu's
    * fallback (the fp32 product staged, then dgelu_to_bf16_kernel), against the CPU's product,

@@ -66,9 +66,9 @@ static void check_layout(cublasLtMatrixLayout_t l, want_t w, const char *what)
 }
 
 /* The operation: fp32 accumulation and scale, the transposes, the epilogue and its bias or GELU
- * input (D's type, bf16; leading dimension gelu_ld). */
+ * input, read (gelu_in) or written (gelu_pre) (D's type, bf16; leading dimension gelu_ld). */
 static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const void *bias, int bias16,
-                     const void *gelu_in, int64_t gelu_ld)
+                     const void *gelu_in, const void *gelu_pre, int64_t gelu_ld)
 {
   int32_t compute = -1, scale = -1, opa = -1, opb = -1;
   uint32_t epilogue = 0;
@@ -83,9 +83,11 @@ static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const void *bias, i
   ck_assert_int_eq(scale, CUDA_R_32F);
   ck_assert_int_eq(opa, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
   ck_assert_int_eq(opb, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
-  ck_assert_int_eq(epilogue, bias      ? CUBLASLT_EPILOGUE_BIAS
-                             : gelu_in ? CUBLASLT_EPILOGUE_DGELU
-                                       : CUBLASLT_EPILOGUE_DEFAULT);
+  ck_assert_int_eq(epilogue,
+                   gelu_pre  ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                   : bias    ? CUBLASLT_EPILOGUE_BIAS
+                   : gelu_in ? CUBLASLT_EPILOGUE_DGELU
+                             : CUBLASLT_EPILOGUE_DEFAULT);
   ck_assert_ptr_eq(ptr, bias);
   if (bias) {
     int32_t btype = -1;
@@ -94,8 +96,8 @@ static void check_op(const dt_lt_gemm_t *lt, int ta, int tb, const void *bias, i
   }
   const void *aux = (const void *)1;
   op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
-  ck_assert_ptr_eq(aux, gelu_in);
-  if (gelu_in) {
+  ck_assert_ptr_eq(aux, gelu_pre ? gelu_pre : gelu_in);
+  if (aux) {
     int64_t ld = 0;
     int32_t type = 0;
     op_get(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
@@ -150,7 +152,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
   for (int with_bias = 0; with_bias < 2; with_bias++) {
     const dt_gemm_t g = gemm_linear_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC, ld);
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 1, 0, with_bias ? bias : NULL, 0, NULL, 0);
+    check_op(&lt, 1, 0, with_bias ? bias : NULL, 0, NULL, NULL, 0);
     check_layout(lt.A, weight, "forward A (weight)");
     check_layout(lt.B, input, "forward B (inp)");
     check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)OC, (uint64_t)N, ld}, "forward C (out)");
@@ -184,9 +186,25 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), DT_ENOTSUP);
     g.c16 = 1;
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 1, 0, bias, 1, NULL, 0);
+    check_op(&lt, 1, 0, bias, 1, NULL, NULL, 0);
     check_layout(lt.C, (want_t){CUDA_R_16BF, (uint64_t)OC, (uint64_t)N, ld}, "forward C (bf16)");
     dt_lt_gemm_release(&lt);
+    /* through the GELU (the fc layer's): D the GELU, its input written to gelu_pre (laid out
+     * like D, bf16 like it), with the bias (GELU_AUX_BIAS) or without (GELU_AUX); a leading
+     * dimension not a multiple of 8 is not cuBLASLt's */
+    void *pre = (void *)at(0xa0000, off, 4);
+    g.gelu_pre = pre;
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+      g.bias = with_bias ? bias : NULL;
+      g.bias16 = with_bias;
+      const int rc = dt_lt_gemm_build(&lt, &g, ab, ws);
+      ck_assert_int_eq(rc, ld % 8 ? DT_ENOTSUP : 0);
+      if (rc)
+        continue;
+      check_op(&lt, 1, 0, g.bias, with_bias, NULL, pre, ld);
+      check_layout(lt.C, (want_t){CUDA_R_16BF, (uint64_t)OC, (uint64_t)N, ld}, "forward C (GELU)");
+      dt_lt_gemm_release(&lt);
+    }
   }
 
   /* dinp, and (bf16, C a multiple of 8) through a GELU into bf16: the GELU input (N, C) laid
@@ -198,7 +216,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
     g.gelu_in = through_gelu ? gelu_in : NULL;
     g.c16 = through_gelu;
     ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-    check_op(&lt, 0, 0, NULL, 0, g.gelu_in, C);
+    check_op(&lt, 0, 0, NULL, 0, g.gelu_in, NULL, C);
     check_layout(lt.A, weight, "dinp A (weight)");
     check_layout(lt.B, grad, "dinp B (dout)");
     check_layout(lt.C,
@@ -211,7 +229,7 @@ static void check_linear(int N, int C, int OC, int ld, cudaDataType_t ab, size_t
 
   dt_gemm_t g = gemm_linear_dweight(dw, dout, inp, N, C, OC, ld);
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, ab, ws), 0);
-  check_op(&lt, 0, 1, NULL, 0, NULL, 0);
+  check_op(&lt, 0, 1, NULL, 0, NULL, NULL, 0);
   check_layout(lt.A, input, "dweight A (inp)");
   check_layout(lt.B, grad, "dweight B (dout)");
   check_layout(lt.C, (want_t){CUDA_R_32F, (uint64_t)C, (uint64_t)OC, C}, "dweight C (dweight)");
@@ -272,6 +290,16 @@ START_TEST(test_alignment_and_refusals)
   g.gelu_in = NULL;
   g.c16 = 1;
   g.beta = 1.0f;
+  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
+  ck_assert_ptr_null(lt.op);
+  /* the GELU only into a bf16 C, and never beside its gradient */
+  g = gemm_linear_forward((void *)0x1000, (const void *)0x2000, (const void *)0x3000, NULL, 4, 16,
+                          8, 8);
+  g.gelu_pre = (void *)0x4000;
+  ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
+  ck_assert_ptr_null(lt.op);
+  g.c16 = 1;
+  g.gelu_in = (const void *)0x5000;
   ck_assert_int_eq(dt_lt_gemm_build(&lt, &g, CUDA_R_16BF, 1 << 20), DT_EINVAL);
   ck_assert_ptr_null(lt.op);
 }

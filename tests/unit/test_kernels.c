@@ -784,9 +784,9 @@ START_TEST(test_matmul_bf16)
                    DT_EINVAL);
   /* the table's entries */
   ck_assert_ptr_nonnull(ops->matmul_forward_bf16);
-  ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, NULL, N, C, OC, ld),
-      0);
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), plain, 0, in16, w, NULL, bias, NULL,
+                                            NULL, N, C, OC, ld),
+                   0);
   ck_assert(memcmp(out, plain, (size_t)N * ld * sizeof(float)) == 0);
   /* into a bf16 output (out16), rows OC and ld apart: the fp32 output's values with the bias's
    * bf16 value (as PyTorch autocast), rounded, bit for bit, the columns past OC untouched; rows
@@ -794,23 +794,23 @@ START_TEST(test_matmul_bf16)
   float *b16 = falloc((size_t)OC), *out_b16 = falloc((size_t)N * ld);
   for (int o = 0; o < OC; o++)
     b16[o] = ref_bf16(bias[o]);
-  ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), out_b16, 0, in16, w, NULL, b16, NULL, N, C, OC, ld),
-      0);
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), out_b16, 0, in16, w, NULL, b16, NULL,
+                                            NULL, N, C, OC, ld),
+                   0);
   float *o16 = falloc((size_t)N * ld);
   for (int ldo = OC; ldo <= ld; ldo += ld - OC) {
     for (size_t i = 0; i < (size_t)N * ld; i++)
       o16[i] = GARBAGE;
-    ck_assert_int_eq(
-        ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL, N, C, OC, ldo),
-        0);
+    ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL,
+                                              NULL, N, C, OC, ldo),
+                     0);
     for (size_t i = 0; i < (size_t)N; i++)
       for (size_t j = 0; j < (size_t)ldo; j++)
         ck_assert(j < (size_t)OC ? o16[i * ldo + j] == ref_bf16(out_b16[i * ld + j])
                                  : o16[i * ldo + j] == GARBAGE);
   }
-  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL, N,
-                                            C, OC, OC - 1),
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL,
+                                            NULL, N, C, OC, OC - 1),
                    DT_EINVAL);
   /* with a residual (res): res + the output above, as residual_forward adds it, bit for bit, the
    * columns past OC untouched; refused into a bf16 output */
@@ -818,18 +818,46 @@ START_TEST(test_matmul_bf16)
   float *want_sum = filled((size_t)N * ld, 0.5f);
   for (size_t i = 0; i < (size_t)N; i++)
     dt_cpu_residual_forward(want_sum + i * ld, res + i * ld, out + i * ld, (size_t)OC);
-  ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), sum, 0, in16, w, NULL, bias, res, N, C, OC, ld), 0);
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), sum, 0, in16, w, NULL, bias, res, NULL,
+                                            N, C, OC, ld),
+                   0);
   ck_assert(memcmp(sum, want_sum, (size_t)N * ld * sizeof(float)) == 0);
-  ck_assert_int_eq(
-      ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, res, N, C, OC, OC),
-      DT_EINVAL);
-  /* the GELU of a bf16 activation into one: the fp32 GELU's values rounded, bit for bit */
-  float *g32 = falloc((size_t)N * C), *gl16 = filled((size_t)N * C, GARBAGE);
-  ck_assert_int_eq(ops->gelu_forward(dt_device_cpu(), g32, in16, (size_t)N * C), 0);
-  ck_assert_int_eq(ops->gelu_forward_bf16(dt_device_cpu(), gl16, in16, (size_t)N * C), 0);
-  for (size_t i = 0; i < (size_t)N * C; i++)
-    ck_assert(gl16[i] == ref_bf16(g32[i]));
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, res, NULL,
+                                            N, C, OC, OC),
+                   DT_EINVAL);
+  /* with the GELU (gelu), rows OC and ld apart: out16's bits as above, and gelu gets the fp32
+   * GELU of each unrounded output (out_b16's values, as gelu_forward computes them over the
+   * same runs: the whole output where its rows are contiguous, else row by row, since its vector
+   * and scalar tanhf may differ in the last ulp) rounded, bit for bit, the columns past OC
+   * untouched in both; refused beside an fp32 output or a residual */
+  float *x32 = falloc((size_t)N * OC), *g32 = falloc((size_t)N * OC),
+        *gl16 = falloc((size_t)N * ld);
+  for (size_t i = 0; i < (size_t)N; i++)
+    memcpy(x32 + i * OC, out_b16 + i * ld, (size_t)OC * sizeof(float));
+  for (int ldo = OC; ldo <= ld; ldo += ld - OC) {
+    const size_t runs = ldo == OC ? 1 : (size_t)N, n = (size_t)N * OC / runs;
+    for (size_t r = 0; r < runs; r++)
+      ck_assert_int_eq(ops->gelu_forward(dt_device_cpu(), g32 + r * n, x32 + r * n, n), 0);
+    for (size_t i = 0; i < (size_t)N * ld; i++)
+      o16[i] = GARBAGE, gl16[i] = GARBAGE;
+    ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, NULL,
+                                              gl16, N, C, OC, ldo),
+                     0);
+    for (size_t i = 0; i < (size_t)N; i++)
+      for (size_t j = 0; j < (size_t)ldo; j++) {
+        const int in_row = j < (size_t)OC;
+        ck_assert(in_row ? o16[i * ldo + j] == ref_bf16(out_b16[i * ld + j])
+                         : o16[i * ldo + j] == GARBAGE);
+        ck_assert(in_row ? gl16[i * ldo + j] == ref_bf16(g32[i * OC + j])
+                         : gl16[i * ldo + j] == GARBAGE);
+      }
+  }
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), out, 0, in16, w, NULL, bias, NULL,
+                                            gl16, N, C, OC, ld),
+                   DT_EINVAL);
+  ck_assert_int_eq(ops->matmul_forward_bf16(dt_device_cpu(), o16, 1, in16, w, NULL, bias, res, gl16,
+                                            N, C, OC, OC),
+                   DT_EINVAL);
 }
 END_TEST
 
@@ -1876,7 +1904,6 @@ START_TEST(test_ops_table)
                            (const void *)ops->matmul_forward_bf16,
                            (const void *)ops->matmul_backward_bf16,
                            (const void *)ops->to_bf16,
-                           (const void *)ops->gelu_forward_bf16,
                            (const void *)ops->attention_forward,
                            (const void *)ops->attention_backward,
                            (const void *)ops->attention_forward_flash,

@@ -692,7 +692,7 @@ int dt_gpt2_set_precision(dt_gpt2_t *m, int bf16)
   const dt_ops_t *k = m->dev->ops;
   if (bf16 &&
       (!k->matmul_forward_bf16 || !k->matmul_backward_bf16 || !k->to_bf16 ||
-       !k->gelu_forward_bf16 || !k->layernorm_forward_bf16 || !k->residual_layernorm_forward_bf16 ||
+       !k->layernorm_forward_bf16 || !k->residual_layernorm_forward_bf16 ||
        !k->layernorm_backward_bf16 || !k->crossentropy_forward_backward_bf16 ||
        !k->crossentropy_vp_stats_bf16 || !k->crossentropy_vp_finish_bf16 || !k->bf16_bytes)) {
     DT_ERROR(TRAIN, "--precision bf16: the %s kernels have no bf16 linear layers and activations",
@@ -1103,17 +1103,18 @@ static int bf16_input(dt_gpt2_t *m, dt_gpt2_acts_t *a, const float *in, const vo
 /* The linear layer out = in @ w^T + b (ops.h) with weight tensor w of view p: in fp32, or under
  * bf16 compute on in's bf16 values (bf16_input) and w's (the view's bf16 copy where it has one,
  * else rounded by the kernel), into a bf16 out where out16, plus res where not NULL (bf16
- * compute only: whole_bf16). */
+ * compute only: whole_bf16), and where gelu16 is not NULL (bf16 compute, out16) the GELU of each
+ * output into it, from its fp32 value (ops.h). */
 static int linear_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *out, int out16, const float *res,
                           const float *in, const void *in16, const dt_gpt2_view_t *p, int w,
-                          const float *b, int N, int C, int OC, int ldo)
+                          const float *b, int N, int C, int OC, int ldo, void *gelu16)
 {
   const dt_ops_t *k = m->ops;
   if (!m->bf16)
     return k->matmul_forward(m->dev, out, in, p->t[w], b, N, C, OC, ldo);
   DT_CHECK(bf16_input(m, a, in, &in16, (size_t)N * C));
-  return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, res, N, C, OC,
-                                ldo);
+  return k->matmul_forward_bf16(m->dev, out, out16, in16, p->t[w], p->t16[w], b, res, gelu16, N, C,
+                                OC, ldo);
 }
 
 /* The ldd of an output gradient of cols values a row: cols for an fp32 one, or where g16 holds
@@ -1166,7 +1167,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
   if (m->cp.cp == 1) {
     DT_CHECK(linear_forward(m, a, y.qkv, qkv16(m), NULL, in, y.ln1_16, p, DT_T_QKVW,
-                            p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl));
+                            p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl, NULL));
     if (m->flash)
       DT_CHECK(attention(m, a, y.atty, y.att, y.qkv, NULL, NULL, B, T, 0, T));
     else
@@ -1174,7 +1175,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   } else {
     void *mine = (char *)a->cpbuf + (size_t)m->cp.rank * N * 3 * Cl * qkv_bytes(m);
     DT_CHECK(linear_forward(m, a, mine, qkv16(m), NULL, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB],
-                            (int)N, C, 3 * Cl, 3 * Cl));
+                            (int)N, C, 3 * Cl, 3 * Cl, NULL));
     DT_CHECK(cp_gather_qkv(m, a, y.qkv, mine, B, T));
     DT_CHECK(cp_attention(m, a, y.atty, y.att, y.qkv, NULL, B, T));
   }
@@ -1183,7 +1184,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   const int fuse = whole_bf16(m);
   DT_CHECK(linear_forward(m, a, fuse ? y.res2 : a->tmp, 0, fuse ? x : NULL,
                           qkv16(m) ? NULL : y.atty, qkv16(m) ? y.atty : NULL, p, DT_T_ATTPROJW,
-                          lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C));
+                          lead ? p->t[DT_T_ATTPROJB] : NULL, (int)N, Cl, C, C, NULL));
   if (fuse) {
     DT_CHECK(k->layernorm_forward_bf16(m->dev, y.ln2_16, y.ln2_mean, y.ln2_rstd, y.res2,
                                        p->t[DT_T_LN2W], p->t[DT_T_LN2B], (int)R, C));
@@ -1199,13 +1200,12 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   }
   DT_CHECK(gather_rows(m, a, y.ln2, N, &in));
   DT_CHECK(linear_forward(m, a, m->bf16 ? y.fch16 : y.fch, m->bf16, NULL, in, y.ln2_16, p, DT_T_FCW,
-                          p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl));
-  if (m->bf16)
-    DT_CHECK(k->gelu_forward_bf16(m->dev, y.fchg16, y.fch16, N * 4 * Cl));
-  else
+                          p->t[DT_T_FCB], (int)N, C, 4 * Cl, 4 * Cl, m->bf16 ? y.fchg16 : NULL));
+  if (!m->bf16)
     DT_CHECK(k->gelu_forward(m->dev, y.fchg, y.fch, N * 4 * Cl));
   DT_CHECK(linear_forward(m, a, fuse ? y.res3 : a->tmp, 0, fuse ? y.res2 : NULL, y.fchg, y.fchg16,
-                          p, DT_T_FCPROJW, lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C));
+                          p, DT_T_FCPROJW, lead ? p->t[DT_T_FCPROJB] : NULL, (int)N, 4 * Cl, C, C,
+                          NULL));
   if (fuse)
     return 0;
   DT_CHECK(reduce_rows(m, a, a->tmp, N, &branch));
@@ -1308,7 +1308,7 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
   if (d.Vreal > 0)
     DT_CHECK(linear_forward(m, a, m->bf16 ? a->logits16 : a->logits, m->bf16, NULL, a->lnf,
-                            a->lnf16, &p, DT_T_WTE, NULL, (int)N, C, head_cols(m, d), d.Vl));
+                            a->lnf16, &p, DT_T_WTE, NULL, (int)N, C, head_cols(m, d), d.Vl, NULL));
   return release(m, DT_UNIT_EMBED, 0);
 }
 

@@ -42,7 +42,6 @@
   X(attention_forward_flash_bf16)                                                                  \
   X(attention_backward_flash_bf16)                                                                 \
   X(gelu_forward)                                                                                  \
-  X(gelu_forward_bf16)                                                                             \
   X(gelu_backward)                                                                                 \
   X(residual_forward)                                                                              \
   X(crossentropy_forward_backward)                                                                 \
@@ -253,8 +252,9 @@ TIMED(matmul_backward, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldd)
 TIMED(matmul_forward_bf16, 2.0 * N * C * OC, 0,
       (dt_device_t * dev, void *out, int out16, const void *inp, const float *weight,
-       const void *weight16, const float *bias, const float *res, int N, int C, int OC, int ldo),
-      out, out16, inp, weight, weight16, bias, res, N, C, OC, ldo)
+       const void *weight16, const float *bias, const float *res, void *gelu, int N, int C, int OC,
+       int ldo),
+      out, out16, inp, weight, weight16, bias, res, gelu, N, C, OC, ldo)
 TIMED(matmul_backward_bf16, (dinp ? 4.0 : 2.0) * N * C * OC, 0,
       (dt_device_t * dev, void *dinp, int dinp16, float *dweight, float *dbias, const float *dout,
        const void *dout16, const void *inp, const float *weight, const void *weight16,
@@ -296,8 +296,6 @@ TIMED(attention_backward_flash_bf16, attn_flop(10, B, Tq, q0, C), 0,
       dqkv, dqkv16, dout, dout16, qkv, out, lse, B, Tq, q0, Tall, C, NH, accumulate)
 TIMED(gelu_forward, 0, 8.0 * n, (dt_device_t * dev, float *out, const float *inp, size_t n), out,
       inp, n)
-TIMED(gelu_forward_bf16, 0, 2.0 * h * n, (dt_device_t * dev, void *out, const void *inp, size_t n),
-      out, inp, n)
 TIMED(gelu_backward, 0, 12.0 * n,
       (dt_device_t * dev, float *dinp, const float *inp, const float *dout, size_t n), dinp, inp,
       dout, n)
