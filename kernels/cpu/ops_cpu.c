@@ -112,7 +112,7 @@ static int matmul_forward_bf16(struct dt_device *dev, void *out, int out16, cons
   if (rc != 0)
     return DT_ENOMEM;
   /* the CPU's bf16 buffers: the fp32 numbers equal to the rounded values; the GELU of the
-   * unrounded x, then rounded (gelu_forward's values); the rows as one run where they are */
+   * unrounded x, then rounded (gelu_forward's values); the rows as one run where contiguous */
   float *g = H(gelu);
   const size_t runs = ldo == OC ? 1 : (size_t)N, n = (size_t)OC * (ldo == OC ? (size_t)N : 1);
   for (size_t i = 0; out16 && i < runs; i++) {
