@@ -378,16 +378,18 @@ __device__ static void fmma_pv(float (*acc)[4], const uint32_t (*pa)[4], const u
   ((uintptr_t)(p) % (bytes) ? dt_emul::die("a " #bytes "-byte vector access, misaligned") : (void)0)
 #endif
 
-/* v = the 16-byte aligned p[0..3] in one load; q[0..3] = the 8-byte aligned bf16 pairs lo, hi in
- * one store. */
-__device__ static inline void fmma_load4(float v[4], const float *p)
+/* v = the 16 bytes at p (16-byte aligned, in global or shared memory) in one load, as 4 values
+ * of 4 bytes (fp32 values, or registers of bf16 pairs); q[0..3] = the 8-byte aligned bf16 pairs
+ * lo, hi in one store. */
+template <typename T> __device__ static inline void fmma_get16(T v[4], const void *p)
 {
+  static_assert(sizeof(T) == 4, "4 values of 4 bytes");
   FMMA_ALIGNED(p, 16);
 #ifdef __CUDACC__
-  const float4 x = *(const float4 *)p;
-  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  const uint4 x = *(const uint4 *)p;
+  memcpy(v, &x, 16);
 #else
-  memcpy(v, p, 4 * sizeof *v);
+  memcpy(v, p, 16);
 #endif
 }
 
@@ -408,7 +410,7 @@ __device__ static inline void fmma_move16(uint16_t *q, const float *p, bool ok)
 {
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (ok)
-    fmma_load4(v, p);
+    fmma_get16(v, p);
   fmma_store4(q, fmma_pack2(v[0], v[1]), fmma_pack2(v[2], v[3]));
 }
 
@@ -427,18 +429,7 @@ __device__ static inline void fmma_move16(uint16_t *q, const uint16_t *p, bool o
 #endif
 }
 
-/* The 16 bytes at p (16-byte aligned, in global or shared memory) as 4 registers, and back. */
-__device__ static inline void fmma_get16(uint32_t r[4], const uint16_t *p)
-{
-  FMMA_ALIGNED(p, 16);
-#ifdef __CUDACC__
-  const uint4 x = *(const uint4 *)p;
-  r[0] = x.x, r[1] = x.y, r[2] = x.z, r[3] = x.w;
-#else
-  memcpy(r, p, 16);
-#endif
-}
-
+/* p[0..7] = the 4 registers r (bf16 pairs) in one store, p 16-byte aligned. */
 __device__ static inline void fmma_put16(uint16_t *p, const uint32_t r[4])
 {
   FMMA_ALIGNED(p, 16);
@@ -764,8 +755,8 @@ static inline unsigned fmma_d_blocks(size_t rows)
 /* The 8 values at p (16-byte aligned) as fp32. */
 __device__ static inline void fmma_load8(float v[8], const float *p)
 {
-  fmma_load4(v, p);
-  fmma_load4(v + 4, p + 4);
+  fmma_get16(v, p);
+  fmma_get16(v + 4, p + 4);
 }
 
 __device__ static inline void fmma_load8(float v[8], const uint16_t *p)
