@@ -32,6 +32,16 @@
  * the 1 GiB the planner leaves free by default. */
 #define DT__CUDA_STAGE_MAX ((size_t)256 << 20)
 
+/* The linear layer's products remember cuBLASLt's algorithm for each kind of product they meet
+ * (matmul.cu's gemm_kind: shape, layouts, types, epilogue, the pointers' alignments), up to this
+ * many kinds (GPT-2 makes about 15); past them each product asks the heuristic again. */
+#define DT__CUDA_LT_KINDS 64
+#define DT__CUDA_LT_KEY   8
+typedef struct {
+  long long key[DT__CUDA_LT_KEY];
+  cublasLtMatmulAlgo_t algo;
+} dt__cuda_lt_kind_t;
+
 typedef struct dt_cuda_impl {
   dt_device_t dev; /* the public face; dev.impl points back to this struct */
   int ordinal;
@@ -45,7 +55,12 @@ typedef struct dt_cuda_impl {
   int use_lt;        /* DISTRAIN_CUDA_CUBLASLT (default 1): 0 runs the linear layer on cuBLAS */
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
   unsigned long long lt_warned[8]; /* the first distinct such products' signatures (WARNed) */
-  void *ws;                        /* scratch for partial sums; grows, never shrinks */
+  int lt_tune; /* DISTRAIN_CUDA_GEMM_TUNE (default 0): each kind's algorithm by timing */
+  int lt_nkinds;
+  dt__cuda_lt_kind_t lt_kinds[DT__CUDA_LT_KINDS]; /* the algorithm of each kind met so far */
+  long lt_tuned; /* kinds whose algorithm was chosen by timing cuBLASLt's candidates */
+  long lt_timed; /* candidates timed for them */
+  void *ws;      /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
   void *stage; /* fp32 products on their way to a bf16 output, where cuBLAS writes them */
   size_t stage_bytes;
@@ -82,8 +97,10 @@ int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
 int dt__cuda_gemm(dt_cuda_impl_t *c, const dt_gemm_t *g);
 /* Runs a batch-1 descriptor through cuBLASLt (gemm_lt.h builds its form: A and B of type ab,
  * CUDA_R_32F or CUDA_R_16BF, C fp32, fp32 accumulation, the bias epilogue when g->bias is set),
- * with the algorithm cuBLASLt's heuristic ranks first. DT_ENOTSUP when cuBLASLt has no
- * algorithm for it (nothing was run; logged at debug level). */
+ * with the algorithm cuBLASLt's heuristic ranks first, or under DISTRAIN_CUDA_GEMM_TUNE=1 the
+ * fastest of its candidates (timed on the first product of each kind); either is remembered for
+ * the kind. DT_ENOTSUP when cuBLASLt has no algorithm for it (nothing was run; logged at debug
+ * level). */
 int dt__cuda_gemm_lt(dt_cuda_impl_t *c, const dt_gemm_t *g, cudaDataType_t ab);
 
 /* Launch geometry, grid-stride loops and block reductions: block.cuh (device code that the

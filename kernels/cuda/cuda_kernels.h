@@ -38,6 +38,9 @@ const dt_ops_t *dt_ops_cuda(void);
 /* How many of the device's linear-layer products cuBLASLt had no algorithm for (run by cuBLAS
  * instead, the same arithmetic; the first is logged as a WARN). test_cuda requires 0. */
 long dt_cuda_lt_fallbacks(const dt_device_t *dev);
+/* Under DISTRAIN_CUDA_GEMM_TUNE=1: how many kinds of product had their algorithm chosen by
+ * timing, and how many of cuBLASLt's candidates were timed for them (*timed, where not NULL). */
+long dt_cuda_lt_tuned(const dt_device_t *dev, long *timed);
 /* The fp32 staging of bf16 outputs that cuBLASLt cannot write (such products are made in blocks
  * of columns): its size now, and the blocks' size (DT__CUDA_STAGE_MAX, 256 MiB, at create; tests
  * make it small). */

@@ -406,6 +406,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->use_lt = 1;
   c->stage_max = DT__CUDA_STAGE_MAX;
   DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_CUBLASLT", &c->use_lt), rc, fail);
+  DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_GEMM_TUNE", &c->lt_tune), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtCreate(&c->lt), rc, fail);
   {
     /* cuBLAS's advice for cuBLASLt's workspace: 32 MiB on Hopper and later, 4 MiB before. */

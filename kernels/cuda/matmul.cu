@@ -15,6 +15,7 @@
  * stream, GPU and set of buffer addresses (cuBLASLt's choice of algorithm depends on the
  * pointers' alignment and the GPU). dweight and dbias accumulate (beta = 1). */
 #include <cuda_bf16.h>
+#include <string.h>
 
 #include "cuda_impl.h"
 #include "dt_util.h" /* DT_MIN, DT_MAX */
@@ -44,40 +45,226 @@ int dt__cuda_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g)
   return 0;
 }
 
-int dt__cuda_gemm_lt(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
+/* A product's kind (DT__CUDA_LT_KEY values): what cuBLASLt's heuristic sees (the shape, the
+ * layouts, the types, the epilogue and, where align is given (lt.align: A, B, C, D), the
+ * alignment of each pointer, the bias's and the GELU input's too) and whether C is read. */
+static void gemm_kind(const dt_gemm_t *g, cudaDataType_t ab, const uint32_t *align4,
+                      long long key[DT__CUDA_LT_KEY])
 {
-  dt_lt_gemm_t lt;
-  cublasLtMatmulHeuristicResult_t algo;
-  int found = 0, rc = 0;
-  DT_CHECK(dt_lt_gemm_build(&lt, g, ab, cu->lt_ws_bytes));
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, lt.op, lt.A, lt.B, lt.C, lt.C,
-                                                           lt.pref, 1, &algo, &found);
+  const long long flags = g->ta | g->tb << 1 | (ab == CUDA_R_16BF) << 2 | (g->bias != NULL) << 3 |
+                          g->bias16 << 4 | g->c16 << 5 | (g->gelu_in != NULL) << 6 |
+                          (g->Cin != NULL) << 7 | (g->gelu_pre != NULL) << 8 |
+                          (g->beta != 0.0f) << 9;
+  const void *aux = g->gelu_pre ? (const void *)g->gelu_pre : g->gelu_in;
+  long long aligns = 0; /* each a power of two up to 256, or 0: 9 bits apiece */
+  if (align4) {
+    const uint32_t align[6] = {align4[0],
+                               align4[1],
+                               align4[2],
+                               align4[3],
+                               g->bias ? dt_lt_alignment(g->bias) : 0U,
+                               aux ? dt_lt_alignment(aux) : 0U};
+    for (int i = 0; i < 6; i++)
+      aligns = aligns << 9 | align[i];
+  }
+  const long long k[DT__CUDA_LT_KEY] = {g->m, g->n, g->k, g->A.ld, g->B.ld, g->ldc, flags, aligns};
+  memcpy(key, k, sizeof k);
+}
+
+static const char *gemm_epilogue_name(const dt_gemm_t *g)
+{
+  return g->gelu_pre  ? ", GELU epilogue"
+         : g->bias    ? (g->Cin      ? ", bias epilogue and a residual C"
+                         : g->bias16 ? ", bf16 bias epilogue"
+                                     : ", bias epilogue")
+         : g->gelu_in ? ", GELU-gradient epilogue"
+         : g->Cin     ? ", a residual C"
+                      : "";
+}
+
+/* Does [p, p + pn) overlap [q, q + qn)? */
+static bool overlaps(const void *p, size_t pn, const void *q, size_t qn)
+{
+  const char *a = (const char *)p, *b = (const char *)q;
+  return a && b && pn && qn && a < b + qn && b < a + pn;
+}
+
+/* The bytes a column-major rows x cols matrix of esize-byte elements with leading dimension ld
+ * spans. */
+static size_t mat_bytes(size_t rows, size_t cols, size_t ld, size_t esize)
+{
+  return cols ? ((cols - 1) * ld + rows) * esize : 0;
+}
+
+/* Of cuBLASLt's n candidates for g (res[0] the heuristic's first), the one that ran fastest:
+ * each runs once, then LT_TUNE_REPS times between two events, its best run kept; another
+ * replaces the first only where at least LT_TUNE_MARGIN faster, so that near-ties keep the
+ * heuristic's choice. The runs write D where the product only writes it (beta 0, or C read from
+ * a Cin) and D overlaps no input; else (an accumulation in place: dweight) a scratch matrix of
+ * D's extent, allocated for the timing and freed after it, so that every output holds what it
+ * held before once the product itself runs. A product whose GELU input it writes overlaps an
+ * input, or whose scratch cannot be allocated, keeps the heuristic's first (*best 0). A
+ * candidate that fails is skipped. 0, or DT_ECUDA. */
+#define LT_TUNE_REPS   3
+#define LT_TUNE_MARGIN 0.02f
+static int lt_tune(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab,
+                   const dt_lt_gemm_t *lt, const cublasLtMatmulHeuristicResult_t *res, int n,
+                   int *best)
+{
+  *best = 0;
+  const size_t eab = ab == CUDA_R_16BF ? 2 : 4, ec = g->c16 ? 2 : 4;
+  const size_t d_bytes = mat_bytes((size_t)g->m, (size_t)g->n, (size_t)g->ldc, ec);
+  struct {
+    const void *p;
+    size_t bytes;
+  } in[] = {
+      {g->A.p, mat_bytes((size_t)(g->ta ? g->k : g->m), (size_t)(g->ta ? g->m : g->k),
+                         (size_t)g->A.ld, eab)},
+      {g->B.p, mat_bytes((size_t)(g->tb ? g->n : g->k), (size_t)(g->tb ? g->k : g->n),
+                         (size_t)g->B.ld, eab)},
+      {g->bias, g->bias ? (size_t)g->m * (g->bias16 ? 2 : 4) : 0},
+      {g->gelu_in, mat_bytes((size_t)g->m, (size_t)g->n, (size_t)g->ldc, 2)},
+      {g->Cin, mat_bytes((size_t)g->m, (size_t)g->n, (size_t)g->ldc, 4)},
+  };
+  bool scratch = g->beta != 0.0f && !g->Cin;
+  for (size_t i = 0; i < DT_ARRAY_SIZE(in); i++) {
+    if (overlaps(g->gelu_pre, d_bytes, in[i].p, in[i].bytes)) {
+      DT_DEBUG(KERNEL, "%s: GEMM m=%d n=%d k=%d: its GELU input overlaps an operand: not tuned",
+               cu->name, g->m, g->n, g->k);
+      return 0;
+    }
+    scratch = scratch || overlaps(g->C, d_bytes, in[i].p, in[i].bytes);
+  }
+  void *tmp = NULL;
+  if (scratch) {
+    const cudaError_t e = cudaMalloc(&tmp, d_bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      DT_DEBUG(KERNEL, "%s: GEMM m=%d n=%d k=%d: no %zu bytes for the timing's output: not tuned",
+               cu->name, g->m, g->n, g->k, d_bytes);
+      return 0;
+    }
+  }
+  void *D = tmp ? tmp : g->C;
+  const void *C = g->Cin ? (const void *)g->Cin : D;
+  cudaEvent_t ev[2] = {NULL, NULL};
+  float ms[8];
+  int rc = 0;
+  if (tmp)
+    DT_CUDA_CHECK_GOTO(cudaMemsetAsync(tmp, 0, d_bytes, cu->stream), rc, out);
+  for (int e = 0; e < 2; e++)
+    DT_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&ev[e], cudaEventDefault), rc, out);
+  for (int i = 0; i < n && i < (int)DT_ARRAY_SIZE(ms); i++) {
+    ms[i] = -1.0f; /* failed */
+    if (res[i].state != CUBLAS_STATUS_SUCCESS)
+      continue;
+    for (int r = -1; r < LT_TUNE_REPS; r++) { /* r -1: the untimed first run */
+      DT_CUDA_CHECK_GOTO(cudaEventRecord(ev[0], cu->stream), rc, out);
+      const cublasStatus_t s =
+          cublasLtMatmul(cu->lt, lt->op, &g->alpha, g->A.p, lt->A, g->B.p, lt->B, &g->beta, C,
+                         lt->C, D, lt->C, &res[i].algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream);
+      if (s != CUBLAS_STATUS_SUCCESS) {
+        DT_DEBUG(KERNEL, "%s: GEMM m=%d n=%d k=%d: candidate %d failed: %s", cu->name, g->m, g->n,
+                 g->k, i, cublasGetStatusString(s));
+        ms[i] = -1.0f;
+        break;
+      }
+      DT_CUDA_CHECK_GOTO(cudaEventRecord(ev[1], cu->stream), rc, out);
+      DT_CUDA_CHECK_GOTO(cudaEventSynchronize(ev[1]), rc, out);
+      float t = 0.0f;
+      DT_CUDA_CHECK_GOTO(cudaEventElapsedTime(&t, ev[0], ev[1]), rc, out);
+      if (r >= 0 && (ms[i] < 0.0f || t < ms[i]))
+        ms[i] = t;
+    }
+    if (ms[i] >= 0.0f) {
+      cu->lt_timed++;
+      if (ms[*best] < 0.0f || ms[i] < ms[*best] * (1.0f - LT_TUNE_MARGIN))
+        *best = i;
+    }
+  }
+  if (ms[*best] >= 0.0f) {
+    cu->lt_tuned++;
+    const double gflop = 2e-9 * g->m * g->n * g->k;
+    DT_INFO(KERNEL,
+            "%s: GEMM m=%d n=%d k=%d (%s, op %c%c%s%s): cuBLASLt's candidate %d of %d (by "
+            "timing): %.3f ms, %.0f TFLOP/s; its first: %.3f ms",
+            cu->name, g->m, g->n, g->k, ab == CUDA_R_16BF ? "bf16" : "fp32", g->ta ? 'T' : 'N',
+            g->tb ? 'T' : 'N', gemm_epilogue_name(g), g->c16 ? ", bf16 output" : "", *best + 1, n,
+            (double)ms[*best], gflop / ms[*best], (double)ms[0]);
+  } else
+    *best = 0;
+out:
+  for (int e = 0; e < 2; e++)
+    if (ev[e])
+      (void)cudaEventDestroy(ev[e]);
+  if (tmp) { /* the timing's runs are done before the scratch goes */
+    const cudaError_t e = cudaStreamSynchronize(cu->stream);
+    (void)cudaFree(tmp);
+    if (e != cudaSuccess && rc == 0)
+      DT_CUDA_CHECK(e);
+  }
+  return rc;
+}
+
+/* The algorithm of g's kind: remembered, or the heuristic's first (under lt_tune the fastest of
+ * its candidates), then remembered while there is room. DT_ENOTSUP where there is none. */
+static int lt_algo(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab,
+                   const dt_lt_gemm_t *lt, cublasLtMatmulAlgo_t *algo)
+{
+  long long key[DT__CUDA_LT_KEY];
+  gemm_kind(g, ab, lt->align, key);
+  for (int i = 0; i < cu->lt_nkinds; i++)
+    if (memcmp(cu->lt_kinds[i].key, key, sizeof key) == 0) {
+      *algo = cu->lt_kinds[i].algo;
+      return 0;
+    }
+  cublasLtMatmulHeuristicResult_t res[8];
+  int found = 0, best = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(cu->lt, lt->op, lt->A, lt->B, lt->C, lt->C, lt->pref,
+                                     cu->lt_tune ? (int)DT_ARRAY_SIZE(res) : 1, res, &found);
   /* The heuristic says INVALID_VALUE, not NOT_SUPPORTED, for some shapes it has no kernel for
    * (PyTorch's addmm keeps a single-row or -column operand off cuBLASLt for that reason). */
   if (hs == CUBLAS_STATUS_NOT_SUPPORTED || hs == CUBLAS_STATUS_INVALID_VALUE ||
       (hs == CUBLAS_STATUS_SUCCESS && found < 1)) {
     DT_DEBUG(KERNEL, "%s: cuBLASLt: no algorithm (%s)", cu->name, cublasGetStatusString(hs));
-    rc = DT_ENOTSUP;
-    goto out;
+    return DT_ENOTSUP;
   }
-  DT_CUBLAS_CHECK_GOTO(hs, rc, out);
+  DT_CUBLAS_CHECK(hs);
+  if (cu->lt_tune && found > 1)
+    DT_CHECK(lt_tune(cu, g, ab, lt, res, found, &best));
+  *algo = res[best].algo;
+  if (cu->lt_nkinds < DT__CUDA_LT_KINDS) {
+    dt__cuda_lt_kind_t *k = &cu->lt_kinds[cu->lt_nkinds++];
+    memcpy(k->key, key, sizeof key);
+    k->algo = *algo;
+  }
+  return 0;
+}
+
+int dt__cuda_gemm_lt(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
+{
+  dt_lt_gemm_t lt;
+  cublasLtMatmulAlgo_t algo;
+  int rc = 0;
+  DT_CHECK(dt_lt_gemm_build(&lt, g, ab, cu->lt_ws_bytes));
+  DT_CHECK_GOTO(lt_algo(cu, g, ab, &lt, &algo), rc, out);
   DT_CUBLAS_CHECK_GOTO(cublasLtMatmul(cu->lt, lt.op, &g->alpha, g->A.p, lt.A, g->B.p, lt.B,
                                       &g->beta, g->Cin ? (const void *)g->Cin : g->C, lt.C, g->C,
-                                      lt.C, &algo.algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream),
+                                      lt.C, &algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream),
                        rc, out);
 out:
   dt_lt_gemm_release(&lt);
   return rc;
 }
 
-/* Counts a product cuBLASLt had no algorithm for; 1 for the first of its kind (shape, layout,
- * types and epilogue), up to 8 kinds (cu->lt_warned), so that each gets a WARN line once. */
+/* Counts a product cuBLASLt had no algorithm for; 1 for the first of its kind (gemm_kind's
+ * fields without the alignments, hashed), up to 8 kinds (cu->lt_warned), so that each gets a
+ * WARN line once. */
 static int first_fallback(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab)
 {
-  const long long flags = g->ta | g->tb << 1 | (ab == CUDA_R_16BF) << 2 | (g->bias != NULL) << 3 |
-                          g->bias16 << 4 | g->c16 << 5 | (g->gelu_in != NULL) << 6 |
-                          (g->Cin != NULL) << 7 | (g->gelu_pre != NULL) << 8;
-  const long long f[] = {g->m, g->n, g->k, g->A.ld, g->B.ld, g->ldc, flags};
+  long long f[DT__CUDA_LT_KEY];
+  gemm_kind(g, ab, NULL, f);
   unsigned long long h = 1469598103934665603ULL; /* FNV-1a over the fields */
   for (size_t i = 0; i < DT_ARRAY_SIZE(f); i++)
     h = (h ^ (unsigned long long)f[i]) * 1099511628211ULL;
@@ -115,14 +302,7 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
               "%s: cuBLASLt has no algorithm for the %s GEMM m=%d n=%d k=%d (op %c%c, ld %d %d "
               "%d%s%s); %s",
               cu->name, ab == CUDA_R_16BF ? "bf16" : "fp32", g->m, g->n, g->k, g->ta ? 'T' : 'N',
-              g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc,
-              g->gelu_pre  ? ", GELU epilogue"
-              : g->bias    ? (g->Cin      ? ", bias epilogue and a residual C"
-                              : g->bias16 ? ", bf16 bias epilogue"
-                                          : ", bias epilogue")
-              : g->gelu_in ? ", GELU-gradient epilogue"
-              : g->Cin     ? ", a residual C"
-                           : "",
+              g->tb ? 'T' : 'N', g->A.ld, g->B.ld, g->ldc, gemm_epilogue_name(g),
               g->c16 ? ", bf16 output" : "",
               g->c16 ? "such products are made in fp32, then rounded to bf16 in a pass of their own"
                      : "such products run on cuBLAS, with the epilogue as a pass of its own");
@@ -186,6 +366,14 @@ static int linear_gemm(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab
 extern "C" long dt_cuda_lt_fallbacks(const dt_device_t *dev)
 {
   return ((const dt_cuda_impl_t *)dev->impl)->lt_fallbacks;
+}
+
+extern "C" long dt_cuda_lt_tuned(const dt_device_t *dev, long *timed)
+{
+  const dt_cuda_impl_t *cu = (const dt_cuda_impl_t *)dev->impl;
+  if (timed)
+    *timed = cu->lt_timed;
+  return cu->lt_tuned;
 }
 
 extern "C" size_t dt_cuda_stage_bytes(const dt_device_t *dev)

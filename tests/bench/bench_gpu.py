@@ -15,6 +15,9 @@ gradient clipping at 1.0.
     with fp32 accumulation, activations and the rest fp32 (unlike PyTorch's bf16 autocast,
     whose activations are bf16); flash attention unless --distrain-attention materialized,
     which is fp32 attention.
+  * distrain-tuned: the same under DISTRAIN_CUDA_GEMM_TUNE=1 (each kind of product on the
+    fastest of cuBLASLt's candidates, timed on its first product, rather than the heuristic's
+    first; the trainer's lines naming each choice are printed after its profile).
   * torch-eager / torch-compile: a plain GPT-2 module (pre-LN blocks, tanh GELU, tied
     embeddings, F.scaled_dot_product_attention with is_causal) under bf16 autocast with fp32
     master weights, fused AdamW; torch.compile(model) for the second. PyTorch before 2.0 has
@@ -45,7 +48,7 @@ distrain, distrain runs that batch too, so that the ratios come both ways: each 
 at its largest batch (what a user gets from the GPU) and all at the same batch.
 
     /usr/bin/python3 tests/bench/bench_gpu.py --build build [--model gpt2-124m] [--steps 20]
-        [--batch auto] [--impls distrain,torch-eager,torch-compile] [--json FILE]
+        [--batch auto] [--impls distrain,distrain-tuned,torch-eager,torch-compile] [--json FILE]
         [--trace FILE]
 """
 
@@ -110,12 +113,23 @@ def summarize(impl, precision, B, T, times_ms, device_mib, extra=None):
 # distrain
 # ---------------------------------------------------------------------------------------------
 
-def run_distrain(a, B, steps, tmp, trace=True):
-    """One distrain-train run; its row, or {"oom": True} / a failure. A measured run takes one
-    step more, profiled (--profile: every kernel timed), which the timings leave out; with
-    trace, that step's timeline goes to --trace."""
+def trace_path(a, impl):
+    """Where impl's profiled step goes: --trace for distrain, beside it for distrain-tuned."""
+    if impl == "distrain":
+        return a.trace
+    folder, base = os.path.split(a.trace)
+    name, dot, ext = base.partition(".")  # x.trace.json -> x-tuned.trace.json
+    return os.path.join(folder, name + "-tuned" + dot + ext)
+
+
+def run_distrain(a, B, steps, tmp, trace=True, impl="distrain"):
+    """One distrain-train run (impl distrain-tuned: under DISTRAIN_CUDA_GEMM_TUNE=1, each kind
+    of product on the fastest of cuBLASLt's candidates, timed on its first product; the trainer's
+    lines that say so are kept in the row's "gemm_tuning"); its row, or {"oom": True} / a
+    failure. A measured run takes one step more, profiled (--profile: every kernel timed), which
+    the timings leave out; with trace, that step's timeline goes to trace_path."""
     L, H, C, V, T = MODELS[a.model]
-    metrics = os.path.join(tmp, "distrain_b%d.jsonl" % B)
+    metrics = os.path.join(tmp, "%s_b%d.jsonl" % (impl, B))
     measured = steps > WARMUP_STEPS
     cmd = [os.path.join(a.build, "worker/trainer/distrain-train"), "--device", a.device,
            "--seed", "1337", "--layers", str(L), "--heads", str(H), "--channels", str(C),
@@ -130,21 +144,22 @@ def run_distrain(a, B, steps, tmp, trace=True):
     if measured:
         cmd += ["--profile", str(steps + 1)]
         if a.trace and trace:
-            cmd += ["--profile-trace", a.trace]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+            cmd += ["--profile-trace", trace_path(a, impl)]
+    env = dict(os.environ, DISTRAIN_CUDA_GEMM_TUNE="1" if impl == "distrain-tuned" else "0")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         if "no usable CUDA GPU" in p.stderr or "built without CUDA" in p.stderr:
             print("bench_gpu: no GPU for distrain-train: skipped\n" + p.stderr[-1000:],
                   file=sys.stderr)
             sys.exit(77)
         if "out of GPU memory" in p.stderr or "out of memory" in p.stderr:
-            return {"impl": "distrain", "batch": B, "oom": True}
+            return {"impl": impl, "batch": B, "oom": True}
         raise SystemExit("bench_gpu: distrain-train exited %d:\n%s" % (p.returncode,
                                                                       p.stderr[-3000:]))
     lines = [json.loads(line) for line in open(metrics)]
     rows = [r for r in lines if "loss" in r][:steps]
     if not measured:  # the batch probe: it fits
-        return {"impl": "distrain", "batch": B}
+        return {"impl": impl, "batch": B}
     profile = [r["profile"] for r in lines if "profile" in r]
     mib = rows[-1].get("device_mib") if rows else None
     if a.distrain_precision == "fp32":
@@ -152,8 +167,11 @@ def run_distrain(a, B, steps, tmp, trace=True):
     else:
         precision = ("bf16 linear, fp32 materialized" if a.distrain_attention == "materialized"
                      else "bf16 linear+attn")
-    return summarize("distrain", precision, B, T, [r["ms"] for r in rows], mib,
-                     {"loss": round(rows[-1]["loss"], 4), "profile": profile[0]})
+    extra = {"loss": round(rows[-1]["loss"], 4), "profile": profile[0]}
+    if impl == "distrain-tuned":
+        extra["gemm_tuning"] = [line.split(": ", 1)[-1] for line in p.stderr.splitlines()
+                                if "(by timing)" in line]
+    return summarize(impl, precision, B, T, [r["ms"] for r in rows], mib, extra)
 
 
 def print_profile(r):
@@ -161,8 +179,8 @@ def print_profile(r):
     against the peak."""
     p = r["profile"]
     total = sum(k["ms"] for k in p["kernels"])
-    print("distrain step %d, profiled: %.2f ms (kernels %.2f ms, %.1f%%)" % (
-        p["steps"][0], p["step_ms"], total, 100 * total / p["step_ms"]))
+    print("%s step %d, profiled: %.2f ms (kernels %.2f ms, %.1f%%)" % (
+        r["impl"], p["steps"][0], p["step_ms"], total, 100 * total / p["step_ms"]))
     print("  %-36s %6s %10s %7s %14s" % ("kernel", "calls", "ms", "share", "rate"))
     for k in p["kernels"]:
         rate = "-"
@@ -342,22 +360,24 @@ def ratios(rows):
             if r["batch"] > best.get(r["impl"], (0, 0))[0]:
                 best[r["impl"]] = (r["batch"], r["tokens_per_s"])
     lines = []
-    for other in ("torch-eager", "torch-compile"):
-        if "distrain" not in best or other not in best:
-            continue
-        (bd, d), (bo, o) = best["distrain"], best[other]
-        lines.append("distrain / %s tokens/s: %.2fx (batch %d / %d%s)" % (
-            other, d / o, bd, bo, ", each its largest" if bd != bo else ""))
-        if bd != bo and ("distrain", bo) in at:
-            lines.append("distrain / %s tokens/s at batch %d: %.2fx" % (
-                other, bo, at["distrain", bo] / o))
+    for ours in ("distrain", "distrain-tuned"):
+        for other in ("torch-eager", "torch-compile"):
+            if ours not in best or other not in best:
+                continue
+            (bd, d), (bo, o) = best[ours], best[other]
+            lines.append("%s / %s tokens/s: %.2fx (batch %d / %d%s)" % (
+                ours, other, d / o, bd, bo, ", each its largest" if bd != bo else ""))
+            if bd != bo and (ours, bo) in at:
+                lines.append("%s / %s tokens/s at batch %d: %.2fx" % (
+                    ours, other, bo, at[ours, bo] / o))
     return lines
 
 
 def progress(r):
     """r, its figures also on stderr at once (without the profile): a run cut short by a timeout
     keeps the rows it finished in its output."""
-    print("bench_gpu: -> %s" % json.dumps({k: v for k, v in r.items() if k != "profile"}),
+    print("bench_gpu: -> %s" % json.dumps({k: v for k, v in r.items()
+                                           if k not in ("profile", "gemm_tuning")}),
           file=sys.stderr, flush=True)
     return r
 
@@ -368,7 +388,7 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="gpt2-124m")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", default="auto", help="micro-batch, or auto (see above)")
-    ap.add_argument("--impls", default="distrain,torch-eager,torch-compile")
+    ap.add_argument("--impls", default="distrain,distrain-tuned,torch-eager,torch-compile")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     ap.add_argument("--distrain-precision", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--distrain-attention", choices=("flash", "materialized"), default="flash")
@@ -387,7 +407,7 @@ def main():
     if a.steps <= WARMUP_STEPS:
         ap.error("--steps must be > %d (the warm-up steps)" % WARMUP_STEPS)
     impls = a.impls.split(",")
-    unknown = set(impls) - {"distrain", "torch-eager", "torch-compile"}
+    unknown = set(impls) - {"distrain", "distrain-tuned", "torch-eager", "torch-compile"}
     if unknown:
         ap.error("--impls: unknown %s" % ", ".join(sorted(unknown)))
     L, H, C, V, T = MODELS[a.model]
@@ -404,20 +424,21 @@ def main():
             B = int(a.batch)
         torch_batch = B  # where the next PyTorch run starts (auto: the largest eager fits)
         for impl in impls:
-            Bi = B if impl == "distrain" else torch_batch
+            ours = impl.startswith("distrain")
+            Bi = B if ours else torch_batch
             while True:
                 print("bench_gpu: %s, %s, batch %d x %d, %d steps" % (impl, a.model, Bi, T,
                                                                       a.steps), file=sys.stderr)
-                r = run_distrain(a, Bi, a.steps, tmp) if impl == "distrain" else run_torch(a, impl,
-                                                                                           Bi)
+                r = (run_distrain(a, Bi, a.steps, tmp, impl=impl) if ours else
+                     run_torch(a, impl, Bi))
                 rows.append(progress(r))
-                if not (r.get("oom") and a.batch == "auto" and impl != "distrain" and Bi > 1):
+                if not (r.get("oom") and a.batch == "auto" and not ours and Bi > 1):
                     break
                 Bi //= 2
             if impl == "torch-eager" and "tokens_per_s" in r:
                 torch_batch = Bi
         if "distrain" in impls and a.batch == "auto":  # distrain at PyTorch's batch as well
-            for Bt in sorted({r["batch"] for r in rows if r["impl"] != "distrain"
+            for Bt in sorted({r["batch"] for r in rows if not r["impl"].startswith("distrain")
                               and "tokens_per_s" in r and r["batch"] < B}, reverse=True):
                 print("bench_gpu: distrain at PyTorch's batch %d" % Bt, file=sys.stderr)
                 rows.append(progress(run_distrain(a, Bt, a.steps, tmp, trace=False)))
@@ -428,14 +449,14 @@ def main():
             r["mfu"] = round(fpt * r["tokens_per_s"] / (a.peak_tflops * 1e12), 4)
     print("%s: %d parameters, %.3g FLOP/token, peak %.0f TFLOP/s" % (
         a.model, param_count(L, C, V, T), fpt, a.peak_tflops))
-    print("%-14s %-14s %6s %10s %12s %7s %11s" % ("impl", "precision", "batch", "ms/step",
+    print("%-14s %-16s %6s %10s %12s %7s %11s" % ("impl", "precision", "batch", "ms/step",
                                                   "tokens/s", "MFU", "GPU MiB"))
     for r in rows:
         if "tokens_per_s" not in r:
             print("%-14s %s" % (r["impl"], "out of memory at batch %d" % r["batch"]
                                 if r.get("oom") else r.get("skipped", "?")))
             continue
-        print("%-14s %-14s %6d %10.2f %12.0f %6.1f%% %11s" % (
+        print("%-14s %-16s %6d %10.2f %12.0f %6.1f%% %11s" % (
             r["impl"], r["precision"], r["batch"], r["median_ms"], r["tokens_per_s"],
             100 * r["mfu"], r["device_mib"] if r["device_mib"] is not None else "-"))
     for line in ratios(rows):
@@ -443,8 +464,12 @@ def main():
     for r in rows:
         if r.get("profile") and r["batch"] == max(x["batch"] for x in rows if x.get("profile")):
             print_profile(r)
-            if a.trace and os.path.exists(a.trace):
-                print_trace_calls(a.trace)
+            if a.trace and os.path.exists(trace_path(a, r["impl"])):
+                print_trace_calls(trace_path(a, r["impl"]))
+            if r.get("gemm_tuning"):
+                print("  its products' algorithms, each kind timed on its first product:")
+                for line in r["gemm_tuning"]:
+                    print("    " + line)
     for r in rows:
         print(json.dumps(r))
     if a.json:

@@ -1843,6 +1843,7 @@ typedef struct {
 
 /* The heuristic's mark in the algorithm it returns, checked by cublasLtMatmul. */
 #define LT_ALGO_MARK 0x64746c7461686f73ull
+#define LT_ALGOS     3
 
 /* One attribute: where it lives and its exact size (cuBLASLt refuses any other). */
 typedef struct {
@@ -2364,7 +2365,8 @@ cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p
                 sizeInBytes, sizeWritten);
 }
 
-/* One algorithm (no workspace) for every product the emulation computes, provided the
+/* LT_ALGOS algorithms (no workspace; fewer where fewer are asked for) for every product the
+ * emulation computes, all computing it alike (the tuning of matmul.cu times them), provided the
  * alignment the caller promises of each pointer (the preference's, and the bias and aux
  * pointers' own) is a whole number of elements; none otherwise, as a GPU's kernels need at
  * least that. */
@@ -2405,13 +2407,17 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   if ((p.biased && !aligned_to(p.op.bias, type_bytes(p.bias_type))) ||
       (p.epi != EPI_NONE && p.epi != EPI_BIAS && !aligned_to(p.op.aux, type_bytes(p.aux_type))))
     return CUBLAS_STATUS_SUCCESS;
-  cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[0];
-  memset(r, 0, sizeof *r);
-  r->algo.data[0] = LT_ALGO_MARK;
-  r->workspaceSize = 0;
-  r->state = CUBLAS_STATUS_SUCCESS;
-  r->wavesCount = 1.0f;
-  *returnAlgoCount = 1;
+  const int n = requestedAlgoCount < LT_ALGOS ? requestedAlgoCount : LT_ALGOS;
+  for (int i = 0; i < n; i++) {
+    cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[i];
+    memset(r, 0, sizeof *r);
+    r->algo.data[0] = LT_ALGO_MARK;
+    r->algo.data[1] = (uint64_t)i;
+    r->workspaceSize = 0;
+    r->state = CUBLAS_STATUS_SUCCESS;
+    r->wavesCount = 1.0f;
+  }
+  *returnAlgoCount = n;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -2444,7 +2450,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     report("%s: alpha or beta is NULL", fn);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (algo && algo->data[0] != LT_ALGO_MARK) {
+  if (algo && (algo->data[0] != LT_ALGO_MARK || algo->data[1] >= LT_ALGOS)) {
     report("%s: the algorithm did not come from cublasLtMatmulAlgoGetHeuristic", fn);
     return CUBLAS_STATUS_INVALID_VALUE;
   }

@@ -32,8 +32,9 @@
 # matches), GPU_TEST_TIMEOUT (seconds for a test without a CTest TIMEOUT, default 300),
 # GPU_BENCH (1, the default: the tests, then tests/bench/bench_gpu.py for each of
 # GPU_BENCH_MODELS, default "gpt2-124m gpt2-1.5b" (the 1.5B against PyTorch eager only: on an
-# H200 torch.compile took more than 240 s to compile it), each within GPU_BENCH_TIMEOUT seconds,
-# default 420, its profiled step's Chrome trace beside RESULTS (bench_gpu_<model>.trace.json);
+# H200 torch.compile took more than 240 s to compile it; distrain both as it is and with
+# DISTRAIN_CUDA_GEMM_TUNE=1), each within GPU_BENCH_TIMEOUT seconds, default 420, its profiled
+# steps' Chrome traces beside RESULTS (bench_gpu_<model>.trace.json, -tuned.trace.json);
 # 0: the tests only; only: the benchmark only; the benchmark also runs
 # tests/bench/bench_attention.py, the flash attention kernels alone against PyTorch's SDPA,
 # within 180 s (and, where ncu is installed, their Nsight Compute report beside RESULTS:
@@ -547,8 +548,8 @@ cmd_run() {
     fi
     if [ "${GPU_BENCH:-1}" != 0 ]; then
       for model in ${GPU_BENCH_MODELS:-gpt2-124m gpt2-1.5b}; do
-        impls=distrain,torch-eager,torch-compile
-        [ "$model" != gpt2-1.5b ] || impls=distrain,torch-eager
+        impls=distrain,distrain-tuned,torch-eager,torch-compile
+        [ "$model" != gpt2-1.5b ] || impls=distrain,distrain-tuned,torch-eager
         printf '%s\t77\t%s\t@B@/src\t-\t%s\n' "bench_gpu_$model" "${GPU_BENCH_TIMEOUT:-420}" \
           "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model --impls $impls --trace $(printf %q "$resdir/bench_gpu_$model.trace.json")"
       done

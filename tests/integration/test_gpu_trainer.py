@@ -9,7 +9,9 @@ the GPUs; the host-staged communicator) against one GPU process.
     OpenBLAS on the rounded values);
   * one process, in fp32 and bf16: --recompute, --profile (every kernel between timed events)
     and a checkpoint resumed half way bit for bit the plain run's losses, --attention
-    materialized within 1e-4 of them; the profile's products those of test_profile.py;
+    materialized and DISTRAIN_CUDA_GEMM_TUNE=1 within 1e-4 of them (the tuning bit for bit on
+    the emulated GPU, whose cuBLASLt candidates compute alike); the profile's products those of
+    test_profile.py;
   * dp=2 under ZeRO-3 and ZeRO-2, tp=2 with and without sequence parallelism, pp=2 (1F1B) and
     cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one GPU process on the same global batch (the
     issue's multi-rank GPU check; cp also runs the CUDA context-parallel attention kernels),
@@ -92,23 +94,26 @@ class GpuTrainer(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def launch(self, world, batch, device, extra, tag, own_gpus=False):
+    def launch(self, world, batch, device, extra, tag, own_gpus=False, env=None):
         """Runs world ranks; own_gpus gives rank r LOCAL_RANK r (GPU r), else all share GPU 0;
-        the weights are the golden model's, unless extra has --resume (the checkpoint's) or an
-        --init of its own. Returns the metrics path and (returncode, stdout, stderr) per rank."""
+        env: more variables for each; the weights are the golden model's, unless extra has
+        --resume (the checkpoint's) or an --init of its own. Returns the metrics path and
+        (returncode, stdout, stderr) per rank."""
         metrics = os.path.join(self.tmp, "%s_%s_w%d.jsonl" % (tag, device, world))
         kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
         argv = dp.base_args(batch, ACCUM, metrics, STEPS) + ["--device", device] + list(extra)
         if "--resume" in extra or "--init" in extra:
             at = argv.index("--init")
             del argv[at:at + 2]
-        env = {"DT_EMUL_GPUS": str(world)} if own_gpus and EMULATED else {}
+        env = dict(env or {})
+        if own_gpus and EMULATED:
+            env["DT_EMUL_GPUS"] = str(world)
         procs = dp.launch(world, lambda r: argv, kv,
                           lambda r: dict(env, LOCAL_RANK=str(r if own_gpus else 0)))
         return metrics, dp.wait_all(procs, timeout=300)
 
-    def train(self, world, batch, device, extra=(), tag="", own_gpus=False):
-        metrics, outs = self.launch(world, batch, device, extra, tag, own_gpus)
+    def train(self, world, batch, device, extra=(), tag="", own_gpus=False, env=None):
+        metrics, outs = self.launch(world, batch, device, extra, tag, own_gpus, env)
         dp.assert_ranks_ok(outs, tag)
         self.logs = [err for _, _, err in outs]
         return [m["loss"] for m in dp.read_metrics(metrics)]
@@ -159,6 +164,17 @@ class GpuTrainer(unittest.TestCase):
                 prof = test_profile.read_profile(metrics)[0]
                 test_profile.check_profile(self, prof, want, (2, 3), "cuda:0")
                 test_profile.check_trace(self, trace, prof)  # the timed events' placement
+            with self.subTest(prec + " DISTRAIN_CUDA_GEMM_TUNE=1"):
+                # each kind of product on the fastest of cuBLASLt's candidates, timed on its
+                # first product: the timing runs leave every output as it was (the emulated
+                # candidates compute alike: bit for bit; a GPU's sum in other orders)
+                got = self.train(1, 4, "cuda", p, tag="opt_tune_" + prec,
+                                 env={"DISTRAIN_CUDA_GEMM_TUNE": "1"})
+                if EMULATED:
+                    self.assertEqual(ref, got)
+                else:
+                    self.assert_close(ref, got, 1e-4, prec + " tuned GEMMs")
+                self.assertRegex(self.logs[0], r"GEMM m=\d+ n=\d+ k=\d+ .*by timing")
             with self.subTest(prec + " resume"):
                 ckpt = ["--ckpt-dir", os.path.join(self.tmp, "ckpt_" + prec)]
                 first = self.train(1, 4, "cuda", p + ckpt + ["--stop-at", str(STEPS // 2)],

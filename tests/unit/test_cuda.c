@@ -840,15 +840,17 @@ static void check_matmul(int N, int C, int OC, int ld, int with_bias, int with_d
     pair_free(&dinp);
 }
 
-/* The products, GPT-2's two at N tokens. */
+/* The products (each epilogue, in fp32 and bf16), then with N > 0 GPT-2's two at N tokens. */
 static void check_matmuls(int N)
 {
   for (int bf16 = 0; bf16 <= 1; bf16++) {
     check_matmul(75, 67, 45, 50, 1, 1, bf16);     /* row stride wider than OC, bias, dinp */
     check_matmul(33, 64, 96, 96, 0, 0, bf16);     /* no bias, no dinp */
     check_matmul(257, 200, 600, 600, 1, 1, bf16); /* N just over a block, larger K */
-    check_matmul(N, 768, 2304, 2304, 1, 1, bf16); /* GPT-2's qkv */
-    check_matmul(N, 3072, 768, 768, 1, 1, bf16);  /* GPT-2's MLP projection */
+    if (N > 0) {
+      check_matmul(N, 768, 2304, 2304, 1, 1, bf16); /* GPT-2's qkv */
+      check_matmul(N, 3072, 768, 768, 1, 1, bf16);  /* GPT-2's MLP projection */
+    }
   }
 }
 
@@ -887,6 +889,32 @@ START_TEST(test_matmul_cublas)
   ck_assert_msg(dt_cuda_stage_bytes(plain) > 0 && dt_cuda_stage_bytes(plain) <= (1 << 20),
                 "bf16 outputs staged in %zu bytes", dt_cuda_stage_bytes(plain));
   dt_device_cuda_destroy(plain);
+}
+END_TEST
+
+/* The same products with DISTRAIN_CUDA_GEMM_TUNE=1: each kind's algorithm is chosen by timing
+ * cuBLASLt's candidates on its first product, whose timing runs must leave every output as the
+ * product alone leaves it (dweight accumulates in place: those runs write a scratch matrix; the
+ * forward's residual C is read, not written); a bad value is refused. */
+START_TEST(test_matmul_tuned)
+{
+  dt_device_t *lt = g_gpu, *tuned = NULL;
+  setenv("DISTRAIN_CUDA_GEMM_TUNE", "2", 1);
+  ck_assert_int_eq(dt_device_cuda_create(0, &tuned), DT_EINVAL);
+  ck_assert_ptr_null(tuned);
+  setenv("DISTRAIN_CUDA_GEMM_TUNE", "1", 1);
+  ck_assert_int_eq(dt_device_cuda_create(0, &tuned), 0);
+  unsetenv("DISTRAIN_CUDA_GEMM_TUNE");
+  g_gpu = tuned;
+  check_matmuls(0);
+  g_gpu = lt;
+  long timed = 0;
+  const long kinds = dt_cuda_lt_tuned(tuned, &timed);
+  ck_assert_int_eq(dt_cuda_lt_fallbacks(tuned), 0);
+  /* each tuned kind had two candidates or more (the emulated cuBLASLt offers three) */
+  ck_assert_msg(kinds > 0 && timed > kinds, "%ld kinds tuned, %ld candidates timed", kinds, timed);
+  ck_assert_int_eq(dt_cuda_lt_tuned(lt, NULL), 0);
+  dt_device_cuda_destroy(tuned);
 }
 END_TEST
 
@@ -1516,6 +1544,7 @@ int main(void)
   tcase_add_test(tc, test_layernorm);
   tcase_add_test(tc, test_matmul);
   tcase_add_test(tc, test_matmul_cublas);
+  tcase_add_test(tc, test_matmul_tuned);
   tcase_add_test(tc, test_attention);
   tcase_add_test(tc, test_gelu_residual);
   tcase_add_test(tc, test_crossentropy);
