@@ -67,6 +67,7 @@ typedef struct dt_cuda_impl {
   size_t stage_max;    /* their blocks' size (DT__CUDA_STAGE_MAX; a column of m floats at least) */
   size_t flash_ws_max; /* the bf16 flash backward's score gradients at a time (0: 1 GiB) */
   size_t smem_optin;   /* the most dynamic shared memory a block may ask for (opting in) */
+  size_t ce_keep_max;  /* the cross-entropy keeps rows of at most this many bytes on chip */
   float *ones;         /* ones_n floats equal to 1.0f (column sums through GEMV) */
   size_t ones_n;       /* its allocation is ones_n floats (0 when there is none) */
   void *pin;           /* pinned host memory: encoder.cu's token lists on their way up */

@@ -50,6 +50,11 @@ void dt_cuda_set_stage_max(dt_device_t *dev, size_t bytes);
  * at a time as fit this many bytes, or where one head's do not, recomputes them (0: the default,
  * 1 GiB; tests make it small). */
 void dt_cuda_set_flash_ws_max(dt_device_t *dev, size_t bytes);
+/* The cross-entropy's backward keeps each row in shared memory between its two passes where the
+ * row takes at most this many bytes (default: half the opt-in shared memory of a block, so that
+ * two blocks fit an SM; 0: never, each row read twice; tests set both). Returns the bound it
+ * replaces. */
+size_t dt_cuda_set_ce_keep_max(dt_device_t *dev, size_t bytes);
 
 /* AdamW on device buffers, same contract as dt_cpu_adamw_update (kernels/ops.h), issued on the
  * legacy default stream; the kernel table's adamw_update runs the same kernel on the device's

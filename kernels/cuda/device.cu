@@ -418,6 +418,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
     DT_CUDA_CHECK_GOTO(
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal), rc, fail);
     c->smem_optin = (size_t)optin;
+    c->ce_keep_max = c->smem_optin / 2;
     rc = gpu_alloc(c, c->lt_ws_bytes, "cuBLASLt's workspace",
                    "the GPU is full before training starts: another process may hold its memory "
                    "(nvidia-smi)",

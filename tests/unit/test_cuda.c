@@ -1254,11 +1254,68 @@ static void check_crossentropy(int N, int V, int Vp, float dloss)
   ipair_free(&targets), pair_free(&logits), pair_free(&losses);
 }
 
+/* The backward with each row kept in shared memory between its passes, then read twice from
+ * memory (ce_keep_max 0): the same bits, fp32 and bf16 (dlogits and losses). */
+static void check_crossentropy_kept(int N, int V, int Vp)
+{
+  ipair_t targets = ipair_below((size_t)N, V);
+  float *x = host_rand((size_t)N * Vp, 0.0f, 2.0f);
+  float *out[2][2];  /* [kept, twice][fp32, bf16] */
+  float *loss[2][2]; /* likewise */
+  const size_t keep_max = dt_cuda_set_ce_keep_max(g_gpu, 0);
+  for (int k = 0; k < 2; k++) {
+    dt_cuda_set_ce_keep_max(g_gpu, k == 0 ? (size_t)Vp * sizeof(float) : 0);
+    for (int b = 0; b < 2; b++) {
+      const size_t n = (size_t)N * Vp, bytes = n * (b ? 2 : sizeof(float));
+      float *ls = dev_alloc((size_t)N * sizeof(float));
+      pair16_t l16 = {0};
+      void *l = NULL;
+      if (b) {
+        l16 = pair16_alloc(n);
+        ck_assert_int_eq(H->to_bf16(g_cpu, l16.h, x, n), 0);
+        pair16_upload(&l16);
+        l = l16.d;
+        ck_assert_int_eq(
+            G->crossentropy_forward_backward_bf16(g_gpu, ls, l, targets.d, 0.5f, N, V, Vp), 0);
+      } else {
+        l = dev_alloc(bytes);
+        to_dev(l, x, bytes);
+        ck_assert_int_eq(G->crossentropy_forward_backward(g_gpu, ls, l, targets.d, 0.5f, N, V, Vp),
+                         0);
+      }
+      out[k][b] = xmalloc(bytes);
+      loss[k][b] = xmalloc((size_t)N * sizeof(float));
+      to_host(out[k][b], l, bytes);
+      to_host(loss[k][b], ls, (size_t)N * sizeof(float));
+      if (b)
+        pair16_free(&l16);
+      else
+        g_gpu->free(g_gpu, l);
+      g_gpu->free(g_gpu, ls);
+    }
+  }
+  dt_cuda_set_ce_keep_max(g_gpu, keep_max);
+  for (int b = 0; b < 2; b++) {
+    const size_t bytes = (size_t)N * Vp * (b ? 2 : sizeof(float));
+    ck_assert_msg(memcmp(out[0][b], out[1][b], bytes) == 0 &&
+                      memcmp(loss[0][b], loss[1][b], (size_t)N * sizeof(float)) == 0,
+                  "%s crossentropy, V %d Vp %d: the kept row's results differ", b ? "bf16" : "fp32",
+                  V, Vp);
+    for (int k = 0; k < 2; k++)
+      free(out[k][b]), free(loss[k][b]);
+  }
+  free(x);
+  ipair_free(&targets);
+}
+
 START_TEST(test_crossentropy)
 {
   check_crossentropy(13, 1000, 1024, 0.0f);
   check_crossentropy(13, 1000, 1024, 1.0f / 13);
   check_crossentropy(5, 3001, 3001, 0.25f); /* no padding, V over the block size several times */
+  check_crossentropy_kept(7, 1000, 1024);   /* padding; 128 vectors a row: one a thread */
+  check_crossentropy_kept(3, 9000, 9088);   /* vectors two a thread and one, the tail */
+  check_crossentropy_kept(3, 3001, 3001);   /* one element at a time */
 }
 END_TEST
 

@@ -143,41 +143,54 @@ START_TEST(test_crossentropy)
   dt_rng_seed(&g_rng, 82);
   const int N = 13, V = 77, Vp = 96;
   const std::vector<int> tgt = targets(N, V);
-  for (float dloss : {0.25f, 0.0f}) { /* 0: the logits are left alone */
-    std::vector<float> logits_h = randn((size_t)N * Vp, 0.0f, 3.0f), logits_g = logits_h;
-    std::vector<float> loss_h(N), loss_g(N, NAN);
-    dt_cpu_crossentropy_forward_backward(loss_h.data(), logits_h.data(), tgt.data(), dloss, N, V,
-                                         Vp);
-    launch(dim3(N), CE_THREADS, 0, [&] {
-      crossentropy_kernel<float>(loss_g.data(), logits_g.data(), tgt.data(), dloss, V, Vp);
-    });
-    expect_close("crossentropy losses", loss_g, loss_h);
-    expect_close(dloss != 0.0f ? "crossentropy dlogits" : "crossentropy logits kept", logits_g,
-                 logits_h);
-  }
-  /* bf16 logits, over several passes of the block (Vp > CE_THREADS): the same losses as the
-   * fp32 kernel on the same values, and its dlogits rounded, bit for bit, in place of the bf16
-   * logits (the padding columns 0). */
-  const int N2 = 3, V2 = 1100, Vp2 = 1152;
+  for (float dloss : {0.25f, 0.0f}) /* 0: the logits are left alone */
+    for (int keep : {0, 1}) {       /* the row kept in shared memory between the passes */
+      std::vector<float> logits_h = randn((size_t)N * Vp, 0.0f, 3.0f), logits_g = logits_h;
+      std::vector<float> loss_h(N), loss_g(N, NAN);
+      dt_cpu_crossentropy_forward_backward(loss_h.data(), logits_h.data(), tgt.data(), dloss, N, V,
+                                           Vp);
+      launch(dim3(N), CE_THREADS, keep ? Vp * sizeof(float) : 0, [&] {
+        crossentropy_kernel<float>(loss_g.data(), logits_g.data(), tgt.data(), dloss, V, Vp, keep);
+      });
+      expect_close("crossentropy losses", loss_g, loss_h);
+      expect_close(dloss != 0.0f ? "crossentropy dlogits" : "crossentropy logits kept", logits_g,
+                   logits_h);
+    }
+  /* bf16 logits, over several passes of the block (Vp > CE_THREADS; vectors two a thread, then
+   * one): the same losses as the fp32 kernel on the same values, and its dlogits rounded, bit for
+   * bit, in place of the bf16 logits (the padding columns 0); the row kept in shared memory
+   * between the passes or read twice: the same bits. */
+  const int N2 = 3, V2 = 9000, Vp2 = 9088;
   const std::vector<int> tgt2 = targets(N2, V2);
   std::vector<float> l32 = randn((size_t)N2 * Vp2, 0.0f, 3.0f);
   std::vector<__nv_bfloat16> l16(l32.size());
   for (size_t i = 0; i < l32.size(); i++)
     l16[i] = __float2bfloat16_rn(l32[i]), l32[i] = dt_bf16_round(l32[i]);
   for (float dloss : {0.5f, 0.0f}) {
-    std::vector<float> g32 = l32, loss32(N2, NAN), loss16(N2, NAN);
-    std::vector<__nv_bfloat16> g16 = l16;
-    launch(dim3(N2), CE_THREADS, 0, [&] {
-      crossentropy_kernel<float>(loss32.data(), g32.data(), tgt2.data(), dloss, V2, Vp2);
-    });
-    launch(dim3(N2), CE_THREADS, 0, [&] {
-      crossentropy_kernel<__nv_bfloat16>(loss16.data(), g16.data(), tgt2.data(), dloss, V2, Vp2);
-    });
-    ck_assert(loss16 == loss32);
-    for (size_t i = 0; i < g16.size(); i++)
-      ck_assert_msg(__bfloat162float(g16[i]) == dt_bf16_round(g32[i]),
-                    "bf16 dlogit [%zu][%zu] (dloss %g): %g, want %g", i / Vp2, i % Vp2,
-                    (double)dloss, (double)__bfloat162float(g16[i]), (double)dt_bf16_round(g32[i]));
+    std::vector<float> twice32, twice_loss;
+    for (int keep : {0, 1}) {
+      std::vector<float> g32 = l32, loss32(N2, NAN), loss16(N2, NAN);
+      std::vector<__nv_bfloat16> g16 = l16;
+      launch(dim3(N2), CE_THREADS, keep ? Vp2 * sizeof(float) : 0, [&] {
+        crossentropy_kernel<float>(loss32.data(), g32.data(), tgt2.data(), dloss, V2, Vp2, keep);
+      });
+      launch(dim3(N2), CE_THREADS, keep ? Vp2 * sizeof(__nv_bfloat16) : 0, [&] {
+        crossentropy_kernel<__nv_bfloat16>(loss16.data(), g16.data(), tgt2.data(), dloss, V2, Vp2,
+                                           keep);
+      });
+      ck_assert(loss16 == loss32);
+      size_t i = 0;
+      while (i < g16.size() && __bfloat162float(g16[i]) == dt_bf16_round(g32[i]))
+        i++;
+      ck_assert_msg(i == g16.size(), "bf16 dlogit [%zu][%zu] (dloss %g, keep %d): %g, want %g",
+                    i / Vp2, i % Vp2, (double)dloss, keep,
+                    (double)__bfloat162float(g16[i < g16.size() ? i : 0]),
+                    (double)dt_bf16_round(g32[i < g16.size() ? i : 0]));
+      if (keep)
+        ck_assert(g32 == twice32 && loss32 == twice_loss);
+      else
+        twice32 = g32, twice_loss = loss32;
+    }
   }
 }
 END_TEST
