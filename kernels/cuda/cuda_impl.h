@@ -58,9 +58,10 @@ typedef struct dt_cuda_impl {
   int lt_tune; /* DISTRAIN_CUDA_GEMM_TUNE (default 0): each kind's algorithm by timing */
   int lt_nkinds;
   dt__cuda_lt_kind_t lt_kinds[DT__CUDA_LT_KINDS]; /* the algorithm of each kind met so far */
-  long lt_tuned; /* kinds whose algorithm was chosen by timing cuBLASLt's candidates */
-  long lt_timed; /* candidates timed for them */
-  void *ws;      /* scratch for partial sums; grows, never shrinks */
+  long lt_tuned;   /* kinds whose algorithm was chosen by timing cuBLASLt's candidates */
+  long lt_timed;   /* candidates timed for them */
+  long lt_untuned; /* kinds with candidates to time that kept the first (scratch, overlap) */
+  void *ws;        /* scratch for partial sums; grows, never shrinks */
   size_t ws_bytes;
   void *stage; /* fp32 products on their way to a bf16 output, where cuBLAS writes them */
   size_t stage_bytes;

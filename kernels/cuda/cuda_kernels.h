@@ -39,8 +39,11 @@ const dt_ops_t *dt_ops_cuda(void);
  * instead, the same arithmetic; the first is logged as a WARN). test_cuda requires 0. */
 long dt_cuda_lt_fallbacks(const dt_device_t *dev);
 /* Under DISTRAIN_CUDA_GEMM_TUNE=1: how many kinds of product had their algorithm chosen by
- * timing, and how many of cuBLASLt's candidates were timed for them (*timed, where not NULL). */
-long dt_cuda_lt_tuned(const dt_device_t *dev, long *timed);
+ * timing, how many of cuBLASLt's candidates were timed for them (*timed), and how many kinds
+ * with several candidates kept the heuristic's first untimed (*untuned: no memory for a scratch
+ * output, an auxiliary output overlapping an input, or every candidate failed); each pointer
+ * may be NULL. */
+long dt_cuda_lt_tuned(const dt_device_t *dev, long *timed, long *untuned);
 /* The fp32 staging of bf16 outputs that cuBLASLt cannot write (such products are made in blocks
  * of columns): its size now, and the blocks' size (DT__CUDA_STAGE_MAX, 256 MiB, at create; tests
  * make it small). */

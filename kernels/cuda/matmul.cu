@@ -101,10 +101,10 @@ static size_t mat_bytes(size_t rows, size_t cols, size_t ld, size_t esize)
  * replaces the first only where at least LT_TUNE_MARGIN faster, so that near-ties keep the
  * heuristic's choice. The runs write D where the product only writes it (beta 0, or C read from
  * a Cin) and D overlaps no input; else (an accumulation in place: dweight) a scratch matrix of
- * D's extent, allocated for the timing and freed after it, so that every output holds what it
- * held before once the product itself runs. A product whose GELU input it writes overlaps an
- * input, or whose scratch cannot be allocated, keeps the heuristic's first (*best 0). A
- * candidate that fails is skipped. 0, or DT_ECUDA. */
+ * D's extent, allocated on the stream for the timing and freed there after it, so that every
+ * output holds what it held before once the product itself runs. A product whose GELU input it
+ * writes overlaps an input, or whose scratch cannot be allocated, keeps the heuristic's first
+ * (*best 0). A candidate that fails is skipped. 0, or DT_ECUDA. */
 #define LT_TUNE_REPS   3
 #define LT_TUNE_MARGIN 0.02f
 static int lt_tune(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab,
@@ -131,17 +131,20 @@ static int lt_tune(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab,
     if (overlaps(g->gelu_pre, d_bytes, in[i].p, in[i].bytes)) {
       DT_DEBUG(KERNEL, "%s: GEMM m=%d n=%d k=%d: its GELU input overlaps an operand: not tuned",
                cu->name, g->m, g->n, g->k);
+      cu->lt_untuned++;
       return 0;
     }
     scratch = scratch || overlaps(g->C, d_bytes, in[i].p, in[i].bytes);
   }
   void *tmp = NULL;
-  if (scratch) {
-    const cudaError_t e = cudaMalloc(&tmp, d_bytes);
+  if (scratch) { /* stream-ordered: cudaFree would synchronize the device (and so wait on other
+                  * streams' collectives, whose peers may be tuning too) */
+    const cudaError_t e = cudaMallocAsync(&tmp, d_bytes, cu->stream);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       DT_DEBUG(KERNEL, "%s: GEMM m=%d n=%d k=%d: no %zu bytes for the timing's output: not tuned",
                cu->name, g->m, g->n, g->k, d_bytes);
+      cu->lt_untuned++;
       return 0;
     }
   }
@@ -191,15 +194,16 @@ static int lt_tune(dt_cuda_impl_t *cu, const dt_gemm_t *g, cudaDataType_t ab,
             cu->name, g->m, g->n, g->k, ab == CUDA_R_16BF ? "bf16" : "fp32", g->ta ? 'T' : 'N',
             g->tb ? 'T' : 'N', gemm_epilogue_name(g), g->c16 ? ", bf16 output" : "", *best + 1, n,
             (double)ms[*best], gflop / ms[*best], (double)ms[0]);
-  } else
+  } else {
     *best = 0;
+    cu->lt_untuned++;
+  }
 out:
   for (int e = 0; e < 2; e++)
     if (ev[e])
       (void)cudaEventDestroy(ev[e]);
-  if (tmp) { /* the timing's runs are done before the scratch goes */
-    const cudaError_t e = cudaStreamSynchronize(cu->stream);
-    (void)cudaFree(tmp);
+  if (tmp) { /* after the timing's runs on the stream */
+    const cudaError_t e = cudaFreeAsync(tmp, cu->stream);
     if (e != cudaSuccess && rc == 0)
       DT_CUDA_CHECK(e);
   }
@@ -368,11 +372,13 @@ extern "C" long dt_cuda_lt_fallbacks(const dt_device_t *dev)
   return ((const dt_cuda_impl_t *)dev->impl)->lt_fallbacks;
 }
 
-extern "C" long dt_cuda_lt_tuned(const dt_device_t *dev, long *timed)
+extern "C" long dt_cuda_lt_tuned(const dt_device_t *dev, long *timed, long *untuned)
 {
   const dt_cuda_impl_t *cu = (const dt_cuda_impl_t *)dev->impl;
   if (timed)
     *timed = cu->lt_timed;
+  if (untuned)
+    *untuned = cu->lt_untuned;
   return cu->lt_tuned;
 }
 

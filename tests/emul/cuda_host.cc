@@ -727,11 +727,10 @@ cudaError_t cudaFreeHost(void *ptr)
   return cudaSuccess;
 }
 
-cudaError_t cudaFree(void *devPtr)
+/* Frees a live allocation (fn's: a report names it otherwise), or with check_only only checks
+ * that devPtr is one. */
+static cudaError_t release(const char *fn, void *devPtr, bool check_only)
 {
-  if (!devPtr)
-    return cudaSuccess;
-  drain_all(); /* cudaFree synchronizes the device: queued work may still use the memory */
   size_t bytes;
   {
     std::lock_guard<std::mutex> lock(reg().mu);
@@ -739,9 +738,11 @@ cudaError_t cudaFree(void *devPtr)
     if (it == reg().allocs.end()) {
       char why[256];
       describe((uintptr_t)devPtr, 1, why, sizeof why);
-      report("cudaFree: %p is not the start of a live allocation: %s", devPtr, why);
+      report("%s: %p is not the start of a live allocation: %s", fn, devPtr, why);
       return fail(cudaErrorInvalidValue);
     }
+    if (check_only)
+      return cudaSuccess;
     bytes = it->second.bytes;
     reg().live[it->second.device] -= bytes;
     reg().allocs.erase(it);
@@ -749,6 +750,14 @@ cudaError_t cudaFree(void *devPtr)
   memset(devPtr, 0xFF, bytes); /* a stale read sees NaN even where malloc reuses the memory */
   free(devPtr);
   return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *devPtr)
+{
+  if (!devPtr)
+    return cudaSuccess;
+  drain_all(); /* cudaFree synchronizes the device: queued work may still use the memory */
+  return release("cudaFree", devPtr, false);
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
@@ -906,6 +915,30 @@ static cudaError_t check_stream(const char *fn, cudaStream_t s)
     return cudaSuccess;
   report("%s: stream %p is not a live stream (destroyed, or never created)", fn, (void *)s);
   return fail(cudaErrorInvalidResourceHandle);
+}
+
+/* Stream-ordered allocation, as the stream's pool does it: cudaMallocAsync's memory is allocated
+ * at once (work queued before it cannot see its address), cudaFreeAsync frees it when the
+ * stream's work reaches the free, without synchronizing anything. */
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)
+{
+  if (check_stream("cudaMallocAsync", stream) != cudaSuccess)
+    return cudaErrorInvalidResourceHandle;
+  return cudaMalloc(devPtr, size);
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
+{
+  if (!devPtr)
+    return cudaSuccess;
+  if (check_stream("cudaFreeAsync", stream) != cudaSuccess)
+    return cudaErrorInvalidResourceHandle;
+  const cudaError_t e = release("cudaFreeAsync", devPtr, true);
+  if (e != cudaSuccess)
+    return e;
+  std::lock_guard<std::recursive_mutex> lock(exec_mu());
+  enqueue(stream, [devPtr] { (void)release("cudaFreeAsync", devPtr, false); });
+  return cudaSuccess;
 }
 
 /* The shared checks of a copy of dn bytes to dst and sn bytes from src (a 2D copy's spans). */
