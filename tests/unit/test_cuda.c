@@ -865,6 +865,20 @@ START_TEST(test_matmul)
 }
 END_TEST
 
+/* A second device opened with the switch var set to `on`: first refused with var set to the
+ * invalid value bad (nothing opened), var unset again after. */
+static dt_device_t *device_with(const char *var, const char *bad, const char *on)
+{
+  dt_device_t *dev = NULL;
+  setenv(var, bad, 1);
+  ck_assert_int_eq(dt_device_cuda_create(0, &dev), DT_EINVAL);
+  ck_assert_ptr_null(dev);
+  setenv(var, on, 1);
+  ck_assert_int_eq(dt_device_cuda_create(0, &dev), 0);
+  unsetenv(var);
+  return dev;
+}
+
 /* The same products on cuBLAS (DISTRAIN_CUDA_CUBLASLT=0: the bias seeded by a pass of its own,
  * the GELU and its derivative applied by another),
  * the path a product takes when cuBLASLt has no algorithm for it; a bad value is refused. A bf16
@@ -874,13 +888,7 @@ END_TEST
  * of one column where 256 took 256 (83 s of 119 on the emulated GPU under ASan), the same cases. */
 START_TEST(test_matmul_cublas)
 {
-  dt_device_t *lt = g_gpu, *plain = NULL;
-  setenv("DISTRAIN_CUDA_CUBLASLT", "yes", 1);
-  ck_assert_int_eq(dt_device_cuda_create(0, &plain), DT_EINVAL);
-  ck_assert_ptr_null(plain);
-  setenv("DISTRAIN_CUDA_CUBLASLT", "0", 1);
-  ck_assert_int_eq(dt_device_cuda_create(0, &plain), 0);
-  unsetenv("DISTRAIN_CUDA_CUBLASLT");
+  dt_device_t *lt = g_gpu, *plain = device_with("DISTRAIN_CUDA_CUBLASLT", "yes", "0");
   dt_cuda_set_stage_max(plain, 8 << 10);
   g_gpu = plain;
   check_matmuls(40);
@@ -898,13 +906,7 @@ END_TEST
  * forward's residual C is read, not written); a bad value is refused. */
 START_TEST(test_matmul_tuned)
 {
-  dt_device_t *lt = g_gpu, *tuned = NULL;
-  setenv("DISTRAIN_CUDA_GEMM_TUNE", "2", 1);
-  ck_assert_int_eq(dt_device_cuda_create(0, &tuned), DT_EINVAL);
-  ck_assert_ptr_null(tuned);
-  setenv("DISTRAIN_CUDA_GEMM_TUNE", "1", 1);
-  ck_assert_int_eq(dt_device_cuda_create(0, &tuned), 0);
-  unsetenv("DISTRAIN_CUDA_GEMM_TUNE");
+  dt_device_t *lt = g_gpu, *tuned = device_with("DISTRAIN_CUDA_GEMM_TUNE", "2", "1");
   g_gpu = tuned;
   check_matmuls(0);
   g_gpu = lt;
