@@ -17,7 +17,9 @@
  * head); the softmax reductions are block reductions of fixed shape (deterministic).
  *
  * Flash attention (the _flash entries, at the end): the kernels are in flash.cuh (fp32) and
- * flash_mma.cuh (bf16 on the tensor cores, the _flash_bf16 entries); this file launches them. */
+ * flash_mma.cuh (bf16 on the tensor cores, the _flash_bf16 entries); this file launches them,
+ * but for the bf16 forward on Hopper's wgmma (flash_wgmma.cuh), which attention_wgmma.cu
+ * launches under DISTRAIN_CUDA_WGMMA=1. */
 #include <math.h>
 
 #include "cuda_impl.h"
@@ -120,6 +122,12 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
                          int B, int Tq, int q0, int Tall, int C, int NH)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
+  if (mma && HSM == 64 && cu->wgmma) {
+    const int rc = dt__cuda_wgmma_forward(cu, (uint16_t *)out, lse, (const uint16_t *)qkv, B, Tq,
+                                          q0, Tall, C, NH);
+    if (rc != 0)
+      return rc < 0 ? rc : 0;
+  }
   if (mma)
     return flash_launch(cu, fmma_forward_kernel<HSM>, flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH),
                         FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(), (uint16_t *)out, lse,

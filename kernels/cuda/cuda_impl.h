@@ -56,6 +56,7 @@ typedef struct dt_cuda_impl {
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
   unsigned long long lt_warned[8]; /* the first distinct such products' signatures (WARNed) */
   int lt_tune; /* DISTRAIN_CUDA_GEMM_TUNE (default 0): each kind's algorithm by timing */
+  int wgmma;   /* DISTRAIN_CUDA_WGMMA (default 0; 9.0 only): the bf16 flash forward on wgmma */
   int lt_nkinds;
   dt__cuda_lt_kind_t lt_kinds[DT__CUDA_LT_KINDS]; /* the algorithm of each kind met so far */
   long lt_tuned;   /* kinds whose algorithm was chosen by timing cuBLASLt's candidates */
@@ -92,6 +93,11 @@ int dt__cuda_workspace(dt_cuda_impl_t *c, size_t bytes, void **out);
 int dt__cuda_stage(dt_cuda_impl_t *c, size_t bytes, void **out);
 /* A device vector of at least n ones (its own buffer, independent of the workspace). */
 int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
+/* The bf16 flash forward on Hopper's wgmma (attention_wgmma.cu, sm_90a; under
+ * DISTRAIN_CUDA_WGMMA=1 on a GPU of compute capability 9.0): 1 launched, 0 when the shape is not
+ * one it takes (head size 64, C a multiple of 8, qkv 16-byte aligned), or DT_ECUDA. */
+int dt__cuda_wgmma_forward(dt_cuda_impl_t *cu, uint16_t *out, float *lse, const uint16_t *qkv,
+                           int B, int Tq, int q0, int Tall, int C, int NH);
 
 /* Runs a gemm.cuh descriptor of fp32 operands on the device's handle: cublasSgemm,
  * cublasSgemmStridedBatched for batch > 1, cublasSgemv for one column (n = 1, B not

@@ -407,6 +407,7 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
   c->stage_max = DT__CUDA_STAGE_MAX;
   DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_CUBLASLT", &c->use_lt), rc, fail);
   DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_GEMM_TUNE", &c->lt_tune), rc, fail);
+  DT_CHECK_GOTO(dt_env_switch("DISTRAIN_CUDA_WGMMA", &c->wgmma), rc, fail);
   DT_CUBLAS_CHECK_GOTO(cublasLtCreate(&c->lt), rc, fail);
   {
     /* cuBLAS's advice for cuBLASLt's workspace: 32 MiB on Hopper and later, 4 MiB before. */
@@ -414,6 +415,17 @@ extern "C" int dt_device_cuda_create(int ordinal, dt_device_t **out)
     DT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
                        rc, fail);
     c->lt_ws_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    int minor = 0;
+    DT_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal),
+                       rc, fail);
+    if (c->wgmma && (major != 9 || minor != 0)) { /* its kernel is sm_90a code */
+      DT_ERROR(KERNEL,
+               "%s: DISTRAIN_CUDA_WGMMA=1 needs a GPU of compute capability 9.0 (H100, H200); "
+               "this one is %d.%d: unset it",
+               c->name, major, minor);
+      rc = DT_EINVAL;
+      goto fail;
+    }
     int optin = 0;
     DT_CUDA_CHECK_GOTO(
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal), rc, fail);

@@ -13,7 +13,9 @@
  * shows as a wrong result. A barrier some threads of the block can never reach (one inside
  * divergent code, or after others returned) aborts, saying how many threads wait where.
  * mma.sync.m16n8k16 (bf16) and ldmatrix.x4 are rebuilt from the PTX ISA's fragment layouts;
- * cp.async copies land late or early (cp_async16).
+ * cp.async copies land late or early (cp_async16); Hopper's wgmma.mma_async (m64n64k16, bf16, its
+ * shared operands under the 128-byte swizzle) runs at the wait that covers it (wgmma_wait), the
+ * dynamic shared memory at a shared-window address that is not 1024-aligned (smem_addr).
  *
  * What this checks: the kernels' indexing, masks, tiles and their edges, reductions and barrier
  * structure. What it cannot: the GPU compiler's code, warp scheduling, memory ordering between
@@ -122,6 +124,21 @@ struct cp_copy {                   /* a cp.async (cp_async16 below) */
 inline std::vector<cp_copy> g_cp_async[1024]; /* each thread's, not yet waited for */
 inline std::vector<cp_copy> g_cp_waited;      /* waited for, landing at the next block barrier */
 inline bool g_cp_early; /* the copies land as they are issued instead (cp_async16) */
+/* A product issued and not yet waited for. The GPU reads the shared operands and writes D at
+ * some time before the wait that covers it; the emulation does both at that wait, so a kernel
+ * that reads D early or changes an operand tile before the wait gets wrong values. A from
+ * registers is taken at the issue (the kernel must not change those registers before the wait
+ * either; that is not checked). */
+struct wgmma_op {
+  float *d;
+  float a[2][16]; /* A from registers: the rows g and g + 8 of the warp's 16 */
+  bool a_regs, ta, tb;
+  uint64_t da, db;
+  int scale_d;
+  unsigned group;
+};
+inline std::vector<wgmma_op> g_wgmma[1024]; /* each thread's, in issue order */
+inline unsigned g_wgmma_groups[1024];       /* groups each thread committed */
 
 inline void cp_land(const cp_copy &c)
 {
@@ -227,6 +244,7 @@ inline void run_block(unsigned n)
   g_at_block = g_returned = 0;
   memset(g_at_warp, 0, sizeof g_at_warp);
   memset(g_exchanges, 0, sizeof g_exchanges);
+  memset(g_wgmma_groups, 0, sizeof g_wgmma_groups);
   for (unsigned t = 0; t < n; t++)
     fiber_start(&g_fibers[t], g_stacks + (size_t)t * STACK_BYTES,
                 STACK_BYTES - STAGGER * (t % 113));
@@ -272,6 +290,11 @@ inline void run_block(unsigned n)
   for (unsigned t = 0; t < n; t++)
     if (!g_cp_async[t].empty())
       die("a thread returned with cp.async copies it never waited for");
+  for (unsigned t = 0; t < n; t++)
+    if (!g_wgmma[t].empty()) {
+      g_wgmma[t].clear();
+      die("a thread returned with wgmma products it never waited for");
+    }
   if (!g_cp_waited.empty())
     die("cp.async copies waited for, but no barrier made them visible before the block's end");
 }
@@ -397,6 +420,88 @@ inline uint32_t movmatrix_t(uint32_t x)
   return at(2 * c, g) | at(2 * c + 1, g) << 16;
 }
 
+/* ---- Hopper's warpgroup MMA (kernels/cuda/wgmma.cuh) from the PTX ISA ------------------------ */
+
+/* The dynamic shared memory's address in the shared window: not a multiple of 1024 (on a GPU,
+ * static shared memory may come first), so a kernel must align its swizzled tiles itself. */
+inline const uint32_t g_smem_base = 0x230;
+
+inline uint32_t smem_addr(const void *p)
+{
+  const char *q = (const char *)p, *smem = (const char *)g_smem;
+  if (q < smem || q > smem + g_smem_bytes)
+    dt_emul::die("a shared address of a pointer outside the dynamic shared memory");
+  return g_smem_base + (uint32_t)(q - smem);
+}
+
+/* Element (mn, k) of a wgmma operand (A: mn = row of M; B: mn = column of N) of 16-wide K from
+ * its descriptor: 128-byte swizzle only (the XOR of address bits 4-6 with 7-9), K-major or
+ * (trans) MN-major, as wgmma.cuh describes the canonical layouts. */
+inline float wgmma_elem(uint64_t desc, bool trans, int mn, int k)
+{
+  if (desc >> 62 != 1 || (desc >> 49 & 7u) != 0)
+    dt_emul::die("wgmma: a descriptor other than 128-byte swizzle at base offset 0");
+  const uint32_t start = (uint32_t)(desc & 0x3fffu) << 4,
+                 lbo = (uint32_t)(desc >> 16 & 0x3fffu) << 4,
+                 sbo = (uint32_t)(desc >> 32 & 0x3fffu) << 4;
+  const uint32_t m = (uint32_t)mn, kk = (uint32_t)k;
+  uint32_t a = trans
+                   ? start + m % 8 * 2 + m / 8 % 8 * 16 + m / 64 * lbo + kk % 8 * 128 + kk / 8 * sbo
+                   : start + m % 8 * 128 + m / 8 * sbo + kk / 8 * 16 + kk % 8 * 2;
+  a ^= (a >> 7 & 7u) << 4;
+  if (a < g_smem_base || a + 2 > g_smem_base + g_smem_bytes)
+    dt_emul::die("wgmma: an operand element outside the dynamic shared memory");
+  uint16_t v;
+  memcpy(&v, (const char *)g_smem + (a - g_smem_base), sizeof v);
+  return bf16_value(v, 0);
+}
+
+/* wgmma.mma_async m64n64k16 bf16 -> f32 (a NULL: A from the descriptor da): queued. A warp's lanes
+ * meet here when A comes from registers, to exchange their fragments. */
+inline void wgmma_issue(float d[32], const uint32_t *a, uint64_t da, uint64_t db, int scale_d,
+                        bool ta, bool tb)
+{
+  dt_emul::wgmma_op op = {d, {}, a != NULL, ta, tb, da, db, scale_d, 0};
+  if (a) {
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+    const int set = next_slots();
+    memcpy(g_lane_a[set][w][lane], a, sizeof g_lane_a[set][w][lane]);
+    warp_sync();
+    for (int h = 0; h < 2; h++)
+      for (int k = 0; k < 16; k++)
+        op.a[h][k] = bf16_value(g_lane_a[set][w][g * 4 + (k % 8) / 2][h + 2 * (k / 8)], k % 2);
+  }
+  op.group = dt_emul::g_wgmma_groups[threadIdx.x];
+  dt_emul::g_wgmma[threadIdx.x].push_back(op);
+}
+
+inline void wgmma_commit(void)
+{
+  dt_emul::g_wgmma_groups[threadIdx.x]++;
+}
+
+/* wgmma.wait_group n: the products of every committed group but the n newest run now, in issue
+ * order, each thread computing its own 32 elements of D in fp32. */
+inline void wgmma_wait(unsigned n)
+{
+  std::vector<dt_emul::wgmma_op> &mine = dt_emul::g_wgmma[threadIdx.x];
+  const unsigned committed = dt_emul::g_wgmma_groups[threadIdx.x];
+  const int w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  size_t done = 0;
+  for (; done < mine.size() && mine[done].group + n < committed; done++) {
+    const dt_emul::wgmma_op &op = mine[done];
+    for (int i = 0; i < 32; i++) {
+      const int r = 16 * w + g + 8 * (i / 2 % 2), col = 8 * (i / 4) + 2 * c + i % 2;
+      float acc = op.scale_d ? op.d[i] : 0.0f;
+      for (int k = 0; k < 16; k++)
+        acc += (op.a_regs ? op.a[i / 2 % 2][k] : wgmma_elem(op.da, op.ta, r, k)) *
+               wgmma_elem(op.db, op.tb, col, k);
+      op.d[i] = acc;
+    }
+  }
+  mine.erase(mine.begin(), mine.begin() + (ptrdiff_t)done);
+}
+
 /* cp.async (16 bytes, zeros where !ok) and cp.async.wait_all. On the GPU a copy lands at some
  * time between its issue and its thread's wait, and the other threads see it after a barrier
  * that follows the wait. The emulation takes the two extremes, one per run: by default a copy
@@ -483,13 +588,21 @@ using std::min;
 #define __device__
 #define __shared__ static
 #define __launch_bounds__(...)
-#define DT_DYNAMIC_SMEM(name)         float *name = g_smem
-#define DT_MMA_BF16(d, a, b)          mma_bf16(d, a, b)
-#define DT_LDMATRIX_X4(r, row, trans) ldmatrix_x4(r, row, trans)
-#define DT_MOVMATRIX_T(x)             movmatrix_t(x)
-#define DT_SHFL_XOR(v, m)             __shfl_xor_sync(0xffffffffu, v, m)
-#define DT_CP_ASYNC16(dst, src, ok)   cp_async16(dst, src, ok)
-#define DT_CP_ASYNC_WAIT_ALL()        cp_async_wait_all()
+#define DT_DYNAMIC_SMEM(name)                 float *name = g_smem
+#define DT_MMA_BF16(d, a, b)                  mma_bf16(d, a, b)
+#define DT_LDMATRIX_X4(r, row, trans)         ldmatrix_x4(r, row, trans)
+#define DT_MOVMATRIX_T(x)                     movmatrix_t(x)
+#define DT_SHFL_XOR(v, m)                     __shfl_xor_sync(0xffffffffu, v, m)
+#define DT_CP_ASYNC16(dst, src, ok)           cp_async16(dst, src, ok)
+#define DT_CP_ASYNC_WAIT_ALL()                cp_async_wait_all()
+#define DT_SMEM_ADDR(p)                       smem_addr(p)
+#define DT_WGMMA_SS(d, da, db, scale, ta, tb) wgmma_issue(d, NULL, da, db, scale, ta, tb)
+#define DT_WGMMA_RS(d, a, db, scale, tb)      wgmma_issue(d, a, 0, db, scale, false, tb)
+#define DT_WGMMA_FENCE()                      ((void)0)
+#define DT_WGMMA_COMMIT()                     wgmma_commit()
+#define DT_WGMMA_WAIT(n)                      wgmma_wait(n)
+#define DT_WGMMA_FENCE_ACC(d)                 ((void)(d))
+#define DT_FENCE_PROXY_ASYNC()                ((void)0)
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
 template <typename F> inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)

@@ -48,6 +48,7 @@
 #include "device.h"
 #include "dt_error.h"
 #include "rng.h"
+#include "wgmma_tile.h"
 
 #define TOL 1e-5
 
@@ -1141,6 +1142,31 @@ START_TEST(test_attention_flash)
 }
 END_TEST
 
+/* DISTRAIN_CUDA_WGMMA=1: the bf16 flash forward on Hopper's wgmma (flash_wgmma.cuh) where the
+ * head size is 64, against the CPU as the mma.sync kernels are (the backward, the same kernels,
+ * runs again from its out). A bad value is refused; so is the switch on a GPU other than 9.0. */
+START_TEST(test_attention_wgmma)
+{
+  int major = 0, minor = 0;
+  ck_assert_int_eq(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), 0);
+  ck_assert_int_eq(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), 0);
+  if (major != 9 || minor != 0) {
+    dt_device_t *dev = NULL;
+    setenv("DISTRAIN_CUDA_WGMMA", "1", 1);
+    ck_assert_int_eq(dt_device_cuda_create(0, &dev), DT_EINVAL);
+    unsetenv("DISTRAIN_CUDA_WGMMA");
+    ck_assert_ptr_null(dev);
+    return;
+  }
+  dt_device_t *plain = g_gpu, *wg = device_with("DISTRAIN_CUDA_WGMMA", "on", "1");
+  g_gpu = wg;
+  check_attention_flash(2, 256, 256, 4, 1, 1); /* hs 64: two query blocks of 128 */
+  check_attention_flash(1, 150, 192, 3, 3, 1); /* chunks of 50: q0 off the tiles */
+  g_gpu = plain;
+  dt_device_cuda_destroy(wg);
+}
+END_TEST
+
 START_TEST(test_attention)
 {
   check_attention(2, 37, 48, 4);        /* hs 12, T prime */
@@ -1579,6 +1605,58 @@ START_TEST(test_determinism)
 }
 END_TEST
 
+#ifndef DT_TEST_EMULATED /* test_cuda_emul runs the same kernel on the emulation */
+int dt_test_wgmma_tile(int am, int bm, float *c, const uint16_t *a, const uint16_t *b);
+
+/* Hopper's wgmma (kernels/cuda/wgmma.cuh, through tests/unit/wgmma_tile.cuh): a 64 x 64 x 64 bf16
+ * product with each way the operands reach the instruction, against a plain product of the same
+ * values, on a device of compute capability 9.0 (the kernel is sm_90a code). This is the check of
+ * the emulation's reading of the descriptors and fragment layouts (cuda_emul.h), which
+ * test_cuda_emul takes as its reference. The tolerance is 1e-4: the tensor cores' fp32
+ * accumulation need not round each addition to nearest; a layout error moves values by O(1). */
+START_TEST(test_wgmma)
+{
+  struct cudaDeviceProp prop;
+  ck_assert_int_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  if (prop.major != 9 || prop.minor != 0) {
+    printf("test_wgmma: compute capability %d.%d, not 9.0: not run\n", prop.major, prop.minor);
+    return;
+  }
+  static const char *names[WG_A_MODES][WG_B_MODES] = {
+      {"A K-major, B K-major", "A K-major, B N-major"},
+      {"A M-major, B K-major", "A M-major, B N-major"},
+      {"A in registers, B K-major", "A in registers, B N-major"}};
+  const size_t n = WG_N * WG_N;
+  float *A = malloc(n * sizeof *A), *B = malloc(n * sizeof *B), *want = malloc(n * sizeof *want),
+        *got = malloc(n * sizeof *got), *dc;
+  uint16_t *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *da, *db;
+  ck_assert(A && B && want && got && a && b);
+  ck_assert_int_eq(cudaMalloc((void **)&dc, n * sizeof *dc), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&da, n * sizeof *da), cudaSuccess);
+  ck_assert_int_eq(cudaMalloc((void **)&db, n * sizeof *db), cudaSuccess);
+  for (int am = 0; am < WG_A_MODES; am++)
+    for (int bm = 0; bm < WG_B_MODES; bm++) {
+      dt_rng_normal(&g_rng, A, n, 0.0f, 1.0f);
+      dt_rng_normal(&g_rng, B, n, 0.0f, 1.0f);
+      wg_tile_inputs(am, bm, A, B, a, b, want);
+      ck_assert_int_eq(cudaMemcpy(da, a, n * sizeof *a, cudaMemcpyHostToDevice), cudaSuccess);
+      ck_assert_int_eq(cudaMemcpy(db, b, n * sizeof *b, cudaMemcpyHostToDevice), cudaSuccess);
+      ck_assert_int_eq(cudaMemset(dc, 0xff, n * sizeof *dc), cudaSuccess); /* NaN */
+      const int rc = dt_test_wgmma_tile(am, bm, dc, da, db);
+      ck_assert_msg(rc == 0, "wgmma %s: %s", names[am][bm], cudaGetErrorString((cudaError_t)rc));
+      ck_assert_int_eq(cudaMemcpy(got, dc, n * sizeof *got, cudaMemcpyDeviceToHost), cudaSuccess);
+      const double e = rel_err(got, want, n);
+      printf("test_wgmma: %s: relative error %.3g\n", names[am][bm], e);
+      ck_assert_msg(e <= 1e-4, "wgmma %s: relative error %.3g > 1e-4", names[am][bm], e);
+    }
+  cudaFree(dc);
+  cudaFree(da);
+  cudaFree(db);
+  free(A), free(B), free(want), free(got), free(a), free(b);
+}
+END_TEST
+#endif
+
 int main(void)
 {
   int count = 0;
@@ -1615,11 +1693,15 @@ int main(void)
   tcase_add_test(tc, test_adamw_ops);
   tcase_add_test(tc, test_sum_squares);
   tcase_add_test(tc, test_determinism);
+#ifndef DT_TEST_EMULATED
+  tcase_add_test(tc, test_wgmma);
+#endif
   suite_add_tcase(s, tc);
   /* a case of its own, which CK_RUN_CASE=flash runs alone (tests/gpu/sanitize_flash.sh) */
   TCase *flash = tcase_create("flash");
   tcase_set_timeout(flash, 300);
   tcase_add_test(flash, test_attention_flash);
+  tcase_add_test(flash, test_attention_wgmma);
   suite_add_tcase(s, flash);
   SRunner *sr = srunner_create(s);
   /* CUDA is initialised above (the device count): a forked child could not use it. */

@@ -39,6 +39,7 @@ extern "C" {
 #include "norm.cuh"
 #include "residual.cuh"
 #include "softmax.cuh"
+#include "wgmma_tile.cuh"
 
 static dt_rng_t g_rng;
 
@@ -877,6 +878,34 @@ START_TEST(test_sum_squares)
 }
 END_TEST
 
+/* ---- Hopper's wgmma (wgmma.cuh, through tests/unit/wgmma_tile.cuh) ------------------------ */
+
+/* Every way an operand reaches the instruction, against a plain product of the same bf16 values
+ * (test_cuda runs the same kernel on an H100/H200): 1e-5 of the largest value, since the sums of
+ * 64 products run in other orders. */
+template <int AM, int BM> static void check_wgmma_tile(const char *what)
+{
+  const std::vector<float> A = randn(WG_N * WG_N), B = randn(WG_N * WG_N);
+  std::vector<uint16_t> a(WG_N * WG_N), b(WG_N * WG_N);
+  std::vector<float> want(WG_N * WG_N), c(WG_N * WG_N, NAN);
+  wg_tile_inputs(AM, BM, A.data(), B.data(), a.data(), b.data(), want.data());
+  launch(dim3(1), DT_WG_THREADS, WG_TILE_SMEM,
+         [&] { wgmma_tile_kernel<AM, BM>(c.data(), a.data(), b.data()); });
+  expect_close(what, c, want);
+}
+
+START_TEST(test_wgmma)
+{
+  dt_rng_seed(&g_rng, 97);
+  check_wgmma_tile<WG_A_K, WG_B_K>("wgmma: A K-major, B K-major");
+  check_wgmma_tile<WG_A_K, WG_B_MN>("wgmma: A K-major, B N-major");
+  check_wgmma_tile<WG_A_MN, WG_B_K>("wgmma: A M-major, B K-major");
+  check_wgmma_tile<WG_A_MN, WG_B_MN>("wgmma: A M-major, B N-major");
+  check_wgmma_tile<WG_A_REGS, WG_B_K>("wgmma: A in registers, B K-major");
+  check_wgmma_tile<WG_A_REGS, WG_B_MN>("wgmma: A in registers, B N-major");
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("cuda_emulated");
@@ -893,6 +922,7 @@ int main(void)
   tcase_add_test(tc, test_adamw);
   tcase_add_test(tc, test_matmul_and_device_kernels);
   tcase_add_test(tc, test_sum_squares);
+  tcase_add_test(tc, test_wgmma);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

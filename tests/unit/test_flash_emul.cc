@@ -27,6 +27,7 @@ extern "C" {
 #include "emul_expect.h"
 #include "flash.cuh"
 #include "flash_mma.cuh"
+#include "flash_wgmma.cuh"
 
 /* attention.cu's flash_forward and flash_backward, launched on the emulation. */
 template <int HSM>
@@ -64,6 +65,15 @@ static void emul_mma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int
   const float scale = 1.0f / sqrtf((float)(C / NH));
   launch(flash_grid(fmma_mt_blocks<HSM>(Tq), B, NH), FMMA_THREADS, fmma_fwd_smem_bytes<HSM>(),
          [&] { fmma_forward_kernel<HSM>(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
+}
+
+/* attention.cu's launch of flash_wgmma.cuh's forward (head size 64, on Hopper). */
+static void emul_wgmma_forward(uint16_t *out, float *lse, const uint16_t *qkv, int B, int Tq,
+                               int q0, int Tall, int C, int NH)
+{
+  const float scale = 1.0f / sqrtf((float)(C / NH));
+  launch(flash_grid(fwg_blocks(Tq), B, NH), DT_WG_THREADS, FWG_SMEM_BYTES,
+         [&] { fwg_forward_kernel(out, lse, qkv, Tq, q0, Tall, C, NH, scale); });
 }
 
 /* The D kernel, then per group of sequences or heads (fmma_backward_ws's, with max_bytes) the
@@ -234,6 +244,15 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
                                                          Tq, q0, T, C, NH),
                      0);
     emul_mma_forward<HSM>(out_g.data(), lse_g.data(), qkv_g, B, Tq, q0, T, C, NH);
+    if (fwg_fits(C, NH, qkv_g)) {
+      /* the wgmma forward: the same bits here, where both products sum in the same order (a
+       * GPU's tensor cores may not: test_cuda compares them within its tolerance there) */
+      std::vector<uint16_t> out_w(nout, (uint16_t)0xffff);
+      std::vector<float> lse_w(nlse, -1e30f);
+      emul_wgmma_forward(out_w.data(), lse_w.data(), qkv_g, B, Tq, q0, T, C, NH);
+      ck_assert(out_w == out_g);
+      ck_assert(memcmp(lse_w.data(), lse_g.data(), nlse * sizeof lse_w[0]) == 0);
+    }
     /* out in bf16 against the CPU's fp32 out rounded (the backward takes the CPU's on both sides),
      * within the bound above: abs_h is the CPU's attention output with |v| for v */
     std::vector<float> out_r, qkv_abs(qkv), abs_h(nout), lse_abs(nlse);
