@@ -18,9 +18,11 @@
  *
  * Flash attention (the _flash entries, at the end): the kernels are in flash.cuh (fp32) and
  * flash_mma.cuh (bf16 on the tensor cores, the _flash_bf16 entries); this file launches them,
- * but for the bf16 forward on Hopper's wgmma (flash_wgmma.cuh), which attention_wgmma.cu
- * launches under DISTRAIN_CUDA_WGMMA=1. */
+ * but for the bf16 forward and the backward's dk/dv and dq kernels on Hopper's wgmma
+ * (flash_wgmma.cuh), which attention_wgmma.cu launches under DISTRAIN_CUDA_WGMMA=1. */
 #include <math.h>
+
+#include <type_traits>
 
 #include "cuda_impl.h"
 #include "flash.cuh"
@@ -164,10 +166,23 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint1
       const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
       const O *gg = dout + (size_t)b0 * Tq * C;
       const size_t r = (size_t)b0 * NH * Tq; /* the group's first row of D and lse */
-      DT_CHECK(flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
-                            flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS,
-                            fmma_dkdv_smem_bytes<HSM>(), dg, ds_tiles, (const float *)D + r, gg, qg,
-                            lse + r, Tq, q0, Tall, C, NH, h0, scale, add));
+      /* the kernels on wgmma (DISTRAIN_CUDA_WGMMA=1) where they take the shape: 1 when launched */
+      int wg_dkdv = 0, wg_dq = 0;
+      if constexpr (HSM == 64 && std::is_same_v<O, uint16_t>)
+        if (cu->wgmma)
+          DT_CHECK(wg_dkdv = dt__cuda_wgmma_dkdv(cu, dg, std::is_same_v<G, uint16_t>, ds_tiles,
+                                                 (const float *)D + r, gg, qg, lse + r, bn, hn, Tq,
+                                                 q0, Tall, C, NH, h0, add));
+      if (!wg_dkdv)
+        DT_CHECK(flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
+                              flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS,
+                              fmma_dkdv_smem_bytes<HSM>(), dg, ds_tiles, (const float *)D + r, gg,
+                              qg, lse + r, Tq, q0, Tall, C, NH, h0, scale, add));
+      if (HSM == 64 && cu->wgmma && ds_tiles)
+        DT_CHECK(wg_dq = dt__cuda_wgmma_dq(cu, dg, std::is_same_v<G, uint16_t>, ds_tiles, qg, bn,
+                                           hn, Tq, q0, Tall, C, NH, h0, add));
+      if (wg_dq)
+        continue;
       if (ds_tiles)
         DT_CHECK(flash_launch(cu, fmma_backward_dq_kernel<HSM, G>,
                               flash_grid(fmma_mt_blocks<HSM>(Tq), bn, hn), FMMA_THREADS,

@@ -140,4 +140,216 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   }
 }
 
+/* The dk/dv kernel's shared memory: K's and V's tiles, two buffers of (Q, dO) tiles, two of lse
+ * log2 e and D (64 floats each), and the slack to align the tiles. */
+#define FWG_DKDV_SMEM_BYTES (6 * FWG_TILE + 4 * FWG_KROWS * sizeof(float) + 1024)
+
+/* Whether the backward's dk/dv kernel takes this shape and layout: fwg_fits's, dout bf16 and
+ * 16-byte aligned too. */
+static inline bool fwg_dkdv_fits(int C, int NH, const void *qkv, const void *dout)
+{
+  return fwg_fits(C, NH, qkv) && (uintptr_t)dout % 16 == 0;
+}
+
+/* fmma_backward_dkdv_kernel on wgmma, from a bf16 dout (fwg_dkdv_fits): the same grid
+ * (flash_grid(fmma_blocks(q0 + Tq), B, heads)), arguments, dS tiles and bits (on the emulation;
+ * on a GPU the products' sums may run in another order), with DT_WG_THREADS threads and
+ * FWG_DKDV_SMEM_BYTES. Warp w owns keys k0 + 16 w.. as there. Per query tile of 64 rows, as two
+ * products each of 4 steps from shared memory (K-major): S^T = K Q^T and dP^T = V dO^T (keys are
+ * the rows); then P^T and dS^T in registers (fmma_dscores on each half of 32 rows), and
+ * dV += P^T dO, dK += dS^T Q with dO and Q N-major. */
+template <typename G>
+__global__ static void __launch_bounds__(DT_WG_THREADS, 2)
+    fwg_backward_dkdv_kernel(G *dqkv, uint16_t *ds_tiles, const float *Dbuf, const uint16_t *dout,
+                             const uint16_t *qkv, const float *lse, int Tq, int q0, int Tall, int C,
+                             int NH, int h0, float scale, bool add)
+{
+  DT_DYNAMIC_SMEM(smem_f);
+  const uint32_t s0 = DT_SMEM_ADDR(smem_f), pad = (1024u - s0 % 1024u) % 1024u;
+  char *ks = (char *)smem_f + pad, *vs = ks + FWG_TILE, *qg = vs + FWG_TILE; /* q, dout; q, dout */
+  float *lD = (float *)(qg + 4 * FWG_TILE); /* lse log2 e, D; lse log2 e, D */
+  const uint32_t sk = s0 + pad, sv = sk + FWG_TILE, sqg = sv + FWG_TILE;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const int b = blockIdx.z, h = h0 + blockIdx.y, bh = b * NH + h, hs = 64;
+  const size_t C3 = 3 * (size_t)C;
+  const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
+  const uint16_t *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
+  const int k0 = blockIdx.x * FWG_KROWS, kend = q0 + Tq; /* keys [k0, k0 + 64) of [0, kend) */
+  const float sl2 = scale * FMMA_LOG2E;
+  auto load_queries =
+      [&](int t0, int buf) { /* query rows [t0, t0 + 64) into buffer buf */
+                             char *q = qg + 2 * buf * FWG_TILE;
+                             fwg_load<FWG_KROWS>(q, base + (size_t)q0 * C3, C3, t0, Tq);
+                             fwg_load<FWG_KROWS>(q + FWG_TILE, gbase, C, t0, Tq);
+                             float *ld = lD + 2 * buf * FWG_KROWS;
+                             for (int i = threadIdx.x; i < FWG_KROWS; i += DT_WG_THREADS) {
+                               const bool ok = t0 + i < Tq;
+                               ld[i] = ok ? lse[(size_t)bh * Tq + t0 + i] * FMMA_LOG2E : 0.0f;
+                               ld[FWG_KROWS + i] = ok ? Dbuf[(size_t)bh * Tq + t0 + i] : 0.0f;
+                             }
+      };
+  fwg_load<FWG_KROWS>(ks, base + C, C3, k0, kend);
+  fwg_load<FWG_KROWS>(vs, base + 2 * C, C3, k0, kend);
+  const int tfirst = max(k0 - q0, 0) / FWG_KROWS * FWG_KROWS; /* as fmma_backward_dkdv_kernel */
+  load_queries(tfirst, 0);
+  const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
+  const size_t gh = (size_t)blockIdx.z * gridDim.y + blockIdx.y;
+  uint16_t *ds = ds_tiles
+                     ? ds_tiles + (gh * FMMA_DS_BEFORE((int)gridDim.x, nqt, a) +
+                                   FMMA_DS_BEFORE((int)blockIdx.x, nqt, a) - tfirst / FMMA_ROWS) *
+                                      (size_t)FMMA_DS_TILE
+                     : NULL;
+  const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
+  float dk[32] = {}, dv[32] = {};
+  for (int t0 = tfirst, buf = 0; t0 < Tq; t0 += FWG_KROWS, buf ^= 1) {
+    fwg_tiles_ready(); /* this step's query tiles (and K, V) in place; the other buffer is free */
+    if (t0 + FWG_KROWS < Tq)
+      load_queries(t0 + FWG_KROWS, buf ^ 1);
+    const uint32_t sq = sqg + 2 * buf * FWG_TILE, sg = sq + FWG_TILE;
+    const float *ls = lD + 2 * buf * FWG_KROWS, *Ds = ls + FWG_KROWS;
+    float s[32], dp[32]; /* transposed: rows are keys, columns query rows */
+    DT_WGMMA_FENCE();
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      DT_WGMMA_SS(s, dt_wgmma_desc(sk + 32u * k, 16u, 1024u),
+                  dt_wgmma_desc(sq + 32u * k, 16u, 1024u), k > 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      DT_WGMMA_SS(dp, dt_wgmma_desc(sv + 32u * k, 16u, 1024u),
+                  dt_wgmma_desc(sg + 32u * k, 16u, 1024u), k > 0, 0, 0);
+    DT_WGMMA_COMMIT();
+    DT_WGMMA_WAIT(0);
+    DT_WGMMA_FENCE_ACC(s);
+    DT_WGMMA_FENCE_ACC(dp);
+    /* the mask where the tile crosses the block's first key or the last row (the same for the
+     * whole warpgroup: masking more is exact) */
+    const bool mask = k0 + FWG_KROWS - 1 > q0 + t0 || t0 + FWG_KROWS > Tq;
+#pragma unroll
+    for (int part = 0; part < 2; part++) { /* query rows 32 part.. */
+      const int tq = 32 * part;
+      auto at = [&](int i, int j, float *Li, float *Di) { /* P^T and dS^T */
+                                                          const int t = t0 + tq + j;
+                                                          *Li = ls[tq + j], *Di = Ds[tq + j];
+                                                          return t < Tq && key[i] <= q0 + t;
+      };
+      float(*sh)[4] = (float(*)[4])(s + 16 * part), (*dh)[4] = (float(*)[4])(dp + 16 * part);
+      if (mask)
+        fmma_dscores<true>(sh, dh, sl2, at);
+      else
+        fmma_dscores<false>(sh, dh, sl2, at);
+    }
+    uint32_t pa[4][4], da[4][4];
+    fmma_frag_p<4>(pa, (const float(*)[4])s);
+    fmma_frag_p<4>(da, (const float(*)[4])dp);
+    if (ds) {
+      fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE, 0, warp, da);
+      fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE, 2, warp, da + 2);
+    }
+    DT_WGMMA_FENCE();
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      DT_WGMMA_RS(dv, pa[k], dt_wgmma_desc(sg + 2048u * k, 16u, 1024u), 1, 1);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      DT_WGMMA_RS(dk, da[k], dt_wgmma_desc(sq + 2048u * k, 16u, 1024u), 1, 1);
+    DT_WGMMA_COMMIT();
+    DT_WGMMA_WAIT(0);
+    DT_WGMMA_FENCE_ACC(dv);
+    DT_WGMMA_FENCE_ACC(dk);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    if (key[i] >= kend)
+      continue;
+    G *krow = dqkv + ((size_t)b * Tall + key[i]) * C3 + (size_t)h * hs;
+    fmma_store_row<8>(krow + C, (const float(*)[4])dk, i, scale, hs, add);
+    fmma_store_row<8>(krow + 2 * C, (const float(*)[4])dv, i, 1.0f, hs, add);
+  }
+}
+
+/* The dq kernel's shared memory: two buffers of K's tile and the block's two dS tiles. */
+#define FWG_DQ_BUF        (FWG_TILE + 2 * FMMA_DS_TILE * (int)sizeof(uint16_t))
+#define FWG_DQ_SMEM_BYTES (2 * FWG_DQ_BUF + 1024)
+
+/* fmma_backward_dq_kernel on wgmma (fwg_fits): dq = scale dS K from the dk/dv kernel's dS tiles,
+ * with its arguments and bits (on the emulation), grid flash_grid(fwg_blocks(Tq), B, heads),
+ * DT_WG_THREADS threads and FWG_DQ_SMEM_BYTES. The block's 128 query rows are two wgmma row tiles
+ * of 64, one query tile of dS each; warp w's rows of tile mt are 16 w.. of it, whose dS chunks
+ * (FMMA_DS_CHUNK(w, kk): mma's A fragments, which are wgmma's per warp) it reads into registers;
+ * K's tile (N-major) streams through shared memory with the dS tiles, double buffered. */
+template <typename G>
+__global__ static void __launch_bounds__(DT_WG_THREADS, 2)
+    fwg_backward_dq_kernel(G *dqkv, const uint16_t *ds_tiles, const uint16_t *qkv, int Tq, int q0,
+                           int Tall, int C, int NH, int h0, float scale, bool add)
+{
+  DT_DYNAMIC_SMEM(smem_f);
+  const uint32_t s0 = DT_SMEM_ADDR(smem_f), pad = (1024u - s0 % 1024u) % 1024u;
+  char *sm = (char *)smem_f + pad; /* per buffer: K's tile, then the two dS tiles */
+  const uint32_t ssm = s0 + pad;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const int b = blockIdx.z, h = h0 + blockIdx.y, hs = 64;
+  const size_t C3 = 3 * (size_t)C;
+  const uint16_t *kbase = qkv + (size_t)b * Tall * C3 + (size_t)h * hs + C;
+  const int r0 = fmma_query_block_row(FWG_ROWS), rend = min(r0 + FWG_ROWS, Tq), kend = q0 + rend;
+  const int nqt = (Tq + FMMA_ROWS - 1) / FMMA_ROWS, a = (q0 + FMMA_ROWS - 1) / FMMA_ROWS;
+  const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
+  const uint16_t *ds = ds_tiles + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
+                                      FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
+  auto load = [&](int kb,
+                  int buf) { /* key block kb's K and dS tiles into buffer buf */
+                             char *t = sm + buf * FWG_DQ_BUF;
+                             fwg_load<FWG_KROWS>(t, kbase, C3, FWG_KROWS * kb, kend);
+                             const int first = max(0, kb - a);
+#pragma unroll
+                             for (int mt = 0; mt < 2; mt++) {
+                               const int qt = r0 / FMMA_ROWS + mt;
+                               const bool ok =
+                                   qt < nqt &&
+                                   qt >= first; /* else zeros, and ds (read nowhere) stands in */
+                               const uint16_t *src =
+                                   ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) *
+                                                 FMMA_DS_TILE
+                                      : ds;
+                               uint16_t *dst = (uint16_t *)(t + FWG_TILE) + mt * FMMA_DS_TILE;
+                               for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE;
+                                    i += 8 * DT_WG_THREADS)
+                                 DT_CP_ASYNC16(dst + i, src + (ok ? i : 0), ok);
+                             }
+  };
+  load(0, 0);
+  float dq[2][32] = {};
+  for (int kb = 0, buf = 0; kb < nk; kb++, buf ^= 1) {
+    fwg_tiles_ready(); /* this step's tiles in place; the other buffer is free */
+    if (kb + 1 < nk)
+      load(kb + 1, buf ^ 1);
+    const uint32_t sk = ssm + buf * FWG_DQ_BUF;
+    const uint16_t *st = (const uint16_t *)(sm + buf * FWG_DQ_BUF + FWG_TILE);
+    uint32_t pa[2][4][4]; /* keys 16 kk.. of the tile: the dk/dv kernel's order of the sums */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++)
+        fmma_get16(pa[mt][kk],
+                   st + mt * FMMA_DS_TILE + FMMA_DS_CHUNK(warp, kk) + 8 * (threadIdx.x % 32));
+    DT_WGMMA_FENCE();
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++)
+        DT_WGMMA_RS(dq[mt], pa[mt][kk], dt_wgmma_desc(sk + 2048u * kk, 16u, 1024u), 1, 1);
+    DT_WGMMA_COMMIT();
+    DT_WGMMA_WAIT(0);
+    DT_WGMMA_FENCE_ACC(dq[0]);
+    DT_WGMMA_FENCE_ACC(dq[1]);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int row = r0 + 64 * (j / 2) + 16 * warp + 8 * (j % 2) + g;
+    if (row >= Tq)
+      continue;
+    fmma_store_row<8>(dqkv + ((size_t)b * Tall + q0 + row) * C3 + (size_t)h * hs,
+                      (const float(*)[4])dq[j / 2], j % 2, scale, hs, add);
+  }
+}
+
 #endif

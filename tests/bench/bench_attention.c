@@ -10,7 +10,8 @@
  * the workspace, in groups within its bound, for a dq kernel of one product); the backward whose
  * dq kernel recomputes S and dP instead (the plan past T 32768; here forced by a workspace bound of
  * one byte), to compare the two plans on one machine; at head size 64 on a GPU of compute
- * capability 9.0, the forward on Hopper's wgmma too (DISTRAIN_CUDA_WGMMA=1).
+ * capability 9.0, both passes on Hopper's wgmma too (DISTRAIN_CUDA_WGMMA=1: the forward, and the
+ * backward's dk/dv kernel in the dS tiles plan).
  *
  * Prints one JSON object per pass: {"pass", "plan", "B", "T", "C", "NH", "iters", "ms" (median
  * call), "ms_min", "tflops" (at the median)}. FLOPs count as FlashAttention's papers count them:
@@ -150,12 +151,14 @@ int main(int argc, char **argv)
     dt_cuda_set_flash_ws_max(b.dev, 1); /* no head's tiles fit: the dq kernel recomputes */
     rc = measure(&b, "backward", "recompute", backward, iters);
   }
-  if (rc == 0 && b.C / b.NH == 64) { /* the forward on Hopper's wgmma, where the GPU takes it */
+  if (rc == 0 && b.C / b.NH == 64) { /* on Hopper's wgmma, where the GPU takes it */
     dt_device_t *plain = b.dev, *wg = NULL;
     setenv("DISTRAIN_CUDA_WGMMA", "1", 1);
     if (dt_device_cuda_create(0, &wg) == 0) {
       b.dev = wg;
       rc = measure(&b, "forward", "wgmma", forward, iters);
+      if (rc == 0)
+        rc = measure(&b, "backward", "wgmma", backward, iters);
       b.dev = plain;
       dt_device_cuda_destroy(wg);
     }

@@ -7,8 +7,8 @@ after its forward), under PyTorch's own choice of backend and under each of its 
 and cuDNN backends that runs here. distrain's backward is timed in both of its plans: the score
 gradients kept for a dq kernel of one product (what the trainer runs) and the dq kernel that
 recomputes them (its plan past T 32768). At head size 64 on a GPU of compute capability 9.0
-(H100, H200), the forward is also timed on Hopper's wgmma ("distrain (wgmma)": the kernel
-DISTRAIN_CUDA_WGMMA=1 turns on).
+(H100, H200), both passes are also timed on Hopper's wgmma ("distrain (wgmma)": the kernels
+DISTRAIN_CUDA_WGMMA=1 turns on, the forward and the backward's dk/dv kernel).
 
 TFLOP/s count as FlashAttention's papers do: a causal forward 2 B NH T^2 hs, the backward 2.5
 times that. Each figure is the median of --iters calls after one warm-up call.
@@ -17,7 +17,7 @@ times that. Each figure is the median of --iters calls after one warm-up call.
         [--shape B,T,C,NH ...] [--iters 20] [--bin PATH] [--no-torch] [--check] [--ncu FILE]
 
 --check fails (exit 1) unless each shape gave distrain's three passes with positive times (the
-emulated GPU's smoke test runs it so; the wgmma forward is not required). Exit 77 where there is no GPU.
+emulated GPU's smoke test runs it so; the wgmma rows are not required). Exit 77 where there is no GPU.
 
 --ncu FILE: where Nsight Compute's ncu is installed (on PATH, under /usr/local/cuda or
 /opt/nvidia), also profiles one call of each of distrain's attention kernels at the first shape

@@ -18,6 +18,9 @@ gradient clipping at 1.0.
   * distrain-tuned: the same under DISTRAIN_CUDA_GEMM_TUNE=1 (each kind of product on the
     fastest of cuBLASLt's candidates, timed on its first product, rather than the heuristic's
     first; the trainer's lines naming each choice are printed after its profile).
+  * distrain-wgmma: distrain-tuned, and DISTRAIN_CUDA_WGMMA=1 (the flash attention kernels on
+    Hopper's wgmma, at head size 64 on a GPU of compute capability 9.0; refused elsewhere, a
+    row that says so): its profile's attention rows against distrain-tuned's are the change.
   * torch-eager / torch-compile: a plain GPT-2 module (pre-LN blocks, tanh GELU, tied
     embeddings, F.scaled_dot_product_attention with is_causal) under bf16 autocast with fp32
     master weights, fused AdamW; torch.compile(model) for the second. PyTorch before 2.0 has
@@ -48,7 +51,8 @@ distrain, distrain runs that batch too, so that the ratios come both ways: each 
 at its largest batch (what a user gets from the GPU) and all at the same batch.
 
     /usr/bin/python3 tests/bench/bench_gpu.py --build build [--model gpt2-124m] [--steps 20]
-        [--batch auto] [--impls distrain,distrain-tuned,torch-eager,torch-compile] [--json FILE]
+        [--batch auto] [--impls distrain,distrain-tuned,distrain-wgmma,torch-eager,torch-compile]
+        [--json FILE]
         [--trace FILE]
 """
 
@@ -113,21 +117,31 @@ def summarize(impl, precision, B, T, times_ms, device_mib, extra=None):
 # distrain
 # ---------------------------------------------------------------------------------------------
 
+# distrain's implementations: the variables each runs under (each unset elsewhere)
+DISTRAIN_IMPLS = {
+    "distrain": {},
+    "distrain-tuned": {"DISTRAIN_CUDA_GEMM_TUNE": "1"},
+    "distrain-wgmma": {"DISTRAIN_CUDA_GEMM_TUNE": "1", "DISTRAIN_CUDA_WGMMA": "1"},
+}
+TORCH_IMPLS = ("torch-eager", "torch-compile")
+
+
 def trace_path(a, impl):
-    """Where impl's profiled step goes: --trace for distrain, beside it for distrain-tuned."""
+    """Where impl's profiled step goes: --trace for distrain, beside it for the others
+    (x.trace.json -> x-tuned.trace.json)."""
     if impl == "distrain":
         return a.trace
     folder, base = os.path.split(a.trace)
-    name, dot, ext = base.partition(".")  # x.trace.json -> x-tuned.trace.json
-    return os.path.join(folder, name + "-tuned" + dot + ext)
+    name, dot, ext = base.partition(".")
+    return os.path.join(folder, name + impl[len("distrain"):] + dot + ext)
 
 
 def run_distrain(a, B, steps, tmp, trace=True, impl="distrain"):
-    """One distrain-train run (impl distrain-tuned: under DISTRAIN_CUDA_GEMM_TUNE=1, each kind
-    of product on the fastest of cuBLASLt's candidates, timed on its first product; the trainer's
-    lines that say so are kept in the row's "gemm_tuning"); its row, or {"oom": True} / a
-    failure. A measured run takes one step more, profiled (--profile: every kernel timed), which
-    the timings leave out; with trace, that step's timeline goes to trace_path."""
+    """One distrain-train run under impl's variables (DISTRAIN_IMPLS; under
+    DISTRAIN_CUDA_GEMM_TUNE=1 the trainer's lines naming each kind's algorithm are kept in the
+    row's "gemm_tuning"); its row, or {"oom": True}, {"skipped": why} / a failure. A measured
+    run takes one step more, profiled (--profile: every kernel timed), which the timings leave
+    out; with trace, that step's timeline goes to trace_path."""
     L, H, C, V, T = MODELS[a.model]
     metrics = os.path.join(tmp, "%s_b%d.jsonl" % (impl, B))
     measured = steps > WARMUP_STEPS
@@ -145,9 +159,13 @@ def run_distrain(a, B, steps, tmp, trace=True, impl="distrain"):
         cmd += ["--profile", str(steps + 1)]
         if a.trace and trace:
             cmd += ["--profile-trace", trace_path(a, impl)]
-    env = dict(os.environ, DISTRAIN_CUDA_GEMM_TUNE="1" if impl == "distrain-tuned" else "0")
+    env = dict(os.environ)
+    for var in ("DISTRAIN_CUDA_GEMM_TUNE", "DISTRAIN_CUDA_WGMMA"):
+        env[var] = DISTRAIN_IMPLS[impl].get(var, "0")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
+        if "needs a GPU of compute capability 9.0" in p.stderr:
+            return {"impl": impl, "batch": B, "skipped": "not run: wgmma needs an H100/H200"}
         if "no usable CUDA GPU" in p.stderr or "built without CUDA" in p.stderr:
             print("bench_gpu: no GPU for distrain-train: skipped\n" + p.stderr[-1000:],
                   file=sys.stderr)
@@ -168,7 +186,7 @@ def run_distrain(a, B, steps, tmp, trace=True, impl="distrain"):
         precision = ("bf16 linear, fp32 materialized" if a.distrain_attention == "materialized"
                      else "bf16 linear+attn")
     extra = {"loss": round(rows[-1]["loss"], 4), "profile": profile[0]}
-    if impl == "distrain-tuned":
+    if DISTRAIN_IMPLS[impl].get("DISTRAIN_CUDA_GEMM_TUNE") == "1":
         extra["gemm_tuning"] = [line.split(": ", 1)[-1] for line in p.stderr.splitlines()
                                 if "(by timing)" in line]
     return summarize(impl, precision, B, T, [r["ms"] for r in rows], mib, extra)
@@ -360,8 +378,8 @@ def ratios(rows):
             if r["batch"] > best.get(r["impl"], (0, 0))[0]:
                 best[r["impl"]] = (r["batch"], r["tokens_per_s"])
     lines = []
-    for ours in ("distrain", "distrain-tuned"):
-        for other in ("torch-eager", "torch-compile"):
+    for ours in DISTRAIN_IMPLS:
+        for other in TORCH_IMPLS:
             if ours not in best or other not in best:
                 continue
             (bd, d), (bo, o) = best[ours], best[other]
@@ -388,7 +406,7 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="gpt2-124m")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", default="auto", help="micro-batch, or auto (see above)")
-    ap.add_argument("--impls", default="distrain,distrain-tuned,torch-eager,torch-compile")
+    ap.add_argument("--impls", default=",".join(list(DISTRAIN_IMPLS) + list(TORCH_IMPLS)))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     ap.add_argument("--distrain-precision", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--distrain-attention", choices=("flash", "materialized"), default="flash")
@@ -407,7 +425,7 @@ def main():
     if a.steps <= WARMUP_STEPS:
         ap.error("--steps must be > %d (the warm-up steps)" % WARMUP_STEPS)
     impls = a.impls.split(",")
-    unknown = set(impls) - {"distrain", "distrain-tuned", "torch-eager", "torch-compile"}
+    unknown = set(impls) - set(DISTRAIN_IMPLS) - set(TORCH_IMPLS)
     if unknown:
         ap.error("--impls: unknown %s" % ", ".join(sorted(unknown)))
     L, H, C, V, T = MODELS[a.model]

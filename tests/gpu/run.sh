@@ -548,8 +548,8 @@ cmd_run() {
     fi
     if [ "${GPU_BENCH:-1}" != 0 ]; then
       for model in ${GPU_BENCH_MODELS:-gpt2-124m gpt2-1.5b}; do
-        impls=distrain,distrain-tuned,torch-eager,torch-compile
-        [ "$model" != gpt2-1.5b ] || impls=distrain,distrain-tuned,torch-eager
+        impls=distrain,distrain-tuned,distrain-wgmma,torch-eager,torch-compile
+        [ "$model" != gpt2-1.5b ] || impls=distrain,distrain-tuned,distrain-wgmma,torch-eager
         printf '%s\t77\t%s\t@B@/src\t-\t%s\n' "bench_gpu_$model" "${GPU_BENCH_TIMEOUT:-420}" \
           "python3 @B@/src/tests/bench/bench_gpu.py --build @B@/build --model $model --impls $impls --trace $(printf %q "$resdir/bench_gpu_$model.trace.json")"
       done

@@ -11,7 +11,8 @@ the GPUs; the host-staged communicator) against one GPU process.
     and a checkpoint resumed half way bit for bit the plain run's losses, --attention
     materialized and DISTRAIN_CUDA_GEMM_TUNE=1 within 1e-4 of them (the tuning bit for bit on
     the emulated GPU, whose cuBLASLt candidates compute alike); the profile's products those of
-    test_profile.py;
+    test_profile.py; in bf16 at head size 64, DISTRAIN_CUDA_WGMMA=1 (the flash kernels on
+    Hopper's wgmma) within 1e-4 of the plain run (bit for bit on the emulated GPU);
   * dp=2 under ZeRO-3 and ZeRO-2, tp=2 with and without sequence parallelism, pp=2 (1F1B) and
     cp=2 x dp=2 under ZeRO-1: within 1e-5 of the one GPU process on the same global batch (the
     issue's multi-rank GPU check; cp also runs the CUDA context-parallel attention kernels),
@@ -181,6 +182,22 @@ class GpuTrainer(unittest.TestCase):
                                    tag="opt_stop_" + prec)
                 rest = self.train(1, 4, "cuda", p + ckpt + ["--resume"], tag="opt_res_" + prec)
                 self.assertEqual(ref, first + rest)
+        with self.subTest("bf16 DISTRAIN_CUDA_WGMMA=1"):
+            # the bf16 flash kernels on Hopper's wgmma, at head size 64 (a model of its own: the
+            # golden one's heads are 16): bit for bit on the emulated GPU, whose wgmma sums in
+            # mma.sync's order; within 1e-4 on a GPU of compute capability 9.0; refused on another
+            m = ["--precision", "bf16", "--init", "seed:1", "--layers", "2", "--heads", "2",
+                 "--channels", "128", "--vocab", "100", "--max-seq", "32"]
+            ref = self.train(1, 4, "cuda", m, tag="opt_wg_ref")
+            _, outs = self.launch(1, 4, "cuda", m, "opt_wg", env={"DISTRAIN_CUDA_WGMMA": "1"})
+            if outs[0][0] != 0 and "needs a GPU of compute capability 9.0" in outs[0][2]:
+                self.assertFalse(EMULATED, "the emulated GPU is 9.0")
+            else:
+                got = self.train(1, 4, "cuda", m, tag="opt_wg", env={"DISTRAIN_CUDA_WGMMA": "1"})
+                if EMULATED:
+                    self.assertEqual(ref, got)
+                else:
+                    self.assert_close(ref, got, 1e-4, "bf16 on wgmma")
 
     def test_head_size_past_the_flash_kernels_refused(self):
         """Head size 256, past the GPU flash kernels' 128: refused at start-up, before any step,

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 extern "C" {
@@ -77,11 +78,13 @@ static void emul_wgmma_forward(uint16_t *out, float *lse, const uint16_t *qkv, i
 }
 
 /* The D kernel, then per group of sequences or heads (fmma_backward_ws's, with max_bytes) the
- * dk/dv and dq kernels, the workspace's dS tiles between them, or the recomputing dq kernel. */
+ * dk/dv and dq kernels, the workspace's dS tiles between them, or the recomputing dq kernel.
+ * wgmma: the dk/dv and dq kernels on wgmma (flash_wgmma.cuh; a bf16 dout), as attention.cu
+ * launches them under DISTRAIN_CUDA_WGMMA=1. */
 template <int HSM, typename G, typename O>
 static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const uint16_t *out,
                               const float *lse, int B, int Tq, int q0, int Tall, int C, int NH,
-                              bool add, size_t max_bytes = FMMA_DS_MAX_BYTES)
+                              bool add, size_t max_bytes = FMMA_DS_MAX_BYTES, bool wgmma = false)
 {
   const float scale = 1.0f / sqrtf((float)(C / NH));
   const fmma_ws_plan ws = fmma_backward_ws(B, Tq, q0, NH, max_bytes);
@@ -101,12 +104,25 @@ static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const
       const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
       const O *gg = dout + (size_t)b0 * Tq * C;
       const size_t r = (size_t)b0 * NH * Tq;
-      launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
-             [&] {
-               fmma_backward_dkdv_kernel<HSM, G, O>(dg, ds_tiles, D.data() + r, gg, qg, lse + r, Tq,
-                                                    q0, Tall, C, NH, h0, scale, add);
-             });
-      if (ds_tiles)
+      if constexpr (std::is_same_v<O, uint16_t>)
+        if (wgmma) {
+          ck_assert(fwg_dkdv_fits(C, NH, qkv, dout));
+          launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), DT_WG_THREADS, FWG_DKDV_SMEM_BYTES, [&] {
+            fwg_backward_dkdv_kernel<G>(dg, ds_tiles, D.data() + r, gg, qg, lse + r, Tq, q0, Tall,
+                                        C, NH, h0, scale, add);
+          });
+        }
+      if (!wgmma)
+        launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
+               [&] {
+                 fmma_backward_dkdv_kernel<HSM, G, O>(dg, ds_tiles, D.data() + r, gg, qg, lse + r,
+                                                      Tq, q0, Tall, C, NH, h0, scale, add);
+               });
+      if (ds_tiles && wgmma)
+        launch(flash_grid(fwg_blocks(Tq), bn, hn), DT_WG_THREADS, FWG_DQ_SMEM_BYTES, [&] {
+          fwg_backward_dq_kernel<G>(dg, ds_tiles, qg, Tq, q0, Tall, C, NH, h0, scale, add);
+        });
+      else if (ds_tiles)
         launch(flash_grid(fmma_mt_blocks<HSM>(Tq), bn, hn), FMMA_THREADS, fmma_dq_smem_bytes<HSM>(),
                [&] {
                  fmma_backward_dq_kernel<HSM, G>(dg, ds_tiles, qg, Tq, q0, Tall, C, NH, h0, scale,
@@ -330,6 +346,30 @@ template <int HSM> static void check_mma(int B, int T, int C, int NH, int cp, bo
       emul_mma_backward<HSM>(f16.data(), dout16.data() + (off16 ? 4 : 0), qkv_g, out16.data(),
                              lse_h.data(), B, Tq, q0, T, C, NH, false);
       ck_assert(f16 == e16);
+    }
+    std::vector<float> dout_r;
+    std::vector<uint16_t> g16;
+    bf16_qkv(dout, &dout_r, &g16);
+    if (fwg_dkdv_fits(C, NH, qkv_g, g16.data())) {
+      /* the dk/dv and dq kernels on wgmma, from the bf16 dout: the same bits here (as the
+       * forward's), added into fp32 under each workspace plan, and (the whole sequence) into bf16
+       */
+      for (size_t max_bytes : {FMMA_DS_MAX_BYTES, (size_t)1}) {
+        std::vector<float> p32 = dqkv0, w32 = dqkv0;
+        emul_mma_backward<HSM>(p32.data(), g16.data(), qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
+                               T, C, NH, true, max_bytes);
+        emul_mma_backward<HSM>(w32.data(), g16.data(), qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
+                               T, C, NH, true, max_bytes, true);
+        ck_assert(memcmp(p32.data(), w32.data(), p32.size() * sizeof p32[0]) == 0);
+      }
+      if (cp == 1) {
+        std::vector<uint16_t> p16(dqkv0.size(), (uint16_t)0xffff), w16 = p16;
+        emul_mma_backward<HSM>(p16.data(), g16.data(), qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
+                               T, C, NH, false);
+        emul_mma_backward<HSM>(w16.data(), g16.data(), qkv_g, out16.data(), lse_h.data(), B, Tq, q0,
+                               T, C, NH, false, FMMA_DS_MAX_BYTES, true);
+        ck_assert(w16 == p16);
+      }
     }
   }
 }
