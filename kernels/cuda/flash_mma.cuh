@@ -720,12 +720,12 @@ __global__ static void __launch_bounds__(FMMA_THREADS, 3)
 }
 
 /* The backward's probabilities and score gradients for the calling lane's 16 x 32 elements of a
- * half tile: s (scores) becomes P = 2^(s sl2 - L) and dp (dP) becomes dS = P (dP - D), where
- * at(i, j, &L, &D) gives element (row g + 8 i, column 8 nt + 2 c + (e % 2)) its L (lse log2 e)
- * and D and says whether the causal mask keeps it; MASK: P = 0 where it does not (the tiles
- * that cross the diagonal, or past the last row). */
-template <bool MASK, typename F>
-__device__ static inline void fmma_dscores(float (*s)[4], float (*dp)[4], float sl2, F at)
+ * half tile: fmma_probs makes s (scores) P = 2^(s sl2 - L), fmma_ds then dp (dP) dS = P (dP - D),
+ * where at(i, j, &L, &D) gives element (row g + 8 i, column 8 nt + 2 c + (e % 2)) its L (lse
+ * log2 e) and D and says whether the causal mask keeps it; MASK: P = 0 where it does not (the
+ * tiles that cross the diagonal, or past the last row). */
+template <bool MASK, bool P, bool DS, typename F>
+__device__ static inline void fmma_scores_pass(float (*s)[4], float (*dp)[4], float sl2, F at)
 {
   const int c = threadIdx.x % 4;
 #pragma unroll
@@ -734,10 +734,31 @@ __device__ static inline void fmma_dscores(float (*s)[4], float (*dp)[4], float 
     for (int e = 0; e < 4; e++) {
       float L, D;
       const bool keep = at(e / 2, 8 * nt + 2 * c + e % 2, &L, &D);
-      const float p = fmma_exp2(fmaf(s[nt][e], sl2, -L));
-      s[nt][e] = MASK && !keep ? 0.0f : p;
-      dp[nt][e] = s[nt][e] * (dp[nt][e] - D);
+      if (P) {
+        const float p = fmma_exp2(fmaf(s[nt][e], sl2, -L));
+        s[nt][e] = MASK && !keep ? 0.0f : p;
+      }
+      if (DS)
+        dp[nt][e] = s[nt][e] * (dp[nt][e] - D);
     }
+}
+
+template <bool MASK, typename F>
+__device__ static inline void fmma_probs(float (*s)[4], float sl2, F at)
+{
+  fmma_scores_pass<MASK, true, false>(s, NULL, sl2, at);
+}
+
+template <typename F> __device__ static inline void fmma_ds(float (*p)[4], float (*dp)[4], F at)
+{
+  fmma_scores_pass<false, false, true>(p, dp, 0.0f, at);
+}
+
+/* Both in one pass: where dP is ready with S. */
+template <bool MASK, typename F>
+__device__ static inline void fmma_dscores(float (*s)[4], float (*dp)[4], float sl2, F at)
+{
+  fmma_scores_pass<MASK, true, true>(s, dp, sl2, at);
 }
 
 /* Grid fmma_d_blocks(B Tq NH), FMMA_THREADS threads: D = dout . out of every query row and

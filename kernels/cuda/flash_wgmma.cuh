@@ -88,45 +88,54 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   for (int j0 = 0; j0 < kend; j0 += FWG_KROWS) {
     fwg_tiles_ready(); /* K's tile (and Q) in place; every thread done with the previous V's */
     fwg_load<FWG_KROWS>(vs, base + 2 * C, C3, j0, kend);
+    /* Two products a row tile, in groups of their own, so that each softmax runs while the
+     * tensor cores compute: S_1 = Q_1 K^T during S_0's softmax, P_0 V during S_1's. */
     float s[2][32];
+    uint32_t pa[2][4][4];
+    auto softmax = [&](int mt) { /* S_mt -> P_mt (pa[mt]), its rows' m, l and o rescaled */
+                                 float(*st)[4] = (float(*)[4])s[mt];
+                                 /* a key after the tile's first row. Not the warp's: a branch that
+                                  * differs between the warps would make ptxas serialize the
+                                  * products (C7520); masking more is exact */
+                                 if (j0 + FWG_KROWS - 1 > q0 + r0 + 64 * mt)
+                                   fmma_online_softmax<true, 8>(st, (float(*)[4])o[mt], m + 2 * mt,
+                                                                l + 2 * mt, qpos + 2 * mt, j0, sl2);
+                                 else
+                                   fmma_online_softmax<false, 8>(st, (float(*)[4])o[mt], m + 2 * mt,
+                                                                 l + 2 * mt, qpos + 2 * mt, j0,
+                                                                 sl2);
+                                 fmma_frag_p<4>(pa[mt], st);
+    };
+    auto pv = [&](int mt) {                   /* o_mt += P_mt V, a group */
+                            DT_WGMMA_FENCE(); /* o_mt was rescaled, pa[mt] written */
+#pragma unroll
+                            for (int k = 0; k < 4; k++)
+                              DT_WGMMA_RS(o[mt], pa[mt][k],
+                                          dt_wgmma_desc(sv + 2048u * k, 16u, 1024u), 1, 1);
+                            DT_WGMMA_COMMIT();
+    };
     DT_WGMMA_FENCE();
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
       for (int k = 0; k < 4; k++)
         DT_WGMMA_SS(s[mt], dt_wgmma_desc(sq + FWG_TILE * mt + 32u * k, 16u, 1024u),
                     dt_wgmma_desc(sk + 32u * k, 16u, 1024u), k > 0, 0, 0);
-    DT_WGMMA_COMMIT();
-    DT_WGMMA_WAIT(0);
+      DT_WGMMA_COMMIT();
+    }
+    DT_WGMMA_WAIT(1); /* S_0 */
     DT_WGMMA_FENCE_ACC(s[0]);
+    softmax(0);
+    DT_WGMMA_WAIT(0); /* S_1 */
     DT_WGMMA_FENCE_ACC(s[1]);
     fwg_tiles_ready(); /* V's tile in place; every thread done with K's */
     if (j0 + FWG_KROWS < kend)
       fwg_load<FWG_KROWS>(ks, base + C, C3, j0 + FWG_KROWS, kend);
-    uint32_t pa[2][4][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-      float(*st)[4] = (float(*)[4])s[mt];
-      /* a key after the tile's first row. Not the warp's: a branch that differs between the
-       * warps would make ptxas serialize the products (C7520); masking more is exact */
-      if (j0 + FWG_KROWS - 1 > q0 + r0 + 64 * mt)
-        fmma_online_softmax<true, 8>(st, (float(*)[4])o[mt], m + 2 * mt, l + 2 * mt, qpos + 2 * mt,
-                                     j0, sl2);
-      else
-        fmma_online_softmax<false, 8>(st, (float(*)[4])o[mt], m + 2 * mt, l + 2 * mt, qpos + 2 * mt,
-                                      j0, sl2);
-      fmma_frag_p<4>(pa[mt], st);
-    }
-    DT_WGMMA_FENCE(); /* o was rescaled by the softmax */
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-      for (int k = 0; k < 4; k++)
-        DT_WGMMA_RS(o[mt], pa[mt][k], dt_wgmma_desc(sv + 2048u * k, 16u, 1024u), 1, 1);
-    DT_WGMMA_COMMIT();
+    pv(0);
+    softmax(1);
+    pv(1);
     DT_WGMMA_WAIT(0);
     DT_WGMMA_FENCE_ACC(o[0]);
-    DT_WGMMA_FENCE_ACC(o[1]);
   }
 #pragma unroll
   for (int j = 0; j < 4; j++) {
@@ -156,7 +165,7 @@ static inline bool fwg_dkdv_fits(int C, int NH, const void *qkv, const void *dou
  * on a GPU the products' sums may run in another order), with DT_WG_THREADS threads and
  * FWG_DKDV_SMEM_BYTES. Warp w owns keys k0 + 16 w.. as there. Per query tile of 64 rows, as two
  * products each of 4 steps from shared memory (K-major): S^T = K Q^T and dP^T = V dO^T (keys are
- * the rows); then P^T and dS^T in registers (fmma_dscores on each half of 32 rows), and
+ * the rows); then P^T and dS^T in registers (fmma_probs, fmma_ds on each half of 32 rows), and
  * dV += P^T dO, dK += dS^T Q with dO and Q N-major. */
 template <typename G>
 __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
@@ -207,48 +216,59 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
       load_queries(t0 + FWG_KROWS, buf ^ 1);
     const uint32_t sq = sqg + 2 * buf * FWG_TILE, sg = sq + FWG_TILE;
     const float *ls = lD + 2 * buf * FWG_KROWS, *Ds = ls + FWG_KROWS;
+    /* S^T and dP^T in groups of their own, then dV += P^T dO and dK += dS^T Q: P^T is made
+     * while dP^T is computed, dS^T while dV is */
     float s[32], dp[32]; /* transposed: rows are keys, columns query rows */
     DT_WGMMA_FENCE();
 #pragma unroll
     for (int k = 0; k < 4; k++)
       DT_WGMMA_SS(s, dt_wgmma_desc(sk + 32u * k, 16u, 1024u),
                   dt_wgmma_desc(sq + 32u * k, 16u, 1024u), k > 0, 0, 0);
+    DT_WGMMA_COMMIT();
 #pragma unroll
     for (int k = 0; k < 4; k++)
       DT_WGMMA_SS(dp, dt_wgmma_desc(sv + 32u * k, 16u, 1024u),
                   dt_wgmma_desc(sg + 32u * k, 16u, 1024u), k > 0, 0, 0);
     DT_WGMMA_COMMIT();
-    DT_WGMMA_WAIT(0);
-    DT_WGMMA_FENCE_ACC(s);
-    DT_WGMMA_FENCE_ACC(dp);
+    /* the query rows 32 part.. of an element: its L and D, and whether the mask keeps it */
+    auto at = [&](int part, int i, int j, float *Li, float *Di) {
+      const int tq = 32 * part + j, t = t0 + tq;
+      *Li = ls[tq], *Di = Ds[tq];
+      return t < Tq && key[i] <= q0 + t;
+    };
     /* the mask where the tile crosses the block's first key or the last row (the same for the
      * whole warpgroup: masking more is exact) */
     const bool mask = k0 + FWG_KROWS - 1 > q0 + t0 || t0 + FWG_KROWS > Tq;
+    DT_WGMMA_WAIT(1); /* S^T */
+    DT_WGMMA_FENCE_ACC(s);
 #pragma unroll
-    for (int part = 0; part < 2; part++) { /* query rows 32 part.. */
-      const int tq = 32 * part;
-      auto at = [&](int i, int j, float *Li, float *Di) { /* P^T and dS^T */
-                                                          const int t = t0 + tq + j;
-                                                          *Li = ls[tq + j], *Di = Ds[tq + j];
-                                                          return t < Tq && key[i] <= q0 + t;
-      };
-      float(*sh)[4] = (float(*)[4])(s + 16 * part), (*dh)[4] = (float(*)[4])(dp + 16 * part);
+    for (int part = 0; part < 2; part++) {
+      auto at_part = [&](int i, int j, float *Li, float *Di) { return at(part, i, j, Li, Di); };
       if (mask)
-        fmma_dscores<true>(sh, dh, sl2, at);
+        fmma_probs<true>((float(*)[4])(s + 16 * part), sl2, at_part);
       else
-        fmma_dscores<false>(sh, dh, sl2, at);
+        fmma_probs<false>((float(*)[4])(s + 16 * part), sl2, at_part);
     }
     uint32_t pa[4][4], da[4][4];
     fmma_frag_p<4>(pa, (const float(*)[4])s);
+    DT_WGMMA_FENCE();
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      DT_WGMMA_RS(dv, pa[k], dt_wgmma_desc(sg + 2048u * k, 16u, 1024u), 1, 1);
+    DT_WGMMA_COMMIT();
+    DT_WGMMA_WAIT(1); /* dP^T (dV's products may still run) */
+    DT_WGMMA_FENCE_ACC(dp);
+#pragma unroll
+    for (int part = 0; part < 2; part++) {
+      auto at_part = [&](int i, int j, float *Li, float *Di) { return at(part, i, j, Li, Di); };
+      fmma_ds((float(*)[4])(s + 16 * part), (float(*)[4])(dp + 16 * part), at_part);
+    }
     fmma_frag_p<4>(da, (const float(*)[4])dp);
     if (ds) {
       fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE, 0, warp, da);
       fmma_store_ds(ds + (size_t)(t0 / FMMA_ROWS) * FMMA_DS_TILE, 2, warp, da + 2);
     }
     DT_WGMMA_FENCE();
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-      DT_WGMMA_RS(dv, pa[k], dt_wgmma_desc(sg + 2048u * k, 16u, 1024u), 1, 1);
 #pragma unroll
     for (int k = 0; k < 4; k++)
       DT_WGMMA_RS(dk, da[k], dt_wgmma_desc(sq + 2048u * k, 16u, 1024u), 1, 1);
