@@ -110,8 +110,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
                             DT_WGMMA_FENCE(); /* o_mt was rescaled, pa[mt] written */
 #pragma unroll
                             for (int k = 0; k < 4; k++)
-                              DT_WGMMA_RS(o[mt], pa[mt][k],
-                                          dt_wgmma_desc(sv + 2048u * k, 16u, 1024u), 1, 1);
+                              DT_WGMMA_RS(o[mt], pa[mt][k], dt_wgmma_mn(sv, k), 1, 1);
                             DT_WGMMA_COMMIT();
     };
     DT_WGMMA_FENCE();
@@ -119,8 +118,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
       for (int k = 0; k < 4; k++)
-        DT_WGMMA_SS(s[mt], dt_wgmma_desc(sq + FWG_TILE * mt + 32u * k, 16u, 1024u),
-                    dt_wgmma_desc(sk + 32u * k, 16u, 1024u), k > 0, 0, 0);
+        DT_WGMMA_SS(s[mt], dt_wgmma_k(sq + FWG_TILE * mt, k), dt_wgmma_k(sk, k), k > 0, 0, 0);
       DT_WGMMA_COMMIT();
     }
     DT_WGMMA_WAIT(1); /* S_0 */
@@ -222,13 +220,11 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     DT_WGMMA_FENCE();
 #pragma unroll
     for (int k = 0; k < 4; k++)
-      DT_WGMMA_SS(s, dt_wgmma_desc(sk + 32u * k, 16u, 1024u),
-                  dt_wgmma_desc(sq + 32u * k, 16u, 1024u), k > 0, 0, 0);
+      DT_WGMMA_SS(s, dt_wgmma_k(sk, k), dt_wgmma_k(sq, k), k > 0, 0, 0);
     DT_WGMMA_COMMIT();
 #pragma unroll
     for (int k = 0; k < 4; k++)
-      DT_WGMMA_SS(dp, dt_wgmma_desc(sv + 32u * k, 16u, 1024u),
-                  dt_wgmma_desc(sg + 32u * k, 16u, 1024u), k > 0, 0, 0);
+      DT_WGMMA_SS(dp, dt_wgmma_k(sv, k), dt_wgmma_k(sg, k), k > 0, 0, 0);
     DT_WGMMA_COMMIT();
     /* the query rows 32 part.. of an element: its L and D, and whether the mask keeps it */
     auto at = [&](int part, int i, int j, float *Li, float *Di) {
@@ -254,7 +250,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     DT_WGMMA_FENCE();
 #pragma unroll
     for (int k = 0; k < 4; k++)
-      DT_WGMMA_RS(dv, pa[k], dt_wgmma_desc(sg + 2048u * k, 16u, 1024u), 1, 1);
+      DT_WGMMA_RS(dv, pa[k], dt_wgmma_mn(sg, k), 1, 1);
     DT_WGMMA_COMMIT();
     DT_WGMMA_WAIT(1); /* dP^T (dV's products may still run) */
     DT_WGMMA_FENCE_ACC(dp);
@@ -271,7 +267,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     DT_WGMMA_FENCE();
 #pragma unroll
     for (int k = 0; k < 4; k++)
-      DT_WGMMA_RS(dk, da[k], dt_wgmma_desc(sq + 2048u * k, 16u, 1024u), 1, 1);
+      DT_WGMMA_RS(dk, da[k], dt_wgmma_mn(sq, k), 1, 1);
     DT_WGMMA_COMMIT();
     DT_WGMMA_WAIT(0);
     DT_WGMMA_FENCE_ACC(dv);
@@ -356,7 +352,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
       for (int kk = 0; kk < 4; kk++)
-        DT_WGMMA_RS(dq[mt], pa[mt][kk], dt_wgmma_desc(sk + 2048u * kk, 16u, 1024u), 1, 1);
+        DT_WGMMA_RS(dq[mt], pa[mt][kk], dt_wgmma_mn(sk, kk), 1, 1);
     DT_WGMMA_COMMIT();
     DT_WGMMA_WAIT(0);
     DT_WGMMA_FENCE_ACC(dq[0]);

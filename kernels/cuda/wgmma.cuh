@@ -56,6 +56,21 @@ __device__ static inline uint64_t dt_wgmma_desc(uint32_t addr, uint32_t lbo, uin
          (uint64_t)(sbo >> 4 & 0x3fffu) << 32 | 1ull << 62;
 }
 
+/* The descriptor of the k-th 16-wide step along K of a tile of 64-bf16 rows at shared address t
+ * (1024-aligned): K-major, and MN-major. An MN-major tile of 64 columns has one group of 64
+ * along M or N, so its LBO is unused; it is set equal to SBO, which makes the descriptor right
+ * under either reading of the two offsets (tests/unit/wgmma_tile.cuh checks the emulation's
+ * reading with distinct values). */
+__device__ static inline uint64_t dt_wgmma_k(uint32_t t, int k)
+{
+  return dt_wgmma_desc(t + 32u * (uint32_t)k, 16u, 1024u);
+}
+
+__device__ static inline uint64_t dt_wgmma_mn(uint32_t t, int k)
+{
+  return dt_wgmma_desc(t + 2048u * (uint32_t)k, 1024u, 1024u);
+}
+
 #ifndef DT_WGMMA_SS
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DT__WGMMA_SM90A 1

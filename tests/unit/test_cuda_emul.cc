@@ -889,9 +889,11 @@ template <int AM, int BM> static void check_wgmma_tile(const char *what)
   std::vector<uint16_t> a(WG_N * WG_N), b(WG_N * WG_N);
   std::vector<float> want(WG_N * WG_N), c(WG_N * WG_N, NAN);
   wg_tile_inputs(AM, BM, A.data(), B.data(), a.data(), b.data(), want.data());
-  launch(dim3(1), DT_WG_THREADS, WG_TILE_SMEM,
-         [&] { wgmma_tile_kernel<AM, BM>(c.data(), a.data(), b.data()); });
-  expect_close(what, c, want);
+  for (uint32_t lbo : {16u, 1024u}) {
+    launch(dim3(1), DT_WG_THREADS, WG_TILE_SMEM,
+           [&] { wgmma_tile_kernel<AM, BM>(c.data(), a.data(), b.data(), lbo); });
+    expect_close(what, c, want);
+  }
 }
 
 START_TEST(test_wgmma)

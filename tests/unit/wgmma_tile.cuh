@@ -7,7 +7,10 @@
  * itself checked against the hardware.
  *
  * a: A (64 x 64, row-major) for WG_A_K and WG_A_REGS, A^T for WG_A_MN; b: B^T (row-major) for
- * WG_B_K, B for WG_B_MN (wg_tile_inputs makes them); c: C, row-major fp32. One block of
+ * WG_B_K, B for WG_B_MN (wg_tile_inputs makes them); c: C, row-major fp32. lbo: the MN-major
+ * descriptors' leading byte offset, which a 64-wide tile does not use as the emulation reads the
+ * PTX ISA (SBO is the step between groups of 8 rows along K): 16 checks that reading, 1024
+ * (= SBO, as wgmma.cuh's dt_wgmma_mn sets it) is right under the other reading too. One block of
  * DT_WG_THREADS threads and WG_TILE_SMEM bytes of dynamic shared memory. */
 #ifndef DT_TESTS_WGMMA_TILE_CUH
 #define DT_TESTS_WGMMA_TILE_CUH
@@ -21,7 +24,7 @@
 
 template <int AM, int BM>
 __global__ void __launch_bounds__(DT_WG_THREADS)
-    wgmma_tile_kernel(float *c, const uint16_t *a, const uint16_t *b)
+    wgmma_tile_kernel(float *c, const uint16_t *a, const uint16_t *b, uint32_t lbo)
 {
   DT_DYNAMIC_SMEM(smem);
   const uint32_t base = DT_SMEM_ADDR(smem);
@@ -51,12 +54,12 @@ __global__ void __launch_bounds__(DT_WG_THREADS)
   DT_WGMMA_FENCE();
   for (int s = 0; s < 4; s++) {
     const uint64_t db = BM == WG_B_K ? dt_wgmma_desc(sb + 32u * s, 16u, 1024u)
-                                     : dt_wgmma_desc(sb + 2048u * s, 16u, 1024u);
+                                     : dt_wgmma_desc(sb + 2048u * s, lbo, 1024u);
     if constexpr (AM == WG_A_REGS) {
       DT_WGMMA_RS(d, ar[s], db, s > 0, BM == WG_B_MN);
     } else {
       const uint64_t da = AM == WG_A_K ? dt_wgmma_desc(sa + 32u * s, 16u, 1024u)
-                                       : dt_wgmma_desc(sa + 2048u * s, 16u, 1024u);
+                                       : dt_wgmma_desc(sa + 2048u * s, lbo, 1024u);
       DT_WGMMA_SS(d, da, db, s > 0, AM == WG_A_MN, BM == WG_B_MN);
     }
     if (s == 1)
