@@ -56,7 +56,7 @@ typedef struct dt_cuda_impl {
   long lt_fallbacks; /* products cuBLASLt had no algorithm for, run by cuBLAS instead */
   unsigned long long lt_warned[8]; /* the first distinct such products' signatures (WARNed) */
   int lt_tune; /* DISTRAIN_CUDA_GEMM_TUNE (default 0): each kind's algorithm by timing */
-  int wgmma;   /* DISTRAIN_CUDA_WGMMA (default 0; 9.0 only): the bf16 flash forward on wgmma */
+  int wgmma;   /* DISTRAIN_CUDA_WGMMA (default 0; 9.0 only): bf16 flash attention on wgmma */
   int lt_nkinds;
   dt__cuda_lt_kind_t lt_kinds[DT__CUDA_LT_KINDS]; /* the algorithm of each kind met so far */
   long lt_tuned;   /* kinds whose algorithm was chosen by timing cuBLASLt's candidates */
