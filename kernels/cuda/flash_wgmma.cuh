@@ -92,26 +92,26 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
      * tensor cores compute: S_1 = Q_1 K^T during S_0's softmax, P_0 V during S_1's. */
     float s[2][32];
     uint32_t pa[2][4][4];
-    auto softmax = [&](int mt) { /* S_mt -> P_mt (pa[mt]), its rows' m, l and o rescaled */
-                                 float(*st)[4] = (float(*)[4])s[mt];
-                                 /* a key after the tile's first row. Not the warp's: a branch that
-                                  * differs between the warps would make ptxas serialize the
-                                  * products (C7520); masking more is exact */
-                                 if (j0 + FWG_KROWS - 1 > q0 + r0 + 64 * mt)
-                                   fmma_online_softmax<true, 8>(st, (float(*)[4])o[mt], m + 2 * mt,
-                                                                l + 2 * mt, qpos + 2 * mt, j0, sl2);
-                                 else
-                                   fmma_online_softmax<false, 8>(st, (float(*)[4])o[mt], m + 2 * mt,
-                                                                 l + 2 * mt, qpos + 2 * mt, j0,
-                                                                 sl2);
-                                 fmma_frag_p<4>(pa[mt], st);
+    /* S_mt -> P_mt (pa[mt]), its rows' m, l and o rescaled. The mask where a key comes after
+     * the tile's first row. Not the warp's: a branch that differs between the warps would make
+     * ptxas serialize the products (C7520); masking more is exact. */
+    auto softmax = [&](int mt) {
+      float(*st)[4] = (float(*)[4])s[mt];
+      if (j0 + FWG_KROWS - 1 > q0 + r0 + 64 * mt)
+        fmma_online_softmax<true, 8>(st, (float(*)[4])o[mt], m + 2 * mt, l + 2 * mt, qpos + 2 * mt,
+                                     j0, sl2);
+      else
+        fmma_online_softmax<false, 8>(st, (float(*)[4])o[mt], m + 2 * mt, l + 2 * mt, qpos + 2 * mt,
+                                      j0, sl2);
+      fmma_frag_p<4>(pa[mt], st);
     };
-    auto pv = [&](int mt) {                   /* o_mt += P_mt V, a group */
-                            DT_WGMMA_FENCE(); /* o_mt was rescaled, pa[mt] written */
+    /* o_mt += P_mt V, a group of its own (o_mt was rescaled and pa[mt] written: the fence) */
+    auto pv = [&](int mt) {
+      DT_WGMMA_FENCE();
 #pragma unroll
-                            for (int k = 0; k < 4; k++)
-                              DT_WGMMA_RS(o[mt], pa[mt][k], dt_wgmma_mn(sv, k), 1, 1);
-                            DT_WGMMA_COMMIT();
+      for (int k = 0; k < 4; k++)
+        DT_WGMMA_RS(o[mt], pa[mt][k], dt_wgmma_mn(sv, k), 1, 1);
+      DT_WGMMA_COMMIT();
     };
     DT_WGMMA_FENCE();
 #pragma unroll
@@ -134,6 +134,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     pv(1);
     DT_WGMMA_WAIT(0);
     DT_WGMMA_FENCE_ACC(o[0]);
+    DT_WGMMA_FENCE_ACC(o[1]);
   }
 #pragma unroll
   for (int j = 0; j < 4; j++) {

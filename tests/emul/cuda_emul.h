@@ -126,7 +126,8 @@ inline std::vector<cp_copy> g_cp_waited;      /* waited for, landing at the next
 inline bool g_cp_early; /* the copies land as they are issued instead (cp_async16) */
 /* A product issued and not yet waited for. The GPU reads the shared operands and writes D at
  * some time before the wait that covers it; the emulation does both at that wait, so a kernel
- * that reads D early or changes an operand tile before the wait gets wrong values. A from
+ * that reads D early or changes an operand tile before the wait gets wrong values (and one that
+ * leaves out dt_wgmma_fence_acc after the wait dies: g_wgmma_unfenced). A from
  * registers is taken at the issue (the kernel must not change those registers before the wait
  * either; that is not checked). */
 struct wgmma_op {
@@ -139,6 +140,10 @@ struct wgmma_op {
 };
 inline std::vector<wgmma_op> g_wgmma[1024]; /* each thread's, in issue order */
 inline unsigned g_wgmma_groups[1024];       /* groups each thread committed */
+/* Each thread's accumulators a wait completed and no dt_wgmma_fence_acc has fenced since: on the
+ * GPU the compiler may move a use of them above the wait (the emulation cannot see a register
+ * read; a product issued on one, or the block's end, dies instead). */
+inline std::vector<float *> g_wgmma_unfenced[1024];
 
 inline void cp_land(const cp_copy &c)
 {
@@ -290,11 +295,17 @@ inline void run_block(unsigned n)
   for (unsigned t = 0; t < n; t++)
     if (!g_cp_async[t].empty())
       die("a thread returned with cp.async copies it never waited for");
-  for (unsigned t = 0; t < n; t++)
+  for (unsigned t = 0; t < n; t++) {
     if (!g_wgmma[t].empty()) {
       g_wgmma[t].clear();
       die("a thread returned with wgmma products it never waited for");
     }
+    if (!g_wgmma_unfenced[t].empty()) {
+      g_wgmma_unfenced[t].clear();
+      die("a thread returned with wgmma accumulators never fenced after their wait "
+          "(dt_wgmma_fence_acc)");
+    }
+  }
   if (!g_cp_waited.empty())
     die("cp.async copies waited for, but no barrier made them visible before the block's end");
 }
@@ -472,7 +483,18 @@ inline void wgmma_issue(float d[32], const uint32_t *a, uint64_t da, uint64_t db
         op.a[h][k] = bf16_value(g_lane_a[set][w][g * 4 + (k % 8) / 2][h + 2 * (k / 8)], k % 2);
   }
   op.group = dt_emul::g_wgmma_groups[threadIdx.x];
+  const std::vector<float *> &unfenced = dt_emul::g_wgmma_unfenced[threadIdx.x];
+  if (std::find(unfenced.begin(), unfenced.end(), d) != unfenced.end())
+    dt_emul::die("wgmma: a product on accumulators not fenced since the wait that completed them "
+                 "(dt_wgmma_fence_acc)");
   dt_emul::g_wgmma[threadIdx.x].push_back(op);
+}
+
+/* dt_wgmma_fence_acc: d's values may be used from here on. */
+inline void wgmma_fence_acc(float *d)
+{
+  std::vector<float *> &unfenced = dt_emul::g_wgmma_unfenced[threadIdx.x];
+  unfenced.erase(std::remove(unfenced.begin(), unfenced.end(), d), unfenced.end());
 }
 
 inline void wgmma_commit(void)
@@ -498,6 +520,9 @@ inline void wgmma_wait(unsigned n)
                wgmma_elem(op.db, op.tb, col, k);
       op.d[i] = acc;
     }
+    std::vector<float *> &unfenced = dt_emul::g_wgmma_unfenced[threadIdx.x];
+    if (std::find(unfenced.begin(), unfenced.end(), op.d) == unfenced.end())
+      unfenced.push_back(op.d);
   }
   mine.erase(mine.begin(), mine.begin() + (ptrdiff_t)done);
 }
@@ -601,7 +626,7 @@ using std::min;
 #define DT_WGMMA_FENCE()                      ((void)0)
 #define DT_WGMMA_COMMIT()                     wgmma_commit()
 #define DT_WGMMA_WAIT(n)                      wgmma_wait(n)
-#define DT_WGMMA_FENCE_ACC(d)                 ((void)(d))
+#define DT_WGMMA_FENCE_ACC(d)                 wgmma_fence_acc(d)
 #define DT_FENCE_PROXY_ASYNC()                ((void)0)
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
