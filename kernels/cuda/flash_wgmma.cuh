@@ -184,18 +184,18 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   const uint16_t *gbase = dout + (size_t)b * Tq * C + (size_t)h * hs;
   const int k0 = blockIdx.x * FWG_KROWS, kend = q0 + Tq; /* keys [k0, k0 + 64) of [0, kend) */
   const float sl2 = scale * FMMA_LOG2E;
-  auto load_queries =
-      [&](int t0, int buf) { /* query rows [t0, t0 + 64) into buffer buf */
-                             char *q = qg + 2 * buf * FWG_TILE;
-                             fwg_load<FWG_KROWS>(q, base + (size_t)q0 * C3, C3, t0, Tq);
-                             fwg_load<FWG_KROWS>(q + FWG_TILE, gbase, C, t0, Tq);
-                             float *ld = lD + 2 * buf * FWG_KROWS;
-                             for (int i = threadIdx.x; i < FWG_KROWS; i += DT_WG_THREADS) {
-                               const bool ok = t0 + i < Tq;
-                               ld[i] = ok ? lse[(size_t)bh * Tq + t0 + i] * FMMA_LOG2E : 0.0f;
-                               ld[FWG_KROWS + i] = ok ? Dbuf[(size_t)bh * Tq + t0 + i] : 0.0f;
-                             }
-      };
+  /* query rows [t0, t0 + 64) into buffer buf */
+  auto load_queries = [&](int t0, int buf) {
+    char *q = qg + 2 * buf * FWG_TILE;
+    fwg_load<FWG_KROWS>(q, base + (size_t)q0 * C3, C3, t0, Tq);
+    fwg_load<FWG_KROWS>(q + FWG_TILE, gbase, C, t0, Tq);
+    float *ld = lD + 2 * buf * FWG_KROWS;
+    for (int i = threadIdx.x; i < FWG_KROWS; i += DT_WG_THREADS) {
+      const bool ok = t0 + i < Tq;
+      ld[i] = ok ? lse[(size_t)bh * Tq + t0 + i] * FMMA_LOG2E : 0.0f;
+      ld[FWG_KROWS + i] = ok ? Dbuf[(size_t)bh * Tq + t0 + i] : 0.0f;
+    }
+  };
   fwg_load<FWG_KROWS>(ks, base + C, C3, k0, kend);
   fwg_load<FWG_KROWS>(vs, base + 2 * C, C3, k0, kend);
   const int tfirst = max(k0 - q0, 0) / FWG_KROWS * FWG_KROWS; /* as fmma_backward_dkdv_kernel */
@@ -312,26 +312,22 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
   const uint16_t *ds = ds_tiles + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
                                       FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
-  auto load = [&](int kb,
-                  int buf) { /* key block kb's K and dS tiles into buffer buf */
-                             char *t = sm + buf * FWG_DQ_BUF;
-                             fwg_load<FWG_KROWS>(t, kbase, C3, FWG_KROWS * kb, kend);
-                             const int first = max(0, kb - a);
+  /* key block kb's K and dS tiles into buffer buf (a dS tile the dk/dv kernel did not write:
+   * zeros, ds read nowhere standing in) */
+  auto load = [&](int kb, int buf) {
+    char *t = sm + buf * FWG_DQ_BUF;
+    fwg_load<FWG_KROWS>(t, kbase, C3, FWG_KROWS * kb, kend);
+    const int first = max(0, kb - a);
 #pragma unroll
-                             for (int mt = 0; mt < 2; mt++) {
-                               const int qt = r0 / FMMA_ROWS + mt;
-                               const bool ok =
-                                   qt < nqt &&
-                                   qt >= first; /* else zeros, and ds (read nowhere) stands in */
-                               const uint16_t *src =
-                                   ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) *
-                                                 FMMA_DS_TILE
-                                      : ds;
-                               uint16_t *dst = (uint16_t *)(t + FWG_TILE) + mt * FMMA_DS_TILE;
-                               for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE;
-                                    i += 8 * DT_WG_THREADS)
-                                 DT_CP_ASYNC16(dst + i, src + (ok ? i : 0), ok);
-                             }
+    for (int mt = 0; mt < 2; mt++) {
+      const int qt = r0 / FMMA_ROWS + mt;
+      const bool ok = qt < nqt && qt >= first;
+      const uint16_t *src =
+          ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : ds;
+      uint16_t *dst = (uint16_t *)(t + FWG_TILE) + mt * FMMA_DS_TILE;
+      for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE; i += 8 * DT_WG_THREADS)
+        DT_CP_ASYNC16(dst + i, src + (ok ? i : 0), ok);
+    }
   };
   load(0, 0);
   float dq[2][32] = {};
