@@ -126,7 +126,7 @@ static int flash_forward(dt_cuda_impl_t *cu, bool mma, void *out, float *lse, co
   const float scale = 1.0f / sqrtf((float)(C / NH));
   if (mma && HSM == 64 && cu->wgmma) {
     const int rc = dt__cuda_wgmma_forward(cu, (uint16_t *)out, lse, (const uint16_t *)qkv, B, Tq,
-                                          q0, Tall, C, NH);
+                                          q0, Tall, C, NH, scale);
     if (rc != 0)
       return rc < 0 ? rc : 0;
   }
@@ -172,7 +172,7 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint1
         if (cu->wgmma)
           DT_CHECK(wg_dkdv = dt__cuda_wgmma_dkdv(cu, dg, std::is_same_v<G, uint16_t>, ds_tiles,
                                                  (const float *)D + r, gg, qg, lse + r, bn, hn, Tq,
-                                                 q0, Tall, C, NH, h0, add));
+                                                 q0, Tall, C, NH, h0, scale, add));
       if (!wg_dkdv)
         DT_CHECK(flash_launch(cu, fmma_backward_dkdv_kernel<HSM, G, O>,
                               flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS,
@@ -180,7 +180,7 @@ static int fmma_backward(dt_cuda_impl_t *cu, G *dqkv, const O *dout, const uint1
                               qg, lse + r, Tq, q0, Tall, C, NH, h0, scale, add));
       if (HSM == 64 && cu->wgmma && ds_tiles)
         DT_CHECK(wg_dq = dt__cuda_wgmma_dq(cu, dg, std::is_same_v<G, uint16_t>, ds_tiles, qg, bn,
-                                           hn, Tq, q0, Tall, C, NH, h0, add));
+                                           hn, Tq, q0, Tall, C, NH, h0, scale, add));
       if (wg_dq)
         continue;
       if (ds_tiles)

@@ -94,20 +94,22 @@ int dt__cuda_stage(dt_cuda_impl_t *c, size_t bytes, void **out);
 /* A device vector of at least n ones (its own buffer, independent of the workspace). */
 int dt__cuda_ones(dt_cuda_impl_t *c, size_t n, const float **out);
 /* The bf16 flash forward on Hopper's wgmma (attention_wgmma.cu, sm_90a; under
- * DISTRAIN_CUDA_WGMMA=1 on a GPU of compute capability 9.0): 1 launched, 0 when the shape is not
- * one it takes (head size 64, C a multiple of 8, qkv 16-byte aligned), or DT_ECUDA. */
+ * DISTRAIN_CUDA_WGMMA=1 on a GPU of compute capability 9.0; scale 1 / sqrt(head size)): 1
+ * launched, 0 when the shape is not one it takes (head size 64, C a multiple of 8, qkv 16-byte
+ * aligned), or DT_ECUDA. */
 int dt__cuda_wgmma_forward(dt_cuda_impl_t *cu, uint16_t *out, float *lse, const uint16_t *qkv,
-                           int B, int Tq, int q0, int Tall, int C, int NH);
+                           int B, int Tq, int q0, int Tall, int C, int NH, float scale);
 /* The bf16 backward's dk/dv kernel on wgmma, in place of fmma_backward_dkdv_kernel for one group
  * of bn sequences and hn heads from h0 (its arguments; dqkv bf16 where dqkv16, else fp32; dout
  * bf16): 1 launched, 0 when it does not take the shape (also dout 16-byte aligned), or DT_ECUDA. */
 int dt__cuda_wgmma_dkdv(dt_cuda_impl_t *cu, void *dqkv, int dqkv16, uint16_t *ds_tiles,
                         const float *D, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                        int bn, int hn, int Tq, int q0, int Tall, int C, int NH, int h0, int add);
+                        int bn, int hn, int Tq, int q0, int Tall, int C, int NH, int h0,
+                        float scale, int add);
 /* Its dq kernel from the dS tiles, in place of fmma_backward_dq_kernel: the same answers. */
 int dt__cuda_wgmma_dq(dt_cuda_impl_t *cu, void *dqkv, int dqkv16, const uint16_t *ds_tiles,
                       const uint16_t *qkv, int bn, int hn, int Tq, int q0, int Tall, int C, int NH,
-                      int h0, int add);
+                      int h0, float scale, int add);
 
 /* Runs a gemm.cuh descriptor of fp32 operands on the device's handle: cublasSgemm,
  * cublasSgemmStridedBatched for batch > 1, cublasSgemv for one column (n = 1, B not

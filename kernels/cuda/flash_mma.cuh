@@ -920,6 +920,26 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   }
 }
 
+/* The dq kernels' MT dS tiles of key block kb for the query tiles from the block's row r0 into
+ * dst, by cp.async (the block's threads share the copies): from ds, the workspace's tiles of the
+ * block's (b, h) (nqt query tiles, a: FMMA_DS_BEFORE's), zeros for a tile the dk/dv kernel did
+ * not write (past the diagonal or the last query tile; ds, read nowhere, stands in). */
+template <int MT>
+__device__ static inline void fmma_load_ds(uint16_t *dst, const uint16_t *ds, int kb, int r0,
+                                           int nqt, int a)
+{
+  const int first = max(0, kb - a);
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    const int qt = r0 / FMMA_ROWS + mt;
+    const bool ok = qt < nqt && qt >= first;
+    const uint16_t *src =
+        ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : ds;
+    for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE; i += 8 * blockDim.x)
+      DT_CP_ASYNC16(dst + mt * FMMA_DS_TILE + i, src + (ok ? i : 0), ok);
+  }
+}
+
 /* Grid flash_grid(fmma_mt_blocks<HSM>(Tq), B, heads), FMMA_THREADS threads,
  * fmma_dq_smem_bytes<HSM>(), after the dk/dv kernel, on its heads: adds the query gradients
  * dq = scale dS K into dqkv (add false: writes them; G = uint16_t: as bf16, never added), dS from
@@ -948,16 +968,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 3
   auto load = [&](int kb, int buf) {
     uint16_t *t = sm + buf * BUF;
     fmma_load_async<HSM>(t, kbase, C3, FMMA_ROWS * kb, kend, hs);
-    const int first = max(0, kb - a);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      const int qt = r0 / FMMA_ROWS + mt;
-      const bool ok = qt < nqt && qt >= first; /* else zeros, and ds (read nowhere) stands in */
-      const uint16_t *src =
-          ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : ds;
-      for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE; i += 8 * blockDim.x)
-        DT_CP_ASYNC16(t + KT + mt * FMMA_DS_TILE + i, src + (ok ? i : 0), ok);
-    }
+    fmma_load_ds<MT>(t + KT, ds, kb, r0, nqt, a);
   };
   load(0, 0);
   const int wr = 16 * MT * warp; /* the warp's first row in the block */

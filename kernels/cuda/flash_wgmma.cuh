@@ -312,22 +312,11 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
   const uint16_t *ds = ds_tiles + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
                                       FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
-  /* key block kb's K and dS tiles into buffer buf (a dS tile the dk/dv kernel did not write:
-   * zeros, ds read nowhere standing in) */
+  /* key block kb's K and dS tiles into buffer buf */
   auto load = [&](int kb, int buf) {
     char *t = sm + buf * FWG_DQ_BUF;
     fwg_load<FWG_KROWS>(t, kbase, C3, FWG_KROWS * kb, kend);
-    const int first = max(0, kb - a);
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-      const int qt = r0 / FMMA_ROWS + mt;
-      const bool ok = qt < nqt && qt >= first;
-      const uint16_t *src =
-          ok ? ds + (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : ds;
-      uint16_t *dst = (uint16_t *)(t + FWG_TILE) + mt * FMMA_DS_TILE;
-      for (int i = 8 * threadIdx.x; i < FMMA_DS_TILE; i += 8 * DT_WG_THREADS)
-        DT_CP_ASYNC16(dst + i, src + (ok ? i : 0), ok);
-    }
+    fmma_load_ds<2>((uint16_t *)(t + FWG_TILE), ds, kb, r0, nqt, a);
   };
   load(0, 0);
   float dq[2][32] = {};

@@ -11,7 +11,7 @@
  * dq kernel recomputes S and dP instead (the plan past T 32768; here forced by a workspace bound of
  * one byte), to compare the two plans on one machine; at head size 64 on a GPU of compute
  * capability 9.0, both passes on Hopper's wgmma too (DISTRAIN_CUDA_WGMMA=1: the forward, and the
- * backward's dk/dv kernel in the dS tiles plan).
+ * backward's dk/dv and dq kernels in the dS tiles plan).
  *
  * Prints one JSON object per pass: {"pass", "plan", "B", "T", "C", "NH", "iters", "ms" (median
  * call), "ms_min", "tflops" (at the median)}. FLOPs count as FlashAttention's papers count them:

@@ -104,14 +104,15 @@ static void emul_mma_backward(G *dqkv, const O *dout, const uint16_t *qkv, const
       const uint16_t *qg = qkv + (size_t)b0 * Tall * C3;
       const O *gg = dout + (size_t)b0 * Tq * C;
       const size_t r = (size_t)b0 * NH * Tq;
-      if constexpr (std::is_same_v<O, uint16_t>)
-        if (wgmma) {
-          ck_assert(fwg_dkdv_fits(C, NH, qkv, dout));
-          launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), DT_WG_THREADS, FWG_DKDV_SMEM_BYTES, [&] {
-            fwg_backward_dkdv_kernel<G>(dg, ds_tiles, D.data() + r, gg, qg, lse + r, Tq, q0, Tall,
-                                        C, NH, h0, scale, add);
-          });
-        }
+      if constexpr (!std::is_same_v<O, uint16_t>)
+        ck_assert(!wgmma); /* the wgmma dk/dv kernel takes a bf16 dout */
+      else if (wgmma) {
+        ck_assert(fwg_dkdv_fits(C, NH, qkv, dout));
+        launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), DT_WG_THREADS, FWG_DKDV_SMEM_BYTES, [&] {
+          fwg_backward_dkdv_kernel<G>(dg, ds_tiles, D.data() + r, gg, qg, lse + r, Tq, q0, Tall, C,
+                                      NH, h0, scale, add);
+        });
+      }
       if (!wgmma)
         launch(flash_grid(fmma_blocks(q0 + Tq), bn, hn), FMMA_THREADS, fmma_dkdv_smem_bytes<HSM>(),
                [&] {
