@@ -920,7 +920,7 @@ __global__ static void __launch_bounds__(FMMA_THREADS, FMMA_MIN_BLOCKS(HSM, 4, 2
   }
 }
 
-/* The dq kernels' MT dS tiles of key block kb for the query tiles from the block's row r0 into
+/* The mma dq kernel's MT dS tiles of key block kb for the query tiles from the block's row r0 into
  * dst, by cp.async (the block's threads share the copies): from ds, the workspace's tiles of the
  * block's (b, h) (nqt query tiles, a: FMMA_DS_BEFORE's), zeros for a tile the dk/dv kernel did
  * not write (past the diagonal or the last query tile; ds, read nowhere, stands in). */

@@ -9,10 +9,20 @@
  * through shared memory by cp.async, the next K's in flight during the softmax and P V, V's
  * during the scores (flash_mma.cuh's order). Every tile is rows of 64 bf16 under the 128-byte
  * swizzle (wgmma.cuh), 1024-aligned: Q (two 8 KiB tiles), K and V. Per key tile: S = Q K^T as
- * 2 x 4 products from shared memory (both K-major), the online softmax in registers (the
- * accumulator of a 64 x 64 product is, per warp, mma.sync's C layout: flash_mma.cuh's softmax
- * and fragments apply as they are), then O += P V as 2 x 4 products with P from registers and V
- * N-major. Needs hs = 64, C a multiple of 8 and qkv 16-byte aligned (fwg_fits). */
+ * 2 x 4 products with Q from registers (read from its tiles once) and K K-major, the online
+ * softmax in registers (the accumulator of a 64 x 64 product is, per warp, mma.sync's C layout:
+ * flash_mma.cuh's softmax and fragments apply as they are), then O += P V as 2 x 4 products with
+ * P from registers and V N-major. Needs hs = 64, C a multiple of 8 and qkv 16-byte aligned
+ * (fwg_fits).
+ *
+ * Shared-memory bandwidth sets the kernels' form: a 64 x 64 x 16 product takes 32 cycles of an
+ * SM's tensor cores (H100: 4096 bf16 FLOP a cycle) and, with both operands in shared memory,
+ * reads 4 KiB of it, 32 cycles at 128 bytes a cycle. So every operand that stays for a kernel's
+ * whole loop comes from registers (Q here, K and V in the dk/dv kernel), and the dq kernel reads
+ * its dS tiles from global memory into registers. A step's operand reads and tile copies then
+ * come to 48 KiB in 512 cycles of products (the forward's and the dk/dv kernel's step of 64
+ * keys), 24 KiB in 256 (dq's): three quarters of the bandwidth, from all of it (64 KiB; dq's
+ * 56 KiB, 1.7 times) with both operands and dS staged in shared memory. */
 #ifndef DT_KERNELS_CUDA_FLASH_WGMMA_CUH
 #define DT_KERNELS_CUDA_FLASH_WGMMA_CUH
 
@@ -49,6 +59,20 @@ __device__ static void fwg_load(char *dst, const uint16_t *src, size_t ld, int r
   }
 }
 
+/* The calling warp's A operands of the swizzled 64-row tile t for the four k-steps of 16: a[k]
+ * holds the warp's rows (16 w.., warp w of the warpgroup), columns 16 k.., in wgmma's register
+ * layout (per warp mma.sync's A: fmma_frag_a's matrices), by ldmatrix. Lanes 0-7 address one
+ * 16-byte chunk of 8 consecutive rows, which the swizzle puts in 8 different bank groups. */
+__device__ static inline void fwg_frag_a(uint32_t a[4][4], const char *t)
+{
+  const int lane = threadIdx.x % 32, j = lane / 8;
+  const unsigned r = 16u * (threadIdx.x / 32) + lane % 8 + 8u * (j % 2);
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+    DT_LDMATRIX_X4(a[k], (const uint16_t *)(t + dt_sw128(128u * r + 32u * k + 16u * (j / 2))),
+                   false);
+}
+
 /* The calling thread's copies landed, published to the tensor cores, and every thread past. */
 __device__ static inline void fwg_tiles_ready(void)
 {
@@ -66,7 +90,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   DT_DYNAMIC_SMEM(smem_f);
   const uint32_t s0 = DT_SMEM_ADDR(smem_f), pad = (1024u - s0 % 1024u) % 1024u;
   char *qs = (char *)smem_f + pad, *ks = qs + 2 * FWG_TILE, *vs = ks + FWG_TILE;
-  const uint32_t sq = s0 + pad, sk = sq + 2 * FWG_TILE, sv = sk + FWG_TILE;
+  const uint32_t sk = s0 + pad + 2 * FWG_TILE, sv = sk + FWG_TILE;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = 64;
   const size_t C3 = 3 * (size_t)C;
@@ -85,8 +109,15 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
 #pragma unroll
   for (int j = 0; j < 4; j++)
     m[j] = -INFINITY, l[j] = 0.0f;
+  /* Q, the scores' A operand, from registers: it stays for the whole loop, and the products
+   * then read only K from shared memory (4 KiB a product to 2: the operands' reads, at 64 x 64 x
+   * 16 from shared memory, would alone take its whole bandwidth at the tensor cores' rate) */
+  uint32_t qa[2][4][4];
+  fwg_tiles_ready();
+  fwg_frag_a(qa[0], qs);
+  fwg_frag_a(qa[1], qs + FWG_TILE);
   for (int j0 = 0; j0 < kend; j0 += FWG_KROWS) {
-    fwg_tiles_ready(); /* K's tile (and Q) in place; every thread done with the previous V's */
+    fwg_tiles_ready(); /* K's tile in place; every thread done with the previous V's */
     fwg_load<FWG_KROWS>(vs, base + 2 * C, C3, j0, kend);
     /* Two products a row tile, in groups of their own, so that each softmax runs while the
      * tensor cores compute: S_1 = Q_1 K^T during S_0's softmax, P_0 V during S_1's. */
@@ -118,7 +149,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
       for (int k = 0; k < 4; k++)
-        DT_WGMMA_SS(s[mt], dt_wgmma_k(sq + FWG_TILE * mt, k), dt_wgmma_k(sk, k), k > 0, 0, 0);
+        DT_WGMMA_RS(s[mt], qa[mt][k], dt_wgmma_k(sk, k), k > 0, 0);
       DT_WGMMA_COMMIT();
     }
     DT_WGMMA_WAIT(1); /* S_0 */
@@ -163,9 +194,10 @@ static inline bool fwg_dkdv_fits(int C, int NH, const void *qkv, const void *dou
  * (flash_grid(fmma_blocks(q0 + Tq), B, heads)), arguments, dS tiles and bits (on the emulation;
  * on a GPU the products' sums may run in another order), with DT_WG_THREADS threads and
  * FWG_DKDV_SMEM_BYTES. Warp w owns keys k0 + 16 w.. as there. Per query tile of 64 rows, as two
- * products each of 4 steps from shared memory (K-major): S^T = K Q^T and dP^T = V dO^T (keys are
- * the rows); then P^T and dS^T in registers (fmma_probs, fmma_ds on each half of 32 rows), and
- * dV += P^T dO, dK += dS^T Q with dO and Q N-major. */
+ * products each of 4 steps, K and V from registers (read from their tiles once) and Q and dO
+ * K-major: S^T = K Q^T and dP^T = V dO^T (keys are the rows); then P^T and dS^T in registers
+ * (fmma_probs, fmma_ds on each half of 32 rows), and dV += P^T dO, dK += dS^T Q with dO and Q
+ * N-major. */
 template <typename G>
 __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     fwg_backward_dkdv_kernel(G *dqkv, uint16_t *ds_tiles, const float *Dbuf, const uint16_t *dout,
@@ -176,7 +208,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   const uint32_t s0 = DT_SMEM_ADDR(smem_f), pad = (1024u - s0 % 1024u) % 1024u;
   char *ks = (char *)smem_f + pad, *vs = ks + FWG_TILE, *qg = vs + FWG_TILE; /* q, dout; q, dout */
   float *lD = (float *)(qg + 4 * FWG_TILE); /* lse log2 e, D; lse log2 e, D */
-  const uint32_t sk = s0 + pad, sv = sk + FWG_TILE, sqg = sv + FWG_TILE;
+  const uint32_t sqg = s0 + pad + 2 * FWG_TILE;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int b = blockIdx.z, h = h0 + blockIdx.y, bh = b * NH + h, hs = 64;
   const size_t C3 = 3 * (size_t)C;
@@ -209,8 +241,12 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
                      : NULL;
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   float dk[32] = {}, dv[32] = {};
+  uint32_t ka[4][4], va[4][4]; /* K and V, the A operands of S^T and dP^T, from registers */
+  fwg_tiles_ready();
+  fwg_frag_a(ka, ks);
+  fwg_frag_a(va, vs);
   for (int t0 = tfirst, buf = 0; t0 < Tq; t0 += FWG_KROWS, buf ^= 1) {
-    fwg_tiles_ready(); /* this step's query tiles (and K, V) in place; the other buffer is free */
+    fwg_tiles_ready(); /* this step's query tiles in place; the other buffer is free */
     if (t0 + FWG_KROWS < Tq)
       load_queries(t0 + FWG_KROWS, buf ^ 1);
     const uint32_t sq = sqg + 2 * buf * FWG_TILE, sg = sq + FWG_TILE;
@@ -221,11 +257,11 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     DT_WGMMA_FENCE();
 #pragma unroll
     for (int k = 0; k < 4; k++)
-      DT_WGMMA_SS(s, dt_wgmma_k(sk, k), dt_wgmma_k(sq, k), k > 0, 0, 0);
+      DT_WGMMA_RS(s, ka[k], dt_wgmma_k(sq, k), k > 0, 0);
     DT_WGMMA_COMMIT();
 #pragma unroll
     for (int k = 0; k < 4; k++)
-      DT_WGMMA_SS(dp, dt_wgmma_k(sv, k), dt_wgmma_k(sg, k), k > 0, 0, 0);
+      DT_WGMMA_RS(dp, va[k], dt_wgmma_k(sg, k), k > 0, 0);
     DT_WGMMA_COMMIT();
     /* the query rows 32 part.. of an element: its L and D, and whether the mask keeps it */
     auto at = [&](int part, int i, int j, float *Li, float *Di) {
@@ -284,24 +320,25 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   }
 }
 
-/* The dq kernel's shared memory: two buffers of K's tile and the block's two dS tiles. */
-#define FWG_DQ_BUF        (FWG_TILE + 2 * FMMA_DS_TILE * (int)sizeof(uint16_t))
-#define FWG_DQ_SMEM_BYTES (2 * FWG_DQ_BUF + 1024)
+/* The dq kernel's shared memory: two buffers of K's tile. */
+#define FWG_DQ_SMEM_BYTES (2 * FWG_TILE + 1024)
 
 /* fmma_backward_dq_kernel on wgmma (fwg_fits): dq = scale dS K from the dk/dv kernel's dS tiles,
  * with its arguments and bits (on the emulation), grid flash_grid(fwg_blocks(Tq), B, heads),
  * DT_WG_THREADS threads and FWG_DQ_SMEM_BYTES. The block's 128 query rows are two wgmma row tiles
  * of 64, one query tile of dS each; warp w's rows of tile mt are 16 w.. of it, whose dS chunks
- * (FMMA_DS_CHUNK(w, kk): mma's A fragments, which are wgmma's per warp) it reads into registers;
- * K's tile (N-major) streams through shared memory with the dS tiles, double buffered. */
+ * (FMMA_DS_CHUNK(w, kk): mma's A fragments, which are wgmma's per warp) it reads from global
+ * memory straight into registers, a key block ahead (staged in shared memory, they would more
+ * than double the step's traffic there); K's tile (N-major) streams through shared memory, double
+ * buffered. Under 168 registers, three blocks an SM. */
 template <typename G>
-__global__ static void __launch_bounds__(DT_WG_THREADS, 2)
+__global__ static void __launch_bounds__(DT_WG_THREADS, 3)
     fwg_backward_dq_kernel(G *dqkv, const uint16_t *ds_tiles, const uint16_t *qkv, int Tq, int q0,
                            int Tall, int C, int NH, int h0, float scale, bool add)
 {
   DT_DYNAMIC_SMEM(smem_f);
   const uint32_t s0 = DT_SMEM_ADDR(smem_f), pad = (1024u - s0 % 1024u) % 1024u;
-  char *sm = (char *)smem_f + pad; /* per buffer: K's tile, then the two dS tiles */
+  char *sm = (char *)smem_f + pad; /* K's tiles, double buffered */
   const uint32_t ssm = s0 + pad;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int b = blockIdx.z, h = h0 + blockIdx.y, hs = 64;
@@ -312,27 +349,36 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   const int nkb = (q0 + Tq + FMMA_ROWS - 1) / FMMA_ROWS, nk = (kend + FMMA_ROWS - 1) / FMMA_ROWS;
   const uint16_t *ds = ds_tiles + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) *
                                       FMMA_DS_BEFORE(nkb, nqt, a) * (size_t)FMMA_DS_TILE;
-  /* key block kb's K and dS tiles into buffer buf */
-  auto load = [&](int kb, int buf) {
-    char *t = sm + buf * FWG_DQ_BUF;
-    fwg_load<FWG_KROWS>(t, kbase, C3, FWG_KROWS * kb, kend);
-    fmma_load_ds<2>((uint16_t *)(t + FWG_TILE), ds, kb, r0, nqt, a);
+  /* key block kb's dS, keys 16 kk.. of row tile mt into pa[mt][kk] (the dk/dv kernel's order of
+   * the sums); zeros for a tile that kernel did not write (past the diagonal or the last query
+   * tile), by a select after a load from the (b, h)'s first tile: no branch near the products */
+  auto fetch_ds = [&](int kb, uint32_t(*pa)[4][4]) {
+    const int first = max(0, kb - a);
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+      const int qt = r0 / FMMA_ROWS + mt;
+      const bool ok = qt < nqt && qt >= first;
+      const uint16_t *t =
+          ds + (ok ? (FMMA_DS_BEFORE(kb, nqt, a) + (size_t)(qt - first)) * FMMA_DS_TILE : 0);
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        fmma_get16(pa[mt][kk], t + FMMA_DS_CHUNK(warp, kk) + 8 * (threadIdx.x % 32));
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          pa[mt][kk][j] = ok ? pa[mt][kk][j] : 0u;
+      }
+    }
   };
-  load(0, 0);
+  fwg_load<FWG_KROWS>(sm, kbase, C3, 0, kend);
+  uint32_t pa[2][4][4], next[2][4][4];
+  fetch_ds(0, pa);
   float dq[2][32] = {};
   for (int kb = 0, buf = 0; kb < nk; kb++, buf ^= 1) {
-    fwg_tiles_ready(); /* this step's tiles in place; the other buffer is free */
+    fwg_tiles_ready(); /* this step's K in place; the other buffer is free */
     if (kb + 1 < nk)
-      load(kb + 1, buf ^ 1);
-    const uint32_t sk = ssm + buf * FWG_DQ_BUF;
-    const uint16_t *st = (const uint16_t *)(sm + buf * FWG_DQ_BUF + FWG_TILE);
-    uint32_t pa[2][4][4]; /* keys 16 kk.. of the tile: the dk/dv kernel's order of the sums */
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        fmma_get16(pa[mt][kk],
-                   st + mt * FMMA_DS_TILE + FMMA_DS_CHUNK(warp, kk) + 8 * (threadIdx.x % 32));
+      fwg_load<FWG_KROWS>(sm + (buf ^ 1) * FWG_TILE, kbase, C3, FWG_KROWS * (kb + 1), kend);
+    fetch_ds(min(kb + 1, nk - 1), next); /* in flight during the products */
+    const uint32_t sk = ssm + buf * FWG_TILE;
     DT_WGMMA_FENCE();
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -343,6 +389,7 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     DT_WGMMA_WAIT(0);
     DT_WGMMA_FENCE_ACC(dq[0]);
     DT_WGMMA_FENCE_ACC(dq[1]);
+    memcpy(pa, next, sizeof pa);
   }
 #pragma unroll
   for (int j = 0; j < 4; j++) {
