@@ -12,6 +12,8 @@ int dt__cuda_wgmma_forward(dt_cuda_impl_t *cu, uint16_t *out, float *lse, const 
 {
   if (!fwg_fits(C, NH, qkv))
     return 0;
+  DT_CUDA_CHECK(cudaFuncSetAttribute(
+      fwg_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FWG_SMEM_BYTES));
   fwg_forward_kernel<<<flash_grid(fwg_blocks(Tq), B, NH), DT_WG_THREADS, FWG_SMEM_BYTES,
                        cu->stream>>>(out, lse, qkv, Tq, q0, Tall, C, NH, scale);
   DT_CUDA_CHECK(cudaGetLastError());

@@ -6,9 +6,9 @@
  *
  * A block is one warpgroup (DT_WG_THREADS threads) and owns 128 query rows, two wgmma row tiles
  * of 64 (warp w's rows of tile mt: 64 mt + 16 w + 0..15); key and value tiles of 64 rows stream
- * through shared memory by cp.async, the next K's in flight during the softmax and P V, V's
- * during the scores (flash_mma.cuh's order). Every tile is rows of 64 bf16 under the 128-byte
- * swizzle (wgmma.cuh), 1024-aligned: Q (two 8 KiB tiles), K and V. Per key tile: S = Q K^T as
+ * through shared memory by cp.async, double buffered (the next step's K and V in flight during
+ * the whole step, one barrier a step). Every tile is rows of 64 bf16 under the 128-byte swizzle
+ * (wgmma.cuh), 1024-aligned: Q (two 8 KiB tiles), K and V twice. Per key tile: S = Q K^T as
  * 2 x 4 products with Q from registers (read from its tiles once) and K K-major, the online
  * softmax in registers (the accumulator of a 64 x 64 product is, per warp, mma.sync's C layout:
  * flash_mma.cuh's softmax and fragments apply as they are), then O += P V as 2 x 4 products with
@@ -32,8 +32,9 @@
 #define FWG_ROWS  128  /* query rows a block */
 #define FWG_KROWS 64   /* key rows a tile */
 #define FWG_TILE  8192 /* bytes of a 64-row tile */
-/* Q's two tiles, K's and V's, and the slack to align them to 1024 in the shared window. */
-#define FWG_SMEM_BYTES (4 * FWG_TILE + 1024)
+/* Q's two tiles, two buffers of K's and V's, and the slack to align them to 1024 in the shared
+ * window. */
+#define FWG_SMEM_BYTES (6 * FWG_TILE + 1024)
 
 /* Whether the kernel takes this shape and layout. */
 static inline bool fwg_fits(int C, int NH, const void *qkv)
@@ -89,16 +90,22 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
 {
   DT_DYNAMIC_SMEM(smem_f);
   const uint32_t s0 = DT_SMEM_ADDR(smem_f), pad = (1024u - s0 % 1024u) % 1024u;
-  char *qs = (char *)smem_f + pad, *ks = qs + 2 * FWG_TILE, *vs = ks + FWG_TILE;
-  const uint32_t sk = s0 + pad + 2 * FWG_TILE, sv = sk + FWG_TILE;
+  char *qs = (char *)smem_f + pad, *kv = qs + 2 * FWG_TILE; /* Q; K, V; K, V */
+  const uint32_t skv = s0 + pad + 2 * FWG_TILE;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
   const int b = blockIdx.z, h = blockIdx.y, bh = b * NH + h, hs = 64;
   const size_t C3 = 3 * (size_t)C;
   const uint16_t *base = qkv + (size_t)b * Tall * C3 + (size_t)h * hs;
   const int r0 = fmma_query_block_row(FWG_ROWS), rend = min(r0 + FWG_ROWS, Tq), kend = q0 + rend;
   const float sl2 = scale * FMMA_LOG2E;
+  /* key rows [j0, j0 + 64) of K and V into buffer buf */
+  auto load_kv = [&](int j0, int buf) {
+    char *t = kv + 2 * buf * FWG_TILE;
+    fwg_load<FWG_KROWS>(t, base + C, C3, j0, kend);
+    fwg_load<FWG_KROWS>(t + FWG_TILE, base + 2 * C, C3, j0, kend);
+  };
   fwg_load<FWG_ROWS>(qs, base + (size_t)q0 * C3, C3, r0, Tq);
-  fwg_load<FWG_KROWS>(ks, base + C, C3, 0, kend);
+  load_kv(0, 0);
   int row[4], qpos[4]; /* this thread's rows: 2 mt + i is row g + 8 i of its warp in tile mt */
 #pragma unroll
   for (int j = 0; j < 4; j++) {
@@ -116,9 +123,11 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
   fwg_tiles_ready();
   fwg_frag_a(qa[0], qs);
   fwg_frag_a(qa[1], qs + FWG_TILE);
-  for (int j0 = 0; j0 < kend; j0 += FWG_KROWS) {
-    fwg_tiles_ready(); /* K's tile in place; every thread done with the previous V's */
-    fwg_load<FWG_KROWS>(vs, base + 2 * C, C3, j0, kend);
+  for (int j0 = 0, buf = 0; j0 < kend; j0 += FWG_KROWS, buf ^= 1) {
+    fwg_tiles_ready(); /* this step's K and V in place; every thread done with the other buffer */
+    if (j0 + FWG_KROWS < kend)
+      load_kv(j0 + FWG_KROWS, buf ^ 1);
+    const uint32_t sk = skv + 2 * FWG_TILE * buf, sv = sk + FWG_TILE;
     /* Two products a row tile, in groups of their own, so that each softmax runs while the
      * tensor cores compute: S_1 = Q_1 K^T during S_0's softmax, P_0 V during S_1's. */
     float s[2][32];
@@ -155,12 +164,9 @@ __global__ static void __launch_bounds__(DT_WG_THREADS, 2)
     DT_WGMMA_WAIT(1); /* S_0 */
     DT_WGMMA_FENCE_ACC(s[0]);
     softmax(0);
-    DT_WGMMA_WAIT(0); /* S_1 */
-    DT_WGMMA_FENCE_ACC(s[1]);
-    fwg_tiles_ready(); /* V's tile in place; every thread done with K's */
-    if (j0 + FWG_KROWS < kend)
-      fwg_load<FWG_KROWS>(ks, base + C, C3, j0 + FWG_KROWS, kend);
     pv(0);
+    DT_WGMMA_WAIT(1); /* S_1 (P_0 V may still run) */
+    DT_WGMMA_FENCE_ACC(s[1]);
     softmax(1);
     pv(1);
     DT_WGMMA_WAIT(0);
