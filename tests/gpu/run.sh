@@ -48,7 +48,8 @@
 # bench_attention": the kernels against the CPU's, the trainer against the golden files, the
 # headline benchmark, the attention's share of it),
 # racecheck_flash follows the bundle's tests where it has test_cuda: the tensor-core flash
-# kernels' shared memory under compute-sanitizer's racecheck and synccheck
+# kernels' shared memory (mma.sync and wgmma) under compute-sanitizer's racecheck and synccheck
+# within 240 s
 # (tests/gpu/sanitize_flash.sh),
 # GPU_SANITIZE (1, the default: each failed test again under compute-sanitizer's memcheck, where
 # the machine has it and 60 s of the budget are left; 0: not),
@@ -541,7 +542,7 @@ cmd_run() {
       {
         cat "$B/MANIFEST"
         if grep -q '^test_cuda'$'\t' "$B/MANIFEST"; then
-          printf '%s\t77\t180\t@B@/build/tests/unit\t-\t%s\n' racecheck_flash \
+          printf '%s\t77\t240\t@B@/build/tests/unit\t-\t%s\n' racecheck_flash \
             "sh @B@/src/tests/gpu/sanitize_flash.sh @B@/build/tests/unit/test_cuda"
         fi
       } | awk -F '\t' -v re="${GPU_TESTS:-}" 're == "" || $1 ~ re'

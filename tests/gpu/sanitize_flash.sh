@@ -1,9 +1,10 @@
 #!/bin/sh
-# The tensor-core flash-attention kernels' shared-memory pipeline (kernels/cuda/flash_mma.cuh:
-# tiles copied by cp.async, waits and barriers) under compute-sanitizer's racecheck and
-# synccheck, through test_cuda's flash case alone (CK_RUN_CASE=flash: every head-size bucket,
-# context-parallel chunks), only the fmma_ kernels instrumented (the rest, such as the fp32
-# case of 65,600 heads, run at full speed). The emulation of
+# The tensor-core flash-attention kernels' shared-memory pipelines (kernels/cuda/flash_mma.cuh
+# and, on a GPU of compute capability 9.0, flash_wgmma.cuh: tiles copied by cp.async, waits
+# and barriers) under compute-sanitizer's racecheck and synccheck, through test_cuda's flash
+# case alone (CK_RUN_CASE=flash: every head-size bucket, context-parallel chunks, and the
+# wgmma kernels' test), one kernel family instrumented a run (fwg_, then fmma_: the rest, such
+# as the fp32 case of 65,600 heads, run at full speed). The emulation of
 # tests/emul/cuda_emul.h checks the same pipeline off the GPU, but not the hardware's memory
 # ordering. Run by tests/gpu/run.sh as the item racecheck_flash. Exit 77 (skipped) where the
 # machine has no compute-sanitizer, or test_cuda no GPU.
@@ -19,7 +20,10 @@ if [ -z "$san" ]; then
   echo "sanitize_flash: no compute-sanitizer here"
   exit 77
 fi
-for tool in racecheck synccheck; do
-  echo "== compute-sanitizer --tool $tool"
-  CK_RUN_CASE=flash "$san" --tool "$tool" --kernel-name kns=fmma_ --error-exitcode 1 "$test_cuda"
+for kernels in fwg_ fmma_; do
+  for tool in racecheck synccheck; do
+    echo "== compute-sanitizer --tool $tool, kernels $kernels*"
+    CK_RUN_CASE=flash "$san" --tool "$tool" --kernel-name "kns=$kernels" --error-exitcode 1 \
+      "$test_cuda"
+  done
 done
