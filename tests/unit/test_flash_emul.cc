@@ -404,6 +404,8 @@ START_TEST(test_flash_mma_kernels)
     check_mma<64>(1, 120, 128, 2, 2);       /* chunks of 60: the diagonal 3 keys into a tile */
     check_mma<32>(2, 40, 90, 3, 1);         /* hs 30, rows of 270 floats: the tiles' 4-byte loads */
     check_mma<64>(1, 130, 128, 2, 1, true); /* hs 64 off a 16-byte boundary: 4-byte loads too */
+    check_mma<64>(1, 1, 64, 1, 1);          /* hs 64, a single position: one key tile */
+    check_mma<64>(2, 256, 128, 2, 1);       /* hs 64, whole tiles: 4 key steps, both buffers */
   }
   dt_emul::g_cp_early = false;
 }
