@@ -128,8 +128,9 @@ inline bool g_cp_early; /* the copies land as they are issued instead (cp_async1
  * some time before the wait that covers it; the emulation does both at that wait, so a kernel
  * that reads D early or changes an operand tile before the wait gets wrong values (and one that
  * leaves out dt_wgmma_fence_acc after the wait dies: g_wgmma_unfenced). A from
- * registers is taken at the issue (the kernel must not change those registers before the wait
- * either; that is not checked). */
+ * registers is taken at the issue; the GPU may read those registers until the wait, so a thread
+ * whose registers (a_src) no longer hold what they held at the issue by then dies (changed, or
+ * gone out of scope and reused). */
 struct wgmma_op {
   float *d;
   float a[2][16]; /* A from registers: the rows g and g + 8 of the warp's 16 */
@@ -137,6 +138,8 @@ struct wgmma_op {
   uint64_t da, db;
   int scale_d;
   unsigned group;
+  const uint32_t *a_src; /* this thread's A registers, and what they held at the issue */
+  uint32_t a_issued[4];
 };
 inline std::vector<wgmma_op> g_wgmma[1024]; /* each thread's, in issue order */
 inline unsigned g_wgmma_groups[1024];       /* groups each thread committed */
@@ -472,8 +475,9 @@ inline float wgmma_elem(uint64_t desc, bool trans, int mn, int k)
 inline void wgmma_issue(float d[32], const uint32_t *a, uint64_t da, uint64_t db, int scale_d,
                         bool ta, bool tb)
 {
-  dt_emul::wgmma_op op = {d, {}, a != NULL, ta, tb, da, db, scale_d, 0};
+  dt_emul::wgmma_op op = {d, {}, a != NULL, ta, tb, da, db, scale_d, 0, a, {}};
   if (a) {
+    memcpy(op.a_issued, a, sizeof op.a_issued);
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int set = next_slots();
     memcpy(g_lane_a[set][w][lane], a, sizeof g_lane_a[set][w][lane]);
@@ -512,6 +516,8 @@ inline void wgmma_wait(unsigned n)
   size_t done = 0;
   for (; done < mine.size() && mine[done].group + n < committed; done++) {
     const dt_emul::wgmma_op &op = mine[done];
+    if (op.a_regs && memcmp(op.a_src, op.a_issued, sizeof op.a_issued) != 0)
+      dt_emul::die("wgmma: a product's A registers changed before the wait that covers it");
     for (int i = 0; i < 32; i++) {
       const int r = 16 * w + g + 8 * (i / 2 % 2), col = 8 * (i / 4) + 2 * c + i % 2;
       float acc = op.scale_d ? op.d[i] : 0.0f;
