@@ -120,10 +120,19 @@ struct cp_copy {                   /* a cp.async (cp_async16 below) */
   void *dst;
   const void *src;
   bool ok;
+  unsigned t;  /* the thread that issued it */
+  bool fenced; /* waited for, then published to the async proxy by t (fence_proxy_async) */
 };
 inline std::vector<cp_copy> g_cp_async[1024]; /* each thread's, not yet waited for */
 inline std::vector<cp_copy> g_cp_waited;      /* waited for, landing at the next block barrier */
 inline bool g_cp_early; /* the copies land as they are issued instead (cp_async16) */
+/* cp.async writes through the generic proxy and wgmma reads shared memory through the async
+ * proxy: on the GPU the writer must wait for its copies, then fence.proxy.async, and a barrier
+ * must follow before wgmma may read them. Per 16 bytes of the dynamic shared memory, 0 or 1 +
+ * the thread whose copy wrote them and has not published them since; a wgmma operand there dies
+ * (wgmma_elem). Plain stores to shared memory are not seen. */
+inline std::vector<uint16_t> g_async_owner;
+inline std::vector<size_t> g_unpublished[1024]; /* the chunks each thread's copies left so */
 /* A product issued and not yet waited for. The GPU reads the shared operands and writes D at
  * some time before the wait that covers it; the emulation does both at that wait, so a kernel
  * that reads D early or changes an operand tile before the wait gets wrong values (and one that
@@ -148,12 +157,21 @@ inline unsigned g_wgmma_groups[1024];       /* groups each thread committed */
  * read; a product issued on one, or the block's end, dies instead). */
 inline std::vector<float *> g_wgmma_unfenced[1024];
 
+inline size_t smem_chunk(const void *p)
+{
+  return (size_t)((const char *)p - (const char *)g_smem) / 16;
+}
+
 inline void cp_land(const cp_copy &c)
 {
   if (c.ok)
     memcpy(c.dst, c.src, 16);
   else
     memset(c.dst, 0, 16);
+  const size_t i = smem_chunk(c.dst);
+  g_async_owner[i] = c.fenced ? 0 : (uint16_t)(c.t + 1);
+  if (!c.fenced)
+    g_unpublished[c.t].push_back(i);
 }
 inline void (*g_trampoline)(void *);
 inline void *g_body;
@@ -465,6 +483,9 @@ inline float wgmma_elem(uint64_t desc, bool trans, int mn, int k)
   a ^= (a >> 7 & 7u) << 4;
   if (a < g_smem_base || a + 2 > g_smem_base + g_smem_bytes)
     dt_emul::die("wgmma: an operand element outside the dynamic shared memory");
+  if (dt_emul::g_async_owner[(a - g_smem_base) / 16])
+    dt_emul::die("wgmma: an operand in shared memory that cp.async wrote and its thread has not "
+                 "published to the async proxy (its wait, then fence.proxy.async, then a barrier)");
   uint16_t v;
   memcpy(&v, (const char *)g_smem + (a - g_smem_base), sizeof v);
   return bf16_value(v, 0);
@@ -551,7 +572,7 @@ inline void cp_async16(void *dst, const void *src, bool ok)
     dt_emul::die("cp.async: a destination outside the shared memory or not 16-byte aligned");
   if (ok && (uintptr_t)src % 16 != 0)
     dt_emul::die("cp.async: a source not 16-byte aligned");
-  const dt_emul::cp_copy c = {dst, src, ok};
+  const dt_emul::cp_copy c = {dst, src, ok, threadIdx.x, false};
   if (dt_emul::g_cp_early)
     dt_emul::cp_land(c);
   dt_emul::g_cp_async[threadIdx.x].push_back(c);
@@ -562,6 +583,29 @@ inline void cp_async_wait_all(void)
   std::vector<dt_emul::cp_copy> &mine = dt_emul::g_cp_async[threadIdx.x];
   dt_emul::g_cp_waited.insert(dt_emul::g_cp_waited.end(), mine.begin(), mine.end());
   mine.clear();
+}
+
+/* fence.proxy.async.shared::cta: this thread's copies that it has waited for are published to
+ * the async proxy (those still in flight are not). */
+inline void fence_proxy_async(void)
+{
+  const unsigned t = threadIdx.x;
+  for (dt_emul::cp_copy &c : dt_emul::g_cp_waited)
+    c.fenced = c.fenced || c.t == t;
+  const std::vector<dt_emul::cp_copy> &pending = dt_emul::g_cp_async[t];
+  std::vector<size_t> &mine = dt_emul::g_unpublished[t], keep;
+  for (size_t i : mine) {
+    if (dt_emul::g_async_owner[i] != t + 1)
+      continue; /* written again since */
+    bool in_flight = false;
+    for (const dt_emul::cp_copy &c : pending)
+      in_flight = in_flight || dt_emul::smem_chunk(c.dst) == i;
+    if (in_flight)
+      keep.push_back(i);
+    else
+      dt_emul::g_async_owner[i] = 0;
+  }
+  mine.swap(keep);
 }
 
 /* ---- Intrinsics: IEEE single operations, each rounded on its own (the suite is compiled with
@@ -633,7 +677,7 @@ using std::min;
 #define DT_WGMMA_COMMIT()                     wgmma_commit()
 #define DT_WGMMA_WAIT(n)                      wgmma_wait(n)
 #define DT_WGMMA_FENCE_ACC(d)                 wgmma_fence_acc(d)
-#define DT_FENCE_PROXY_ASYNC()                ((void)0)
+#define DT_FENCE_PROXY_ASYNC()                fence_proxy_async()
 
 /* Runs body once per thread of every block of grid, as kernel<<<grid, threads, smem>>>. */
 template <typename F> inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, F body)
@@ -653,6 +697,9 @@ template <typename F> inline void launch(dim3 grid, unsigned threads, size_t sme
         blockIdx = dim3(x, y, z);
         g_smem = (float *)malloc(smem_bytes ? smem_bytes : 1);
         g_smem_bytes = smem_bytes;
+        dt_emul::g_async_owner.assign(smem_bytes / 16 + 1, 0);
+        for (unsigned t = 0; t < threads; t++)
+          dt_emul::g_unpublished[t].clear();
         if (!g_smem)
           dt_emul::die("no memory for the dynamic shared memory");
         memset(g_smem, 0xff, smem_bytes); /* NaN as a float and as a bf16 */
