@@ -156,6 +156,19 @@ inline unsigned g_wgmma_groups[1024];       /* groups each thread committed */
  * GPU the compiler may move a use of them above the wait (the emulation cannot see a register
  * read; a product issued on one, or the block's end, dies instead). */
 inline std::vector<float *> g_wgmma_unfenced[1024];
+/* wgmma.fence: on the GPU a product whose registers (its accumulators, its A fragments) other
+ * instructions accessed since the thread's last wgmma.fence is undefined. Each thread's
+ * registers that its products used, with their values at its last fence, at their last issue or
+ * at the wait that last wrote them: a product whose registers no longer hold those values dies,
+ * and so does one before the thread's first fence. Reads by other instructions, which the rule
+ * covers too, are not seen. */
+struct wgmma_regs {
+  const void *p;
+  size_t bytes;
+  unsigned char seen[128];
+};
+inline std::vector<wgmma_regs> g_wgmma_regs[1024];
+inline unsigned g_wgmma_fences[1024];
 
 inline size_t smem_chunk(const void *p)
 {
@@ -271,6 +284,9 @@ inline void run_block(unsigned n)
   memset(g_at_warp, 0, sizeof g_at_warp);
   memset(g_exchanges, 0, sizeof g_exchanges);
   memset(g_wgmma_groups, 0, sizeof g_wgmma_groups);
+  memset(g_wgmma_fences, 0, sizeof g_wgmma_fences);
+  for (unsigned t = 0; t < n; t++)
+    g_wgmma_regs[t].clear();
   for (unsigned t = 0; t < n; t++)
     fiber_start(&g_fibers[t], g_stacks + (size_t)t * STACK_BYTES,
                 STACK_BYTES - STAGGER * (t % 113));
@@ -491,11 +507,50 @@ inline float wgmma_elem(uint64_t desc, bool trans, int mn, int k)
   return bf16_value(v, 0);
 }
 
+/* Registers p (bytes) as a product of this thread uses them: what wgmma_regs recorded of them,
+ * or now recorded. */
+inline void wgmma_regs_use(const void *p, size_t bytes)
+{
+  std::vector<dt_emul::wgmma_regs> &mine = dt_emul::g_wgmma_regs[threadIdx.x];
+  for (const dt_emul::wgmma_regs &r : mine)
+    if (r.p == p && r.bytes == bytes) {
+      if (memcmp(r.seen, p, bytes) != 0)
+        dt_emul::die("wgmma: a product's registers (accumulators or A) written by other "
+                     "instructions since the thread's last wgmma.fence (DT_WGMMA_FENCE)");
+      return;
+    }
+  mine.push_back({p, bytes, {}});
+  memcpy(mine.back().seen, p, bytes);
+}
+
+/* A byte copy that may read registers gone out of scope (the fence's record of every tile the
+ * thread's products used): only compared with them if they come back, so no sanitizer error. */
+__attribute__((noinline, no_sanitize_address)) inline void
+wgmma_regs_copy(unsigned char *to, const void *p, size_t bytes)
+{
+  const volatile unsigned char *q = (const volatile unsigned char *)p;
+  for (size_t i = 0; i < bytes; i++)
+    to[i] = q[i];
+}
+
+/* wgmma.fence: this thread's registers may be used by products as they now are. */
+inline void wgmma_fence(void)
+{
+  dt_emul::g_wgmma_fences[threadIdx.x]++;
+  for (dt_emul::wgmma_regs &r : dt_emul::g_wgmma_regs[threadIdx.x])
+    wgmma_regs_copy(r.seen, r.p, r.bytes);
+}
+
 /* wgmma.mma_async m64n64k16 bf16 -> f32 (a NULL: A from the descriptor da): queued. A warp's lanes
  * meet here when A comes from registers, to exchange their fragments. */
 inline void wgmma_issue(float d[32], const uint32_t *a, uint64_t da, uint64_t db, int scale_d,
                         bool ta, bool tb)
 {
+  if (dt_emul::g_wgmma_fences[threadIdx.x] == 0)
+    dt_emul::die("wgmma: a product before its thread's first wgmma.fence (DT_WGMMA_FENCE)");
+  wgmma_regs_use(d, 32 * sizeof *d);
+  if (a)
+    wgmma_regs_use(a, 4 * sizeof *a);
   dt_emul::wgmma_op op = {d, {}, a != NULL, ta, tb, da, db, scale_d, 0, a, {}};
   if (a) {
     memcpy(op.a_issued, a, sizeof op.a_issued);
@@ -547,6 +602,9 @@ inline void wgmma_wait(unsigned n)
                wgmma_elem(op.db, op.tb, col, k);
       op.d[i] = acc;
     }
+    for (dt_emul::wgmma_regs &r : dt_emul::g_wgmma_regs[threadIdx.x])
+      if (r.p == op.d)
+        memcpy(r.seen, op.d, r.bytes);
     std::vector<float *> &unfenced = dt_emul::g_wgmma_unfenced[threadIdx.x];
     if (std::find(unfenced.begin(), unfenced.end(), op.d) == unfenced.end())
       unfenced.push_back(op.d);
@@ -673,7 +731,7 @@ using std::min;
 #define DT_SMEM_ADDR(p)                       smem_addr(p)
 #define DT_WGMMA_SS(d, da, db, scale, ta, tb) wgmma_issue(d, NULL, da, db, scale, ta, tb)
 #define DT_WGMMA_RS(d, a, db, scale, tb)      wgmma_issue(d, a, 0, db, scale, false, tb)
-#define DT_WGMMA_FENCE()                      ((void)0)
+#define DT_WGMMA_FENCE()                      wgmma_fence()
 #define DT_WGMMA_COMMIT()                     wgmma_commit()
 #define DT_WGMMA_WAIT(n)                      wgmma_wait(n)
 #define DT_WGMMA_FENCE_ACC(d)                 wgmma_fence_acc(d)
