@@ -169,6 +169,23 @@ struct wgmma_regs {
 };
 inline std::vector<wgmma_regs> g_wgmma_regs[1024];
 inline unsigned g_wgmma_fences[1024];
+/* The wgmma instructions are .sync.aligned: every thread of a warpgroup executes the same ones
+ * with the same operands. Each warpgroup's sequence of them (kind: 0 fence, 1 product, 2
+ * commit, 3 wait; the product's descriptors, modes and scale-d; the wait's count), as its first
+ * thread to get there executed them, and how far each thread has come: a thread whose i-th
+ * differs dies, and so does a block whose threads of a warpgroup end at different counts. */
+struct wgmma_step {
+  int kind, scale_d, n;
+  bool a_regs, ta, tb;
+  uint64_t da, db;
+  bool operator==(const wgmma_step &o) const
+  {
+    return kind == o.kind && scale_d == o.scale_d && n == o.n && a_regs == o.a_regs && ta == o.ta &&
+           tb == o.tb && da == o.da && db == o.db;
+  }
+};
+inline std::vector<wgmma_step> g_wgmma_steps[8];
+inline size_t g_wgmma_stepped[1024];
 
 inline size_t smem_chunk(const void *p)
 {
@@ -285,6 +302,9 @@ inline void run_block(unsigned n)
   memset(g_exchanges, 0, sizeof g_exchanges);
   memset(g_wgmma_groups, 0, sizeof g_wgmma_groups);
   memset(g_wgmma_fences, 0, sizeof g_wgmma_fences);
+  memset(g_wgmma_stepped, 0, sizeof g_wgmma_stepped);
+  for (std::vector<wgmma_step> &v : g_wgmma_steps)
+    v.clear();
   for (unsigned t = 0; t < n; t++)
     g_wgmma_regs[t].clear();
   for (unsigned t = 0; t < n; t++)
@@ -333,6 +353,8 @@ inline void run_block(unsigned n)
     if (!g_cp_async[t].empty())
       die("a thread returned with cp.async copies it never waited for");
   for (unsigned t = 0; t < n; t++) {
+    if (g_wgmma_stepped[t] != g_wgmma_stepped[t / 128 * 128])
+      die("the threads of a warpgroup executed different numbers of wgmma instructions");
     if (!g_wgmma[t].empty()) {
       g_wgmma[t].clear();
       die("a thread returned with wgmma products it never waited for");
@@ -533,9 +555,22 @@ wgmma_regs_copy(unsigned char *to, const void *p, size_t bytes)
     to[i] = q[i];
 }
 
+/* This thread's next wgmma instruction: the one its warpgroup's other threads executed there. */
+inline void wgmma_aligned(const dt_emul::wgmma_step &e)
+{
+  std::vector<dt_emul::wgmma_step> &v = dt_emul::g_wgmma_steps[threadIdx.x / 128];
+  const size_t i = dt_emul::g_wgmma_stepped[threadIdx.x]++;
+  if (i == v.size())
+    v.push_back(e);
+  else if (!(v[i] == e))
+    dt_emul::die("wgmma: the threads of a warpgroup disagree on an instruction (.sync.aligned: "
+                 "each executes the same ones with the same operands)");
+}
+
 /* wgmma.fence: this thread's registers may be used by products as they now are. */
 inline void wgmma_fence(void)
 {
+  wgmma_aligned({0, 0, 0, false, false, false, 0, 0});
   dt_emul::g_wgmma_fences[threadIdx.x]++;
   for (dt_emul::wgmma_regs &r : dt_emul::g_wgmma_regs[threadIdx.x])
     wgmma_regs_copy(r.seen, r.p, r.bytes);
@@ -546,6 +581,7 @@ inline void wgmma_fence(void)
 inline void wgmma_issue(float d[32], const uint32_t *a, uint64_t da, uint64_t db, int scale_d,
                         bool ta, bool tb)
 {
+  wgmma_aligned({1, scale_d != 0, 0, a != NULL, ta, tb, da, db});
   if (dt_emul::g_wgmma_fences[threadIdx.x] == 0)
     dt_emul::die("wgmma: a product before its thread's first wgmma.fence (DT_WGMMA_FENCE)");
   wgmma_regs_use(d, 32 * sizeof *d);
@@ -579,6 +615,7 @@ inline void wgmma_fence_acc(float *d)
 
 inline void wgmma_commit(void)
 {
+  wgmma_aligned({2, 0, 0, false, false, false, 0, 0});
   dt_emul::g_wgmma_groups[threadIdx.x]++;
 }
 
@@ -586,6 +623,7 @@ inline void wgmma_commit(void)
  * order, each thread computing its own 32 elements of D in fp32. */
 inline void wgmma_wait(unsigned n)
 {
+  wgmma_aligned({3, 0, (int)n, false, false, false, 0, 0});
   std::vector<dt_emul::wgmma_op> &mine = dt_emul::g_wgmma[threadIdx.x];
   const unsigned committed = dt_emul::g_wgmma_groups[threadIdx.x];
   const int w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
