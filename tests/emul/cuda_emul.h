@@ -132,7 +132,7 @@ inline bool g_cp_early; /* the copies land as they are issued instead (cp_async1
  * the thread whose copy wrote them and has not published them since; a wgmma operand there dies
  * (wgmma_elem). Plain stores to shared memory are not seen. */
 inline std::vector<uint16_t> g_async_owner;
-inline std::vector<size_t> g_unpublished[1024]; /* the chunks each thread's copies left so */
+inline std::vector<size_t> g_unpublished[1024]; /* each thread's copies' chunks not yet published */
 /* A product issued and not yet waited for. The GPU reads the shared operands and writes D at
  * some time before the wait that covers it; the emulation does both at that wait, so a kernel
  * that reads D early or changes an operand tile before the wait gets wrong values (and one that
