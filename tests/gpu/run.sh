@@ -40,7 +40,7 @@
 # within 180 s (and, where ncu is installed, their Nsight Compute report beside RESULTS:
 # ncu_attention.txt), and tests/bench/bench_pipeline.py for p = 4 stages on the machine's CPU
 # cores (p = 2 needs only the 2 cores of the machines that build), skipped where fewer than 4,
-# within GPU_BENCH_TIMEOUT),
+# a row whose stages are more than 3% apart run twice (--repeat 2), within GPU_BENCH_TIMEOUT),
 # GPU_BUDGET (seconds for the whole run, 0 or unset: none; with it no item starts once fewer
 # than GPU_MIN_LEFT seconds, default 30, are left, each is listed NOT RUN instead, and an item's
 # timeout is cut to what is left), GPU_FIRST (the names run first, in this order, before the
@@ -557,7 +557,7 @@ cmd_run() {
       printf '%s\t77\t180\t@B@/src\t-\t%s\n' bench_attention \
         "python3 @B@/src/tests/bench/bench_attention.py --build @B@/build --ncu $(printf %q "$resdir/ncu_attention.txt")"
       printf '%s\t77\t%s\t@B@/src\t-\t%s\n' bench_pipeline "${GPU_BENCH_TIMEOUT:-420}" \
-        "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 4 --require-cores 4"
+        "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 4 --require-cores 4 --repeat 2"
     fi
   } | awk -F '\t' -v first="${GPU_FIRST-test_cuda test_golden_cuda bench_gpu_gpt2-124m bench_attention}" '
     BEGIN { n = split(first, f, " "); for (i = 1; i <= n; i++) rank[f[i]] = i }
