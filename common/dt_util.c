@@ -1,4 +1,5 @@
 /* dt_util.c — see dt_util.h. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "dt_util.h"
 
 #include <ctype.h>
@@ -7,6 +8,8 @@
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -340,4 +343,23 @@ void dt_utf8_sanitize(char *s)
       s[i] = '?';
     i += k > 0 ? (size_t)k : 1;
   }
+}
+
+static atomic_int g_compute_threads = 1;
+
+void dt_set_compute_threads(int n)
+{
+  atomic_store(&g_compute_threads, n > 0 ? n : 1);
+}
+
+int dt_cpu_spare(void)
+{
+  cpu_set_t set;
+  const long cpus =
+      sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+  const char *ranks = getenv("LOCAL_WORLD_SIZE");
+  if (!ranks || !*ranks)
+    ranks = getenv("WORLD_SIZE");
+  const long local = ranks ? strtol(ranks, NULL, 10) : 1;
+  return cpus > (long)atomic_load(&g_compute_threads) * (local > 0 ? local : 1);
 }

@@ -28,11 +28,9 @@
 #include "dp.h"
 
 #include <math.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "dt_log.h"
 #include "dt_param.h"
@@ -54,14 +52,7 @@ static int want_overlap(int zero_stage, const dt_device_t *dev)
   int64_t mode = dt_param_DpOverlap();
   if (mode >= 0)
     return mode != 0;
-  if (zero_stage >= 2 || !dev->host)
-    return 1;
-  const char *lws = getenv("LOCAL_WORLD_SIZE");
-  if (!lws)
-    lws = getenv("WORLD_SIZE");
-  long local = lws ? strtol(lws, NULL, 10) : 1;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return cores > (long)omp_get_max_threads() * (local > 0 ? local : 1);
+  return zero_stage >= 2 || !dev->host || dt_cpu_spare();
 }
 
 /* Working-buffer slots: fixed ones for the embeddings and the final LayerNorm, two for layers. */
