@@ -345,21 +345,42 @@ void dt_utf8_sanitize(char *s)
   }
 }
 
-static atomic_int g_compute_threads = 1;
+static atomic_int g_compute_threads = 1, g_compute_overlap = 0;
 
-void dt_set_compute_threads(int n)
+void dt_set_compute(int threads, int overlap)
 {
-  atomic_store(&g_compute_threads, n > 0 ? n : 1);
+  atomic_store(&g_compute_threads, threads > 0 ? threads : 1);
+  atomic_store(&g_compute_overlap, overlap != 0);
+}
+
+/* A positive count from the environment variable name, else 0. */
+static long env_count(const char *name)
+{
+  const char *v = getenv(name);
+  const long n = v && *v ? strtol(v, NULL, 10) : 0;
+  return n > 0 ? n : 0;
+}
+
+static long affinity_cpus(void)
+{
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                     : sysconf(_SC_NPROCESSORS_ONLN);
 }
 
 int dt_cpu_spare(void)
 {
-  cpu_set_t set;
-  const long cpus =
-      sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
-  const char *ranks = getenv("LOCAL_WORLD_SIZE");
-  if (!ranks || !*ranks)
-    ranks = getenv("WORLD_SIZE");
-  const long local = ranks ? strtol(ranks, NULL, 10) : 1;
-  return cpus > (long)atomic_load(&g_compute_threads) * (local > 0 ? local : 1);
+  long local = env_count("LOCAL_WORLD_SIZE");
+  if (!local)
+    local = env_count("WORLD_SIZE");
+  return affinity_cpus() > (long)atomic_load(&g_compute_threads) * (local ? local : 1);
+}
+
+int dt_io_yields(void)
+{
+  if (affinity_cpus() == 1)
+    return 1;
+  const long local = env_count("LOCAL_WORLD_SIZE"), world = env_count("WORLD_SIZE");
+  const int other_nodes = local && world > local;
+  return !dt_cpu_spare() && !(atomic_load(&g_compute_overlap) && other_nodes);
 }

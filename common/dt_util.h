@@ -80,15 +80,22 @@ int dt_parse_int_flag(const char *prog, const char *flag, const char *s, int64_t
  * ("true", "yes") is refused instead of passing for 0. */
 int dt_env_switch(const char *name, int *on);
 
-/* The threads this process computes with: its OpenMP threads on a CPU device, 1 where a GPU
- * computes and its thread only queues work. The trainer sets it once its device is open, before
- * it communicates; 1 until then. */
-void dt_set_compute_threads(int n);
+/* How this process computes, as the trainer sets it once its device is open, before it
+ * communicates: the threads computing (its OpenMP threads on a CPU device, 1 where a GPU computes
+ * and its thread only queues work), and whether collectives run on a thread of their own
+ * meanwhile (the data-parallel comm thread, dt_dp_overlapped). 1 and 0 until set. */
+void dt_set_compute(int threads, int overlap);
 /* Whether this node has a CPU to spare beyond the compute threads of its ranks: the CPUs this
  * process may run on (its affinity) outnumber its compute threads times the node's ranks
  * (LOCAL_WORLD_SIZE, else WORLD_SIZE, else 1), each taken to compute with as many. Where none is
  * spare, a helper thread (a comm thread, the CPU communicator's I/O thread) takes its CPU time
  * from a compute thread. */
 int dt_cpu_spare(void);
+/* Whether the thread that moves this process's messages (the CPU communicator's I/O thread)
+ * should yield every CPU to compute (the idle scheduling class): where the process may run on one
+ * CPU, or where no CPU is spare, unless collectives overlap compute (dt_set_compute) with ranks on
+ * other nodes (LOCAL_WORLD_SIZE below WORLD_SIZE), whose messages it must move while every CPU
+ * computes. */
+int dt_io_yields(void);
 
 #endif

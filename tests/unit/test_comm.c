@@ -1442,11 +1442,12 @@ static int idle_threads_of_a_comm(void)
   return added;
 }
 
-/* Gloo's event-loop thread is in the idle class where the node has no CPU to spare beyond its
- * ranks' compute threads (as a normal thread there it preempts the thread holding a lock it needs
- * and spins: see gloo_backend.cc): the process may run on one CPU only, or its compute threads
- * (dt_set_compute_threads) times the node's ranks (LOCAL_WORLD_SIZE, else WORLD_SIZE) cover its
- * CPUs; a normal thread otherwise. DISTRAIN_COMM_CPU_IDLE_IO=1|0 decides instead. */
+/* Gloo's event-loop thread is in the idle class (dt_io_yields; as a normal thread there it
+ * preempts the thread holding a lock it needs and spins: see gloo_backend.cc) where the process
+ * may run on one CPU only, or where the node has no CPU to spare beyond its ranks' compute
+ * threads (dt_set_compute's threads x LOCAL_WORLD_SIZE, else WORLD_SIZE, cover its CPUs) unless
+ * collectives overlap compute with ranks on other nodes; a normal thread otherwise.
+ * DISTRAIN_COMM_CPU_IDLE_IO=1|0 decides instead. */
 START_TEST(test_io_thread_class)
 {
   cpu_set_t all, one;
@@ -1473,11 +1474,16 @@ START_TEST(test_io_thread_class)
   snprintf(ranks, sizeof ranks, "%d", CPU_COUNT(&all));
   setenv("WORLD_SIZE", ranks, 1); /* as many one-thread ranks as CPUs */
   ck_assert_int_eq(idle_threads_of_a_comm(), 1);
-  setenv("LOCAL_WORLD_SIZE", "1", 1); /* ... but one of them on this node */
-  ck_assert_int_eq(idle_threads_of_a_comm(), 0);
-  dt_set_compute_threads(CPU_COUNT(&all)); /* whose threads take every CPU */
+  dt_set_compute(1, 1); /* overlapping collectives, but all ranks on this node */
   ck_assert_int_eq(idle_threads_of_a_comm(), 1);
-  dt_set_compute_threads(1);
+  setenv("LOCAL_WORLD_SIZE", "1", 1); /* one rank on this node: a CPU to spare */
+  dt_set_compute(1, 0);
+  ck_assert_int_eq(idle_threads_of_a_comm(), 0);
+  dt_set_compute(CPU_COUNT(&all), 0); /* whose threads take every CPU */
+  ck_assert_int_eq(idle_threads_of_a_comm(), 1);
+  dt_set_compute(CPU_COUNT(&all), 1); /* ... and whose collectives overlap across nodes */
+  ck_assert_int_eq(idle_threads_of_a_comm(), 0);
+  dt_set_compute(1, 0);
   unsetenv("LOCAL_WORLD_SIZE");
   unsetenv("WORLD_SIZE");
 }

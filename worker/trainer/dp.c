@@ -47,8 +47,10 @@
  * round 6% slower): its one all-reduce per unit has little to hide behind on a busy core. */
 DT_PARAM(DpOverlap, "DP_OVERLAP", -1)
 
-static int want_overlap(int zero_stage, const dt_device_t *dev)
+int dt_dp_overlapped(int world, int zero_stage, const dt_device_t *dev)
 {
+  if (world < 2)
+    return 0;
   int64_t mode = dt_param_DpOverlap();
   if (mode >= 0)
     return mode != 0;
@@ -679,7 +681,7 @@ int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt
     if (!dp->m_shard || !dp->v_shard)
       goto fail;
   }
-  int overlap = collective(dp) && want_overlap(zero_stage, dp->dev);
+  int overlap = collective(dp) && dt_dp_overlapped(dp->world, zero_stage, dp->dev);
   if (collective(dp) && dp->rank == 0)
     DT_INFO(TRAIN, "data parallel: %d ranks, ZeRO-%d, collectives %s (DISTRAIN_DP_OVERLAP=%lld)",
             dp->world, zero_stage, overlap ? "on a comm thread, overlapped" : "in place",

@@ -51,6 +51,9 @@ typedef struct {
 int dt_dp_create(dt_dp_t **out, dt_gpt2_t *m, dt_comm_t *comm, dt_comm_t *mp, dt_comm_t *emb,
                  int zero_stage);
 void dt_dp_destroy(dt_dp_t *dp);
+/* Whether world data-parallel ranks of ZeRO stage zero_stage on dev run their collectives on
+ * the comm thread (DISTRAIN_DP_OVERLAP above), as dt_dp_create will decide. */
+int dt_dp_overlapped(int world, int zero_stage, const dt_device_t *dev);
 
 /* With the comm thread, makes every operation this process starts on `other` (a model-parallel
  * group of the compute thread: tp, cp, pp, ...) first wait until the data-parallel collectives

@@ -991,7 +991,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   }
   DT_CHECK(dt_train_device_open(o->device, &t->dev));
   t->opened = t->dev;
-  dt_set_compute_threads(t->dev->host ? omp_get_max_threads() : 1);
+  dt_set_compute(t->dev->host ? omp_get_max_threads() : 1,
+                 dt_dp_overlapped(mesh.dp, o->zero_stage, t->dev));
   if (o->profile_from > 0) {
     if (o->profile_from > o->steps) {
       DT_ERROR(TRAIN, "--profile (or DISTRAIN_PROFILE) from step %d: the run has %d steps",
