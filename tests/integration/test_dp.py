@@ -10,6 +10,8 @@ and data, and checks:
     formula (16P, 8P + 8P/N, 4P + 12P/N, 16P/N) within 5%;
   * embeddings bigger than a layer, as in GPT-2 (ZeRO moves them a tensor at a time): dp=3
     under ZeRO-1/2/3, and pp=2 x dp=3 under ZeRO-2, give the single-process losses and weights;
+  * the validation loss covers the same sequences however the global batch is split (one
+    process with or without accumulation, dp=2 with it): equal within 1e-6;
   * a checkpoint written by dp=4 (ZeRO-1 shards) resumes on dp=3 (ZeRO-2) and continues the
     single-process trajectory;
   * a peer that never arrives: rank 0 fails within the timeout and names the missing rank;
@@ -189,6 +191,32 @@ class DataParallel(unittest.TestCase):
                     got, _ = self.run_dp(world, zero, accum, overlap=1)
                     self.assert_close(ref, got, "comm thread: dp=%d zero=%d accum=%d"
                                       % (world, zero, accum))
+
+    def test_validation_whatever_the_split(self):
+        """val_batches counts global batches: 3 of 8 sequences, whether one process reads them
+        whole or in 4 micro-batches of 2, or 2 ranks in 2 micro-batches of 2 each (it once
+        counted micro-batches, so these evaluated 24, 6 and 12 sequences)."""
+        val = ["--val", os.path.join(GOLDEN, "tiny_train.bin"), "--val-every", "2",
+               "--val-batches", "3"]
+
+        def run(world, batch, accum):
+            tag = "val_w%d_b%d_k%d" % (world, batch, accum)
+            m = os.path.join(self.tmp, tag + ".jsonl")
+            procs = launch(world, lambda r: base_args(batch, accum, m, steps=2) + val,
+                           os.path.join(self.tmp, "kv_" + tag))
+            assert_ranks_ok(wait_all(procs), tag)
+            with open(m) as f:
+                got = [(j["step"], j["val_loss"]) for j in map(json.loads, f) if "val_loss" in j]
+            self.assertEqual([step for step, _ in got], [0, 2], tag)
+            return got
+
+        ref = run(1, 8, 1)
+        for world, batch, accum in ((1, 2, 4), (2, 2, 2)):
+            for (step, want), (_, got) in zip(ref, run(world, batch, accum)):
+                self.assertLess(abs(got - want) / want, 1e-6,
+                                "dp=%d batch %d accum %d, step %d: validation loss %.9g, one "
+                                "process without accumulation %.9g" % (world, batch, accum, step,
+                                                                       got, want))
 
     def test_embeddings_bigger_than_a_layer(self):
         """In GPT-2 the embeddings (wte 38.6M floats) outweigh a layer (7.1M), so ZeRO moves

@@ -302,13 +302,15 @@ static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
   return chunks_of(t, batch, t->o->batch, t->o->seq, dst);
 }
 
-/* Mean validation loss over the first batches of the validation set; each data-parallel rank
- * takes its slice of every window and the result is averaged over the ranks. */
+/* Mean validation loss over the first val_batches global batches of the validation set (its
+ * windows, as training's: batch x dp x accum sequences), so that the same sequences count
+ * whatever the layout; each data-parallel rank reads its slice of every window in accum
+ * micro-batches of equal size, and the result is averaged over the ranks. */
 static int evaluate(trainer_t *t, float *out)
 {
   dt_dataloader_t *val = &t->val;
   int64_t avail = dt_dataloader_epoch_windows(val);
-  int n = t->o->val_batches < avail ? t->o->val_batches : (int)avail;
+  int n = (t->o->val_batches < avail ? t->o->val_batches : (int)avail) * t->o->grad_accum;
   double acc = 0.0;
   DT_CHECK(dt_dataloader_reset(val));
   for (int i = 0; i < n; i++) {
@@ -1054,9 +1056,9 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   /* Each data-parallel rank reads its slice of every global window; tp peers read the same. */
   DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                               o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
-  if (o->val_pattern)
-    DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize, 1,
-                                t->cfg.vocab, 0, 0));
+  if (o->val_pattern) /* windows of the global batch, as training's: see evaluate */
+    DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
+                                o->grad_accum, t->cfg.vocab, 0, 0));
   if (o->ckpt_dir)
     DT_CHECK(
         prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL, dt_link_has_coordinator(o->link)));
