@@ -993,8 +993,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   }
   DT_CHECK(dt_train_device_open(o->device, &t->dev));
   t->opened = t->dev;
-  dt_set_compute(t->dev->host ? omp_get_max_threads() : 1,
-                 dt_dp_overlapped(mesh.dp, o->zero_stage, t->dev));
+  dt_set_compute(t->dev->host ? omp_get_max_threads() : 1, /* ZeRO's group: dp x cp */
+                 dt_dp_overlapped(mesh.dp * mesh.cp, o->zero_stage, t->dev));
   if (o->profile_from > 0) {
     if (o->profile_from > o->steps) {
       DT_ERROR(TRAIN, "--profile (or DISTRAIN_PROFILE) from step %d: the run has %d steps",
