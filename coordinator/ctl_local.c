@@ -2,8 +2,9 @@
  *
  * Starts a distrain-coordinator and N distrain-worker agents (the binaries installed beside
  * distrainctl, or found in the build tree) on loopback, with a fresh state directory and a
- * random token under the run directory, submits the job, follows it to the end, then stops the
- * agents (which stop their trainers) and the coordinator. Ctrl-C stops the job first. Run
+ * random token under the run directory, submits the job once every agent has registered,
+ * follows it to the end, then stops the agents (which stop their trainers) and the coordinator.
+ * Ctrl-C stops the job first; the daemons die with distrainctl however it exits. Run
  * layout: <run_dir>/{token,coordinator.log,state/,node-<i>/{agent.log,<job>/rank-<r>.log}}.
  *
  * Devices: every node offers devices_per_node devices. A job on the CPU (training.device cpu,
@@ -17,10 +18,10 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,8 +32,6 @@
 #ifdef DT_HAVE_CUDA
 #include "probe.h"
 #endif
-
-extern char **environ;
 
 static volatile sig_atomic_t g_interrupted;
 
@@ -61,19 +60,47 @@ static int find_binary(const char *name, const char *build_subdir, char *out, si
   return DT_ENOENT;
 }
 
-/* Starts argv with stdout/stderr appended to log; returns the pid or -1. */
+/* Starts argv with stdout/stderr appended to log and stdin from /dev/null; returns the pid or
+ * -1. The child gets SIGTERM when distrainctl exits, however it exits (killed, its output pipe
+ * closed, its terminal gone), so a local cluster never outlives the command that started it:
+ * the agents then stop their trainers. fork rather than posix_spawn for that prctl; the child
+ * makes only async-signal-safe calls before exec, and an exec failure comes back as its errno
+ * through a close-on-exec pipe. */
 static pid_t spawn_logged(char *const argv[], const char *log)
 {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  pid_t pid;
-  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) {
-    fprintf(stderr, "distrainctl: cannot start %s: %s\n", argv[0], strerror(rc));
+  const pid_t parent = getpid();
+  int fds[2];
+  if (pipe(fds) != 0) {
+    fprintf(stderr, "distrainctl: cannot start %s: %s\n", argv[0], strerror(errno));
+    return -1;
+  }
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+      _exit(127); /* distrainctl is already gone */
+    const int out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (out >= 0 && in >= 0 && dup2(out, 1) == 1 && dup2(out, 2) == 2 && dup2(in, 0) == 0)
+      execv(argv[0], argv);
+    const int err = errno;
+    (void)!write(fds[1], &err, sizeof err);
+    _exit(127);
+  }
+  const int fork_err = errno;
+  close(fds[1]);
+  int err = 0;
+  ssize_t n;
+  while ((n = read(fds[0], &err, sizeof err)) < 0 && errno == EINTR)
+    ;
+  close(fds[0]);
+  if (pid < 0 || n == (ssize_t)sizeof err) {
+    fprintf(stderr, "distrainctl: cannot start %s: %s\n", argv[0],
+            strerror(pid < 0 ? fork_err : err));
+    if (pid > 0)
+      waitpid(pid, NULL, 0);
     return -1;
   }
   return pid;
@@ -167,6 +194,22 @@ static int check_fits(const dt_ctl_local_t *l, const Distrain__V1__JobSpec *spec
     const int dp = dt_jobspec_place(spec, 1, spec->parallel->dp, devs, n, &pl, why, sizeof why);
     dt_placement_free(&pl);
     free(devs);
+    if (dp > 0 && dp < spec->parallel->dp) {
+      /* Elastic: the job runs, with the same losses, on fewer data-parallel ranks than it
+       * asked for. Said, since it is not what the job spec says. */
+      fprintf(stderr, "distrainctl: the job asks for dp %d but runs at dp %d: ", spec->parallel->dp,
+              dp);
+      if (n < l->nodes)
+        fprintf(stderr,
+                "elastic.max_nodes %d lets it use %d of the %d nodes (--set "
+                "elastic.max_nodes=%d lets it use all)\n",
+                el->max_nodes, n, l->nodes, l->nodes);
+      else
+        fprintf(stderr,
+                "that is what %d node%s of %d device%s hold%s (--nodes, --devices-per-node)\n", n,
+                n == 1 ? "" : "s", l->devices_per_node, l->devices_per_node == 1 ? "" : "s",
+                n == 1 ? "s" : "");
+    }
     if (dp > 0)
       return 0;
   }
@@ -205,6 +248,40 @@ static void print_sample(const char *dir, int nodes, const char *job_id)
     if (found)
       return;
   }
+}
+
+/* Waits until every agent has registered. The coordinator places a job on the nodes it has
+ * when the job arrives (elastic.min_nodes, default 1), so a job submitted while the last agents
+ * were still starting would run on fewer nodes than the cluster has, at a smaller dp, and grow
+ * only at its first checkpoint. */
+static int wait_agents(dt_rpc_client_t *c, const dt_ctl_local_t *l, pid_t *agents, const char *dir)
+{
+  const int timeout_ms = 30000;
+  size_t registered = 0;
+  for (int waited = 0; waited < timeout_ms; waited += 50) {
+    Distrain__V1__ListNodesRequest req = DISTRAIN__V1__LIST_NODES_REQUEST__INIT;
+    ProtobufCMessage *resp;
+    char err[256];
+    if (dt_rpc_client_call(c, "ListNodes", &req.base, &resp, 5000, 0, err, sizeof err) == 0) {
+      registered = ((Distrain__V1__ListNodesResponse *)resp)->n_nodes;
+      protobuf_c_message_free_unpacked(resp, NULL);
+      if (registered >= (size_t)l->nodes)
+        return 0;
+    }
+    for (int i = 0; i < l->nodes; i++)
+      if (waitpid(agents[i], NULL, WNOHANG) == agents[i]) {
+        agents[i] = -1; /* reaped */
+        fprintf(
+            stderr,
+            "distrainctl: the agent of node %d exited while starting; see %s/node-%d/agent.log\n",
+            i, dir, i);
+        return DT_EREMOTE;
+      }
+    usleep(50000);
+  }
+  fprintf(stderr, "distrainctl: %zu of %d agents registered within %d s; see %s/node-*/agent.log\n",
+          registered, l->nodes, timeout_ms / 1000, dir);
+  return DT_ETIMEDOUT;
 }
 
 static void stop_job(dt_rpc_client_t *c, const char *job_id)
@@ -309,6 +386,7 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
   o->coordinator = addr;
   o->token_file = token_path;
   DT_CHECK_GOTO(dt_ctl_connect(o, &client), ret, out);
+  DT_CHECK_GOTO(wait_agents(client, l, agents, dir), ret, out);
   char job_id[64];
   DT_CHECK_GOTO(dt_ctl_submit(client, spec, job_id, sizeof job_id), ret, out);
   fprintf(stderr, "distrainctl: submitted %s; trainer logs in %s/node-*/%s/\n", job_id, dir,

@@ -938,8 +938,11 @@ class T3_RunLocal(ClusterTest):
         """Ctrl-C in the terminal (SIGINT to distrainctl's whole process group, the local
         coordinator, agents and trainers included), and SIGTERM to distrainctl alone (a
         supervisor stopping it): either way distrainctl stops the job, takes its daemons down,
-        says so and exits 1 within seconds, and nothing it started is left running."""
-        for how in ("SIGINT to the group", "SIGTERM to distrainctl"):
+        says so and exits 1 within seconds, and nothing it started is left running. Nor when
+        distrainctl is killed outright (SIGKILL; a `| head` that closed its pipe, a closed
+        terminal): its daemons get SIGTERM as it dies (before, they ran on without it, the
+        trainers training to the end, and the coordinator and agents forever)."""
+        for how in ("SIGINT to the group", "SIGTERM to distrainctl", "SIGKILL to distrainctl"):
             with self.subTest(how):
                 tag = how.split()[0].lower()
                 run_dir = os.path.join(self.tmp, "run_" + tag)
@@ -947,6 +950,11 @@ class T3_RunLocal(ClusterTest):
                 with open(job, "w") as f:  # far longer than the test waits
                     f.write(job_yaml(os.path.join(self.tmp, "ckpt_" + tag), 100000, every=0,
                                      val_every=0))
+
+                def left():  # trainers work in the run directory; the daemons name it
+                    return procs_under(run_dir) + [
+                        pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                        if run_dir in cmdline(pid) and proc_alive(pid)]
                 p = subprocess.Popen([binary("coordinator", "distrainctl"), "run", "--local",
                                       "--nodes", "2", "--run-dir", run_dir, job],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -959,19 +967,29 @@ class T3_RunLocal(ClusterTest):
                     if tag == "sigint":
                         os.killpg(p.pid, signal.SIGINT)
                     else:
-                        p.send_signal(signal.SIGTERM)
+                        p.send_signal(getattr(signal, tag.upper()))
                     _, err = p.communicate(timeout=30)
+                    if tag == "sigkill":  # nobody waits for the daemons: they stop on their own
+                        wait_until(lambda: not left(), 20, "distrainctl's daemons to stop")
                 finally:
                     if p.poll() is None:
                         os.killpg(p.pid, signal.SIGKILL)
                         p.wait()
+                    remaining = left()
+                    for pid in remaining:  # killed, so that the next case can run
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                 sys.stderr.write("[%s: exited in %.1f s] " % (how, time.time() - t0))
-                self.assertEqual(p.returncode, 1, err[-2000:])
-                self.assertIn("distrainctl: interrupted: stopping job-1", err)
-                # trainers work in the run directory; the daemons name it on their command line
-                daemons = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                           if run_dir in cmdline(pid) and proc_alive(pid)]
-                self.assertEqual(procs_under(run_dir) + daemons, [])
+                if tag == "sigkill":
+                    self.assertEqual(p.returncode, -signal.SIGKILL, err[-2000:])
+                    self.assertIn("signal 15: stopping trainers and exiting",
+                                  tail(os.path.join(run_dir, "node-0", "agent.log")))
+                else:
+                    self.assertEqual(p.returncode, 1, err[-2000:])
+                    self.assertIn("distrainctl: interrupted: stopping job-1", err)
+                self.assertEqual(remaining, [])
 
     def test_two_rank_job_on_three_agents(self):
         """A dp=2 (ZeRO-1) job on 3 agents of 1 device: 2 nodes take a rank each, the
@@ -1096,6 +1114,38 @@ class T3_RunLocal(ClusterTest):
             self.assertIn("distrainctl: this local cluster can never run the job: " + why, r.stderr)
             self.assertFalse(os.path.exists(run_dir), "a run directory was created")
             self.assertEqual(procs_under(self.tmp), [])
+
+    def test_job_starts_on_every_agent(self):
+        """run --local submits the job once every agent has registered: a dp=2 job that may use
+        both nodes (elastic.max_nodes 2, min_nodes 1) starts at dp 2 on both, not at dp 1 on
+        the first agent to register (as it could before: the coordinator places a job on the
+        nodes it has, and grows it only after a checkpoint). Where the job may use fewer nodes
+        than its dp needs (the default max_nodes 1), it runs at the dp they hold, and
+        distrainctl says so before it starts."""
+        note = ("distrainctl: the job asks for dp 2 but runs at dp 1: elastic.max_nodes 1 lets "
+                "it use 1 of the 2 nodes (--set elastic.max_nodes=2 lets it use all)\n")
+        for max_nodes in (2, 1):
+            run_dir = os.path.join(self.tmp, "run%d" % max_nodes)
+            job = os.path.join(self.tmp, "job%d.yaml" % max_nodes)
+            with open(job, "w") as f:
+                f.write(job_yaml(os.path.join(self.tmp, "ckpt%d" % max_nodes), 4, every=0,
+                                 val_every=0, max_nodes=max_nodes))
+            r = self.ctl("run", "--local", "--nodes", "2", "--run-dir", run_dir,
+                         "--set", "parallel.dp=2", "--set", "training.micro_batch=2", job,
+                         timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            dp = max_nodes  # generation 1 ran dp ranks, one a node (a fast job's placement
+            # may fall between distrainctl's polls: the trainers' logs say it)
+            logs = glob.glob(os.path.join(run_dir, "node-*", "job-1", "rank-*.log"))
+            self.assertEqual(len(logs), dp, logs)
+            self.assertEqual(len({os.path.dirname(f) for f in logs}), dp, logs)
+            for f in logs:
+                self.assertIn("==== job job-1 generation 1 rank", tail(f, 100000))
+            rank0 = [f for f in logs if f.endswith("rank-0.log")]
+            self.assertIn("batch 2 x seq 32 x accum %d x dp %d = 128 tokens/step" % (3 - dp, dp),
+                          tail(rank0[0], 100000))
+            self.assertEqual(note in r.stderr, dp == 1, r.stderr[-3000:])
+            self.assertEqual(procs_under(run_dir), [])
 
     def test_bad_yaml_is_refused_before_anything_starts(self):
         job = os.path.join(self.tmp, "bad.yaml")
