@@ -447,10 +447,11 @@ void dt_ctl_print_transition(FILE *out, const char *job_id, const Distrain__V1__
     *placed_gen = j->generation;
     return;
   }
-  if (j->generation == *placed_gen || j->n_ranks == 0)
+  if (j->generation == *placed_gen || j->world_size == 0)
     return;
   /* The rendezvous fell between two polls: the placement from the ranks, each node once in rank
-   * order, worded as the rendezvous's reason words it. */
+   * order, worded as the rendezvous's reason words it (a generation that has ended, as a fast
+   * job's may have by then, has no ranks left to say where it ran). */
   const Distrain__V1__ParallelSpec *p = j->spec ? j->spec->parallel : NULL;
   char mesh_s[64] = "?", nodes[256] = "";
   dt_mesh_t mesh;
@@ -466,8 +467,8 @@ void dt_ctl_print_transition(FILE *out, const char *job_id, const Distrain__V1__
     if (k == i)
       snprintf(nodes + len, sizeof nodes - len, "%s%s", len ? "," : "", id);
   }
-  fprintf(out, "[%s] generation %llu: world %d (%s) on %s\n", job_id,
-          (unsigned long long)j->generation, j->world_size, mesh_s, nodes);
+  fprintf(out, "[%s] generation %llu: world %d (%s)%s%s\n", job_id,
+          (unsigned long long)j->generation, j->world_size, mesh_s, nodes[0] ? " on " : "", nodes);
   *placed_gen = j->generation;
 }
 

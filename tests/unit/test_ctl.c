@@ -228,9 +228,6 @@ static char *print_transition(const Distrain__V1__Job *j, uint64_t *placed_gen)
   return buf;
 }
 
-/* A poll that sees RUNNING where the rendezvous fell between two polls prints the placement
- * from the ranks (4 ranks, 2 a node); one that saw RENDEZVOUS (whose reason names it) does
- * not print it again, nor does a later state of the same generation; a new generation does. */
 /* JSON has no NaN or infinity: a job whose loss diverged prints null there, and the document
  * stays readable (json_job printed "nan", which no JSON reader takes). */
 START_TEST(test_job_json_non_finite)
@@ -259,6 +256,10 @@ START_TEST(test_job_json_non_finite)
 }
 END_TEST
 
+/* A poll that sees RUNNING where the rendezvous fell between two polls prints the placement
+ * from the ranks (4 ranks, 2 a node); one that saw RENDEZVOUS (whose reason names it) does
+ * not print it again, nor does a later state of the same generation; a new generation does,
+ * without its nodes where it has already ended (a fast job: PENDING, then COMPLETED). */
 START_TEST(test_transitions_show_the_placement)
 {
   Distrain__V1__ParallelSpec par = DISTRAIN__V1__PARALLEL_SPEC__INIT;
@@ -310,9 +311,11 @@ START_TEST(test_transitions_show_the_placement)
 
   j.state = DISTRAIN__V1__JOB_STATE__JOB_FAILED, j.generation = 3, j.ranks = NULL, j.n_ranks = 0;
   j.reason = "rank 0 on node-0 exited with code 1";
-  out = print_transition(&j, &placed); /* no ranks: nothing to place */
-  ck_assert_str_eq(out, "[job-1] FAILED (generation 3): rank 0 on node-0 exited with code 1\n");
+  out = print_transition(&j, &placed); /* ended: its world, not its nodes */
+  ck_assert_str_eq(out, "[job-1] FAILED (generation 3): rank 0 on node-0 exited with code 1\n"
+                        "[job-1] generation 3: world 4 (pp 2 x dp 1 x cp 1 x tp 2)\n");
   free(out);
+  ck_assert_uint_eq(placed, 3);
 }
 END_TEST
 
