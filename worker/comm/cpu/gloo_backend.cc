@@ -11,8 +11,9 @@
  *  - all-reduce: recursive doubling (world 2, or small buffers on a power-of-two world), else
  *    our reduce-scatter then our all-gather, in place;
  *  - broadcast: a pipelined chain from the root; barrier: dissemination;
- *  - send/recv: an 8-byte size header then the payload, so that a size mismatch is an error
- *    rather than a failed assertion on Gloo's event-loop thread (which ends the process);
+ *  - send/recv: the payload after an 8-byte header from the receiver with the size it expects,
+ *    so that a size mismatch is an error rather than a failed assertion on Gloo's event-loop
+ *    thread (which ends the process) or a short message taken for a whole one;
  *  - rendezvous (connect_mesh): instead of gloo::rendezvous::Context::connectFullMesh and a
  *    Store adapter, because we need one deadline for the whole rendezvous, the list of ranks
  *    that never arrived, and cancellation by abort.
@@ -1049,13 +1050,18 @@ int gloo_barrier(void *impl)
 /* Backend entry points: point-to-point                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Each transfer is two messages on the tag's slot: the payload size (uint64), then the
- * payload. The receiver posts the payload receive only after checking the size, so a mismatch
- * fails both sides with an error (the receiver reports it and fails the context). */
-/* Every half posted at once: the receives' size headers, the sends' headers and bodies. Then
- * each receive's body is posted when its header has arrived (checked against the size
- * expected), and everything is waited for. Headers travel on a slot of their own, so that two
- * messages on one (peer, tag) pair up in order however the bodies interleave. */
+/* Each transfer is the payload on the tag's slot, and on a header slot of its own, going the
+ * other way, the size the receiver expects (uint64). The receiver posts its header and its
+ * payload receive at once; the sender posts the payload once the header has arrived and
+ * matches its size. So a mismatch fails both sides with an error (the sender names both sizes
+ * and fails the context, which fails the receiver's wait) instead of a failed assertion on the
+ * receiver's event-loop thread (a larger payload) or a short message taken for a whole one (a
+ * smaller one), at the cost of one rendezvous per transfer. (Gloo moves a payload only once
+ * the receive is posted at the other end. A size header from the sender, with the payload
+ * receive posted only once that had arrived, cost a second rendezvous: two more one-way
+ * trips, each waiting for a thread of the other process to be scheduled.) Every half is posted
+ * at once; two messages on one (peer, tag) pair up in order, the headers on their slot as the
+ * payloads on theirs. */
 int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
 {
   Gloo *g = static_cast<Gloo *>(impl);
@@ -1065,7 +1071,7 @@ int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
     Buf hb[DT_COMM_P2P_MAX], bb[DT_COMM_P2P_MAX];
     std::vector<UnboundBuffer *> bufs;
     for (int i = 0; i < n; i++) {
-      hdr[i] = ops[i].recv ? 0 : ops[i].bytes;
+      hdr[i] = ops[i].recv ? ops[i].bytes : 0;
       hb[i] = tctx->createUnboundBuffer(&hdr[i], sizeof hdr[i]);
       bb[i] = tctx->createUnboundBuffer(ops[i].buf, ops[i].bytes);
       bufs.push_back(hb[i].get());
@@ -1077,31 +1083,31 @@ int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
     };
     for (int i = 0; i < n; i++) {
       if (ops[i].recv) {
-        hb[i]->recv(ops[i].peer, slot(kSlotP2PHeader, i));
-      } else {
         hb[i]->send(ops[i].peer, slot(kSlotP2PHeader, i));
-        bb[i]->send(ops[i].peer, slot(kSlotP2P, i));
+        bb[i]->recv(ops[i].peer, slot(kSlotP2P, i));
+      } else {
+        hb[i]->recv(ops[i].peer, slot(kSlotP2PHeader, i));
       }
     }
     for (int i = 0; i < n; i++) {
-      if (!ops[i].recv)
+      if (ops[i].recv)
         continue;
       wait_recv(g, hb[i].get(), ops[i].peer);
       if (hdr[i] != ops[i].bytes) {
         DT_ERROR(COMM,
-                 "comm %s rank %d/%d: recv from rank %d (tag %d): peer sent %llu bytes, "
-                 "expected %zu",
+                 "comm %s rank %d/%d: send to rank %d (tag %d): it expects %llu bytes, this "
+                 "rank sends %zu",
                  name_of(g).c_str(), g->rank, g->world, ops[i].peer, ops[i].tag,
                  (unsigned long long)hdr[i], ops[i].bytes);
         return DT_ESHAPE;
       }
-      bb[i]->recv(ops[i].peer, slot(kSlotP2P, i));
+      bb[i]->send(ops[i].peer, slot(kSlotP2P, i));
     }
     for (int i = 0; i < n; i++) {
       if (ops[i].recv) {
+        wait_send(g, hb[i].get(), ops[i].peer);
         wait_recv(g, bb[i].get(), ops[i].peer);
       } else {
-        wait_send(g, hb[i].get(), ops[i].peer);
         wait_send(g, bb[i].get(), ops[i].peer);
       }
     }
