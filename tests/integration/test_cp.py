@@ -6,8 +6,11 @@ Runs the real distrain-train binary as WORLD_SIZE processes (rendezvous through 
 DISTRAIN_KV_DIR, --cp N) on the tiny golden model and data (seq 32), and checks:
   * cp in {2, 4}, cp=2 with gradient accumulation, cp=2 x dp=2 under ZeRO-1 and ZeRO-3,
     cp=2 x tp=2 (with and without --sp), cp=2 x pp=2 (1F1B) and cp=2 with activation
-    checkpointing: the per-step loss equals the single-process run on the same global batch
-    within 1e-5 relative, and the final weights within 1e-5 (relative L2);
+    checkpointing, and compositions of four axes and the options (cp x pp x dp under ZeRO-2,
+    cp x tp x pp with --sp, cp x tp x dp under ZeRO-3 with --sp, cp x tp x pp with --sp and
+    recompute, cp x dp under ZeRO-2 with recompute): the per-step loss equals the
+    single-process run on the same global batch within 1e-5 relative, and the final weights
+    within 1e-5 (relative L2);
   * every rank logs the sequence chunk it holds;
   * a cp=2 x dp=2 checkpoint resumes as one process on the same trajectory;
   * --sample under cp=2, cp=4, cp=2 x tp=2 with --sp and cp=2 x pp=2 prints one process's text;
@@ -54,6 +57,12 @@ class ContextParallel(tp.OneProcessReference):
             (4, 1, ["--cp", "2", "--tp", "2", "--sp"], 1),
             (4, 1, ["--cp", "2", "--pp", "2"], 2),
             (2, 1, ["--cp", "2", "--recompute"], 1),
+            # four axes and the options at once
+            (8, 2, ["--cp", "2", "--pp", "2", "--zero-stage", "2"], 2),
+            (8, 1, ["--cp", "2", "--tp", "2", "--sp", "--pp", "2"], 2),
+            (8, 2, ["--cp", "2", "--tp", "2", "--sp", "--zero-stage", "3"], 1),
+            (8, 1, ["--cp", "2", "--tp", "2", "--pp", "2", "--sp", "--recompute"], 2),
+            (4, 2, ["--cp", "2", "--zero-stage", "2", "--recompute"], 1),
         ]
         for world, dps, args, accum in layouts:
             what = "world %d %s accum %d" % (world, " ".join(args), accum)
