@@ -45,9 +45,8 @@ communicator's I/O thread (idle class on a one-core trainer) runs only when its 
 stage leaves it room, so an exchange took 5-13 ms at the median here (DISTRAIN_DEBUG=trace, p=4
 interleaved m=8, --batch 4) against 0.7-1 ms pinned, and a stage's ops about 2.5 times as long
 as pinned (not 1 / 0.45). That waiting counts in the bubble, so throttled rows want long ops:
---batch 8 (ops of about 200-400 ms) kept 17 of 18 p=4 rows of two runs within 3 points here
-(interleaved m=4 3.6 above once, at an imbalance of 5.7%); --batch 4 left interleaved 2-7 points
-above. --cores N uses only the first N cores, so that throttled rows can be checked against
+--batch 16 (ops of 0.5-1 s) kept all 9 p=4 rows within 3 points here (2.2 at most); --batch 8
+(200-400 ms) left interleaved m=8 and m=16 up to 3.6 above, and --batch 4 2-7 points. --cores N uses only the first N cores, so that throttled rows can be checked against
 pinned ones: p = 2 with --cores 1 --batch 4 measured here within 3 points of the same rows
 pinned on 2 cores, either way (interleaved m=16: 4.8% throttled, 4.3% pinned, for an ideal
 3.0%), about the spread of two pinned runs. --batch (default 2) sets the sequences per
