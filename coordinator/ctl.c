@@ -512,12 +512,17 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     Distrain__V1__Job *j = (void *)resp;
     const int steps = j->spec->training->steps;
     const char *reason = j->reason ? j->reason : "";
-    if (j->state != last_state || j->generation != last_gen ||
-        ((j->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
-          j->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING) &&
-         strncmp(reason, last_reason, sizeof last_reason - 1) != 0)) {
-      if (!o->json)
-        dt_ctl_print_transition(stderr, job_id, j, &placed_gen);
+    const int done = j->state == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED ||
+                     j->state == DISTRAIN__V1__JOB_STATE__JOB_FAILED ||
+                     j->state == DISTRAIN__V1__JOB_STATE__JOB_STOPPED;
+    /* A job that has ended says so after its last steps, which this poll's metrics may hold. */
+    const int changed = j->state != last_state || j->generation != last_gen ||
+                        ((j->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
+                          j->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING) &&
+                         strncmp(reason, last_reason, sizeof last_reason - 1) != 0);
+    if (changed && !done && !o->json)
+      dt_ctl_print_transition(stderr, job_id, j, &placed_gen);
+    if (changed) {
       last_state = j->state;
       last_gen = j->generation;
       snprintf(last_reason, sizeof last_reason, "%s", reason);
@@ -549,10 +554,9 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
         fflush(mf);
       protobuf_c_message_free_unpacked(mresp, NULL);
     }
-    int done = j->state == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED ||
-               j->state == DISTRAIN__V1__JOB_STATE__JOB_FAILED ||
-               j->state == DISTRAIN__V1__JOB_STATE__JOB_STOPPED;
     if (done) {
+      if (changed && !o->json)
+        dt_ctl_print_transition(stderr, job_id, j, &placed_gen);
       if (o->json)
         dt_ctl_print_job(stdout, j, 1);
       ret = j->state == DISTRAIN__V1__JOB_STATE__JOB_COMPLETED ? 0 : 1;

@@ -894,11 +894,16 @@ class T3_RunLocal(ClusterTest):
         job = os.path.join(self.tmp, "job.yaml")
         with open(job, "w") as f:
             f.write(job_yaml(ckpt, steps, every=20, val_every=20))
+        # Polls 2 s apart: the last one sees the job COMPLETED and its last steps at once.
         r = self.ctl("run", "--local", "--run-dir", run_dir, "--metrics", metrics, job,
-                     timeout=120)
+                     timeout=120, env=dict(self.env, DISTRAIN_CTL_POLL_MS="2000"))
         self.assertEqual(r.returncode, 0, "distrainctl run failed (%d):\n%s\n%s" % (
             r.returncode, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
-        self.assertIn("COMPLETED", r.stderr)
+        # The job's end is said after its last step, not before.
+        out = r.stderr.splitlines()
+        done = [i for i, x in enumerate(out) if "COMPLETED" in x]
+        last = [i for i, x in enumerate(out) if x.startswith("step %6d/%d" % (steps, steps))]
+        self.assertTrue(done and last and done[-1] > last[-1], r.stderr[-3000:])
         # one JSON object per step, steps 1..N, validation at 20 and 40
         with open(metrics) as f:
             lines = f.read().splitlines()
