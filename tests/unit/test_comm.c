@@ -659,6 +659,73 @@ START_TEST(test_p2p_size_mismatch)
 }
 END_TEST
 
+/* dt_comm_p2p_post waits for its sends only. Rank 1 sends rank 0's two receives (tag 1, one
+ * (peer, tag) pair: they pair up in order) only after a "go" that rank 0 sends once its post
+ * has returned, so a post that waited for its receives would time out. Rank 0 waits for them
+ * in reverse order, each wait an operation of its own ("recv"), then leaves one receive to
+ * dt_comm_destroy and waits for another after an abort, which fails at once and frees it (the
+ * sanitizer build's leak check sees both). */
+static int nrecv_waits;
+
+static void count_recv_waits(void *ud, const dt_comm_event_t *e)
+{
+  (void)ud;
+  nrecv_waits += e->end && strcmp(e->op, "recv") == 0 && e->bytes == 400 * sizeof(float);
+}
+
+static void p2p_post_rank(const ctx_t *c, int rank)
+{
+  dt_comm_t *comm = child_comm(c, rank);
+  float a[400], b[400], x[400], y[400], go = 1.f;
+  if (rank == 0) {
+    for (size_t i = 0; i < DT_ARRAY_SIZE(a); i++)
+      a[i] = val(0, i), b[i] = x[i] = y[i] = -1.f;
+    dt_comm_set_observer(comm, count_recv_waits, NULL);
+    const dt_comm_p2p_t ops[] = {
+        {a, sizeof a, 1, 0, 0}, {b, sizeof b, 1, 1, 1}, {x, sizeof x, 1, 1, 1}};
+    dt_comm_pending_t *req[3];
+    CHILD_RC(dt_comm_p2p_post(comm, ops, 3, req));
+    CHILD_CHECK(!req[0] && req[1] && req[2], "pending %p %p %p", (void *)req[0], (void *)req[1],
+                (void *)req[2]);
+    CHILD_RC(dt_comm_send(comm, &go, sizeof go, 1, 2));
+    CHILD_RC(dt_comm_p2p_wait(comm, req[2]));
+    CHILD_RC(dt_comm_p2p_wait(comm, req[1]));
+    CHILD_RC(dt_comm_p2p_wait(comm, NULL));
+    CHILD_CHECK(nrecv_waits == 2, "%d waits observed as recv", nrecv_waits);
+    for (size_t i = 0; i < DT_ARRAY_SIZE(b); i++)
+      CHILD_CHECK(b[i] == val(1, i) && x[i] == val(1, i + 1), "[%zu] = %g, %g", i, b[i], x[i]);
+    const dt_comm_p2p_t left[] = {{y, sizeof y, 1, 3, 1}}, late[] = {{y, sizeof y, 1, 4, 1}};
+    CHILD_RC(dt_comm_p2p_post(comm, left, 1, req));
+    CHILD_RC(dt_comm_barrier(comm)); /* rank 1's send of it is done: destroy drops it */
+    CHILD_RC(dt_comm_p2p_post(comm, late, 1, req + 1));
+    CHILD_RC(dt_comm_abort(comm));
+    const int rc = dt_comm_p2p_wait(comm, req[1]);
+    CHILD_CHECK(rc == DT_ECANCELED, "a wait after abort: %s", dt_err_name(rc));
+  } else {
+    CHILD_RC(dt_comm_recv(comm, a, sizeof a, 0, 0));
+    CHILD_CHECK(a[399] == val(0, 399), "a[399] = %g", a[399]);
+    CHILD_RC(dt_comm_recv(comm, &go, sizeof go, 0, 2));
+    for (size_t i = 0; i < DT_ARRAY_SIZE(b); i++)
+      b[i] = val(1, i), x[i] = val(1, i + 1);
+    CHILD_RC(dt_comm_send(comm, b, sizeof b, 0, 1));
+    CHILD_RC(dt_comm_send(comm, x, sizeof x, 0, 1));
+    CHILD_RC(dt_comm_send(comm, b, sizeof b, 0, 3));
+    CHILD_RC(dt_comm_barrier(comm));
+    const int rc = dt_comm_recv(comm, y, sizeof y, 0, 5); /* until rank 0 aborts */
+    CHILD_CHECK(rc == DT_EREMOTE, "rank 1 got %s once rank 0 aborted", dt_err_name(rc));
+  }
+  dt_comm_destroy(comm);
+}
+
+START_TEST(test_p2p_post)
+{
+  ctx_t c;
+  ctx_init(&c, 2, 3000, "job1/gen0");
+  run_all(&c, p2p_post_rank, 10000);
+  ut_rm_rf(c.dir);
+}
+END_TEST
+
 /* A peer that got everything it needed and left while we were blocked on another peer is not
  * a failure. Rank 0 sends to rank 1 and receives from rank 2, which comes 400 ms late; rank 1
  * takes its message and destroys its communicator meanwhile. Rank 0's watchdog interrupts the
@@ -1130,7 +1197,7 @@ END_TEST
 typedef struct {
   dt_kv_t *kv;
   int rank, rc;
-  float reduced[2], gathered[4], scattered, bcast[2], got[3], sub[2];
+  float reduced[2], gathered[4], scattered, bcast[2], got[3], posted[2], sub[2];
 } staged_rank_t;
 
 static int staged_is_device(void *ud, const void *p)
@@ -1167,6 +1234,13 @@ static int staged_ops(dt_comm_t *comm, dt_device_t *d, staged_rank_t *t)
   DT_CHECK(d->copy(d, big, mine, sizeof mine, DT_COPY_H2D));
   DT_CHECK(dt_comm_sendrecv(comm, big, sizeof mine, 1 - r, out, sizeof mine, 1 - r, 3));
   DT_CHECK(d->copy(d, t->got, out, sizeof mine, DT_COPY_D2H));
+  /* A staged receive is complete when dt_comm_p2p_post returns: nothing is left in flight. */
+  const dt_comm_p2p_t ops[] = {{big, sizeof mine, 1 - r, 4, 0}, {out, sizeof mine, 1 - r, 4, 1}};
+  dt_comm_pending_t *req[2] = {NULL, NULL};
+  DT_CHECK(dt_comm_p2p_post(comm, ops, 2, req));
+  if (req[0] || req[1])
+    return DT_EINVAL;
+  DT_CHECK(d->copy(d, t->posted, out, 2 * sizeof(float), DT_COPY_D2H));
   dt_comm_t *sub = NULL;
   DT_CHECK(dt_comm_split(comm, 0, -r, &sub)); /* reversed ranks */
   DT_CHECK(d->copy(d, buf, h, 2 * sizeof(float), DT_COPY_H2D));
@@ -1219,7 +1293,8 @@ START_TEST(test_device_buffers_staged)
     ck_assert(x->bcast[0] == 2.0f && x->bcast[1] == 20.0f); /* rank 1's */
     const int o = 2 - r;                                    /* the peer's multiplier */
     ck_assert(x->got[0] == 7.0f * o && x->got[1] == 8.0f * o && x->got[2] == 9.0f * o);
-    ck_assert(x->sub[0] == 2.0f && x->sub[1] == 1.0f); /* sub rank 0 is rank 1 */
+    ck_assert(x->posted[0] == 7.0f * o && x->posted[1] == 8.0f * o); /* its first 2 floats */
+    ck_assert(x->sub[0] == 2.0f && x->sub[1] == 1.0f);               /* sub rank 0 is rank 1 */
   }
   dt_kv_mem_destroy(&kv);
 }
@@ -1506,6 +1581,7 @@ static Suite *comm_suite(void)
   tcase_add_loop_test(t, test_collectives, 2, 5);
   tcase_add_loop_test(t, test_p2p, 2, 4);
   tcase_add_loop_test(t, test_p2p_size_mismatch, 0, 2);
+  tcase_add_test(t, test_p2p_post);
   tcase_add_test(t, test_p2p_peer_left_during_wait);
   tcase_add_test(t, test_split);
   tcase_add_loop_test(t, test_generations_back_to_back, 2, 5);

@@ -3,7 +3,9 @@
  * a transfer posts all its halves, then completes when each receive has its message and each
  * send has been matched by a receive the peer posted). For p = 1..6 stages, m = 1..12
  * micro-batches and v = 2..4 chunks (interleaved, m a multiple of p) it checks that:
- *   - the stages never deadlock;
+ *   - the stages never deadlock (the trainer, pipeline.c, waits for a receive only before the op
+ *     that reads it: later than here, which can only remove waits, while a receive's buffer is
+ *     claimed here when it is posted, the earliest its data can land);
  *   - the k-th activation (gradient) a stage receives is the (chunk, micro-batch) it expects;
  *   - between two ranks the messages are received in the order they were sent, whatever their
  *     kind (what NCCL, which pairs by order alone, needs);

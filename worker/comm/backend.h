@@ -39,6 +39,12 @@ typedef struct dt_comm_backend {
   int (*broadcast)(void *impl, float *buf /* (n) */, size_t n, int root);
   /* n (1..DT_COMM_P2P_MAX) halves, posted together; sizes may be zero. */
   int (*p2p)(void *impl, const dt_comm_p2p_t *ops, int n);
+  /* Optional (NULL: comm.c completes every receive in p2p). As p2p, but only the sends are
+   * waited for: receive half i is left in flight, pending[i] what p2p_wait takes to complete it
+   * (NULL for a send). p2p_wait waits for it and frees it; with drop, it only frees it (the
+   * instance has failed or is about to be destroyed: whatever arrives is not wanted). */
+  int (*p2p_post)(void *impl, const dt_comm_p2p_t *ops, int n, void **pending);
+  int (*p2p_wait)(void *impl, void *pending, int drop);
   int (*barrier)(void *impl);
 
   /* Optional (NULL: comm.c splits by calling init on each child with share = the parent). A

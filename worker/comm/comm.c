@@ -44,6 +44,14 @@ struct dt_comm {
   atomic_int peers[DT_COMM_P2P_MAX], npeers;
   atomic_int_fast64_t op_start_us;
   struct dt_comm *live_prev, *live_next; /* g_live, under g_live_lock */
+  dt_comm_pending_t *pending;            /* receives in flight (dt_comm_p2p_post) */
+};
+
+/* A receive in flight: the backend's handle, and what progress reports name while it waits. */
+struct dt_comm_pending {
+  void *be;
+  dt_comm_p2p_t op;
+  dt_comm_pending_t *prev, *next; /* comm->pending */
 };
 
 /* Every live communicator of the process, for dt_comm_progress. */
@@ -291,6 +299,12 @@ void dt_comm_destroy(dt_comm_t *comm)
   if (comm->live_next)
     comm->live_next->live_prev = comm->live_prev;
   pthread_mutex_unlock(&g_live_lock);
+  while (comm->pending) {
+    dt_comm_pending_t *p = comm->pending;
+    comm->pending = p->next;
+    comm->be->p2p_wait(comm->impl, p->be, 1);
+    free(p);
+  }
   comm->be->destroy(comm->impl);
   release_stage(comm);
   free(comm->prefix);
@@ -587,7 +601,9 @@ static int valid_peer(const dt_comm_t *comm, int peer)
   return peer >= 0 && peer < comm->world && peer != comm->rank;
 }
 
-int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
+/* dt_comm_p2p, and with pending dt_comm_p2p_post: receives the backend can leave in flight
+ * (not staged) are, the rest complete here. */
+static int p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending_t **pending)
 {
   DT_CHECK(comm_enter(comm));
   if (n < 1 || n > DT_COMM_P2P_MAX || !ops)
@@ -597,20 +613,73 @@ int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
       return DT_EINVAL;
   operand_t o[DT_COMM_P2P_MAX];
   dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
+  dt_comm_pending_t *mine[DT_COMM_P2P_MAX] = {0};
+  void *be[DT_COMM_P2P_MAX] = {0};
   size_t bytes = 0;
   for (int i = 0; i < n; i++) {
     o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
     bytes += ops[i].bytes;
   }
   op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", bytes, ops, n);
-  int rc = stage_in(comm, o, n);
+  int rc = stage_in(comm, o, n), defer = pending && comm->be->p2p_post;
   for (int i = 0; i < n; i++) {
     staged[i] = ops[i];
     staged[i].buf = o[i].h;
+    defer = defer && o[i].h == o[i].p;
   }
-  if (rc == 0)
+  for (int i = 0; i < n && defer && rc == 0; i++)
+    if (ops[i].recv && !(mine[i] = calloc(1, sizeof *mine[i])))
+      rc = DT_ENOMEM;
+  if (rc == 0 && defer)
+    rc = comm->be->p2p_post(comm->impl, staged, n, be);
+  else if (rc == 0)
     rc = stage_out(comm, o, n, comm->be->p2p(comm->impl, staged, n));
+  for (int i = 0; i < n && pending; i++) {
+    pending[i] = rc == 0 && defer && ops[i].recv ? mine[i] : NULL;
+    if (!pending[i]) {
+      free(mine[i]);
+      continue;
+    }
+    *mine[i] = (dt_comm_pending_t){be[i], ops[i], NULL, comm->pending};
+    if (comm->pending)
+      comm->pending->prev = mine[i];
+    comm->pending = mine[i];
+  }
   return comm_leave(comm, rc);
+}
+
+int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n)
+{
+  return p2p(comm, ops, n, NULL);
+}
+
+int dt_comm_p2p_post(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending_t **pending)
+{
+  for (int i = 0; i < n && pending; i++)
+    pending[i] = NULL;
+  return pending ? p2p(comm, ops, n, pending) : DT_EINVAL;
+}
+
+int dt_comm_p2p_wait(dt_comm_t *comm, dt_comm_pending_t *pending)
+{
+  if (!pending)
+    return 0;
+  if (pending->prev)
+    pending->prev->next = pending->next;
+  else
+    comm->pending = pending->next;
+  if (pending->next)
+    pending->next->prev = pending->prev;
+  void *be = pending->be;
+  const dt_comm_p2p_t op = pending->op;
+  free(pending);
+  int rc = comm_enter(comm);
+  if (rc != 0) {
+    comm->be->p2p_wait(comm->impl, be, 1);
+    return rc;
+  }
+  op_begin(comm, "recv", op.bytes, &op, 1);
+  return comm_leave(comm, comm->be->p2p_wait(comm->impl, be, 0));
 }
 
 int dt_comm_sendrecv(dt_comm_t *comm, const void *sendbuf, size_t send_bytes, int dst,

@@ -214,6 +214,22 @@ typedef struct {
  * tags). At most DT_COMM_P2P_MAX halves. */
 int dt_comm_p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n);
 
+/* A receive dt_comm_p2p_post left in flight. */
+typedef struct dt_comm_pending dt_comm_pending_t;
+/* As dt_comm_p2p, but it waits only for the sends (Megatron's overlapped pipeline exchange):
+ * each receive half i is left in flight as pending[i], to be completed by dt_comm_p2p_wait
+ * before its buffer is read or written; pending[i] is NULL for a send, and for a receive that
+ * is complete already ("nccl" completes every half here, and so does any communicator for a
+ * receive staged between device and host memory). A send still waits for its receiver to post
+ * (so the pairing rules and the deadlock-freedom of dt_comm_p2p hold), but a stage no longer
+ * waits here for data it needs only after other work. The receive's waits are its own
+ * operation ("recv"), with its peer named in progress reports. */
+int dt_comm_p2p_post(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending_t **pending);
+/* Waits for the receive, then frees pending (NULL: nothing to wait for, 0). It fails as any
+ * operation does; on a failed or aborted communicator it fails at once, freeing pending. A
+ * receive not waited for is dropped by dt_comm_destroy (its buffer may be written until then). */
+int dt_comm_p2p_wait(dt_comm_t *comm, dt_comm_pending_t *pending);
+
 int dt_comm_barrier(dt_comm_t *comm);
 
 /* Collective over comm: ranks with the same color (>= 0) form a sub-communicator, ordered by

@@ -7,11 +7,21 @@
 #include "dt_log.h"
 #include "dt_util.h"
 
+/* A receive a transfer left in flight (dt_comm_p2p_post), completed before the op that reads
+ * it: the forward of ref for an activation, its backward for a gradient. */
+typedef struct {
+  dt_comm_pending_t *req;
+  int half; /* DT_PIPE_RECV_ACT or DT_PIPE_RECV_GRAD */
+  dt_pipe_ref_t ref;
+} pending_t;
+
 struct dt_pipeline {
   dt_comm_t *comm;
   int p, s, m, v;
   dt_pipe_op_t *ops; /* this stage's schedule of one step */
   int nops;
+  pending_t *pending; /* receives in flight (at most two a transfer) */
+  int npending;
   double busy_ms, idle_ms;
   int warm; /* a step has run */
 };
@@ -20,7 +30,11 @@ int dt_pipeline_create(dt_pipeline_t **out, dt_pipe_kind_t kind, int p, int s, i
                        dt_comm_t *comm)
 {
   dt_pipeline_t *pl = calloc(1, sizeof *pl);
-  if (!pl || !(pl->ops = calloc((size_t)dt_pipe_max_ops(m, v), sizeof *pl->ops))) {
+  const size_t nmax = (size_t)dt_pipe_max_ops(m, v);
+  if (!pl || !(pl->ops = calloc(nmax, sizeof *pl->ops)) ||
+      !(pl->pending = calloc(2 * nmax, sizeof *pl->pending))) {
+    if (pl)
+      free(pl->ops);
     free(pl);
     return DT_ENOMEM;
   }
@@ -36,6 +50,7 @@ void dt_pipeline_destroy(dt_pipeline_t *pl)
   if (!pl)
     return;
   free(pl->ops);
+  free(pl->pending);
   free(pl);
 }
 
@@ -46,18 +61,38 @@ int dt_pipeline_slots(const dt_pipeline_t *pl, int *slots)
   return pl->v;
 }
 
+/* Logs a failed exchange with the peers of its halves (canceled: whoever aborted it says why). */
+static void transfer_failed(const dt_pipeline_t *pl, const dt_comm_p2p_t *b, int n, int rc)
+{
+  if (rc >= 0 || rc == DT_ECANCELED || n == 0)
+    return;
+  int a = b[0].peer, c = a; /* the batch's peers: next, prev or both */
+  for (int i = 1; i < n; i++)
+    if (b[i].peer != a)
+      c = b[i].peer;
+  if (a == c)
+    DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stage %d failed: %s", pl->s, pl->p,
+             a, dt_strerror(rc));
+  else
+    DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stages %d and %d failed: %s", pl->s,
+             pl->p, a, c, dt_strerror(rc));
+}
+
 /* A transfer's halves as one batch: activations on tag 0 to the next rank (from the
- * previous), gradients on tag 1 to the previous (from the next). */
+ * previous), gradients on tag 1 to the previous (from the next). It returns once the sends
+ * are done; the receives stay in flight (pl->pending) until the ops that read them. */
 static int transfer(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, size_t bytes)
 {
   const int next = (pl->s + 1) % pl->p, prev = (pl->s + pl->p - 1) % pl->p;
   dt_comm_p2p_t b[DT_PIPE_HALVES];
-  int n = 0;
+  dt_comm_pending_t *req[DT_PIPE_HALVES];
+  int n = 0, half[DT_PIPE_HALVES];
   for (int h = 0; h < DT_PIPE_HALVES; h++) {
     const dt_pipe_ref_t r = op->half[h];
     if (r.mb < 0)
       continue;
     const int slot = r.mb % m->nslots[r.chunk];
+    half[n] = h;
     switch (h) {
     case DT_PIPE_SEND_ACT:
       b[n++] = (dt_comm_p2p_t){(void *)dt_gpt2_stage_output(m, r.chunk, slot), bytes, next, 0, 0};
@@ -73,33 +108,48 @@ static int transfer(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, siz
       break;
     }
   }
-  const int rc = dt_comm_p2p(pl->comm, b, n);
-  if (rc < 0 && rc != DT_ECANCELED && n > 0) { /* canceled: whoever aborted it says why */
-    int a = b[0].peer, c = a;                  /* the batch's peers: next, prev or both */
-    for (int i = 1; i < n; i++)
-      if (b[i].peer != a)
-        c = b[i].peer;
-    if (a == c)
-      DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stage %d failed: %s", pl->s,
-               pl->p, a, dt_strerror(rc));
-    else
-      DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stages %d and %d failed: %s",
-               pl->s, pl->p, a, c, dt_strerror(rc));
-  }
+  const int rc = dt_comm_p2p_post(pl->comm, b, n, req);
+  transfer_failed(pl, b, n, rc);
+  for (int i = 0; i < n && rc == 0; i++)
+    if (req[i])
+      pl->pending[pl->npending++] = (pending_t){req[i], half[i], op->half[half[i]]};
   return rc;
 }
 
-/* Runs one op; compute time is busy, transfers idle. At DISTRAIN_DEBUG=trace each op is logged
- * with its start on the host's monotonic clock (dt_now_ms), so that the logs of stages on one
- * host merge into one timeline. */
+/* Completes the receive in flight into (half, ref), if any. */
+static int await(dt_pipeline_t *pl, int half, dt_pipe_ref_t ref)
+{
+  for (int i = 0; i < pl->npending; i++) {
+    const pending_t q = pl->pending[i];
+    if (q.half != half || q.ref.chunk != ref.chunk || q.ref.mb != ref.mb)
+      continue;
+    pl->pending[i] = pl->pending[--pl->npending];
+    const double t0 = dt_now_ms();
+    const int rc = dt_comm_p2p_wait(pl->comm, q.req);
+    const double ms = dt_now_ms() - t0;
+    pl->idle_ms += ms;
+    DT_TRACE(TRAIN, "pipeline stage %d: wait for %s chunk %d mb %d at %.3f for %.3f ms", pl->s,
+             half == DT_PIPE_RECV_ACT ? "act" : "grad", ref.chunk, ref.mb, t0, ms);
+    const int peer = half == DT_PIPE_RECV_ACT ? (pl->s + pl->p - 1) % pl->p : (pl->s + 1) % pl->p;
+    transfer_failed(pl, &(dt_comm_p2p_t){NULL, 0, peer, 0, 1}, 1, rc);
+    return rc;
+  }
+  return 0;
+}
+
+/* Runs one op; compute time is busy, transfers and waits for receives idle. At DISTRAIN_DEBUG=trace
+ * each op is logged with its start on the host's monotonic clock (dt_now_ms), so that the logs of
+ * stages on one host merge into one timeline. */
 static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp_t *dp,
                   const int *inputs, const int *targets, int B, int T, double *loss_sum)
 {
   const size_t BT = (size_t)B * T;
   const int mb = op->ref.mb, chunk = op->ref.chunk;
-  const double t0 = dt_now_ms();
   int rc = 0;
   float loss = 0.0f;
+  if (op->op != DT_PIPE_XFER)
+    DT_CHECK(await(pl, op->op == DT_PIPE_FWD ? DT_PIPE_RECV_ACT : DT_PIPE_RECV_GRAD, op->ref));
+  const double t0 = dt_now_ms();
   switch (op->op) {
   case DT_PIPE_FWD:
     dt_dp_begin_micro(dp, mb == pl->m - 1);
@@ -136,8 +186,15 @@ int dt_pipeline_step(dt_pipeline_t *pl, dt_gpt2_t *m, dt_dp_t *dp, const int *in
 {
   const double busy0 = pl->busy_ms, idle0 = pl->idle_ms;
   *loss_sum = 0.0;
-  for (int i = 0; i < pl->nops; i++)
-    DT_CHECK(run_op(pl, &pl->ops[i], m, dp, inputs, targets, B, T, loss_sum));
+  int rc = 0;
+  for (int i = 0; i < pl->nops && rc == 0; i++)
+    rc = run_op(pl, &pl->ops[i], m, dp, inputs, targets, B, T, loss_sum);
+  while (rc == 0 && pl->npending > 0) /* none: every receive is read within the step */
+    rc = await(pl, pl->pending[0].half, pl->pending[0].ref);
+  if (rc != 0) { /* what is still in flight is the communicator's to drop */
+    pl->npending = 0;
+    return rc;
+  }
   const double busy = pl->busy_ms - busy0, idle = pl->idle_ms - idle0;
   *bubble = busy + idle > 0 ? idle / (busy + idle) : 0.0;
   if (!pl->warm) {

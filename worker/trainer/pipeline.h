@@ -1,8 +1,9 @@
 /* pipeline.h — runs a stage's part of a training step by its schedule (schedule.h): the
  * forward and backward passes of the step's micro-batches through the model's activation slots,
  * and the transfers of activations and their gradients to and from the neighbouring stages over
- * the pipeline communicator. Also the forward-only pass of evaluation, and the time the stage
- * spent computing and waiting (its bubble). */
+ * the pipeline communicator (a transfer waits for its sends; each receive is waited for only
+ * before the op that reads it, as Megatron-LM overlaps its pipeline exchanges). Also the
+ * forward-only pass of evaluation, and the time the stage spent computing and waiting. */
 #ifndef DT_TRAINER_PIPELINE_H
 #define DT_TRAINER_PIPELINE_H
 

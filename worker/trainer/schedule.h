@@ -11,7 +11,10 @@
  * transfers. A transfer posts up to four halves at once (send an activation, receive one,
  * send a gradient, receive one; dt_comm_p2p) and waits for all of them, so that exchanges with
  * both neighbours in one step cannot deadlock; halves that would cross the ends of the
- * pipeline (the first virtual stage's input, the last one's output) are never listed.
+ * pipeline (the first virtual stage's input, the last one's output) are never listed. (The
+ * trainer waits there for the sends only and for each receive just before the op that reads
+ * it, pipeline.c: that moves no buffer's write earlier and no wait earlier, so what holds for
+ * the schedule as listed holds for it.)
  *   GPipe: all forwards, then all backwards (m activation slots per stage).
  *   1F1B (PipeDream-flush): min(p - s - 1, m) warm-up forwards, then one forward and one
  *   backward alternately, then the remaining backwards (at most p - s slots).

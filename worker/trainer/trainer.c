@@ -1449,10 +1449,12 @@ static void teardown(trainer_t *t)
   dt_dp_destroy(t->dp);
   dt_dataloader_free(&t->train);
   dt_dataloader_free(&t->val);
-  dt_gpt2_destroy(&t->model);
+  /* The communicators before the model: a pipeline receive a failed step left in flight
+   * (dt_comm_p2p_post) writes into the model's buffers until its communicator is gone. */
   dt_plan_destroy(&t->plan);
   dt_comm_destroy(t->devworld);
   dt_comm_destroy(t->world);
+  dt_gpt2_destroy(&t->model);
   dt_pipeline_destroy(t->pipe);
   free(t->mb_inputs);
   free(t->mb_targets);

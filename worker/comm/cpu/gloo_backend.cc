@@ -1062,20 +1062,26 @@ int gloo_barrier(void *impl)
  * trips, each waiting for a thread of the other process to be scheduled.) Every half is posted
  * at once; two messages on one (peer, tag) pair up in order, the headers on their slot as the
  * payloads on theirs. */
-int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
+struct Half {
+  uint64_t hdr; /* the size a receive expects, or the one a send was told */
+  Buf hb, bb;   /* the header and the payload (declared after hdr: destroyed before it) */
+  int peer;
+};
+
+/* Posts ops and waits for the sends. With pending, each receive is left in flight there (a
+ * Half for gloo_p2p_wait), else waited for too. */
+int p2p(Gloo *g, const dt_comm_p2p_t *ops, int n, void **pending)
 {
-  Gloo *g = static_cast<Gloo *>(impl);
   return guarded(g, "send/recv", [&]() -> int {
     auto &tctx = g->tctx;
-    uint64_t hdr[DT_COMM_P2P_MAX];
-    Buf hb[DT_COMM_P2P_MAX], bb[DT_COMM_P2P_MAX];
+    std::unique_ptr<Half> h[DT_COMM_P2P_MAX];
     std::vector<UnboundBuffer *> bufs;
     for (int i = 0; i < n; i++) {
-      hdr[i] = ops[i].recv ? ops[i].bytes : 0;
-      hb[i] = tctx->createUnboundBuffer(&hdr[i], sizeof hdr[i]);
-      bb[i] = tctx->createUnboundBuffer(ops[i].buf, ops[i].bytes);
-      bufs.push_back(hb[i].get());
-      bufs.push_back(bb[i].get());
+      h[i].reset(new Half{ops[i].recv ? ops[i].bytes : 0, nullptr, nullptr, ops[i].peer});
+      h[i]->hb = tctx->createUnboundBuffer(&h[i]->hdr, sizeof h[i]->hdr);
+      h[i]->bb = tctx->createUnboundBuffer(ops[i].buf, ops[i].bytes);
+      bufs.push_back(h[i]->hb.get());
+      bufs.push_back(h[i]->bb.get());
     }
     Active active(g, bufs);
     auto slot = [&](uint8_t prefix, int i) {
@@ -1083,34 +1089,61 @@ int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
     };
     for (int i = 0; i < n; i++) {
       if (ops[i].recv) {
-        hb[i]->send(ops[i].peer, slot(kSlotP2PHeader, i));
-        bb[i]->recv(ops[i].peer, slot(kSlotP2P, i));
+        h[i]->hb->send(ops[i].peer, slot(kSlotP2PHeader, i));
+        h[i]->bb->recv(ops[i].peer, slot(kSlotP2P, i));
       } else {
-        hb[i]->recv(ops[i].peer, slot(kSlotP2PHeader, i));
+        h[i]->hb->recv(ops[i].peer, slot(kSlotP2PHeader, i));
       }
     }
     for (int i = 0; i < n; i++) {
       if (ops[i].recv)
         continue;
-      wait_recv(g, hb[i].get(), ops[i].peer);
-      if (hdr[i] != ops[i].bytes) {
+      wait_recv(g, h[i]->hb.get(), ops[i].peer);
+      if (h[i]->hdr != ops[i].bytes) {
         DT_ERROR(COMM,
                  "comm %s rank %d/%d: send to rank %d (tag %d): it expects %llu bytes, this "
                  "rank sends %zu",
                  name_of(g).c_str(), g->rank, g->world, ops[i].peer, ops[i].tag,
-                 (unsigned long long)hdr[i], ops[i].bytes);
+                 (unsigned long long)h[i]->hdr, ops[i].bytes);
         return DT_ESHAPE;
       }
-      bb[i]->send(ops[i].peer, slot(kSlotP2P, i));
+      h[i]->bb->send(ops[i].peer, slot(kSlotP2P, i));
     }
     for (int i = 0; i < n; i++) {
-      if (ops[i].recv) {
-        wait_send(g, hb[i].get(), ops[i].peer);
-        wait_recv(g, bb[i].get(), ops[i].peer);
-      } else {
-        wait_send(g, bb[i].get(), ops[i].peer);
+      if (!ops[i].recv) {
+        wait_send(g, h[i]->bb.get(), ops[i].peer);
+      } else if (!pending) {
+        wait_send(g, h[i]->hb.get(), ops[i].peer);
+        wait_recv(g, h[i]->bb.get(), ops[i].peer);
       }
     }
+    for (int i = 0; i < n && pending; i++)
+      pending[i] = ops[i].recv ? h[i].release() : nullptr;
+    return 0;
+  });
+}
+
+int gloo_p2p(void *impl, const dt_comm_p2p_t *ops, int n)
+{
+  return p2p(static_cast<Gloo *>(impl), ops, n, nullptr);
+}
+
+int gloo_p2p_post(void *impl, const dt_comm_p2p_t *ops, int n, void **pending)
+{
+  return p2p(static_cast<Gloo *>(impl), ops, n, pending);
+}
+
+/* A receive gloo_p2p_post left in flight: its header's send, then its payload. */
+int gloo_p2p_wait(void *impl, void *pending, int drop)
+{
+  Gloo *g = static_cast<Gloo *>(impl);
+  std::unique_ptr<Half> h(static_cast<Half *>(pending));
+  if (drop)
+    return 0;
+  return guarded(g, "recv", [&]() -> int {
+    Active active(g, {h->hb.get(), h->bb.get()});
+    wait_send(g, h->hb.get(), h->peer);
+    wait_recv(g, h->bb.get(), h->peer);
     return 0;
   });
 }
@@ -1128,6 +1161,6 @@ void gloo_set_label(void *impl, const char *label)
 extern "C" const dt_comm_backend_t dt__comm_cpu_backend = {
     "cpu",           gloo_init,           gloo_destroy,    gloo_abort,
     gloo_all_reduce, gloo_reduce_scatter, gloo_all_gather, gloo_broadcast,
-    gloo_p2p,        gloo_barrier,        nullptr,         0 /* host memory */,
-    gloo_set_label,
+    gloo_p2p,        gloo_p2p_post,       gloo_p2p_wait,   gloo_barrier,
+    nullptr,         0 /* host memory */, gloo_set_label,
 };
