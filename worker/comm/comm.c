@@ -601,8 +601,9 @@ static int valid_peer(const dt_comm_t *comm, int peer)
   return peer >= 0 && peer < comm->world && peer != comm->rank;
 }
 
-/* dt_comm_p2p, and with pending dt_comm_p2p_post: receives the backend can leave in flight
- * (not staged) are, the rest complete here. */
+/* dt_comm_p2p, and with pending dt_comm_p2p_post: where the backend can leave receives in
+ * flight and nothing is staged, they are (their bytes count in their waits), else all complete
+ * here. */
 static int p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending_t **pending)
 {
   DT_CHECK(comm_enter(comm));
@@ -615,17 +616,17 @@ static int p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending
   dt_comm_p2p_t staged[DT_COMM_P2P_MAX];
   dt_comm_pending_t *mine[DT_COMM_P2P_MAX] = {0};
   void *be[DT_COMM_P2P_MAX] = {0};
+  const int defer = pending && comm->be->p2p_post && !comm->dev.is_device;
   size_t bytes = 0;
   for (int i = 0; i < n; i++) {
     o[i] = (operand_t){ops[i].buf, ops[i].bytes, !ops[i].recv, ops[i].recv, NULL};
-    bytes += ops[i].bytes;
+    bytes += defer && ops[i].recv ? 0 : ops[i].bytes;
   }
   op_begin(comm, n == 1 ? (ops[0].recv ? "recv" : "send") : "send/recv", bytes, ops, n);
-  int rc = stage_in(comm, o, n), defer = pending && comm->be->p2p_post;
+  int rc = stage_in(comm, o, n);
   for (int i = 0; i < n; i++) {
     staged[i] = ops[i];
     staged[i].buf = o[i].h;
-    defer = defer && o[i].h == o[i].p;
   }
   for (int i = 0; i < n && defer && rc == 0; i++)
     if (ops[i].recv && !(mine[i] = calloc(1, sizeof *mine[i])))

@@ -219,11 +219,11 @@ typedef struct dt_comm_pending dt_comm_pending_t;
 /* As dt_comm_p2p, but it waits only for the sends (Megatron's overlapped pipeline exchange):
  * each receive half i is left in flight as pending[i], to be completed by dt_comm_p2p_wait
  * before its buffer is read or written; pending[i] is NULL for a send, and for a receive that
- * is complete already ("nccl" completes every half here, and so does any communicator for a
- * receive staged between device and host memory). A send still waits for its receiver to post
- * (so the pairing rules and the deadlock-freedom of dt_comm_p2p hold), but a stage no longer
- * waits here for data it needs only after other work. The receive's waits are its own
- * operation ("recv"), with its peer named in progress reports. */
+ * is complete already ("nccl", and any communicator with a device set, dt_comm_set_device,
+ * complete every half here). A send still waits for its receiver to post (so the pairing rules
+ * and the deadlock-freedom of dt_comm_p2p hold), but a stage no longer waits here for data it
+ * needs only after other work. A receive's wait is an operation of its own ("recv", moving its
+ * bytes: the post's count only the rest), with its peer named in progress reports. */
 int dt_comm_p2p_post(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending_t **pending);
 /* Waits for the receive, then frees pending (NULL: nothing to wait for, 0). It fails as any
  * operation does; on a failed or aborted communicator it fails at once, freeing pending. A
