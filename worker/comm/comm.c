@@ -602,8 +602,8 @@ static int valid_peer(const dt_comm_t *comm, int peer)
 }
 
 /* dt_comm_p2p, and with pending dt_comm_p2p_post: where the backend can leave receives in
- * flight and nothing is staged, they are (their bytes count in their waits), else all complete
- * here. */
+ * flight and no device is set (nothing to stage back), they are (their bytes count in their
+ * waits), else all complete here. */
 static int p2p(dt_comm_t *comm, const dt_comm_p2p_t *ops, int n, dt_comm_pending_t **pending)
 {
   DT_CHECK(comm_enter(comm));

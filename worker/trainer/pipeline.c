@@ -61,15 +61,12 @@ int dt_pipeline_slots(const dt_pipeline_t *pl, int *slots)
   return pl->v;
 }
 
-/* Logs a failed exchange with the peers of its halves (canceled: whoever aborted it says why). */
-static void transfer_failed(const dt_pipeline_t *pl, const dt_comm_p2p_t *b, int n, int rc)
+/* Logs a failed exchange with stages a and c (the same stage, or both neighbours); canceled:
+ * whoever aborted it says why. */
+static void transfer_failed(const dt_pipeline_t *pl, int a, int c, int rc)
 {
-  if (rc >= 0 || rc == DT_ECANCELED || n == 0)
+  if (rc >= 0 || rc == DT_ECANCELED)
     return;
-  int a = b[0].peer, c = a; /* the batch's peers: next, prev or both */
-  for (int i = 1; i < n; i++)
-    if (b[i].peer != a)
-      c = b[i].peer;
   if (a == c)
     DT_ERROR(TRAIN, "pipeline stage %d of %d: the transfer with stage %d failed: %s", pl->s, pl->p,
              a, dt_strerror(rc));
@@ -109,7 +106,10 @@ static int transfer(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, siz
     }
   }
   const int rc = dt_comm_p2p_post(pl->comm, b, n, req);
-  transfer_failed(pl, b, n, rc);
+  int a = n > 0 ? b[0].peer : 0, c = a; /* the batch's peers: next, prev or both */
+  for (int i = 1; i < n; i++)
+    c = b[i].peer != a ? b[i].peer : c;
+  transfer_failed(pl, a, c, rc);
   for (int i = 0; i < n && rc == 0; i++)
     if (req[i])
       pl->pending[pl->npending++] = (pending_t){req[i], half[i], op->half[half[i]]};
@@ -131,7 +131,7 @@ static int await(dt_pipeline_t *pl, int half, dt_pipe_ref_t ref)
     DT_TRACE(TRAIN, "pipeline stage %d: wait for %s chunk %d mb %d at %.3f for %.3f ms", pl->s,
              half == DT_PIPE_RECV_ACT ? "act" : "grad", ref.chunk, ref.mb, t0, ms);
     const int peer = half == DT_PIPE_RECV_ACT ? (pl->s + pl->p - 1) % pl->p : (pl->s + 1) % pl->p;
-    transfer_failed(pl, &(dt_comm_p2p_t){NULL, 0, peer, 0, 1}, 1, rc);
+    transfer_failed(pl, peer, peer, rc);
     return rc;
   }
   return 0;
