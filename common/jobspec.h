@@ -83,6 +83,12 @@ int dt_jobspec_place(const Distrain__V1__JobSpec *spec, int min_dp, int max_dp,
                      const int *node_devices, int nnodes, dt_placement_t *pl, char *why,
                      size_t whylen);
 
+/* distrain-train's exit statuses besides 0 (done) and 1 (failed): 2, its flags or input refused
+ * (a restart would fail the same way); 3, stopped on request (SIGTERM) after a step
+ * that every rank stopped after and whose checkpoint is committed (worker/trainer/stop.h). */
+#define DT_TRAIN_EXIT_INPUT   2
+#define DT_TRAIN_EXIT_STOPPED 3
+
 /* distrain-train's arguments for one rank of this job (argv[0] not included), NULL-terminated,
  * every string malloc'ed; free with dt_argv_free. dp_size is the data-parallel size of the
  * current generation (it may differ from parallel.dp after an elastic re-plan: the global batch

@@ -280,9 +280,11 @@ void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json)
   }
 }
 
-static const char *node_state(Distrain__V1__NodeState s)
+/* LEAVING: alive, but its agent is stopping (no new work goes there). */
+static const char *node_state(const Distrain__V1__Node *nd)
 {
-  return s == DISTRAIN__V1__NODE_STATE__NODE_ALIVE  ? "ALIVE"
+  const Distrain__V1__NodeState s = nd->state;
+  return s == DISTRAIN__V1__NODE_STATE__NODE_ALIVE  ? (nd->leaving ? "LEAVING" : "ALIVE")
          : s == DISTRAIN__V1__NODE_STATE__NODE_DEAD ? "DEAD"
                                                     : "UNKNOWN";
 }
@@ -361,7 +363,7 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
   fprintf(out, ", \"hostname\": ");
   dt_json_string(out, info ? info->hostname : "");
   fprintf(out, ", \"state\": ");
-  dt_json_string(out, node_state(nd->state));
+  dt_json_string(out, node_state(nd));
   fprintf(out, ", \"device_kind\": ");
   dt_json_string(out, ndev ? info->devices[0]->kind : "-");
   fputs(", \"devices\": [", out);
@@ -398,7 +400,7 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
     fputs("]\n", out);
     return;
   }
-  fprintf(out, "%-10s %-20s %-6s %8s  %-14s  %s\n", "NODE", "HOST", "STATE", "TRAINERS",
+  fprintf(out, "%-10s %-20s %-7s %8s  %-14s  %s\n", "NODE", "HOST", "STATE", "TRAINERS",
           "LAST HEARTBEAT", "DEVICES");
   const time_t now = time(NULL);
   for (size_t i = 0; i < n; i++) {
@@ -406,8 +408,8 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
     char seen[32], dev[1024];
     snprintf(seen, sizeof seen, "%llds ago", (long long)(now - nd->last_heartbeat_ms / 1000));
     devices_summary(nd, dev, sizeof dev);
-    fprintf(out, "%-10s %-20s %-6s %8zu  %-14s  %s\n", nd->node_id,
-            nd->info ? nd->info->hostname : "?", node_state(nd->state), nd->n_trainers, seen, dev);
+    fprintf(out, "%-10s %-20s %-7s %8zu  %-14s  %s\n", nd->node_id,
+            nd->info ? nd->info->hostname : "?", node_state(nd), nd->n_trainers, seen, dev);
   }
 }
 

@@ -26,7 +26,7 @@
 typedef struct {
   dt_ctl_opts_t o;
   dt_ctl_local_t local;
-  int is_local, watch, rank, follow;
+  int is_local, watch, rank, follow, now;
   const char *work_dir, *plot;
   char *sets[MAX_SETS];
   int nsets;
@@ -45,7 +45,8 @@ static void usage(FILE *out)
           "  status [JOB] [--watch] [--plot loss.png]   all jobs, or one (follow it with "
           "--watch;\n"
           "                     --plot draws its loss curve with gnuplot)\n"
-          "  stop JOB           stop a job\n"
+          "  stop JOB [--now]   stop a job: its trainers save their step as a checkpoint, then\n"
+          "                     exit (--now: kill them at once)\n"
           "  nodes              registered nodes\n"
           "  logs JOB [--rank R] [--follow]   a trainer's log (rank 0 by default) from its node,\n"
           "                     through the coordinator; --work-dir DIR reads local files instead\n"
@@ -73,6 +74,7 @@ static int parse(int argc, char **argv, args_t *a)
                                        {"plot", required_argument, 0, 'P'},
                                        DT_RPC_TLS_OPTIONS,
                                        {"follow", no_argument, 0, 'f'},
+                                       {"now", no_argument, 0, 'N'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int ch;
@@ -112,6 +114,9 @@ static int parse(int argc, char **argv, args_t *a)
       break;
     case 'f':
       a->follow = 1;
+      break;
+    case 'N':
+      a->now = 1;
       break;
     case 'r':
       a->local.run_dir = optarg;
@@ -277,6 +282,7 @@ static int cmd_stop(args_t *a)
     return 1;
   Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
   req.job_id = a->pos[1];
+  req.now = a->now;
   int rc = call(c, "StopJob", &req.base, &resp);
   if (rc == 0) {
     dt_ctl_print_job(stdout, (void *)resp, a->o.json);

@@ -95,6 +95,7 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
     }
   }
   n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  n->leaving = 0;
   n->last_seen_ms = dt_coord_now_ms();
   n->last_seen_wall_ms = dt_wall_ms();
   dt_coord_store_put_node(c->store, n);
@@ -130,6 +131,13 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     dt_coord_event(c, NULL, 0, "node %s (%s) is back", n->id, n->info->hostname);
     n->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
     dt_coord_store_put_node(c->store, n);
+  }
+  if (req->leaving && !n->leaving) {
+    n->leaving = 1;
+    DT_INFO(COORD, "node %s (%s) is leaving: its agent is stopping; no new work goes there", n->id,
+            n->info->hostname);
+    dt_coord_event(c, NULL, 0, "node %s (%s) is leaving (its agent is stopping)", n->id,
+                   n->info->hostname);
   }
   for (size_t i = 0; i < n->n_trainers; i++)
     distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
@@ -212,6 +220,7 @@ void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o)
   o->node_id = (char *)n->id;
   o->info = n->info;
   o->state = n->state;
+  o->leaving = n->leaving;
   o->last_heartbeat_ms = n->last_seen_wall_ms;
   o->trainers = n->trainers;
   o->n_trainers = n->n_trainers;
@@ -373,7 +382,13 @@ static void handle_stop_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   Distrain__V1__JobState s = j->job->state;
   if (s != DISTRAIN__V1__JOB_STATE__JOB_COMPLETED && s != DISTRAIN__V1__JOB_STATE__JOB_FAILED &&
       s != DISTRAIN__V1__JOB_STATE__JOB_STOPPED) {
-    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_STOPPED, "stopped by the user");
+    const int idx = dt_coord_job_index(&c->st, j);
+    if (!req->now) /* its trainers save their step first */
+      for (size_t i = 0; i < c->st.n_nodes; i++)
+        if (c->st.nodes[i] && c->st.nodes[i]->job == idx)
+          c->st.nodes[i]->stopped_job = j->id;
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_STOPPED,
+                            req->now ? "stopped by the user (now)" : "stopped by the user");
     dt_coord_release_nodes(c, j);
     dt_coord_schedule(c);
   }

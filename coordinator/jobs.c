@@ -180,6 +180,8 @@ static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, d
     return NULL;
   distrain__v1__watch_assignment_response__init(r);
   r->version = n->assign_version;
+  if (n->stopped_job)
+    r->stopped_job = (char *)n->stopped_job; /* borrowed from the job */
   if (n->job < 0 || (size_t)n->job >= c->st.n_jobs)
     return r;
   dt_job_t *j = c->st.jobs[n->job];
@@ -255,7 +257,7 @@ static const char *device_kind(const Distrain__V1__JobSpec *spec)
  * of device the job asks for. */
 static int node_serves(const dt_node_t *nd, int jidx, const char *kind)
 {
-  return nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE &&
+  return nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && !nd->leaving &&
          (nd->job < 0 || nd->job == jidx) &&
          (!kind || (nd->info->n_devices > 0 && strcmp(nd->info->devices[0]->kind, kind) == 0));
 }
@@ -382,6 +384,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
       continue;
     dt_node_t *n = c->st.nodes[idle[k]];
     n->job = jidx;
+    n->stopped_job = NULL;
     size_t len = strlen(nodes);
     snprintf(nodes + len, sizeof nodes - len, "%s%s", len ? "," : "", n->id);
   }
@@ -465,7 +468,9 @@ void dt_coord_schedule(dt_coord_t *c)
   }
 }
 
-/* A failure in the current generation: restart from the last checkpoint, or give up. */
+/* A failure in the current generation: restart from the last checkpoint, or give up. A stop
+ * on request (DT_RESTART_STOPPED) is no failure: every rank saved its last step, and the
+ * restart does not count against max_restarts. */
 static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const char *reason)
 {
   j->blame_deadline_ms = 0;
@@ -473,19 +478,29 @@ static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const c
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
     return;
   const int max_restarts = j->job->spec->elastic->max_restarts;
-  if (j->job->restarts >= max_restarts) {
+  char from[64];
+  if (j->job->committed_step > 0)
+    snprintf(from, sizeof from, "checkpoint step %lld", (long long)j->job->committed_step);
+  else
+    snprintf(from, sizeof from, "the beginning (no checkpoint yet)");
+  if (why == DT_RESTART_STOPPED) {
+    j->restarts_by[why]++;
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
+                            "%s; restarting from %s, not counted against max_restarts", reason,
+                            from);
+  } else if (j->job->restarts >= max_restarts) {
     dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_FAILED,
                             "%s; giving up after %d restarts (max_restarts %d)", reason,
                             j->job->restarts, max_restarts);
     dt_coord_release_nodes(c, j);
     return;
+  } else {
+    j->job->restarts++;
+    j->restarts_by[why]++;
+    dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
+                            "%s; restart %d of %d from %s", reason, j->job->restarts, max_restarts,
+                            j->job->committed_step > 0 ? "the last committed checkpoint" : from);
   }
-  j->job->restarts++;
-  j->restarts_by[why]++;
-  dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
-                          "%s; restart %d of %d from %s", reason, j->job->restarts, max_restarts,
-                          j->job->committed_step > 0 ? "the last committed checkpoint"
-                                                     : "the beginning (no checkpoint yet)");
   dt_coord_release_nodes(c, j);
   dt_coord_kv_expire(c->kv, j->id, j->job->generation + 1);
 }
@@ -514,9 +529,13 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
         job->n_failed_nodes++;
     }
     char reason[256];
-    snprintf(reason, sizeof reason, "node %s (%s) missed heartbeats for %.0f ms", n->id,
-             n->info->hostname, silent);
-    recover(c, j, DT_RESTART_NODE_DEAD, reason);
+    if (n->leaving) /* its agent was stopped: an operator's doing, not a failure */
+      snprintf(reason, sizeof reason, "node %s (%s) left (its agent stopped)", n->id,
+               n->info->hostname);
+    else
+      snprintf(reason, sizeof reason, "node %s (%s) missed heartbeats for %.0f ms", n->id,
+               n->info->hostname, silent);
+    recover(c, j, n->leaving ? DT_RESTART_STOPPED : DT_RESTART_NODE_DEAD, reason);
   }
   dt_coord_schedule_soon(c);
 }
@@ -811,12 +830,19 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       else
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
-      if (ts->input_error || (ts->exit_code == 2 && !ts->term_signal)) {
+      if (ts->input_error || (ts->exit_code == DT_TRAIN_EXIT_INPUT && !ts->term_signal)) {
         /* Its input is at fault (exit 2: options the trainer refuses): a restart would fail
          * the same way, so the job fails now rather than after max_restarts tries. */
         dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_FAILED,
                                 "%s (the job's input or configuration: not restarted)", reason);
         dt_coord_release_nodes(c, j);
+        replan = 1;
+        continue;
+      }
+      if (ts->exit_code == DT_TRAIN_EXIT_STOPPED && !ts->term_signal) {
+        /* Asked to stop (SIGTERM: its node preempted or drained, its agent stopped), after a
+         * step all ranks saved: the others stop after it too. */
+        recover(c, j, DT_RESTART_STOPPED, reason);
         replan = 1;
         continue;
       }

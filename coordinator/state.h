@@ -35,6 +35,10 @@ typedef struct {
   struct dt_rpc_call *watch;
   double watch_deadline_ms;
   int n_log_waits; /* GetLogs calls held for this node's agent (logrelay.c), bounded */
+  /* The id of the job the user stopped while it used this node (its trainers get SIGTERM and
+   * save their step before they exit), until the node takes another job; or NULL. */
+  const char *stopped_job;
+  int leaving; /* its agent said it is stopping: no new work; its loss is no failure */
 } dt_node_t;
 
 /* Per-rank bookkeeping of the current generation. */
@@ -72,6 +76,7 @@ typedef enum {
   DT_RESTART_NONFINITE,      /* a non-finite loss or gradient: rolled back */
   DT_RESTART_HANG,           /* a collective blocked past the hang timeout */
   DT_RESTART_GROW,           /* nodes came back: grown to a larger dp at a checkpoint */
+  DT_RESTART_STOPPED,        /* a trainer was asked to stop (SIGTERM) and saved its step first */
   DT_RESTART_N
 } dt_restart_reason_t;
 

@@ -455,6 +455,14 @@ class ClusterTest(unittest.TestCase):
 
         return wait_until(check, timeout, "job %s in %s (step >= %d)" % (job_id, names, min_step))
 
+    @staticmethod
+    def committed_steps(ckpt):
+        """The steps with a MANIFEST under checkpoint directory ckpt."""
+        if not os.path.isdir(ckpt):
+            return []
+        return sorted(int(d[5:]) for d in os.listdir(ckpt) if d.startswith("step-") and
+                      os.path.exists(os.path.join(ckpt, d, "MANIFEST")))
+
     def trainer_of(self, job_id, generation=None):
         """(node, TrainerStatus) of the job's RUNNING trainer with a pid, else None."""
         for n in self.nodes():
@@ -1762,6 +1770,7 @@ class T6_Stop(ClusterTest):
         _, tr = wait_until(lambda: self.trainer_of(job1), 10, "a running trainer")
         self.assertEqual(proc_ppid(tr.pid), agent.pid)
 
+        step_at_stop = self.get_job(job1).step
         t_stop = time.monotonic()
         r = self.ctl("stop", job1, "--coordinator", self.addr, "--token-file", self.token_file)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -1771,6 +1780,10 @@ class T6_Stop(ClusterTest):
         wait_until(lambda: not proc_alive(tr.pid), self.GRACE_MS / 1000.0,
                    "the trainer to exit within the grace period")
         gone_ms = (time.monotonic() - t_stop) * 1000
+        # It finished its step and saved it (checkpoint.every is 0: no other save).
+        saved = self.committed_steps(ckpt)
+        self.assertEqual(len(saved), 1, saved)
+        self.assertGreaterEqual(saved[0], step_at_stop)
         self.assertEqual(procs_under(work), [], "the agent left orphans")
         self.assertIsNone(agent.poll(), "the agent exited")
         # The job stays STOPPED; stopping it again is harmless.
@@ -1782,6 +1795,17 @@ class T6_Stop(ClusterTest):
                      self.token_file)
         self.assertEqual(r.returncode, 1)
         self.assertIn("job-404", r.stderr)
+
+        # `stop --now` kills the trainers at once: nothing is saved.
+        job0 = self.submit_yaml(job_yaml(ckpt + "0", 100000, shape=SLOW, every=0, val_every=0),
+                                name="job0.yaml")
+        self.wait_state(job0, [pb.JOB_RUNNING], 20, min_step=1)
+        _, tr0 = wait_until(lambda: self.trainer_of(job0), 10, "job 0's trainer")
+        r = self.ctl("stop", job0, "--now", "--coordinator", self.addr, "--token-file",
+                     self.token_file)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        wait_until(lambda: not proc_alive(tr0.pid), 2, "the trainer to be killed")
+        self.assertEqual(self.committed_steps(ckpt + "0"), [])
 
         # The node takes the next job; then the agent itself is stopped with SIGTERM.
         job2 = self.submit_yaml(job_yaml(ckpt + "2", 100000, shape=SLOW, every=0, val_every=0),
@@ -1796,12 +1820,13 @@ class T6_Stop(ClusterTest):
         rows = r.stdout.splitlines()
         self.assertEqual(rows[0].split()[:3], ["JOB", "STATE", "GEN"], r.stdout)
         self.assertEqual(sorted(tuple(row.split()[:2]) for row in rows[1:]),
-                         sorted([(job1, "STOPPED"), (job2, "RUNNING")]), r.stdout)
+                         sorted([(job1, "STOPPED"), (job0, "STOPPED"), (job2, "RUNNING")]),
+                         r.stdout)
         self.assertRegex(r.stdout, r"%s +STOPPED .*/100000 .*stopped" % job1)
         r = self.ctl("status", "--json", *common)
         self.assertEqual(r.returncode, 0, r.stderr)
         listed = {j["job_id"]: j for j in json.loads(r.stdout)}
-        self.assertEqual(sorted(listed), sorted([job1, job2]))
+        self.assertEqual(sorted(listed), sorted([job1, job0, job2]))
         self.assertEqual((listed[job1]["state"], listed[job2]["state"]), ("STOPPED", "RUNNING"))
         self.assertEqual(listed[job2]["steps"], 100000)
         self.assertGreaterEqual(listed[job2]["step"], 1)
@@ -1812,10 +1837,15 @@ class T6_Stop(ClusterTest):
         self.assertEqual(procs_under(work), [], "the agent left orphans")
         with open(os.path.join(self.tmp, "agent-h0.log")) as f:
             log = f.read()
-        # The agent stopped the trainer itself (SIGTERM), it was not killed by PDEATHSIG.
-        self.assertIn("stopping job %s rank 0 (pid %d)" % (job2, tr2.pid), log)
-        self.assertRegex(log, r"job %s rank 0 stopped \(code \d+, signal %d\)"
-                         % (job2, signal.SIGTERM))
+        # The agent stopped the trainers itself, not PDEATHSIG: job 1's and job 2's by SIGTERM,
+        # on which each saved its step and exited 3; job 0's by SIGKILL.
+        for job, pid in ((job1, tr.pid), (job2, tr2.pid)):
+            self.assertIn("stopping job %s rank 0 (pid %d): it saves its step first" % (job, pid),
+                          log)
+            self.assertIn("job %s rank 0 stopped (code 3, signal 0)" % job, log)
+        self.assertIn("stopping job %s rank 0 (pid %d)\n" % (job0, tr0.pid), log)
+        self.assertIn("job %s rank 0 stopped (code 0, signal %d)" % (job0, signal.SIGKILL), log)
+        self.assertEqual(len(self.committed_steps(ckpt + "2")), 1)
         sys.stderr.write("[stop -> trainer gone in %.0f ms] " % gone_ms)
 
 
@@ -1899,7 +1929,7 @@ class T7_KvGenerations(ClusterTest):
         th.start()
         time.sleep(0.2)
         failed = pb.TrainerStatus(job_id=job_id, generation=gen, rank=0, state=pb.TRAINER_FAILED,
-                                  exit_code=3, last_error="boom")
+                                  exit_code=7, last_error="boom")
         self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=1, trainers=[failed]))
         th.join(timeout=5)
         self.assertFalse(th.is_alive())
@@ -2123,6 +2153,27 @@ class T9_HungRank(ClusterTest):
         wait_until(lambda: not proc_alive(tr.pid), 10, "the stopped trainer to be killed")
 
 
+def uninterrupted_losses(tmp, job_id, world, extra):
+    """{step: loss} of the job's ranks' own command line (generation 1's, from the log of its
+    rank 0, on whichever node), run uninterrupted by `world` processes with the extra flags."""
+    lines = []
+    for log in glob.glob(os.path.join(tmp, "work-*", job_id, "rank-0.log")):
+        with open(log) as f:
+            lines += [x for x in f if x.startswith("==== job %s generation 1 " % job_id)]
+    args = lines[0].split(": ", 1)[1].split()
+    for flag, value in (("--ckpt-dir", tmp + "/ref"), ("--save-every", "0")):
+        args[args.index(flag) + 1] = value
+    ref_metrics = os.path.join(tmp, "ref.jsonl")
+    procs = [subprocess.Popen(args + extra + ["--metrics", ref_metrics, "--quiet"],
+                              env=dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE=str(world),
+                                       RANK=str(r), DISTRAIN_KV_DIR=tmp + "/ref-kv"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for r in range(world)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * world, "the reference run failed"
+    with open(ref_metrics) as f:
+        return {m["step"]: m["loss"] for m in map(json.loads, f) if "loss" in m}
+
+
 class T10_NonFinite(ClusterTest):
     def test_nan_rolls_back_and_skips_the_batch(self):
         """A dp=2 job whose loss turns NaN at step F (fault injection on every trainer:
@@ -2154,26 +2205,83 @@ class T10_NonFinite(ClusterTest):
         self.assertEqual(json.loads(status.stdout)["skipped_steps"], [fault])
         metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
         self.assertEqual([m.step for m in metrics], [s for s in range(1, steps + 1) if s != fault])
-
-        # The reference: the ranks' own command line, run uninterrupted by two processes.
-        logs = glob.glob(os.path.join(self.tmp, "work-*", job_id, "rank-0.log"))
-        with open(logs[0]) as f:
-            line = [x for x in f if x.startswith("==== job %s generation 1 " % job_id)][0]
-        args = line.split(": ", 1)[1].split()
-        for flag, value in (("--ckpt-dir", self.tmp + "/ref"), ("--save-every", "0")):
-            args[args.index(flag) + 1] = value
-        ref_metrics = os.path.join(self.tmp, "ref.jsonl")
-        procs = [subprocess.Popen(args + ["--skip-steps", str(fault), "--metrics", ref_metrics,
-                                          "--quiet"],
-                                  env=dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2",
-                                           RANK=str(r), DISTRAIN_KV_DIR=self.tmp + "/ref-kv"),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for r in range(2)]
-        self.assertEqual([p.wait(timeout=120) for p in procs], [0, 0])
-        with open(ref_metrics) as f:
-            ref = {m["step"]: m["loss"] for m in map(json.loads, f) if "loss" in m}
+        ref = uninterrupted_losses(self.tmp, job_id, 2, ["--skip-steps", str(fault)])
         self.assertNotIn(fault, ref)
         for m in metrics:  # bit for bit: the same processes, resumed from a checkpoint
+            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
+            self.assertEqual(m.loss, f32, "step %d" % m.step)
+
+
+class T10c_StopSignal(ClusterTest):
+    def test_trainer_stopped_by_a_signal_saves_its_step(self):
+        """SIGTERM to one trainer of a dp=2 job (what a scheduler preempting its node sends):
+        both ranks stop after the same step and commit it, the job restarts from that step
+        without counting a restart, and its losses are the uninterrupted run's, bit for bit."""
+        self.start_coordinator()
+        steps = slow_steps(4.0)
+        self.start_agent("h0")
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0, dp=2)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        _, tr = self.trainer_of(job_id)
+        os.kill(tr.pid, signal.SIGTERM)
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.generation), (0, 2))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            m = re.search(r"job %s: RUNNING -> RECOVERING \(generation 1\): rank %d on node-\d "
+                          r"exited with code 3: stopped on request after a step, its checkpoint "
+                          r"committed; restarting from checkpoint step (\d+), not counted "
+                          r"against max_restarts" % (job_id, tr.rank), f.read())
+        self.assertTrue(m, "the coordinator's log has no uncounted restart")
+        stopped = int(m.group(1))
+        self.assertTrue(0 < stopped < steps, stopped)
+        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([m.step for m in metrics], list(range(1, steps + 1)))
+        ref = uninterrupted_losses(self.tmp, job_id, 2, [])
+        for m in metrics:  # no step was trained twice, and none differently
+            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
+            self.assertEqual(m.loss, f32, "step %d" % m.step)
+
+    def test_agent_stopped_mid_job(self):
+        """SIGTERM to the agent running rank 0 of a dp=2 job (systemctl stop on a node being
+        drained), a spare node registered: the job's trainers save their step on both nodes,
+        the job goes on on the other node and the spare from that step, uncounted, with the
+        uninterrupted losses, and rank 0's last steps on the drained node are not lost."""
+        self.start_coordinator()
+        steps = slow_steps(4.0)
+        for h in ("h0", "h1"):
+            self.start_agent(h)
+        self.wait_nodes(2)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0, dp=2)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        self.start_agent("h2")
+        self.wait_nodes(3)
+        drained = [n.info.hostname for n in self.nodes() for t in n.trainers
+                   if t.job_id == job_id and t.rank == 0][0]
+        kept = "h1" if drained == "h0" else "h0"
+        self.agents[drained].send_signal(signal.SIGTERM)
+        self.assertEqual(self.agents[drained].wait(timeout=15), 0)
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        # The agent said it was leaving before it stopped its trainers: the new generation
+        # went to h0 and the spare at once, and no restart was counted.
+        self.assertEqual((done.restarts, done.generation), (0, 2))
+        ids = {n.info.hostname: n.node_id for n in self.nodes()}
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            log = f.read()
+        self.assertIn("node %s (%s) is leaving: its agent is stopping" % (ids[drained], drained),
+                      log)
+        self.assertRegex(log, r"exited with code 3: stopped on request after a step, its "
+                         r"checkpoint committed; restarting from checkpoint step \d+, not "
+                         r"counted against max_restarts")
+        placed = re.search(r"RECOVERING -> RENDEZVOUS \(generation 2\): .* on (\S+),", log)
+        self.assertEqual(sorted(placed.group(1).split(",")), sorted([ids[kept], ids["h2"]]))
+        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([m.step for m in metrics], list(range(1, steps + 1)))
+        ref = uninterrupted_losses(self.tmp, job_id, 2, [])
+        for m in metrics:
             f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
             self.assertEqual(m.loss, f32, "step %d" % m.step)
 

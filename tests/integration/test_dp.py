@@ -18,7 +18,10 @@ and data, and checks:
   * a peer's address left in the store by an earlier run: rank 0 fails within the timeout
     and says to use a fresh store;
   * a peer killed mid-training: the survivor fails with an error, not a hang (collectives on
-    the compute thread, and on the comm thread).
+    the compute thread, and on the comm thread);
+  * SIGTERM to one rank: every rank stops after the same step with its checkpoint committed
+    (exit 3), and the resumed run gives the uninterrupted losses; a SIGTERM 2 s after the first
+    ends a rank that cannot reach its step's end, one sooner does not.
 
     /usr/bin/python3 tests/integration/test_dp.py --build build
 """
@@ -334,6 +337,73 @@ class DataParallel(unittest.TestCase):
         self.assertEqual(runs["sync"][1], runs["async"][1])
         self.assertRegex(runs["async"][2], r"checkpoint step 2: the step paused [\d.]+ ms")
         self.assertIn("written and committed in the background", runs["async"][2])
+
+    def wait_steps(self, metrics, n):
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if os.path.exists(metrics) and len(read_metrics(metrics)) >= n:
+                return
+            time.sleep(0.05)
+        self.fail("training never reached step %d" % n)
+
+    def test_stop_signal_saves_the_step_and_resumes(self):
+        """SIGTERM to one rank of a dp=2 ZeRO-1 run (as a scheduler preempting its node), twice
+        in a row (Slurm signals a step's every process, and the agent among them its trainer):
+        both ranks stop after the same step, whose checkpoint is committed, and exit 3; resumed,
+        the run gives the uninterrupted losses. Steps are slowed (DISTRAIN_FAULT_SLOW_MS) so
+        that the signals land mid-run."""
+        ref = self.single_run(8, 1)
+        ckpt = os.path.join(self.tmp, "stop_ckpt")
+        m1 = os.path.join(self.tmp, "stop_a.jsonl")
+        m2 = os.path.join(self.tmp, "stop_b.jsonl")
+        args = lambda m: [a for a in base_args(4, 1, m) if a != "--quiet"] + [
+            "--ckpt-dir", ckpt, "--zero-stage", "1"]
+        procs = launch(2, lambda r: args(m1), os.path.join(self.tmp, "kv_stop1"),
+                       {"DISTRAIN_FAULT_SLOW_MS": "300"})
+        self.wait_steps(m1, 2)
+        procs[1].send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)
+        outs = wait_all(procs)
+        self.assertEqual([rc for rc, _, _ in outs], [3, 3],
+                         "\n".join(e[-1500:] for _, _, e in outs))
+        stopped = re.search(r"stopped on request after step (\d+) of %d: its checkpoint is "
+                            r"committed" % STEPS, outs[0][2])
+        self.assertTrue(stopped, outs[0][2][-2000:])
+        step = int(stopped.group(1))
+        self.assertLess(step, STEPS)
+        self.assertEqual(os.listdir(ckpt), ["step-%08d" % step])
+        self.assertTrue(os.path.exists(os.path.join(ckpt, "step-%08d" % step, "MANIFEST")))
+        self.assertEqual([m["step"] for m in read_metrics(m1)], list(range(1, step + 1)))
+        resume = [a for a in args(m2) if not a.startswith("llmc:") and a != "--init"]
+        outs = wait_all(launch(2, lambda r: resume + ["--resume"],
+                               os.path.join(self.tmp, "kv_stop2")))
+        assert_ranks_ok(outs, "dp2 resume after the stop")
+        self.assert_close(ref, read_metrics(m1) + read_metrics(m2), "stopped at step %d, resumed"
+                          % step)
+
+    def test_second_stop_signal_ends_a_blocked_rank(self):
+        """A rank whose peer is stopped (SIGSTOP) cannot reach its step's end: the first SIGTERM
+        leaves it waiting, and so does one 1 s later (the same request, delivered twice); one
+        2 s or more after the first ends it at once, by the signal."""
+        m = os.path.join(self.tmp, "stop_blocked.jsonl")
+        procs = launch(2, lambda r: base_args(4, 1, m, steps=100000),
+                       os.path.join(self.tmp, "kv_stop_blocked"))
+        try:
+            self.wait_steps(m, 2)
+            procs[1].send_signal(signal.SIGSTOP)
+            procs[0].send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            procs[0].send_signal(signal.SIGTERM)
+            time.sleep(1.5)
+            self.assertIsNone(procs[0].poll(), "rank 0 cannot have stopped: its peer is stopped")
+            procs[0].send_signal(signal.SIGTERM)
+            procs[0].wait(timeout=10)
+            self.assertEqual(procs[0].returncode, -signal.SIGTERM)
+        finally:
+            for p in procs:
+                p.kill()
+                p.communicate()
 
     def rank0_alone(self, kv, tag):
         """Rank 0 of a world of 2 started alone on store kv with a 2 s comm timeout: it must fail

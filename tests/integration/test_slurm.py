@@ -22,14 +22,18 @@ names that are not host names (the agents register as dtn1 and dtn2).
 - One node's agent SIGKILLed mid-job: the allocation and the other agent go on, the
   coordinator declares the node dead and restarts the job from its checkpoint on dtn1 alone,
   and the job completes with the reference losses (1e-5 relative, as the chaos suite).
+- `scancel --batch --signal=TERM` mid-job (what the script's --signal=B:TERM@120 sends before
+  the time limit): the job is stopped with the step its trainers stopped after committed.
 
 Exits 77 (skip) with the reason when the Slurm or munge binaries are missing, when not root
 (SlurmUser=root, munged's key), or when a daemon cannot start here. Every daemon, step and
 trainer is stopped at the end, also on failure.
 """
 import argparse
+import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -309,6 +313,19 @@ class SlurmTest(unittest.TestCase):
                            timeout=timeout)
         return r, metrics, run_dir
 
+    @staticmethod
+    def wait_past_step(p, metrics, step):
+        """Waits until the job of sbatch process p has written step to its metrics file."""
+        def past():
+            if p.poll() is not None:
+                raise AssertionError("sbatch ended early: %s" % p.stdout.read())
+            try:
+                return read_metrics(metrics)[-1]["step"] >= step
+            except (OSError, IndexError, ValueError):
+                return False
+
+        cp.wait_until(past, 60, "step %d" % step, interval=0.05)
+
     def job_output(self, sbatch_stdout):
         job = sbatch_stdout.split()[-1] if "Submitted batch job" in sbatch_stdout else "?"
         with open(os.path.join(self.dir, "slurm-%s.out" % job)) as f:
@@ -365,15 +382,7 @@ class SlurmTest(unittest.TestCase):
         p, metrics, run_dir = self.sbatch(spec, env={"DISTRAIN_FAULT_SLOW_MS": "60"},
                                           background=True)
         try:
-            def past_step_20():
-                if p.poll() is not None:
-                    raise AssertionError("sbatch ended early: %s" % p.stdout.read())
-                try:
-                    return read_metrics(metrics)[-1]["step"] >= 2 * EVERY
-                except (OSError, IndexError, ValueError):
-                    return False
-
-            cp.wait_until(past_step_20, 60, "step 20", interval=0.05)
+            self.wait_past_step(p, metrics, 2 * EVERY)
             agents = [pid for pid in self.c.ours()
                       if "distrain-worker" in " ".join(proc_cmdline(pid)[:1]) and
                       "dtn2" in proc_cmdline(pid)]
@@ -393,6 +402,40 @@ class SlurmTest(unittest.TestCase):
         self.assertRegex(out, r"failed node: +node-\d")
         self.assert_losses(read_metrics(metrics), 1e-5)
         sys.stderr.write("[agent killed -> job completed %.1f s later] " % (time.monotonic() - t))
+
+    def test_scancel_batch_stops_the_job_with_its_step_saved(self):
+        """`scancel --batch --signal=TERM` (what Slurm sends 120 s before the time limit,
+        through the script's --signal) mid-job: the script stops the job as `distrainctl stop`
+        does, and the step its trainers stopped after is the newest committed in the
+        checkpoint directory."""
+        p, metrics, run_dir = self.sbatch(self.spec(), env={"DISTRAIN_FAULT_SLOW_MS": "60"},
+                                          background=True)
+        try:
+            self.wait_past_step(p, metrics, EVERY + EVERY // 2)
+            job = self.c.run("squeue", "-h", "-o", "%i").stdout.split()[0]
+            self.c.run("scancel", "--batch", "--signal=TERM", job, timeout=10)
+            out_s, _ = p.communicate(timeout=90)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertNotEqual(p.returncode, 0, "sbatch: %s" % out_s)
+        out = self.job_output(out_s)
+        self.assertIn("signalled: stopping job-1", out)
+        coord_log = cp.read_text(os.path.join(run_dir, "coordinator.log"))
+        self.assertIn("job job-1: RUNNING -> STOPPED (generation 1): stopped by the user",
+                      coord_log)
+        rank0 = glob.glob(os.path.join(run_dir, "worker-*", "job-1", "rank-0.log"))
+        stopped = re.search(r"stopped on request after step (\d+) of %d: its checkpoint is "
+                            r"committed" % STEPS, cp.read_text(rank0[0]))
+        self.assertTrue(stopped, "rank 0 did not stop with its step saved")
+        step = int(stopped.group(1))
+        self.assertTrue(EVERY + EVERY // 2 <= step < STEPS, step)
+        steps = cp.ClusterTest.committed_steps(os.path.join(self.dir, "ckpt"))
+        self.assertEqual(steps[-1], step, steps)
+        for n in NODES:
+            self.assertIn("saves its step first",
+                          cp.read_text(os.path.join(run_dir, "worker-%s.log" % n)))
 
 
 def main():

@@ -471,6 +471,61 @@ START_TEST(test_input_error_fails_without_a_restart)
 }
 END_TEST
 
+/* Exit status 3: asked to stop (SIGTERM) after a step every rank saved. The job restarts from
+ * it, and no such restart counts against max_restarts, however many there are. */
+START_TEST(test_stopped_trainer_restarts_uncounted)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2("elastic.max_restarts=1", &j);
+  for (int stop = 1; stop <= 3; stop++) {
+    all_running(f, j, 3);
+    const uint64_t gen = j->job->generation;
+    heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                         .exit_code = DT_TRAIN_EXIT_STOPPED});
+    ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+    ck_assert_int_eq(j->job->generation, gen + 1);
+    ck_assert_int_eq(j->world, 2);
+    ck_assert_int_eq(j->job->restarts, 0);
+    ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], stop);
+  }
+  fx_free(f);
+}
+END_TEST
+
+/* A node whose agent said it is leaving takes no new work: a lost job's next generation goes to
+ * the spare; and its own loss, once its heartbeats stop, is no failure. */
+START_TEST(test_leaving_node_gets_no_work_and_its_loss_is_uncounted)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  add_node(f, "spare", 1);
+  all_running(f, j, 3);
+  dt_node_t *leaving = f->c.st.nodes[j->ranks[1].node];
+  leaving->leaving = 1;
+  heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                       .exit_code = DT_TRAIN_EXIT_STOPPED});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->world, 2);
+  ck_assert_int_eq(leaving->job, -1);
+  ck_assert_int_eq(f->c.st.nodes[2]->job, dt_coord_job_index(&f->c.st, j));
+
+  /* The spare leaves too, while it runs the job: its death restarts the job on the one node
+   * left (dp 1), uncounted. */
+  all_running(f, j, 5);
+  dt_node_t *spare = f->c.st.nodes[2];
+  spare->leaving = 1;
+  dt_coord_node_dead(&f->c, spare);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], 2);
+  ck_assert_int_eq(j->world, 1);
+  ck_assert_int_eq(nodes_of(f, j), 1);
+  fx_free(f);
+}
+END_TEST
+
 START_TEST(test_stale_generation_status_is_ignored)
 {
   dt_job_t *j;
@@ -852,6 +907,8 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_lost_node_shrinks_then_grows_back_at_a_commit);
   tcase_add_test(t, test_failed_trainer_restarts_in_place_until_max_restarts);
   tcase_add_test(t, test_input_error_fails_without_a_restart);
+  tcase_add_test(t, test_stopped_trainer_restarts_uncounted);
+  tcase_add_test(t, test_leaving_node_gets_no_work_and_its_loss_is_uncounted);
   tcase_add_test(t, test_stale_generation_status_is_ignored);
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);

@@ -115,8 +115,9 @@ START_TEST(test_nodes_table)
   node_usage(&gpu, 0, 25 * GIB / 2, 80 * GIB, 87);
   node_usage(&gpu, 1, 10 * GIB, 80 * GIB, 84); /* a mean of 85.5: rounded, 86 */
   gpu.node.n_trainers = 2;
-  /* The CPU fallback. */
+  /* The CPU fallback, on a node whose agent is stopping. */
   node_make(&cpu, "node-1", "cpu-b", "cpu", 4);
+  cpu.node.leaving = 1;
   /* A GPU without NVML: no usage, its total memory from the device list. */
   node_make(&bare, "node-2", "gpu-c", "cuda", 1);
   node_gpu(&bare, 0, "NVIDIA A100-SXM4-40GB", 40 * GIB);
@@ -140,15 +141,15 @@ START_TEST(test_nodes_table)
   char line[512];
   nth_line(out, 0, line, sizeof line);
   ck_assert_str_eq(line,
-                   "NODE       HOST                 STATE  TRAINERS  LAST HEARTBEAT  DEVICES");
+                   "NODE       HOST                 STATE   TRAINERS  LAST HEARTBEAT  DEVICES");
 
   nth_line(out, 1, line, sizeof line);
-  ck_assert_msg(strncmp(line, "node-0     gpu-a                ALIVE         2  ", 49) == 0, "%s",
+  ck_assert_msg(strncmp(line, "node-0     gpu-a                ALIVE          2  ", 50) == 0, "%s",
                 line);
   ck_assert_str_eq(devices_col(line), "2x NVIDIA H100 80GB HBM3, mem 22.5/160.0 GiB, util 86%");
 
   nth_line(out, 2, line, sizeof line);
-  ck_assert_msg(strncmp(line, "node-1     cpu-b                ALIVE         0  ", 49) == 0, "%s",
+  ck_assert_msg(strncmp(line, "node-1     cpu-b                LEAVING        0  ", 50) == 0, "%s",
                 line);
   ck_assert_str_eq(devices_col(line), "4x cpu");
 
@@ -156,7 +157,7 @@ START_TEST(test_nodes_table)
   ck_assert_str_eq(devices_col(line), "1x NVIDIA A100-SXM4-40GB, 40.0 GiB");
 
   nth_line(out, 4, line, sizeof line);
-  ck_assert_msg(strncmp(line, "node-3     gpu-d                DEAD   ", 39) == 0, "%s", line);
+  ck_assert_msg(strncmp(line, "node-3     gpu-d                DEAD    ", 40) == 0, "%s", line);
   ck_assert_str_eq(devices_col(line), "2x NVIDIA L4, mem 6.0/24.0 GiB (1 of 2 reporting)");
 
   nth_line(out, 5, line, sizeof line);

@@ -111,6 +111,9 @@ struct dt_agent {
   uv_timer_t hb_timer, retry_timer;
   uv_work_t hb_work, watch_work, reg_work;
   int hb_busy, watch_busy, reg_busy, registered, closing, closing_handles;
+  /* A graceful close (the coordinator heard that the node is leaving): trainers get SIGTERM,
+   * and each one's last report goes out as it exits; the RPCs are cancelled after that. */
+  int graceful_close, rpc_cancelled;
   uint64_t hb_seq, known_version;
   /* work results, filled on the threadpool and read back on the loop */
   Distrain__V1__HeartbeatRequest hb_req;
@@ -292,10 +295,36 @@ static void on_kill_timer(uv_timer_t *h)
       trainer_exited(t);
     }
   } else {
-    DT_WARN(WORKER, "job %s rank %d ignored SIGTERM for %d ms: SIGKILL", t->job_id, t->status.rank,
-            t->agent->cfg.grace_ms);
+    DT_WARN(WORKER,
+            "job %s rank %d did not exit within %d ms of SIGTERM (its step and save): SIGKILL",
+            t->job_id, t->status.rank, t->agent->cfg.grace_ms);
     uv_process_kill(&t->proc, SIGKILL);
   }
+}
+
+/* A graceful close's last word on an exited trainer: its final state and the steps it reported
+ * since the last heartbeat, in a heartbeat of their own, so that the last steps of a drained
+ * node's rank 0 reach the coordinator. Synchronous, as announce_leaving. */
+static void farewell(dt_agent_t *a, trainer_t *t)
+{
+  Distrain__V1__TrainerStatus ts = t->status, *tsp = &ts;
+  ts.job_id = t->job_id;
+  ts.last_error = t->last_error;
+  ts.metrics = t->pending;
+  ts.n_metrics = t->n_pending;
+  Distrain__V1__HeartbeatRequest req = DISTRAIN__V1__HEARTBEAT_REQUEST__INIT;
+  req.node_id = a->node_id;
+  req.seq = ++a->hb_seq;
+  req.leaving = 1;
+  req.trainers = &tsp;
+  req.n_trainers = 1;
+  ProtobufCMessage *resp = NULL;
+  char err[256];
+  if (dt_rpc_client_call(a->rpc, "Heartbeat", &req.base, &resp, 2000, 0, err, sizeof err) == 0)
+    protobuf_c_message_free_unpacked(resp, NULL);
+  else
+    DT_WARN(WORKER, "job %s rank %d: its last report did not reach the coordinator: %s", t->job_id,
+            t->status.rank, err);
 }
 
 /* Publishes the final state: after the last report, so that a SUCCEEDED rank 0 carries its
@@ -307,6 +336,8 @@ static void trainer_exited(trainer_t *t)
   if (t->timer_open == 1)
     uv_timer_stop(&t->kill_timer);
   if (a->closing) {
+    if (a->graceful_close)
+      farewell(a, t);
     trainer_release(t);
     return;
   }
@@ -334,7 +365,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
   else
     DT_INFO(WORKER, "job %s rank %d %s (code %lld, signal %d)", t->job_id, t->status.rank,
             t->stopping ? "stopped" : "finished", (long long)status, term_signal);
-  if (t->pipe_eof || t->agent->closing) {
+  if (t->pipe_eof || (t->agent->closing && !t->agent->graceful_close)) {
     trainer_exited(t);
     return;
   }
@@ -343,14 +374,19 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
   uv_timer_start(&t->kill_timer, on_kill_timer, (uint64_t)dt_param_ExitDrainMs(), 0);
 }
 
-static void trainer_stop(trainer_t *t)
+/* graceful: SIGTERM, on which the trainer saves its step before it exits (the job was stopped
+ * by the user, or this agent is stopping), then SIGKILL after the grace period. Otherwise
+ * (another generation replaces it: its peers have failed) SIGKILL at once. */
+static void trainer_stop(trainer_t *t, int graceful)
 {
   if (t->reaped || t->stopping)
     return;
   t->stopping = 1;
-  DT_INFO(WORKER, "stopping job %s rank %d (pid %d)", t->job_id, t->status.rank, t->proc.pid);
-  uv_process_kill(&t->proc, SIGTERM);
-  uv_timer_start(&t->kill_timer, on_kill_timer, (uint64_t)t->agent->cfg.grace_ms, 0);
+  DT_INFO(WORKER, "stopping job %s rank %d (pid %d)%s", t->job_id, t->status.rank, t->proc.pid,
+          graceful ? ": it saves its step first" : "");
+  uv_process_kill(&t->proc, graceful ? SIGTERM : SIGKILL);
+  if (graceful)
+    uv_timer_start(&t->kill_timer, on_kill_timer, (uint64_t)t->agent->cfg.grace_ms, 0);
 }
 
 /* The variables trainer_env sets, and the directory rendezvous that a trainer under an agent
@@ -590,17 +626,19 @@ static void reconcile(dt_agent_t *a)
         wanted |= job_assigned && as->ranks[k]->rank == t->status.rank;
     }
     if (!wanted && !t->exited)
-      trainer_stop(t);
+      trainer_stop(t, w && w->stopped_job && strcmp(w->stopped_job, t->job_id) == 0);
     else if (!job_assigned && t->exited && !undelivered(t))
       trainer_release(t);
   }
-  /* 2. Start assigned ranks, once nothing of an older generation of that job still runs. */
+  /* 2. Start assigned ranks, once nothing of an older generation of that job still runs, and
+   *    no trainer still saves its step on the way out (its device is not free yet). */
   for (size_t i = 0; w && i < w->n_assignments; i++) {
     const Distrain__V1__Assignment *as = w->assignments[i];
     int busy = 0;
     for (trainer_t *t = a->trainers; t; t = t->next)
-      busy |= strcmp(t->job_id, as->job_id) == 0 && t->status.generation != as->generation &&
-              (!t->exited || undelivered(t));
+      busy |= (strcmp(t->job_id, as->job_id) == 0 && t->status.generation != as->generation &&
+               (!t->exited || undelivered(t))) ||
+              (t->stopping && !t->exited);
     if (busy)
       continue; /* trainer_exited or hb_done calls us again */
     for (size_t k = 0; k < as->n_ranks; k++) {
@@ -1362,6 +1400,10 @@ static void on_timer_closed(uv_handle_t *h)
 
 static void maybe_finish_close(dt_agent_t *a)
 {
+  if (a->closing == 1 && !a->trainers && !a->rpc_cancelled) {
+    a->rpc_cancelled = 1; /* the watch long-poll must not hold the exit */
+    dt_rpc_client_cancel_all(a->rpc);
+  }
   if (!a->closing || a->trainers || a->logs || a->hb_busy || a->watch_busy || a->reg_busy ||
       a->usage_busy || a->closing == 2)
     return;
@@ -1378,21 +1420,50 @@ static void maybe_finish_close(dt_agent_t *a)
   uv_close((uv_handle_t *)&a->retry_timer, on_timer_closed);
 }
 
+/* Tells the coordinator, before the trainers are stopped, that this node is leaving: it plans
+ * no new work here, and the restart of the job whose trainers save their step and exit is no
+ * failure. One try of at most a second on the loop thread: the agent stops either way. 0 when
+ * the coordinator took it (and so can commit the trainers' last step). */
+static int announce_leaving(dt_agent_t *a)
+{
+  if (!a->registered)
+    return DT_EUNAVAIL;
+  Distrain__V1__HeartbeatRequest req = DISTRAIN__V1__HEARTBEAT_REQUEST__INIT;
+  req.node_id = a->node_id;
+  req.seq = ++a->hb_seq;
+  req.leaving = 1;
+  ProtobufCMessage *resp = NULL;
+  char err[256];
+  const int rc =
+      dt_rpc_client_call(a->rpc, "Heartbeat", &req.base, &resp, 1000, 0, err, sizeof err);
+  if (rc == 0)
+    protobuf_c_message_free_unpacked(resp, NULL);
+  else
+    DT_WARN(WORKER,
+            "could not tell the coordinator that this node is leaving (%s): its trainers are "
+            "killed, as no last step of theirs could be committed",
+            err);
+  return rc;
+}
+
 void dt_agent_close(dt_agent_t *a, void (*cb)(void *ud), void *ud)
 {
+  a->graceful_close = announce_leaving(a) == 0;
   a->closing = 1;
   a->close_cb = cb;
   a->close_ud = ud;
   uv_timer_stop(&a->hb_timer);
   uv_timer_stop(&a->retry_timer);
-  dt_rpc_client_cancel_all(a->rpc); /* the watch long-poll must not hold the exit */
   for (trainer_t *t = a->trainers; t; t = t->next) {
-    if (t->exited)
+    if (t->exited) {
+      if (a->graceful_close && undelivered(t))
+        farewell(a, t);
       trainer_release(t);
-    else if (t->reaped)
-      trainer_exited(t); /* its last reports no longer matter: released */
-    else
-      trainer_stop(t);
+    } else if (t->reaped) {
+      trainer_exited(t); /* waits no longer for its pipe */
+    } else {
+      trainer_stop(t, a->graceful_close);
+    }
   }
   for (log_read_t *lr = a->logs, *next; lr; lr = next) {
     next = lr->next;

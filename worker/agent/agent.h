@@ -3,8 +3,10 @@
  * One libuv loop thread. It registers the node, heartbeats every heartbeat_ms (the RPC runs on
  * the libuv threadpool so a slow coordinator never stalls the loop), keeps one WatchAssignment
  * long-poll outstanding, and reconciles the trainers it runs with the assignment it was given:
- * trainers no longer assigned are stopped (SIGTERM, then SIGKILL after the grace period),
- * assigned ranks not running are spawned with uv_spawn. Each trainer writes its output to a
+ * trainers no longer assigned are stopped (those of a job the user stopped by SIGTERM, on which
+ * a trainer saves its step before it exits, then SIGKILL after the grace period; any other by
+ * SIGKILL at once: a failure ended its generation), and assigned ranks not running are spawned
+ * with uv_spawn once no trainer is on its way out. Each trainer writes its output to a
  * per-rank log file and its TrainerReports to a pipe; their statuses ride on the heartbeats.
  *
  * Invariants: at most one heartbeat and one watch in flight; a new generation of a job starts

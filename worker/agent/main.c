@@ -10,8 +10,9 @@
  * The --tls-* flags (rpc.h, "TLS") reach its trainers through the environment, so they too
  * talk TLS to the coordinator.
  *
- * SIGTERM/SIGINT stop every trainer (SIGTERM, SIGKILL after the grace period) before exiting,
- * so the agent never leaves orphans.
+ * SIGTERM/SIGINT stop every trainer before exiting, so the agent never leaves orphans: by
+ * SIGTERM, on which they save their step as a checkpoint (SIGKILL after the grace period), once
+ * the coordinator has heard that the node is leaving; by SIGKILL if it cannot be reached.
  *
  * Under systemd (deploy/systemd/distrain-worker.service, Type=notify) it sends READY=1 after
  * its first successful registration with the coordinator, keeps STATUS= current (node id,

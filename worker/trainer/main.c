@@ -10,8 +10,10 @@
 #include "dt_util.h"
 #include "comm.h"
 #include "dt_param.h"
+#include "jobspec.h"
 #include "link.h"
 #include "plan.h"
+#include "stop.h"
 #include "trainer.h"
 
 /* The mesh the agent assigned (DISTRAIN_MESH), checked against WORLD_SIZE and --tp. */
@@ -110,11 +112,13 @@ int main(int argc, char **argv)
   dt_train_opts_t o;
   dt_log_init();
   reexec_for_blas(argv);
+  if (dt_stop_watch() != 0)
+    return 1;
   dt_train_opts_default(&o);
   const int parsed = dt_train_parse_args(argc, argv, &o);
   if (parsed != 0) {
     dt_train_args_free(&o);
-    return parsed == 1 ? 0 : 2; /* 1: --help */
+    return parsed == 1 ? 0 : DT_TRAIN_EXIT_INPUT; /* 1: --help */
   }
   if (dt_link_open(&o.link) != 0)
     return 1;
@@ -123,7 +127,9 @@ int main(int argc, char **argv)
   int have_kv = 0, rc = setup_world(&o, &kv, &have_kv, prefix, sizeof prefix);
   if (rc == 0)
     rc = dt_train_run(&o);
-  if (rc != 0) {
+  if (rc == DT_TRAIN_STOPPED) /* the agent learns why from the exit status */
+    dt_link_error(o.link, "stopped on request after a step, its checkpoint committed");
+  else if (rc != 0) {
     char why[512];
     dt_log_last_error(why, sizeof why);
     dt_link_error(o.link, why[0] ? why : dt_strerror(rc));
@@ -133,5 +139,5 @@ int main(int argc, char **argv)
     dt_kv_file_destroy(&kv);
   dt_link_close(o.link);
   dt_train_args_free(&o);
-  return rc != 0;
+  return rc == DT_TRAIN_STOPPED ? DT_TRAIN_EXIT_STOPPED : rc != 0;
 }

@@ -29,6 +29,7 @@
 #include "pipeline.h"
 #include "profile.h"
 #include "schedule.h"
+#include "stop.h"
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
@@ -1464,6 +1465,31 @@ static void teardown(trainer_t *t)
   dt_train_device_close(t->opened);
 }
 
+/* Whether any rank was asked to stop (stop.h): each rank's flag, summed over the world at the
+ * same point of every step, so that all of them stop after the same one. */
+static int stop_agreed(trainer_t *t, int *stop)
+{
+  float flag = dt_stop_requested() ? 1.0f : 0.0f;
+  if (t->world)
+    DT_CHECK(dt_comm_all_reduce(t->world, &flag, 1, DT_COMM_SUM));
+  *stop = flag > 0.0f;
+  return 0;
+}
+
+/* The end of a requested stop. Past the barrier every rank's save has returned, so the last
+ * shard is in and the step committed before any rank exits: a restart resumes from it. */
+static int stopped(trainer_t *t)
+{
+  if (t->world)
+    DT_CHECK(dt_comm_barrier(t->world));
+  if (t->lead)
+    DT_WARN(TRAIN, "stopped on request after step %lld of %d: %s", (long long)t->state.step,
+            t->o->steps,
+            t->o->ckpt_dir ? "its checkpoint is committed (continue with --resume)"
+                           : "nothing saved (no --ckpt-dir)");
+  return DT_TRAIN_STOPPED;
+}
+
 int dt_train_run(const dt_train_opts_t *o)
 {
   trainer_t t;
@@ -1483,9 +1509,11 @@ int dt_train_run(const dt_train_opts_t *o)
     }
   }
   const int end = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
-  while (ret == 0 && t.state.step < end) {
+  int stop = 0;
+  while (ret == 0 && t.state.step < end && !stop) {
     dt_step_metrics_t sm;
     DT_CHECK_GOTO(step(&t, &sm), ret, out);
+    DT_CHECK_GOTO(stop_agreed(&t, &stop), ret, out);
     const int last = t.state.step == end;
     if (o->val_every > 0 && (t.state.step % o->val_every == 0 || last)) {
       sm.has_val = 1;
@@ -1494,12 +1522,14 @@ int dt_train_run(const dt_train_opts_t *o)
     report(&t, &sm);
     if (t.prof && t.state.step == o->profile_from + o->profile_steps - 1)
       profile_report(&t);
-    if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last))
+    if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last || stop))
       DT_CHECK_GOTO(save_checkpoint(&t), ret, out);
   }
   if (ret == 0)
     ret = save_wait(&t); /* the last checkpoint is committed before the run ends */
-  if (ret == 0)
+  if (ret == 0 && t.state.step < end)
+    ret = stopped(&t);
+  else if (ret == 0)
     ret = finish(&t);
 out:
   teardown(&t);

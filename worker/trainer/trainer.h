@@ -120,7 +120,11 @@ enum {
 void dt_train_opts_default(dt_train_opts_t *o);
 /* Checks the options; writes a one-line reason on failure. */
 int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t whylen);
-/* Runs training to o->steps. 0 on success, or a negative DT_E* (the reason is logged). */
+/* dt_train_run's result when a stop signal ended the run early (stop.h): every rank stopped
+ * after the same step, whose checkpoint (with --ckpt-dir) is committed. */
+#define DT_TRAIN_STOPPED 1
+/* Runs training to o->steps. 0 on success, DT_TRAIN_STOPPED, or a negative DT_E* (the reason
+ * is logged). */
 int dt_train_run(const dt_train_opts_t *o);
 
 #endif
