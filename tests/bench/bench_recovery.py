@@ -4,12 +4,15 @@ gives a long job at a given failure rate.
 Measured on a loopback cluster (a coordinator and two agents of one CPU device, a dp=2 job of a
 small model checkpointing every --every steps, asynchronously): for each failure kind, --trials
 times (a trainer SIGKILLed; a trainer SIGSTOPped, i.e. a hang, with hang_timeout_s
---hang-timeout):
+--hang-timeout), and for a trainer SIGTERMed (a preemption or a drain: every rank saves its step
+and exits, which is no failure):
   detection   the failure -> the job leaves RUNNING (the coordinator's verdict)
   recovery    the verdict -> the first step of the new generation (trainers restarted,
               rendezvous, checkpoint read)
-  lost work   the steps since the last committed checkpoint, redone, in seconds
-and the checkpoint stall per save (the trainer's "the step paused" lines).
+  lost work   the steps trained before the failure that the new generation trains again (those
+              past the checkpoint it resumes from), in seconds
+and the checkpoint stall per save (the trainer's "the step paused" lines). The simulation
+below takes the failures' costs (SIGKILL, SIGSTOP), not the SIGTERM's.
 
 Then a simulation: a job of --days of compute whose interruptions arrive as a Poisson process
 with mean time between failures --mtbf-h (Llama 3: about 3 h at 16K GPUs), checkpointing every
@@ -141,10 +144,9 @@ def measure(c, kind, every, hang_s):
     wait_for(lambda: (lambda j: j["state"] == "RUNNING" and j["step"] >= target)(c.job(job_id)),
              120, "step %d" % target)
     pid = wait_for(lambda: trainer_pid(c.tmp, job_id, 1, 1), 10, "rank 1's trainer")
-    j = c.job(job_id)
-    committed, step_at = j["committed_step"], j["step"]
+    step_at = c.job(job_id)["step"]
     t_fail = time.monotonic()
-    os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+    os.kill(pid, {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[kind])
     wait_for(lambda: (lambda j: j["state"] != "RUNNING" or j["generation"] > 1)(c.job(job_id)),
              hang_s + 30, "the failure to be detected")
     t_detect = time.monotonic()
@@ -158,8 +160,8 @@ def measure(c, kind, every, hang_s):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    c.ctl("stop", job_id)
-    return t_detect - t_fail, t_recover - t_detect, max(0, step_at - committed)
+    c.ctl("stop", job_id, "--now")
+    return t_detect - t_fail, t_recover - t_detect, max(0, step_at - j["committed_step"])
 
 
 def simulate(days, mtbf_s, tau, stall, detect, recover, seed):
@@ -203,9 +205,9 @@ def main():
                         "--seed", "0"], check=True, stdout=subprocess.DEVNULL)
         c = Cluster(build, tmp, 200)
         time.sleep(1.0)
-        rows = {"kill": [], "stop": []}
+        rows = {"kill": [], "stop": [], "term": []}
         for t in range(args.trials):
-            for kind in ("kill", "stop"):
+            for kind in rows:
                 rows[kind].append(measure(c, kind, args.every, args.hang_timeout))
         # Step time and checkpoint costs from the rank-0 trainers' logs.
         logs = ""
@@ -224,14 +226,16 @@ def main():
     print("measured on this machine (a dp=2 job of L2 C64 on 2 loopback agents, a checkpoint "
           "every %d steps of %.1f ms, %d trials per kind):" % (args.every, step_ms, args.trials))
     print("%-22s %14s %14s %14s" % ("failure", "detection s", "recovery s", "lost work s"))
-    kinds = {"kill": "trainer SIGKILL", "stop": "trainer SIGSTOP (hang)"}
+    kinds = {"kill": "trainer SIGKILL", "stop": "trainer SIGSTOP (hang)",
+             "term": "trainer SIGTERM"}
     det, rec = [], []
     for k, name in kinds.items():
         d = [x[0] for x in rows[k]]
         r = [x[1] for x in rows[k]]
-        lost = [x[2] * step_ms / 1000.0 for x in rows[k]]  # steps since the last commit
-        det += d
-        rec += r
+        lost = [x[2] * step_ms / 1000.0 for x in rows[k]]  # steps trained again
+        if k != "term":
+            det += d
+            rec += r
         print("%-22s %14.2f %14.2f %14.2f" % (name, statistics.mean(d), statistics.mean(r),
                                              statistics.mean(lost)))
     stall = statistics.median(stalls) / 1000.0 if stalls else 0.0
