@@ -302,27 +302,39 @@ static void on_kill_timer(uv_timer_t *h)
   }
 }
 
-/* A graceful close's last word on an exited trainer: its final state and the steps it reported
- * since the last heartbeat, in a heartbeat of their own, so that the last steps of a drained
- * node's rank 0 reach the coordinator. Synchronous, as announce_leaving. */
-static void farewell(dt_agent_t *a, trainer_t *t)
+/* A heartbeat saying that this node is leaving, sent synchronously on the loop thread (the
+ * agent is stopping: nothing else waits on it), with trainer t's final state and the steps it
+ * reported since the last heartbeat, or none. 0 when the coordinator took it. */
+static int leaving_heartbeat(dt_agent_t *a, trainer_t *t, int timeout_ms, char *err, size_t errlen)
 {
-  Distrain__V1__TrainerStatus ts = t->status, *tsp = &ts;
-  ts.job_id = t->job_id;
-  ts.last_error = t->last_error;
-  ts.metrics = t->pending;
-  ts.n_metrics = t->n_pending;
   Distrain__V1__HeartbeatRequest req = DISTRAIN__V1__HEARTBEAT_REQUEST__INIT;
+  Distrain__V1__TrainerStatus ts, *tsp = &ts;
   req.node_id = a->node_id;
   req.seq = ++a->hb_seq;
   req.leaving = 1;
-  req.trainers = &tsp;
-  req.n_trainers = 1;
+  if (t) {
+    ts = t->status;
+    ts.job_id = t->job_id;
+    ts.last_error = t->last_error;
+    ts.metrics = t->pending;
+    ts.n_metrics = t->n_pending;
+    req.trainers = &tsp;
+    req.n_trainers = 1;
+  }
   ProtobufCMessage *resp = NULL;
-  char err[256];
-  if (dt_rpc_client_call(a->rpc, "Heartbeat", &req.base, &resp, 2000, 0, err, sizeof err) == 0)
+  const int rc =
+      dt_rpc_client_call(a->rpc, "Heartbeat", &req.base, &resp, timeout_ms, 0, err, errlen);
+  if (rc == 0)
     protobuf_c_message_free_unpacked(resp, NULL);
-  else
+  return rc;
+}
+
+/* A graceful close's last word on an exited trainer, so that the last steps of a drained
+ * node's rank 0 reach the coordinator. */
+static void farewell(dt_agent_t *a, trainer_t *t)
+{
+  char err[256];
+  if (leaving_heartbeat(a, t, 2000, err, sizeof err) != 0)
     DT_WARN(WORKER, "job %s rank %d: its last report did not reach the coordinator: %s", t->job_id,
             t->status.rank, err);
 }
@@ -1428,17 +1440,9 @@ static int announce_leaving(dt_agent_t *a)
 {
   if (!a->registered)
     return DT_EUNAVAIL;
-  Distrain__V1__HeartbeatRequest req = DISTRAIN__V1__HEARTBEAT_REQUEST__INIT;
-  req.node_id = a->node_id;
-  req.seq = ++a->hb_seq;
-  req.leaving = 1;
-  ProtobufCMessage *resp = NULL;
   char err[256];
-  const int rc =
-      dt_rpc_client_call(a->rpc, "Heartbeat", &req.base, &resp, 1000, 0, err, sizeof err);
-  if (rc == 0)
-    protobuf_c_message_free_unpacked(resp, NULL);
-  else
+  const int rc = leaving_heartbeat(a, NULL, 1000, err, sizeof err);
+  if (rc != 0)
     DT_WARN(WORKER,
             "could not tell the coordinator that this node is leaving (%s): its trainers are "
             "killed, as no last step of theirs could be committed",
