@@ -107,6 +107,11 @@ void dt_coord_schedule_soon(dt_coord_t *c);
  * WatchAssignment on the next loop iteration, that is after the caller's store transaction
  * has committed (an agent never acts on an assignment a crash could take back). */
 void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n);
+/* Drains node n with reason (non-NULL, may be ""), or undrains it (reason NULL), persisted. A
+ * drained node takes no new work; a running job there stops its trainers the way a preempted
+ * node's stop (each rank saves its step, then exits) and restarts without it, uncounted. A job
+ * still in rendezvous restarts at once. DT_ENOMEM leaves n unchanged. */
+int dt_coord_drain(dt_coord_t *c, dt_node_t *n, const char *reason);
 /* A node stopped heartbeating: fail over every job on it. */
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
 /* Folds one heartbeat's trainer statuses into the job state machines. */

@@ -280,13 +280,27 @@ void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json)
   }
 }
 
-/* LEAVING: alive, but its agent is stopping (no new work goes there). */
+int dt_ctl_node_busy(const Distrain__V1__Node *nd)
+{
+  for (size_t i = 0; i < nd->n_trainers; i++) {
+    const Distrain__V1__TrainerState s = nd->trainers[i]->state;
+    if (s == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
+        s == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING)
+      return 1;
+  }
+  return 0;
+}
+
+/* Alive nodes that take no new work: LEAVING (its agent is stopping), DRAINING (drained by an
+ * operator, trainers still running there) and DRAINED. */
 static const char *node_state(const Distrain__V1__Node *nd)
 {
   const Distrain__V1__NodeState s = nd->state;
-  return s == DISTRAIN__V1__NODE_STATE__NODE_ALIVE  ? (nd->leaving ? "LEAVING" : "ALIVE")
-         : s == DISTRAIN__V1__NODE_STATE__NODE_DEAD ? "DEAD"
-                                                    : "UNKNOWN";
+  if (s == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+    return nd->leaving    ? "LEAVING"
+           : !nd->drained ? "ALIVE"
+                          : (dt_ctl_node_busy(nd) ? "DRAINING" : "DRAINED");
+  return s == DISTRAIN__V1__NODE_STATE__NODE_DEAD ? "DEAD" : "UNKNOWN";
 }
 
 /* snprintf at buf + *off, advancing *off but never past the end (output is cut, not overrun). */
@@ -364,6 +378,8 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
   dt_json_string(out, info ? info->hostname : "");
   fprintf(out, ", \"state\": ");
   dt_json_string(out, node_state(nd));
+  fprintf(out, ", \"drained\": %s, \"drain_reason\": ", nd->drained ? "true" : "false");
+  dt_json_string(out, nd->drain_reason);
   fprintf(out, ", \"device_kind\": ");
   dt_json_string(out, ndev ? info->devices[0]->kind : "-");
   fputs(", \"devices\": [", out);
@@ -400,7 +416,7 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
     fputs("]\n", out);
     return;
   }
-  fprintf(out, "%-10s %-20s %-7s %8s  %-14s  %s\n", "NODE", "HOST", "STATE", "TRAINERS",
+  fprintf(out, "%-10s %-20s %-8s %8s  %-14s  %s\n", "NODE", "HOST", "STATE", "TRAINERS",
           "LAST HEARTBEAT", "DEVICES");
   const time_t now = time(NULL);
   for (size_t i = 0; i < n; i++) {
@@ -408,8 +424,11 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
     char seen[32], dev[1024];
     snprintf(seen, sizeof seen, "%llds ago", (long long)(now - nd->last_heartbeat_ms / 1000));
     devices_summary(nd, dev, sizeof dev);
-    fprintf(out, "%-10s %-20s %-7s %8zu  %-14s  %s\n", nd->node_id,
+    fprintf(out, "%-10s %-20s %-8s %8zu  %-14s  %s", nd->node_id,
             nd->info ? nd->info->hostname : "?", node_state(nd), nd->n_trainers, seen, dev);
+    if (nd->drained) /* a dead node stays drained too */
+      fprintf(out, "  [drained%s%s]", nd->drain_reason[0] ? ": " : "", nd->drain_reason);
+    fputc('\n', out);
   }
 }
 

@@ -39,6 +39,9 @@ int dt_ctl_plot(dt_rpc_client_t *c, const char *job_id, const char *path);
 void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json);
 void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);
 void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json);
+/* Whether a trainer is starting or running on the node (a draining node is drained once none
+ * is). */
+int dt_ctl_node_busy(const Distrain__V1__Node *nd);
 const char *dt_ctl_state_name(Distrain__V1__JobState s);
 /* A followed job's new state (or generation), as a line; and, where *placed_gen is not its
  * generation and it has ranks, the generation's placement as the RENDEZVOUS reason words it

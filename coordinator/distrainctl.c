@@ -3,6 +3,7 @@
  *   distrainctl run --local [--nodes N] [--devices-per-node M] [--run-dir DIR] JOB.yaml
  *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch] [--plot PNG]
  *   distrainctl stop JOB                   distrainctl nodes
+ *   distrainctl drain NODE [--reason TEXT] [--wait]   distrainctl undrain NODE
  *   distrainctl logs JOB [--rank R] [--follow] [--work-dir DIR]
  *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
  * Common: --coordinator HOST:PORT (default $DISTRAIN_COORDINATOR or 127.0.0.1:7470),
@@ -26,8 +27,8 @@
 typedef struct {
   dt_ctl_opts_t o;
   dt_ctl_local_t local;
-  int is_local, watch, rank, follow, now;
-  const char *work_dir, *plot;
+  int is_local, watch, rank, follow, now, wait;
+  const char *work_dir, *plot, *reason;
   char *sets[MAX_SETS];
   int nsets;
   char *pos[8];
@@ -48,6 +49,10 @@ static void usage(FILE *out)
           "  stop JOB [--now]   stop a job: its trainers save their step as a checkpoint, then\n"
           "                     exit (--now: kill them at once)\n"
           "  nodes              registered nodes\n"
+          "  drain NODE [--reason TEXT] [--wait]   no new work goes to NODE (a node id or a\n"
+          "                     hostname); a job running there saves its step and restarts on\n"
+          "                     the other nodes, uncounted (--wait: until no trainer runs there)\n"
+          "  undrain NODE       NODE takes work again\n"
           "  logs JOB [--rank R] [--follow]   a trainer's log (rank 0 by default) from its node,\n"
           "                     through the coordinator; --work-dir DIR reads local files instead\n"
           "  plan --model PRESET --seq S --global-batch B --gpus N [...]   memory/time per "
@@ -75,6 +80,8 @@ static int parse(int argc, char **argv, args_t *a)
                                        DT_RPC_TLS_OPTIONS,
                                        {"follow", no_argument, 0, 'f'},
                                        {"now", no_argument, 0, 'N'},
+                                       {"reason", required_argument, 0, 'e'},
+                                       {"wait", no_argument, 0, 'T'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int ch;
@@ -117,6 +124,12 @@ static int parse(int argc, char **argv, args_t *a)
       break;
     case 'N':
       a->now = 1;
+      break;
+    case 'e':
+      a->reason = optarg;
+      break;
+    case 'T':
+      a->wait = 1;
       break;
     case 'r':
       a->local.run_dir = optarg;
@@ -309,6 +322,68 @@ static int cmd_nodes(args_t *a)
   return rc == 0 ? 0 : 1;
 }
 
+#define DRAIN_WAIT_POLL_MS 1000
+
+/* One node, from ListNodes: *out is a Distrain__V1__Node of its own (free it unpacked). */
+static int node_by_id(dt_rpc_client_t *c, const char *id, ProtobufCMessage **out)
+{
+  Distrain__V1__ListNodesRequest req = DISTRAIN__V1__LIST_NODES_REQUEST__INIT;
+  ProtobufCMessage *resp;
+  int rc = call(c, "ListNodes", &req.base, &resp);
+  if (rc != 0)
+    return rc;
+  Distrain__V1__ListNodesResponse *r = (void *)resp;
+  rc = DT_ENOENT;
+  for (size_t i = 0; i < r->n_nodes && rc == DT_ENOENT; i++)
+    if (strcmp(r->nodes[i]->node_id, id) == 0)
+      rc = (*out = dt_pb_copy(&r->nodes[i]->base)) ? 0 : DT_ENOMEM;
+  if (rc == DT_ENOENT)
+    fprintf(stderr, "distrainctl: node %s is no longer listed\n", id);
+  protobuf_c_message_free_unpacked(resp, NULL);
+  return rc;
+}
+
+/* drain NODE / undrain NODE. With --wait, drain returns once no trainer starts or runs on the
+ * node (its trainers have saved their step and exited): the node can be taken down. */
+static int cmd_drain(args_t *a)
+{
+  const int undo = strcmp(a->pos[0], "undrain") == 0;
+  if (!need(a, 1, "NODE (a node id or a hostname)"))
+    return 2;
+  if (undo && (a->reason || a->wait)) {
+    fprintf(stderr, "distrainctl undrain: --reason and --wait are for drain\n");
+    return 2;
+  }
+  dt_rpc_client_t *c;
+  ProtobufCMessage *resp;
+  if (!with_client(a, &c))
+    return 1;
+  Distrain__V1__DrainNodeRequest req = DISTRAIN__V1__DRAIN_NODE_REQUEST__INIT;
+  req.node = a->pos[1];
+  req.undo = undo;
+  req.reason = (char *)(a->reason ? a->reason : "");
+  int rc = call(c, "DrainNode", &req.base, &resp);
+  char id[64] = "";
+  if (rc == 0)
+    snprintf(id, sizeof id, "%s", ((Distrain__V1__Node *)resp)->node_id);
+  for (;;) {
+    const Distrain__V1__Node *nd = rc == 0 ? (const void *)resp : NULL;
+    if (!nd || !a->wait || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE ||
+        !dt_ctl_node_busy(nd))
+      break;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    dt_sleep_ms(DRAIN_WAIT_POLL_MS);
+    rc = node_by_id(c, id, &resp);
+  }
+  if (rc == 0) {
+    Distrain__V1__Node *nd = (void *)resp;
+    dt_ctl_print_nodes(stdout, &nd, 1, a->o.json);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
 /* logs --work-dir DIR: the rank's log file under DIR/JOB/ (DIR may be a glob). For what no
  * coordinator serves any more: `run --local`'s node directories once it has exited. */
 static int logs_local(args_t *a)
@@ -438,8 +513,9 @@ int main(int argc, char **argv)
   static const struct {
     const char *name;
     int (*fn)(args_t *);
-  } cmds[] = {{"run", cmd_run},   {"submit", cmd_submit}, {"status", cmd_status},
-              {"stop", cmd_stop}, {"nodes", cmd_nodes},   {"logs", cmd_logs}};
+  } cmds[] = {{"run", cmd_run},     {"submit", cmd_submit}, {"status", cmd_status},
+              {"stop", cmd_stop},   {"nodes", cmd_nodes},   {"logs", cmd_logs},
+              {"drain", cmd_drain}, {"undrain", cmd_drain}};
   for (size_t i = 0; i < DT_ARRAY_SIZE(cmds); i++)
     if (strcmp(a.pos[0], cmds[i].name) == 0)
       return cmds[i].fn(&a);

@@ -221,6 +221,8 @@ void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o)
   o->info = n->info;
   o->state = n->state;
   o->leaving = n->leaving;
+  o->drained = n->drained != NULL;
+  o->drain_reason = n->drained ? n->drained : "";
   o->last_heartbeat_ms = n->last_seen_wall_ms;
   o->trainers = n->trainers;
   o->n_trainers = n->n_trainers;
@@ -254,6 +256,73 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
   dt_rpc_call_reply(call, &resp.base);
   free(nodes);
   free(ptrs);
+}
+
+/* A node by id, or by a hostname that names exactly one node. */
+static dt_node_t *node_named(dt_coord_t *c, dt_rpc_call_t *call, const char *name)
+{
+  dt_node_t *n = dt_coord_node_by_id(&c->st, name), *found = NULL;
+  if (n)
+    return n;
+  char ids[256] = "";
+  int count = 0;
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    dt_node_t *nd = c->st.nodes[i];
+    if (!nd || strcmp(nd->info->hostname, name) != 0)
+      continue;
+    found = nd;
+    const size_t len = strlen(ids);
+    if (count++ < 8)
+      snprintf(ids + len, sizeof ids - len, "%s%s", count > 1 ? ", " : "", nd->id);
+  }
+  if (count == 1)
+    return found;
+  if (count == 0)
+    dt_rpc_call_fail(call, DT_RPC_NOT_FOUND,
+                     "no node '%s': neither a node id nor a registered node's hostname", name);
+  else
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT,
+                     "hostname '%s' names %d nodes (%s%s): give a node id", name, count, ids,
+                     count > 8 ? ", ..." : "");
+  return NULL;
+}
+
+#define DRAIN_REASON_MAX 200
+
+static void handle_drain_node(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__DrainNodeRequest *req = (const void *)m;
+  const size_t len = strlen(req->reason);
+  if (len > DRAIN_REASON_MAX) {
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "the reason has %zu bytes (at most %d)", len,
+                     DRAIN_REASON_MAX);
+    return;
+  }
+  for (size_t i = 0; i < len; i++)
+    if ((unsigned char)req->reason[i] < 0x20 || req->reason[i] == 0x7f) {
+      dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT,
+                       "the reason must be one line of text (byte %zu is a control character)", i);
+      return;
+    }
+  if (req->undo && len) {
+    dt_rpc_call_fail(call, DT_RPC_INVALID_ARGUMENT, "undrain takes no reason");
+    return;
+  }
+  dt_node_t *n = node_named(c, call, req->node);
+  if (!n)
+    return;
+  if (dt_coord_drain(c, n, req->undo ? NULL : req->reason) != 0) {
+    dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  if (failed_unless_saved(c, call,
+                          req->undo ? "the node is undrained, but not yet saved"
+                                    : "the node is drained, but not yet saved"))
+    return;
+  Distrain__V1__Node view;
+  dt_coord_node_view(n, &view);
+  dt_rpc_call_reply(call, &view.base);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -522,6 +591,7 @@ int dt_coord_register_handlers(dt_coord_t *c)
       {"ListJobs", handle_list_jobs},
       {"StopJob", handle_stop_job},
       {"ListNodes", handle_list_nodes},
+      {"DrainNode", handle_drain_node},
       {"GetJobMetrics", handle_metrics},
       {"KvPut", handle_kv_put},
       {"KvGet", handle_kv_get},

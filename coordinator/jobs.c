@@ -182,7 +182,7 @@ static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, d
   r->version = n->assign_version;
   if (n->stopped_job)
     r->stopped_job = (char *)n->stopped_job; /* borrowed from the job */
-  if (n->job < 0 || (size_t)n->job >= c->st.n_jobs)
+  if (n->drained || n->job < 0 || (size_t)n->job >= c->st.n_jobs)
     return r;
   dt_job_t *j = c->st.jobs[n->job];
   if (dt_coord_state_terminal(j->job->state) ||
@@ -253,11 +253,11 @@ static const char *device_kind(const Distrain__V1__JobSpec *spec)
   return d && (strcmp(d, "cuda") == 0 || strcmp(d, "cpu") == 0) ? d : NULL;
 }
 
-/* Whether node nd may run job j's trainers: alive, idle or already j's, and offering the kind
- * of device the job asks for. */
+/* Whether node nd may run job j's trainers: alive, neither leaving nor drained, idle or already
+ * j's, and offering the kind of device the job asks for. */
 static int node_serves(const dt_node_t *nd, int jidx, const char *kind)
 {
-  return nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && !nd->leaving &&
+  return nd && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && !nd->leaving && !nd->drained &&
          (nd->job < 0 || nd->job == jidx) &&
          (!kind || (nd->info->n_devices > 0 && strcmp(nd->info->devices[0]->kind, kind) == 0));
 }
@@ -317,7 +317,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->st.n_nodes;
   int *idle = malloc((c->st.n_nodes + 1) * sizeof *idle);
   int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs);
-  int nidle = 0, nserving = 0, nbusy = 0, planned = 0;
+  int nidle = 0, nserving = 0, nbusy = 0, ndrained = 0, planned = 0;
   char why[256] = "";
   if (!idle || !devs)
     goto out;
@@ -329,6 +329,7 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
       devs[nidle++] = (int)nd->info->n_devices;
     }
     nbusy += nd && nd->job >= 0 && node_serves(nd, nd->job, kind); /* another job's */
+    ndrained += nd && nd->drained && nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
   }
   if (nidle < el->min_nodes) {
     snprintf(why, sizeof why, "waiting for nodes: %d idle%s%s%s, min_nodes %d", nidle,
@@ -336,6 +337,10 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
     if (nbusy > 0) {
       const size_t len = strlen(why);
       snprintf(why + len, sizeof why - len, " (%d more busy with other jobs)", nbusy);
+    }
+    if (ndrained > 0) {
+      const size_t len = strlen(why);
+      snprintf(why + len, sizeof why - len, " (%d drained: distrainctl undrain)", ndrained);
     }
     goto wait;
   }
@@ -505,6 +510,50 @@ static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const c
   dt_coord_kv_expire(c->kv, j->id, j->job->generation + 1);
 }
 
+int dt_coord_drain(dt_coord_t *c, dt_node_t *n, const char *reason)
+{
+  char *copy = reason ? strdup(reason) : NULL;
+  if (reason && !copy)
+    return DT_ENOMEM;
+  const int was = n->drained != NULL;
+  free(n->drained);
+  n->drained = copy;
+  dt_coord_store_put_node(c->store, n);
+  if (!reason) {
+    if (was) {
+      DT_INFO(COORD, "node %s (%s) undrained: it takes work again", n->id, n->info->hostname);
+      dt_coord_event(c, NULL, 0, "node %s (%s) undrained", n->id, n->info->hostname);
+    }
+    dt_coord_schedule_soon(c); /* a waiting job may fit now */
+    return 0;
+  }
+  if (!was) {
+    DT_INFO(COORD, "node %s (%s) drained: no new work goes there%s%s%s", n->id, n->info->hostname,
+            reason[0] ? " (reason: " : "", reason, reason[0] ? ")" : "");
+    dt_coord_event(c, NULL, 0, "node %s (%s) drained%s%s%s", n->id, n->info->hostname,
+                   reason[0] ? " (reason: " : "", reason, reason[0] ? ")" : "");
+  }
+  if (n->job < 0 || (size_t)n->job >= c->st.n_jobs)
+    return 0;
+  dt_job_t *j = c->st.jobs[n->job];
+  if (n->stopped_job == j->id)
+    return 0; /* drained again (a new reason): its trainers are stopping already */
+  char why[256];
+  snprintf(why, sizeof why, "node %s (%s) drained", n->id, n->info->hostname);
+  if (j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS) {
+    /* Not every rank is training yet, so no step can be saved (and a rank never started there
+     * would leave the others waiting): restart without it now. */
+    recover(c, j, DT_RESTART_STOPPED, why);
+    dt_coord_schedule_soon(c);
+  } else {
+    /* Its trainers there get SIGTERM (they have no assignment left): every rank of the job
+     * saves the step it is in and exits 3, and the job restarts without this node. */
+    n->stopped_job = j->id;
+    dt_coord_assignments_changed(c, n);
+  }
+  return 0;
+}
+
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
 {
   /* From the wall clock of its last heartbeat: last_seen_ms of a node restored after a
@@ -533,9 +582,9 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
       snprintf(reason, sizeof reason, "node %s (%s) left (its agent stopped)", n->id,
                n->info->hostname);
     else
-      snprintf(reason, sizeof reason, "node %s (%s) missed heartbeats for %.0f ms", n->id,
-               n->info->hostname, silent);
-    recover(c, j, n->leaving ? DT_RESTART_STOPPED : DT_RESTART_NODE_DEAD, reason);
+      snprintf(reason, sizeof reason, "node %s (%s) missed heartbeats for %.0f ms%s", n->id,
+               n->info->hostname, silent, n->drained ? " while being drained" : "");
+    recover(c, j, n->leaving || n->drained ? DT_RESTART_STOPPED : DT_RESTART_NODE_DEAD, reason);
   }
   dt_coord_schedule_soon(c);
 }
@@ -822,7 +871,9 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         dt_coord_store_put_job(c->store, j);
       }
     }
-    if (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED) {
+    /* Stopped by its agent while its job runs: its node is drained or its agent is leaving. */
+    const int stopped = ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED;
+    if (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED || stopped) {
       char reason[512];
       if (ts->term_signal)
         snprintf(reason, sizeof reason, "rank %d on %s was killed by signal %d%s%s", ts->rank,
@@ -830,7 +881,8 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       else
         snprintf(reason, sizeof reason, "rank %d on %s exited with code %d%s%s", ts->rank, n->id,
                  ts->exit_code, ts->last_error[0] ? ": " : "", ts->last_error);
-      if (ts->input_error || (ts->exit_code == DT_TRAIN_EXIT_INPUT && !ts->term_signal)) {
+      if (!stopped &&
+          (ts->input_error || (ts->exit_code == DT_TRAIN_EXIT_INPUT && !ts->term_signal))) {
         /* Its input is at fault (exit 2: options the trainer refuses): a restart would fail
          * the same way, so the job fails now rather than after max_restarts tries. */
         dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_FAILED,
@@ -839,9 +891,17 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         replan = 1;
         continue;
       }
-      if (ts->exit_code == DT_TRAIN_EXIT_STOPPED && !ts->term_signal) {
+      const int saved = ts->exit_code == DT_TRAIN_EXIT_STOPPED && !ts->term_signal;
+      if (saved || stopped) {
         /* Asked to stop (SIGTERM: its node preempted or drained, its agent stopped), after a
-         * step all ranks saved: the others stop after it too. */
+         * step all ranks saved: the others stop after it too. One its agent stopped is no
+         * failure either when it did not save in time (killed after the agent's grace period):
+         * the operator's doing. */
+        if (n->drained || !saved) {
+          const size_t len = strlen(reason);
+          snprintf(reason + len, sizeof reason - len, " (%s)",
+                   n->drained ? "its node is being drained" : "stopped by its agent");
+        }
         recover(c, j, DT_RESTART_STOPPED, reason);
         replan = 1;
         continue;

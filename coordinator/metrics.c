@@ -105,6 +105,14 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
                      (label_t[]){{"node", n->id}, {"host", n->info->hostname}}, 2,
                      n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE);
   }
+  dt_prom_family(out, "distrain_node_drained", "gauge",
+                 "1 while an operator has the node drained (distrainctl drain): it takes no work.");
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    const dt_node_t *n = c->st.nodes[i];
+    if (n)
+      dt_prom_sample(out, "distrain_node_drained", (label_t[]){{"node", n->id}}, 1,
+                     n->drained != NULL);
+  }
   dt_prom_family(out, "distrain_heartbeat_age_seconds", "gauge",
                  "Time since the node's last heartbeat reached the coordinator.");
   for (size_t i = 0; i < c->st.n_nodes; i++) {

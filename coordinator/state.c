@@ -126,6 +126,7 @@ void dt_node_free(dt_node_t *n)
     distrain__v1__trainer_status__free_unpacked(n->trainers[i], NULL);
   free(n->trainers);
   dt_node_clear_usage(n);
+  free(n->drained);
   free(n);
 }
 

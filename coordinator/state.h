@@ -39,6 +39,9 @@ typedef struct {
    * save their step before they exit), until the node takes another job; or NULL. */
   const char *stopped_job;
   int leaving; /* its agent said it is stopping: no new work; its loss is no failure */
+  /* An operator drained it (DrainNode): why ("" when no reason was given; owned), or NULL.
+   * Like leaving, but it stays registered and drained until undrained, restarts included. */
+  char *drained;
 } dt_node_t;
 
 /* Per-rank bookkeeping of the current generation. */

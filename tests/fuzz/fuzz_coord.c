@@ -5,8 +5,10 @@
  *
  *   op (1 byte), length (2 bytes, little-endian), payload (length bytes)
  *
- * op % 20: 0-13 calls method op of distrain.v1.Coordinator with the payload as its request
- * (one that does not decode is skipped: the server refuses it before any handler); 14 makes the
+ * op % (methods + 6): 0-13 calls method op of distrain.v1.Coordinator with the payload as its
+ * request, and 20 on the methods after the first 14 (20: DrainNode), so that a method added
+ * at the end of the service leaves every stored input's meaning alone (one that does not
+ * decode is skipped: the server refuses it before any handler); 14 makes the
  * client of a held call (payload[0]) go away; 15 lets time pass (payload[0] x 100 ms, at least
  * 100 ms), then the liveness scan runs; 16 restarts the coordinator on its state; 17 renders
  * /metrics and the dashboard's status; 18 loses the checkpoint directory; 19 makes another process
@@ -27,6 +29,7 @@
  * have. Liveness scans run only when op 15 moves the coordinator's clock
  * (dt_coord_clock_advance), so an input replays the same way. */
 #include <ctype.h>
+#include <limits.h>
 #include <sqlite3.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -38,6 +41,10 @@
 #include "dt_util.h"
 #include "fake_rpc_server.h"
 #include "fuzz.h"
+
+/* Ops 14-19 are not calls (see the top); calls to the methods after the first 14 come after. */
+#define FIRST_OTHER_OP 14
+#define N_OTHER_OPS    6
 
 static char g_state[512], g_ckpt[512];
 static sqlite3 *g_locker; /* another process holding the database (op 19), or NULL */
@@ -394,22 +401,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   start(&c, &loop);
   const ProtobufCServiceDescriptor *svc = &distrain__v1__coordinator__descriptor;
   while (size >= 3) {
-    const unsigned op = data[0] % 20;
+    const unsigned op = data[0] % (unsigned)(svc->n_methods + N_OTHER_OPS);
+    const unsigned method = op < FIRST_OTHER_OP                  ? op
+                            : op >= FIRST_OTHER_OP + N_OTHER_OPS ? op - N_OTHER_OPS
+                                                                 : UINT_MAX;
     size_t len = (size_t)data[1] | (size_t)data[2] << 8;
     data += 3, size -= 3;
     len = len < size ? len : size;
     const uint8_t *payload = data;
     data += len, size -= len;
     dt_rpc_server_t *s = fake_rpc_server();
-    if (op < svc->n_methods) {
-      const ProtobufCMethodDescriptor *m = &svc->methods[op];
+    if (method != UINT_MAX) {
+      const ProtobufCMethodDescriptor *m = &svc->methods[method];
       ProtobufCMessage *req = protobuf_c_message_unpack(m->input, NULL, len, payload);
       if (req) {
         if (m->input == &distrain__v1__submit_job_request__descriptor)
           confine((Distrain__V1__SubmitJobRequest *)req);
         if (m->input == &distrain__v1__report_checkpoint_request__descriptor)
           shard_written((const Distrain__V1__ReportCheckpointRequest *)req);
-        fake_rpc_call(s, op, req, 30000);
+        fake_rpc_call(s, method, req, 30000);
         protobuf_c_message_free_unpacked(req, NULL);
       }
     } else if (op == 14 && fake_rpc_held(s)) {

@@ -2286,6 +2286,90 @@ class T10c_StopSignal(ClusterTest):
             self.assertEqual(m.loss, f32, "step %d" % m.step)
 
 
+class T10d_Drain(ClusterTest):
+    def test_drain_moves_the_job_and_loses_nothing(self):
+        """distrainctl drain (by hostname) on the node running rank 0 of a dp=2 job, a spare
+        registered: the trainers save their step and stop, --wait returns once they have, and
+        the job goes on on the other node and the spare from that step, uncounted, with the
+        uninterrupted losses. The drained node, its agent still running, gets no work (a job
+        needing it waits, saying so) until it is undrained."""
+        self.start_coordinator()
+        steps = slow_steps(4.0)
+        for h in ("h0", "h1", "h2"):
+            self.start_agent(h)
+        self.wait_nodes(3)
+        common = ("--coordinator", self.addr, "--token-file", self.token_file)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0, dp=2)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        ids = {n.info.hostname: n.node_id for n in self.nodes()}
+        drained = [n.info.hostname for n in self.nodes() for t in n.trainers
+                   if t.job_id == job_id and t.rank == 0][0]
+        kept = [n.info.hostname for n in self.nodes() for t in n.trainers
+                if t.job_id == job_id and t.rank == 1][0]
+        spare = ({"h0", "h1", "h2"} - {drained, kept}).pop()
+        r = self.ctl("drain", drained, "--reason", "swap a DIMM", "--wait", *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"\n%s +%s +DRAINED .*  \[drained: swap a DIMM\]\n$"
+                         % (ids[drained], drained))
+        self.assertFalse([t for n in self.nodes() if n.info.hostname == drained
+                          for t in n.trainers if t.state == pb.TRAINER_RUNNING])
+        self.assertIsNone(self.agents[drained].poll(), "the drained node's agent exited")
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.generation), (0, 2))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            log = f.read()
+        self.assertIn("node %s (%s) drained: no new work goes there (reason: swap a DIMM)"
+                      % (ids[drained], drained), log)
+        self.assertRegex(log, r"exited with code 3: stopped on request after a step, its "
+                         r"checkpoint committed.*; restarting from checkpoint step \d+, not "
+                         r"counted against max_restarts")
+        placed = re.search(r"RECOVERING -> RENDEZVOUS \(generation 2\): .* on (\S+),", log)
+        self.assertEqual(sorted(placed.group(1).split(",")), sorted([ids[kept], ids[spare]]))
+        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([m.step for m in metrics], list(range(1, steps + 1)))
+        ref = uninterrupted_losses(self.tmp, job_id, 2, [])
+        for m in metrics:
+            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
+            self.assertEqual(m.loss, f32, "step %d" % m.step)
+
+        # A job that needs all three nodes waits for the drained one, and says why.
+        spec3 = job_spec(os.path.join(self.tmp, "ckpt3"), 5, shape=dict(TINY, batch=6), dp=3)
+        spec3.elastic.min_nodes = 3
+        job3 = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec3)).job_id
+        wait_until(lambda: "(1 drained: distrainctl undrain)" in self.get_job(job3).reason, 10,
+                   "the job to wait for the drained node")
+        self.assertEqual(self.get_job(job3).state, pb.JOB_PENDING)
+        listed = {n["hostname"]: n for n in json.loads(self.ctl("nodes", "--json", *common).stdout)}
+        self.assertEqual((listed[drained]["state"], listed[drained]["drain_reason"]),
+                         ("DRAINED", "swap a DIMM"))
+        r = self.ctl("undrain", ids[drained], *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"\n%s +%s +ALIVE " % (ids[drained], drained))
+        self.assertEqual(self.wait_state(job3, [pb.JOB_COMPLETED], 60).world_size, 3)
+
+        # Bad input: an unknown node, a hostname two nodes share, a reason that is not one
+        # short line, a reason for undrain.
+        r = self.ctl("drain", "nope", *common)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no node 'nope': neither a node id nor a registered node's hostname",
+                      r.stderr)
+        info = pb.NodeInfo(hostname=kept, devices=[pb.Device(kind="cpu")])
+        twin = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
+        r = self.ctl("drain", kept, *common)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("hostname '%s' names 2 nodes (%s, %s): give a node id"
+                      % (kept, ids[kept], twin), r.stderr)
+        r = self.ctl("undrain", kept, "--reason", "x", *common)
+        self.assertEqual(r.returncode, 2)
+        for reason, why in (("a\nb", "one line of text"), ("x" * 201, "at most 200")):
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.call("DrainNode", pb.DrainNodeRequest(node=twin, reason=reason))
+            self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(why, cm.exception.details())
+        self.assertFalse([n for n in self.nodes() if n.drained])
+
+
 class T10b_InputError(ClusterTest):
     def test_missing_data_fails_the_job_without_restarts(self):
         """A job whose training data does not exist on the node: the trainer reports an input

@@ -8,9 +8,12 @@
  *  - checkpoint commit: all shards in, idempotent and stale reports, a generation that starts
  *    a step over, the manifest on disk, and the pending reports surviving a restart;
  *  - step metrics across generations: replays replace, an older generation's late steps fill
- *    in up to the checkpoint the current generation resumed from.
+ *    in up to the checkpoint the current generation resumed from;
+ *  - draining a node: its job saves its step and restarts without it, uncounted; the drain
+ *    outlives a restart, and a state store from before it is upgraded.
  * The same paths over RPC, with real agents and trainers, are test_control_plane's. */
 #include <check.h>
+#include <sqlite3.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,7 +163,7 @@ static Distrain__V1__JobState state(const dt_job_t *j)
 typedef struct {
   Distrain__V1__TrainerState state;
   int64_t step;
-  int exit_code;
+  int exit_code, term_signal;
   uint64_t generation;         /* 0: the job's current one */
   const int64_t *metric_steps; /* rank 0's step metrics (loss = step + loss_offset) */
   int n_metrics;
@@ -178,6 +181,7 @@ static void heartbeat(fx_t *f, dt_node_t *n, dt_job_t *j, int rank, status_t s)
   ts.state = s.state;
   ts.step = s.step;
   ts.exit_code = s.exit_code;
+  ts.term_signal = s.term_signal;
   ts.last_error = "";
   for (int i = 0; i < s.n_metrics; i++) {
     distrain__v1__step_metrics__init(&m[i]);
@@ -522,6 +526,149 @@ START_TEST(test_leaving_node_gets_no_work_and_its_loss_is_uncounted)
   ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], 2);
   ck_assert_int_eq(j->world, 1);
   ck_assert_int_eq(nodes_of(f, j), 1);
+  fx_free(f);
+}
+END_TEST
+
+/* Draining a node that runs a dp=2 job: its trainers lose their assignment and are told to save
+ * (stopped_job), the job runs on until they have; their exit (stopped by their agent, status 3)
+ * restarts it on the other node and the spare, uncounted. The drain is kept across a restart. */
+START_TEST(test_drained_node_stops_its_job_and_gets_no_work)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  add_node(f, "spare", 1);
+  all_running(f, j, 3);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RUNNING);
+  dt_node_t *drained = f->c.st.nodes[j->ranks[1].node];
+  const int idx = drained->index;
+  ck_assert_int_eq(dt_coord_drain(&f->c, drained, "swap a DIMM"), 0);
+  Distrain__V1__WatchAssignmentResponse *w = dt_coord_assignments_for(&f->c, drained);
+  ck_assert_uint_eq(w->n_assignments, 0);
+  ck_assert_str_eq(w->stopped_job, j->id);
+  dt_coord_free_assignments(w);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RUNNING); /* until they have saved */
+  const uint64_t gen = j->job->generation;
+  heartbeat(f, drained, j, 1,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED,
+                       .exit_code = DT_TRAIN_EXIT_STOPPED});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->generation, gen + 1);
+  ck_assert_int_eq(j->world, 2);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], 1);
+  ck_assert_int_eq(drained->job, -1);
+  ck_assert_int_eq(f->c.st.nodes[2]->job, dt_coord_job_index(&f->c.st, j));
+
+  fx_restart(f);
+  drained = f->c.st.nodes[idx];
+  ck_assert_str_eq(drained->drained, "swap a DIMM");
+  ck_assert_int_eq(dt_coord_drain(&f->c, drained, NULL), 0);
+  ck_assert_ptr_null(drained->drained);
+  fx_restart(f);
+  ck_assert_ptr_null(f->c.st.nodes[idx]->drained);
+  fx_free(f);
+}
+END_TEST
+
+/* A one-node job on a drained node waits for nodes, saying that one is drained, and runs
+ * again when it is undrained. A trainer there that did not save in time (SIGKILLed after its
+ * agent's grace period) is no failure either. */
+START_TEST(test_drained_node_job_waits_for_undrain)
+{
+  fx_t *f = fx_new();
+  dt_node_t *n = add_node(f, "h0", 1);
+  dt_job_t *j = submit(f, "elastic.max_restarts=0", NULL);
+  dt_coord_schedule(&f->c);
+  all_running(f, j, 3);
+  ck_assert_int_eq(dt_coord_drain(&f->c, n, ""), 0);
+  heartbeat(f, n, j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED, .term_signal = 9});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_msg(strstr(j->job->reason, "killed by signal 9 (its node is being drained)") &&
+                    strstr(j->job->reason, "waiting for nodes: 0 idle, min_nodes 1 (1 drained: "
+                                           "distrainctl undrain)"),
+                "%s", j->job->reason);
+  ck_assert_int_eq(dt_coord_drain(&f->c, n, NULL), 0);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(n->job, dt_coord_job_index(&f->c.st, j));
+
+  /* Undrained before its trainer has stopped: the trainer its agent stopped (killed after the
+   * grace period here) still ends the generation (nothing else would), uncounted, and the job
+   * runs on there. */
+  all_running(f, j, 5);
+  ck_assert_int_eq(dt_coord_drain(&f->c, n, "oops"), 0);
+  ck_assert_int_eq(dt_coord_drain(&f->c, n, NULL), 0);
+  const uint64_t gen = j->job->generation;
+  heartbeat(f, n, j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED, .term_signal = 9});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->generation, gen + 1);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], 2);
+  fx_free(f);
+}
+END_TEST
+
+/* Drained while its job is still in rendezvous (a rank there may not have started, so no step
+ * can be saved): the job restarts without it at once, uncounted. */
+START_TEST(test_drain_during_rendezvous_restarts_at_once)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  add_node(f, "spare", 1);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  dt_node_t *drained = f->c.st.nodes[j->ranks[0].node];
+  ck_assert_int_eq(dt_coord_drain(&f->c, drained, "reboot"), 0);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->generation, 2);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_int_eq(drained->job, -1);
+  ck_assert_int_eq(nodes_of(f, j), 2);
+
+  /* Drained, then gone before its trainers were heard from (taken down at once): that loss is
+   * no failure either. */
+  all_running(f, j, 4);
+  dt_node_t *spare = f->c.st.nodes[2];
+  ck_assert_int_eq(spare->job, dt_coord_job_index(&f->c.st, j));
+  ck_assert_int_eq(dt_coord_drain(&f->c, spare, "reboot"), 0);
+  dt_coord_node_dead(&f->c, spare);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  ck_assert_int_eq(j->job->restarts, 0);
+  ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], 2);
+  ck_assert_ptr_nonnull(strstr(j->job->reason, "missed heartbeats for"));
+  ck_assert_ptr_nonnull(strstr(j->job->reason, "while being drained"));
+  fx_free(f);
+}
+END_TEST
+
+/* A state store written before nodes could be drained (schema version 1) is upgraded in place
+ * when the coordinator starts on it, its nodes undrained. */
+START_TEST(test_store_from_version_1_is_upgraded)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  fx_stop(f);
+  char path[400];
+  snprintf(path, sizeof path, "%s/coordinator.db", f->state);
+  sqlite3 *db;
+  ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+  ck_assert_int_eq(sqlite3_exec(db,
+                                "ALTER TABLE nodes DROP COLUMN drained;"
+                                "UPDATE meta SET value=1 WHERE key='schema'",
+                                NULL, NULL, NULL),
+                   SQLITE_OK);
+  sqlite3_close(db);
+  fx_start(f);
+  ck_assert_uint_eq(f->c.st.n_nodes, 1);
+  ck_assert_ptr_null(f->c.st.nodes[0]->drained);
+  ck_assert_int_eq(dt_coord_drain(&f->c, f->c.st.nodes[0], "upgraded"), 0);
+  fx_restart(f);
+  ck_assert_str_eq(f->c.st.nodes[0]->drained, "upgraded");
   fx_free(f);
 }
 END_TEST
@@ -910,6 +1057,10 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_stopped_trainer_restarts_uncounted);
   tcase_add_test(t, test_leaving_node_gets_no_work_and_its_loss_is_uncounted);
   tcase_add_test(t, test_stale_generation_status_is_ignored);
+  tcase_add_test(t, test_drained_node_stops_its_job_and_gets_no_work);
+  tcase_add_test(t, test_drained_node_job_waits_for_undrain);
+  tcase_add_test(t, test_drain_during_rendezvous_restarts_at_once);
+  tcase_add_test(t, test_store_from_version_1_is_upgraded);
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);

@@ -107,7 +107,7 @@ static const char *devices_col(const char *line)
 
 START_TEST(test_nodes_table)
 {
-  node_t gpu, cpu, bare, part, mixed;
+  node_t gpu, cpu, bare, part, mixed, draining, drained;
   /* Two H100s reporting 12.5 and 10 GiB used of 80, 87% and 84% busy. */
   node_make(&gpu, "node-0", "gpu-a", "cuda", 2);
   node_gpu(&gpu, 0, "NVIDIA H100 80GB HBM3", 80 * GIB);
@@ -135,21 +135,37 @@ START_TEST(test_nodes_table)
   node_usage(&mixed, 0, 1 * GIB, 40 * GIB, 10);
   node_usage(&mixed, 1, 2 * GIB, 80 * GIB, 21);
   node_usage(&mixed, 2, 3 * GIB, 40 * GIB, 0);
+  /* Drained by an operator: DRAINING while a trainer still runs there (an exited one's record
+   * does not count), then DRAINED; the reason, if any, after the devices. */
+  Distrain__V1__TrainerStatus ts[2], *tsp[2] = {&ts[0], &ts[1]};
+  distrain__v1__trainer_status__init(&ts[0]);
+  distrain__v1__trainer_status__init(&ts[1]);
+  ts[0].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED;
+  ts[1].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  node_make(&draining, "node-5", "cpu-f", "cpu", 2);
+  draining.node.drained = 1;
+  draining.node.drain_reason = "swap a DIMM";
+  draining.node.trainers = tsp;
+  draining.node.n_trainers = 2;
+  node_make(&drained, "node-6", "cpu-g", "cpu", 1);
+  drained.node.drained = 1;
+  drained.node.trainers = tsp; /* the stopped one only */
+  drained.node.n_trainers = 1;
 
-  node_t *all[] = {&gpu, &cpu, &bare, &part, &mixed};
-  char *out = print_nodes(all, 5, 0);
+  node_t *all[] = {&gpu, &cpu, &bare, &part, &mixed, &draining, &drained};
+  char *out = print_nodes(all, 7, 0);
   char line[512];
   nth_line(out, 0, line, sizeof line);
   ck_assert_str_eq(line,
-                   "NODE       HOST                 STATE   TRAINERS  LAST HEARTBEAT  DEVICES");
+                   "NODE       HOST                 STATE    TRAINERS  LAST HEARTBEAT  DEVICES");
 
   nth_line(out, 1, line, sizeof line);
-  ck_assert_msg(strncmp(line, "node-0     gpu-a                ALIVE          2  ", 50) == 0, "%s",
+  ck_assert_msg(strncmp(line, "node-0     gpu-a                ALIVE           2  ", 51) == 0, "%s",
                 line);
   ck_assert_str_eq(devices_col(line), "2x NVIDIA H100 80GB HBM3, mem 22.5/160.0 GiB, util 86%");
 
   nth_line(out, 2, line, sizeof line);
-  ck_assert_msg(strncmp(line, "node-1     cpu-b                LEAVING        0  ", 50) == 0, "%s",
+  ck_assert_msg(strncmp(line, "node-1     cpu-b                LEAVING         0  ", 51) == 0, "%s",
                 line);
   ck_assert_str_eq(devices_col(line), "4x cpu");
 
@@ -157,16 +173,25 @@ START_TEST(test_nodes_table)
   ck_assert_str_eq(devices_col(line), "1x NVIDIA A100-SXM4-40GB, 40.0 GiB");
 
   nth_line(out, 4, line, sizeof line);
-  ck_assert_msg(strncmp(line, "node-3     gpu-d                DEAD    ", 40) == 0, "%s", line);
+  ck_assert_msg(strncmp(line, "node-3     gpu-d                DEAD     ", 41) == 0, "%s", line);
   ck_assert_str_eq(devices_col(line), "2x NVIDIA L4, mem 6.0/24.0 GiB (1 of 2 reporting)");
 
   nth_line(out, 5, line, sizeof line);
   ck_assert_str_eq(devices_col(line),
                    "2x NVIDIA A100, 1x NVIDIA H100, mem 6.0/160.0 GiB, util 10%");
+
+  nth_line(out, 6, line, sizeof line);
+  ck_assert_msg(strncmp(line, "node-5     cpu-f                DRAINING        2  ", 51) == 0, "%s",
+                line);
+  ck_assert_str_eq(devices_col(line), "2x cpu  [drained: swap a DIMM]");
+  nth_line(out, 7, line, sizeof line);
+  ck_assert_msg(strncmp(line, "node-6     cpu-g                DRAINED         1  ", 51) == 0, "%s",
+                line);
+  ck_assert_str_eq(devices_col(line), "1x cpu  [drained]");
   int lines = 0; /* a header and one line per node, nothing else */
   for (const char *p = out; *p; p++)
     lines += *p == '\n';
-  ck_assert_int_eq(lines, 6);
+  ck_assert_int_eq(lines, 8);
   free(out);
 }
 END_TEST
@@ -187,11 +212,14 @@ START_TEST(test_nodes_json)
   gpu.node.last_heartbeat_ms = 1700000000123;
   node_make(&cpu, "node-1", "cpu \"b\"", "cpu", 1);
   cpu.node.last_heartbeat_ms = 1700000000456;
+  cpu.node.drained = 1;
+  cpu.node.drain_reason = "for \"good\"";
 
   node_t *all[] = {&gpu, &cpu};
   char *out = print_nodes(all, 2, 1);
   ck_assert_str_eq(
       out, "[{\"node_id\": \"node-0\", \"hostname\": \"gpu-a\", \"state\": \"ALIVE\", "
+           "\"drained\": false, \"drain_reason\": \"\", "
            "\"device_kind\": \"cuda\", \"devices\": ["
            "{\"kind\": \"cuda\", \"index\": 0, \"name\": \"NVIDIA H100 80GB HBM3\", "
            "\"memory_bytes\": 85520809984}, "
@@ -201,7 +229,8 @@ START_TEST(test_nodes_json)
            "85520809984, \"utilization_pct\": 87}, "
            "{\"index\": 1, \"memory_used_bytes\": 1048576, \"memory_total_bytes\": 85520809984, "
            "\"utilization_pct\": -1}], \"trainers\": 1, \"last_heartbeat_ms\": 1700000000123}, "
-           "{\"node_id\": \"node-1\", \"hostname\": \"cpu \\\"b\\\"\", \"state\": \"ALIVE\", "
+           "{\"node_id\": \"node-1\", \"hostname\": \"cpu \\\"b\\\"\", \"state\": \"DRAINED\", "
+           "\"drained\": true, \"drain_reason\": \"for \\\"good\\\"\", "
            "\"device_kind\": \"cpu\", \"devices\": ["
            "{\"kind\": \"cpu\", \"index\": 0, \"name\": \"cpu\", \"memory_bytes\": 0}], "
            "\"usage\": [], \"trainers\": 0, \"last_heartbeat_ms\": 1700000000456}]\n");
