@@ -55,6 +55,11 @@ for _ in $(seq 600); do
   sleep 0.2
 done
 "${CTL[@]}" nodes >/dev/null
+# A drain and an undrain, and a drain left in place when the coordinator stops (its reason freed).
+for args in "drain node-0 --reason valgrind" "undrain node-0" "drain node-0 --reason again"; do
+  # shellcheck disable=SC2086 # the words of args are distrainctl's arguments
+  "${CTL[@]}" $args >/dev/null || { echo "FAIL: distrainctl $args"; fail_drain=1; }
+done
 /usr/bin/python3 - "$(cat "$T/http.port")" "$JOB" <<'PY' || { echo "FAIL: /metrics"; fail_http=1; }
 import json, sys, urllib.error, urllib.request
 base = "http://127.0.0.1:%s" % sys.argv[1]
@@ -75,7 +80,7 @@ kill -TERM "$WORKER"
 wc=0; wait "$WORKER" || wc=$?
 kill -TERM "$COORD"
 cc=0; wait "$COORD" || cc=$?
-fail=${fail_http:-0}
+fail=$((${fail_http:-0} | ${fail_drain:-0}))
 [ "$state" = COMPLETED ] || { echo "FAIL: job ended $state"; tail -20 "$T/coord.log"; fail=1; }
 for d in coordinator:$cc worker:$wc; do
   name=${d%%:*} rc=${d##*:}
