@@ -463,6 +463,21 @@ class ClusterTest(unittest.TestCase):
         return sorted(int(d[5:]) for d in os.listdir(ckpt) if d.startswith("step-") and
                       os.path.exists(os.path.join(ckpt, d, "MANIFEST")))
 
+    def assertUninterrupted(self, job_id, steps, world, skipped=()):
+        """Rank 0's step metrics of the job: every step once, but those skipped, each loss the
+        uninterrupted run's bit for bit (the same processes, resumed from a checkpoint: no step
+        was trained twice, and none differently)."""
+        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
+        self.assertEqual([m.step for m in metrics],
+                         [s for s in range(1, steps + 1) if s not in skipped])
+        extra = ["--skip-steps", ",".join(map(str, skipped))] if skipped else []
+        ref = uninterrupted_losses(self.tmp, job_id, world, extra)
+        for s in skipped:
+            self.assertNotIn(s, ref)
+        for m in metrics:
+            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
+            self.assertEqual(m.loss, f32, "step %d" % m.step)
+
     def trainer_of(self, job_id, generation=None):
         """(node, TrainerStatus) of the job's RUNNING trainer with a pid, else None."""
         for n in self.nodes():
@@ -2203,13 +2218,7 @@ class T10_NonFinite(ClusterTest):
         status = self.ctl("status", job_id, "--json", "--coordinator", self.addr, "--token-file",
                           self.token_file)
         self.assertEqual(json.loads(status.stdout)["skipped_steps"], [fault])
-        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
-        self.assertEqual([m.step for m in metrics], [s for s in range(1, steps + 1) if s != fault])
-        ref = uninterrupted_losses(self.tmp, job_id, 2, ["--skip-steps", str(fault)])
-        self.assertNotIn(fault, ref)
-        for m in metrics:  # bit for bit: the same processes, resumed from a checkpoint
-            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
-            self.assertEqual(m.loss, f32, "step %d" % m.step)
+        self.assertUninterrupted(job_id, steps, 2, skipped=(fault,))
 
 
 class T10c_StopSignal(ClusterTest):
@@ -2237,12 +2246,7 @@ class T10c_StopSignal(ClusterTest):
         self.assertTrue(m, "the coordinator's log has no uncounted restart")
         stopped = int(m.group(1))
         self.assertTrue(0 < stopped < steps, stopped)
-        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
-        self.assertEqual([m.step for m in metrics], list(range(1, steps + 1)))
-        ref = uninterrupted_losses(self.tmp, job_id, 2, [])
-        for m in metrics:  # no step was trained twice, and none differently
-            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
-            self.assertEqual(m.loss, f32, "step %d" % m.step)
+        self.assertUninterrupted(job_id, steps, 2)
 
     def test_agent_stopped_mid_job(self):
         """SIGTERM to the agent running rank 0 of a dp=2 job (systemctl stop on a node being
@@ -2278,12 +2282,7 @@ class T10c_StopSignal(ClusterTest):
                          r"counted against max_restarts")
         placed = re.search(r"RECOVERING -> RENDEZVOUS \(generation 2\): .* on (\S+),", log)
         self.assertEqual(sorted(placed.group(1).split(",")), sorted([ids[kept], ids["h2"]]))
-        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
-        self.assertEqual([m.step for m in metrics], list(range(1, steps + 1)))
-        ref = uninterrupted_losses(self.tmp, job_id, 2, [])
-        for m in metrics:
-            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
-            self.assertEqual(m.loss, f32, "step %d" % m.step)
+        self.assertUninterrupted(job_id, steps, 2)
 
 
 class T10d_Drain(ClusterTest):
@@ -2326,12 +2325,7 @@ class T10d_Drain(ClusterTest):
                          r"counted against max_restarts")
         placed = re.search(r"RECOVERING -> RENDEZVOUS \(generation 2\): .* on (\S+),", log)
         self.assertEqual(sorted(placed.group(1).split(",")), sorted([ids[kept], ids[spare]]))
-        metrics = self.call("GetJobMetrics", pb.GetJobMetricsRequest(job_id=job_id)).metrics
-        self.assertEqual([m.step for m in metrics], list(range(1, steps + 1)))
-        ref = uninterrupted_losses(self.tmp, job_id, 2, [])
-        for m in metrics:
-            f32 = struct.unpack("f", struct.pack("f", ref[m.step]))[0]
-            self.assertEqual(m.loss, f32, "step %d" % m.step)
+        self.assertUninterrupted(job_id, steps, 2)
 
         # A job that needs all three nodes waits for the drained one, and says why.
         spec3 = job_spec(os.path.join(self.tmp, "ckpt3"), 5, shape=dict(TINY, batch=6), dp=3)
