@@ -181,6 +181,8 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
   dt_json_string(out, dt_ctl_state_name(j->state));
   fprintf(out, ", \"reason\": ");
   dt_json_string(out, j->reason);
+  fprintf(out, ", \"last_restart\": ");
+  dt_json_string(out, j->last_restart);
   fprintf(out,
           ", \"generation\": %llu, \"restarts\": %d, \"world_size\": %d, \"step\": %lld, "
           "\"steps\": %d, \"loss\": ",
@@ -233,6 +235,8 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   fprintf(out, "state:       %s (generation %llu, %d restart%s)\n", dt_ctl_state_name(j->state),
           (unsigned long long)j->generation, j->restarts, j->restarts == 1 ? "" : "s");
   fprintf(out, "reason:      %s\n", j->reason);
+  if (j->last_restart[0] && j->state != DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+    fprintf(out, "restarted:   %s\n", j->last_restart); /* why this generation replaced one */
   fprintf(out, "world:       %d\n", j->world_size);
   fprintf(out, "progress:    step %lld/%d, loss %.4f, %.0f tokens/s\n", (long long)j->step, steps,
           j->loss, j->tokens_per_s);
@@ -508,7 +512,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
   }
   int64_t after = 0;
   Distrain__V1__JobState last_state = DISTRAIN__V1__JOB_STATE__JOB_UNKNOWN;
-  uint64_t last_gen = 0, placed_gen = 0;
+  uint64_t last_gen = 0, placed_gen = 0, recovering_gen = 0; /* the last RECOVERING printed */
   char last_reason[512] = ""; /* a waiting job's reason changes as nodes come and go */
   int ret = 0, failures = 0;
   double ms_ewma = 0.0;
@@ -541,9 +545,17 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
                         ((j->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
                           j->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING) &&
                          strncmp(reason, last_reason, sizeof last_reason - 1) != 0);
+    /* A restart between two polls: the RECOVERING state it went through, with its cause. */
+    if (last_gen && j->generation > last_gen && recovering_gen != j->generation - 1 &&
+        j->state != DISTRAIN__V1__JOB_STATE__JOB_RECOVERING && j->last_restart[0] && !o->json)
+      fprintf(stderr, "[%s] %s (generation %llu): %s\n", job_id,
+              dt_ctl_state_name(DISTRAIN__V1__JOB_STATE__JOB_RECOVERING),
+              (unsigned long long)j->generation - 1, j->last_restart);
     if (changed && !done && !o->json)
       dt_ctl_print_transition(stderr, job_id, j, &placed_gen);
     if (changed) {
+      if (j->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+        recovering_gen = j->generation;
       last_state = j->state;
       last_gen = j->generation;
       snprintf(last_reason, sizeof last_reason, "%s", reason);

@@ -60,6 +60,8 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   job->state = to;
   job->updated_ms = dt_wall_ms();
   set_string(&job->reason, reason);
+  if (to == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+    set_string(&job->last_restart, reason);
   dt_coord_store_put_job(c->store, j);
   if (dt_coord_state_terminal(to))
     dt_coord_kv_expire(c->kv, j->id, UINT64_MAX); /* no generation of it will rendezvous again */

@@ -2307,6 +2307,13 @@ class T10d_Drain(ClusterTest):
         kept = [n.info.hostname for n in self.nodes() for t in n.trainers
                 if t.job_id == job_id and t.rank == 1][0]
         spare = ({"h0", "h1", "h2"} - {drained, kept}).pop()
+        # A follower polling every 2 s: the restart falls between two polls, and it still
+        # prints the RECOVERING state the job went through, with its cause.
+        watch = subprocess.Popen([binary("coordinator", "distrainctl"), "status", job_id,
+                                  "--watch"] + list(common), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env=dict(self.env, DISTRAIN_CTL_POLL_MS="2000"))
+        time.sleep(0.5)
         r = self.ctl("drain", drained, "--reason", "swap a DIMM", "--wait", *common)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"\n%s +%s +DRAINED .*  \[drained: swap a DIMM\]\n$"
@@ -2316,6 +2323,14 @@ class T10d_Drain(ClusterTest):
         self.assertIsNone(self.agents[drained].poll(), "the drained node's agent exited")
         done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
         self.assertEqual((done.restarts, done.generation), (0, 2))
+        self.assertEqual(watch.wait(timeout=30), 0)
+        recovering = [x for x in watch.stderr.read().splitlines() if "RECOVERING" in x]
+        self.assertEqual(len(recovering), 1, recovering)
+        self.assertRegex(recovering[0], r"^\[%s\] RECOVERING \(generation 1\): rank \d on "
+                         r"node-\d exited with code 3: .*; restarting from checkpoint step \d+"
+                         % job_id)
+        self.assertIn("restarted:   " + done.last_restart,
+                      self.ctl("status", job_id, *common).stdout)
         with open(os.path.join(self.tmp, "coordinator.log")) as f:
             log = f.read()
         self.assertIn("node %s (%s) drained: no new work goes there (reason: swap a DIMM)"

@@ -493,6 +493,10 @@ START_TEST(test_stopped_trainer_restarts_uncounted)
     ck_assert_int_eq(j->job->restarts, 0);
     ck_assert_int_eq(j->restarts_by[DT_RESTART_STOPPED], stop);
   }
+  /* Why the newest generation replaced the one before, kept past the reason of its states. */
+  ck_assert_msg(strstr(j->job->last_restart, "rank 0 on node-0 exited with code 3; restarting") &&
+                    strstr(j->job->reason, "world 2"),
+                "%s / %s", j->job->last_restart, j->job->reason);
   fx_free(f);
 }
 END_TEST
