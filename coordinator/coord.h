@@ -112,6 +112,10 @@ void dt_coord_assignments_changed(dt_coord_t *c, dt_node_t *n);
  * node's stop (each rank saves its step, then exits) and restarts without it, uncounted. A job
  * still in rendezvous restarts at once. DT_ENOMEM leaves n unchanged. */
 int dt_coord_drain(dt_coord_t *c, dt_node_t *n, const char *reason);
+/* Runs a STOPPED or FAILED job again from its newest committed step (RECOVERING, its restarts
+ * from 0), planned at once where nodes are free. DT_EINVAL for a job in another state, DT_EBUSY
+ * while a trainer of its last generation still runs (saving the step it was stopped at). */
+int dt_coord_resume(dt_coord_t *c, dt_job_t *j);
 /* A node stopped heartbeating: fail over every job on it. */
 void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n);
 /* Folds one heartbeat's trainer statuses into the job state machines. */

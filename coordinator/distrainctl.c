@@ -2,7 +2,8 @@
  *
  *   distrainctl run --local [--nodes N] [--devices-per-node M] [--run-dir DIR] JOB.yaml
  *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch] [--plot PNG]
- *   distrainctl stop JOB                   distrainctl nodes
+ *   distrainctl stop JOB                   distrainctl resume JOB
+ *   distrainctl nodes
  *   distrainctl drain NODE [--reason TEXT] [--wait]   distrainctl undrain NODE
  *   distrainctl logs JOB [--rank R] [--follow] [--work-dir DIR]
  *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
@@ -48,6 +49,7 @@ static void usage(FILE *out)
           "                     --plot draws its loss curve with gnuplot)\n"
           "  stop JOB [--now]   stop a job: its trainers save their step as a checkpoint, then\n"
           "                     exit (--now: kill them at once)\n"
+          "  resume JOB         run a stopped or failed job again from its last checkpoint\n"
           "  nodes              registered nodes\n"
           "  drain NODE [--reason TEXT] [--wait]   no new work goes to NODE (a node id or a\n"
           "                     hostname); a job running there saves its step and restarts on\n"
@@ -305,6 +307,39 @@ static int cmd_stop(args_t *a)
   return rc == 0 ? 0 : 1;
 }
 
+#define RESUME_WAIT_MS 60000 /* for the trainers of a job just stopped to finish saving */
+
+static int cmd_resume(args_t *a)
+{
+  if (!need(a, 1, "JOB"))
+    return 2;
+  dt_rpc_client_t *c;
+  ProtobufCMessage *resp;
+  if (!with_client(a, &c))
+    return 1;
+  Distrain__V1__ResumeJobRequest req = DISTRAIN__V1__RESUME_JOB_REQUEST__INIT;
+  req.job_id = a->pos[1];
+  char err[1024];
+  int rc;
+  for (double waited = 0;; waited += 1000) {
+    rc = dt_rpc_client_call(c, "ResumeJob", &req.base, &resp, dt_ctl_rpc_timeout_ms(), 0, err,
+                            sizeof err);
+    if (rc != DT_EUNAVAIL || waited >= RESUME_WAIT_MS)
+      break;
+    if (waited == 0) /* the job was just stopped, or the coordinator is restarting */
+      fprintf(stderr, "distrainctl resume: %s; waiting\n", err);
+    dt_sleep_ms(1000);
+  }
+  if (rc == 0) {
+    dt_ctl_print_job(stdout, (void *)resp, a->o.json);
+    protobuf_c_message_free_unpacked(resp, NULL);
+  } else {
+    fprintf(stderr, "distrainctl: ResumeJob: %s\n", err);
+  }
+  dt_rpc_client_destroy(c);
+  return rc == 0 ? 0 : 1;
+}
+
 static int cmd_nodes(args_t *a)
 {
   dt_rpc_client_t *c;
@@ -515,7 +550,7 @@ int main(int argc, char **argv)
     int (*fn)(args_t *);
   } cmds[] = {{"run", cmd_run},     {"submit", cmd_submit}, {"status", cmd_status},
               {"stop", cmd_stop},   {"nodes", cmd_nodes},   {"logs", cmd_logs},
-              {"drain", cmd_drain}, {"undrain", cmd_drain}};
+              {"drain", cmd_drain}, {"undrain", cmd_drain}, {"resume", cmd_resume}};
   for (size_t i = 0; i < DT_ARRAY_SIZE(cmds); i++)
     if (strcmp(a.pos[0], cmds[i].name) == 0)
       return cmds[i].fn(&a);

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "ctl.h"
 #include "hang.h"
 #include "dt_log.h"
 #include "dt_util.h"
@@ -466,6 +467,32 @@ static void handle_stop_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   dt_rpc_call_reply(call, &j->job->base);
 }
 
+static void handle_resume_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
+{
+  dt_coord_t *c = ud;
+  const Distrain__V1__ResumeJobRequest *req = (const void *)m;
+  dt_job_t *j = job_or_fail(c, call, req->job_id);
+  if (!j)
+    return;
+  const int rc = dt_coord_resume(c, j);
+  if (rc == DT_EINVAL) {
+    dt_rpc_call_fail(call, DT_RPC_FAILED_PRECONDITION,
+                     "job %s is %s: only a STOPPED or FAILED job can be resumed", j->id,
+                     dt_ctl_state_name(j->job->state));
+    return;
+  }
+  if (rc == DT_EBUSY) {
+    dt_rpc_call_fail(call, DT_RPC_UNAVAILABLE,
+                     "job %s's trainers are still saving the step it was stopped at; try again "
+                     "once they have exited",
+                     j->id);
+    return;
+  }
+  if (failed_unless_saved(c, call, "the job is resumed, but not yet saved"))
+    return;
+  dt_rpc_call_reply(call, &j->job->base);
+}
+
 static void handle_metrics(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
 {
   const Distrain__V1__GetJobMetricsRequest *req = (const void *)m;
@@ -592,6 +619,7 @@ int dt_coord_register_handlers(dt_coord_t *c)
       {"StopJob", handle_stop_job},
       {"ListNodes", handle_list_nodes},
       {"DrainNode", handle_drain_node},
+      {"ResumeJob", handle_resume_job},
       {"GetJobMetrics", handle_metrics},
       {"KvPut", handle_kv_put},
       {"KvGet", handle_kv_get},

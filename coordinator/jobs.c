@@ -16,19 +16,12 @@
 
 #include "checkpoint_manifest.h"
 #include "coord.h"
+#include "ctl.h"
 #include "hang.h"
 #include "dt_log.h"
 #include "dt_util.h"
 #include "jobspec.h"
 #include "mesh.h"
-
-static const char *const k_state_names[] = {"UNKNOWN",    "PENDING",   "RENDEZVOUS", "RUNNING",
-                                            "RECOVERING", "COMPLETED", "FAILED",     "STOPPED"};
-
-static const char *state_name(Distrain__V1__JobState s)
-{
-  return (unsigned)s < DT_ARRAY_SIZE(k_state_names) ? k_state_names[s] : "?";
-}
 
 static void set_string(char **field, const char *value)
 {
@@ -50,13 +43,13 @@ void dt_coord_job_transition(dt_coord_t *c, dt_job_t *j, Distrain__V1__JobState 
   va_end(ap);
   dt_utf8_sanitize(reason); /* a trainer's error cut short may end inside a character */
   Distrain__V1__Job *job = j->job;
-  DT_INFO(COORD, "job %s: %s -> %s (generation %llu): %s", j->id, state_name(job->state),
-          state_name(to), (unsigned long long)job->generation, reason);
+  DT_INFO(COORD, "job %s: %s -> %s (generation %llu): %s", j->id, dt_ctl_state_name(job->state),
+          dt_ctl_state_name(to), (unsigned long long)job->generation, reason);
   dt_coord_event(c, j->id,
                  to == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING ||
                      to == DISTRAIN__V1__JOB_STATE__JOB_FAILED,
-                 "%s -> %s (generation %llu): %s", state_name(job->state), state_name(to),
-                 (unsigned long long)job->generation, reason);
+                 "%s -> %s (generation %llu): %s", dt_ctl_state_name(job->state),
+                 dt_ctl_state_name(to), (unsigned long long)job->generation, reason);
   job->state = to;
   job->updated_ms = dt_wall_ms();
   set_string(&job->reason, reason);
@@ -553,6 +546,35 @@ int dt_coord_drain(dt_coord_t *c, dt_node_t *n, const char *reason)
     n->stopped_job = j->id;
     dt_coord_assignments_changed(c, n);
   }
+  return 0;
+}
+
+int dt_coord_resume(dt_coord_t *c, dt_job_t *j)
+{
+  const Distrain__V1__JobState was = j->job->state;
+  if (was != DISTRAIN__V1__JOB_STATE__JOB_STOPPED && was != DISTRAIN__V1__JOB_STATE__JOB_FAILED)
+    return DT_EINVAL;
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    const dt_node_t *n = c->st.nodes[i];
+    for (size_t k = 0; n && k < n->n_trainers; k++) {
+      const Distrain__V1__TrainerStatus *ts = n->trainers[k];
+      if (ts->generation == j->job->generation && strcmp(ts->job_id, j->id) == 0 &&
+          (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
+           ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING))
+        return DT_EBUSY; /* its checkpoint may not be committed yet */
+    }
+  }
+  j->job->restarts = 0;
+  j->blame_deadline_ms = 0;
+  char from[64];
+  if (j->job->committed_step > 0)
+    snprintf(from, sizeof from, "checkpoint step %lld", (long long)j->job->committed_step);
+  else
+    snprintf(from, sizeof from, "the beginning (no checkpoint yet)");
+  dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
+                          "resumed by the user (it was %s); restarting from %s",
+                          dt_ctl_state_name(was), from);
+  dt_coord_schedule(c);
   return 0;
 }
 

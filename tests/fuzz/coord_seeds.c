@@ -218,7 +218,7 @@ static void job_call(const char *method)
     Distrain__V1__GetJobMetricsRequest r = DISTRAIN__V1__GET_JOB_METRICS_REQUEST__INIT;
     r.job_id = "job-1";
     call(method, &r.base);
-  } else { /* GetJob and StopJob share a request layout */
+  } else { /* GetJob, StopJob and ResumeJob share a request layout */
     Distrain__V1__GetJobRequest r = DISTRAIN__V1__GET_JOB_REQUEST__INIT;
     r.job_id = "job-1";
     call(method, &r.base);
@@ -379,7 +379,8 @@ int main(int argc, char **argv)
   job_call("GetJob");
   fclose(g_out);
 
-  open_seed(dir, "drain"); /* node-1 drained mid-job: its ranks save and stop; then undrained */
+  open_seed(dir, "drain"); /* node-1 drained mid-job: its ranks save and stop; then undrained;
+                            * the job stopped and resumed */
   running_job();
   drain("node-b", 0, "swap a DIMM"); /* by hostname */
   watch("node-1", 1);
@@ -391,6 +392,10 @@ int main(int argc, char **argv)
   call("ListNodes", NULL);
   drain("node-1", 1, "");
   rec(OP_RENDER, NULL);
+  job_call("StopJob");
+  job_call("ResumeJob");
+  job_call("ResumeJob"); /* refused: it is not stopped any more */
+  rec(OP_RESTART, NULL);
   fclose(g_out);
 
   open_seed(dir, "held-calls"); /* long polls, logs, clients that go away */

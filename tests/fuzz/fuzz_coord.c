@@ -19,15 +19,15 @@
  * invariants (state.h: node ids match their slots, a node's job exists and has not ended, a
  * job's ranks are on known nodes, its reason is UTF-8); a running job's placement (each rank on
  * a live node the job holds, on a device of its own); a job's generation and committed step
- * never go back, and a job that ended stays ended. A restart restores every node and job as
- * they were (state, generation, committed step, spec, step metrics), once the store is
- * writable again and the coordinator has rewritten it (dt_coord_resync, as its liveness scan
- * would). /metrics is UTF-8 Prometheus text, a value on every sample line; the dashboard's
- * status is UTF-8 with no "nan" or "inf" (JSON has none). The checkpoint directory of every
- * submitted job is forced under the target's private directory (a commit writes manifests and
- * deletes old steps), and a shard report makes its step's directory there, as its writer would
- * have. Liveness scans run only when op 15 moves the coordinator's clock
- * (dt_coord_clock_advance), so an input replays the same way. */
+ * never go back, and a job that ended stays ended, but for a STOPPED or FAILED one that
+ * ResumeJob resumed. A restart restores every node and job as they were (state, generation,
+ * committed step, spec, step metrics), once the store is writable again and the coordinator
+ * has rewritten it (dt_coord_resync, as its liveness scan would). /metrics is UTF-8 Prometheus
+ * text, a value on every sample line; the dashboard's status is UTF-8 with no "nan" or "inf" (JSON
+ * has none). The checkpoint directory of every submitted job is forced under the target's private
+ * directory (a commit writes manifests and deletes old steps), and a shard report makes its step's
+ * directory there, as its writer would have. Liveness scans run only when op 15 moves the
+ * coordinator's clock (dt_coord_clock_advance), so an input replays the same way. */
 #include <ctype.h>
 #include <limits.h>
 #include <sqlite3.h>
@@ -195,6 +195,18 @@ static void check_state(const dt_coord_t *c)
       check_placement(st, j, (int)i);
   }
   g_n_seen = st->n_jobs;
+}
+
+/* A ResumeJob call succeeded: the job that had ended (STOPPED or FAILED) runs again. */
+static void resumed(const char *id)
+{
+  for (size_t i = 0; i < g_n_seen; i++)
+    if (strcmp(g_seen[i].id, id) == 0) {
+      FUZZ_ASSERT(g_seen[i].state == DISTRAIN__V1__JOB_STATE__JOB_STOPPED ||
+                      g_seen[i].state == DISTRAIN__V1__JOB_STATE__JOB_FAILED,
+                  "%s was resumed in state %d", id, g_seen[i].state);
+      g_seen[i].state = DISTRAIN__V1__JOB_STATE__JOB_RECOVERING;
+    }
 }
 
 /* What a restart must keep: each node's state, each job's spec and step metrics (packed). */
@@ -419,7 +431,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
           confine((Distrain__V1__SubmitJobRequest *)req);
         if (m->input == &distrain__v1__report_checkpoint_request__descriptor)
           shard_written((const Distrain__V1__ReportCheckpointRequest *)req);
-        fake_rpc_call(s, method, req, 30000);
+        const int status = fake_rpc_call(s, method, req, 30000);
+        if (status == 0 && m->input == &distrain__v1__resume_job_request__descriptor)
+          resumed(((const Distrain__V1__ResumeJobRequest *)req)->job_id);
         protobuf_c_message_free_unpacked(req, NULL);
       }
     } else if (op == 14 && fake_rpc_held(s)) {

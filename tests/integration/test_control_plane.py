@@ -2285,6 +2285,41 @@ class T10c_StopSignal(ClusterTest):
         self.assertUninterrupted(job_id, steps, 2)
 
 
+class T10e_Resume(ClusterTest):
+    def test_stopped_job_resumes_where_it_stopped(self):
+        """distrainctl stop, then distrainctl resume at once: resume waits while the trainer
+        still saves the step it was stopped at (SIGSTOPped here until 1.5 s later), then the
+        job goes on from that step under its id, and its losses are the uninterrupted run's."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.wait_nodes(1)
+        common = ("--coordinator", self.addr, "--token-file", self.token_file)
+        steps = slow_steps(3.0)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        _, tr = self.trainer_of(job_id)
+        os.kill(tr.pid, signal.SIGSTOP)
+        r = self.ctl("stop", job_id, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        threading.Timer(1.5, os.kill, (tr.pid, signal.SIGCONT)).start()
+        t = time.monotonic()
+        r = self.ctl("resume", job_id, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreater(time.monotonic() - t, 1.0)
+        self.assertIn("%s's trainers are still saving the step it was stopped at; try again once "
+                      "they have exited; waiting" % job_id, r.stderr)
+        self.assertRegex(r.stdout, r"restarted: +resumed by the user \(it was STOPPED\); "
+                         r"restarting from checkpoint step \d+")
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        self.assertEqual((done.restarts, done.generation), (0, 2))
+        self.assertUninterrupted(job_id, steps, 1)
+        r = self.ctl("resume", job_id, *common)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job %s is COMPLETED: only a STOPPED or FAILED job can be resumed" % job_id,
+                      r.stderr)
+
+
 class T10d_Drain(ClusterTest):
     def test_drain_moves_the_job_and_loses_nothing(self):
         """distrainctl drain (by hostname) on the node running rank 0 of a dp=2 job, a spare

@@ -650,6 +650,66 @@ START_TEST(test_drain_during_rendezvous_restarts_at_once)
 }
 END_TEST
 
+/* A stopped job resumed: not while a trainer of its last generation still saves its step, then
+ * a new generation from its newest committed step; a job that failed after max_restarts gets
+ * them all again; a running or completed job is not resumed. */
+START_TEST(test_stopped_or_failed_job_resumes_from_its_checkpoint)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2("elastic.max_restarts=1", &j);
+  all_running(f, j, 3);
+  ck_assert_int_eq(dt_coord_resume(&f->c, j), DT_EINVAL);
+  commit(f, j, 10);
+  dt_coord_job_transition(&f->c, j, DISTRAIN__V1__JOB_STATE__JOB_STOPPED, "stopped by the user");
+  dt_coord_release_nodes(&f->c, j);
+  /* Rank 1 is still saving step 12 on its node: its checkpoint is not committed yet. */
+  Distrain__V1__TrainerStatus ts = DISTRAIN__V1__TRAINER_STATUS__INIT, *tsp = &ts;
+  ts.job_id = j->id;
+  ts.generation = j->job->generation;
+  ts.rank = 1;
+  ts.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  dt_node_t *n1 = f->c.st.nodes[j->ranks[1].node];
+  n1->trainers = &tsp;
+  n1->n_trainers = 1;
+  ck_assert_int_eq(dt_coord_resume(&f->c, j), DT_EBUSY);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_STOPPED);
+  ts.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED; /* it has exited */
+  commit(f, j, 12);
+  ck_assert_int_eq(dt_coord_resume(&f->c, j), 0);
+  n1->trainers = NULL;
+  n1->n_trainers = 0;
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->generation, 2);
+  ck_assert_int_eq(j->resume_step, 12);
+  ck_assert_int_eq(nodes_of(f, j), 2);
+  ck_assert_str_eq(j->job->last_restart,
+                   "resumed by the user (it was STOPPED); restarting from checkpoint step 12");
+
+  /* Failed for good (max_restarts 1), then resumed: a fresh budget of restarts. */
+  for (int fail = 0; fail < 2; fail++) {
+    all_running(f, j, 13);
+    heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
+  }
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_FAILED);
+  ck_assert_int_eq(dt_coord_resume(&f->c, j), 0);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(j->job->restarts, 0);
+  all_running(f, j, 13);
+  heartbeat(f, f->c.st.nodes[j->ranks[0].node], j, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED, .exit_code = 1});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS); /* restart 1 of 1 */
+
+  /* Completed: nothing to resume. */
+  for (int r = 0; r < j->world; r++)
+    heartbeat(f, f->c.st.nodes[j->ranks[r].node], j, r,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED, .step = 40});
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_COMPLETED);
+  ck_assert_int_eq(dt_coord_resume(&f->c, j), DT_EINVAL);
+  fx_free(f);
+}
+END_TEST
+
 /* A state store written before nodes could be drained (schema version 1) is upgraded in place
  * when the coordinator starts on it, its nodes undrained. */
 START_TEST(test_store_from_version_1_is_upgraded)
@@ -1065,6 +1125,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_drained_node_job_waits_for_undrain);
   tcase_add_test(t, test_drain_during_rendezvous_restarts_at_once);
   tcase_add_test(t, test_store_from_version_1_is_upgraded);
+  tcase_add_test(t, test_stopped_or_failed_job_resumes_from_its_checkpoint);
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
