@@ -75,6 +75,29 @@ int dt_coord_resync(dt_coord_t *c, int force)
   return rc;
 }
 
+size_t dt_coord_leaving_trainers(const dt_coord_t *c)
+{
+  size_t n = 0;
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    const dt_node_t *nd = c->st.nodes[i];
+    if (!nd || !nd->leaving || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+      continue;
+    for (size_t k = 0; k < nd->n_trainers; k++)
+      n += nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
+           nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  }
+  return n;
+}
+
+size_t dt_coord_running_jobs(const dt_coord_t *c)
+{
+  size_t n = 0;
+  for (size_t i = 0; i < c->st.n_jobs; i++)
+    n += c->st.jobs[i]->job->state == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS ||
+         c->st.jobs[i]->job->state == DISTRAIN__V1__JOB_STATE__JOB_RUNNING;
+  return n;
+}
+
 void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len)
 {
   size_t alive = 0, dead = 0, running = 0, waiting = 0, off = 0;

@@ -135,6 +135,7 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
   }
   if (req->leaving && !n->leaving) {
     n->leaving = 1;
+    dt_coord_store_put_node(c->store, n); /* a restarted coordinator plans nothing there */
     DT_INFO(COORD, "node %s (%s) is leaving: its agent is stopping; no new work goes there", n->id,
             n->info->hostname);
     dt_coord_event(c, NULL, 0, "node %s (%s) is leaving (its agent is stopping)", n->id,

@@ -287,7 +287,8 @@ static int larger_dp(dt_coord_t *c, dt_job_t *j)
  * ran past the commit, and the restart does not count against max_restarts. */
 static void maybe_grow(dt_coord_t *c, dt_job_t *j)
 {
-  if (j->job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING || j->dp >= requested_dp(j))
+  if (j->job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING || j->dp >= requested_dp(j) ||
+      j->job->committed_step >= j->job->spec->training->steps) /* it has just finished */
     return;
   const int dp = larger_dp(c, j);
   if (!dp)

@@ -15,7 +15,10 @@
  *
  * The state directory defaults to $STATE_DIRECTORY (set by systemd's StateDirectory=) or
  * /var/lib/distrain. SIGTERM/SIGINT shut down cleanly: calls are cancelled, state is already
- * on disk (write-through), and the process exits 0.
+ * on disk (write-through), and the process exits 0. While jobs run, it first waits a second for
+ * agents to say they are leaving (a plain `scancel` or a preemption signals every daemon of an
+ * allocation at once), then for their trainers, which are saving their step and need it to
+ * commit that checkpoint: at most DISTRAIN_STOP_WAIT_MS (30 s). A second signal ends the wait.
  *
  * Under systemd (deploy/systemd/distrain-coordinator.service, Type=notify) it sends READY=1
  * once the state is loaded and the server listens, keeps STATUS= current (nodes, running jobs
@@ -31,6 +34,7 @@
 #include "coord.h"
 #include "dt_log.h"
 #include "dt_notify.h"
+#include "dt_param.h"
 #include "dt_util.h"
 
 static void usage(FILE *out)
@@ -43,7 +47,16 @@ static void usage(FILE *out)
                "                            [--http HOST:PORT|off] [--http-port-file FILE]\n");
 }
 
+/* How long a signalled coordinator waits at most for the trainers of leaving nodes. */
+DT_PARAM(StopWaitMs, "STOP_WAIT_MS", 30000)
+/* How long it waits for agents to say they are leaving, when jobs run: the daemons of an
+ * allocation get the signal at about the same time, an agent announces at once. */
+#define STOP_SETTLE_MS 1000.0
+#define STOP_POLL_MS   50
+
 static uv_signal_t g_sigterm, g_sigint;
+static uv_timer_t g_stop_wait; /* a signalled coordinator waiting for trainers to save */
+static double g_signalled_ms;  /* when the first signal came (0: none) */
 static dt_notify_t g_notify;
 static int g_exit_code;
 
@@ -52,6 +65,7 @@ static void on_closed(void *ud)
   uv_loop_t *loop = ud;
   uv_close((uv_handle_t *)&g_sigterm, NULL);
   uv_close((uv_handle_t *)&g_sigint, NULL);
+  uv_close((uv_handle_t *)&g_stop_wait, NULL);
   dt_notify_close(&g_notify, NULL);
   (void)loop;
 }
@@ -69,10 +83,40 @@ static void shut_down(dt_coord_t *c)
   dt_coord_close(c, on_closed, c->loop);
 }
 
+static void on_stop_wait(uv_timer_t *t)
+{
+  dt_coord_t *c = t->data;
+  const double waited = dt_now_ms() - g_signalled_ms;
+  const size_t saving = dt_coord_leaving_trainers(c);
+  if ((saving == 0 && waited < STOP_SETTLE_MS && dt_coord_running_jobs(c) > 0) ||
+      (saving > 0 && waited < (double)dt_param_StopWaitMs()))
+    return;
+  if (saving)
+    DT_WARN(COORD, "%zu trainer(s) of leaving nodes still running after %.0f ms: shutting down",
+            saving, waited);
+  else if (waited >= STOP_SETTLE_MS)
+    DT_INFO(COORD, "no trainer is saving its step on a leaving node: shutting down");
+  uv_timer_stop(t);
+  shut_down(c);
+}
+
+/* While jobs run, the shutdown waits for the trainers that are saving their step (on_stop_wait);
+ * a second signal ends the wait. */
 static void on_signal(uv_signal_t *h, int signum)
 {
-  DT_INFO(COORD, "signal %d: shutting down", signum);
-  shut_down(h->data);
+  dt_coord_t *c = h->data;
+  if (g_signalled_ms > 0 || dt_coord_running_jobs(c) == 0) {
+    DT_INFO(COORD, "signal %d: shutting down", signum);
+    shut_down(c);
+    return;
+  }
+  g_signalled_ms = dt_now_ms();
+  DT_INFO(COORD,
+          "signal %d: shutting down once the trainers of leaving nodes have saved their step "
+          "(waiting at most %lld ms; signal again to shut down now)",
+          signum, (long long)dt_param_StopWaitMs());
+  dt_notify_stopping(&g_notify);
+  uv_timer_start(&g_stop_wait, on_stop_wait, STOP_POLL_MS, STOP_POLL_MS);
 }
 
 /* Under TLS only (rpc.h): a coordinator nobody can reach is worse than a restart, which loses
@@ -218,6 +262,8 @@ int main(int argc, char **argv)
   dt_rpc_server_on_listener_lost(coord.rpc, on_listener_lost, &coord);
   uv_signal_init(loop, &g_sigterm);
   uv_signal_init(loop, &g_sigint);
+  uv_timer_init(loop, &g_stop_wait);
+  g_stop_wait.data = &coord;
   g_sigterm.data = g_sigint.data = &coord;
   uv_signal_start(&g_sigterm, on_signal, SIGTERM);
   uv_signal_start(&g_sigint, on_signal, SIGINT);

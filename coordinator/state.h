@@ -38,7 +38,8 @@ typedef struct {
   /* The id of the job the user stopped while it used this node (its trainers get SIGTERM and
    * save their step before they exit), until the node takes another job; or NULL. */
   const char *stopped_job;
-  int leaving; /* its agent said it is stopping: no new work; its loss is no failure */
+  int leaving; /* its agent said it is stopping: no new work (until it registers again, across
+                * coordinator restarts too); its loss is no failure */
   /* An operator drained it (DrainNode): why ("" when no reason was given; owned), or NULL.
    * Like leaving, but it stays registered and drained until undrained, restarts included. */
   char *drained;

@@ -36,7 +36,7 @@ struct dt_coord_store {
   char path[4200];
 };
 
-/* 2: nodes.drained. A version-1 database is upgraded in place when opened. */
+/* 2: nodes.drained and nodes.leaving. A version-1 database is upgraded in place when opened. */
 #define STORE_SCHEMA_VERSION 2
 
 static const char *const k_schema =
@@ -46,7 +46,7 @@ static const char *const k_schema =
     "CREATE TABLE IF NOT EXISTS nodes ("
     "  idx INTEGER PRIMARY KEY, id TEXT NOT NULL, info BLOB NOT NULL, state INTEGER NOT NULL,"
     "  assign_version INTEGER NOT NULL, job INTEGER NOT NULL, last_seen_wall INTEGER NOT NULL,"
-    "  drained TEXT);"
+    "  drained TEXT, leaving INTEGER NOT NULL DEFAULT 0);"
     "CREATE TABLE IF NOT EXISTS jobs ("
     "  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, job BLOB NOT NULL, plan BLOB);"
     "CREATE TABLE IF NOT EXISTS metrics ("
@@ -145,9 +145,10 @@ int dt_coord_store_open(dt_coord_store_t **out, const char *state_dir)
     char sql[128];
     snprintf(sql, sizeof sql, "INSERT INTO meta VALUES ('schema', %d)", STORE_SCHEMA_VERSION);
     sqlite3_exec(s->db, sql, NULL, NULL, NULL);
-  } else if (have == 1) { /* a node's drained reason, NULL for none */
+  } else if (have == 1) { /* a node's drained reason (NULL for none), whether it is leaving */
     if (sqlite3_exec(s->db,
                      "BEGIN; ALTER TABLE nodes ADD COLUMN drained TEXT;"
+                     "ALTER TABLE nodes ADD COLUMN leaving INTEGER NOT NULL DEFAULT 0;"
                      "UPDATE meta SET value=2 WHERE key='schema'; COMMIT;",
                      NULL, NULL, &msg) != SQLITE_OK) {
       DT_ERROR(COORD, "%s: upgrading the state from schema version 1: %s", s->path,
@@ -230,7 +231,7 @@ int dt_coord_store_put_node(dt_coord_store_t *s, const dt_node_t *n)
     return DT_ENOMEM;
   int ret = 0;
   if (!s->put_node &&
-      sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?)", -1,
+      sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?,?,?,?,?)", -1,
                          &s->put_node, NULL) != SQLITE_OK) {
     s->put_node = NULL;
     free(info);
@@ -248,6 +249,7 @@ int dt_coord_store_put_node(dt_coord_store_t *s, const dt_node_t *n)
     sqlite3_bind_text(st, 8, n->drained, -1, SQLITE_STATIC);
   else
     sqlite3_bind_null(st, 8);
+  sqlite3_bind_int(st, 9, n->leaving);
   if (sqlite3_step(st) != SQLITE_DONE)
     ret = sql_fail(s, "write node");
   sqlite3_reset(st);
@@ -334,7 +336,7 @@ static int load_nodes(dt_coord_store_t *s, dt_coord_state_t *c, double now_ms)
   sqlite3_stmt *st;
   if (sqlite3_prepare_v2(s->db,
                          "SELECT idx, id, info, state, assign_version, job, "
-                         "last_seen_wall, drained FROM nodes ORDER BY idx",
+                         "last_seen_wall, drained, leaving FROM nodes ORDER BY idx",
                          -1, &st, NULL) != SQLITE_OK)
     return sql_fail(s, "read nodes");
   int ret = 0;
@@ -353,6 +355,7 @@ static int load_nodes(dt_coord_store_t *s, dt_coord_state_t *c, double now_ms)
     n->assign_version = (uint64_t)sqlite3_column_int64(st, 4);
     n->job = sqlite3_column_int(st, 5);
     n->last_seen_wall_ms = sqlite3_column_int64(st, 6);
+    n->leaving = sqlite3_column_int(st, 8); /* its agent was stopping: no work until it is back */
     if (sqlite3_column_type(st, 7) != SQLITE_NULL &&
         !(n->drained = strdup((const char *)sqlite3_column_text(st, 7)))) {
       dt_node_free(n);

@@ -2320,6 +2320,48 @@ class T10e_Resume(ClusterTest):
                       r.stderr)
 
 
+class T10f_ClusterStopped(ClusterTest):
+    def test_every_daemon_stopped_at_once_then_started_again(self):
+        """SIGTERM to the coordinator and both agents of a dp=2 job at once (a plain scancel, a
+        preempted allocation): the coordinator waits while the trainers save their step, so it
+        is committed. Started again (the agents as new nodes), the cluster resumes the job from
+        that step on them, plans nothing on the nodes that left, and the job's losses are the
+        uninterrupted run's."""
+        port = free_port()
+        self.start_coordinator(port=port)
+        for h in ("h0", "h1"):
+            self.start_agent(h)
+        self.wait_nodes(2)
+        steps = slow_steps(4.0)
+        ckpt = os.path.join(self.tmp, "ckpt")
+        spec = job_spec(ckpt, steps, shape=SLOW, every=0, dp=2)
+        spec.elastic.min_nodes = 2  # not dp 1 on the first agent back (the same losses, not bits)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        # An idle node whose agent has said it is leaving (a fake one: no agent behind it).
+        info = pb.NodeInfo(hostname="gone", devices=[pb.Device(kind="cpu")])
+        gone = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=gone, leaving=True))
+        daemons = [self.coord, self.agents["h0"], self.agents["h1"]]
+        for p in daemons:
+            p.send_signal(signal.SIGTERM)
+        self.assertEqual([p.wait(timeout=30) for p in daemons], [0, 0, 0])
+        rank0 = read_text(glob.glob(os.path.join(self.tmp, "work-*", job_id, "rank-0.log"))[0])
+        stopped = re.search(r"stopped on request after step (\d+) of %d" % steps, rank0)
+        self.assertTrue(stopped, rank0[-2000:])
+        self.assertEqual(self.committed_steps(ckpt), [int(stopped.group(1))])
+        self.assertIn("signal 15: shutting down once the trainers of leaving nodes have saved "
+                      "their step", read_text(os.path.join(self.tmp, "coordinator.log")))
+
+        self.start_coordinator(port=port)
+        for h in ("h0", "h1"):
+            self.start_agent(h)
+        self.assertTrue([n for n in self.nodes() if n.node_id == gone][0].leaving)
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual(done.restarts, 0, done.last_restart)
+        self.assertUninterrupted(job_id, steps, 2)
+
+
 class T10d_Drain(ClusterTest):
     def test_drain_moves_the_job_and_loses_nothing(self):
         """distrainctl drain (by hostname) on the node running rank 0 of a dp=2 job, a spare

@@ -24,6 +24,9 @@ names that are not host names (the agents register as dtn1 and dtn2).
   and the job completes with the reference losses (1e-5 relative, as the chaos suite).
 - `scancel --batch --signal=TERM` mid-job (what the script's --signal=B:TERM@120 sends before
   the time limit): the job is stopped with the step its trainers stopped after committed.
+- A plain `scancel` mid-job (what a user types, and what preemption does): every step gets
+  SIGTERM at once, the coordinator's included, which stays until the trainers have saved: the
+  step they stopped after is committed.
 
 Exits 77 (skip) with the reason when the Slurm or munge binaries are missing, when not root
 (SlurmUser=root, munged's key), or when a daemon cannot start here. Every daemon, step and
@@ -436,6 +439,37 @@ class SlurmTest(unittest.TestCase):
         for n in NODES:
             self.assertIn("saves its step first",
                           cp.read_text(os.path.join(run_dir, "worker-%s.log" % n)))
+
+
+    def test_plain_scancel_stops_the_job_with_its_step_saved(self):
+        """A plain `scancel` mid-job signals every step at once, the coordinator's with the
+        agents' and the trainers': the coordinator waits for the leaving nodes' trainers, so the
+        step they stopped after is committed, as with `scancel --batch`."""
+        p, metrics, run_dir = self.sbatch(self.spec(), env={"DISTRAIN_FAULT_SLOW_MS": "60"},
+                                          background=True)
+        try:
+            self.wait_past_step(p, metrics, EVERY + EVERY // 2)
+            job = self.c.run("squeue", "-h", "-o", "%i").stdout.split()[0]
+            self.c.run("scancel", job, timeout=10)
+            p.communicate(timeout=90)
+            cp.wait_until(lambda: not self.c.run("squeue", "-h", "-o", "%i").stdout.strip(), 60,
+                          "the Slurm job to end")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        coord_log = cp.read_text(os.path.join(run_dir, "coordinator.log"))
+        rank0 = glob.glob(os.path.join(run_dir, "worker-*", "job-1", "rank-0.log"))
+        stopped = re.search(r"stopped on request after step (\d+) of %d: its checkpoint is "
+                            r"committed" % STEPS, cp.read_text(rank0[0]))
+        self.assertTrue(stopped, "rank 0 did not stop with its step saved:\n" +
+                        cp.read_text(rank0[0])[-2000:] + coord_log[-3000:])
+        step = int(stopped.group(1))
+        self.assertTrue(EVERY + EVERY // 2 <= step < STEPS, step)
+        steps = cp.ClusterTest.committed_steps(os.path.join(self.dir, "ckpt"))
+        self.assertEqual(steps[-1], step, steps)
+        self.assertRegex(coord_log, r"signal 15: shutting down once the trainers of leaving "
+                         r"nodes have saved their step")
 
 
 def main():

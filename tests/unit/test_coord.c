@@ -430,6 +430,19 @@ START_TEST(test_lost_node_shrinks_then_grows_back_at_a_commit)
   ck_assert_int_eq(j->world, 2);
   ck_assert_int_eq(j->grad_accum, 1);
   ck_assert_int_eq(j->resume_step, 20);
+
+  /* Shrunk again, then its last step committed: it has finished, and is not restarted on the
+   * node that came back to train no step there. */
+  all_running(f, j, 21);
+  dt_coord_node_dead(&f->c, n1);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(j->world, 1);
+  all_running(f, j, 21);
+  n1->state = DISTRAIN__V1__NODE_STATE__NODE_ALIVE;
+  const uint64_t gen = j->job->generation;
+  commit(f, j, j->job->spec->training->steps);
+  ck_assert_int_eq(state(j), DISTRAIN__V1__JOB_STATE__JOB_RUNNING);
+  ck_assert_int_eq(j->job->generation, gen);
   fx_free(f);
 }
 END_TEST
@@ -711,7 +724,7 @@ START_TEST(test_stopped_or_failed_job_resumes_from_its_checkpoint)
 END_TEST
 
 /* A state store written before nodes could be drained (schema version 1) is upgraded in place
- * when the coordinator starts on it, its nodes undrained. */
+ * when the coordinator starts on it, its nodes undrained and not leaving; both are kept. */
 START_TEST(test_store_from_version_1_is_upgraded)
 {
   fx_t *f = fx_new();
@@ -723,6 +736,7 @@ START_TEST(test_store_from_version_1_is_upgraded)
   ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
   ck_assert_int_eq(sqlite3_exec(db,
                                 "ALTER TABLE nodes DROP COLUMN drained;"
+                                "ALTER TABLE nodes DROP COLUMN leaving;"
                                 "UPDATE meta SET value=1 WHERE key='schema'",
                                 NULL, NULL, NULL),
                    SQLITE_OK);
@@ -730,9 +744,13 @@ START_TEST(test_store_from_version_1_is_upgraded)
   fx_start(f);
   ck_assert_uint_eq(f->c.st.n_nodes, 1);
   ck_assert_ptr_null(f->c.st.nodes[0]->drained);
+  ck_assert_int_eq(f->c.st.nodes[0]->leaving, 0);
   ck_assert_int_eq(dt_coord_drain(&f->c, f->c.st.nodes[0], "upgraded"), 0);
+  f->c.st.nodes[0]->leaving = 1;
+  ck_assert_int_eq(dt_coord_store_put_node(f->c.store, f->c.st.nodes[0]), 0);
   fx_restart(f);
   ck_assert_str_eq(f->c.st.nodes[0]->drained, "upgraded");
+  ck_assert_int_eq(f->c.st.nodes[0]->leaving, 1);
   fx_free(f);
 }
 END_TEST
