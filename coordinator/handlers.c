@@ -69,6 +69,15 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
     return;
   }
   dt_node_t *n = req->node_id[0] ? dt_coord_node_by_id(&c->st, req->node_id) : NULL;
+  if (n && strcmp(n->info->hostname, info->hostname) != 0) {
+    /* Not that node's agent (its work directory was copied, or another coordinator gave it the
+     * id): a node of its own, not a takeover of another host's. */
+    DT_WARN(COORD,
+            "an agent on %s asked for node id %s, which is %s's: registering it as a new "
+            "node",
+            info->hostname, n->id, n->info->hostname);
+    n = NULL;
+  }
   if (n) {
     /* The agent restarted: its trainers died with it, and so did the log reads it had. */
     dt_coord_logs_node_gone(c, n, 1, "its agent restarted");

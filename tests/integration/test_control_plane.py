@@ -2285,83 +2285,6 @@ class T10c_StopSignal(ClusterTest):
         self.assertUninterrupted(job_id, steps, 2)
 
 
-class T10e_Resume(ClusterTest):
-    def test_stopped_job_resumes_where_it_stopped(self):
-        """distrainctl stop, then distrainctl resume at once: resume waits while the trainer
-        still saves the step it was stopped at (SIGSTOPped here until 1.5 s later), then the
-        job goes on from that step under its id, and its losses are the uninterrupted run's."""
-        self.start_coordinator()
-        self.start_agent("h0")
-        self.wait_nodes(1)
-        common = ("--coordinator", self.addr, "--token-file", self.token_file)
-        steps = slow_steps(3.0)
-        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0)
-        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
-        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
-        _, tr = self.trainer_of(job_id)
-        os.kill(tr.pid, signal.SIGSTOP)
-        r = self.ctl("stop", job_id, *common)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        threading.Timer(1.5, os.kill, (tr.pid, signal.SIGCONT)).start()
-        t = time.monotonic()
-        r = self.ctl("resume", job_id, *common)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertGreater(time.monotonic() - t, 1.0)
-        self.assertIn("%s's trainers are still saving the step it was stopped at; try again once "
-                      "they have exited; waiting" % job_id, r.stderr)
-        self.assertRegex(r.stdout, r"restarted: +resumed by the user \(it was STOPPED\); "
-                         r"restarting from checkpoint step \d+")
-        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
-        self.assertEqual((done.restarts, done.generation), (0, 2))
-        self.assertUninterrupted(job_id, steps, 1)
-        r = self.ctl("resume", job_id, *common)
-        self.assertEqual(r.returncode, 1)
-        self.assertIn("job %s is COMPLETED: only a STOPPED or FAILED job can be resumed" % job_id,
-                      r.stderr)
-
-
-class T10f_ClusterStopped(ClusterTest):
-    def test_every_daemon_stopped_at_once_then_started_again(self):
-        """SIGTERM to the coordinator and both agents of a dp=2 job at once (a plain scancel, a
-        preempted allocation): the coordinator waits while the trainers save their step, so it
-        is committed. Started again (the agents as new nodes), the cluster resumes the job from
-        that step on them, plans nothing on the nodes that left, and the job's losses are the
-        uninterrupted run's."""
-        port = free_port()
-        self.start_coordinator(port=port)
-        for h in ("h0", "h1"):
-            self.start_agent(h)
-        self.wait_nodes(2)
-        steps = slow_steps(4.0)
-        ckpt = os.path.join(self.tmp, "ckpt")
-        spec = job_spec(ckpt, steps, shape=SLOW, every=0, dp=2)
-        spec.elastic.min_nodes = 2  # not dp 1 on the first agent back (the same losses, not bits)
-        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
-        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
-        # An idle node whose agent has said it is leaving (a fake one: no agent behind it).
-        info = pb.NodeInfo(hostname="gone", devices=[pb.Device(kind="cpu")])
-        gone = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
-        self.call("Heartbeat", pb.HeartbeatRequest(node_id=gone, leaving=True))
-        daemons = [self.coord, self.agents["h0"], self.agents["h1"]]
-        for p in daemons:
-            p.send_signal(signal.SIGTERM)
-        self.assertEqual([p.wait(timeout=30) for p in daemons], [0, 0, 0])
-        rank0 = read_text(glob.glob(os.path.join(self.tmp, "work-*", job_id, "rank-0.log"))[0])
-        stopped = re.search(r"stopped on request after step (\d+) of %d" % steps, rank0)
-        self.assertTrue(stopped, rank0[-2000:])
-        self.assertEqual(self.committed_steps(ckpt), [int(stopped.group(1))])
-        self.assertIn("signal 15: shutting down once the trainers of leaving nodes have saved "
-                      "their step", read_text(os.path.join(self.tmp, "coordinator.log")))
-
-        self.start_coordinator(port=port)
-        for h in ("h0", "h1"):
-            self.start_agent(h)
-        self.assertTrue([n for n in self.nodes() if n.node_id == gone][0].leaving)
-        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
-        self.assertEqual(done.restarts, 0, done.last_restart)
-        self.assertUninterrupted(job_id, steps, 2)
-
-
 class T10d_Drain(ClusterTest):
     def test_drain_moves_the_job_and_loses_nothing(self):
         """distrainctl drain (by hostname) on the node running rank 0 of a dp=2 job, a spare
@@ -2454,6 +2377,114 @@ class T10d_Drain(ClusterTest):
             self.assertCode(cm, grpc.StatusCode.INVALID_ARGUMENT)
             self.assertIn(why, cm.exception.details())
         self.assertFalse([n for n in self.nodes() if n.drained])
+
+    def test_drain_outlives_an_agent_restart(self):
+        """A restarted agent registers as the node it was (its work directory keeps the id), so
+        a drained node stays drained through a reboot, with no second node for the same host;
+        an agent of another host asking for that id becomes a node of its own."""
+        self.start_coordinator()
+        agent = self.start_agent("h0")
+        self.wait_nodes(1)
+        common = ("--coordinator", self.addr, "--token-file", self.token_file)
+        node = self.nodes()[0].node_id
+        self.assertEqual(self.ctl("drain", "h0", "--reason", "reboot", *common).returncode, 0)
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(timeout=5)
+        self.start_agent("h0")
+        with open(os.path.join(self.tmp, "work-h0", "node-id")) as f:
+            self.assertEqual(f.read(), node + "\n")
+        wait_until(lambda: read_text(os.path.join(self.tmp, "agent-h0.log")).count(
+            "registered as %s with" % node) == 2, 10, "the agent to register again")
+        nodes = self.nodes()
+        self.assertEqual([(n.node_id, n.drained, n.drain_reason) for n in nodes],
+                         [(node, True, "reboot")])
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), 5)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        wait_until(lambda: "(1 drained: distrainctl undrain)" in self.get_job(job_id).reason, 10,
+                   "the job to wait for the drained node")
+        self.assertEqual(self.ctl("undrain", node, *common).returncode, 0)
+        self.assertEqual(self.wait_state(job_id, [pb.JOB_COMPLETED], 30).failed_nodes, [])
+        info = pb.NodeInfo(hostname="other", devices=[pb.Device(kind="cpu")])
+        other = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info, node_id=node))
+        self.assertNotEqual(other.node_id, node)
+        self.assertEqual(sorted(n.info.hostname for n in self.nodes()), ["h0", "other"])
+
+
+class T10e_Resume(ClusterTest):
+    def test_stopped_job_resumes_where_it_stopped(self):
+        """distrainctl stop, then distrainctl resume at once: resume waits while the trainer
+        still saves the step it was stopped at (SIGSTOPped here until 1.5 s later), then the
+        job goes on from that step under its id, and its losses are the uninterrupted run's."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.wait_nodes(1)
+        common = ("--coordinator", self.addr, "--token-file", self.token_file)
+        steps = slow_steps(3.0)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        _, tr = self.trainer_of(job_id)
+        os.kill(tr.pid, signal.SIGSTOP)
+        r = self.ctl("stop", job_id, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        threading.Timer(1.5, os.kill, (tr.pid, signal.SIGCONT)).start()
+        t = time.monotonic()
+        r = self.ctl("resume", job_id, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreater(time.monotonic() - t, 1.0)
+        self.assertIn("%s's trainers are still saving the step it was stopped at; try again once "
+                      "they have exited; waiting" % job_id, r.stderr)
+        self.assertRegex(r.stdout, r"restarted: +resumed by the user \(it was STOPPED\); "
+                         r"restarting from checkpoint step \d+")
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        self.assertEqual((done.restarts, done.generation), (0, 2))
+        self.assertUninterrupted(job_id, steps, 1)
+        r = self.ctl("resume", job_id, *common)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job %s is COMPLETED: only a STOPPED or FAILED job can be resumed" % job_id,
+                      r.stderr)
+
+
+class T10f_ClusterStopped(ClusterTest):
+    def test_every_daemon_stopped_at_once_then_started_again(self):
+        """SIGTERM to the coordinator and both agents of a dp=2 job at once (a plain scancel, a
+        preempted allocation): the coordinator waits while the trainers save their step, so it
+        is committed. Started again (the agents as new nodes), the cluster resumes the job from
+        that step on them, plans nothing on the nodes that left, and the job's losses are the
+        uninterrupted run's."""
+        port = free_port()
+        self.start_coordinator(port=port)
+        for h in ("h0", "h1"):
+            self.start_agent(h)
+        self.wait_nodes(2)
+        steps = slow_steps(4.0)
+        ckpt = os.path.join(self.tmp, "ckpt")
+        spec = job_spec(ckpt, steps, shape=SLOW, every=0, dp=2)
+        spec.elastic.min_nodes = 2  # not dp 1 on the first agent back (the same losses, not bits)
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        # An idle node whose agent has said it is leaving (a fake one: no agent behind it).
+        info = pb.NodeInfo(hostname="gone", devices=[pb.Device(kind="cpu")])
+        gone = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=gone, leaving=True))
+        daemons = [self.coord, self.agents["h0"], self.agents["h1"]]
+        for p in daemons:
+            p.send_signal(signal.SIGTERM)
+        self.assertEqual([p.wait(timeout=30) for p in daemons], [0, 0, 0])
+        rank0 = read_text(glob.glob(os.path.join(self.tmp, "work-*", job_id, "rank-0.log"))[0])
+        stopped = re.search(r"stopped on request after step (\d+) of %d" % steps, rank0)
+        self.assertTrue(stopped, rank0[-2000:])
+        self.assertEqual(self.committed_steps(ckpt), [int(stopped.group(1))])
+        self.assertIn("signal 15: shutting down once the trainers of leaving nodes have saved "
+                      "their step", read_text(os.path.join(self.tmp, "coordinator.log")))
+
+        self.start_coordinator(port=port)
+        for h in ("h0", "h1"):
+            self.start_agent(h)
+        self.assertTrue([n for n in self.nodes() if n.node_id == gone][0].leaving)
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual(done.restarts, 0, done.last_restart)
+        self.assertUninterrupted(job_id, steps, 2)
 
 
 class T10b_InputError(ClusterTest):

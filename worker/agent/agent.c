@@ -668,6 +668,38 @@ static void reconcile(dt_agent_t *a)
 /* Coordinator RPCs on the threadpool                                                          */
 /* ------------------------------------------------------------------------------------------ */
 
+/* <work_dir>/node-id: the id this node registered under, asked for again after a restart. */
+#define NODE_ID_FILE "node-id"
+
+static void load_node_id(dt_agent_t *a)
+{
+  char path[4200], id[sizeof a->node_id] = "";
+  snprintf(path, sizeof path, "%s/" NODE_ID_FILE, a->cfg.work_dir);
+  FILE *fp = fopen(path, "r");
+  if (!fp)
+    return; /* never registered from this work directory */
+  if (fgets(id, sizeof id, fp)) {
+    id[strcspn(id, "\n")] = '\0';
+    snprintf(a->node_id, sizeof a->node_id, "%s", id);
+  }
+  fclose(fp);
+}
+
+static void save_node_id(dt_agent_t *a)
+{
+  char path[4200];
+  dt_afile_t af;
+  snprintf(path, sizeof path, "%s/" NODE_ID_FILE, a->cfg.work_dir);
+  if (dt_afile_open(&af, path) != 0)
+    return;
+  fprintf(af.fp, "%s\n", a->node_id);
+  if (ferror(af.fp) || dt_afile_commit(&af) != 0) {
+    dt_afile_abort(&af);
+    DT_WARN(WORKER, "%s: cannot record the node id %s: a restarted agent will be a new node", path,
+            a->node_id);
+  }
+}
+
 static void reg_work(uv_work_t *w)
 {
   dt_agent_t *a = w->data;
@@ -721,7 +753,10 @@ static void reg_done(uv_work_t *w, int status)
   }
   a->reg_refused = 0;
   Distrain__V1__RegisterWorkerResponse *r = (void *)a->reg_resp;
+  const int same = strcmp(a->node_id, r->node_id) == 0;
   snprintf(a->node_id, sizeof a->node_id, "%s", r->node_id);
+  if (!same)
+    save_node_id(a);
   a->heartbeat_ms = r->heartbeat_ms ? r->heartbeat_ms : 500;
   protobuf_c_message_free_unpacked(a->reg_resp, NULL);
   a->reg_resp = NULL;
@@ -1330,6 +1365,7 @@ int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *c
   }
   DT_CHECK_GOTO(dt_rpc_read_token(cfg->token_file, a->token, sizeof a->token), ret, fail);
   DT_CHECK_GOTO(dt_mkdir_p(cfg->work_dir), ret, fail);
+  load_node_id(a);
   DT_CHECK_GOTO(detect_devices(a), ret, fail);
   DT_CHECK_GOTO(dt_rpc_client_create(cfg->coordinator, a->token,
                                      &distrain__v1__coordinator__descriptor, &a->rpc),

@@ -25,7 +25,9 @@ typedef struct {
   const char *coordinator; /* host:port */
   const char *token_file;
   const char *trainer;  /* path of distrain-train */
-  const char *work_dir; /* per-rank logs: <work_dir>/<job>/rank-<R>.log */
+  const char *work_dir; /* per-rank logs: <work_dir>/<job>/rank-<R>.log; <work_dir>/node-id:
+                         * the id it registered under, asked for again when it restarts (so a
+                         * restarted agent is the same node: drained, leaving, its logs) */
   const char *hostname;
   int cpu_devices; /* devices to offer when there is no GPU */
   /* The GPUs to offer: NULL or "all" (every GPU the CUDA runtime shows; CPU devices where it
