@@ -287,29 +287,12 @@ static int cmd_status(args_t *a)
   return rc == 0 ? 0 : 1;
 }
 
-static int cmd_stop(args_t *a)
-{
-  if (!need(a, 1, "JOB"))
-    return 2;
-  dt_rpc_client_t *c;
-  ProtobufCMessage *resp;
-  if (!with_client(a, &c))
-    return 1;
-  Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
-  req.job_id = a->pos[1];
-  req.now = a->now;
-  int rc = call(c, "StopJob", &req.base, &resp);
-  if (rc == 0) {
-    dt_ctl_print_job(stdout, (void *)resp, a->o.json);
-    protobuf_c_message_free_unpacked(resp, NULL);
-  }
-  dt_rpc_client_destroy(c);
-  return rc == 0 ? 0 : 1;
-}
-
 #define RESUME_WAIT_MS 60000 /* for the trainers of a job just stopped to finish saving */
 
-static int cmd_resume(args_t *a)
+/* A call on the job a->pos[1] (req names it) that answers with the job (stop, resume),
+ * printed. While the coordinator answers UNAVAILABLE it is asked again every second for up to
+ * wait_ms, saying why once. */
+static int job_call(args_t *a, const char *method, const ProtobufCMessage *req, int wait_ms)
 {
   if (!need(a, 1, "JOB"))
     return 2;
@@ -317,27 +300,41 @@ static int cmd_resume(args_t *a)
   ProtobufCMessage *resp;
   if (!with_client(a, &c))
     return 1;
-  Distrain__V1__ResumeJobRequest req = DISTRAIN__V1__RESUME_JOB_REQUEST__INIT;
-  req.job_id = a->pos[1];
   char err[1024];
   int rc;
-  for (double waited = 0;; waited += 1000) {
-    rc = dt_rpc_client_call(c, "ResumeJob", &req.base, &resp, dt_ctl_rpc_timeout_ms(), 0, err,
-                            sizeof err);
-    if (rc != DT_EUNAVAIL || waited >= RESUME_WAIT_MS)
+  for (int waited = 0;; waited += 1000) {
+    rc = dt_rpc_client_call(c, method, req, &resp, dt_ctl_rpc_timeout_ms(), 0, err, sizeof err);
+    if (rc != DT_EUNAVAIL || waited >= wait_ms)
       break;
-    if (waited == 0) /* the job was just stopped, or the coordinator is restarting */
-      fprintf(stderr, "distrainctl resume: %s; waiting\n", err);
+    if (waited == 0)
+      fprintf(stderr, "distrainctl %s: %s; waiting\n", a->pos[0], err);
     dt_sleep_ms(1000);
   }
   if (rc == 0) {
     dt_ctl_print_job(stdout, (void *)resp, a->o.json);
     protobuf_c_message_free_unpacked(resp, NULL);
   } else {
-    fprintf(stderr, "distrainctl: ResumeJob: %s\n", err);
+    fprintf(stderr, "distrainctl: %s: %s\n", method, err);
   }
   dt_rpc_client_destroy(c);
   return rc == 0 ? 0 : 1;
+}
+
+static int cmd_stop(args_t *a)
+{
+  Distrain__V1__StopJobRequest req = DISTRAIN__V1__STOP_JOB_REQUEST__INIT;
+  req.job_id = a->pos[1]; /* NULL without one: job_call says so first */
+  req.now = a->now;
+  return job_call(a, "StopJob", &req.base, 0);
+}
+
+/* Waits while the trainers of a job just stopped still save their step (or the coordinator is
+ * restarting). */
+static int cmd_resume(args_t *a)
+{
+  Distrain__V1__ResumeJobRequest req = DISTRAIN__V1__RESUME_JOB_REQUEST__INIT;
+  req.job_id = a->pos[1];
+  return job_call(a, "ResumeJob", &req.base, RESUME_WAIT_MS);
 }
 
 static int cmd_nodes(args_t *a)
