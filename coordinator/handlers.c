@@ -269,25 +269,28 @@ static void handle_list_nodes(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
   free(ptrs);
 }
 
-/* A node by id, or by a hostname that names exactly one node. */
+/* A node by id, or by a hostname that names one node (or one alive node: an agent from before
+ * agents kept their id left a dead node behind when it restarted). */
 static dt_node_t *node_named(dt_coord_t *c, dt_rpc_call_t *call, const char *name)
 {
-  dt_node_t *n = dt_coord_node_by_id(&c->st, name), *found = NULL;
+  dt_node_t *n = dt_coord_node_by_id(&c->st, name), *found = NULL, *alive = NULL;
   if (n)
     return n;
   char ids[256] = "";
-  int count = 0;
+  int count = 0, n_alive = 0;
   for (size_t i = 0; i < c->st.n_nodes; i++) {
     dt_node_t *nd = c->st.nodes[i];
     if (!nd || strcmp(nd->info->hostname, name) != 0)
       continue;
     found = nd;
+    if (nd->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+      alive = nd, n_alive++;
     const size_t len = strlen(ids);
     if (count++ < 8)
       snprintf(ids + len, sizeof ids - len, "%s%s", count > 1 ? ", " : "", nd->id);
   }
-  if (count == 1)
-    return found;
+  if (count == 1 || n_alive == 1)
+    return count == 1 ? found : alive;
   if (count == 0)
     dt_rpc_call_fail(call, DT_RPC_NOT_FOUND,
                      "no node '%s': neither a node id nor a registered node's hostname", name);

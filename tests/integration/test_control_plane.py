@@ -2369,6 +2369,13 @@ class T10d_Drain(ClusterTest):
         self.assertEqual(r.returncode, 1)
         self.assertIn("hostname '%s' names 2 nodes (%s, %s): give a node id"
                       % (kept, ids[kept], twin), r.stderr)
+        # Once the twin is dead (it sends no heartbeat), the hostname names the alive node.
+        wait_until(lambda: [n for n in self.nodes() if n.node_id == twin][0].state ==
+                   pb.NODE_DEAD, 10, "the twin to be declared dead")
+        r = self.ctl("drain", kept, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"\n%s +%s +DRAINED " % (ids[kept], kept))
+        self.assertEqual(self.ctl("undrain", ids[kept], *common).returncode, 0)
         r = self.ctl("undrain", kept, "--reason", "x", *common)
         self.assertEqual(r.returncode, 2)
         for reason, why in (("a\nb", "one line of text"), ("x" * 201, "at most 200")):
