@@ -75,12 +75,12 @@ int dt_coord_resync(dt_coord_t *c, int force)
   return rc;
 }
 
-size_t dt_coord_leaving_trainers(const dt_coord_t *c)
+size_t dt_coord_stopping_trainers(const dt_coord_t *c)
 {
   size_t n = 0;
   for (size_t i = 0; i < c->st.n_nodes; i++) {
     const dt_node_t *nd = c->st.nodes[i];
-    if (!nd || !nd->leaving || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+    if (!nd || !(nd->leaving || nd->drained) || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
       continue;
     for (size_t k = 0; k < nd->n_trainers; k++)
       n += nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||

@@ -4,15 +4,16 @@ gives a long job at a given failure rate.
 Measured on a loopback cluster (a coordinator and two agents of one CPU device, a dp=2 job of a
 small model checkpointing every --every steps, asynchronously): for each failure kind, --trials
 times (a trainer SIGKILLed; a trainer SIGSTOPped, i.e. a hang, with hang_timeout_s
---hang-timeout), and for a trainer SIGTERMed (a preemption or a drain: every rank saves its step
-and exits, which is no failure):
+--hang-timeout), and for a trainer SIGTERMed (a preemption: every rank saves its step and exits,
+which is no failure) and a node drained with `distrainctl drain` (a spare agent added for it:
+the job moves there the same way):
   detection   the failure -> the job leaves RUNNING (the coordinator's verdict)
   recovery    the verdict -> the first step of the new generation (trainers restarted,
               rendezvous, checkpoint read)
   lost work   the steps trained before the failure that the new generation trains again (those
               past the checkpoint it resumes from), in seconds
 and the checkpoint stall per save (the trainer's "the step paused" lines). The simulation
-below takes the failures' costs (SIGKILL, SIGSTOP), not the SIGTERM's.
+below takes the failures' costs (SIGKILL, SIGSTOP), not the SIGTERM's or the drain's.
 
 Then a simulation: a job of --days of compute whose interruptions arrive as a Poisson process
 with mean time between failures --mtbf-h (Llama 3: about 3 h at 16K GPUs), checkpointing every
@@ -63,10 +64,13 @@ class Cluster:
             time.sleep(0.05)
         self.addr = "127.0.0.1:" + open(port_file).read().strip()
         for h in ("h0", "h1"):
-            self.spawn(["worker/agent/distrain-worker", "--coordinator", self.addr, "--token-file",
-                        self.token, "--cpu-devices", "1", "--hostname", h, "--work-dir",
-                        os.path.join(tmp, "work-" + h), "--grace-ms", "1000", "--trainer",
-                        os.path.join(build, "worker/trainer/distrain-train")], h + ".log")
+            self.add_agent(h)
+
+    def add_agent(self, h):
+        self.spawn(["worker/agent/distrain-worker", "--coordinator", self.addr, "--token-file",
+                    self.token, "--cpu-devices", "1", "--hostname", h, "--work-dir",
+                    os.path.join(self.tmp, "work-" + h), "--grace-ms", "1000", "--trainer",
+                    os.path.join(self.build, "worker/trainer/distrain-train")], h + ".log")
 
     def spawn(self, args, log):
         with open(os.path.join(self.tmp, log), "ab") as f:
@@ -146,7 +150,11 @@ def measure(c, kind, every, hang_s):
     pid = wait_for(lambda: trainer_pid(c.tmp, job_id, 1, 1), 10, "rank 1's trainer")
     step_at = c.job(job_id)["step"]
     t_fail = time.monotonic()
-    os.kill(pid, {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[kind])
+    if kind == "drain":  # the node of rank 1
+        node = [r["node_id"] for r in c.job(job_id)["ranks"] if r["rank"] == 1][0]
+        c.ctl("drain", node)
+    else:
+        os.kill(pid, {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[kind])
     wait_for(lambda: (lambda j: j["state"] != "RUNNING" or j["generation"] > 1)(c.job(job_id)),
              hang_s + 30, "the failure to be detected")
     t_detect = time.monotonic()
@@ -161,6 +169,8 @@ def measure(c, kind, every, hang_s):
         except ProcessLookupError:
             pass
     c.ctl("stop", job_id, "--now")
+    if kind == "drain":
+        c.ctl("undrain", node)
     return t_detect - t_fail, t_recover - t_detect, max(0, step_at - j["committed_step"])
 
 
@@ -209,6 +219,10 @@ def main():
         for t in range(args.trials):
             for kind in rows:
                 rows[kind].append(measure(c, kind, args.every, args.hang_timeout))
+        c.add_agent("h2")  # a spare for the drained node's ranks
+        wait_for(lambda: len(json.loads(c.ctl("nodes", "--json"))) == 3, 30, "the spare agent")
+        rows["drain"] = [measure(c, "drain", args.every, args.hang_timeout)
+                         for _ in range(args.trials)]
         # Step time and checkpoint costs from the rank-0 trainers' logs.
         logs = ""
         for path in glob.glob(os.path.join(tmp, "work-*", "job-*", "rank-0.log")):
@@ -227,13 +241,13 @@ def main():
           "every %d steps of %.1f ms, %d trials per kind):" % (args.every, step_ms, args.trials))
     print("%-22s %14s %14s %14s" % ("failure", "detection s", "recovery s", "lost work s"))
     kinds = {"kill": "trainer SIGKILL", "stop": "trainer SIGSTOP (hang)",
-             "term": "trainer SIGTERM"}
+             "term": "trainer SIGTERM", "drain": "distrainctl drain"}
     det, rec = [], []
     for k, name in kinds.items():
         d = [x[0] for x in rows[k]]
         r = [x[1] for x in rows[k]]
         lost = [x[2] * step_ms / 1000.0 for x in rows[k]]  # steps trained again
-        if k != "term":
+        if k in ("kill", "stop"):
             det += d
             rec += r
         print("%-22s %14.2f %14.2f %14.2f" % (name, statistics.mean(d), statistics.mean(r),

@@ -2482,8 +2482,9 @@ class T10f_ClusterStopped(ClusterTest):
         stopped = re.search(r"stopped on request after step (\d+) of %d" % steps, rank0)
         self.assertTrue(stopped, rank0[-2000:])
         self.assertEqual(self.committed_steps(ckpt), [int(stopped.group(1))])
-        self.assertIn("signal 15: shutting down once the trainers of leaving nodes have saved "
-                      "their step", read_text(os.path.join(self.tmp, "coordinator.log")))
+        self.assertIn("signal 15: shutting down once the trainers of leaving or drained nodes "
+                      "have saved their step",
+                      read_text(os.path.join(self.tmp, "coordinator.log")))
 
         self.start_coordinator(port=port)
         for h in ("h0", "h1"):

@@ -469,7 +469,7 @@ class SlurmTest(unittest.TestCase):
         steps = cp.ClusterTest.committed_steps(os.path.join(self.dir, "ckpt"))
         self.assertEqual(steps[-1], step, steps)
         self.assertRegex(coord_log, r"signal 15: shutting down once the trainers of leaving "
-                         r"nodes have saved their step")
+                         r"or drained nodes have saved their step")
 
 
 def main():

@@ -723,6 +723,38 @@ START_TEST(test_stopped_or_failed_job_resumes_from_its_checkpoint)
 }
 END_TEST
 
+/* What a signalled coordinator waits for (main.c): running trainers on nodes that are leaving
+ * or drained, not those on other nodes or on dead ones. */
+START_TEST(test_stopping_trainers_are_counted)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  all_running(f, j, 3);
+  ck_assert_uint_eq(dt_coord_running_jobs(&f->c), 1);
+  Distrain__V1__TrainerStatus ts[2], *tsp[2] = {&ts[0], &ts[1]};
+  for (int i = 0; i < 2; i++) {
+    distrain__v1__trainer_status__init(&ts[i]);
+    ts[i].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+    dt_node_t *n = f->c.st.nodes[i];
+    n->trainers = &tsp[i];
+    n->n_trainers = 1;
+  }
+  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 0);
+  f->c.st.nodes[0]->leaving = 1;
+  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 1);
+  ck_assert_int_eq(dt_coord_drain(&f->c, f->c.st.nodes[1], ""), 0);
+  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 2);
+  ts[1].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED; /* it has saved and exited */
+  f->c.st.nodes[0]->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
+  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 0);
+  for (int i = 0; i < 2; i++) {
+    f->c.st.nodes[i]->trainers = NULL;
+    f->c.st.nodes[i]->n_trainers = 0;
+  }
+  fx_free(f);
+}
+END_TEST
+
 /* A state store written before nodes could be drained (schema version 1) is upgraded in place
  * when the coordinator starts on it, its nodes undrained and not leaving; both are kept. */
 START_TEST(test_store_from_version_1_is_upgraded)
@@ -1144,6 +1176,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_drain_during_rendezvous_restarts_at_once);
   tcase_add_test(t, test_store_from_version_1_is_upgraded);
   tcase_add_test(t, test_stopped_or_failed_job_resumes_from_its_checkpoint);
+  tcase_add_test(t, test_stopping_trainers_are_counted);
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);
