@@ -19,6 +19,10 @@ DT_PARAM(LivenessScanMs, "LIVENESS_SCAN_MS", 100)
  * coordinator: their agents must notice the restart and reconnect, backing off up to
  * RPC_RECONNECT_MAX_MS (1 s) between attempts, before their next heartbeat can arrive. */
 DT_PARAM(RestartGraceMs, "RESTART_GRACE_MS", 3000)
+/* A leaving node's agent sends no heartbeat while its trainers save their step (it says
+ * goodbye once they have): declared dead only after this long silent, so that a long save is
+ * not cut short by a new generation. */
+DT_PARAM(LeavingSilenceMs, "LEAVING_SILENCE_MS", 30000)
 
 static double g_clock_skew_ms; /* dt_coord_clock_advance */
 
@@ -75,16 +79,18 @@ int dt_coord_resync(dt_coord_t *c, int force)
   return rc;
 }
 
-size_t dt_coord_stopping_trainers(const dt_coord_t *c)
+size_t dt_coord_stopping_nodes(const dt_coord_t *c)
 {
   size_t n = 0;
   for (size_t i = 0; i < c->st.n_nodes; i++) {
     const dt_node_t *nd = c->st.nodes[i];
-    if (!nd || !(nd->leaving || nd->drained) || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+    if (!nd || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
       continue;
+    int running = 0;
     for (size_t k = 0; k < nd->n_trainers; k++)
-      n += nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
-           nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+      running |= nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
+                 nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+    n += nd->leaving || (nd->drained && running);
   }
   return n;
 }
@@ -140,6 +146,7 @@ void dt_coord_summary(const dt_coord_t *c, char *buf, size_t len)
 void dt_coord_liveness_scan(dt_coord_t *c)
 {
   const double limit = (double)c->cfg.heartbeat_ms * c->cfg.dead_after_missed;
+  const double leaving_limit = (double)dt_param_LeavingSilenceMs();
   const double now = dt_coord_now_ms();
   /* libuv runs timers before the I/O that queued up while the loop was busy: after a stall
    * (planning and answering a 10,000-rank job, a slow disk) the heartbeats that arrived
@@ -155,7 +162,8 @@ void dt_coord_liveness_scan(dt_coord_t *c)
       n->last_seen_ms += late;
     if (n && n->watch && now >= n->watch_deadline_ms)
       dt_coord_notify_node(c, n); /* nothing changed: answered with the same version */
-    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE && now - n->last_seen_ms > limit) {
+    if (n && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE &&
+        now - n->last_seen_ms > (n->leaving ? DT_MAX(limit, leaving_limit) : limit)) {
       if (!in_txn) { /* many deaths in one scan: one transaction, not one per node */
         dt_coord_store_begin(c->store);
         in_txn = 1;

@@ -88,9 +88,10 @@ void dt_coord_liveness_scan(dt_coord_t *c);
 /* Records an event (job may be NULL or ""). */
 void dt_coord_event(dt_coord_t *c, const char *job, int warn, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Trainers still running on nodes whose agents said they are leaving, or that are drained:
- * trainers saving their step on the way out, whose checkpoint needs this coordinator. */
-size_t dt_coord_stopping_trainers(const dt_coord_t *c);
+/* Nodes whose trainers are saving their step on the way out and need this coordinator to
+ * commit it: alive nodes whose agents said they are leaving (until their goodbye), and drained
+ * nodes that still run trainers. */
+size_t dt_coord_stopping_nodes(const dt_coord_t *c);
 /* Jobs whose trainers run (RENDEZVOUS or RUNNING). */
 size_t dt_coord_running_jobs(const dt_coord_t *c);
 /* One line for systemd's STATUS= ("2 nodes, 1 job running (job-3 step 1200)"). */

@@ -161,6 +161,8 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
       n->trainers[n->n_trainers++] = ts;
   }
   dt_coord_trainer_status(c, n);
+  if (req->leaving && req->gone && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+    dt_coord_node_dead(c, n); /* its agent has exited: no need to wait for its silence */
   /* The GPUs' usage: kept for ListNodes, replaced by every heartbeat. */
   dt_node_clear_usage(n);
   if (req->n_devices)

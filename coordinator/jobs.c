@@ -585,11 +585,17 @@ void dt_coord_node_dead(dt_coord_t *c, dt_node_t *n)
    * coordinator restart includes the restart grace, not the node's real silence. */
   double silent = (double)(dt_wall_ms() - n->last_seen_wall_ms);
   n->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
-  DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
-          silent);
-  dt_coord_logs_node_gone(c, n, 0, "it is dead (missed heartbeats)");
-  dt_coord_event(c, NULL, 1, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id,
-                 n->info->hostname, silent);
+  if (n->leaving) {
+    DT_INFO(COORD, "node %s (%s) left: its agent stopped", n->id, n->info->hostname);
+    dt_coord_logs_node_gone(c, n, 0, "its agent stopped");
+    dt_coord_event(c, NULL, 0, "node %s (%s) left: its agent stopped", n->id, n->info->hostname);
+  } else {
+    DT_WARN(COORD, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id, n->info->hostname,
+            silent);
+    dt_coord_logs_node_gone(c, n, 0, "it is dead (missed heartbeats)");
+    dt_coord_event(c, NULL, 1, "node %s (%s) is dead: no heartbeat for %.0f ms", n->id,
+                   n->info->hostname, silent);
+  }
   int jidx = n->job;
   dt_coord_store_put_node(c->store, n);
   if (jidx >= 0 && (size_t)jidx < c->st.n_jobs) {

@@ -17,9 +17,9 @@
  * /var/lib/distrain. SIGTERM/SIGINT shut down cleanly: calls are cancelled, state is already
  * on disk (write-through), and the process exits 0. While jobs run, it first waits a second for
  * agents to say they are leaving (a plain `scancel` or a preemption signals every daemon of an
- * allocation at once), then for their trainers and those of drained nodes, which are saving
- * their step and need it to commit that checkpoint: at most DISTRAIN_STOP_WAIT_MS (30 s). A
- * second signal ends the wait.
+ * allocation at once), then for those agents' goodbyes (their trainers have saved their step,
+ * which needs this coordinator to commit it, and have exited) and for the trainers of drained
+ * nodes: at most DISTRAIN_STOP_WAIT_MS (30 s). A second signal ends the wait.
  *
  * Under systemd (deploy/systemd/distrain-coordinator.service, Type=notify) it sends READY=1
  * once the state is loaded and the server listens, keeps STATUS= current (nodes, running jobs
@@ -88,17 +88,15 @@ static void on_stop_wait(uv_timer_t *t)
 {
   dt_coord_t *c = t->data;
   const double waited = dt_now_ms() - g_signalled_ms;
-  const size_t saving = dt_coord_stopping_trainers(c);
+  const size_t saving = dt_coord_stopping_nodes(c);
   if ((saving == 0 && waited < STOP_SETTLE_MS && dt_coord_running_jobs(c) > 0) ||
       (saving > 0 && waited < (double)dt_param_StopWaitMs()))
     return;
   if (saving)
-    DT_WARN(COORD,
-            "%zu trainer(s) of leaving or drained nodes still running after %.0f ms: shutting "
-            "down",
+    DT_WARN(COORD, "%zu leaving or drained node(s) still stopping after %.0f ms: shutting down",
             saving, waited);
   else if (waited >= STOP_SETTLE_MS)
-    DT_INFO(COORD, "no trainer is saving its step on a leaving or drained node: shutting down");
+    DT_INFO(COORD, "no leaving or drained node is stopping any more: shutting down");
   uv_timer_stop(t);
   shut_down(c);
 }

@@ -2474,6 +2474,7 @@ class T10f_ClusterStopped(ClusterTest):
         info = pb.NodeInfo(hostname="gone", devices=[pb.Device(kind="cpu")])
         gone = self.call("RegisterWorker", pb.RegisterWorkerRequest(node=info)).node_id
         self.call("Heartbeat", pb.HeartbeatRequest(node_id=gone, leaving=True))
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=gone, leaving=True, gone=True))
         daemons = [self.coord, self.agents["h0"], self.agents["h1"]]
         for p in daemons:
             p.send_signal(signal.SIGTERM)

@@ -723,34 +723,47 @@ START_TEST(test_stopped_or_failed_job_resumes_from_its_checkpoint)
 }
 END_TEST
 
-/* What a signalled coordinator waits for (main.c): running trainers on nodes that are leaving
- * or drained, not those on other nodes or on dead ones. */
-START_TEST(test_stopping_trainers_are_counted)
+/* Every node silent for ms more (the liveness scan runs every 100 ms of it). */
+static void silent_for(fx_t *f, int ms)
+{
+  for (int t = 0; t < ms; t += 100) {
+    dt_coord_clock_advance(100);
+    dt_coord_liveness_scan(&f->c);
+  }
+}
+
+/* What a signalled coordinator waits for (main.c): alive nodes whose agents are leaving (until
+ * their goodbye), and drained nodes while they still run trainers; not other nodes. */
+START_TEST(test_stopping_nodes_are_counted)
 {
   dt_job_t *j;
   fx_t *f = two_nodes_dp2(NULL, &j);
   all_running(f, j, 3);
   ck_assert_uint_eq(dt_coord_running_jobs(&f->c), 1);
-  Distrain__V1__TrainerStatus ts[2], *tsp[2] = {&ts[0], &ts[1]};
-  for (int i = 0; i < 2; i++) {
-    distrain__v1__trainer_status__init(&ts[i]);
-    ts[i].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
-    dt_node_t *n = f->c.st.nodes[i];
-    n->trainers = &tsp[i];
-    n->n_trainers = 1;
-  }
-  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 0);
-  f->c.st.nodes[0]->leaving = 1;
-  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 1);
-  ck_assert_int_eq(dt_coord_drain(&f->c, f->c.st.nodes[1], ""), 0);
-  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 2);
-  ts[1].state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED; /* it has saved and exited */
-  f->c.st.nodes[0]->state = DISTRAIN__V1__NODE_STATE__NODE_DEAD;
-  ck_assert_uint_eq(dt_coord_stopping_trainers(&f->c), 0);
-  for (int i = 0; i < 2; i++) {
-    f->c.st.nodes[i]->trainers = NULL;
-    f->c.st.nodes[i]->n_trainers = 0;
-  }
+  Distrain__V1__TrainerStatus ts = DISTRAIN__V1__TRAINER_STATUS__INIT, *tsp = &ts;
+  ts.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+  dt_node_t *n0 = f->c.st.nodes[0], *n1 = f->c.st.nodes[1];
+  n1->trainers = &tsp;
+  n1->n_trainers = 1;
+  ck_assert_uint_eq(dt_coord_stopping_nodes(&f->c), 0);
+  n0->leaving = 1; /* with or without trainers listed: its goodbye ends it */
+  ck_assert_uint_eq(dt_coord_stopping_nodes(&f->c), 1);
+  ck_assert_int_eq(dt_coord_drain(&f->c, n1, ""), 0);
+  ck_assert_uint_eq(dt_coord_stopping_nodes(&f->c), 2);
+  ts.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED; /* it has saved and exited */
+  ck_assert_uint_eq(dt_coord_stopping_nodes(&f->c), 1);
+  n1->trainers = NULL;
+  n1->n_trainers = 0;
+  /* A leaving node is silent while its trainers save (its agent sends no heartbeat then): it
+   * is not dead after the usual 3 missed heartbeats, only after DISTRAIN_LEAVING_SILENCE_MS. */
+  n1->leaving = 1;
+  silent_for(f, 5000); /* 3 missed heartbeats are 600 ms here */
+  ck_assert_int_eq(n0->state, DISTRAIN__V1__NODE_STATE__NODE_ALIVE);
+  ck_assert_int_eq(n1->state, DISTRAIN__V1__NODE_STATE__NODE_ALIVE);
+  silent_for(f, 25500);
+  ck_assert_int_eq(n0->state, DISTRAIN__V1__NODE_STATE__NODE_DEAD);
+  ck_assert_uint_eq(dt_coord_stopping_nodes(&f->c), 0);
+  ck_assert_int_eq(j->job->restarts, 0); /* its loss is no failure */
   fx_free(f);
 }
 END_TEST
@@ -1176,7 +1189,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_drain_during_rendezvous_restarts_at_once);
   tcase_add_test(t, test_store_from_version_1_is_upgraded);
   tcase_add_test(t, test_stopped_or_failed_job_resumes_from_its_checkpoint);
-  tcase_add_test(t, test_stopping_trainers_are_counted);
+  tcase_add_test(t, test_stopping_nodes_are_counted);
   tcase_add_test(t, test_checkpoint_commits_when_every_shard_is_in);
   tcase_add_test(t, test_new_generation_starts_a_half_reported_step_over);
   tcase_add_test(t, test_restart_keeps_jobs_plans_and_pending_reports);

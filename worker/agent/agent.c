@@ -305,13 +305,15 @@ static void on_kill_timer(uv_timer_t *h)
 /* A heartbeat saying that this node is leaving, sent synchronously on the loop thread (the
  * agent is stopping: nothing else waits on it), with trainer t's final state and the steps it
  * reported since the last heartbeat, or none. 0 when the coordinator took it. */
-static int leaving_heartbeat(dt_agent_t *a, trainer_t *t, int timeout_ms, char *err, size_t errlen)
+static int leaving_heartbeat(dt_agent_t *a, trainer_t *t, int gone, int timeout_ms, char *err,
+                             size_t errlen)
 {
   Distrain__V1__HeartbeatRequest req = DISTRAIN__V1__HEARTBEAT_REQUEST__INIT;
   Distrain__V1__TrainerStatus ts, *tsp = &ts;
   req.node_id = a->node_id;
   req.seq = ++a->hb_seq;
   req.leaving = 1;
+  req.gone = gone;
   if (t) {
     ts = t->status;
     ts.job_id = t->job_id;
@@ -334,7 +336,7 @@ static int leaving_heartbeat(dt_agent_t *a, trainer_t *t, int timeout_ms, char *
 static void farewell(dt_agent_t *a, trainer_t *t)
 {
   char err[256];
-  if (leaving_heartbeat(a, t, 2000, err, sizeof err) != 0)
+  if (leaving_heartbeat(a, t, 0, 2000, err, sizeof err) != 0)
     DT_WARN(WORKER, "job %s rank %d: its last report did not reach the coordinator: %s", t->job_id,
             t->status.rank, err);
 }
@@ -1449,6 +1451,11 @@ static void on_timer_closed(uv_handle_t *h)
 static void maybe_finish_close(dt_agent_t *a)
 {
   if (a->closing == 1 && !a->trainers && !a->rpc_cancelled) {
+    char err[256];
+    /* Goodbye: the coordinator need not wait for this node's silence (nor wait for it, if it
+     * is stopping too: its trainers' steps are all in). */
+    if (a->graceful_close && leaving_heartbeat(a, NULL, 1, 1000, err, sizeof err) != 0)
+      DT_WARN(WORKER, "could not tell the coordinator that this agent exits: %s", err);
     a->rpc_cancelled = 1; /* the watch long-poll must not hold the exit */
     dt_rpc_client_cancel_all(a->rpc);
   }
@@ -1477,7 +1484,7 @@ static int announce_leaving(dt_agent_t *a)
   if (!a->registered)
     return DT_EUNAVAIL;
   char err[256];
-  const int rc = leaving_heartbeat(a, NULL, 1000, err, sizeof err);
+  const int rc = leaving_heartbeat(a, NULL, 0, 1000, err, sizeof err);
   if (rc != 0)
     DT_WARN(WORKER,
             "could not tell the coordinator that this node is leaving (%s): its trainers are "
