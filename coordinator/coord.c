@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "ctl.h"
 #include "dt_log.h"
 #include "dt_param.h"
 #include "dt_util.h"
@@ -88,8 +89,7 @@ size_t dt_coord_stopping_nodes(const dt_coord_t *c)
       continue;
     int running = 0;
     for (size_t k = 0; k < nd->n_trainers; k++)
-      running |= nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
-                 nd->trainers[k]->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+      running |= dt_ctl_trainer_active(nd->trainers[k]);
     n += nd->leaving || (nd->drained && running);
   }
   return n;

@@ -284,14 +284,17 @@ void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json)
   }
 }
 
+int dt_ctl_trainer_active(const Distrain__V1__TrainerStatus *ts)
+{
+  return ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
+         ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
+}
+
 int dt_ctl_node_busy(const Distrain__V1__Node *nd)
 {
-  for (size_t i = 0; i < nd->n_trainers; i++) {
-    const Distrain__V1__TrainerState s = nd->trainers[i]->state;
-    if (s == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
-        s == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING)
+  for (size_t i = 0; i < nd->n_trainers; i++)
+    if (dt_ctl_trainer_active(nd->trainers[i]))
       return 1;
-  }
   return 0;
 }
 

@@ -39,6 +39,8 @@ int dt_ctl_plot(dt_rpc_client_t *c, const char *job_id, const char *path);
 void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json);
 void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);
 void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int json);
+/* Whether a trainer is starting or running (not yet exited). */
+int dt_ctl_trainer_active(const Distrain__V1__TrainerStatus *ts);
 /* Whether a trainer is starting or running on the node (a draining node is drained once none
  * is). */
 int dt_ctl_node_busy(const Distrain__V1__Node *nd);

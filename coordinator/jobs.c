@@ -469,6 +469,15 @@ void dt_coord_schedule(dt_coord_t *c)
   }
 }
 
+/* Where a new generation of j starts: "checkpoint step N", or "the beginning (...)". */
+static void restart_point(const dt_job_t *j, char *buf, size_t n)
+{
+  if (j->job->committed_step > 0)
+    snprintf(buf, n, "checkpoint step %lld", (long long)j->job->committed_step);
+  else
+    snprintf(buf, n, "the beginning (no checkpoint yet)");
+}
+
 /* A failure in the current generation: restart from the last checkpoint, or give up. A stop
  * on request (DT_RESTART_STOPPED) is no failure: every rank saved its last step, and the
  * restart does not count against max_restarts. */
@@ -480,10 +489,7 @@ static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const c
     return;
   const int max_restarts = j->job->spec->elastic->max_restarts;
   char from[64];
-  if (j->job->committed_step > 0)
-    snprintf(from, sizeof from, "checkpoint step %lld", (long long)j->job->committed_step);
-  else
-    snprintf(from, sizeof from, "the beginning (no checkpoint yet)");
+  restart_point(j, from, sizeof from);
   if (why == DT_RESTART_STOPPED) {
     j->restarts_by[why]++;
     dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
@@ -560,18 +566,14 @@ int dt_coord_resume(dt_coord_t *c, dt_job_t *j)
     for (size_t k = 0; n && k < n->n_trainers; k++) {
       const Distrain__V1__TrainerStatus *ts = n->trainers[k];
       if (ts->generation == j->job->generation && strcmp(ts->job_id, j->id) == 0 &&
-          (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STARTING ||
-           ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING))
+          dt_ctl_trainer_active(ts))
         return DT_EBUSY; /* its checkpoint may not be committed yet */
     }
   }
   j->job->restarts = 0;
   j->blame_deadline_ms = 0;
   char from[64];
-  if (j->job->committed_step > 0)
-    snprintf(from, sizeof from, "checkpoint step %lld", (long long)j->job->committed_step);
-  else
-    snprintf(from, sizeof from, "the beginning (no checkpoint yet)");
+  restart_point(j, from, sizeof from);
   dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
                           "resumed by the user (it was %s); restarting from %s",
                           dt_ctl_state_name(was), from);
