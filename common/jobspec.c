@@ -1429,6 +1429,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_str(&a, "--val", d->val);
   if (d->shuffle)
     av_push(&a, "--shuffle");
+  if (!str_empty(d->vocab_file))
+    av_str(&a, "--vocab-file", d->vocab_file);
 
   av_int(&a, "--batch", t->micro_batch);
   av_int(&a, "--seq", t->seq);

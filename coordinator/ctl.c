@@ -91,6 +91,8 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
   if (rc == 0)
     rc = absolutize(&spec->data->val, base, NULL);
   if (rc == 0)
+    rc = absolutize(&spec->data->vocab_file, base, NULL);
+  if (rc == 0)
     rc = absolutize(&spec->checkpoint->dir, base, NULL);
   if (rc == 0)
     rc = absolutize(&spec->model->init, base, "llmc:");

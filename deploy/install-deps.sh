@@ -14,6 +14,7 @@ pkgs=(
   libuv1-dev                             # event loops of the daemons
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev  # RPC + wire messages
   libyaml-dev                            # job specs
+  libpcre2-dev libjson-c-dev             # GPT-2's BPE tokenizer (distrain-prep, samples)
   libsqlite3-dev                         # coordinator state
   libmicrohttpd-dev                      # /metrics
   prometheus                             # the /metrics test scrapes with a real server
@@ -22,6 +23,7 @@ pkgs=(
   systemd                                # systemd-analyze verify (tests of the units)
   libgloo-dev                            # CPU collectives
   check                                  # unit tests
+  python3-regex                          # the tokenizer test's reference BPE
   python3 python3-numpy python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc  # interop tests (protoc + grpc_python_plugin)
   bible-kjv bible-kjv-text               # demo corpus
   clang-format valgrind                  # CI quality gates

@@ -7,7 +7,8 @@
 # Fix the bug, then commit the input as tests/fuzz/corpus/<target>/regress-<what>: the
 # fuzz_<target> CTest test replays it from then on.
 #
-#   tests/fuzz/run.sh [SECONDS (default 60)] [TARGET ...]   targets: jobspec manifest ckpt data coord
+#   tests/fuzz/run.sh [SECONDS (default 60)] [TARGET ...]
+#     targets: jobspec manifest ckpt data coord tokenizer
 #
 # Environment: FUZZ_BUILD (default build-fuzz), FUZZ_JOBS (parallel fuzzing processes per
 # target, default 1), FUZZ_VERBOSE=1 (distrain's whole log).
@@ -15,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-60}
 [ $# -gt 0 ] && shift
-targets=${*:-jobspec manifest ckpt data coord}
+targets=${*:-jobspec manifest ckpt data coord tokenizer}
 build=${FUZZ_BUILD:-build-fuzz}
 
 # The warnings gate is gcc's (CI's builds); clang's own remarks, such as a '#pragma omp simd'

@@ -1,7 +1,7 @@
 /* test_ctl.c — Check suite for distrainctl's output (coordinator/ctl.c): `nodes` as a table
  * and as JSON, for GPU nodes with and without usage, mixed and CPU nodes, from Node messages
  * built here as ListNodes would return them; a followed job's transitions and placement, from
- * Job messages as GetJob would return them. */
+ * Job messages as GetJob would return them; a job file's relative paths made absolute. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,8 @@
 #include <math.h>
 
 #include "ctl.h"
+#include "jobspec.h"
+#include "ut_fs.h"
 
 #define GIB (1024ull * 1024 * 1024)
 
@@ -349,6 +351,37 @@ START_TEST(test_transitions_show_the_placement)
 }
 END_TEST
 
+/* Paths in a job file are relative to the file: every path field, whatever the cwd. */
+START_TEST(test_spec_paths_relative_to_the_file)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/job.yaml", dir);
+  FILE *fp = fopen(path, "w");
+  ck_assert_ptr_nonnull(fp);
+  fputs("data: {train: \"d/train_*.bin\", val: \"d/val.bin\", vocab_file: \"gpt2/vocab.json\"}\n"
+        "model: {init: \"llmc:w/gpt2.bin\"}\n"
+        "checkpoint: {dir: \"/abs/ckpt\"}\n",
+        fp);
+  fclose(fp);
+  Distrain__V1__JobSpec *spec = NULL;
+  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  char real[4096], want[4200];
+  ck_assert_ptr_nonnull(realpath(dir, real));
+  snprintf(want, sizeof want, "%s/d/train_*.bin", real);
+  ck_assert_str_eq(spec->data->train, want);
+  snprintf(want, sizeof want, "%s/d/val.bin", real);
+  ck_assert_str_eq(spec->data->val, want);
+  snprintf(want, sizeof want, "%s/gpt2/vocab.json", real);
+  ck_assert_str_eq(spec->data->vocab_file, want);
+  snprintf(want, sizeof want, "llmc:%s/w/gpt2.bin", real);
+  ck_assert_str_eq(spec->model->init, want);
+  ck_assert_str_eq(spec->checkpoint->dir, "/abs/ckpt");
+  dt_jobspec_free(spec);
+  ut_rm_rf(dir);
+}
+END_TEST
+
 static Suite *ctl_suite(void)
 {
   Suite *s = suite_create("ctl");
@@ -357,6 +390,7 @@ static Suite *ctl_suite(void)
   tcase_add_test(t, test_nodes_json);
   tcase_add_test(t, test_job_json_non_finite);
   tcase_add_test(t, test_transitions_show_the_placement);
+  tcase_add_test(t, test_spec_paths_relative_to_the_file);
   suite_add_tcase(s, t);
   return s;
 }

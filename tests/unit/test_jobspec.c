@@ -927,7 +927,9 @@ START_TEST(test_yaml_text)
   spec_t *bare = distrain__v1__job_spec__unpack(NULL, 0, (const uint8_t *)"");
   ck_assert_int_eq(dt_jobspec_set(bare, "data.val=v.bin", NULL, 0), 0);
   ck_assert_int_eq(dt_jobspec_to_yaml(bare, &y), 0);
-  ck_assert_str_eq(y, "name: \"\"\ndata:\n  train: \"\"\n  val: \"v.bin\"\n  shuffle: false\n");
+  ck_assert_str_eq(
+      y,
+      "name: \"\"\ndata:\n  train: \"\"\n  val: \"v.bin\"\n  shuffle: false\n  vocab_file: \"\"\n");
   free(y);
   dt_jobspec_free(bare);
   dt_jobspec_free(s);
@@ -1064,6 +1066,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val-every") && !has_arg(argv, "--val-batches"));
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
+  ck_assert(!has_arg(argv, "--vocab-file"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1078,6 +1081,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.threads=6");
   set_ok(s, "data.shuffle=true");
   set_ok(s, "data.val=v.bin");
+  set_ok(s, "data.vocab_file=gpt2/vocab.json");
   set_ok(s, "training.profile=200");
   set_ok(s, "training.profile=3:2");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
@@ -1088,6 +1092,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--precision"), "bf16");
   ck_assert_str_eq(flag_value(argv, "--attention"), "materialized");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
+  ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);
 

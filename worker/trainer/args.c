@@ -39,6 +39,8 @@ static void usage(FILE *out)
       "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
+      "  --vocab-file vocab.json     GPT-2 BPE vocabulary the sample's tokens are printed with\n"
+      "                              (default: bytes for a 256-token vocabulary, else ids)\n"
       "  --profile S[:N]             time every kernel and communication call of steps S..S+N-1\n"
       "                              (N default 1) and log where the step went (default:\n"
       "                              DISTRAIN_PROFILE, else off)\n"
@@ -107,6 +109,7 @@ enum {
   OPT_METRICS,
   OPT_SAMPLE,
   OPT_SAMPLE_TEMP,
+  OPT_VOCAB_FILE,
   OPT_THREADS,
   OPT_ZERO,
   OPT_TP,
@@ -164,6 +167,7 @@ static const struct option g_opts[] = {
     {"metrics", required_argument, 0, OPT_METRICS},
     {"sample", required_argument, 0, OPT_SAMPLE},
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
+    {"vocab-file", required_argument, 0, OPT_VOCAB_FILE},
     {"threads", required_argument, 0, OPT_THREADS},
     {"zero-stage", required_argument, 0, OPT_ZERO},
     {"device", required_argument, 0, OPT_DEVICE},
@@ -405,6 +409,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SAMPLE:
       rc = parse_int(c, optarg, &o->sample_tokens);
+      break;
+    case OPT_VOCAB_FILE:
+      o->vocab_file = optarg;
       break;
     case OPT_ZERO:
       rc = parse_int(c, optarg, &o->zero_stage);

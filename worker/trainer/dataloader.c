@@ -320,3 +320,26 @@ fail:
   dt_afile_abort(&af);
   return ret;
 }
+
+int dt_shard_read(const char *path, uint16_t **tokens, int64_t *ntok)
+{
+  int64_t n;
+  DT_CHECK(shard_check_header(path, &n));
+  uint16_t *t = malloc((size_t)(n ? n : 1) * sizeof *t);
+  FILE *fp = fopen(path, "rb");
+  int ret = !t || !fp ? DT_ENOMEM : 0;
+  if (ret == 0 && (fseek(fp, DT_SHARD_HEADER * 4, SEEK_SET) != 0 ||
+                   fread(t, sizeof *t, (size_t)n, fp) != (size_t)n)) {
+    DT_ERROR(DATA, "%s: read failed", path);
+    ret = DT_EIO;
+  }
+  if (fp)
+    fclose(fp);
+  if (ret != 0) {
+    free(t);
+    return ret;
+  }
+  *tokens = t;
+  *ntok = n;
+  return 0;
+}

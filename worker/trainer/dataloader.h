@@ -74,5 +74,7 @@ void dt_dataloader_free(dt_dataloader_t *dl);
 
 /* Writes tokens as an llm.c shard (temporary name, fsync, rename). */
 int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok);
+/* Reads a whole shard, checked as the loader checks it; *tokens is the caller's to free. */
+int dt_shard_read(const char *path, uint16_t **tokens, int64_t *ntok);
 
 #endif

@@ -1,18 +1,73 @@
-/* prep.c — distrain-prep: turns a UTF-8 text file into byte-level llm.c token shards
- * (token = byte, vocab 256), so a demo or test needs no tokenizer.
+/* prep.c — distrain-prep: text in, llm.c token shards out (and back, to read a shard).
  *
- *   distrain-prep --input FILE --out DIR [--val-fraction 0.1] [--shard-tokens N]
- * writes DIR/val.bin (the last val-fraction of the text) and DIR/train_000000.bin ... (the
- * rest, split every shard-tokens). Files are written atomically. */
+ *   distrain-prep --input FILE [--input FILE ...] --out DIR [--val-fraction X] [--shard-tokens N]
+ *                 [--vocab-file vocab.json --merge-file merges.txt [--doc-sep S] [--jsonl-key K]]
+ *                 [--threads N]
+ *   distrain-prep --decode SHARD [--vocab-file vocab.json]
+ *
+ * Without a tokenizer the shards are byte-level (token = byte, vocab 256; the inputs one after
+ * another), so a demo or test needs no tokenizer files. With GPT-2's BPE files (tokenizer.h)
+ * each document is written as an <|endoftext|> token and the document's tokens, as llm.c's data
+ * scripts write them. A document is an input file, or each part of one between --doc-sep
+ * separators, or, for a FILE ending in .jsonl, the string field K ("text") of each line's JSON
+ * object; documents, and the parts a long one is cut into, are encoded on --threads threads.
+ * Either way the last val-fraction of the tokens is DIR/val.bin and the rest
+ * DIR/train_000000.bin ..., split every shard-tokens. Files are written atomically; nothing is
+ * written when an input is bad. --decode writes a shard's text (its tokens' bytes) to stdout. */
+#define _GNU_SOURCE /* memmem */
 #include <errno.h>
 #include <getopt.h>
+#include <json-c/json.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dataloader.h"
 #include "dt_log.h"
+#include "dt_param.h"
 #include "dt_util.h"
+#include "tokenizer.h"
+
+#define USAGE                                                                                      \
+  "usage: distrain-prep --input FILE [--input FILE ...] --out DIR [--val-fraction X]\n"            \
+  "                     [--shard-tokens N] [--vocab-file vocab.json --merge-file merges.txt\n"     \
+  "                     [--doc-sep TEXT] [--jsonl-key KEY]] [--threads N]\n"                       \
+  "       distrain-prep --decode SHARD [--vocab-file vocab.json]\n"
+
+/* A part of a document, encoded by one thread: a whole document, or a piece of a long one cut
+ * where its encoding splits cleanly (dt_bpe_next_cut). */
+typedef struct {
+  const char *text; /* in its input's buffer, or in own */
+  char *own;        /* the document's copy (a .jsonl line's), freed with its first part */
+  size_t len;
+  int doc;          /* the document's first part: <|endoftext|> goes before it */
+  const char *path; /* where it is, for errors: line (.jsonl) or byte offset base */
+  size_t line, base;
+  int32_t *ids; /* its tokens */
+  size_t n, cap, bad;
+  int rc;
+} part_t;
+
+typedef struct {
+  dt_bpe_t *bpe;  /* NULL: byte-level */
+  dt_bpe_t **enc; /* (threads) each thread's tokenizer: bpe, then clones */
+  int threads;
+  int eot;
+  const char *doc_sep; /* escapes decoded; NULL: a file is one document */
+  const char *jsonl_key;
+  size_t part_bytes; /* a longer document is cut into parts of about this size */
+  part_t *parts;     /* waiting to be encoded */
+  size_t nparts, pcap, pending;
+  uint16_t *tok; /* every token so far */
+  size_t n, cap;
+  size_t docs, bytes;
+} prep_t;
+
+#define BATCH_BYTES (64u << 20) /* text encoded at once, in parallel */
+/* A document longer than this is cut into parts of about this size (tests make it small). */
+DT_PARAM(PrepPartBytes, "PREP_PART_BYTES", 1 << 20)
 
 static int read_file(const char *path, uint8_t **buf, size_t *n)
 {
@@ -47,36 +102,309 @@ static int read_file(const char *path, uint8_t **buf, size_t *n)
   return 0;
 }
 
-static int write_bytes(const char *path, const uint8_t *bytes, size_t n)
+static int reserve(prep_t *p, size_t more)
 {
-  uint16_t *tok = malloc((n ? n : 1) * sizeof(uint16_t));
-  if (!tok)
+  if (p->n + more <= p->cap)
+    return 0;
+  size_t cap = p->cap ? p->cap : 1 << 20;
+  while (cap < p->n + more)
+    cap *= 2;
+  uint16_t *t = realloc(p->tok, cap * sizeof *t);
+  if (!t) {
+    fprintf(stderr, "distrain-prep: out of memory at %zu tokens\n", p->n);
     return DT_ENOMEM;
-  for (size_t i = 0; i < n; i++)
-    tok[i] = bytes[i];
+  }
+  p->tok = t;
+  p->cap = cap;
+  return 0;
+}
+
+static void part_where(const part_t *q, char *buf, size_t n)
+{
+  if (q->line)
+    snprintf(buf, n, "%s:%zu", q->path, q->line);
+  else
+    snprintf(buf, n, "%s", q->path);
+}
+
+/* Encodes the waiting parts, each on a thread of its own, and appends their tokens in order. */
+static int flush(prep_t *p)
+{
+  const long nparts = (long)p->nparts;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
+  for (long i = 0; i < nparts; i++) {
+    part_t *q = &p->parts[i];
+    q->rc = dt_bpe_encode(p->enc[omp_get_thread_num()], q->text, q->len, &q->ids, &q->n, &q->cap,
+                          &q->bad);
+  }
+  int rc = 0;
+  for (size_t i = 0; i < p->nparts; i++) {
+    part_t *q = &p->parts[i];
+    char where[4200];
+    part_where(q, where, sizeof where);
+    if (rc == 0 && q->rc == DT_EINVAL) {
+      fprintf(stderr,
+              "distrain-prep: %s: byte offset %zu%s is not UTF-8 (GPT-2's tokenizer reads UTF-8 "
+              "text)\n",
+              where, q->base + q->bad, q->line ? " of its text" : "");
+      rc = q->rc;
+    } else if (rc == 0 && q->rc != 0) {
+      fprintf(stderr, "distrain-prep: %s: tokenizing failed: %s\n", where, dt_strerror(q->rc));
+      rc = q->rc;
+    }
+    if (rc == 0)
+      rc = reserve(p, q->n + 1);
+    if (rc == 0) {
+      if (q->doc)
+        p->tok[p->n++] = (uint16_t)p->eot;
+      for (size_t k = 0; k < q->n; k++)
+        p->tok[p->n++] = (uint16_t)q->ids[k];
+    }
+    free(q->ids);
+    free(q->own);
+  }
+  p->nparts = p->pending = 0;
+  return rc;
+}
+
+/* One document: <|endoftext|> and its tokens, in parts of about part_bytes. own (or NULL) is
+ * the text's buffer, which the document then owns. */
+static int add_document(prep_t *p, const char *text, size_t len, char *own, const char *path,
+                        size_t line, size_t base)
+{
+  for (size_t off = 0, end;; off = end) {
+    end = len - off > p->part_bytes ? dt_bpe_next_cut(text, len, off + p->part_bytes) : len;
+    if (p->nparts == p->pcap) {
+      size_t cap = p->pcap ? 2 * p->pcap : 256;
+      part_t *grown = realloc(p->parts, cap * sizeof *grown);
+      if (!grown) {
+        free(off == 0 ? own : NULL);
+        return DT_ENOMEM;
+      }
+      p->parts = grown;
+      p->pcap = cap;
+    }
+    p->parts[p->nparts++] = (part_t){.text = text + off,
+                                     .own = off == 0 ? own : NULL,
+                                     .len = end - off,
+                                     .doc = off == 0,
+                                     .path = path,
+                                     .line = line,
+                                     .base = base + off};
+    if (end == len)
+      break;
+  }
+  p->docs++;
+  p->bytes += len;
+  p->pending += len;
+  return p->pending >= BATCH_BYTES ? flush(p) : 0;
+}
+
+static int add_jsonl(prep_t *p, const char *path)
+{
+  FILE *fp = fopen(path, "r");
+  if (!fp) {
+    fprintf(stderr, "distrain-prep: %s: %s\n", path, strerror(errno));
+    return DT_ENOENT;
+  }
+  char *line = NULL, where[4200];
+  size_t cap = 0;
+  ssize_t got;
+  int rc = 0;
+  for (size_t lineno = 1; rc == 0 && (got = getline(&line, &cap, fp)) > 0; lineno++) {
+    snprintf(where, sizeof where, "%s:%zu", path, lineno);
+    if (strspn(line, " \t\r\n") == (size_t)got)
+      continue; /* a blank line (the last one, often) */
+    enum json_tokener_error jerr = json_tokener_success;
+    json_object *obj = json_tokener_parse_verbose(line, &jerr), *text = NULL;
+    if (!obj || jerr != json_tokener_success) {
+      fprintf(stderr, "distrain-prep: %s: not a JSON object: %s\n", where,
+              json_tokener_error_desc(jerr));
+      rc = DT_EFORMAT;
+    } else if (!json_object_object_get_ex(obj, p->jsonl_key, &text) ||
+               !json_object_is_type(text, json_type_string)) {
+      fprintf(stderr, "distrain-prep: %s: expected a string field \"%s\" (--jsonl-key)\n", where,
+              p->jsonl_key);
+      rc = DT_EFORMAT;
+    } else { /* the document outlives the object: it is encoded in a later batch */
+      const size_t len = (size_t)json_object_get_string_len(text);
+      char *copy = malloc(len ? len : 1);
+      rc = copy ? 0 : DT_ENOMEM;
+      if (copy) {
+        memcpy(copy, json_object_get_string(text), len);
+        rc = add_document(p, copy, len, copy, path, lineno, 0);
+      }
+    }
+    json_object_put(obj);
+  }
+  if (rc == 0 && ferror(fp)) {
+    fprintf(stderr, "distrain-prep: %s: read failed\n", path);
+    rc = DT_EIO;
+  }
+  free(line);
+  fclose(fp);
+  return rc;
+}
+
+static int add_input(prep_t *p, const char *path)
+{
+  const size_t plen = strlen(path);
+  if (p->bpe && plen > 6 && strcmp(path + plen - 6, ".jsonl") == 0)
+    return add_jsonl(p, path);
+  uint8_t *text;
+  size_t n;
+  DT_CHECK(read_file(path, &text, &n));
+  int rc = 0;
+  if (!p->bpe) { /* byte-level */
+    rc = reserve(p, n);
+    for (size_t i = 0; i < n && rc == 0; i++)
+      p->tok[p->n++] = text[i];
+    p->bytes += n;
+  } else {
+    const size_t seplen = p->doc_sep ? strlen(p->doc_sep) : 0;
+    for (size_t off = 0; off < n && rc == 0;) {
+      const uint8_t *end = seplen ? memmem(text + off, n - off, p->doc_sep, seplen) : NULL;
+      const size_t len = end ? (size_t)(end - (text + off)) : n - off;
+      if (len > 0)
+        rc = add_document(p, (const char *)text + off, len, NULL, path, 0, off);
+      off += len + (end ? seplen : 0);
+    }
+    if (rc == 0)
+      rc = flush(p); /* its parts point into text */
+  }
+  free(text);
+  return rc;
+}
+
+/* --doc-sep's C escapes (\n, \t, \r, \\) decoded in place. */
+static int unescape(char *s)
+{
+  char *w = s;
+  for (const char *r = s; *r; r++) {
+    if (*r != '\\') {
+      *w++ = *r;
+      continue;
+    }
+    switch (*++r) {
+    case 'n':
+      *w++ = '\n';
+      break;
+    case 't':
+      *w++ = '\t';
+      break;
+    case 'r':
+      *w++ = '\r';
+      break;
+    case '\\':
+      *w++ = '\\';
+      break;
+    default:
+      return -1;
+    }
+  }
+  *w = '\0';
+  return w == s ? -1 : 0;
+}
+
+static int write_shard(const char *path, const uint16_t *tok, size_t n)
+{
   int rc = dt_shard_write(path, tok, (int64_t)n);
-  free(tok);
   if (rc == 0)
     printf("wrote %s (%zu tokens)\n", path, n);
   return rc;
 }
 
+static int write_shards(const prep_t *p, const char *out, double val_frac, int64_t shard_tokens)
+{
+  const size_t n = p->n, nval = (size_t)((double)n * val_frac);
+  if (nval < 2 || n - nval < 2) {
+    fprintf(stderr, "distrain-prep: %zu tokens is too little text to split\n", n);
+    return DT_EINVAL;
+  }
+  int rc = dt_mkdir_p(out);
+  if (rc != 0) {
+    fprintf(stderr, "distrain-prep: %s: cannot create directory: %s\n", out, dt_strerror(rc));
+    return rc;
+  }
+  char path[4200];
+  const char *sep = out[strlen(out) - 1] == '/' ? "" : "/"; /* "data/" names data/val.bin */
+  const size_t ntrain = n - nval;
+  for (size_t off = 0, i = 0; off < ntrain && rc == 0; off += (size_t)shard_tokens, i++) {
+    snprintf(path, sizeof path, "%s%strain_%06zu.bin", out, sep, i);
+    rc = write_shard(path, p->tok + off, DT_MIN((size_t)shard_tokens, ntrain - off));
+  }
+  if (rc == 0) {
+    snprintf(path, sizeof path, "%s%sval.bin", out, sep);
+    rc = write_shard(path, p->tok + ntrain, nval);
+  }
+  return rc;
+}
+
+/* A shard's text to stdout: each token's bytes (a byte-level shard's tokens are bytes). */
+static int decode(const char *shard, dt_bpe_t *bpe)
+{
+  uint16_t *tok;
+  int64_t n;
+  if (dt_shard_read(shard, &tok, &n) != 0) {
+    fprintf(stderr, "distrain-prep: %s: not a readable token shard (the log says why)\n", shard);
+    return 1;
+  }
+  int rc = 0;
+  for (int64_t i = 0; i < n && rc == 0; i++) {
+    size_t len = 1;
+    const uint8_t byte = (uint8_t)tok[i];
+    const uint8_t *bytes = bpe ? dt_bpe_decode(bpe, tok[i], &len) : tok[i] < 256 ? &byte : NULL;
+    if (!bytes) {
+      fprintf(stderr, "distrain-prep: %s: token %u at position %lld is not in the %s\n", shard,
+              tok[i], (long long)i, bpe ? "vocabulary" : "byte vocabulary (give --vocab-file)");
+      rc = 1;
+    } else if (fwrite(bytes, 1, len, stdout) != len) {
+      fprintf(stderr, "distrain-prep: writing the text failed: %s\n", strerror(errno));
+      rc = 1;
+    }
+  }
+  free(tok);
+  return rc;
+}
+
+static dt_bpe_t *open_tokenizer(const char *vocab, const char *merges)
+{
+  char err[8300];
+  dt_bpe_t *bpe;
+  if (dt_bpe_create(&bpe, vocab, merges, err, sizeof err) != 0) {
+    fprintf(stderr, "distrain-prep: %s\n", err);
+    return NULL;
+  }
+  return bpe;
+}
+
 int main(int argc, char **argv)
 {
-  const char *input = NULL, *out = NULL;
+  const char **inputs = calloc((size_t)argc, sizeof *inputs);
+  const char *out = NULL, *vocab = NULL, *merges = NULL, *shard = NULL;
+  char *doc_sep = NULL;
+  int ninputs = 0, ret = 2;
+  int threads = omp_get_max_threads();
   double val_frac = 0.1;
   int64_t shard_tokens = 100000000;
+  prep_t p = {.jsonl_key = "text"};
   static const struct option opts[] = {{"input", required_argument, 0, 'i'},
                                        {"out", required_argument, 0, 'o'},
                                        {"val-fraction", required_argument, 0, 'v'},
                                        {"shard-tokens", required_argument, 0, 's'},
+                                       {"vocab-file", required_argument, 0, 'V'},
+                                       {"merge-file", required_argument, 0, 'M'},
+                                       {"doc-sep", required_argument, 0, 'S'},
+                                       {"jsonl-key", required_argument, 0, 'J'},
+                                       {"decode", required_argument, 0, 'D'},
+                                       {"threads", required_argument, 0, 'T'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while (inputs && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
     case 'i':
-      input = optarg;
+      inputs[ninputs++] = optarg;
       break;
     case 'o':
       out = optarg;
@@ -85,57 +413,135 @@ int main(int argc, char **argv)
       if (dt_parse_f64(optarg, &val_frac) != 0 || val_frac <= 0.0 || val_frac >= 1.0) {
         fprintf(stderr, "distrain-prep: --val-fraction: expected a number in (0, 1), got '%s'\n",
                 optarg);
-        return 2;
+        goto out;
       }
       break;
     case 's':
       if (dt_parse_i64(optarg, &shard_tokens) != 0 || shard_tokens < 1024) {
         fprintf(stderr, "distrain-prep: --shard-tokens: expected an integer >= 1024, got '%s'\n",
                 optarg);
-        return 2;
+        goto out;
       }
       break;
+    case 'V':
+      vocab = optarg;
+      break;
+    case 'M':
+      merges = optarg;
+      break;
+    case 'S':
+      doc_sep = optarg;
+      if (unescape(doc_sep) != 0) {
+        fprintf(stderr, "distrain-prep: --doc-sep: expected text, with escapes \\n \\t \\r \\\\ "
+                        "only\n");
+        goto out;
+      }
+      break;
+    case 'J':
+      p.jsonl_key = optarg;
+      break;
+    case 'D':
+      shard = optarg;
+      break;
+    case 'T':
+      if (dt_parse_int_flag("distrain-prep", "--threads", optarg, 1, 1024, &threads) != 0)
+        goto out;
+      break;
     case 'h':
-      printf("usage: distrain-prep --input FILE --out DIR [--val-fraction X] [--shard-tokens N]\n");
-      return 0;
+      printf(USAGE);
+      ret = 0;
+      goto out;
     default:
-      fprintf(stderr, "usage: distrain-prep --input FILE --out DIR [--val-fraction X] "
-                      "[--shard-tokens N]\n");
-      return 2;
+      fprintf(stderr, USAGE);
+      goto out;
     }
   }
-  if (!input || !out || !*out || optind < argc) {
-    fprintf(stderr, "distrain-prep: --input and --out are required\n");
-    return 2;
+  if (!inputs) {
+    ret = 1;
+    goto out;
   }
-  uint8_t *text;
-  size_t n;
-  if (read_file(input, &text, &n) != 0)
-    return 1;
-  size_t nval = (size_t)((double)n * val_frac);
-  if (nval < 2 || n - nval < 2) {
-    fprintf(stderr, "distrain-prep: %s: %zu bytes is too little text to split\n", input, n);
-    free(text);
-    return 1;
+  if (optind < argc) {
+    fprintf(stderr, "distrain-prep: unexpected argument '%s'\n%s", argv[optind], USAGE);
+    goto out;
   }
-  int rc = dt_mkdir_p(out);
-  if (rc != 0) {
-    fprintf(stderr, "distrain-prep: %s: cannot create directory: %s\n", out, dt_strerror(rc));
-    free(text);
-    return 1;
+  if (shard) {
+    if (ninputs || out || merges || doc_sep) {
+      fprintf(stderr, "distrain-prep: --decode takes only --vocab-file\n");
+      goto out;
+    }
+    ret = 1;
+    if (!vocab || (p.bpe = open_tokenizer(vocab, NULL)))
+      ret = decode(shard, p.bpe);
+    goto out;
   }
-  char path[4200];
-  const char *sep = out[strlen(out) - 1] == '/' ? "" : "/"; /* "data/" names data/val.bin */
-  size_t ntrain = n - nval;
-  for (size_t off = 0, i = 0; off < ntrain && rc == 0; off += (size_t)shard_tokens, i++) {
-    size_t len = DT_MIN((size_t)shard_tokens, ntrain - off);
-    snprintf(path, sizeof path, "%s%strain_%06zu.bin", out, sep, i);
-    rc = write_bytes(path, text + off, len);
+  if (!ninputs || !out || !*out) {
+    fprintf(stderr, "distrain-prep: --input and --out are required\n%s", USAGE);
+    goto out;
   }
-  if (rc == 0) {
-    snprintf(path, sizeof path, "%s%sval.bin", out, sep);
-    rc = write_bytes(path, text + ntrain, nval);
+  if (!vocab != !merges) {
+    fprintf(stderr, "distrain-prep: GPT-2's tokenizer needs both --vocab-file and --merge-file\n");
+    goto out;
   }
-  free(text);
-  return rc == 0 ? 0 : 1;
+  if (doc_sep && !vocab) {
+    fprintf(stderr, "distrain-prep: --doc-sep needs --vocab-file and --merge-file (byte-level "
+                    "shards have no separator token)\n");
+    goto out;
+  }
+  p.doc_sep = doc_sep;
+  ret = 1;
+  if (vocab) {
+    if (!(p.bpe = open_tokenizer(vocab, merges)))
+      goto out;
+    p.eot = dt_bpe_token_id(p.bpe, "<|endoftext|>");
+    if (p.eot < 0) {
+      fprintf(stderr, "distrain-prep: %s: no <|endoftext|> token, which separates documents\n",
+              vocab);
+      goto out;
+    }
+    if (dt_bpe_vocab_size(p.bpe) > 65536) {
+      fprintf(stderr, "distrain-prep: %s: ids up to %d do not fit llm.c shards' uint16 tokens\n",
+              vocab, dt_bpe_vocab_size(p.bpe) - 1);
+      goto out;
+    }
+    p.threads = threads;
+    p.part_bytes = (size_t)DT_MAX(dt_param_PrepPartBytes(), 1);
+    p.enc = calloc((size_t)p.threads, sizeof *p.enc);
+    if (!p.enc)
+      goto out;
+    p.enc[0] = p.bpe;
+    for (int i = 1; i < p.threads; i++)
+      if (dt_bpe_clone(p.bpe, &p.enc[i]) != 0)
+        goto out;
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < ninputs; i++)
+    if (add_input(&p, inputs[i]) != 0)
+      goto out;
+  if (p.bpe && flush(&p) != 0)
+    goto out;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (p.bpe) {
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("tokenized %zu document%s, %.1f MB, into %zu tokens (%.2f bytes a token) in %.3f s "
+           "(%.1f MB/s, %d threads)\n",
+           p.docs, p.docs == 1 ? "" : "s", (double)p.bytes / 1e6, p.n,
+           p.n ? (double)p.bytes / (double)p.n : 0.0, s, s > 0 ? (double)p.bytes / 1e6 / s : 0.0,
+           p.threads);
+  }
+  if (write_shards(&p, out, val_frac, shard_tokens) == 0)
+    ret = 0;
+out:
+  for (size_t i = 0; i < p.nparts; i++) { /* left by an error */
+    free(p.parts[i].ids);
+    free(p.parts[i].own);
+  }
+  free(p.parts);
+  for (int i = 1; p.enc && i < p.threads; i++)
+    dt_bpe_destroy(p.enc[i]);
+  free(p.enc);
+  dt_bpe_destroy(p.bpe);
+  free(p.tok);
+  free(inputs);
+  return ret;
 }

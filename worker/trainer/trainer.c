@@ -30,6 +30,7 @@
 #include "profile.h"
 #include "schedule.h"
 #include "stop.h"
+#include "tokenizer.h"
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
@@ -272,6 +273,7 @@ typedef struct {
   int saving;
   struct save_job *save;
   int device_logged; /* the device memory line (device_memory) was printed */
+  dt_bpe_t *bpe;     /* --vocab-file: prints the sample's tokens as text */
 } trainer_t;
 
 /* The last stage's scalar on every stage of the pipeline. */
@@ -348,13 +350,15 @@ static int sample_token(const float *logits, int V, float temp, dt_rng_t *rng)
   return V - 1;
 }
 
-/* A sample's text as it is generated. A byte-level model's bytes are written as UTF-8: each
- * character once its last byte is in, U+FFFD for a byte that starts none (a model early in
- * training emits any bytes; the log, and the terminal or tool reading it, get valid text).
- * Other vocabularies print token ids. */
+/* A sample's text as it is generated: with --vocab-file each token's bytes, with a byte-level
+ * model each token as its byte, written as UTF-8: each character once its last byte is in,
+ * U+FFFD for a byte that starts none (a model early in training emits any bytes; the log, and
+ * the terminal or tool reading it, get valid text). Other vocabularies, and ids the
+ * vocabulary file lacks, print as "[id]". */
 typedef struct {
   FILE *out;
   int byte_vocab;
+  const dt_bpe_t *bpe;
   unsigned char pending[4]; /* the start of a character */
   int n;
 } text_out_t;
@@ -379,12 +383,18 @@ static void text_drain(text_out_t *o, int flush)
 
 static void text_token(text_out_t *o, int tok)
 {
-  if (!o->byte_vocab) {
+  size_t len = 1;
+  const unsigned char byte = (unsigned char)tok;
+  const unsigned char *bytes = o->bpe ? dt_bpe_decode(o->bpe, tok, &len) : &byte;
+  if (!bytes || (!o->bpe && !o->byte_vocab)) {
+    text_drain(o, 1);
     fprintf(o->out, "[%d]", tok);
     return;
   }
-  o->pending[o->n++] = (unsigned char)tok;
-  text_drain(o, 0);
+  for (size_t i = 0; i < len; i++) { /* at most 3 bytes wait: pending never overflows */
+    o->pending[o->n++] = bytes[i];
+    text_drain(o, 0);
+  }
 }
 
 /* The logits of local row r over the whole vocabulary into row (Vp floats), from the model's
@@ -433,7 +443,7 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
   dt_gpt2_t *m = &t->model;
   const int T = t->o->seq, V = m->cfg.vocab, cp = t->cp;
   const int unit = window_unit(cp, m->tp.tp, m->sp);
-  text_out_t text = {.out = stdout, .byte_vocab = V == 256};
+  text_out_t text = {.out = stdout, .byte_vocab = V == 256, .bpe = t->bpe};
   int *ctx = calloc((size_t)(plen + n + unit), sizeof(int)); /* zero past the text: padding */
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
   int ret = 0;
@@ -1054,6 +1064,19 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   dt_rng_seed(&t->state.rng, o->seed);
   t->state.threads = omp_get_max_threads();
 
+  if (o->vocab_file) {
+    char err[8300];
+    int rc = dt_bpe_create(&t->bpe, o->vocab_file, NULL, err, sizeof err);
+    if (rc != 0) {
+      DT_ERROR(TRAIN, "--vocab-file: %s", err);
+      return rc;
+    }
+    if (dt_bpe_vocab_size(t->bpe) > t->cfg.vocab) {
+      DT_ERROR(TRAIN, "--vocab-file %s: %d tokens, more than the model's vocabulary (%d)",
+               o->vocab_file, dt_bpe_vocab_size(t->bpe), t->cfg.vocab);
+      return DT_ESHAPE;
+    }
+  }
   /* Each data-parallel rank reads its slice of every global window; tp peers read the same. */
   DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                               o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
@@ -1450,6 +1473,7 @@ static void teardown(trainer_t *t)
   dt_dp_destroy(t->dp);
   dt_dataloader_free(&t->train);
   dt_dataloader_free(&t->val);
+  dt_bpe_destroy(t->bpe);
   /* The communicators before the model: a pipeline receive a failed step left in flight
    * (dt_comm_p2p_post) writes into the model's buffers until its communicator is gone. */
   dt_plan_destroy(&t->plan);

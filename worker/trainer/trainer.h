@@ -75,6 +75,7 @@ typedef struct {
   const char *profile_trace;
   int sample_tokens;
   float sample_temp;
+  const char *vocab_file; /* GPT-2 BPE vocab.json to print the sample with (tokenizer.h) */
   int threads;
   int quiet;
   const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */
