@@ -11,9 +11,10 @@
 #   --unitdir DIR  where the units go (default /etc/systemd/system)
 #
 # Installs distrain-coordinator, distrain-worker, distrain-train (beside distrain-worker, where
-# the agent looks for it), distrain-prep and distrainctl; distrain-coordinator.service and
-# distrain-worker.service; /etc/distrain/coordinator.env and worker.env (examples, never
-# overwriting files already there); and /etc/distrain/token (mode 0600) if there is none.
+# the agent looks for it), distrain-prep, distrain-convert and distrainctl;
+# distrain-coordinator.service and distrain-worker.service; /etc/distrain/coordinator.env and
+# worker.env (examples, never overwriting files already there); and /etc/distrain/token (mode
+# 0600) if there is none.
 # Needs no running systemd: it only writes files, then says what to run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,7 +64,7 @@ if [ -n "$destdir" ]; then
 fi
 
 for f in coordinator/distrain-coordinator coordinator/distrainctl worker/agent/distrain-worker \
-  worker/trainer/distrain-train worker/trainer/distrain-prep; do
+  worker/trainer/distrain-train worker/trainer/distrain-prep worker/trainer/distrain-convert; do
   if [ ! -x "$build/$f" ]; then
     echo "install.sh: $build/$f is missing: build first (cmake -S . -B build && cmake --build build)" >&2
     exit 1

@@ -38,10 +38,10 @@ static void llmc(const uint8_t *data, size_t size)
     return;
   char why[256];
   FUZZ_ASSERT(dt_gpt2_config_validate(&cfg, why, sizeof why) == 0, "accepted config: %s", why);
-  FUZZ_ASSERT((uint64_t)size == LLMC_HEADER * 4 + (uint64_t)llmc_num_params(&cfg) * 4,
+  FUZZ_ASSERT((uint64_t)size == LLMC_HEADER * 4 + (uint64_t)dt_llmc_num_params(&cfg) * 4,
               "accepted a %zu-byte file for %lld parameters", size,
-              (long long)llmc_num_params(&cfg));
-  if (llmc_num_params(&cfg) > SMALL_MODEL)
+              (long long)dt_llmc_num_params(&cfg));
+  if (dt_llmc_num_params(&cfg) > SMALL_MODEL)
     return;
   dt_gpt2_t m;
   FUZZ_ASSERT(dt_gpt2_create(&m, &cfg, dt_device_cpu(), NULL, NULL) == 0, "model");

@@ -127,7 +127,7 @@ class T1_Install(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
         self.assertIn("systemctl enable --now distrain-coordinator", r.stdout)
         for b in ("distrain-coordinator", "distrain-worker", "distrain-train", "distrain-prep",
-                  "distrainctl"):
+                  "distrain-convert", "distrainctl"):
             path = os.path.join(d, "opt/distrain/bin", b)
             self.assertTrue(os.access(path, os.X_OK), path)
         self.assertEqual(subprocess.run([os.path.join(d, "opt/distrain/bin/distrain-worker"),

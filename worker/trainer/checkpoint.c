@@ -19,7 +19,7 @@
 
 #define LLMC_HEADER 256 /* int32 words */
 
-static int64_t llmc_num_params(const dt_gpt2_config_t *c)
+int64_t dt_llmc_num_params(const dt_gpt2_config_t *c)
 {
   int64_t n = 0;
 #define DT__ADD(name, count, wd) n += (int64_t)(count);
@@ -79,7 +79,7 @@ static int llmc_read_header(const char *path, FILE *fp, dt_gpt2_config_t *cfg)
     DT_ERROR(CKPT, "%s: invalid model config in header: %s", path, why);
     return DT_EFORMAT;
   }
-  int64_t expect = (int64_t)sizeof h + llmc_num_params(cfg) * 4;
+  int64_t expect = (int64_t)sizeof h + dt_llmc_num_params(cfg) * 4;
   if (size != expect) {
     DT_ERROR(CKPT, "%s: file is %lld bytes, expected %lld for its header's model%s", path,
              (long long)size, (long long)expect, size < expect ? " (truncated)" : "");
@@ -174,6 +174,34 @@ done:
   if (global != m->params_flat)
     dt_free_aligned(global);
 out:
+  fclose(fp);
+  return ret;
+}
+
+int dt_llmc_read(const char *path, dt_gpt2_config_t *cfg, float **params)
+{
+  int ret = 0;
+  FILE *fp = open_read(path, &ret);
+  if (!fp)
+    return ret;
+  float *p = NULL;
+  DT_CHECK_GOTO(llmc_read_header(path, fp, cfg), ret, out);
+  const size_t n = (size_t)dt_llmc_num_params(cfg);
+  p = malloc(n * sizeof *p);
+  if (!p) {
+    ret = DT_ENOMEM;
+    goto out;
+  }
+  if (fread(p, sizeof *p, n, fp) != n) {
+    DT_ERROR(CKPT, "%s: short read of %zu parameters", path, n);
+    ret = DT_EIO;
+    goto out;
+  }
+  zero_padded_rows(path, cfg, p);
+  *params = p;
+  p = NULL;
+out:
+  free(p);
   fclose(fp);
   return ret;
 }

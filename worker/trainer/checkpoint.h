@@ -36,10 +36,14 @@ typedef struct {
   int threads; /* compute threads of the run that wrote it */
 } dt_train_state_t;
 
+/* Parameters of a model of config cfg in llm.c's flat layout (DT_GPT2_TENSORS; wte padded). */
+int64_t dt_llmc_num_params(const dt_gpt2_config_t *cfg);
 /* Reads only the config from an llm.c checkpoint header. */
 int dt_llmc_read_config(const char *path, dt_gpt2_config_t *cfg);
 /* Loads llm.c weights into a model created with the same config. */
 int dt_llmc_load(dt_gpt2_t *m, const char *path);
+/* Reads an llm.c checkpoint's config and weights (*params: malloc'ed, llm.c's flat layout). */
+int dt_llmc_read(const char *path, dt_gpt2_config_t *cfg, float **params);
 /* Exports the weights in llm.c format (version 3, fp32). */
 int dt_llmc_save(const dt_gpt2_t *m, const char *path);
 /* Same, from a flat buffer of n parameters (e.g. gathered from ZeRO-3 shards). */

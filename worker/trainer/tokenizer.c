@@ -17,7 +17,6 @@
 #include <json-c/json.h>
 #include <pcre2.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,14 +132,6 @@ static size_t pow2_above(size_t n)
   return c;
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Lookups */
 
@@ -181,7 +172,7 @@ static int load_vocab(dt_bpe_t *b, const char *path, char *err, size_t errlen)
 {
   FILE *fp = fopen(path, "r");
   if (!fp) {
-    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return DT_ENOENT;
   }
   fclose(fp);
@@ -189,11 +180,11 @@ static int load_vocab(dt_bpe_t *b, const char *path, char *err, size_t errlen)
   int ret = 0;
   if (!root) {
     const char *why = json_util_get_last_err();
-    set_err(err, errlen, "%s: not a JSON file: %s", path, why ? why : strerror(errno));
+    snprintf(err, errlen, "%s: not a JSON file: %s", path, why ? why : strerror(errno));
     return DT_EFORMAT;
   }
   if (!json_object_is_type(root, json_type_object) || json_object_object_length(root) == 0) {
-    set_err(err, errlen, "%s: expected a JSON object of tokens and their ids", path);
+    snprintf(err, errlen, "%s: expected a JSON object of tokens and their ids", path);
     ret = DT_EFORMAT;
     goto out;
   }
@@ -203,8 +194,8 @@ static int load_vocab(dt_bpe_t *b, const char *path, char *err, size_t errlen)
   {
     const int64_t id = json_object_is_type(val, json_type_int) ? json_object_get_int64(val) : -1;
     if (id < 0 || id >= (1 << 24)) {
-      set_err(err, errlen, "%s: token \"%s\": expected an id in [0, %d), got %s", path, key,
-              1 << 24, json_object_to_json_string(val));
+      snprintf(err, errlen, "%s: token \"%s\": expected an id in [0, %d), got %s", path, key,
+               1 << 24, json_object_to_json_string(val));
       ret = DT_EFORMAT;
       goto out;
     }
@@ -227,15 +218,15 @@ static int load_vocab(dt_bpe_t *b, const char *path, char *err, size_t errlen)
     const int id = (int)json_object_get_int64(val2);
     const int len = spelled_bytes(key2, strlen(key2), b->tok_bytes + off);
     if (len <= 0) {
-      set_err(err, errlen,
-              "%s: token \"%s\" (id %d) is not spelled with GPT-2's byte-to-character map", path,
-              key2, id);
+      snprintf(err, errlen,
+               "%s: token \"%s\" (id %d) is not spelled with GPT-2's byte-to-character map", path,
+               key2, id);
       ret = DT_EFORMAT;
       goto out;
     }
     if (b->tok_len[id] != 0 || id_of_bytes(b, b->tok_bytes + off, (size_t)len) >= 0) {
-      set_err(err, errlen, "%s: token \"%s\" (id %d): its id or its bytes appear twice", path, key2,
-              id);
+      snprintf(err, errlen, "%s: token \"%s\" (id %d): its id or its bytes appear twice", path,
+               key2, id);
       ret = DT_EFORMAT;
       goto out;
     }
@@ -260,7 +251,7 @@ static int load_merges(dt_bpe_t *b, const char *path, char *err, size_t errlen)
 {
   FILE *fp = fopen(path, "r");
   if (!fp) {
-    set_err(err, errlen, "%s: %s", path, strerror(errno));
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return DT_ENOENT;
   }
   char *line = NULL;
@@ -288,8 +279,8 @@ static int load_merges(dt_bpe_t *b, const char *path, char *err, size_t errlen)
       continue;
     char *sp = strchr(line, ' ');
     if (!sp || sp == line || !sp[1] || strchr(sp + 1, ' ')) {
-      set_err(err, errlen, "%s:%zu: expected two tokens separated by one space, got \"%s\"", path,
-              lineno, line);
+      snprintf(err, errlen, "%s:%zu: expected two tokens separated by one space, got \"%s\"", path,
+               lineno, line);
       ret = DT_EFORMAT;
       goto out;
     }
@@ -300,10 +291,10 @@ static int load_merges(dt_bpe_t *b, const char *path, char *err, size_t errlen)
     const int im = ia >= 0 && ib >= 0 ? id_of_bytes(b, tmp, (size_t)(la + lb)) : -1;
     if (im < 0) {
       *sp = '\0';
-      set_err(err, errlen, "%s:%zu: merge \"%s %s\": %s", path, lineno, line, sp + 1,
-              ia < 0   ? "its first token is not in the vocabulary"
-              : ib < 0 ? "its second token is not in the vocabulary"
-                       : "the vocabulary lacks the token it makes");
+      snprintf(err, errlen, "%s:%zu: merge \"%s %s\": %s", path, lineno, line, sp + 1,
+               ia < 0   ? "its first token is not in the vocabulary"
+               : ib < 0 ? "its second token is not in the vocabulary"
+                        : "the vocabulary lacks the token it makes");
       ret = DT_EFORMAT;
       goto out;
     }
@@ -316,7 +307,7 @@ static int load_merges(dt_bpe_t *b, const char *path, char *err, size_t errlen)
     rank++;
   }
   if (ferror(fp)) {
-    set_err(err, errlen, "%s: read failed", path);
+    snprintf(err, errlen, "%s: read failed", path);
     ret = DT_EIO;
   }
 out:
@@ -336,8 +327,8 @@ static int compile_pattern(dt_bpe_t *b, char *err, size_t errlen)
   if (!b->re) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(code, msg, sizeof msg);
-    set_err(err, errlen, "GPT-2's split pattern does not compile at %zu: %s", (size_t)at,
-            (const char *)msg);
+    snprintf(err, errlen, "GPT-2's split pattern does not compile at %zu: %s", (size_t)at,
+             (const char *)msg);
     return DT_EINTERNAL;
   }
   (void)pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE); /* without JIT: the same matches, slower */
@@ -354,8 +345,8 @@ int dt_bpe_create(dt_bpe_t **out, const char *vocab_path, const char *merges_pat
   if (ret == 0 && merges_path) {
     for (int c = 0; c < 256 && ret == 0; c++)
       if (b->byte_id[c] < 0) {
-        set_err(err, errlen, "%s: no token for the byte 0x%02X: encoding needs all 256", vocab_path,
-                c);
+        snprintf(err, errlen, "%s: no token for the byte 0x%02X: encoding needs all 256",
+                 vocab_path, c);
         ret = DT_EFORMAT;
       }
     if (ret == 0)
@@ -364,7 +355,7 @@ int dt_bpe_create(dt_bpe_t **out, const char *vocab_path, const char *merges_pat
       ret = compile_pattern(b, err, errlen);
   }
   if (ret == DT_ENOMEM)
-    set_err(err, errlen, "%s: out of memory reading the tokenizer", vocab_path);
+    snprintf(err, errlen, "%s: out of memory reading the tokenizer", vocab_path);
   if (ret != 0) {
     dt_bpe_destroy(b);
     return ret;
