@@ -829,7 +829,7 @@ static void bad(dt__violations_t *v, const char *fmt, ...)
   v->used = DT_MIN(v->errlen - 1, v->used + (size_t)(w > 0 ? w : 0));
 }
 
-/* "seed:N" (N a non-negative decimal), "llmc:PATH" or a non-empty checkpoint path. */
+/* "seed:N" (N a non-negative decimal), "llmc:PATH", "hf:DIR" or a non-empty checkpoint path. */
 static bool init_valid(const char *s)
 {
   int64_t seed;
@@ -839,6 +839,8 @@ static bool init_valid(const char *s)
     return is_decimal_int(s + 5) && dt_parse_i64(s + 5, &seed) == 0 && seed >= 0;
   if (strncmp(s, "llmc:", 5) == 0)
     return s[5] != '\0';
+  if (strncmp(s, "hf:", 3) == 0)
+    return s[3] != '\0';
   return true;
 }
 
@@ -917,7 +919,7 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
     bad(&v, "model.channels (%d) must be divisible by model.heads (%d)", model->channels,
         model->heads);
   if (!init_valid(model->init))
-    bad(&v, "model.init must be seed:N (N >= 0), llmc:PATH or a checkpoint path, got '%s'",
+    bad(&v, "model.init must be seed:N (N >= 0), llmc:PATH, hf:DIR or a checkpoint path, got '%s'",
         model->init ? model->init : "");
 
   /* data */
@@ -1412,7 +1414,7 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
    * passed because it also seeds the data order. */
   if (strncmp(init, "seed:", 5) == 0)
     av_str(&a, "--init", init);
-  else if (strncmp(init, "llmc:", 5) == 0) {
+  else if (strncmp(init, "llmc:", 5) == 0 || strncmp(init, "hf:", 3) == 0) {
     if (!resume)
       av_str(&a, "--init", init);
   } else if (*init && !resume) {

@@ -93,8 +93,8 @@ int dt_jobspec_place(const Distrain__V1__JobSpec *spec, int min_dp, int max_dp,
  * every string malloc'ed; free with dt_argv_free. dp_size is the data-parallel size of the
  * current generation (it may differ from parallel.dp after an elastic re-plan: the global batch
  * is kept through --grad-accum). resume != 0 adds --resume (newest committed step in
- * checkpoint.dir). model.init maps to: "seed:N" -> --init seed:N; "llmc:PATH" -> --init
- * llmc:PATH (left out on resume: the weights come from the checkpoint); any other value is a
+ * checkpoint.dir). model.init maps to: "seed:N" -> --init seed:N; "llmc:PATH" and "hf:DIR" ->
+ * --init the same (left out on resume: the weights come from the checkpoint); any other value is a
  * distrain checkpoint to start from -> --resume=PATH (plain --resume on resume). Numbers are
  * printed so that they parse back to exactly the same value. DT_EINVAL (indivisible batch,
  * missing section) or DT_ENOMEM. */

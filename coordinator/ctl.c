@@ -96,8 +96,10 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
     rc = absolutize(&spec->checkpoint->dir, base, NULL);
   if (rc == 0)
     rc = absolutize(&spec->model->init, base, "llmc:");
+  if (rc == 0)
+    rc = absolutize(&spec->model->init, base, "hf:");
   if (rc == 0 && strncmp(spec->model->init, "seed:", 5) != 0 &&
-      strncmp(spec->model->init, "llmc:", 5) != 0)
+      strncmp(spec->model->init, "llmc:", 5) != 0 && strncmp(spec->model->init, "hf:", 3) != 0)
     rc = absolutize(&spec->model->init, base, NULL);
   if (rc != 0) {
     dt_jobspec_free(spec);

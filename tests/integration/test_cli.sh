@@ -289,7 +289,7 @@ expect_error flag_unknown 2 "--frobnicate" "unknown"
 run flag_missing_arg "$TRAIN" --train "$DATA" --steps
 expect_error flag_missing_arg 2 "--steps" "option"
 run flag_init "$TRAIN" --train "$DATA" --init bogus
-expect_error flag_init 2 "--init" "expected llmc:PATH or seed:N"
+expect_error flag_init 2 "--init" "expected llmc:PATH, hf:DIR or seed:N"
 run flag_extra "$TRAIN" --train "$DATA" stray
 expect_error flag_extra 2 "stray" "unexpected argument"
 

@@ -167,6 +167,26 @@ class Convert(unittest.TestCase):
         self.assertLess(abs(loss - ref), 1e-5 * ref, (loss, ref))
         self.assertGreater(abs(ref - np.log(V)), 0.1, "the model is untrained")
 
+    def test_training_from_hf_dir(self):
+        """--init hf:DIR trains as --init llmc: of the same weights, bit for bit."""
+        hf = self.path("init-hf")
+        self.convert("llmc:" + self.export, "hf:" + hf)
+        losses = []
+        for init in ("hf:" + hf, "llmc:" + self.export):
+            metrics = self.path("init-%d.jsonl" % len(losses))
+            self.run_ok(self.train_args() + ["--steps", "3", "--init", init, "--metrics", metrics])
+            with open(metrics) as f:
+                losses.append([json.loads(line)["loss"] for line in f])
+        self.assertEqual(losses[0], losses[1])
+        for args, want in (
+                (["--init", "hf:" + self.path("nowhere")], "config.json: No such file"),
+                (["--init", "hf:" + hf, "--layers", "3"], "layers"),
+                (["--init", "hf:"], "--init: expected llmc:PATH, hf:DIR or seed:N")):
+            p = subprocess.run(self.train_args() + ["--steps", "1"] + args, capture_output=True,
+                               text=True, timeout=120)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr, args)
+
     def test_round_trips_are_exact(self):
         hf = self.path("rt-hf")
         self.convert("llmc:" + self.export, "hf:" + hf)

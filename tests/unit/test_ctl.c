@@ -378,6 +378,14 @@ START_TEST(test_spec_paths_relative_to_the_file)
   ck_assert_str_eq(spec->model->init, want);
   ck_assert_str_eq(spec->checkpoint->dir, "/abs/ckpt");
   dt_jobspec_free(spec);
+  fp = fopen(path, "w");
+  ck_assert_ptr_nonnull(fp);
+  fputs("data: {train: \"t.bin\"}\nmodel: {init: \"hf:models/gpt2\"}\n", fp);
+  fclose(fp);
+  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  snprintf(want, sizeof want, "hf:%s/models/gpt2", real);
+  ck_assert_str_eq(spec->model->init, want);
+  dt_jobspec_free(spec);
   ut_rm_rf(dir);
 }
 END_TEST

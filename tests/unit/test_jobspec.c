@@ -639,10 +639,11 @@ static const struct {
     {{"model.vocab=65537"}, "model.vocab (65537) must be in [2, 65536]"},
     {{"model.channels=250"}, "model.channels (250) must be divisible by model.heads (4)"},
     {{"model.init=seed:x"},
-     "model.init must be seed:N (N >= 0), llmc:PATH or a checkpoint path, "
+     "model.init must be seed:N (N >= 0), llmc:PATH, hf:DIR or a checkpoint path, "
      "got 'seed:x'"},
     {{"model.init=seed:-1"}, "model.init must be seed:N"},
     {{"model.init=llmc:"}, "model.init must be seed:N"},
+    {{"model.init=hf:"}, "model.init must be seed:N"},
     {{"model.init="}, "model.init must be seed:N"},
     {{"data.train="}, "data.train must name the training shards"},
     {{"training.batch=0"}, "training.batch (0) must be > 0"},
@@ -1100,6 +1101,15 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "model.init=llmc:/w/gpt2 124M.bin");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--init"), "llmc:/w/gpt2 124M.bin");
+  dt_argv_free(argv);
+  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 1, &argv, &argc), 0);
+  ck_assert(!has_arg(argv, "--init"));
+  ck_assert_str_eq(argv[argc - 1], "--resume");
+  dt_argv_free(argv);
+  /* Hugging Face's files the same way. */
+  set_ok(s, "model.init=hf:/w/gpt2");
+  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+  ck_assert_str_eq(flag_value(argv, "--init"), "hf:/w/gpt2");
   dt_argv_free(argv);
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 1, &argv, &argc), 0);
   ck_assert(!has_arg(argv, "--init"));

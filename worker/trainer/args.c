@@ -17,7 +17,9 @@ static void usage(FILE *out)
       "usage: distrain-train --train GLOB [options]\n"
       "\n"
       "model (default: the demo's byte-level L4 H4 C256 V256 maxT256):\n"
-      "  --init llmc:PATH | seed:N   start from llm.c fp32 weights, or GPT-2 init from a seed\n"
+      "  --init llmc:PATH | hf:DIR | seed:N\n"
+      "                              start from llm.c fp32 weights, Hugging Face's GPT-2\n"
+      "                              (config.json + model.safetensors), or GPT-2 init from a seed\n"
       "  --seed N                    init and shuffle seed (default 1337)\n"
       "  --layers N --heads N --channels N --vocab N --max-seq N\n"
       "data:\n"
@@ -285,6 +287,12 @@ static int parse_init(const char *s, dt_train_opts_t *o)
 {
   if (strncmp(s, "llmc:", 5) == 0 && s[5]) {
     o->init_llmc = s + 5;
+    o->init_hf = NULL;
+    return 0;
+  }
+  if (strncmp(s, "hf:", 3) == 0 && s[3]) {
+    o->init_hf = s + 3;
+    o->init_llmc = NULL;
     return 0;
   }
   int64_t seed;
@@ -292,7 +300,7 @@ static int parse_init(const char *s, dt_train_opts_t *o)
     o->seed = (uint64_t)seed;
     return 0;
   }
-  fprintf(stderr, "distrain-train: --init: expected llmc:PATH or seed:N, got '%s'\n", s);
+  fprintf(stderr, "distrain-train: --init: expected llmc:PATH, hf:DIR or seed:N, got '%s'\n", s);
   return DT_EINVAL;
 }
 

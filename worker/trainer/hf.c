@@ -422,11 +422,34 @@ out:
   return ret;
 }
 
-int dt_hf_read(const char *dir, dt_gpt2_config_t *cfg, float **params, char *err, size_t errlen)
+int dt_hf_read_config(const char *dir, dt_gpt2_config_t *cfg, char *err, size_t errlen)
 {
   char path[4200];
   snprintf(path, sizeof path, "%s/" HF_CONFIG_FILE, dir);
-  DT_CHECK(read_config(path, cfg, err, errlen));
+  return read_config(path, cfg, err, errlen);
+}
+
+int dt_hf_load(dt_gpt2_t *m, const char *dir, char *err, size_t errlen)
+{
+  dt_gpt2_config_t cfg;
+  float *params;
+  DT_CHECK(dt_hf_read(dir, &cfg, &params, err, errlen));
+  int ret = 0;
+  if (memcmp(&cfg, &m->cfg, sizeof cfg) != 0) { /* config.json changed since it was read */
+    snprintf(err, errlen, "%s: the model is not the one configured (L=%d C=%d V=%d maxT=%d)", dir,
+             m->cfg.layers, m->cfg.channels, m->cfg.vocab, m->cfg.max_seq);
+    ret = DT_ESHAPE;
+  }
+  if (ret == 0)
+    ret = dt_gpt2_load_global(m, params);
+  free(params);
+  return ret;
+}
+
+int dt_hf_read(const char *dir, dt_gpt2_config_t *cfg, float **params, char *err, size_t errlen)
+{
+  char path[4200];
+  DT_CHECK(dt_hf_read_config(dir, cfg, err, errlen));
   float *p = calloc((size_t)dt_llmc_num_params(cfg), sizeof *p); /* wte's padded rows stay zero */
   if (!p) {
     snprintf(err, errlen, "%s: out of memory for %zu parameters", dir,

@@ -22,6 +22,12 @@
  * the file and the tensor or key at fault (one line in err). */
 int dt_hf_read(const char *dir, dt_gpt2_config_t *cfg, float **params, char *err, size_t errlen);
 
+/* Reads only dir/config.json's model (what --init hf:DIR checks the flags against). */
+int dt_hf_read_config(const char *dir, dt_gpt2_config_t *cfg, char *err, size_t errlen);
+
+/* Loads dir's weights into a model created with dir's config (this rank's part of them). */
+int dt_hf_load(dt_gpt2_t *m, const char *dir, char *err, size_t errlen);
+
 /* Writes dir/config.json and dir/model.safetensors (each atomically; dir is created) from
  * params in llm.c's layout. */
 int dt_hf_write(const char *dir, const dt_gpt2_config_t *cfg, const float *params, char *err,

@@ -31,6 +31,7 @@
 #include "schedule.h"
 #include "stop.h"
 #include "tokenizer.h"
+#include "hf.h"
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
@@ -117,8 +118,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--resume needs --ckpt-dir (or a path)";
   else if (o->val_every > 0 && !o->val_pattern)
     msg = "--val-every needs --val";
-  else if (o->init_llmc && o->resume)
-    msg = "--init llmc:PATH and --resume are mutually exclusive";
+  else if ((o->init_llmc || o->init_hf) && o->resume)
+    msg = "--init llmc:PATH or hf:DIR and --resume are mutually exclusive";
   else if (o->sample_tokens < 0 || !(o->sample_temp > 0.0f))
     msg = "--sample must be >= 0 and --sample-temp > 0";
   else if (o->threads < 0)
@@ -744,6 +745,15 @@ static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const
     DT_CHECK(dt_llmc_read_config(o->init_llmc, cfg));
     return check_model_flags(o, cfg, o->init_llmc);
   }
+  if (o->init_hf) {
+    char err[8300];
+    const int rc = dt_hf_read_config(o->init_hf, cfg, err, sizeof err);
+    if (rc != 0) {
+      DT_ERROR(TRAIN, "--init hf: %s", err);
+      return rc;
+    }
+    return check_model_flags(o, cfg, o->init_hf);
+  }
   *cfg = o->model;
   cfg->padded_vocab = dt_gpt2_padded_vocab(cfg->vocab);
   return 0;
@@ -1057,10 +1067,18 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (t->cp > 1 && (!(t->cp_inputs = calloc((size_t)o->batch * t->seq, sizeof(int))) ||
                     !(t->cp_targets = calloc((size_t)o->batch * t->seq, sizeof(int)))))
     return DT_ENOMEM;
-  if (o->init_llmc)
+  if (o->init_llmc) {
     DT_CHECK(dt_llmc_load(&t->model, o->init_llmc));
-  else
+  } else if (o->init_hf) {
+    char err[8300];
+    const int rc = dt_hf_load(&t->model, o->init_hf, err, sizeof err);
+    if (rc != 0) {
+      DT_ERROR(TRAIN, "--init hf: %s", err);
+      return rc;
+    }
+  } else {
     DT_CHECK(dt_gpt2_init_weights(&t->model, o->seed));
+  }
   dt_rng_seed(&t->state.rng, o->seed);
   t->state.threads = omp_get_max_threads();
 

@@ -43,6 +43,7 @@ typedef struct {
   dt_gpt2_config_t model;
   int model_set_mask;    /* which model fields were given explicitly (bit per field) */
   const char *init_llmc; /* llm.c weights to start from */
+  const char *init_hf;   /* or Hugging Face's GPT-2 directory (hf.h) */
   uint64_t seed;         /* init seed, and the data shuffle seed */
   /* data */
   const char *train_pattern, *val_pattern;
