@@ -1097,24 +1097,21 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);
 
-  /* llm.c weights: --init on a fresh start, nothing on resume (the checkpoint has the weights). */
-  set_ok(s, "model.init=llmc:/w/gpt2 124M.bin");
-  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
-  ck_assert_str_eq(flag_value(argv, "--init"), "llmc:/w/gpt2 124M.bin");
-  dt_argv_free(argv);
-  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 1, &argv, &argc), 0);
-  ck_assert(!has_arg(argv, "--init"));
-  ck_assert_str_eq(argv[argc - 1], "--resume");
-  dt_argv_free(argv);
-  /* Hugging Face's files the same way. */
-  set_ok(s, "model.init=hf:/w/gpt2");
-  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
-  ck_assert_str_eq(flag_value(argv, "--init"), "hf:/w/gpt2");
-  dt_argv_free(argv);
-  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 1, &argv, &argc), 0);
-  ck_assert(!has_arg(argv, "--init"));
-  ck_assert_str_eq(argv[argc - 1], "--resume");
-  dt_argv_free(argv);
+  /* llm.c's and Hugging Face's weights: --init on a fresh start, nothing on resume (the
+   * checkpoint has the weights). */
+  static const char *const inits[] = {"llmc:/w/gpt2 124M.bin", "hf:/w/gpt2"};
+  for (size_t i = 0; i < sizeof inits / sizeof *inits; i++) {
+    char set[64];
+    snprintf(set, sizeof set, "model.init=%s", inits[i]);
+    set_ok(s, set);
+    ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+    ck_assert_str_eq(flag_value(argv, "--init"), inits[i]);
+    dt_argv_free(argv);
+    ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 1, &argv, &argc), 0);
+    ck_assert(!has_arg(argv, "--init"));
+    ck_assert_str_eq(argv[argc - 1], "--resume");
+    dt_argv_free(argv);
+  }
 
   /* A distrain checkpoint: --resume=PATH on a fresh start, plain --resume later. */
   set_ok(s, "model.init=/ckpt/base-run");
