@@ -51,7 +51,11 @@ def read_safetensors(path):
 def write_safetensors(path, tensors, dtype="F16"):
     header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
     for name, a in tensors.items():
-        b = np.ascontiguousarray(a, dtype=np.float16 if dtype == "F16" else np.float32).tobytes()
+        if dtype == "BF16":  # the top halves of float32s (the values must be bf16 ones)
+            b = (np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) >> 16).astype(
+                np.uint16).tobytes()
+        else:
+            b = np.ascontiguousarray(a, dtype=np.float16 if dtype == "F16" else np.float32).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
         blobs.append(b)
         at += len(b)
@@ -242,6 +246,16 @@ class Convert(unittest.TestCase):
                 continue
             np.testing.assert_array_equal(w[name[len("transformer."):]], a.astype(np.float64),
                                           name)
+
+    def test_reads_bf16(self):
+        t = {k: v.astype(np.float32) for k, v in self.random_tensors(prefix="").items()}
+        t = {k: (v.view(np.uint32) & 0xFFFF0000).view(np.float32) for k, v in t.items()}  # bf16
+        d = self.hf_dir("bf16", t, dtype="BF16")
+        self.convert("hf:" + d, "hf:" + self.path("bf16-out"))
+        _, w = read_safetensors(os.path.join(self.path("bf16-out"), "model.safetensors"))
+        for name, a in t.items():
+            if ".attn.bias" not in name and name != "lm_head.weight":
+                np.testing.assert_array_equal(w[name], a.astype(np.float64), name)
 
     def test_bad_input(self):
         t = self.random_tensors(prefix="")
