@@ -66,6 +66,21 @@ void dt_free_aligned(void *p)
   free(p);
 }
 
+int dt_grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+  if (need <= *cap)
+    return 0;
+  size_t c = *cap ? *cap : 64;
+  while (c < need)
+    c *= 2;
+  void *q = realloc(*p, c * elem);
+  if (!q)
+    return DT_ENOMEM;
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
 int dt_afile_open(dt_afile_t *af, const char *path)
 {
   memset(af, 0, sizeof *af);

@@ -22,6 +22,9 @@ int64_t dt_wall_ms(void);
 /* 64-byte aligned, zeroed allocation; NULL (and an error log naming what) on failure. */
 void *dt_calloc_aligned(size_t bytes, const char *what);
 void dt_free_aligned(void *p);
+/* Grows *p (an array of *cap elements of elem bytes, realloc'd) to hold at least need, doubling
+ * from 64; DT_ENOMEM (*p and *cap unchanged) when memory runs out. */
+int dt_grow(void **p, size_t *cap, size_t need, size_t elem);
 
 /* Durable atomic file creation: dt_afile_open writes to "<path>.tmp.<pid>"; dt_afile_commit
  * flushes, fsyncs, renames over path and fsyncs the directory; dt_afile_abort removes the

@@ -933,6 +933,7 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   DT__POSITIVE(&v, training, micro_batch);
   DT__POSITIVE(&v, training, val_batches);
   DT__NONNEG(&v, training, val_every, " (0 disables validation)");
+  DT__NONNEG(&v, training, eval_every, " (0: data.eval before training and at the end only)");
   DT__NONNEG(&v, training, threads, " (0 means cores / trainers on the node)");
   DT__NONNEG(&v, training, sample, " (0 means no sample)");
   /* Empty: a client that predates the field (auto). */
@@ -963,6 +964,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
     bad(&v, "training.seq (%d) must be <= model.max_seq (%d)", training->seq, model->max_seq);
   if (training->val_every > 0 && str_empty(data->val))
     bad(&v, "training.val_every (%d) needs data.val (the validation shards)", training->val_every);
+  if (training->eval_every > 0 && str_empty(data->eval))
+    bad(&v, "training.eval_every (%d) needs data.eval (a multiple-choice eval file)",
+        training->eval_every);
 
   /* optimizer */
   if (!(optimizer->lr >= 0.0 && isfinite(optimizer->lr)))
@@ -1433,6 +1437,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_push(&a, "--shuffle");
   if (!str_empty(d->vocab_file))
     av_str(&a, "--vocab-file", d->vocab_file);
+  if (!str_empty(d->eval))
+    av_str(&a, "--eval", d->eval);
 
   av_int(&a, "--batch", t->micro_batch);
   av_int(&a, "--seq", t->seq);
@@ -1460,6 +1466,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--val-every", t->val_every);
     av_int(&a, "--val-batches", t->val_batches);
   }
+  if (t->eval_every > 0)
+    av_int(&a, "--eval-every", t->eval_every);
   if (!str_empty(ck->dir)) {
     av_str(&a, "--ckpt-dir", ck->dir);
     av_int(&a, "--save-every", ck->every);

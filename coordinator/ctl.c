@@ -93,6 +93,8 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
   if (rc == 0)
     rc = absolutize(&spec->data->vocab_file, base, NULL);
   if (rc == 0)
+    rc = absolutize(&spec->data->eval, base, NULL);
+  if (rc == 0)
     rc = absolutize(&spec->checkpoint->dir, base, NULL);
   if (rc == 0)
     rc = absolutize(&spec->model->init, base, "llmc:");
@@ -455,6 +457,8 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
           (long long)m->step, m->loss, m->lr, m->grad_norm, m->ms, m->tokens_per_s);
   if (m->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", m->val_loss);
+  if (m->has_eval)
+    fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f", m->eval_acc_norm, m->eval_acc);
   fputs("}\n", fp);
 }
 
@@ -580,11 +584,14 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
         ms_ewma = ms_ewma > 0 ? 0.9 * ms_ewma + 0.1 * s->ms : s->ms;
         if (mf)
           write_metric(mf, s);
-        if (!o->json && (s->has_val || s->step % every == 0 || s->step == steps)) {
-          char eta[32], val[32] = "";
+        if (!o->json && (s->has_val || s->has_eval || s->step % every == 0 || s->step == steps)) {
+          char eta[32], val[80] = "";
           fmt_eta(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
           if (s->has_val)
             snprintf(val, sizeof val, " | val %.4f", s->val_loss);
+          if (s->has_eval)
+            snprintf(val + strlen(val), sizeof val - strlen(val), " | eval acc_norm %.4f",
+                     s->eval_acc_norm);
           fprintf(stderr, "step %6lld/%d | loss %.4f%s | %8.0f tok/s | ETA %s\n",
                   (long long)s->step, steps, s->loss, val, s->tokens_per_s, eta);
         }

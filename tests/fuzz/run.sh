@@ -8,7 +8,7 @@
 # fuzz_<target> CTest test replays it from then on.
 #
 #   tests/fuzz/run.sh [SECONDS (default 60)] [TARGET ...]
-#     targets: jobspec manifest ckpt data coord tokenizer hf
+#     targets: jobspec manifest ckpt data coord tokenizer hf eval
 #
 # Environment: FUZZ_BUILD (default build-fuzz), FUZZ_JOBS (parallel fuzzing processes per
 # target, default 1), FUZZ_VERBOSE=1 (distrain's whole log).
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-60}
 [ $# -gt 0 ] && shift
-targets=${*:-jobspec manifest ckpt data coord tokenizer hf}
+targets=${*:-jobspec manifest ckpt data coord tokenizer hf eval}
 build=${FUZZ_BUILD:-build-fuzz}
 
 # The warnings gate is gcc's (CI's builds); clang's own remarks, such as a '#pragma omp simd'

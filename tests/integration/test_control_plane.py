@@ -915,8 +915,17 @@ class T3_RunLocal(ClusterTest):
         run_dir = os.path.join(self.tmp, "run")
         metrics = os.path.join(self.tmp, "metrics.jsonl")
         job = os.path.join(self.tmp, "job.yaml")
+        # a multiple-choice eval (data.eval, a path relative to the job file) every 20 steps
+        hs = os.path.join(self.tmp, "hs.jsonl")
+        with open(hs, "w") as f:
+            for i in range(6):
+                f.write(json.dumps({"ctx": "In the beginning %d" % i, "label": i % 2,
+                                    "endings": ["God created", "xq zz %d" % i]}) + "\n")
+        subprocess.run([binary("worker/trainer", "distrain-prep"), "--hellaswag", hs, "--out",
+                        self.tmp], check=True, capture_output=True)
         with open(job, "w") as f:
-            f.write(job_yaml(ckpt, steps, every=20, val_every=20))
+            f.write(job_yaml(ckpt, steps, every=20, val_every=20).replace(
+                "}\ntraining: {", ", eval: \"hs.bin\"}\ntraining: {eval_every: 20, "))
         # Polls 2 s apart: the last one sees the job COMPLETED and its last steps at once.
         r = self.ctl("run", "--local", "--run-dir", run_dir, "--metrics", metrics, job,
                      timeout=120, env=dict(self.env, DISTRAIN_CTL_POLL_MS="2000"))
@@ -927,6 +936,8 @@ class T3_RunLocal(ClusterTest):
         done = [i for i, x in enumerate(out) if "COMPLETED" in x]
         last = [i for i, x in enumerate(out) if x.startswith("step %6d/%d" % (steps, steps))]
         self.assertTrue(done and last and done[-1] > last[-1], r.stderr[-3000:])
+        self.assertTrue(any(re.search(r"^step +20/%d \| .*\| eval acc_norm 0\.\d{4} \|" % steps, x)
+                            for x in out), r.stderr[-3000:])
         # one JSON object per step, steps 1..N, validation at 20 and 40
         with open(metrics) as f:
             lines = f.read().splitlines()
@@ -937,6 +948,7 @@ class T3_RunLocal(ClusterTest):
                 self.assertIsInstance(m[k], (int, float), (k, m))
             self.assertTrue(0 < m["loss"] < 10, m)
             self.assertEqual("val_loss" in m, m["step"] % 20 == 0, m)
+            self.assertEqual("eval_acc_norm" in m, m["step"] % 20 == 0, m)
         self.assertLess(ms[-1]["loss"], ms[0]["loss"], "the loss did not go down")
         # committed checkpoints
         for s in (20, 40):

@@ -65,8 +65,9 @@ def write_safetensors(path, tensors, dtype="F16"):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def hf_forward_loss(w, tokens, B):
-    """Mean cross-entropy of GPT2LMHeadModel (HF's tensors w) on B sequences of T tokens."""
+def hf_token_losses(w, idx, tgt, n_layer, n_head):
+    """Per-token cross-entropy (B, T) of GPT2LMHeadModel (HF's tensors w, float64) on inputs
+    idx and targets tgt (B, T)."""
     def ln(x, p):
         mu = x.mean(-1, keepdims=True)
         var = ((x - mu) ** 2).mean(-1, keepdims=True)
@@ -78,25 +79,31 @@ def hf_forward_loss(w, tokens, B):
     def conv1d(x, p):
         return x @ w[p + ".weight"] + w[p + ".bias"]
 
-    seq = np.array(tokens[:B * T + 1])
-    idx, tgt = seq[:-1].reshape(B, T), seq[1:].reshape(B, T)
+    B, T = idx.shape
     x = w["wte.weight"][idx] + w["wpe.weight"][:T]
-    hs = C // NH
+    width = x.shape[-1]
+    hs = width // n_head
     mask = np.triu(np.full((T, T), -np.inf), 1)
-    for layer in range(L):
+    for layer in range(n_layer):
         p = "h.%d." % layer
         q, k, v = np.split(conv1d(ln(x, p + "ln_1"), p + "attn.c_attn"), 3, axis=-1)
-        q, k, v = (a.reshape(B, T, NH, hs).transpose(0, 2, 1, 3) for a in (q, k, v))
+        q, k, v = (a.reshape(B, T, n_head, hs).transpose(0, 2, 1, 3) for a in (q, k, v))
         att = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs) + mask
         att = np.exp(att - att.max(-1, keepdims=True))
         att /= att.sum(-1, keepdims=True)
-        y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, width)
         x = x + conv1d(y, p + "attn.c_proj")
         x = x + conv1d(gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
     logits = ln(x, "ln_f") @ w["wte.weight"].T
     logits -= logits.max(-1, keepdims=True)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    return -np.take_along_axis(logp, tgt[..., None], -1).mean()
+    return -np.take_along_axis(logp, tgt[..., None], -1)[..., 0]
+
+
+def hf_forward_loss(w, tokens, B):
+    """Mean cross-entropy of GPT2LMHeadModel (HF's tensors w) on B sequences of T tokens."""
+    seq = np.array(tokens[:B * T + 1])
+    return hf_token_losses(w, seq[:-1].reshape(B, T), seq[1:].reshape(B, T), L, NH).mean()
 
 
 class Convert(unittest.TestCase):

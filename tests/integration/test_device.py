@@ -3,7 +3,8 @@
 The remote CPU device (kernels/device.h) runs the CPU kernels on memory whose pointers fault
 if the host dereferences them, exactly as a GPU's would, so every path a GPU trainer takes
 through the host is exercised here: token and loss staging in the model, device-to-host
-checkpoint shards and their host-to-device load, export, sampling, and the host-staged
+checkpoint shards and their host-to-device load, export, sampling, the multiple-choice
+evaluation's per-token losses, and the host-staged
 communicator (dt_comm_set_device) under data, tensor, pipeline and context parallelism. The
 kernels and the reduction orders are the CPU's in both runs, so every loss, every checkpoint
 byte and the exported weights must be bit-identical; a host access to device memory crashes
@@ -75,6 +76,11 @@ class RemoteDevice(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="dt_device_")
+        # a multiple-choice eval, whose per-token losses come back from the device too
+        cls.evalset = os.path.join(cls.tmp, "eval.bin")
+        sys.path.insert(0, HERE)
+        import test_eval  # noqa: E402
+        test_eval.write_evalfile(cls.evalset, test_eval.random_examples(11, 12))
 
     @classmethod
     def tearDownClass(cls):
@@ -90,8 +96,9 @@ class RemoteDevice(unittest.TestCase):
             dirs[device] = out
             stdout = run(world, lambda r: args(device, out, steps, [
                 "--ckpt-dir", os.path.join(out, "ckpt"), "--save-every", "3",
-                "--export-llmc", os.path.join(out, "model.bin")] + (["--sample", "8"] if sample else [])
-                + list(extra)),
+                "--export-llmc", os.path.join(out, "model.bin"), "--eval", self.evalset,
+                "--eval-every", "3", "--eval-out", os.path.join(out, "eval.jsonl")]
+                + (["--sample", "8"] if sample else []) + list(extra)),
                 os.path.join(out, "kv"))
             with open(os.path.join(out, "sample.txt"), "w") as f:
                 f.write(stdout[0])
@@ -112,6 +119,10 @@ class RemoteDevice(unittest.TestCase):
         for s in shards:
             twin = os.path.join(remote, os.path.relpath(s, cpu))
             self.assertTrue(filecmp.cmp(s, twin, shallow=False), what + ": %s differs" % twin)
+        self.assertTrue(any("eval_acc_norm" in m for m in a), what + ": no evaluation recorded")
+        self.assertTrue(filecmp.cmp(os.path.join(cpu, "eval.jsonl"),
+                                    os.path.join(remote, "eval.jsonl"), shallow=False),
+                        what + ": the evaluation's losses differ")
         with open(os.path.join(cpu, "sample.txt")) as f, \
                 open(os.path.join(remote, "sample.txt")) as g:
             self.assertEqual(f.read(), g.read(), what + ": samples differ")

@@ -24,6 +24,8 @@ the GPUs; the host-staged communicator) against one GPU process.
     MLP projection's GEMM epilogue, split over tp). 1e-4, not 1e-5: cuBLASLt may sum a product
     of another batch shape in another order, and the bf16 activations rounded from those sums
     can then land one bf16 step apart;
+  * a multiple-choice evaluation (--eval): every completion's summed loss within 1e-4 of the
+    CPU's in fp32, 1e-3 in bf16, and under tp=2 within 1e-5 of one GPU process;
   * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3, tp=2 and pp=2 on NCCL
     (--comm nccl), within 1e-5 of the one GPU process; with four, tp=2 x dp=2 under ZeRO-3
     and pp=2 x dp=2 under ZeRO-2 too; and a peer stopped mid-training (SIGSTOP) under ZeRO-0
@@ -213,6 +215,34 @@ class GpuTrainer(unittest.TestCase):
         p = subprocess.run(argv + ["--attention", "materialized"], capture_output=True, text=True,
                            timeout=300)
         self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+
+    def evaluate(self, world, device, extra, tag):
+        """Per-completion summed losses of a multiple-choice eval of the golden model (--steps
+        0), row by row."""
+        import test_eval  # noqa: E402  (llm.c's eval format)
+        evalset = os.path.join(self.tmp, "eval.bin")
+        if not os.path.exists(evalset):
+            test_eval.write_evalfile(evalset, test_eval.random_examples(5, 10))
+        out = os.path.join(self.tmp, "evalout_%s_%s_w%d.jsonl" % (tag, device, world))
+        if os.path.exists(out):  # --eval-out appends
+            os.remove(out)
+        self.train(world, 4, device, ["--steps", "0", "--eval", evalset, "--eval-out", out]
+                   + list(extra), tag="eval_" + tag)
+        return [x for e in sorted(test_eval.read_eval_out(out)[0]) for x in e[2]]
+
+    def test_eval_against_the_cpu(self):
+        """The multiple-choice evaluation's losses, read back from the GPU per token: fp32
+        within 1e-4 of the CPU, bf16 within 1e-3 (sums of up to 33 tokens' losses, each from
+        bf16 logits whose roundings may fall apart by one bf16 step on the two devices); tp=2
+        sharing the GPU within 1e-5 of one GPU process."""
+        for prec, tol in (("fp32", 1e-4), ("bf16", 1e-3)):
+            with self.subTest(prec):
+                extra = ["--precision", prec]
+                self.assert_close(self.evaluate(1, "cpu", extra, prec),
+                                  self.evaluate(1, "cuda", extra, prec), tol,
+                                  "eval %s, cuda against cpu" % prec)
+        self.assert_close(self.evaluate(1, "cuda", [], "fp32"),
+                          self.evaluate(2, "cuda", ["--tp", "2"], "tp2"), 1e-5, "eval tp=2")
 
     def test_layouts_on_one_gpu(self):
         for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 2, ["--zero-stage", "2"]),

@@ -282,6 +282,26 @@ class Tokenizer(unittest.TestCase):
             got += read_tokens(s)
         self.assertEqual(got, [self.eot] + self.ref.encode(self.code))
 
+    def test_hellaswag_eval_file(self):
+        """--hellaswag: each context's tokens, and each ending's as " " + ending (as llm.c's
+        hellaswag.py encodes them), in llm.c's eval format, as the test's own writer does."""
+        import test_eval  # noqa: E402  (llm.c's eval format)
+        rng = random.Random(3)
+        docs = self.jsonl_docs[:40]
+        rows = [{"ctx": docs[i][:rng.randint(1, 150)], "label": rng.randrange(4),
+                 "endings": [rng.choice(docs)[:rng.randint(1, 60)].strip() or "x"
+                             for _ in range(4)]} for i in range(len(docs))]
+        src = os.path.join(self.dir, "hellaswag_val.jsonl")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        out = os.path.join(self.dir, "hswag")
+        self.prep_bpe(out, "--hellaswag", src)
+        want = os.path.join(self.dir, "hswag-want.bin")
+        test_eval.write_evalfile(want, [(r["label"], self.ref.encode(r["ctx"]),
+                                         [self.ref.encode(" " + e) for e in r["endings"]])
+                                        for r in rows])
+        self.assertEqual(read(os.path.join(out, "hellaswag_val.bin"), "rb"), read(want, "rb"))
+
     def test_sample_prints_text(self):
         d = self.dir
         src = os.path.join(d, "sample.txt")

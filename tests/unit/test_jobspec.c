@@ -669,6 +669,8 @@ static const struct {
      "parallel.comm nccl needs GPUs: training.device is cpu"},
     {{"training.seq=512"}, "training.seq (512) must be <= model.max_seq (256)"},
     {{"training.val_every=50"}, "training.val_every (50) needs data.val"},
+    {{"training.eval_every=-2"}, "training.eval_every (-2) must be >= 0 (0: data.eval before"},
+    {{"training.eval_every=50"}, "training.eval_every (50) needs data.eval"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
     {{"optimizer.schedule=linear"}, "optimizer.schedule must be cosine or constant, got 'linear'"},
@@ -930,7 +932,8 @@ START_TEST(test_yaml_text)
   ck_assert_int_eq(dt_jobspec_to_yaml(bare, &y), 0);
   ck_assert_str_eq(
       y,
-      "name: \"\"\ndata:\n  train: \"\"\n  val: \"v.bin\"\n  shuffle: false\n  vocab_file: \"\"\n");
+      "name: \"\"\ndata:\n  train: \"\"\n  val: \"v.bin\"\n  shuffle: false\n  vocab_file: \"\"\n  "
+      "eval: \"\"\n");
   free(y);
   dt_jobspec_free(bare);
   dt_jobspec_free(s);
@@ -1068,6 +1071,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file"));
+  ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1083,6 +1087,8 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.shuffle=true");
   set_ok(s, "data.val=v.bin");
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
+  set_ok(s, "data.eval=hellaswag_val.bin");
+  set_ok(s, "training.eval_every=250");
   set_ok(s, "training.profile=200");
   set_ok(s, "training.profile=3:2");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
@@ -1094,6 +1100,8 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--attention"), "materialized");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
+  ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
+  ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);
 

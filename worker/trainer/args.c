@@ -23,10 +23,15 @@ static void usage(FILE *out)
       "  --seed N                    init and shuffle seed (default 1337)\n"
       "  --layers N --heads N --channels N --vocab N --max-seq N\n"
       "data:\n"
-      "  --train GLOB --val GLOB     llm.c token shards (file or glob)\n"
+      "  --train GLOB --val GLOB     llm.c token shards (file or glob; --steps 0 needs no "
+      "--train)\n"
       "  --shuffle                   seeded shuffling of shards and windows (default: sequential)\n"
       "  --val-every N --val-batches N (default 20; global batches: batch x dp x grad-accum\n"
       "                              sequences each)\n"
+      "  --eval FILE                 a multiple-choice eval (HellaSwag; llm.c's eval format, from\n"
+      "                              distrain-prep --hellaswag): accuracy before training, after\n"
+      "                              the last step and every --eval-every N steps\n"
+      "  --eval-out FILE             each evaluation's per-example losses as JSON lines\n"
       "batch:\n"
       "  --batch B --seq T --grad-accum K --steps N (total; sets the schedule)\n"
       "  --stop-at S                 stop after step S with a checkpoint (resume later)\n"
@@ -87,6 +92,9 @@ enum {
   OPT_SHUFFLE,
   OPT_VAL_EVERY,
   OPT_VAL_BATCHES,
+  OPT_EVAL,
+  OPT_EVAL_EVERY,
+  OPT_EVAL_OUT,
   OPT_BATCH,
   OPT_SEQ,
   OPT_ACCUM,
@@ -145,6 +153,9 @@ static const struct option g_opts[] = {
     {"shuffle", no_argument, 0, OPT_SHUFFLE},
     {"val-every", required_argument, 0, OPT_VAL_EVERY},
     {"val-batches", required_argument, 0, OPT_VAL_BATCHES},
+    {"eval", required_argument, 0, OPT_EVAL},
+    {"eval-every", required_argument, 0, OPT_EVAL_EVERY},
+    {"eval-out", required_argument, 0, OPT_EVAL_OUT},
     {"batch", required_argument, 0, OPT_BATCH},
     {"seq", required_argument, 0, OPT_SEQ},
     {"grad-accum", required_argument, 0, OPT_ACCUM},
@@ -345,6 +356,15 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_VAL_BATCHES:
       rc = parse_int(c, optarg, &o->val_batches);
+      break;
+    case OPT_EVAL:
+      o->eval_path = optarg;
+      break;
+    case OPT_EVAL_EVERY:
+      rc = parse_int(c, optarg, &o->eval_every);
+      break;
+    case OPT_EVAL_OUT:
+      o->eval_out = optarg;
       break;
     case OPT_BATCH:
       rc = parse_int(c, optarg, &o->batch);

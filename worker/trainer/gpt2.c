@@ -1327,6 +1327,12 @@ static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out
   return 0;
 }
 
+int dt_gpt2_token_losses(dt_gpt2_t *m, size_t n, float *out)
+{
+  const dt_gpt2_acts_t *a = &m->acts[m->slot_base[m->stage.chunks - 1]];
+  return m->dev->copy(m->dev, out, a->losses, n * sizeof(float), DT_COPY_D2H);
+}
+
 /* Per-token losses of slot a's logits into a->losses and, when dloss != 0, dlogits in place of
  * the logits (in bf16 under bf16 compute). One process: the fused kernel. Tensor parallel: the
  * vocabulary-parallel pair around one all-gather of 3N floats per rank. */

@@ -406,6 +406,9 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
  * stage's input gradient); chunks other than the model's first leave the gradient of their
  * input in dt_gpt2_stage_grad. */
 int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, int B, int T);
+/* The per-token losses (n = B*T of them) of the last forward with targets through the model's
+ * last chunk (its slot 0), copied to host memory: the evaluations read them one by one. */
+int dt_gpt2_token_losses(dt_gpt2_t *m, size_t n, float *out);
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot);        /* (B*T, C) */
 const float *dt_gpt2_stage_output(dt_gpt2_t *m, int chunk, int slot); /* (B*T, C) */
 float *dt_gpt2_stage_grad(dt_gpt2_t *m, int chunk, int slot);         /* (B*T, C) */

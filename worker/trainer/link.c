@@ -223,6 +223,11 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   s.tokens_per_s = m->tokens_per_s;
   s.has_val = m->has_val;
   s.val_loss = m->val_loss;
+  s.has_eval = m->has_eval;
+  if (m->has_eval) {
+    s.eval_acc_norm = (float)m->eval_correct_norm / (float)m->eval_n;
+    s.eval_acc = (float)m->eval_correct / (float)m->eval_n;
+  }
   s.compute_ms = DT_MAX(0.0, m->ms * (1.0 - m->bubble) - m->comm_ms);
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
   r.step = &s;

@@ -4,6 +4,8 @@
  *                 [--vocab-file vocab.json --merge-file merges.txt [--doc-sep S] [--jsonl-key K]]
  *                 [--threads N]
  *   distrain-prep --decode SHARD [--vocab-file vocab.json]
+ *   distrain-prep --hellaswag FILE.jsonl --out DIR [--vocab-file vocab.json --merge-file
+ * merges.txt]
  *
  * Without a tokenizer the shards are byte-level (token = byte, vocab 256; the inputs one after
  * another), so a demo or test needs no tokenizer files. With GPT-2's BPE files (tokenizer.h)
@@ -13,7 +15,9 @@
  * object; documents, and the parts a long one is cut into, are encoded on --threads threads.
  * Either way the last val-fraction of the tokens is DIR/val.bin and the rest
  * DIR/train_000000.bin ..., split every shard-tokens. Files are written atomically; nothing is
- * written when an input is bad. --decode writes a shard's text (its tokens' bytes) to stdout. */
+ * written when an input is bad. --decode writes a shard's text (its tokens' bytes) to stdout.
+ * --hellaswag turns HellaSwag's jsonl into DIR/NAME.bin, an eval file for distrain-train --eval
+ * (evalset.h), as llm.c's hellaswag.py writes it. */
 #define _GNU_SOURCE /* memmem */
 #include <errno.h>
 #include <getopt.h>
@@ -26,6 +30,7 @@
 
 #include "dataloader.h"
 #include "dt_log.h"
+#include "evalset.h"
 #include "dt_param.h"
 #include "dt_util.h"
 #include "tokenizer.h"
@@ -34,7 +39,9 @@
   "usage: distrain-prep --input FILE [--input FILE ...] --out DIR [--val-fraction X]\n"            \
   "                     [--shard-tokens N] [--vocab-file vocab.json --merge-file merges.txt\n"     \
   "                     [--doc-sep TEXT] [--jsonl-key KEY]] [--threads N]\n"                       \
-  "       distrain-prep --decode SHARD [--vocab-file vocab.json]\n"
+  "       distrain-prep --decode SHARD [--vocab-file vocab.json]\n"                                \
+  "       distrain-prep --hellaswag FILE.jsonl --out DIR [--vocab-file vocab.json\n"               \
+  "                     --merge-file merges.txt]\n"
 
 /* A part of a document, encoded by one thread: a whole document, or a piece of a long one cut
  * where its encoding splits cleanly (dt_bpe_next_cut). */
@@ -141,7 +148,8 @@ static int flush(prep_t *p)
   for (size_t i = 0; i < p->nparts; i++) {
     part_t *q = &p->parts[i];
     char where[4200];
-    part_where(q, where, sizeof where);
+    if (rc == 0 && q->rc != 0)
+      part_where(q, where, sizeof where);
     if (rc == 0 && q->rc == DT_EINVAL) {
       fprintf(stderr,
               "distrain-prep: %s: byte offset %zu%s is not UTF-8 (GPT-2's tokenizer reads UTF-8 "
@@ -200,7 +208,13 @@ static int add_document(prep_t *p, const char *text, size_t len, char *own, cons
   return p->pending >= BATCH_BYTES ? flush(p) : 0;
 }
 
-static int add_jsonl(prep_t *p, const char *path)
+/* Calls fn with each line's JSON object of a .jsonl file (blank lines skipped), its line number
+ * and "FILE:LINE" for messages, until fn returns an error; a line that is not a JSON object
+ * is one, reported here. */
+typedef int (*jsonl_fn)(void *ud, json_object *obj, const char *path, size_t line,
+                        const char *where);
+
+static int for_each_jsonl(const char *path, jsonl_fn fn, void *ud)
 {
   FILE *fp = fopen(path, "r");
   if (!fp) {
@@ -216,24 +230,16 @@ static int add_jsonl(prep_t *p, const char *path)
     if (strspn(line, " \t\r\n") == (size_t)got)
       continue; /* a blank line (the last one, often) */
     enum json_tokener_error jerr = json_tokener_success;
-    json_object *obj = json_tokener_parse_verbose(line, &jerr), *text = NULL;
+    json_object *obj = json_tokener_parse_verbose(line, &jerr);
     if (!obj || jerr != json_tokener_success) {
       fprintf(stderr, "distrain-prep: %s: not a JSON object: %s\n", where,
               json_tokener_error_desc(jerr));
       rc = DT_EFORMAT;
-    } else if (!json_object_object_get_ex(obj, p->jsonl_key, &text) ||
-               !json_object_is_type(text, json_type_string)) {
-      fprintf(stderr, "distrain-prep: %s: expected a string field \"%s\" (--jsonl-key)\n", where,
-              p->jsonl_key);
+    } else if (!json_object_is_type(obj, json_type_object)) {
+      fprintf(stderr, "distrain-prep: %s: not a JSON object\n", where);
       rc = DT_EFORMAT;
-    } else { /* the document outlives the object: it is encoded in a later batch */
-      const size_t len = (size_t)json_object_get_string_len(text);
-      char *copy = malloc(len ? len : 1);
-      rc = copy ? 0 : DT_ENOMEM;
-      if (copy) {
-        memcpy(copy, json_object_get_string(text), len);
-        rc = add_document(p, copy, len, copy, path, lineno, 0);
-      }
+    } else {
+      rc = fn(ud, obj, path, lineno, where);
     }
     json_object_put(obj);
   }
@@ -246,11 +252,32 @@ static int add_jsonl(prep_t *p, const char *path)
   return rc;
 }
 
+/* A .jsonl line's document: its string field --jsonl-key. */
+static int jsonl_document(void *ud, json_object *obj, const char *path, size_t line,
+                          const char *where)
+{
+  prep_t *p = ud;
+  json_object *text;
+  if (!json_object_object_get_ex(obj, p->jsonl_key, &text) ||
+      !json_object_is_type(text, json_type_string)) {
+    fprintf(stderr, "distrain-prep: %s: expected a string field \"%s\" (--jsonl-key)\n", where,
+            p->jsonl_key);
+    return DT_EFORMAT;
+  }
+  /* the document outlives the object: it is encoded in a later batch */
+  const size_t len = (size_t)json_object_get_string_len(text);
+  char *copy = malloc(len ? len : 1);
+  if (!copy)
+    return DT_ENOMEM;
+  memcpy(copy, json_object_get_string(text), len);
+  return add_document(p, copy, len, copy, path, line, 0);
+}
+
 static int add_input(prep_t *p, const char *path)
 {
   const size_t plen = strlen(path);
   if (p->bpe && plen > 6 && strcmp(path + plen - 6, ".jsonl") == 0)
-    return add_jsonl(p, path);
+    return for_each_jsonl(path, jsonl_document, p);
   uint8_t *text;
   size_t n;
   DT_CHECK(read_file(path, &text, &n));
@@ -367,6 +394,133 @@ static int decode(const char *shard, dt_bpe_t *bpe)
   return rc;
 }
 
+/* Appends the tokens of len bytes of text: GPT-2's BPE, or its bytes without a tokenizer. */
+static int encode_text(dt_bpe_t *bpe, const char *text, size_t len, int32_t **ids, size_t *n,
+                       size_t *cap, size_t *bad)
+{
+  if (bpe)
+    return dt_bpe_encode(bpe, text, len, ids, n, cap, bad);
+  DT_CHECK(dt_grow((void **)ids, cap, *n + len, sizeof **ids));
+  for (size_t i = 0; i < len; i++)
+    (*ids)[(*n)++] = (uint8_t)text[i];
+  return 0;
+}
+
+typedef struct {
+  dt_evalset_t set;
+  dt_bpe_t *bpe;
+} hellaswag_t;
+
+/* One HellaSwag example (a line's JSON object) into the set: the context ("ctx") and each ending,
+ * encoded as " " + ending, as llm.c's hellaswag.py does (GPT-2's tokens of a word include its
+ * leading space). Errors are printed with where (FILE:LINE). */
+static int hellaswag_example(void *ud, json_object *obj, const char *path, size_t line,
+                             const char *where)
+{
+  (void)path, (void)line;
+  dt_evalset_t *e = &((hellaswag_t *)ud)->set;
+  dt_bpe_t *bpe = ((hellaswag_t *)ud)->bpe;
+  json_object *ctx, *label, *endings;
+  if (!json_object_object_get_ex(obj, "ctx", &ctx) || !json_object_is_type(ctx, json_type_string) ||
+      !json_object_object_get_ex(obj, "endings", &endings) ||
+      !json_object_is_type(endings, json_type_array)) {
+    fprintf(stderr,
+            "distrain-prep: %s: expected HellaSwag's fields: a string \"ctx\" and an array "
+            "\"endings\"\n",
+            where);
+    return DT_EFORMAT;
+  }
+  if (!json_object_object_get_ex(obj, "label", &label) ||
+      !json_object_is_type(label, json_type_int)) {
+    fprintf(stderr,
+            "distrain-prep: %s: expected an integer \"label\" (HellaSwag's test split has "
+            "none; evaluate on its val split)\n",
+            where);
+    return DT_EFORMAT;
+  }
+  const int ncompletions = (int)json_object_array_length(endings);
+  if (ncompletions < 2 || ncompletions > DT_EVAL_MAX_COMPLETIONS) {
+    fprintf(stderr, "distrain-prep: %s: %d endings (expected 2..%d)\n", where, ncompletions,
+            DT_EVAL_MAX_COMPLETIONS);
+    return DT_EFORMAT;
+  }
+  int32_t *ids = NULL; /* the context's tokens, then each ending's */
+  size_t n = 0, cap = 0, bad = 0, start[DT_EVAL_MAX_COMPLETIONS + 2];
+  char *text = NULL;
+  int rc = 0;
+  for (int j = -1; j < ncompletions && rc == 0; j++) {
+    json_object *s = j < 0 ? ctx : json_object_array_get_idx(endings, (size_t)j);
+    if (!json_object_is_type(s, json_type_string)) {
+      fprintf(stderr, "distrain-prep: %s: ending %d is not a string\n", where, j);
+      rc = DT_EFORMAT;
+      break;
+    }
+    const size_t len = (size_t)json_object_get_string_len(s), lead = j >= 0;
+    char *grown = realloc(text, len + lead + 1);
+    if (!grown) {
+      rc = DT_ENOMEM;
+      break;
+    }
+    text = grown;
+    text[0] = ' ';
+    memcpy(text + lead, json_object_get_string(s), len);
+    start[j + 1] = n;
+    rc = encode_text(bpe, text, len + lead, &ids, &n, &cap, &bad);
+    if (rc == DT_EINVAL)
+      fprintf(stderr, "distrain-prep: %s: byte offset %zu of its %s is not UTF-8\n", where,
+              bad - lead, j < 0 ? "context" : "endings");
+  }
+  start[ncompletions + 1] = n;
+  int *tok = rc == 0 ? malloc((n ? n : 1) * sizeof *tok) : NULL;
+  if (rc == 0 && !tok)
+    rc = DT_ENOMEM;
+  if (rc == 0) {
+    const int *parts[DT_EVAL_MAX_COMPLETIONS + 1];
+    int lens[DT_EVAL_MAX_COMPLETIONS + 1];
+    for (size_t i = 0; i < n; i++)
+      tok[i] = ids[i];
+    for (int j = 0; j <= ncompletions; j++) {
+      parts[j] = tok + start[j];
+      lens[j] = (int)(start[j + 1] - start[j]);
+    }
+    char why[160];
+    rc = dt_evalset_add(e, json_object_get_int(label), parts[0], lens[0], parts + 1, lens + 1,
+                        ncompletions, why, sizeof why);
+    if (rc != 0)
+      fprintf(stderr, "distrain-prep: %s: %s\n", where, why);
+  }
+  free(tok);
+  free(ids);
+  free(text);
+  return rc;
+}
+
+/* --hellaswag: each line of in (HellaSwag's jsonl) an example, written to DIR/NAME.bin (NAME:
+ * in's file name without .jsonl). */
+static int hellaswag(dt_bpe_t *bpe, const char *in, const char *out)
+{
+  hellaswag_t h = {.bpe = bpe};
+  dt_evalset_t *e = &h.set;
+  int rc = for_each_jsonl(in, hellaswag_example, &h);
+  if (rc == 0 && e->n == 0) {
+    fprintf(stderr, "distrain-prep: %s: no examples\n", in);
+    rc = DT_EFORMAT;
+  }
+  char path[8400];
+  const char *base = strrchr(in, '/') ? strrchr(in, '/') + 1 : in;
+  const size_t blen = strlen(base);
+  const int cut = blen > 6 && strcmp(base + blen - 6, ".jsonl") == 0 ? 6 : 0;
+  snprintf(path, sizeof path, "%s%s%.*s.bin", out, out[strlen(out) - 1] == '/' ? "" : "/",
+           (int)(blen - (size_t)cut), base);
+  if (rc == 0 && (rc = dt_mkdir_p(out)) != 0)
+    fprintf(stderr, "distrain-prep: %s: cannot create directory: %s\n", out, dt_strerror(rc));
+  if (rc == 0 && (rc = dt_evalset_save(e, path)) == 0)
+    printf("wrote %s (%d examples, %d completions; rows of up to %d tokens)\n", path, e->n, e->rows,
+           e->max_tokens);
+  dt_evalset_free(e);
+  return rc == 0 ? 0 : 1;
+}
+
 static dt_bpe_t *open_tokenizer(const char *vocab, const char *merges)
 {
   char err[8300];
@@ -381,7 +535,7 @@ static dt_bpe_t *open_tokenizer(const char *vocab, const char *merges)
 int main(int argc, char **argv)
 {
   const char **inputs = calloc((size_t)argc, sizeof *inputs);
-  const char *out = NULL, *vocab = NULL, *merges = NULL, *shard = NULL;
+  const char *out = NULL, *vocab = NULL, *merges = NULL, *shard = NULL, *hswag = NULL;
   char *doc_sep = NULL;
   int ninputs = 0, ret = 2;
   int threads = omp_get_max_threads();
@@ -398,6 +552,7 @@ int main(int argc, char **argv)
                                        {"jsonl-key", required_argument, 0, 'J'},
                                        {"decode", required_argument, 0, 'D'},
                                        {"threads", required_argument, 0, 'T'},
+                                       {"hellaswag", required_argument, 0, 'H'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int c;
@@ -443,6 +598,9 @@ int main(int argc, char **argv)
     case 'D':
       shard = optarg;
       break;
+    case 'H':
+      hswag = optarg;
+      break;
     case 'T':
       if (dt_parse_int_flag("distrain-prep", "--threads", optarg, 1, 1024, &threads) != 0)
         goto out;
@@ -472,6 +630,17 @@ int main(int argc, char **argv)
     ret = 1;
     if (!vocab || (p.bpe = open_tokenizer(vocab, NULL)))
       ret = decode(shard, p.bpe);
+    goto out;
+  }
+  if (hswag) {
+    if (ninputs || doc_sep || !out || !*out || !vocab != !merges) {
+      fprintf(stderr, "distrain-prep: --hellaswag takes --out and, for GPT-2's tokens, "
+                      "--vocab-file and --merge-file (without them the tokens are bytes)\n");
+      goto out;
+    }
+    ret = 1;
+    if (!vocab || (p.bpe = open_tokenizer(vocab, merges)))
+      ret = hellaswag(p.bpe, hswag, out);
     goto out;
   }
   if (!ninputs || !out || !*out) {

@@ -441,21 +441,6 @@ const uint8_t *dt_bpe_decode(const dt_bpe_t *b, int id, size_t *len)
 /* ---------------------------------------------------------------------------------------- */
 /* Encoding */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-  if (need <= *cap)
-    return 0;
-  size_t c = *cap ? *cap : 64;
-  while (c < need)
-    c *= 2;
-  void *q = realloc(*p, c * elem);
-  if (!q)
-    return DT_ENOMEM;
-  *p = q;
-  *cap = c;
-  return 0;
-}
-
 /* A binary min-heap of merge candidates, rank << 32 | position: the lowest rank first, the
  * leftmost among equals. */
 static void heap_push(uint64_t *h, size_t *n, uint64_t v)
@@ -573,9 +558,9 @@ static int cache_put(piece_cache_t *c, uint64_t h, const uint8_t *p, size_t n, c
     c->n = c->nkeys = c->nvals = 0;
     memset(c->slot, 0, (c->mask + 1) * sizeof *c->slot);
   }
-  DT_CHECK(grow((void **)&c->e, &c->ecap, c->n + 1, sizeof *c->e));
-  DT_CHECK(grow((void **)&c->keys, &c->kcap, c->nkeys + n, 1));
-  DT_CHECK(grow((void **)&c->vals, &c->vcap, c->nvals + m, sizeof *c->vals));
+  DT_CHECK(dt_grow((void **)&c->e, &c->ecap, c->n + 1, sizeof *c->e));
+  DT_CHECK(dt_grow((void **)&c->keys, &c->kcap, c->nkeys + n, 1));
+  DT_CHECK(dt_grow((void **)&c->vals, &c->vcap, c->nvals + m, sizeof *c->vals));
   if (2 * (c->n + 1) > (c->slot ? c->mask + 1 : 0))
     DT_CHECK(cache_rehash(c, pow2_above(c->n + 1) * 2));
   centry_t *e = &c->e[c->n];
@@ -605,7 +590,7 @@ static const centry_t *cache_get(const piece_cache_t *c, uint64_t h, const uint8
 
 static int append(int32_t **ids, size_t *n, size_t *cap, const int32_t *v, size_t m)
 {
-  DT_CHECK(grow((void **)ids, cap, *n + m, sizeof **ids));
+  DT_CHECK(dt_grow((void **)ids, cap, *n + m, sizeof **ids));
   memcpy(*ids + *n, v, m * sizeof *v);
   *n += m;
   return 0;

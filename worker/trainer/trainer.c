@@ -18,6 +18,7 @@
 
 #include "checkpoint.h"
 #include "dataloader.h"
+#include "evalset.h"
 #include "devices.h"
 #include "dp.h"
 #include "plan.h"
@@ -86,8 +87,11 @@ void dt_train_opts_default(dt_train_opts_t *o)
 int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
 {
   const char *msg = NULL;
-  if (!o->train_pattern)
-    msg = "--train is required";
+  if (!o->train_pattern && o->steps > 0)
+    msg = "--train is required (only a run of --steps 0, which evaluates or samples a model as "
+          "it is, goes without)";
+  else if (!o->train_pattern && !o->val_pattern && o->sample_tokens > 0)
+    msg = "--sample needs --train or --val: its prompt is their first sequence";
   else if (o->batch < 1)
     msg = "--batch must be >= 1";
   else if (o->seq < 1)
@@ -118,6 +122,10 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--resume needs --ckpt-dir (or a path)";
   else if (o->val_every > 0 && !o->val_pattern)
     msg = "--val-every needs --val";
+  else if (o->eval_every < 0)
+    msg = "--eval-every must be >= 0 (0: before training and after the last step only)";
+  else if ((o->eval_every > 0 || o->eval_out) && !o->eval_path)
+    msg = "--eval-every and --eval-out need --eval";
   else if ((o->init_llmc || o->init_hf) && o->resume)
     msg = "--init llmc:PATH or hf:DIR and --resume are mutually exclusive";
   else if (o->sample_tokens < 0 || !(o->sample_temp > 0.0f))
@@ -273,8 +281,11 @@ typedef struct {
   pthread_t saver;
   int saving;
   struct save_job *save;
-  int device_logged; /* the device memory line (device_memory) was printed */
-  dt_bpe_t *bpe;     /* --vocab-file: prints the sample's tokens as text */
+  int device_logged;    /* the device memory line (device_memory) was printed */
+  dt_bpe_t *bpe;        /* --vocab-file: prints the sample's tokens as text */
+  dt_evalset_t evalset; /* --eval */
+  int eval_T;           /* the window its rows are evaluated in (<= --seq) */
+  FILE *eval_out;       /* --eval-out (rank 0) */
 } trainer_t;
 
 /* The last stage's scalar on every stage of the pipeline. */
@@ -502,11 +513,147 @@ out:
   return ret;
 }
 
+/* The summed loss of each row of the eval set (a completion after its context) into sums
+ * (rows). Rows go B to a micro-batch, the micro-batches round-robin over the data-parallel
+ * ranks, each row in a window of eval_T positions (padded with token 0 after its end, which
+ * the causal mask keeps out of its positions) split as a training sequence is. The rank that
+ * holds a row's losses whole (the last stage's first tp rank; under context parallelism the
+ * first cp rank, after gathering the others' chunks) adds them up in position order, as one
+ * process would, and the sums reach every rank through one all-reduce in which each row has
+ * that one term. */
+static int eval_row_losses(trainer_t *t, float *sums)
+{
+  const dt_evalset_t *e = &t->evalset;
+  dt_gpt2_t *m = &t->model;
+  const int B = t->o->batch, T = t->eval_T, cp = t->cp, h = T / (2 * cp);
+  const size_t local = (size_t)B * (size_t)(T / cp);
+  const int sums_here = m->stage.last && m->tp.rank == 0 && t->cprank == 0;
+  int *in = malloc((size_t)B * T * sizeof *in), *tg = malloc((size_t)B * T * sizeof *tg);
+  int *first = malloc((size_t)B * sizeof *first), *count = malloc((size_t)B * sizeof *count);
+  float *losses = malloc(local * sizeof *losses);
+  float *gathered = cp > 1 ? malloc(local * (size_t)cp * sizeof *gathered) : losses;
+  int ret = in && tg && first && count && losses && gathered ? 0 : DT_ENOMEM;
+  memset(sums, 0, (size_t)e->rows * sizeof *sums);
+  for (int base = 0; ret == 0 && base < e->rows; base += B * t->dpsize) {
+    const int row0 = base + t->dprank * B;
+    memset(in, 0, (size_t)B * T * sizeof *in); /* rows past the last: padding, summed nowhere */
+    memset(tg, 0, (size_t)B * T * sizeof *tg);
+    for (int b = 0; b < B; b++) {
+      count[b] = 0;
+      if (row0 + b < e->rows)
+        dt_evalset_row(e, row0 + b, T, in + (size_t)b * T, tg + (size_t)b * T, &first[b],
+                       &count[b]);
+    }
+    const int *cin = chunks_of(t, in, B, T, t->cp_inputs);
+    const int *ctg = chunks_of(t, tg, B, T, t->cp_targets);
+    float unused;
+    if (t->pipe)
+      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, cin, ctg, B, T / cp, &unused), ret, out);
+    else
+      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, cin, ctg, B, T / cp, 0.0f, &unused), ret, out);
+    if (!m->stage.last)
+      continue;
+    DT_CHECK_GOTO(dt_gpt2_token_losses(m, local, losses), ret, out);
+    if (cp > 1) /* rank r's chunks r and 2cp-1-r, half-major (chunks_of) */
+      DT_CHECK_GOTO(dt_comm_all_gather(t->plan.cp, losses, gathered, local), ret, out);
+    for (int b = 0; sums_here && b < B; b++) {
+      double acc = 0.0;
+      for (int p = first[b]; p < first[b] + count[b]; p++) {
+        size_t at = (size_t)b * T + (size_t)p;
+        if (cp > 1) {
+          const int k = p / h, j = k >= cp, owner = j ? 2 * cp - 1 - k : k;
+          at = (size_t)owner * local + ((size_t)j * B + (size_t)b) * (size_t)h + (size_t)(p % h);
+        }
+        acc += gathered[at];
+      }
+      if (count[b] > 0)
+        sums[row0 + b] = (float)acc;
+    }
+  }
+  if (ret == 0 && t->world)
+    ret = dt_comm_all_reduce(t->world, sums, (size_t)e->rows, DT_COMM_SUM);
+out:
+  free(in);
+  free(tg);
+  free(first);
+  free(count);
+  if (gathered != losses)
+    free(gathered);
+  free(losses);
+  return ret;
+}
+
+/* The multiple-choice evaluation: each example's pick is the completion with the lowest
+ * total loss (acc) and the lowest mean loss over its tokens (acc_norm), the first one on a
+ * tie (torch.argmin's choice). Rank 0 appends each example's losses to --eval-out. */
+static int evaluate_choices(trainer_t *t, int64_t step, dt_step_metrics_t *sm)
+{
+  const dt_evalset_t *e = &t->evalset;
+  float *sums = malloc((size_t)e->rows * sizeof *sums);
+  if (!sums)
+    return DT_ENOMEM;
+  int ret = eval_row_losses(t, sums);
+  sm->has_eval = ret == 0;
+  sm->eval_n = e->n;
+  sm->eval_correct = sm->eval_correct_norm = 0;
+  for (int i = 0; ret == 0 && i < e->n; i++) {
+    const dt_eval_example_t *x = &e->ex[i];
+    int pick = 0, pick_norm = 0;
+    double best = INFINITY, best_norm = INFINITY;
+    for (int j = 0; j < x->nrows; j++) {
+      const int tokens = e->stream[e->row[x->row0 + j]];
+      const double sum = sums[x->row0 + j], mean = sum / tokens;
+      if (sum < best)
+        best = sum, pick = j;
+      if (mean < best_norm)
+        best_norm = mean, pick_norm = j;
+    }
+    sm->eval_correct += pick == x->label;
+    sm->eval_correct_norm += pick_norm == x->label;
+    if (!t->eval_out)
+      continue;
+    fprintf(t->eval_out, "{\"step\": %lld, \"example\": %d, \"label\": %d, \"loss_sum\": [",
+            (long long)step, i, x->label);
+    for (int j = 0; j < x->nrows; j++)
+      fprintf(t->eval_out, "%s%.9g", j ? ", " : "", sums[x->row0 + j]);
+    fprintf(t->eval_out, "], \"tokens\": [");
+    for (int j = 0; j < x->nrows; j++)
+      fprintf(t->eval_out, "%s%d", j ? ", " : "", e->stream[e->row[x->row0 + j]]);
+    fprintf(t->eval_out, "]}\n");
+  }
+  if (ret == 0 && t->eval_out && fflush(t->eval_out) != 0) {
+    DT_ERROR(TRAIN, "--eval-out %s: %s", t->o->eval_out, strerror(errno));
+    ret = DT_EIO;
+  }
+  free(sums);
+  return ret;
+}
+
+static void log_eval(const trainer_t *t, int64_t step, const dt_step_metrics_t *sm)
+{
+  if (sm->has_eval && t->lead && !t->o->quiet)
+    DT_INFO(TRAIN, "step %5lld/%d | eval %s: acc_norm %.4f (%d/%d), acc %.4f (%d/%d)",
+            (long long)step, t->o->steps, t->o->eval_path,
+            (double)sm->eval_correct_norm / sm->eval_n, sm->eval_correct_norm, sm->eval_n,
+            (double)sm->eval_correct / sm->eval_n, sm->eval_correct, sm->eval_n);
+}
+
 static double peak_rss_mb(void)
 {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   return (double)ru.ru_maxrss / 1024.0;
+}
+
+/* The evaluations' fields of a metrics line. */
+static void write_evals(FILE *fp, const dt_step_metrics_t *s)
+{
+  if (s->has_val)
+    fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
+  if (s->has_eval)
+    fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %d",
+            (double)s->eval_correct_norm / s->eval_n, (double)s->eval_correct / s->eval_n,
+            s->eval_n);
 }
 
 static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
@@ -515,8 +662,7 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
           "\"tokens_per_s\": %.1f, \"comm_ms\": %.3f",
           (long long)s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_s, s->comm_ms);
-  if (s->has_val)
-    fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
+  write_evals(fp, s);
   if (pipelined) /* rank 0's stage: the first */
     fprintf(fp, ", \"bubble\": %.4f", s->bubble);
   if (s->device_bytes)
@@ -950,6 +1096,32 @@ static int open_device_comm(trainer_t *t, int world)
   return 0;
 }
 
+/* --eval: the set, checked against the model's vocabulary and the sequence length, and the
+ * window its rows are evaluated in: the longest row's positions (its tokens but the last),
+ * rounded up to split as a training sequence does (unit), at most --seq. */
+static int open_eval(trainer_t *t, int unit)
+{
+  const dt_train_opts_t *o = t->o;
+  DT_CHECK(dt_evalset_load(&t->evalset, o->eval_path, t->cfg.vocab));
+  const int need = t->evalset.max_tokens - 1;
+  if (need > o->seq) {
+    DT_ERROR(TRAIN,
+             "--eval %s: its longest example needs %d positions (context and completion, "
+             "%d tokens, but the last), more than --seq %d",
+             o->eval_path, need, t->evalset.max_tokens, o->seq);
+    return DT_ERANGE;
+  }
+  t->eval_T = DT_MIN((need + unit - 1) / unit * unit, o->seq);
+  if (t->lead && o->eval_out && !(t->eval_out = fopen(o->eval_out, "a"))) {
+    DT_ERROR(TRAIN, "--eval-out %s: %s", o->eval_out, strerror(errno));
+    return DT_EACCES;
+  }
+  if (t->lead)
+    DT_INFO(TRAIN, "eval %s: %d examples, %d completions, evaluated in windows of %d positions",
+            o->eval_path, t->evalset.n, t->evalset.rows, t->eval_T);
+  return 0;
+}
+
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
 static int setup(trainer_t *t, const dt_train_opts_t *o)
 {
@@ -1096,11 +1268,14 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     }
   }
   /* Each data-parallel rank reads its slice of every global window; tp peers read the same. */
-  DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
-                              o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
+  if (o->train_pattern)
+    DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
+                                o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
   if (o->val_pattern) /* windows of the global batch, as training's: see evaluate */
     DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                                 o->grad_accum, t->cfg.vocab, 0, 0));
+  if (o->eval_path)
+    DT_CHECK(open_eval(t, window_unit(t->cp, t->model.tp.tp, t->model.sp)));
   if (o->ckpt_dir)
     DT_CHECK(
         prepare_ckpt_dir(o->ckpt_dir, t->resume_from != NULL, dt_link_has_coordinator(o->link)));
@@ -1118,7 +1293,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
               "rounding differs, so losses match an uninterrupted run only to ~1e-6",
               omp_get_max_threads(), t->state.threads);
     t->state.threads = omp_get_max_threads();
-    DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
+    if (o->train_pattern)
+      DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
   }
   int slots[DT_GPT2_MAX_CHUNKS] = {1}, nslots = 1;
   if (t->pp > 1) {
@@ -1359,6 +1535,7 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
     DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
             (long long)sm->step, o->steps, sm->loss, valbuf, sm->lr, sm->grad_norm, sm->ms,
             sm->tokens_per_s);
+    log_eval(t, sm->step, sm);
   }
   if (t->metrics)
     write_metrics(t->metrics, sm, t->pp > 1);
@@ -1491,6 +1668,9 @@ static void teardown(trainer_t *t)
   dt_dp_destroy(t->dp);
   dt_dataloader_free(&t->train);
   dt_dataloader_free(&t->val);
+  dt_evalset_free(&t->evalset);
+  if (t->eval_out)
+    fclose(t->eval_out);
   dt_bpe_destroy(t->bpe);
   /* The communicators before the model: a pipeline receive a failed step left in flight
    * (dt_comm_p2p_post) writes into the model's buffers until its communicator is gone. */
@@ -1539,14 +1719,20 @@ int dt_train_run(const dt_train_opts_t *o)
   int ret = setup(&t, o);
   if (input_error(ret))
     dt_link_input_error(o->link);
-  if (ret == 0 && o->val_every > 0 && t.state.step == 0) {
+  if (ret == 0 && (o->val_every > 0 || o->eval_path) && t.state.step == 0) {
     /* The starting point, so that the fall of the validation loss is visible. */
-    float v0;
-    ret = evaluate(&t, &v0);
-    if (ret == 0 && !o->quiet && t.lead)
-      DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, v0);
+    dt_step_metrics_t s0 = {.has_val = o->val_every > 0};
+    if (s0.has_val)
+      ret = evaluate(&t, &s0.val_loss);
+    if (ret == 0 && s0.has_val && !o->quiet && t.lead)
+      DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, s0.val_loss);
+    if (ret == 0 && o->eval_path)
+      ret = evaluate_choices(&t, 0, &s0);
+    log_eval(&t, 0, &s0);
     if (ret == 0 && t.metrics) {
-      fprintf(t.metrics, "{\"step\": 0, \"val_loss\": %.9g}\n", v0);
+      fprintf(t.metrics, "{\"step\": 0");
+      write_evals(t.metrics, &s0);
+      fprintf(t.metrics, "}\n");
       fflush(t.metrics);
     }
   }
@@ -1561,6 +1747,8 @@ int dt_train_run(const dt_train_opts_t *o)
       sm.has_val = 1;
       DT_CHECK_GOTO(evaluate(&t, &sm.val_loss), ret, out);
     }
+    if (o->eval_path && ((o->eval_every > 0 && t.state.step % o->eval_every == 0) || last))
+      DT_CHECK_GOTO(evaluate_choices(&t, t.state.step, &sm), ret, out);
     report(&t, &sm);
     if (t.prof && t.state.step == o->profile_from + o->profile_steps - 1)
       profile_report(&t);

@@ -34,8 +34,11 @@ typedef struct {
   double bubble;  /* pipeline: the share of the step this stage waited for its neighbours */
   int has_val;
   float val_loss;
-  int skipped;           /* a step of --skip-steps: its batch consumed, no update, no loss */
-  uint64_t device_bytes; /* GPU memory in use after the step (dt_device_t.memory); 0 on a CPU */
+  int has_eval;             /* a multiple-choice evaluation ran after this step */
+  int eval_n, eval_correct; /* examples, and those whose right completion had the lowest */
+  int eval_correct_norm;    /* total loss (acc), mean loss (acc_norm) */
+  int skipped;              /* a step of --skip-steps: its batch consumed, no update, no loss */
+  uint64_t device_bytes;    /* GPU memory in use after the step (dt_device_t.memory); 0 on a CPU */
 } dt_step_metrics_t;
 
 typedef struct {
@@ -48,6 +51,11 @@ typedef struct {
   /* data */
   const char *train_pattern, *val_pattern;
   int shuffle, val_every, val_batches;
+  /* a multiple-choice eval (evalset.h), evaluated before training (from step 0), after the
+   * last step and every eval_every steps (0: only those two); eval_out: each evaluation's
+   * per-example losses as JSON lines (rank 0 appends them) */
+  const char *eval_path, *eval_out;
+  int eval_every;
   /* batch */
   int batch, seq, grad_accum, steps;
   int stop_at; /* > 0: stop (with a checkpoint) once this step is reached, e.g. before a
