@@ -139,6 +139,35 @@ else
   sed 's/^/    | /' "$T/metrics.jsonl"
 fi
 
+# The learning-rate schedules, step by step (the metrics' lr: the rate each step used) against
+# their formulas: warmup, then linear decay to lr * min_lr_frac over the steps after it, or
+# warmup-stable-decay with the decay over the last decay_frac of them (round(0.3 x 10) = 3).
+for sched in linear wsd; do
+  run "lr_$sched" "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 12 --warmup 2 --lr 1e-3 \
+    --min-lr-frac 0.1 --schedule "$sched" --decay-frac 0.3 --metrics "$T/lr_$sched.jsonl" --quiet
+  if [[ $RC -eq 0 ]] && $PY - "$T/lr_$sched.jsonl" "$sched" <<'EOF'; then
+import json, sys
+lrs = [json.loads(line)["lr"] for line in open(sys.argv[1])]
+peak, low, warm, total, decay = 1e-3, 1e-4, 2, 12, 3
+def want(s):
+    if s < warm:
+        return peak * (s + 1) / warm
+    if sys.argv[2] == "linear":
+        p = (s - warm) / (total - warm)
+    else:
+        p = max(0.0, (s - (total - decay)) / decay)
+    return low + (1 - p) * (peak - low)
+assert len(lrs) == total, lrs
+for s, lr in enumerate(lrs):
+    assert abs(lr - want(s)) <= 1e-7 * peak, (s, lr, want(s))
+EOF
+    ok "--schedule $sched: the lr of each of 12 steps"
+  else
+    bad "--schedule $sched: exit $RC, or an lr off its formula"
+    sed 's/^/    | /' "$T/lr_$sched.err" | tail -5
+  fi
+done
+
 # ------------------------------------------------------------------------------------------
 # Bad token shards
 # ------------------------------------------------------------------------------------------
@@ -265,7 +294,9 @@ expect_error flag_batch 2 "--batch" "expected an integer, got 'abc'"
 run flag_batch_trailing "$TRAIN" --train "$DATA" --batch 4x
 expect_error flag_batch_trailing 2 "--batch" "got '4x'"
 run flag_schedule "$TRAIN" --train "$DATA" --schedule foo
-expect_error flag_schedule 2 "--schedule" "expected constant or cosine, got 'foo'"
+expect_error flag_schedule 2 "--schedule" "expected constant, cosine, linear or wsd, got 'foo'"
+run flag_decay "$TRAIN" --train "$DATA" "${MODEL[@]}" --schedule wsd --decay-frac 0 --steps 1
+expect_error flag_decay 1 "--decay-frac" "must be in (0, 1]"
 run flag_lr "$TRAIN" --train "$DATA" --lr nan
 expect_error flag_lr 2 "--lr" "expected a number, got 'nan'"
 run flag_skip "$TRAIN" --train "$DATA" --skip-steps 3,0

@@ -673,7 +673,10 @@ static const struct {
     {{"training.eval_every=50"}, "training.eval_every (50) needs data.eval"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
-    {{"optimizer.schedule=linear"}, "optimizer.schedule must be cosine or constant, got 'linear'"},
+    {{"optimizer.schedule=step"},
+     "optimizer.schedule must be cosine, constant, linear or wsd, got 'step'"},
+    {{"optimizer.decay_frac=0"}, "optimizer.decay_frac (0) must be in (0, 1]"},
+    {{"optimizer.decay_frac=1.5"}, "optimizer.decay_frac (1.5) must be in (0, 1]"},
     {{"optimizer.min_lr_frac=1.5"}, "optimizer.min_lr_frac (1.5) must be in [0, 1]"},
     {{"optimizer.weight_decay=-1"}, "optimizer.weight_decay (-1) must be >= 0"},
     {{"optimizer.beta1=1"}, "optimizer.beta1 (1) must be in [0, 1)"},
@@ -767,6 +770,8 @@ START_TEST(test_validate_accepts)
       {"parallel.tp=4", "parallel.pp=2", "parallel.cp=2", "parallel.dp=2", "training.batch=16",
        "training.micro_batch=4"},
       {"parallel.zero_stage=3", "parallel.schedule=gpipe", "optimizer.schedule=constant"},
+      {"optimizer.schedule=linear"},
+      {"optimizer.schedule=wsd", "optimizer.decay_frac=1"},
       {"training.sample=10", "parallel.pp=2", "parallel.tp=2"}, /* generation through a pipeline */
       {"model.init=llmc:/weights/gpt2_124M.bin", "model.vocab=50257", "model.max_seq=1024"},
       {"model.init=/ckpt/run1", "data.val=val.bin", "training.val_every=10"},
@@ -1072,6 +1077,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
+  ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1089,6 +1095,8 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
   set_ok(s, "data.eval=hellaswag_val.bin");
   set_ok(s, "training.eval_every=250");
+  set_ok(s, "optimizer.schedule=wsd");
+  set_ok(s, "optimizer.decay_frac=0.1");
   set_ok(s, "training.profile=200");
   set_ok(s, "training.profile=3:2");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
@@ -1102,6 +1110,8 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
   ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
   ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");
+  ck_assert_str_eq(flag_value(argv, "--schedule"), "wsd");
+  ck_assert_str_eq(flag_value(argv, "--decay-frac"), "0.1");
   ck_assert(has_arg(argv, "--shuffle"));
   dt_argv_free(argv);
 

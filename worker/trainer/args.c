@@ -38,7 +38,9 @@ static void usage(FILE *out)
       "  --skip-steps S,S,...        take these steps without an update (their batches are\n"
       "                              consumed; set by the coordinator after a NaN/Inf rollback)\n"
       "optimizer (AdamW):\n"
-      "  --lr X --warmup N --schedule constant|cosine --min-lr-frac X\n"
+      "  --lr X --warmup N --schedule constant|cosine|linear|wsd --min-lr-frac X\n"
+      "  --decay-frac X              wsd: the share of the steps after warmup spent decaying\n"
+      "                              (default 0.2)\n"
       "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
       "checkpoints:\n"
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
@@ -105,6 +107,7 @@ enum {
   OPT_WARMUP,
   OPT_SCHEDULE,
   OPT_MINLR,
+  OPT_DECAY_FRAC,
   OPT_WD,
   OPT_BETA1,
   OPT_BETA2,
@@ -166,6 +169,7 @@ static const struct option g_opts[] = {
     {"warmup", required_argument, 0, OPT_WARMUP},
     {"schedule", required_argument, 0, OPT_SCHEDULE},
     {"min-lr-frac", required_argument, 0, OPT_MINLR},
+    {"decay-frac", required_argument, 0, OPT_DECAY_FRAC},
     {"weight-decay", required_argument, 0, OPT_WD},
     {"beta1", required_argument, 0, OPT_BETA1},
     {"beta2", required_argument, 0, OPT_BETA2},
@@ -391,15 +395,16 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       rc = parse_int(c, optarg, &o->sched.warmup);
       break;
     case OPT_SCHEDULE:
-      if (strcmp(optarg, "constant") == 0)
-        o->sched.schedule = DT_SCHEDULE_CONSTANT;
-      else if (strcmp(optarg, "cosine") == 0)
-        o->sched.schedule = DT_SCHEDULE_COSINE;
-      else {
-        fprintf(stderr, "distrain-train: --schedule: expected constant or cosine, got '%s'\n",
+      if (dt_lr_schedule_parse(optarg, &o->sched.schedule) != 0) {
+        fprintf(stderr,
+                "distrain-train: --schedule: expected constant, cosine, linear or wsd, got "
+                "'%s'\n",
                 optarg);
         rc = DT_EINVAL;
       }
+      break;
+    case OPT_DECAY_FRAC:
+      rc = parse_float(c, optarg, &o->sched.decay_frac);
       break;
     case OPT_MINLR:
       rc = parse_float(c, optarg, &o->sched.min_lr_frac);

@@ -48,13 +48,32 @@ double dt_lr_at(const dt_lr_schedule_t *sch, int s)
 {
   if (s < sch->warmup)
     return sch->lr * (double)(s + 1) / (double)sch->warmup;
-  if (sch->schedule == DT_SCHEDULE_CONSTANT || sch->total_steps <= sch->warmup)
+  const int D = sch->total_steps - sch->warmup;
+  if (sch->schedule == DT_SCHEDULE_CONSTANT || D <= 0)
     return sch->lr;
-  double ratio = (double)(s - sch->warmup) / (double)(sch->total_steps - sch->warmup);
-  if (ratio > 1.0)
-    ratio = 1.0;
-  double min_lr = sch->lr * sch->min_lr_frac;
-  return min_lr + 0.5 * (1.0 + cos(M_PI * ratio)) * (sch->lr - min_lr);
+  const double min_lr = sch->lr * sch->min_lr_frac;
+  double p = (double)(s - sch->warmup) / (double)D;
+  if (sch->schedule == DT_SCHEDULE_WSD) {
+    const int decay = DT_MAX((int)lround(sch->decay_frac * D), 1);
+    p = (double)(s - (sch->total_steps - decay)) / (double)decay;
+    if (p < 0.0)
+      return sch->lr; /* the stable phase */
+  }
+  p = DT_MIN(p, 1.0);
+  if (sch->schedule == DT_SCHEDULE_COSINE)
+    return min_lr + 0.5 * (1.0 + cos(M_PI * p)) * (sch->lr - min_lr);
+  return min_lr + (1.0 - p) * (sch->lr - min_lr); /* linear, and wsd's decay */
+}
+
+int dt_lr_schedule_parse(const char *name, dt_schedule_t *out)
+{
+  static const char *const names[] = {"constant", "cosine", "linear", "wsd"};
+  for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+    if (strcmp(name, names[i]) == 0) {
+      *out = (dt_schedule_t)i;
+      return 0;
+    }
+  return -1;
 }
 
 void dt_train_opts_default(dt_train_opts_t *o)
@@ -71,6 +90,7 @@ void dt_train_opts_default(dt_train_opts_t *o)
   o->steps = 100;
   o->sched = (dt_lr_schedule_t){.lr = 3e-4,
                                 .min_lr_frac = 0.0,
+                                .decay_frac = 0.2,
                                 .warmup = 0,
                                 .total_steps = 100,
                                 .schedule = DT_SCHEDULE_CONSTANT};
@@ -106,6 +126,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--warmup must be >= 0";
   else if (!(o->sched.min_lr_frac >= 0.0 && o->sched.min_lr_frac <= 1.0))
     msg = "--min-lr-frac must be in [0, 1]";
+  else if (!(o->sched.decay_frac > 0.0 && o->sched.decay_frac <= 1.0))
+    msg = "--decay-frac must be in (0, 1]";
   else if (!(o->beta1 >= 0.0f && o->beta1 < 1.0f) || !(o->beta2 >= 0.0f && o->beta2 < 1.0f))
     msg = "--beta1/--beta2 must be in [0, 1)";
   else if (!(o->eps > 0.0f))

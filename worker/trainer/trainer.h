@@ -12,18 +12,32 @@
 #include "mesh.h"
 #include "schedule.h"
 
-typedef enum { DT_SCHEDULE_CONSTANT = 0, DT_SCHEDULE_COSINE = 1 } dt_schedule_t;
+typedef enum {
+  DT_SCHEDULE_CONSTANT = 0,
+  DT_SCHEDULE_COSINE = 1,
+  DT_SCHEDULE_LINEAR = 2,
+  DT_SCHEDULE_WSD = 3,
+} dt_schedule_t;
 
 typedef struct {
-  double lr, min_lr_frac; /* min_lr = lr * min_lr_frac (cosine floor) */
+  double lr, min_lr_frac; /* min_lr = lr * min_lr_frac (the floor of the decays) */
+  double decay_frac;      /* wsd: the share of the steps after warmup spent decaying */
   int warmup;             /* linear warmup steps */
   int total_steps;
   dt_schedule_t schedule;
 } dt_lr_schedule_t;
 
-/* Learning rate of 0-based step s: linear warmup lr*(s+1)/warmup, then constant or cosine from
- * lr down to min_lr at total_steps. */
+/* Learning rate of 0-based step s: linear warmup lr*(s+1)/warmup, then over the D steps from
+ * warmup to total_steps (progress p = (s - warmup) / D):
+ *   constant  lr
+ *   cosine    min_lr + (lr - min_lr) (1 + cos(pi p)) / 2   (nanoGPT, llm.c, Megatron's cosine)
+ *   linear    min_lr + (lr - min_lr) (1 - p)               (Megatron's linear)
+ *   wsd       warmup-stable-decay: lr until the last round(decay_frac D) steps (at least 1),
+ *             then linearly down to min_lr over them, as linear does over D
+ * p is capped at 1: steps past total_steps stay at min_lr. */
 double dt_lr_at(const dt_lr_schedule_t *sch, int s);
+/* The schedule named "constant", "cosine", "linear" or "wsd"; -1 for another name. */
+int dt_lr_schedule_parse(const char *name, dt_schedule_t *out);
 
 /* Per-step figures, as written to --metrics (step is 1-based: steps completed). */
 typedef struct {
