@@ -101,6 +101,28 @@ else
   bad "train shard tokens differ from the text"
 fi
 ls "$T/data" | grep -q tmp && bad "prep left a temporary file behind"
+# With at most 500 tokens in memory (the rest spilled to a file, shards of 1024 tokens read
+# back from it): the same tokens, and no file left behind.
+DISTRAIN_PREP_BUFFER_TOKENS=500 run prep_spill "$PREP" --input "$T/text.txt" --out "$T/spill" \
+  --shard-tokens 1024
+if [[ $RC -eq 0 ]] && $PY - "$T/spill" "$T/text.txt" <<'EOF'; then
+import glob, os, struct, sys
+out, text = sys.argv[1], open(sys.argv[2], "rb").read()
+got = b""
+for f in sorted(glob.glob(os.path.join(out, "train_*.bin"))) + [os.path.join(out, "val.bin")]:
+    raw = open(f, "rb").read()
+    n = struct.unpack("<3i", raw[:12])[2]
+    assert len(raw) == 1024 + 2 * n, f
+    got += bytes(struct.unpack("<%dH" % n, raw[1024:]))
+assert got == text, "the shards are not the text"
+ntrain = len(text) - int(len(text) * 0.1)
+assert len(os.listdir(out)) == -(-ntrain // 1024) + 1, sorted(os.listdir(out))
+EOF
+  ok "prep with 500 tokens in memory: the same tokens in 1024-token shards, nothing else"
+else
+  bad "prep with a spill file: exit $RC, or other tokens"
+  tail -3 "$T/prep_spill.err"
+fi
 
 run prep_bad_frac "$PREP" --input "$T/text.txt" --out "$T/data2" --val-fraction 1.5
 expect_error prep_bad_frac 2 "--val-fraction" "expected"

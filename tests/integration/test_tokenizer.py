@@ -257,7 +257,12 @@ class Tokenizer(unittest.TestCase):
             want += [self.eot] + self.ref.encode(doc)
         # Long documents are cut into parts that threads encode (dt_bpe_next_cut): parts of 64
         # bytes cut nearly every line, and the tokens must not change.
-        for name, env in (("docs", {}), ("parts", {"DISTRAIN_PREP_PART_BYTES": "64"})):
+        # And with at most 1000 tokens in memory, the rest spilled to a file, and batches of
+        # 1000 bytes, which encode a long document's parts a few at a time: the same shards.
+        for name, env in (("docs", {}), ("parts", {"DISTRAIN_PREP_PART_BYTES": "64"}),
+                          ("spilled", {"DISTRAIN_PREP_BUFFER_TOKENS": "1000",
+                                       "DISTRAIN_PREP_BATCH_BYTES": "1000",
+                                       "DISTRAIN_PREP_PART_BYTES": "64"})):
             out = os.path.join(d, name)
             p = self.prep_bpe(out, "--input", prose, "--input", code, "--input", jsonl,
                               "--doc-sep", "\\n\\n", "--shard-tokens", "50000", "--threads", "2",
@@ -345,6 +350,13 @@ class Tokenizer(unittest.TestCase):
         write(jsonl, '{"text": "ok"}\n{"body": "x"}\n')
         p = self.prep_bpe(out, "--input", jsonl, expect=1)
         self.assertIn(b'bad.jsonl:2: expected a string field "text" (--jsonl-key)', p.stderr)
+        self.assertFalse(os.path.exists(out), "a failed prep wrote %s" % out)
+        # a bad input after tokens went to the spill file: no file, no directory left
+        prose = os.path.join(d, "prose-bad.txt")
+        write(prose, self.prose)
+        p = self.prep_bpe(out, "--input", prose, "--input", bad, expect=1,
+                          env={"DISTRAIN_PREP_BUFFER_TOKENS": "100"})
+        self.assertIn(b"latin1.txt: byte offset 2 is not UTF-8", p.stderr)
         self.assertFalse(os.path.exists(out), "a failed prep wrote %s" % out)
         noeot = os.path.join(d, "noeot.json")
         enc = dict(self.ref.encoder)

@@ -302,7 +302,7 @@ void dt_dataloader_free(dt_dataloader_t *dl)
   dl->loaded = -1;
 }
 
-int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok)
+int dt_shard_begin(dt_afile_t *af, const char *path, int64_t ntok)
 {
   if (ntok < 0 || ntok > INT32_MAX) {
     DT_ERROR(DATA, "%s: %lld tokens do not fit one shard (max %d)", path, (long long)ntok,
@@ -310,15 +310,23 @@ int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok)
     return DT_ERANGE;
   }
   int32_t hdr[DT_SHARD_HEADER] = {DT_SHARD_MAGIC, DT_SHARD_VERSION, (int32_t)ntok};
+  DT_CHECK(dt_afile_open(af, path));
+  const int rc = dt_afile_write(af, hdr, sizeof hdr);
+  if (rc != 0)
+    dt_afile_abort(af);
+  return rc;
+}
+
+int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok)
+{
   dt_afile_t af;
-  int ret = 0;
-  DT_CHECK(dt_afile_open(&af, path));
-  DT_CHECK_GOTO(dt_afile_write(&af, hdr, sizeof hdr), ret, fail);
-  DT_CHECK_GOTO(dt_afile_write(&af, tokens, (size_t)ntok * sizeof(uint16_t)), ret, fail);
+  DT_CHECK(dt_shard_begin(&af, path, ntok));
+  const int rc = dt_afile_write(&af, tokens, (size_t)ntok * sizeof(uint16_t));
+  if (rc != 0) {
+    dt_afile_abort(&af);
+    return rc;
+  }
   return dt_afile_commit(&af);
-fail:
-  dt_afile_abort(&af);
-  return ret;
 }
 
 int dt_shard_read(const char *path, uint16_t **tokens, int64_t *ntok)

@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dt_util.h"
+
 #define DT_SHARD_MAGIC   20240520
 #define DT_SHARD_VERSION 1
 #define DT_SHARD_HEADER  256 /* int32 words */
@@ -74,6 +76,10 @@ void dt_dataloader_free(dt_dataloader_t *dl);
 
 /* Writes tokens as an llm.c shard (temporary name, fsync, rename). */
 int dt_shard_write(const char *path, const uint16_t *tokens, int64_t ntok);
+/* The same in pieces: a shard of ntok tokens begun at path (its header written, under a
+ * temporary name); the caller writes the tokens with dt_afile_write, then dt_afile_commit, or
+ * dt_afile_abort. */
+int dt_shard_begin(dt_afile_t *af, const char *path, int64_t ntok);
 /* Reads a whole shard, checked as the loader checks it; *tokens is the caller's to free. */
 int dt_shard_read(const char *path, uint16_t **tokens, int64_t *ntok);
 

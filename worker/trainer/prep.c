@@ -4,8 +4,8 @@
  *                 [--vocab-file vocab.json --merge-file merges.txt [--doc-sep S] [--jsonl-key K]]
  *                 [--threads N]
  *   distrain-prep --decode SHARD [--vocab-file vocab.json]
- *   distrain-prep --hellaswag FILE.jsonl --out DIR [--vocab-file vocab.json --merge-file
- * merges.txt]
+ *   distrain-prep --hellaswag FILE.jsonl --out DIR [--vocab-file vocab.json
+ *                 --merge-file merges.txt]
  *
  * Without a tokenizer the shards are byte-level (token = byte, vocab 256; the inputs one after
  * another), so a demo or test needs no tokenizer files. With GPT-2's BPE files (tokenizer.h)
@@ -15,18 +15,24 @@
  * object; documents, and the parts a long one is cut into, are encoded on --threads threads.
  * Either way the last val-fraction of the tokens is DIR/val.bin and the rest
  * DIR/train_000000.bin ..., split every shard-tokens. Files are written atomically; nothing is
- * written when an input is bad. --decode writes a shard's text (its tokens' bytes) to stdout.
+ * written when an input is bad. Memory does not grow with the corpus: inputs are mapped and
+ * dropped as they are encoded, and the tokens past PrepBufferTokens wait in a spill file. --decode
+ * writes a shard's text (its tokens' bytes) to stdout.
  * --hellaswag turns HellaSwag's jsonl into DIR/NAME.bin, an eval file for distrain-train --eval
  * (evalset.h), as llm.c's hellaswag.py writes it. */
 #define _GNU_SOURCE /* memmem */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <json-c/json.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dataloader.h"
 #include "dt_log.h"
@@ -64,65 +70,116 @@ typedef struct {
   int eot;
   const char *doc_sep; /* escapes decoded; NULL: a file is one document */
   const char *jsonl_key;
-  size_t part_bytes; /* a longer document is cut into parts of about this size */
-  part_t *parts;     /* waiting to be encoded */
+  size_t part_bytes;  /* a longer document is cut into parts of about this size */
+  size_t batch_bytes; /* text encoded at once */
+  part_t *parts;      /* waiting to be encoded */
   size_t nparts, pcap, pending;
-  uint16_t *tok; /* every token so far */
+  /* The tokens so far: the first `spilled` in the spill file, the rest in tok. tok grows up
+   * to PrepBufferTokens, then goes to the spill: an unlinked file in the output directory, so
+   * that a corpus larger than memory can be prepared, and no file is left if prep fails. */
+  uint16_t *tok;
   size_t n, cap;
+  int spill; /* its descriptor, or -1 */
+  size_t spilled;
+  const char *out;
+  int made_out; /* prep created the output directory (to take it away again on failure) */
+  /* the input being read, mapped: its pages below `released` are encoded and dropped */
+  const uint8_t *map;
+  size_t map_len, released;
   size_t docs, bytes;
 } prep_t;
 
-#define BATCH_BYTES (64u << 20) /* text encoded at once, in parallel */
 /* A document longer than this is cut into parts of about this size (tests make it small). */
 DT_PARAM(PrepPartBytes, "PREP_PART_BYTES", 1 << 20)
+/* Text encoded at once, in parallel (tests make it small). */
+DT_PARAM(PrepBatchBytes, "PREP_BATCH_BYTES", 64 << 20)
+/* Tokens held in memory; more go to the spill file (tests make it small). */
+DT_PARAM(PrepBufferTokens, "PREP_BUFFER_TOKENS", 64 << 20)
 
-static int read_file(const char *path, uint8_t **buf, size_t *n)
+/* An input's text, mapped (the page cache holds it, not the heap; an empty file is NULL). */
+static int map_file(const char *path, const uint8_t **text, size_t *n)
 {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
     fprintf(stderr, "distrain-prep: %s: %s\n", path, strerror(errno));
+    if (fd >= 0)
+      close(fd);
     return DT_ENOENT;
   }
-  size_t cap = 1 << 20, len = 0;
-  uint8_t *b = malloc(cap);
-  size_t got;
-  while (b && (got = fread(b + len, 1, cap - len, fp)) > 0) {
-    len += got;
-    if (len == cap) {
-      uint8_t *grown = realloc(b, cap *= 2);
-      if (!grown) {
-        free(b);
-        b = NULL;
-      }
-      b = grown;
-    }
-  }
-  int err = ferror(fp);
-  fclose(fp);
-  if (!b || err) {
-    free(b);
-    fprintf(stderr, "distrain-prep: %s: read failed\n", path);
+  void *m = st.st_size > 0 ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (m == MAP_FAILED) {
+    fprintf(stderr, "distrain-prep: %s: cannot map it: %s\n", path, strerror(errno));
     return DT_EIO;
   }
-  *buf = b;
-  *n = len;
+  if (m)
+    madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
+  *text = m;
+  *n = (size_t)st.st_size;
   return 0;
 }
 
-static int reserve(prep_t *p, size_t more)
+/* Writes all of buf (bytes) to fd. */
+static int write_all(int fd, const void *buf, size_t bytes)
 {
-  if (p->n + more <= p->cap)
-    return 0;
-  size_t cap = p->cap ? p->cap : 1 << 20;
-  while (cap < p->n + more)
-    cap *= 2;
-  uint16_t *t = realloc(p->tok, cap * sizeof *t);
-  if (!t) {
-    fprintf(stderr, "distrain-prep: out of memory at %zu tokens\n", p->n);
-    return DT_ENOMEM;
+  for (const char *b = buf; bytes > 0;) {
+    const ssize_t w = write(fd, b, bytes);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return DT_EIO;
+    b += w;
+    bytes -= (size_t)w;
   }
-  p->tok = t;
-  p->cap = cap;
+  return 0;
+}
+
+/* Room for one more token: tok grows up to PrepBufferTokens, then its tokens go to the spill. */
+static int make_room(prep_t *p)
+{
+  const size_t limit = (size_t)DT_MAX(dt_param_PrepBufferTokens(), 1);
+  if (p->cap < limit) {
+    const size_t cap = DT_MIN(p->cap ? 2 * p->cap : (size_t)1 << 20, limit);
+    uint16_t *t = realloc(p->tok, cap * sizeof *t);
+    if (!t) {
+      fprintf(stderr, "distrain-prep: out of memory at %zu tokens\n", p->spilled + p->n);
+      return DT_ENOMEM;
+    }
+    p->tok = t;
+    p->cap = cap;
+    return 0;
+  }
+  if (p->spill < 0) {
+    char path[4200];
+    int rc = 0;
+    if (access(p->out, F_OK) != 0 && (rc = dt_mkdir_p(p->out)) == 0)
+      p->made_out = 1;
+    snprintf(path, sizeof path, "%s%s.distrain-prep.%d.tokens", p->out,
+             p->out[strlen(p->out) - 1] == '/' ? "" : "/", (int)getpid());
+    if (rc == 0 && (p->spill = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) >= 0)
+      unlink(path); /* the file lives while it is open */
+    if (p->spill < 0) {
+      fprintf(stderr, "distrain-prep: %s: cannot hold the tokens there: %s\n", p->out,
+              rc ? dt_strerror(rc) : strerror(errno));
+      return DT_EIO;
+    }
+  }
+  if (write_all(p->spill, p->tok, p->n * sizeof *p->tok) != 0) {
+    fprintf(stderr, "distrain-prep: %s: writing the tokens there failed: %s\n", p->out,
+            strerror(errno));
+    return DT_EIO;
+  }
+  p->spilled += p->n;
+  p->n = 0;
+  return 0;
+}
+
+static inline int put(prep_t *p, uint16_t tok)
+{
+  if (p->n == p->cap)
+    DT_CHECK(make_room(p));
+  p->tok[p->n++] = tok;
   return 0;
 }
 
@@ -132,6 +189,20 @@ static void part_where(const part_t *q, char *buf, size_t n)
     snprintf(buf, n, "%s:%zu", q->path, q->line);
   else
     snprintf(buf, n, "%s", q->path);
+}
+
+/* Drops the mapped input's pages below upto (read and encoded) from memory: a file larger
+ * than memory streams through. A private read-only mapping reads them back if touched. */
+static void release_map(prep_t *p, const void *upto)
+{
+  const uint8_t *u = upto;
+  if (!p->map || u < p->map || u > p->map + p->map_len)
+    return;
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE), end = (size_t)(u - p->map) / page * page;
+  if (end > p->released) {
+    madvise((void *)(p->map + p->released), end - p->released, MADV_DONTNEED);
+    p->released = end;
+  }
 }
 
 /* Encodes the waiting parts, each on a thread of its own, and appends their tokens in order. */
@@ -160,52 +231,57 @@ static int flush(prep_t *p)
       fprintf(stderr, "distrain-prep: %s: tokenizing failed: %s\n", where, dt_strerror(q->rc));
       rc = q->rc;
     }
-    if (rc == 0)
-      rc = reserve(p, q->n + 1);
-    if (rc == 0) {
-      if (q->doc)
-        p->tok[p->n++] = (uint16_t)p->eot;
-      for (size_t k = 0; k < q->n; k++)
-        p->tok[p->n++] = (uint16_t)q->ids[k];
-    }
+    if (rc == 0 && q->doc)
+      rc = put(p, (uint16_t)p->eot);
+    for (size_t k = 0; k < q->n && rc == 0; k++)
+      rc = put(p, (uint16_t)q->ids[k]);
     free(q->ids);
     free(q->own);
   }
+  if (rc == 0 && p->nparts > 0)
+    release_map(p, p->parts[p->nparts - 1].text + p->parts[p->nparts - 1].len);
   p->nparts = p->pending = 0;
   return rc;
 }
 
-/* One document: <|endoftext|> and its tokens, in parts of about part_bytes. own (or NULL) is
- * the text's buffer, which the document then owns. */
+/* One document: <|endoftext|> and its tokens, in parts of about part_bytes, encoded a batch
+ * (PrepBatchBytes of text) at a time: a long document's parts too, so that neither its text nor
+ * its tokens are held whole. own (or NULL) is the text's buffer, which the document's last
+ * part then owns (freed once every part is encoded). */
 static int add_document(prep_t *p, const char *text, size_t len, char *own, const char *path,
                         size_t line, size_t base)
 {
-  for (size_t off = 0, end;; off = end) {
+  int rc = 0;
+  for (size_t off = 0, end; rc == 0; off = end) {
     end = len - off > p->part_bytes ? dt_bpe_next_cut(text, len, off + p->part_bytes) : len;
     if (p->nparts == p->pcap) {
       size_t cap = p->pcap ? 2 * p->pcap : 256;
       part_t *grown = realloc(p->parts, cap * sizeof *grown);
       if (!grown) {
-        free(off == 0 ? own : NULL);
-        return DT_ENOMEM;
+        rc = DT_ENOMEM;
+        break;
       }
       p->parts = grown;
       p->pcap = cap;
     }
     p->parts[p->nparts++] = (part_t){.text = text + off,
-                                     .own = off == 0 ? own : NULL,
+                                     .own = end == len ? own : NULL,
                                      .len = end - off,
                                      .doc = off == 0,
                                      .path = path,
                                      .line = line,
                                      .base = base + off};
-    if (end == len)
-      break;
+    p->pending += end - off;
+    if (end == len) {
+      p->docs++;
+      p->bytes += len;
+      return p->pending >= p->batch_bytes ? flush(p) : 0;
+    }
+    if (p->pending >= p->batch_bytes)
+      rc = flush(p);
   }
-  p->docs++;
-  p->bytes += len;
-  p->pending += len;
-  return p->pending >= BATCH_BYTES ? flush(p) : 0;
+  free(own); /* no part owns it yet */
+  return rc;
 }
 
 /* Calls fn with each line's JSON object of a .jsonl file (blank lines skipped), its line number
@@ -278,14 +354,19 @@ static int add_input(prep_t *p, const char *path)
   const size_t plen = strlen(path);
   if (p->bpe && plen > 6 && strcmp(path + plen - 6, ".jsonl") == 0)
     return for_each_jsonl(path, jsonl_document, p);
-  uint8_t *text;
+  const uint8_t *text;
   size_t n;
-  DT_CHECK(read_file(path, &text, &n));
+  DT_CHECK(map_file(path, &text, &n));
+  p->map = text;
+  p->map_len = n;
+  p->released = 0;
   int rc = 0;
   if (!p->bpe) { /* byte-level */
-    rc = reserve(p, n);
-    for (size_t i = 0; i < n && rc == 0; i++)
-      p->tok[p->n++] = text[i];
+    for (size_t i = 0; i < n && rc == 0; i++) {
+      rc = put(p, text[i]);
+      if ((i + 1) % p->batch_bytes == 0)
+        release_map(p, text + i + 1);
+    }
     p->bytes += n;
   } else {
     const size_t seplen = p->doc_sep ? strlen(p->doc_sep) : 0;
@@ -299,7 +380,9 @@ static int add_input(prep_t *p, const char *path)
     if (rc == 0)
       rc = flush(p); /* its parts point into text */
   }
-  free(text);
+  if (text)
+    munmap((void *)text, n);
+  p->map = NULL;
   return rc;
 }
 
@@ -333,37 +416,66 @@ static int unescape(char *s)
   return w == s ? -1 : 0;
 }
 
-static int write_shard(const char *path, const uint16_t *tok, size_t n)
+/* Tokens [a, b) of all of them (the spill's, then tok's) as the shard path. */
+static int write_shard(const prep_t *p, const char *path, size_t a, size_t b, uint16_t *chunk,
+                       size_t chunk_tokens)
 {
-  int rc = dt_shard_write(path, tok, (int64_t)n);
+  const size_t ntok = b - a;
+  dt_afile_t af;
+  DT_CHECK(dt_shard_begin(&af, path, (int64_t)ntok));
+  int rc = 0;
+  while (rc == 0 && a < p->spilled && a < b) {
+    const size_t k = DT_MIN(DT_MIN(b, p->spilled) - a, chunk_tokens);
+    if (pread(p->spill, chunk, k * sizeof *chunk, (off_t)(a * sizeof *chunk)) !=
+        (ssize_t)(k * sizeof *chunk)) {
+      fprintf(stderr, "distrain-prep: reading the tokens back failed: %s\n", strerror(errno));
+      rc = DT_EIO;
+    } else {
+      rc = dt_afile_write(&af, chunk, k * sizeof *chunk);
+      a += k;
+    }
+  }
+  if (rc == 0 && a < b)
+    rc = dt_afile_write(&af, p->tok + (a - p->spilled), (b - a) * sizeof *p->tok);
+  if (rc != 0) {
+    dt_afile_abort(&af);
+    return rc;
+  }
+  rc = dt_afile_commit(&af);
   if (rc == 0)
-    printf("wrote %s (%zu tokens)\n", path, n);
+    printf("wrote %s (%zu tokens)\n", path, ntok);
   return rc;
 }
 
-static int write_shards(const prep_t *p, const char *out, double val_frac, int64_t shard_tokens)
+static int write_shards(const prep_t *p, double val_frac, int64_t shard_tokens)
 {
-  const size_t n = p->n, nval = (size_t)((double)n * val_frac);
+  const size_t n = p->spilled + p->n, nval = (size_t)((double)n * val_frac);
   if (nval < 2 || n - nval < 2) {
     fprintf(stderr, "distrain-prep: %zu tokens is too little text to split\n", n);
     return DT_EINVAL;
   }
+  const char *out = p->out;
   int rc = dt_mkdir_p(out);
   if (rc != 0) {
     fprintf(stderr, "distrain-prep: %s: cannot create directory: %s\n", out, dt_strerror(rc));
     return rc;
   }
+  const size_t chunk_tokens = 8u << 20;
+  uint16_t *chunk = p->spilled ? malloc(chunk_tokens * sizeof *chunk) : NULL;
+  if (p->spilled && !chunk)
+    return DT_ENOMEM;
   char path[4200];
   const char *sep = out[strlen(out) - 1] == '/' ? "" : "/"; /* "data/" names data/val.bin */
   const size_t ntrain = n - nval;
   for (size_t off = 0, i = 0; off < ntrain && rc == 0; off += (size_t)shard_tokens, i++) {
     snprintf(path, sizeof path, "%s%strain_%06zu.bin", out, sep, i);
-    rc = write_shard(path, p->tok + off, DT_MIN((size_t)shard_tokens, ntrain - off));
+    rc = write_shard(p, path, off, DT_MIN(off + (size_t)shard_tokens, ntrain), chunk, chunk_tokens);
   }
   if (rc == 0) {
     snprintf(path, sizeof path, "%s%sval.bin", out, sep);
-    rc = write_shard(path, p->tok + ntrain, nval);
+    rc = write_shard(p, path, ntrain, n, chunk, chunk_tokens);
   }
+  free(chunk);
   return rc;
 }
 
@@ -541,7 +653,7 @@ int main(int argc, char **argv)
   int threads = omp_get_max_threads();
   double val_frac = 0.1;
   int64_t shard_tokens = 100000000;
-  prep_t p = {.jsonl_key = "text"};
+  prep_t p = {.jsonl_key = "text", .spill = -1};
   static const struct option opts[] = {{"input", required_argument, 0, 'i'},
                                        {"out", required_argument, 0, 'o'},
                                        {"val-fraction", required_argument, 0, 'v'},
@@ -657,6 +769,8 @@ int main(int argc, char **argv)
     goto out;
   }
   p.doc_sep = doc_sep;
+  p.out = out;
+  p.batch_bytes = (size_t)DT_MAX(dt_param_PrepBatchBytes(), 1);
   ret = 1;
   if (vocab) {
     if (!(p.bpe = open_tokenizer(vocab, merges)))
@@ -692,13 +806,14 @@ int main(int argc, char **argv)
   clock_gettime(CLOCK_MONOTONIC, &t1);
   if (p.bpe) {
     const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    const size_t ntok = p.spilled + p.n;
     printf("tokenized %zu document%s, %.1f MB, into %zu tokens (%.2f bytes a token) in %.3f s "
            "(%.1f MB/s, %d threads)\n",
-           p.docs, p.docs == 1 ? "" : "s", (double)p.bytes / 1e6, p.n,
-           p.n ? (double)p.bytes / (double)p.n : 0.0, s, s > 0 ? (double)p.bytes / 1e6 / s : 0.0,
+           p.docs, p.docs == 1 ? "" : "s", (double)p.bytes / 1e6, ntok,
+           ntok ? (double)p.bytes / (double)ntok : 0.0, s, s > 0 ? (double)p.bytes / 1e6 / s : 0.0,
            p.threads);
   }
-  if (write_shards(&p, out, val_frac, shard_tokens) == 0)
+  if (write_shards(&p, val_frac, shard_tokens) == 0)
     ret = 0;
 out:
   for (size_t i = 0; i < p.nparts; i++) { /* left by an error */
@@ -711,6 +826,10 @@ out:
   free(p.enc);
   dt_bpe_destroy(p.bpe);
   free(p.tok);
+  if (p.spill >= 0)
+    close(p.spill);
+  if (ret != 0 && p.made_out)
+    rmdir(out); /* the spill's directory: nothing is left of a failed prep */
   free(inputs);
   return ret;
 }
