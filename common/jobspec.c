@@ -978,8 +978,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
        strcmp(optimizer->schedule, "linear") != 0 && strcmp(optimizer->schedule, "wsd") != 0))
     bad(&v, "optimizer.schedule must be cosine, constant, linear or wsd, got '%s'",
         optimizer->schedule ? optimizer->schedule : "");
-  if (!(optimizer->decay_frac > 0.0 && optimizer->decay_frac <= 1.0))
-    bad(&v, "optimizer.decay_frac (%g) must be in (0, 1]", optimizer->decay_frac);
+  if (!(optimizer->decay_frac >= 0.0 && optimizer->decay_frac <= 1.0))
+    bad(&v, "optimizer.decay_frac (%g) must be in (0, 1] (0: the default, 0.2)",
+        optimizer->decay_frac);
   if (!(optimizer->min_lr_frac >= 0.0 && optimizer->min_lr_frac <= 1.0))
     bad(&v, "optimizer.min_lr_frac (%g) must be in [0, 1]", optimizer->min_lr_frac);
   /* AdamW's own settings are single precision in the trainer: the rules hold for the values
@@ -1460,8 +1461,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   av_int(&a, "--warmup", o->warmup);
   av_str(&a, "--schedule", o->schedule ? o->schedule : "");
   av_double(&a, "--min-lr-frac", o->min_lr_frac);
-  if (o->schedule && strcmp(o->schedule, "wsd") == 0)
-    av_double(&a, "--decay-frac", o->decay_frac);
+  if (o->schedule && strcmp(o->schedule, "wsd") == 0) /* 0: unset in a message (proto3) */
+    av_double(&a, "--decay-frac", o->decay_frac > 0.0 ? o->decay_frac : 0.2);
   av_double(&a, "--weight-decay", o->weight_decay);
   av_double(&a, "--beta1", o->beta1);
   av_double(&a, "--beta2", o->beta2);

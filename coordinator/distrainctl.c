@@ -4,13 +4,14 @@
  *   distrainctl submit JOB.yaml            distrainctl status [JOB] [--watch] [--plot PNG]
  *   distrainctl stop JOB                   distrainctl resume JOB
  *   distrainctl nodes
- *   distrainctl drain NODE [--reason TEXT] [--wait]   distrainctl undrain NODE
+ *   distrainctl drain NODE [--reason TEXT] [--wait [--timeout S]]   distrainctl undrain NODE
  *   distrainctl logs JOB [--rank R] [--follow] [--work-dir DIR]
  *   distrainctl plan --model PRESET --seq S --global-batch B --gpus N ... (see plan --help)
  * Common: --coordinator HOST:PORT (default $DISTRAIN_COORDINATOR or 127.0.0.1:7470),
  * --token-file FILE ($DISTRAIN_TOKEN_FILE or /etc/distrain/token), --json, --set S.K=V,
  * --metrics FILE, --tls-cert/--tls-key/--tls-ca PEM (rpc.h, "TLS"). Exit codes: 0 success (run: the
- * job completed), 1 the job failed or an operation failed, 2 usage errors. */
+ * job completed), 1 the job failed or an operation failed, 2 usage errors, 3 drain --wait
+ * --timeout ran out with trainers still on the node. */
 #include <getopt.h>
 #include <glob.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@ typedef struct {
   dt_ctl_opts_t o;
   dt_ctl_local_t local;
   int is_local, watch, rank, follow, now, wait;
+  double timeout_s; /* drain --wait --timeout; < 0: none */
   const char *work_dir, *plot, *reason;
   char *sets[MAX_SETS];
   int nsets;
@@ -51,9 +53,10 @@ static void usage(FILE *out)
           "                     exit (--now: kill them at once)\n"
           "  resume JOB         run a stopped or failed job again from its last checkpoint\n"
           "  nodes              registered nodes\n"
-          "  drain NODE [--reason TEXT] [--wait]   no new work goes to NODE (a node id or a\n"
-          "                     hostname); a job running there saves its step and restarts on\n"
-          "                     the other nodes, uncounted (--wait: until no trainer runs there)\n"
+          "  drain NODE [--reason TEXT] [--wait [--timeout S]]   no new work goes to NODE (a\n"
+          "                     node id or a hostname); a job running there saves its step and\n"
+          "                     restarts on the other nodes, uncounted (--wait: until no trainer\n"
+          "                     runs there; --timeout: exit 3 if one still does after S seconds)\n"
           "  undrain NODE       NODE takes work again\n"
           "  logs JOB [--rank R] [--follow]   a trainer's log (rank 0 by default) from its node,\n"
           "                     through the coordinator; --work-dir DIR reads local files instead\n"
@@ -84,6 +87,7 @@ static int parse(int argc, char **argv, args_t *a)
                                        {"now", no_argument, 0, 'N'},
                                        {"reason", required_argument, 0, 'e'},
                                        {"wait", no_argument, 0, 'T'},
+                                       {"timeout", required_argument, 0, 'O'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int ch;
@@ -132,6 +136,12 @@ static int parse(int argc, char **argv, args_t *a)
       break;
     case 'T':
       a->wait = 1;
+      break;
+    case 'O':
+      if (dt_parse_f64(optarg, &a->timeout_s) != 0 || !(a->timeout_s >= 0.0)) {
+        fprintf(stderr, "distrainctl: --timeout: expected seconds >= 0, got '%s'\n", optarg);
+        return DT_EINVAL;
+      }
       break;
     case 'r':
       a->local.run_dir = optarg;
@@ -386,6 +396,10 @@ static int cmd_drain(args_t *a)
     fprintf(stderr, "distrainctl undrain: --reason and --wait are for drain\n");
     return 2;
   }
+  if (a->timeout_s >= 0.0 && !a->wait) {
+    fprintf(stderr, "distrainctl %s: --timeout is for drain --wait\n", a->pos[0]);
+    return 2;
+  }
   dt_rpc_client_t *c;
   ProtobufCMessage *resp;
   if (!with_client(a, &c))
@@ -394,17 +408,23 @@ static int cmd_drain(args_t *a)
   req.node = a->pos[1];
   req.undo = undo;
   req.reason = (char *)(a->reason ? a->reason : "");
-  int rc = call(c, "DrainNode", &req.base, &resp);
+  int rc = call(c, "DrainNode", &req.base, &resp), timed_out = 0;
   char id[64] = "";
   if (rc == 0)
     snprintf(id, sizeof id, "%s", ((Distrain__V1__Node *)resp)->node_id);
+  const double deadline = dt_now_ms() + 1000.0 * a->timeout_s;
   for (;;) {
     const Distrain__V1__Node *nd = rc == 0 ? (const void *)resp : NULL;
     if (!nd || !a->wait || nd->state != DISTRAIN__V1__NODE_STATE__NODE_ALIVE ||
         !dt_ctl_node_busy(nd))
       break;
+    const double left = deadline - dt_now_ms();
+    if (a->timeout_s >= 0.0 && left <= 0.0) {
+      timed_out = 1;
+      break;
+    }
     protobuf_c_message_free_unpacked(resp, NULL);
-    dt_sleep_ms(DRAIN_WAIT_POLL_MS);
+    dt_sleep_ms(a->timeout_s >= 0.0 ? DT_MIN(left, DRAIN_WAIT_POLL_MS) : DRAIN_WAIT_POLL_MS);
     rc = node_by_id(c, id, &resp);
   }
   if (rc == 0) {
@@ -412,8 +432,13 @@ static int cmd_drain(args_t *a)
     dt_ctl_print_nodes(stdout, &nd, 1, a->o.json);
     protobuf_c_message_free_unpacked(resp, NULL);
   }
+  if (timed_out)
+    fprintf(stderr,
+            "distrainctl drain: %s still runs trainers after %g s; it stays drained (wait "
+            "again with drain --wait, or stop the job)\n",
+            id, a->timeout_s);
   dt_rpc_client_destroy(c);
-  return rc == 0 ? 0 : 1;
+  return rc != 0 ? 1 : timed_out ? 3 : 0;
 }
 
 /* logs --work-dir DIR: the rank's log file under DIR/JOB/ (DIR may be a glob). For what no
@@ -527,6 +552,7 @@ int main(int argc, char **argv)
   a.local.nodes = 1;
   a.local.devices_per_node = 1;
   a.local.run_dir = "distrain-run";
+  a.timeout_s = -1.0;
   const char *env_coord = getenv("DISTRAIN_COORDINATOR"), *env_tok = getenv("DISTRAIN_TOKEN_FILE");
   a.o.coordinator = env_coord && *env_coord ? env_coord : "127.0.0.1:7470";
   a.o.token_file = env_tok && *env_tok ? env_tok : "/etc/distrain/token";

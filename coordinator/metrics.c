@@ -177,6 +177,29 @@ static double job_loss(const dt_job_t *j)
 {
   return j->job->loss;
 }
+/* The newest of rank 0's steps that carries an evaluation (eval: the multiple-choice one,
+ * else the validation loss), or NULL. */
+static const Distrain__V1__StepMetrics *last_evaluated(const dt_job_t *j, int eval)
+{
+  for (size_t i = j->n_metrics; i-- > 0;)
+    if (eval ? j->metrics[i]->has_eval : j->metrics[i]->has_val)
+      return j->metrics[i];
+  return NULL;
+}
+
+/* A gauge of the jobs' newest evaluation, for the jobs that have one. */
+static void eval_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, const char *help,
+                       int eval)
+{
+  dt_prom_family(out, name, "gauge", help);
+  for (size_t i = 0; i < n; i++) {
+    const Distrain__V1__StepMetrics *m = last_evaluated(jobs[i], eval);
+    if (m)
+      dt_prom_sample(out, name, (label_t[]){{"job_id", jobs[i]->id}}, 1,
+                     eval ? m->eval_acc_norm : m->val_loss);
+  }
+}
+
 static double job_tokens(const dt_job_t *j)
 {
   return j->job->tokens_per_s;
@@ -209,6 +232,12 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
   job_gauge(out, jobs, n, "distrain_train_loss", "Rank 0's last reported training loss.", job_loss);
   job_gauge(out, jobs, n, "distrain_tokens_per_second",
             "Training throughput of the whole job, as rank 0 last reported it.", job_tokens);
+  eval_gauge(out, jobs, n, "distrain_val_loss",
+             "The newest validation loss (training.val_every), for jobs that have one.", 0);
+  eval_gauge(out, jobs, n, "distrain_eval_accuracy",
+             "The newest multiple-choice evaluation's accuracy (data.eval, acc_norm: the "
+             "lowest mean loss picked), for jobs that have one.",
+             1);
 
   dt_prom_family(out, "distrain_step_duration_seconds", "histogram",
                  "Rank 0's time per training step, counted once per step reported since the "

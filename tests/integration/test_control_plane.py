@@ -546,7 +546,11 @@ class T0_Help(unittest.TestCase):
                             "distrainctl: --devices-per-node: expected an integer in 1..4096, "
                             "got '5000'"),
                            (["logs", "job-1", "--rank", "-1"],
-                            "distrainctl: --rank: expected an integer in 0..1048575, got '-1'")):
+                            "distrainctl: --rank: expected an integer in 0..1048575, got '-1'"),
+                           (["drain", "node-1", "--wait", "--timeout", "-1"],
+                            "distrainctl: --timeout: expected seconds >= 0, got '-1'"),
+                           (["drain", "node-1", "--timeout", "5"],
+                            "distrainctl drain: --timeout is for drain --wait")):
             p = subprocess.run([ctl] + args, capture_output=True, text=True, timeout=30)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn(want, p.stderr)
@@ -2326,6 +2330,13 @@ class T10d_Drain(ClusterTest):
                                  stderr=subprocess.PIPE, text=True,
                                  env=dict(self.env, DISTRAIN_CTL_POLL_MS="2000"))
         time.sleep(0.5)
+        # --timeout 0: the trainers are still there when the drain is answered (exit 3, the
+        # node drained); then --wait until they have saved their step and gone
+        r = self.ctl("drain", drained, "--reason", "swap a DIMM", "--wait", "--timeout", "0",
+                     *common)
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("%s still runs trainers after 0 s; it stays drained" % ids[drained],
+                      r.stderr)
         r = self.ctl("drain", drained, "--reason", "swap a DIMM", "--wait", *common)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"\n%s +%s +DRAINED .*  \[drained: swap a DIMM\]\n$"

@@ -15,7 +15,8 @@
   showing the job's final step, state and events.
 - T2_Prometheus: a short CPU job on one agent while Prometheus (Debian `prometheus`) scrapes
   the coordinator every second from a generated configuration on loopback; its query API must
-  give back the job's step, loss, state, generation, checkpoint, node_up and the per-rank
+  give back the job's step, loss, validation loss, eval accuracy, state, generation,
+  checkpoint, node_up and the per-rank
   series as `distrainctl status --json` and GetJobMetrics have them, a step-time histogram
   whose count grows while the job runs and ends at the job's step count with the sum of the
   steps' times, and node_up 0 once the agent is killed.
@@ -43,6 +44,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_control_plane as cp  # noqa: E402  (the cluster harness: processes, data, jobs)
+import test_eval  # noqa: E402  (llm.c's eval format)
 
 PROM_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # A job name that needs escaping in a label value: a double quote and a backslash.
@@ -290,6 +292,11 @@ class T2_Prometheus(MetricsTest):
         steps -= steps % 2
         spec = cp.job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=cp.SLOW,
                            every=steps // 2, name=ODD_NAME)
+        # validation and a multiple-choice eval half way and at the end
+        evalset = os.path.join(self.tmp, "eval.bin")
+        test_eval.write_evalfile(evalset, test_eval.random_examples(3, 8))
+        spec.data.eval = evalset
+        spec.training.val_every = spec.training.eval_every = steps // 2
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
         sel = '{job_id="%s"}' % job_id
 
@@ -334,6 +341,11 @@ class T2_Prometheus(MetricsTest):
         # the histogram: one count per step, the sum of the steps' times, +Inf == count
         ms = self.call("GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id)).metrics
         self.assertEqual(len(ms), steps)
+        # the newest validation loss and eval accuracy: those of the last step
+        self.assertTrue(ms[-1].has_val and ms[-1].has_eval, ms[-1])
+        self.assertEqual(f32(self.value("distrain_val_loss" + sel)), f32(ms[-1].val_loss))
+        self.assertEqual(f32(self.value("distrain_eval_accuracy" + sel)),
+                         f32(ms[-1].eval_acc_norm))
         count = self.wait_value("distrain_step_duration_seconds_count" + sel,
                                 lambda v: v == steps, 10, "count == steps")
         self.assertEqual(count, steps)

@@ -675,7 +675,7 @@ static const struct {
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
     {{"optimizer.schedule=step"},
      "optimizer.schedule must be cosine, constant, linear or wsd, got 'step'"},
-    {{"optimizer.decay_frac=0"}, "optimizer.decay_frac (0) must be in (0, 1]"},
+    {{"optimizer.decay_frac=-0.5"}, "optimizer.decay_frac (-0.5) must be in (0, 1]"},
     {{"optimizer.decay_frac=1.5"}, "optimizer.decay_frac (1.5) must be in (0, 1]"},
     {{"optimizer.min_lr_frac=1.5"}, "optimizer.min_lr_frac (1.5) must be in [0, 1]"},
     {{"optimizer.weight_decay=-1"}, "optimizer.weight_decay (-1) must be >= 0"},
@@ -1113,6 +1113,11 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--schedule"), "wsd");
   ck_assert_str_eq(flag_value(argv, "--decay-frac"), "0.1");
   ck_assert(has_arg(argv, "--shuffle"));
+  dt_argv_free(argv);
+  /* a message that leaves decay_frac unset (0, proto3) gets the default */
+  set_ok(s, "optimizer.decay_frac=0");
+  ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+  ck_assert_str_eq(flag_value(argv, "--decay-frac"), "0.2");
   dt_argv_free(argv);
 
   /* llm.c's and Hugging Face's weights: --init on a fresh start, nothing on resume (the
