@@ -189,6 +189,27 @@ EOF
     sed 's/^/    | /' "$T/lr_$sched.err" | tail -5
   fi
 done
+# A wsd run is extended from a checkpoint of its stable phase: 12 steps planned, stopped at 6,
+# resumed as 20 steps, gives the 20-step run's losses and rates bit for bit.
+WSD=(--train "$DATA" "${MODEL[@]}" --warmup 2 --lr 1e-3 --schedule wsd --decay-frac 0.3 --quiet)
+run wsd20 "$TRAIN" "${WSD[@]}" --steps 20 --metrics "$T/wsd20.jsonl"
+rc20=$RC
+run wsd12 "$TRAIN" "${WSD[@]}" --steps 12 --stop-at 6 --ckpt-dir "$T/wsd-ckpt"
+rc12=$RC
+run wsd_more "$TRAIN" "${WSD[@]}" --steps 20 --ckpt-dir "$T/wsd-ckpt" --resume \
+  --metrics "$T/wsd_more.jsonl"
+if [[ $rc20 -eq 0 && $rc12 -eq 0 && $RC -eq 0 ]] && $PY - "$T/wsd20.jsonl" "$T/wsd_more.jsonl" <<'EOF'; then
+import json, sys
+pick = lambda f: [(m["step"], m["loss"], m["lr"]) for m in map(json.loads, open(f))]
+full, more = pick(sys.argv[1]), pick(sys.argv[2])
+assert [s for s, _, _ in more] == list(range(7, 21)), more
+assert more == full[6:], (more, full[6:])
+EOF
+  ok "a wsd run stopped in its stable phase goes on as a longer run, bit for bit"
+else
+  bad "wsd extended: exit codes $rc20 $rc12 $RC, or other losses"
+  tail -3 "$T/wsd_more.err"
+fi
 
 # ------------------------------------------------------------------------------------------
 # Bad token shards
