@@ -362,10 +362,11 @@ static int add_input(prep_t *p, const char *path)
   p->released = 0;
   int rc = 0;
   if (!p->bpe) { /* byte-level */
-    for (size_t i = 0; i < n && rc == 0; i++) {
-      rc = put(p, text[i]);
-      if ((i + 1) % p->batch_bytes == 0)
-        release_map(p, text + i + 1);
+    for (size_t off = 0; off < n && rc == 0; off += p->batch_bytes) {
+      const size_t end = DT_MIN(n, off + p->batch_bytes);
+      for (size_t i = off; i < end && rc == 0; i++)
+        rc = put(p, text[i]);
+      release_map(p, text + end);
     }
     p->bytes += n;
   } else {

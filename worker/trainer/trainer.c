@@ -67,7 +67,7 @@ double dt_lr_at(const dt_lr_schedule_t *sch, int s)
 
 int dt_lr_schedule_parse(const char *name, dt_schedule_t *out)
 {
-  static const char *const names[] = {"constant", "cosine", "linear", "wsd"};
+  static const char *const names[] = {"constant", "cosine", "linear", "wsd"}; /* by value */
   for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
     if (strcmp(name, names[i]) == 0) {
       *out = (dt_schedule_t)i;
@@ -558,13 +558,15 @@ static int eval_row_losses(trainer_t *t, float *sums)
   memset(sums, 0, (size_t)e->rows * sizeof *sums);
   for (int base = 0; ret == 0 && base < e->rows; base += B * t->dpsize) {
     const int row0 = base + t->dprank * B;
-    memset(in, 0, (size_t)B * T * sizeof *in); /* rows past the last: padding, summed nowhere */
-    memset(tg, 0, (size_t)B * T * sizeof *tg);
     for (int b = 0; b < B; b++) {
+      int *bin = in + (size_t)b * T, *btg = tg + (size_t)b * T;
       count[b] = 0;
-      if (row0 + b < e->rows)
-        dt_evalset_row(e, row0 + b, T, in + (size_t)b * T, tg + (size_t)b * T, &first[b],
-                       &count[b]);
+      if (row0 + b < e->rows) {
+        dt_evalset_row(e, row0 + b, T, bin, btg, &first[b], &count[b]);
+      } else { /* past the last row: padding, summed nowhere */
+        memset(bin, 0, (size_t)T * sizeof *bin);
+        memset(btg, 0, (size_t)T * sizeof *btg);
+      }
     }
     const int *cin = chunks_of(t, in, B, T, t->cp_inputs);
     const int *ctg = chunks_of(t, tg, B, T, t->cp_targets);
