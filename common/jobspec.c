@@ -20,6 +20,7 @@
 
 #include <yaml.h>
 
+#include "blend.h"
 #include "dt_error.h"
 #include "dt_util.h"
 
@@ -926,6 +927,15 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   /* data */
   if (str_empty(data->train))
     bad(&v, "data.train must name the training shards (a file or a glob)");
+  else if (dt_blend_is(data->train)) {
+    dt_blend_t b;
+    char why[512];
+    if (dt_blend_parse(data->train, &b, why, sizeof why) != 0)
+      bad(&v, "data.train: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", why);
+    dt_blend_free(&b);
+  }
+  if (!str_empty(data->val) && dt_blend_is(data->val))
+    bad(&v, "data.val takes one source (a file or glob of token shards), not a blend");
 
   /* training */
   DT__POSITIVE(&v, training, batch);

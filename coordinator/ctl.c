@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blend.h"
 #include "dt_log.h"
 #include "dt_param.h"
 #include "dt_util.h"
@@ -64,6 +65,26 @@ static int absolutize(char **field, const char *base, const char *prefix)
   return 0;
 }
 
+/* The same for each source of a blend ("W:GLOB,..."), or the one path. */
+static int absolutize_train(char **field, const char *base)
+{
+  if (!dt_blend_is(*field))
+    return absolutize(field, base, NULL);
+  dt_blend_t b;
+  char why[512];
+  int rc = dt_blend_parse(*field, &b, why, sizeof why); /* validated before: only ENOMEM */
+  for (int i = 0; rc == 0 && i < b.n; i++)
+    rc = absolutize(&b.pattern[i], base, NULL);
+  char *s = rc == 0 ? dt_blend_format(&b) : NULL;
+  dt_blend_free(&b);
+  if (!s)
+    return rc ? rc : DT_ENOMEM;
+  if (*field != protobuf_c_empty_string)
+    free(*field);
+  *field = s;
+  return 0;
+}
+
 int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__JobSpec **out)
 {
   char err[2048];
@@ -87,7 +108,7 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
     dt_jobspec_free(spec);
     return DT_ENOENT;
   }
-  rc = absolutize(&spec->data->train, base, NULL);
+  rc = absolutize_train(&spec->data->train, base);
   if (rc == 0)
     rc = absolutize(&spec->data->val, base, NULL);
   if (rc == 0)

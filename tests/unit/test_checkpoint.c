@@ -37,7 +37,12 @@ static void make_state(dt_train_state_t *s, int64_t step)
 {
   memset(s, 0, sizeof *s);
   s->step = step;
-  s->data = (dt_data_pos_t){.epoch = 3, .shard = 2, .window = 12345};
+  s->data = (dt_data_pos_t){.epoch = 3,
+                            .shard = 2,
+                            .window = 12345,
+                            .unit = 8,
+                            .seqs = 98765,
+                            .blend = 0xB1E2D3C4A5F60718ull};
   dt_rng_seed(&s->rng, 0xC0FFEE + (uint64_t)step);
   for (int i = 0; i < 17; i++)
     dt_rng_u64(&s->rng);
@@ -59,6 +64,11 @@ static void expect_same_state(const dt_train_state_t *a, const dt_train_state_t 
   ck_assert_int_eq(a->data.epoch, b->data.epoch);
   ck_assert_int_eq(a->data.shard, b->data.shard);
   ck_assert_int_eq(a->data.window, b->data.window);
+  ck_assert_int_eq(a->data.unit, b->data.unit);
+  ck_assert_int_eq(a->data.seqs, b->data.seqs);
+  ck_assert_uint_eq(a->data.blend, b->data.blend);
+  ck_assert_int_eq(a->data.nsrc, b->data.nsrc);
+  ck_assert_int_eq(memcmp(a->data.taken, b->data.taken, sizeof a->data.taken), 0);
   ck_assert_int_eq(memcmp(a->rng.s, b->rng.s, sizeof a->rng.s), 0);
 }
 
@@ -816,6 +826,53 @@ START_TEST(test_ckpt_tensor_parallel_layouts)
 }
 END_TEST
 
+/* A run on a blend of data sources saves how many sequences each source was dealt: version 3,
+ * the counts after the run table, under the payload's checksum. Other runs write version 2,
+ * which builds before blends read. */
+START_TEST(test_ckpt_blend_counts)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  dt_gpt2_t a, b;
+  dt_train_state_t st, sb;
+  make_model(&a, &TINY, 80, 1);
+  make_model(&b, &TINY, 81, 0);
+  make_state(&st, 6);
+  dt_ckpt_shard_info_t info;
+  ck_assert_int_eq(dt_ckpt_write_shard(&a, &st, dir, 0, 1, 0, (int64_t)a.num_params, &info), 0);
+  shard_path(path, sizeof path, dir, 6, 0, 1);
+  size_t n;
+  uint8_t *buf = ut_read_all(path, &n);
+  uint32_t version;
+  memcpy(&version, buf + 4, 4);
+  ck_assert_uint_eq(version, 2);
+  free(buf);
+
+  st.step = 7;
+  st.data.nsrc = 3;
+  st.data.taken[0] = 50000, st.data.taken[1] = 48000, st.data.taken[2] = 765;
+  ck_assert_int_eq(dt_ckpt_write_shard(&a, &st, dir, 0, 1, 0, (int64_t)a.num_params, &info), 0);
+  ck_assert_int_eq(dt_ckpt_commit(dir, 7, (int64_t)a.num_params, 1, &info), 0);
+  shard_path(path, sizeof path, dir, 7, 0, 1);
+  buf = ut_read_all(path, &n);
+  memcpy(&version, buf + 4, 4);
+  ck_assert_uint_eq(version, 3);
+  ck_assert_uint_eq(n, 256 + 16 + 3 * 8 + a.num_params * 12);
+  ck_assert_int_eq(memcmp(buf + 256 + 16, st.data.taken, 3 * 8), 0);
+  free(buf);
+  ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), 0);
+  expect_same_model(&a, &b);
+  expect_same_state(&st, &sb);
+  /* A count changed on disk fails the checksum. */
+  const int64_t other = 50001;
+  ut_patch(path, 256 + 16, &other, 8);
+  ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), DT_EFORMAT);
+  dt_gpt2_destroy(&a);
+  dt_gpt2_destroy(&b);
+  ut_rm_rf(dir);
+}
+END_TEST
+
 /* Checkpoints written before shards carried run tables (version 1: the header, then the
  * parameters and moments of the global range [lo, hi)) still load. Made here from a version 2
  * shard of one run: the run table dropped, the header fields of version 1 restored (offsets
@@ -877,6 +934,7 @@ static Suite *checkpoint_suite(void)
 
   t = tcase_create("distrain");
   tcase_add_test(t, test_ckpt_round_trip);
+  tcase_add_test(t, test_ckpt_blend_counts);
   tcase_add_test(t, test_ckpt_multi_shard);
   tcase_add_test(t, test_ckpt_latest);
   tcase_add_test(t, test_ckpt_corrupt_payload);

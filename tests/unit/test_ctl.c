@@ -367,7 +367,7 @@ START_TEST(test_spec_paths_relative_to_the_file)
   fclose(fp);
   Distrain__V1__JobSpec *spec = NULL;
   ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
-  char real[4096], want[4200];
+  char real[4096], want[8400];
   ck_assert_ptr_nonnull(realpath(dir, real));
   snprintf(want, sizeof want, "%s/d/train_*.bin", real);
   ck_assert_str_eq(spec->data->train, want);
@@ -388,6 +388,15 @@ START_TEST(test_spec_paths_relative_to_the_file)
   ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
   snprintf(want, sizeof want, "hf:%s/models/gpt2", real);
   ck_assert_str_eq(spec->model->init, want);
+  dt_jobspec_free(spec);
+  /* Each source of a blend; its weights as written. */
+  fp = fopen(path, "w");
+  ck_assert_ptr_nonnull(fp);
+  fputs("data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\"}\n", fp);
+  fclose(fp);
+  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  snprintf(want, sizeof want, "0.7:%s/web/train_*.bin,0.3:/abs/code.bin,0.1:%s/x.bin", real, real);
+  ck_assert_str_eq(spec->data->train, want);
   dt_jobspec_free(spec);
   ut_rm_rf(dir);
 }

@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include <check.h>
+#include <math.h>
 
+#include "blend.h"
 #include "dataloader.h"
 #include "dt_error.h"
 #include "ut_fs.h"
@@ -368,19 +370,19 @@ START_TEST(test_seek_invalid)
   dt_dataloader_t dl;
   ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 0, 0), 0);
   const dt_data_pos_t bad[] = {
-      {-1, 0, 0, 2},
-      {0, -1, 0, 2},
-      {0, SH_SHARDS, 0, 2},
-      {0, 0, -1, 2},
-      {0, 0, SH_WINDOWS + 1, 2},
+      {.epoch = -1, .unit = 2},
+      {.shard = -1, .unit = 2},
+      {.shard = SH_SHARDS, .unit = 2},
+      {.window = -1, .unit = 2},
+      {.window = SH_WINDOWS + 1, .unit = 2},
       /* saved with another window size (found by tests/fuzz): a negative one turned the window
        * negative, and a huge window overflowed its sequence count */
-      {0, 0, 3, -4},
-      {0, 0, INT64_MAX / 3, 4}};
+      {.window = 3, .unit = -4},
+      {.window = INT64_MAX / 3, .unit = 4}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     ck_assert_int_eq(dt_dataloader_seek(&dl, bad[i]), DT_ERANGE);
   /* The end of a shard is a valid position: the next batch is the next shard's first. */
-  dt_data_pos_t end = {0, 0, SH_WINDOWS, 2};
+  dt_data_pos_t end = {.window = SH_WINDOWS, .unit = 2};
   ck_assert_int_eq(dt_dataloader_seek(&dl, end), 0);
   ck_assert_int_eq(dt_dataloader_next(&dl), 0);
   expect_batch(&dl, 1, 0);
@@ -474,7 +476,7 @@ START_TEST(test_seek_across_layouts)
    * windows of world x B = 2 sequences; 5 of 2 is not a step boundary of 4: down to 2. */
   const int64_t cases[][3] = {{2, 6, 3}, {0, 6, 3}, {2, 5, 2}, {8, 2, 4}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    dt_data_pos_t p = {0, 1, cases[i][1], cases[i][0]};
+    dt_data_pos_t p = {.shard = 1, .window = cases[i][1], .unit = cases[i][0]};
     ck_assert_int_eq(dt_dataloader_seek(&b[0], p), 0);
     ck_assert_int_eq(b[0].pos.window, cases[i][2]);
     ck_assert_int_eq(b[0].pos.unit, 4);
@@ -675,6 +677,332 @@ START_TEST(test_shard_write_format)
 END_TEST
 
 /* ------------------------------------------------------------------------------------------ */
+/* Blends                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Source A: shards 1 (6 sequences of BL_T) and 2 (5); source B: shard 5 (3 sequences). A
+ * sequence's first token names its shard and offset. */
+#define BL_T 4
+enum { BL_A = 11, BL_B = 3 };
+
+static void make_blend_data(char *dir, size_t n, char *spec, size_t specn, const char *weights)
+{
+  char sub[300];
+  ut_mkdtemp(dir, n);
+  snprintf(sub, sizeof sub, "%s/a", dir);
+  ck_assert_int_eq(mkdir(sub, 0755), 0);
+  write_shard(sub, "a_1.bin", 1, 6 * BL_T + 1);
+  write_shard(sub, "a_2.bin", 2, 5 * BL_T + 1 + 2); /* a tail too short for a sequence */
+  snprintf(sub, sizeof sub, "%s/b", dir);
+  ck_assert_int_eq(mkdir(sub, 0755), 0);
+  write_shard(sub, "b_5.bin", 5, 3 * BL_T + 1);
+  double wa, wb;
+  ck_assert_int_eq(sscanf(weights, "%lf/%lf", &wa, &wb), 2);
+  snprintf(spec, specn, "%g:%s/a/a_*.bin,%g:%s/b/b_*.bin", wa, dir, wb, dir);
+}
+
+/* The j-th sequence of source A or B in the unshuffled order: its first token. */
+static int unshuffled_first(int source, int64_t j)
+{
+  if (source == 1)
+    return 5 * SHARD_BASE + (int)(j % BL_B) * BL_T;
+  j %= BL_A;
+  return j < 6 ? SHARD_BASE + (int)j * BL_T : 2 * SHARD_BASE + (int)(j - 6) * BL_T;
+}
+
+/* Reads steps windows from loaders dl[0..world) and writes each global sequence's first token
+ * in global order ((micro-step x world + rank) x B + row), checking every row is a contiguous,
+ * shifted slice. */
+static void read_global(dt_dataloader_t *dl, int world, int accum, int steps, int *out)
+{
+  const int B = dl[0].B;
+  for (int s = 0; s < steps; s++)
+    for (int m = 0; m < accum; m++)
+      for (int r = 0; r < world; r++) {
+        ck_assert_int_eq(dt_dataloader_next(&dl[r]), 0);
+        for (int b = 0; b < B; b++) {
+          const int *in = dl[r].inputs + b * BL_T, *tg = dl[r].targets + b * BL_T;
+          for (int t = 0; t < BL_T; t++) {
+            ck_assert_int_eq(in[t], in[0] + t);
+            ck_assert_int_eq(tg[t], in[0] + t + 1);
+          }
+          out[((s * accum + m) * world + r) * B + b] = in[0];
+        }
+      }
+}
+
+static int source_of(int first)
+{
+  return first / SHARD_BASE == 5;
+}
+
+static void open_blend(dt_dataloader_t *dl, const char *spec, int B, int world, int accum,
+                       int shuffle)
+{
+  for (int r = 0; r < world; r++)
+    ck_assert_int_eq(dt_dataloader_init(&dl[r], spec, B, BL_T, r, world, accum, VOCAB, shuffle, 11),
+                     0);
+}
+
+static void close_all(dt_dataloader_t *dl, int n)
+{
+  for (int r = 0; r < n; r++)
+    dt_dataloader_free(&dl[r]);
+}
+
+/* Megatron-LM's rule, worked by hand for weights 3:1 (error = w x max(i, 1) - taken, the first
+ * source on a tie): i=0 A (.75 vs .25), i=1 B (-.25 vs .25), i=2 A (.5), i=3 A (.25 vs -.25),
+ * i=4 A (0 vs 0: a tie), i=5 B (-.25 vs .25), i=6 A, i=7 A. Each source's sequences come in
+ * its own order, over its shard ends and passes, and every prefix holds each share to within
+ * one sequence. */
+START_TEST(test_blend_deals_by_weight)
+{
+  char dir[256], spec[1400];
+  make_blend_data(dir, sizeof dir, spec, sizeof spec, "3/1");
+  dt_dataloader_t dl;
+  open_blend(&dl, spec, 1, 1, 1, 0);
+  ck_assert_int_eq(dl.nsrc, 2);
+  ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), -1);
+  enum { N = 60 }; /* about 4 passes over A, 5 over B */
+  int first[N];
+  read_global(&dl, 1, 1, N, first);
+  const char *hand = "ABAAABAA";
+  int64_t taken[2] = {0, 0};
+  for (int i = 0; i < N; i++) {
+    const int src = source_of(first[i]);
+    if (i < 8)
+      ck_assert_msg(src == hand[i] - 'A', "sequence %d from source %c, expected %c", i, 'A' + src,
+                    hand[i]);
+    ck_assert_int_eq(first[i], unshuffled_first(src, taken[src]));
+    taken[src]++;
+    for (int d = 0; d < 2; d++)
+      ck_assert_msg(fabs((double)taken[d] - (d ? 0.25 : 0.75) * (i + 1)) <= 1.0,
+                    "after %d sequences source %d has %lld", i + 1, d, (long long)taken[d]);
+  }
+  ck_assert_int_eq(dl.pos.seqs, N);
+  ck_assert_uint_ne(dl.pos.blend, 0);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* The global sequence order does not depend on the layout (dp x accum x B), shuffled or not,
+ * and equals the one-sequence stream of the test above. */
+START_TEST(test_blend_layouts_read_the_same_stream)
+{
+  char dir[256], spec[1400];
+  make_blend_data(dir, sizeof dir, spec, sizeof spec, "0.6/0.4");
+  for (int shuffle = 0; shuffle < 2; shuffle++) {
+    enum { STEPS = 9, UNIT = 4 };
+    int ref[STEPS * UNIT], got[STEPS * UNIT];
+    dt_dataloader_t one;
+    open_blend(&one, spec, 1, 1, 1, shuffle);
+    read_global(&one, 1, 1, STEPS * UNIT, ref);
+    dt_dataloader_free(&one);
+    const int layouts[][3] = {{1, 4, 1}, {1, 2, 2}, {2, 1, 2}, {1, 1, 4}, {4, 1, 1}}; /* B dp K */
+    for (size_t l = 0; l < sizeof layouts / sizeof *layouts; l++) {
+      const int B = layouts[l][0], world = layouts[l][1], accum = layouts[l][2];
+      dt_dataloader_t dl[4];
+      open_blend(dl, spec, B, world, accum, shuffle);
+      read_global(dl, world, accum, STEPS, got);
+      ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "shuffle %d, B %d dp %d accum %d differs",
+                    shuffle, B, world, accum);
+      ck_assert_int_eq(dl[world - 1].pos.seqs, STEPS * UNIT);
+      ck_assert_int_eq(dl[0].pos.window, STEPS);
+      close_all(dl, world);
+    }
+  }
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* Shuffled, each source's sequences of a pass are a permutation of its sequences, in another
+ * order than the unshuffled one. */
+START_TEST(test_blend_shuffles_each_source)
+{
+  char dir[256], spec[1400];
+  make_blend_data(dir, sizeof dir, spec, sizeof spec, "1/1");
+  dt_dataloader_t dl;
+  open_blend(&dl, spec, 1, 1, 1, 1);
+  enum { N = 2 * BL_A };
+  int first[N], a[BL_A], na = 0, moved = 0;
+  read_global(&dl, 1, 1, N, first);
+  for (int i = 0; i < N && na < BL_A; i++)
+    if (source_of(first[i]) == 0) {
+      moved += first[i] != unshuffled_first(0, na);
+      a[na++] = first[i];
+    }
+  ck_assert_int_eq(na, BL_A);
+  qsort(a, BL_A, sizeof *a, cmp_int);
+  for (int j = 0; j < BL_A; j++)
+    ck_assert_int_eq(a[j], unshuffled_first(0, j));
+  ck_assert_int_gt(moved, 0);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* A resumed run (a fresh loader seeking to a saved position) reads what the uninterrupted one
+ * reads, in another layout of the same global batch too, and a run of another global batch
+ * goes on from the same global sequence. */
+START_TEST(test_blend_seek)
+{
+  char dir[256], spec[1400];
+  make_blend_data(dir, sizeof dir, spec, sizeof spec, "0.7/0.3");
+  for (int shuffle = 0; shuffle < 2; shuffle++) {
+    enum { UNIT = 4, MORE = 12 };
+    int ref[40 * UNIT], got[MORE * UNIT], skip[40 * UNIT];
+    dt_dataloader_t one;
+    open_blend(&one, spec, 1, 1, 1, shuffle);
+    read_global(&one, 1, 1, 40 * UNIT, ref);
+    dt_dataloader_free(&one);
+    const int saves[] = {0, 3, 7, 20};
+    for (size_t k = 0; k < sizeof saves / sizeof *saves; k++) {
+      dt_dataloader_t a[2], b[4];
+      open_blend(a, spec, 1, 2, 2, shuffle);
+      read_global(a, 2, 2, saves[k], skip);
+      const dt_data_pos_t pos = a[0].pos;
+      ck_assert_int_eq(pos.seqs, saves[k] * UNIT);
+      open_blend(b, spec, 1, 4, 1, shuffle);
+      for (int r = 0; r < 4; r++)
+        ck_assert_int_eq(dt_dataloader_seek(&b[r], pos), 0);
+      read_global(b, 4, 1, MORE, got);
+      ck_assert_msg(memcmp(got, ref + saves[k] * UNIT, sizeof got) == 0,
+                    "shuffle %d: resumed after %d steps, diverged", shuffle, saves[k]);
+      close_all(b, 4);
+      /* Without the sources' counts (one source's checkpoint, another blend), the sequences are
+       * dealt again to find them; counts that do not add up are refused. */
+      dt_data_pos_t p = pos;
+      p.nsrc = 0;
+      open_blend(b, spec, 1, 1, 1, shuffle);
+      ck_assert_int_eq(dt_dataloader_seek(&b[0], p), 0);
+      ck_assert_int_eq(memcmp(b[0].pos.taken, pos.taken, sizeof pos.taken), 0);
+      read_global(b, 1, 1, MORE, got);
+      ck_assert_int_eq(memcmp(got, ref + saves[k] * UNIT, MORE * sizeof *got), 0);
+      p = pos;
+      p.taken[1]++;
+      ck_assert_int_eq(dt_dataloader_seek(&b[0], p), DT_ERANGE);
+      close_all(b, 1);
+      /* Steps of 2 sequences go on from the same global sequence. */
+      open_blend(b, spec, 2, 1, 1, shuffle);
+      ck_assert_int_eq(dt_dataloader_seek(&b[0], pos), 0);
+      read_global(b, 1, 1, MORE, got);
+      ck_assert_int_eq(memcmp(got, ref + saves[k] * UNIT, MORE * 2 * sizeof *got), 0);
+      close_all(b, 1);
+      close_all(a, 2);
+    }
+  }
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* One source's checkpoint resumed with a blend goes on from its sequence count, and a blend's
+ * resumed with one source from that many windows into the source's stream. */
+START_TEST(test_blend_and_one_source_positions)
+{
+  char dir[256], spec[1400], pat[600];
+  make_blend_data(dir, sizeof dir, spec, sizeof spec, "1/2");
+  snprintf(pat, sizeof pat, "%s/a/a_*.bin", dir);
+  enum { UNIT = 2 };
+  int ref[30 * UNIT], got[6 * UNIT], skip[14 * UNIT];
+  dt_dataloader_t one, dl;
+  open_blend(&one, spec, 1, 1, 1, 1);
+  read_global(&one, 1, 1, 30 * UNIT, ref);
+  dt_dataloader_free(&one);
+
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, UNIT, BL_T, 0, 1, 1, VOCAB, 1, 5), 0);
+  read_global(&dl, 1, 1, 8, skip);
+  dt_data_pos_t pos = dl.pos; /* 16 sequences in, epoch 1 */
+  ck_assert_int_eq(pos.seqs, 8 * UNIT);
+  ck_assert_int_eq(pos.blend, 0);
+  dt_dataloader_free(&dl);
+  open_blend(&dl, spec, UNIT, 1, 1, 1);
+  ck_assert_int_eq(dt_dataloader_seek(&dl, pos), 0);
+  read_global(&dl, 1, 1, 6, got);
+  ck_assert_int_eq(memcmp(got, ref + 8 * UNIT, sizeof got), 0);
+  pos = dl.pos; /* 28 sequences of the blend */
+  dt_dataloader_free(&dl);
+
+  /* One source from the blend's position: window 14 of its stream, where a loader that read 14
+   * windows from the start is. */
+  int want[6 * UNIT];
+  ck_assert_int_eq(dt_dataloader_init(&dl, pat, UNIT, BL_T, 0, 1, 1, VOCAB, 1, 5), 0);
+  read_global(&dl, 1, 1, 14, skip);
+  read_global(&dl, 1, 1, 6, want);
+  ck_assert_int_eq(dt_dataloader_seek(&dl, pos), 0);
+  ck_assert_int_eq(dl.pos.epoch, 14 / (BL_A / UNIT));
+  read_global(&dl, 1, 1, 6, got);
+  ck_assert_int_eq(memcmp(got, want, sizeof got), 0);
+  dt_dataloader_free(&dl);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+START_TEST(test_blend_bad_input)
+{
+  char dir[256], spec[1400], bad[2000];
+  make_blend_data(dir, sizeof dir, spec, sizeof spec, "1/1");
+  dt_dataloader_t dl;
+  snprintf(bad, sizeof bad, "%s,1:%s/c/*.bin", spec, dir); /* a source matching nothing */
+  ck_assert_int_eq(dt_dataloader_init(&dl, bad, 1, BL_T, 0, 1, 1, VOCAB, 0, 0), DT_ENOENT);
+  snprintf(bad, sizeof bad, "%s,0:%s/a/a_1.bin", spec, dir);
+  ck_assert_int_eq(dt_dataloader_init(&dl, bad, 1, BL_T, 0, 1, 1, VOCAB, 0, 0), DT_EINVAL);
+  snprintf(bad, sizeof bad, "%s,", spec);
+  ck_assert_int_eq(dt_dataloader_init(&dl, bad, 1, BL_T, 0, 1, 1, VOCAB, 0, 0), DT_EINVAL);
+  /* B's tokens (5 x SHARD_BASE + i) are past this vocabulary. */
+  ck_assert_int_eq(dt_dataloader_init(&dl, spec, 1, BL_T, 0, 1, 1, 3 * SHARD_BASE, 0, 0),
+                   DT_ERANGE);
+  /* A sequence too long for a source's shard. */
+  ck_assert_int_eq(dt_dataloader_init(&dl, spec, 1, 6 * BL_T, 0, 1, 1, VOCAB, 0, 0), DT_EFORMAT);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* The syntax (blend.h): what is a blend, what is refused, and written back. */
+START_TEST(test_blend_syntax)
+{
+  ck_assert(dt_blend_is("0.7:web/*.bin"));
+  ck_assert(dt_blend_is("3:x"));
+  ck_assert(!dt_blend_is("data/train_*.bin"));
+  ck_assert(!dt_blend_is("/abs/0.7:x"));
+  ck_assert(!dt_blend_is("web:0.7"));
+  ck_assert(!dt_blend_is(NULL));
+  dt_blend_t b;
+  char why[256];
+  ck_assert_int_eq(dt_blend_parse("0.7:web/a_*.bin,0.3:/d/code.bin", &b, why, sizeof why), 0);
+  ck_assert_int_eq(b.n, 2);
+  ck_assert(b.weight[0] == 0.7 && b.weight[1] == 0.3);
+  ck_assert_str_eq(b.pattern[0], "web/a_*.bin");
+  ck_assert_str_eq(b.pattern[1], "/d/code.bin");
+  char *s = dt_blend_format(&b);
+  ck_assert_str_eq(s, "0.7:web/a_*.bin,0.3:/d/code.bin");
+  free(s);
+  b.weight[0] = 1.0 / 3.0;
+  s = dt_blend_format(&b);
+  dt_blend_t back;
+  ck_assert_int_eq(dt_blend_parse(s, &back, why, sizeof why), 0);
+  ck_assert(back.weight[0] == 1.0 / 3.0);
+  free(s);
+  dt_blend_free(&back);
+  dt_blend_free(&b);
+  const char *bad[][2] = {{"0.7:a,", "source 2"},        {"0.7:a,b", "source 2 ('b')"},
+                          {"0:a", "positive"},           {"-1:a", "positive"},
+                          {"nan:a", "positive"},         {"inf:a", "positive"},
+                          {"1:a,2:", "names no shards"}, {"1:a,,1:b", "source 2"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    ck_assert_int_eq(dt_blend_parse(bad[i][0], &b, why, sizeof why), DT_EINVAL);
+    ck_assert_msg(strstr(why, bad[i][1]), "'%s': %s", bad[i][0], why);
+    ck_assert_int_eq(b.n, 0);
+  }
+  char many[DT_BLEND_MAX * 8 + 16] = "", *p = many;
+  for (int i = 0; i <= DT_BLEND_MAX; i++)
+    p += sprintf(p, "%s1:s%d", i ? "," : "", i);
+  ck_assert_int_eq(dt_blend_parse(many, &b, why, sizeof why), DT_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "at most"));
+}
+END_TEST
+
+/* ------------------------------------------------------------------------------------------ */
 
 static Suite *dataloader_suite(void)
 {
@@ -699,6 +1027,16 @@ static Suite *dataloader_suite(void)
   tcase_add_test(t, test_seek_invalid);
   tcase_add_test(t, test_split_of_the_global_batch_does_not_matter);
   tcase_add_test(t, test_seek_across_layouts);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("blend");
+  tcase_add_test(t, test_blend_syntax);
+  tcase_add_test(t, test_blend_deals_by_weight);
+  tcase_add_test(t, test_blend_layouts_read_the_same_stream);
+  tcase_add_test(t, test_blend_shuffles_each_source);
+  tcase_add_test(t, test_blend_seek);
+  tcase_add_test(t, test_blend_and_one_source_positions);
+  tcase_add_test(t, test_blend_bad_input);
   suite_add_tcase(s, t);
 
   t = tcase_create("bad_input");

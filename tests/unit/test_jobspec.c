@@ -546,6 +546,11 @@ START_TEST(test_set)
   ck_assert_int_eq(s->data->shuffle, 1);
   ck_assert_str_eq(s->data->train, "data/train_*.bin");
   ck_assert_str_eq(s->name, "run=7");
+  /* A blend is a string like any other, and validates. */
+  set_ok(s, "data.train=0.7:web/train_*.bin,0.3:/data/code.bin");
+  ck_assert_str_eq(s->data->train, "0.7:web/train_*.bin,0.3:/data/code.bin");
+  char why[1024];
+  ck_assert_msg(dt_jobspec_validate(s, why, sizeof why) == 0, "%s", why);
   ck_assert_str_eq(s->model->init, "llmc:/w/gpt2_124M.bin");
   ck_assert_str_eq(s->parallel->schedule, "gpipe");
   /* Strings are taken literally: empty clears, "null" is text. */
@@ -646,6 +651,11 @@ static const struct {
     {{"model.init=hf:"}, "model.init must be seed:N"},
     {{"model.init="}, "model.init must be seed:N"},
     {{"data.train="}, "data.train must name the training shards"},
+    {{"data.train=0.7:web/*.bin,0:code.bin"},
+     "data.train: blend source 2 ('0:code.bin'): the weight must be a positive number (a blend "
+     "is WEIGHT:GLOB,WEIGHT:GLOB,...)"},
+    {{"data.train=0.7:web/*.bin,code.bin"}, "data.train: blend source 2 ('code.bin') is not"},
+    {{"data.val=1:val.bin"}, "data.val takes one source (a file or glob of token shards), not a"},
     {{"training.batch=0"}, "training.batch (0) must be > 0"},
     {{"training.seq=0"}, "training.seq (0) must be > 0"},
     {{"training.steps=0"}, "training.steps (0) must be > 0"},

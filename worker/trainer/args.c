@@ -25,6 +25,8 @@ static void usage(FILE *out)
       "data:\n"
       "  --train GLOB --val GLOB     llm.c token shards (file or glob; --steps 0 needs no "
       "--train)\n"
+      "  --train W:GLOB,W:GLOB,...   a weighted blend of sources (Megatron-LM's --data-path "
+      "weights)\n"
       "  --shuffle                   seeded shuffling of shards and windows (default: sequential)\n"
       "  --val-every N --val-batches N (default 20; global batches: batch x dp x grad-accum\n"
       "                              sequences each)\n"

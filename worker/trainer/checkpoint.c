@@ -230,11 +230,14 @@ int dt_llmc_save(const dt_gpt2_t *m, const char *path)
 /* distrain checkpoints                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Shard file versions: 1 holds the global flat range [lo, hi); 2 (written now) holds nruns
- * (global offset, length) pairs after the header, then the data of those runs in order, so a
- * tensor-parallel rank's non-contiguous part of the model is one shard. In version 2, [lo, hi)
- * is the shard's place in the concatenation of all shards (what the manifest tiles). */
+/* Shard file versions: 1 holds the global flat range [lo, hi); 2 holds nruns (global offset,
+ * length) pairs after the header, then the data of those runs in order, so a tensor-parallel
+ * rank's non-contiguous part of the model is one shard. In version 2, [lo, hi) is the shard's
+ * place in the concatenation of all shards (what the manifest tiles). 3 (written for runs on a
+ * blend of data sources; 2 otherwise, which older builds read) is 2 with data_nsrc int64 after
+ * the run table: the global sequences dealt to each source (dataloader.h). */
 #define CKPT_SHARD_VERSION 2
+#define CKPT_BLEND_VERSION 3
 #define CKPT_FLAG_OPTIM    1u
 typedef struct {
   uint32_t magic, version, header_bytes, flags;
@@ -249,7 +252,10 @@ typedef struct {
   uint32_t header_crc32c; /* CRC-32C of this header with this field zero */
   uint32_t data_unit;     /* sequences per data window (0 before the field existed) */
   int64_t nruns;          /* version 2 */
-  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8];
+  int64_t data_seqs;      /* global sequences read (0 before the field existed) */
+  uint64_t data_blend;    /* fingerprint of the blend read (0: one source) */
+  int64_t data_nsrc;      /* version 3: the blend's sources */
+  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
 
@@ -309,7 +315,10 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   const size_t table_bytes = nruns * 2 * sizeof(int64_t);
   ckpt_header_t h;
   memset(&h, 0, sizeof h);
-  h.magic = DT_CKPT_MAGIC, h.version = CKPT_SHARD_VERSION, h.header_bytes = sizeof h;
+  const int64_t nsrc = state->data.nsrc;
+  const size_t counts_bytes = (size_t)nsrc * sizeof(int64_t);
+  h.magic = DT_CKPT_MAGIC, h.header_bytes = sizeof h;
+  h.version = nsrc ? CKPT_BLEND_VERSION : CKPT_SHARD_VERSION;
   h.flags = has_optim ? CKPT_FLAG_OPTIM : 0;
   h.max_seq = cfg->max_seq, h.vocab = cfg->vocab, h.padded_vocab = cfg->padded_vocab;
   h.layers = cfg->layers, h.heads = cfg->heads, h.channels = cfg->channels;
@@ -318,11 +327,12 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   h.data_epoch = state->data.epoch, h.data_shard = state->data.shard;
   h.data_window = state->data.window;
   h.data_unit = (uint32_t)state->data.unit;
+  h.data_seqs = state->data.seqs, h.data_blend = state->data.blend, h.data_nsrc = nsrc;
   memcpy(h.rng, state->rng.s, sizeof h.rng);
   h.threads = state->threads;
   h.nruns = (int64_t)nruns;
-  uint32_t crc = dt_crc32c(0, table, table_bytes);
-  h.payload_bytes = table_bytes;
+  uint32_t crc = dt_crc32c(dt_crc32c(0, table, table_bytes), state->data.taken, counts_bytes);
+  h.payload_bytes = table_bytes + counts_bytes;
   for (int k = 0; k < (has_optim ? 3 : 1); k++) {
     for (size_t i = 0; i < nruns; i++)
       crc = dt_crc32c(crc, bufs[k] + runs[i].local, (size_t)runs[i].len * sizeof(float));
@@ -335,6 +345,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   DT_CHECK_GOTO(dt_afile_open(&af, path), ret, out);
   DT_CHECK_GOTO(dt_afile_write(&af, &h, sizeof h), ret, fail);
   DT_CHECK_GOTO(dt_afile_write(&af, table, table_bytes), ret, fail);
+  DT_CHECK_GOTO(dt_afile_write(&af, state->data.taken, counts_bytes), ret, fail);
   for (int k = 0; k < (has_optim ? 3 : 1); k++)
     for (size_t i = 0; i < nruns; i++)
       DT_CHECK_GOTO(
@@ -395,10 +406,10 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
     ret = DT_EFORMAT;
     goto fail;
   }
-  if ((h->version != 1 && h->version != CKPT_SHARD_VERSION) || h->header_bytes != sizeof *h) {
+  if (h->version < 1 || h->version > CKPT_BLEND_VERSION || h->header_bytes != sizeof *h) {
     DT_ERROR(CKPT,
-             "%s: checkpoint version %u (header %u bytes): expected version 1 or %d (%zu bytes)",
-             path, h->version, h->header_bytes, CKPT_SHARD_VERSION, sizeof *h);
+             "%s: checkpoint version %u (header %u bytes): expected version 1 to %d (%zu bytes)",
+             path, h->version, h->header_bytes, CKPT_BLEND_VERSION, sizeof *h);
     ret = DT_EFORMAT;
     goto fail;
   }
@@ -409,15 +420,19 @@ static int shard_open(const char *sdir, const dt_ckpt_shard_info_t *s, ckpt_head
   }
   if (h->version == 1)
     h->nruns = 1; /* the range itself (the field was padding, hence zero, in version 1) */
+  if (h->version < CKPT_BLEND_VERSION)
+    h->data_nsrc = 0; /* padding before */
   /* The run table and the floats must fit the file: bounded first, so that the sizes below
    * cannot wrap around (a wrapped count once let a short table pass as a long one). */
   const int64_t room = size - (int64_t)sizeof *h;
   const int sections = (h->flags & CKPT_FLAG_OPTIM) ? 3 : 1;
   const int fits = room >= 0 && h->nruns >= 0 && h->nruns <= room / 16 && h->lo >= 0 &&
-                   h->hi >= h->lo && h->hi - h->lo <= room / 4 / sections;
+                   h->hi >= h->lo && h->hi - h->lo <= room / 4 / sections && h->data_nsrc >= 0 &&
+                   h->data_nsrc <= DT_BLEND_MAX;
   uint64_t nfloats = fits ? (uint64_t)(h->hi - h->lo) * sections : 0;
   uint64_t table = h->version == 1 || !fits ? 0 : (uint64_t)h->nruns * 16;
-  if (!fits || (uint64_t)size != s->bytes || h->payload_bytes != table + nfloats * 4 ||
+  uint64_t counts = fits ? (uint64_t)h->data_nsrc * 8 : 0;
+  if (!fits || (uint64_t)size != s->bytes || h->payload_bytes != table + counts + nfloats * 4 ||
       (uint64_t)size != sizeof *h + h->payload_bytes || h->lo != s->lo || h->hi != s->hi) {
     DT_ERROR(CKPT,
              "%s: size %lld bytes / range [%lld, %lld) disagree with the manifest "
@@ -631,7 +646,14 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
     /* Every shard is read whole (its checksum covers all of it); only the parts that the
      * wanted runs ask for are kept, which is what lets any layout load any other's shards. */
     uint32_t crc = 0;
+    int64_t taken[DT_BLEND_MAX];
+    const size_t counts = (size_t)h.data_nsrc * sizeof *taken;
     ret = read_run_table(fp, spath, &h, &table, &crc);
+    if (ret == 0 && fread(taken, 1, counts, fp) != counts) {
+      DT_ERROR(CKPT, "%s: short read of the data sources' counts", spath);
+      ret = DT_EIO;
+    }
+    crc = dt_crc32c(crc, taken, counts);
     float *dst[3] = {params, m, v};
     for (int k = 0; k < 3 && ret == 0; k++)
       ret = read_section(fp, spath, table, h.nruns, want, nruns, dst[k], &crc, &got[k]);
@@ -661,6 +683,9 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       state->data.epoch = h.data_epoch, state->data.shard = h.data_shard;
       state->data.window = h.data_window;
       state->data.unit = h.data_unit;
+      state->data.seqs = h.data_seqs, state->data.blend = h.data_blend;
+      state->data.nsrc = (int32_t)h.data_nsrc;
+      memcpy(state->data.taken, taken, counts);
       memcpy(state->rng.s, h.rng, sizeof h.rng);
       state->threads = h.threads;
     }

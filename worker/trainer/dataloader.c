@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "blend.h"
 #include "dt_log.h"
 #include "dt_util.h"
 #include "rng.h"
@@ -17,6 +18,8 @@
 /* Distinct streams for the two permutations, so that shard and window orders are unrelated. */
 #define SHUFFLE_SHARDS_SALT  0x5348415244ull /* "SHARD" */
 #define SHUFFLE_WINDOWS_SALT 0x57494E44ull   /* "WIND" */
+/* A blend's source d is shuffled with seed + (d + 1) x this (its own orders). */
+#define BLEND_SOURCE_SEED 0xD1B54A32D192ED03ull
 
 static int64_t window_seqs(const dt_dataloader_t *dl)
 {
@@ -145,7 +148,8 @@ static void draw_shard_order(dt_dataloader_t *dl)
   }
 }
 
-int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
+/* One source: the shards matching pattern. */
+static int open_source(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
                        int accum, int vocab, int shuffle, uint64_t seed)
 {
   int ret = 0;
@@ -205,8 +209,38 @@ fail_noglob:
   return ret;
 }
 
+static int blend_seek(dt_dataloader_t *dl, dt_data_pos_t pos);
+static int seek_window_index(dt_dataloader_t *dl, int64_t w, int64_t seqs);
+
+/* A position's global sequence count as whole windows of this loader (rounded down, with a
+ * warning, when the global batch changed). */
+static int64_t whole_windows(const dt_dataloader_t *dl, int64_t seqs, const char *where)
+{
+  const int64_t unit = window_seqs(dl);
+  if (seqs % unit)
+    DT_WARN(DATA,
+            "the data position (%lld sequences %s) is not at a step boundary of this run's "
+            "%lld-sequence steps (the global batch changed): going on from %lld",
+            (long long)seqs, where, (long long)unit, (long long)(seqs / unit * unit));
+  return seqs / unit;
+}
+
 int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
 {
+  if (dl->nsrc)
+    return blend_seek(dl, pos);
+  if (pos.blend) {
+    if (pos.seqs < 0) {
+      DT_ERROR(DATA, "invalid data position: %lld sequences", (long long)pos.seqs);
+      return DT_ERANGE;
+    }
+    const int64_t w = whole_windows(dl, pos.seqs, "into the run");
+    DT_INFO(DATA,
+            "the checkpoint's run read a blend of sources; this run reads one, from window %lld of "
+            "its stream (%lld sequences in)",
+            (long long)w, (long long)pos.seqs);
+    return seek_window_index(dl, w, w * window_seqs(dl));
+  }
   const int64_t unit = window_seqs(dl);
   /* Older checkpoints counted windows of world*B sequences, one per micro-step. */
   const int64_t saved = pos.unit ? pos.unit : unit / dl->accum;
@@ -221,16 +255,10 @@ int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
              dl->nshards);
     return DT_ERANGE;
   }
-  if (saved != unit) {
-    const int64_t seqs = pos.window * saved;
-    if (seqs % unit)
-      DT_WARN(DATA,
-              "the data position (%lld sequences into the shard) is not at a step boundary of "
-              "this run's %lld-sequence steps (the global batch changed): going on from %lld",
-              (long long)seqs, (long long)unit, (long long)(seqs / unit * unit));
-    pos.window = seqs / unit;
-  }
+  if (saved != unit)
+    pos.window = whole_windows(dl, pos.window * saved, "into the shard");
   pos.unit = unit;
+  pos.blend = 0;
   dl->pos = pos;
   dl->micro = 0;
   draw_shard_order(dl);
@@ -243,14 +271,35 @@ int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
   return 0;
 }
 
+/* Moves a loader of one source to the w-th window of its stream (epochs and shards in their
+ * order), read after seqs global sequences. */
+static int seek_window_index(dt_dataloader_t *dl, int64_t w, int64_t seqs)
+{
+  const int64_t per_epoch = dt_dataloader_epoch_windows(dl);
+  dt_data_pos_t pos = {.epoch = w / per_epoch, .unit = window_seqs(dl), .seqs = seqs};
+  int64_t rest = w % per_epoch;
+  dl->pos.epoch = pos.epoch;
+  draw_shard_order(dl);
+  for (;; pos.shard++) {
+    const int64_t n = (dl->ntok_of[dl->shard_order[pos.shard]] - 1) / window_tokens(dl);
+    if (rest < n)
+      break;
+    rest -= n;
+  }
+  pos.window = rest;
+  return dt_dataloader_seek(dl, pos);
+}
+
 int dt_dataloader_reset(dt_dataloader_t *dl)
 {
-  dt_data_pos_t zero = {0, 0, 0, 0};
+  dt_data_pos_t zero = {0};
   zero.unit = window_seqs(dl);
   return dt_dataloader_seek(dl, zero);
 }
 
-int dt_dataloader_next(dt_dataloader_t *dl)
+/* The next micro-batch of one source into inputs/targets ((B, T) each), or past it when they
+ * are NULL. */
+static int advance(dt_dataloader_t *dl, int *inputs, int *targets)
 {
   if (dl->micro == 0 && dl->pos.window >= dl->nwindows) {
     /* Next shard, or the next epoch after the last one. */
@@ -265,28 +314,205 @@ int dt_dataloader_next(dt_dataloader_t *dl)
   int64_t w = dl->shuffle ? dl->window_order[dl->pos.window] : dl->pos.window;
   const uint16_t *src = dl->tokens + w * window_tokens(dl) +
                         ((int64_t)dl->micro * dl->world + dl->rank) * dl->B * dl->T;
-  const size_t n = (size_t)dl->B * dl->T;
+  const size_t n = inputs ? (size_t)dl->B * dl->T : 0;
   for (size_t i = 0; i < n; i++) {
-    dl->inputs[i] = src[i];
-    dl->targets[i] = src[i + 1];
+    inputs[i] = src[i];
+    targets[i] = src[i + 1];
   }
   if (++dl->micro == dl->accum) {
     dl->micro = 0;
     dl->pos.window++;
+    dl->pos.seqs += window_seqs(dl);
   }
   return 0;
 }
 
+static int blend_next(dt_dataloader_t *dl);
+
+int dt_dataloader_next(dt_dataloader_t *dl)
+{
+  return dl->nsrc ? blend_next(dl) : advance(dl, dl->inputs, dl->targets);
+}
+
 int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl)
 {
+  if (dl->nsrc)
+    return -1;
   int64_t total = 0;
   for (int i = 0; i < dl->nshards; i++)
     total += (dl->ntok_of[i] - 1) / window_tokens(dl);
   return total;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Blends                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The source of global sequence i, given the counts dealt before it (Megatron-LM's
+ * build_blending_indices rule). */
+static int blend_pick(const dt_dataloader_t *dl, int64_t i)
+{
+  const double x = i > 1 ? (double)i : 1.0;
+  int best = 0;
+  double best_err = dl->weight[0] * x - (double)dl->taken[0];
+  for (int d = 1; d < dl->nsrc; d++) {
+    const double err = dl->weight[d] * x - (double)dl->taken[d];
+    if (err > best_err)
+      best = d, best_err = err;
+  }
+  return best;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001B3ull;
+  return h;
+}
+
+static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int rank, int world,
+                      int accum, int vocab, int shuffle, uint64_t seed)
+{
+  char why[512];
+  dt_blend_t b;
+  memset(dl, 0, sizeof *dl);
+  dl->loaded = -1;
+  if (dt_blend_parse(spec, &b, why, sizeof why) != 0) {
+    DT_ERROR(DATA, "%s: %s", spec, why);
+    return DT_EINVAL;
+  }
+  int ret = 0;
+  if (B < 1 || T < 1 || world < 1 || rank < 0 || rank >= world || accum < 1) {
+    DT_ERROR(DATA, "invalid data loader arguments: B=%d T=%d rank=%d world=%d accum=%d", B, T, rank,
+             world, accum);
+    ret = DT_EINVAL;
+    goto out;
+  }
+  dl->B = B, dl->T = T, dl->rank = rank, dl->world = world, dl->accum = accum, dl->vocab = vocab;
+  dl->nsrc = b.n;
+  dl->src = calloc((size_t)b.n, sizeof *dl->src);
+  dl->src_pattern = calloc((size_t)b.n, sizeof(char *));
+  dl->weight = calloc((size_t)b.n, sizeof(double));
+  dl->inputs = calloc((size_t)B * T, sizeof(int));
+  dl->targets = calloc((size_t)B * T, sizeof(int));
+  if (!dl->src || !dl->src_pattern || !dl->weight || !dl->inputs || !dl->targets) {
+    ret = DT_ENOMEM;
+    goto out;
+  }
+  double sum = 0.0;
+  for (int d = 0; d < b.n; d++)
+    sum += b.weight[d];
+  uint64_t h = fnv1a(0xCBF29CE484222325ull, &b.n, sizeof b.n);
+  for (int d = 0; d < b.n; d++) {
+    dt_dataloader_t *s = &dl->src[d];
+    DT_CHECK_GOTO(open_source(s, b.pattern[d], 1, T, 0, 1, 1, vocab, shuffle,
+                              seed + (uint64_t)(d + 1) * BLEND_SOURCE_SEED),
+                  ret, out);
+    dl->src_pattern[d] = b.pattern[d], b.pattern[d] = NULL;
+    dl->weight[d] = b.weight[d] / sum;
+    h = fnv1a(h, &dl->weight[d], sizeof dl->weight[d]);
+    h = fnv1a(h, &s->nshards, sizeof s->nshards);
+    h = fnv1a(h, s->ntok_of, (size_t)s->nshards * sizeof *s->ntok_of);
+    DT_INFO(DATA, "blend source %d: %s, weight %.4f: %d shard%s, %lld sequences of %d a pass",
+            d + 1, dl->src_pattern[d], dl->weight[d], s->nshards, s->nshards == 1 ? "" : "s",
+            (long long)dt_dataloader_epoch_windows(s), T);
+  }
+  dl->fingerprint = h ? h : 1; /* 0 means one source */
+  ret = dt_dataloader_reset(dl);
+out:
+  dt_blend_free(&b);
+  if (ret != 0)
+    dt_dataloader_free(dl);
+  return ret;
+}
+
+static int blend_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
+{
+  const int64_t unit = window_seqs(dl);
+  if (pos.seqs < 0 || pos.nsrc < 0 || pos.nsrc > DT_BLEND_MAX) {
+    DT_ERROR(DATA, "invalid data position: %lld sequences, %d sources", (long long)pos.seqs,
+             pos.nsrc);
+    return DT_ERANGE;
+  }
+  const int64_t n = whole_windows(dl, pos.seqs, "into the run") * unit;
+  if (pos.blend == dl->fingerprint && pos.nsrc == dl->nsrc && n == pos.seqs) {
+    int64_t left = n;
+    for (int d = 0; d < pos.nsrc && left >= 0; d++)
+      left = pos.taken[d] < 0 || pos.taken[d] > left ? -1 : left - pos.taken[d];
+    if (left != 0) {
+      DT_ERROR(DATA, "invalid data position: the sources' counts do not add up to %lld sequences",
+               (long long)n);
+      return DT_ERANGE;
+    }
+    memcpy(dl->taken, pos.taken, sizeof dl->taken);
+  } else {
+    /* Checkpoints of one source's run, of another blend or batch: deal the sequences again. */
+    if (n > 0)
+      DT_INFO(DATA,
+              "the checkpoint's run read %s: this blend goes on where its sources would be after "
+              "%lld sequences",
+              pos.blend == 0                 ? "one source"
+              : pos.blend != dl->fingerprint ? "another blend (other weights or shards)"
+                                             : "this blend in steps of another size",
+              (long long)n);
+    memset(dl->taken, 0, sizeof dl->taken);
+    for (int64_t i = 0; i < n; i++)
+      dl->taken[blend_pick(dl, i)]++;
+  }
+  for (int d = 0; d < dl->nsrc; d++) {
+    dt_dataloader_t *s = &dl->src[d];
+    DT_CHECK(seek_window_index(s, dl->taken[d], dl->taken[d]));
+  }
+  dl->pos = (dt_data_pos_t){
+      .window = n / unit, .unit = unit, .seqs = n, .blend = dl->fingerprint, .nsrc = dl->nsrc};
+  memcpy(dl->pos.taken, dl->taken, sizeof dl->taken);
+  dl->micro = 0;
+  return 0;
+}
+
+/* The micro-batch's sequences are global sequences [first, first + world*B) of which this rank
+ * reads B; every rank deals all of them, so each source advances past the others' rows. */
+static int blend_next(dt_dataloader_t *dl)
+{
+  const int64_t per_micro = (int64_t)dl->world * dl->B;
+  const int64_t first = dl->pos.seqs + dl->micro * per_micro;
+  for (int64_t j = 0; j < per_micro; j++) {
+    const int d = blend_pick(dl, first + j);
+    dl->taken[d]++;
+    const int64_t row = j - (int64_t)dl->rank * dl->B;
+    const int mine = row >= 0 && row < dl->B;
+    DT_CHECK(advance(&dl->src[d], mine ? dl->inputs + row * dl->T : NULL,
+                     mine ? dl->targets + row * dl->T : NULL));
+  }
+  if (++dl->micro == dl->accum) {
+    dl->micro = 0;
+    dl->pos.window++;
+    dl->pos.seqs += window_seqs(dl);
+    memcpy(dl->pos.taken, dl->taken, sizeof dl->taken);
+  }
+  return 0;
+}
+
+int dt_dataloader_init(dt_dataloader_t *dl, const char *pattern, int B, int T, int rank, int world,
+                       int accum, int vocab, int shuffle, uint64_t seed)
+{
+  if (dt_blend_is(pattern))
+    return blend_open(dl, pattern, B, T, rank, world, accum, vocab, shuffle, seed);
+  return open_source(dl, pattern, B, T, rank, world, accum, vocab, shuffle, seed);
+}
+
 void dt_dataloader_free(dt_dataloader_t *dl)
 {
+  for (int d = 0; d < dl->nsrc; d++) {
+    if (dl->src)
+      dt_dataloader_free(&dl->src[d]);
+    if (dl->src_pattern)
+      free(dl->src_pattern[d]);
+  }
+  free(dl->src);
+  free(dl->src_pattern);
+  free(dl->weight);
   unload_shard(dl);
   if (dl->paths)
     for (int i = 0; i < dl->nshards; i++)

@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "blend.h"
 #include "checkpoint.h"
 #include "dataloader.h"
 #include "evalset.h"
@@ -110,6 +111,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
   if (!o->train_pattern && o->steps > 0)
     msg = "--train is required (only a run of --steps 0, which evaluates or samples a model as "
           "it is, goes without)";
+  else if (o->val_pattern && dt_blend_is(o->val_pattern))
+    msg = "--val takes one source (a file or glob of token shards), not a blend";
   else if (!o->train_pattern && !o->val_pattern && o->sample_tokens > 0)
     msg = "--sample needs --train or --val: its prompt is their first sequence";
   else if (o->batch < 1)
@@ -170,6 +173,16 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
   if (msg) {
     snprintf(why, n, "%s", msg);
     return DT_EINVAL;
+  }
+  if (o->train_pattern && dt_blend_is(o->train_pattern)) {
+    dt_blend_t b;
+    char bad[512] = "out of memory";
+    const int rc = dt_blend_parse(o->train_pattern, &b, bad, sizeof bad);
+    dt_blend_free(&b);
+    if (rc != 0)
+      snprintf(why, n, "--train %s: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", o->train_pattern,
+               bad);
+    return rc;
   }
   return 0;
 }
@@ -1146,6 +1159,18 @@ static int open_eval(trainer_t *t, int unit)
   return 0;
 }
 
+/* How often the run will read each source of a blend: a source read many times over is
+ * repeated data. */
+static void log_blend(const trainer_t *t)
+{
+  const dt_dataloader_t *dl = &t->train;
+  const double seqs = (double)(t->o->steps - t->state.step) * dl->B * dl->world * dl->accum;
+  for (int d = 0; d < dl->nsrc; d++)
+    DT_INFO(TRAIN, "blend source %d (%s): %.0f sequences in steps %lld..%d, %.3g passes over it",
+            d + 1, dl->src_pattern[d], seqs * dl->weight[d], (long long)t->state.step, t->o->steps,
+            seqs * dl->weight[d] / (double)dt_dataloader_epoch_windows(&dl->src[d]));
+}
+
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
 static int setup(trainer_t *t, const dt_train_opts_t *o)
 {
@@ -1317,8 +1342,12 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
               "rounding differs, so losses match an uninterrupted run only to ~1e-6",
               omp_get_max_threads(), t->state.threads);
     t->state.threads = omp_get_max_threads();
-    if (o->train_pattern)
+    if (o->train_pattern) {
+      /* Checkpoints older than the sequence count: each step read one global batch. */
+      if (t->state.data.seqs == 0)
+        t->state.data.seqs = t->state.step * t->train.B * t->train.world * t->train.accum;
       DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
+    }
   }
   int slots[DT_GPT2_MAX_CHUNKS] = {1}, nslots = 1;
   if (t->pp > 1) {
@@ -1369,11 +1398,14 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
                             : 0.0);
   print_memory(t);
   t->tokens_per_step = (double)o->batch * o->seq * o->grad_accum * t->dpsize;
-  DT_INFO(TRAIN,
-          "batch %d x seq %d x accum %d x dp %d = %.0f tokens/step; %lld windows per epoch; "
-          "steps %lld..%d",
-          o->batch, o->seq, o->grad_accum, t->dpsize, t->tokens_per_step,
-          (long long)dt_dataloader_epoch_windows(&t->train), (long long)t->state.step, o->steps);
+  char epoch[64] = "a blend";
+  if (!t->train.nsrc)
+    snprintf(epoch, sizeof epoch, "%lld windows per epoch",
+             (long long)dt_dataloader_epoch_windows(&t->train));
+  DT_INFO(TRAIN, "batch %d x seq %d x accum %d x dp %d = %.0f tokens/step; %s; steps %lld..%d",
+          o->batch, o->seq, o->grad_accum, t->dpsize, t->tokens_per_step, epoch,
+          (long long)t->state.step, o->steps);
+  log_blend(t);
   t->sched = o->sched;
   t->sched.total_steps = o->steps;
   return 0;
