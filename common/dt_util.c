@@ -81,6 +81,14 @@ int dt_grow(void **p, size_t *cap, size_t need, size_t elem)
   return 0;
 }
 
+uint64_t dt_fnv1a(uint64_t h, const void *p, size_t n)
+{
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
 int dt_afile_open(dt_afile_t *af, const char *path)
 {
   memset(af, 0, sizeof *af);

@@ -25,6 +25,9 @@ void dt_free_aligned(void *p);
 /* Grows *p (an array of *cap elements of elem bytes, realloc'd) to hold at least need, doubling
  * from 64; DT_ENOMEM (*p and *cap unchanged) when memory runs out. */
 int dt_grow(void **p, size_t *cap, size_t need, size_t elem);
+/* FNV-1a over n bytes, going on from h (DT_FNV1A_INIT to start). */
+#define DT_FNV1A_INIT 14695981039346656037ull
+uint64_t dt_fnv1a(uint64_t h, const void *p, size_t n);
 
 /* Durable atomic file creation: dt_afile_open writes to "<path>.tmp.<pid>"; dt_afile_commit
  * flushes, fsyncs, renames over path and fsyncs the directory; dt_afile_abort removes the

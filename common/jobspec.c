@@ -978,6 +978,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (training->eval_every > 0 && str_empty(data->eval))
     bad(&v, "training.eval_every (%d) needs data.eval (a multiple-choice eval file)",
         training->eval_every);
+  if (!(training->peak_tflops >= 0.0 && training->peak_tflops < 1e9))
+    bad(&v, "training.peak_tflops (%g) must be a device's peak TFLOP/s, >= 0 (0: a known GPU's)",
+        training->peak_tflops);
 
   /* optimizer */
   if (!(optimizer->lr >= 0.0 && isfinite(optimizer->lr)))
@@ -1485,6 +1488,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   }
   if (t->eval_every > 0)
     av_int(&a, "--eval-every", t->eval_every);
+  if (t->peak_tflops > 0)
+    av_double(&a, "--peak-tflops", t->peak_tflops);
   if (!str_empty(ck->dir)) {
     av_str(&a, "--ckpt-dir", ck->dir);
     av_int(&a, "--save-every", ck->every);

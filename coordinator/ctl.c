@@ -480,6 +480,9 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
     fprintf(fp, ", \"val_loss\": %.9g", m->val_loss);
   if (m->has_eval)
     fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f", m->eval_acc_norm, m->eval_acc);
+  fprintf(fp, ", \"tflops\": %.6g", m->tflops);
+  if (m->mfu > 0)
+    fprintf(fp, ", \"mfu\": %.6f", m->mfu);
   fputs("}\n", fp);
 }
 
@@ -613,8 +616,11 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
           if (s->has_eval)
             snprintf(val + strlen(val), sizeof val - strlen(val), " | eval acc_norm %.4f",
                      s->eval_acc_norm);
-          fprintf(stderr, "step %6lld/%d | loss %.4f%s | %8.0f tok/s | ETA %s\n",
-                  (long long)s->step, steps, s->loss, val, s->tokens_per_s, eta);
+          char mfu[32] = "";
+          if (s->mfu > 0)
+            snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * s->mfu);
+          fprintf(stderr, "step %6lld/%d | loss %.4f%s | %8.0f tok/s%s | ETA %s\n",
+                  (long long)s->step, steps, s->loss, val, s->tokens_per_s, mfu, eta);
         }
         after = s->step;
       }

@@ -200,6 +200,29 @@ static void eval_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, c
   }
 }
 
+/* A gauge of each job's newest step report, for the jobs that have one (and, with positive, a
+ * positive value in it). */
+static void step_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, const char *help,
+                       double (*value)(const Distrain__V1__StepMetrics *), int positive)
+{
+  dt_prom_family(out, name, "gauge", help);
+  for (size_t i = 0; i < n; i++) {
+    const dt_job_t *j = jobs[i];
+    const double v = j->n_metrics ? value(j->metrics[j->n_metrics - 1]) : 0.0;
+    if (j->n_metrics && (!positive || v > 0))
+      dt_prom_sample(out, name, (label_t[]){{"job_id", j->id}}, 1, v);
+  }
+}
+
+static double step_tflops(const Distrain__V1__StepMetrics *m)
+{
+  return m->tflops;
+}
+static double step_mfu(const Distrain__V1__StepMetrics *m)
+{
+  return m->mfu;
+}
+
 static double job_tokens(const dt_job_t *j)
 {
   return j->job->tokens_per_s;
@@ -232,6 +255,14 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
   job_gauge(out, jobs, n, "distrain_train_loss", "Rank 0's last reported training loss.", job_loss);
   job_gauge(out, jobs, n, "distrain_tokens_per_second",
             "Training throughput of the whole job, as rank 0 last reported it.", job_tokens);
+  step_gauge(out, jobs, n, "distrain_model_tflops_per_device",
+             "Model TFLOP/s per device in rank 0's newest step: (6 P + 12 L C T) FLOPs a token "
+             "x tokens/s / ranks.",
+             step_tflops, 0);
+  step_gauge(out, jobs, n, "distrain_mfu",
+             "Model FLOPs utilisation in rank 0's newest step (training.peak_tflops, or a "
+             "known GPU's dense bf16 peak), for jobs that know their devices' peak.",
+             step_mfu, 1);
   eval_gauge(out, jobs, n, "distrain_val_loss",
              "The newest validation loss (training.val_every), for jobs that have one.", 0);
   eval_gauge(out, jobs, n, "distrain_eval_accuracy",

@@ -297,6 +297,7 @@ class T2_Prometheus(MetricsTest):
         test_eval.write_evalfile(evalset, test_eval.random_examples(3, 8))
         spec.data.eval = evalset
         spec.training.val_every = spec.training.eval_every = steps // 2
+        spec.training.peak_tflops = 0.001  # a peak for the MFU on a CPU
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
         sel = '{job_id="%s"}' % job_id
 
@@ -346,6 +347,11 @@ class T2_Prometheus(MetricsTest):
         self.assertEqual(f32(self.value("distrain_val_loss" + sel)), f32(ms[-1].val_loss))
         self.assertEqual(f32(self.value("distrain_eval_accuracy" + sel)),
                          f32(ms[-1].eval_acc_norm))
+        # the newest step's model TFLOP/s per device, and the MFU against training.peak_tflops
+        self.assertGreater(ms[-1].tflops, 0)
+        self.assertAlmostEqual(ms[-1].mfu, ms[-1].tflops / 0.001, delta=1e-6 * ms[-1].mfu)
+        self.assertEqual(self.value("distrain_model_tflops_per_device" + sel), ms[-1].tflops)
+        self.assertEqual(f32(self.value("distrain_mfu" + sel)), f32(ms[-1].mfu))
         count = self.wait_value("distrain_step_duration_seconds_count" + sel,
                                 lambda v: v == steps, 10, "count == steps")
         self.assertEqual(count, steps)

@@ -240,6 +240,45 @@ class Profile(unittest.TestCase):
                 self.assertEqual({k: v[0] for k, v in table.items()},
                                  {k["kernel"]: k["calls"] for k in found[0]["kernels"]})
 
+    def test_model_flops_and_mfu(self):
+        """Every step's model TFLOP/s per device is (6 P + 12 L C T) x tokens/s / ranks, and
+        its MFU that over --peak-tflops; a CPU run without the flag reports no MFU."""
+        fpt = None
+        for tag, world, extra in (("mfu1", 1, ["--peak-tflops", "0.002"]),
+                                  ("mfu2", 2, ["--peak-tflops", "0.002"]), ("nopeak", 1, [])):
+            with self.subTest(tag):
+                metrics = os.path.join(self.tmp, tag + ".jsonl")
+                args = [a for a in dp.base_args(4 // world, ACCUM, metrics, STEPS)
+                        if a != "--quiet"]
+                if world == 1:
+                    p = subprocess.run(args + extra, capture_output=True, text=True)
+                    self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+                    err = p.stderr
+                else:
+                    kv = tempfile.mkdtemp(dir=self.tmp)
+                    outs = dp.wait_all(dp.launch(world, lambda r: args + extra, kv))
+                    dp.assert_ranks_ok(outs, tag)
+                    err = outs[0][2]
+                if fpt is None:
+                    fpt = 6 * param_count(err) + 12 * L * C * T
+                self.assertIn("model FLOPs: %.4g a token (6 P + 12 L C T); " % fpt, err)
+                rows = dp.read_metrics(metrics)
+                self.assertEqual(len(rows), STEPS)
+                for r in rows:
+                    want = fpt * r["tokens_per_s"] / world / 1e12
+                    self.assertAlmostEqual(r["tflops"], want, delta=2e-5 * want)
+                    if extra:
+                        self.assertAlmostEqual(r["mfu"], r["tflops"] / 0.002, delta=2e-5 * r["mfu"])
+                    else:
+                        self.assertNotIn("mfu", r)
+                if extra:
+                    self.assertIn("MFU against 0.002 TFLOP/s a device (--peak-tflops)", err)
+                    self.assertRegex(err, r"tok/s \| MFU \d+\.\d%")
+                else:
+                    self.assertIn("no MFU: the peak of cpu in fp32 is not known (--peak-tflops "
+                                  "gives it)", err)
+                    self.assertNotIn("| MFU", err)
+
     def test_trace(self):
         trace = os.path.join(self.tmp, "one.trace.json")
         p, m = self.run_one("trace", ["--profile", "2:2", "--profile-trace", trace])

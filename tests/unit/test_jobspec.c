@@ -681,6 +681,7 @@ static const struct {
     {{"training.val_every=50"}, "training.val_every (50) needs data.val"},
     {{"training.eval_every=-2"}, "training.eval_every (-2) must be >= 0 (0: data.eval before"},
     {{"training.eval_every=50"}, "training.eval_every (50) needs data.eval"},
+    {{"training.peak_tflops=-1"}, "training.peak_tflops (-1) must be a device's peak TFLOP/s"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
     {{"optimizer.schedule=step"},
@@ -1088,6 +1089,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--vocab-file"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
   ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
+  ck_assert(!has_arg(argv, "--peak-tflops"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1109,7 +1111,9 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "optimizer.decay_frac=0.1");
   set_ok(s, "training.profile=200");
   set_ok(s, "training.profile=3:2");
+  set_ok(s, "training.peak_tflops=756.5");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
+  ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
   ck_assert_str_eq(flag_value(argv, "--profile"), "3:2");
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");

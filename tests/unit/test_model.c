@@ -2,7 +2,8 @@
  * (worker/trainer/gpt2.h): what dt_gpt2_set_precision and dt_gpt2_set_attention take from the
  * table under bf16, and what they refuse, each with DT_ENOTSUP (an input error: the trainer
  * exits before training). The devices are the CPU device with edited copies of its table.
- * Also the bf16 weight copy: what the linear layers read, kept equal to the parameters. */
+ * Also the bf16 weight copy: what the linear layers read, kept equal to the parameters; and the
+ * devices' peaks the MFU is measured against (devices.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,7 @@
 
 #include "cpu_kernels.h"
 #include "device.h"
+#include "devices.h"
 #include "dt_error.h"
 #include "gpt2.h"
 
@@ -400,6 +402,28 @@ START_TEST(test_bf16_linear_layers_read_the_copy)
 }
 END_TEST
 
+/* The names cudaGetDeviceProperties gives, against NVIDIA's data sheets' dense bf16 figures;
+ * a CPU and a GPU not in the table have none. */
+START_TEST(test_peak_flops)
+{
+  static const struct {
+    const char *name;
+    double tflops;
+  } cases[] = {{"NVIDIA H100 80GB HBM3", 989}, {"NVIDIA H100 PCIe", 756},
+               {"NVIDIA H100 NVL", 835},       {"NVIDIA H200", 989},
+               {"NVIDIA H200 NVL", 835},       {"NVIDIA GH200 480GB", 989},
+               {"NVIDIA A100-SXM4-80GB", 312}, {"NVIDIA A100 80GB PCIe", 312},
+               {"NVIDIA GeForce RTX 4090", 0}, {"", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    ck_assert_msg(dt_gpu_peak_bf16_flops(cases[i].name) == cases[i].tflops * 1e12, "%s",
+                  cases[i].name);
+  ck_assert(dt_gpu_peak_bf16_flops(NULL) == 0);
+  char name[64] = "x";
+  ck_assert(dt_train_device_peak_bf16_flops(dt_device_cpu(), name, sizeof name) == 0);
+  ck_assert_str_eq(name, "");
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("model");
@@ -413,6 +437,9 @@ int main(void)
   tcase_add_test(w, test_bf16_copy_follows_the_parameters);
   tcase_add_test(w, test_bf16_linear_layers_read_the_copy);
   suite_add_tcase(s, w);
+  TCase *p = tcase_create("peaks");
+  tcase_add_test(p, test_peak_flops);
+  suite_add_tcase(s, p);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   const int failed = srunner_ntests_failed(sr);

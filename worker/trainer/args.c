@@ -50,6 +50,8 @@ static void usage(FILE *out)
       "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
       "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
+      "  --peak-tflops T             a device's peak TFLOP/s, for the MFU in the step lines\n"
+      "                              (default: a known GPU's dense bf16 peak under bf16)\n"
       "  --vocab-file vocab.json     GPT-2 BPE vocabulary the sample's tokens are printed with\n"
       "                              (default: bytes for a 256-token vocabulary, else ids)\n"
       "  --profile S[:N]             time every kernel and communication call of steps S..S+N-1\n"
@@ -122,6 +124,7 @@ enum {
   OPT_CKPT_SYNC,
   OPT_EXPORT,
   OPT_METRICS,
+  OPT_PEAK_TFLOPS,
   OPT_SAMPLE,
   OPT_SAMPLE_TEMP,
   OPT_VOCAB_FILE,
@@ -159,6 +162,7 @@ static const struct option g_opts[] = {
     {"val-every", required_argument, 0, OPT_VAL_EVERY},
     {"val-batches", required_argument, 0, OPT_VAL_BATCHES},
     {"eval", required_argument, 0, OPT_EVAL},
+    {"peak-tflops", required_argument, 0, OPT_PEAK_TFLOPS},
     {"eval-every", required_argument, 0, OPT_EVAL_EVERY},
     {"eval-out", required_argument, 0, OPT_EVAL_OUT},
     {"batch", required_argument, 0, OPT_BATCH},
@@ -407,6 +411,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_DECAY_FRAC:
       rc = parse_float(c, optarg, &o->sched.decay_frac);
+      break;
+    case OPT_PEAK_TFLOPS:
+      rc = parse_float(c, optarg, &o->peak_tflops);
       break;
     case OPT_MINLR:
       rc = parse_float(c, optarg, &o->sched.min_lr_frac);

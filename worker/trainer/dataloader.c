@@ -363,14 +363,6 @@ static int blend_pick(const dt_dataloader_t *dl, int64_t i)
   return best;
 }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ b[i]) * 0x100000001B3ull;
-  return h;
-}
-
 static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int rank, int world,
                       int accum, int vocab, int shuffle, uint64_t seed)
 {
@@ -403,7 +395,7 @@ static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int r
   double sum = 0.0;
   for (int d = 0; d < b.n; d++)
     sum += b.weight[d];
-  uint64_t h = fnv1a(0xCBF29CE484222325ull, &b.n, sizeof b.n);
+  uint64_t h = dt_fnv1a(DT_FNV1A_INIT, &b.n, sizeof b.n);
   for (int d = 0; d < b.n; d++) {
     dt_dataloader_t *s = &dl->src[d];
     DT_CHECK_GOTO(open_source(s, b.pattern[d], 1, T, 0, 1, 1, vocab, shuffle,
@@ -411,9 +403,9 @@ static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int r
                   ret, out);
     dl->src_pattern[d] = b.pattern[d], b.pattern[d] = NULL;
     dl->weight[d] = b.weight[d] / sum;
-    h = fnv1a(h, &dl->weight[d], sizeof dl->weight[d]);
-    h = fnv1a(h, &s->nshards, sizeof s->nshards);
-    h = fnv1a(h, s->ntok_of, (size_t)s->nshards * sizeof *s->ntok_of);
+    h = dt_fnv1a(h, &dl->weight[d], sizeof dl->weight[d]);
+    h = dt_fnv1a(h, &s->nshards, sizeof s->nshards);
+    h = dt_fnv1a(h, s->ntok_of, (size_t)s->nshards * sizeof *s->ntok_of);
     DT_INFO(DATA, "blend source %d: %s, weight %.4f: %d shard%s, %lld sequences of %d a pass",
             d + 1, dl->src_pattern[d], dl->weight[d], s->nshards, s->nshards == 1 ? "" : "s",
             (long long)dt_dataloader_epoch_windows(s), T);

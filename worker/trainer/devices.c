@@ -131,16 +131,46 @@ int dt_train_device_comm_able(const dt_device_t *dev, uint64_t *gpu_id, char *wh
     return 0;
   }
   (void)gethostname(host, sizeof host - 1);
-  uint64_t h = 1469598103934665603ull; /* FNV-1a over "host/pci" */
+  uint64_t h = DT_FNV1A_INIT; /* over "host/pci" */
   for (const char *parts[] = {host, "/", gpu.pci_bus_id}, **p = parts; p < parts + 3; p++)
-    for (const char *c = *p; *c; c++)
-      h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = dt_fnv1a(h, *p, strlen(*p));
   *gpu_id = h;
   return 1;
 #else
   snprintf(why, len, "this build has no CUDA");
   return 0;
 #endif
+}
+
+double dt_gpu_peak_bf16_flops(const char *name)
+{
+  /* the first entry whose text the name contains: the PCIe and NVL boards before the SXM one */
+  static const struct {
+    const char *part;
+    double tflops;
+  } peaks[] = {{"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H200 NVL", 835.0}, {"GH200", 989.0},
+               {"H100", 989.0},      {"H200", 989.0},     {"A100", 312.0}};
+  for (size_t i = 0; name && i < sizeof peaks / sizeof *peaks; i++)
+    if (strstr(name, peaks[i].part))
+      return peaks[i].tflops * 1e12;
+  return 0.0;
+}
+
+double dt_train_device_peak_bf16_flops(const dt_device_t *dev, char *name, size_t n)
+{
+  snprintf(name, n, "%s", "");
+#ifdef DT_HAVE_CUDA
+  int ordinal;
+  dt_cuda_gpu_t gpu;
+  if (!dev->host && sscanf(dev->name, "cuda:%d", &ordinal) == 1 &&
+      dt_cuda_gpu_info(ordinal, &gpu) == 0) {
+    snprintf(name, n, "%s", gpu.name);
+    return dt_gpu_peak_bf16_flops(gpu.name);
+  }
+#else
+  (void)dev;
+#endif
+  return 0.0;
 }
 
 void dt_train_device_close(dt_device_t *dev)

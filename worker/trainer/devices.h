@@ -24,6 +24,11 @@ int dt_train_device_open(const char *want, dt_device_t **out);
  * host name and the GPU's PCI address, whatever CUDA_VISIBLE_DEVICES calls it): ranks with
  * equal ids share one GPU, which NCCL refuses, so the caller compares them. */
 int dt_train_device_comm_able(const dt_device_t *dev, uint64_t *gpu_id, char *why, size_t len);
+/* The dense bf16 tensor-core peak of the GPU named name ("NVIDIA H100 80GB HBM3"), in FLOP/s,
+ * from NVIDIA's data sheets (A100, H100 SXM / PCIe / NVL, H200, GH200); 0 for other names. */
+double dt_gpu_peak_bf16_flops(const char *name);
+/* The same for dev's GPU, and the GPU's name into name (n bytes); 0 (and "") for a CPU. */
+double dt_train_device_peak_bf16_flops(const dt_device_t *dev, char *name, size_t n);
 /* Releases what open acquired (a GPU's stream and handles); NULL is fine. */
 void dt_train_device_close(dt_device_t *dev);
 

@@ -229,6 +229,8 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
     s.eval_acc = (float)m->eval_correct / (float)m->eval_n;
   }
   s.compute_ms = DT_MAX(0.0, m->ms * (1.0 - m->bubble) - m->comm_ms);
+  s.tflops = m->tflops;
+  s.mfu = (float)m->mfu;
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
   r.step = &s;
   r.memory_bytes = m->device_bytes ? m->device_bytes : peak_rss_bytes();

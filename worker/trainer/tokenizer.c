@@ -118,9 +118,7 @@ static int spelled_bytes(const char *s, size_t n, uint8_t *out)
 
 static uint64_t hash_bytes(const uint8_t *p, size_t n)
 {
-  uint64_t h = 14695981039346656037ull; /* FNV-1a */
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ p[i]) * 1099511628211ull;
+  const uint64_t h = dt_fnv1a(DT_FNV1A_INIT, p, n);
   return h ^ (h >> 31);
 }
 

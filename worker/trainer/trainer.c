@@ -166,6 +166,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
   else if (o->comm && strcmp(o->comm, "nccl") == 0 && !dt_comm_has_backend("nccl"))
     msg = "--comm nccl: this distrain-train was built without NCCL (not found at configure "
           "time); use --comm cpu";
+  else if (!(o->peak_tflops >= 0.0 && o->peak_tflops < 1e9))
+    msg = "--peak-tflops must be a number of TFLOP/s >= 0 (0: a known GPU's)";
   else if (o->stop_at < 0)
     msg = "--stop-at must be >= 0";
   else if (o->zero_stage < 0 || o->zero_stage > 3)
@@ -305,6 +307,8 @@ typedef struct {
   int *cp_inputs, *cp_targets; /* (B, seq) this rank's chunk of a batch (cp > 1) */
   dt_lr_schedule_t sched;
   double tokens_per_step;
+  double flops_per_token; /* the model's, forward and backward: 6 P + 12 L C T */
+  double peak_flops;      /* a device's, for the MFU; 0: unknown */
   /* pipeline (pp > 1) */
   int pp, stage;               /* stages, this rank's */
   dt_pipeline_t *pipe;         /* runs this stage's schedule; NULL when pp == 1 */
@@ -704,6 +708,9 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
     fprintf(fp, ", \"bubble\": %.4f", s->bubble);
   if (s->device_bytes)
     fprintf(fp, ", \"device_mib\": %.1f", (double)s->device_bytes / (1 << 20));
+  fprintf(fp, ", \"tflops\": %.6g", s->tflops);
+  if (s->mfu > 0)
+    fprintf(fp, ", \"mfu\": %.6f", s->mfu);
   fprintf(fp, "}\n");
   fflush(fp);
 }
@@ -1159,6 +1166,30 @@ static int open_eval(trainer_t *t, int unit)
   return 0;
 }
 
+/* The model FLOPs a token costs, as llm.c, Megatron-LM and PaLM count them for the MFU: 6 per
+ * parameter (forward and backward GEMMs; the padded vocabulary included, recomputation not)
+ * and 12 L C T for attention's two products; and the peak they are held against: --peak-tflops,
+ * else a known GPU's dense bf16 peak in a bf16 run. */
+static void log_flops(trainer_t *t)
+{
+  const dt_gpt2_config_t *c = &t->cfg;
+  t->flops_per_token =
+      6.0 * (double)t->model.global_params + 12.0 * c->layers * c->channels * (double)t->o->seq;
+  char gpu[256] = "", peak[320];
+  t->peak_flops = t->o->peak_tflops * 1e12;
+  if (t->peak_flops > 0)
+    snprintf(peak, sizeof peak, "MFU against %g TFLOP/s a device (--peak-tflops)",
+             t->o->peak_tflops);
+  else if (t->model.bf16 &&
+           (t->peak_flops = dt_train_device_peak_bf16_flops(t->dev, gpu, sizeof gpu)) > 0)
+    snprintf(peak, sizeof peak, "MFU against %g TFLOP/s a device (%s, dense bf16)",
+             t->peak_flops / 1e12, gpu);
+  else
+    snprintf(peak, sizeof peak, "no MFU: the peak of %s%s is not known (--peak-tflops gives it)",
+             gpu[0] ? gpu : t->dev->name, t->model.bf16 ? "" : " in fp32");
+  DT_INFO(TRAIN, "model FLOPs: %.4g a token (6 P + 12 L C T); %s", t->flops_per_token, peak);
+}
+
 /* How often the run will read each source of a blend: a source read many times over is
  * repeated data. */
 static void log_blend(const trainer_t *t)
@@ -1406,6 +1437,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
           o->batch, o->seq, o->grad_accum, t->dpsize, t->tokens_per_step, epoch,
           (long long)t->state.step, o->steps);
   log_blend(t);
+  log_flops(t);
   t->sched = o->sched;
   t->sched.total_steps = o->steps;
   return 0;
@@ -1557,6 +1589,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                             .tokens_per_s = t->tokens_per_step * 1000.0 / ms,
                             .comm_ms = dt_dp_take_comm_ms(t->dp),
                             .bubble = bubble};
+  const int devices = o->world > 1 ? o->world : 1;
+  sm->tflops = t->flops_per_token * sm->tokens_per_s / devices / 1e12;
+  sm->mfu = t->peak_flops > 0 ? sm->tflops * 1e12 / t->peak_flops : 0.0;
   size_t used, total;
   if (t->dev->memory && t->dev->memory(t->dev, &used, &total) == 0) {
     sm->device_bytes = used;
@@ -1585,12 +1620,14 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
   if (!t->lead)
     return;
   if (!o->quiet) {
-    char valbuf[48] = "";
+    char valbuf[48] = "", mfu[32] = "";
     if (sm->has_val)
       snprintf(valbuf, sizeof valbuf, " | val %.4f", sm->val_loss);
-    DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s",
+    if (sm->mfu > 0)
+      snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * sm->mfu);
+    DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s",
             (long long)sm->step, o->steps, sm->loss, valbuf, sm->lr, sm->grad_norm, sm->ms,
-            sm->tokens_per_s);
+            sm->tokens_per_s, mfu);
     log_eval(t, sm->step, sm);
   }
   if (t->metrics)

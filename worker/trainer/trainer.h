@@ -53,6 +53,8 @@ typedef struct {
   int eval_correct_norm;    /* total loss (acc), mean loss (acc_norm) */
   int skipped;              /* a step of --skip-steps: its batch consumed, no update, no loss */
   uint64_t device_bytes;    /* GPU memory in use after the step (dt_device_t.memory); 0 on a CPU */
+  double tflops;            /* model TFLOP/s per device: (6 P + 12 L C T) x tokens/s / ranks */
+  double mfu;               /* tflops / the device's peak; 0 when the peak is unknown */
 } dt_step_metrics_t;
 
 typedef struct {
@@ -91,6 +93,7 @@ typedef struct {
   const char *export_llmc;
   /* output */
   const char *metrics_path;
+  double peak_tflops; /* a device's peak for the MFU (0: a known GPU's bf16 peak under bf16) */
   /* --profile S[:N]: time every kernel of steps S..S+N-1 (profile.h) and log the table after
    * them (rank 0 also into the metrics file); 0: off */
   int profile_from, profile_steps;
