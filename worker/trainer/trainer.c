@@ -1175,7 +1175,7 @@ static void log_flops(trainer_t *t)
   const dt_gpt2_config_t *c = &t->cfg;
   t->flops_per_token =
       6.0 * (double)t->model.global_params + 12.0 * c->layers * c->channels * (double)t->o->seq;
-  char gpu[256] = "", peak[320];
+  char gpu[256] = "", peak[400];
   t->peak_flops = t->o->peak_tflops * 1e12;
   if (t->peak_flops > 0)
     snprintf(peak, sizeof peak, "MFU against %g TFLOP/s a device (--peak-tflops)",
