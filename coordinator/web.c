@@ -31,9 +31,9 @@ static void write_history(FILE *out, const dt_job_t *j)
 {
   const size_t n = j->n_metrics;
   const size_t stride = n > HISTORY_POINTS ? (n + HISTORY_POINTS - 1) / HISTORY_POINTS : 1;
-  static const char *const keys[] = {"step", "loss", "tokens_per_s"};
+  static const char *const keys[] = {"step", "loss", "tokens_per_s", "mfu"};
   fputs("{", out);
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < 4; k++) {
     fprintf(out, "%s\"%s\": [", k ? ", " : "", keys[k]);
     int first = 1;
     for (size_t i = 0; i < n; i++) {
@@ -43,10 +43,11 @@ static void write_history(FILE *out, const dt_job_t *j)
       if (!first)
         fputc(',', out);
       first = 0;
+      const double v[] = {0.0, m->loss, m->tokens_per_s, m->mfu};
       if (k == 0)
         fprintf(out, "%lld", (long long)m->step);
       else
-        dt_json_number(out, "%.7g", k == 1 ? (double)m->loss : m->tokens_per_s);
+        dt_json_number(out, "%.7g", v[k]);
     }
     fputc(']', out);
   }

@@ -398,6 +398,7 @@ class T3_Dashboard(MetricsTest):
         steps = cp.slow_steps(10)
         spec = cp.job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=cp.SLOW,
                            every=steps // 2, name=ODD_NAME)
+        spec.training.peak_tflops = 1.0  # an MFU to show (a few % on a CPU)
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
         self.wait_state(job_id, [cp.pb.JOB_RUNNING], 30, min_step=5)
 
@@ -420,6 +421,8 @@ class T3_Dashboard(MetricsTest):
         self.assertEqual([(r["rank"], r["node_id"]) for r in x["job"]["ranks"]], [(0, "node-0")])
         h = x["history"]
         self.assertEqual(len(h["step"]), len(h["loss"]))
+        self.assertEqual(len(h["step"]), len(h["mfu"]))
+        self.assertTrue(all(v > 0 for v in h["mfu"]), h["mfu"])
         self.assertEqual(h["step"], sorted(h["step"]))
         self.assertGreaterEqual(h["step"][-1], 5)
         texts = [e["text"] for e in d["events"]]
@@ -443,6 +446,7 @@ class T3_Dashboard(MetricsTest):
         self.assertEqual(int(m.group(1)), done.step)
         self.assertEqual(done.step, steps)
         self.assertIn('class="badge COMPLETED"', dom)
+        self.assertRegex(dom, r">MFU <b>\d+(\.\d)?%</b>")
         self.assertIn("node-0", dom)
         self.assertIn("RUNNING -&gt; COMPLETED", dom)  # the events list
         self.assertIn("<canvas", dom)
