@@ -927,15 +927,16 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   /* data */
   if (str_empty(data->train))
     bad(&v, "data.train must name the training shards (a file or a glob)");
-  else if (dt_blend_is(data->train)) {
+  const char *const shards[][2] = {{"data.train", data->train}, {"data.val", data->val}};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(shards); i++) {
     dt_blend_t b;
     char why[512];
-    if (dt_blend_parse(data->train, &b, why, sizeof why) != 0)
-      bad(&v, "data.train: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", why);
+    if (!dt_blend_is(shards[i][1]))
+      continue;
+    if (dt_blend_parse(shards[i][1], &b, why, sizeof why) != 0)
+      bad(&v, "%s: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", shards[i][0], why);
     dt_blend_free(&b);
   }
-  if (!str_empty(data->val) && dt_blend_is(data->val))
-    bad(&v, "data.val takes one source (a file or glob of token shards), not a blend");
 
   /* training */
   DT__POSITIVE(&v, training, batch);

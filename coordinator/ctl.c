@@ -66,7 +66,7 @@ static int absolutize(char **field, const char *base, const char *prefix)
 }
 
 /* The same for each source of a blend ("W:GLOB,..."), or the one path. */
-static int absolutize_train(char **field, const char *base)
+static int absolutize_shards(char **field, const char *base)
 {
   if (!dt_blend_is(*field))
     return absolutize(field, base, NULL);
@@ -108,9 +108,9 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
     dt_jobspec_free(spec);
     return DT_ENOENT;
   }
-  rc = absolutize_train(&spec->data->train, base);
+  rc = absolutize_shards(&spec->data->train, base);
   if (rc == 0)
-    rc = absolutize(&spec->data->val, base, NULL);
+    rc = absolutize_shards(&spec->data->val, base);
   if (rc == 0)
     rc = absolutize(&spec->data->vocab_file, base, NULL);
   if (rc == 0)

@@ -13,6 +13,8 @@ sequence, what the blend must deal. Checks:
   - a shuffled blend stopped mid-run (--stop-at) and resumed equals the uninterrupted run bit for
     bit, and dp=2 and --grad-accum 2 layouts of its global batch give its losses within 1e-5;
   - the start-up log says how often the run reads each source;
+  - --val on a blend gives the validation loss of the dealt sequences bit for bit, as many
+    global batches as come before a source would repeat;
   - bad blends are refused with one line naming them.
 
   /usr/bin/python3 tests/integration/test_blend.py --build build
@@ -159,10 +161,37 @@ class Blend(unittest.TestCase):
             with self.subTest(train=train):
                 p = self.run_one(self.args("bad", train, 1, 2, "--quiet"), expect=1)
                 self.assertIn(msg, p.stderr)
-        p = self.run_one(self.args("bad", self.blend, 1, 2, "--quiet", "--val", self.blend),
-                         expect=1)
-        self.assertIn("--val takes one source (a file or glob of token shards), not a blend",
-                      p.stderr)
+        # a validation blend whose source 2 (3 sequences) begins again inside the first batch
+        val = "1:%s,0.01:%s" % (self.path("b/b_*.bin"), self.path("a/a_*.bin"))
+        p = self.run_one(self.args("bad", self.blend, 8, 2, "--quiet", "--val", val,
+                                   "--val-every", "1"), expect=1)
+        self.assertIn("--val %s: a source of the blend begins its data again within the first "
+                      "global batch (8 sequences)" % val, p.stderr)
+
+    def test_validation_on_a_blend(self):
+        """--val on a blend: the first --val-batches global batches it deals, as many as hold
+        no sequence twice (with weights 1:1, b's 3 sequences last 7)."""
+        seqs = {s: self.source_sequences(s) for s in ("a", "b")}
+        taken = {"a": 0, "b": 0}
+        os.mkdir(self.path("valref"))
+        for i, d in enumerate(megatron_sources([1, 1], 7)):
+            s = "ab"[d]
+            write_shard(self.path("valref/seq_%05d.bin" % i), seqs[s][taken[s]])
+            taken[s] += 1
+        self.assertEqual(taken, {"a": 4, "b": 3})
+        train = os.path.join(GOLDEN, "tiny_train.bin")
+        val = "1:%s,1:%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin"))
+        common = ["--val-every", "2", "--val-batches", "10"]
+        self.run_one(self.args("valref", train, 1, 4, "--val", self.path("valref/seq_*.bin"),
+                               *common))
+        p = self.run_one(self.args("valblend", train, 1, 4, "--val", val, *common))
+        self.assertIn("--val %s holds 7 global batches without a repeat: validation uses those"
+                      % val, p.stderr)
+        read = lambda tag: [(m["step"], m["val_loss"]) for m in  # noqa: E731
+                            dp.read_metrics(self.path(tag + ".metrics")) if "val_loss" in m]
+        ref = read("valref")
+        self.assertEqual([s for s, _ in ref], [2, 4])
+        self.assertEqual(read("valblend"), ref)  # bit for bit
 
 
 if __name__ == "__main__":

@@ -392,11 +392,15 @@ START_TEST(test_spec_paths_relative_to_the_file)
   /* Each source of a blend; its weights as written. */
   fp = fopen(path, "w");
   ck_assert_ptr_nonnull(fp);
-  fputs("data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\"}\n", fp);
+  fputs("data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\",\n"
+        "       val: \"1:web/val.bin,1:code_val.bin\"}\n",
+        fp);
   fclose(fp);
   ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
   snprintf(want, sizeof want, "0.7:%s/web/train_*.bin,0.3:/abs/code.bin,0.1:%s/x.bin", real, real);
   ck_assert_str_eq(spec->data->train, want);
+  snprintf(want, sizeof want, "1:%s/web/val.bin,1:%s/code_val.bin", real, real);
+  ck_assert_str_eq(spec->data->val, want);
   dt_jobspec_free(spec);
   ut_rm_rf(dir);
 }

@@ -209,6 +209,8 @@ START_TEST(test_shuffle_is_permutation_per_epoch)
   ck_assert_int_eq(dt_dataloader_init(&dl, pat, 2, 2, 0, 1, 1, VOCAB, 1, 42), 0);
   const int E = SH_SHARDS * SH_WINDOWS;
   ck_assert_int_eq(dt_dataloader_epoch_windows(&dl), E);
+  ck_assert_int_eq(dt_dataloader_windows_within(&dl, 1000), E);
+  ck_assert_int_eq(dt_dataloader_windows_within(&dl, 3), 3);
   int64_t ids[2][SH_SHARDS * SH_WINDOWS];
   for (int epoch = 0; epoch < 2; epoch++) {
     draw(&dl, ids[epoch], E);
@@ -767,9 +769,11 @@ START_TEST(test_blend_deals_by_weight)
   int first[N];
   read_global(&dl, 1, 1, N, first);
   const char *hand = "ABAAABAA";
-  int64_t taken[2] = {0, 0};
+  int64_t taken[2] = {0, 0}, fresh = -1; /* sequences before a source's second pass */
   for (int i = 0; i < N; i++) {
     const int src = source_of(first[i]);
+    if (fresh < 0 && taken[src] == (src ? BL_B : BL_A))
+      fresh = i;
     if (i < 8)
       ck_assert_msg(src == hand[i] - 'A', "sequence %d from source %c, expected %c", i, 'A' + src,
                     hand[i]);
@@ -781,6 +785,9 @@ START_TEST(test_blend_deals_by_weight)
   }
   ck_assert_int_eq(dl.pos.seqs, N);
   ck_assert_uint_ne(dl.pos.blend, 0);
+  ck_assert_int_gt(fresh, 0);
+  ck_assert_int_eq(dt_dataloader_windows_within(&dl, N), fresh);
+  ck_assert_int_eq(dt_dataloader_windows_within(&dl, 2), 2);
   dt_dataloader_free(&dl);
   ut_rm_rf(dir);
 }

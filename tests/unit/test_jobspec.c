@@ -655,7 +655,7 @@ static const struct {
      "data.train: blend source 2 ('0:code.bin'): the weight must be a positive number (a blend "
      "is WEIGHT:GLOB,WEIGHT:GLOB,...)"},
     {{"data.train=0.7:web/*.bin,code.bin"}, "data.train: blend source 2 ('code.bin') is not"},
-    {{"data.val=1:val.bin"}, "data.val takes one source (a file or glob of token shards), not a"},
+    {{"data.val=1:val.bin,v2.bin"}, "data.val: blend source 2 ('v2.bin') is not WEIGHT:GLOB"},
     {{"training.batch=0"}, "training.batch (0) must be > 0"},
     {{"training.seq=0"}, "training.seq (0) must be > 0"},
     {{"training.steps=0"}, "training.steps (0) must be > 0"},

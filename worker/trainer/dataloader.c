@@ -334,6 +334,16 @@ int dt_dataloader_next(dt_dataloader_t *dl)
   return dl->nsrc ? blend_next(dl) : advance(dl, dl->inputs, dl->targets);
 }
 
+static int64_t blend_windows_within(const dt_dataloader_t *dl, int64_t max);
+
+int64_t dt_dataloader_windows_within(const dt_dataloader_t *dl, int64_t max)
+{
+  if (dl->nsrc)
+    return blend_windows_within(dl, max);
+  const int64_t n = dt_dataloader_epoch_windows(dl);
+  return n < max ? n : max;
+}
+
 int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl)
 {
   if (dl->nsrc)
@@ -348,19 +358,34 @@ int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl)
 /* Blends                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The source of global sequence i, given the counts dealt before it (Megatron-LM's
+/* The source of global sequence i, given the counts taken dealt before it (Megatron-LM's
  * build_blending_indices rule). */
-static int blend_pick(const dt_dataloader_t *dl, int64_t i)
+static int blend_pick(const dt_dataloader_t *dl, const int64_t *taken, int64_t i)
 {
   const double x = i > 1 ? (double)i : 1.0;
   int best = 0;
-  double best_err = dl->weight[0] * x - (double)dl->taken[0];
+  double best_err = dl->weight[0] * x - (double)taken[0];
   for (int d = 1; d < dl->nsrc; d++) {
-    const double err = dl->weight[d] * x - (double)dl->taken[d];
+    const double err = dl->weight[d] * x - (double)taken[d];
     if (err > best_err)
       best = d, best_err = err;
   }
   return best;
+}
+
+/* Deals the first max windows' sequences until a source would give one of its pass again. */
+static int64_t blend_windows_within(const dt_dataloader_t *dl, int64_t max)
+{
+  int64_t taken[DT_BLEND_MAX] = {0}, pass[DT_BLEND_MAX];
+  const int64_t unit = window_seqs(dl);
+  for (int d = 0; d < dl->nsrc; d++)
+    pass[d] = dt_dataloader_epoch_windows(&dl->src[d]);
+  for (int64_t i = 0; i < max * unit; i++) {
+    const int d = blend_pick(dl, taken, i);
+    if (taken[d]++ == pass[d])
+      return i / unit;
+  }
+  return max;
 }
 
 static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int rank, int world,
@@ -450,7 +475,7 @@ static int blend_seek(dt_dataloader_t *dl, dt_data_pos_t pos)
               (long long)n);
     memset(dl->taken, 0, sizeof dl->taken);
     for (int64_t i = 0; i < n; i++)
-      dl->taken[blend_pick(dl, i)]++;
+      dl->taken[blend_pick(dl, dl->taken, i)]++;
   }
   for (int d = 0; d < dl->nsrc; d++) {
     dt_dataloader_t *s = &dl->src[d];
@@ -470,7 +495,7 @@ static int blend_next(dt_dataloader_t *dl)
   const int64_t per_micro = (int64_t)dl->world * dl->B;
   const int64_t first = dl->pos.seqs + dl->micro * per_micro;
   for (int64_t j = 0; j < per_micro; j++) {
-    const int d = blend_pick(dl, first + j);
+    const int d = blend_pick(dl, dl->taken, first + j);
     dl->taken[d]++;
     const int64_t row = j - (int64_t)dl->rank * dl->B;
     const int mine = row >= 0 && row < dl->B;

@@ -101,6 +101,9 @@ int dt_dataloader_reset(dt_dataloader_t *dl);
 int dt_dataloader_seek(dt_dataloader_t *dl, dt_data_pos_t pos);
 /* Number of windows (optimizer steps' data) in one epoch (all shards); a blend: -1. */
 int64_t dt_dataloader_epoch_windows(const dt_dataloader_t *dl);
+/* How many windows from the start hold no sequence twice, at most max: one epoch's of one
+ * source; a blend's before one of its sources would begin a second pass. */
+int64_t dt_dataloader_windows_within(const dt_dataloader_t *dl, int64_t max);
 void dt_dataloader_free(dt_dataloader_t *dl);
 
 /* Writes tokens as an llm.c shard (temporary name, fsync, rename). */

@@ -111,8 +111,6 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
   if (!o->train_pattern && o->steps > 0)
     msg = "--train is required (only a run of --steps 0, which evaluates or samples a model as "
           "it is, goes without)";
-  else if (o->val_pattern && dt_blend_is(o->val_pattern))
-    msg = "--val takes one source (a file or glob of token shards), not a blend";
   else if (!o->train_pattern && !o->val_pattern && o->sample_tokens > 0)
     msg = "--sample needs --train or --val: its prompt is their first sequence";
   else if (o->batch < 1)
@@ -176,15 +174,19 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     snprintf(why, n, "%s", msg);
     return DT_EINVAL;
   }
-  if (o->train_pattern && dt_blend_is(o->train_pattern)) {
+  const char *const shards[][2] = {{"--train", o->train_pattern}, {"--val", o->val_pattern}};
+  for (size_t i = 0; i < DT_ARRAY_SIZE(shards); i++) {
     dt_blend_t b;
     char bad[512] = "out of memory";
-    const int rc = dt_blend_parse(o->train_pattern, &b, bad, sizeof bad);
+    if (!dt_blend_is(shards[i][1]))
+      continue;
+    const int rc = dt_blend_parse(shards[i][1], &b, bad, sizeof bad);
     dt_blend_free(&b);
-    if (rc != 0)
-      snprintf(why, n, "--train %s: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", o->train_pattern,
-               bad);
-    return rc;
+    if (rc != 0) {
+      snprintf(why, n, "%s %s: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", shards[i][0],
+               shards[i][1], bad);
+      return rc;
+    }
   }
   return 0;
 }
@@ -363,8 +365,7 @@ static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
 static int evaluate(trainer_t *t, float *out)
 {
   dt_dataloader_t *val = &t->val;
-  int64_t avail = dt_dataloader_epoch_windows(val);
-  int n = (t->o->val_batches < avail ? t->o->val_batches : (int)avail) * t->o->grad_accum;
+  const int n = (int)dt_dataloader_windows_within(val, t->o->val_batches) * t->o->grad_accum;
   double acc = 0.0;
   DT_CHECK(dt_dataloader_reset(val));
   for (int i = 0; i < n; i++) {
@@ -1351,9 +1352,21 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (o->train_pattern)
     DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                                 o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
-  if (o->val_pattern) /* windows of the global batch, as training's: see evaluate */
+  if (o->val_pattern) { /* windows of the global batch, as training's: see evaluate */
     DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                                 o->grad_accum, t->cfg.vocab, 0, 0));
+    const int64_t n = dt_dataloader_windows_within(&t->val, o->val_batches);
+    if (n == 0) {
+      DT_ERROR(TRAIN,
+               "--val %s: a source of the blend begins its data again within the first global "
+               "batch (%d sequences): give it more data or less weight",
+               o->val_pattern, o->batch * t->dpsize * o->grad_accum);
+      return DT_EFORMAT;
+    }
+    if (n < o->val_batches)
+      DT_INFO(TRAIN, "--val %s holds %lld global batches without a repeat: validation uses those",
+              o->val_pattern, (long long)n);
+  }
   if (o->eval_path)
     DT_CHECK(open_eval(t, window_unit(t->cp, t->model.tp.tp, t->model.sp)));
   if (o->ckpt_dir)
