@@ -36,7 +36,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.error
 import urllib.parse
@@ -302,7 +301,7 @@ class T2_Prometheus(MetricsTest):
         sel = '{job_id="%s"}' % job_id
 
         # while it runs: a step, a histogram count that grows, one rank where it should be
-        s1 = self.wait_value("distrain_job_step" + sel, lambda v: v >= 1, 30, "a step")
+        self.wait_value("distrain_job_step" + sel, lambda v: v >= 1, 30, "a step")
         self.assertEqual(self.value('distrain_job_state{job_id="%s",state="RUNNING"}' % job_id), 1)
         c1 = self.wait_value("distrain_step_duration_seconds_count" + sel, lambda v: v >= 1, 10,
                              "a counted step")
