@@ -746,6 +746,15 @@ static void open_blend(dt_dataloader_t *dl, const char *spec, int B, int world, 
                      0);
 }
 
+/* The blend's first n global sequences, read one at a time (the stream every layout reads). */
+static void read_stream(const char *spec, int shuffle, int n, int *out)
+{
+  dt_dataloader_t one;
+  open_blend(&one, spec, 1, 1, 1, shuffle);
+  read_global(&one, 1, 1, n, out);
+  dt_dataloader_free(&one);
+}
+
 static void close_all(dt_dataloader_t *dl, int n)
 {
   for (int r = 0; r < n; r++)
@@ -802,10 +811,7 @@ START_TEST(test_blend_layouts_read_the_same_stream)
   for (int shuffle = 0; shuffle < 2; shuffle++) {
     enum { STEPS = 9, UNIT = 4 };
     int ref[STEPS * UNIT], got[STEPS * UNIT];
-    dt_dataloader_t one;
-    open_blend(&one, spec, 1, 1, 1, shuffle);
-    read_global(&one, 1, 1, STEPS * UNIT, ref);
-    dt_dataloader_free(&one);
+    read_stream(spec, shuffle, STEPS * UNIT, ref);
     const int layouts[][3] = {{1, 4, 1}, {1, 2, 2}, {2, 1, 2}, {1, 1, 4}, {4, 1, 1}}; /* B dp K */
     for (size_t l = 0; l < sizeof layouts / sizeof *layouts; l++) {
       const int B = layouts[l][0], world = layouts[l][1], accum = layouts[l][2];
@@ -859,10 +865,7 @@ START_TEST(test_blend_seek)
   for (int shuffle = 0; shuffle < 2; shuffle++) {
     enum { UNIT = 4, MORE = 12 };
     int ref[40 * UNIT], got[MORE * UNIT], skip[40 * UNIT];
-    dt_dataloader_t one;
-    open_blend(&one, spec, 1, 1, 1, shuffle);
-    read_global(&one, 1, 1, 40 * UNIT, ref);
-    dt_dataloader_free(&one);
+    read_stream(spec, shuffle, 40 * UNIT, ref);
     const int saves[] = {0, 3, 7, 20};
     for (size_t k = 0; k < sizeof saves / sizeof *saves; k++) {
       dt_dataloader_t a[2], b[4];
@@ -912,10 +915,8 @@ START_TEST(test_blend_and_one_source_positions)
   snprintf(pat, sizeof pat, "%s/a/a_*.bin", dir);
   enum { UNIT = 2 };
   int ref[30 * UNIT], got[6 * UNIT], skip[14 * UNIT];
-  dt_dataloader_t one, dl;
-  open_blend(&one, spec, 1, 1, 1, 1);
-  read_global(&one, 1, 1, 30 * UNIT, ref);
-  dt_dataloader_free(&one);
+  dt_dataloader_t dl;
+  read_stream(spec, 1, 30 * UNIT, ref);
 
   ck_assert_int_eq(dt_dataloader_init(&dl, pat, UNIT, BL_T, 0, 1, 1, VOCAB, 1, 5), 0);
   read_global(&dl, 1, 1, 8, skip);

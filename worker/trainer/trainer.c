@@ -309,6 +309,7 @@ typedef struct {
   int *cp_inputs, *cp_targets; /* (B, seq) this rank's chunk of a batch (cp > 1) */
   dt_lr_schedule_t sched;
   double tokens_per_step;
+  int64_t val_windows;    /* the global batches evaluate reads: --val-batches, or fewer */
   double flops_per_token; /* the model's, forward and backward: 6 P + 12 L C T */
   double peak_flops;      /* a device's, for the MFU; 0: unknown */
   /* pipeline (pp > 1) */
@@ -365,7 +366,7 @@ static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
 static int evaluate(trainer_t *t, float *out)
 {
   dt_dataloader_t *val = &t->val;
-  const int n = (int)dt_dataloader_windows_within(val, t->o->val_batches) * t->o->grad_accum;
+  const int n = (int)t->val_windows * t->o->grad_accum;
   double acc = 0.0;
   DT_CHECK(dt_dataloader_reset(val));
   for (int i = 0; i < n; i++) {
@@ -1355,7 +1356,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (o->val_pattern) { /* windows of the global batch, as training's: see evaluate */
     DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                                 o->grad_accum, t->cfg.vocab, 0, 0));
-    const int64_t n = dt_dataloader_windows_within(&t->val, o->val_batches);
+    const int64_t n = t->val_windows = dt_dataloader_windows_within(&t->val, o->val_batches);
     if (n == 0) {
       DT_ERROR(TRAIN,
                "--val %s: a source of the blend begins its data again within the first global "
