@@ -1,6 +1,7 @@
 /* blend.c — see blend.h. */
 #include "blend.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,23 +27,32 @@ int dt_blend_is(const char *spec)
   return spec && weight_prefix(spec, &w, &colon);
 }
 
+/* The item of a comma-separated list at *p, into part; *p moves past its comma, or to NULL
+ * after the last item. -1 when the item is longer than part holds. */
+static int next_item(const char **p, char *part, size_t n)
+{
+  const char *comma = strchr(*p, ',');
+  const size_t len = comma ? (size_t)(comma - *p) : strlen(*p);
+  if (len >= n)
+    return -1;
+  memcpy(part, *p, len);
+  part[len] = '\0';
+  *p = comma ? comma + 1 : NULL;
+  return 0;
+}
+
 int dt_blend_parse(const char *spec, dt_blend_t *b, char *why, size_t whylen)
 {
   memset(b, 0, sizeof *b);
-  const char *p = spec;
-  for (;;) {
-    const char *comma = strchr(p, ',');
-    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+  for (const char *p = spec; p;) {
     char part[4096];
-    if (len >= sizeof part) {
+    double w;
+    const char *colon;
+    if (next_item(&p, part, sizeof part) != 0) {
       snprintf(why, whylen, "blend source %d is longer than %zu characters", b->n + 1,
                sizeof part - 1);
       goto bad;
     }
-    memcpy(part, p, len);
-    part[len] = '\0';
-    double w;
-    const char *colon;
     if (b->n == DT_BLEND_MAX) {
       snprintf(why, whylen, "a blend has at most %d sources", DT_BLEND_MAX);
       goto bad;
@@ -66,10 +76,8 @@ int dt_blend_parse(const char *spec, dt_blend_t *b, char *why, size_t whylen)
       dt_blend_free(b);
       return DT_ENOMEM;
     }
-    if (!comma)
-      return 0;
-    p = comma + 1;
   }
+  return 0;
 bad:
   dt_blend_free(b);
   return DT_EINVAL;
@@ -107,4 +115,99 @@ void dt_blend_free(dt_blend_t *b)
   for (int i = 0; i < b->n; i++)
     free(b->pattern[i]);
   memset(b, 0, sizeof *b);
+}
+
+/* Whether name is 1-31 of [A-Za-z0-9_.-]: a JSON key, a Prometheus label value and a word in a
+ * log line as it is. */
+static int valset_name_ok(const char *name, size_t len)
+{
+  if (len == 0 || len >= DT_VALSET_NAME_MAX)
+    return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!isalnum((unsigned char)name[i]) && !strchr("_.-", name[i]))
+      return 0;
+  return 1;
+}
+
+int dt_valsets_parse(const char *spec, dt_valsets_t *v, char *why, size_t whylen)
+{
+  memset(v, 0, sizeof *v);
+  for (const char *p = spec; p;) {
+    char part[4096];
+    if (next_item(&p, part, sizeof part) != 0) {
+      snprintf(why, whylen, "validation set %d is longer than %zu characters", v->n + 1,
+               sizeof part - 1);
+      goto bad;
+    }
+    if (v->n == DT_VALSETS_MAX) {
+      snprintf(why, whylen, "at most %d validation sets", DT_VALSETS_MAX);
+      goto bad;
+    }
+    const char *eq = strchr(part, '=');
+    if (!eq) {
+      snprintf(why, whylen, "validation set %d ('%s') is not NAME=GLOB", v->n + 1, part);
+      goto bad;
+    }
+    const size_t len = (size_t)(eq - part);
+    if (!valset_name_ok(part, len)) {
+      snprintf(why, whylen,
+               "validation set %d ('%s'): a name is 1 to %d letters, digits, '_', '.' or '-'",
+               v->n + 1, part, DT_VALSET_NAME_MAX - 1);
+      goto bad;
+    }
+    memcpy(v->name[v->n], part, len);
+    v->name[v->n][len] = '\0';
+    for (int i = 0; i < v->n; i++)
+      if (strcmp(v->name[i], v->name[v->n]) == 0) {
+        snprintf(why, whylen, "validation set %d: the name '%s' is used twice", v->n + 1,
+                 v->name[i]);
+        goto bad;
+      }
+    if (eq[1] == '\0') {
+      snprintf(why, whylen, "validation set %d ('%s') names no shards", v->n + 1, part);
+      goto bad;
+    }
+    v->pattern[v->n] = strdup(eq + 1);
+    if (!v->pattern[v->n++]) {
+      dt_valsets_free(v);
+      return DT_ENOMEM;
+    }
+  }
+  return 0;
+bad:
+  dt_valsets_free(v);
+  return DT_EINVAL;
+}
+
+char *dt_valsets_format(const dt_valsets_t *v)
+{
+  size_t cap = 1;
+  for (int i = 0; i < v->n; i++)
+    cap += DT_VALSET_NAME_MAX + 2 + strlen(v->pattern[i]);
+  char *s = malloc(cap), *p = s;
+  if (!s)
+    return NULL;
+  *s = '\0';
+  for (int i = 0; i < v->n; i++)
+    p += snprintf(p, cap - (size_t)(p - s), "%s%s=%s", i ? "," : "", v->name[i], v->pattern[i]);
+  return s;
+}
+
+void dt_valsets_free(dt_valsets_t *v)
+{
+  for (int i = 0; i < v->n; i++)
+    free(v->pattern[i]);
+  memset(v, 0, sizeof *v);
+}
+
+void dt_valsets_line(char *buf, size_t len, const float *val, int n, const char *const *name,
+                     const float *loss)
+{
+  size_t at = 0;
+  buf[0] = '\0';
+  if (val)
+    at += (size_t)snprintf(buf, len, " | val %.4f", *val);
+  for (int i = 0; i < n && at < len; i++)
+    at += (size_t)snprintf(buf + at, len - at, "%s%.*s %.4f%s", i ? ", " : (val ? " (" : " | val "),
+                           DT_VALSET_NAME_MAX - 1, name[i], loss[i], i == n - 1 && val ? ")" : "");
 }

@@ -1,10 +1,16 @@
-/* blend.h — a weighted blend of training-data sources, as Megatron-LM's `--data-path 0.7 web
- * 0.3 code` gives one: "W:GLOB[,W:GLOB...]" (`--train` and the job spec's data.train), each
- * source a file or glob of token shards with a positive weight. The weights are relative (they
- * are normalised by their sum). A path inside a blend may not contain a comma.
+/* blend.h — lists of data sources in one flag or job-spec string:
  *
- * How a blend is read is the data loader's (dataloader.h); this is its syntax, shared by the
- * trainer, the job-spec validation and distrainctl (which makes relative paths absolute). */
+ * - a weighted blend of training-data sources, as Megatron-LM's `--data-path 0.7 web 0.3 code`
+ *   gives one: "W:GLOB[,W:GLOB...]" (`--train`, `--val` and the job spec's data.train and
+ *   data.val), each source a file or glob of token shards with a positive weight. The weights
+ *   are relative (they are normalised by their sum).
+ * - named validation sets, as Megatron-LM's `--multiple-validation-sets` evaluates its
+ *   validation paths: "NAME=GLOB[,NAME=GLOB...]" (`--val-sets`, data.val_sets), each set a file
+ *   or glob of token shards whose validation loss is reported alone, under its name.
+ *
+ * A path inside either may not contain a comma. How they are read is the data loader's
+ * (dataloader.h) and the trainer's; this is their syntax, shared by the trainer, the job-spec
+ * validation and distrainctl (which makes relative paths absolute). */
 #ifndef DT_BLEND_H
 #define DT_BLEND_H
 
@@ -29,5 +35,27 @@ int dt_blend_parse(const char *spec, dt_blend_t *b, char *why, size_t whylen);
  * new string; NULL when out of memory. */
 char *dt_blend_format(const dt_blend_t *b);
 void dt_blend_free(dt_blend_t *b);
+
+#define DT_VALSETS_MAX     16 /* named validation sets */
+#define DT_VALSET_NAME_MAX 32 /* a set's name, with its NUL */
+
+typedef struct {
+  int n;
+  char name[DT_VALSETS_MAX][DT_VALSET_NAME_MAX]; /* 1-31 of [A-Za-z0-9_.-], each used once */
+  char *pattern[DT_VALSETS_MAX];                 /* owned */
+} dt_valsets_t;
+
+/* Parses "NAME=GLOB,...". A bad one (a set without NAME=, a name that is empty, too long, of
+ * other characters or used twice, an empty pattern, more than DT_VALSETS_MAX sets) is DT_EINVAL
+ * with a one-line reason in why naming the set. */
+int dt_valsets_parse(const char *spec, dt_valsets_t *v, char *why, size_t whylen);
+/* Writes v back as "NAME=GLOB,..." into a new string; NULL when out of memory. */
+char *dt_valsets_format(const dt_valsets_t *v);
+void dt_valsets_free(dt_valsets_t *v);
+/* A step line's validation, as the trainer and distrainctl print it: " | val 3.0123" (val not
+ * NULL), " | val web 3.1000, code 2.5000" (n named sets' losses), or both as " | val 3.0123 (web
+ * 3.1000, code 2.5000)"; "" for neither. */
+void dt_valsets_line(char *buf, size_t len, const float *val, int n, const char *const *name,
+                     const float *loss);
 
 #endif

@@ -937,6 +937,13 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
       bad(&v, "%s: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", shards[i][0], why);
     dt_blend_free(&b);
   }
+  if (!str_empty(data->val_sets)) {
+    dt_valsets_t vs;
+    char why[512];
+    if (dt_valsets_parse(data->val_sets, &vs, why, sizeof why) != 0)
+      bad(&v, "data.val_sets: %s (validation sets are NAME=GLOB,NAME=GLOB,...)", why);
+    dt_valsets_free(&vs);
+  }
 
   /* training */
   DT__POSITIVE(&v, training, batch);
@@ -974,8 +981,12 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
     bad(&v, "parallel.comm nccl needs GPUs: training.device is cpu");
   if (model->max_seq > 0 && training->seq > model->max_seq)
     bad(&v, "training.seq (%d) must be <= model.max_seq (%d)", training->seq, model->max_seq);
-  if (training->val_every > 0 && str_empty(data->val))
-    bad(&v, "training.val_every (%d) needs data.val (the validation shards)", training->val_every);
+  if (training->val_every > 0 && str_empty(data->val) && str_empty(data->val_sets))
+    bad(&v, "training.val_every (%d) needs data.val or data.val_sets (the validation shards)",
+        training->val_every);
+  if (!str_empty(data->val_sets) && training->val_every == 0)
+    bad(&v, "data.val_sets needs training.val_every: the sets are validated every val_every "
+            "steps");
   if (training->eval_every > 0 && str_empty(data->eval))
     bad(&v, "training.eval_every (%d) needs data.eval (a multiple-choice eval file)",
         training->eval_every);
@@ -1452,6 +1463,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   av_str(&a, "--train", d->train ? d->train : "");
   if (!str_empty(d->val))
     av_str(&a, "--val", d->val);
+  if (!str_empty(d->val_sets))
+    av_str(&a, "--val-sets", d->val_sets);
   if (d->shuffle)
     av_push(&a, "--shuffle");
   if (!str_empty(d->vocab_file))

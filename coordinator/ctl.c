@@ -65,6 +65,17 @@ static int absolutize(char **field, const char *base, const char *prefix)
   return 0;
 }
 
+/* Sets a string field to s (a new string: NULL when out of memory), freeing the one before. */
+static int replace_field(char **field, char *s, int rc)
+{
+  if (!s)
+    return rc ? rc : DT_ENOMEM;
+  if (*field != protobuf_c_empty_string)
+    free(*field);
+  *field = s;
+  return 0;
+}
+
 /* The same for each source of a blend ("W:GLOB,..."), or the one path. */
 static int absolutize_shards(char **field, const char *base)
 {
@@ -77,12 +88,22 @@ static int absolutize_shards(char **field, const char *base)
     rc = absolutize(&b.pattern[i], base, NULL);
   char *s = rc == 0 ? dt_blend_format(&b) : NULL;
   dt_blend_free(&b);
-  if (!s)
-    return rc ? rc : DT_ENOMEM;
-  if (*field != protobuf_c_empty_string)
-    free(*field);
-  *field = s;
-  return 0;
+  return replace_field(field, s, rc);
+}
+
+/* And for each of the named validation sets ("NAME=GLOB,..."). */
+static int absolutize_val_sets(char **field, const char *base)
+{
+  if (!*field || !**field)
+    return 0;
+  dt_valsets_t v;
+  char why[512];
+  int rc = dt_valsets_parse(*field, &v, why, sizeof why); /* validated before: only ENOMEM */
+  for (int i = 0; rc == 0 && i < v.n; i++)
+    rc = absolutize(&v.pattern[i], base, NULL);
+  char *s = rc == 0 ? dt_valsets_format(&v) : NULL;
+  dt_valsets_free(&v);
+  return replace_field(field, s, rc);
 }
 
 int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__JobSpec **out)
@@ -111,6 +132,8 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
   rc = absolutize_shards(&spec->data->train, base);
   if (rc == 0)
     rc = absolutize_shards(&spec->data->val, base);
+  if (rc == 0)
+    rc = absolutize_val_sets(&spec->data->val_sets, base);
   if (rc == 0)
     rc = absolutize(&spec->data->vocab_file, base, NULL);
   if (rc == 0)
@@ -478,12 +501,28 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
           (long long)m->step, m->loss, m->lr, m->grad_norm, m->ms, m->tokens_per_s);
   if (m->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", m->val_loss);
+  for (size_t i = 0; i < m->n_val_sets; i++) { /* names come from trainers: escaped */
+    fputs(i ? ", " : ", \"val_sets\": {", fp);
+    dt_json_string(fp, m->val_sets[i]->name);
+    fprintf(fp, ": %.9g%s", m->val_sets[i]->loss, i == m->n_val_sets - 1 ? "}" : "");
+  }
   if (m->has_eval)
     fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f", m->eval_acc_norm, m->eval_acc);
   fprintf(fp, ", \"tflops\": %.6g", m->tflops);
   if (m->mfu > 0)
     fprintf(fp, ", \"mfu\": %.6f", m->mfu);
   fputs("}\n", fp);
+}
+
+/* A step's validation as the trainer's step line has it (dt_valsets_line). */
+static void fmt_val(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
+{
+  const char *names[DT_VALSETS_MAX];
+  float losses[DT_VALSETS_MAX];
+  const int nsets = (int)DT_MIN(s->n_val_sets, DT_VALSETS_MAX);
+  for (int i = 0; i < nsets; i++)
+    names[i] = s->val_sets[i]->name, losses[i] = s->val_sets[i]->loss;
+  dt_valsets_line(buf, n, s->has_val ? &s->val_loss : NULL, nsets, names, losses);
 }
 
 static void fmt_eta(char *buf, size_t n, double seconds)
@@ -608,11 +647,11 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
         ms_ewma = ms_ewma > 0 ? 0.9 * ms_ewma + 0.1 * s->ms : s->ms;
         if (mf)
           write_metric(mf, s);
-        if (!o->json && (s->has_val || s->has_eval || s->step % every == 0 || s->step == steps)) {
-          char eta[32], val[80] = "";
+        if (!o->json && (s->has_val || s->n_val_sets || s->has_eval || s->step % every == 0 ||
+                         s->step == steps)) {
+          char eta[32], val[1024];
           fmt_eta(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
-          if (s->has_val)
-            snprintf(val, sizeof val, " | val %.4f", s->val_loss);
+          fmt_val(val, sizeof val, s);
           if (s->has_eval)
             snprintf(val + strlen(val), sizeof val - strlen(val), " | eval acc_norm %.4f",
                      s->eval_acc_norm);

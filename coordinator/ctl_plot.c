@@ -3,9 +3,9 @@
  * gnuplot draws it (Debian's gnuplot-nox, its cairo PNG terminal): distrainctl fetches every
  * step's metrics from the coordinator and writes gnuplot a script on its standard input, the
  * data inline, so no temporary file is left behind. Training loss as a line, validation loss
- * (where the job evaluated) as points, the step on x. gnuplot rather than a C plotting
- * library: Debian's PLplot development package pulls in Qt 5, GTK 3 and wxWidgets, gnuplot-nox
- * four small packages. */
+ * (where the job evaluated) and each validation set's (data.val_sets) as points, the step on x.
+ * gnuplot rather than a C plotting library: Debian's PLplot development package pulls in
+ * Qt 5, GTK 3 and wxWidgets, gnuplot-nox four small packages. */
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
@@ -33,6 +33,17 @@ static void gp_string(FILE *f, const char *s)
   fputc('\'', f);
 }
 
+/* The loss of validation set `name` at metrics i; 0 when that step did not validate it. */
+static int val_set_at(const Distrain__V1__StepMetrics *m, const char *name, float *loss)
+{
+  for (size_t v = 0; v < m->n_val_sets; v++)
+    if (strcmp(m->val_sets[v]->name, name) == 0) {
+      *loss = m->val_sets[v]->loss;
+      return 1;
+    }
+  return 0;
+}
+
 static void write_script(FILE *f, const Distrain__V1__Job *job,
                          const Distrain__V1__GetJobMetricsResponse *m, const char *path)
 {
@@ -58,8 +69,29 @@ static void write_script(FILE *f, const Distrain__V1__Job *job,
         fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, m->metrics[i]->val_loss);
     fputs("EOD\n", f);
   }
-  fprintf(f, "plot $train using 1:2 with lines linewidth 1.5 title 'train'%s\n",
+  /* The validation sets, named by the newest step that validated them: a series each. */
+  const Distrain__V1__StepMetrics *sets = NULL;
+  for (size_t i = m->n_metrics; i-- > 0 && !sets;)
+    sets = m->metrics[i]->n_val_sets ? m->metrics[i] : NULL;
+  const size_t nsets = sets ? sets->n_val_sets : 0;
+  for (size_t v = 0; v < nsets; v++) {
+    fprintf(f, "$set%zu << EOD\n", v);
+    for (size_t i = 0; i < m->n_metrics; i++) {
+      float loss;
+      if (val_set_at(m->metrics[i], sets->val_sets[v]->name, &loss))
+        fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, loss);
+    }
+    fputs("EOD\n", f);
+  }
+  fprintf(f, "plot $train using 1:2 with lines linewidth 1.5 title 'train'%s",
           nval ? ", $val using 1:2 with linespoints pointtype 7 title 'validation'" : "");
+  for (size_t v = 0; v < nsets; v++) {
+    char t[64];
+    snprintf(t, sizeof t, "validation: %.31s", sets->val_sets[v]->name);
+    fprintf(f, ", $set%zu using 1:2 with linespoints pointtype %zu title ", v, 9 + 2 * (v % 4));
+    gp_string(f, t);
+  }
+  fputc('\n', f);
 }
 
 /* Runs gnuplot on the script; 0 once it exited 0 and wrote a non-empty file. */

@@ -200,6 +200,26 @@ static void eval_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, c
   }
 }
 
+/* The newest loss of each job's validation sets (data.val_sets), labelled with the set. */
+static void val_set_gauge(FILE *out, dt_job_t **jobs, size_t n)
+{
+  static const char name[] = "distrain_val_set_loss";
+  dt_prom_family(out, name, "gauge",
+                 "The newest validation loss of each of the job's validation sets "
+                 "(data.val_sets), labelled with its name.");
+  for (size_t i = 0; i < n; i++) {
+    const dt_job_t *j = jobs[i];
+    for (size_t k = j->n_metrics; k-- > 0;) {
+      const Distrain__V1__StepMetrics *m = j->metrics[k];
+      for (size_t v = 0; v < m->n_val_sets; v++)
+        dt_prom_sample(out, name, (label_t[]){{"job_id", j->id}, {"set", m->val_sets[v]->name}}, 2,
+                       m->val_sets[v]->loss);
+      if (m->n_val_sets)
+        break;
+    }
+  }
+}
+
 /* A gauge of each job's newest step report, for the jobs that have one (and, with positive, a
  * positive value in it). */
 static void step_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, const char *help,
@@ -265,6 +285,7 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
              step_mfu, 1);
   eval_gauge(out, jobs, n, "distrain_val_loss",
              "The newest validation loss (training.val_every), for jobs that have one.", 0);
+  val_set_gauge(out, jobs, n);
   eval_gauge(out, jobs, n, "distrain_eval_accuracy",
              "The newest multiple-choice evaluation's accuracy (data.eval, acc_norm: the "
              "lowest mean loss picked), for jobs that have one.",

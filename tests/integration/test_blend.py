@@ -17,9 +17,16 @@ sequence, what the blend must deal. Checks:
     global batches as come before a source would repeat;
   - bad blends are refused with one line naming them.
 
+And named validation sets (`--val-sets web=...,code=...`, Megatron-LM's
+--multiple-validation-sets), each validated alone: before training each set's loss is GPT-2's
+forward pass on its sequences, computed here in numpy from the llm.c weights; after steps it is
+what a run validating on that set alone (--val) reports, bit for bit; layouts agree; training is
+unchanged; bad sets are refused with one line.
+
   /usr/bin/python3 tests/integration/test_blend.py --build build
 """
 import argparse
+import json
 import os
 import random
 import subprocess
@@ -32,6 +39,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_dp as dp  # noqa: E402  (the multi-rank launcher)
+from test_convert import hf_token_losses  # noqa: E402  (GPT-2's forward pass in numpy)
 
 GOLDEN = os.path.join(HERE, "..", "numerics", "golden")
 MODEL = os.path.join(GOLDEN, "tiny_model.bin")  # L2 NH4 C64, V 100, maxT 64
@@ -57,6 +65,36 @@ def megatron_sources(weights, n):
         out.append(d)
         taken[d] += 1
     return out
+
+
+def read_llmc(path):
+    """An llm.c fp32 model file as Hugging Face's GPT-2 tensors (Conv1D weights (in, out); wte
+    without llm.c's padded rows) in float64, and its layers and heads."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype="<i4")
+        flat = np.frombuffer(f.read(), dtype="<f4").astype(np.float64)
+    assert header[0] == 20240326 and header[1] == 3
+    maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
+    at = 0
+
+    def take(*shape):
+        nonlocal at
+        n = int(np.prod(shape))
+        at += n
+        return flat[at - n:at].reshape(shape)
+    w = {"wte.weight": take(Vp, C)[:V], "wpe.weight": take(maxT, C)}  # without the padding
+    per_layer = [("ln_1.weight", (C,)), ("ln_1.bias", (C,)), ("attn.c_attn.weight", (3 * C, C)),
+                 ("attn.c_attn.bias", (3 * C,)), ("attn.c_proj.weight", (C, C)),
+                 ("attn.c_proj.bias", (C,)), ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
+                 ("mlp.c_fc.weight", (4 * C, C)), ("mlp.c_fc.bias", (4 * C,)),
+                 ("mlp.c_proj.weight", (C, 4 * C)), ("mlp.c_proj.bias", (C,))]
+    for name, shape in per_layer:  # llm.c keeps each tensor for all layers together
+        t = take(L, *shape)
+        for layer in range(L):
+            w["h.%d.%s" % (layer, name)] = t[layer].T if len(shape) == 2 else t[layer]
+    w["ln_f.weight"], w["ln_f.bias"] = take(C), take(C)
+    assert at == len(flat)
+    return w, L, NH
 
 
 class Blend(unittest.TestCase):
@@ -192,6 +230,89 @@ class Blend(unittest.TestCase):
         ref = read("valref")
         self.assertEqual([s for s, _ in ref], [2, 4])
         self.assertEqual(read("valblend"), ref)  # bit for bit
+
+
+    def val_sets(self, tag):
+        """{step: {set: loss}} of a run's metrics, and {step: val_loss}."""
+        with open(self.path(tag + ".metrics")) as f:  # step 0's line too: it has no loss
+            ms = [json.loads(line) for line in f]
+        return ({m["step"]: m["val_sets"] for m in ms if "val_sets" in m},
+                {m["step"]: m["val_loss"] for m in ms if "val_loss" in m})
+
+    def test_validation_sets(self):
+        train = os.path.join(GOLDEN, "tiny_train.bin")
+        web, code = self.path("a/a_*.bin"), self.path("b/b_*.bin")
+        sets = "web=%s,code=%s" % (web, code)
+        # 4 global batches of one sequence; code holds 3
+        common = ["--val-every", "2", "--val-batches", "4"]
+        p = self.run_one(self.args("sets", train, 1, 4, "--val-sets", sets, *common))
+        self.assertIn("--val-sets code: %s holds 3 global batches without a repeat: validation "
+                      "uses those" % code, p.stderr)
+        got, no_val = self.val_sets("sets")
+        self.assertEqual(sorted(got), [0, 2, 4])
+        self.assertEqual(no_val, {})
+        self.assertEqual([list(v) for v in got.values()], [["web", "code"]] * 3)  # in order
+        # before training: GPT-2's forward pass on each set's first sequences, in numpy
+        w, L, NH = read_llmc(MODEL)
+        for name, src, n in (("web", "a", 4), ("code", "b", 3)):
+            seqs = np.array(self.source_sequences(src)[:n])
+            ref = hf_token_losses(w, seqs[:, :-1], seqs[:, 1:], L, NH).mean()
+            self.assertAlmostEqual(got[0][name], ref, delta=1e-5 * ref, msg=name)
+        # after steps: each set's loss is a run validating on it alone, bit for bit
+        for name, pattern in (("web", web), ("code", code)):
+            self.run_one(self.args("only-" + name, train, 1, 4, "--val", pattern, *common))
+            _, alone = self.val_sets("only-" + name)
+            self.assertEqual({s: v[name] for s, v in got.items()}, alone, name)
+        # training is as without validation; --val beside the sets is reported as before
+        self.run_one(self.args("plain", train, 1, 4))
+        p = self.run_one(self.args("both", train, 1, 4, "--val", web, "--val-sets", sets,
+                                   *common))
+        self.assertEqual(self.losses("both"), self.losses("plain"))
+        self.assertEqual(self.val_sets("both"), (got, {s: v["web"] for s, v in got.items()}))
+        self.assertRegex(p.stderr, r"step +2/4 \| loss [0-9.]+ \| val %.4f \(web %.4f, code "
+                         r"%.4f\) \| lr" % (got[2]["web"], got[2]["web"], got[2]["code"]))
+
+    def test_validation_sets_in_layouts(self):
+        """dp=2 and tp=2 report each set's loss of one process within 1e-5."""
+        train = os.path.join(GOLDEN, "tiny_train.bin")
+        sets = "web=%s,code=%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin"))
+        common = ["--val-sets", sets, "--val-every", "2", "--val-batches", "3"]
+        self.run_one(self.args("one", train, 2, 4, *common))
+        one, _ = self.val_sets("one")
+        self.assertEqual(sorted(one), [0, 2, 4])
+        for tag, batch, extra in (("vs-dp2", 1, []), ("vs-tp2", 2, ["--tp", "2"])):
+            kv = tempfile.mkdtemp(prefix="kv", dir=self.tmp.name)
+            outs = dp.wait_all(dp.launch(2, lambda r: self.args(tag, train, batch, 4, *common,
+                                                                *extra), kv))
+            dp.assert_ranks_ok(outs, tag)
+            got, _ = self.val_sets(tag)
+            self.assertEqual(sorted(got), sorted(one), tag)
+            for step in one:
+                for name in ("web", "code"):
+                    self.assertAlmostEqual(got[step][name], one[step][name],
+                                           delta=1e-5 * one[step][name],
+                                           msg="%s step %d %s" % (tag, step, name))
+
+    def test_bad_validation_sets(self):
+        a = self.path("a/a_*.bin")
+        train = os.path.join(GOLDEN, "tiny_train.bin")
+        cases = [("web=%s,%s" % (a, a), "validation set 2 ('%s') is not NAME=GLOB" % a),
+                 ("web=%s,web=%s" % (a, a), "validation set 2: the name 'web' is used twice"),
+                 ("we b=%s" % a, "validation set 1 ('we b=%s'): a name is 1 to 31 letters, "
+                  "digits, '_', '.' or '-'" % a),
+                 ("web=", "validation set 1 ('web=') names no shards")]
+        for sets, msg in cases:
+            with self.subTest(sets=sets):
+                p = self.run_one(self.args("bad", train, 1, 2, "--quiet", "--val-sets", sets,
+                                           "--val-every", "1"), expect=1)
+                self.assertIn("--val-sets %s: %s" % (sets, msg), p.stderr)
+        p = self.run_one(self.args("bad", train, 1, 2, "--quiet", "--val-sets", "web=" + a),
+                         expect=1)
+        self.assertIn("--val-sets needs --val-every", p.stderr)
+        missing = self.path("c/*.bin")
+        p = self.run_one(self.args("bad", train, 1, 2, "--quiet", "--val-every", "1",
+                                   "--val-sets", "web=%s,code=%s" % (a, missing)), expect=1)
+        self.assertIn("%s: no token shard matches this path or pattern" % missing, p.stderr)
 
 
 if __name__ == "__main__":

@@ -927,9 +927,12 @@ class T3_RunLocal(ClusterTest):
                                     "endings": ["God created", "xq zz %d" % i]}) + "\n")
         subprocess.run([binary("worker/trainer", "distrain-prep"), "--hellaswag", hs, "--out",
                         self.tmp], check=True, capture_output=True)
+        # and a named validation set (data.val_sets, its path relative too): data.val's copy
+        shutil.copy(shared_data()[1], os.path.join(self.tmp, "val_copy.bin"))
         with open(job, "w") as f:
             f.write(job_yaml(ckpt, steps, every=20, val_every=20).replace(
-                "}\ntraining: {", ", eval: \"hs.bin\"}\ntraining: {eval_every: 20, "))
+                "}\ntraining: {", ", eval: \"hs.bin\", val_sets: \"copy=val_copy.bin\"}\n"
+                "training: {eval_every: 20, "))
         # Polls 2 s apart: the last one sees the job COMPLETED and its last steps at once.
         r = self.ctl("run", "--local", "--run-dir", run_dir, "--metrics", metrics, job,
                      timeout=120, env=dict(self.env, DISTRAIN_CTL_POLL_MS="2000"))
@@ -942,6 +945,11 @@ class T3_RunLocal(ClusterTest):
         self.assertTrue(done and last and done[-1] > last[-1], r.stderr[-3000:])
         self.assertTrue(any(re.search(r"^step +20/%d \| .*\| eval acc_norm 0\.\d{4} \|" % steps, x)
                             for x in out), r.stderr[-3000:])
+        val20 = [re.search(r"^step +20/%d \| loss [0-9.]+ \| val ([0-9.]+) \(copy ([0-9.]+)\) \|"
+                           % steps, x) for x in out]
+        val20 = [m.groups() for m in val20 if m]
+        self.assertEqual(len(val20), 1, r.stderr[-3000:])
+        self.assertEqual(val20[0][0], val20[0][1])
         # one JSON object per step, steps 1..N, validation at 20 and 40
         with open(metrics) as f:
             lines = f.read().splitlines()
@@ -953,6 +961,9 @@ class T3_RunLocal(ClusterTest):
             self.assertTrue(0 < m["loss"] < 10, m)
             self.assertEqual("val_loss" in m, m["step"] % 20 == 0, m)
             self.assertEqual("eval_acc_norm" in m, m["step"] % 20 == 0, m)
+            if "val_loss" in m:  # the set reads what data.val does
+                self.assertEqual(m["val_sets"], {"copy": m["val_loss"]}, m)
+            self.assertEqual("val_sets" in m, "val_loss" in m, m)
         self.assertLess(ms[-1]["loss"], ms[0]["loss"], "the loss did not go down")
         # committed checkpoints
         for s in (20, 40):
@@ -1718,20 +1729,25 @@ def png_pixels(path):
 
 
 class T3b_StatusPlot(ClusterTest):
-    TRAIN, VAL = (148, 0, 211), (0, 158, 115)  # gnuplot's first two line colours
+    # gnuplot's first three line colours: training, validation, the first validation set
+    TRAIN, VAL, SET = (148, 0, 211), (0, 158, 115), (86, 180, 233)
 
     def test_status_plot_draws_the_loss_curve(self):
         """status JOB --plot FILE: a 960x540 PNG (gnuplot) with the training loss as a line
         that starts high on the left and ends low on the right, and validation points only
-        for a job that evaluated; clear errors for a missing job, bad usage and no gnuplot."""
+        for a job that evaluated (and its validation set's, data.val_sets); clear errors for a
+        missing job, bad usage and no gnuplot."""
         self.assertTrue(shutil.which("gnuplot"), "gnuplot is missing (deploy/install-deps.sh)")
         self.start_coordinator()
         self.start_agent("h0")
         jobs = {}
         for val_every in (20, 0):
-            jobs[val_every] = self.submit_yaml(job_yaml(
-                os.path.join(self.tmp, "ckpt%d" % val_every), 60, every=0, val_every=val_every),
-                name="job%d.yaml" % val_every)
+            spec = job_yaml(os.path.join(self.tmp, "ckpt%d" % val_every), 60, every=0,
+                            val_every=val_every)
+            if val_every:  # the training shards as a validation set: points of their own
+                spec = spec.replace("}\ntraining: {", ", val_sets: \"train=%s\"}\ntraining: {"
+                                    % shared_data()[0])
+            jobs[val_every] = self.submit_yaml(spec, name="job%d.yaml" % val_every)
             self.wait_state(jobs[val_every], [pb.JOB_COMPLETED], 60)
         common = ["--coordinator", self.addr, "--token-file", self.token_file]
         for val_every, job_id in jobs.items():
@@ -1745,6 +1761,8 @@ class T3b_StatusPlot(ClusterTest):
             near = lambda p, q: sum(abs(u - v) for u, v in zip(p, q)) < 40  # anti-aliasing
             train = [(x, y) for y in range(h) for x in range(w) if near(rows[y][x], self.TRAIN)]
             val = [(x, y) for y in range(h) for x in range(w) if near(rows[y][x], self.VAL)]
+            vset = [(x, y) for y in range(h // 4, h) for x in range(w)  # below the legend
+                    if near(rows[y][x], self.SET)]
             self.assertGreater(len(train), 300, "no training curve")
             xs = sorted(x for x, _ in train)
             lo, hi = xs[len(xs) // 50], xs[-len(xs) // 50]
@@ -1754,8 +1772,10 @@ class T3b_StatusPlot(ClusterTest):
             self.assertLess(min(left), max(right), "the curve does not go down")
             if val_every:
                 self.assertGreater(len(val), 20, "no validation points")
+                self.assertGreater(len(vset), 20, "no points of the validation set")
             else:
                 self.assertEqual(val, [], "validation points for a job that did not evaluate")
+                self.assertEqual(vset, [], "validation set points for a job without one")
         r = self.ctl("status", "job-999", "--plot", os.path.join(self.tmp, "x.png"), *common)
         self.assertEqual(r.returncode, 1)
         self.assertIn("job-999", r.stderr)

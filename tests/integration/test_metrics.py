@@ -295,6 +295,9 @@ class T2_Prometheus(MetricsTest):
         evalset = os.path.join(self.tmp, "eval.bin")
         test_eval.write_evalfile(evalset, test_eval.random_examples(3, 8))
         spec.data.eval = evalset
+        # two named validation sets beside data.val (a label value that needs no escaping: the
+        # names are [A-Za-z0-9_.-])
+        spec.data.val_sets = "held.out=%s,train=%s" % (spec.data.val, spec.data.train)
         spec.training.val_every = spec.training.eval_every = steps // 2
         spec.training.peak_tflops = 0.001  # a peak for the MFU on a CPU
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
@@ -346,6 +349,13 @@ class T2_Prometheus(MetricsTest):
         self.assertEqual(f32(self.value("distrain_val_loss" + sel)), f32(ms[-1].val_loss))
         self.assertEqual(f32(self.value("distrain_eval_accuracy" + sel)),
                          f32(ms[-1].eval_acc_norm))
+        # each validation set's newest loss, labelled with its name; held.out is data.val
+        self.assertEqual([(v.name, v.loss) for v in ms[-1].val_sets],
+                         [("held.out", ms[-1].val_loss), ("train", ms[-1].val_sets[1].loss)])
+        sets = {m["set"]: v for m, v in self.query("distrain_val_set_loss" + sel)}
+        self.assertEqual({k: f32(v) for k, v in sets.items()},
+                         {v.name: f32(v.loss) for v in ms[-1].val_sets})
+        self.assertEqual(len([m for m in ms if m.val_sets]), 2)  # half way and at the end
         # the newest step's model TFLOP/s per device, and the MFU against training.peak_tflops
         self.assertGreater(ms[-1].tflops, 0)
         self.assertAlmostEqual(ms[-1].mfu, ms[-1].tflops / 0.001, delta=1e-6 * ms[-1].mfu)

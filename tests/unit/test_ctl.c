@@ -389,11 +389,13 @@ START_TEST(test_spec_paths_relative_to_the_file)
   snprintf(want, sizeof want, "hf:%s/models/gpt2", real);
   ck_assert_str_eq(spec->model->init, want);
   dt_jobspec_free(spec);
-  /* Each source of a blend; its weights as written. */
+  /* Each source of a blend; its weights as written. Each validation set. */
   fp = fopen(path, "w");
   ck_assert_ptr_nonnull(fp);
   fputs("data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\",\n"
-        "       val: \"1:web/val.bin,1:code_val.bin\"}\n",
+        "       val: \"1:web/val.bin,1:code_val.bin\",\n"
+        "       val_sets: \"web=web/val_*.bin,code=/abs/code_val.bin\"}\n"
+        "training: {val_every: 10}\n",
         fp);
   fclose(fp);
   ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
@@ -401,6 +403,9 @@ START_TEST(test_spec_paths_relative_to_the_file)
   ck_assert_str_eq(spec->data->train, want);
   snprintf(want, sizeof want, "1:%s/web/val.bin,1:%s/code_val.bin", real, real);
   ck_assert_str_eq(spec->data->val, want);
+  /* Each validation set; its name kept. */
+  snprintf(want, sizeof want, "web=%s/web/val_*.bin,code=/abs/code_val.bin", real);
+  ck_assert_str_eq(spec->data->val_sets, want);
   dt_jobspec_free(spec);
   ut_rm_rf(dir);
 }

@@ -1010,6 +1010,62 @@ START_TEST(test_blend_syntax)
 }
 END_TEST
 
+/* Named validation sets (blend.h): names, patterns, what is refused, and written back. */
+START_TEST(test_valsets_syntax)
+{
+  dt_valsets_t v;
+  char why[256];
+  ck_assert_int_eq(dt_valsets_parse("web=web/val_*.bin,code.v2=/d/a=b.bin", &v, why, sizeof why),
+                   0);
+  ck_assert_int_eq(v.n, 2);
+  ck_assert_str_eq(v.name[0], "web");
+  ck_assert_str_eq(v.pattern[0], "web/val_*.bin");
+  ck_assert_str_eq(v.name[1], "code.v2");
+  ck_assert_str_eq(v.pattern[1], "/d/a=b.bin"); /* the first '=' splits */
+  char *s = dt_valsets_format(&v);
+  ck_assert_str_eq(s, "web=web/val_*.bin,code.v2=/d/a=b.bin");
+  free(s);
+  dt_valsets_free(&v);
+  char longest[64];
+  snprintf(longest, sizeof longest, "%.*s=x", DT_VALSET_NAME_MAX - 1,
+           "abcdefghijklmnopqrstuvwxyz_-.0123456789");
+  ck_assert_int_eq(dt_valsets_parse(longest, &v, why, sizeof why), 0);
+  ck_assert_int_eq((int)strlen(v.name[0]), DT_VALSET_NAME_MAX - 1);
+  dt_valsets_free(&v);
+  const char *bad[][2] = {{"a=x,", "set 2 ('') is not NAME=GLOB"},
+                          {"a=x,y", "set 2 ('y') is not NAME=GLOB"},
+                          {"=x", "set 1 ('=x'): a name is"},
+                          {"a/b=x", "a name is 1 to 31"},
+                          {"abcdefghijklmnopqrstuvwxyz_-.0123=x", "a name is 1 to 31"},
+                          {"a=x,b=y,a=z", "set 3: the name 'a' is used twice"},
+                          {"a=", "set 1 ('a=') names no shards"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    ck_assert_int_eq(dt_valsets_parse(bad[i][0], &v, why, sizeof why), DT_EINVAL);
+    ck_assert_msg(strstr(why, bad[i][1]), "'%s': %s", bad[i][0], why);
+    ck_assert_int_eq(v.n, 0);
+  }
+  char many[DT_VALSETS_MAX * 12 + 16] = "", *p = many;
+  for (int i = 0; i <= DT_VALSETS_MAX; i++)
+    p += sprintf(p, "%ss%d=x%d", i ? "," : "", i, i);
+  ck_assert_int_eq(dt_valsets_parse(many, &v, why, sizeof why), DT_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "at most 16 validation sets"));
+  /* The step line's text of a validation. */
+  const char *names[] = {"web", "code"};
+  const float losses[] = {3.18424f, 2.441f}, val = 3.0123f;
+  char line[128];
+  dt_valsets_line(line, sizeof line, &val, 0, names, losses);
+  ck_assert_str_eq(line, " | val 3.0123");
+  dt_valsets_line(line, sizeof line, NULL, 2, names, losses);
+  ck_assert_str_eq(line, " | val web 3.1842, code 2.4410");
+  dt_valsets_line(line, sizeof line, &val, 2, names, losses);
+  ck_assert_str_eq(line, " | val 3.0123 (web 3.1842, code 2.4410)");
+  dt_valsets_line(line, sizeof line, NULL, 0, names, losses);
+  ck_assert_str_eq(line, "");
+  dt_valsets_line(line, 20, &val, 2, names, losses); /* cut, terminated */
+  ck_assert_str_eq(line, " | val 3.0123 (web ");
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 
 static Suite *dataloader_suite(void)
@@ -1039,6 +1095,7 @@ static Suite *dataloader_suite(void)
 
   t = tcase_create("blend");
   tcase_add_test(t, test_blend_syntax);
+  tcase_add_test(t, test_valsets_syntax);
   tcase_add_test(t, test_blend_deals_by_weight);
   tcase_add_test(t, test_blend_layouts_read_the_same_stream);
   tcase_add_test(t, test_blend_shuffles_each_source);

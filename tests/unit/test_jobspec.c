@@ -551,6 +551,10 @@ START_TEST(test_set)
   ck_assert_str_eq(s->data->train, "0.7:web/train_*.bin,0.3:/data/code.bin");
   char why[1024];
   ck_assert_msg(dt_jobspec_validate(s, why, sizeof why) == 0, "%s", why);
+  /* So are validation sets, validated every training.val_every steps. */
+  set_ok(s, "data.val_sets=web=web/val_*.bin,code.v2=/data/code_val.bin");
+  set_ok(s, "training.val_every=10");
+  ck_assert_msg(dt_jobspec_validate(s, why, sizeof why) == 0, "%s", why);
   ck_assert_str_eq(s->model->init, "llmc:/w/gpt2_124M.bin");
   ck_assert_str_eq(s->parallel->schedule, "gpipe");
   /* Strings are taken literally: empty clears, "null" is text. */
@@ -656,6 +660,14 @@ static const struct {
      "is WEIGHT:GLOB,WEIGHT:GLOB,...)"},
     {{"data.train=0.7:web/*.bin,code.bin"}, "data.train: blend source 2 ('code.bin') is not"},
     {{"data.val=1:val.bin,v2.bin"}, "data.val: blend source 2 ('v2.bin') is not WEIGHT:GLOB"},
+    {{"data.val_sets=web=w.bin,c.bin", "training.val_every=10"},
+     "data.val_sets: validation set 2 ('c.bin') is not NAME=GLOB (validation sets are "
+     "NAME=GLOB,NAME=GLOB,...)"},
+    {{"data.val_sets=web=w.bin,web=c.bin", "training.val_every=10"},
+     "data.val_sets: validation set 2: the name 'web' is used twice"},
+    {{"data.val_sets=a b=w.bin", "training.val_every=10"},
+     "data.val_sets: validation set 1 ('a b=w.bin'): a name is 1 to 31 letters"},
+    {{"data.val_sets=web=w.bin"}, "data.val_sets needs training.val_every"},
     {{"training.batch=0"}, "training.batch (0) must be > 0"},
     {{"training.seq=0"}, "training.seq (0) must be > 0"},
     {{"training.steps=0"}, "training.steps (0) must be > 0"},
@@ -678,7 +690,7 @@ static const struct {
     {{"parallel.comm=nccl", "training.device=cpu"},
      "parallel.comm nccl needs GPUs: training.device is cpu"},
     {{"training.seq=512"}, "training.seq (512) must be <= model.max_seq (256)"},
-    {{"training.val_every=50"}, "training.val_every (50) needs data.val"},
+    {{"training.val_every=50"}, "training.val_every (50) needs data.val or data.val_sets"},
     {{"training.eval_every=-2"}, "training.eval_every (-2) must be >= 0 (0: data.eval before"},
     {{"training.eval_every=50"}, "training.eval_every (50) needs data.eval"},
     {{"training.peak_tflops=-1"}, "training.peak_tflops (-1) must be a device's peak TFLOP/s"},
@@ -949,7 +961,7 @@ START_TEST(test_yaml_text)
   ck_assert_str_eq(
       y,
       "name: \"\"\ndata:\n  train: \"\"\n  val: \"v.bin\"\n  shuffle: false\n  vocab_file: \"\"\n  "
-      "eval: \"\"\n");
+      "eval: \"\"\n  val_sets: \"\"\n");
   free(y);
   dt_jobspec_free(bare);
   dt_jobspec_free(s);
@@ -1085,6 +1097,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert(!has_arg(argv, "--val-every") && !has_arg(argv, "--val-batches"));
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
+  ck_assert(!has_arg(argv, "--val-sets"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
@@ -1104,6 +1117,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.threads=6");
   set_ok(s, "data.shuffle=true");
   set_ok(s, "data.val=v.bin");
+  set_ok(s, "data.val_sets=web=w.bin,code=c/*.bin");
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
   set_ok(s, "data.eval=hellaswag_val.bin");
   set_ok(s, "training.eval_every=250");
@@ -1121,6 +1135,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--precision"), "bf16");
   ck_assert_str_eq(flag_value(argv, "--attention"), "materialized");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
+  ck_assert_str_eq(flag_value(argv, "--val-sets"), "web=w.bin,code=c/*.bin");
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
   ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
   ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");

@@ -27,6 +27,8 @@ static void usage(FILE *out)
       "--train)\n"
       "  --train W:GLOB,W:GLOB,...   a weighted blend of sources (Megatron-LM's --data-path "
       "weights)\n"
+      "  --val-sets NAME=GLOB,...    validation sets, each validated as --val is and its loss\n"
+      "                              reported alone under its name (with --val-every)\n"
       "  --shuffle                   seeded shuffling of shards and windows (default: sequential)\n"
       "  --val-every N --val-batches N (default 20; global batches: batch x dp x grad-accum\n"
       "                              sequences each)\n"
@@ -95,6 +97,7 @@ enum {
   OPT_MAXSEQ,
   OPT_TRAIN,
   OPT_VAL,
+  OPT_VAL_SETS,
   OPT_SHUFFLE,
   OPT_VAL_EVERY,
   OPT_VAL_BATCHES,
@@ -158,6 +161,7 @@ static const struct option g_opts[] = {
     {"max-seq", required_argument, 0, OPT_MAXSEQ},
     {"train", required_argument, 0, OPT_TRAIN},
     {"val", required_argument, 0, OPT_VAL},
+    {"val-sets", required_argument, 0, OPT_VAL_SETS},
     {"shuffle", no_argument, 0, OPT_SHUFFLE},
     {"val-every", required_argument, 0, OPT_VAL_EVERY},
     {"val-batches", required_argument, 0, OPT_VAL_BATCHES},
@@ -357,6 +361,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_VAL:
       o->val_pattern = optarg;
+      break;
+    case OPT_VAL_SETS:
+      o->val_sets = optarg;
       break;
     case OPT_SHUFFLE:
       o->shuffle = 1;

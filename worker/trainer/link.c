@@ -223,6 +223,15 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   s.tokens_per_s = m->tokens_per_s;
   s.has_val = m->has_val;
   s.val_loss = m->val_loss;
+  Distrain__V1__ValSetLoss vs[DT_VALSETS_MAX], *vsp[DT_VALSETS_MAX];
+  for (int i = 0; i < m->n_val_sets; i++) {
+    distrain__v1__val_set_loss__init(&vs[i]);
+    vs[i].name = (char *)m->val_set_name[i];
+    vs[i].loss = m->val_set_loss[i];
+    vsp[i] = &vs[i];
+  }
+  s.val_sets = vsp;
+  s.n_val_sets = (size_t)m->n_val_sets;
   s.has_eval = m->has_eval;
   if (m->has_eval) {
     s.eval_acc_norm = (float)m->eval_correct_norm / (float)m->eval_n;

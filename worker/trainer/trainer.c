@@ -143,8 +143,10 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--save-every needs --ckpt-dir";
   else if (o->resume && !o->ckpt_dir && !o->resume_path)
     msg = "--resume needs --ckpt-dir (or a path)";
-  else if (o->val_every > 0 && !o->val_pattern)
-    msg = "--val-every needs --val";
+  else if (o->val_every > 0 && !o->val_pattern && !o->val_sets)
+    msg = "--val-every needs --val or --val-sets";
+  else if (o->val_sets && o->val_every == 0)
+    msg = "--val-sets needs --val-every: the sets are validated every --val-every steps";
   else if (o->eval_every < 0)
     msg = "--eval-every must be >= 0 (0: before training and after the last step only)";
   else if ((o->eval_every > 0 || o->eval_out) && !o->eval_path)
@@ -185,6 +187,17 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     if (rc != 0) {
       snprintf(why, n, "%s %s: %s (a blend is WEIGHT:GLOB,WEIGHT:GLOB,...)", shards[i][0],
                shards[i][1], bad);
+      return rc;
+    }
+  }
+  if (o->val_sets) {
+    dt_valsets_t v;
+    char bad[512] = "out of memory";
+    const int rc = dt_valsets_parse(o->val_sets, &v, bad, sizeof bad);
+    dt_valsets_free(&v);
+    if (rc != 0) {
+      snprintf(why, n, "--val-sets %s: %s (validation sets are NAME=GLOB,NAME=GLOB,...)",
+               o->val_sets, bad);
       return rc;
     }
   }
@@ -297,6 +310,9 @@ typedef struct {
   dt_gpt2_t model;
   dt_dp_t *dp;
   dt_dataloader_t train, val;
+  dt_valsets_t valsets;               /* --val-sets */
+  dt_dataloader_t vs[DT_VALSETS_MAX]; /* their loaders */
+  int64_t vs_windows[DT_VALSETS_MAX]; /* and the global batches each is validated on */
   dt_train_state_t state;
   FILE *metrics;
   const char *resume_from;
@@ -359,14 +375,13 @@ static const int *seq_chunk(const trainer_t *t, const int *batch, int *dst)
   return chunks_of(t, batch, t->o->batch, t->o->seq, dst);
 }
 
-/* Mean validation loss over the first val_batches global batches of the validation set (its
+/* Mean validation loss over the first `windows` global batches of a validation set (its
  * windows, as training's: batch x dp x accum sequences), so that the same sequences count
  * whatever the layout; each data-parallel rank reads its slice of every window in accum
  * micro-batches of equal size, and the result is averaged over the ranks. */
-static int evaluate(trainer_t *t, float *out)
+static int evaluate(trainer_t *t, dt_dataloader_t *val, int64_t windows, float *out)
 {
-  dt_dataloader_t *val = &t->val;
-  const int n = (int)t->val_windows * t->o->grad_accum;
+  const int n = (int)windows * t->o->grad_accum;
   double acc = 0.0;
   DT_CHECK(dt_dataloader_reset(val));
   for (int i = 0; i < n; i++) {
@@ -383,6 +398,30 @@ static int evaluate(trainer_t *t, float *out)
   *out = (float)(acc / n);
   DT_CHECK(from_last_stage(t, out));
   return dt_dp_average(t->dp, out);
+}
+
+/* The validation after a step (or before the first): --val's loss and each --val-sets set's. */
+static int validate(trainer_t *t, dt_step_metrics_t *sm)
+{
+  if (t->o->val_pattern) {
+    sm->has_val = 1;
+    DT_CHECK(evaluate(t, &t->val, t->val_windows, &sm->val_loss));
+  }
+  sm->n_val_sets = t->valsets.n;
+  sm->val_set_name = t->valsets.name;
+  for (int i = 0; i < t->valsets.n; i++)
+    DT_CHECK(evaluate(t, &t->vs[i], t->vs_windows[i], &sm->val_set_loss[i]));
+  return 0;
+}
+
+/* The step line's validation (dt_valsets_line). */
+static void format_val(char *buf, size_t n, const dt_step_metrics_t *sm)
+{
+  const char *names[DT_VALSETS_MAX];
+  for (int i = 0; i < sm->n_val_sets; i++)
+    names[i] = sm->val_set_name[i];
+  dt_valsets_line(buf, n, sm->has_val ? &sm->val_loss : NULL, sm->n_val_sets, names,
+                  sm->val_set_loss);
 }
 
 /* Multinomial sampling with temperature from the last position's logits. */
@@ -693,6 +732,9 @@ static void write_evals(FILE *fp, const dt_step_metrics_t *s)
 {
   if (s->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
+  for (int i = 0; i < s->n_val_sets; i++)
+    fprintf(fp, "%s\"%s\": %.9g%s", i ? ", " : ", \"val_sets\": {", s->val_set_name[i],
+            s->val_set_loss[i], i == s->n_val_sets - 1 ? "}" : "");
   if (s->has_eval)
     fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %d",
             (double)s->eval_correct_norm / s->eval_n, (double)s->eval_correct / s->eval_n,
@@ -1142,6 +1184,30 @@ static int open_device_comm(trainer_t *t, int world)
   return 0;
 }
 
+/* A validation set (--val, or one of --val-sets, named by flag): its loader, reading windows of
+ * the global batch as training does (see evaluate), and how many of them validation reads:
+ * --val-batches, or fewer where the set holds fewer before it (or a source of its blend) would
+ * begin again. */
+static int open_val(trainer_t *t, const char *flag, const char *pattern, dt_dataloader_t *dl,
+                    int64_t *windows)
+{
+  const dt_train_opts_t *o = t->o;
+  DT_CHECK(dt_dataloader_init(dl, pattern, o->batch, o->seq, t->dprank, t->dpsize, o->grad_accum,
+                              t->cfg.vocab, 0, 0));
+  const int64_t n = *windows = dt_dataloader_windows_within(dl, o->val_batches);
+  if (n == 0) {
+    DT_ERROR(TRAIN,
+             "%s %s: a source of the blend begins its data again within the first global "
+             "batch (%d sequences): give it more data or less weight",
+             flag, pattern, o->batch * t->dpsize * o->grad_accum);
+    return DT_EFORMAT;
+  }
+  if (n < o->val_batches)
+    DT_INFO(TRAIN, "%s %s holds %lld global batches without a repeat: validation uses those", flag,
+            pattern, (long long)n);
+  return 0;
+}
+
 /* --eval: the set, checked against the model's vocabulary and the sequence length, and the
  * window its rows are evaluated in: the longest row's positions (its tokens but the last),
  * rounded up to split as a training sequence does (unit), at most --seq. */
@@ -1353,20 +1419,16 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   if (o->train_pattern)
     DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
                                 o->grad_accum, t->cfg.vocab, o->shuffle, o->seed));
-  if (o->val_pattern) { /* windows of the global batch, as training's: see evaluate */
-    DT_CHECK(dt_dataloader_init(&t->val, o->val_pattern, o->batch, o->seq, t->dprank, t->dpsize,
-                                o->grad_accum, t->cfg.vocab, 0, 0));
-    const int64_t n = t->val_windows = dt_dataloader_windows_within(&t->val, o->val_batches);
-    if (n == 0) {
-      DT_ERROR(TRAIN,
-               "--val %s: a source of the blend begins its data again within the first global "
-               "batch (%d sequences): give it more data or less weight",
-               o->val_pattern, o->batch * t->dpsize * o->grad_accum);
-      return DT_EFORMAT;
+  if (o->val_pattern)
+    DT_CHECK(open_val(t, "--val", o->val_pattern, &t->val, &t->val_windows));
+  if (o->val_sets) {
+    char bad[512];
+    DT_CHECK(dt_valsets_parse(o->val_sets, &t->valsets, bad, sizeof bad)); /* validated */
+    for (int i = 0; i < t->valsets.n; i++) {
+      char flag[64];
+      snprintf(flag, sizeof flag, "--val-sets %s:", t->valsets.name[i]);
+      DT_CHECK(open_val(t, flag, t->valsets.pattern[i], &t->vs[i], &t->vs_windows[i]));
     }
-    if (n < o->val_batches)
-      DT_INFO(TRAIN, "--val %s holds %lld global batches without a repeat: validation uses those",
-              o->val_pattern, (long long)n);
   }
   if (o->eval_path)
     DT_CHECK(open_eval(t, window_unit(t->cp, t->model.tp.tp, t->model.sp)));
@@ -1634,9 +1696,8 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
   if (!t->lead)
     return;
   if (!o->quiet) {
-    char valbuf[48] = "", mfu[32] = "";
-    if (sm->has_val)
-      snprintf(valbuf, sizeof valbuf, " | val %.4f", sm->val_loss);
+    char valbuf[1024], mfu[32] = "";
+    format_val(valbuf, sizeof valbuf, sm);
     if (sm->mfu > 0)
       snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * sm->mfu);
     DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s",
@@ -1775,6 +1836,9 @@ static void teardown(trainer_t *t)
   dt_dp_destroy(t->dp);
   dt_dataloader_free(&t->train);
   dt_dataloader_free(&t->val);
+  for (int i = 0; i < t->valsets.n; i++)
+    dt_dataloader_free(&t->vs[i]);
+  dt_valsets_free(&t->valsets);
   dt_evalset_free(&t->evalset);
   if (t->eval_out)
     fclose(t->eval_out);
@@ -1828,11 +1892,14 @@ int dt_train_run(const dt_train_opts_t *o)
     dt_link_input_error(o->link);
   if (ret == 0 && (o->val_every > 0 || o->eval_path) && t.state.step == 0) {
     /* The starting point, so that the fall of the validation loss is visible. */
-    dt_step_metrics_t s0 = {.has_val = o->val_every > 0};
-    if (s0.has_val)
-      ret = evaluate(&t, &s0.val_loss);
-    if (ret == 0 && s0.has_val && !o->quiet && t.lead)
-      DT_INFO(TRAIN, "step %5d/%d | val %.4f (before training)", 0, o->steps, s0.val_loss);
+    dt_step_metrics_t s0 = {0};
+    if (o->val_every > 0)
+      ret = validate(&t, &s0);
+    if (ret == 0 && o->val_every > 0 && !o->quiet && t.lead) {
+      char val[1024];
+      format_val(val, sizeof val, &s0);
+      DT_INFO(TRAIN, "step %5d/%d%s (before training)", 0, o->steps, val);
+    }
     if (ret == 0 && o->eval_path)
       ret = evaluate_choices(&t, 0, &s0);
     log_eval(&t, 0, &s0);
@@ -1850,10 +1917,8 @@ int dt_train_run(const dt_train_opts_t *o)
     DT_CHECK_GOTO(step(&t, &sm), ret, out);
     DT_CHECK_GOTO(stop_agreed(&t, &stop), ret, out);
     const int last = t.state.step == end;
-    if (o->val_every > 0 && (t.state.step % o->val_every == 0 || last)) {
-      sm.has_val = 1;
-      DT_CHECK_GOTO(evaluate(&t, &sm.val_loss), ret, out);
-    }
+    if (o->val_every > 0 && (t.state.step % o->val_every == 0 || last))
+      DT_CHECK_GOTO(validate(&t, &sm), ret, out);
     if (o->eval_path && ((o->eval_every > 0 && t.state.step % o->eval_every == 0) || last))
       DT_CHECK_GOTO(evaluate_choices(&t, t.state.step, &sm), ret, out);
     report(&t, &sm);

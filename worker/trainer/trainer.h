@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "blend.h"
 #include "gpt2.h"
 #include "mesh.h"
 #include "schedule.h"
@@ -48,6 +49,9 @@ typedef struct {
   double bubble;  /* pipeline: the share of the step this stage waited for its neighbours */
   int has_val;
   float val_loss;
+  int n_val_sets; /* --val-sets evaluated after this step: their names and losses, in order */
+  const char (*val_set_name)[DT_VALSET_NAME_MAX];
+  float val_set_loss[DT_VALSETS_MAX];
   int has_eval;             /* a multiple-choice evaluation ran after this step */
   int eval_n, eval_correct; /* examples, and those whose right completion had the lowest */
   int eval_correct_norm;    /* total loss (acc), mean loss (acc_norm) */
@@ -66,6 +70,9 @@ typedef struct {
   uint64_t seed;         /* init seed, and the data shuffle seed */
   /* data */
   const char *train_pattern, *val_pattern;
+  /* named validation sets, "NAME=GLOB,..." (blend.h): each validated as --val is, its loss
+   * reported alone under its name */
+  const char *val_sets;
   int shuffle, val_every, val_batches;
   /* a multiple-choice eval (evalset.h), evaluated before training (from step 0), after the
    * last step and every eval_every steps (0: only those two); eval_out: each evaluation's
