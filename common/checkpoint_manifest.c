@@ -136,7 +136,7 @@ int dt_ckpt_latest(const char *dir, int64_t *step)
   return 0;
 }
 
-int dt_ckpt_prune(const char *dir, int keep)
+int dt_ckpt_prune(const char *dir, int keep, int keep_every)
 {
   if (keep <= 0)
     return 0;
@@ -146,6 +146,8 @@ int dt_ckpt_prune(const char *dir, int keep)
   qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
   for (int i = 0; i + keep < n; i++) {
     char sdir[4096], path[4400];
+    if (keep_every > 0 && steps[i] % keep_every == 0)
+      continue; /* a milestone */
     dt_ckpt_step_dir(sdir, sizeof sdir, dir, steps[i]);
     /* Uncommit first (the manifest goes), then the shards: a crash midway leaves an
      * uncommitted directory that loaders ignore, never a committed one with missing shards. */

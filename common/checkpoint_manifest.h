@@ -42,8 +42,9 @@ int dt_ckpt_commit(const char *dir, int64_t step, int64_t num_params, int world,
                    const dt_ckpt_shard_info_t *shards);
 /* Finds the newest committed step under dir: 0 and *step set, or DT_ENOENT if none. */
 int dt_ckpt_latest(const char *dir, int64_t *step);
-/* Deletes committed steps older than the newest keep (keep <= 0: delete nothing). */
-int dt_ckpt_prune(const char *dir, int keep);
+/* Deletes committed steps older than the newest keep (keep <= 0: delete nothing), except the
+ * multiples of keep_every (> 0: milestones that are never deleted; 0: none). */
+int dt_ckpt_prune(const char *dir, int keep, int keep_every);
 /* path is a step dir (has a MANIFEST) or a checkpoint root (its newest committed step). */
 int dt_ckpt_resolve_step_dir(const char *path, char *sdir, size_t n);
 /* Uncommits a step whose shards failed verification: its MANIFEST becomes MANIFEST.bad (kept

@@ -831,7 +831,8 @@ static void bad(dt__violations_t *v, const char *fmt, ...)
   v->used = DT_MIN(v->errlen - 1, v->used + (size_t)(w > 0 ? w : 0));
 }
 
-/* "seed:N" (N a non-negative decimal), "llmc:PATH", "hf:DIR" or a non-empty checkpoint path. */
+/* "seed:N" (N a non-negative decimal), "llmc:PATH", "hf:DIR", "ckpt:DIR" or a non-empty
+ * checkpoint path. */
 static bool init_valid(const char *s)
 {
   int64_t seed;
@@ -843,6 +844,8 @@ static bool init_valid(const char *s)
     return s[5] != '\0';
   if (strncmp(s, "hf:", 3) == 0)
     return s[3] != '\0';
+  if (strncmp(s, "ckpt:", 5) == 0)
+    return s[5] != '\0';
   return true;
 }
 
@@ -921,7 +924,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
     bad(&v, "model.channels (%d) must be divisible by model.heads (%d)", model->channels,
         model->heads);
   if (!init_valid(model->init))
-    bad(&v, "model.init must be seed:N (N >= 0), llmc:PATH, hf:DIR or a checkpoint path, got '%s'",
+    bad(&v,
+        "model.init must be seed:N (N >= 0), llmc:PATH, hf:DIR, ckpt:DIR or a checkpoint path, "
+        "got '%s'",
         model->init ? model->init : "");
 
   /* data */
@@ -1117,6 +1122,13 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
     bad(&v, "checkpoint.dir must name a directory (recovery restarts from it)");
   DT__NONNEG(&v, checkpoint, every, " (0 disables periodic checkpoints)");
   DT__NONNEG(&v, checkpoint, keep, " (0 keeps every checkpoint)");
+  DT__NONNEG(&v, checkpoint, keep_every, " (0: no milestones beyond the newest keep)");
+  if (checkpoint->keep_every > 0 &&
+      (checkpoint->every <= 0 || checkpoint->keep_every % checkpoint->every != 0))
+    bad(&v,
+        "checkpoint.keep_every (%d) must be a multiple of checkpoint.every (%d): only the steps "
+        "saved can be kept",
+        checkpoint->keep_every, checkpoint->every);
 
   /* elastic */
   if (elastic->min_nodes < 1)
@@ -1448,7 +1460,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
    * passed because it also seeds the data order. */
   if (strncmp(init, "seed:", 5) == 0)
     av_str(&a, "--init", init);
-  else if (strncmp(init, "llmc:", 5) == 0 || strncmp(init, "hf:", 3) == 0) {
+  else if (strncmp(init, "llmc:", 5) == 0 || strncmp(init, "hf:", 3) == 0 ||
+           strncmp(init, "ckpt:", 5) == 0) {
     if (!resume)
       av_str(&a, "--init", init);
   } else if (*init && !resume) {
@@ -1508,6 +1521,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_str(&a, "--ckpt-dir", ck->dir);
     av_int(&a, "--save-every", ck->every);
     av_int(&a, "--keep", ck->keep);
+    if (ck->keep_every > 0)
+      av_int(&a, "--keep-every", ck->keep_every);
   }
   if (t->threads > 0)
     av_int(&a, "--threads", t->threads);

@@ -140,12 +140,14 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
     rc = absolutize(&spec->data->eval, base, NULL);
   if (rc == 0)
     rc = absolutize(&spec->checkpoint->dir, base, NULL);
-  if (rc == 0)
-    rc = absolutize(&spec->model->init, base, "llmc:");
-  if (rc == 0)
-    rc = absolutize(&spec->model->init, base, "hf:");
-  if (rc == 0 && strncmp(spec->model->init, "seed:", 5) != 0 &&
-      strncmp(spec->model->init, "llmc:", 5) != 0 && strncmp(spec->model->init, "hf:", 3) != 0)
+  /* model.init: the path after its kind, or a checkpoint path as it is; not a seed */
+  static const char *const kinds[] = {"llmc:", "hf:", "ckpt:"};
+  int kinded = strncmp(spec->model->init, "seed:", 5) == 0;
+  for (size_t k = 0; rc == 0 && k < DT_ARRAY_SIZE(kinds); k++) {
+    kinded |= strncmp(spec->model->init, kinds[k], strlen(kinds[k])) == 0;
+    rc = absolutize(&spec->model->init, base, kinds[k]);
+  }
+  if (rc == 0 && !kinded)
     rc = absolutize(&spec->model->init, base, NULL);
   if (rc != 0) {
     dt_jobspec_free(spec);

@@ -293,6 +293,25 @@ run ckpt_resume "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 3 --ckpt-dir "$T/
 [[ $RC -eq 0 && -f $T/ck/step-00000003/MANIFEST ]] && ok "--resume continued to step 3" ||
   bad "--resume: exit $RC"
 
+# Rotation: --keep 1 leaves the newest step, --keep-every 4 the steps 4 divides besides; on
+# resume too (the second run prunes what the first left by the same rule).
+run keep_every "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 10 --stop-at 6 --ckpt-dir "$T/keep" \
+  --save-every 2 --keep 1 --keep-every 4
+run keep_every2 "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 10 --ckpt-dir "$T/keep" \
+  --save-every 2 --keep 1 --keep-every 4 --resume
+kept=$(cd "$T/keep" && ls -d step-*/MANIFEST 2>/dev/null | tr '\n' ' ')
+if [[ $RC -eq 0 && $kept == "step-00000004/MANIFEST step-00000008/MANIFEST step-00000010/MANIFEST " ]] &&
+  [[ $(cd "$T/keep" && ls | wc -l) -eq 3 ]] &&
+  grep -q "checkpoint step 8: written and committed.*(kept for good: a multiple of --keep-every)" \
+    "$T/keep_every2.err"; then
+  ok "--keep 1 --keep-every 4 over 10 steps (stopped at 6, resumed): steps 4, 8 and 10 kept"
+else
+  bad "--keep-every: exit $RC, kept: $kept ($(ls "$T/keep"))"
+fi
+run keep_every_bad "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 4 --ckpt-dir "$T/keep_bad" \
+  --save-every 2 --keep 1 --keep-every 3
+expect_error keep_every_bad 1 "--keep-every" "a multiple of --save-every"
+
 # ------------------------------------------------------------------------------------------
 # Divergence: a huge learning rate makes the loss non-finite
 # ------------------------------------------------------------------------------------------
@@ -363,7 +382,7 @@ expect_error flag_unknown 2 "--frobnicate" "unknown"
 run flag_missing_arg "$TRAIN" --train "$DATA" --steps
 expect_error flag_missing_arg 2 "--steps" "option"
 run flag_init "$TRAIN" --train "$DATA" --init bogus
-expect_error flag_init 2 "--init" "expected llmc:PATH, hf:DIR or seed:N"
+expect_error flag_init 2 "--init" "expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N"
 run flag_extra "$TRAIN" --train "$DATA" stray
 expect_error flag_extra 2 "stray" "unexpected argument"
 

@@ -28,6 +28,8 @@ import unittest
 
 import numpy as np
 
+import test_dp as dp  # the multi-rank launcher
+
 BUILD = None
 L, NH, C, V, T = 2, 2, 32, 256, 16
 
@@ -192,7 +194,46 @@ class Convert(unittest.TestCase):
         for args, want in (
                 (["--init", "hf:" + self.path("nowhere")], "config.json: No such file"),
                 (["--init", "hf:" + hf, "--layers", "3"], "layers"),
-                (["--init", "hf:"], "--init: expected llmc:PATH, hf:DIR or seed:N")):
+                (["--init", "hf:"], "--init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N")):
+            p = subprocess.run(self.train_args() + ["--steps", "1"] + args, capture_output=True,
+                               text=True, timeout=120)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr, args)
+
+    def test_training_from_a_checkpoints_weights(self):
+        """--init ckpt:DIR (Megatron-LM's --finetune) trains as --init llmc: of the weights the
+        run that saved it exported, bit for bit: its weights only, with AdamW's moments, the
+        step and the data position afresh (any of them taken from the checkpoint would change
+        the losses). The checkpoint root (its newest step) and a step directory alike; one
+        saved by dp=2 under ZeRO-3 too."""
+        def losses(tag, init):
+            metrics = self.path("ft-%s.jsonl" % tag)
+            p = self.run_ok(self.train_args() + ["--steps", "3", "--init", init,
+                                                 "--metrics", metrics])
+            with open(metrics) as f:
+                return [json.loads(line)["loss"] for line in f], p.stderr
+        ref, _ = losses("llmc", "llmc:" + self.export)
+        got, log = losses("root", "ckpt:" + self.ckpt)
+        self.assertEqual(got, ref)
+        self.assertIn("--init ckpt:%s: the weights of its step 6; AdamW's moments, the step count "
+                      "and the data position start afresh" % self.ckpt, log)
+        self.assertEqual(losses("step", "ckpt:" + os.path.join(self.ckpt, "step-00000006"))[0],
+                         ref)
+        # a checkpoint of another layout: dp=2, ZeRO-3, each rank writing its shard
+        ck, export = self.path("ckpt-z3"), self.path("export-z3.bin")
+        args = self.train_args() + ["--steps", "4", "--init", "seed:5", "--zero-stage", "3",
+                                    "--ckpt-dir", ck, "--save-every", "4", "--export-llmc", export]
+        args[args.index("--batch") + 1] = "2"  # the same global batch of 4
+        outs = dp.wait_all(dp.launch(2, lambda r: args, tempfile.mkdtemp(dir=self.dir)))
+        dp.assert_ranks_ok(outs, "dp=2 ZeRO-3")
+        self.assertEqual(len(os.listdir(os.path.join(ck, "step-00000004"))), 3)  # 2 shards
+        self.assertEqual(losses("z3", "ckpt:" + ck)[0], losses("z3-llmc", "llmc:" + export)[0])
+        for args, want in (
+                (["--init", "ckpt:" + self.path("nowhere")], "nowhere"),
+                (["--init", "ckpt:" + self.ckpt, "--layers", "3"], "layers"),
+                (["--init", "ckpt:" + self.ckpt, "--ckpt-dir", self.ckpt, "--resume"],
+                 "--init llmc:PATH, hf:DIR or ckpt:DIR and --resume are mutually exclusive"),
+                (["--init", "ckpt:"], "--init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N")):
             p = subprocess.run(self.train_args() + ["--steps", "1"] + args, capture_output=True,
                                text=True, timeout=120)
             self.assertNotEqual(p.returncode, 0, args)
@@ -312,5 +353,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     args, rest = ap.parse_known_args()
-    BUILD = os.path.abspath(args.build)
+    BUILD = dp.BUILD = os.path.abspath(args.build)
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

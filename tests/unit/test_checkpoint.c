@@ -695,9 +695,9 @@ START_TEST(test_ckpt_prune)
   dt_ckpt_shard_info_t info;
   ck_assert_int_eq(dt_ckpt_write_shard(&a, &st, dir, 0, 1, 0, (int64_t)a.num_params, &info), 0);
 
-  ck_assert_int_eq(dt_ckpt_prune(dir, 0), 0); /* keep <= 0: nothing */
+  ck_assert_int_eq(dt_ckpt_prune(dir, 0, 0), 0); /* keep <= 0: nothing */
   ck_assert_int_eq(ut_count_entries(dir, "step-"), 6);
-  ck_assert_int_eq(dt_ckpt_prune(dir, 2), 0);
+  ck_assert_int_eq(dt_ckpt_prune(dir, 2, 0), 0);
   for (int64_t s = 1; s <= 5; s++) {
     snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)(s * 10));
     ck_assert_msg(ut_exists(path) == (s >= 4), "step %lld", (long long)(s * 10));
@@ -708,9 +708,9 @@ START_TEST(test_ckpt_prune)
   ck_assert_int_eq(dt_ckpt_latest(dir, &step), 0);
   ck_assert_int_eq(step, 50);
   /* keep more than there are: nothing */
-  ck_assert_int_eq(dt_ckpt_prune(dir, 10), 0);
+  ck_assert_int_eq(dt_ckpt_prune(dir, 10, 0), 0);
   ck_assert_int_eq(ut_count_entries(dir, "step-"), 3);
-  ck_assert_int_eq(dt_ckpt_prune(dir, 1), 0);
+  ck_assert_int_eq(dt_ckpt_prune(dir, 1, 0), 0);
   ck_assert_int_eq(ut_count_entries(dir, "step-"), 2);
   snprintf(path, sizeof path, "%s/step-00000050/MANIFEST", dir);
   ck_assert(ut_exists(path));
@@ -722,6 +722,40 @@ START_TEST(test_ckpt_prune)
   ck_assert_int_eq(sb.step, 50);
   dt_gpt2_destroy(&a);
   dt_gpt2_destroy(&b);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* keep_every: the steps it divides stay whatever keep says; the rest rotate as before. */
+START_TEST(test_ckpt_prune_keeps_milestones)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  dt_gpt2_t a;
+  dt_train_state_t st;
+  make_model(&a, &TINY, 92, 1);
+  for (int64_t s = 1; s <= 9; s++) {
+    make_state(&st, s * 10);
+    save_sharded(&a, &st, dir, 1);
+    ck_assert_int_eq(dt_ckpt_prune(dir, 2, 40), 0); /* as the trainer does after each commit */
+  }
+  for (int64_t s = 1; s <= 9; s++) {
+    snprintf(path, sizeof path, "%s/step-%08lld/MANIFEST", dir, (long long)(s * 10));
+    ck_assert_msg(ut_exists(path) == (s == 4 || s >= 8), "step %lld", (long long)(s * 10));
+  }
+  ck_assert_int_eq(ut_count_entries(dir, "step-"), 3); /* 40, 80 (also newest but one) and 90 */
+  /* the newest two are counted among all steps, milestones too: 80 and 90 */
+  make_state(&st, 100);
+  save_sharded(&a, &st, dir, 1);
+  ck_assert_int_eq(dt_ckpt_prune(dir, 2, 40), 0);
+  ck_assert_int_eq(ut_count_entries(dir, "step-"), 4); /* 40, 80, 90, 100 */
+  ck_assert_int_eq(dt_ckpt_prune(dir, 1, 40), 0);
+  ck_assert_int_eq(ut_count_entries(dir, "step-"), 3); /* 40, 80, 100 */
+  snprintf(path, sizeof path, "%s/step-00000090", dir);
+  ck_assert(!ut_exists(path));
+  ck_assert_int_eq(dt_ckpt_prune(dir, 1, 0), 0); /* without milestones: the newest only */
+  ck_assert_int_eq(ut_count_entries(dir, "step-"), 1);
+  dt_gpt2_destroy(&a);
   ut_rm_rf(dir);
 }
 END_TEST
@@ -947,6 +981,7 @@ static Suite *checkpoint_suite(void)
   tcase_add_test(t, test_ckpt_commit_must_tile);
   tcase_add_test(t, test_ckpt_bad_range);
   tcase_add_test(t, test_ckpt_prune);
+  tcase_add_test(t, test_ckpt_prune_keeps_milestones);
   tcase_add_test(t, test_ckpt_tensor_parallel_layouts);
   tcase_add_test(t, test_ckpt_reads_version_1_shards);
   suite_add_tcase(s, t);

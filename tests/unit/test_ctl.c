@@ -389,6 +389,14 @@ START_TEST(test_spec_paths_relative_to_the_file)
   snprintf(want, sizeof want, "hf:%s/models/gpt2", real);
   ck_assert_str_eq(spec->model->init, want);
   dt_jobspec_free(spec);
+  fp = fopen(path, "w"); /* a checkpoint's weights (fine-tuning) */
+  ck_assert_ptr_nonnull(fp);
+  fputs("data: {train: \"t.bin\"}\nmodel: {init: \"ckpt:runs/base\"}\n", fp);
+  fclose(fp);
+  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  snprintf(want, sizeof want, "ckpt:%s/runs/base", real);
+  ck_assert_str_eq(spec->model->init, want);
+  dt_jobspec_free(spec);
   /* Each source of a blend; its weights as written. Each validation set. */
   fp = fopen(path, "w");
   ck_assert_ptr_nonnull(fp);

@@ -648,11 +648,12 @@ static const struct {
     {{"model.vocab=65537"}, "model.vocab (65537) must be in [2, 65536]"},
     {{"model.channels=250"}, "model.channels (250) must be divisible by model.heads (4)"},
     {{"model.init=seed:x"},
-     "model.init must be seed:N (N >= 0), llmc:PATH, hf:DIR or a checkpoint path, "
+     "model.init must be seed:N (N >= 0), llmc:PATH, hf:DIR, ckpt:DIR or a checkpoint path, "
      "got 'seed:x'"},
     {{"model.init=seed:-1"}, "model.init must be seed:N"},
     {{"model.init=llmc:"}, "model.init must be seed:N"},
     {{"model.init=hf:"}, "model.init must be seed:N"},
+    {{"model.init=ckpt:"}, "model.init must be seed:N"},
     {{"model.init="}, "model.init must be seed:N"},
     {{"data.train="}, "data.train must name the training shards"},
     {{"data.train=0.7:web/*.bin,0:code.bin"},
@@ -761,6 +762,12 @@ static const struct {
     {{"checkpoint.dir="}, "checkpoint.dir must name a directory"},
     {{"checkpoint.every=-1"}, "checkpoint.every (-1) must be >= 0"},
     {{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
+    {{"checkpoint.keep_every=-1"}, "checkpoint.keep_every (-1) must be >= 0"},
+    {{"checkpoint.keep_every=150", "checkpoint.every=100"},
+     "checkpoint.keep_every (150) must be a multiple of checkpoint.every (100): only the steps "
+     "saved can be kept"},
+    {{"checkpoint.keep_every=100", "checkpoint.every=0"},
+     "checkpoint.keep_every (100) must be a multiple of checkpoint.every (0)"},
     {{"elastic.min_nodes=0"}, "elastic.min_nodes (0) must be >= 1"},
     {{"elastic.min_nodes=3", "elastic.max_nodes=2"},
      "elastic.max_nodes (2) must be >= elastic.min_nodes (3)"},
@@ -1098,6 +1105,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val-every") && !has_arg(argv, "--val-batches"));
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
   ck_assert(!has_arg(argv, "--val-sets"));
+  ck_assert(!has_arg(argv, "--keep-every"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
@@ -1118,6 +1126,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.shuffle=true");
   set_ok(s, "data.val=v.bin");
   set_ok(s, "data.val_sets=web=w.bin,code=c/*.bin");
+  set_ok(s, "checkpoint.keep_every=1000");
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
   set_ok(s, "data.eval=hellaswag_val.bin");
   set_ok(s, "training.eval_every=250");
@@ -1136,6 +1145,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--attention"), "materialized");
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
   ck_assert_str_eq(flag_value(argv, "--val-sets"), "web=w.bin,code=c/*.bin");
+  ck_assert_str_eq(flag_value(argv, "--keep-every"), "1000");
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
   ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
   ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");
@@ -1149,9 +1159,9 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--decay-frac"), "0.2");
   dt_argv_free(argv);
 
-  /* llm.c's and Hugging Face's weights: --init on a fresh start, nothing on resume (the
-   * checkpoint has the weights). */
-  static const char *const inits[] = {"llmc:/w/gpt2 124M.bin", "hf:/w/gpt2"};
+  /* llm.c's, Hugging Face's and a checkpoint's weights: --init on a fresh start, nothing on
+   * resume (the job's own checkpoint has the weights). */
+  static const char *const inits[] = {"llmc:/w/gpt2 124M.bin", "hf:/w/gpt2", "ckpt:/runs/base"};
   for (size_t i = 0; i < sizeof inits / sizeof *inits; i++) {
     char set[64];
     snprintf(set, sizeof set, "model.init=%s", inits[i]);

@@ -17,9 +17,12 @@ static void usage(FILE *out)
       "usage: distrain-train --train GLOB [options]\n"
       "\n"
       "model (default: the demo's byte-level L4 H4 C256 V256 maxT256):\n"
-      "  --init llmc:PATH | hf:DIR | seed:N\n"
+      "  --init llmc:PATH | hf:DIR | ckpt:DIR | seed:N\n"
       "                              start from llm.c fp32 weights, Hugging Face's GPT-2\n"
-      "                              (config.json + model.safetensors), or GPT-2 init from a seed\n"
+      "                              (config.json + model.safetensors), a distrain checkpoint's\n"
+      "                              weights (its newest step, or a step dir; the optimizer, step\n"
+      "                              and data start afresh: fine-tuning), or GPT-2 init from a "
+      "seed\n"
       "  --seed N                    init and shuffle seed (default 1337)\n"
       "  --layers N --heads N --channels N --vocab N --max-seq N\n"
       "data:\n"
@@ -48,6 +51,8 @@ static void usage(FILE *out)
       "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
       "checkpoints:\n"
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
+      "  --keep-every N              also keep every checkpoint of a step N divides, whatever\n"
+      "                              --keep says (N a multiple of --save-every)\n"
       "  --ckpt-sync                 write each checkpoint in the step (default: the step pauses\n"
       "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
@@ -123,6 +128,7 @@ enum {
   OPT_CKPT_DIR,
   OPT_SAVE_EVERY,
   OPT_KEEP,
+  OPT_KEEP_EVERY,
   OPT_RESUME,
   OPT_CKPT_SYNC,
   OPT_EXPORT,
@@ -188,6 +194,7 @@ static const struct option g_opts[] = {
     {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"keep", required_argument, 0, OPT_KEEP},
+    {"keep-every", required_argument, 0, OPT_KEEP_EVERY},
     {"resume", optional_argument, 0, OPT_RESUME},
     {"ckpt-sync", no_argument, 0, OPT_CKPT_SYNC},
     {"export-llmc", required_argument, 0, OPT_EXPORT},
@@ -310,22 +317,23 @@ static int parse_profile(const char *from, const char *s, dt_train_opts_t *o)
 
 static int parse_init(const char *s, dt_train_opts_t *o)
 {
-  if (strncmp(s, "llmc:", 5) == 0 && s[5]) {
-    o->init_llmc = s + 5;
-    o->init_hf = NULL;
-    return 0;
-  }
-  if (strncmp(s, "hf:", 3) == 0 && s[3]) {
-    o->init_hf = s + 3;
-    o->init_llmc = NULL;
-    return 0;
+  static const char *const kinds[] = {"llmc:", "hf:", "ckpt:"};
+  const char **dst[] = {&o->init_llmc, &o->init_hf, &o->init_ckpt};
+  for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+    const size_t len = strlen(kinds[k]);
+    if (strncmp(s, kinds[k], len) == 0 && s[len]) {
+      o->init_llmc = o->init_hf = o->init_ckpt = NULL; /* the last --init counts */
+      *dst[k] = s + len;
+      return 0;
+    }
   }
   int64_t seed;
   if (strncmp(s, "seed:", 5) == 0 && dt_parse_i64(s + 5, &seed) == 0 && seed >= 0) {
     o->seed = (uint64_t)seed;
     return 0;
   }
-  fprintf(stderr, "distrain-train: --init: expected llmc:PATH, hf:DIR or seed:N, got '%s'\n", s);
+  fprintf(stderr,
+          "distrain-train: --init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N, got '%s'\n", s);
   return DT_EINVAL;
 }
 
@@ -445,6 +453,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_KEEP:
       rc = parse_int(c, optarg, &o->keep);
+      break;
+    case OPT_KEEP_EVERY:
+      rc = parse_int(c, optarg, &o->keep_every);
       break;
     case OPT_RESUME:
       o->resume = 1;

@@ -178,6 +178,22 @@ out:
   return ret;
 }
 
+int dt_ckpt_load_weights(dt_gpt2_t *m, const char *path, int64_t *step)
+{
+  const int64_t n = (int64_t)m->global_params;
+  float *global = dt_calloc_aligned((size_t)n * sizeof(float), "weights");
+  if (!global)
+    return DT_ENOMEM;
+  dt_train_state_t state = {0};
+  int ret = dt_ckpt_load_range(path, &m->cfg, n, 0, n, global, NULL, NULL, &state);
+  if (ret == 0)
+    ret = dt_gpt2_load_global(m, global);
+  if (ret == 0)
+    *step = state.step;
+  dt_free_aligned(global);
+  return ret;
+}
+
 int dt_llmc_read(const char *path, dt_gpt2_config_t *cfg, float **params)
 {
   int ret = 0;

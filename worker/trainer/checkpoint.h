@@ -91,6 +91,11 @@ int dt_ckpt_write_shard(const dt_gpt2_t *m, const dt_train_state_t *state, const
 /* Loads a committed step (weights, moments, state), verifying sizes, checksums and that the
  * checkpoint's model config equals m's. path is a checkpoint dir (newest step) or a step dir. */
 int dt_ckpt_load(dt_gpt2_t *m, dt_train_state_t *state, const char *path);
+/* Loads only the weights of a committed step (path: a checkpoint dir, its newest step, or a step
+ * dir; any layout it was written in) into m, whatever m's layout: how --init ckpt: starts a run
+ * from them, AdamW's moments, the step count and the data position afresh (fine-tuning). *step:
+ * the step loaded. */
+int dt_ckpt_load_weights(dt_gpt2_t *m, const char *path, int64_t *step);
 /* Reads the model config of a committed checkpoint (dir or step dir). */
 int dt_ckpt_read_config(const char *path, dt_gpt2_config_t *cfg);
 

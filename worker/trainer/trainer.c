@@ -141,6 +141,10 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--save-every, --keep and --val-every must be >= 0, --val-batches >= 1";
   else if (o->save_every > 0 && !o->ckpt_dir)
     msg = "--save-every needs --ckpt-dir";
+  else if (o->keep_every < 0)
+    msg = "--keep-every must be >= 0 (0: no step is kept beyond the newest --keep)";
+  else if (o->keep_every > 0 && (o->save_every == 0 || o->keep_every % o->save_every != 0))
+    msg = "--keep-every must be a multiple of --save-every: only the steps saved can be kept";
   else if (o->resume && !o->ckpt_dir && !o->resume_path)
     msg = "--resume needs --ckpt-dir (or a path)";
   else if (o->val_every > 0 && !o->val_pattern && !o->val_sets)
@@ -151,8 +155,10 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--eval-every must be >= 0 (0: before training and after the last step only)";
   else if ((o->eval_every > 0 || o->eval_out) && !o->eval_path)
     msg = "--eval-every and --eval-out need --eval";
-  else if ((o->init_llmc || o->init_hf) && o->resume)
-    msg = "--init llmc:PATH or hf:DIR and --resume are mutually exclusive";
+  else if ((o->init_llmc || o->init_hf || o->init_ckpt) && o->resume)
+    msg = "--init llmc:PATH, hf:DIR or ckpt:DIR and --resume are mutually exclusive (--resume "
+          "goes on with a checkpoint's optimizer, step and data; --init ckpt: takes its weights "
+          "only)";
   else if (o->sample_tokens < 0 || !(o->sample_temp > 0.0f))
     msg = "--sample must be >= 0 and --sample-temp > 0";
   else if (o->threads < 0)
@@ -849,10 +855,12 @@ static void *save_main(void *arg)
   if (j->rc == 0)
     j->rc = commit_checkpoint(t, j->state.step, &info, j->writers, j->wrank, &committed);
   if (j->rc == 0 && committed)
-    j->rc = dt_ckpt_prune(t->o->ckpt_dir, t->o->keep);
+    j->rc = dt_ckpt_prune(t->o->ckpt_dir, t->o->keep, t->o->keep_every);
+  const int milestone = t->o->keep_every > 0 && j->state.step % t->o->keep_every == 0;
   if (j->rc == 0 && t->lead && !t->o->quiet)
-    DT_INFO(CKPT, "checkpoint step %lld: written and committed%s in %.1f ms",
-            (long long)j->state.step, j->async ? " in the background" : "", dt_now_ms() - j->t0);
+    DT_INFO(CKPT, "checkpoint step %lld: written and committed%s in %.1f ms%s",
+            (long long)j->state.step, j->async ? " in the background" : "", dt_now_ms() - j->t0,
+            milestone ? " (kept for good: a multiple of --keep-every)" : "");
   return NULL;
 }
 
@@ -965,8 +973,8 @@ static int gather_global(trainer_t *t, const float *local, float *out)
   return dt_comm_all_reduce(t->plan.mp, out, m->global_params, DT_COMM_SUM);
 }
 
-/* Resolves the model config from (in order) the checkpoint to resume, the llm.c file, or the
- * options, checking that explicit flags agree with a file. */
+/* Resolves the model config from (in order) the checkpoint to resume, the file or checkpoint
+ * --init names, or the options, checking that explicit flags agree with a file. */
 static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const char **resume_from)
 {
   *resume_from = NULL;
@@ -978,6 +986,10 @@ static int resolve_config(const dt_train_opts_t *o, dt_gpt2_config_t *cfg, const
   if (o->init_llmc) {
     DT_CHECK(dt_llmc_read_config(o->init_llmc, cfg));
     return check_model_flags(o, cfg, o->init_llmc);
+  }
+  if (o->init_ckpt) {
+    DT_CHECK(dt_ckpt_read_config(o->init_ckpt, cfg));
+    return check_model_flags(o, cfg, o->init_ckpt);
   }
   if (o->init_hf) {
     char err[8300];
@@ -1396,6 +1408,14 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       DT_ERROR(TRAIN, "--init hf: %s", err);
       return rc;
     }
+  } else if (o->init_ckpt) {
+    int64_t step;
+    DT_CHECK(dt_ckpt_load_weights(&t->model, o->init_ckpt, &step));
+    if (t->lead)
+      DT_INFO(TRAIN,
+              "--init ckpt:%s: the weights of its step %lld; AdamW's moments, the step count and "
+              "the data position start afresh",
+              o->init_ckpt, (long long)step);
   } else {
     DT_CHECK(dt_gpt2_init_weights(&t->model, o->seed));
   }

@@ -67,6 +67,7 @@ typedef struct {
   int model_set_mask;    /* which model fields were given explicitly (bit per field) */
   const char *init_llmc; /* llm.c weights to start from */
   const char *init_hf;   /* or Hugging Face's GPT-2 directory (hf.h) */
+  const char *init_ckpt; /* or a distrain checkpoint's weights only (dt_ckpt_load_weights) */
   uint64_t seed;         /* init seed, and the data shuffle seed */
   /* data */
   const char *train_pattern, *val_pattern;
@@ -94,6 +95,7 @@ typedef struct {
   /* checkpoints */
   const char *ckpt_dir;
   int save_every, keep;
+  int keep_every;          /* > 0: the steps it divides are kept whatever keep says (milestones) */
   int ckpt_sync;           /* write checkpoints in the step, not on a thread of their own */
   int resume;              /* resume from the newest committed step (of resume_path or ckpt_dir) */
   const char *resume_path; /* a checkpoint dir or step dir; NULL means ckpt_dir */
