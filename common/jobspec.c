@@ -992,6 +992,13 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!str_empty(data->val_sets) && training->val_every == 0)
     bad(&v, "data.val_sets needs training.val_every: the sets are validated every val_every "
             "steps");
+  if (!str_empty(training->prompt) && training->sample <= 0)
+    bad(&v, "training.prompt needs training.sample (the tokens to generate after it)");
+  if (!str_empty(data->merge_file) && str_empty(data->vocab_file))
+    bad(&v, "data.merge_file needs data.vocab_file (GPT-2's BPE is the two files)");
+  if (!str_empty(training->prompt) && !str_empty(data->vocab_file) && str_empty(data->merge_file))
+    bad(&v, "training.prompt with data.vocab_file needs data.merge_file: encoding text takes "
+            "GPT-2's merges");
   if (training->eval_every > 0 && str_empty(data->eval))
     bad(&v, "training.eval_every (%d) needs data.eval (a multiple-choice eval file)",
         training->eval_every);
@@ -1482,6 +1489,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_push(&a, "--shuffle");
   if (!str_empty(d->vocab_file))
     av_str(&a, "--vocab-file", d->vocab_file);
+  if (!str_empty(d->merge_file))
+    av_str(&a, "--merge-file", d->merge_file);
   if (!str_empty(d->eval))
     av_str(&a, "--eval", d->eval);
 
@@ -1528,6 +1537,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--threads", t->threads);
   if (t->sample > 0)
     av_int(&a, "--sample", t->sample);
+  if (!str_empty(t->prompt))
+    av_str(&a, "--prompt", t->prompt);
   if (spec->parallel && spec->parallel->zero_stage > 0)
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
   if (spec->parallel && spec->parallel->pp > 1)

@@ -137,6 +137,8 @@ int dt_ctl_load_spec(const char *path, char **sets, int nsets, Distrain__V1__Job
   if (rc == 0)
     rc = absolutize(&spec->data->vocab_file, base, NULL);
   if (rc == 0)
+    rc = absolutize(&spec->data->merge_file, base, NULL);
+  if (rc == 0)
     rc = absolutize(&spec->data->eval, base, NULL);
   if (rc == 0)
     rc = absolutize(&spec->checkpoint->dir, base, NULL);

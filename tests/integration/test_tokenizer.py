@@ -333,6 +333,46 @@ class Tokenizer(unittest.TestCase):
         self.assertIn(b"--vocab-file %s: %d tokens, more than the model's vocabulary (300)"
                       % (self.vocab.encode(), self.vocab_size), p.stderr)
 
+    def test_sample_from_a_prompt(self):
+        """--prompt TEXT: the sample goes on from the text's BPE tokens, as from a --val shard
+        that starts with the reference tokenizer's encoding of it (same model, same seed: the
+        same sample, byte for byte); a 256-token model takes the prompt's bytes."""
+        text = "In the beginning God created the heaven and the earth. ÄÖ"
+        toks = self.ref.encode(text)
+        val = os.path.join(self.dir, "prompt-val.bin")
+        write_shard(val, toks + toks[:1])  # one window of len(toks), and its target
+        run = [os.path.join(BUILD, "worker/trainer/distrain-train"), "--steps", "0",
+               "--layers", "1", "--heads", "2", "--channels", "32", "--max-seq", "64",
+               "--vocab", str(self.vocab_size), "--batch", "1", "--seq", str(len(toks)),
+               "--sample", "12", "--init", "seed:7", "--threads", "1", "--quiet",
+               "--vocab-file", self.vocab]
+        outs = []
+        for extra in (["--val", val], ["--prompt", text, "--merge-file", self.merges]):
+            p = subprocess.run(run + extra, capture_output=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+            outs.append(p.stdout)
+        self.assertEqual(outs[0], outs[1])
+        self.assertIn(b"---- sample (temperature 0.80) ----\n" + text.encode(), outs[1])
+        # a byte-level model: the prompt's bytes, whatever they are
+        byte = [os.path.join(BUILD, "worker/trainer/distrain-train"), "--steps", "0",
+                "--layers", "1", "--heads", "2", "--channels", "16", "--max-seq", "32",
+                "--vocab", "256", "--batch", "1", "--seq", "32", "--sample", "5", "--quiet",
+                "--threads", "1", "--prompt", "Hello, world"]
+        p = subprocess.run(byte, capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        self.assertIn(b"---- sample (temperature 0.80) ----\nHello, world", p.stdout)
+        for extra, want in (
+                (["--vocab", "300"], b"--prompt: a model of 300 tokens needs --vocab-file and "
+                 b"--merge-file (GPT-2's BPE) to encode it"),
+                (["--sample", "0"], b"--prompt needs --sample N"),
+                (["--vocab-file", self.vocab, "--vocab", str(self.vocab_size)],
+                 b"--prompt with --vocab-file needs --merge-file too"),
+                (["--vocab-file", self.vocab, "--vocab", str(self.vocab_size), "--merge-file",
+                  self.merges, "--prompt", b"caf\xe9!"], b"--prompt: byte 3 is not UTF-8")):
+            p = subprocess.run(byte + extra, capture_output=True, timeout=120)
+            self.assertEqual(p.returncode, 1, (extra, p.stderr))
+            self.assertIn(want, p.stderr, extra)
+
     def test_bad_input(self):
         d = self.dir
         out = os.path.join(d, "bad")

@@ -360,7 +360,7 @@ START_TEST(test_spec_paths_relative_to_the_file)
   FILE *fp = fopen(path, "w");
   ck_assert_ptr_nonnull(fp);
   fputs("data: {train: \"d/train_*.bin\", val: \"d/val.bin\", vocab_file: \"gpt2/vocab.json\",\n"
-        "       eval: \"hs/hellaswag_val.bin\"}\n"
+        "       merge_file: \"gpt2/merges.txt\", eval: \"hs/hellaswag_val.bin\"}\n"
         "model: {init: \"llmc:w/gpt2.bin\"}\n"
         "checkpoint: {dir: \"/abs/ckpt\"}\n",
         fp);
@@ -375,6 +375,8 @@ START_TEST(test_spec_paths_relative_to_the_file)
   ck_assert_str_eq(spec->data->val, want);
   snprintf(want, sizeof want, "%s/gpt2/vocab.json", real);
   ck_assert_str_eq(spec->data->vocab_file, want);
+  snprintf(want, sizeof want, "%s/gpt2/merges.txt", real);
+  ck_assert_str_eq(spec->data->merge_file, want);
   snprintf(want, sizeof want, "%s/hs/hellaswag_val.bin", real);
   ck_assert_str_eq(spec->data->eval, want);
   snprintf(want, sizeof want, "llmc:%s/w/gpt2.bin", real);

@@ -694,6 +694,10 @@ static const struct {
     {{"training.val_every=50"}, "training.val_every (50) needs data.val or data.val_sets"},
     {{"training.eval_every=-2"}, "training.eval_every (-2) must be >= 0 (0: data.eval before"},
     {{"training.eval_every=50"}, "training.eval_every (50) needs data.eval"},
+    {{"training.prompt=Once upon"}, "training.prompt needs training.sample"},
+    {{"data.merge_file=merges.txt"}, "data.merge_file needs data.vocab_file"},
+    {{"training.prompt=Once upon", "training.sample=20", "data.vocab_file=vocab.json"},
+     "training.prompt with data.vocab_file needs data.merge_file"},
     {{"training.peak_tflops=-1"}, "training.peak_tflops (-1) must be a device's peak TFLOP/s"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
@@ -968,7 +972,7 @@ START_TEST(test_yaml_text)
   ck_assert_str_eq(
       y,
       "name: \"\"\ndata:\n  train: \"\"\n  val: \"v.bin\"\n  shuffle: false\n  vocab_file: \"\"\n  "
-      "eval: \"\"\n  val_sets: \"\"\n");
+      "eval: \"\"\n  val_sets: \"\"\n  merge_file: \"\"\n");
   free(y);
   dt_jobspec_free(bare);
   dt_jobspec_free(s);
@@ -1107,7 +1111,8 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val-sets"));
   ck_assert(!has_arg(argv, "--keep-every"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
-  ck_assert(!has_arg(argv, "--vocab-file"));
+  ck_assert(!has_arg(argv, "--vocab-file") && !has_arg(argv, "--merge-file"));
+  ck_assert(!has_arg(argv, "--prompt"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
   ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
   ck_assert(!has_arg(argv, "--peak-tflops"));
@@ -1128,6 +1133,9 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.val_sets=web=w.bin,code=c/*.bin");
   set_ok(s, "checkpoint.keep_every=1000");
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
+  set_ok(s, "data.merge_file=gpt2/merges.txt");
+  set_ok(s, "training.prompt=Once upon a time");
+  set_ok(s, "training.sample=40");
   set_ok(s, "data.eval=hellaswag_val.bin");
   set_ok(s, "training.eval_every=250");
   set_ok(s, "optimizer.schedule=wsd");
@@ -1147,6 +1155,9 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--val-sets"), "web=w.bin,code=c/*.bin");
   ck_assert_str_eq(flag_value(argv, "--keep-every"), "1000");
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
+  ck_assert_str_eq(flag_value(argv, "--merge-file"), "gpt2/merges.txt");
+  ck_assert_str_eq(flag_value(argv, "--prompt"), "Once upon a time");
+  ck_assert_str_eq(flag_value(argv, "--sample"), "40");
   ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
   ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");
   ck_assert_str_eq(flag_value(argv, "--schedule"), "wsd");

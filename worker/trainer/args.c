@@ -61,6 +61,9 @@ static void usage(FILE *out)
       "                              (default: a known GPU's dense bf16 peak under bf16)\n"
       "  --vocab-file vocab.json     GPT-2 BPE vocabulary the sample's tokens are printed with\n"
       "                              (default: bytes for a 256-token vocabulary, else ids)\n"
+      "  --prompt TEXT               the sample's prompt (default: the first sequence of --val,\n"
+      "                              else --train), GPT-2's BPE tokens with --vocab-file and\n"
+      "  --merge-file merges.txt     this, or its bytes for a 256-token vocabulary\n"
       "  --profile S[:N]             time every kernel and communication call of steps S..S+N-1\n"
       "                              (N default 1) and log where the step went (default:\n"
       "                              DISTRAIN_PROFILE, else off)\n"
@@ -137,6 +140,8 @@ enum {
   OPT_SAMPLE,
   OPT_SAMPLE_TEMP,
   OPT_VOCAB_FILE,
+  OPT_MERGE_FILE,
+  OPT_PROMPT,
   OPT_THREADS,
   OPT_ZERO,
   OPT_TP,
@@ -202,6 +207,8 @@ static const struct option g_opts[] = {
     {"sample", required_argument, 0, OPT_SAMPLE},
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
     {"vocab-file", required_argument, 0, OPT_VOCAB_FILE},
+    {"merge-file", required_argument, 0, OPT_MERGE_FILE},
+    {"prompt", required_argument, 0, OPT_PROMPT},
     {"threads", required_argument, 0, OPT_THREADS},
     {"zero-stage", required_argument, 0, OPT_ZERO},
     {"device", required_argument, 0, OPT_DEVICE},
@@ -472,6 +479,12 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_VOCAB_FILE:
       o->vocab_file = optarg;
+      break;
+    case OPT_MERGE_FILE:
+      o->merge_file = optarg;
+      break;
+    case OPT_PROMPT:
+      o->prompt = optarg;
       break;
     case OPT_ZERO:
       rc = parse_int(c, optarg, &o->zero_stage);

@@ -111,8 +111,14 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
   if (!o->train_pattern && o->steps > 0)
     msg = "--train is required (only a run of --steps 0, which evaluates or samples a model as "
           "it is, goes without)";
-  else if (!o->train_pattern && !o->val_pattern && o->sample_tokens > 0)
-    msg = "--sample needs --train or --val: its prompt is their first sequence";
+  else if (!o->train_pattern && !o->val_pattern && o->sample_tokens > 0 && !o->prompt)
+    msg = "--sample needs --prompt, or --train or --val: its prompt is then their first sequence";
+  else if (o->prompt && (!*o->prompt || o->sample_tokens == 0))
+    msg = "--prompt needs --sample N (the tokens to generate after it) and a text";
+  else if (o->merge_file && !o->vocab_file)
+    msg = "--merge-file needs --vocab-file (GPT-2's BPE is the two files)";
+  else if (o->prompt && o->vocab_file && !o->merge_file)
+    msg = "--prompt with --vocab-file needs --merge-file too: encoding text takes GPT-2's merges";
   else if (o->batch < 1)
     msg = "--batch must be >= 1";
   else if (o->seq < 1)
@@ -345,8 +351,10 @@ typedef struct {
   pthread_t saver;
   int saving;
   struct save_job *save;
-  int device_logged;    /* the device memory line (device_memory) was printed */
-  dt_bpe_t *bpe;        /* --vocab-file: prints the sample's tokens as text */
+  int device_logged; /* the device memory line (device_memory) was printed */
+  dt_bpe_t *bpe;     /* --vocab-file: prints the sample's tokens as text */
+  int *prompt;       /* --prompt's tokens (prompt_n), or NULL */
+  int prompt_n;
   dt_evalset_t evalset; /* --eval */
   int eval_T;           /* the window its rows are evaluated in (<= --seq) */
   FILE *eval_out;       /* --eval-out (rank 0) */
@@ -1196,6 +1204,44 @@ static int open_device_comm(trainer_t *t, int world)
   return 0;
 }
 
+/* --prompt's tokens: GPT-2's BPE with --vocab-file and --merge-file (checked against the model's
+ * vocabulary at the vocabulary's loading), or, for a model of 256 tokens without them, its
+ * bytes. */
+static int encode_prompt(trainer_t *t)
+{
+  const char *text = t->o->prompt;
+  const size_t len = strlen(text);
+  int32_t *ids = NULL;
+  size_t n = 0, cap = 0, bad = 0;
+  int rc = 0;
+  if (t->bpe) {
+    rc = dt_bpe_encode(t->bpe, text, len, &ids, &n, &cap, &bad);
+    if (rc == DT_EINVAL)
+      DT_ERROR(TRAIN, "--prompt: byte %zu is not UTF-8", bad);
+  } else if (t->cfg.vocab == 256) {
+    ids = malloc(len * sizeof *ids);
+    rc = ids ? 0 : DT_ENOMEM;
+    for (n = 0; rc == 0 && n < len; n++)
+      ids[n] = (unsigned char)text[n];
+  } else {
+    DT_ERROR(TRAIN,
+             "--prompt: a model of %d tokens needs --vocab-file and --merge-file (GPT-2's BPE) "
+             "to encode it; only a model of 256 takes its bytes",
+             t->cfg.vocab);
+    rc = DT_EINVAL;
+  }
+  t->prompt = rc == 0 ? malloc(n * sizeof *t->prompt) : NULL;
+  if (rc == 0 && !t->prompt)
+    rc = DT_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    t->prompt[i] = ids[i];
+  t->prompt_n = (int)n;
+  free(ids);
+  if (rc == 0 && t->lead)
+    DT_INFO(TRAIN, "--prompt: %d tokens", t->prompt_n);
+  return rc;
+}
+
 /* A validation set (--val, or one of --val-sets, named by flag): its loader, reading windows of
  * the global batch as training does (see evaluate), and how many of them validation reads:
  * --val-batches, or fewer where the set holds fewer before it (or a source of its blend) would
@@ -1424,7 +1470,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
 
   if (o->vocab_file) {
     char err[8300];
-    int rc = dt_bpe_create(&t->bpe, o->vocab_file, NULL, err, sizeof err);
+    int rc = dt_bpe_create(&t->bpe, o->vocab_file, o->merge_file, err, sizeof err);
     if (rc != 0) {
       DT_ERROR(TRAIN, "--vocab-file: %s", err);
       return rc;
@@ -1435,6 +1481,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       return DT_ESHAPE;
     }
   }
+  if (o->prompt)
+    DT_CHECK(encode_prompt(t));
   /* Each data-parallel rank reads its slice of every global window; tp peers read the same. */
   if (o->train_pattern)
     DT_CHECK(dt_dataloader_init(&t->train, o->train_pattern, o->batch, o->seq, t->dprank, t->dpsize,
@@ -1812,7 +1860,10 @@ static int finish(trainer_t *t)
 {
   const dt_train_opts_t *o = t->o;
   DT_CHECK(check_and_export(t));
-  if (o->sample_tokens > 0) {
+  if (o->sample_tokens > 0 && t->prompt) {
+    DT_CHECK(generate(t, t->prompt, t->prompt_n, o->sample_tokens, o->sample_temp, &t->state.rng,
+                      t->lead));
+  } else if (o->sample_tokens > 0) {
     /* Every rank generates (generate: its forwards are collective); rank 0 prints. */
     dt_dataloader_t *src = o->val_pattern ? &t->val : &t->train;
     DT_CHECK(dt_dataloader_reset(src));
@@ -1863,6 +1914,7 @@ static void teardown(trainer_t *t)
   if (t->eval_out)
     fclose(t->eval_out);
   dt_bpe_destroy(t->bpe);
+  free(t->prompt);
   /* The communicators before the model: a pipeline receive a failed step left in flight
    * (dt_comm_p2p_post) writes into the model's buffers until its communicator is gone. */
   dt_plan_destroy(&t->plan);

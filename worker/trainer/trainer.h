@@ -111,6 +111,8 @@ typedef struct {
   int sample_tokens;
   float sample_temp;
   const char *vocab_file; /* GPT-2 BPE vocab.json to print the sample with (tokenizer.h) */
+  const char *merge_file; /* and its merges.txt, to encode the prompt with */
+  const char *prompt;     /* the sample's prompt (NULL: the first sequence of --val or --train) */
   int threads;
   int quiet;
   const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */
