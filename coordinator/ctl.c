@@ -225,6 +225,35 @@ static const char *trainer_state(Distrain__V1__TrainerState s)
   return v ? v->name + strlen("TRAINER_") : "UNKNOWN";
 }
 
+/* A step's validation as the trainer's step line has it (dt_valsets_line). */
+static void fmt_val(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
+{
+  const char *names[DT_VALSETS_MAX];
+  float losses[DT_VALSETS_MAX];
+  const int nsets = (int)DT_MIN(s->n_val_sets, DT_VALSETS_MAX);
+  for (int i = 0; i < nsets; i++)
+    names[i] = s->val_sets[i]->name, losses[i] = s->val_sets[i]->loss;
+  dt_valsets_line(buf, n, s->has_val ? &s->val_loss : NULL, nsets, names, losses);
+}
+
+/* A step's validation as JSON: {"step", "loss" (data.val's, or null), "sets" (name -> loss)}. */
+static void json_val(FILE *out, const Distrain__V1__StepMetrics *m)
+{
+  fprintf(out, "{\"step\": %lld, \"loss\": ", (long long)m->step);
+  if (m->has_val)
+    dt_json_number(out, "%.9g", m->val_loss);
+  else
+    fputs("null", out);
+  fputs(", \"sets\": {", out);
+  for (size_t v = 0; v < m->n_val_sets; v++) {
+    fputs(v ? ", " : "", out);
+    dt_json_string(out, m->val_sets[v]->name);
+    fputs(": ", out);
+    dt_json_number(out, "%.9g", m->val_sets[v]->loss);
+  }
+  fputs("}}", out);
+}
+
 static void json_job(FILE *out, const Distrain__V1__Job *j)
 {
   fprintf(out, "{\"job_id\": ");
@@ -256,6 +285,10 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
     fprintf(out, "%s%lld", i ? ", " : "", (long long)j->skipped_steps[i]);
   fprintf(out, "], \"created_ms\": %lld, \"updated_ms\": %lld", (long long)j->created_ms,
           (long long)j->updated_ms);
+  if (j->last_val) {
+    fputs(", \"val\": ", out);
+    json_val(out, j->last_val);
+  }
   if (j->n_ranks) {
     fputs(", \"ranks\": [", out);
     for (size_t i = 0; i < j->n_ranks; i++) {
@@ -294,6 +327,11 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   fprintf(out, "world:       %d\n", j->world_size);
   fprintf(out, "progress:    step %lld/%d, loss %.4f, %.0f tokens/s\n", (long long)j->step, steps,
           j->loss, j->tokens_per_s);
+  if (j->last_val) {
+    char val[1024];
+    fmt_val(val, sizeof val, j->last_val);
+    fprintf(out, "validation:  step %lld%s\n", (long long)j->last_val->step, val);
+  }
   if (j->committed_step > 0)
     fprintf(out, "checkpoint:  step %lld committed in %s\n", (long long)j->committed_step,
             j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
@@ -516,17 +554,6 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
   if (m->mfu > 0)
     fprintf(fp, ", \"mfu\": %.6f", m->mfu);
   fputs("}\n", fp);
-}
-
-/* A step's validation as the trainer's step line has it (dt_valsets_line). */
-static void fmt_val(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
-{
-  const char *names[DT_VALSETS_MAX];
-  float losses[DT_VALSETS_MAX];
-  const int nsets = (int)DT_MIN(s->n_val_sets, DT_VALSETS_MAX);
-  for (int i = 0; i < nsets; i++)
-    names[i] = s->val_sets[i]->name, losses[i] = s->val_sets[i]->loss;
-  dt_valsets_line(buf, n, s->has_val ? &s->val_loss : NULL, nsets, names, losses);
 }
 
 static void fmt_eta(char *buf, size_t n, double seconds)

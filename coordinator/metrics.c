@@ -207,16 +207,11 @@ static void val_set_gauge(FILE *out, dt_job_t **jobs, size_t n)
   dt_prom_family(out, name, "gauge",
                  "The newest validation loss of each of the job's validation sets "
                  "(data.val_sets), labelled with its name.");
-  for (size_t i = 0; i < n; i++) {
-    const dt_job_t *j = jobs[i];
-    for (size_t k = j->n_metrics; k-- > 0;) {
-      const Distrain__V1__StepMetrics *m = j->metrics[k];
-      for (size_t v = 0; v < m->n_val_sets; v++)
-        dt_prom_sample(out, name, (label_t[]){{"job_id", j->id}, {"set", m->val_sets[v]->name}}, 2,
-                       m->val_sets[v]->loss);
-      if (m->n_val_sets)
-        break;
-    }
+  for (size_t i = 0; i < n; i++) { /* validated with data.val, if any: the newest validation */
+    const Distrain__V1__StepMetrics *m = dt_coord_last_val(jobs[i]);
+    for (size_t v = 0; m && v < m->n_val_sets; v++)
+      dt_prom_sample(out, name, (label_t[]){{"job_id", jobs[i]->id}, {"set", m->val_sets[v]->name}},
+                     2, m->val_sets[v]->loss);
   }
 }
 

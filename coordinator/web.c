@@ -60,10 +60,12 @@ static void write_job(FILE *out, dt_coord_t *c, dt_job_t *j)
   const int ranks = j->world <= DASHBOARD_MAX_RANKS && dt_coord_rank_views(c, j, &v) == 0;
   j->job->ranks = ranks ? v.ptrs : NULL;
   j->job->n_ranks = ranks ? v.n : 0;
+  j->job->last_val = dt_coord_last_val(j); /* borrowed, as GetJob does */
   fputs("{\"job\": ", out);
   dt_ctl_print_job(out, j->job, 1);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
+  j->job->last_val = NULL;
   if (ranks)
     dt_coord_rank_views_free(&v);
   const Distrain__V1__ParallelSpec *p = j->job->spec ? j->job->spec->parallel : NULL;

@@ -356,6 +356,16 @@ class T2_Prometheus(MetricsTest):
         self.assertEqual({k: f32(v) for k, v in sets.items()},
                          {v.name: f32(v.loss) for v in ms[-1].val_sets})
         self.assertEqual(len([m for m in ms if m.val_sets]), 2)  # half way and at the end
+        # distrainctl status JOB: the newest validation, as JSON and as a line
+        v = st["val"]  # %.9g: a float32 read back exactly
+        self.assertEqual((v["step"], f32(v["loss"]), {k: f32(x) for k, x in v["sets"].items()}),
+                         (steps, f32(ms[-1].val_loss),
+                          {x.name: f32(x.loss) for x in ms[-1].val_sets}))
+        r = self.ctl("status", job_id, "--coordinator", self.addr, "--token-file",
+                     self.token_file)
+        self.assertIn("validation:  step %d | val %.4f (held.out %.4f, train %.4f)\n"
+                      % (steps, ms[-1].val_loss, ms[-1].val_sets[0].loss, ms[-1].val_sets[1].loss),
+                      r.stdout)
         # the newest step's model TFLOP/s per device, and the MFU against training.peak_tflops
         self.assertGreater(ms[-1].tflops, 0)
         self.assertAlmostEqual(ms[-1].mfu, ms[-1].tflops / 0.001, delta=1e-6 * ms[-1].mfu)
@@ -408,6 +418,9 @@ class T3_Dashboard(MetricsTest):
         spec = cp.job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=cp.SLOW,
                            every=steps // 2, name=ODD_NAME)
         spec.training.peak_tflops = 1.0  # an MFU to show (a few % on a CPU)
+        # validation on data.val and on a named set, from step 2 on: the newest is shown
+        spec.training.val_every = 2
+        spec.data.val_sets = "held.out=" + spec.data.val
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
         self.wait_state(job_id, [cp.pb.JOB_RUNNING], 30, min_step=5)
 
@@ -434,6 +447,11 @@ class T3_Dashboard(MetricsTest):
         self.assertTrue(all(v > 0 for v in h["mfu"]), h["mfu"])
         self.assertEqual(h["step"], sorted(h["step"]))
         self.assertGreaterEqual(h["step"][-1], 5)
+        # the newest validation: data.val's loss and the set's, the same data
+        v = x["job"]["val"]
+        self.assertEqual(v["step"] % 2, 0, v)
+        self.assertGreaterEqual(v["step"], 4, v)
+        self.assertEqual(v["sets"], {"held.out": v["loss"]}, v)
         texts = [e["text"] for e in d["events"]]
         self.assertTrue(any("PENDING -> RENDEZVOUS" in t for t in texts), texts)
         self.assertTrue(any("node node-0 registered" in t for t in texts), texts)
@@ -456,6 +474,13 @@ class T3_Dashboard(MetricsTest):
         self.assertEqual(done.step, steps)
         self.assertIn('class="badge COMPLETED"', dom)
         self.assertRegex(dom, r">MFU <b>\d+(\.\d)?%</b>")
+        last = self.call("GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id)).metrics[-1]
+        self.assertTrue(last.has_val, last)  # the last step validates: its values are shown
+        shown = lambda x: "%.4f" % float("%.9g" % x)  # noqa: E731  (JSON's %.9g, then toFixed)
+        self.assertIn('title="validation at step %d">val <b>%s</b>' % (steps, shown(last.val_loss)),
+                      dom)
+        self.assertIn('title="validation at step %d, set held.out">held.out <b>%s</b>'
+                      % (steps, shown(last.val_sets[0].loss)), dom)
         self.assertIn("node-0", dom)
         self.assertIn("RUNNING -&gt; COMPLETED", dom)  # the events list
         self.assertIn("<canvas", dom)
