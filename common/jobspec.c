@@ -994,6 +994,19 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
             "steps");
   if (!str_empty(training->prompt) && training->sample <= 0)
     bad(&v, "training.prompt needs training.sample (the tokens to generate after it)");
+  DT__NONNEG(&v, training, sample_top_k, " (0: all tokens)");
+  /* as the trainer's floats will hold them */
+  const float temp = (float)training->sample_temp, top_p = (float)training->sample_top_p;
+  if (!(training->sample_temp == 0.0 || (temp > 0.0f && isfinite(temp))))
+    bad(&v, "training.sample_temp (%g) must be > 0 and a finite float (0: the default, 0.8)",
+        training->sample_temp);
+  if (!(training->sample_top_p == 0.0 || (top_p > 0.0f && training->sample_top_p <= 1.0)))
+    bad(&v, "training.sample_top_p (%g) must be in (0, 1], a float >= 1.4e-45 (0 or 1: off)",
+        training->sample_top_p);
+  if ((training->sample_temp > 0 || training->sample_top_k > 0 || training->sample_top_p > 0) &&
+      training->sample <= 0)
+    bad(&v, "training.sample_temp, sample_top_k and sample_top_p need training.sample (the "
+            "tokens to generate)");
   if (!str_empty(data->merge_file) && str_empty(data->vocab_file))
     bad(&v, "data.merge_file needs data.vocab_file (GPT-2's BPE is the two files)");
   if (!str_empty(training->prompt) && !str_empty(data->vocab_file) && str_empty(data->merge_file))
@@ -1539,6 +1552,12 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--sample", t->sample);
   if (!str_empty(t->prompt))
     av_str(&a, "--prompt", t->prompt);
+  if (t->sample > 0 && t->sample_temp > 0)
+    av_double(&a, "--sample-temp", t->sample_temp);
+  if (t->sample > 0 && t->sample_top_k > 0)
+    av_int(&a, "--sample-top-k", t->sample_top_k);
+  if (t->sample > 0 && t->sample_top_p > 0 && t->sample_top_p < 1)
+    av_double(&a, "--sample-top-p", t->sample_top_p);
   if (spec->parallel && spec->parallel->zero_stage > 0)
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
   if (spec->parallel && spec->parallel->pp > 1)

@@ -39,7 +39,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_dp as dp  # noqa: E402  (the multi-rank launcher)
-from test_convert import hf_token_losses  # noqa: E402  (GPT-2's forward pass in numpy)
+from test_convert import hf_token_losses, read_llmc  # noqa: E402  (GPT-2's forward in numpy)
 
 GOLDEN = os.path.join(HERE, "..", "numerics", "golden")
 MODEL = os.path.join(GOLDEN, "tiny_model.bin")  # L2 NH4 C64, V 100, maxT 64
@@ -65,36 +65,6 @@ def megatron_sources(weights, n):
         out.append(d)
         taken[d] += 1
     return out
-
-
-def read_llmc(path):
-    """An llm.c fp32 model file as Hugging Face's GPT-2 tensors (Conv1D weights (in, out); wte
-    without llm.c's padded rows) in float64, and its layers and heads."""
-    with open(path, "rb") as f:
-        header = np.frombuffer(f.read(1024), dtype="<i4")
-        flat = np.frombuffer(f.read(), dtype="<f4").astype(np.float64)
-    assert header[0] == 20240326 and header[1] == 3
-    maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
-    at = 0
-
-    def take(*shape):
-        nonlocal at
-        n = int(np.prod(shape))
-        at += n
-        return flat[at - n:at].reshape(shape)
-    w = {"wte.weight": take(Vp, C)[:V], "wpe.weight": take(maxT, C)}  # without the padding
-    per_layer = [("ln_1.weight", (C,)), ("ln_1.bias", (C,)), ("attn.c_attn.weight", (3 * C, C)),
-                 ("attn.c_attn.bias", (3 * C,)), ("attn.c_proj.weight", (C, C)),
-                 ("attn.c_proj.bias", (C,)), ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
-                 ("mlp.c_fc.weight", (4 * C, C)), ("mlp.c_fc.bias", (4 * C,)),
-                 ("mlp.c_proj.weight", (C, 4 * C)), ("mlp.c_proj.bias", (C,))]
-    for name, shape in per_layer:  # llm.c keeps each tensor for all layers together
-        t = take(L, *shape)
-        for layer in range(L):
-            w["h.%d.%s" % (layer, name)] = t[layer].T if len(shape) == 2 else t[layer]
-    w["ln_f.weight"], w["ln_f.bias"] = take(C), take(C)
-    assert at == len(flat)
-    return w, L, NH
 
 
 class Blend(unittest.TestCase):

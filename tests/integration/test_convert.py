@@ -67,9 +67,8 @@ def write_safetensors(path, tensors, dtype="F16"):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def hf_token_losses(w, idx, tgt, n_layer, n_head):
-    """Per-token cross-entropy (B, T) of GPT2LMHeadModel (HF's tensors w, float64) on inputs
-    idx and targets tgt (B, T)."""
+def hf_logits(w, idx, n_layer, n_head):
+    """The logits (B, T, V) of GPT2LMHeadModel (HF's tensors w, float64) on inputs idx (B, T)."""
     def ln(x, p):
         mu = x.mean(-1, keepdims=True)
         var = ((x - mu) ** 2).mean(-1, keepdims=True)
@@ -96,7 +95,13 @@ def hf_token_losses(w, idx, tgt, n_layer, n_head):
         y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, width)
         x = x + conv1d(y, p + "attn.c_proj")
         x = x + conv1d(gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
-    logits = ln(x, "ln_f") @ w["wte.weight"].T
+    return ln(x, "ln_f") @ w["wte.weight"].T
+
+
+def hf_token_losses(w, idx, tgt, n_layer, n_head):
+    """Per-token cross-entropy (B, T) of GPT2LMHeadModel (HF's tensors w, float64) on inputs
+    idx and targets tgt (B, T)."""
+    logits = hf_logits(w, idx, n_layer, n_head)
     logits -= logits.max(-1, keepdims=True)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     return -np.take_along_axis(logp, tgt[..., None], -1)[..., 0]
@@ -106,6 +111,36 @@ def hf_forward_loss(w, tokens, B):
     """Mean cross-entropy of GPT2LMHeadModel (HF's tensors w) on B sequences of T tokens."""
     seq = np.array(tokens[:B * T + 1])
     return hf_token_losses(w, seq[:-1].reshape(B, T), seq[1:].reshape(B, T), L, NH).mean()
+
+
+def read_llmc(path):
+    """An llm.c fp32 model file as Hugging Face's GPT-2 tensors (Conv1D weights (in, out); wte
+    without llm.c's padded rows) in float64, and its layers and heads."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype="<i4")
+        flat = np.frombuffer(f.read(), dtype="<f4").astype(np.float64)
+    assert header[0] == 20240326 and header[1] == 3
+    maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
+    at = 0
+
+    def take(*shape):
+        nonlocal at
+        n = int(np.prod(shape))
+        at += n
+        return flat[at - n:at].reshape(shape)
+    w = {"wte.weight": take(Vp, C)[:V], "wpe.weight": take(maxT, C)}  # without the padding
+    per_layer = [("ln_1.weight", (C,)), ("ln_1.bias", (C,)), ("attn.c_attn.weight", (3 * C, C)),
+                 ("attn.c_attn.bias", (3 * C,)), ("attn.c_proj.weight", (C, C)),
+                 ("attn.c_proj.bias", (C,)), ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
+                 ("mlp.c_fc.weight", (4 * C, C)), ("mlp.c_fc.bias", (4 * C,)),
+                 ("mlp.c_proj.weight", (C, 4 * C)), ("mlp.c_proj.bias", (C,))]
+    for name, shape in per_layer:  # llm.c keeps each tensor for all layers together
+        t = take(L, *shape)
+        for layer in range(L):
+            w["h.%d.%s" % (layer, name)] = t[layer].T if len(shape) == 2 else t[layer]
+    w["ln_f.weight"], w["ln_f.bias"] = take(C), take(C)
+    assert at == len(flat)
+    return w, L, NH
 
 
 class Convert(unittest.TestCase):

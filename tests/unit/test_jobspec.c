@@ -699,6 +699,17 @@ static const struct {
     {{"training.prompt=Once upon", "training.sample=20", "data.vocab_file=vocab.json"},
      "training.prompt with data.vocab_file needs data.merge_file"},
     {{"training.peak_tflops=-1"}, "training.peak_tflops (-1) must be a device's peak TFLOP/s"},
+    {{"training.sample_top_k=-1", "training.sample=5"}, "training.sample_top_k (-1) must be >= 0"},
+    {{"training.sample_temp=-1", "training.sample=5"},
+     "training.sample_temp (-1) must be > 0 and a finite float"},
+    {{"training.sample_temp=1e39", "training.sample=5"}, "training.sample_temp (1e+39) must be"},
+    {{"training.sample_temp=1e-50", "training.sample=5"}, "training.sample_temp (1e-50) must be"},
+    {{"training.sample_top_p=1.5", "training.sample=5"},
+     "training.sample_top_p (1.5) must be in (0, 1]"},
+    {{"training.sample_top_p=1e-50", "training.sample=5"}, "training.sample_top_p (1e-50) must"},
+    {{"training.sample_top_k=40"},
+     "training.sample_temp, sample_top_k and sample_top_p need training.sample"},
+    {{"training.sample_temp=1.2"}, "training.sample_temp, sample_top_k and sample_top_p need"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
     {{"optimizer.schedule=step"},
@@ -1113,6 +1124,8 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file") && !has_arg(argv, "--merge-file"));
   ck_assert(!has_arg(argv, "--prompt"));
+  ck_assert(!has_arg(argv, "--sample-temp") && !has_arg(argv, "--sample-top-k"));
+  ck_assert(!has_arg(argv, "--sample-top-p"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
   ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
   ck_assert(!has_arg(argv, "--peak-tflops"));
@@ -1136,6 +1149,9 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.merge_file=gpt2/merges.txt");
   set_ok(s, "training.prompt=Once upon a time");
   set_ok(s, "training.sample=40");
+  set_ok(s, "training.sample_temp=1.5");
+  set_ok(s, "training.sample_top_k=50");
+  set_ok(s, "training.sample_top_p=0.95");
   set_ok(s, "data.eval=hellaswag_val.bin");
   set_ok(s, "training.eval_every=250");
   set_ok(s, "optimizer.schedule=wsd");
@@ -1158,6 +1174,9 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--merge-file"), "gpt2/merges.txt");
   ck_assert_str_eq(flag_value(argv, "--prompt"), "Once upon a time");
   ck_assert_str_eq(flag_value(argv, "--sample"), "40");
+  ck_assert_str_eq(flag_value(argv, "--sample-temp"), "1.5");
+  ck_assert_str_eq(flag_value(argv, "--sample-top-k"), "50");
+  ck_assert_str_eq(flag_value(argv, "--sample-top-p"), "0.95");
   ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
   ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");
   ck_assert_str_eq(flag_value(argv, "--schedule"), "wsd");
@@ -1166,8 +1185,10 @@ START_TEST(test_trainer_argv_variants)
   dt_argv_free(argv);
   /* a message that leaves decay_frac unset (0, proto3) gets the default */
   set_ok(s, "optimizer.decay_frac=0");
+  set_ok(s, "training.sample_top_p=1"); /* the whole distribution: the trainer's default */
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--decay-frac"), "0.2");
+  ck_assert(!has_arg(argv, "--sample-top-p"));
   dt_argv_free(argv);
 
   /* llm.c's, Hugging Face's and a checkpoint's weights: --init on a fresh start, nothing on

@@ -56,7 +56,12 @@ static void usage(FILE *out)
       "  --ckpt-sync                 write each checkpoint in the step (default: the step pauses\n"
       "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
-      "  --metrics FILE (JSON per step) --sample N --sample-temp X --threads N --quiet\n"
+      "  --metrics FILE (JSON per step) --threads N --quiet\n"
+      "  --sample N --sample-temp X  rank 0 generates N tokens after training (temperature\n"
+      "                              default 0.8)\n"
+      "  --sample-top-k K --sample-top-p P  drawn among the K most likely tokens only, and of\n"
+      "                              those the fewest holding probability P (nucleus; default\n"
+      "                              off: 0 and 1)\n"
       "  --peak-tflops T             a device's peak TFLOP/s, for the MFU in the step lines\n"
       "                              (default: a known GPU's dense bf16 peak under bf16)\n"
       "  --vocab-file vocab.json     GPT-2 BPE vocabulary the sample's tokens are printed with\n"
@@ -140,6 +145,8 @@ enum {
   OPT_PEAK_TFLOPS,
   OPT_SAMPLE,
   OPT_SAMPLE_TEMP,
+  OPT_SAMPLE_TOP_K,
+  OPT_SAMPLE_TOP_P,
   OPT_VOCAB_FILE,
   OPT_MERGE_FILE,
   OPT_PROMPT,
@@ -207,6 +214,8 @@ static const struct option g_opts[] = {
     {"metrics", required_argument, 0, OPT_METRICS},
     {"sample", required_argument, 0, OPT_SAMPLE},
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
+    {"sample-top-k", required_argument, 0, OPT_SAMPLE_TOP_K},
+    {"sample-top-p", required_argument, 0, OPT_SAMPLE_TOP_P},
     {"vocab-file", required_argument, 0, OPT_VOCAB_FILE},
     {"merge-file", required_argument, 0, OPT_MERGE_FILE},
     {"prompt", required_argument, 0, OPT_PROMPT},
@@ -452,6 +461,7 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       FLOAT_FLAG(OPT_EPS, eps)
       FLOAT_FLAG(OPT_CLIP, grad_clip)
       FLOAT_FLAG(OPT_SAMPLE_TEMP, sample_temp)
+      FLOAT_FLAG(OPT_SAMPLE_TOP_P, sample_top_p)
 #undef FLOAT_FLAG
     case OPT_CKPT_DIR:
       o->ckpt_dir = optarg;
@@ -477,6 +487,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SAMPLE:
       rc = parse_int(c, optarg, &o->sample_tokens);
+      break;
+    case OPT_SAMPLE_TOP_K:
+      rc = parse_int(c, optarg, &o->sample_top_k);
       break;
     case OPT_VOCAB_FILE:
       o->vocab_file = optarg;

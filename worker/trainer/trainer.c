@@ -103,6 +103,7 @@ void dt_train_opts_default(dt_train_opts_t *o)
   o->keep = 0;
   o->pp_schedule = DT_PIPE_1F1B;
   o->sample_temp = 0.8f;
+  o->sample_top_p = 1.0f;
 }
 
 int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
@@ -167,6 +168,10 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
           "only)";
   else if (o->sample_tokens < 0 || !(o->sample_temp > 0.0f))
     msg = "--sample must be >= 0 and --sample-temp > 0";
+  else if (o->sample_top_k < 0 || !(o->sample_top_p > 0.0f && o->sample_top_p <= 1.0f))
+    msg = "--sample-top-k must be >= 0 (0: off) and --sample-top-p in (0, 1] (1: off)";
+  else if ((o->sample_top_k > 0 || o->sample_top_p < 1.0f) && o->sample_tokens == 0)
+    msg = "--sample-top-k and --sample-top-p need --sample N (the tokens to generate)";
   else if (o->threads < 0)
     msg = "--threads must be >= 0";
   else if (o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "bf16"))
@@ -438,22 +443,66 @@ static void format_val(char *buf, size_t n, const dt_step_metrics_t *sm)
                   sm->val_set_loss);
 }
 
-/* Multinomial sampling with temperature from the last position's logits. */
-static int sample_token(const float *logits, int V, float temp, dt_rng_t *rng)
+/* Descending, NaN last (a diverged model's logits still sort). */
+static int cmp_desc(const void *pa, const void *pb)
+{
+  const float a = *(const float *)pa, b = *(const float *)pb;
+  if (isnan(a) || isnan(b))
+    return isnan(a) - isnan(b);
+  return (a < b) - (a > b);
+}
+
+/* The lowest logit a token may have to be drawn (-INFINITY: any): the k-th largest under
+ * top_k > 0, then, under top_p < 1, the smallest of the nucleus: the fewest most likely of those
+ * tokens whose probabilities at temp (renormalized over them) sum to at least top_p. Tokens tied
+ * with the cut stay in. The filters of Hugging Face's generate (top-k first, then top-p) and
+ * nanoGPT's top-k. sorted: V floats of scratch. */
+static float sample_cut(const float *logits, int V, float temp, int top_k, float top_p,
+                        float *sorted)
+{
+  if ((top_k <= 0 || top_k >= V) && top_p >= 1.0f)
+    return -INFINITY;
+  memcpy(sorted, logits, (size_t)V * sizeof *sorted);
+  qsort(sorted, (size_t)V, sizeof *sorted, cmp_desc);
+  float cut = top_k > 0 && top_k < V ? sorted[top_k - 1] : -INFINITY;
+  if (top_p < 1.0f) {
+    double sum = 0.0, cdf = 0.0;
+    int n = 0;
+    for (; n < V && sorted[n] >= cut; n++)
+      sum += exp((sorted[n] - sorted[0]) / temp);
+    for (int i = 0; i < n; i++) {
+      cdf += exp((sorted[i] - sorted[0]) / temp);
+      if (cdf >= top_p * sum) {
+        cut = sorted[i];
+        break;
+      }
+    }
+  }
+  return cut;
+}
+
+/* Multinomial sampling with temperature from the last position's logits, among the tokens
+ * sample_cut leaves. One draw from rng a token, filtered or not. */
+static int sample_token(const float *logits, int V, float temp, float cut, dt_rng_t *rng)
 {
   float maxv = -INFINITY;
   for (int j = 0; j < V; j++)
     maxv = logits[j] > maxv ? logits[j] : maxv;
   double sum = 0.0;
   for (int j = 0; j < V; j++)
-    sum += exp((logits[j] - maxv) / temp);
+    if (!(logits[j] < cut))
+      sum += exp((logits[j] - maxv) / temp);
   double u = (double)dt_rng_uniform(rng) * sum, cdf = 0.0;
+  int last = V - 1;
   for (int j = 0; j < V; j++) {
+    if (logits[j] < cut)
+      continue;
     cdf += exp((logits[j] - maxv) / temp);
+    last = j;
     if (u < cdf)
       return j;
   }
-  return V - 1;
+  return last;
 }
 
 /* A sample's text as it is generated: with --vocab-file each token's bytes, with a byte-level
@@ -543,23 +592,29 @@ static int window_unit(int cp, int tp, int sp)
  * keeps the padding out of the real positions' logits; the run checked that the unit divides
  * the sequence length), split among the context-parallel ranks as training splits a sequence;
  * the one holding the window's last position samples and sends the token to the others. */
-static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp, dt_rng_t *rng,
-                    int print)
+static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *rng, int print)
 {
+  const dt_train_opts_t *o = t->o;
   dt_gpt2_t *m = &t->model;
   const int T = t->o->seq, V = m->cfg.vocab, cp = t->cp;
   const int unit = window_unit(cp, m->tp.tp, m->sp);
   text_out_t text = {.out = stdout, .byte_vocab = V == 256, .bpe = t->bpe};
   int *ctx = calloc((size_t)(plen + n + unit), sizeof(int)); /* zero past the text: padding */
   float *row = calloc((size_t)m->cfg.padded_vocab, sizeof(float));
+  float *sorted = malloc((size_t)V * sizeof(float));
   int ret = 0;
-  if (!ctx || !row) {
+  if (!ctx || !row || !sorted) {
     ret = DT_ENOMEM;
     goto out;
   }
   memcpy(ctx, prompt, (size_t)plen * sizeof(int));
   if (print) {
-    fprintf(stdout, "---- sample (temperature %.2f) ----\n", temp);
+    fprintf(stdout, "---- sample (temperature %.2f", o->sample_temp);
+    if (o->sample_top_k > 0)
+      fprintf(stdout, ", top-k %d", o->sample_top_k);
+    if (o->sample_top_p < 1.0f)
+      fprintf(stdout, ", top-p %.2f", o->sample_top_p);
+    fprintf(stdout, ") ----\n");
     for (int i = 0; i < plen; i++)
       text_token(&text, ctx[i]);
   }
@@ -583,7 +638,9 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
     }
     if (m->stage.last && t->cprank == owner) {
       DT_CHECK_GOTO(row_logits(m, r, row), ret, out);
-      tok = (float)sample_token(row, V, temp, rng);
+      const float cut =
+          sample_cut(row, V, o->sample_temp, o->sample_top_k, o->sample_top_p, sorted);
+      tok = (float)sample_token(row, V, o->sample_temp, cut, rng);
     } else {
       (void)dt_rng_uniform(rng); /* sample_token's one draw: the ranks' RNGs stay equal */
     }
@@ -602,6 +659,7 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, float temp
     fflush(stdout);
   }
 out:
+  free(sorted);
   free(row);
   free(ctx);
   return ret;
@@ -1861,16 +1919,14 @@ static int finish(trainer_t *t)
   const dt_train_opts_t *o = t->o;
   DT_CHECK(check_and_export(t));
   if (o->sample_tokens > 0 && t->prompt) {
-    DT_CHECK(generate(t, t->prompt, t->prompt_n, o->sample_tokens, o->sample_temp, &t->state.rng,
-                      t->lead));
+    DT_CHECK(generate(t, t->prompt, t->prompt_n, o->sample_tokens, &t->state.rng, t->lead));
   } else if (o->sample_tokens > 0) {
     /* Every rank generates (generate: its forwards are collective); rank 0 prints. */
     dt_dataloader_t *src = o->val_pattern ? &t->val : &t->train;
     DT_CHECK(dt_dataloader_reset(src));
     DT_CHECK(dt_dataloader_next(src));
     int plen = o->seq < 32 ? o->seq : 32;
-    DT_CHECK(
-        generate(t, src->inputs, plen, o->sample_tokens, o->sample_temp, &t->state.rng, t->lead));
+    DT_CHECK(generate(t, src->inputs, plen, o->sample_tokens, &t->state.rng, t->lead));
   }
   if (t->pipe) {
     double busy, idle;

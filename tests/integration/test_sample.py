@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""test_sample.py — distrain-train's text generation (--sample) and its filters (--sample-top-k,
+--sample-top-p) against GPT-2's forward pass in numpy (test_convert's, float64). The model
+(L2 NH4 C64, V 100, whose tokens print as "[id]", so the sample is read back exactly) is trained
+here for 20 steps on a cycle through the 100 tokens in a random order, far enough that its
+predictions depend on the context but stay uncertain; the reference runs on the llm.c weights
+it exports. The prompt is the first --seq tokens of the shard; each token is drawn from the
+logits of the last --seq tokens before it. Checks:
+  - --sample-top-k 1 is greedy decoding: every token is the reference's argmax, on one process
+    and under tp=2 (its logits gathered from two vocabulary slices);
+  - at temperature 2, --sample-top-k 4, --sample-top-p 0.5 and the two together: every token is
+    among the reference's 4 most likely, in its nucleus (the fewest most likely tokens holding
+    half the probability at that temperature, after top-k where both are given), while the same
+    seed without a filter draws outside them: the filter, not chance, kept the tokens in; and
+    some token falls outside the filter at half its value (top-k 2, top-p 0.25): it keeps no
+    fewer tokens than asked;
+  - the header names the filters; bad values are refused with one line.
+
+  /usr/bin/python3 tests/integration/test_sample.py --build build
+"""
+import argparse
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_dp as dp  # noqa: E402  (the multi-rank launcher)
+from test_convert import hf_logits, read_llmc  # noqa: E402  (GPT-2's forward in numpy)
+
+SEQ, N, V = 32, 24, 100  # the window (and prompt) length; tokens generated; vocabulary
+TOL = 1e-4       # fp32 against float64 logits: a token this close to a cut may fall either side
+
+
+class Sample(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="dt-sample-")
+        d = cls.tmp.name
+        order = list(range(V))
+        random.Random(1).shuffle(order)
+        tokens = [order[i % V] for i in range(20000)]
+        cls.shard, cls.model = os.path.join(d, "cycle.bin"), os.path.join(d, "model.bin")
+        header = np.zeros(256, dtype="<i4")
+        header[:3] = [20240520, 1, len(tokens)]
+        with open(cls.shard, "wb") as f:
+            f.write(header.tobytes() + np.array(tokens, dtype="<u2").tobytes())
+        p = subprocess.run([os.path.join(BUILD, "worker/trainer/distrain-train"), "--train",
+                            cls.shard, "--layers", "2", "--heads", "4", "--channels", "64",
+                            "--vocab", str(V), "--max-seq", "64", "--batch", "4", "--seq",
+                            str(SEQ), "--steps", "20", "--lr", "1e-2", "--init", "seed:1",
+                            "--threads", "1", "--quiet", "--export-llmc", cls.model],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        cls.w, cls.L, cls.NH = read_llmc(cls.model)
+        cls.prompt = tokens[:SEQ]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def args(self, *extra):
+        return [os.path.join(BUILD, "worker/trainer/distrain-train"), "--steps", "0",
+                "--init", "llmc:" + self.model, "--val", self.shard, "--batch", "1", "--seq", str(SEQ),
+                "--sample", str(N), "--threads", "1", "--quiet", *extra]
+
+    def sample(self, *extra, header=None):
+        """The generated tokens (after the prompt) of a run."""
+        p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return self.tokens(p.stdout, header)
+
+    def tokens(self, out, header=None):
+        m = re.search(r"---- sample \((.*)\) ----\n((?:\[\d+\])*)\n---- end of sample ----", out)
+        self.assertIsNotNone(m, out)
+        if header is not None:
+            self.assertEqual(m.group(1), header)
+        toks = [int(t) for t in re.findall(r"\d+", m.group(2))]
+        self.assertEqual(toks[:SEQ], self.prompt)
+        self.assertEqual(len(toks), SEQ + N)
+        return toks[SEQ:]
+
+    def logits(self, ctx):
+        """The reference's logits of the token after ctx, from its last SEQ tokens."""
+        return hf_logits(self.w, np.array([ctx[-SEQ:]]), self.L, self.NH)[0, -1]
+
+    def allowed(self, logits, temp, top_k, top_p):
+        """The tokens the filters leave (those within TOL of the cut logit too), and the cut."""
+        order = np.sort(logits)[::-1]
+        cut = order[top_k - 1] if top_k else -np.inf
+        if top_p < 1:
+            kept = order[order >= cut]
+            p = np.exp((kept - kept[0]) / temp)
+            cut = kept[np.searchsorted(np.cumsum(p) / p.sum(), top_p)]
+        return set(np.flatnonzero(logits >= cut - TOL)), cut
+
+    def test_greedy_is_the_argmax(self):
+        toks = self.sample("--sample-top-k", "1", header="temperature 0.80, top-k 1")
+        ctx = list(self.prompt)
+        for i, tok in enumerate(toks):
+            lg = self.logits(ctx)
+            top2 = np.sort(lg)[-2:]
+            self.assertGreater(top2[1] - top2[0], TOL, "a tie at token %d: pick another prompt" % i)
+            self.assertEqual(tok, int(np.argmax(lg)), "token %d" % i)
+            ctx.append(tok)
+        self.assertGreater(len(set(toks)), 1)  # not one token repeated: the context matters
+        # tp=2: each rank holds half the vocabulary's logits, gathered for the sampled row
+        outs = dp.wait_all(dp.launch(2, lambda r: self.args("--tp", "2", "--sample-top-k", "1"),
+                                     self.tmp.name))
+        dp.assert_ranks_ok(outs, "tp=2")
+        self.assertEqual(self.tokens(outs[0][1]), toks)
+
+    def test_filters_keep_the_draws_in(self):
+        temp = 2.0
+        plain = self.sample("--sample-temp", "2", header="temperature 2.00")
+        for top_k, top_p, header in ((4, 1.0, "temperature 2.00, top-k 4"),
+                                     (0, 0.5, "temperature 2.00, top-p 0.50"),
+                                     (8, 0.5, "temperature 2.00, top-k 8, top-p 0.50")):
+            flags = ["--sample-temp", "2"]
+            flags += ["--sample-top-k", str(top_k)] if top_k else []
+            flags += ["--sample-top-p", str(top_p)] if top_p < 1 else []
+            toks = self.sample(*flags, header=header)
+            ctx, sizes, wider = list(self.prompt), [], 0
+            for i, tok in enumerate(toks):
+                lg = self.logits(ctx)
+                allowed, _ = self.allowed(lg, temp, top_k, top_p)
+                self.assertIn(tok, allowed, "%s: token %d" % (header, i))
+                sizes.append(len(allowed))
+                wider += tok not in self.allowed(lg, temp, top_k // 2, top_p / 2)[0]
+                ctx.append(tok)
+            self.assertLess(max(sizes), V, header)  # the filter cut something
+            self.assertGreater(wider, 0, header)  # and kept no fewer than asked (half as many)
+            # the same seed without the filter, from the same prompt: some draw falls outside
+            ctx, outside = list(self.prompt), 0
+            for tok in plain:
+                outside += tok not in self.allowed(self.logits(ctx), temp, top_k, top_p)[0]
+                ctx.append(tok)
+            self.assertGreater(outside, 0, header)
+
+    def test_bad_values(self):
+        for extra, want in (
+                (["--sample-top-k", "-1"], "--sample-top-k must be >= 0 (0: off) and "
+                 "--sample-top-p in (0, 1] (1: off)"),
+                (["--sample-top-p", "0"], "--sample-top-p in (0, 1]"),
+                (["--sample-top-p", "1.5"], "--sample-top-p in (0, 1]"),
+                (["--sample-top-p", "most"], "--sample-top-p: expected a number, got 'most'"),
+                (["--sample", "0", "--sample-top-k", "5"],
+                 "--sample-top-k and --sample-top-p need --sample N")):
+            p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=120)
+            self.assertNotEqual(p.returncode, 0, extra)
+            self.assertIn(want, p.stderr, extra)
+            self.assertNotIn("---- sample", p.stdout, extra)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    args, rest = ap.parse_known_args()
+    BUILD = dp.BUILD = os.path.abspath(args.build)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
