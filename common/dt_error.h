@@ -31,7 +31,8 @@
   X(ERPC, -20, "RPC error")                                                                        \
   X(ESYS, -21, "system call failed")                                                               \
   X(EINTERNAL, -22, "internal error")                                                              \
-  X(EBUSY, -23, "resource exhausted, try again later")
+  X(EBUSY, -23, "resource exhausted, try again later")                                             \
+  X(ESPIKE, -24, "loss spike (--spike-factor)")
 
 typedef enum {
 #define DT__ERR_ENUM(name, val, msg) DT_##name = (val),

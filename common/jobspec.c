@@ -1162,6 +1162,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (elastic->hang_timeout_s < 0 || elastic->hang_timeout_s > 86400)
     bad(&v, "elastic.hang_timeout_s (%d) must be in [1, 86400] (0: the default, 30)",
         elastic->hang_timeout_s);
+  if (!(elastic->spike_factor == 0.0 ||
+        (elastic->spike_factor > 1.0 && elastic->spike_factor < 1e6)))
+    bad(&v, "elastic.spike_factor (%g) must be > 1 (0: off)", elastic->spike_factor);
 
   return v.count ? DT_EINVAL : 0;
 }
@@ -1539,6 +1542,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--eval-every", t->eval_every);
   if (t->peak_tflops > 0)
     av_double(&a, "--peak-tflops", t->peak_tflops);
+  if (spec->elastic && spec->elastic->spike_factor > 0)
+    av_double(&a, "--spike-factor", spec->elastic->spike_factor);
   if (!str_empty(ck->dir)) {
     av_str(&a, "--ckpt-dir", ck->dir);
     av_int(&a, "--save-every", ck->every);

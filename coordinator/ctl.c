@@ -338,8 +338,10 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   for (size_t i = 0; i < j->n_failed_nodes; i++)
     fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
   for (size_t i = 0; i < j->n_skipped_steps; i++)
-    fprintf(out, "skipped:     step %lld (non-finite loss or gradient; rolled back)\n",
-            (long long)j->skipped_steps[i]);
+    fprintf(
+        out,
+        "skipped:     step %lld (a non-finite loss or gradient, or a loss spike: rolled back)\n",
+        (long long)j->skipped_steps[i]);
   const size_t shown = DT_MIN(j->n_ranks, (size_t)32);
   for (size_t i = 0; i < shown; i++) {
     const Distrain__V1__RankStatus *r = j->ranks[i];

@@ -944,10 +944,13 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
          * without an update. Every rank stops at the same step; the first report decides. */
         skip_step_later(j, ts->nonfinite_step);
         snprintf(reason, sizeof reason,
-                 "rank %d on %s: the loss or gradient norm of step %lld was non-finite; rolling "
-                 "back, that step's batch will be skipped (%zu step%s skipped so far)",
-                 ts->rank, n->id, (long long)ts->nonfinite_step, j->job->n_skipped_steps,
-                 j->job->n_skipped_steps == 1 ? "" : "s");
+                 "rank %d on %s: %s of step %lld %s; rolling back, that step's batch will be "
+                 "skipped (%zu step%s skipped so far)",
+                 ts->rank, n->id, ts->loss_spike ? "the loss" : "the loss or gradient norm",
+                 (long long)ts->nonfinite_step,
+                 ts->loss_spike ? "spiked (over elastic.spike_factor x the recent steps' average)"
+                                : "was non-finite",
+                 j->job->n_skipped_steps, j->job->n_skipped_steps == 1 ? "" : "s");
       } else if (strstr(ts->last_error, "DT_EREMOTE") && !ts->term_signal) {
         /* Its peer failed first: wait for the peer's node to be declared dead (one heartbeat
          * window) rather than re-planning onto it and restarting twice. */
@@ -960,7 +963,10 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         }
         continue;
       }
-      recover(c, j, ts->nonfinite_step > 0 ? DT_RESTART_NONFINITE : DT_RESTART_TRAINER_FAILED,
+      recover(c, j,
+              ts->nonfinite_step <= 0 ? DT_RESTART_TRAINER_FAILED
+              : ts->loss_spike        ? DT_RESTART_LOSS_SPIKE
+                                      : DT_RESTART_NONFINITE,
               reason);
       replan = 1;
     } else if (changed) {

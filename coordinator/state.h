@@ -78,9 +78,10 @@ typedef enum {
   DT_RESTART_NODE_DEAD,      /* a node of the job missed its heartbeats */
   DT_RESTART_TRAINER_FAILED, /* a trainer exited or was killed */
   DT_RESTART_NONFINITE,      /* a non-finite loss or gradient: rolled back */
-  DT_RESTART_HANG,           /* a collective blocked past the hang timeout */
-  DT_RESTART_GROW,           /* nodes came back: grown to a larger dp at a checkpoint */
-  DT_RESTART_STOPPED,        /* a trainer was asked to stop (SIGTERM) and saved its step first */
+  DT_RESTART_LOSS_SPIKE, /* a loss over elastic.spike_factor x the recent average: rolled back */
+  DT_RESTART_HANG,       /* a collective blocked past the hang timeout */
+  DT_RESTART_GROW,       /* nodes came back: grown to a larger dp at a checkpoint */
+  DT_RESTART_STOPPED,    /* a trainer was asked to stop (SIGTERM) and saved its step first */
   DT_RESTART_N
 } dt_restart_reason_t;
 

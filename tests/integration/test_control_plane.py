@@ -2257,6 +2257,41 @@ class T10_NonFinite(ClusterTest):
         self.assertUninterrupted(job_id, steps, 2, skipped=(fault,))
 
 
+class T10b_LossSpike(ClusterTest):
+    def test_loss_spike_rolls_back_and_skips_the_batch(self):
+        """A dp=2 job with elastic.spike_factor 3 on data whose step S is random tokens
+        (test_spike's): every rank stops before that step's update, the coordinator records S
+        as skipped, names the spike and restarts from the last checkpoint; the job completes
+        with the losses of an uninterrupted run with --skip-steps S, bit for bit."""
+        import test_spike as spike  # numpy: imported here, as only this test needs it
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        shard = os.path.join(self.tmp, "spiky.bin")
+        spike.write_spiky_shard(shard, spike.SPIKE)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), spike.STEPS, every=20, dp=2)
+        spec.data.train, spec.data.val = shard, ""
+        spec.optimizer.lr = 1e-2
+        spec.elastic.spike_factor = 3
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
+                         (1, 2, [spike.SPIKE]))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: RUNNING -> RECOVERING \(generation 1\): rank \d "
+                             r"on node-\d: the loss of step %d spiked \(over "
+                             r"elastic.spike_factor x the recent steps' average\); rolling back, "
+                             r"that step's batch will be skipped \(1 step skipped so far\); "
+                             r"restart 1 of 3 from the last committed checkpoint"
+                             % (job_id, spike.SPIKE))
+        status = self.ctl("status", job_id, "--coordinator", self.addr, "--token-file",
+                          self.token_file)
+        self.assertIn("skipped:     step %d (a non-finite loss or gradient, or a loss spike: "
+                      "rolled back)" % spike.SPIKE, status.stdout)
+        self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=(spike.SPIKE,))
+
+
 class T10c_StopSignal(ClusterTest):
     def test_trainer_stopped_by_a_signal_saves_its_step(self):
         """SIGTERM to one trainer of a dp=2 job (what a scheduler preempting its node sends):

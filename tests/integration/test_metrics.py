@@ -172,8 +172,8 @@ class T1_Endpoint(MetricsTest):
             [v for n, _, v in samples_of(fams, "distrain_step_duration_seconds", job_id=job_id)
              if n.endswith("_count")], [0])
         reasons = {lb["reason"] for _, lb, _ in samples_of(fams, "distrain_restarts_total")}
-        self.assertEqual(reasons, {"node_dead", "trainer_failed", "nonfinite", "hang", "grow",
-                                   "stopped"})
+        self.assertEqual(reasons, {"node_dead", "trainer_failed", "nonfinite", "loss_spike",
+                                   "hang", "grow", "stopped"})
 
         # HEAD: the headers of GET, no body
         status, headers, body = http(self.base + "/metrics", method="HEAD")

@@ -46,6 +46,8 @@ static void make_state(dt_train_state_t *s, int64_t step)
   dt_rng_seed(&s->rng, 0xC0FFEE + (uint64_t)step);
   for (int i = 0; i < 17; i++)
     dt_rng_u64(&s->rng);
+  s->loss_avg = 3.0 + 1.0 / 3.0; /* a double's every bit */
+  s->loss_steps = step + 7;
 }
 
 static void expect_same_model(const dt_gpt2_t *a, const dt_gpt2_t *b)
@@ -70,6 +72,8 @@ static void expect_same_state(const dt_train_state_t *a, const dt_train_state_t 
   ck_assert_int_eq(a->data.nsrc, b->data.nsrc);
   ck_assert_int_eq(memcmp(a->data.taken, b->data.taken, sizeof a->data.taken), 0);
   ck_assert_int_eq(memcmp(a->rng.s, b->rng.s, sizeof a->rng.s), 0);
+  ck_assert_int_eq(memcmp(&a->loss_avg, &b->loss_avg, sizeof a->loss_avg), 0);
+  ck_assert_int_eq(a->loss_steps, b->loss_steps);
 }
 
 /* Writes and commits step state->step as world equal-ish flat shards. */

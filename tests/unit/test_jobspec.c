@@ -789,6 +789,9 @@ static const struct {
     {{"elastic.max_restarts=-1"}, "elastic.max_restarts (-1) must be >= 0"},
     {{"elastic.heartbeat_ms=49"}, "elastic.heartbeat_ms (49) must be >= 50"},
     {{"elastic.hang_timeout_s=-1"}, "elastic.hang_timeout_s (-1) must be in [1, 86400]"},
+    {{"elastic.spike_factor=1"}, "elastic.spike_factor (1) must be > 1 (0: off)"},
+    {{"elastic.spike_factor=-2"}, "elastic.spike_factor (-2) must be > 1 (0: off)"},
+    {{"elastic.spike_factor=1e300"}, "elastic.spike_factor (1e+300) must be > 1 (0: off)"},
 };
 
 START_TEST(test_validate_rules)
@@ -1129,6 +1132,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
   ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
   ck_assert(!has_arg(argv, "--peak-tflops"));
+  ck_assert(!has_arg(argv, "--spike-factor"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1159,8 +1163,10 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.profile=200");
   set_ok(s, "training.profile=3:2");
   set_ok(s, "training.peak_tflops=756.5");
+  set_ok(s, "elastic.spike_factor=2.5");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
+  ck_assert_str_eq(flag_value(argv, "--spike-factor"), "2.5");
   ck_assert_str_eq(flag_value(argv, "--profile"), "3:2");
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");

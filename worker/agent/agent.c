@@ -230,8 +230,10 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
     snprintf(t->last_error, sizeof t->last_error, "%s", r->error);
     dt_utf8_sanitize(t->last_error); /* the coordinator refuses a heartbeat that is not UTF-8 */
   }
-  if (r->nonfinite_step > 0)
+  if (r->nonfinite_step > 0) {
     t->status.nonfinite_step = r->nonfinite_step;
+    t->status.loss_spike = r->loss_spike;
+  }
   if (r->input_error)
     t->status.input_error = 1;
   distrain__v1__trainer_report__free_unpacked(r, NULL);

@@ -43,7 +43,11 @@ static void usage(FILE *out)
       "  --batch B --seq T --grad-accum K --steps N (total; sets the schedule)\n"
       "  --stop-at S                 stop after step S with a checkpoint (resume later)\n"
       "  --skip-steps S,S,...        take these steps without an update (their batches are\n"
-      "                              consumed; set by the coordinator after a NaN/Inf rollback)\n"
+      "                              consumed; set by the coordinator after a rollback)\n"
+      "  --spike-factor F            a step whose loss is over F times the average of the recent\n"
+      "                              steps' (about 50; kept in checkpoints) stops before its\n"
+      "                              update, as a NaN/Inf one does: under distrainctl the job\n"
+      "                              rolls back and skips that step's batch (default 0: off)\n"
       "optimizer (AdamW):\n"
       "  --lr X --warmup N --schedule constant|cosine|linear|wsd --min-lr-frac X\n"
       "  --decay-frac X              wsd: the share of the steps after warmup spent decaying\n"
@@ -124,6 +128,7 @@ enum {
   OPT_STEPS,
   OPT_STOP_AT,
   OPT_SKIP_STEPS,
+  OPT_SPIKE_FACTOR,
   OPT_LR,
   OPT_WARMUP,
   OPT_SCHEDULE,
@@ -194,6 +199,7 @@ static const struct option g_opts[] = {
     {"steps", required_argument, 0, OPT_STEPS},
     {"stop-at", required_argument, 0, OPT_STOP_AT},
     {"skip-steps", required_argument, 0, OPT_SKIP_STEPS},
+    {"spike-factor", required_argument, 0, OPT_SPIKE_FACTOR},
     {"lr", required_argument, 0, OPT_LR},
     {"warmup", required_argument, 0, OPT_WARMUP},
     {"schedule", required_argument, 0, OPT_SCHEDULE},
@@ -446,6 +452,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_PEAK_TFLOPS:
       rc = parse_float(c, optarg, &o->peak_tflops);
+      break;
+    case OPT_SPIKE_FACTOR:
+      rc = parse_float(c, optarg, &o->spike_factor);
       break;
     case OPT_MINLR:
       rc = parse_float(c, optarg, &o->sched.min_lr_frac);

@@ -271,7 +271,9 @@ typedef struct {
   int64_t data_seqs;      /* global sequences read (0 before the field existed) */
   uint64_t data_blend;    /* fingerprint of the blend read (0: one source) */
   int64_t data_nsrc;      /* version 3: the blend's sources */
-  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8];
+  double loss_avg;        /* dt_train_state_t's (0 before the fields existed) */
+  int64_t loss_steps;
+  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8 - 8 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
 
@@ -346,6 +348,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   h.data_seqs = state->data.seqs, h.data_blend = state->data.blend, h.data_nsrc = nsrc;
   memcpy(h.rng, state->rng.s, sizeof h.rng);
   h.threads = state->threads;
+  h.loss_avg = state->loss_avg, h.loss_steps = state->loss_steps;
   h.nruns = (int64_t)nruns;
   uint32_t crc = dt_crc32c(dt_crc32c(0, table, table_bytes), state->data.taken, counts_bytes);
   h.payload_bytes = table_bytes + counts_bytes;
@@ -704,6 +707,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       memcpy(state->data.taken, taken, counts);
       memcpy(state->rng.s, h.rng, sizeof h.rng);
       state->threads = h.threads;
+      state->loss_avg = h.loss_avg, state->loss_steps = h.loss_steps;
     }
   }
   DT_CHECK_GOTO(runs_disjoint(sdir, all, nall), ret, out);

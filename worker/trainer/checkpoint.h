@@ -34,6 +34,10 @@ typedef struct {
   dt_data_pos_t data;
   dt_rng_t rng;
   int threads; /* compute threads of the run that wrote it */
+  /* The recent training losses, for --spike-factor (trainer.c): an exponential moving average
+   * over the losses of loss_steps updated steps (0 in checkpoints older than the field). */
+  double loss_avg;
+  int64_t loss_steps;
 } dt_train_state_t;
 
 /* Parameters of a model of config cfg in llm.c's flat layout (DT_GPT2_TENSORS; wte padded). */

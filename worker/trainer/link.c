@@ -246,7 +246,7 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   send_report(l, &r);
 }
 
-static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step)
+static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step, int spike)
 {
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
   char buf[512];
@@ -254,17 +254,18 @@ static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step)
   r.error = buf;
   r.memory_bytes = peak_rss_bytes();
   r.nonfinite_step = nonfinite_step;
+  r.loss_spike = spike;
   send_report(l, &r);
 }
 
 void dt_link_error(dt_link_t *l, const char *msg)
 {
-  send_error(l, msg, 0);
+  send_error(l, msg, 0, 0);
 }
 
-void dt_link_nonfinite(dt_link_t *l, int64_t step, const char *msg)
+void dt_link_nonfinite(dt_link_t *l, int64_t step, int spike, const char *msg)
 {
-  send_error(l, msg, step);
+  send_error(l, msg, step, spike);
 }
 
 void dt_link_input_error(dt_link_t *l)

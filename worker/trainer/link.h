@@ -26,9 +26,10 @@ void dt_link_close(dt_link_t *l);
 int dt_link_has_coordinator(const dt_link_t *l);
 void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m);
 void dt_link_error(dt_link_t *l, const char *msg);
-/* The reason for a coming exit: step's loss or gradient norm was NaN/Inf (the coordinator rolls
- * back and has the step skipped). */
-void dt_link_nonfinite(dt_link_t *l, int64_t step, const char *msg);
+/* The reason for a coming exit: step's loss or gradient norm was NaN/Inf, or (spike) its loss
+ * was over --spike-factor times the recent average (the coordinator rolls back and has the
+ * step skipped). */
+void dt_link_nonfinite(dt_link_t *l, int64_t step, int spike, const char *msg);
 /* The coming failure is the job's input's (a missing data file, a checkpoint of another
  * model, an option this node cannot honour): restarting would fail the same way. */
 void dt_link_input_error(dt_link_t *l);

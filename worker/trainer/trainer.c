@@ -35,6 +35,13 @@
 #include "tokenizer.h"
 #include "hf.h"
 
+/* --spike-factor: a step's loss against the average of the recent steps' losses, their mean
+ * over the first SPIKE_HORIZON updated steps and then an exponential moving average giving the
+ * newest 1/SPIKE_HORIZON of the weight (about the last SPIKE_HORIZON steps). It is kept in the
+ * checkpoints (dt_train_state_t), so a resumed run judges each step as the uninterrupted run
+ * would; the guard is armed once SPIKE_HORIZON steps are in it. Skipped steps add nothing. */
+#define SPIKE_HORIZON 50
+
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
 DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
 /* Fault injection (tests): the loss of this step becomes NaN on every rank. */
@@ -172,6 +179,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample-top-k must be >= 0 (0: off) and --sample-top-p in (0, 1] (1: off)";
   else if ((o->sample_top_k > 0 || o->sample_top_p < 1.0f) && o->sample_tokens == 0)
     msg = "--sample-top-k and --sample-top-p need --sample N (the tokens to generate)";
+  else if (!(o->spike_factor == 0.0 || (o->spike_factor > 1.0 && isfinite(o->spike_factor))))
+    msg = "--spike-factor must be > 1 (0: off)";
   else if (o->threads < 0)
     msg = "--threads must be >= 0";
   else if (o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "bf16"))
@@ -1640,6 +1649,13 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
           (long long)t->state.step, o->steps);
   log_blend(t);
   log_flops(t);
+  if (o->spike_factor > 0 && t->state.loss_steps >= SPIKE_HORIZON)
+    DT_INFO(TRAIN,
+            "--spike-factor %g: armed (the recent steps' average loss from the checkpoint: %.4f)",
+            o->spike_factor, t->state.loss_avg);
+  else if (o->spike_factor > 0)
+    DT_INFO(TRAIN, "--spike-factor %g: armed once %lld more steps have set the average loss",
+            o->spike_factor, (long long)(SPIKE_HORIZON - t->state.loss_steps));
   t->sched = o->sched;
   t->sched.total_steps = o->steps;
   return 0;
@@ -1668,6 +1684,19 @@ static int skipped_through(const dt_train_opts_t *o, int64_t step)
   for (int i = 0; i < o->n_skip_steps; i++)
     n += o->skip_steps[i] <= step;
   return n;
+}
+
+/* --spike-factor's average of the recent losses (SPIKE_HORIZON, above). */
+static void note_loss(dt_train_state_t *st, float loss)
+{
+  st->loss_steps++;
+  st->loss_avg += (loss - st->loss_avg) / (double)DT_MIN(st->loss_steps, SPIKE_HORIZON);
+}
+
+static int spiked(const trainer_t *t, float loss)
+{
+  const double f = t->o->spike_factor;
+  return f > 0 && t->state.loss_steps >= SPIKE_HORIZON && loss > f * t->state.loss_avg;
 }
 
 /* A step of --skip-steps: the batches it would train on are consumed, nothing is updated. */
@@ -1755,17 +1784,27 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   DT_CHECK(dt_dp_grad_norm(t->dp, &norm));
   if (dt_param_FaultNanStep() == s + 1)
     loss = NAN; /* fault injection for the rollback tests: every rank sees it, as a real one */
-  if (!isfinite(loss) || !isfinite(norm)) {
-    /* Every rank sees the same (averaged) loss and global norm, so all stop here together. */
-    char msg[256];
+  const int spike = isfinite(loss) && isfinite(norm) && spiked(t, loss);
+  if (!isfinite(loss) || !isfinite(norm) || spike) {
+    /* Every rank sees the same (averaged) loss and global norm, and keeps the same average of
+     * the recent losses, so all stop here together. */
+    char what[160], msg[400];
+    if (spike)
+      snprintf(what, sizeof what,
+               "loss %.4f, %.2fx the average of the recent steps' (%.4f; --spike-factor %g): a "
+               "spike",
+               loss, loss / t->state.loss_avg, t->state.loss_avg, o->spike_factor);
+    else
+      snprintf(what, sizeof what, "loss %g, gradient norm %g: non-finite", loss, norm);
     snprintf(msg, sizeof msg,
-             "step %d: loss %g, gradient norm %g: non-finite; stopped before the update (the "
-             "coordinator rolls back to the last checkpoint and skips this step's batch)",
-             s + 1, loss, norm);
+             "step %d: %s; stopped before the update (under distrainctl the job rolls back to its "
+             "last checkpoint and skips this step's batch; alone, resume with --skip-steps %d)",
+             s + 1, what, s + 1);
     DT_ERROR(TRAIN, "%s", msg);
-    dt_link_nonfinite(o->link, s + 1, msg);
-    return DT_ENAN;
+    dt_link_nonfinite(o->link, s + 1, spike, msg);
+    return spike ? DT_ESPIKE : DT_ENAN;
   }
+  note_loss(&t->state, loss);
   float scale = 1.0f;
   if (o->grad_clip > 0.0f) {
     scale = o->grad_clip / (norm + 1e-6f);

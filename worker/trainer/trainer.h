@@ -115,6 +115,9 @@ typedef struct {
   const char *vocab_file; /* GPT-2 BPE vocab.json to print the sample with (tokenizer.h) */
   const char *merge_file; /* and its merges.txt, to encode the prompt with */
   const char *prompt;     /* the sample's prompt (NULL: the first sequence of --val or --train) */
+  /* a step whose loss exceeds this times the recent steps' average stops before its update,
+   * as a non-finite one does (0: off) */
+  double spike_factor;
   int threads;
   int quiet;
   const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""test_spike.py — distrain-train's loss-spike guard (--spike-factor F; job spec
+elastic.spike_factor): a step whose loss is over F times the average of the recent steps' stops
+before its update, as a NaN one does, so that the job rolls back and skips that step's batch.
+
+The data is a cycle through the 100 tokens in a random order, which the model learns within
+tens of steps, with the windows of one step (SPIKE) replaced by random tokens: that step's loss
+is many times the rest. Checks:
+  - without the guard the run trains through the spike (so the data does make one); with it,
+    the run stops at that step, names it, the loss and the average, and exits non-zero;
+  - resumed from its last checkpoint with --skip-steps SPIKE (what the coordinator does), its
+    losses equal, bit for bit, those of an uninterrupted run with --skip-steps SPIKE;
+  - the average is kept in checkpoints: a run stopped 20 steps before the spike and resumed
+    (fewer steps than the guard needs to arm) catches it with the same average, to the bit the
+    message prints;
+  - dp=2: both ranks stop at the spike, with the same message;
+  - bad values are refused with one line.
+
+  /usr/bin/python3 tests/integration/test_spike.py --build build
+"""
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_dp as dp  # noqa: E402  (the multi-rank launcher)
+
+BUILD = None
+V, B, T, STEPS, SPIKE = 100, 4, 32, 80, 70  # the guard arms after 50 steps
+
+
+def write_spiky_shard(path, spike_step):
+    """The cycle, with the tokens of step spike_step's windows (batch B of T, sequential)
+    random."""
+    order = list(range(V))
+    random.Random(1).shuffle(order)
+    tokens = [order[i % V] for i in range(B * T * (STEPS + 10))]
+    rng = random.Random(2)
+    for i in range(B * T * (spike_step - 1) + 1, B * T * spike_step + 1):  # targets included
+        tokens[i] = rng.randrange(V)
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes() + np.array(tokens, dtype="<u2").tobytes())
+
+
+class Spike(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="dt-spike-")
+        cls.shard = os.path.join(cls.tmp.name, "spiky.bin")
+        write_spiky_shard(cls.shard, SPIKE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.tmp.name, name)
+
+    def args(self, *extra):
+        return [os.path.join(BUILD, "worker/trainer/distrain-train"), "--train", self.shard,
+                "--layers", "2", "--heads", "4", "--channels", "64", "--vocab", str(V),
+                "--max-seq", "64", "--batch", str(B), "--seq", str(T), "--steps", str(STEPS),
+                "--lr", "1e-2", "--init", "seed:1", "--threads", "1", "--quiet", *extra]
+
+    def run_one(self, *extra, expect=0):
+        p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, expect, p.stderr)
+        return p
+
+    def losses(self, metrics):
+        with open(metrics) as f:
+            return {m["step"]: m["loss"] for m in map(json.loads, f) if "loss" in m}
+
+    def caught(self, stderr):
+        """The guard's message: (loss, the average), for step SPIKE."""
+        m = re.search(r"ERROR step %d: loss ([0-9.]+), [0-9.]+x the average of the recent "
+                      r"steps' \(([0-9.]+); --spike-factor 3\): a spike; stopped before the "
+                      r"update \(under distrainctl the job rolls back to its last checkpoint "
+                      r"and skips this step's batch; alone, resume with --skip-steps %d\)"
+                      % (SPIKE, SPIKE), stderr)
+        self.assertIsNotNone(m, stderr)
+        self.assertIn("failed: loss spike (--spike-factor)", stderr)
+        return m.group(1), m.group(2)
+
+    def test_caught_and_rolled_back(self):
+        plain = self.path("plain.jsonl")
+        self.run_one("--metrics", plain)
+        losses = self.losses(plain)
+        before = [losses[s] for s in range(SPIKE - 10, SPIKE)]
+        self.assertGreater(losses[SPIKE], 5 * max(before))  # the data makes a spike
+        ck = self.path("ck")
+        p = self.run_one("--spike-factor", "3", "--ckpt-dir", ck, "--save-every", "20", expect=1)
+        loss, avg = self.caught(p.stderr)
+        self.assertIn("--spike-factor 3: armed once 50 more steps have set the average loss",
+                      p.stderr)
+        self.assertAlmostEqual(float(loss), losses[SPIKE], places=3)
+        self.assertEqual(sorted(os.listdir(ck)), ["step-00000020", "step-00000040",
+                                                  "step-00000060"])
+        # what the coordinator does: resume from the last checkpoint, skipping the step
+        resumed, ref = self.path("resumed.jsonl"), self.path("ref.jsonl")
+        self.run_one("--spike-factor", "3", "--ckpt-dir", ck, "--save-every", "20", "--resume",
+                     "--skip-steps", str(SPIKE), "--metrics", resumed)
+        self.run_one("--skip-steps", str(SPIKE), "--metrics", ref)
+        got, want = self.losses(resumed), self.losses(ref)
+        self.assertEqual(sorted(got), [s for s in range(61, STEPS + 1) if s != SPIKE])
+        self.assertEqual(got, {s: want[s] for s in got})
+        # the average comes back from a checkpoint: 20 steps after a resume (the guard needs 50)
+        ck2 = self.path("ck2")
+        self.run_one("--ckpt-dir", ck2, "--save-every", "25", "--stop-at", "50")
+        p = self.run_one("--spike-factor", "3", "--ckpt-dir", ck2, "--save-every", "25",
+                         "--resume", expect=1)
+        self.assertEqual(self.caught(p.stderr), (loss, avg))
+        self.assertRegex(p.stderr, r"--spike-factor 3: armed \(the recent steps' average loss "
+                         r"from the checkpoint: [0-9.]+\)")
+
+    def test_data_parallel_ranks_stop_together(self):
+        args = self.args("--spike-factor", "3")
+        args[args.index("--batch") + 1] = str(B // 2)  # the same global batch over dp=2
+        outs = dp.wait_all(dp.launch(2, lambda r: args, self.path("kv")))
+        self.assertEqual([rc for rc, _, _ in outs], [1, 1], [e[-800:] for _, _, e in outs])
+        self.assertEqual(self.caught(outs[0][2]), self.caught(outs[1][2]))
+
+    def test_bad_values(self):
+        for value, want in (("1", "--spike-factor must be > 1 (0: off)"),
+                            ("-2", "--spike-factor must be > 1 (0: off)"),
+                            ("0.5", "--spike-factor must be > 1 (0: off)"),
+                            ("big", "--spike-factor: expected a number, got 'big'")):
+            p = subprocess.run(self.args("--spike-factor", value), capture_output=True,
+                               text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, value)
+            self.assertIn(want, p.stderr, value)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    args, rest = ap.parse_known_args()
+    BUILD = dp.BUILD = os.path.abspath(args.build)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
