@@ -32,9 +32,12 @@ int dt_ctl_follow(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id
 /* Same, returning early (1) once *stop becomes non-zero (a signal handler sets it). */
 int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *job_id,
                         volatile sig_atomic_t *stop);
-/* status JOB --plot FILE: the job's training (and validation) loss per step as a PNG, drawn by
- * gnuplot (ctl_plot.c). Errors are printed: the job, no steps yet, gnuplot missing or failing. */
-int dt_ctl_plot(dt_rpc_client_t *c, const char *job_id, const char *path);
+/* status JOB [JOB...] --plot FILE: the jobs' training (and validation) loss per step as a PNG,
+ * drawn by gnuplot (ctl_plot.c): several jobs (at most DT_CTL_PLOT_MAX_JOBS, the colours told
+ * apart) on one plot, to compare runs. Errors are printed: a job, no steps yet, gnuplot missing
+ * or failing. */
+#define DT_CTL_PLOT_MAX_JOBS 8
+int dt_ctl_plot(dt_rpc_client_t *c, char *const *job_ids, size_t n, const char *path);
 /* Human table or JSON of jobs / nodes. */
 void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json);
 void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);

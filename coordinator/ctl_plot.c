@@ -1,15 +1,19 @@
-/* ctl_plot.c — `distrainctl status JOB --plot loss.png`: a job's loss curve as a PNG.
+/* ctl_plot.c — `distrainctl status JOB [JOB...] --plot loss.png`: loss curves as a PNG.
  *
  * gnuplot draws it (Debian's gnuplot-nox, its cairo PNG terminal): distrainctl fetches every
- * step's metrics from the coordinator and writes gnuplot a script on its standard input, the
- * data inline, so no temporary file is left behind. Training loss as a line, validation loss
- * (where the job evaluated) and each validation set's (data.val_sets) as points, the step on x.
+ * step's metrics of each job from the coordinator and writes gnuplot a script on its standard
+ * input, the data inline, so no temporary file is left behind. Training loss as a line,
+ * validation loss (where the job evaluated) and each validation set's (data.val_sets) as
+ * points, the step on x. One job: a colour each (gnuplot's first three for training, validation
+ * and the sets); several (runs to compare): a colour each job, its validation points in it,
+ * joined by dashes.
  * gnuplot rather than a C plotting library: Debian's PLplot development package pulls in
  * Qt 5, GTK 3 and wxWidgets, gnuplot-nox four small packages. */
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,30 +48,49 @@ static int val_set_at(const Distrain__V1__StepMetrics *m, const char *name, floa
   return 0;
 }
 
-static void write_script(FILE *f, const Distrain__V1__Job *job,
-                         const Distrain__V1__GetJobMetricsResponse *m, const char *path)
+/* A job and its metrics. */
+typedef struct {
+  const Distrain__V1__Job *job;
+  const Distrain__V1__GetJobMetricsResponse *m;
+} plotted_t;
+
+/* Job k's series: $train<k>, $val<k> (if it validated) and $set<k>_<v> per validation set; the
+ * plot command's clauses for them go into plot (lc: the job's colour, 0 for one job). */
+static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, int lc)
 {
+  const Distrain__V1__GetJobMetricsResponse *m = p->m;
+  char label[160] = "";
+  if (lc) { /* several jobs: each series names its job */
+    const char *name = p->job->spec && p->job->spec->name ? p->job->spec->name : "";
+    snprintf(label, sizeof label, "%s%s%.64s%s ", p->job->job_id, *name ? " (" : "", name,
+             *name ? ")" : "");
+  }
+  char colour[32] = "", points[48] = ""; /* points: validation, dashed beside the line */
+  if (lc) {
+    snprintf(colour, sizeof colour, " linecolor %d", lc);
+    snprintf(points, sizeof points, " linecolor %d dashtype 2", lc);
+  }
   size_t nval = 0;
-  fputs("set terminal pngcairo size 960,540 font 'sans,10' noenhanced\nset output ", f);
-  gp_string(f, path);
-  char title[512];
-  const char *name = job->spec && job->spec->name ? job->spec->name : "";
-  snprintf(title, sizeof title, "%s%s%s%s: loss, %zu steps (%s)", job->job_id, *name ? " (" : "",
-           name, *name ? ")" : "", m->n_metrics, dt_ctl_state_name(job->state));
-  fputs("\nset title ", f);
-  gp_string(f, title);
-  fputs("\nset xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right\n$train << EOD\n", f);
+  fprintf(f, "$train%zu << EOD\n", k);
   for (size_t i = 0; i < m->n_metrics; i++) {
     fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, m->metrics[i]->loss);
     nval += m->metrics[i]->has_val;
   }
   fputs("EOD\n", f);
+  char t[256];
+  snprintf(t, sizeof t, "%strain", label);
+  fprintf(plot, "%s$train%zu using 1:2 with lines linewidth 1.5%s title ", k ? ", " : "", k,
+          colour);
+  gp_string(plot, t);
   if (nval) {
-    fputs("$val << EOD\n", f);
+    fprintf(f, "$val%zu << EOD\n", k);
     for (size_t i = 0; i < m->n_metrics; i++)
       if (m->metrics[i]->has_val)
         fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, m->metrics[i]->val_loss);
     fputs("EOD\n", f);
+    snprintf(t, sizeof t, "%svalidation", label);
+    fprintf(plot, ", $val%zu using 1:2 with linespoints pointtype 7%s title ", k, points);
+    gp_string(plot, t);
   }
   /* The validation sets, named by the newest step that validated them: a series each. */
   const Distrain__V1__StepMetrics *sets = NULL;
@@ -75,28 +98,53 @@ static void write_script(FILE *f, const Distrain__V1__Job *job,
     sets = m->metrics[i]->n_val_sets ? m->metrics[i] : NULL;
   const size_t nsets = sets ? sets->n_val_sets : 0;
   for (size_t v = 0; v < nsets; v++) {
-    fprintf(f, "$set%zu << EOD\n", v);
+    fprintf(f, "$set%zu_%zu << EOD\n", k, v);
     for (size_t i = 0; i < m->n_metrics; i++) {
       float loss;
       if (val_set_at(m->metrics[i], sets->val_sets[v]->name, &loss))
         fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, loss);
     }
     fputs("EOD\n", f);
+    snprintf(t, sizeof t, "%svalidation: %.31s", label, sets->val_sets[v]->name);
+    fprintf(plot, ", $set%zu_%zu using 1:2 with linespoints pointtype %zu%s title ", k, v,
+            9 + 2 * (v % 4), points);
+    gp_string(plot, t);
   }
-  fprintf(f, "plot $train using 1:2 with lines linewidth 1.5 title 'train'%s",
-          nval ? ", $val using 1:2 with linespoints pointtype 7 title 'validation'" : "");
-  for (size_t v = 0; v < nsets; v++) {
-    char t[64];
-    snprintf(t, sizeof t, "validation: %.31s", sets->val_sets[v]->name);
-    fprintf(f, ", $set%zu using 1:2 with linespoints pointtype %zu title ", v, 9 + 2 * (v % 4));
-    gp_string(f, t);
+}
+
+static void write_script(FILE *f, const plotted_t *jobs, size_t n, const char *path)
+{
+  fputs("set terminal pngcairo size 960,540 font 'sans,10' noenhanced\nset output ", f);
+  gp_string(f, path);
+  char title[512];
+  if (n == 1) {
+    const Distrain__V1__Job *job = jobs[0].job;
+    const char *name = job->spec && job->spec->name ? job->spec->name : "";
+    snprintf(title, sizeof title, "%s%s%s%s: loss, %zu steps (%s)", job->job_id, *name ? " (" : "",
+             name, *name ? ")" : "", jobs[0].m->n_metrics, dt_ctl_state_name(job->state));
+  } else {
+    size_t len = (size_t)snprintf(title, sizeof title, "loss:");
+    for (size_t k = 0; k < n && len < sizeof title; k++)
+      len += (size_t)snprintf(title + len, sizeof title - len, "%s %s", k ? "," : "",
+                              jobs[k].job->job_id);
   }
-  fputc('\n', f);
+  fputs("\nset title ", f);
+  gp_string(f, title);
+  fputs("\nset xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right\n", f);
+  char *cmd = NULL;
+  size_t cmd_len = 0;
+  FILE *plot = open_memstream(&cmd, &cmd_len);
+  if (!plot)
+    return; /* gnuplot then fails on the missing plot command: the caller reports it */
+  for (size_t k = 0; k < n; k++)
+    write_job_series(f, plot, &jobs[k], k, n > 1 ? (int)k + 1 : 0);
+  fclose(plot);
+  fprintf(f, "plot %s\n", cmd);
+  free(cmd);
 }
 
 /* Runs gnuplot on the script; 0 once it exited 0 and wrote a non-empty file. */
-static int run_gnuplot(const Distrain__V1__Job *job, const Distrain__V1__GetJobMetricsResponse *m,
-                       const char *path)
+static int run_gnuplot(const plotted_t *jobs, size_t n, const char *path)
 {
   int fds[2];
   if (pipe(fds) != 0)
@@ -121,7 +169,7 @@ static int run_gnuplot(const Distrain__V1__Job *job, const Distrain__V1__GetJobM
   void (*was)(int) = signal(SIGPIPE, SIG_IGN); /* gnuplot may stop reading on an error */
   FILE *f = fdopen(fds[1], "w");
   if (f) {
-    write_script(f, job, m, path);
+    write_script(f, jobs, n, path);
     fclose(f);
   } else {
     close(fds[1]);
@@ -139,29 +187,37 @@ static int run_gnuplot(const Distrain__V1__Job *job, const Distrain__V1__GetJobM
   return 0;
 }
 
-int dt_ctl_plot(dt_rpc_client_t *c, const char *job_id, const char *path)
+int dt_ctl_plot(dt_rpc_client_t *c, char *const *job_ids, size_t n, const char *path)
 {
   char err[1024];
-  ProtobufCMessage *jresp = NULL, *mresp = NULL;
-  Distrain__V1__GetJobRequest jreq = DISTRAIN__V1__GET_JOB_REQUEST__INIT;
-  Distrain__V1__GetJobMetricsRequest mreq = DISTRAIN__V1__GET_JOB_METRICS_REQUEST__INIT;
-  jreq.job_id = mreq.job_id = (char *)job_id;
-  mreq.after_step = -1;
+  ProtobufCMessage *resp[2 * DT_CTL_PLOT_MAX_JOBS] = {0};
+  plotted_t jobs[DT_CTL_PLOT_MAX_JOBS];
   const int timeout_ms = dt_ctl_rpc_timeout_ms();
-  int rc = dt_rpc_client_call(c, "GetJob", &jreq.base, &jresp, timeout_ms, 0, err, sizeof err);
-  if (rc == 0)
-    rc = dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &mresp, timeout_ms, 0, err, sizeof err);
-  if (rc != 0) {
-    fprintf(stderr, "distrainctl: %s\n", err);
-  } else if (((Distrain__V1__GetJobMetricsResponse *)mresp)->n_metrics == 0) {
-    fprintf(stderr, "distrainctl: job %s has reported no steps yet: nothing to plot\n", job_id);
-    rc = DT_ENOENT;
-  } else {
-    rc = run_gnuplot((void *)jresp, (void *)mresp, path);
+  int rc = n >= 1 && n <= DT_CTL_PLOT_MAX_JOBS ? 0 : DT_EINVAL;
+  for (size_t k = 0; k < n && rc == 0; k++) {
+    Distrain__V1__GetJobRequest jreq = DISTRAIN__V1__GET_JOB_REQUEST__INIT;
+    Distrain__V1__GetJobMetricsRequest mreq = DISTRAIN__V1__GET_JOB_METRICS_REQUEST__INIT;
+    jreq.job_id = mreq.job_id = job_ids[k];
+    mreq.after_step = -1;
+    rc = dt_rpc_client_call(c, "GetJob", &jreq.base, &resp[2 * k], timeout_ms, 0, err, sizeof err);
+    if (rc == 0)
+      rc = dt_rpc_client_call(c, "GetJobMetrics", &mreq.base, &resp[2 * k + 1], timeout_ms, 0, err,
+                              sizeof err);
+    if (rc != 0) {
+      fprintf(stderr, "distrainctl: %s\n", err);
+      break;
+    }
+    jobs[k] = (plotted_t){(void *)resp[2 * k], (void *)resp[2 * k + 1]};
+    if (jobs[k].m->n_metrics == 0) {
+      fprintf(stderr, "distrainctl: job %s has reported no steps yet: nothing to plot\n",
+              job_ids[k]);
+      rc = DT_ENOENT;
+    }
   }
-  if (jresp)
-    protobuf_c_message_free_unpacked(jresp, NULL);
-  if (mresp)
-    protobuf_c_message_free_unpacked(mresp, NULL);
+  if (rc == 0)
+    rc = run_gnuplot(jobs, n, path);
+  for (size_t i = 0; i < 2 * DT_CTL_PLOT_MAX_JOBS; i++)
+    if (resp[i])
+      protobuf_c_message_free_unpacked(resp[i], NULL);
   return rc;
 }

@@ -34,7 +34,7 @@ typedef struct {
   const char *work_dir, *plot, *reason;
   char *sets[MAX_SETS];
   int nsets;
-  char *pos[8];
+  char *pos[2 + DT_CTL_PLOT_MAX_JOBS]; /* the command, then status's JOBs at the most */
   int npos;
 } args_t;
 
@@ -48,7 +48,8 @@ static void usage(FILE *out)
           "  submit JOB.yaml    submit to a running coordinator; prints the job id\n"
           "  status [JOB] [--watch] [--plot loss.png]   all jobs, or one (follow it with "
           "--watch;\n"
-          "                     --plot draws its loss curve with gnuplot)\n"
+          "                     --plot draws its loss curve with gnuplot; status JOB JOB...\n"
+          "                     --plot draws up to 8 jobs' curves on one plot, to compare)\n"
           "  stop JOB [--now]   stop a job: its trainers save their step as a checkpoint, then\n"
           "                     exit (--now: kill them at once)\n"
           "  resume JOB         run a stopped or failed job again from its last checkpoint\n"
@@ -262,18 +263,22 @@ static int cmd_status(args_t *a)
   dt_rpc_client_t *c;
   ProtobufCMessage *resp;
   int rc;
-  if (a->npos > 2) {
-    fprintf(stderr, "distrainctl status: expected at most one JOB\n");
+  if (a->npos > 2 && !a->plot) {
+    fprintf(stderr, "distrainctl status: expected at most one JOB (several with --plot FILE, "
+                    "their loss curves compared)\n");
     return 2;
   }
-  if (a->plot && (a->npos != 2 || a->watch)) {
-    fprintf(stderr, "distrainctl status: --plot FILE needs one JOB (and no --watch)\n");
+  if (a->plot && (a->npos < 2 || a->npos > 1 + DT_CTL_PLOT_MAX_JOBS || a->watch)) {
+    fprintf(stderr,
+            "distrainctl status: --plot FILE needs one JOB, or up to %d to compare (and no "
+            "--watch)\n",
+            DT_CTL_PLOT_MAX_JOBS);
     return 2;
   }
   if (!with_client(a, &c))
     return 1;
   if (a->plot) {
-    rc = dt_ctl_plot(c, a->pos[1], a->plot);
+    rc = dt_ctl_plot(c, a->pos + 1, (size_t)a->npos - 1, a->plot);
     if (rc == 0)
       printf("%s\n", a->plot);
   } else if (a->npos == 2 && a->watch) {

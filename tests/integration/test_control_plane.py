@@ -1735,8 +1735,8 @@ class T3b_StatusPlot(ClusterTest):
     def test_status_plot_draws_the_loss_curve(self):
         """status JOB --plot FILE: a 960x540 PNG (gnuplot) with the training loss as a line
         that starts high on the left and ends low on the right, and validation points only
-        for a job that evaluated (and its validation set's, data.val_sets); clear errors for a
-        missing job, bad usage and no gnuplot."""
+        for a job that evaluated (and its validation set's, data.val_sets); two jobs on one
+        plot, a colour each; clear errors for a missing job, bad usage and no gnuplot."""
         self.assertTrue(shutil.which("gnuplot"), "gnuplot is missing (deploy/install-deps.sh)")
         self.start_coordinator()
         self.start_agent("h0")
@@ -1747,6 +1747,8 @@ class T3b_StatusPlot(ClusterTest):
             if val_every:  # the training shards as a validation set: points of their own
                 spec = spec.replace("}\ntraining: {", ", val_sets: \"train=%s\"}\ntraining: {"
                                     % shared_data()[0])
+            else:  # another run to compare: its own curve
+                spec = spec.replace("lr: 1.0e-3", "lr: 3.0e-3").replace("name: tiny", "name: lr3")
             jobs[val_every] = self.submit_yaml(spec, name="job%d.yaml" % val_every)
             self.wait_state(jobs[val_every], [pb.JOB_COMPLETED], 60)
         common = ["--coordinator", self.addr, "--token-file", self.token_file]
@@ -1776,12 +1778,35 @@ class T3b_StatusPlot(ClusterTest):
             else:
                 self.assertEqual(val, [], "validation points for a job that did not evaluate")
                 self.assertEqual(vset, [], "validation set points for a job without one")
+        # two runs compared: a colour each job (gnuplot's first two), its points in it
+        png = os.path.join(self.tmp, "compare.png")
+        r = self.ctl("status", jobs[20], jobs[0], "--plot", png, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        shutil.copy(png, os.path.join(BUILD, "status-plot-compare.png"))
+        w, h, rows = png_pixels(png)
+        for colour, what in ((self.TRAIN, "the first job"), (self.VAL, "the second job")):
+            curve = [(x, y) for y in range(h // 4, h) for x in range(w)
+                     if near(rows[y][x], colour)]
+            self.assertGreater(len(curve), 300, "no curve of " + what)
+        self.assertEqual([(x, y) for y in range(h // 4, h) for x in range(w)
+                          if near(rows[y][x], self.SET)], [], "a third colour for two jobs")
         r = self.ctl("status", "job-999", "--plot", os.path.join(self.tmp, "x.png"), *common)
         self.assertEqual(r.returncode, 1)
         self.assertIn("job-999", r.stderr)
+        r = self.ctl("status", jobs[0], "job-998", "--plot", os.path.join(self.tmp, "x.png"),
+                     *common)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("job-998", r.stderr)
         r = self.ctl("status", "--plot", os.path.join(self.tmp, "x.png"), *common)
         self.assertEqual(r.returncode, 2)
-        self.assertIn("needs one JOB", r.stderr)
+        self.assertIn("--plot FILE needs one JOB, or up to 8 to compare", r.stderr)
+        r = self.ctl("status", *([jobs[0]] * 9), "--plot", os.path.join(self.tmp, "x.png"),
+                     *common)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--plot FILE needs one JOB, or up to 8 to compare", r.stderr)
+        r = self.ctl("status", jobs[0], jobs[20], *common)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("expected at most one JOB (several with --plot FILE", r.stderr)
         r = self.ctl("status", jobs[0], "--plot", os.path.join(self.tmp, "x.png"), *common,
                      env=dict(self.env, PATH="/nonexistent"))
         self.assertEqual(r.returncode, 1)
