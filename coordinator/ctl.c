@@ -537,12 +537,16 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
 /* Following a job                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
+/* As the trainer's --metrics lines: step 0 (the validation before training) without a step's
+ * figures. */
 static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
 {
-  fprintf(fp,
-          "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
-          "\"tokens_per_s\": %.1f",
-          (long long)m->step, m->loss, m->lr, m->grad_norm, m->ms, m->tokens_per_s);
+  fprintf(fp, "{\"step\": %lld", (long long)m->step);
+  if (m->step > 0)
+    fprintf(fp,
+            ", \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
+            "\"tokens_per_s\": %.1f",
+            m->loss, m->lr, m->grad_norm, m->ms, m->tokens_per_s);
   if (m->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", m->val_loss);
   for (size_t i = 0; i < m->n_val_sets; i++) { /* names come from trainers: escaped */
@@ -552,7 +556,8 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
   }
   if (m->has_eval)
     fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f", m->eval_acc_norm, m->eval_acc);
-  fprintf(fp, ", \"tflops\": %.6g", m->tflops);
+  if (m->step > 0)
+    fprintf(fp, ", \"tflops\": %.6g", m->tflops);
   if (m->mfu > 0)
     fprintf(fp, ", \"mfu\": %.6f", m->mfu);
   fputs("}\n", fp);
@@ -617,7 +622,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
     fprintf(stderr, "distrainctl: %s: %s\n", o->metrics_path, strerror(errno));
     return DT_EACCES;
   }
-  int64_t after = 0;
+  int64_t after = -1; /* step 0 too: the validation before training */
   Distrain__V1__JobState last_state = DISTRAIN__V1__JOB_STATE__JOB_UNKNOWN;
   uint64_t last_gen = 0, placed_gen = 0, recovering_gen = 0; /* the last RECOVERING printed */
   char last_reason[512] = ""; /* a waiting job's reason changes as nodes come and go */
@@ -677,24 +682,30 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
       const int every = steps >= 20 ? steps / 20 : 1;
       for (size_t i = 0; i < m->n_metrics; i++) {
         const Distrain__V1__StepMetrics *s = m->metrics[i];
-        ms_ewma = ms_ewma > 0 ? 0.9 * ms_ewma + 0.1 * s->ms : s->ms;
         if (mf)
           write_metric(mf, s);
+        after = s->step;
+        char val[1024];
+        fmt_val(val, sizeof val, s);
+        if (s->has_eval)
+          snprintf(val + strlen(val), sizeof val - strlen(val), " | eval acc_norm %.4f",
+                   s->eval_acc_norm);
+        if (s->step == 0) {
+          if (!o->json)
+            fprintf(stderr, "step %6d/%d%s (before training)\n", 0, steps, val);
+          continue;
+        }
+        ms_ewma = ms_ewma > 0 ? 0.9 * ms_ewma + 0.1 * s->ms : s->ms;
         if (!o->json && (s->has_val || s->n_val_sets || s->has_eval || s->step % every == 0 ||
                          s->step == steps)) {
-          char eta[32], val[1024];
+          char eta[32];
           fmt_eta(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
-          fmt_val(val, sizeof val, s);
-          if (s->has_eval)
-            snprintf(val + strlen(val), sizeof val - strlen(val), " | eval acc_norm %.4f",
-                     s->eval_acc_norm);
           char mfu[32] = "";
           if (s->mfu > 0)
             snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * s->mfu);
           fprintf(stderr, "step %6lld/%d | loss %.4f%s | %8.0f tok/s%s | ETA %s\n",
                   (long long)s->step, steps, s->loss, val, s->tokens_per_s, mfu, eta);
         }
-        after = s->step;
       }
       if (mf)
         fflush(mf);

@@ -73,7 +73,8 @@ static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, 
   size_t nval = 0;
   fprintf(f, "$train%zu << EOD\n", k);
   for (size_t i = 0; i < m->n_metrics; i++) {
-    fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, m->metrics[i]->loss);
+    if (m->metrics[i]->step > 0) /* step 0: the validation before training, no loss */
+      fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, m->metrics[i]->loss);
     nval += m->metrics[i]->has_val;
   }
   fputs("EOD\n", f);
@@ -121,7 +122,9 @@ static void write_script(FILE *f, const plotted_t *jobs, size_t n, const char *p
     const Distrain__V1__Job *job = jobs[0].job;
     const char *name = job->spec && job->spec->name ? job->spec->name : "";
     snprintf(title, sizeof title, "%s%s%s%s: loss, %zu steps (%s)", job->job_id, *name ? " (" : "",
-             name, *name ? ")" : "", jobs[0].m->n_metrics, dt_ctl_state_name(job->state));
+             name, *name ? ")" : "",
+             jobs[0].m->n_metrics - (jobs[0].m->metrics[0]->step == 0), /* step 0: none */
+             dt_ctl_state_name(job->state));
   } else {
     size_t len = (size_t)snprintf(title, sizeof title, "loss:");
     for (size_t k = 0; k < n && len < sizeof title; k++)
@@ -208,7 +211,8 @@ int dt_ctl_plot(dt_rpc_client_t *c, char *const *job_ids, size_t n, const char *
       break;
     }
     jobs[k] = (plotted_t){(void *)resp[2 * k], (void *)resp[2 * k + 1]};
-    if (jobs[k].m->n_metrics == 0) {
+    const Distrain__V1__GetJobMetricsResponse *m = jobs[k].m;
+    if (m->n_metrics == 0 || m->metrics[m->n_metrics - 1]->step == 0) {
       fprintf(stderr, "distrainctl: job %s has reported no steps yet: nothing to plot\n",
               job_ids[k]);
       rc = DT_ENOENT;

@@ -649,8 +649,9 @@ static void append_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__Train
     }
     if (metrics_reserve(j) != 0)
       break;
-    /* Each step counted once per generation, however often a heartbeat repeats it. */
-    if (ts->generation != j->hist_gen || m->step > j->hist_step) {
+    /* Each step counted once per generation, however often a heartbeat repeats it (step 0,
+     * the validation before training, not at all). */
+    if (m->step > 0 && (ts->generation != j->hist_gen || m->step > j->hist_step)) {
       dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
       j->hist_gen = ts->generation;
       j->hist_step = m->step;
@@ -690,7 +691,8 @@ static void merge_final_metrics(dt_coord_t *c, dt_job_t *j, const Distrain__V1__
     memmove(j->metrics + lo + 1, j->metrics + lo, (j->n_metrics - lo) * sizeof *j->metrics);
     j->metrics[lo] = copy;
     j->n_metrics++;
-    dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
+    if (m->step > 0)
+      dt_prom_hist_observe(&j->step_seconds, m->ms / 1000.0);
     dt_coord_store_put_metrics(c->store, j->id, &j->metrics[lo], 1);
   }
 }

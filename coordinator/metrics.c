@@ -223,8 +223,10 @@ static void step_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, c
   dt_prom_family(out, name, "gauge", help);
   for (size_t i = 0; i < n; i++) {
     const dt_job_t *j = jobs[i];
-    const double v = j->n_metrics ? value(j->metrics[j->n_metrics - 1]) : 0.0;
-    if (j->n_metrics && (!positive || v > 0))
+    /* step 0, the validation before training, is no step */
+    const Distrain__V1__StepMetrics *m = j->n_metrics ? j->metrics[j->n_metrics - 1] : NULL;
+    const double v = m && m->step > 0 ? value(m) : 0.0;
+    if (m && m->step > 0 && (!positive || v > 0))
       dt_prom_sample(out, name, (label_t[]){{"job_id", j->id}}, 1, v);
   }
 }

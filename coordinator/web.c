@@ -30,14 +30,17 @@ extern const size_t dt_dashboard_html_len;
 static void write_history(FILE *out, const dt_job_t *j)
 {
   const size_t n = j->n_metrics;
-  const size_t stride = n > HISTORY_POINTS ? (n + HISTORY_POINTS - 1) / HISTORY_POINTS : 1;
+  /* from step 1: step 0, the validation before training, has no step's figures */
+  const size_t from = n > 0 && j->metrics[0]->step == 0;
+  const size_t stride =
+      n - from > HISTORY_POINTS ? (n - from + HISTORY_POINTS - 1) / HISTORY_POINTS : 1;
   static const char *const keys[] = {"step", "loss", "tokens_per_s", "mfu"};
   fputs("{", out);
   for (int k = 0; k < 4; k++) {
     fprintf(out, "%s\"%s\": [", k ? ", " : "", keys[k]);
     int first = 1;
-    for (size_t i = 0; i < n; i++) {
-      if (i % stride != 0 && i != n - 1) /* the newest point is always there */
+    for (size_t i = from; i < n; i++) {
+      if ((i - from) % stride != 0 && i != n - 1) /* the newest point is always there */
         continue;
       const Distrain__V1__StepMetrics *m = j->metrics[i];
       if (!first)

@@ -950,11 +950,19 @@ class T3_RunLocal(ClusterTest):
         val20 = [m.groups() for m in val20 if m]
         self.assertEqual(len(val20), 1, r.stderr[-3000:])
         self.assertEqual(val20[0][0], val20[0][1])
-        # one JSON object per step, steps 1..N, validation at 20 and 40
+        # one JSON object per step, steps 1..N, validation at 20 and 40; before them step 0,
+        # the validation and evaluation before training, as the line distrainctl printed
         with open(metrics) as f:
             lines = f.read().splitlines()
         ms = [json.loads(x) for x in lines]
-        self.assertEqual([m["step"] for m in ms], list(range(1, steps + 1)))
+        self.assertEqual([m["step"] for m in ms], list(range(0, steps + 1)))
+        m0, ms = ms[0], ms[1:]
+        self.assertEqual(sorted(m0), ["eval_acc", "eval_acc_norm", "step", "val_loss", "val_sets"])
+        self.assertEqual(m0["val_sets"], {"copy": m0["val_loss"]})
+        self.assertGreater(m0["val_loss"], ms[19]["val_loss"])  # it fell by step 20
+        self.assertIn("step      0/%d | val %.4f (copy %.4f) | eval acc_norm %.4f (before "
+                      "training)" % (steps, m0["val_loss"], m0["val_loss"], m0["eval_acc_norm"]),
+                      out)
         for m in ms:
             for k in ("loss", "lr", "grad_norm", "ms", "tokens_per_s"):
                 self.assertIsInstance(m[k], (int, float), (k, m))
@@ -1774,6 +1782,8 @@ class T3b_StatusPlot(ClusterTest):
             self.assertLess(min(left), max(right), "the curve does not go down")
             if val_every:
                 self.assertGreater(len(val), 20, "no validation points")
+                # the first point is the validation before training, at step 0: left of step 1
+                self.assertLess(min(x for x, _ in val), min(x for x, _ in train) - 3)
                 self.assertGreater(len(vset), 20, "no points of the validation set")
             else:
                 self.assertEqual(val, [], "validation points for a job that did not evaluate")

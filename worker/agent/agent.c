@@ -212,10 +212,12 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
     t->status.memory_bytes = r->memory_bytes;
   if (r->step) {
     t->status.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_RUNNING;
-    t->status.step = r->step->step;
-    t->status.loss = r->step->loss;
-    t->status.tokens_per_s = r->step->tokens_per_s;
-    t->status.compute_ms = r->step->compute_ms;
+    if (r->step->step > 0) { /* step 0: the validation before training, no step's figures */
+      t->status.step = r->step->step;
+      t->status.loss = r->step->loss;
+      t->status.tokens_per_s = r->step->tokens_per_s;
+      t->status.compute_ms = r->step->compute_ms;
+    }
     if (t->status.rank == 0) {
       Distrain__V1__StepMetrics **grown =
           realloc(t->pending, (t->n_pending + 1) * sizeof *t->pending);

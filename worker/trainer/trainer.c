@@ -2070,6 +2070,8 @@ int dt_train_run(const dt_train_opts_t *o)
     if (ret == 0 && o->eval_path)
       ret = evaluate_choices(&t, 0, &s0);
     log_eval(&t, 0, &s0);
+    if (ret == 0 && o->link) /* step 0: its validation and evaluation, no training */
+      dt_link_step(o->link, &s0);
     if (ret == 0 && t.metrics) {
       fprintf(t.metrics, "{\"step\": 0");
       write_evals(t.metrics, &s0);
