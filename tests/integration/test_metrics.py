@@ -344,6 +344,14 @@ class T2_Prometheus(MetricsTest):
         # the histogram: one count per step, the sum of the steps' times, +Inf == count
         ms = self.call("GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id)).metrics
         self.assertEqual(len(ms), steps)
+        # before them, from after_step -1: step 0, the validation and eval before training
+        # (counted nowhere above: the histogram's count is the steps')
+        m0 = self.call("GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id,
+                                                                   after_step=-1)).metrics[0]
+        self.assertEqual((m0.step, m0.has_val, m0.has_eval, m0.loss, m0.ms, m0.tokens_per_s),
+                         (0, True, True, 0, 0, 0))
+        self.assertEqual([v.name for v in m0.val_sets], ["held.out", "train"])
+        self.assertGreater(m0.val_loss, ms[-1].val_loss)
         # the newest validation loss and eval accuracy: those of the last step
         self.assertTrue(ms[-1].has_val and ms[-1].has_eval, ms[-1])
         self.assertEqual(f32(self.value("distrain_val_loss" + sel)), f32(ms[-1].val_loss))
