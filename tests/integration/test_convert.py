@@ -189,6 +189,14 @@ class Convert(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    def assert_refused(self, *cases):
+        """Each (extra flags, message): a one-step training run with them fails saying it."""
+        for args, want in cases:
+            p = subprocess.run(self.train_args() + ["--steps", "1"] + args, capture_output=True,
+                               text=True, timeout=120)
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(want, p.stderr, args)
+
     def test_exported_weights_give_distrains_loss(self):
         hf = self.path("hf")
         p = self.convert("ckpt:" + self.ckpt, "hf:" + hf)
@@ -226,14 +234,10 @@ class Convert(unittest.TestCase):
             with open(metrics) as f:
                 losses.append([json.loads(line)["loss"] for line in f])
         self.assertEqual(losses[0], losses[1])
-        for args, want in (
+        self.assert_refused(
                 (["--init", "hf:" + self.path("nowhere")], "config.json: No such file"),
                 (["--init", "hf:" + hf, "--layers", "3"], "layers"),
-                (["--init", "hf:"], "--init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N")):
-            p = subprocess.run(self.train_args() + ["--steps", "1"] + args, capture_output=True,
-                               text=True, timeout=120)
-            self.assertNotEqual(p.returncode, 0, args)
-            self.assertIn(want, p.stderr, args)
+                (["--init", "hf:"], "--init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N"))
 
     def test_training_from_a_checkpoints_weights(self):
         """--init ckpt:DIR (Megatron-LM's --finetune) trains as --init llmc: of the weights the
@@ -263,16 +267,12 @@ class Convert(unittest.TestCase):
         dp.assert_ranks_ok(outs, "dp=2 ZeRO-3")
         self.assertEqual(len(os.listdir(os.path.join(ck, "step-00000004"))), 3)  # 2 shards
         self.assertEqual(losses("z3", "ckpt:" + ck)[0], losses("z3-llmc", "llmc:" + export)[0])
-        for args, want in (
+        self.assert_refused(
                 (["--init", "ckpt:" + self.path("nowhere")], "nowhere"),
                 (["--init", "ckpt:" + self.ckpt, "--layers", "3"], "layers"),
                 (["--init", "ckpt:" + self.ckpt, "--ckpt-dir", self.ckpt, "--resume"],
                  "--init llmc:PATH, hf:DIR or ckpt:DIR and --resume are mutually exclusive"),
-                (["--init", "ckpt:"], "--init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N")):
-            p = subprocess.run(self.train_args() + ["--steps", "1"] + args, capture_output=True,
-                               text=True, timeout=120)
-            self.assertNotEqual(p.returncode, 0, args)
-            self.assertIn(want, p.stderr, args)
+                (["--init", "ckpt:"], "--init: expected llmc:PATH, hf:DIR, ckpt:DIR or seed:N"))
 
     def test_round_trips_are_exact(self):
         hf = self.path("rt-hf")

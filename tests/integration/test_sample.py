@@ -32,6 +32,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_dp as dp  # noqa: E402  (the multi-rank launcher)
+from test_blend import write_shard  # noqa: E402  (llm.c's token shard)
 from test_convert import hf_logits, read_llmc  # noqa: E402  (GPT-2's forward in numpy)
 
 SEQ, N, V = 32, 24, 100  # the window (and prompt) length; tokens generated; vocabulary
@@ -47,10 +48,7 @@ class Sample(unittest.TestCase):
         random.Random(1).shuffle(order)
         tokens = [order[i % V] for i in range(20000)]
         cls.shard, cls.model = os.path.join(d, "cycle.bin"), os.path.join(d, "model.bin")
-        header = np.zeros(256, dtype="<i4")
-        header[:3] = [20240520, 1, len(tokens)]
-        with open(cls.shard, "wb") as f:
-            f.write(header.tobytes() + np.array(tokens, dtype="<u2").tobytes())
+        write_shard(cls.shard, tokens)
         p = subprocess.run([os.path.join(BUILD, "worker/trainer/distrain-train"), "--train",
                             cls.shard, "--layers", "2", "--heads", "4", "--channels", "64",
                             "--vocab", str(V), "--max-seq", "64", "--batch", "4", "--seq",

@@ -28,11 +28,10 @@ import sys
 import tempfile
 import unittest
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_dp as dp  # noqa: E402  (the multi-rank launcher)
+from test_blend import write_shard  # noqa: E402  (llm.c's token shard)
 
 BUILD = None
 V, B, T, STEPS, SPIKE = 100, 4, 32, 80, 70  # the guard arms after 50 steps
@@ -47,10 +46,7 @@ def write_spiky_shard(path, spike_step):
     rng = random.Random(2)
     for i in range(B * T * (spike_step - 1) + 1, B * T * spike_step + 1):  # targets included
         tokens[i] = rng.randrange(V)
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + np.array(tokens, dtype="<u2").tobytes())
+    write_shard(path, tokens)
 
 
 class Spike(unittest.TestCase):

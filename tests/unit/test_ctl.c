@@ -351,22 +351,30 @@ START_TEST(test_transitions_show_the_placement)
 }
 END_TEST
 
+/* Writes text as the job file path and loads it (as distrainctl submit does). */
+static Distrain__V1__JobSpec *load_text(const char *path, const char *text)
+{
+  FILE *fp = fopen(path, "w");
+  ck_assert_ptr_nonnull(fp);
+  fputs(text, fp);
+  fclose(fp);
+  Distrain__V1__JobSpec *spec = NULL;
+  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  return spec;
+}
+
 /* Paths in a job file are relative to the file: every path field, whatever the cwd. */
 START_TEST(test_spec_paths_relative_to_the_file)
 {
   char dir[256], path[512];
   ut_mkdtemp(dir, sizeof dir);
   snprintf(path, sizeof path, "%s/job.yaml", dir);
-  FILE *fp = fopen(path, "w");
-  ck_assert_ptr_nonnull(fp);
-  fputs("data: {train: \"d/train_*.bin\", val: \"d/val.bin\", vocab_file: \"gpt2/vocab.json\",\n"
-        "       merge_file: \"gpt2/merges.txt\", eval: \"hs/hellaswag_val.bin\"}\n"
-        "model: {init: \"llmc:w/gpt2.bin\"}\n"
-        "checkpoint: {dir: \"/abs/ckpt\"}\n",
-        fp);
-  fclose(fp);
-  Distrain__V1__JobSpec *spec = NULL;
-  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  Distrain__V1__JobSpec *spec =
+      load_text(path, "data: {train: \"d/train_*.bin\", val: \"d/val.bin\", vocab_file: "
+                      "\"gpt2/vocab.json\",\n"
+                      "       merge_file: \"gpt2/merges.txt\", eval: \"hs/hellaswag_val.bin\"}\n"
+                      "model: {init: \"llmc:w/gpt2.bin\"}\n"
+                      "checkpoint: {dir: \"/abs/ckpt\"}\n");
   char real[4096], want[8400];
   ck_assert_ptr_nonnull(realpath(dir, real));
   snprintf(want, sizeof want, "%s/d/train_*.bin", real);
@@ -383,32 +391,22 @@ START_TEST(test_spec_paths_relative_to_the_file)
   ck_assert_str_eq(spec->model->init, want);
   ck_assert_str_eq(spec->checkpoint->dir, "/abs/ckpt");
   dt_jobspec_free(spec);
-  fp = fopen(path, "w");
-  ck_assert_ptr_nonnull(fp);
-  fputs("data: {train: \"t.bin\"}\nmodel: {init: \"hf:models/gpt2\"}\n", fp);
-  fclose(fp);
-  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
-  snprintf(want, sizeof want, "hf:%s/models/gpt2", real);
-  ck_assert_str_eq(spec->model->init, want);
-  dt_jobspec_free(spec);
-  fp = fopen(path, "w"); /* a checkpoint's weights (fine-tuning) */
-  ck_assert_ptr_nonnull(fp);
-  fputs("data: {train: \"t.bin\"}\nmodel: {init: \"ckpt:runs/base\"}\n", fp);
-  fclose(fp);
-  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
-  snprintf(want, sizeof want, "ckpt:%s/runs/base", real);
-  ck_assert_str_eq(spec->model->init, want);
-  dt_jobspec_free(spec);
+  /* Hugging Face's weights, and a checkpoint's (fine-tuning) */
+  static const char *const kinds[] = {"hf:", "ckpt:"};
+  for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+    char text[128];
+    snprintf(text, sizeof text, "data: {train: \"t.bin\"}\nmodel: {init: \"%smodels/w\"}\n",
+             kinds[k]);
+    spec = load_text(path, text);
+    snprintf(want, sizeof want, "%s%s/models/w", kinds[k], real);
+    ck_assert_str_eq(spec->model->init, want);
+    dt_jobspec_free(spec);
+  }
   /* Each source of a blend; its weights as written. Each validation set. */
-  fp = fopen(path, "w");
-  ck_assert_ptr_nonnull(fp);
-  fputs("data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\",\n"
-        "       val: \"1:web/val.bin,1:code_val.bin\",\n"
-        "       val_sets: \"web=web/val_*.bin,code=/abs/code_val.bin\"}\n"
-        "training: {val_every: 10}\n",
-        fp);
-  fclose(fp);
-  ck_assert_int_eq(dt_ctl_load_spec(path, NULL, 0, &spec), 0);
+  spec = load_text(path, "data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\",\n"
+                         "       val: \"1:web/val.bin,1:code_val.bin\",\n"
+                         "       val_sets: \"web=web/val_*.bin,code=/abs/code_val.bin\"}\n"
+                         "training: {val_every: 10}\n");
   snprintf(want, sizeof want, "0.7:%s/web/train_*.bin,0.3:/abs/code.bin,0.1:%s/x.bin", real, real);
   ck_assert_str_eq(spec->data->train, want);
   snprintf(want, sizeof want, "1:%s/web/val.bin,1:%s/code_val.bin", real, real);
