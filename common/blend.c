@@ -41,6 +41,28 @@ static int next_item(const char **p, char *part, size_t n)
   return 0;
 }
 
+/* Whether name is 1-31 of [A-Za-z0-9_.-]: a JSON key, a Prometheus label value and a word in a
+ * log line as it is. */
+static int name_ok(const char *name, size_t len)
+{
+  if (len == 0 || len >= DT_NAME_MAX)
+    return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!isalnum((unsigned char)name[i]) && !strchr("_.-", name[i]))
+      return 0;
+  return 1;
+}
+
+/* Whether two of the first n names are the same: the later one's index, else -1. */
+static int name_twice(const char (*name)[DT_NAME_MAX], int n)
+{
+  for (int i = 1; i < n; i++)
+    for (int j = 0; j < i; j++)
+      if (strcmp(name[i], name[j]) == 0)
+        return i;
+  return -1;
+}
+
 int dt_blend_parse(const char *spec, dt_blend_t *b, char *why, size_t whylen)
 {
   memset(b, 0, sizeof *b);
@@ -66,16 +88,30 @@ int dt_blend_parse(const char *spec, dt_blend_t *b, char *why, size_t whylen)
                b->n + 1, part);
       goto bad;
     }
-    if (colon[1] == '\0') {
+    const char *glob = colon + 1, *eq = strchr(glob, '=');
+    if (eq && name_ok(glob, (size_t)(eq - glob))) {
+      memcpy(b->name[b->n], glob, (size_t)(eq - glob));
+      b->named[b->n] = 1;
+      glob = eq + 1;
+    } else {
+      snprintf(b->name[b->n], DT_NAME_MAX, "src%d", b->n + 1);
+    }
+    if (*glob == '\0') {
       snprintf(why, whylen, "blend source %d ('%s') names no shards", b->n + 1, part);
       goto bad;
     }
     b->weight[b->n] = w;
-    b->pattern[b->n] = strdup(colon + 1);
+    b->pattern[b->n] = strdup(glob);
     if (!b->pattern[b->n++]) {
       dt_blend_free(b);
       return DT_ENOMEM;
     }
+  }
+  const int twice = name_twice(b->name, b->n);
+  if (twice >= 0) {
+    snprintf(why, whylen, "blend source %d: the name '%s' is used twice", twice + 1,
+             b->name[twice]);
+    goto bad;
   }
   return 0;
 bad:
@@ -97,7 +133,7 @@ char *dt_blend_format(const dt_blend_t *b)
 {
   size_t cap = 1;
   for (int i = 0; i < b->n; i++)
-    cap += 32 + strlen(b->pattern[i]);
+    cap += 32 + DT_NAME_MAX + strlen(b->pattern[i]);
   char *s = malloc(cap), *p = s;
   if (!s)
     return NULL;
@@ -105,7 +141,8 @@ char *dt_blend_format(const dt_blend_t *b)
   for (int i = 0; i < b->n; i++) {
     char w[32];
     format_weight(w, sizeof w, b->weight[i]);
-    p += snprintf(p, cap - (size_t)(p - s), "%s%s:%s", i ? "," : "", w, b->pattern[i]);
+    p += snprintf(p, cap - (size_t)(p - s), "%s%s:%s%s%s", i ? "," : "", w,
+                  b->named[i] ? b->name[i] : "", b->named[i] ? "=" : "", b->pattern[i]);
   }
   return s;
 }
@@ -115,18 +152,6 @@ void dt_blend_free(dt_blend_t *b)
   for (int i = 0; i < b->n; i++)
     free(b->pattern[i]);
   memset(b, 0, sizeof *b);
-}
-
-/* Whether name is 1-31 of [A-Za-z0-9_.-]: a JSON key, a Prometheus label value and a word in a
- * log line as it is. */
-static int valset_name_ok(const char *name, size_t len)
-{
-  if (len == 0 || len >= DT_VALSET_NAME_MAX)
-    return 0;
-  for (size_t i = 0; i < len; i++)
-    if (!isalnum((unsigned char)name[i]) && !strchr("_.-", name[i]))
-      return 0;
-  return 1;
 }
 
 int dt_valsets_parse(const char *spec, dt_valsets_t *v, char *why, size_t whylen)
@@ -149,20 +174,19 @@ int dt_valsets_parse(const char *spec, dt_valsets_t *v, char *why, size_t whylen
       goto bad;
     }
     const size_t len = (size_t)(eq - part);
-    if (!valset_name_ok(part, len)) {
+    if (!name_ok(part, len)) {
       snprintf(why, whylen,
                "validation set %d ('%s'): a name is 1 to %d letters, digits, '_', '.' or '-'",
-               v->n + 1, part, DT_VALSET_NAME_MAX - 1);
+               v->n + 1, part, DT_NAME_MAX - 1);
       goto bad;
     }
     memcpy(v->name[v->n], part, len);
     v->name[v->n][len] = '\0';
-    for (int i = 0; i < v->n; i++)
-      if (strcmp(v->name[i], v->name[v->n]) == 0) {
-        snprintf(why, whylen, "validation set %d: the name '%s' is used twice", v->n + 1,
-                 v->name[i]);
-        goto bad;
-      }
+    if (name_twice(v->name, v->n + 1) >= 0) {
+      snprintf(why, whylen, "validation set %d: the name '%s' is used twice", v->n + 1,
+               v->name[v->n]);
+      goto bad;
+    }
     if (eq[1] == '\0') {
       snprintf(why, whylen, "validation set %d ('%s') names no shards", v->n + 1, part);
       goto bad;
@@ -183,7 +207,7 @@ char *dt_valsets_format(const dt_valsets_t *v)
 {
   size_t cap = 1;
   for (int i = 0; i < v->n; i++)
-    cap += DT_VALSET_NAME_MAX + 2 + strlen(v->pattern[i]);
+    cap += DT_NAME_MAX + 2 + strlen(v->pattern[i]);
   char *s = malloc(cap), *p = s;
   if (!s)
     return NULL;
@@ -200,14 +224,37 @@ void dt_valsets_free(dt_valsets_t *v)
   memset(v, 0, sizeof *v);
 }
 
-void dt_valsets_line(char *buf, size_t len, const float *val, int n, const char *const *name,
-                     const float *loss)
+/* "NAME 1.2345, NAME 2.3456" of n losses at buf (as much as len holds). */
+static void losses_list(char *buf, size_t len, int n, const char *const *name, const float *loss)
 {
   size_t at = 0;
   buf[0] = '\0';
-  if (val)
-    at += (size_t)snprintf(buf, len, " | val %.4f", *val);
   for (int i = 0; i < n && at < len; i++)
-    at += (size_t)snprintf(buf + at, len - at, "%s%.*s %.4f%s", i ? ", " : (val ? " (" : " | val "),
-                           DT_VALSET_NAME_MAX - 1, name[i], loss[i], i == n - 1 && val ? ")" : "");
+    at += (size_t)snprintf(buf + at, len - at, "%s%.*s %.4f", i ? ", " : "", DT_NAME_MAX - 1,
+                           name[i], loss[i]);
+}
+
+void dt_valsets_line(char *buf, size_t len, const float *val, int n, const char *const *name,
+                     const float *loss)
+{
+  char list[DT_VALSETS_MAX * (DT_NAME_MAX + 16)];
+  losses_list(list, sizeof list, n, name, loss);
+  if (val && n)
+    snprintf(buf, len, " | val %.4f (%s)", *val, list);
+  else if (val)
+    snprintf(buf, len, " | val %.4f", *val);
+  else if (n)
+    snprintf(buf, len, " | val %s", list);
+  else
+    buf[0] = '\0';
+}
+
+void dt_sources_line(char *buf, size_t len, int n, const char *const *name, const float *loss)
+{
+  char list[DT_BLEND_MAX * (DT_NAME_MAX + 16)];
+  losses_list(list, sizeof list, n, name, loss);
+  if (n)
+    snprintf(buf, len, " (%s)", list);
+  else
+    buf[0] = '\0';
 }

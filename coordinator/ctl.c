@@ -225,15 +225,32 @@ static const char *trainer_state(Distrain__V1__TrainerState s)
   return v ? v->name + strlen("TRAINER_") : "UNKNOWN";
 }
 
+/* The first max of n named losses as arrays of names and losses; returns how many. */
+static int unzip_named(Distrain__V1__NamedLoss *const *l, size_t n, size_t max, const char **names,
+                       float *losses)
+{
+  const size_t k = DT_MIN(n, max);
+  for (size_t i = 0; i < k; i++)
+    names[i] = l[i]->name, losses[i] = l[i]->loss;
+  return (int)k;
+}
+
 /* A step's validation as the trainer's step line has it (dt_valsets_line). */
 static void fmt_val(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
 {
   const char *names[DT_VALSETS_MAX];
   float losses[DT_VALSETS_MAX];
-  const int nsets = (int)DT_MIN(s->n_val_sets, DT_VALSETS_MAX);
-  for (int i = 0; i < nsets; i++)
-    names[i] = s->val_sets[i]->name, losses[i] = s->val_sets[i]->loss;
+  const int nsets = unzip_named(s->val_sets, s->n_val_sets, DT_VALSETS_MAX, names, losses);
   dt_valsets_line(buf, n, s->has_val ? &s->val_loss : NULL, nsets, names, losses);
+}
+
+/* A step's losses by source as the trainer's step line has them (dt_sources_line). */
+static void fmt_sources(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
+{
+  const char *names[DT_BLEND_MAX];
+  float losses[DT_BLEND_MAX];
+  const int nsrc = unzip_named(s->train_sources, s->n_train_sources, DT_BLEND_MAX, names, losses);
+  dt_sources_line(buf, n, nsrc, names, losses);
 }
 
 /* A step's validation as JSON: {"step", "loss" (data.val's, or null), "sets" (name -> loss)}. */
@@ -537,6 +554,19 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
 /* Following a job                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
+/* ', "key": {"name": loss, ...}' of n named losses; nothing for none. */
+static void write_named(FILE *fp, const char *key, Distrain__V1__NamedLoss *const *l, size_t n)
+{
+  for (size_t i = 0; i < n; i++) { /* names come from trainers: escaped */
+    if (i == 0)
+      fprintf(fp, ", \"%s\": {", key);
+    else
+      fputs(", ", fp);
+    dt_json_string(fp, l[i]->name);
+    fprintf(fp, ": %.9g%s", l[i]->loss, i == n - 1 ? "}" : "");
+  }
+}
+
 /* As the trainer's --metrics lines: step 0 (the validation before training) without a step's
  * figures. */
 static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
@@ -547,13 +577,10 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
             ", \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
             "\"tokens_per_s\": %.1f",
             m->loss, m->lr, m->grad_norm, m->ms, m->tokens_per_s);
+  write_named(fp, "loss_sources", m->train_sources, m->n_train_sources);
   if (m->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", m->val_loss);
-  for (size_t i = 0; i < m->n_val_sets; i++) { /* names come from trainers: escaped */
-    fputs(i ? ", " : ", \"val_sets\": {", fp);
-    dt_json_string(fp, m->val_sets[i]->name);
-    fprintf(fp, ": %.9g%s", m->val_sets[i]->loss, i == m->n_val_sets - 1 ? "}" : "");
-  }
+  write_named(fp, "val_sets", m->val_sets, m->n_val_sets);
   if (m->has_eval)
     fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f", m->eval_acc_norm, m->eval_acc);
   if (m->step > 0)
@@ -700,11 +727,12 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
                          s->step == steps)) {
           char eta[32];
           fmt_eta(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
-          char mfu[32] = "";
+          char mfu[32] = "", src[DT_BLEND_MAX * (DT_NAME_MAX + 16)];
           if (s->mfu > 0)
             snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * s->mfu);
-          fprintf(stderr, "step %6lld/%d | loss %.4f%s | %8.0f tok/s%s | ETA %s\n",
-                  (long long)s->step, steps, s->loss, val, s->tokens_per_s, mfu, eta);
+          fmt_sources(src, sizeof src, s);
+          fprintf(stderr, "step %6lld/%d | loss %.4f%s%s | %8.0f tok/s%s | ETA %s\n",
+                  (long long)s->step, steps, s->loss, src, val, s->tokens_per_s, mfu, eta);
         }
       }
       if (mf)

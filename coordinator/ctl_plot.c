@@ -2,13 +2,13 @@
  *
  * gnuplot draws it (Debian's gnuplot-nox, its cairo PNG terminal): distrainctl fetches every
  * step's metrics of each job from the coordinator and writes gnuplot a script on its standard
- * input, the data inline, so no temporary file is left behind. Training loss as a line,
- * validation loss (where the job evaluated) and each validation set's (data.val_sets) as
- * points, the step on x. One job: a colour each (gnuplot's first three for training, validation
- * and the sets); several (runs to compare): a colour each job, its validation points in it,
- * joined by dashes.
- * gnuplot rather than a C plotting library: Debian's PLplot development package pulls in
- * Qt 5, GTK 3 and wxWidgets, gnuplot-nox four small packages. */
+ * input, the data inline, so no temporary file is left behind. Training loss as a line (and
+ * each blend source's, data.train, as a dashed one), validation loss (where the job
+ * evaluated) and each validation set's (data.val_sets) as points, the step on x. One job: a colour
+ * each (gnuplot's first three for training, validation and the sets); several (runs to compare): a
+ * colour each job, its validation points in it, joined by dashes. gnuplot rather than a C plotting
+ * library: Debian's PLplot development package pulls in Qt 5, GTK 3 and wxWidgets, gnuplot-nox four
+ * small packages. */
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
@@ -19,8 +19,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "blend.h"
 #include "ctl.h"
 #include "dt_error.h"
+#include "dt_util.h"
 
 extern char **environ;
 
@@ -37,15 +39,46 @@ static void gp_string(FILE *f, const char *s)
   fputc('\'', f);
 }
 
-/* The loss of validation set `name` at metrics i; 0 when that step did not validate it. */
-static int val_set_at(const Distrain__V1__StepMetrics *m, const char *name, float *loss)
+/* The loss named `name` among a step's validation sets' (train 0) or its blend sources' (train
+ * 1); 0 when the step has none of that name. */
+static int named_at(const Distrain__V1__StepMetrics *m, int train, const char *name, float *loss)
 {
-  for (size_t v = 0; v < m->n_val_sets; v++)
-    if (strcmp(m->val_sets[v]->name, name) == 0) {
-      *loss = m->val_sets[v]->loss;
+  const size_t n = train ? m->n_train_sources : m->n_val_sets;
+  Distrain__V1__NamedLoss *const *l = train ? m->train_sources : m->val_sets;
+  for (size_t v = 0; v < n; v++)
+    if (strcmp(l[v]->name, name) == 0) {
+      *loss = l[v]->loss;
       return 1;
     }
   return 0;
+}
+
+/* A series per name, $set<k>_<v> or $src<k>_<v>: each step's loss of that validation set
+ * (train 0: points) or blend source (train 1: a dashed line), titled "<label>validation:
+ * NAME" or "<label>train: NAME", extra added to its style (the job's colour). */
+static void write_named_series(FILE *f, FILE *plot, const Distrain__V1__GetJobMetricsResponse *m,
+                               size_t k, int train, const char *const *names, size_t n,
+                               const char *label, const char *extra)
+{
+  const char *id = train ? "src" : "set";
+  for (size_t v = 0; v < n; v++) {
+    fprintf(f, "$%s%zu_%zu << EOD\n", id, k, v);
+    for (size_t i = 0; i < m->n_metrics; i++) {
+      float loss;
+      if (named_at(m->metrics[i], train, names[v], &loss))
+        fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, loss);
+    }
+    fputs("EOD\n", f);
+    char t[256];
+    snprintf(t, sizeof t, "%s%s: %.31s", label, train ? "train" : "validation", names[v]);
+    if (train)
+      fprintf(plot, ", $src%zu_%zu using 1:2 with lines linewidth 1.2 dashtype %d%s title ", k, v,
+              v % 2 ? 4 : 2, extra);
+    else
+      fprintf(plot, ", $set%zu_%zu using 1:2 with linespoints pointtype %zu%s title ", k, v,
+              9 + 2 * (v % 4), extra);
+    gp_string(plot, t);
+  }
 }
 
 /* A job and its metrics. */
@@ -54,8 +87,9 @@ typedef struct {
   const Distrain__V1__GetJobMetricsResponse *m;
 } plotted_t;
 
-/* Job k's series: $train<k>, $val<k> (if it validated) and $set<k>_<v> per validation set; the
- * plot command's clauses for them go into plot (lc: the job's colour, 0 for one job). */
+/* Job k's series: $train<k>, $src<k>_<s> per source of a blend (data.train), $val<k> (if it
+ * validated) and $set<k>_<v> per validation set; the plot command's clauses for them go into
+ * plot (lc: the job's colour, 0 for one job). */
 static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, int lc)
 {
   const Distrain__V1__GetJobMetricsResponse *m = p->m;
@@ -83,6 +117,18 @@ static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, 
   fprintf(plot, "%s$train%zu using 1:2 with lines linewidth 1.5%s title ", k ? ", " : "", k,
           colour);
   gp_string(plot, t);
+  /* The blend's sources, named as its spec names them: a dashed line each. */
+  const Distrain__V1__JobSpec *spec = p->job->spec;
+  const char *train = spec && spec->data ? spec->data->train : NULL;
+  dt_blend_t b;
+  char why[256];
+  if (train && dt_blend_is(train) && dt_blend_parse(train, &b, why, sizeof why) == 0) {
+    const char *names[DT_BLEND_MAX];
+    for (int d = 0; d < b.n; d++)
+      names[d] = b.name[d];
+    write_named_series(f, plot, m, k, 1, names, (size_t)b.n, label, colour);
+    dt_blend_free(&b);
+  }
   if (nval) {
     fprintf(f, "$val%zu << EOD\n", k);
     for (size_t i = 0; i < m->n_metrics; i++)
@@ -98,19 +144,10 @@ static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, 
   for (size_t i = m->n_metrics; i-- > 0 && !sets;)
     sets = m->metrics[i]->n_val_sets ? m->metrics[i] : NULL;
   const size_t nsets = sets ? sets->n_val_sets : 0;
-  for (size_t v = 0; v < nsets; v++) {
-    fprintf(f, "$set%zu_%zu << EOD\n", k, v);
-    for (size_t i = 0; i < m->n_metrics; i++) {
-      float loss;
-      if (val_set_at(m->metrics[i], sets->val_sets[v]->name, &loss))
-        fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, loss);
-    }
-    fputs("EOD\n", f);
-    snprintf(t, sizeof t, "%svalidation: %.31s", label, sets->val_sets[v]->name);
-    fprintf(plot, ", $set%zu_%zu using 1:2 with linespoints pointtype %zu%s title ", k, v,
-            9 + 2 * (v % 4), points);
-    gp_string(plot, t);
-  }
+  const char *names[DT_VALSETS_MAX];
+  for (size_t v = 0; v < nsets && v < DT_VALSETS_MAX; v++)
+    names[v] = sets->val_sets[v]->name;
+  write_named_series(f, plot, m, k, 0, names, DT_MIN(nsets, DT_VALSETS_MAX), label, points);
 }
 
 static void write_script(FILE *f, const plotted_t *jobs, size_t n, const char *path)

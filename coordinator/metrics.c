@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blend.h"
 #include "coord.h"
 #include "dt_param.h"
 #include "dt_util.h"
@@ -215,6 +216,42 @@ static void val_set_gauge(FILE *out, dt_job_t **jobs, size_t n)
   }
 }
 
+/* The loss of the named blend source in the job's newest step that was dealt it; 0 if none. */
+static int newest_source_loss(const dt_job_t *j, const char *source, float *loss)
+{
+  for (size_t i = j->n_metrics; i-- > 0;)
+    for (size_t s = 0; s < j->metrics[i]->n_train_sources; s++)
+      if (strcmp(j->metrics[i]->train_sources[s]->name, source) == 0) {
+        *loss = j->metrics[i]->train_sources[s]->loss;
+        return 1;
+      }
+  return 0;
+}
+
+/* The newest training loss of each source of a job training on a blend (data.train), labelled
+ * with the source's name, in the blend's order. */
+static void source_gauge(FILE *out, dt_job_t **jobs, size_t n)
+{
+  static const char name[] = "distrain_train_source_loss";
+  dt_prom_family(out, name, "gauge",
+                 "The newest training loss over the tokens of each source of the job's data "
+                 "blend (data.train \"W:NAME=GLOB,...\"), labelled with its name.");
+  for (size_t i = 0; i < n; i++) {
+    const Distrain__V1__JobSpec *spec = jobs[i]->job->spec;
+    const char *train = spec && spec->data ? spec->data->train : NULL;
+    dt_blend_t b;
+    char why[256];
+    if (!train || !dt_blend_is(train) || dt_blend_parse(train, &b, why, sizeof why) != 0)
+      continue;
+    float loss;
+    for (int d = 0; d < b.n; d++)
+      if (newest_source_loss(jobs[i], b.name[d], &loss))
+        dt_prom_sample(out, name, (label_t[]){{"job_id", jobs[i]->id}, {"source", b.name[d]}}, 2,
+                       loss);
+    dt_blend_free(&b);
+  }
+}
+
 /* A gauge of each job's newest step report, for the jobs that have one (and, with positive, a
  * positive value in it). */
 static void step_gauge(FILE *out, dt_job_t **jobs, size_t n, const char *name, const char *help,
@@ -270,6 +307,7 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
             job_generation);
   job_gauge(out, jobs, n, "distrain_job_world_size", "Ranks of the current generation.", job_world);
   job_gauge(out, jobs, n, "distrain_train_loss", "Rank 0's last reported training loss.", job_loss);
+  source_gauge(out, jobs, n);
   job_gauge(out, jobs, n, "distrain_tokens_per_second",
             "Training throughput of the whole job, as rank 0 last reported it.", job_tokens);
   step_gauge(out, jobs, n, "distrain_model_tflops_per_device",

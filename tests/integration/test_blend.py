@@ -13,6 +13,9 @@ sequence, what the blend must deal. Checks:
   - a shuffled blend stopped mid-run (--stop-at) and resumed equals the uninterrupted run bit for
     bit, and dp=2 and --grad-accum 2 layouts of its global batch give its losses within 1e-5;
   - the start-up log says how often the run reads each source;
+  - each step's loss by source (named `W:NAME=GLOB`, else src1, src2, ...): at step 1 GPT-2's
+    forward pass in numpy on the sequences dealt, by source; every step's loss their mean
+    weighted by the tokens dealt (a source dealt none left out); layouts within 1e-5;
   - --val on a blend gives the validation loss of the dealt sequences bit for bit, as many
     global batches as come before a source would repeat;
   - bad blends are refused with one line naming them.
@@ -129,10 +132,10 @@ class Blend(unittest.TestCase):
         ref, got = self.losses("ref"), self.losses("blend")
         self.assertEqual(len(ref), steps)
         self.assertEqual(got, ref)  # bit for bit: the same sequences in the same order
-        self.assertIn("blend source 1: %s, weight 0.7500: 2 shards, 11 sequences of %d a pass"
-                      % (self.path("a/a_*.bin"), SEQ), p.stderr)
-        self.assertIn("blend source 2 (%s): 8 sequences in steps 0..32, 2.67 passes over it"
-                      % self.path("b/b_*.bin"), p.stderr)
+        self.assertIn("blend source 1 (src1): %s, weight 0.7500: 2 shards, 11 sequences of %d a "
+                      "pass" % (self.path("a/a_*.bin"), SEQ), p.stderr)
+        self.assertIn("blend source 2 (src2, %s): 8 sequences in steps 0..32, 2.67 passes over "
+                      "it" % self.path("b/b_*.bin"), p.stderr)
 
     def test_resume_and_layouts(self):
         shuffled = ["--shuffle", "--seed", "3"]
@@ -157,6 +160,69 @@ class Blend(unittest.TestCase):
                 self.assertAlmostEqual(got[step], full[step], delta=1e-5 * abs(full[step]),
                                        msg="%s step %d" % (tag, step))
 
+    def sources(self, tag):
+        """{step: {source: loss}} of a run's metrics."""
+        return {m["step"]: m.get("loss_sources", {})
+                for m in dp.read_metrics(self.path(tag + ".metrics"))}
+
+    def test_losses_by_source(self):
+        """Each step's loss over each source's tokens: at step 1 GPT-2's forward pass (numpy) on
+        the sequences the blend deals, by source; every step's loss is their mean weighted by
+        the tokens dealt; a source dealt nothing is left out; layouts agree within 1e-5."""
+        blend = "3:web=%s,1:%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin"))
+        steps, batch = 6, 4
+        p = self.run_one(self.args("src", blend, batch, steps))
+        got, loss = self.sources("src"), self.losses("src")
+        self.assertEqual(sorted(got), list(range(1, steps + 1)))
+        dealt = megatron_sources([3, 1], steps * batch)
+        names = ["web", "src2"]
+        for step in got:
+            counts = [dealt[(step - 1) * batch:step * batch].count(d) for d in (0, 1)]
+            self.assertEqual(list(got[step]), [names[d] for d in (0, 1) if counts[d]], step)
+            mean = sum(counts[d] * got[step][names[d]] for d in (0, 1) if counts[d]) / batch
+            self.assertAlmostEqual(mean, loss[step], delta=1e-6 * loss[step], msg=step)
+        # step 1 trains on sequences a0, b0, a1, a2 with the initial weights
+        seqs = {s: self.source_sequences(s) for s in ("a", "b")}
+        self.assertEqual(dealt[:batch], [0, 1, 0, 0])
+        w, L, NH = read_llmc(MODEL)
+        for name, rows in (("web", [seqs["a"][0], seqs["a"][1], seqs["a"][2]]),
+                           ("src2", [seqs["b"][0]])):
+            rows = np.array(rows)
+            ref = hf_token_losses(w, rows[:, :-1], rows[:, 1:], L, NH).mean()
+            self.assertAlmostEqual(got[1][name], ref, delta=1e-5 * ref, msg=name)
+        self.assertRegex(p.stderr, r"step +1/6 \| loss [0-9.]+ \(web %.4f, src2 %.4f\) \| lr"
+                         % (got[1]["web"], got[1]["src2"]))
+        self.assertIn("blend source 1 (web): %s, weight 0.7500" % self.path("a/a_*.bin"),
+                      p.stderr)
+        # one sequence a step: the one source dealt it, its loss the step's
+        self.run_one(self.args("src-b1", blend, 1, 4))
+        one, loss = self.sources("src-b1"), self.losses("src-b1")
+        for step in one:
+            self.assertEqual(list(one[step]), [names[dealt[step - 1]]], step)
+            self.assertAlmostEqual(list(one[step].values())[0], loss[step],
+                                   delta=1e-6 * loss[step])
+        # layouts of the same global batch: each rank reads its rows' sources itself
+        layouts = [("dp2", 2, 2, []), ("accum", 1, 2, ["--grad-accum", "2"]),
+                   ("zero3", 2, 2, ["--zero-stage", "3"]), ("tp2", 2, 4, ["--tp", "2"]),
+                   ("pp2", 2, 2, ["--pp", "2", "--grad-accum", "2"]),
+                   ("cp2", 2, 4, ["--cp", "2"])]
+        for tag, world, b, extra in layouts:
+            with self.subTest(layout=tag):
+                if world == 1:
+                    self.run_one(self.args("src-" + tag, blend, b, steps, *extra))
+                else:
+                    kv = tempfile.mkdtemp(prefix="kv", dir=self.tmp.name)
+                    outs = dp.wait_all(dp.launch(world, lambda r: self.args(
+                        "src-" + tag, blend, b, steps, *extra), kv))
+                    dp.assert_ranks_ok(outs, tag)
+                lay = self.sources("src-" + tag)
+                self.assertEqual({s: list(v) for s, v in lay.items()},
+                                 {s: list(v) for s, v in got.items()})
+                for step in got:
+                    for name, ref in got[step].items():
+                        self.assertAlmostEqual(lay[step][name], ref, delta=1e-5 * ref,
+                                               msg="step %d %s" % (step, name))
+
     def test_bad_blends(self):
         cases = [("3:%s,0:%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin")),
                   "blend source 2 ('0:%s'): the weight must be a positive number"
@@ -164,7 +230,13 @@ class Blend(unittest.TestCase):
                  ("3:%s,%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin")),
                   "blend source 2 ('%s') is not WEIGHT:GLOB" % self.path("b/b_*.bin")),
                  ("3:%s,1:%s" % (self.path("a/a_*.bin"), self.path("c/*.bin")),
-                  "%s: no token shard matches this path or pattern" % self.path("c/*.bin"))]
+                  "%s: no token shard matches this path or pattern" % self.path("c/*.bin")),
+                 ("3:web=%s,1:web=%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin")),
+                  "blend source 2: the name 'web' is used twice"),
+                 ("3:%s,1:src1=%s" % (self.path("a/a_*.bin"), self.path("b/b_*.bin")),
+                  "blend source 2: the name 'src1' is used twice"),
+                 ("3:web=,1:%s" % self.path("b/b_*.bin"),
+                  "blend source 1 ('3:web=') names no shards")]
         for train, msg in cases:
             with self.subTest(train=train):
                 p = self.run_one(self.args("bad", train, 1, 2, "--quiet"), expect=1)

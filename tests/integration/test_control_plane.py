@@ -929,10 +929,14 @@ class T3_RunLocal(ClusterTest):
                         self.tmp], check=True, capture_output=True)
         # and a named validation set (data.val_sets, its path relative too): data.val's copy
         shutil.copy(shared_data()[1], os.path.join(self.tmp, "val_copy.bin"))
+        # training on a blend (data.train) of a named source (relative) and an unnamed one
+        train = shared_data()[0]
+        shutil.copy(train, os.path.join(self.tmp, "train_copy.bin"))
         with open(job, "w") as f:
             f.write(job_yaml(ckpt, steps, every=20, val_every=20).replace(
                 "}\ntraining: {", ", eval: \"hs.bin\", val_sets: \"copy=val_copy.bin\"}\n"
-                "training: {eval_every: 20, "))
+                "training: {eval_every: 20, ").replace(
+                'train: "%s"' % train, 'train: "3:web=train_copy.bin,1:%s"' % train))
         # Polls 2 s apart: the last one sees the job COMPLETED and its last steps at once.
         r = self.ctl("run", "--local", "--run-dir", run_dir, "--metrics", metrics, job,
                      timeout=120, env=dict(self.env, DISTRAIN_CTL_POLL_MS="2000"))
@@ -945,8 +949,8 @@ class T3_RunLocal(ClusterTest):
         self.assertTrue(done and last and done[-1] > last[-1], r.stderr[-3000:])
         self.assertTrue(any(re.search(r"^step +20/%d \| .*\| eval acc_norm 0\.\d{4} \|" % steps, x)
                             for x in out), r.stderr[-3000:])
-        val20 = [re.search(r"^step +20/%d \| loss [0-9.]+ \| val ([0-9.]+) \(copy ([0-9.]+)\) \|"
-                           % steps, x) for x in out]
+        val20 = [re.search(r"^step +20/%d \| loss [0-9.]+ \(web [0-9.]+, src2 [0-9.]+\) \| "
+                           r"val ([0-9.]+) \(copy ([0-9.]+)\) \|" % steps, x) for x in out]
         val20 = [m.groups() for m in val20 if m]
         self.assertEqual(len(val20), 1, r.stderr[-3000:])
         self.assertEqual(val20[0][0], val20[0][1])
@@ -972,6 +976,12 @@ class T3_RunLocal(ClusterTest):
             if "val_loss" in m:  # the set reads what data.val does
                 self.assertEqual(m["val_sets"], {"copy": m["val_loss"]}, m)
             self.assertEqual("val_sets" in m, "val_loss" in m, m)
+            # 3 sequences of web and 1 of src2 a step: the loss is their weighted mean
+            self.assertEqual(list(m["loss_sources"]), ["web", "src2"], m)
+            src = m["loss_sources"]
+            self.assertAlmostEqual((3 * src["web"] + src["src2"]) / 4, m["loss"],
+                                   delta=1e-6 * m["loss"])
+        self.assertNotIn("loss_sources", m0)
         self.assertLess(ms[-1]["loss"], ms[0]["loss"], "the loss did not go down")
         # committed checkpoints
         for s in (20, 40):
@@ -1743,8 +1753,9 @@ class T3b_StatusPlot(ClusterTest):
     def test_status_plot_draws_the_loss_curve(self):
         """status JOB --plot FILE: a 960x540 PNG (gnuplot) with the training loss as a line
         that starts high on the left and ends low on the right, and validation points only
-        for a job that evaluated (and its validation set's, data.val_sets); two jobs on one
-        plot, a colour each; clear errors for a missing job, bad usage and no gnuplot."""
+        for a job that evaluated (and its validation set's, data.val_sets); a line of each
+        source of a blend; two jobs on one plot, a colour each; clear errors for a missing job,
+        bad usage and no gnuplot."""
         self.assertTrue(shutil.which("gnuplot"), "gnuplot is missing (deploy/install-deps.sh)")
         self.start_coordinator()
         self.start_agent("h0")
@@ -1788,6 +1799,22 @@ class T3b_StatusPlot(ClusterTest):
             else:
                 self.assertEqual(val, [], "validation points for a job that did not evaluate")
                 self.assertEqual(vset, [], "validation set points for a job without one")
+        # a job training on a blend (data.train), without validation: each source's loss a
+        # dashed line, in the colours after the training line's
+        data = shared_data()[0]
+        spec = job_yaml(os.path.join(self.tmp, "ckpt-blend"), 60, every=0, val_every=0).replace(
+            'train: "%s"' % data, 'train: "3:web=%s,1:%s"' % (data, data))
+        blend = self.submit_yaml(spec, name="blend.yaml")
+        self.wait_state(blend, [pb.JOB_COMPLETED], 60)
+        png = os.path.join(self.tmp, "blend.png")
+        r = self.ctl("status", blend, "--plot", png, *common)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        shutil.copy(png, os.path.join(BUILD, "status-plot-blend.png"))
+        w, h, rows = png_pixels(png)
+        for colour, what in ((self.TRAIN, "the loss"), (self.VAL, "web"), (self.SET, "src2")):
+            curve = [(x, y) for y in range(h // 4, h) for x in range(w)
+                     if near(rows[y][x], colour)]
+            self.assertGreater(len(curve), 100, "no curve of " + what)
         # two runs compared: a colour each job (gnuplot's first two), its points in it
         png = os.path.join(self.tmp, "compare.png")
         r = self.ctl("status", jobs[20], jobs[0], "--plot", png, *common)

@@ -24,6 +24,7 @@ the GPUs; the host-staged communicator) against one GPU process.
     MLP projection's GEMM epilogue, split over tp). 1e-4, not 1e-5: cuBLASLt may sum a product
     of another batch shape in another order, and the bf16 activations rounded from those sums
     can then land one bf16 step apart;
+  * a blend's losses by source: one GPU within 1e-4 of the CPU, pp=2 within 1e-5 of one GPU;
   * a multiple-choice evaluation (--eval): every completion's summed loss within 1e-4 of the
     CPU's in fp32, 1e-3 in bf16, and under tp=2 within 1e-5 of one GPU process;
   * with two GPUs or more, one per rank (LOCAL_RANK): dp=2 under ZeRO-3, tp=2 and pp=2 on NCCL
@@ -243,6 +244,25 @@ class GpuTrainer(unittest.TestCase):
                                   "eval %s, cuda against cpu" % prec)
         self.assert_close(self.evaluate(1, "cuda", [], "fp32"),
                           self.evaluate(2, "cuda", ["--tp", "2"], "tp2"), 1e-5, "eval tp=2")
+
+    def test_blend_losses_by_source(self):
+        """A blend's loss by source (the per-token losses the GPU's mean loss was read back
+        from, summed by each row's source): one GPU within 1e-4 of the CPU, and pp=2 (the last
+        stage's, sent to the first) sharing the GPU within 1e-5 of one GPU process."""
+        train = os.path.join(dp.GOLDEN, "tiny_train.bin")
+        blend = ["--train", "3:web=%s,1:%s" % (train, train)]
+
+        def sources(world, device, extra, tag):
+            metrics, outs = self.launch(world, 4, device, blend + extra, tag)
+            dp.assert_ranks_ok(outs, tag)
+            got = [m["loss_sources"] for m in dp.read_metrics(metrics)]
+            self.assertEqual([list(g) for g in got], [["web", "src2"]] * len(got), tag)
+            return [g["web"] for g in got] + [g["src2"] for g in got]
+
+        one = sources(1, "cuda", [], "src_gpu")
+        self.assert_close(sources(1, "cpu", [], "src_cpu"), one, 1e-4, "by source, cuda vs cpu")
+        self.assert_close(one, sources(2, "cuda", ["--pp", "2"], "src_pp2"), 1e-5,
+                          "by source, pp=2")
 
     def test_layouts_on_one_gpu(self):
         for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 2, ["--zero-stage", "2"]),

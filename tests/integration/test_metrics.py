@@ -298,6 +298,8 @@ class T2_Prometheus(MetricsTest):
         # two named validation sets beside data.val (a label value that needs no escaping: the
         # names are [A-Za-z0-9_.-])
         spec.data.val_sets = "held.out=%s,train=%s" % (spec.data.val, spec.data.train)
+        # training on a blend of two sources (the same shards), one named: a loss each
+        spec.data.train = "1:web=%s,1:%s" % (spec.data.train, spec.data.train)
         spec.training.val_every = spec.training.eval_every = steps // 2
         spec.training.peak_tflops = 0.001  # a peak for the MFU on a CPU
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
@@ -364,6 +366,12 @@ class T2_Prometheus(MetricsTest):
         self.assertEqual({k: f32(v) for k, v in sets.items()},
                          {v.name: f32(v.loss) for v in ms[-1].val_sets})
         self.assertEqual(len([m for m in ms if m.val_sets]), 2)  # half way and at the end
+        # each blend source's newest training loss, labelled with its name (src2: unnamed)
+        self.assertEqual([x.name for x in ms[-1].train_sources], ["web", "src2"])
+        self.assertFalse(m0.train_sources)
+        srcs = {m["source"]: v for m, v in self.query("distrain_train_source_loss" + sel)}
+        self.assertEqual({k: f32(v) for k, v in srcs.items()},
+                         {x.name: f32(x.loss) for x in ms[-1].train_sources})
         # distrainctl status JOB: the newest validation, as JSON and as a line
         v = st["val"]  # %.9g: a float32 read back exactly
         self.assertEqual((v["step"], f32(v["loss"]), {k: f32(x) for k, x in v["sets"].items()}),
@@ -429,6 +437,8 @@ class T3_Dashboard(MetricsTest):
         # validation on data.val and on a named set, from step 2 on: the newest is shown
         spec.training.val_every = 2
         spec.data.val_sets = "held.out=" + spec.data.val
+        # on a blend of two sources: the newest step's loss of each is shown
+        spec.data.train = "1:web=%s,1:code=%s" % (spec.data.train, spec.data.train)
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
         self.wait_state(job_id, [cp.pb.JOB_RUNNING], 30, min_step=5)
 
@@ -444,7 +454,8 @@ class T3_Dashboard(MetricsTest):
         self.assertEqual([{k: v for k, v in n.items() if k not in drop} for n in d["nodes"]],
                          [{k: v for k, v in n.items() if k not in drop} for n in ctl_nodes])
         (x,) = d["jobs"]
-        self.assertEqual(set(x), {"job", "mesh", "history"})
+        self.assertEqual(set(x), {"job", "mesh", "history", "sources"})
+        self.assertEqual(list(x["sources"]), ["web", "code"])
         self.assertEqual((x["job"]["job_id"], x["job"]["name"], x["job"]["state"]),
                          (job_id, ODD_NAME, "RUNNING"))
         self.assertEqual(x["mesh"], {"pp": 1, "dp": 1, "cp": 1, "tp": 1})
@@ -489,6 +500,11 @@ class T3_Dashboard(MetricsTest):
                       dom)
         self.assertIn('title="validation at step %d, set held.out">held.out <b>%s</b>'
                       % (steps, shown(last.val_sets[0].loss)), dom)
+        for src in last.train_sources:  # the final step's loss of each blend source
+            self.assertIn('title="training loss over the tokens of source %s, newest step">%s '
+                          '<b>%s</b>' % (src.name, src.name, "%.4f" % float("%.7g" % src.loss)),
+                          dom)
+        self.assertEqual([x.name for x in last.train_sources], ["web", "code"])
         self.assertIn("node-0", dom)
         self.assertIn("RUNNING -&gt; COMPLETED", dom)  # the events list
         self.assertIn("<canvas", dom)

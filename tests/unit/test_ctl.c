@@ -402,12 +402,13 @@ START_TEST(test_spec_paths_relative_to_the_file)
     ck_assert_str_eq(spec->model->init, want);
     dt_jobspec_free(spec);
   }
-  /* Each source of a blend; its weights as written. Each validation set. */
-  spec = load_text(path, "data: {train: \"0.7:web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\",\n"
+  /* Each source of a blend; its weights and names as written. Each validation set. */
+  spec = load_text(path, "data: {train: \"0.7:web=web/train_*.bin,0.3:/abs/code.bin,1e-1:x.bin\",\n"
                          "       val: \"1:web/val.bin,1:code_val.bin\",\n"
                          "       val_sets: \"web=web/val_*.bin,code=/abs/code_val.bin\"}\n"
                          "training: {val_every: 10}\n");
-  snprintf(want, sizeof want, "0.7:%s/web/train_*.bin,0.3:/abs/code.bin,0.1:%s/x.bin", real, real);
+  snprintf(want, sizeof want, "0.7:web=%s/web/train_*.bin,0.3:/abs/code.bin,0.1:%s/x.bin", real,
+           real);
   ck_assert_str_eq(spec->data->train, want);
   snprintf(want, sizeof want, "1:%s/web/val.bin,1:%s/code_val.bin", real, real);
   ck_assert_str_eq(spec->data->val, want);

@@ -993,10 +993,33 @@ START_TEST(test_blend_syntax)
   free(s);
   dt_blend_free(&back);
   dt_blend_free(&b);
-  const char *bad[][2] = {{"0.7:a,", "source 2"},        {"0.7:a,b", "source 2 ('b')"},
-                          {"0:a", "positive"},           {"-1:a", "positive"},
-                          {"nan:a", "positive"},         {"inf:a", "positive"},
-                          {"1:a,2:", "names no shards"}, {"1:a,,1:b", "source 2"}};
+  /* Names: NAME= before a glob (the text before its first '=' a name), else src<place>. */
+  ck_assert_int_eq(
+      dt_blend_parse("2:web=w/*.bin,1:/d/a=b.bin,1:./c=1.bin,1:code.v2=x=y", &b, why, sizeof why),
+      0);
+  ck_assert_int_eq(b.n, 4);
+  const char *names[] = {"web", "src2", "src3", "code.v2"};
+  const char *globs[] = {"w/*.bin", "/d/a=b.bin", "./c=1.bin", "x=y"};
+  for (int i = 0; i < 4; i++) {
+    ck_assert_str_eq(b.name[i], names[i]);
+    ck_assert_str_eq(b.pattern[i], globs[i]);
+    ck_assert_int_eq(b.named[i], i == 0 || i == 3);
+  }
+  s = dt_blend_format(&b);
+  ck_assert_str_eq(s, "2:web=w/*.bin,1:/d/a=b.bin,1:./c=1.bin,1:code.v2=x=y");
+  free(s);
+  dt_blend_free(&b);
+  const char *bad[][2] = {{"0.7:a,", "source 2"},
+                          {"0.7:a,b", "source 2 ('b')"},
+                          {"0:a", "positive"},
+                          {"-1:a", "positive"},
+                          {"nan:a", "positive"},
+                          {"inf:a", "positive"},
+                          {"1:a,2:", "names no shards"},
+                          {"1:a,,1:b", "source 2"},
+                          {"1:web=", "source 1 ('1:web=') names no shards"},
+                          {"1:web=a,1:web=b", "source 2: the name 'web' is used twice"},
+                          {"1:a,1:src1=b", "source 2: the name 'src1' is used twice"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     ck_assert_int_eq(dt_blend_parse(bad[i][0], &b, why, sizeof why), DT_EINVAL);
     ck_assert_msg(strstr(why, bad[i][1]), "'%s': %s", bad[i][0], why);
@@ -1027,10 +1050,10 @@ START_TEST(test_valsets_syntax)
   free(s);
   dt_valsets_free(&v);
   char longest[64];
-  snprintf(longest, sizeof longest, "%.*s=x", DT_VALSET_NAME_MAX - 1,
+  snprintf(longest, sizeof longest, "%.*s=x", DT_NAME_MAX - 1,
            "abcdefghijklmnopqrstuvwxyz_-.0123456789");
   ck_assert_int_eq(dt_valsets_parse(longest, &v, why, sizeof why), 0);
-  ck_assert_int_eq((int)strlen(v.name[0]), DT_VALSET_NAME_MAX - 1);
+  ck_assert_int_eq((int)strlen(v.name[0]), DT_NAME_MAX - 1);
   dt_valsets_free(&v);
   const char *bad[][2] = {{"a=x,", "set 2 ('') is not NAME=GLOB"},
                           {"a=x,y", "set 2 ('y') is not NAME=GLOB"},
@@ -1063,6 +1086,11 @@ START_TEST(test_valsets_syntax)
   ck_assert_str_eq(line, "");
   dt_valsets_line(line, 20, &val, 2, names, losses); /* cut, terminated */
   ck_assert_str_eq(line, " | val 3.0123 (web ");
+  /* And of a blend's sources' losses, after the step's loss. */
+  dt_sources_line(line, sizeof line, 2, names, losses);
+  ck_assert_str_eq(line, " (web 3.1842, code 2.4410)");
+  dt_sources_line(line, sizeof line, 0, names, losses);
+  ck_assert_str_eq(line, "");
 }
 END_TEST
 

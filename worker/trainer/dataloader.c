@@ -413,7 +413,8 @@ static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int r
   dl->weight = calloc((size_t)b.n, sizeof(double));
   dl->inputs = calloc((size_t)B * T, sizeof(int));
   dl->targets = calloc((size_t)B * T, sizeof(int));
-  if (!dl->src || !dl->src_pattern || !dl->weight || !dl->inputs || !dl->targets) {
+  dl->row_src = calloc((size_t)B, sizeof(int));
+  if (!dl->src || !dl->src_pattern || !dl->weight || !dl->inputs || !dl->targets || !dl->row_src) {
     ret = DT_ENOMEM;
     goto out;
   }
@@ -427,13 +428,14 @@ static int blend_open(dt_dataloader_t *dl, const char *spec, int B, int T, int r
                               seed + (uint64_t)(d + 1) * BLEND_SOURCE_SEED),
                   ret, out);
     dl->src_pattern[d] = b.pattern[d], b.pattern[d] = NULL;
+    memcpy(dl->src_name[d], b.name[d], DT_NAME_MAX);
     dl->weight[d] = b.weight[d] / sum;
     h = dt_fnv1a(h, &dl->weight[d], sizeof dl->weight[d]);
     h = dt_fnv1a(h, &s->nshards, sizeof s->nshards);
     h = dt_fnv1a(h, s->ntok_of, (size_t)s->nshards * sizeof *s->ntok_of);
-    DT_INFO(DATA, "blend source %d: %s, weight %.4f: %d shard%s, %lld sequences of %d a pass",
-            d + 1, dl->src_pattern[d], dl->weight[d], s->nshards, s->nshards == 1 ? "" : "s",
-            (long long)dt_dataloader_epoch_windows(s), T);
+    DT_INFO(DATA, "blend source %d (%s): %s, weight %.4f: %d shard%s, %lld sequences of %d a pass",
+            d + 1, dl->src_name[d], dl->src_pattern[d], dl->weight[d], s->nshards,
+            s->nshards == 1 ? "" : "s", (long long)dt_dataloader_epoch_windows(s), T);
   }
   dl->fingerprint = h ? h : 1; /* 0 means one source */
   ret = dt_dataloader_reset(dl);
@@ -499,6 +501,8 @@ static int blend_next(dt_dataloader_t *dl)
     dl->taken[d]++;
     const int64_t row = j - (int64_t)dl->rank * dl->B;
     const int mine = row >= 0 && row < dl->B;
+    if (mine)
+      dl->row_src[row] = d;
     DT_CHECK(advance(&dl->src[d], mine ? dl->inputs + row * dl->T : NULL,
                      mine ? dl->targets + row * dl->T : NULL));
   }
@@ -530,6 +534,7 @@ void dt_dataloader_free(dt_dataloader_t *dl)
   free(dl->src);
   free(dl->src_pattern);
   free(dl->weight);
+  free(dl->row_src);
   unload_shard(dl);
   if (dl->paths)
     for (int i = 0; i < dl->nshards; i++)

@@ -79,8 +79,10 @@ typedef struct dt_dataloader {
   /* a blend (nsrc > 0; the fields above then hold only B, T, rank, world, accum, micro, pos and
    * the batch buffers) */
   int nsrc;
-  struct dt_dataloader *src;   /* (nsrc) one loader of one-sequence windows per source */
-  char **src_pattern;          /* (nsrc) */
+  struct dt_dataloader *src; /* (nsrc) one loader of one-sequence windows per source */
+  char **src_pattern;        /* (nsrc) */
+  char src_name[DT_BLEND_MAX][DT_NAME_MAX]; /* (nsrc) as the blend names them (blend.h) */
+  int *row_src;                /* (B) the source of each row of the current micro-batch */
   double *weight;              /* (nsrc) normalised to sum 1 */
   int64_t taken[DT_BLEND_MAX]; /* global sequences dealt to each source so far */
   uint64_t fingerprint;

@@ -877,12 +877,22 @@ double dt_dp_take_comm_ms(dt_dp_t *dp)
   return ms;
 }
 
-int dt_dp_average(dt_dp_t *dp, float *x)
+static int reduce(dt_dp_t *dp, float *x, size_t n, dt_comm_op_t op)
 {
   if (!collective(dp))
     return 0;
   DT_CHECK(drain(dp));
-  return dt_comm_all_reduce(dp->comm, x, 1, DT_COMM_AVG);
+  return dt_comm_all_reduce(dp->comm, x, n, op);
+}
+
+int dt_dp_average(dt_dp_t *dp, float *x)
+{
+  return reduce(dp, x, 1, DT_COMM_AVG);
+}
+
+int dt_dp_sum(dt_dp_t *dp, float *x, size_t n)
+{
+  return reduce(dp, x, n, DT_COMM_SUM);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -84,8 +84,10 @@ int dt_dp_step(dt_dp_t *dp, const dt_adamw_t *h, float grad_scale, int t);
 /* Milliseconds the caller spent blocked in collectives since the last call (exposed, i.e.
  * not overlapped, communication), and resets the counter. */
 double dt_dp_take_comm_ms(dt_dp_t *dp);
-/* Averages a scalar over the ranks (validation loss). */
+/* Averages a scalar over the ranks (the loss, validation loss). */
 int dt_dp_average(dt_dp_t *dp, float *x);
+/* Sums n floats over the ranks (a blend's losses by source). */
+int dt_dp_sum(dt_dp_t *dp, float *x, size_t n);
 
 /* Checkpoint: the shard this rank writes (writers = ranks that write; ZeRO-0: rank 0 only,
  * *writes = 0 elsewhere); its pointers address device memory. */

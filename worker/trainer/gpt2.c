@@ -1324,7 +1324,13 @@ static int mean_loss(dt_gpt2_t *m, const dt_gpt2_acts_t *a, size_t n, float *out
   for (size_t i = 0; i < n; i++)
     acc += losses[i];
   *out = (float)(acc / (double)n);
+  m->last_losses = losses;
   return 0;
+}
+
+const float *dt_gpt2_last_losses(const dt_gpt2_t *m)
+{
+  return m->last_losses;
 }
 
 int dt_gpt2_token_losses(dt_gpt2_t *m, size_t n, float *out)

@@ -297,11 +297,12 @@ typedef struct {
   dt_gpt2_acts_t *acts; /* activation slots (micro-batches in flight), chunk by chunk: chunk
                            c's slot j is acts[slot_base[c] + j] */
   int nslots[DT_GPT2_MAX_CHUNKS], slot_base[DT_GPT2_MAX_CHUNKS];
-  dt_gpt2_acts_t scratch; /* the buffers every slot shares */
-  float *host_losses;     /* (N) the last stage's per-token losses read back from a device
-                             that is not host memory (NULL on the host) */
-  int recompute;          /* activation checkpointing */
-  int sp;                 /* sequence parallelism over the tp group */
+  dt_gpt2_acts_t scratch;   /* the buffers every slot shares */
+  float *host_losses;       /* (N) the last stage's per-token losses read back from a device
+                               that is not host memory (NULL on the host) */
+  const float *last_losses; /* dt_gpt2_last_losses */
+  int recompute;            /* activation checkpointing */
+  int sp;                   /* sequence parallelism over the tp group */
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -409,6 +410,9 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
 /* The per-token losses (n = B*T of them) of the last forward with targets through the model's
  * last chunk (its slot 0), copied to host memory: the evaluations read them one by one. */
 int dt_gpt2_token_losses(dt_gpt2_t *m, size_t n, float *out);
+/* The per-token losses (B*T) of the newest dt_gpt2_stage_forward with targets, in host memory
+ * (the ones its mean loss was taken of), until the next such forward. */
+const float *dt_gpt2_last_losses(const dt_gpt2_t *m);
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot);        /* (B*T, C) */
 const float *dt_gpt2_stage_output(dt_gpt2_t *m, int chunk, int slot); /* (B*T, C) */
 float *dt_gpt2_stage_grad(dt_gpt2_t *m, int chunk, int slot);         /* (B*T, C) */

@@ -212,6 +212,20 @@ static void *health_main(void *arg)
   return NULL;
 }
 
+/* n named losses as messages in buf, pointed to by ptrs (returned). */
+static Distrain__V1__NamedLoss **named_losses(Distrain__V1__NamedLoss *buf,
+                                              Distrain__V1__NamedLoss **ptrs,
+                                              const char *const *name, const float *loss, int n)
+{
+  for (int i = 0; i < n; i++) {
+    distrain__v1__named_loss__init(&buf[i]);
+    buf[i].name = (char *)name[i];
+    buf[i].loss = loss[i];
+    ptrs[i] = &buf[i];
+  }
+  return ptrs;
+}
+
 void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
 {
   Distrain__V1__StepMetrics s = DISTRAIN__V1__STEP_METRICS__INIT;
@@ -223,15 +237,12 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   s.tokens_per_s = m->tokens_per_s;
   s.has_val = m->has_val;
   s.val_loss = m->val_loss;
-  Distrain__V1__ValSetLoss vs[DT_VALSETS_MAX], *vsp[DT_VALSETS_MAX];
-  for (int i = 0; i < m->n_val_sets; i++) {
-    distrain__v1__val_set_loss__init(&vs[i]);
-    vs[i].name = (char *)m->val_set_name[i];
-    vs[i].loss = m->val_set_loss[i];
-    vsp[i] = &vs[i];
-  }
-  s.val_sets = vsp;
+  Distrain__V1__NamedLoss vs[DT_VALSETS_MAX], *vsp[DT_VALSETS_MAX];
+  Distrain__V1__NamedLoss src[DT_BLEND_MAX], *srcp[DT_BLEND_MAX];
+  s.val_sets = named_losses(vs, vsp, m->val_set_name, m->val_set_loss, m->n_val_sets);
   s.n_val_sets = (size_t)m->n_val_sets;
+  s.train_sources = named_losses(src, srcp, m->source_name, m->source_loss, m->n_sources);
+  s.n_train_sources = (size_t)m->n_sources;
   s.has_eval = m->has_eval;
   if (m->has_eval) {
     s.eval_acc_norm = (float)m->eval_correct_norm / (float)m->eval_n;

@@ -3,6 +3,7 @@
 #include "pipeline.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "dt_log.h"
 #include "dt_util.h"
@@ -141,7 +142,8 @@ static int await(dt_pipeline_t *pl, int half, dt_pipe_ref_t ref)
  * each op is logged with its start on the host's monotonic clock (dt_now_ms), so that the logs of
  * stages on one host merge into one timeline. */
 static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp_t *dp,
-                  const int *inputs, const int *targets, int B, int T, double *loss_sum)
+                  const int *inputs, const int *targets, int B, int T, double *loss_sum,
+                  float *token_losses)
 {
   const size_t BT = (size_t)B * T;
   const int mb = op->ref.mb, chunk = op->ref.chunk;
@@ -155,7 +157,11 @@ static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp
     dt_dp_begin_micro(dp, mb == pl->m - 1);
     rc = dt_gpt2_stage_forward(m, chunk, mb % m->nslots[chunk], inputs + mb * BT, targets + mb * BT,
                                B, T, 1.0f / (float)pl->m, &loss);
-    *loss_sum += m->stage.last && chunk == m->stage.chunks - 1 ? loss : 0.0f;
+    if (rc == 0 && m->stage.last && chunk == m->stage.chunks - 1) {
+      *loss_sum += loss;
+      if (token_losses)
+        memcpy(token_losses + mb * BT, dt_gpt2_last_losses(m), BT * sizeof(float));
+    }
     break;
   case DT_PIPE_BWD:
     dt_dp_begin_micro(dp, mb == pl->m - 1);
@@ -182,13 +188,14 @@ static int run_op(dt_pipeline_t *pl, const dt_pipe_op_t *op, dt_gpt2_t *m, dt_dp
 }
 
 int dt_pipeline_step(dt_pipeline_t *pl, dt_gpt2_t *m, dt_dp_t *dp, const int *inputs,
-                     const int *targets, int B, int T, double *loss_sum, double *bubble)
+                     const int *targets, int B, int T, double *loss_sum, float *token_losses,
+                     double *bubble)
 {
   const double busy0 = pl->busy_ms, idle0 = pl->idle_ms;
   *loss_sum = 0.0;
   int rc = 0;
   for (int i = 0; i < pl->nops && rc == 0; i++)
-    rc = run_op(pl, &pl->ops[i], m, dp, inputs, targets, B, T, loss_sum);
+    rc = run_op(pl, &pl->ops[i], m, dp, inputs, targets, B, T, loss_sum, token_losses);
   while (rc == 0 && pl->npending > 0) /* none: every receive is read within the step */
     rc = await(pl, pl->pending[0].half, pl->pending[0].ref);
   if (rc != 0) { /* what is still in flight is the communicator's to drop */

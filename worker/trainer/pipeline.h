@@ -25,10 +25,13 @@ int dt_pipeline_slots(const dt_pipeline_t *pl, int *slots);
 
 /* One step: micro-batch i is (inputs, targets) + i*B*T. Gradients of each micro-batch's mean
  * loss / m accumulate (dp is told before each pass which micro-batch is the step's last);
- * *loss_sum gets the last stage's sum of micro-batch losses (0 on the other stages), *bubble
- * the share of the step this stage waited for its neighbours. */
+ * *loss_sum gets the last stage's sum of micro-batch losses (0 on the other stages), the last
+ * stage's token_losses + i*B*T micro-batch i's per-token losses (when not NULL; the other
+ * stages' are left alone), *bubble the share of the step this stage waited for its
+ * neighbours. */
 int dt_pipeline_step(dt_pipeline_t *pl, dt_gpt2_t *m, dt_dp_t *dp, const int *inputs,
-                     const int *targets, int B, int T, double *loss_sum, double *bubble);
+                     const int *targets, int B, int T, double *loss_sum, float *token_losses,
+                     double *bubble);
 /* One micro-batch forward through the stages (every chunk in turn), without gradients
  * (evaluation), in each chunk's slot 0: *loss is the mean loss on the last stage, 0
  * elsewhere. Without targets (NULL: text generation) the last stage ends with the logits in

@@ -358,6 +358,10 @@ typedef struct {
   int pp, stage;               /* stages, this rank's */
   dt_pipeline_t *pipe;         /* runs this stage's schedule; NULL when pp == 1 */
   int *mb_inputs, *mb_targets; /* (K, B*seq) the step's micro-batches (this rank's chunks) */
+  /* training on a blend of several sources, for its losses by source (source_losses): the
+   * source of each row of the step's micro-batches, the last stage's per-token losses */
+  int *mb_src;       /* (K, B) */
+  float *tok_losses; /* (K, B*seq) */
   /* checkpoint saves: the step's shard is snapshotted into snap, then written and committed
    * by a thread of its own (--ckpt-sync: by the step itself); at most one in flight */
   float *snap;
@@ -436,20 +440,31 @@ static int validate(trainer_t *t, dt_step_metrics_t *sm)
     DT_CHECK(evaluate(t, &t->val, t->val_windows, &sm->val_loss));
   }
   sm->n_val_sets = t->valsets.n;
-  sm->val_set_name = t->valsets.name;
-  for (int i = 0; i < t->valsets.n; i++)
+  for (int i = 0; i < t->valsets.n; i++) {
+    sm->val_set_name[i] = t->valsets.name[i];
     DT_CHECK(evaluate(t, &t->vs[i], t->vs_windows[i], &sm->val_set_loss[i]));
+  }
   return 0;
 }
 
 /* The step line's validation (dt_valsets_line). */
 static void format_val(char *buf, size_t n, const dt_step_metrics_t *sm)
 {
-  const char *names[DT_VALSETS_MAX];
-  for (int i = 0; i < sm->n_val_sets; i++)
-    names[i] = sm->val_set_name[i];
-  dt_valsets_line(buf, n, sm->has_val ? &sm->val_loss : NULL, sm->n_val_sets, names,
+  dt_valsets_line(buf, n, sm->has_val ? &sm->val_loss : NULL, sm->n_val_sets, sm->val_set_name,
                   sm->val_set_loss);
+}
+
+/* ', "key": {"name": loss, ...}' of a metrics line; nothing for n = 0. */
+static void write_named(FILE *fp, const char *key, const char *const *name, const float *loss,
+                        int n)
+{
+  for (int i = 0; i < n; i++) {
+    if (i == 0)
+      fprintf(fp, ", \"%s\": {", key);
+    else
+      fputs(", ", fp);
+    fprintf(fp, "\"%s\": %.9g%s", name[i], loss[i], i == n - 1 ? "}" : "");
+  }
 }
 
 /* Descending, NaN last (a diverged model's logits still sort). */
@@ -813,9 +828,7 @@ static void write_evals(FILE *fp, const dt_step_metrics_t *s)
 {
   if (s->has_val)
     fprintf(fp, ", \"val_loss\": %.9g", s->val_loss);
-  for (int i = 0; i < s->n_val_sets; i++)
-    fprintf(fp, "%s\"%s\": %.9g%s", i ? ", " : ", \"val_sets\": {", s->val_set_name[i],
-            s->val_set_loss[i], i == s->n_val_sets - 1 ? "}" : "");
+  write_named(fp, "val_sets", s->val_set_name, s->val_set_loss, s->n_val_sets);
   if (s->has_eval)
     fprintf(fp, ", \"eval_acc_norm\": %.6f, \"eval_acc\": %.6f, \"eval_examples\": %d",
             (double)s->eval_correct_norm / s->eval_n, (double)s->eval_correct / s->eval_n,
@@ -828,6 +841,7 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, "
           "\"tokens_per_s\": %.1f, \"comm_ms\": %.3f",
           (long long)s->step, s->loss, s->lr, s->grad_norm, s->ms, s->tokens_per_s, s->comm_ms);
+  write_named(fp, "loss_sources", s->source_name, s->source_loss, s->n_sources);
   write_evals(fp, s);
   if (pipelined) /* rank 0's stage: the first */
     fprintf(fp, ", \"bubble\": %.4f", s->bubble);
@@ -1390,9 +1404,10 @@ static void log_blend(const trainer_t *t)
   const dt_dataloader_t *dl = &t->train;
   const double seqs = (double)(t->o->steps - t->state.step) * dl->B * dl->world * dl->accum;
   for (int d = 0; d < dl->nsrc; d++)
-    DT_INFO(TRAIN, "blend source %d (%s): %.0f sequences in steps %lld..%d, %.3g passes over it",
-            d + 1, dl->src_pattern[d], seqs * dl->weight[d], (long long)t->state.step, t->o->steps,
-            seqs * dl->weight[d] / (double)dt_dataloader_epoch_windows(&dl->src[d]));
+    DT_INFO(
+        TRAIN, "blend source %d (%s, %s): %.0f sequences in steps %lld..%d, %.3g passes over it",
+        d + 1, dl->src_name[d], dl->src_pattern[d], seqs * dl->weight[d], (long long)t->state.step,
+        t->o->steps, seqs * dl->weight[d] / (double)dt_dataloader_epoch_windows(&dl->src[d]));
 }
 
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
@@ -1591,6 +1606,13 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
     }
   }
+  if (t->train.nsrc > 1) {
+    const size_t rows = (size_t)o->grad_accum * o->batch;
+    t->mb_src = calloc(rows, sizeof *t->mb_src);
+    t->tok_losses = calloc(rows * t->seq, sizeof *t->tok_losses);
+    if (!t->mb_src || !t->tok_losses)
+      return DT_ENOMEM;
+  }
   int slots[DT_GPT2_MAX_CHUNKS] = {1}, nslots = 1;
   if (t->pp > 1) {
     const int K = o->grad_accum;
@@ -1661,6 +1683,46 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
   return 0;
 }
 
+/* The step's micro-batch k from the data loader (and, on a blend, its rows' sources). */
+static int next_micro(trainer_t *t, int k)
+{
+  DT_CHECK(dt_dataloader_next(&t->train));
+  if (t->mb_src)
+    memcpy(t->mb_src + (size_t)k * t->o->batch, t->train.row_src, t->o->batch * sizeof(int));
+  return 0;
+}
+
+/* A blend's loss over each source's tokens of the step into sm: every rank knows how many of
+ * the step's global sequences each source was dealt (the loader's counts since taken0), the last
+ * stage's ranks hold their rows' token losses; each source's share of its mean is summed over
+ * the data-parallel (and context-parallel) ranks, then sent from the last stage to the others.
+ * A rank's row b of a micro-batch holds positions (j, b, h) of its chunks (chunks_of). */
+static int source_losses(trainer_t *t, const int64_t *taken0, dt_step_metrics_t *sm)
+{
+  const dt_dataloader_t *dl = &t->train;
+  const size_t B = (size_t)t->o->batch, N = B * t->seq, K = (size_t)t->o->grad_accum;
+  const size_t h = t->cp > 1 ? (size_t)t->seq / 2 : (size_t)t->seq;
+  double sum[DT_BLEND_MAX] = {0};
+  for (size_t k = 0; k < K && t->model.stage.last; k++)
+    for (size_t i = 0; i < N; i++)
+      sum[t->mb_src[k * B + (i / h) % B]] += t->tok_losses[k * N + i];
+  float mean[DT_BLEND_MAX] = {0};
+  for (int d = 0; d < dl->nsrc; d++) {
+    const int64_t rows = dl->taken[d] - taken0[d];
+    mean[d] = rows ? (float)(sum[d] / ((double)rows * t->o->seq)) : 0.0f;
+  }
+  DT_CHECK(dt_dp_sum(t->dp, mean, (size_t)dl->nsrc));
+  if (t->pp > 1)
+    DT_CHECK(dt_comm_broadcast(t->plan.pp, mean, (size_t)dl->nsrc, t->pp - 1));
+  sm->n_sources = 0;
+  for (int d = 0; d < dl->nsrc; d++)
+    if (dl->taken[d] > taken0[d]) {
+      sm->source_name[sm->n_sources] = dl->src_name[d];
+      sm->source_loss[sm->n_sources++] = mean[d];
+    }
+  return 0;
+}
+
 /* The step's micro-batches through the pipeline. Every stage reads the same micro-batches (the
  * first needs the inputs, the last the targets, all keep the same data position for
  * checkpoints). */
@@ -1669,12 +1731,12 @@ static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
   const dt_train_opts_t *o = t->o;
   const size_t BT = (size_t)o->batch * t->seq;
   for (int k = 0; k < o->grad_accum; k++) {
-    DT_CHECK(dt_dataloader_next(&t->train));
+    DT_CHECK(next_micro(t, k));
     memcpy(t->mb_inputs + k * BT, seq_chunk(t, t->train.inputs, t->cp_inputs), BT * sizeof(int));
     memcpy(t->mb_targets + k * BT, seq_chunk(t, t->train.targets, t->cp_targets), BT * sizeof(int));
   }
   return dt_pipeline_step(t->pipe, &t->model, t->dp, t->mb_inputs, t->mb_targets, o->batch, t->seq,
-                          loss_acc, bubble);
+                          loss_acc, t->tok_losses, bubble);
 }
 
 /* How many of the steps 1..step are to be skipped. */
@@ -1766,15 +1828,21 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
     dt_sleep_ms((double)dt_param_FaultSlowMs());
   DT_CHECK(dt_dp_zero_grad(t->dp));
   double loss_acc = 0.0;
+  int64_t taken0[DT_BLEND_MAX];
+  memcpy(taken0, t->train.taken, sizeof taken0);
   if (t->pp > 1)
     DT_CHECK(pipe_step(t, &loss_acc, &bubble));
   for (int k = 0; k < o->grad_accum && t->pp == 1; k++) {
-    DT_CHECK(dt_dataloader_next(&t->train));
+    DT_CHECK(next_micro(t, k));
     dt_dp_begin_micro(t->dp, k == o->grad_accum - 1);
     float micro_loss;
     DT_CHECK(dt_gpt2_forward_backward(&t->model, seq_chunk(t, t->train.inputs, t->cp_inputs),
                                       seq_chunk(t, t->train.targets, t->cp_targets), o->batch,
                                       t->seq, 1.0f / (float)o->grad_accum, &micro_loss));
+    if (t->tok_losses) {
+      const size_t N = (size_t)o->batch * t->seq;
+      memcpy(t->tok_losses + k * N, dt_gpt2_last_losses(&t->model), N * sizeof(float));
+    }
     loss_acc += micro_loss;
   }
   DT_CHECK(dt_dp_reduce_grads(t->dp));
@@ -1817,6 +1885,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                         .eps = o->eps,
                         .weight_decay = o->weight_decay};
   DT_CHECK(dt_dp_step(t->dp, &h, scale, s + 1 - skipped_through(o, s)));
+  dt_step_metrics_t by_source = {0};
+  if (t->mb_src)
+    DT_CHECK(source_losses(t, taken0, &by_source));
   t->state.step = s + 1;
   t->state.data = t->train.pos;
   if (profiled) /* waits for the device: the step's time then includes its last kernels */
@@ -1829,7 +1900,10 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                             .ms = ms,
                             .tokens_per_s = t->tokens_per_step * 1000.0 / ms,
                             .comm_ms = dt_dp_take_comm_ms(t->dp),
-                            .bubble = bubble};
+                            .bubble = bubble,
+                            .n_sources = by_source.n_sources};
+  memcpy(sm->source_name, by_source.source_name, sizeof sm->source_name);
+  memcpy(sm->source_loss, by_source.source_loss, sizeof sm->source_loss);
   const int devices = o->world > 1 ? o->world : 1;
   sm->tflops = t->flops_per_token * sm->tokens_per_s / devices / 1e12;
   sm->mfu = t->peak_flops > 0 ? sm->tflops * 1e12 / t->peak_flops : 0.0;
@@ -1861,12 +1935,13 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
   if (!t->lead)
     return;
   if (!o->quiet) {
-    char valbuf[1024], mfu[32] = "";
+    char valbuf[1024], srcbuf[DT_BLEND_MAX * (DT_NAME_MAX + 16)], mfu[32] = "";
     format_val(valbuf, sizeof valbuf, sm);
+    dt_sources_line(srcbuf, sizeof srcbuf, sm->n_sources, sm->source_name, sm->source_loss);
     if (sm->mfu > 0)
       snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * sm->mfu);
-    DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s",
-            (long long)sm->step, o->steps, sm->loss, valbuf, sm->lr, sm->grad_norm, sm->ms,
+    DT_INFO(TRAIN, "step %5lld/%d | loss %.6f%s%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s",
+            (long long)sm->step, o->steps, sm->loss, srcbuf, valbuf, sm->lr, sm->grad_norm, sm->ms,
             sm->tokens_per_s, mfu);
     log_eval(t, sm->step, sm);
   }
@@ -2019,6 +2094,8 @@ static void teardown(trainer_t *t)
   dt_pipeline_destroy(t->pipe);
   free(t->mb_inputs);
   free(t->mb_targets);
+  free(t->mb_src);
+  free(t->tok_losses);
   free(t->cp_inputs);
   free(t->cp_targets);
   dt_profile_destroy(t->prof);

@@ -49,8 +49,12 @@ typedef struct {
   double bubble;  /* pipeline: the share of the step this stage waited for its neighbours */
   int has_val;
   float val_loss;
+  int n_sources; /* training on a blend of several sources: the step's loss over each one's
+                    tokens, in the blend's order, of the sources dealt rows this step */
+  const char *source_name[DT_BLEND_MAX];
+  float source_loss[DT_BLEND_MAX];
   int n_val_sets; /* --val-sets evaluated after this step: their names and losses, in order */
-  const char (*val_set_name)[DT_VALSET_NAME_MAX];
+  const char *val_set_name[DT_VALSETS_MAX];
   float val_set_loss[DT_VALSETS_MAX];
   int has_eval;             /* a multiple-choice evaluation ran after this step */
   int eval_n, eval_correct; /* examples, and those whose right completion had the lowest */
