@@ -257,15 +257,20 @@ int dt_parse_step_range(const char *s, int *first, int *count)
   return 0;
 }
 
-char *dt_join_i64(const int64_t *v, size_t n)
+char *dt_join_steps(const int64_t *v, size_t n)
 {
-  char *out = malloc(n * 21 + 1); /* "-9223372036854775808," is 21 */
+  char *out = malloc(n * 21 + 1); /* "-9223372036854775808," is 21; "S:N," no more than its S's */
   if (!out)
     return NULL;
   size_t at = 0;
   out[0] = '\0';
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0, run; i < n; i += run) {
+    for (run = 1; i + run < n && v[i + run] == v[i] + (int64_t)run; run++) {
+    }
     at += (size_t)sprintf(out + at, "%s%lld", i ? "," : "", (long long)v[i]);
+    if (run > 1)
+      at += (size_t)sprintf(out + at, ":%zu", run);
+  }
   return out;
 }
 

@@ -71,9 +71,10 @@ int dt_utf8_next(const char *s, size_t n);
 /* Makes the NUL-terminated s UTF-8 in place: each byte that starts no valid sequence (a
  * Latin-1 byte of a path, a character cut in two by a fixed-size buffer) becomes '?'. */
 void dt_utf8_sanitize(char *s);
-/* "v0,v1,...": the n numbers in decimal, comma-separated, in a malloc'd string ("" for none);
- * NULL when out of memory. (The agent passes the steps to skip so: whole, however many.) */
-char *dt_join_i64(const int64_t *v, size_t n);
+/* The n ascending steps as --skip-steps takes them, "S,S:N,...": comma-separated, each run of
+ * consecutive steps as its first and length (dt_parse_step_range), in a malloc'd string ("" for
+ * none); NULL when out of memory. (The agent passes the steps to skip so: whole, however many.) */
+char *dt_join_steps(const int64_t *v, size_t n);
 /* A range of steps, "S" or "S:N": the N >= 1 steps from step S >= 1 (N 1 when left out), so
  * that the last, S + N - 1, is an int. 0 or DT_EINVAL. */
 int dt_parse_step_range(const char *s, int *first, int *count);

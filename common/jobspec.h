@@ -89,6 +89,11 @@ int dt_jobspec_place(const Distrain__V1__JobSpec *spec, int min_dp, int max_dp,
 #define DT_TRAIN_EXIT_INPUT   2
 #define DT_TRAIN_EXIT_STOPPED 3
 
+/* The most batches a loss spike's rollback skips (elastic.spike_skip, --spike-skip), and steps
+ * one --skip-steps list holds. */
+#define DT_SPIKE_SKIP_MAX 10000
+#define DT_SKIP_STEPS_MAX 1000000
+
 /* distrain-train's arguments for one rank of this job (argv[0] not included), NULL-terminated,
  * every string malloc'ed; free with dt_argv_free. dp_size is the data-parallel size of the
  * current generation (it may differ from parallel.dp after an elastic re-plan: the global batch

@@ -354,11 +354,18 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
             j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
   for (size_t i = 0; i < j->n_failed_nodes; i++)
     fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
-  for (size_t i = 0; i < j->n_skipped_steps; i++)
-    fprintf(
-        out,
-        "skipped:     step %lld (a non-finite loss or gradient, or a loss spike: rolled back)\n",
-        (long long)j->skipped_steps[i]);
+  for (size_t i = 0, run; i < j->n_skipped_steps; i += run) { /* runs of steps on one line */
+    const int64_t *v = j->skipped_steps + i;
+    for (run = 1; i + run < j->n_skipped_steps && v[run] == v[0] + (int64_t)run; run++) {
+    }
+    char what[64];
+    if (run > 1)
+      snprintf(what, sizeof what, "steps %lld-%lld", (long long)v[0], (long long)v[run - 1]);
+    else
+      snprintf(what, sizeof what, "step %lld", (long long)v[0]);
+    fprintf(out, "skipped:     %s (a non-finite loss or gradient, or a loss spike: rolled back)\n",
+            what);
+  }
   const size_t shown = DT_MIN(j->n_ranks, (size_t)32);
   for (size_t i = 0; i < shown; i++) {
     const Distrain__V1__RankStatus *r = j->ranks[i];

@@ -726,23 +726,28 @@ static void slot_set_state(dt_job_t *j, dt_rank_slot_t *slot, Distrain__V1__Trai
   j->n_done += to == DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED;
 }
 
-/* Adds step to the job's skipped steps (kept ascending), unless it is there already (another
- * rank's report of the same rollback). */
-static void skip_step_later(dt_job_t *j, int64_t step)
+/* Adds steps first..first+count-1 to the job's skipped steps (kept ascending, each once: another
+ * rank's report of the same rollback adds nothing). */
+static void skip_steps_later(dt_job_t *j, int64_t first, int64_t count)
 {
   Distrain__V1__Job *job = j->job;
-  size_t i = 0;
-  while (i < job->n_skipped_steps && job->skipped_steps[i] < step)
-    i++;
-  if (i < job->n_skipped_steps && job->skipped_steps[i] == step)
+  const size_t n = job->n_skipped_steps;
+  int64_t *merged = malloc((n + (size_t)count) * sizeof *merged), *old = job->skipped_steps;
+  if (!merged)
     return;
-  int64_t *grown = realloc(job->skipped_steps, (job->n_skipped_steps + 1) * sizeof *grown);
-  if (!grown)
-    return;
-  memmove(grown + i + 1, grown + i, (job->n_skipped_steps - i) * sizeof *grown);
-  grown[i] = step;
-  job->skipped_steps = grown;
-  job->n_skipped_steps++;
+  size_t i = 0, m = 0;
+  for (int64_t s = first; s < first + count; s++) {
+    while (i < n && old[i] < s)
+      merged[m++] = old[i++];
+    if (i < n && old[i] == s)
+      i++;
+    merged[m++] = s;
+  }
+  while (i < n)
+    merged[m++] = old[i++];
+  free(old);
+  job->skipped_steps = merged;
+  job->n_skipped_steps = m;
 }
 
 double dt_coord_report_age_ms(const dt_job_t *j, int r)
@@ -943,16 +948,24 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       }
       if (ts->nonfinite_step > 0) {
         /* Roll back: the next generation resumes from the last checkpoint and takes this step
-         * without an update. Every rank stops at the same step; the first report decides. */
-        skip_step_later(j, ts->nonfinite_step);
+         * (a spike's: elastic.spike_skip steps from it, within the run) without an update.
+         * Every rank stops at the same step; the first report decides. */
+        const int64_t s = ts->nonfinite_step, last = j->job->spec->training->steps;
+        const int64_t nskip =
+            ts->loss_spike ? DT_MAX(1, DT_MIN(j->job->spec->elastic->spike_skip, last - s + 1)) : 1;
+        skip_steps_later(j, s, nskip);
+        char skips[96] = "that step's batch";
+        if (nskip > 1)
+          snprintf(skips, sizeof skips, "the batches of steps %lld-%lld (elastic.spike_skip)",
+                   (long long)s, (long long)(s + nskip - 1));
         snprintf(reason, sizeof reason,
-                 "rank %d on %s: %s of step %lld %s; rolling back, that step's batch will be "
-                 "skipped (%zu step%s skipped so far)",
+                 "rank %d on %s: %s of step %lld %s; rolling back, %s will be skipped (%zu step%s "
+                 "skipped so far)",
                  ts->rank, n->id, ts->loss_spike ? "the loss" : "the loss or gradient norm",
-                 (long long)ts->nonfinite_step,
+                 (long long)s,
                  ts->loss_spike ? "spiked (over elastic.spike_factor x the recent steps' average)"
                                 : "was non-finite",
-                 j->job->n_skipped_steps, j->job->n_skipped_steps == 1 ? "" : "s");
+                 skips, j->job->n_skipped_steps, j->job->n_skipped_steps == 1 ? "" : "s");
       } else if (strstr(ts->last_error, "DT_EREMOTE") && !ts->term_signal) {
         /* Its peer failed first: wait for the peer's node to be declared dead (one heartbeat
          * window) rather than re-planning onto it and restarting twice. */

@@ -2321,10 +2321,11 @@ class T10_NonFinite(ClusterTest):
 
 class T10b_LossSpike(ClusterTest):
     def test_loss_spike_rolls_back_and_skips_the_batch(self):
-        """A dp=2 job with elastic.spike_factor 3 on data whose step S is random tokens
-        (test_spike's): every rank stops before that step's update, the coordinator records S
-        as skipped, names the spike and restarts from the last checkpoint; the job completes
-        with the losses of an uninterrupted run with --skip-steps S, bit for bit."""
+        """A dp=2 job with elastic.spike_factor 3 and spike_skip 3 on data whose step S is
+        random tokens (test_spike's): every rank stops before that step's update, the
+        coordinator records S, S+1 and S+2 as skipped, names the spike and restarts from the
+        last checkpoint (its trainers told --skip-steps S:3); the job completes with the losses
+        of an uninterrupted run with --skip-steps S,S+1,S+2, bit for bit."""
         import test_spike as spike  # numpy: imported here, as only this test needs it
         self.start_coordinator()
         self.start_agent("h0")
@@ -2336,22 +2337,24 @@ class T10b_LossSpike(ClusterTest):
         spec.data.train, spec.data.val = shard, ""
         spec.optimizer.lr = 1e-2
         spec.elastic.spike_factor = 3
+        spec.elastic.spike_skip = 3
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
         done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        window = [spike.SPIKE, spike.SPIKE + 1, spike.SPIKE + 2]
         self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
-                         (1, 2, [spike.SPIKE]))
+                         (1, 2, window))
         with open(os.path.join(self.tmp, "coordinator.log")) as f:
             self.assertRegex(f.read(), r"job %s: RUNNING -> RECOVERING \(generation 1\): rank \d "
                              r"on node-\d: the loss of step %d spiked \(over "
                              r"elastic.spike_factor x the recent steps' average\); rolling back, "
-                             r"that step's batch will be skipped \(1 step skipped so far\); "
-                             r"restart 1 of 3 from the last committed checkpoint"
-                             % (job_id, spike.SPIKE))
+                             r"the batches of steps %d-%d \(elastic.spike_skip\) will be skipped "
+                             r"\(3 steps skipped so far\); restart 1 of 3 from the last committed "
+                             r"checkpoint" % (job_id, spike.SPIKE, spike.SPIKE, spike.SPIKE + 2))
         status = self.ctl("status", job_id, "--coordinator", self.addr, "--token-file",
                           self.token_file)
-        self.assertIn("skipped:     step %d (a non-finite loss or gradient, or a loss spike: "
-                      "rolled back)" % spike.SPIKE, status.stdout)
-        self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=(spike.SPIKE,))
+        self.assertIn("skipped:     steps %d-%d (a non-finite loss or gradient, or a loss spike: "
+                      "rolled back)" % (spike.SPIKE, spike.SPIKE + 2), status.stdout)
+        self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=tuple(window))
 
 
 class T10c_StopSignal(ClusterTest):

@@ -13,6 +13,8 @@ is many times the rest. Checks:
   - the average is kept in checkpoints: a run stopped 20 steps before the spike and resumed
     (fewer steps than the guard needs to arm) catches it with the same average, to the bit the
     message prints;
+  - --spike-skip 5 names five steps (SPIKE:5) and resumed skipping them equals a run skipping
+    them listed one by one; a window past the last step ends at it;
   - dp=2: both ranks stop at the spike, with the same message;
   - bad values are refused with one line.
 
@@ -78,13 +80,13 @@ class Spike(unittest.TestCase):
         with open(metrics) as f:
             return {m["step"]: m["loss"] for m in map(json.loads, f) if "loss" in m}
 
-    def caught(self, stderr):
+    def caught(self, stderr, skips="this step's batch", resume=str(SPIKE)):
         """The guard's message: (loss, the average), for step SPIKE."""
         m = re.search(r"ERROR step %d: loss ([0-9.]+), [0-9.]+x the average of the recent "
                       r"steps' \(([0-9.]+); --spike-factor 3\): a spike; stopped before the "
                       r"update \(under distrainctl the job rolls back to its last checkpoint "
-                      r"and skips this step's batch; alone, resume with --skip-steps %d\)"
-                      % (SPIKE, SPIKE), stderr)
+                      r"and skips %s; alone, resume with --skip-steps %s\)"
+                      % (SPIKE, re.escape(skips), resume), stderr)
         self.assertIsNotNone(m, stderr)
         self.assertIn("failed: loss spike (--spike-factor)", stderr)
         return m.group(1), m.group(2)
@@ -120,6 +122,31 @@ class Spike(unittest.TestCase):
         self.assertRegex(p.stderr, r"--spike-factor 3: armed \(the recent steps' average loss "
                          r"from the checkpoint: [0-9.]+\)")
 
+    def test_skip_window(self):
+        """--spike-skip 5: the message names steps SPIKE..SPIKE+4 and --skip-steps SPIKE:5,
+        which resumes to the losses of an uninterrupted run skipping the five steps listed one
+        by one (bit for bit); a window past the last step ends at it."""
+        ck = self.path("ckw")
+        p = self.run_one("--spike-factor", "3", "--spike-skip", "5", "--ckpt-dir", ck,
+                         "--save-every", "20", expect=1)
+        self.caught(p.stderr, "the batches of steps %d-%d (--spike-skip 5)" % (SPIKE, SPIKE + 4),
+                    "%d:5" % SPIKE)
+        resumed, ref = self.path("resumed-w.jsonl"), self.path("ref-w.jsonl")
+        self.run_one("--spike-factor", "3", "--spike-skip", "5", "--ckpt-dir", ck, "--save-every",
+                     "20", "--resume", "--skip-steps", "%d:5" % SPIKE, "--metrics", resumed)
+        self.run_one("--skip-steps", ",".join(str(SPIKE + k) for k in (4, 0, 2, 1, 3, 2)),
+                     "--metrics", ref)
+        got, want = self.losses(resumed), self.losses(ref)
+        self.assertEqual(sorted(got), [s for s in range(61, STEPS + 1)
+                                       if not SPIKE <= s < SPIKE + 5])
+        self.assertEqual(got, {s: want[s] for s in got})
+        args = self.args("--spike-factor", "3", "--spike-skip", "50")
+        args[args.index("--steps") + 1] = str(SPIKE + 2)
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.caught(p.stderr, "the batches of steps %d-%d (--spike-skip 50)" % (SPIKE, SPIKE + 2),
+                    "%d:3" % SPIKE)
+
     def test_data_parallel_ranks_stop_together(self):
         args = self.args("--spike-factor", "3")
         args[args.index("--batch") + 1] = str(B // 2)  # the same global batch over dp=2
@@ -136,6 +163,19 @@ class Spike(unittest.TestCase):
                                text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0, value)
             self.assertIn(want, p.stderr, value)
+        ranges = "expected step numbers >= 1 or S:N (N steps from S), comma-separated"
+        for extra, want in ((["--spike-factor", "3", "--spike-skip", "0"],
+                             "--spike-skip must be in [1, 10000]"),
+                            (["--spike-factor", "3", "--spike-skip", "10001"],
+                             "--spike-skip must be in [1, 10000]"),
+                            (["--spike-skip", "2"], "--spike-skip needs --spike-factor"),
+                            (["--skip-steps", "5:0"], ranges),
+                            (["--skip-steps", "0:2"], ranges),
+                            (["--skip-steps", "3-4"], ranges),
+                            (["--skip-steps", "1:999999,2000000:2"], "at most 1000000 steps")):
+            p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0, extra)
+            self.assertIn(want, p.stderr, extra)
 
 
 if __name__ == "__main__":

@@ -239,23 +239,28 @@ START_TEST(test_parse_step_range)
 }
 END_TEST
 
-/* The agent's --skip-steps list: whole however long (a 2048-byte buffer once cut the list, and
- * its last step number, short). */
-START_TEST(test_join_i64)
+/* The agent's --skip-steps list: runs of steps as S:N, whole however long (a 2048-byte buffer
+ * once cut the list, and its last step number, short). */
+START_TEST(test_join_steps)
 {
-  char *s = dt_join_i64(NULL, 0);
+  char *s = dt_join_steps(NULL, 0);
   ck_assert_str_eq(s, "");
   free(s);
-  const int64_t few[3] = {3, 57, INT64_MIN};
-  s = dt_join_i64(few, 3);
-  ck_assert_str_eq(s, "3,57,-9223372036854775808");
+  const int64_t few[] = {3, 57, 58, 59, 61, 62, 100};
+  s = dt_join_steps(few, 7);
+  ck_assert_str_eq(s, "3,57:3,61:2,100");
   free(s);
   int64_t many[300];
   for (int i = 0; i < 300; i++)
-    many[i] = 1000000000000 + i;
-  s = dt_join_i64(many, 300);
+    many[i] = 1000000000000 + 2 * i; /* no run */
+  s = dt_join_steps(many, 300);
   ck_assert_uint_eq(strlen(s), 300 * 14 - 1);
-  ck_assert_str_eq(s + strlen(s) - 13, "1000000000299");
+  ck_assert_str_eq(s + strlen(s) - 13, "1000000000598");
+  free(s);
+  for (int i = 0; i < 300; i++)
+    many[i] = 7 + i; /* one run */
+  s = dt_join_steps(many, 300);
+  ck_assert_str_eq(s, "7:300");
   free(s);
 }
 END_TEST
@@ -857,7 +862,7 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_parse_i64);
   tcase_add_test(t, test_parse_step_range);
   tcase_add_test(t, test_parse_f64);
-  tcase_add_test(t, test_join_i64);
+  tcase_add_test(t, test_join_steps);
   tcase_add_test(t, test_utf8);
   tcase_add_test(t, test_addr_port_range);
   suite_add_tcase(s, t);

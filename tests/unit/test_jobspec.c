@@ -792,6 +792,11 @@ static const struct {
     {{"elastic.spike_factor=1"}, "elastic.spike_factor (1) must be > 1 (0: off)"},
     {{"elastic.spike_factor=-2"}, "elastic.spike_factor (-2) must be > 1 (0: off)"},
     {{"elastic.spike_factor=1e300"}, "elastic.spike_factor (1e+300) must be > 1 (0: off)"},
+    {{"elastic.spike_factor=3", "elastic.spike_skip=-1"},
+     "elastic.spike_skip (-1) must be in [1, 10000] (0: 1)"},
+    {{"elastic.spike_factor=3", "elastic.spike_skip=10001"},
+     "elastic.spike_skip (10001) must be in [1, 10000] (0: 1)"},
+    {{"elastic.spike_skip=2"}, "elastic.spike_skip (2) needs elastic.spike_factor"},
 };
 
 START_TEST(test_validate_rules)
@@ -1133,6 +1138,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
   ck_assert(!has_arg(argv, "--peak-tflops"));
   ck_assert(!has_arg(argv, "--spike-factor"));
+  ck_assert(!has_arg(argv, "--spike-skip"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1164,9 +1170,11 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.profile=3:2");
   set_ok(s, "training.peak_tflops=756.5");
   set_ok(s, "elastic.spike_factor=2.5");
+  set_ok(s, "elastic.spike_skip=200");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
   ck_assert_str_eq(flag_value(argv, "--spike-factor"), "2.5");
+  ck_assert_str_eq(flag_value(argv, "--spike-skip"), "200");
   ck_assert_str_eq(flag_value(argv, "--profile"), "3:2");
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");

@@ -522,9 +522,9 @@ static int spawn_trainer(dt_agent_t *a, const Distrain__V1__Assignment *as,
   argv[0] = (char *)a->cfg.trainer;
   for (int i = 0; i < argc; i++)
     argv[i + 1] = args[i];
-  /* Steps rolled back after a NaN/Inf: taken without an update. All of them, however many (a
-   * fixed buffer once cut the list, and with it the last step number, short). */
-  skip = dt_join_i64(as->skip_steps, as->n_skip_steps);
+  /* Steps rolled back after a NaN/Inf or a loss spike: taken without an update. All of them,
+   * however many (a fixed buffer once cut the list, and with it the last step number, short). */
+  skip = dt_join_steps(as->skip_steps, as->n_skip_steps);
   if (!skip) {
     ret = DT_ENOMEM;
     goto fail;

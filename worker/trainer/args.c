@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dt_util.h"
+#include "jobspec.h"
 #include "schedule.h"
 
 static void usage(FILE *out)
@@ -42,12 +43,15 @@ static void usage(FILE *out)
       "batch:\n"
       "  --batch B --seq T --grad-accum K --steps N (total; sets the schedule)\n"
       "  --stop-at S                 stop after step S with a checkpoint (resume later)\n"
-      "  --skip-steps S,S,...        take these steps without an update (their batches are\n"
-      "                              consumed; set by the coordinator after a rollback)\n"
+      "  --skip-steps S,S:N,...      take these steps (S:N: the N from S) without an update\n"
+      "                              (their batches are consumed; set by the coordinator after\n"
+      "                              a rollback)\n"
       "  --spike-factor F            a step whose loss is over F times the average of the recent\n"
       "                              steps' (about 50; kept in checkpoints) stops before its\n"
       "                              update, as a NaN/Inf one does: under distrainctl the job\n"
       "                              rolls back and skips that step's batch (default 0: off)\n"
+      "  --spike-skip N              and the next N - 1 steps' too, as PaLM skipped a few\n"
+      "                              hundred batches around a spike (default 1)\n"
       "optimizer (AdamW):\n"
       "  --lr X --warmup N --schedule constant|cosine|linear|wsd --min-lr-frac X\n"
       "  --decay-frac X              wsd: the share of the steps after warmup spent decaying\n"
@@ -129,6 +133,7 @@ enum {
   OPT_STOP_AT,
   OPT_SKIP_STEPS,
   OPT_SPIKE_FACTOR,
+  OPT_SPIKE_SKIP,
   OPT_LR,
   OPT_WARMUP,
   OPT_SCHEDULE,
@@ -200,6 +205,7 @@ static const struct option g_opts[] = {
     {"stop-at", required_argument, 0, OPT_STOP_AT},
     {"skip-steps", required_argument, 0, OPT_SKIP_STEPS},
     {"spike-factor", required_argument, 0, OPT_SPIKE_FACTOR},
+    {"spike-skip", required_argument, 0, OPT_SPIKE_SKIP},
     {"lr", required_argument, 0, OPT_LR},
     {"warmup", required_argument, 0, OPT_WARMUP},
     {"schedule", required_argument, 0, OPT_SCHEDULE},
@@ -280,42 +286,59 @@ static int cmp_i64(const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
-/* "10,57": positive step numbers, kept ascending in an array as long as the list needs (a
- * rollback after each non-finite step adds one, within the job's max_restarts, which has no
- * bound). Every comma-separated token must be one (an empty one is an error). */
+/* "10,57,70:5": positive step numbers and runs of them (S:N, dt_parse_step_range), kept
+ * ascending and each once in an array as long as the list needs (a rollback after each
+ * non-finite step adds one, a loss spike's elastic.spike_skip, within the job's max_restarts,
+ * which has no bound), at most DT_SKIP_STEPS_MAX steps. Every comma-separated token must be one
+ * (an empty one is an error). */
 static int parse_skip_steps(const char *s, dt_train_opts_t *o)
 {
-  int64_t *steps = malloc((strlen(s) / 2 + 1) * sizeof *steps); /* tokens of >= 1 char + ',' */
-  if (!steps)
-    return DT_ENOMEM;
-  int n = 0;
+  int64_t *steps = NULL;
+  size_t n = 0, cap = 0;
+  char why[96] = "expected step numbers >= 1 or S:N (N steps from S), comma-separated";
   for (const char *p = s;;) {
     const char *comma = strchr(p, ',');
     const size_t len = comma ? (size_t)(comma - p) : strlen(p);
     char tok[32];
-    int64_t v = 0;
+    int first = 0, count = 0;
     if (len < sizeof tok) {
       memcpy(tok, p, len);
       tok[len] = '\0';
     }
-    if (len == 0 || len >= sizeof tok || dt_parse_i64(tok, &v) != 0 || v < 1) {
-      fprintf(stderr,
-              "distrain-train: --skip-steps: expected step numbers >= 1, comma-separated, "
-              "got '%s'\n",
-              s);
-      free(steps);
-      return DT_EINVAL;
+    if (len == 0 || len >= sizeof tok || dt_parse_step_range(tok, &first, &count) != 0)
+      goto bad;
+    if (n + (size_t)count > DT_SKIP_STEPS_MAX) {
+      snprintf(why, sizeof why, "at most %d steps", DT_SKIP_STEPS_MAX);
+      goto bad;
     }
-    steps[n++] = v;
+    if (n + (size_t)count > cap) {
+      cap = DT_MAX(2 * cap, n + (size_t)count);
+      int64_t *grown = realloc(steps, cap * sizeof *steps);
+      if (!grown) {
+        free(steps);
+        return DT_ENOMEM;
+      }
+      steps = grown;
+    }
+    for (int i = 0; i < count; i++)
+      steps[n++] = (int64_t)first + i;
     if (!comma)
       break;
     p = comma + 1;
   }
-  qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
+  qsort(steps, n, sizeof *steps, cmp_i64);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; i++)
+    if (kept == 0 || steps[i] != steps[kept - 1])
+      steps[kept++] = steps[i];
   dt_train_args_free(o); /* an earlier --skip-steps */
   o->skip_steps = steps;
-  o->n_skip_steps = n;
+  o->n_skip_steps = (int)kept;
   return 0;
+bad:
+  fprintf(stderr, "distrain-train: --skip-steps: %s, got '%s'\n", why, s);
+  free(steps);
+  return DT_EINVAL;
 }
 
 void dt_train_args_free(dt_train_opts_t *o)
@@ -455,6 +478,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SPIKE_FACTOR:
       rc = parse_float(c, optarg, &o->spike_factor);
+      break;
+    case OPT_SPIKE_SKIP:
+      rc = parse_int(c, optarg, &o->spike_skip);
       break;
     case OPT_MINLR:
       rc = parse_float(c, optarg, &o->sched.min_lr_frac);

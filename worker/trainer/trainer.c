@@ -34,6 +34,7 @@
 #include "stop.h"
 #include "tokenizer.h"
 #include "hf.h"
+#include "jobspec.h"
 
 /* --spike-factor: a step's loss against the average of the recent steps' losses, their mean
  * over the first SPIKE_HORIZON updated steps and then an exponential moving average giving the
@@ -111,6 +112,7 @@ void dt_train_opts_default(dt_train_opts_t *o)
   o->pp_schedule = DT_PIPE_1F1B;
   o->sample_temp = 0.8f;
   o->sample_top_p = 1.0f;
+  o->spike_skip = 1;
 }
 
 int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
@@ -181,6 +183,10 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample-top-k and --sample-top-p need --sample N (the tokens to generate)";
   else if (!(o->spike_factor == 0.0 || (o->spike_factor > 1.0 && isfinite(o->spike_factor))))
     msg = "--spike-factor must be > 1 (0: off)";
+  else if (o->spike_skip < 1 || o->spike_skip > DT_SPIKE_SKIP_MAX)
+    msg = "--spike-skip must be in [1, 10000]";
+  else if (o->spike_skip > 1 && o->spike_factor == 0.0)
+    msg = "--spike-skip needs --spike-factor";
   else if (o->threads < 0)
     msg = "--threads must be >= 0";
   else if (o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "bf16"))
@@ -1856,7 +1862,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   if (!isfinite(loss) || !isfinite(norm) || spike) {
     /* Every rank sees the same (averaged) loss and global norm, and keeps the same average of
      * the recent losses, so all stop here together. */
-    char what[160], msg[400];
+    char what[160], skips[96], resume[32], msg[512];
+    /* a spike: this step's batch and --spike-skip - 1 more, within the run */
+    const int nskip = spike ? DT_MIN(o->spike_skip, o->steps - s) : 1;
     if (spike)
       snprintf(what, sizeof what,
                "loss %.4f, %.2fx the average of the recent steps' (%.4f; --spike-factor %g): a "
@@ -1864,10 +1872,18 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                loss, loss / t->state.loss_avg, t->state.loss_avg, o->spike_factor);
     else
       snprintf(what, sizeof what, "loss %g, gradient norm %g: non-finite", loss, norm);
+    if (nskip > 1) {
+      snprintf(skips, sizeof skips, "the batches of steps %d-%d (--spike-skip %d)", s + 1,
+               s + nskip, o->spike_skip);
+      snprintf(resume, sizeof resume, "%d:%d", s + 1, nskip);
+    } else {
+      snprintf(skips, sizeof skips, "this step's batch");
+      snprintf(resume, sizeof resume, "%d", s + 1);
+    }
     snprintf(msg, sizeof msg,
              "step %d: %s; stopped before the update (under distrainctl the job rolls back to its "
-             "last checkpoint and skips this step's batch; alone, resume with --skip-steps %d)",
-             s + 1, what, s + 1);
+             "last checkpoint and skips %s; alone, resume with --skip-steps %s)",
+             s + 1, what, skips, resume);
     DT_ERROR(TRAIN, "%s", msg);
     dt_link_nonfinite(o->link, s + 1, spike, msg);
     return spike ? DT_ESPIKE : DT_ENAN;

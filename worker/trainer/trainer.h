@@ -122,6 +122,7 @@ typedef struct {
   /* a step whose loss exceeds this times the recent steps' average stops before its update,
    * as a non-finite one does (0: off) */
   double spike_factor;
+  int spike_skip; /* and its batch and the next spike_skip - 1 are skipped after the rollback */
   int threads;
   int quiet;
   const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */
