@@ -1170,6 +1170,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
         DT_SPIKE_SKIP_MAX);
   else if (elastic->spike_skip > 1 && elastic->spike_factor == 0.0)
     bad(&v, "elastic.spike_skip (%d) needs elastic.spike_factor", elastic->spike_skip);
+  if (!str_empty(elastic->bad_step) && strcmp(elastic->bad_step, "rollback") != 0 &&
+      strcmp(elastic->bad_step, "skip") != 0)
+    bad(&v, "elastic.bad_step must be rollback or skip, got '%s'", elastic->bad_step);
 
   return v.count ? DT_EINVAL : 0;
 }
@@ -1551,6 +1554,9 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_double(&a, "--spike-factor", spec->elastic->spike_factor);
   if (spec->elastic && spec->elastic->spike_skip > 1)
     av_int(&a, "--spike-skip", spec->elastic->spike_skip);
+  if (spec->elastic && !str_empty(spec->elastic->bad_step) &&
+      strcmp(spec->elastic->bad_step, "skip") == 0) /* rollback: the trainer's default */
+    av_str(&a, "--bad-step", spec->elastic->bad_step);
   if (!str_empty(ck->dir)) {
     av_str(&a, "--ckpt-dir", ck->dir);
     av_int(&a, "--save-every", ck->every);

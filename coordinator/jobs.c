@@ -750,6 +750,50 @@ static void skip_steps_later(dt_job_t *j, int64_t first, int64_t count)
   job->n_skipped_steps = m;
 }
 
+/* A trainer's steps taken without an update where they were (elastic.bad_step: skip): those
+ * the job did not have yet join its skipped steps, so that a generation resumed from before
+ * them takes them so too; each new run of them is said once (every rank reports the same). */
+static void note_skipped_in_place(dt_coord_t *c, dt_job_t *j, const Distrain__V1__TrainerStatus *ts,
+                                  const char *node)
+{
+  const size_t n = ts->n_skipped_in_place;
+  int64_t(*runs)[2] = malloc(n * sizeof *runs); /* the new runs: first, count */
+  if (!runs)
+    return;
+  size_t nruns = 0;
+  const Distrain__V1__Job *job = j->job;
+  for (size_t i = 0, m = 0, run; i < n; i += run) { /* both lists ascending */
+    const int64_t *v = ts->skipped_in_place + i;
+    for (run = 1; i + run < n && v[run] == v[0] + (int64_t)run; run++) {
+    }
+    int known = 1;
+    for (size_t k = 0; k < run; k++) {
+      while (m < job->n_skipped_steps && job->skipped_steps[m] < v[k])
+        m++;
+      known &= m < job->n_skipped_steps && job->skipped_steps[m] == v[k];
+    }
+    if (!known)
+      runs[nruns][0] = v[0], runs[nruns++][1] = (int64_t)run;
+  }
+  static const char why[] = "a non-finite or spiking loss; elastic.bad_step: skip";
+  for (size_t r = 0; r < nruns; r++) {
+    skip_steps_later(j, runs[r][0], runs[r][1]);
+    char what[64];
+    if (runs[r][1] > 1)
+      snprintf(what, sizeof what, "steps %lld-%lld", (long long)runs[r][0],
+               (long long)(runs[r][0] + runs[r][1] - 1));
+    else
+      snprintf(what, sizeof what, "step %lld", (long long)runs[r][0]);
+    DT_WARN(COORD, "job %s: rank %d on %s took %s without an update, where it was (%s)", j->id,
+            ts->rank, node, what, why);
+    dt_coord_event(c, j->id, 1, "rank %d on %s took %s without an update, where it was (%s)",
+                   ts->rank, node, what, why);
+  }
+  if (nruns)
+    dt_coord_store_put_job(c->store, j);
+  free(runs);
+}
+
 double dt_coord_report_age_ms(const dt_job_t *j, int r)
 {
   const dt_rank_slot_t *s = &j->ranks[r];
@@ -911,6 +955,8 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         dt_coord_store_put_job(c->store, j);
       }
     }
+    if (ts->n_skipped_in_place)
+      note_skipped_in_place(c, j, ts, n->id);
     /* Stopped by its agent while its job runs: its node is drained or its agent is leaving. */
     const int stopped = ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_STOPPED;
     if (ts->state == DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED || stopped) {

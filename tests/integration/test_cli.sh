@@ -362,7 +362,7 @@ expect_error flag_decay 1 "--decay-frac" "must be in (0, 1]"
 run flag_lr "$TRAIN" --train "$DATA" --lr nan
 expect_error flag_lr 2 "--lr" "expected a number, got 'nan'"
 run flag_skip "$TRAIN" --train "$DATA" --skip-steps 3,0
-expect_error flag_skip 2 "--skip-steps" "step numbers >= 1, comma-separated, got '3,0'"
+expect_error flag_skip 2 "--skip-steps" "step numbers >= 1 or S:N (N steps from S), comma-separated, got '3,0'"
 run flag_skip_empty "$TRAIN" --train "$DATA" --skip-steps 3,,4
 expect_error flag_skip_empty 2 "--skip-steps" "comma-separated, got '3,,4'"
 # However many rollbacks a job has had (max_restarts has no bound): 300 steps, of which step 2

@@ -2320,13 +2320,10 @@ class T10_NonFinite(ClusterTest):
 
 
 class T10b_LossSpike(ClusterTest):
-    def test_loss_spike_rolls_back_and_skips_the_batch(self):
-        """A dp=2 job with elastic.spike_factor 3 and spike_skip 3 on data whose step S is
-        random tokens (test_spike's): every rank stops before that step's update, the
-        coordinator records S, S+1 and S+2 as skipped, names the spike and restarts from the
-        last checkpoint (its trainers told --skip-steps S:3); the job completes with the losses
-        of an uninterrupted run with --skip-steps S,S+1,S+2, bit for bit."""
-        import test_spike as spike  # numpy: imported here, as only this test needs it
+    def spike_job(self, **elastic):
+        """A dp=2 job on two agents with elastic.spike_factor 3 (and the elastic fields given)
+        on test_spike's data, whose step SPIKE is random tokens: its id and final Job."""
+        import test_spike as spike  # numpy: imported here, as only these tests need it
         self.start_coordinator()
         self.start_agent("h0")
         self.start_agent("h1")
@@ -2337,9 +2334,19 @@ class T10b_LossSpike(ClusterTest):
         spec.data.train, spec.data.val = shard, ""
         spec.optimizer.lr = 1e-2
         spec.elastic.spike_factor = 3
-        spec.elastic.spike_skip = 3
+        for k, v in elastic.items():
+            setattr(spec.elastic, k, v)
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
-        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        return job_id, self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+
+    def test_loss_spike_rolls_back_and_skips_the_batch(self):
+        """A dp=2 job with elastic.spike_factor 3 and spike_skip 3 on data whose step S is
+        random tokens (test_spike's): every rank stops before that step's update, the
+        coordinator records S, S+1 and S+2 as skipped, names the spike and restarts from the
+        last checkpoint (its trainers told --skip-steps S:3); the job completes with the losses
+        of an uninterrupted run with --skip-steps S,S+1,S+2, bit for bit."""
+        import test_spike as spike
+        job_id, done = self.spike_job(spike_skip=3)
         window = [spike.SPIKE, spike.SPIKE + 1, spike.SPIKE + 2]
         self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
                          (1, 2, window))
@@ -2354,6 +2361,25 @@ class T10b_LossSpike(ClusterTest):
                           self.token_file)
         self.assertIn("skipped:     steps %d-%d (a non-finite loss or gradient, or a loss spike: "
                       "rolled back)" % (spike.SPIKE, spike.SPIKE + 2), status.stdout)
+        self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=tuple(window))
+
+    def test_loss_spike_skipped_in_place(self):
+        """The same job with elastic.bad_step: skip (spike_skip 2): no restart; the ranks take
+        steps S and S+1 without an update where they are, the coordinator records them as
+        skipped and says so; the losses are those of an uninterrupted run with --skip-steps
+        S,S+1, bit for bit."""
+        import test_spike as spike
+        job_id, done = self.spike_job(spike_skip=2, bad_step="skip")
+        window = [spike.SPIKE, spike.SPIKE + 1]
+        self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
+                         (0, 1, window))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            log = f.read()
+        self.assertRegex(log, r"job %s: rank \d on node-\d took steps %d-%d without an update, "
+                         r"where it was \(a non-finite or spiking loss; elastic.bad_step: skip\)"
+                         % (job_id, spike.SPIKE, spike.SPIKE + 1))
+        self.assertEqual(len(re.findall(r"took steps %d-%d without" % tuple(window), log)), 1,
+                         "said once, whichever rank reported first")
         self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=tuple(window))
 
 

@@ -15,6 +15,9 @@ is many times the rest. Checks:
     message prints;
   - --spike-skip 5 names five steps (SPIKE:5) and resumed skipping them equals a run skipping
     them listed one by one; a window past the last step ends at it;
+  - --bad-step skip: the spike, its window, or a NaN, taken without an update where it is; the
+    run goes on to the losses of a run told --skip-steps (bit for bit), resumed or not; a
+    second spike right after rolls back;
   - dp=2: both ranks stop at the spike, with the same message;
   - bad values are refused with one line.
 
@@ -39,15 +42,15 @@ BUILD = None
 V, B, T, STEPS, SPIKE = 100, 4, 32, 80, 70  # the guard arms after 50 steps
 
 
-def write_spiky_shard(path, spike_step):
-    """The cycle, with the tokens of step spike_step's windows (batch B of T, sequential)
-    random."""
+def write_spiky_shard(path, spike_step, count=1):
+    """The cycle, with the tokens of the windows (batch B of T, sequential) of count steps from
+    spike_step random."""
     order = list(range(V))
     random.Random(1).shuffle(order)
     tokens = [order[i % V] for i in range(B * T * (STEPS + 10))]
     rng = random.Random(2)
-    for i in range(B * T * (spike_step - 1) + 1, B * T * spike_step + 1):  # targets included
-        tokens[i] = rng.randrange(V)
+    for i in range(B * T * (spike_step - 1) + 1, B * T * (spike_step + count - 1) + 1):
+        tokens[i] = rng.randrange(V)  # targets included
     write_shard(path, tokens)
 
 
@@ -147,6 +150,58 @@ class Spike(unittest.TestCase):
         self.caught(p.stderr, "the batches of steps %d-%d (--spike-skip 50)" % (SPIKE, SPIKE + 2),
                     "%d:3" % SPIKE)
 
+    def test_skipped_in_place(self):
+        """--bad-step skip: the spike (or a NaN) is taken without an update where it is and the
+        run goes on, its losses those of a run told --skip-steps, bit for bit (a window too);
+        resumed from a checkpoint after the skip, without --skip-steps, still (the updates so
+        far are in the checkpoint: AdamW's bias correction); a second spike right after the
+        first rolls back."""
+        def ref(tag, skip):
+            self.run_one("--skip-steps", skip, "--metrics", self.path(tag))
+            return self.losses(self.path(tag))
+
+        here = self.path("here.jsonl")
+        p = self.run_one("--spike-factor", "3", "--bad-step", "skip", "--metrics", here)
+        self.assertRegex(p.stderr, r"WARN step %d: loss [0-9.]+, [0-9.]+x the average of the "
+                         r"recent steps' \([0-9.]+; --spike-factor 3\): a spike; skipped where "
+                         r"it is: no update \(--bad-step skip; this step only\), training goes "
+                         r"on" % SPIKE)
+        self.assertEqual(self.losses(here), ref("ref-here.jsonl", str(SPIKE)))
+        self.run_one("--spike-factor", "3", "--bad-step", "skip", "--spike-skip", "3",
+                     "--metrics", here)
+        self.assertEqual(self.losses(here), ref("ref-here3.jsonl", "%d:3" % SPIKE))
+        # stopped after the skip, resumed without --skip-steps: the same losses
+        ck = self.path("ck-here")
+        common = ("--spike-factor", "3", "--bad-step", "skip", "--ckpt-dir", ck,
+                  "--save-every", "25")
+        self.run_one(*common, "--stop-at", str(SPIKE + 3))
+        part = self.path("part-here.jsonl")
+        self.run_one(*common, "--resume", "--metrics", part)
+        got, want = self.losses(part), self.losses(self.path("ref-here.jsonl"))
+        self.assertEqual(sorted(got), list(range(SPIKE + 4, STEPS + 1)))
+        self.assertEqual(got, {s: want[s] for s in got})
+        # a NaN is skipped where it is as well
+        nan = self.path("nan-here.jsonl")
+        p = subprocess.run(self.args("--bad-step", "skip", "--metrics", nan), capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ,
+                                                            DISTRAIN_FAULT_NAN_STEP="30"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("WARN step 30: loss nan, gradient norm", p.stderr)
+        got = self.losses(nan)
+        self.assertEqual(got, {s: v for s, v in ref("ref-nan.jsonl", "30").items() if s in got})
+        self.assertNotIn(30, got)
+        # two spiky steps in a row: the second is not skipped in place, it rolls back
+        shard2 = self.path("spiky2.bin")
+        write_spiky_shard(shard2, SPIKE, count=2)
+        args = self.args("--spike-factor", "3", "--bad-step", "skip")
+        args[args.index("--train") + 1] = shard2
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("WARN step %d: loss" % SPIKE, p.stderr)
+        self.assertRegex(p.stderr, r"ERROR step %d: loss [0-9.]+, .*: a spike; stopped before "
+                         r"the update .* resume with --skip-steps %d\) \(right after a step "
+                         r"skipped where it was: --bad-step skip\)" % (SPIKE + 1, SPIKE + 1))
+
     def test_data_parallel_ranks_stop_together(self):
         args = self.args("--spike-factor", "3")
         args[args.index("--batch") + 1] = str(B // 2)  # the same global batch over dp=2
@@ -172,7 +227,9 @@ class Spike(unittest.TestCase):
                             (["--skip-steps", "5:0"], ranges),
                             (["--skip-steps", "0:2"], ranges),
                             (["--skip-steps", "3-4"], ranges),
-                            (["--skip-steps", "1:999999,2000000:2"], "at most 1000000 steps")):
+                            (["--skip-steps", "1:999999,2000000:2"], "at most 1000000 steps"),
+                            (["--bad-step", "retry"],
+                             "--bad-step: expected rollback or skip, got 'retry'")):
             p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0, extra)
             self.assertIn(want, p.stderr, extra)

@@ -48,6 +48,7 @@ static void make_state(dt_train_state_t *s, int64_t step)
     dt_rng_u64(&s->rng);
   s->loss_avg = 3.0 + 1.0 / 3.0; /* a double's every bit */
   s->loss_steps = step + 7;
+  s->updates = step - 2; /* two steps taken without an update */
 }
 
 static void expect_same_model(const dt_gpt2_t *a, const dt_gpt2_t *b)
@@ -74,6 +75,7 @@ static void expect_same_state(const dt_train_state_t *a, const dt_train_state_t 
   ck_assert_int_eq(memcmp(a->rng.s, b->rng.s, sizeof a->rng.s), 0);
   ck_assert_int_eq(memcmp(&a->loss_avg, &b->loss_avg, sizeof a->loss_avg), 0);
   ck_assert_int_eq(a->loss_steps, b->loss_steps);
+  ck_assert_int_eq(a->updates, b->updates);
 }
 
 /* Writes and commits step state->step as world equal-ish flat shards. */
@@ -914,8 +916,9 @@ END_TEST
 /* Checkpoints written before shards carried run tables (version 1: the header, then the
  * parameters and moments of the global range [lo, hi)) still load. Made here from a version 2
  * shard of one run: the run table dropped, the header fields of version 1 restored (offsets
- * of the 256-byte header: version 4, payload_bytes 136, payload_crc32c 144, header_crc32c
- * 152, nruns 160) and both checksums recomputed, then committed. */
+ * of the 256-byte header: version 4, flags 12 (no updates count), payload_bytes 136,
+ * payload_crc32c 144, header_crc32c 152, nruns 160, updates 208) and both checksums
+ * recomputed, then committed. Its updates read -1: unknown, --skip-steps tells. */
 START_TEST(test_ckpt_reads_version_1_shards)
 {
   char dir[256], path[512];
@@ -943,6 +946,9 @@ START_TEST(test_ckpt_reads_version_1_shards)
   memcpy(v1 + 144, &crc, 4);
   memcpy(v1 + 152, &zero32, 4);
   memcpy(v1 + 160, &zero64, 8);
+  memcpy(v1 + 208, &zero64, 8);
+  const uint32_t optim_only = 1;
+  memcpy(v1 + 12, &optim_only, 4);
   const uint32_t hcrc = dt_crc32c(0, v1, 256);
   memcpy(v1 + 152, &hcrc, 4);
   ut_write_all(path, v1, n - 16);
@@ -951,6 +957,8 @@ START_TEST(test_ckpt_reads_version_1_shards)
   ck_assert_int_eq(dt_ckpt_commit(dir, 3, (int64_t)a.num_params, 1, &info), 0);
   ck_assert_int_eq(dt_ckpt_load(&b, &sb, dir), 0);
   expect_same_model(&a, &b);
+  ck_assert_int_eq(sb.updates, -1);
+  sb.updates = st.updates;
   expect_same_state(&st, &sb);
   free(v1);
   free(v2);

@@ -26,7 +26,8 @@ static const char *const k_example =
     "0.95, eps: 1.0e-8, grad_clip: 1.0}\n"
     "parallel:   {dp: 1, tp: 1, pp: 1, cp: 1, zero_stage: 0, schedule: 1f1b}\n"
     "checkpoint: {dir: ckpt, every: 100, keep: 3}\n"
-    "elastic:    {min_nodes: 1, max_nodes: 1, max_restarts: 3, heartbeat_ms: 500}\n";
+    "elastic:    {min_nodes: 1, max_nodes: 1, max_restarts: 3, heartbeat_ms: 500, bad_step: "
+    "rollback}\n";
 
 static spec_t *fresh(void)
 {
@@ -797,6 +798,7 @@ static const struct {
     {{"elastic.spike_factor=3", "elastic.spike_skip=10001"},
      "elastic.spike_skip (10001) must be in [1, 10000] (0: 1)"},
     {{"elastic.spike_skip=2"}, "elastic.spike_skip (2) needs elastic.spike_factor"},
+    {{"elastic.bad_step=retry"}, "elastic.bad_step must be rollback or skip, got 'retry'"},
 };
 
 START_TEST(test_validate_rules)
@@ -1139,6 +1141,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--peak-tflops"));
   ck_assert(!has_arg(argv, "--spike-factor"));
   ck_assert(!has_arg(argv, "--spike-skip"));
+  ck_assert(!has_arg(argv, "--bad-step"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1171,10 +1174,12 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.peak_tflops=756.5");
   set_ok(s, "elastic.spike_factor=2.5");
   set_ok(s, "elastic.spike_skip=200");
+  set_ok(s, "elastic.bad_step=skip");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
   ck_assert_str_eq(flag_value(argv, "--spike-factor"), "2.5");
   ck_assert_str_eq(flag_value(argv, "--spike-skip"), "200");
+  ck_assert_str_eq(flag_value(argv, "--bad-step"), "skip");
   ck_assert_str_eq(flag_value(argv, "--profile"), "3:2");
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");

@@ -151,6 +151,7 @@ static void trainer_free(trainer_t *t)
   free(t->rbuf);
   if (t->status.progress)
     distrain__v1__trainer_progress__free_unpacked(t->status.progress, NULL);
+  free(t->status.skipped_in_place);
   free(t);
 }
 
@@ -235,6 +236,13 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
   if (r->nonfinite_step > 0) {
     t->status.nonfinite_step = r->nonfinite_step;
     t->status.loss_spike = r->loss_spike;
+  }
+  if (r->n_skipped_in_place) { /* the newest list replaces the last */
+    free(t->status.skipped_in_place);
+    t->status.skipped_in_place = r->skipped_in_place;
+    t->status.n_skipped_in_place = r->n_skipped_in_place;
+    r->skipped_in_place = NULL; /* moved */
+    r->n_skipped_in_place = 0;
   }
   if (r->input_error)
     t->status.input_error = 1;

@@ -52,6 +52,10 @@ static void usage(FILE *out)
       "                              rolls back and skips that step's batch (default 0: off)\n"
       "  --spike-skip N              and the next N - 1 steps' too, as PaLM skipped a few\n"
       "                              hundred batches around a spike (default 1)\n"
+      "  --bad-step rollback|skip    a non-finite or spiking step: stop for a rollback to the\n"
+      "                              last checkpoint (default), or take it (and its\n"
+      "                              --spike-skip window) without an update where it is and\n"
+      "                              go on; a second right after rolls back\n"
       "optimizer (AdamW):\n"
       "  --lr X --warmup N --schedule constant|cosine|linear|wsd --min-lr-frac X\n"
       "  --decay-frac X              wsd: the share of the steps after warmup spent decaying\n"
@@ -134,6 +138,7 @@ enum {
   OPT_SKIP_STEPS,
   OPT_SPIKE_FACTOR,
   OPT_SPIKE_SKIP,
+  OPT_BAD_STEP,
   OPT_LR,
   OPT_WARMUP,
   OPT_SCHEDULE,
@@ -206,6 +211,7 @@ static const struct option g_opts[] = {
     {"skip-steps", required_argument, 0, OPT_SKIP_STEPS},
     {"spike-factor", required_argument, 0, OPT_SPIKE_FACTOR},
     {"spike-skip", required_argument, 0, OPT_SPIKE_SKIP},
+    {"bad-step", required_argument, 0, OPT_BAD_STEP},
     {"lr", required_argument, 0, OPT_LR},
     {"warmup", required_argument, 0, OPT_WARMUP},
     {"schedule", required_argument, 0, OPT_SCHEDULE},
@@ -481,6 +487,14 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SPIKE_SKIP:
       rc = parse_int(c, optarg, &o->spike_skip);
+      break;
+    case OPT_BAD_STEP:
+      if (strcmp(optarg, "rollback") != 0 && strcmp(optarg, "skip") != 0) {
+        fprintf(stderr, "distrain-train: --bad-step: expected rollback or skip, got '%s'\n",
+                optarg);
+        rc = DT_EINVAL;
+      }
+      o->bad_step_skip = strcmp(optarg, "skip") == 0;
       break;
     case OPT_MINLR:
       rc = parse_float(c, optarg, &o->sched.min_lr_frac);

@@ -255,6 +255,7 @@ int dt_llmc_save(const dt_gpt2_t *m, const char *path)
 #define CKPT_SHARD_VERSION 2
 #define CKPT_BLEND_VERSION 3
 #define CKPT_FLAG_OPTIM    1u
+#define CKPT_FLAG_UPDATES  2u /* the updates field is set (padding, hence zero, before it) */
 typedef struct {
   uint32_t magic, version, header_bytes, flags;
   int32_t max_seq, vocab, padded_vocab, layers, heads, channels;
@@ -273,7 +274,8 @@ typedef struct {
   int64_t data_nsrc;      /* version 3: the blend's sources */
   double loss_avg;        /* dt_train_state_t's (0 before the fields existed) */
   int64_t loss_steps;
-  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8 - 8 - 8];
+  int64_t updates; /* with CKPT_FLAG_UPDATES */
+  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8 - 8 - 8 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
 
@@ -337,7 +339,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   const size_t counts_bytes = (size_t)nsrc * sizeof(int64_t);
   h.magic = DT_CKPT_MAGIC, h.header_bytes = sizeof h;
   h.version = nsrc ? CKPT_BLEND_VERSION : CKPT_SHARD_VERSION;
-  h.flags = has_optim ? CKPT_FLAG_OPTIM : 0;
+  h.flags = (has_optim ? CKPT_FLAG_OPTIM : 0) | CKPT_FLAG_UPDATES;
   h.max_seq = cfg->max_seq, h.vocab = cfg->vocab, h.padded_vocab = cfg->padded_vocab;
   h.layers = cfg->layers, h.heads = cfg->heads, h.channels = cfg->channels;
   h.rank = rank, h.world = world;
@@ -349,6 +351,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   memcpy(h.rng, state->rng.s, sizeof h.rng);
   h.threads = state->threads;
   h.loss_avg = state->loss_avg, h.loss_steps = state->loss_steps;
+  h.updates = state->updates;
   h.nruns = (int64_t)nruns;
   uint32_t crc = dt_crc32c(dt_crc32c(0, table, table_bytes), state->data.taken, counts_bytes);
   h.payload_bytes = table_bytes + counts_bytes;
@@ -708,6 +711,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       memcpy(state->rng.s, h.rng, sizeof h.rng);
       state->threads = h.threads;
       state->loss_avg = h.loss_avg, state->loss_steps = h.loss_steps;
+      state->updates = (h.flags & CKPT_FLAG_UPDATES) ? h.updates : -1;
     }
   }
   DT_CHECK_GOTO(runs_disjoint(sdir, all, nall), ret, out);

@@ -38,6 +38,9 @@ typedef struct {
    * over the losses of loss_steps updated steps (0 in checkpoints older than the field). */
   double loss_avg;
   int64_t loss_steps;
+  /* AdamW updates through step: steps taken without one (--skip-steps, a bad step skipped in
+   * place) are not counted; -1 read from a checkpoint older than the field */
+  int64_t updates;
 } dt_train_state_t;
 
 /* Parameters of a model of config cfg in llm.c's flat layout (DT_GPT2_TENSORS; wte padded). */

@@ -279,6 +279,14 @@ void dt_link_nonfinite(dt_link_t *l, int64_t step, int spike, const char *msg)
   send_error(l, msg, step, spike);
 }
 
+void dt_link_skipped(dt_link_t *l, const int64_t *steps, size_t n)
+{
+  Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
+  r.skipped_in_place = (int64_t *)steps;
+  r.n_skipped_in_place = n;
+  send_report(l, &r);
+}
+
 void dt_link_input_error(dt_link_t *l)
 {
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;

@@ -30,6 +30,9 @@ void dt_link_error(dt_link_t *l, const char *msg);
  * was over --spike-factor times the recent average (the coordinator rolls back and has the
  * step skipped). */
 void dt_link_nonfinite(dt_link_t *l, int64_t step, int spike, const char *msg);
+/* Every step so far taken without an update where it was (--bad-step skip), ascending: the
+ * coordinator records them, so that a later generation resumed from before them skips them. */
+void dt_link_skipped(dt_link_t *l, const int64_t *steps, size_t n);
 /* The coming failure is the job's input's (a missing data file, a checkpoint of another
  * model, an option this node cannot honour): restarting would fail the same way. */
 void dt_link_input_error(dt_link_t *l);

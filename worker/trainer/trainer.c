@@ -368,6 +368,11 @@ typedef struct {
    * source of each row of the step's micro-batches, the last stage's per-token losses */
   int *mb_src;       /* (K, B) */
   float *tok_losses; /* (K, B*seq) */
+  /* --bad-step skip: the steps taken without an update where they were (bad ones and their
+   * windows), ascending; the newest window's last step */
+  int64_t *here;
+  size_t n_here, cap_here;
+  int64_t here_end;
   /* checkpoint saves: the step's shard is snapshotted into snap, then written and committed
    * by a thread of its own (--ckpt-sync: by the step itself); at most one in flight */
   float *snap;
@@ -1179,6 +1184,15 @@ static int resolve_mesh(const dt_train_opts_t *o, int world, dt_mesh_t *mesh)
   return dt_mesh_init(mesh, pp, world / (tp * pp * cp), cp, tp);
 }
 
+/* How many of the steps 1..step --skip-steps lists. */
+static int skipped_through(const dt_train_opts_t *o, int64_t step)
+{
+  int n = 0;
+  for (int i = 0; i < o->n_skip_steps; i++)
+    n += o->skip_steps[i] <= step;
+  return n;
+}
+
 /* Loads the checkpoint to resume from. From a checkpoint directory: its newest committed
  * step that every rank reads intact; a step whose shards fail verification on any rank (CRC,
  * size, a missing shard) is marked bad (dt_ckpt_mark_bad) and the one before it is tried, so
@@ -1605,6 +1619,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
               "rounding differs, so losses match an uninterrupted run only to ~1e-6",
               omp_get_max_threads(), t->state.threads);
     t->state.threads = omp_get_max_threads();
+    if (t->state.updates < 0) /* a checkpoint older than the count: --skip-steps says */
+      t->state.updates = t->state.step - skipped_through(o, t->state.step);
     if (o->train_pattern) {
       /* Checkpoints older than the sequence count: each step read one global batch. */
       if (t->state.data.seqs == 0)
@@ -1745,15 +1761,6 @@ static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
                           loss_acc, t->tok_losses, bubble);
 }
 
-/* How many of the steps 1..step are to be skipped. */
-static int skipped_through(const dt_train_opts_t *o, int64_t step)
-{
-  int n = 0;
-  for (int i = 0; i < o->n_skip_steps; i++)
-    n += o->skip_steps[i] <= step;
-  return n;
-}
-
 /* --spike-factor's average of the recent losses (SPIKE_HORIZON, above). */
 static void note_loss(dt_train_state_t *st, float loss)
 {
@@ -1780,7 +1787,85 @@ static int skip_step(trainer_t *t, dt_step_metrics_t *sm)
   return 0;
 }
 
-/* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
+static int cmp_i64(const void *a, const void *b)
+{
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Whether step is in the n ascending steps of v. */
+static int listed(const int64_t *v, size_t n, int64_t step)
+{
+  return n > 0 && bsearch(&step, v, n, sizeof step, cmp_i64) != NULL;
+}
+
+/* Whether step is taken without an update: --skip-steps lists it, or a bad step skipped where
+ * it was (--bad-step skip) put it in its window. */
+static int is_skipped(const trainer_t *t, int64_t step)
+{
+  return listed(t->o->skip_steps, (size_t)t->o->n_skip_steps, step) ||
+         listed(t->here, t->n_here, step);
+}
+
+/* Step s + 1 (its batches consumed, its gradients reduced) had a non-finite loss or gradient
+ * norm, or a loss spike. Every rank sees the same (averaged) loss and global norm, and keeps the
+ * same average of the recent losses, so all come here together. A spike's window: this step's
+ * batch and --spike-skip - 1 more, within the run. With --bad-step skip (and not right after
+ * the window of the last one) the step and its window are taken without an update here and the
+ * run goes on (0, sm a skipped step); else it stops for a rollback (DT_ENAN / DT_ESPIKE). */
+static int bad_step(trainer_t *t, float loss, float norm, int spike, dt_step_metrics_t *sm)
+{
+  const dt_train_opts_t *o = t->o;
+  const int s = (int)t->state.step;
+  const int nskip = spike ? DT_MIN(o->spike_skip, o->steps - s) : 1;
+  const int here = o->bad_step_skip && !(t->here_end > 0 && s + 1 == t->here_end + 1);
+  char what[160], skips[96], resume[32], msg[512];
+  if (spike)
+    snprintf(what, sizeof what,
+             "loss %.4f, %.2fx the average of the recent steps' (%.4f; --spike-factor %g): a "
+             "spike",
+             loss, loss / t->state.loss_avg, t->state.loss_avg, o->spike_factor);
+  else
+    snprintf(what, sizeof what, "loss %g, gradient norm %g: non-finite", loss, norm);
+  if (nskip > 1) {
+    snprintf(skips, sizeof skips, "the batches of steps %d-%d (--spike-skip %d)", s + 1, s + nskip,
+             o->spike_skip);
+    snprintf(resume, sizeof resume, "%d:%d", s + 1, nskip);
+  } else {
+    snprintf(skips, sizeof skips, "this step's batch");
+    snprintf(resume, sizeof resume, "%d", s + 1);
+  }
+  if (here) {
+    if (t->n_here + (size_t)nskip > t->cap_here) {
+      const size_t cap = DT_MAX(2 * t->cap_here, t->n_here + (size_t)nskip);
+      int64_t *grown = realloc(t->here, cap * sizeof *grown);
+      if (!grown)
+        return DT_ENOMEM;
+      t->here = grown, t->cap_here = cap;
+    }
+    for (int k = 1; k <= nskip; k++) /* after every step skipped before: ascending */
+      t->here[t->n_here++] = s + k;
+    t->here_end = s + nskip;
+    DT_WARN(TRAIN,
+            "step %d: %s; skipped where it is: no update (--bad-step skip; %s), training goes on "
+            "(another right after rolls back)",
+            s + 1, what, nskip > 1 ? skips : "this step only");
+    dt_link_skipped(o->link, t->here, t->n_here);
+    t->state.step = s + 1;
+    t->state.data = t->train.pos;
+    *sm = (dt_step_metrics_t){.step = t->state.step, .lr = dt_lr_at(&t->sched, s), .skipped = 1};
+    return 0;
+  }
+  snprintf(msg, sizeof msg,
+           "step %d: %s; stopped before the update (under distrainctl the job rolls back to its "
+           "last checkpoint and skips %s; alone, resume with --skip-steps %s)%s",
+           s + 1, what, skips, resume,
+           o->bad_step_skip ? " (right after a step skipped where it was: --bad-step skip)" : "");
+  DT_ERROR(TRAIN, "%s", msg);
+  dt_link_nonfinite(o->link, s + 1, spike, msg);
+  return spike ? DT_ESPIKE : DT_ENAN;
+}
+
 /* --profile-trace: the file, its %r replaced by the rank. A failure to write it is logged, not
  * fatal: the training it describes is done. */
 static void profile_trace(trainer_t *t)
@@ -1819,11 +1904,12 @@ static void profile_report(trainer_t *t)
     profile_trace(t);
 }
 
+/* One optimizer step: K micro-batches, gradient reduction, norm, clipping, AdamW. */
 static int step(trainer_t *t, dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
   const int s = (int)t->state.step;
-  if (skipped_through(o, s + 1) > skipped_through(o, s))
+  if (is_skipped(t, s + 1))
     return skip_step(t, sm);
   double t0 = dt_now_ms(), bubble = 0.0;
   const int profiled =
@@ -1860,33 +1946,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
     loss = NAN; /* fault injection for the rollback tests: every rank sees it, as a real one */
   const int spike = isfinite(loss) && isfinite(norm) && spiked(t, loss);
   if (!isfinite(loss) || !isfinite(norm) || spike) {
-    /* Every rank sees the same (averaged) loss and global norm, and keeps the same average of
-     * the recent losses, so all stop here together. */
-    char what[160], skips[96], resume[32], msg[512];
-    /* a spike: this step's batch and --spike-skip - 1 more, within the run */
-    const int nskip = spike ? DT_MIN(o->spike_skip, o->steps - s) : 1;
-    if (spike)
-      snprintf(what, sizeof what,
-               "loss %.4f, %.2fx the average of the recent steps' (%.4f; --spike-factor %g): a "
-               "spike",
-               loss, loss / t->state.loss_avg, t->state.loss_avg, o->spike_factor);
-    else
-      snprintf(what, sizeof what, "loss %g, gradient norm %g: non-finite", loss, norm);
-    if (nskip > 1) {
-      snprintf(skips, sizeof skips, "the batches of steps %d-%d (--spike-skip %d)", s + 1,
-               s + nskip, o->spike_skip);
-      snprintf(resume, sizeof resume, "%d:%d", s + 1, nskip);
-    } else {
-      snprintf(skips, sizeof skips, "this step's batch");
-      snprintf(resume, sizeof resume, "%d", s + 1);
-    }
-    snprintf(msg, sizeof msg,
-             "step %d: %s; stopped before the update (under distrainctl the job rolls back to its "
-             "last checkpoint and skips %s; alone, resume with --skip-steps %s)",
-             s + 1, what, skips, resume);
-    DT_ERROR(TRAIN, "%s", msg);
-    dt_link_nonfinite(o->link, s + 1, spike, msg);
-    return spike ? DT_ESPIKE : DT_ENAN;
+    if (profiled)
+      DT_CHECK(dt_profile_end(t->prof));
+    return bad_step(t, loss, norm, spike, sm);
   }
   note_loss(&t->state, loss);
   float scale = 1.0f;
@@ -1900,10 +1962,7 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                         .beta2 = o->beta2,
                         .eps = o->eps,
                         .weight_decay = o->weight_decay};
-  DT_CHECK(dt_dp_step(t->dp, &h, scale, s + 1 - skipped_through(o, s)));
-  dt_step_metrics_t by_source = {0};
-  if (t->mb_src)
-    DT_CHECK(source_losses(t, taken0, &by_source));
+  DT_CHECK(dt_dp_step(t->dp, &h, scale, (int)++t->state.updates));
   t->state.step = s + 1;
   t->state.data = t->train.pos;
   if (profiled) /* waits for the device: the step's time then includes its last kernels */
@@ -1916,10 +1975,9 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
                             .ms = ms,
                             .tokens_per_s = t->tokens_per_step * 1000.0 / ms,
                             .comm_ms = dt_dp_take_comm_ms(t->dp),
-                            .bubble = bubble,
-                            .n_sources = by_source.n_sources};
-  memcpy(sm->source_name, by_source.source_name, sizeof sm->source_name);
-  memcpy(sm->source_loss, by_source.source_loss, sizeof sm->source_loss);
+                            .bubble = bubble};
+  if (t->mb_src)
+    DT_CHECK(source_losses(t, taken0, sm));
   const int devices = o->world > 1 ? o->world : 1;
   sm->tflops = t->flops_per_token * sm->tokens_per_s / devices / 1e12;
   sm->mfu = t->peak_flops > 0 ? sm->tflops * 1e12 / t->peak_flops : 0.0;
@@ -1941,8 +1999,8 @@ static void report(trainer_t *t, const dt_step_metrics_t *sm)
   if (sm->skipped) {
     if (t->lead)
       DT_WARN(TRAIN,
-              "step %5lld/%d | skipped: no update (its batch gave a non-finite loss or "
-              "gradient norm before the rollback)",
+              "step %5lld/%d | skipped: no update (a non-finite or spiking loss or gradient "
+              "norm, or a spike's --spike-skip window)",
               (long long)sm->step, o->steps);
     return;
   }
@@ -2112,6 +2170,7 @@ static void teardown(trainer_t *t)
   free(t->mb_targets);
   free(t->mb_src);
   free(t->tok_losses);
+  free(t->here);
   free(t->cp_inputs);
   free(t->cp_targets);
   dt_profile_destroy(t->prof);

@@ -122,7 +122,9 @@ typedef struct {
   /* a step whose loss exceeds this times the recent steps' average stops before its update,
    * as a non-finite one does (0: off) */
   double spike_factor;
-  int spike_skip; /* and its batch and the next spike_skip - 1 are skipped after the rollback */
+  int spike_skip;    /* and its batch and the next spike_skip - 1 are skipped after the rollback */
+  int bad_step_skip; /* --bad-step skip: such a step (and its window) is taken without an update
+                        where it is, with no rollback; one right after such a window rolls back */
   int threads;
   int quiet;
   const char *device; /* "cpu", "cuda", "auto" (NULL) or "cpu-remote" (devices.h) */
