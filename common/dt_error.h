@@ -32,7 +32,7 @@
   X(ESYS, -21, "system call failed")                                                               \
   X(EINTERNAL, -22, "internal error")                                                              \
   X(EBUSY, -23, "resource exhausted, try again later")                                             \
-  X(ESPIKE, -24, "loss spike (--spike-factor)")
+  X(ESPIKE, -24, "loss or gradient-norm spike (--spike-factor, --grad-spike-factor)")
 
 typedef enum {
 #define DT__ERR_ENUM(name, val, msg) DT_##name = (val),

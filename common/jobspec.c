@@ -1165,11 +1165,16 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!(elastic->spike_factor == 0.0 ||
         (elastic->spike_factor > 1.0 && elastic->spike_factor < 1e6)))
     bad(&v, "elastic.spike_factor (%g) must be > 1 (0: off)", elastic->spike_factor);
+  if (!(elastic->grad_spike_factor == 0.0 ||
+        (elastic->grad_spike_factor > 1.0 && elastic->grad_spike_factor < 1e6)))
+    bad(&v, "elastic.grad_spike_factor (%g) must be > 1 (0: off)", elastic->grad_spike_factor);
   if (elastic->spike_skip < 0 || elastic->spike_skip > DT_SPIKE_SKIP_MAX)
     bad(&v, "elastic.spike_skip (%d) must be in [1, %d] (0: 1)", elastic->spike_skip,
         DT_SPIKE_SKIP_MAX);
-  else if (elastic->spike_skip > 1 && elastic->spike_factor == 0.0)
-    bad(&v, "elastic.spike_skip (%d) needs elastic.spike_factor", elastic->spike_skip);
+  else if (elastic->spike_skip > 1 && elastic->spike_factor == 0.0 &&
+           elastic->grad_spike_factor == 0.0)
+    bad(&v, "elastic.spike_skip (%d) needs elastic.spike_factor or elastic.grad_spike_factor",
+        elastic->spike_skip);
   if (!str_empty(elastic->bad_step) && strcmp(elastic->bad_step, "rollback") != 0 &&
       strcmp(elastic->bad_step, "skip") != 0)
     bad(&v, "elastic.bad_step must be rollback or skip, got '%s'", elastic->bad_step);
@@ -1552,6 +1557,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_double(&a, "--peak-tflops", t->peak_tflops);
   if (spec->elastic && spec->elastic->spike_factor > 0)
     av_double(&a, "--spike-factor", spec->elastic->spike_factor);
+  if (spec->elastic && spec->elastic->grad_spike_factor > 0)
+    av_double(&a, "--grad-spike-factor", spec->elastic->grad_spike_factor);
   if (spec->elastic && spec->elastic->spike_skip > 1)
     av_int(&a, "--spike-skip", spec->elastic->spike_skip);
   if (spec->elastic && !str_empty(spec->elastic->bad_step) &&

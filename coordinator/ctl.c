@@ -235,6 +235,19 @@ static int unzip_named(Distrain__V1__NamedLoss *const *l, size_t n, size_t max, 
   return (int)k;
 }
 
+/* ', "key": {"name": loss, ...}' of n named losses; nothing for none. */
+static void write_named(FILE *fp, const char *key, Distrain__V1__NamedLoss *const *l, size_t n)
+{
+  for (size_t i = 0; i < n; i++) { /* names come from trainers: escaped */
+    if (i == 0)
+      fprintf(fp, ", \"%s\": {", key);
+    else
+      fputs(", ", fp);
+    dt_json_string(fp, l[i]->name);
+    fprintf(fp, ": %.9g%s", l[i]->loss, i == n - 1 ? "}" : "");
+  }
+}
+
 /* A step's validation as the trainer's step line has it (dt_valsets_line). */
 static void fmt_val(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
 {
@@ -306,6 +319,11 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
     fputs(", \"val\": ", out);
     json_val(out, j->last_val);
   }
+  if (j->last_sources) { /* {"step", "loss": {source: loss}} */
+    fprintf(out, ", \"sources\": {\"step\": %lld", (long long)j->last_sources->step);
+    write_named(out, "loss", j->last_sources->train_sources, j->last_sources->n_train_sources);
+    fputc('}', out);
+  }
   if (j->n_ranks) {
     fputs(", \"ranks\": [", out);
     for (size_t i = 0; i < j->n_ranks; i++) {
@@ -344,6 +362,11 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   fprintf(out, "world:       %d\n", j->world_size);
   fprintf(out, "progress:    step %lld/%d, loss %.4f, %.0f tokens/s\n", (long long)j->step, steps,
           j->loss, j->tokens_per_s);
+  if (j->last_sources) {
+    char src[DT_BLEND_MAX * (DT_NAME_MAX + 16)];
+    fmt_sources(src, sizeof src, j->last_sources);
+    fprintf(out, "by source:   step %lld%s\n", (long long)j->last_sources->step, src);
+  }
   if (j->last_val) {
     char val[1024];
     fmt_val(val, sizeof val, j->last_val);
@@ -363,8 +386,7 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
       snprintf(what, sizeof what, "steps %lld-%lld", (long long)v[0], (long long)v[run - 1]);
     else
       snprintf(what, sizeof what, "step %lld", (long long)v[0]);
-    fprintf(out, "skipped:     %s (a non-finite loss or gradient, or a loss spike: rolled back)\n",
-            what);
+    fprintf(out, "skipped:     %s (a non-finite or spiking loss or gradient norm)\n", what);
   }
   const size_t shown = DT_MIN(j->n_ranks, (size_t)32);
   for (size_t i = 0; i < shown; i++) {
@@ -560,19 +582,6 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
 /* ------------------------------------------------------------------------------------------ */
 /* Following a job                                                                             */
 /* ------------------------------------------------------------------------------------------ */
-
-/* ', "key": {"name": loss, ...}' of n named losses; nothing for none. */
-static void write_named(FILE *fp, const char *key, Distrain__V1__NamedLoss *const *l, size_t n)
-{
-  for (size_t i = 0; i < n; i++) { /* names come from trainers: escaped */
-    if (i == 0)
-      fprintf(fp, ", \"%s\": {", key);
-    else
-      fputs(", ", fp);
-    dt_json_string(fp, l[i]->name);
-    fprintf(fp, ": %.9g%s", l[i]->loss, i == n - 1 ? "}" : "");
-  }
-}
 
 /* As the trainer's --metrics lines: step 0 (the validation before training) without a step's
  * figures. */

@@ -425,6 +425,14 @@ Distrain__V1__StepMetrics *dt_coord_last_val(const dt_job_t *j)
   return NULL;
 }
 
+Distrain__V1__StepMetrics *dt_coord_last_sources(const dt_job_t *j)
+{
+  for (size_t i = j->n_metrics; i-- > 0;)
+    if (j->metrics[i]->n_train_sources)
+      return j->metrics[i];
+  return NULL;
+}
+
 /* GetJob adds the current generation's ranks: where each runs, its state and step, and the
  * collective it is blocked in (ListJobs leaves them out: O(world) per job), and the newest
  * validation. */
@@ -443,10 +451,12 @@ static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void 
   j->job->ranks = v.ptrs;
   j->job->n_ranks = v.n;
   j->job->last_val = dt_coord_last_val(j); /* borrowed for the reply */
+  j->job->last_sources = dt_coord_last_sources(j);
   dt_rpc_call_reply(call, &j->job->base);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
   j->job->last_val = NULL;
+  j->job->last_sources = NULL;
   dt_coord_rank_views_free(&v);
 }
 

@@ -997,8 +997,9 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
          * (a spike's: elastic.spike_skip steps from it, within the run) without an update.
          * Every rank stops at the same step; the first report decides. */
         const int64_t s = ts->nonfinite_step, last = j->job->spec->training->steps;
+        const int spike = ts->loss_spike || ts->grad_spike;
         const int64_t nskip =
-            ts->loss_spike ? DT_MAX(1, DT_MIN(j->job->spec->elastic->spike_skip, last - s + 1)) : 1;
+            spike ? DT_MAX(1, DT_MIN(j->job->spec->elastic->spike_skip, last - s + 1)) : 1;
         skip_steps_later(j, s, nskip);
         char skips[96] = "that step's batch";
         if (nskip > 1)
@@ -1007,10 +1008,15 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
         snprintf(reason, sizeof reason,
                  "rank %d on %s: %s of step %lld %s; rolling back, %s will be skipped (%zu step%s "
                  "skipped so far)",
-                 ts->rank, n->id, ts->loss_spike ? "the loss" : "the loss or gradient norm",
+                 ts->rank, n->id,
+                 ts->loss_spike   ? "the loss"
+                 : ts->grad_spike ? "the gradient norm"
+                                  : "the loss or gradient norm",
                  (long long)s,
-                 ts->loss_spike ? "spiked (over elastic.spike_factor x the recent steps' average)"
-                                : "was non-finite",
+                 ts->loss_spike   ? "spiked (over elastic.spike_factor x the recent steps' average)"
+                 : ts->grad_spike ? "spiked (over elastic.grad_spike_factor x the recent steps' "
+                                    "average)"
+                                  : "was non-finite",
                  skips, j->job->n_skipped_steps, j->job->n_skipped_steps == 1 ? "" : "s");
       } else if (strstr(ts->last_error, "DT_EREMOTE") && !ts->term_signal) {
         /* Its peer failed first: wait for the peer's node to be declared dead (one heartbeat
@@ -1027,6 +1033,7 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       recover(c, j,
               ts->nonfinite_step <= 0 ? DT_RESTART_TRAINER_FAILED
               : ts->loss_spike        ? DT_RESTART_LOSS_SPIKE
+              : ts->grad_spike        ? DT_RESTART_GRAD_SPIKE
                                       : DT_RESTART_NONFINITE,
               reason);
       replan = 1;

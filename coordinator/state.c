@@ -7,11 +7,15 @@
 #include "dt_error.h"
 #include "dt_util.h"
 
-const char *const dt_restart_reason_names[DT_RESTART_N] = {
-    [DT_RESTART_NODE_DEAD] = "node_dead", [DT_RESTART_TRAINER_FAILED] = "trainer_failed",
-    [DT_RESTART_NONFINITE] = "nonfinite", [DT_RESTART_LOSS_SPIKE] = "loss_spike",
-    [DT_RESTART_HANG] = "hang",           [DT_RESTART_GROW] = "grow",
-    [DT_RESTART_STOPPED] = "stopped"};
+const char *const dt_restart_reason_names[DT_RESTART_N] = {[DT_RESTART_NODE_DEAD] = "node_dead",
+                                                           [DT_RESTART_TRAINER_FAILED] =
+                                                               "trainer_failed",
+                                                           [DT_RESTART_NONFINITE] = "nonfinite",
+                                                           [DT_RESTART_LOSS_SPIKE] = "loss_spike",
+                                                           [DT_RESTART_GRAD_SPIKE] = "grad_spike",
+                                                           [DT_RESTART_HANG] = "hang",
+                                                           [DT_RESTART_GROW] = "grow",
+                                                           [DT_RESTART_STOPPED] = "stopped"};
 
 /* Upper bounds of distrain_step_duration_seconds: a tiny CPU model's 1 ms to a large model's
  * minute-long steps. */

@@ -79,6 +79,7 @@ typedef enum {
   DT_RESTART_TRAINER_FAILED, /* a trainer exited or was killed */
   DT_RESTART_NONFINITE,      /* a non-finite loss or gradient: rolled back */
   DT_RESTART_LOSS_SPIKE, /* a loss over elastic.spike_factor x the recent average: rolled back */
+  DT_RESTART_GRAD_SPIKE, /* a gradient norm over elastic.grad_spike_factor x the same */
   DT_RESTART_HANG,       /* a collective blocked past the hang timeout */
   DT_RESTART_GROW,       /* nodes came back: grown to a larger dp at a checkpoint */
   DT_RESTART_STOPPED,    /* a trainer was asked to stop (SIGTERM) and saved its step first */

@@ -64,28 +64,20 @@ static void write_job(FILE *out, dt_coord_t *c, dt_job_t *j)
   j->job->ranks = ranks ? v.ptrs : NULL;
   j->job->n_ranks = ranks ? v.n : 0;
   j->job->last_val = dt_coord_last_val(j); /* borrowed, as GetJob does */
+  j->job->last_sources = dt_coord_last_sources(j);
   fputs("{\"job\": ", out);
   dt_ctl_print_job(out, j->job, 1);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
   j->job->last_val = NULL;
+  j->job->last_sources = NULL;
   if (ranks)
     dt_coord_rank_views_free(&v);
   const Distrain__V1__ParallelSpec *p = j->job->spec ? j->job->spec->parallel : NULL;
   fprintf(out, ", \"mesh\": {\"pp\": %d, \"dp\": %d, \"cp\": %d, \"tp\": %d}, \"history\": ",
           p ? p->pp : 1, j->dp > 0 ? j->dp : (p ? p->dp : 1), p ? p->cp : 1, p ? p->tp : 1);
   write_history(out, j);
-  /* the newest step's losses by blend source (data.train): name -> loss */
-  const Distrain__V1__StepMetrics *last = j->n_metrics ? j->metrics[j->n_metrics - 1] : NULL;
-  const size_t nsrc = last ? last->n_train_sources : 0;
-  fputs(", \"sources\": {", out);
-  for (size_t i = 0; i < nsrc; i++) {
-    fputs(i ? ", " : "", out);
-    dt_json_string(out, last->train_sources[i]->name);
-    fputs(": ", out);
-    dt_json_number(out, "%.7g", last->train_sources[i]->loss);
-  }
-  fputs("}}", out);
+  fputc('}', out);
 }
 
 char *dt_coord_status_json(dt_coord_t *c, size_t *len)

@@ -2359,9 +2359,23 @@ class T10b_LossSpike(ClusterTest):
                              r"checkpoint" % (job_id, spike.SPIKE, spike.SPIKE, spike.SPIKE + 2))
         status = self.ctl("status", job_id, "--coordinator", self.addr, "--token-file",
                           self.token_file)
-        self.assertIn("skipped:     steps %d-%d (a non-finite loss or gradient, or a loss spike: "
-                      "rolled back)" % (spike.SPIKE, spike.SPIKE + 2), status.stdout)
+        self.assertIn("skipped:     steps %d-%d (a non-finite or spiking loss or gradient norm)"
+                      % (spike.SPIKE, spike.SPIKE + 2), status.stdout)
         self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=tuple(window))
+
+    def test_gradient_norm_spike_rolls_back(self):
+        """elastic.grad_spike_factor 3 alone: the spike's gradient norm rolls the job back the
+        same way, the coordinator naming it; the losses of --skip-steps S."""
+        import test_spike as spike
+        job_id, done = self.spike_job(spike_factor=0, grad_spike_factor=3)
+        self.assertEqual((done.restarts, done.generation, list(done.skipped_steps)),
+                         (1, 2, [spike.SPIKE]))
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: RUNNING -> RECOVERING \(generation 1\): rank \d "
+                             r"on node-\d: the gradient norm of step %d spiked \(over "
+                             r"elastic.grad_spike_factor x the recent steps' average\); rolling "
+                             r"back, that step's batch will be skipped" % (job_id, spike.SPIKE))
+        self.assertUninterrupted(job_id, spike.STEPS, 2, skipped=(spike.SPIKE,))
 
     def test_loss_spike_skipped_in_place(self):
         """The same job with elastic.bad_step: skip (spike_skip 2): no restart; the ranks take

@@ -173,7 +173,7 @@ class T1_Endpoint(MetricsTest):
              if n.endswith("_count")], [0])
         reasons = {lb["reason"] for _, lb, _ in samples_of(fams, "distrain_restarts_total")}
         self.assertEqual(reasons, {"node_dead", "trainer_failed", "nonfinite", "loss_spike",
-                                   "hang", "grow", "stopped"})
+                                   "grad_spike", "hang", "grow", "stopped"})
 
         # HEAD: the headers of GET, no body
         status, headers, body = http(self.base + "/metrics", method="HEAD")
@@ -366,8 +366,12 @@ class T2_Prometheus(MetricsTest):
         self.assertEqual({k: f32(v) for k, v in sets.items()},
                          {v.name: f32(v.loss) for v in ms[-1].val_sets})
         self.assertEqual(len([m for m in ms if m.val_sets]), 2)  # half way and at the end
-        # each blend source's newest training loss, labelled with its name (src2: unnamed)
+        # each blend source's newest training loss, labelled with its name (src2: unnamed);
+        # distrainctl status JOB's, as JSON and as a line
         self.assertEqual([x.name for x in ms[-1].train_sources], ["web", "src2"])
+        self.assertEqual((st["sources"]["step"], {k: f32(v) for k, v in
+                                                  st["sources"]["loss"].items()}),
+                         (steps, {x.name: f32(x.loss) for x in ms[-1].train_sources}))
         self.assertFalse(m0.train_sources)
         srcs = {m["source"]: v for m, v in self.query("distrain_train_source_loss" + sel)}
         self.assertEqual({k: f32(v) for k, v in srcs.items()},
@@ -381,6 +385,9 @@ class T2_Prometheus(MetricsTest):
                      self.token_file)
         self.assertIn("validation:  step %d | val %.4f (held.out %.4f, train %.4f)\n"
                       % (steps, ms[-1].val_loss, ms[-1].val_sets[0].loss, ms[-1].val_sets[1].loss),
+                      r.stdout)
+        self.assertIn("by source:   step %d (web %.4f, src2 %.4f)\n"
+                      % (steps, ms[-1].train_sources[0].loss, ms[-1].train_sources[1].loss),
                       r.stdout)
         # the newest step's model TFLOP/s per device, and the MFU against training.peak_tflops
         self.assertGreater(ms[-1].tflops, 0)
@@ -454,8 +461,8 @@ class T3_Dashboard(MetricsTest):
         self.assertEqual([{k: v for k, v in n.items() if k not in drop} for n in d["nodes"]],
                          [{k: v for k, v in n.items() if k not in drop} for n in ctl_nodes])
         (x,) = d["jobs"]
-        self.assertEqual(set(x), {"job", "mesh", "history", "sources"})
-        self.assertEqual(list(x["sources"]), ["web", "code"])
+        self.assertEqual(set(x), {"job", "mesh", "history"})
+        self.assertEqual(list(x["job"]["sources"]["loss"]), ["web", "code"])
         self.assertEqual((x["job"]["job_id"], x["job"]["name"], x["job"]["state"]),
                          (job_id, ODD_NAME, "RUNNING"))
         self.assertEqual(x["mesh"], {"pp": 1, "dp": 1, "cp": 1, "tp": 1})
@@ -501,9 +508,8 @@ class T3_Dashboard(MetricsTest):
         self.assertIn('title="validation at step %d, set held.out">held.out <b>%s</b>'
                       % (steps, shown(last.val_sets[0].loss)), dom)
         for src in last.train_sources:  # the final step's loss of each blend source
-            self.assertIn('title="training loss over the tokens of source %s, newest step">%s '
-                          '<b>%s</b>' % (src.name, src.name, "%.4f" % float("%.7g" % src.loss)),
-                          dom)
+            self.assertIn('title="training loss over the tokens of source %s in step %d">%s '
+                          '<b>%s</b>' % (src.name, steps, src.name, shown(src.loss)), dom)
         self.assertEqual([x.name for x in last.train_sources], ["web", "code"])
         self.assertIn("node-0", dom)
         self.assertIn("RUNNING -&gt; COMPLETED", dom)  # the events list

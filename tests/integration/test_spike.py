@@ -18,6 +18,8 @@ is many times the rest. Checks:
   - --bad-step skip: the spike, its window, or a NaN, taken without an update where it is; the
     run goes on to the losses of a run told --skip-steps (bit for bit), resumed or not; a
     second spike right after rolls back;
+  - --grad-spike-factor: the spike's gradient norm stops it the same way, its average kept in
+    checkpoints too;
   - dp=2: both ranks stop at the spike, with the same message;
   - bad values are refused with one line.
 
@@ -91,7 +93,8 @@ class Spike(unittest.TestCase):
                       r"and skips %s; alone, resume with --skip-steps %s\)"
                       % (SPIKE, re.escape(skips), resume), stderr)
         self.assertIsNotNone(m, stderr)
-        self.assertIn("failed: loss spike (--spike-factor)", stderr)
+        self.assertIn("failed: loss or gradient-norm spike (--spike-factor, --grad-spike-factor)",
+                      stderr)
         return m.group(1), m.group(2)
 
     def test_caught_and_rolled_back(self):
@@ -202,6 +205,42 @@ class Spike(unittest.TestCase):
                          r"the update .* resume with --skip-steps %d\) \(right after a step "
                          r"skipped where it was: --bad-step skip\)" % (SPIKE + 1, SPIKE + 1))
 
+    def test_gradient_norm_spike(self):
+        """--grad-spike-factor 3 alone: the spike's gradient norm stops the run before the update
+        (the message names it, the norm and the average); resumed with --skip-steps it equals the
+        reference bit for bit; the average comes back from a checkpoint (stopped 20 steps
+        before); --bad-step skip goes on as a run told --skip-steps."""
+        ck = self.path("ck-grad")
+        common = ("--grad-spike-factor", "3", "--ckpt-dir", ck, "--save-every", "20")
+        p = self.run_one(*common, expect=1)
+        self.assertIn("--grad-spike-factor 3: armed once 50 more steps have set the average "
+                      "gradient norm", p.stderr)
+        pattern = (r"ERROR step %d: gradient norm ([0-9.]+), [0-9.]+x the average of the recent "
+                   r"steps' \(([0-9.]+); --grad-spike-factor 3\): a spike; stopped before the "
+                   r"update \(under distrainctl the job rolls back to its last checkpoint and "
+                   r"skips this step's batch; alone, resume with --skip-steps %d\)"
+                   % (SPIKE, SPIKE))
+        caught = re.search(pattern, p.stderr)
+        self.assertIsNotNone(caught, p.stderr)
+        resumed, ref = self.path("resumed-grad.jsonl"), self.path("ref-grad.jsonl")
+        self.run_one(*common, "--resume", "--skip-steps", str(SPIKE), "--metrics", resumed)
+        self.run_one("--skip-steps", str(SPIKE), "--metrics", ref)
+        got, want = self.losses(resumed), self.losses(ref)
+        self.assertEqual(sorted(got), [s for s in range(61, STEPS + 1) if s != SPIKE])
+        self.assertEqual(got, {s: want[s] for s in got})
+        ck2 = self.path("ck-grad2")
+        self.run_one("--ckpt-dir", ck2, "--save-every", "25", "--stop-at", "50")
+        p = self.run_one("--grad-spike-factor", "3", "--ckpt-dir", ck2, "--save-every", "25",
+                         "--resume", expect=1)
+        again = re.search(pattern, p.stderr)
+        self.assertIsNotNone(again, p.stderr)
+        self.assertEqual(again.groups(), caught.groups())
+        self.assertRegex(p.stderr, r"--grad-spike-factor 3: armed \(the recent steps' average "
+                         r"gradient norm from the checkpoint: [0-9.]+\)")
+        here = self.path("here-grad.jsonl")
+        self.run_one("--grad-spike-factor", "3", "--bad-step", "skip", "--metrics", here)
+        self.assertEqual(self.losses(here), want)
+
     def test_data_parallel_ranks_stop_together(self):
         args = self.args("--spike-factor", "3")
         args[args.index("--batch") + 1] = str(B // 2)  # the same global batch over dp=2
@@ -223,7 +262,10 @@ class Spike(unittest.TestCase):
                              "--spike-skip must be in [1, 10000]"),
                             (["--spike-factor", "3", "--spike-skip", "10001"],
                              "--spike-skip must be in [1, 10000]"),
-                            (["--spike-skip", "2"], "--spike-skip needs --spike-factor"),
+                            (["--spike-skip", "2"],
+                             "--spike-skip needs --spike-factor or --grad-spike-factor"),
+                            (["--grad-spike-factor", "0.5"],
+                             "--grad-spike-factor must be > 1 (0: off)"),
                             (["--skip-steps", "5:0"], ranges),
                             (["--skip-steps", "0:2"], ranges),
                             (["--skip-steps", "3-4"], ranges),

@@ -797,7 +797,9 @@ static const struct {
      "elastic.spike_skip (-1) must be in [1, 10000] (0: 1)"},
     {{"elastic.spike_factor=3", "elastic.spike_skip=10001"},
      "elastic.spike_skip (10001) must be in [1, 10000] (0: 1)"},
-    {{"elastic.spike_skip=2"}, "elastic.spike_skip (2) needs elastic.spike_factor"},
+    {{"elastic.spike_skip=2"},
+     "elastic.spike_skip (2) needs elastic.spike_factor or elastic.grad_spike_factor"},
+    {{"elastic.grad_spike_factor=0.5"}, "elastic.grad_spike_factor (0.5) must be > 1 (0: off)"},
     {{"elastic.bad_step=retry"}, "elastic.bad_step must be rollback or skip, got 'retry'"},
 };
 
@@ -1142,6 +1144,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--spike-factor"));
   ck_assert(!has_arg(argv, "--spike-skip"));
   ck_assert(!has_arg(argv, "--bad-step"));
+  ck_assert(!has_arg(argv, "--grad-spike-factor"));
   ck_assert_str_eq(flag_value(argv, "--train"), "train_*.bin");
   ck_assert_str_eq(flag_value(argv, "--device"), "auto");
   ck_assert(!has_arg(argv, "--comm"));      /* auto is the trainer's default */
@@ -1175,11 +1178,13 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "elastic.spike_factor=2.5");
   set_ok(s, "elastic.spike_skip=200");
   set_ok(s, "elastic.bad_step=skip");
+  set_ok(s, "elastic.grad_spike_factor=4");
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
   ck_assert_str_eq(flag_value(argv, "--spike-factor"), "2.5");
   ck_assert_str_eq(flag_value(argv, "--spike-skip"), "200");
   ck_assert_str_eq(flag_value(argv, "--bad-step"), "skip");
+  ck_assert_str_eq(flag_value(argv, "--grad-spike-factor"), "4.0");
   ck_assert_str_eq(flag_value(argv, "--profile"), "3:2");
   ck_assert_str_eq(flag_value(argv, "--threads"), "6");
   ck_assert_str_eq(flag_value(argv, "--device"), "cuda");

@@ -236,6 +236,7 @@ static void handle_report(trainer_t *t, const uint8_t *data, size_t len)
   if (r->nonfinite_step > 0) {
     t->status.nonfinite_step = r->nonfinite_step;
     t->status.loss_spike = r->loss_spike;
+    t->status.grad_spike = r->grad_spike;
   }
   if (r->n_skipped_in_place) { /* the newest list replaces the last */
     free(t->status.skipped_in_place);

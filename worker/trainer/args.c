@@ -50,6 +50,7 @@ static void usage(FILE *out)
       "                              steps' (about 50; kept in checkpoints) stops before its\n"
       "                              update, as a NaN/Inf one does: under distrainctl the job\n"
       "                              rolls back and skips that step's batch (default 0: off)\n"
+      "  --grad-spike-factor F       the same of the global gradient norm (before clipping)\n"
       "  --spike-skip N              and the next N - 1 steps' too, as PaLM skipped a few\n"
       "                              hundred batches around a spike (default 1)\n"
       "  --bad-step rollback|skip    a non-finite or spiking step: stop for a rollback to the\n"
@@ -138,6 +139,7 @@ enum {
   OPT_SKIP_STEPS,
   OPT_SPIKE_FACTOR,
   OPT_SPIKE_SKIP,
+  OPT_GRAD_SPIKE_FACTOR,
   OPT_BAD_STEP,
   OPT_LR,
   OPT_WARMUP,
@@ -211,6 +213,7 @@ static const struct option g_opts[] = {
     {"skip-steps", required_argument, 0, OPT_SKIP_STEPS},
     {"spike-factor", required_argument, 0, OPT_SPIKE_FACTOR},
     {"spike-skip", required_argument, 0, OPT_SPIKE_SKIP},
+    {"grad-spike-factor", required_argument, 0, OPT_GRAD_SPIKE_FACTOR},
     {"bad-step", required_argument, 0, OPT_BAD_STEP},
     {"lr", required_argument, 0, OPT_LR},
     {"warmup", required_argument, 0, OPT_WARMUP},
@@ -487,6 +490,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SPIKE_SKIP:
       rc = parse_int(c, optarg, &o->spike_skip);
+      break;
+    case OPT_GRAD_SPIKE_FACTOR:
+      rc = parse_float(c, optarg, &o->grad_spike_factor);
       break;
     case OPT_BAD_STEP:
       if (strcmp(optarg, "rollback") != 0 && strcmp(optarg, "skip") != 0) {

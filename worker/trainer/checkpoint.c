@@ -275,7 +275,10 @@ typedef struct {
   double loss_avg;        /* dt_train_state_t's (0 before the fields existed) */
   int64_t loss_steps;
   int64_t updates; /* with CKPT_FLAG_UPDATES */
-  uint8_t pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8 - 8 - 8 - 8];
+  double norm_avg; /* dt_train_state_t's (0 before the fields existed) */
+  int64_t norm_steps;
+  uint8_t
+      pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8 - 8 - 8 - 8 - 8 - 8];
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
 
@@ -352,6 +355,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   h.threads = state->threads;
   h.loss_avg = state->loss_avg, h.loss_steps = state->loss_steps;
   h.updates = state->updates;
+  h.norm_avg = state->norm_avg, h.norm_steps = state->norm_steps;
   h.nruns = (int64_t)nruns;
   uint32_t crc = dt_crc32c(dt_crc32c(0, table, table_bytes), state->data.taken, counts_bytes);
   h.payload_bytes = table_bytes + counts_bytes;
@@ -712,6 +716,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       state->threads = h.threads;
       state->loss_avg = h.loss_avg, state->loss_steps = h.loss_steps;
       state->updates = (h.flags & CKPT_FLAG_UPDATES) ? h.updates : -1;
+      state->norm_avg = h.norm_avg, state->norm_steps = h.norm_steps;
     }
   }
   DT_CHECK_GOTO(runs_disjoint(sdir, all, nall), ret, out);

@@ -38,6 +38,8 @@ typedef struct {
    * over the losses of loss_steps updated steps (0 in checkpoints older than the field). */
   double loss_avg;
   int64_t loss_steps;
+  double norm_avg; /* the same of the gradient norms, for --grad-spike-factor */
+  int64_t norm_steps;
   /* AdamW updates through step: steps taken without one (--skip-steps, a bad step skipped in
    * place) are not counted; -1 read from a checkpoint older than the field */
   int64_t updates;

@@ -257,7 +257,7 @@ void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m)
   send_report(l, &r);
 }
 
-static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step, int spike)
+static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step, dt_bad_step_t bad)
 {
   Distrain__V1__TrainerReport r = DISTRAIN__V1__TRAINER_REPORT__INIT;
   char buf[512];
@@ -265,18 +265,19 @@ static void send_error(dt_link_t *l, const char *msg, int64_t nonfinite_step, in
   r.error = buf;
   r.memory_bytes = peak_rss_bytes();
   r.nonfinite_step = nonfinite_step;
-  r.loss_spike = spike;
+  r.loss_spike = bad == DT_BAD_LOSS_SPIKE;
+  r.grad_spike = bad == DT_BAD_GRAD_SPIKE;
   send_report(l, &r);
 }
 
 void dt_link_error(dt_link_t *l, const char *msg)
 {
-  send_error(l, msg, 0, 0);
+  send_error(l, msg, 0, DT_BAD_NONE);
 }
 
-void dt_link_nonfinite(dt_link_t *l, int64_t step, int spike, const char *msg)
+void dt_link_nonfinite(dt_link_t *l, int64_t step, dt_bad_step_t bad, const char *msg)
 {
-  send_error(l, msg, step, spike);
+  send_error(l, msg, step, bad);
 }
 
 void dt_link_skipped(dt_link_t *l, const int64_t *steps, size_t n)

@@ -26,10 +26,10 @@ void dt_link_close(dt_link_t *l);
 int dt_link_has_coordinator(const dt_link_t *l);
 void dt_link_step(dt_link_t *l, const dt_step_metrics_t *m);
 void dt_link_error(dt_link_t *l, const char *msg);
-/* The reason for a coming exit: step's loss or gradient norm was NaN/Inf, or (spike) its loss
- * was over --spike-factor times the recent average (the coordinator rolls back and has the
- * step skipped). */
-void dt_link_nonfinite(dt_link_t *l, int64_t step, int spike, const char *msg);
+/* The reason for a coming exit: step was bad (its loss or gradient norm NaN/Inf, or over
+ * --spike-factor / --grad-spike-factor times the recent average): the coordinator rolls back
+ * and has the step skipped. */
+void dt_link_nonfinite(dt_link_t *l, int64_t step, dt_bad_step_t bad, const char *msg);
 /* Every step so far taken without an update where it was (--bad-step skip), ascending: the
  * coordinator records them, so that a later generation resumed from before them skips them. */
 void dt_link_skipped(dt_link_t *l, const int64_t *steps, size_t n);

@@ -36,11 +36,12 @@
 #include "hf.h"
 #include "jobspec.h"
 
-/* --spike-factor: a step's loss against the average of the recent steps' losses, their mean
- * over the first SPIKE_HORIZON updated steps and then an exponential moving average giving the
- * newest 1/SPIKE_HORIZON of the weight (about the last SPIKE_HORIZON steps). It is kept in the
- * checkpoints (dt_train_state_t), so a resumed run judges each step as the uninterrupted run
- * would; the guard is armed once SPIKE_HORIZON steps are in it. Skipped steps add nothing. */
+/* --spike-factor (--grad-spike-factor): a step's loss (global gradient norm, before clipping)
+ * against the average of the recent steps', their mean over the first SPIKE_HORIZON updated
+ * steps and then an exponential moving average giving the newest 1/SPIKE_HORIZON of the weight
+ * (about the last SPIKE_HORIZON steps). It is kept in the checkpoints (dt_train_state_t), so a
+ * resumed run judges each step as the uninterrupted run would; the guard is armed once
+ * SPIKE_HORIZON steps are in it. Skipped steps add nothing. */
 #define SPIKE_HORIZON 50
 
 /* How long a rank waits for its peers, at rendezvous and inside a collective. */
@@ -183,10 +184,13 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample-top-k and --sample-top-p need --sample N (the tokens to generate)";
   else if (!(o->spike_factor == 0.0 || (o->spike_factor > 1.0 && isfinite(o->spike_factor))))
     msg = "--spike-factor must be > 1 (0: off)";
+  else if (!(o->grad_spike_factor == 0.0 ||
+             (o->grad_spike_factor > 1.0 && isfinite(o->grad_spike_factor))))
+    msg = "--grad-spike-factor must be > 1 (0: off)";
   else if (o->spike_skip < 1 || o->spike_skip > DT_SPIKE_SKIP_MAX)
     msg = "--spike-skip must be in [1, 10000]";
-  else if (o->spike_skip > 1 && o->spike_factor == 0.0)
-    msg = "--spike-skip needs --spike-factor";
+  else if (o->spike_skip > 1 && o->spike_factor == 0.0 && o->grad_spike_factor == 0.0)
+    msg = "--spike-skip needs --spike-factor or --grad-spike-factor";
   else if (o->threads < 0)
     msg = "--threads must be >= 0";
   else if (o->precision && strcmp(o->precision, "fp32") && strcmp(o->precision, "bf16"))
@@ -1430,6 +1434,18 @@ static void log_blend(const trainer_t *t)
         t->o->steps, seqs * dl->weight[d] / (double)dt_dataloader_epoch_windows(&dl->src[d]));
 }
 
+/* Whether a spike guard (flag, factor) is armed: the average of the recent steps' (what) from
+ * the checkpoint, or how many steps must set it first. */
+static void log_guard(const char *flag, double factor, const char *what, double avg, int64_t n)
+{
+  if (factor > 0 && n >= SPIKE_HORIZON)
+    DT_INFO(TRAIN, "%s %g: armed (the recent steps' average %s from the checkpoint: %.4f)", flag,
+            factor, what, avg);
+  else if (factor > 0)
+    DT_INFO(TRAIN, "%s %g: armed once %lld more steps have set the average %s", flag, factor,
+            (long long)(SPIKE_HORIZON - n), what);
+}
+
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
 static int setup(trainer_t *t, const dt_train_opts_t *o)
 {
@@ -1693,13 +1709,9 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
           (long long)t->state.step, o->steps);
   log_blend(t);
   log_flops(t);
-  if (o->spike_factor > 0 && t->state.loss_steps >= SPIKE_HORIZON)
-    DT_INFO(TRAIN,
-            "--spike-factor %g: armed (the recent steps' average loss from the checkpoint: %.4f)",
-            o->spike_factor, t->state.loss_avg);
-  else if (o->spike_factor > 0)
-    DT_INFO(TRAIN, "--spike-factor %g: armed once %lld more steps have set the average loss",
-            o->spike_factor, (long long)(SPIKE_HORIZON - t->state.loss_steps));
+  log_guard("--spike-factor", o->spike_factor, "loss", t->state.loss_avg, t->state.loss_steps);
+  log_guard("--grad-spike-factor", o->grad_spike_factor, "gradient norm", t->state.norm_avg,
+            t->state.norm_steps);
   t->sched = o->sched;
   t->sched.total_steps = o->steps;
   return 0;
@@ -1761,17 +1773,17 @@ static int pipe_step(trainer_t *t, double *loss_acc, double *bubble)
                           loss_acc, t->tok_losses, bubble);
 }
 
-/* --spike-factor's average of the recent losses (SPIKE_HORIZON, above). */
-static void note_loss(dt_train_state_t *st, float loss)
+/* A spike guard's average of the recent values (SPIKE_HORIZON, above): x joins it. */
+static void note_recent(double *avg, int64_t *n, float x)
 {
-  st->loss_steps++;
-  st->loss_avg += (loss - st->loss_avg) / (double)DT_MIN(st->loss_steps, SPIKE_HORIZON);
+  ++*n;
+  *avg += (x - *avg) / (double)DT_MIN(*n, SPIKE_HORIZON);
 }
 
-static int spiked(const trainer_t *t, float loss)
+/* Whether x is over factor times the average of n recent values, once the guard is armed. */
+static int spiked(double factor, double avg, int64_t n, float x)
 {
-  const double f = t->o->spike_factor;
-  return f > 0 && t->state.loss_steps >= SPIKE_HORIZON && loss > f * t->state.loss_avg;
+  return factor > 0 && n >= SPIKE_HORIZON && x > factor * avg;
 }
 
 /* A step of --skip-steps: the batches it would train on are consumed, nothing is updated. */
@@ -1813,18 +1825,24 @@ static int is_skipped(const trainer_t *t, int64_t step)
  * batch and --spike-skip - 1 more, within the run. With --bad-step skip (and not right after
  * the window of the last one) the step and its window are taken without an update here and the
  * run goes on (0, sm a skipped step); else it stops for a rollback (DT_ENAN / DT_ESPIKE). */
-static int bad_step(trainer_t *t, float loss, float norm, int spike, dt_step_metrics_t *sm)
+static int bad_step(trainer_t *t, float loss, float norm, dt_bad_step_t bad, dt_step_metrics_t *sm)
 {
   const dt_train_opts_t *o = t->o;
-  const int s = (int)t->state.step;
+  const dt_train_state_t *st = &t->state;
+  const int s = (int)st->step, spike = bad != DT_BAD_NONFINITE;
   const int nskip = spike ? DT_MIN(o->spike_skip, o->steps - s) : 1;
   const int here = o->bad_step_skip && !(t->here_end > 0 && s + 1 == t->here_end + 1);
   char what[160], skips[96], resume[32], msg[512];
-  if (spike)
+  if (bad == DT_BAD_LOSS_SPIKE)
     snprintf(what, sizeof what,
              "loss %.4f, %.2fx the average of the recent steps' (%.4f; --spike-factor %g): a "
              "spike",
-             loss, loss / t->state.loss_avg, t->state.loss_avg, o->spike_factor);
+             loss, loss / st->loss_avg, st->loss_avg, o->spike_factor);
+  else if (bad == DT_BAD_GRAD_SPIKE)
+    snprintf(what, sizeof what,
+             "gradient norm %.4f, %.2fx the average of the recent steps' (%.4f; "
+             "--grad-spike-factor %g): a spike",
+             norm, norm / st->norm_avg, st->norm_avg, o->grad_spike_factor);
   else
     snprintf(what, sizeof what, "loss %g, gradient norm %g: non-finite", loss, norm);
   if (nskip > 1) {
@@ -1862,7 +1880,7 @@ static int bad_step(trainer_t *t, float loss, float norm, int spike, dt_step_met
            s + 1, what, skips, resume,
            o->bad_step_skip ? " (right after a step skipped where it was: --bad-step skip)" : "");
   DT_ERROR(TRAIN, "%s", msg);
-  dt_link_nonfinite(o->link, s + 1, spike, msg);
+  dt_link_nonfinite(o->link, s + 1, bad, msg);
   return spike ? DT_ESPIKE : DT_ENAN;
 }
 
@@ -1944,13 +1962,19 @@ static int step(trainer_t *t, dt_step_metrics_t *sm)
   DT_CHECK(dt_dp_grad_norm(t->dp, &norm));
   if (dt_param_FaultNanStep() == s + 1)
     loss = NAN; /* fault injection for the rollback tests: every rank sees it, as a real one */
-  const int spike = isfinite(loss) && isfinite(norm) && spiked(t, loss);
-  if (!isfinite(loss) || !isfinite(norm) || spike) {
+  dt_train_state_t *st = &t->state;
+  const dt_bad_step_t bad =
+      !isfinite(loss) || !isfinite(norm)                                 ? DT_BAD_NONFINITE
+      : spiked(o->spike_factor, st->loss_avg, st->loss_steps, loss)      ? DT_BAD_LOSS_SPIKE
+      : spiked(o->grad_spike_factor, st->norm_avg, st->norm_steps, norm) ? DT_BAD_GRAD_SPIKE
+                                                                         : DT_BAD_NONE;
+  if (bad != DT_BAD_NONE) {
     if (profiled)
       DT_CHECK(dt_profile_end(t->prof));
-    return bad_step(t, loss, norm, spike, sm);
+    return bad_step(t, loss, norm, bad, sm);
   }
-  note_loss(&t->state, loss);
+  note_recent(&st->loss_avg, &st->loss_steps, loss);
+  note_recent(&st->norm_avg, &st->norm_steps, norm);
   float scale = 1.0f;
   if (o->grad_clip > 0.0f) {
     scale = o->grad_clip / (norm + 1e-6f);

@@ -40,6 +40,14 @@ double dt_lr_at(const dt_lr_schedule_t *sch, int s);
 /* The schedule named "constant", "cosine", "linear" or "wsd"; -1 for another name. */
 int dt_lr_schedule_parse(const char *name, dt_schedule_t *out);
 
+/* What made a step bad: it stops before its update (a rollback, or --bad-step skip). */
+typedef enum {
+  DT_BAD_NONE,
+  DT_BAD_NONFINITE,  /* a NaN/Inf loss or gradient norm */
+  DT_BAD_LOSS_SPIKE, /* a loss over --spike-factor x the recent steps' average */
+  DT_BAD_GRAD_SPIKE, /* a gradient norm over --grad-spike-factor x the recent steps' average */
+} dt_bad_step_t;
+
 /* Per-step figures, as written to --metrics (step is 1-based: steps completed). */
 typedef struct {
   int64_t step;
@@ -122,6 +130,7 @@ typedef struct {
   /* a step whose loss exceeds this times the recent steps' average stops before its update,
    * as a non-finite one does (0: off) */
   double spike_factor;
+  double grad_spike_factor; /* the same of the global gradient norm (before clipping) */
   int spike_skip;    /* and its batch and the next spike_skip - 1 are skipped after the rollback */
   int bad_step_skip; /* --bad-step skip: such a step (and its window) is taken without an update
                         where it is, with no rollback; one right after such a window rolls back */
