@@ -154,6 +154,18 @@ void dt_blend_free(dt_blend_t *b)
   memset(b, 0, sizeof *b);
 }
 
+int dt_blend_names(const char *spec, char (*name)[DT_NAME_MAX])
+{
+  dt_blend_t b;
+  char why[256];
+  if (!spec || !dt_blend_is(spec) || dt_blend_parse(spec, &b, why, sizeof why) != 0)
+    return 0;
+  const int n = b.n;
+  memcpy(name, b.name, (size_t)n * sizeof *name);
+  dt_blend_free(&b);
+  return n;
+}
+
 int dt_valsets_parse(const char *spec, dt_valsets_t *v, char *why, size_t whylen)
 {
   memset(v, 0, sizeof *v);

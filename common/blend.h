@@ -41,6 +41,9 @@ int dt_blend_parse(const char *spec, dt_blend_t *b, char *why, size_t whylen);
  * shortest text that reads back exactly) into a new string; NULL when out of memory. */
 char *dt_blend_format(const dt_blend_t *b);
 void dt_blend_free(dt_blend_t *b);
+/* The names of spec's sources, in its order, into name (room for DT_BLEND_MAX); their count, 0
+ * for a spec that is one source or no valid blend. */
+int dt_blend_names(const char *spec, char (*name)[DT_NAME_MAX]);
 
 #define DT_VALSETS_MAX 16 /* named validation sets */
 

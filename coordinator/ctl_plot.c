@@ -119,16 +119,12 @@ static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, 
   gp_string(plot, t);
   /* The blend's sources, named as its spec names them: a dashed line each. */
   const Distrain__V1__JobSpec *spec = p->job->spec;
-  const char *train = spec && spec->data ? spec->data->train : NULL;
-  dt_blend_t b;
-  char why[256];
-  if (train && dt_blend_is(train) && dt_blend_parse(train, &b, why, sizeof why) == 0) {
-    const char *names[DT_BLEND_MAX];
-    for (int d = 0; d < b.n; d++)
-      names[d] = b.name[d];
-    write_named_series(f, plot, m, k, 1, names, (size_t)b.n, label, colour);
-    dt_blend_free(&b);
-  }
+  char sources[DT_BLEND_MAX][DT_NAME_MAX];
+  const int nsrc = dt_blend_names(spec && spec->data ? spec->data->train : NULL, sources);
+  const char *names[DT_BLEND_MAX];
+  for (int d = 0; d < nsrc; d++)
+    names[d] = sources[d];
+  write_named_series(f, plot, m, k, 1, names, (size_t)nsrc, label, colour);
   if (nval) {
     fprintf(f, "$val%zu << EOD\n", k);
     for (size_t i = 0; i < m->n_metrics; i++)
@@ -144,10 +140,10 @@ static void write_job_series(FILE *f, FILE *plot, const plotted_t *p, size_t k, 
   for (size_t i = m->n_metrics; i-- > 0 && !sets;)
     sets = m->metrics[i]->n_val_sets ? m->metrics[i] : NULL;
   const size_t nsets = sets ? sets->n_val_sets : 0;
-  const char *names[DT_VALSETS_MAX];
+  const char *set_names[DT_VALSETS_MAX];
   for (size_t v = 0; v < nsets && v < DT_VALSETS_MAX; v++)
-    names[v] = sets->val_sets[v]->name;
-  write_named_series(f, plot, m, k, 0, names, DT_MIN(nsets, DT_VALSETS_MAX), label, points);
+    set_names[v] = sets->val_sets[v]->name;
+  write_named_series(f, plot, m, k, 0, set_names, DT_MIN(nsets, DT_VALSETS_MAX), label, points);
 }
 
 static void write_script(FILE *f, const plotted_t *jobs, size_t n, const char *path)

@@ -238,17 +238,13 @@ static void source_gauge(FILE *out, dt_job_t **jobs, size_t n)
                  "blend (data.train \"W:NAME=GLOB,...\"), labelled with its name.");
   for (size_t i = 0; i < n; i++) {
     const Distrain__V1__JobSpec *spec = jobs[i]->job->spec;
-    const char *train = spec && spec->data ? spec->data->train : NULL;
-    dt_blend_t b;
-    char why[256];
-    if (!train || !dt_blend_is(train) || dt_blend_parse(train, &b, why, sizeof why) != 0)
-      continue;
+    char names[DT_BLEND_MAX][DT_NAME_MAX];
+    const int nsrc = dt_blend_names(spec && spec->data ? spec->data->train : NULL, names);
     float loss;
-    for (int d = 0; d < b.n; d++)
-      if (newest_source_loss(jobs[i], b.name[d], &loss))
-        dt_prom_sample(out, name, (label_t[]){{"job_id", jobs[i]->id}, {"source", b.name[d]}}, 2,
+    for (int d = 0; d < nsrc; d++)
+      if (newest_source_loss(jobs[i], names[d], &loss))
+        dt_prom_sample(out, name, (label_t[]){{"job_id", jobs[i]->id}, {"source", names[d]}}, 2,
                        loss);
-    dt_blend_free(&b);
   }
 }
 

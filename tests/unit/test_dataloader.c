@@ -1009,6 +1009,13 @@ START_TEST(test_blend_syntax)
   ck_assert_str_eq(s, "2:web=w/*.bin,1:/d/a=b.bin,1:./c=1.bin,1:code.v2=x=y");
   free(s);
   dt_blend_free(&b);
+  char got[DT_BLEND_MAX][DT_NAME_MAX];
+  ck_assert_int_eq(dt_blend_names("2:web=w/*.bin,1:x.bin", got), 2);
+  ck_assert_str_eq(got[0], "web");
+  ck_assert_str_eq(got[1], "src2");
+  ck_assert_int_eq(dt_blend_names("w/*.bin", got), 0); /* one source */
+  ck_assert_int_eq(dt_blend_names(NULL, got), 0);
+  ck_assert_int_eq(dt_blend_names("1:a,1:src1=b", got), 0); /* no valid blend */
   const char *bad[][2] = {{"0.7:a,", "source 2"},
                           {"0.7:a,b", "source 2 ('b')"},
                           {"0:a", "positive"},
