@@ -183,6 +183,17 @@ class Spike(unittest.TestCase):
         got, want = self.losses(part), self.losses(self.path("ref-here.jsonl"))
         self.assertEqual(sorted(got), list(range(SPIKE + 4, STEPS + 1)))
         self.assertEqual(got, {s: want[s] for s in got})
+        # stopped inside a window (70-72 skipped, stopped after 71): the rest of it is skipped
+        ck3 = self.path("ck-here3")
+        common = ("--spike-factor", "3", "--bad-step", "skip", "--spike-skip", "3", "--ckpt-dir",
+                  ck3, "--save-every", "25")
+        self.run_one(*common, "--stop-at", str(SPIKE + 1))
+        p = self.run_one(*common, "--resume", "--metrics", part)
+        self.assertIn("steps %d-%d: the rest of a window skipped where it was"
+                      % (SPIKE + 2, SPIKE + 2), p.stderr)
+        got, want = self.losses(part), self.losses(self.path("ref-here3.jsonl"))
+        self.assertEqual(sorted(got), list(range(SPIKE + 3, STEPS + 1)))
+        self.assertEqual(got, {s: want[s] for s in got})
         # a NaN is skipped where it is as well
         nan = self.path("nan-here.jsonl")
         p = subprocess.run(self.args("--bad-step", "skip", "--metrics", nan), capture_output=True,

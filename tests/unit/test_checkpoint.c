@@ -51,6 +51,7 @@ static void make_state(dt_train_state_t *s, int64_t step)
   s->updates = step - 2; /* two steps taken without an update */
   s->norm_avg = 0.1 + 1.0 / 7.0;
   s->norm_steps = step + 5;
+  s->skip_until = step + 3;
 }
 
 static void expect_same_model(const dt_gpt2_t *a, const dt_gpt2_t *b)
@@ -80,6 +81,7 @@ static void expect_same_state(const dt_train_state_t *a, const dt_train_state_t 
   ck_assert_int_eq(a->updates, b->updates);
   ck_assert_int_eq(memcmp(&a->norm_avg, &b->norm_avg, sizeof a->norm_avg), 0);
   ck_assert_int_eq(a->norm_steps, b->norm_steps);
+  ck_assert_int_eq(a->skip_until, b->skip_until);
 }
 
 /* Writes and commits step state->step as world equal-ish flat shards. */

@@ -277,8 +277,8 @@ typedef struct {
   int64_t updates; /* with CKPT_FLAG_UPDATES */
   double norm_avg; /* dt_train_state_t's (0 before the fields existed) */
   int64_t norm_steps;
-  uint8_t
-      pad[256 - 4 * 4 - 8 * 4 - 8 * 7 - 8 * 4 - 8 - 8 - 4 - 4 - 8 - 8 - 8 - 8 - 8 - 8 - 8 - 8 - 8];
+  int64_t skip_until;
+  uint8_t pad[16]; /* to 256 bytes (asserted below); zero */
 } ckpt_header_t;
 _Static_assert(sizeof(ckpt_header_t) == 256, "checkpoint header must stay 256 bytes");
 
@@ -356,6 +356,7 @@ int dt_ckpt_write_runs(const dt_gpt2_config_t *cfg, int64_t num_params,
   h.loss_avg = state->loss_avg, h.loss_steps = state->loss_steps;
   h.updates = state->updates;
   h.norm_avg = state->norm_avg, h.norm_steps = state->norm_steps;
+  h.skip_until = state->skip_until;
   h.nruns = (int64_t)nruns;
   uint32_t crc = dt_crc32c(dt_crc32c(0, table, table_bytes), state->data.taken, counts_bytes);
   h.payload_bytes = table_bytes + counts_bytes;
@@ -717,6 +718,7 @@ int dt_ckpt_load_runs(const char *path, const dt_gpt2_config_t *want_cfg, int64_
       state->loss_avg = h.loss_avg, state->loss_steps = h.loss_steps;
       state->updates = (h.flags & CKPT_FLAG_UPDATES) ? h.updates : -1;
       state->norm_avg = h.norm_avg, state->norm_steps = h.norm_steps;
+      state->skip_until = h.skip_until;
     }
   }
   DT_CHECK_GOTO(runs_disjoint(sdir, all, nall), ret, out);

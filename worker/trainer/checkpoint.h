@@ -40,6 +40,9 @@ typedef struct {
   int64_t loss_steps;
   double norm_avg; /* the same of the gradient norms, for --grad-spike-factor */
   int64_t norm_steps;
+  /* --bad-step skip: the last step of the window of steps skipped where they were, when it is
+   * past step (a resumed run skips the rest of it); 0 for none (and in older checkpoints) */
+  int64_t skip_until;
   /* AdamW updates through step: steps taken without one (--skip-steps, a bad step skipped in
    * place) are not counted; -1 read from a checkpoint older than the field */
   int64_t updates;

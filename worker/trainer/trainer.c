@@ -1446,6 +1446,25 @@ static void log_guard(const char *flag, double factor, const char *what, double 
             (long long)(SPIKE_HORIZON - n), what);
 }
 
+/* A checkpoint saved inside a window of steps skipped where they were (--bad-step skip): the
+ * rest of the window is skipped too. */
+static int resume_window(trainer_t *t)
+{
+  const int64_t step = t->state.step, end = t->state.skip_until;
+  if (end <= step)
+    return 0;
+  t->here = malloc((size_t)(end - step) * sizeof *t->here);
+  if (!t->here)
+    return DT_ENOMEM;
+  for (int64_t s = step + 1; s <= end; s++)
+    t->here[t->n_here++] = s;
+  t->cap_here = t->n_here;
+  t->here_end = end;
+  DT_INFO(TRAIN, "steps %lld-%lld: the rest of a window skipped where it was (--bad-step skip)",
+          (long long)(step + 1), (long long)end);
+  return 0;
+}
+
 /* Everything before the first step: options, plan, model, data, checkpoints, metrics. */
 static int setup(trainer_t *t, const dt_train_opts_t *o)
 {
@@ -1637,6 +1656,7 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
     t->state.threads = omp_get_max_threads();
     if (t->state.updates < 0) /* a checkpoint older than the count: --skip-steps says */
       t->state.updates = t->state.step - skipped_through(o, t->state.step);
+    DT_CHECK(resume_window(t));
     if (o->train_pattern) {
       /* Checkpoints older than the sequence count: each step read one global batch. */
       if (t->state.data.seqs == 0)
@@ -1863,7 +1883,7 @@ static int bad_step(trainer_t *t, float loss, float norm, dt_bad_step_t bad, dt_
     }
     for (int k = 1; k <= nskip; k++) /* after every step skipped before: ascending */
       t->here[t->n_here++] = s + k;
-    t->here_end = s + nskip;
+    t->here_end = t->state.skip_until = s + nskip; /* checkpoints inside the window keep it */
     DT_WARN(TRAIN,
             "step %d: %s; skipped where it is: no update (--bad-step skip; %s), training goes on "
             "(another right after rolls back)",
