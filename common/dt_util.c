@@ -257,6 +257,22 @@ int dt_parse_step_range(const char *s, int *first, int *count)
   return 0;
 }
 
+size_t dt_run_length(const int64_t *v, size_t n)
+{
+  size_t run = n > 0;
+  while (run < n && v[run] == v[0] + (int64_t)run)
+    run++;
+  return run;
+}
+
+void dt_steps_text(char *buf, size_t len, int64_t first, int64_t count)
+{
+  if (count > 1)
+    snprintf(buf, len, "steps %lld-%lld", (long long)first, (long long)(first + count - 1));
+  else
+    snprintf(buf, len, "step %lld", (long long)first);
+}
+
 char *dt_join_steps(const int64_t *v, size_t n)
 {
   char *out = malloc(n * 21 + 1); /* "-9223372036854775808," is 21; "S:N," no more than its S's */
@@ -265,8 +281,7 @@ char *dt_join_steps(const int64_t *v, size_t n)
   size_t at = 0;
   out[0] = '\0';
   for (size_t i = 0, run; i < n; i += run) {
-    for (run = 1; i + run < n && v[i + run] == v[i] + (int64_t)run; run++) {
-    }
+    run = dt_run_length(v + i, n - i);
     at += (size_t)sprintf(out + at, "%s%lld", i ? "," : "", (long long)v[i]);
     if (run > 1)
       at += (size_t)sprintf(out + at, ":%zu", run);

@@ -71,6 +71,10 @@ int dt_utf8_next(const char *s, size_t n);
 /* Makes the NUL-terminated s UTF-8 in place: each byte that starts no valid sequence (a
  * Latin-1 byte of a path, a character cut in two by a fixed-size buffer) becomes '?'. */
 void dt_utf8_sanitize(char *s);
+/* How many of the n values at v run on from v[0] one by one (v[0], v[0] + 1, ...); 0 for n 0. */
+size_t dt_run_length(const int64_t *v, size_t n);
+/* "step S", or "steps S-E" for count > 1: the count steps from first. */
+void dt_steps_text(char *buf, size_t len, int64_t first, int64_t count);
 /* The n ascending steps as --skip-steps takes them, "S,S:N,...": comma-separated, each run of
  * consecutive steps as its first and length (dt_parse_step_range), in a malloc'd string ("" for
  * none); NULL when out of memory. (The agent passes the steps to skip so: whole, however many.) */

@@ -378,14 +378,9 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   for (size_t i = 0; i < j->n_failed_nodes; i++)
     fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
   for (size_t i = 0, run; i < j->n_skipped_steps; i += run) { /* runs of steps on one line */
-    const int64_t *v = j->skipped_steps + i;
-    for (run = 1; i + run < j->n_skipped_steps && v[run] == v[0] + (int64_t)run; run++) {
-    }
+    run = dt_run_length(j->skipped_steps + i, j->n_skipped_steps - i);
     char what[64];
-    if (run > 1)
-      snprintf(what, sizeof what, "steps %lld-%lld", (long long)v[0], (long long)v[run - 1]);
-    else
-      snprintf(what, sizeof what, "step %lld", (long long)v[0]);
+    dt_steps_text(what, sizeof what, j->skipped_steps[i], (int64_t)run);
     fprintf(out, "skipped:     %s (a non-finite or spiking loss or gradient norm)\n", what);
   }
   const size_t shown = DT_MIN(j->n_ranks, (size_t)32);

@@ -764,8 +764,7 @@ static void note_skipped_in_place(dt_coord_t *c, dt_job_t *j, const Distrain__V1
   const Distrain__V1__Job *job = j->job;
   for (size_t i = 0, m = 0, run; i < n; i += run) { /* both lists ascending */
     const int64_t *v = ts->skipped_in_place + i;
-    for (run = 1; i + run < n && v[run] == v[0] + (int64_t)run; run++) {
-    }
+    run = dt_run_length(v, n - i);
     int known = 1;
     for (size_t k = 0; k < run; k++) {
       while (m < job->n_skipped_steps && job->skipped_steps[m] < v[k])
@@ -779,11 +778,7 @@ static void note_skipped_in_place(dt_coord_t *c, dt_job_t *j, const Distrain__V1
   for (size_t r = 0; r < nruns; r++) {
     skip_steps_later(j, runs[r][0], runs[r][1]);
     char what[64];
-    if (runs[r][1] > 1)
-      snprintf(what, sizeof what, "steps %lld-%lld", (long long)runs[r][0],
-               (long long)(runs[r][0] + runs[r][1] - 1));
-    else
-      snprintf(what, sizeof what, "step %lld", (long long)runs[r][0]);
+    dt_steps_text(what, sizeof what, runs[r][0], runs[r][1]);
     DT_WARN(COORD, "job %s: rank %d on %s took %s without an update, where it was (%s)", j->id,
             ts->rank, node, what, why);
     dt_coord_event(c, j->id, 1, "rank %d on %s took %s without an update, where it was (%s)",

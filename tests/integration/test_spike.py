@@ -85,6 +85,36 @@ class Spike(unittest.TestCase):
         with open(metrics) as f:
             return {m["step"]: m["loss"] for m in map(json.loads, f) if "loss" in m}
 
+    _refs = {}
+
+    def ref(self, skip):
+        """The losses of an uninterrupted run told --skip-steps skip (run once per class)."""
+        if skip not in Spike._refs:
+            path = self.path("ref-%s.jsonl" % skip.replace(":", "_").replace(",", "_"))
+            self.run_one("--skip-steps", skip, "--metrics", path)
+            Spike._refs[skip] = self.losses(path)
+        return Spike._refs[skip]
+
+    def assert_losses(self, metrics, steps, want):
+        """The run's metrics hold exactly these steps, each loss want's, bit for bit."""
+        got = self.losses(metrics)
+        self.assertEqual(sorted(got), list(steps))
+        self.assertEqual(got, {s: want[s] for s in got})
+
+    def resume_past_spike(self, tag, *common):
+        """Resumed (common: the guard and checkpoints) with --skip-steps SPIKE, what the
+        coordinator does: the reference's losses from step 61, bit for bit."""
+        resumed = self.path(tag)
+        self.run_one(*common, "--resume", "--skip-steps", str(SPIKE), "--metrics", resumed)
+        self.assert_losses(resumed, [s for s in range(61, STEPS + 1) if s != SPIKE],
+                           self.ref(str(SPIKE)))
+
+    def resumed_at_50(self, ck, *guard):
+        """Stopped after step 50 without the guard, resumed with it: 20 steps before the spike,
+        fewer than the guard needs to arm without the checkpoint's average. Its stderr."""
+        self.run_one("--ckpt-dir", ck, "--save-every", "25", "--stop-at", "50")
+        return self.run_one(*guard, "--ckpt-dir", ck, "--save-every", "25", "--resume", expect=1)
+
     def caught(self, stderr, skips="this step's batch", resume=str(SPIKE)):
         """The guard's message: (loss, the average), for step SPIKE."""
         m = re.search(r"ERROR step %d: loss ([0-9.]+), [0-9.]+x the average of the recent "
@@ -111,19 +141,10 @@ class Spike(unittest.TestCase):
         self.assertAlmostEqual(float(loss), losses[SPIKE], places=3)
         self.assertEqual(sorted(os.listdir(ck)), ["step-00000020", "step-00000040",
                                                   "step-00000060"])
-        # what the coordinator does: resume from the last checkpoint, skipping the step
-        resumed, ref = self.path("resumed.jsonl"), self.path("ref.jsonl")
-        self.run_one("--spike-factor", "3", "--ckpt-dir", ck, "--save-every", "20", "--resume",
-                     "--skip-steps", str(SPIKE), "--metrics", resumed)
-        self.run_one("--skip-steps", str(SPIKE), "--metrics", ref)
-        got, want = self.losses(resumed), self.losses(ref)
-        self.assertEqual(sorted(got), [s for s in range(61, STEPS + 1) if s != SPIKE])
-        self.assertEqual(got, {s: want[s] for s in got})
-        # the average comes back from a checkpoint: 20 steps after a resume (the guard needs 50)
-        ck2 = self.path("ck2")
-        self.run_one("--ckpt-dir", ck2, "--save-every", "25", "--stop-at", "50")
-        p = self.run_one("--spike-factor", "3", "--ckpt-dir", ck2, "--save-every", "25",
-                         "--resume", expect=1)
+        self.resume_past_spike("resumed.jsonl", "--spike-factor", "3", "--ckpt-dir", ck,
+                               "--save-every", "20")
+        # the average comes back from a checkpoint
+        p = self.resumed_at_50(self.path("ck2"), "--spike-factor", "3")
         self.assertEqual(self.caught(p.stderr), (loss, avg))
         self.assertRegex(p.stderr, r"--spike-factor 3: armed \(the recent steps' average loss "
                          r"from the checkpoint: [0-9.]+\)")
@@ -142,10 +163,8 @@ class Spike(unittest.TestCase):
                      "20", "--resume", "--skip-steps", "%d:5" % SPIKE, "--metrics", resumed)
         self.run_one("--skip-steps", ",".join(str(SPIKE + k) for k in (4, 0, 2, 1, 3, 2)),
                      "--metrics", ref)
-        got, want = self.losses(resumed), self.losses(ref)
-        self.assertEqual(sorted(got), [s for s in range(61, STEPS + 1)
-                                       if not SPIKE <= s < SPIKE + 5])
-        self.assertEqual(got, {s: want[s] for s in got})
+        self.assert_losses(resumed, [s for s in range(61, STEPS + 1)
+                                     if not SPIKE <= s < SPIKE + 5], self.losses(ref))
         args = self.args("--spike-factor", "3", "--spike-skip", "50")
         args[args.index("--steps") + 1] = str(SPIKE + 2)
         p = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -159,20 +178,16 @@ class Spike(unittest.TestCase):
         resumed from a checkpoint after the skip, without --skip-steps, still (the updates so
         far are in the checkpoint: AdamW's bias correction); a second spike right after the
         first rolls back."""
-        def ref(tag, skip):
-            self.run_one("--skip-steps", skip, "--metrics", self.path(tag))
-            return self.losses(self.path(tag))
-
         here = self.path("here.jsonl")
         p = self.run_one("--spike-factor", "3", "--bad-step", "skip", "--metrics", here)
         self.assertRegex(p.stderr, r"WARN step %d: loss [0-9.]+, [0-9.]+x the average of the "
                          r"recent steps' \([0-9.]+; --spike-factor 3\): a spike; skipped where "
                          r"it is: no update \(--bad-step skip; this step only\), training goes "
                          r"on" % SPIKE)
-        self.assertEqual(self.losses(here), ref("ref-here.jsonl", str(SPIKE)))
+        self.assertEqual(self.losses(here), self.ref(str(SPIKE)))
         self.run_one("--spike-factor", "3", "--bad-step", "skip", "--spike-skip", "3",
                      "--metrics", here)
-        self.assertEqual(self.losses(here), ref("ref-here3.jsonl", "%d:3" % SPIKE))
+        self.assertEqual(self.losses(here), self.ref("%d:3" % SPIKE))
         # stopped after the skip, resumed without --skip-steps: the same losses
         ck = self.path("ck-here")
         common = ("--spike-factor", "3", "--bad-step", "skip", "--ckpt-dir", ck,
@@ -180,9 +195,7 @@ class Spike(unittest.TestCase):
         self.run_one(*common, "--stop-at", str(SPIKE + 3))
         part = self.path("part-here.jsonl")
         self.run_one(*common, "--resume", "--metrics", part)
-        got, want = self.losses(part), self.losses(self.path("ref-here.jsonl"))
-        self.assertEqual(sorted(got), list(range(SPIKE + 4, STEPS + 1)))
-        self.assertEqual(got, {s: want[s] for s in got})
+        self.assert_losses(part, range(SPIKE + 4, STEPS + 1), self.ref(str(SPIKE)))
         # stopped inside a window (70-72 skipped, stopped after 71): the rest of it is skipped
         ck3 = self.path("ck-here3")
         common = ("--spike-factor", "3", "--bad-step", "skip", "--spike-skip", "3", "--ckpt-dir",
@@ -191,9 +204,7 @@ class Spike(unittest.TestCase):
         p = self.run_one(*common, "--resume", "--metrics", part)
         self.assertIn("steps %d-%d: the rest of a window skipped where it was"
                       % (SPIKE + 2, SPIKE + 2), p.stderr)
-        got, want = self.losses(part), self.losses(self.path("ref-here3.jsonl"))
-        self.assertEqual(sorted(got), list(range(SPIKE + 3, STEPS + 1)))
-        self.assertEqual(got, {s: want[s] for s in got})
+        self.assert_losses(part, range(SPIKE + 3, STEPS + 1), self.ref("%d:3" % SPIKE))
         # a NaN is skipped where it is as well
         nan = self.path("nan-here.jsonl")
         p = subprocess.run(self.args("--bad-step", "skip", "--metrics", nan), capture_output=True,
@@ -202,7 +213,7 @@ class Spike(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("WARN step 30: loss nan, gradient norm", p.stderr)
         got = self.losses(nan)
-        self.assertEqual(got, {s: v for s, v in ref("ref-nan.jsonl", "30").items() if s in got})
+        self.assertEqual(got, {s: v for s, v in self.ref("30").items() if s in got})
         self.assertNotIn(30, got)
         # two spiky steps in a row: the second is not skipped in place, it rolls back
         shard2 = self.path("spiky2.bin")
@@ -233,16 +244,8 @@ class Spike(unittest.TestCase):
                    % (SPIKE, SPIKE))
         caught = re.search(pattern, p.stderr)
         self.assertIsNotNone(caught, p.stderr)
-        resumed, ref = self.path("resumed-grad.jsonl"), self.path("ref-grad.jsonl")
-        self.run_one(*common, "--resume", "--skip-steps", str(SPIKE), "--metrics", resumed)
-        self.run_one("--skip-steps", str(SPIKE), "--metrics", ref)
-        got, want = self.losses(resumed), self.losses(ref)
-        self.assertEqual(sorted(got), [s for s in range(61, STEPS + 1) if s != SPIKE])
-        self.assertEqual(got, {s: want[s] for s in got})
-        ck2 = self.path("ck-grad2")
-        self.run_one("--ckpt-dir", ck2, "--save-every", "25", "--stop-at", "50")
-        p = self.run_one("--grad-spike-factor", "3", "--ckpt-dir", ck2, "--save-every", "25",
-                         "--resume", expect=1)
+        self.resume_past_spike("resumed-grad.jsonl", *common)
+        p = self.resumed_at_50(self.path("ck-grad2"), "--grad-spike-factor", "3")
         again = re.search(pattern, p.stderr)
         self.assertIsNotNone(again, p.stderr)
         self.assertEqual(again.groups(), caught.groups())
@@ -250,7 +253,7 @@ class Spike(unittest.TestCase):
                          r"gradient norm from the checkpoint: [0-9.]+\)")
         here = self.path("here-grad.jsonl")
         self.run_one("--grad-spike-factor", "3", "--bad-step", "skip", "--metrics", here)
-        self.assertEqual(self.losses(here), want)
+        self.assertEqual(self.losses(here), self.ref(str(SPIKE)))
 
     def test_data_parallel_ranks_stop_together(self):
         args = self.args("--spike-factor", "3")

@@ -262,6 +262,14 @@ START_TEST(test_join_steps)
   s = dt_join_steps(many, 300);
   ck_assert_str_eq(s, "7:300");
   free(s);
+  ck_assert_uint_eq(dt_run_length(few + 1, 6), 3);
+  ck_assert_uint_eq(dt_run_length(few, 7), 1);
+  ck_assert_uint_eq(dt_run_length(few, 0), 0);
+  char text[64];
+  dt_steps_text(text, sizeof text, 70, 3);
+  ck_assert_str_eq(text, "steps 70-72");
+  dt_steps_text(text, sizeof text, 70, 1);
+  ck_assert_str_eq(text, "step 70");
 }
 END_TEST
 
