@@ -266,6 +266,18 @@ static void fmt_sources(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
   dt_sources_line(buf, n, nsrc, names, losses);
 }
 
+int dt_ctl_named_loss(const Distrain__V1__StepMetrics *m, int train, const char *name, float *loss)
+{
+  const size_t n = train ? m->n_train_sources : m->n_val_sets;
+  Distrain__V1__NamedLoss *const *l = train ? m->train_sources : m->val_sets;
+  for (size_t v = 0; v < n; v++)
+    if (strcmp(l[v]->name, name) == 0) {
+      *loss = l[v]->loss;
+      return 1;
+    }
+  return 0;
+}
+
 /* A step's validation as JSON: {"step", "loss" (data.val's, or null), "sets" (name -> loss)}. */
 static void json_val(FILE *out, const Distrain__V1__StepMetrics *m)
 {

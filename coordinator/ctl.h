@@ -38,6 +38,9 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
  * or failing. */
 #define DT_CTL_PLOT_MAX_JOBS 8
 int dt_ctl_plot(dt_rpc_client_t *c, char *const *job_ids, size_t n, const char *path);
+/* The loss named `name` among a step's validation sets' (train 0) or its blend sources' (train
+ * 1) into *loss; 0 when the step has none of that name. */
+int dt_ctl_named_loss(const Distrain__V1__StepMetrics *m, int train, const char *name, float *loss);
 /* Human table or JSON of jobs / nodes. */
 void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json);
 void dt_ctl_print_jobs(FILE *out, Distrain__V1__Job **jobs, size_t n, int json);

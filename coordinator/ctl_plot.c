@@ -39,20 +39,6 @@ static void gp_string(FILE *f, const char *s)
   fputc('\'', f);
 }
 
-/* The loss named `name` among a step's validation sets' (train 0) or its blend sources' (train
- * 1); 0 when the step has none of that name. */
-static int named_at(const Distrain__V1__StepMetrics *m, int train, const char *name, float *loss)
-{
-  const size_t n = train ? m->n_train_sources : m->n_val_sets;
-  Distrain__V1__NamedLoss *const *l = train ? m->train_sources : m->val_sets;
-  for (size_t v = 0; v < n; v++)
-    if (strcmp(l[v]->name, name) == 0) {
-      *loss = l[v]->loss;
-      return 1;
-    }
-  return 0;
-}
-
 /* A series per name, $set<k>_<v> or $src<k>_<v>: each step's loss of that validation set
  * (train 0: points) or blend source (train 1: a dashed line), titled "<label>validation:
  * NAME" or "<label>train: NAME", extra added to its style (the job's colour). */
@@ -65,7 +51,7 @@ static void write_named_series(FILE *f, FILE *plot, const Distrain__V1__GetJobMe
     fprintf(f, "$%s%zu_%zu << EOD\n", id, k, v);
     for (size_t i = 0; i < m->n_metrics; i++) {
       float loss;
-      if (named_at(m->metrics[i], train, names[v], &loss))
+      if (dt_ctl_named_loss(m->metrics[i], train, names[v], &loss))
         fprintf(f, "%lld %.9g\n", (long long)m->metrics[i]->step, loss);
     }
     fputs("EOD\n", f);

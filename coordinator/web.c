@@ -5,13 +5,15 @@
  * /api/status, which it polls every second. /api/status prints nodes and jobs with the same
  * code as `distrainctl nodes --json` and `distrainctl status JOB --json` (ctl.c), from the same
  * views ListNodes and GetJob answer with (handlers.c), and adds what only a page needs: each
- * job's mesh, its recent loss and tokens/s (at most HISTORY_POINTS, evenly spaced over the
- * run), and the recent events. Ranks are listed for jobs of at most DASHBOARD_MAX_RANKS ranks.
+ * job's mesh, its curves (training loss, each blend source's, tokens/s, MFU, validation loss
+ * and each set's: at most HISTORY_POINTS points each, evenly spaced over the run), and the
+ * recent events. Ranks are listed for jobs of at most DASHBOARD_MAX_RANKS ranks.
  * Nothing in it is secret: the token is never part of the state it prints. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "blend.h"
 #include "coord.h"
 #include "ctl.h"
 #include "dt_util.h"
@@ -27,34 +29,110 @@
 extern const unsigned char dt_dashboard_html[];
 extern const size_t dt_dashboard_html_len;
 
-static void write_history(FILE *out, const dt_job_t *j)
+/* Whether a step's metrics are a point of the validation curves (val) or of the steps' (from
+ * step 1: step 0, the validation before training, has no step's figures). */
+static int on_curve(const Distrain__V1__StepMetrics *m, int val)
 {
-  const size_t n = j->n_metrics;
-  /* from step 1: step 0, the validation before training, has no step's figures */
-  const size_t from = n > 0 && j->metrics[0]->step == 0;
-  const size_t stride =
-      n - from > HISTORY_POINTS ? (n - from + HISTORY_POINTS - 1) / HISTORY_POINTS : 1;
-  static const char *const keys[] = {"step", "loss", "tokens_per_s", "mfu"};
-  fputs("{", out);
-  for (int k = 0; k < 4; k++) {
-    fprintf(out, "%s\"%s\": [", k ? ", " : "", keys[k]);
-    int first = 1;
-    for (size_t i = from; i < n; i++) {
-      if ((i - from) % stride != 0 && i != n - 1) /* the newest point is always there */
-        continue;
-      const Distrain__V1__StepMetrics *m = j->metrics[i];
-      if (!first)
-        fputc(',', out);
-      first = 0;
-      const double v[] = {0.0, m->loss, m->tokens_per_s, m->mfu};
-      if (k == 0)
-        fprintf(out, "%lld", (long long)m->step);
+  return val ? m->has_val || m->n_val_sets : m->step > 0;
+}
+
+/* Indices of the job's metrics on the curves, at most HISTORY_POINTS evenly spaced and the
+ * newest, into idx (room for HISTORY_POINTS + 1); their count. */
+static size_t pick(const dt_job_t *j, int val, size_t *idx)
+{
+  size_t n = 0, k = 0, seen = 0;
+  for (size_t i = 0; i < j->n_metrics; i++)
+    n += on_curve(j->metrics[i], val);
+  const size_t stride = n > HISTORY_POINTS ? (n + HISTORY_POINTS - 1) / HISTORY_POINTS : 1;
+  for (size_t i = 0; i < j->n_metrics; i++) {
+    if (!on_curve(j->metrics[i], val))
+      continue;
+    if (seen % stride == 0 || seen == n - 1)
+      idx[k++] = i;
+    seen++;
+  }
+  return k;
+}
+
+/* "key": [the metrics' steps] */
+static void write_steps(FILE *out, const char *key, const dt_job_t *j, const size_t *idx, size_t n)
+{
+  fprintf(out, "\"%s\": [", key);
+  for (size_t i = 0; i < n; i++)
+    fprintf(out, "%s%lld", i ? "," : "", (long long)j->metrics[idx[i]]->step);
+  fputc(']', out);
+}
+
+/* "name": [its loss in each of the metrics, null where one has none], for each name */
+static void write_named(FILE *out, const dt_job_t *j, const size_t *idx, size_t n, int train,
+                        const char *const *names, size_t nn)
+{
+  for (size_t v = 0; v < nn; v++) {
+    fputs(v ? ", " : "", out);
+    dt_json_string(out, names[v]);
+    fputs(": [", out);
+    for (size_t i = 0; i < n; i++) {
+      float loss;
+      fputs(i ? "," : "", out);
+      if (dt_ctl_named_loss(j->metrics[idx[i]], train, names[v], &loss))
+        dt_json_number(out, "%.7g", loss);
       else
-        dt_json_number(out, "%.7g", v[k]);
+        fputs("null", out);
     }
     fputc(']', out);
   }
-  fputs("}", out);
+}
+
+/* The job's curves for the charts: {"step", "loss", "tokens_per_s", "mfu", "sources" (a blend
+ * source's training loss a step, null where the step dealt it nothing), "val" {"step", "loss"
+ * (data.val's, null where only sets validated), "sets" (each data.val_sets' loss)}}. */
+static void write_history(FILE *out, const dt_job_t *j)
+{
+  size_t idx[HISTORY_POINTS + 1], n = pick(j, 0, idx);
+  fputc('{', out);
+  write_steps(out, "step", j, idx, n);
+  static const char *const keys[] = {"loss", "tokens_per_s", "mfu"};
+  for (int k = 0; k < 3; k++) {
+    fprintf(out, ", \"%s\": [", keys[k]);
+    for (size_t i = 0; i < n; i++) {
+      const Distrain__V1__StepMetrics *m = j->metrics[idx[i]];
+      const double v[] = {m->loss, m->tokens_per_s, m->mfu};
+      fputs(i ? "," : "", out);
+      dt_json_number(out, "%.7g", v[k]);
+    }
+    fputc(']', out);
+  }
+  /* the blend's sources, named and ordered as its spec names them */
+  const Distrain__V1__JobSpec *spec = j->job->spec;
+  char sources[DT_BLEND_MAX][DT_NAME_MAX];
+  const int nsrc = dt_blend_names(spec && spec->data ? spec->data->train : NULL, sources);
+  const char *names[DT_MAX(DT_BLEND_MAX, DT_VALSETS_MAX)];
+  for (int s = 0; s < nsrc; s++)
+    names[s] = sources[s];
+  fputs(", \"sources\": {", out);
+  write_named(out, j, idx, n, 1, names, (size_t)nsrc);
+  /* the validation sets, named by the newest step that validated them */
+  n = pick(j, 1, idx);
+  const Distrain__V1__StepMetrics *sets = NULL;
+  for (size_t i = n; i-- > 0 && !sets;)
+    sets = j->metrics[idx[i]]->n_val_sets ? j->metrics[idx[i]] : NULL;
+  const size_t nsets = sets ? DT_MIN(sets->n_val_sets, DT_VALSETS_MAX) : 0;
+  for (size_t v = 0; v < nsets; v++)
+    names[v] = sets->val_sets[v]->name;
+  fputs("}, \"val\": {", out);
+  write_steps(out, "step", j, idx, n);
+  fputs(", \"loss\": [", out);
+  for (size_t i = 0; i < n; i++) {
+    const Distrain__V1__StepMetrics *m = j->metrics[idx[i]];
+    fputs(i ? "," : "", out);
+    if (m->has_val)
+      dt_json_number(out, "%.7g", m->val_loss);
+    else
+      fputs("null", out);
+  }
+  fputs("], \"sets\": {", out);
+  write_named(out, j, idx, n, 0, names, nsets);
+  fputs("}}}", out);
 }
 
 static void write_job(FILE *out, dt_coord_t *c, dt_job_t *j)

@@ -9,10 +9,12 @@
   (with Allow), 404 for unknown paths, no bearer token in any answer, --http off, and an
   explicit address that is taken failing the start.
 - T3_Dashboard: / (self-contained: no external URL) and /api/status (nodes and the job as
-  `distrainctl nodes --json` / `status --json` print them, the mesh, the loss history, the
-  events), the page rendered by headless Chromium (Debian `chromium`) while a job runs, with a
-  screenshot saved as BUILD/test-artifacts/dashboard.png, and its DOM once the job completed
-  showing the job's final step, state and events.
+  `distrainctl nodes --json` / `status --json` print them, the mesh, the history: loss, each
+  blend source's and every validation's against GetJobMetrics, the events), the page rendered
+  by headless Chromium (Debian `chromium`) while a job runs, with a screenshot saved as
+  BUILD/test-artifacts/dashboard.png, and its DOM once the job completed showing the job's
+  final step, state and events, and its charts naming each curve with its count of points
+  (their colours found in a second screenshot, dashboard-done.png).
 - T2_Prometheus: a short CPU job on one agent while Prometheus (Debian `prometheus`) scrapes
   the coordinator every second from a generated configuration on loopback; its query API must
   give back the job's step, loss, validation loss, eval accuracy, state, generation,
@@ -473,6 +475,26 @@ class T3_Dashboard(MetricsTest):
         self.assertTrue(all(v > 0 for v in h["mfu"]), h["mfu"])
         self.assertEqual(h["step"], sorted(h["step"]))
         self.assertGreaterEqual(h["step"][-1], 5)
+        # the loss chart's other curves, each point that of the step's metrics: each blend
+        # source's training loss (null where the step dealt it nothing), and every validation
+        # (step 0's, before training, included), data.val's and the set's
+        by_step = {m.step: m for m in self.call(
+            "GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id, after_step=-1)).metrics}
+        close = lambda a, b: abs(a - b) <= 1e-6 * abs(b)  # noqa: E731  (JSON's %.7g)
+        self.assertEqual(list(h["sources"]), ["web", "code"])
+        for name, series in h["sources"].items():
+            self.assertEqual(len(series), len(h["step"]))
+            for step, loss in zip(h["step"], series):
+                want = [s.loss for s in by_step[step].train_sources if s.name == name]
+                self.assertEqual(loss is None, not want, (name, step))
+                self.assertTrue(loss is None or close(loss, want[0]), (name, step, loss, want))
+        hv = h["val"]
+        self.assertEqual(hv["step"], [s for s in sorted(by_step) if by_step[s].has_val])
+        self.assertEqual(hv["step"][:2], [0, 2])
+        self.assertEqual(list(hv["sets"]), ["held.out"])
+        for i, step in enumerate(hv["step"]):
+            self.assertTrue(close(hv["loss"][i], by_step[step].val_loss), (step, hv))
+            self.assertTrue(close(hv["sets"]["held.out"][i], by_step[step].val_sets[0].loss))
         # the newest validation: data.val's loss and the set's, the same data
         v = x["job"]["val"]
         self.assertEqual(v["step"] % 2, 0, v)
@@ -513,7 +535,29 @@ class T3_Dashboard(MetricsTest):
         self.assertEqual([x.name for x in last.train_sources], ["web", "code"])
         self.assertIn("node-0", dom)
         self.assertIn("RUNNING -&gt; COMPLETED", dom)  # the events list
-        self.assertIn("<canvas", dom)
+        # the charts say what they drew: every curve with all its points (step 0's validation
+        # too), and in the screenshot each curve's colour (dashboard.html's: the training loss,
+        # the two sources', the validation's and the set's, its line or at least its key)
+        # (at most 400 a curve: every k-th of n, k = ceil(n / 400), and the newest)
+        nval = sum(m.has_val for m in self.call(
+            "GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id, after_step=-1)).metrics)
+        self.assertEqual(nval, len(range(0, steps, 2)) + 1)  # 0, 2, ... and the last step
+        points = lambda n: len(set(range(0, n, -(-n // 400))) | {n - 1})  # noqa: E731
+        ns, nv = points(steps), points(nval)
+        self.assertLessEqual(max(ns, nv), 401)
+        self.assertIn('role="img" aria-label="loss: train (%d points), train: web (%d points), '
+                      'train: code (%d points), validation (%d points), validation: held.out '
+                      '(%d points)"' % (ns, ns, ns, nv, nv), dom)
+        self.assertIn('aria-label="tokens / s: tokens / s (%d points)"' % ns, dom)
+        shot = os.path.join(cp.BUILD, "test-artifacts", "dashboard-done.png")
+        self.chromium(self.base + "/", "--screenshot=" + shot, "--window-size=1280,1100")
+        _, _, rows = cp.png_pixels(shot)
+        colours = {"train": "2f6fde", "web": "7c3aed", "code": "0d9488", "validation": "e11d48",
+                   "held.out": "a16207"}
+        for what, hexa in colours.items():
+            want = bytes.fromhex(hexa)
+            n = sum(1 for row in rows for p in row if all(abs(p[c] - want[c]) <= 12 for c in range(3)))
+            self.assertGreaterEqual(n, 20, "%s's colour #%s is not drawn" % (what, hexa))
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
