@@ -45,6 +45,7 @@ the host, over distrain's own CPU communicator).
 
 import argparse
 import os
+import random
 import re
 import shutil
 import signal
@@ -263,6 +264,68 @@ class GpuTrainer(unittest.TestCase):
         self.assert_close(sources(1, "cpu", [], "src_cpu"), one, 1e-4, "by source, cuda vs cpu")
         self.assert_close(one, sources(2, "cuda", ["--pp", "2"], "src_pp2"), 1e-5,
                           "by source, pp=2")
+
+    def test_sample_with_the_key_value_cache(self):
+        """Text generation through the key/value cache (the prompt's 32 tokens in one forward,
+        then one row a token: the attention kernels' queries at q0 = 32, 33, ... of the cached
+        keys) against whole windows (--sample-no-cache), greedy, on past the 64-token window
+        (where the cache gives way to sliding windows): the same tokens in fp32 (flash and
+        materialized) and bf16 (the mma kernels, and at head size 64 on wgmma where the GPU is
+        9.0). The model is trained on the CPU on a cycle through 100 tokens, so that its next
+        token depends on the context. On a GPU, bf16's one-row GEMMs may sum in another order
+        than the window's and move a logit by a bf16 step: there the tokens must agree up to
+        the first near-tie only, and that at least 16 tokens in (the emulated GPU sums alike:
+        all of them)."""
+        from test_blend import write_shard  # noqa: E402  (llm.c's token shard)
+        shard, model = os.path.join(self.tmp, "cycle.bin"), os.path.join(self.tmp, "cycle_%d.bin")
+        order = list(range(100))
+        random.Random(1).shuffle(order)
+        write_shard(shard, [order[i % 100] for i in range(20000)])
+
+        def sample(heads, extra, env, tag):
+            """The sample's tokens, or None where wgmma needs another GPU."""
+            if not os.path.exists(model % heads):
+                p = subprocess.run([dp.trainer(), "--device", "cpu", "--train", shard, "--layers",
+                                    "2", "--heads", str(heads), "--channels", "128", "--vocab",
+                                    "100", "--max-seq", "64", "--batch", "4", "--seq", "64",
+                                    "--steps", "30", "--lr", "1e-2", "--init", "seed:1",
+                                    "--threads", "1", "--quiet", "--export-llmc", model % heads],
+                                   capture_output=True, text=True, timeout=300)
+                self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            p = subprocess.run([dp.trainer(), "--steps", "0", "--init", "llmc:" + model % heads,
+                                "--device", "cuda", "--val", shard, "--batch", "1", "--seq", "64",
+                                "--sample", "40", "--sample-top-k", "1", "--threads", "1"]
+                               + extra, capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, **env))
+            if p.returncode != 0 and "needs a GPU of compute capability 9.0" in p.stderr:
+                self.assertFalse(EMULATED, "the emulated GPU is 9.0")
+                return None
+            self.assertEqual(p.returncode, 0, "%s: %s" % (tag, p.stderr[-2000:]))
+            self.assertEqual("sample: a key/value cache of 64 positions" in p.stderr,
+                             "--sample-no-cache" not in extra, tag + ": " + p.stderr[-2000:])
+            m = re.search(r"---- sample \(.*\) ----\n(.*)\n---- end of sample ----", p.stdout, re.S)
+            self.assertIsNotNone(m, tag + ": " + p.stdout[-2000:])
+            toks = re.findall(r"\[(\d+)\]", m.group(1))
+            self.assertEqual(len(toks), 32 + 40, tag)  # the prompt: --val's first 32 tokens
+            return toks[32:]
+
+        for heads, prec, attn in ((4, "fp32", "flash"), (4, "fp32", "materialized"),
+                                  (4, "bf16", "flash"), (2, "bf16", "wgmma")):
+            tag = "sample_%s_%s" % (prec, attn)
+            with self.subTest(tag):
+                extra = ["--precision", prec, "--attention", "materialized" if attn ==
+                         "materialized" else "flash"]
+                env = {"DISTRAIN_CUDA_WGMMA": "1"} if attn == "wgmma" else {}
+                got = sample(heads, extra, env, tag)
+                if got is None:
+                    continue
+                want = sample(heads, extra + ["--sample-no-cache"], env, tag + "_whole")
+                self.assertGreater(len(set(got)), 1, tag)  # the context matters
+                if prec == "fp32" or EMULATED:
+                    self.assertEqual(got, want, tag)
+                else:
+                    agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 40)
+                    self.assertGreaterEqual(agree, 16, "%s: %s vs %s" % (tag, got, want))
 
     def test_layouts_on_one_gpu(self):
         for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 2, ["--zero-stage", "2"]),

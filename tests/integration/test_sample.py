@@ -14,6 +14,9 @@ logits of the last --seq tokens before it. Checks:
     seed without a filter draws outside them: the filter, not chance, kept the tokens in; and
     some token falls outside the filter at half its value (top-k 2, top-p 0.25): it keeps no
     fewer tokens than asked;
+  - the key/value cache (--seq 64, past the window): greedy decoding the reference's argmax, on
+    one process, tp=2 and pp=2, the tokens of whole windows (cp=2, --sample-no-cache), and at
+    temperature 2 the same draws as whole windows;
   - the header names the filters; bad values are refused with one line.
 
   /usr/bin/python3 tests/integration/test_sample.py --build build
@@ -74,19 +77,19 @@ class Sample(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         return self.tokens(p.stdout, header)
 
-    def tokens(self, out, header=None):
+    def tokens(self, out, header=None, n=N):
         m = re.search(r"---- sample \((.*)\) ----\n((?:\[\d+\])*)\n---- end of sample ----", out)
         self.assertIsNotNone(m, out)
         if header is not None:
             self.assertEqual(m.group(1), header)
         toks = [int(t) for t in re.findall(r"\d+", m.group(2))]
         self.assertEqual(toks[:SEQ], self.prompt)
-        self.assertEqual(len(toks), SEQ + N)
+        self.assertEqual(len(toks), SEQ + n)
         return toks[SEQ:]
 
-    def logits(self, ctx):
-        """The reference's logits of the token after ctx, from its last SEQ tokens."""
-        return hf_logits(self.w, np.array([ctx[-SEQ:]]), self.L, self.NH)[0, -1]
+    def logits(self, ctx, window=SEQ):
+        """The reference's logits of the token after ctx, from its last `window` tokens."""
+        return hf_logits(self.w, np.array([ctx[-window:]]), self.L, self.NH)[0, -1]
 
     def allowed(self, logits, temp, top_k, top_p):
         """The tokens the filters leave (those within TOL of the cut logit too), and the cut."""
@@ -113,6 +116,47 @@ class Sample(unittest.TestCase):
                                      self.tmp.name))
         dp.assert_ranks_ok(outs, "tp=2")
         self.assertEqual(self.tokens(outs[0][1]), toks)
+
+    def test_key_value_cache(self):
+        """--seq 64: the 32-token prompt in one forward through the key/value cache, then a row
+        a token until the text fills the window, then whole windows sliding on: greedy decoding
+        is the reference's argmax from the last 64 tokens all the way, on one process and under
+        tp=2 and pp=2 (each stage its layers' cache); cp=2 (whole windows: no cache under
+        context parallelism, the log says why) and --sample-no-cache give the same tokens, and
+        at temperature 2 the cache draws the tokens whole windows draw."""
+        W, n = 2 * SEQ, 48  # the prompt is --val's first 32 tokens, up to the window's half
+
+        def run(world, *extra):
+            argv = self.args("--seq", str(W), "--sample", str(n), *extra)
+            kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp.name)  # a rendezvous each
+            outs = dp.wait_all(dp.launch(world, lambda r: argv, kv))
+            dp.assert_ranks_ok(outs, str(extra))
+            log = re.findall(r"sample: (.*)", outs[0][2])
+            self.assertEqual(len(log), 1, outs[0][2])
+            return self.tokens(outs[0][1], n=n), log[0]
+
+        greedy = ("--sample-top-k", "1")
+        toks, log = run(1, *greedy)
+        mib = self.L * W * 3 * 64 * 4 / 2**20  # each layer's q, k, v rows, fp32 (C = 64)
+        self.assertEqual(log, "a key/value cache of 64 positions (%.2f MiB): the prompt in one "
+                         "forward, then one row a token while the text fits the window" % mib)
+        ctx = list(self.prompt)
+        for i, tok in enumerate(toks):
+            lg = self.logits(ctx, W)
+            top2 = np.sort(lg)[-2:]
+            self.assertGreater(top2[1] - top2[0], TOL, "a tie at token %d: pick another prompt" % i)
+            self.assertEqual(tok, int(np.argmax(lg)), "token %d" % i)
+            ctx.append(tok)
+        self.assertGreater(len(set(toks)), 1)
+        for world, extra, why in ((2, ("--tp", "2"), None), (2, ("--pp", "2"), None),
+                                  (2, ("--cp", "2"), "no key/value cache with context parallelism"),
+                                  (1, ("--sample-no-cache",), "--sample-no-cache")):
+            got, log = run(world, *(greedy + extra))
+            self.assertEqual(got, toks, extra)
+            self.assertEqual(log, "a forward of the whole window a token (%s)" % why if why else
+                             log.startswith("a key/value cache") and log, extra)
+        hot = ("--sample-temp", "2")
+        self.assertEqual(run(1, *hot)[0], run(1, *hot, "--sample-no-cache")[0])
 
     def test_filters_keep_the_draws_in(self):
         temp = 2.0
@@ -149,7 +193,8 @@ class Sample(unittest.TestCase):
                 (["--sample-top-p", "1.5"], "--sample-top-p in (0, 1]"),
                 (["--sample-top-p", "most"], "--sample-top-p: expected a number, got 'most'"),
                 (["--sample", "0", "--sample-top-k", "5"],
-                 "--sample-top-k and --sample-top-p need --sample N")):
+                 "--sample-top-k and --sample-top-p need --sample N"),
+                (["--sample", "0", "--sample-no-cache"], "--sample-no-cache needs --sample N")):
             p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=120)
             self.assertNotEqual(p.returncode, 0, extra)
             self.assertIn(want, p.stderr, extra)

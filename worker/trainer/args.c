@@ -75,6 +75,8 @@ static void usage(FILE *out)
       "  --sample-top-k K --sample-top-p P  drawn among the K most likely tokens only, and of\n"
       "                              those the fewest holding probability P (nucleus; default\n"
       "                              off: 0 and 1)\n"
+      "  --sample-no-cache           run each token's whole window (default: a key/value\n"
+      "                              cache, one row a token, until the window slides)\n"
       "  --peak-tflops T             a device's peak TFLOP/s, for the MFU in the step lines\n"
       "                              (default: a known GPU's dense bf16 peak under bf16)\n"
       "  --vocab-file vocab.json     GPT-2 BPE vocabulary the sample's tokens are printed with\n"
@@ -163,6 +165,7 @@ enum {
   OPT_SAMPLE,
   OPT_SAMPLE_TEMP,
   OPT_SAMPLE_TOP_K,
+  OPT_SAMPLE_NO_CACHE,
   OPT_SAMPLE_TOP_P,
   OPT_VOCAB_FILE,
   OPT_MERGE_FILE,
@@ -236,6 +239,7 @@ static const struct option g_opts[] = {
     {"sample", required_argument, 0, OPT_SAMPLE},
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
     {"sample-top-k", required_argument, 0, OPT_SAMPLE_TOP_K},
+    {"sample-no-cache", no_argument, 0, OPT_SAMPLE_NO_CACHE},
     {"sample-top-p", required_argument, 0, OPT_SAMPLE_TOP_P},
     {"vocab-file", required_argument, 0, OPT_VOCAB_FILE},
     {"merge-file", required_argument, 0, OPT_MERGE_FILE},
@@ -610,6 +614,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SP:
       o->sequence_parallel = 1;
+      break;
+    case OPT_SAMPLE_NO_CACHE:
+      o->sample_no_cache = 1;
       break;
     case OPT_PP_PARTITION:
       o->pp_partition = optarg;

@@ -248,6 +248,7 @@ void dt_gpt2_destroy(dt_gpt2_t *m)
   dev->free(dev, m->m_flat);
   dev->free(dev, m->v_flat);
   dev->free(dev, m->params16);
+  dev->free(dev, m->kv);
   for (int c = 0; m->acts && c < m->stage.chunks; c++)
     for (int j = 0; j < m->nslots[c]; j++)
       free_acts(dev, &m->acts[m->slot_base[c] + j], &m->scratch);
@@ -1165,7 +1166,18 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
     DT_CHECK(k->layernorm_forward(m->dev, y.ln1, y.ln1_mean, y.ln1_rstd, x, p->t[DT_T_LN1W],
                                   p->t[DT_T_LN1B], (int)R, C));
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
-  if (m->cp.cp == 1) {
+  if (m->kv) { /* the T new positions' q, k, v into the cache, their queries against it */
+    const int pos = m->kv_pos;
+    void *cache = (char *)m->kv + (size_t)l * m->kv_cap * 3 * Cl * qkv_bytes(m);
+    DT_CHECK(linear_forward(m, a, (char *)cache + (size_t)pos * 3 * Cl * qkv_bytes(m), qkv16(m),
+                            NULL, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB], T, C, 3 * Cl, 3 * Cl,
+                            NULL));
+    if (m->flash)
+      DT_CHECK(attention(m, a, y.atty, y.att, cache, NULL, NULL, 1, T, pos, pos + T));
+    else
+      DT_CHECK(
+          k->attention_forward_cp(m->dev, y.atty, y.att, cache, 1, T, pos, pos + T, Cl, d.NHl));
+  } else if (m->cp.cp == 1) {
     DT_CHECK(linear_forward(m, a, y.qkv, qkv16(m), NULL, in, y.ln1_16, p, DT_T_QKVW,
                             p->t[DT_T_QKVB], (int)N, C, 3 * Cl, 3 * Cl, NULL));
     if (m->flash)
@@ -1273,7 +1285,8 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
     /* context parallel: each half of the rows is one chunk, at its own positions */
     const int halves = m->cp.cp > 1 ? 2 : 1, Th = T / halves;
     for (int j = 0; j < halves; j++) {
-      const size_t rows = (size_t)j * B * Th, pos = m->cp.cp > 1 ? (size_t)cp_chunk(m, j) * Th : 0;
+      const size_t rows = (size_t)j * B * Th,
+                   pos = m->cp.cp > 1 ? (size_t)cp_chunk(m, j) * Th : (size_t)m->kv_pos;
       DT_CHECK(k->encoder_forward(m->dev, e + rows * C, inputs + rows, p.t[DT_T_WTE], d.vlo, d.Vl,
                                   lead ? p.t[DT_T_WPE] + pos * C : NULL, B, Th, C));
     }
@@ -1370,7 +1383,10 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
                           int B, int T, float grad_scale, float *loss)
 {
   dt_gpt2_acts_t *a = slot_acts(m, chunk, slot);
+  if (m->kv && (B != 1 || targets || T > m->kv_cap - m->kv_pos))
+    return DT_EINVAL; /* the cache takes one sequence, up to its capacity */
   DT_CHECK(forward_stage(m, a, chunk, inputs, B, T));
+  m->kv_pos += m->kv ? T : 0;
   if (!heads(m, chunk) || !targets)
     return 0;
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
@@ -1378,6 +1394,47 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
   DT_CHECK(device_tokens(m, a, 1, targets, N, &targets));
   DT_CHECK(cross_entropy(m, a, targets, grad_scale / (float)N, (int)N));
   return mean_loss(m, a, N, loss);
+}
+
+int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen)
+{
+  const char *no = m->stage.chunks > 1 ? "virtual pipeline stages"
+                   : m->cp.cp > 1      ? "context parallelism"
+                   : m->sp             ? "sequence parallelism"
+                   : !m->flash && !m->ops->attention_forward_cp
+                       ? "materialized attention on this device (no attention_forward_cp)"
+                       : NULL;
+  if (no) {
+    snprintf(why, whylen, "no key/value cache with %s", no);
+    return DT_ENOTSUP;
+  }
+  if (cap < 1 || cap > m->cfg.max_seq || !m->acts) {
+    snprintf(why, whylen, "a key/value cache of %d positions (max_seq %d, activations %s)", cap,
+             m->cfg.max_seq, m->acts ? "allocated" : "not allocated");
+    return DT_EINVAL;
+  }
+  dt_gpt2_kv_end(m);
+  const size_t bytes = (size_t)m->L * (size_t)cap * 3 * (size_t)dims(m).Cl * qkv_bytes(m);
+  const int rc = m->dev->alloc(m->dev, bytes, "the key/value cache of text generation", &m->kv);
+  if (rc != 0) {
+    snprintf(why, whylen,
+             "no room for a key/value cache of %.1f MiB (--sample-no-cache runs "
+             "without one)",
+             (double)bytes / 1048576.0);
+    return rc;
+  }
+  m->kv_bytes = bytes;
+  m->kv_cap = cap;
+  m->kv_pos = 0;
+  return 0;
+}
+
+void dt_gpt2_kv_end(dt_gpt2_t *m)
+{
+  m->dev->free(m->dev, m->kv);
+  m->kv = NULL;
+  m->kv_bytes = 0;
+  m->kv_cap = m->kv_pos = 0;
 }
 
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot)

@@ -303,6 +303,12 @@ typedef struct {
   const float *last_losses; /* dt_gpt2_last_losses */
   int recompute;            /* activation checkpointing */
   int sp;                   /* sequence parallelism over the tp group */
+  /* Text generation's key/value cache (dt_gpt2_kv_begin): each layer's q, k, v rows of the
+   * positions so far, (L, kv_cap, 3C) in the qkv activations' type; NULL when not generating
+   * so; kv_bytes its size. kv_pos: the position the next token fed takes. */
+  void *kv;
+  size_t kv_bytes;
+  int kv_cap, kv_pos;
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -407,6 +413,19 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
  * stage's input gradient); chunks other than the model's first leave the gradient of their
  * input in dt_gpt2_stage_grad. */
 int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, int B, int T);
+/* Text generation with a key/value cache: after dt_gpt2_kv_begin, dt_gpt2_stage_forward of
+ * one sequence's T tokens (B = 1, no targets) takes them as positions [kv_pos, kv_pos + T),
+ * after the ones fed before: each layer computes only those rows, adds their keys and values
+ * to the cache and attends over all cached ones (the flash or materialized kernels' queries at
+ * q0 = kv_pos), then kv_pos advances by T; the logits are the T rows'. A prompt fed whole, then
+ * a token at a time, gives the logits of forwards of the whole window up to fp32 rounding (the
+ * GEMMs see fewer rows), at a cost a token that does not grow with the window but for
+ * attention. cap (<= max_seq) positions at most; one chunk (no virtual stages), no context or
+ * sequence parallelism: DT_ENOTSUP with the reason in why otherwise (and another error, with
+ * why, where it cannot be allocated). dt_gpt2_kv_end frees it and returns to whole-window
+ * forwards. */
+int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen);
+void dt_gpt2_kv_end(dt_gpt2_t *m);
 /* The per-token losses (n = B*T of them) of the last forward with targets through the model's
  * last chunk (its slot 0), copied to host memory: the evaluations read them one by one. */
 int dt_gpt2_token_losses(dt_gpt2_t *m, size_t n, float *out);

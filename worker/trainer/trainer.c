@@ -182,6 +182,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample-top-k must be >= 0 (0: off) and --sample-top-p in (0, 1] (1: off)";
   else if ((o->sample_top_k > 0 || o->sample_top_p < 1.0f) && o->sample_tokens == 0)
     msg = "--sample-top-k and --sample-top-p need --sample N (the tokens to generate)";
+  else if (o->sample_no_cache && o->sample_tokens == 0)
+    msg = "--sample-no-cache needs --sample N (the tokens to generate)";
   else if (!(o->spike_factor == 0.0 || (o->spike_factor > 1.0 && isfinite(o->spike_factor))))
     msg = "--spike-factor must be > 1 (0: off)";
   else if (!(o->grad_spike_factor == 0.0 ||
@@ -630,7 +632,11 @@ static int window_unit(int cp, int tp, int sp)
  * window runs padded after its end with token 0 to a multiple of window_unit (the causal mask
  * keeps the padding out of the real positions' logits; the run checked that the unit divides
  * the sequence length), split among the context-parallel ranks as training splits a sequence;
- * the one holding the window's last position samples and sends the token to the others. */
+ * the one holding the window's last position samples and sends the token to the others.
+ * While the text fits the window, each token is fed once instead (the prompt in one forward,
+ * then a row a token) through a key/value cache (dt_gpt2_kv_begin), where the layout has one
+ * and --sample-no-cache does not turn it off: the same logits up to rounding, at the cost of
+ * one position a token. */
 static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *rng, int print)
 {
   const dt_train_opts_t *o = t->o;
@@ -647,6 +653,25 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
     goto out;
   }
   memcpy(ctx, prompt, (size_t)plen * sizeof(int));
+  char why[256] = "--sample-no-cache";
+  int cached = 0; /* the same on every rank: a matter of the layout */
+  if (!o->sample_no_cache && plen < T) {
+    const int rc = dt_gpt2_kv_begin(m, T, why, sizeof why);
+    if (rc != 0 && rc != DT_ENOTSUP) {
+      DT_ERROR(TRAIN, "sample: %s", why);
+      ret = rc;
+      goto out;
+    }
+    cached = rc == 0;
+  }
+  if (cached && print)
+    DT_INFO(TRAIN,
+            "sample: a key/value cache of %d positions (%.2f MiB): the prompt in one forward, "
+            "then one row a token while the text fits the window",
+            T, (double)m->kv_bytes / 1048576.0);
+  else if (print)
+    DT_INFO(TRAIN, "sample: a forward of the whole window a token (%s)",
+            plen >= T ? "the prompt fills the window" : why);
   if (print) {
     fprintf(stdout, "---- sample (temperature %.2f", o->sample_temp);
     if (o->sample_top_k > 0)
@@ -660,16 +685,29 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
   for (int len = plen; len < plen + n; len++) {
     const int start = len > T ? len - T : 0, tlen = len - start;
     const int rows = (tlen + unit - 1) / unit * unit; /* <= T */
-    const int *in = chunks_of(t, ctx + start, 1, rows, t->cp_inputs);
     float unused, tok = 0.0f; /* a token id, exact in a float (V <= 65536) */
-    if (t->pipe)
-      DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, in, NULL, 1, rows / cp, &unused), ret, out);
-    else
-      DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, in, NULL, 1, rows / cp, 0.0f, &unused), ret,
-                    out);
+    int owner = 0, r = tlen - 1;
+    if (cached && len > T) { /* the window slides: every position moves, whole windows on */
+      dt_gpt2_kv_end(m);
+      cached = 0;
+    }
+    if (cached) { /* the tokens not in the cache yet: the prompt at first, then the newest */
+      const int *in = ctx + m->kv_pos, fed = len - m->kv_pos;
+      if (t->pipe)
+        DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, in, NULL, 1, fed, &unused), ret, out);
+      else
+        DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, in, NULL, 1, fed, 0.0f, &unused), ret, out);
+      r = fed - 1;
+    } else {
+      const int *in = chunks_of(t, ctx + start, 1, rows, t->cp_inputs);
+      if (t->pipe)
+        DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, in, NULL, 1, rows / cp, &unused), ret, out);
+      else
+        DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, in, NULL, 1, rows / cp, 0.0f, &unused), ret,
+                      out);
+    }
     /* position tlen - 1: in chunk k of 2 cp (of h positions), which this rank holds as its
      * first or second half */
-    int owner = 0, r = tlen - 1;
     if (cp > 1) {
       const int h = rows / (2 * cp), k = (tlen - 1) / h;
       owner = k < cp ? k : 2 * cp - 1 - k;
@@ -698,6 +736,7 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
     fflush(stdout);
   }
 out:
+  dt_gpt2_kv_end(m);
   free(sorted);
   free(row);
   free(ctx);

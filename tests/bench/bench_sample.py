@@ -1,0 +1,78 @@
+"""Benchmark: text generation (distrain-train --sample) through the key/value cache against
+whole windows (--sample-no-cache), side by side in one run.
+
+The model: random init, L=6, NH=6, C=384, V=8192 (the shapes are flags), a window of --seq
+positions; the prompt is the first 32 tokens of a random-token shard; --sample N tokens
+follow, greedy (--sample-top-k 1), so both runs print the same tokens (checked). The figure
+is the wall time of the whole run (start-up and the prompt included) and the generated
+tokens a second; each run is repeated --rounds times and the fastest kept.
+
+    /usr/bin/python3 tests/bench/bench_sample.py --build build [--seq 1024] [--sample 480]
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd):
+    """(seconds, the sample's text) of one run."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit("bench_sample: %s exited with %d:\n%s" % (cmd[0], p.returncode,
+                                                                  p.stderr[-2000:]))
+    m = re.search(r"---- sample .*?---- end of sample ----", p.stdout, re.S)
+    if not m:
+        raise SystemExit("bench_sample: no sample in the output:\n" + p.stdout[-2000:])
+    return dt, m.group(0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--channels", type=int, default=384)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--sample", type=int, default=480)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dt-bench-sample-") as tmp:
+        shard = os.path.join(tmp, "val.bin")
+        subprocess.run([sys.executable, os.path.join(HERE, "make_tokens.py"), "--out", shard,
+                        "--tokens", str(4 * args.seq), "--vocab", str(args.vocab), "--seed", "1"],
+                       check=True)
+        cmd = [os.path.join(args.build, "worker/trainer/distrain-train"), "--steps", "0",
+               "--init", "seed:1", "--layers", str(args.layers), "--heads", str(args.heads),
+               "--channels", str(args.channels), "--vocab", str(args.vocab), "--max-seq",
+               str(args.seq), "--val", shard, "--batch", "1", "--seq", str(args.seq),
+               "--sample", str(args.sample), "--sample-top-k", "1", "--threads",
+               str(args.threads), "--device", args.device, "--quiet"]
+        print("model L%d NH%d C%d V%d, window %d, prompt 32 + %d tokens, greedy, %s, %d threads"
+              % (args.layers, args.heads, args.channels, args.vocab, args.seq, args.sample,
+                 args.device, args.threads))
+        best, texts = {}, {}
+        for _ in range(args.rounds):
+            for name, extra in (("key/value cache", []), ("whole windows", ["--sample-no-cache"])):
+                dt, texts[name] = run(cmd + extra)
+                best[name] = min(best.get(name, dt), dt)
+        if len(set(texts.values())) != 1:
+            raise SystemExit("bench_sample: the two runs printed different tokens")
+        for name, dt in best.items():
+            print("%-16s %8.2f s  %8.1f tokens/s" % (name, dt, args.sample / dt))
+        print("speed-up %.1fx" % (best["whole windows"] / best["key/value cache"]))
+
+
+if __name__ == "__main__":
+    main()
