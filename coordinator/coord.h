@@ -198,6 +198,8 @@ void dt_coord_rank_views_free(dt_rank_views_t *v);
 Distrain__V1__StepMetrics *dt_coord_last_val(const dt_job_t *j);
 /* The job's newest step with losses by blend source (train_sources), or NULL. */
 Distrain__V1__StepMetrics *dt_coord_last_sources(const dt_job_t *j);
+/* The job's newest step with a multiple-choice evaluation (data.eval), or NULL. */
+Distrain__V1__StepMetrics *dt_coord_last_eval(const dt_job_t *j);
 /* A node as ListNodes answers it (borrowing from n). */
 void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o);
 int dt_coord_register_handlers(dt_coord_t *c);

@@ -331,6 +331,13 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
     fputs(", \"val\": ", out);
     json_val(out, j->last_val);
   }
+  if (j->last_eval) {
+    fprintf(out, ", \"eval\": {\"step\": %lld, \"acc_norm\": ", (long long)j->last_eval->step);
+    dt_json_number(out, "%.6g", j->last_eval->eval_acc_norm);
+    fputs(", \"acc\": ", out);
+    dt_json_number(out, "%.6g", j->last_eval->eval_acc);
+    fputc('}', out);
+  }
   if (j->last_sources) { /* {"step", "loss": {source: loss}} */
     fprintf(out, ", \"sources\": {\"step\": %lld", (long long)j->last_sources->step);
     write_named(out, "loss", j->last_sources->train_sources, j->last_sources->n_train_sources);
@@ -384,6 +391,9 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
     fmt_val(val, sizeof val, j->last_val);
     fprintf(out, "validation:  step %lld%s\n", (long long)j->last_val->step, val);
   }
+  if (j->last_eval)
+    fprintf(out, "evaluation:  step %lld: acc_norm %.4f, acc %.4f\n", (long long)j->last_eval->step,
+            j->last_eval->eval_acc_norm, j->last_eval->eval_acc);
   if (j->committed_step > 0)
     fprintf(out, "checkpoint:  step %lld committed in %s\n", (long long)j->committed_step,
             j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");

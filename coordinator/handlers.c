@@ -417,20 +417,44 @@ void dt_coord_rank_views_free(dt_rank_views_t *v)
   memset(v, 0, sizeof *v);
 }
 
-Distrain__V1__StepMetrics *dt_coord_last_val(const dt_job_t *j)
+/* The job's newest metrics that has(m), or NULL. */
+static Distrain__V1__StepMetrics *newest(const dt_job_t *j,
+                                         int (*has)(const Distrain__V1__StepMetrics *m))
 {
   for (size_t i = j->n_metrics; i-- > 0;)
-    if (j->metrics[i]->has_val || j->metrics[i]->n_val_sets)
+    if (has(j->metrics[i]))
       return j->metrics[i];
   return NULL;
 }
 
+static int has_val(const Distrain__V1__StepMetrics *m)
+{
+  return m->has_val || m->n_val_sets;
+}
+
+static int has_sources(const Distrain__V1__StepMetrics *m)
+{
+  return m->n_train_sources > 0;
+}
+
+static int has_eval(const Distrain__V1__StepMetrics *m)
+{
+  return m->has_eval;
+}
+
+Distrain__V1__StepMetrics *dt_coord_last_val(const dt_job_t *j)
+{
+  return newest(j, has_val);
+}
+
 Distrain__V1__StepMetrics *dt_coord_last_sources(const dt_job_t *j)
 {
-  for (size_t i = j->n_metrics; i-- > 0;)
-    if (j->metrics[i]->n_train_sources)
-      return j->metrics[i];
-  return NULL;
+  return newest(j, has_sources);
+}
+
+Distrain__V1__StepMetrics *dt_coord_last_eval(const dt_job_t *j)
+{
+  return newest(j, has_eval);
 }
 
 /* GetJob adds the current generation's ranks: where each runs, its state and step, and the
@@ -452,11 +476,13 @@ static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void 
   j->job->n_ranks = v.n;
   j->job->last_val = dt_coord_last_val(j); /* borrowed for the reply */
   j->job->last_sources = dt_coord_last_sources(j);
+  j->job->last_eval = dt_coord_last_eval(j);
   dt_rpc_call_reply(call, &j->job->base);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
   j->job->last_val = NULL;
   j->job->last_sources = NULL;
+  j->job->last_eval = NULL;
   dt_coord_rank_views_free(&v);
 }
 

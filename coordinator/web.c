@@ -6,9 +6,10 @@
  * code as `distrainctl nodes --json` and `distrainctl status JOB --json` (ctl.c), from the same
  * views ListNodes and GetJob answer with (handlers.c), and adds what only a page needs: each
  * job's mesh, its curves (training loss, each blend source's, tokens/s, MFU, validation loss
- * and each set's: at most HISTORY_POINTS points each, evenly spaced over the run), and the
- * recent events. Ranks are listed for jobs of at most DASHBOARD_MAX_RANKS ranks.
- * Nothing in it is secret: the token is never part of the state it prints. */
+ * and each set's, the evaluation's accuracies: at most HISTORY_POINTS points each, evenly
+ * spaced over the run), and the recent events. Ranks are listed for jobs of at most
+ * DASHBOARD_MAX_RANKS ranks. Nothing in it is secret: the token is never part of the state it
+ * prints. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,23 +30,25 @@
 extern const unsigned char dt_dashboard_html[];
 extern const size_t dt_dashboard_html_len;
 
-/* Whether a step's metrics are a point of the validation curves (val) or of the steps' (from
- * step 1: step 0, the validation before training, has no step's figures). */
-static int on_curve(const Distrain__V1__StepMetrics *m, int val)
+/* The curves' points: the steps' (from step 1: step 0, the validation before training, has no
+ * step's figures), the validations' and the multiple-choice evaluations'. */
+typedef enum { CURVE_STEPS, CURVE_VAL, CURVE_EVAL } curve_t;
+
+static int on_curve(const Distrain__V1__StepMetrics *m, curve_t c)
 {
-  return val ? m->has_val || m->n_val_sets : m->step > 0;
+  return c == CURVE_VAL ? m->has_val || m->n_val_sets : c == CURVE_EVAL ? m->has_eval : m->step > 0;
 }
 
-/* Indices of the job's metrics on the curves, at most HISTORY_POINTS evenly spaced and the
- * newest, into idx (room for HISTORY_POINTS + 1); their count. */
-static size_t pick(const dt_job_t *j, int val, size_t *idx)
+/* Indices of the job's metrics on curve c, at most HISTORY_POINTS evenly spaced and the newest,
+ * into idx (room for HISTORY_POINTS + 1); their count. */
+static size_t pick(const dt_job_t *j, curve_t c, size_t *idx)
 {
   size_t n = 0, k = 0, seen = 0;
   for (size_t i = 0; i < j->n_metrics; i++)
-    n += on_curve(j->metrics[i], val);
+    n += on_curve(j->metrics[i], c);
   const size_t stride = n > HISTORY_POINTS ? (n + HISTORY_POINTS - 1) / HISTORY_POINTS : 1;
   for (size_t i = 0; i < j->n_metrics; i++) {
-    if (!on_curve(j->metrics[i], val))
+    if (!on_curve(j->metrics[i], c))
       continue;
     if (seen % stride == 0 || seen == n - 1)
       idx[k++] = i;
@@ -85,10 +88,11 @@ static void write_named(FILE *out, const dt_job_t *j, const size_t *idx, size_t 
 
 /* The job's curves for the charts: {"step", "loss", "tokens_per_s", "mfu", "sources" (a blend
  * source's training loss a step, null where the step dealt it nothing), "val" {"step", "loss"
- * (data.val's, null where only sets validated), "sets" (each data.val_sets' loss)}}. */
+ * (data.val's, null where only sets validated), "sets" (each data.val_sets' loss)}, "eval"
+ * {"step", "acc_norm", "acc"} (data.eval's accuracies)}. */
 static void write_history(FILE *out, const dt_job_t *j)
 {
-  size_t idx[HISTORY_POINTS + 1], n = pick(j, 0, idx);
+  size_t idx[HISTORY_POINTS + 1], n = pick(j, CURVE_STEPS, idx);
   fputc('{', out);
   write_steps(out, "step", j, idx, n);
   static const char *const keys[] = {"loss", "tokens_per_s", "mfu"};
@@ -112,7 +116,7 @@ static void write_history(FILE *out, const dt_job_t *j)
   fputs(", \"sources\": {", out);
   write_named(out, j, idx, n, 1, names, (size_t)nsrc);
   /* the validation sets, named by the newest step that validated them */
-  n = pick(j, 1, idx);
+  n = pick(j, CURVE_VAL, idx);
   const Distrain__V1__StepMetrics *sets = NULL;
   for (size_t i = n; i-- > 0 && !sets;)
     sets = j->metrics[idx[i]]->n_val_sets ? j->metrics[idx[i]] : NULL;
@@ -132,7 +136,19 @@ static void write_history(FILE *out, const dt_job_t *j)
   }
   fputs("], \"sets\": {", out);
   write_named(out, j, idx, n, 0, names, nsets);
-  fputs("}}}", out);
+  n = pick(j, CURVE_EVAL, idx);
+  fputs("}}, \"eval\": {", out);
+  write_steps(out, "step", j, idx, n);
+  for (int k = 0; k < 2; k++) {
+    fprintf(out, ", \"%s\": [", k ? "acc" : "acc_norm");
+    for (size_t i = 0; i < n; i++) {
+      fputs(i ? "," : "", out);
+      dt_json_number(out, "%.6g",
+                     k ? j->metrics[idx[i]]->eval_acc : j->metrics[idx[i]]->eval_acc_norm);
+    }
+    fputc(']', out);
+  }
+  fputs("}}", out);
 }
 
 static void write_job(FILE *out, dt_coord_t *c, dt_job_t *j)
@@ -143,12 +159,14 @@ static void write_job(FILE *out, dt_coord_t *c, dt_job_t *j)
   j->job->n_ranks = ranks ? v.n : 0;
   j->job->last_val = dt_coord_last_val(j); /* borrowed, as GetJob does */
   j->job->last_sources = dt_coord_last_sources(j);
+  j->job->last_eval = dt_coord_last_eval(j);
   fputs("{\"job\": ", out);
   dt_ctl_print_job(out, j->job, 1);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
   j->job->last_val = NULL;
   j->job->last_sources = NULL;
+  j->job->last_eval = NULL;
   if (ranks)
     dt_coord_rank_views_free(&v);
   const Distrain__V1__ParallelSpec *p = j->job->spec ? j->job->spec->parallel : NULL;

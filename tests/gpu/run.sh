@@ -40,7 +40,9 @@
 # within 180 s (and, where ncu is installed, their Nsight Compute report beside RESULTS:
 # ncu_attention.txt), and tests/bench/bench_pipeline.py for p = 4 stages on the machine's CPU
 # cores (p = 2 needs only the 2 cores of the machines that build), skipped where fewer than 4,
-# a row whose stages are more than 3% apart run twice (--repeat 2), within GPU_BENCH_TIMEOUT),
+# a row whose stages are more than 3% apart run twice (--repeat 2), within GPU_BENCH_TIMEOUT,
+# and tests/bench/bench_sample.py, GPT-2 124M's text generation in bf16 through the key/value
+# cache against whole windows, within 120 s),
 # GPU_BUDGET (seconds for the whole run, 0 or unset: none; with it no item starts once fewer
 # than GPU_MIN_LEFT seconds, default 30, are left, each is listed NOT RUN instead, and an item's
 # timeout is cut to what is left), GPU_FIRST (the names run first, in this order, before the
@@ -556,6 +558,8 @@ cmd_run() {
       done
       printf '%s\t77\t180\t@B@/src\t-\t%s\n' bench_attention \
         "python3 @B@/src/tests/bench/bench_attention.py --build @B@/build --ncu $(printf %q "$resdir/ncu_attention.txt")"
+      printf '%s\t77\t120\t@B@/src\t-\t%s\n' bench_sample \
+        "python3 @B@/src/tests/bench/bench_sample.py --build @B@/build --device cuda --precision bf16 --layers 12 --heads 12 --channels 768 --vocab 50257"
       printf '%s\t77\t%s\t@B@/src\t-\t%s\n' bench_pipeline "${GPU_BENCH_TIMEOUT:-420}" \
         "python3 @B@/src/tests/bench/bench_pipeline.py --build @B@/build --stages 4 --require-cores 4 --repeat 2"
     fi

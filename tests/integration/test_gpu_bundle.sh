@@ -2,7 +2,7 @@
 # test_gpu_bundle.sh — tests/gpu/run.sh end to end on a machine without a GPU: bundles BUILD_DIR
 # into a temporary directory, runs the bundle, and checks that the run exits 0, that the results
 # list every test labelled gpu (as CTest knows them), the flash kernels' compute-sanitizer item,
-# the GPU benchmark's two shapes, the attention and the pipeline benchmarks, each as SKIP,
+# the GPU benchmark's two shapes, the attention, sampling and pipeline benchmarks, each as SKIP,
 # GPU_FIRST's items first, that GPU_BENCH=only runs just the benchmarks (GPU_FIRST's first),
 # that GPU_BUDGET lists what it leaves no time for as NOT RUN, that a failed test runs again
 # under compute-sanitizer (a stand-in here, and a test made to fail), and that the bundle holds
@@ -49,7 +49,7 @@ mapfile -t want < <("$CTEST" --test-dir "$BUILD" -N -L gpu | sed -n 's/^ *Test *
 for t in "${want[@]}"; do
   if has_line "== $t: SKIP ("; then ok "$t: SKIP"; else bad "$t is not listed as SKIP"; fi
 done
-for t in bench_gpu_gpt2-124m bench_gpu_gpt2-1.5b bench_attention bench_pipeline; do
+for t in bench_gpu_gpt2-124m bench_gpu_gpt2-1.5b bench_attention bench_sample bench_pipeline; do
   if has_line "== $t: SKIP ("; then ok "$t: SKIP"; else bad "$t is not listed as SKIP"; fi
 done
 # run.sh's own item beside test_cuda: the flash kernels under compute-sanitizer (none here)
@@ -61,10 +61,10 @@ if printf '%s\n' "${want[@]}" | grep -qx test_cuda; then
   fi
 fi
 listed=$(grep -c '^== ' "$T/results.txt" || true)
-if [ "$listed" -eq $((${#want[@]} + extra + 4)) ]; then
-  ok "results list ${#want[@]} gpu tests, $extra sanitizer item and 4 benchmarks"
+if [ "$listed" -eq $((${#want[@]} + extra + 5)) ]; then
+  ok "results list ${#want[@]} gpu tests, $extra sanitizer item and 5 benchmarks"
 else
-  bad "results list $listed entries, CTest has ${#want[@]} labelled gpu (+ $extra + 4 benchmarks)"
+  bad "results list $listed entries, CTest has ${#want[@]} labelled gpu (+ $extra + 5 benchmarks)"
 fi
 if has_line "summary: "; then ok "summary line"; else bad "no summary line"; fi
 # The default GPU_FIRST's items that the bundle has (a build without CUDA has no gpu test) come
@@ -84,7 +84,7 @@ GPU_BENCH=only GPU_BENCH_MODELS=tiny "${ONE_CORE[@]}" "$RUN" run "$T/bundle.tar.
   >"$T/run.log" 2>&1 ||
   bad "GPU_BENCH=only run failed: $(cat "$T/run.log")"
 if [ "$(grep '^== ' "$T/bench.txt" | cut -d' ' -f2-3 | paste -sd,)" = \
-  "bench_attention: SKIP,bench_gpu_tiny: SKIP,bench_pipeline: SKIP" ]; then
+  "bench_attention: SKIP,bench_gpu_tiny: SKIP,bench_sample: SKIP,bench_pipeline: SKIP" ]; then
   ok "GPU_BENCH=only runs the benchmark alone"
 else
   bad "GPU_BENCH=only ran: $(grep '^== ' "$T/bench.txt")"
@@ -93,8 +93,8 @@ fi
 rc=0
 GPU_BUDGET=1 GPU_BENCH=only GPU_BENCH_MODELS=tiny "${ONE_CORE[@]}" "$RUN" run "$T/bundle.tar.gz" \
   "$T/budget.txt" >"$T/run.log" 2>&1 || rc=$?
-if [ $rc -eq 0 ] && [ "$(grep -c '^== bench_[a-z_]*: NOT RUN (budget: ' "$T/budget.txt")" -eq 3 ] &&
-  grep -q '^summary: .*; 3 not run within the budget of 1 s' "$T/budget.txt"; then
+if [ $rc -eq 0 ] && [ "$(grep -c '^== bench_[a-z_]*: NOT RUN (budget: ' "$T/budget.txt")" -eq 4 ] &&
+  grep -q '^summary: .*; 4 not run within the budget of 1 s' "$T/budget.txt"; then
   ok "GPU_BUDGET lists what it has no time for as NOT RUN"
 else
   bad "GPU_BUDGET=1 run (exit $rc): $(grep '^== \|^summary' "$T/budget.txt")"

@@ -391,6 +391,12 @@ class T2_Prometheus(MetricsTest):
         self.assertIn("by source:   step %d (web %.4f, src2 %.4f)\n"
                       % (steps, ms[-1].train_sources[0].loss, ms[-1].train_sources[1].loss),
                       r.stdout)
+        # ... and the newest evaluation's accuracies (%.6g in the JSON)
+        self.assertEqual(st["eval"], {"step": steps,
+                                      "acc_norm": float("%.6g" % ms[-1].eval_acc_norm),
+                                      "acc": float("%.6g" % ms[-1].eval_acc)})
+        self.assertIn("evaluation:  step %d: acc_norm %.4f, acc %.4f\n"
+                      % (steps, ms[-1].eval_acc_norm, ms[-1].eval_acc), r.stdout)
         # the newest step's model TFLOP/s per device, and the MFU against training.peak_tflops
         self.assertGreater(ms[-1].tflops, 0)
         self.assertAlmostEqual(ms[-1].mfu, ms[-1].tflops / 0.001, delta=1e-6 * ms[-1].mfu)
@@ -440,6 +446,7 @@ class T3_Dashboard(MetricsTest):
         self.start_agent("h0")
         self.wait_nodes(1)
         steps = cp.slow_steps(10)
+        steps -= steps % 2
         spec = cp.job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=cp.SLOW,
                            every=steps // 2, name=ODD_NAME)
         spec.training.peak_tflops = 1.0  # an MFU to show (a few % on a CPU)
@@ -448,6 +455,11 @@ class T3_Dashboard(MetricsTest):
         spec.data.val_sets = "held.out=" + spec.data.val
         # on a blend of two sources: the newest step's loss of each is shown
         spec.data.train = "1:web=%s,1:code=%s" % (spec.data.train, spec.data.train)
+        # a multiple-choice evaluation before training, half way and at the end
+        evalset = os.path.join(self.tmp, "eval.bin")
+        test_eval.write_evalfile(evalset, test_eval.random_examples(3, 8))
+        spec.data.eval = evalset
+        spec.training.eval_every = steps // 2
         job_id = self.call("SubmitJob", cp.pb.SubmitJobRequest(spec=spec)).job_id
         self.wait_state(job_id, [cp.pb.JOB_RUNNING], 30, min_step=5)
 
@@ -488,6 +500,13 @@ class T3_Dashboard(MetricsTest):
                 want = [s.loss for s in by_step[step].train_sources if s.name == name]
                 self.assertEqual(loss is None, not want, (name, step))
                 self.assertTrue(loss is None or close(loss, want[0]), (name, step, loss, want))
+        he = h["eval"]
+        self.assertEqual(he["step"], [s for s in sorted(by_step) if by_step[s].has_eval])
+        self.assertEqual(he["step"][0], 0)
+        for i, step in enumerate(he["step"]):
+            self.assertEqual((he["acc_norm"][i], he["acc"][i]),
+                             (float("%.6g" % by_step[step].eval_acc_norm),
+                              float("%.6g" % by_step[step].eval_acc)))
         hv = h["val"]
         self.assertEqual(hv["step"], [s for s in sorted(by_step) if by_step[s].has_val])
         self.assertEqual(hv["step"][:2], [0, 2])
@@ -549,11 +568,20 @@ class T3_Dashboard(MetricsTest):
                       'train: code (%d points), validation (%d points), validation: held.out '
                       '(%d points)"' % (ns, ns, ns, nv, nv), dom)
         self.assertIn('aria-label="tokens / s: tokens / s (%d points)"' % ns, dom)
+        ms = self.call("GetJobMetrics", cp.pb.GetJobMetricsRequest(job_id=job_id,
+                                                                   after_step=-1)).metrics
+        evals = [m for m in ms if m.has_eval]
+        acc = lambda x: "%.4f" % float("%.6g" % x)  # noqa: E731  (JSON's %.6g, then toFixed)
+        self.assertEqual([m.step for m in evals], [0, steps // 2, steps])
+        self.assertIn('aria-label="evaluation accuracy: acc_norm (3 points), acc (3 points)"', dom)
+        self.assertIn('title="multiple-choice evaluation at step %d: acc_norm (by the mean loss of '
+                      "a completion's tokens), acc %s (by their sum)\">eval acc_norm <b>%s</b>"
+                      % (steps, acc(evals[-1].eval_acc), acc(evals[-1].eval_acc_norm)), dom)
         shot = os.path.join(cp.BUILD, "test-artifacts", "dashboard-done.png")
         self.chromium(self.base + "/", "--screenshot=" + shot, "--window-size=1280,1100")
         _, _, rows = cp.png_pixels(shot)
         colours = {"train": "2f6fde", "web": "7c3aed", "code": "0d9488", "validation": "e11d48",
-                   "held.out": "a16207"}
+                   "held.out": "a16207", "evaluation": "b45309"}
         for what, hexa in colours.items():
             want = bytes.fromhex(hexa)
             n = sum(1 for row in rows for p in row if all(abs(p[c] - want[c]) <= 12 for c in range(3)))
