@@ -2,8 +2,11 @@
  * (worker/trainer/gpt2.h): what dt_gpt2_set_precision and dt_gpt2_set_attention take from the
  * table under bf16, and what they refuse, each with DT_ENOTSUP (an input error: the trainer
  * exits before training). The devices are the CPU device with edited copies of its table.
- * Also the bf16 weight copy: what the linear layers read, kept equal to the parameters; and the
- * devices' peaks the MFU is measured against (devices.h). */
+ * Also the bf16 weight copy: what the linear layers read, kept equal to the parameters; text
+ * generation's key/value cache against forwards of the whole window; and the devices' peaks the
+ * MFU is measured against (devices.h). */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -404,6 +407,114 @@ END_TEST
 
 /* The names cudaGetDeviceProperties gives, against NVIDIA's data sheets' dense bf16 figures;
  * a CPU and a GPU not in the table have none. */
+/* ------------------------------------------------------------------------------------------ */
+/* Text generation's key/value cache                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Row r of the newest forward's logits (the real vocabulary), as floats: bf16 values of
+ * ops->bf16_bytes each (the CPU's hold floats) widened. */
+static void logits_row(const dt_gpt2_t *m, int r, float *out)
+{
+  const dt_gpt2_acts_t *a = &m->acts[0];
+  const size_t vb = m->ops->bf16_bytes;
+  for (int v = 0; v < CFG.vocab; v++) {
+    const size_t i = (size_t)r * CFG.padded_vocab + (size_t)v;
+    if (a->logits16 && vb == 2) {
+      uint16_t h;
+      memcpy(&h, (const char *)a->logits16 + 2 * i, sizeof h);
+      const uint32_t bits = (uint32_t)h << 16;
+      memcpy(&out[v], &bits, sizeof bits);
+    } else {
+      memcpy(&out[v],
+             a->logits16 ? (const char *)a->logits16 + vb * i : (const char *)&a->logits[i],
+             sizeof(float));
+    }
+  }
+}
+
+/* The 12 tokens' logits from one forward of them, against the cache's: the first 8 in one
+ * forward (the same products as the whole window's, on fewer rows), then one token at a time
+ * (each a forward of one row at its position, attending over the cached keys): equal within
+ * fp32 rounding (bf16: a bf16 step of a logit), in fp32 with flash and materialized attention
+ * and in bf16. The cache's bounds and refusals; after dt_gpt2_kv_end a whole window again
+ * gives the first forward's logits bit for bit. */
+START_TEST(test_kv_cache)
+{
+  static const struct {
+    int bf16, flash;
+    float tol;
+  } cases[] = {{0, 1, 1e-5f}, {0, 0, 1e-5f}, {1, 1, 2e-2f}};
+  enum { N = 12, PRE = 8 };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    dt_gpt2_t m;
+    ck_assert_int_eq(choose(dt_device_cpu(), cases[c].bf16, cases[c].flash, &m), 0);
+    ck_assert_int_eq(dt_gpt2_init_weights(&m, 3), 0);
+    ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 1, 16, (int[]){1}, 0), 0);
+    float ref[N][50], got[50], unused = 0.0f;
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], NULL, 1, N, 0.0f, &unused), 0);
+    for (int r = 0; r < N; r++)
+      logits_row(&m, r, ref[r]);
+
+    char why[256] = "";
+    ck_assert_int_eq(dt_gpt2_kv_begin(&m, 17, why, sizeof why), DT_EINVAL); /* > max_seq */
+    ck_assert_str_eq(why, "a key/value cache of 17 positions (max_seq 16, activations for 16 "
+                          "positions)");
+    ck_assert_int_eq(dt_gpt2_kv_begin(&m, 16, why, sizeof why), 0);
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], NULL, 1, PRE, 0.0f, &unused), 0);
+    ck_assert_int_eq(m.kv_pos, PRE);
+    for (int pos = PRE; pos <= N; pos++) {
+      const int rows = pos == PRE ? PRE : 1; /* the prefix's rows, then each token's one */
+      for (int r = 0; r < rows; r++) {
+        logits_row(&m, r, got);
+        const float *want = ref[pos - rows + r];
+        for (int v = 0; v < CFG.vocab; v++)
+          ck_assert_msg(fabsf(got[v] - want[v]) <= cases[c].tol * (1.0f + fabsf(want[v])),
+                        "case %zu, position %d, logit %d: %.9g, whole window %.9g", c,
+                        pos - rows + r, v, (double)got[v], (double)want[v]);
+      }
+      if (pos < N)
+        ck_assert_int_eq(
+            dt_gpt2_stage_forward(&m, 0, 0, &TOKENS[0][pos], NULL, 1, 1, 0.0f, &unused), 0);
+    }
+    ck_assert_int_eq(m.kv_pos, N);
+    /* one sequence at a time, no loss, up to the capacity */
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], NULL, 2, 1, 0.0f, &unused),
+                     DT_EINVAL);
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], TOKENS[1], 1, 1, 0.0f, &unused),
+                     DT_EINVAL);
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], NULL, 1, 5, 0.0f, &unused),
+                     DT_EINVAL);
+    ck_assert_int_eq(m.kv_pos, N);
+    dt_gpt2_kv_end(&m);
+    ck_assert_ptr_null(m.kv);
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], NULL, 1, N, 0.0f, &unused), 0);
+    for (int r = 0; r < N; r++) {
+      logits_row(&m, r, got);
+      ck_assert_mem_eq(got, ref[r], sizeof got);
+    }
+    dt_gpt2_destroy(&m);
+  }
+  /* no more positions than the activations hold */
+  dt_gpt2_t m;
+  char why[256];
+  ck_assert_int_eq(choose(dt_device_cpu(), 0, 1, &m), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 2, 8, (int[]){1}, 0), 0);
+  ck_assert_int_eq(dt_gpt2_kv_begin(&m, 12, why, sizeof why), DT_EINVAL);
+  ck_assert_str_eq(why, "a key/value cache of 12 positions (max_seq 16, activations for 8 "
+                        "positions)");
+  dt_gpt2_destroy(&m);
+  /* materialized attention needs the device's context-parallel entry for queries past 0 */
+  dt_device_t *dev = edited_cpu();
+  g_ops.attention_forward_cp = NULL;
+  ck_assert_int_eq(choose(dev, 0, 0, &m), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 1, 16, (int[]){1}, 0), 0);
+  ck_assert_int_eq(dt_gpt2_kv_begin(&m, 16, why, sizeof why), DT_ENOTSUP);
+  ck_assert_str_eq(why, "no key/value cache with materialized attention on this device (no "
+                        "attention_forward_cp)");
+  dt_gpt2_destroy(&m);
+}
+END_TEST
+
 START_TEST(test_peak_flops)
 {
   static const struct {
@@ -437,6 +548,9 @@ int main(void)
   tcase_add_test(w, test_bf16_copy_follows_the_parameters);
   tcase_add_test(w, test_bf16_linear_layers_read_the_copy);
   suite_add_tcase(s, w);
+  TCase *kv = tcase_create("key/value cache");
+  tcase_add_test(kv, test_kv_cache);
+  suite_add_tcase(s, kv);
   TCase *p = tcase_create("peaks");
   tcase_add_test(p, test_peak_flops);
   suite_add_tcase(s, p);

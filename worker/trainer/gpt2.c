@@ -1408,9 +1408,11 @@ int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen)
     snprintf(why, whylen, "no key/value cache with %s", no);
     return DT_ENOTSUP;
   }
-  if (cap < 1 || cap > m->cfg.max_seq || !m->acts) {
-    snprintf(why, whylen, "a key/value cache of %d positions (max_seq %d, activations %s)", cap,
-             m->cfg.max_seq, m->acts ? "allocated" : "not allocated");
+  const int T = m->acts ? m->acts[0].T : 0; /* the positions the activations hold */
+  if (cap < 1 || cap > m->cfg.max_seq || cap > T) {
+    snprintf(why, whylen,
+             "a key/value cache of %d positions (max_seq %d, activations for %d positions)", cap,
+             m->cfg.max_seq, T);
     return DT_EINVAL;
   }
   dt_gpt2_kv_end(m);

@@ -420,10 +420,10 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
  * q0 = kv_pos), then kv_pos advances by T; the logits are the T rows'. A prompt fed whole, then
  * a token at a time, gives the logits of forwards of the whole window up to fp32 rounding (the
  * GEMMs see fewer rows), at a cost a token that does not grow with the window but for
- * attention. cap (<= max_seq) positions at most; one chunk (no virtual stages), no context or
- * sequence parallelism: DT_ENOTSUP with the reason in why otherwise (and another error, with
- * why, where it cannot be allocated). dt_gpt2_kv_end frees it and returns to whole-window
- * forwards. */
+ * attention. cap (<= max_seq, and <= the T the activations were allocated for) positions at most;
+ * one chunk (no virtual stages), no context or sequence parallelism: DT_ENOTSUP with the reason in
+ * why otherwise (and another error, with why, where it cannot be allocated). dt_gpt2_kv_end frees
+ * it and returns to whole-window forwards. */
 int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen);
 void dt_gpt2_kv_end(dt_gpt2_t *m);
 /* The per-token losses (n = B*T of them) of the last forward with targets through the model's
