@@ -995,6 +995,12 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (!str_empty(training->prompt) && training->sample <= 0)
     bad(&v, "training.prompt needs training.sample (the tokens to generate after it)");
   DT__NONNEG(&v, training, sample_top_k, " (0: all tokens)");
+  DT__NONNEG(&v, training, sample_every, " (0: a sample at the end only)");
+  if (training->sample_every > 0 && training->sample <= 0)
+    bad(&v, "training.sample_every needs training.sample (the tokens to generate)");
+  else if (training->sample_every > 0 && str_empty(training->prompt) && str_empty(data->val))
+    bad(&v, "training.sample_every needs training.prompt or data.val: the samples' prompt (the "
+            "first sequence of data.val, as the training data's position must not move)");
   /* as the trainer's floats will hold them */
   const float temp = (float)training->sample_temp, top_p = (float)training->sample_top_p;
   if (!(training->sample_temp == 0.0 || (temp > 0.0f && isfinite(temp))))
@@ -1583,6 +1589,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--sample-top-k", t->sample_top_k);
   if (t->sample > 0 && t->sample_top_p > 0 && t->sample_top_p < 1)
     av_double(&a, "--sample-top-p", t->sample_top_p);
+  if (t->sample > 0 && t->sample_every > 0)
+    av_int(&a, "--sample-every", t->sample_every);
   if (spec->parallel && spec->parallel->zero_stage > 0)
     av_int(&a, "--zero-stage", spec->parallel->zero_stage);
   if (spec->parallel && spec->parallel->pp > 1)

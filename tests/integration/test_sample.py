@@ -17,6 +17,8 @@ logits of the last --seq tokens before it. Checks:
   - the key/value cache (--seq 64, past the window): greedy decoding the reference's argmax, on
     one process, tp=2 and pp=2, the tokens of whole windows (cp=2, --sample-no-cache), and at
     temperature 2 the same draws as whole windows;
+  - --sample-every: samples during training that leave the run as it was, each of the model as
+    it was after its step, also through a pipeline;
   - the header names the filters; bad values are refused with one line.
 
   /usr/bin/python3 tests/integration/test_sample.py --build build
@@ -158,6 +160,46 @@ class Sample(unittest.TestCase):
         hot = ("--sample-temp", "2")
         self.assertEqual(run(1, *hot)[0], run(1, *hot, "--sample-no-cache")[0])
 
+    def test_sample_every(self):
+        """--sample-every 4 over 10 steps: samples after steps 4 and 8, then the one at the end;
+        the run's losses and its end sample are those of a run without them (the samples' RNG
+        is their own), bit for bit; greedy, the sample after step 4 is the end sample of a run
+        of 4 steps (the model as it was then); pp=2 prints the same three samples."""
+        def run(world, steps, *extra):
+            metrics = os.path.join(self.tmp.name, "every_%d_%d_%s.jsonl" % (
+                world, steps, "_".join(e.strip("-") for e in extra)))
+            argv = [os.path.join(BUILD, "worker/trainer/distrain-train"), "--train", self.shard,
+                    "--val", self.shard, "--init", "llmc:" + self.model, "--batch", "2", "--seq",
+                    str(SEQ), "--steps", str(steps), "--lr", "1e-3", "--threads", "1", "--quiet",
+                    "--metrics", metrics, "--sample", "8", *extra]
+            kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp.name)
+            outs = dp.wait_all(dp.launch(world, lambda r: argv, kv))
+            dp.assert_ranks_ok(outs, str(extra))
+            with open(metrics) as f:
+                losses = re.findall(r'"loss": ([^,]+)', f.read())
+            return re.findall(r"---- sample (.*) ----\n(.*)\n---- end of sample ----",
+                              outs[0][1]), losses
+
+        plain, losses = run(1, 10)
+        every, every_losses = run(1, 10, "--sample-every", "4")
+        self.assertEqual(len(losses), 10)
+        self.assertEqual(every_losses, losses)
+        self.assertEqual([h for h, _ in every], ["after step 4 (temperature 0.80)",
+                                                 "after step 8 (temperature 0.80)",
+                                                 "(temperature 0.80)"])
+        self.assertEqual(every[-1], plain[0])
+        self.assertEqual(run(2, 10, "--sample-every", "4", "--pp", "2")[0], every)
+        greedy = ("--sample-top-k", "1")
+        self.assertEqual(run(1, 10, "--sample-every", "4", *greedy)[0][0][1],
+                         run(1, 4, *greedy)[0][0][1])
+        # no prompt but the training data's, whose position must not move: refused
+        p = subprocess.run([os.path.join(BUILD, "worker/trainer/distrain-train"), "--train",
+                            self.shard, "--init", "llmc:" + self.model, "--batch", "2", "--seq",
+                            str(SEQ), "--steps", "2", "--sample", "8", "--sample-every", "1"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--sample-every needs --prompt or --val: the samples' prompt", p.stderr)
+
     def test_filters_keep_the_draws_in(self):
         temp = 2.0
         plain = self.sample("--sample-temp", "2", header="temperature 2.00")
@@ -194,7 +236,9 @@ class Sample(unittest.TestCase):
                 (["--sample-top-p", "most"], "--sample-top-p: expected a number, got 'most'"),
                 (["--sample", "0", "--sample-top-k", "5"],
                  "--sample-top-k and --sample-top-p need --sample N"),
-                (["--sample", "0", "--sample-no-cache"], "--sample-no-cache needs --sample N")):
+                (["--sample", "0", "--sample-no-cache"], "--sample-no-cache needs --sample N"),
+                (["--sample-every", "-1"], "--sample-every must be >= 0"),
+                (["--sample", "0", "--sample-every", "5"], "--sample-every needs --sample N")):
             p = subprocess.run(self.args(*extra), capture_output=True, text=True, timeout=120)
             self.assertNotEqual(p.returncode, 0, extra)
             self.assertIn(want, p.stderr, extra)

@@ -711,6 +711,11 @@ static const struct {
     {{"training.sample_top_k=40"},
      "training.sample_temp, sample_top_k and sample_top_p need training.sample"},
     {{"training.sample_temp=1.2"}, "training.sample_temp, sample_top_k and sample_top_p need"},
+    {{"training.sample_every=-1", "training.sample=5"},
+     "training.sample_every (-1) must be >= 0 (0: a sample at the end only)"},
+    {{"training.sample_every=100"}, "training.sample_every needs training.sample"},
+    {{"training.sample_every=100", "training.sample=5", "data.val="},
+     "training.sample_every needs training.prompt or data.val: the samples' prompt"},
     {{"optimizer.lr=-0.1"}, "optimizer.lr (-0.1) must be >= 0"},
     {{"optimizer.warmup=-1"}, "optimizer.warmup (-1) must be >= 0"},
     {{"optimizer.schedule=step"},
@@ -1137,6 +1142,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--vocab-file") && !has_arg(argv, "--merge-file"));
   ck_assert(!has_arg(argv, "--prompt"));
   ck_assert(!has_arg(argv, "--sample-temp") && !has_arg(argv, "--sample-top-k"));
+  ck_assert(!has_arg(argv, "--sample-every"));
   ck_assert(!has_arg(argv, "--sample-top-p"));
   ck_assert(!has_arg(argv, "--eval") && !has_arg(argv, "--eval-every"));
   ck_assert(!has_arg(argv, "--decay-frac")); /* cosine has none */
@@ -1168,6 +1174,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "training.sample_temp=1.5");
   set_ok(s, "training.sample_top_k=50");
   set_ok(s, "training.sample_top_p=0.95");
+  set_ok(s, "training.sample_every=500");
   set_ok(s, "data.eval=hellaswag_val.bin");
   set_ok(s, "training.eval_every=250");
   set_ok(s, "optimizer.schedule=wsd");
@@ -1201,6 +1208,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--sample-temp"), "1.5");
   ck_assert_str_eq(flag_value(argv, "--sample-top-k"), "50");
   ck_assert_str_eq(flag_value(argv, "--sample-top-p"), "0.95");
+  ck_assert_str_eq(flag_value(argv, "--sample-every"), "500");
   ck_assert_str_eq(flag_value(argv, "--eval"), "hellaswag_val.bin");
   ck_assert_str_eq(flag_value(argv, "--eval-every"), "250");
   ck_assert_str_eq(flag_value(argv, "--schedule"), "wsd");

@@ -75,6 +75,8 @@ static void usage(FILE *out)
       "  --sample-top-k K --sample-top-p P  drawn among the K most likely tokens only, and of\n"
       "                              those the fewest holding probability P (nucleus; default\n"
       "                              off: 0 and 1)\n"
+      "  --sample-every S            also every S steps during training (its own seed: the\n"
+      "                              run's data and results stay as they are)\n"
       "  --sample-no-cache           run each token's whole window (default: a key/value\n"
       "                              cache, one row a token, until the window slides)\n"
       "  --peak-tflops T             a device's peak TFLOP/s, for the MFU in the step lines\n"
@@ -166,6 +168,7 @@ enum {
   OPT_SAMPLE_TEMP,
   OPT_SAMPLE_TOP_K,
   OPT_SAMPLE_NO_CACHE,
+  OPT_SAMPLE_EVERY,
   OPT_SAMPLE_TOP_P,
   OPT_VOCAB_FILE,
   OPT_MERGE_FILE,
@@ -240,6 +243,7 @@ static const struct option g_opts[] = {
     {"sample-temp", required_argument, 0, OPT_SAMPLE_TEMP},
     {"sample-top-k", required_argument, 0, OPT_SAMPLE_TOP_K},
     {"sample-no-cache", no_argument, 0, OPT_SAMPLE_NO_CACHE},
+    {"sample-every", required_argument, 0, OPT_SAMPLE_EVERY},
     {"sample-top-p", required_argument, 0, OPT_SAMPLE_TOP_P},
     {"vocab-file", required_argument, 0, OPT_VOCAB_FILE},
     {"merge-file", required_argument, 0, OPT_MERGE_FILE},
@@ -549,6 +553,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SAMPLE_TOP_K:
       rc = parse_int(c, optarg, &o->sample_top_k);
+      break;
+    case OPT_SAMPLE_EVERY:
+      rc = parse_int(c, optarg, &o->sample_every);
       break;
     case OPT_VOCAB_FILE:
       o->vocab_file = optarg;

@@ -184,6 +184,13 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--sample-top-k and --sample-top-p need --sample N (the tokens to generate)";
   else if (o->sample_no_cache && o->sample_tokens == 0)
     msg = "--sample-no-cache needs --sample N (the tokens to generate)";
+  else if (o->sample_every < 0)
+    msg = "--sample-every must be >= 0 (0: a sample at the end only)";
+  else if (o->sample_every > 0 && o->sample_tokens == 0)
+    msg = "--sample-every needs --sample N (the tokens to generate)";
+  else if (o->sample_every > 0 && !o->prompt && !o->val_pattern)
+    msg = "--sample-every needs --prompt or --val: the samples' prompt (the first sequence of "
+          "--val, as the training data's position must not move)";
   else if (!(o->spike_factor == 0.0 || (o->spike_factor > 1.0 && isfinite(o->spike_factor))))
     msg = "--spike-factor must be > 1 (0: off)";
   else if (!(o->grad_spike_factor == 0.0 ||
@@ -637,7 +644,8 @@ static int window_unit(int cp, int tp, int sp)
  * then a row a token) through a key/value cache (dt_gpt2_kv_begin), where the layout has one
  * and --sample-no-cache does not turn it off: the same logits up to rounding, at the cost of
  * one position a token. */
-static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *rng, int print)
+static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *rng, int print,
+                    int64_t during)
 {
   const dt_train_opts_t *o = t->o;
   dt_gpt2_t *m = &t->model;
@@ -673,7 +681,11 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
     DT_INFO(TRAIN, "sample: a forward of the whole window a token (%s)",
             plen >= T ? "the prompt fills the window" : why);
   if (print) {
-    fprintf(stdout, "---- sample (temperature %.2f", o->sample_temp);
+    if (during > 0) /* --sample-every */
+      fprintf(stdout, "---- sample after step %lld (temperature %.2f", (long long)during,
+              o->sample_temp);
+    else
+      fprintf(stdout, "---- sample (temperature %.2f", o->sample_temp);
     if (o->sample_top_k > 0)
       fprintf(stdout, ", top-k %d", o->sample_top_k);
     if (o->sample_top_p < 1.0f)
@@ -2183,21 +2195,48 @@ out:
   return ret;
 }
 
+/* A sample's prompt: --prompt's tokens, else the first sequence of --val, else of --train (read
+ * again from its start: after the last step only), up to 32 tokens. */
+static int sample_prompt(trainer_t *t, const int **prompt, int *plen)
+{
+  const dt_train_opts_t *o = t->o;
+  if (t->prompt) {
+    *prompt = t->prompt;
+    *plen = t->prompt_n;
+    return 0;
+  }
+  dt_dataloader_t *src = o->val_pattern ? &t->val : &t->train;
+  DT_CHECK(dt_dataloader_reset(src));
+  DT_CHECK(dt_dataloader_next(src));
+  *prompt = src->inputs;
+  *plen = o->seq < 32 ? o->seq : 32;
+  return 0;
+}
+
+/* --sample-every: a sample after this step, drawn from an RNG of its own (seeded by the run's
+ * seed and the step), so that the run's state, data and results are those of a run without it.
+ * Every rank generates (generate: its forwards are collective); rank 0 prints. */
+static int sample_during(trainer_t *t)
+{
+  const int *prompt;
+  int plen;
+  DT_CHECK(sample_prompt(t, &prompt, &plen));
+  dt_rng_t rng;
+  dt_rng_seed(&rng, t->o->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)t->state.step));
+  return generate(t, prompt, plen, t->o->sample_tokens, &rng, t->lead, t->state.step);
+}
+
 /* After the last step: the replica check and export, sampling (all collective), then the
  * summary. */
 static int finish(trainer_t *t)
 {
   const dt_train_opts_t *o = t->o;
   DT_CHECK(check_and_export(t));
-  if (o->sample_tokens > 0 && t->prompt) {
-    DT_CHECK(generate(t, t->prompt, t->prompt_n, o->sample_tokens, &t->state.rng, t->lead));
-  } else if (o->sample_tokens > 0) {
-    /* Every rank generates (generate: its forwards are collective); rank 0 prints. */
-    dt_dataloader_t *src = o->val_pattern ? &t->val : &t->train;
-    DT_CHECK(dt_dataloader_reset(src));
-    DT_CHECK(dt_dataloader_next(src));
-    int plen = o->seq < 32 ? o->seq : 32;
-    DT_CHECK(generate(t, src->inputs, plen, o->sample_tokens, &t->state.rng, t->lead));
+  if (o->sample_tokens > 0) {
+    const int *prompt;
+    int plen;
+    DT_CHECK(sample_prompt(t, &prompt, &plen));
+    DT_CHECK(generate(t, prompt, plen, o->sample_tokens, &t->state.rng, t->lead, 0));
   }
   if (t->pipe) {
     double busy, idle;
@@ -2326,6 +2365,8 @@ int dt_train_run(const dt_train_opts_t *o)
     if (o->eval_path && ((o->eval_every > 0 && t.state.step % o->eval_every == 0) || last))
       DT_CHECK_GOTO(evaluate_choices(&t, t.state.step, &sm), ret, out);
     report(&t, &sm);
+    if (o->sample_every > 0 && t.state.step % o->sample_every == 0 && t.state.step < o->steps)
+      DT_CHECK_GOTO(sample_during(&t), ret, out); /* the last step's comes after the run */
     if (t.prof && t.state.step == o->profile_from + o->profile_steps - 1)
       profile_report(&t);
     if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last || stop))

@@ -125,6 +125,7 @@ typedef struct {
   int sample_top_k;       /* draw among the k most likely tokens (0: all) */
   float sample_top_p;     /* ... and the fewest of those holding this much probability (1: all) */
   int sample_no_cache;    /* every token from a forward of its whole window (no key/value cache) */
+  int sample_every;       /* also sample after every this many steps (0: at the end only) */
   const char *vocab_file; /* GPT-2 BPE vocab.json to print the sample with (tokenizer.h) */
   const char *merge_file; /* and its merges.txt, to encode the prompt with */
   const char *prompt;     /* the sample's prompt (NULL: the first sequence of --val or --train) */
