@@ -632,6 +632,33 @@ static int window_unit(int cp, int tp, int sp)
   return (cp > 1 ? 2 * cp : 1) * (sp ? tp : 1);
 }
 
+/* Whether generate feeds its tokens through the key/value cache (*cached): unless
+ * --sample-no-cache, where the prompt leaves room in the window and the layout has one. print:
+ * the log says which. An error only where the cache could not be allocated. */
+static int cache_begin(trainer_t *t, int plen, int print, int *cached)
+{
+  dt_gpt2_t *m = &t->model;
+  const int T = t->o->seq;
+  char why[256] = "--sample-no-cache";
+  int rc = DT_ENOTSUP;
+  if (!t->o->sample_no_cache && plen < T)
+    rc = dt_gpt2_kv_begin(m, T, why, sizeof why);
+  if (rc != 0 && rc != DT_ENOTSUP) {
+    DT_ERROR(TRAIN, "sample: %s", why);
+    return rc;
+  }
+  *cached = rc == 0;
+  if (print && *cached)
+    DT_INFO(TRAIN,
+            "sample: a key/value cache of %d positions (%.2f MiB): the prompt in one forward, "
+            "then one row a token while the text fits the window",
+            T, (double)m->kv_bytes / 1048576.0);
+  else if (print)
+    DT_INFO(TRAIN, "sample: a forward of the whole window a token (%s)",
+            plen >= T ? "the prompt fills the window" : why);
+  return 0;
+}
+
 /* Generates n tokens after a prompt taken from the start of the given batch; prints them
  * when print is set. Every rank runs the same forwards (collective under ZeRO-3 and tensor
  * parallelism; through the stages of a pipeline, whose last one samples each token and sends
@@ -643,7 +670,7 @@ static int window_unit(int cp, int tp, int sp)
  * While the text fits the window, each token is fed once instead (the prompt in one forward,
  * then a row a token) through a key/value cache (dt_gpt2_kv_begin), where the layout has one
  * and --sample-no-cache does not turn it off: the same logits up to rounding, at the cost of
- * one position a token. */
+ * one position a token. during: the step a --sample-every sample follows (0: the end's). */
 static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *rng, int print,
                     int64_t during)
 {
@@ -661,25 +688,8 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
     goto out;
   }
   memcpy(ctx, prompt, (size_t)plen * sizeof(int));
-  char why[256] = "--sample-no-cache";
   int cached = 0; /* the same on every rank: a matter of the layout */
-  if (!o->sample_no_cache && plen < T) {
-    const int rc = dt_gpt2_kv_begin(m, T, why, sizeof why);
-    if (rc != 0 && rc != DT_ENOTSUP) {
-      DT_ERROR(TRAIN, "sample: %s", why);
-      ret = rc;
-      goto out;
-    }
-    cached = rc == 0;
-  }
-  if (cached && print)
-    DT_INFO(TRAIN,
-            "sample: a key/value cache of %d positions (%.2f MiB): the prompt in one forward, "
-            "then one row a token while the text fits the window",
-            T, (double)m->kv_bytes / 1048576.0);
-  else if (print)
-    DT_INFO(TRAIN, "sample: a forward of the whole window a token (%s)",
-            plen >= T ? "the prompt fills the window" : why);
+  DT_CHECK_GOTO(cache_begin(t, plen, print, &cached), ret, out);
   if (print) {
     if (during > 0) /* --sample-every */
       fprintf(stdout, "---- sample after step %lld (temperature %.2f", (long long)during,
