@@ -238,6 +238,7 @@ START_TEST(test_deploy_jobs)
   ck_assert_int_eq(demo->training->seq, 128);
   ck_assert_int_eq(demo->training->steps, 600);
   ck_assert_int_eq(demo->training->micro_batch, 16);
+  ck_assert_int_eq(demo->training->sample_every, 200);
   ck_assert_int_eq(demo->training->val_every, 100);
   ck_assert_int_eq(demo->training->val_batches, 10);
   ck_assert(demo->optimizer->lr == 2e-3);
