@@ -196,10 +196,10 @@ int dt_coord_rank_views(dt_coord_t *c, const dt_job_t *j, dt_rank_views_t *v);
 void dt_coord_rank_views_free(dt_rank_views_t *v);
 /* Rank 0's newest step with a validation (data.val, data.val_sets), or NULL. */
 Distrain__V1__StepMetrics *dt_coord_last_val(const dt_job_t *j);
-/* The job's newest step with losses by blend source (train_sources), or NULL. */
-Distrain__V1__StepMetrics *dt_coord_last_sources(const dt_job_t *j);
-/* The job's newest step with a multiple-choice evaluation (data.eval), or NULL. */
-Distrain__V1__StepMetrics *dt_coord_last_eval(const dt_job_t *j);
+/* lend 1: points j->job's last_val, last_sources and last_eval at rank 0's newest steps with a
+ * validation, losses by blend source and a multiple-choice evaluation (NULL where none),
+ * borrowed from the job's metrics for a reply or a print; lend 0 clears them again. */
+void dt_coord_lend_newest(dt_job_t *j, int lend);
 /* A node as ListNodes answers it (borrowing from n). */
 void dt_coord_node_view(const dt_node_t *n, Distrain__V1__Node *o);
 int dt_coord_register_handlers(dt_coord_t *c);

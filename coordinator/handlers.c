@@ -417,44 +417,32 @@ void dt_coord_rank_views_free(dt_rank_views_t *v)
   memset(v, 0, sizeof *v);
 }
 
-/* The job's newest metrics that has(m), or NULL. */
-static Distrain__V1__StepMetrics *newest(const dt_job_t *j,
-                                         int (*has)(const Distrain__V1__StepMetrics *m))
+/* What a step's metrics may hold beside its own figures. */
+typedef enum { HOLDS_VAL, HOLDS_SOURCES, HOLDS_EVAL } holds_t;
+
+/* The job's newest metrics that hold it, or NULL. */
+static Distrain__V1__StepMetrics *newest(const dt_job_t *j, holds_t what)
 {
-  for (size_t i = j->n_metrics; i-- > 0;)
-    if (has(j->metrics[i]))
+  for (size_t i = j->n_metrics; i-- > 0;) {
+    const Distrain__V1__StepMetrics *m = j->metrics[i];
+    if (what == HOLDS_VAL       ? m->has_val || m->n_val_sets
+        : what == HOLDS_SOURCES ? m->n_train_sources > 0
+                                : m->has_eval)
       return j->metrics[i];
+  }
   return NULL;
-}
-
-static int has_val(const Distrain__V1__StepMetrics *m)
-{
-  return m->has_val || m->n_val_sets;
-}
-
-static int has_sources(const Distrain__V1__StepMetrics *m)
-{
-  return m->n_train_sources > 0;
-}
-
-static int has_eval(const Distrain__V1__StepMetrics *m)
-{
-  return m->has_eval;
 }
 
 Distrain__V1__StepMetrics *dt_coord_last_val(const dt_job_t *j)
 {
-  return newest(j, has_val);
+  return newest(j, HOLDS_VAL);
 }
 
-Distrain__V1__StepMetrics *dt_coord_last_sources(const dt_job_t *j)
+void dt_coord_lend_newest(dt_job_t *j, int lend)
 {
-  return newest(j, has_sources);
-}
-
-Distrain__V1__StepMetrics *dt_coord_last_eval(const dt_job_t *j)
-{
-  return newest(j, has_eval);
+  j->job->last_val = lend ? newest(j, HOLDS_VAL) : NULL;
+  j->job->last_sources = lend ? newest(j, HOLDS_SOURCES) : NULL;
+  j->job->last_eval = lend ? newest(j, HOLDS_EVAL) : NULL;
 }
 
 /* GetJob adds the current generation's ranks: where each runs, its state and step, and the
@@ -474,15 +462,11 @@ static void handle_get_job(dt_rpc_call_t *call, const ProtobufCMessage *m, void 
   }
   j->job->ranks = v.ptrs;
   j->job->n_ranks = v.n;
-  j->job->last_val = dt_coord_last_val(j); /* borrowed for the reply */
-  j->job->last_sources = dt_coord_last_sources(j);
-  j->job->last_eval = dt_coord_last_eval(j);
+  dt_coord_lend_newest(j, 1); /* borrowed for the reply */
   dt_rpc_call_reply(call, &j->job->base);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
-  j->job->last_val = NULL;
-  j->job->last_sources = NULL;
-  j->job->last_eval = NULL;
+  dt_coord_lend_newest(j, 0);
   dt_coord_rank_views_free(&v);
 }
 

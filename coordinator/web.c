@@ -157,16 +157,12 @@ static void write_job(FILE *out, dt_coord_t *c, dt_job_t *j)
   const int ranks = j->world <= DASHBOARD_MAX_RANKS && dt_coord_rank_views(c, j, &v) == 0;
   j->job->ranks = ranks ? v.ptrs : NULL;
   j->job->n_ranks = ranks ? v.n : 0;
-  j->job->last_val = dt_coord_last_val(j); /* borrowed, as GetJob does */
-  j->job->last_sources = dt_coord_last_sources(j);
-  j->job->last_eval = dt_coord_last_eval(j);
+  dt_coord_lend_newest(j, 1); /* borrowed, as GetJob does */
   fputs("{\"job\": ", out);
   dt_ctl_print_job(out, j->job, 1);
   j->job->ranks = NULL;
   j->job->n_ranks = 0;
-  j->job->last_val = NULL;
-  j->job->last_sources = NULL;
-  j->job->last_eval = NULL;
+  dt_coord_lend_newest(j, 0);
   if (ranks)
     dt_coord_rank_views_free(&v);
   const Distrain__V1__ParallelSpec *p = j->job->spec ? j->job->spec->parallel : NULL;
