@@ -782,6 +782,8 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
       break;
     }
     protobuf_c_message_free_unpacked(resp, NULL);
+    if (o->on_poll)
+      o->on_poll(o->on_poll_ud);
     usleep((useconds_t)dt_param_CtlPollMs() * 1000);
   }
   if (mf)

@@ -15,6 +15,10 @@ typedef struct {
   const char *token_file;
   int json;
   const char *metrics_path; /* --metrics: rank 0's per-step JSON lines */
+  /* Called after each poll of a followed job (dt_ctl_follow_until), with on_poll_ud: run --local
+   * prints rank 0's samples so as they come. NULL: nothing. */
+  void (*on_poll)(void *ud);
+  void *on_poll_ud;
 } dt_ctl_opts_t;
 
 /* The deadline of one distrainctl RPC: DISTRAIN_CTL_RPC_TIMEOUT_MS (10000). */

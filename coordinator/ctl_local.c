@@ -225,28 +225,55 @@ static int check_fits(const dt_ctl_local_t *l, const Distrain__V1__JobSpec *spec
   return DT_EINVAL;
 }
 
-/* The text rank 0 generated (training.sample), for the person watching, from the node that
- * ran it: the coordinator numbers nodes as they register, not as they were started, and
- * a restart may have moved rank 0, so every node's rank-0 log is looked at. */
-static void print_sample(const char *dir, int nodes, const char *job_id)
+/* The text rank 0 generated (training.sample, after steps of training.sample_every and at the
+ * end), for the person watching: every whole block ("---- sample" to "---- end of sample") of
+ * each node's rank-0 log, printed once, as it appears. The coordinator numbers nodes as they
+ * register, not as they were started, and a restart may have moved rank 0, so every node's
+ * rank-0 log is read; off[i]: how far node i's has been. */
+typedef struct {
+  const char *dir, *job_id;
+  int nodes;
+  long *off;
+} samples_t;
+
+static void print_samples(void *ud)
 {
-  for (int i = 0; i < nodes; i++) {
+  samples_t *s = ud;
+  for (int i = 0; i < s->nodes; i++) {
     char path[PATH_MAX + 128], line[4096];
-    snprintf(path, sizeof path, "%s/node-%d/%s/rank-0.log", dir, i, job_id);
+    snprintf(path, sizeof path, "%s/node-%d/%s/rank-0.log", s->dir, i, s->job_id);
     FILE *fp = fopen(path, "r");
-    int in_sample = 0, found = 0;
-    while (fp && fgets(line, sizeof line, fp)) {
-      if (strncmp(line, "---- sample", 11) == 0)
-        in_sample = found = 1;
-      if (in_sample)
-        fputs(line, stdout);
-      if (strncmp(line, "---- end of sample", 18) == 0)
-        in_sample = 0;
+    if (!fp || fseek(fp, s->off[i], SEEK_SET) != 0) {
+      if (fp)
+        fclose(fp);
+      continue;
     }
-    if (fp)
-      fclose(fp);
-    if (found)
-      return;
+    char *block = NULL;
+    size_t len = 0;
+    FILE *b = NULL; /* the block being read */
+    while (fgets(line, sizeof line, fp)) {
+      if (!strchr(line, '\n') && strlen(line) < sizeof line - 1)
+        break; /* a line still being written: read again from the block's start next time */
+      if (!b && strncmp(line, "---- sample", 11) == 0 && !(b = open_memstream(&block, &len)))
+        break;
+      if (b)
+        fputs(line, b);
+      if (b && strncmp(line, "---- end of sample", 18) == 0) {
+        fclose(b);
+        b = NULL;
+        fwrite(block, 1, len, stdout);
+        fflush(stdout);
+        free(block);
+        block = NULL;
+      }
+      if (!b)
+        s->off[i] = ftell(fp);
+    }
+    if (b) {
+      fclose(b);
+      free(block);
+    }
+    fclose(fp);
   }
 }
 
@@ -396,7 +423,16 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
   sa.sa_handler = on_sigint;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  samples_t samples = {.dir = dir,
+                       .job_id = job_id,
+                       .nodes = l->nodes,
+                       .off = calloc((size_t)l->nodes, sizeof(long))};
+  if (samples.off) {
+    o->on_poll = print_samples;
+    o->on_poll_ud = &samples;
+  }
   ret = dt_ctl_follow_until(client, o, job_id, &g_interrupted);
+  o->on_poll = NULL;
   if (g_interrupted) {
     fprintf(stderr, "distrainctl: interrupted: stopping %s\n", job_id);
     stop_job(client, job_id);
@@ -404,8 +440,9 @@ int dt_ctl_run_local(const dt_ctl_local_t *l, dt_ctl_opts_t *o, Distrain__V1__Jo
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  if (ret == 0)
-    print_sample(dir, l->nodes, job_id);
+  if (samples.off) /* the end's, written after the last poll */
+    print_samples(&samples);
+  free(samples.off);
 out:
   dt_rpc_client_destroy(client);
   for (int i = 0; i < l->nodes; i++)

@@ -1068,7 +1068,8 @@ class T3_RunLocal(ClusterTest):
         """A dp=2 (ZeRO-1) job on 3 agents of 1 device: 2 nodes take a rank each, the
         checkpoint is committed from 2 shards, and the losses equal a 1-rank run of the same
         global batch (the ranks really cooperate: gradients are averaged across them). run
-        prints rank 0's sample from whichever agent ran it (not always the first started)."""
+        prints rank 0's samples (training.sample_every's and the end's), each once, from
+        whichever agent ran it (not always the first started)."""
         steps = 12
         losses = {}
         for dp in (1, 2):
@@ -1082,14 +1083,17 @@ class T3_RunLocal(ClusterTest):
             args = ["run", "--local", "--nodes", "3", "--run-dir", run_dir, "--metrics", metrics,
                     "--set", "parallel.dp=%d" % dp, "--set", "parallel.zero_stage=1",
                     "--set", "training.micro_batch=%d" % (TINY["batch"] // dp),
-                    "--set", "training.sample=16", job]
+                    "--set", "training.sample=16", "--set", "training.sample_every=6", job]
             # DISTRAIN_* tunables given to the agents reach their trainers: comm debug lines.
             env = dict(self.env, DISTRAIN_DEBUG="debug", DISTRAIN_DEBUG_SUBSYS="comm")
             r = self.ctl(*args, timeout=180, env=env)
             self.assertEqual(r.returncode, 0, "dp=%d run failed:\n%s\n%s" % (
                 dp, r.stderr[-3000:], tail(os.path.join(run_dir, "coordinator.log"))))
             self.assertIn("all 2 ranks finished" if dp == 2 else "its rank finished", r.stderr)
-            self.assertRegex(r.stdout, r"(?s)---- sample .*---- end of sample ----")
+            # rank 0's samples, each once: after step 6 (printed as it came) and at the end
+            self.assertEqual(re.findall(r"---- sample (.*) ----\n", r.stdout),
+                             ["after step 6 (temperature 0.80)", "(temperature 0.80)"])
+            self.assertEqual(r.stdout.count("---- end of sample ----\n"), 2)
             if dp == 2:
                 text = "".join(open(p).read() for p in glob.glob(
                     os.path.join(run_dir, "node-*", "**", "rank-*.log"), recursive=True))
