@@ -482,6 +482,61 @@ static void appendf(char *buf, size_t n, size_t *off, const char *fmt, ...)
     *off = DT_MIN(n - 1, *off + (size_t)w);
 }
 
+int dt_ctl_gpu_unhealthy(const Distrain__V1__DeviceUsage *u)
+{
+  return u->lost || u->ecc_uncorrected > 0 || u->reset_pending || u->remap_failed;
+}
+
+int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage, char *buf,
+                        size_t n)
+{
+  size_t off = 0;
+  int bad = 0;
+  if (n)
+    buf[0] = '\0';
+  for (size_t i = 0; i < n_usage; i++) {
+    const Distrain__V1__DeviceUsage *u = usage[i];
+    if (!dt_ctl_gpu_unhealthy(u))
+      continue;
+    appendf(buf, n, &off, "%sGPU %d", bad++ ? "; " : "", u->index);
+    const char *sep = ": ";
+    if (u->lost) {
+      appendf(buf, n, &off, "%slost (it fell off the bus or needs a reset)", sep);
+      sep = ", ";
+    }
+    if (u->ecc_uncorrected > 0) {
+      appendf(buf, n, &off, "%s%lld uncorrected ECC error%s since the driver loaded", sep,
+              (long long)u->ecc_uncorrected, u->ecc_uncorrected == 1 ? "" : "s");
+      sep = ", ";
+    }
+    if (u->remap_failed) {
+      appendf(buf, n, &off, "%sa row remapping failed (no spare memory rows left)", sep);
+      sep = ", ";
+    }
+    if (u->reset_pending)
+      appendf(buf, n, &off, "%smemory repairs wait for a reset (row remapping or page retirement)",
+              sep);
+  }
+  return bad;
+}
+
+void dt_ctl_gpu_slowdown(uint64_t bits, char *buf, size_t n)
+{
+  static const struct {
+    uint64_t bit;
+    const char *words;
+  } k[] = {{0x8, "hardware slowdown"},
+           {0x20, "software thermal slowdown"},
+           {0x40, "hardware thermal slowdown"},
+           {0x80, "hardware power brake"}};
+  size_t off = 0;
+  if (n)
+    buf[0] = '\0';
+  for (size_t i = 0; i < DT_ARRAY_SIZE(k); i++)
+    if (bits & k[i].bit)
+      appendf(buf, n, &off, "%s%s", off ? ", " : "", k[i].words);
+}
+
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 /* A node's devices in one line: "2x NVIDIA H100 80GB HBM3, mem 24.6/159.2 GiB, util 86%".
@@ -512,8 +567,10 @@ static void devices_summary(const Distrain__V1__Node *nd, char *buf, size_t n)
   }
   uint64_t used = 0, have = 0;
   int util = 0, n_util = 0;
+  size_t known = 0; /* GPUs whose memory use is known (not a lost one's) */
   for (size_t i = 0; i < nd->n_usage; i++) {
     const Distrain__V1__DeviceUsage *u = nd->usage[i];
+    known += u->memory_total_bytes > 0;
     used += u->memory_used_bytes;
     have += u->memory_total_bytes;
     if (u->utilization_pct >= 0) {
@@ -521,12 +578,18 @@ static void devices_summary(const Distrain__V1__Node *nd, char *buf, size_t n)
       n_util++;
     }
   }
-  if (nd->n_usage) {
+  if (known) {
     appendf(buf, n, &off, ", mem %.1f/%.1f GiB", (double)used / GIB, (double)have / GIB);
     if (n_util)
       appendf(buf, n, &off, ", util %d%%", (util + n_util / 2) / n_util);
-    if (nd->n_usage < ndev)
-      appendf(buf, n, &off, " (%zu of %zu reporting)", nd->n_usage, ndev);
+    if (known < ndev)
+      appendf(buf, n, &off, " (%zu of %zu reporting)", known, ndev);
+    for (size_t i = 0; i < nd->n_usage; i++)
+      if (nd->usage[i]->slowdown) {
+        char words[128];
+        dt_ctl_gpu_slowdown(nd->usage[i]->slowdown, words, sizeof words);
+        appendf(buf, n, &off, ", GPU %d slowed (%s)", nd->usage[i]->index, words);
+      }
   } else if (total) {
     appendf(buf, n, &off, ", %.1f GiB", (double)total / GIB);
   }
@@ -560,11 +623,22 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
     const Distrain__V1__DeviceUsage *u = nd->usage[i];
     fprintf(out,
             "%s{\"index\": %d, \"memory_used_bytes\": %llu, \"memory_total_bytes\": %llu, "
-            "\"utilization_pct\": %d}",
+            "\"utilization_pct\": %d, \"lost\": %s, \"ecc_uncorrected\": %lld, "
+            "\"reset_pending\": %s, \"remap_failed\": %s, \"slowdown\": ",
             i ? ", " : "", u->index, (unsigned long long)u->memory_used_bytes,
-            (unsigned long long)u->memory_total_bytes, u->utilization_pct);
+            (unsigned long long)u->memory_total_bytes, u->utilization_pct,
+            u->lost ? "true" : "false", (long long)u->ecc_uncorrected,
+            u->reset_pending ? "true" : "false", u->remap_failed ? "true" : "false");
+    char words[128];
+    dt_ctl_gpu_slowdown(u->slowdown, words, sizeof words);
+    dt_json_string(out, words);
+    fputc('}', out);
   }
-  fprintf(out, "], \"trainers\": %zu, \"last_heartbeat_ms\": %lld}", nd->n_trainers,
+  char problems[512];
+  dt_ctl_gpu_problems(nd->usage, nd->n_usage, problems, sizeof problems);
+  fprintf(out, "], \"gpu_problems\": ");
+  dt_json_string(out, problems);
+  fprintf(out, ", \"trainers\": %zu, \"last_heartbeat_ms\": %lld}", nd->n_trainers,
           (long long)nd->last_heartbeat_ms);
 }
 
@@ -592,6 +666,10 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
             nd->info ? nd->info->hostname : "?", node_state(nd), nd->n_trainers, seen, dev);
     if (nd->drained) /* a dead node stays drained too */
       fprintf(out, "  [drained%s%s]", nd->drain_reason[0] ? ": " : "", nd->drain_reason);
+    char problems[512];
+    if (dt_ctl_gpu_problems(nd->usage, nd->n_usage, problems, sizeof problems) &&
+        !(nd->drained && strstr(nd->drain_reason, problems)))
+      fprintf(out, "  [unhealthy: %s]", problems);
     fputc('\n', out);
   }
 }

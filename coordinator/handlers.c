@@ -122,6 +122,33 @@ static void handle_register(dt_rpc_call_t *call, const ProtobufCMessage *m, void
   dt_coord_schedule_soon(c);
 }
 
+/* The reason of a drain for GPU health (which check_gpu_health alone lifts) starts so. */
+#define GPU_HEALTH_DRAIN "GPU health: "
+
+/* A node whose GPUs report a problem (lost, uncorrected ECC errors, memory repairs pending or
+ * failed: dt_ctl_gpu_problems) takes no work: it is drained with the problem as its reason, its
+ * job moving off it as from any drain, the way Slurm's node health checks drain a node. Once
+ * its GPUs' samples show none (reset, or left out by its agent's --gpus) that drain is lifted;
+ * an operator's drain stays as it is. */
+static void check_gpu_health(dt_coord_t *c, dt_node_t *n)
+{
+  char problems[400], reason[512];
+  const int ours =
+      n->drained && strncmp(n->drained, GPU_HEALTH_DRAIN, strlen(GPU_HEALTH_DRAIN)) == 0;
+  if (dt_ctl_gpu_problems(n->usage, n->n_usage, problems, sizeof problems)) {
+    snprintf(reason, sizeof reason,
+             GPU_HEALTH_DRAIN "%s; reset it or leave it out (distrain-worker --gpus), and the "
+                              "node takes work again",
+             problems);
+    if ((!n->drained || ours) && strcmp(n->drained ? n->drained : "", reason) != 0)
+      dt_coord_drain(c, n, reason);               /* or the newest words of the drain it is in */
+  } else if (ours && n->n_usage && !n->leaving) { /* a stopping agent samples no GPU */
+    DT_INFO(COORD, "node %s (%s): its GPUs report no problem now: lifting its drain for GPU health",
+            n->id, n->info->hostname);
+    dt_coord_drain(c, n, NULL);
+  }
+}
+
 static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, void *ud)
 {
   dt_coord_t *c = ud;
@@ -160,10 +187,9 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     if (ts)
       n->trainers[n->n_trainers++] = ts;
   }
-  dt_coord_trainer_status(c, n);
-  if (req->leaving && req->gone && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
-    dt_coord_node_dead(c, n); /* its agent has exited: no need to wait for its silence */
-  /* The GPUs' usage: kept for ListNodes, replaced by every heartbeat. */
+  /* The GPUs' usage: kept for ListNodes, replaced by every heartbeat. Their health first: a
+   * trainer that failed with its GPU (an uncorrectable ECC error) is reported in the heartbeat
+   * whose sample shows it, and its job must not be placed there again. */
   dt_node_clear_usage(n);
   if (req->n_devices)
     n->usage = calloc(req->n_devices, sizeof *n->usage);
@@ -172,6 +198,10 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     if (u)
       n->usage[n->n_usage++] = u;
   }
+  check_gpu_health(c, n);
+  dt_coord_trainer_status(c, n);
+  if (req->leaving && req->gone && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE)
+    dt_coord_node_dead(c, n); /* its agent has exited: no need to wait for its silence */
   if (revived)
     dt_coord_schedule_soon(c);
   /* Step metrics are acknowledged only once stored: while the store fails the heartbeat fails,
@@ -328,6 +358,15 @@ static void handle_drain_node(dt_rpc_call_t *call, const ProtobufCMessage *m, vo
   dt_node_t *n = node_named(c, call, req->node);
   if (!n)
     return;
+  char problems[400];
+  if (req->undo && n->state == DISTRAIN__V1__NODE_STATE__NODE_ALIVE &&
+      dt_ctl_gpu_problems(n->usage, n->n_usage, problems, sizeof problems)) {
+    dt_rpc_call_fail(call, DT_RPC_FAILED_PRECONDITION,
+                     "%s stays drained: %s (reset the GPU, or restart its agent with --gpus "
+                     "leaving it out; the drain lifts itself once its GPUs report no problem)",
+                     n->id, problems);
+    return;
+  }
   if (dt_coord_drain(c, n, req->undo ? NULL : req->reason) != 0) {
     dt_rpc_call_fail(call, DT_RPC_RESOURCE_EXHAUSTED, "out of memory");
     return;

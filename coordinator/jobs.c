@@ -858,6 +858,19 @@ static int cmp_double(const void *a, const void *b)
 #define STRAGGLER_FACTOR 1.5
 #define STRAGGLER_CHECKS 3
 
+/* The likely cause of a straggler on device `device` of node nd, where its GPU's latest sample
+ * shows its clocks slowed ("; its GPU 1 reports its clocks slowed: hardware thermal slowdown"),
+ * into buf; else buf is left as it is. */
+static void slowed_gpu(const dt_node_t *nd, int device, char *buf, size_t n)
+{
+  for (size_t i = 0; i < nd->n_usage; i++)
+    if (nd->usage[i]->index == device && nd->usage[i]->slowdown) {
+      char words[128];
+      dt_ctl_gpu_slowdown(nd->usage[i]->slowdown, words, sizeof words);
+      snprintf(buf, n, "; its GPU %d reports its clocks slowed: %s", device, words);
+    }
+}
+
 static void check_stragglers(dt_coord_t *c, dt_job_t *j)
 {
   const double now = dt_coord_now_ms();
@@ -885,10 +898,12 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
     if (s->compute_ms > STRAGGLER_FACTOR * median && s->compute_ms - median > 1.0) {
       if (++s->slow_checks >= STRAGGLER_CHECKS && !s->straggler) {
         s->straggler = 1;
+        char cause[192] = "";
+        slowed_gpu(nd, s->local_rank, cause, sizeof cause);
         DT_WARN(COORD,
                 "job %s: rank %d on %s (%s) is a straggler: %.1f ms of compute per step, the "
-                "median rank %.1f ms (reported, not restarted)",
-                j->id, r, nd->id, nd->info->hostname, s->compute_ms, median);
+                "median rank %.1f ms (reported, not restarted)%s",
+                j->id, r, nd->id, nd->info->hostname, s->compute_ms, median, cause);
       }
     } else {
       s->slow_checks = 0;

@@ -15,6 +15,7 @@
 
 #include "blend.h"
 #include "coord.h"
+#include "ctl.h"
 #include "dt_param.h"
 #include "dt_util.h"
 #include "jobspec.h"
@@ -130,6 +131,15 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
       {"distrain_gpu_memory_total_bytes", "GPU memory in total (NVML)."},
       {"distrain_gpu_utilization_ratio",
        "Fraction of NVML's last sample period the GPU was busy (absent where unknown)."},
+      {"distrain_gpu_healthy",
+       "0 while NVML reports a problem with the GPU (lost, uncorrected ECC errors, memory "
+       "repairs pending or failed): its node is drained until it clears."},
+      {"distrain_gpu_ecc_uncorrected_errors",
+       "Uncorrected ECC errors since the driver loaded (NVML's volatile count; absent where "
+       "unknown)."},
+      {"distrain_gpu_slowed",
+       "1 while NVML reports the GPU's clocks slowed by trouble with cooling or power (hardware "
+       "slowdown, thermal slowdown, power brake)."},
   };
   for (size_t f = 0; f < DT_ARRAY_SIZE(gpu); f++) {
     dt_prom_family(out, gpu[f].name, "gauge", gpu[f].help);
@@ -142,12 +152,19 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
         char idx[16];
         snprintf(idx, sizeof idx, "%d", u->index);
         const label_t l[] = {{"node", n->id}, {"gpu", idx}};
-        if (f == 0)
+        const int known = u->memory_total_bytes > 0; /* a lost GPU's memory is not */
+        if (f == 0 && known)
           dt_prom_sample(out, gpu[f].name, l, 2, (double)u->memory_used_bytes);
-        else if (f == 1)
+        else if (f == 1 && known)
           dt_prom_sample(out, gpu[f].name, l, 2, (double)u->memory_total_bytes);
-        else if (u->utilization_pct >= 0)
+        else if (f == 2 && u->utilization_pct >= 0)
           dt_prom_sample(out, gpu[f].name, l, 2, u->utilization_pct / 100.0);
+        else if (f == 3)
+          dt_prom_sample(out, gpu[f].name, l, 2, !dt_ctl_gpu_unhealthy(u));
+        else if (f == 4 && u->ecc_uncorrected >= 0)
+          dt_prom_sample(out, gpu[f].name, l, 2, (double)u->ecc_uncorrected);
+        else if (f == 5)
+          dt_prom_sample(out, gpu[f].name, l, 2, u->slowdown != 0);
       }
     }
   }

@@ -29,7 +29,7 @@ typedef struct {
   int job;                                /* index of the job using it, -1 if idle */
   Distrain__V1__TrainerStatus **trainers; /* last heartbeat's statuses (owned) */
   size_t n_trainers;
-  Distrain__V1__DeviceUsage **usage; /* last heartbeat's GPU usage (owned; memory only) */
+  Distrain__V1__DeviceUsage **usage; /* last heartbeat's GPU usage and health (owned) */
   size_t n_usage;
   /* a held WatchAssignment, or NULL; answered by the liveness scan at its deadline */
   struct dt_rpc_call *watch;

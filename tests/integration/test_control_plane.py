@@ -2740,7 +2740,8 @@ class T12_GpuUsage(ClusterTest):
     def test_gpu_usage_reaches_distrainctl(self):
         """A Python client stands in for a GPU node's agent: the devices it registers and the
         usage each heartbeat carries are what ListNodes and distrainctl nodes show; the newest
-        heartbeat's usage replaces the last, and a dead node's is not shown."""
+        heartbeat's usage replaces the last, and a dead node's is not shown; a GPU reporting
+        uncorrected ECC errors drains the node until a heartbeat without them."""
         self.start_coordinator()
         gib = 1 << 30
         name = "NVIDIA H100 80GB HBM3"
@@ -2761,15 +2762,33 @@ class T12_GpuUsage(ClusterTest):
         [j] = json.loads(r.stdout)
         self.assertEqual(j["devices"], [{"kind": "cuda", "index": i, "name": name,
                                          "memory_bytes": 80 * gib} for i in range(2)])
+        # (an agent that reports no health, as one older than the fields: healthy)
+        healthy = {"lost": False, "ecc_uncorrected": 0, "reset_pending": False,
+                   "remap_failed": False, "slowdown": ""}
         self.assertEqual(j["usage"], [
             {"index": 0, "memory_used_bytes": 12 * gib, "memory_total_bytes": 80 * gib,
-             "utilization_pct": 90},
+             "utilization_pct": 90} | healthy,
             {"index": 1, "memory_used_bytes": 4 * gib, "memory_total_bytes": 80 * gib,
-             "utilization_pct": -1}])
+             "utilization_pct": -1} | healthy])
+        self.assertEqual((j["gpu_problems"], j["drained"]), ("", False))
         r = self.ctl("nodes", *args)
         self.assertIn("2x %s, mem 16.0/160.0 GiB, util 90%%" % name, r.stdout)
 
-        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=2, devices=usage[:1]))
+        # A GPU's uncorrected ECC errors drain the node from that heartbeat on; its next
+        # heartbeat without them lifts the drain.
+        sick = [pb.DeviceUsage(index=1, memory_used_bytes=1, memory_total_bytes=80 * gib,
+                               utilization_pct=-1, ecc_uncorrected=3)]
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=2, devices=sick))
+        [n] = self.nodes()
+        self.assertTrue(n.drained)
+        self.assertEqual(n.drain_reason, "GPU health: GPU 1: 3 uncorrected ECC errors since the "
+                         "driver loaded; reset it or leave it out (distrain-worker --gpus), and "
+                         "the node takes work again")
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=3, devices=usage))
+        [n] = self.nodes()
+        self.assertEqual((n.drained, n.drain_reason), (False, ""))
+
+        self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=4, devices=usage[:1]))
         self.assertEqual(list(self.nodes()[0].usage), usage[:1])
         wait_until(lambda: self.nodes()[0].state == pb.NODE_DEAD, 10, "the node to be dead")
         self.assertEqual(list(self.nodes()[0].usage), [])

@@ -28,7 +28,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import unittest
+import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -238,6 +239,201 @@ class GpuCluster(cp.ClusterTest):
         for step in ref:
             self.assertLess(abs(ref[step] - got[step]) / abs(ref[step]), 1e-5, (step, ref, got))
 
+    def health(self, text):
+        """The fake NVML's health file (FAKE_NVML_HEALTH, fake_nvml.c): "PCI key=value" lines."""
+        with open(self.health_file + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(self.health_file + ".tmp", self.health_file)
+
+    def emulated_health(self):
+        if not EMULATED:
+            self.skipTest("a GPU's health is injected through the fake NVML (emulated)")
+        self.health_file = os.path.join(self.tmp, "nvml-health")
+        self.health("")
+        self.env["FAKE_NVML_HEALTH"] = self.health_file
+
+    def test_job_moves_off_a_gpu_with_ecc_errors(self):
+        """dp=2 on 2 nodes x 1 GPU (elastic.min_nodes 1); mid-run one node's GPU reports an
+        uncorrected ECC error. The coordinator drains that node from that heartbeat on, naming
+        the GPU and the error; the job saves its step and goes on at dp=1 on the other, and every
+        step's loss equals the uninterrupted run's (the global batch is kept)."""
+        self.emulated_health()
+        sets = ("parallel.dp=2", "training.micro_batch=2", "elastic.min_nodes=1")
+        steps, every = 40, 5
+        args, _, metrics = self.local_args("ecc_ref", 2, 1, "cuda", sets, steps, every)
+        r = self.ctl(*args, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        ref = self.losses(metrics)
+        self.assertEqual(sorted(ref), list(range(1, steps + 1)))
+
+        args, run_dir, metrics = self.local_args("ecc", 2, 1, "cuda", sets, steps, every)
+        p = subprocess.Popen([self.bin["distrainctl"]] + args, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp)
+        try:
+            cp.wait_until(lambda: len(self.losses(metrics)) >= 2, 120, "2 steps")
+            self.health("0000:00:01.0 ecc=2\n")  # run --local: node-1 has GPU 1
+            out, err = p.communicate(timeout=300)
+        finally:
+            p.kill()
+        self.assertEqual(p.returncode, 0, err[-3000:])
+        with open(os.path.join(run_dir, "coordinator.log")) as f:
+            coord = f.read()
+        problem = "GPU 0: 2 uncorrected ECC errors since the driver loaded"
+        # run --local's node i is host local-i, with GPU i; node ids go by registration
+        good = re.search(r"node (node-\d) registered: local-0,", coord).group(1)
+        self.assertRegex(coord, r"node node-\d \(local-1\) drained: no new work goes there \(reason: "
+                         r"GPU health: %s; reset it or leave it out \(distrain-worker --gpus\), "
+                         r"and the node takes work again\)" % problem, coord[-3000:])
+        self.assertRegex(coord, r"RECOVERING -> RENDEZVOUS \(generation 2\): world 1 \(pp 1 x dp 1 x "
+                         r"cp 1 x tp 1\), grad accum 2, on %s, resuming" % good, coord[-3000:])
+        self.assertNotIn("lifting its drain", coord)  # (its agent's last heartbeats: no sample)
+        got = self.losses(metrics)
+        self.assertEqual(sorted(got), list(range(1, steps + 1)))
+        for step in ref:
+            self.assertLess(abs(ref[step] - got[step]) / abs(ref[step]), 1e-5, (step, ref, got))
+
+    def test_unhealthy_gpu_drains_its_node_until_it_clears(self):
+        """Each problem NVML reports drains the GPU's node with it as the reason (distrainctl
+        nodes, Prometheus), undrain is refused while it lasts, and the drain lifts itself once the
+        GPU reports none; an operator's drain is the operator's to lift."""
+        self.emulated_health()
+        hport_file = os.path.join(self.tmp, "http.port")
+        self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
+        base = "http://127.0.0.1:%d" % int(cp.read_text(hport_file).strip())
+        self.start_agent("h0", ["--gpus", "0"])
+        self.start_agent("h1", ["--gpus", "1"])
+        self.wait_nodes(2)
+        auth = ("--coordinator", self.addr, "--token-file", self.token_file)
+
+        def node(host, pred):
+            """host's entry in distrainctl nodes --json, once pred holds of it."""
+            return cp.wait_until(lambda: (lambda n: n if pred(n) else None)(
+                self.nodes_json()[host]), 20, "%s's next state" % host)
+
+        n1 = node("h1", lambda n: n["usage"] and n["state"] == "ALIVE")
+        id0, id1 = self.nodes_json()["h0"]["node_id"], n1["node_id"]
+        self.assertEqual(n1["usage"][0] | {"memory_used_bytes": 0}, {
+            "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 8 * GIB,
+            "utilization_pct": 20, "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
+            "remap_failed": False, "slowdown": ""})
+
+        def metric(name, nid):
+            with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+            m = re.search(r'^%s\{node="%s",gpu="0"\} (\S+)$' % (name, nid), text, re.M)
+            return float(m.group(1)) if m else None
+        self.assertEqual(metric("distrain_gpu_healthy", id1), 1)
+        self.assertEqual(metric("distrain_gpu_ecc_uncorrected_errors", id1), 0)
+
+        self.health("0000:00:01.0 ecc=2\n")
+        tail = "; reset it or leave it out (distrain-worker --gpus), and the node takes work again"
+        ecc = "GPU 0: 2 uncorrected ECC errors since the driver loaded"
+
+        n1 = node("h1", lambda n: n["drained"] and n["state"] == "DRAINED")
+        self.assertEqual(n1["drain_reason"], "GPU health: " + ecc + tail)
+        self.assertEqual(n1["gpu_problems"], ecc)
+        self.assertEqual(n1["usage"][0]["ecc_uncorrected"], 2)
+        self.assertFalse(self.nodes_json()["h0"]["drained"])
+        self.assertEqual(metric("distrain_gpu_healthy", id1), 0)
+        self.assertEqual(metric("distrain_gpu_healthy", id0), 1)
+        self.assertEqual(metric("distrain_gpu_ecc_uncorrected_errors", id1), 2)
+        r = self.ctl("nodes", *auth)
+        self.assertRegex(r.stdout, r"%s +h1 +DRAINED .*\[drained: GPU health: %s" % (id1, ecc))
+        exe = shutil.which("chromium")  # the dashboard marks the node (test_metrics: the rest)
+        if exe:
+            r = subprocess.run([exe, "--headless", "--disable-gpu", "--no-sandbox",
+                                "--user-data-dir=" + os.path.join(self.tmp, "chromium"),
+                                "--virtual-time-budget=3000", "--dump-dom", base + "/"],
+                               capture_output=True, text=True, timeout=120)
+            self.assertIn('<span class="badge UNHEALTHY" title="%s">GPU</span>' % ecc, r.stdout)
+        r = self.ctl("undrain", id1, *auth)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("%s stays drained: %s (reset the GPU, or restart its agent with --gpus "
+                      "leaving it out; the drain lifts itself once its GPUs report no problem)"
+                      % (id1, ecc), r.stderr)
+
+        # A further problem: the reason follows it.
+        self.health("0000:00:01.0 ecc=2 pending=1\n")
+        n1 = node("h1", lambda n: "memory repairs" in n["drain_reason"])
+        self.assertEqual(n1["drain_reason"], "GPU health: " + ecc + ", memory repairs wait for a "
+                         "reset (row remapping or page retirement)" + tail)
+
+        # Reset: the drain lifts itself.
+        self.health("")
+        node("h1", lambda n: not n["drained"] and n["state"] == "ALIVE")
+        coord = cp.tail(os.path.join(self.tmp, "coordinator.log"))
+        self.assertIn("its GPUs report no problem now: lifting its drain for GPU health", coord)
+        self.assertIn("undrained: it takes work again", coord)
+
+        # An operator's drain: a GPU lost meanwhile keeps its reason, and it stays after the GPU
+        # is back, until the operator undrains.
+        r = self.ctl("drain", id1, "--reason", "swap a DIMM", *auth)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.health("0000:00:01.0 lost=1\n")
+        lost = "GPU 0: lost (it fell off the bus or needs a reset)"
+        n1 = node("h1", lambda n: n["gpu_problems"] == lost)
+        self.assertEqual(n1["drain_reason"], "swap a DIMM")
+        self.assertEqual(n1["usage"], [{
+            "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 0, "utilization_pct": -1,
+            "lost": True, "ecc_uncorrected": -1, "reset_pending": False, "remap_failed": False,
+            "slowdown": ""}])
+        self.assertIsNone(metric("distrain_gpu_memory_total_bytes", id1))
+        r = self.ctl("nodes", *auth)
+        self.assertRegex(r.stdout, r"%s .*\[drained: swap a DIMM\]  \[unhealthy: %s\]"
+                         % (id1, re.escape(lost)))
+        r = self.ctl("undrain", id1, *auth)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("%s stays drained: %s" % (id1, lost), r.stderr)
+        self.health("")
+        node("h1", lambda n: n["usage"] and not n["usage"][0]["lost"] and not n["gpu_problems"])
+        time.sleep(1)  # two heartbeats: the operator's drain stays
+        self.assertEqual(self.nodes_json()["h1"]["drain_reason"], "swap a DIMM")
+        r = self.ctl("undrain", id1, *auth)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(self.nodes_json()["h1"]["drained"])
+
+    def test_straggler_is_told_its_gpu_is_slowed(self):
+        """dp=2 on 2 agents x 1 GPU, one agent's trainer 400 ms slower a step
+        (DISTRAIN_FAULT_SLOW_MS) and its GPU reporting a hardware thermal slowdown: the
+        straggler's report names its GPU's slowed clocks as the likely cause; distrainctl nodes
+        and Prometheus show the slowdown; the node is not drained (no health problem)."""
+        self.emulated_health()
+        self.health("0000:00:01.0 slow=0x40\n")
+        hport_file = os.path.join(self.tmp, "http.port")
+        self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
+        base = "http://127.0.0.1:%d" % int(cp.read_text(hport_file).strip())
+        self.start_agent("h0", ["--gpus", "0"])
+        self.start_agent("h1", ["--gpus", "1"], env={"DISTRAIN_FAULT_SLOW_MS": "400"})
+        self.wait_nodes(2)
+        auth = ("--coordinator", self.addr, "--token-file", self.token_file)
+        path = os.path.join(self.tmp, "dp2.yaml")
+        with open(path, "w") as f:
+            f.write(cp.job_yaml(os.path.join(self.tmp, "ckpt"), 100000, shape=cp.SLOW, every=0,
+                                val_every=0, max_nodes=2))
+        r = self.ctl("submit", *auth, path, "--set", "parallel.dp=2", "--set",
+                     "training.micro_batch=4", "--set", "training.device=cuda")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip()
+        log = os.path.join(self.tmp, "coordinator.log")
+        line = cp.wait_until(lambda: re.search(r".*is a straggler.*", cp.tail(log)), 60,
+                             "a straggler").group(0)
+        self.assertRegex(line, r"job %s: rank \d on node-\d \(h1\) is a straggler: [\d.]+ ms of "
+                         r"compute per step, the median rank [\d.]+ ms \(reported, not "
+                         r"restarted\); its GPU 0 reports its clocks slowed: hardware thermal "
+                         r"slowdown$" % job)
+        n1 = self.nodes_json()["h1"]
+        self.assertEqual((n1["state"], n1["usage"][0]["slowdown"], n1["gpu_problems"]),
+                         ("ALIVE", "hardware thermal slowdown", ""))
+        self.assertEqual(self.nodes_json()["h0"]["usage"][0]["slowdown"], "")
+        r = self.ctl("nodes", *auth)
+        self.assertRegex(r.stdout, r"h1 .*, GPU 0 slowed \(hardware thermal slowdown\)\n")
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        self.assertRegex(text, r'\ndistrain_gpu_slowed\{node="%s",gpu="0"\} 1\n' % n1["node_id"])
+        self.assertRegex(text, r'\ndistrain_gpu_slowed\{node="%s",gpu="0"\} 0\n'
+                         % self.nodes_json()["h0"]["node_id"])
+        self.assertEqual(self.ctl("stop", job, "--now", *auth).returncode, 0)
+
     def trainer_pid(self, rank, generation):
         """The pid of this test's trainer of that rank and generation (from /proc)."""
         want = {b"RANK=%d" % rank, b"DISTRAIN_GENERATION=%d" % generation}
@@ -291,7 +487,9 @@ class GpuCluster(cp.ClusterTest):
             got = cp.wait_until(usage, 20, "the GPUs' usage in a heartbeat")
             # each GPU once, as its first device: a shared GPU is not counted twice
             self.assertEqual(got, [{"index": i, "memory_used_bytes": (g + 1) * GIB,
-                                    "memory_total_bytes": 8 * GIB, "utilization_pct": 10 * (g + 1)}
+                                    "memory_total_bytes": 8 * GIB, "utilization_pct": 10 * (g + 1),
+                                    "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
+                                    "remap_failed": False, "slowdown": ""}
                                    for i, g in enumerate(order) if g not in order[:i]])
         r = self.ctl("nodes", "--coordinator", self.addr, "--token-file", self.token_file)
         self.assertRegex(r.stdout, r"listed .*3x ")

@@ -5,13 +5,23 @@
  * GPU "0000:3B:00.0": 80 GiB, 12 GiB used, 87% busy. GPU "0000:86:00.0": 40 GiB, 1 GiB used,
  * no utilisation (NOT_SUPPORTED, as on some MIG setups). GPUs "0000:00:0<n>.0", n < 4, are
  * tests/emul's emulated GPUs n (8 GiB, its default), as the agent's NVML sees them in
- * test_gpu_cluster.py: n + 1 GiB used, 10 (n + 1)% busy. Any other PCI address: NOT_FOUND. */
+ * test_gpu_cluster.py: n + 1 GiB used, 10 (n + 1)% busy. Any other PCI address: NOT_FOUND.
+ *
+ * Health: every GPU but "0000:86:00.0" counts ECC errors and remaps rows, as an Ampere or later
+ * data-centre GPU does (page retirement NOT_SUPPORTED); "0000:86:00.0" supports none of it. All
+ * are healthy unless the file FAKE_NVML_HEALTH names (read at every query, so that a test can
+ * change a GPU's health while the agent runs) has a line "PCI key=value ..." for it, with keys
+ * lost (1: every query of it fails GPU_IS_LOST), ecc (the volatile uncorrected count), pending
+ * and failed (the row remapper's flags), retired (1: page retirement supported and pending) and
+ * slow (clocks event reasons, e.g. 0x40: hardware thermal slowdown; always with the idle and
+ * software power cap bits, which are no trouble). */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nvml_api.h"
 
-#define NVML_ERROR_NOT_SUPPORTED 3
-#define NVML_ERROR_NOT_FOUND     6
+#define NVML_ERROR_NOT_FOUND 6
 
 /* What the test reads back (through dlsym on the same library). */
 int fake_nvml_inits, fake_nvml_shutdowns;
@@ -24,6 +34,35 @@ static struct nvmlDevice_st {
     {"0000:3B:00.0", 80ull << 30, 12ull << 30, 87}, {"0000:86:00.0", 40ull << 30, 1ull << 30, -1},
     {"0000:00:00.0", 8ull << 30, 1ull << 30, 10},   {"0000:00:01.0", 8ull << 30, 2ull << 30, 20},
     {"0000:00:02.0", 8ull << 30, 3ull << 30, 30},   {"0000:00:03.0", 8ull << 30, 4ull << 30, 40}};
+
+/* The value of key for GPU d in FAKE_NVML_HEALTH; 0 where it has none. */
+static unsigned long long health(const struct nvmlDevice_st *d, const char *key)
+{
+  const char *path = getenv("FAKE_NVML_HEALTH");
+  FILE *f = path ? fopen(path, "r") : NULL;
+  unsigned long long v = 0;
+  char line[512];
+  while (f && fgets(line, sizeof line, f)) {
+    char *save;
+    const char *tok = strtok_r(line, " \t\n", &save);
+    if (!tok || strcmp(tok, d->pci) != 0)
+      continue;
+    while ((tok = strtok_r(NULL, " \t\n", &save)))
+      if (strncmp(tok, key, strlen(key)) == 0 && tok[strlen(key)] == '=')
+        v = strtoull(tok + strlen(key) + 1, NULL, 0);
+  }
+  if (f)
+    fclose(f);
+  return v;
+}
+
+/* NOT_SUPPORTED for "0000:86:00.0", GPU_IS_LOST for a lost GPU, else SUCCESS. */
+static nvmlReturn_t health_query(const struct nvmlDevice_st *d)
+{
+  if (strcmp(d->pci, "0000:86:00.0") == 0)
+    return NVML_ERROR_NOT_SUPPORTED;
+  return health(d, "lost") ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
 
 nvmlReturn_t nvmlInit_v2(void)
 {
@@ -54,6 +93,8 @@ nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pci, nvmlDevice_t *dev
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
+  if (health(d, "lost"))
+    return NVML_ERROR_GPU_IS_LOST;
   m->total = d->total;
   m->used = d->used;
   m->free = d->total - d->used;
@@ -66,5 +107,51 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
     return NVML_ERROR_NOT_SUPPORTED;
   u->gpu = (unsigned)d->util;
   u->memory = 0;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, nvmlMemoryErrorType_t type,
+                                         nvmlEccCounterType_t counter, unsigned long long *count)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r != NVML_SUCCESS)
+    return r;
+  /* the agent reads only the volatile uncorrected count: any other is 1000, to be caught */
+  *count = type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED && counter == NVML_VOLATILE_ECC
+               ? health(d, "ecc")
+               : 1000;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
+                                       unsigned int *pending, unsigned int *failed)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r != NVML_SUCCESS)
+    return r;
+  *corr = 0;
+  *unc = (unsigned)health(d, "pending");
+  *pending = (unsigned)health(d, "pending");
+  *failed = (unsigned)health(d, "failed");
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, nvmlEnableState_t *pending)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r != NVML_SUCCESS)
+    return r;
+  if (!health(d, "retired"))
+    return NVML_ERROR_NOT_SUPPORTED;
+  *pending = NVML_FEATURE_ENABLED;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *reasons)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r != NVML_SUCCESS)
+    return r;
+  *reasons = 0x1 | 0x4 | health(d, "slow"); /* idle, software power cap: no trouble */
   return NVML_SUCCESS;
 }

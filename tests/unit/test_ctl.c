@@ -198,6 +198,70 @@ START_TEST(test_nodes_table)
 }
 END_TEST
 
+/* GPUs' health: each problem in words, a lost GPU's unknown memory left out of the sums, and
+ * a node's problems shown once (in its drain's reason when the coordinator drained it so). */
+START_TEST(test_nodes_gpu_health)
+{
+  node_t ecc, lost, drained;
+  node_make(&ecc, "node-0", "gpu-a", "cuda", 2);
+  node_gpu(&ecc, 0, "NVIDIA H100", 80 * GIB);
+  node_gpu(&ecc, 1, "NVIDIA H100", 80 * GIB);
+  node_usage(&ecc, 0, 10 * GIB, 80 * GIB, 50);
+  node_usage(&ecc, 1, 10 * GIB, 80 * GIB, 50);
+  ecc.use[1].ecc_uncorrected = 1;
+  ecc.use[0].ecc_uncorrected = -1; /* unknown: no problem */
+  ecc.use[0].slowdown = 0xc0;      /* no problem either: shown with the usage */
+  node_make(&lost, "node-1", "gpu-b", "cuda", 2);
+  node_gpu(&lost, 0, "NVIDIA H100", 80 * GIB);
+  node_gpu(&lost, 1, "NVIDIA H100", 80 * GIB);
+  node_usage(&lost, 0, 0, 0, -1);
+  lost.use[0].lost = 1;
+  node_usage(&lost, 1, 5 * GIB, 80 * GIB, 30);
+  lost.use[1].remap_failed = 1;
+  lost.use[1].reset_pending = 1;
+  lost.use[1].ecc_uncorrected = 7;
+  node_make(&drained, "node-2", "gpu-c", "cuda", 1);
+  node_gpu(&drained, 0, "NVIDIA H100", 80 * GIB);
+  node_usage(&drained, 0, 1 * GIB, 80 * GIB, 0);
+  drained.use[0].reset_pending = 1;
+  drained.node.drained = 1;
+  drained.node.drain_reason = "GPU health: GPU 0: memory repairs wait for a reset (row remapping "
+                              "or page retirement); reset it";
+
+  char buf[512];
+  ck_assert_int_eq(dt_ctl_gpu_problems(ecc.node.usage, 2, buf, sizeof buf), 1);
+  ck_assert_str_eq(buf, "GPU 1: 1 uncorrected ECC error since the driver loaded");
+  ck_assert_int_eq(dt_ctl_gpu_problems(lost.node.usage, 2, buf, sizeof buf), 2);
+  ck_assert_str_eq(buf, "GPU 0: lost (it fell off the bus or needs a reset); GPU 1: 7 uncorrected "
+                        "ECC errors since the driver loaded, a row remapping failed (no spare "
+                        "memory rows left), memory repairs wait for a reset (row remapping or "
+                        "page retirement)");
+  ck_assert_int_eq(dt_ctl_gpu_problems(ecc.node.usage, 1, buf, sizeof buf), 0);
+  ck_assert_str_eq(buf, "");
+  ck_assert_int_eq(dt_ctl_gpu_problems(lost.node.usage, 2, buf, 12), 2); /* cut, not overrun */
+  ck_assert_str_eq(buf, "GPU 0: lost");
+
+  node_t *all[] = {&ecc, &lost, &drained};
+  char *out = print_nodes(all, 3, 0);
+  char line[1024];
+  nth_line(out, 1, line, sizeof line);
+  ck_assert_str_eq(devices_col(line),
+                   "2x NVIDIA H100, mem 20.0/160.0 GiB, util 50%, GPU 0 slowed (hardware thermal "
+                   "slowdown, hardware power brake)  [unhealthy: GPU 1: 1 uncorrected ECC error "
+                   "since the driver loaded]");
+  nth_line(out, 2, line, sizeof line);
+  ck_assert_msg(strstr(line, "2x NVIDIA H100, mem 5.0/80.0 GiB, util 30% (1 of 2 reporting)  "
+                             "[unhealthy: GPU 0: lost (it fell off the bus or needs a reset); "
+                             "GPU 1: 7 uncorrected"),
+                "%s", line);
+  nth_line(out, 3, line, sizeof line);
+  ck_assert_str_eq(devices_col(line), "1x NVIDIA H100, mem 1.0/80.0 GiB, util 0%  [drained: GPU "
+                                      "health: GPU 0: memory repairs wait for a reset (row "
+                                      "remapping or page retirement); reset it]");
+  free(out);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* JSON                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -210,6 +274,9 @@ START_TEST(test_nodes_json)
   node_gpu(&gpu, 1, "NVIDIA H100 80GB HBM3", 85520809984ull);
   node_usage(&gpu, 0, 13207024435ull, 85520809984ull, 87);
   node_usage(&gpu, 1, 1048576ull, 85520809984ull, -1);
+  gpu.use[0].slowdown = 0x28;
+  gpu.use[1].ecc_uncorrected = 3;
+  gpu.use[1].reset_pending = 1;
   gpu.node.n_trainers = 1;
   gpu.node.last_heartbeat_ms = 1700000000123;
   node_make(&cpu, "node-1", "cpu \"b\"", "cpu", 1);
@@ -228,14 +295,22 @@ START_TEST(test_nodes_json)
            "{\"kind\": \"cuda\", \"index\": 1, \"name\": \"NVIDIA H100 80GB HBM3\", "
            "\"memory_bytes\": 85520809984}], \"usage\": ["
            "{\"index\": 0, \"memory_used_bytes\": 13207024435, \"memory_total_bytes\": "
-           "85520809984, \"utilization_pct\": 87}, "
+           "85520809984, \"utilization_pct\": 87, \"lost\": false, \"ecc_uncorrected\": 0, "
+           "\"reset_pending\": false, \"remap_failed\": false, \"slowdown\": \"hardware "
+           "slowdown, software thermal slowdown\"}, "
            "{\"index\": 1, \"memory_used_bytes\": 1048576, \"memory_total_bytes\": 85520809984, "
-           "\"utilization_pct\": -1}], \"trainers\": 1, \"last_heartbeat_ms\": 1700000000123}, "
+           "\"utilization_pct\": -1, \"lost\": false, \"ecc_uncorrected\": 3, "
+           "\"reset_pending\": true, \"remap_failed\": false, \"slowdown\": \"\"}], "
+           "\"gpu_problems\": \"GPU 1: 3 "
+           "uncorrected ECC errors since the driver loaded, memory repairs wait for a reset (row "
+           "remapping or page retirement)\", \"trainers\": 1, \"last_heartbeat_ms\": "
+           "1700000000123}, "
            "{\"node_id\": \"node-1\", \"hostname\": \"cpu \\\"b\\\"\", \"state\": \"DRAINED\", "
            "\"drained\": true, \"drain_reason\": \"for \\\"good\\\"\", "
            "\"device_kind\": \"cpu\", \"devices\": ["
            "{\"kind\": \"cpu\", \"index\": 0, \"name\": \"cpu\", \"memory_bytes\": 0}], "
-           "\"usage\": [], \"trainers\": 0, \"last_heartbeat_ms\": 1700000000456}]\n");
+           "\"usage\": [], \"gpu_problems\": \"\", \"trainers\": 0, \"last_heartbeat_ms\": "
+           "1700000000456}]\n");
   free(out);
 
   out = print_nodes(all, 0, 1);
@@ -425,6 +500,7 @@ static Suite *ctl_suite(void)
   Suite *s = suite_create("ctl");
   TCase *t = tcase_create("nodes");
   tcase_add_test(t, test_nodes_table);
+  tcase_add_test(t, test_nodes_gpu_health);
   tcase_add_test(t, test_nodes_json);
   tcase_add_test(t, test_job_json_non_finite);
   tcase_add_test(t, test_transitions_show_the_placement);

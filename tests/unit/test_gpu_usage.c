@@ -1,9 +1,13 @@
 /* test_gpu_usage.c — Check suite for the agent's GPU usage (worker/agent/gpu_usage.c) against a
  * stand-in NVML (fake_nvml.c, loaded from FAKE_NVML): GPUs found by PCI address, memory and
- * utilisation sampled, unknown where NVML has no answer, NVML shut down on destroy; and without
+ * utilisation sampled, unknown where NVML has no answer, NVML shut down on destroy; each health
+ * problem (uncorrected ECC errors, memory repairs pending or failed, a lost GPU) read as the
+ * stand-in reports it, unknown where the GPU lacks the query; and without
  * NVML at all, every GPU unknown and nothing failing. */
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <check.h>
 
@@ -45,6 +49,74 @@ START_TEST(test_samples_by_pci_address)
 }
 END_TEST
 
+/* Writes FAKE_NVML_HEALTH's file: the stand-in reads it at every query. */
+static void set_health(const char *path, const char *text)
+{
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+START_TEST(test_health)
+{
+  char path[] = "/tmp/test_gpu_usage_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  setenv("FAKE_NVML_HEALTH", path, 1);
+  const char *ids[] = {"0000:3B:00.0", "0000:86:00.0", "0000:00:01.0"};
+  dt_gpu_usage_t *u = NULL;
+  ck_assert_int_eq(dt_gpu_usage_create(&u, FAKE_NVML, ids, 3), 0);
+  dt_gpu_sample_t s;
+
+  /* Healthy: counted and known where supported, unknown (-1, 0) where not. */
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(!s.lost && !s.reset_pending && !s.remap_failed);
+  ck_assert_int_eq(s.ecc_uncorrected, 0);
+  ck_assert_uint_eq(s.slowdown, 0); /* idle and at its power cap: no trouble */
+  ck_assert(dt_gpu_usage_sample(u, 1, &s));
+  ck_assert(!s.lost && !s.reset_pending && !s.remap_failed);
+  ck_assert_int_eq(s.ecc_uncorrected, -1); /* NOT_SUPPORTED */
+  ck_assert_uint_eq(s.slowdown, 0);
+
+  /* Each problem as NVML reports it, the volatile uncorrected count read (not another). */
+  set_health(path, "0000:3B:00.0 ecc=2\n0000:00:01.0 pending=1\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_int_eq(s.ecc_uncorrected, 2);
+  ck_assert(!s.reset_pending && !s.remap_failed && !s.lost);
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert(s.reset_pending && !s.remap_failed);
+  ck_assert_int_eq(s.ecc_uncorrected, 0);
+  set_health(path, "0000:00:01.0 failed=1\n0000:3B:00.0 retired=1\n");
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert(s.remap_failed && !s.reset_pending);
+  ck_assert(dt_gpu_usage_sample(u, 0, &s)); /* page retirement pending (pre-Ampere) */
+  ck_assert(s.reset_pending && !s.remap_failed);
+  ck_assert_int_eq(s.ecc_uncorrected, 0);
+
+  /* Clocks slowed: the reasons of trouble only (hardware slowdown, hardware thermal). */
+  set_health(path, "0000:3B:00.0 slow=0x48\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_uint_eq(s.slowdown, 0x48);
+  ck_assert(!s.reset_pending && !s.remap_failed && !s.lost);
+  ck_assert_int_eq(s.ecc_uncorrected, 0);
+
+  /* Lost: reported (sample returns 1) with its memory unknown. */
+  set_health(path, "0000:3B:00.0 lost=1\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(s.lost);
+  ck_assert(!s.known);
+  ck_assert_uint_eq(s.total_bytes, 0);
+  ck_assert(dt_gpu_usage_sample(u, 2, &s)); /* the others are as before */
+  ck_assert(!s.lost && s.known);
+
+  dt_gpu_usage_destroy(u);
+  unsetenv("FAKE_NVML_HEALTH");
+  unlink(path);
+}
+END_TEST
+
 START_TEST(test_without_nvml)
 {
   const char *ids[] = {"0000:3B:00.0"};
@@ -65,6 +137,7 @@ static Suite *gpu_usage_suite(void)
   Suite *s = suite_create("gpu_usage");
   TCase *t = tcase_create("nvml");
   tcase_add_test(t, test_samples_by_pci_address);
+  tcase_add_test(t, test_health);
   tcase_add_test(t, test_without_nvml);
   suite_add_tcase(s, t);
   return s;

@@ -804,8 +804,8 @@ static int gpu_seen_before(const dt_agent_t *a, int i)
   return 0;
 }
 
-/* On the threadpool, before the heartbeat goes out: the GPUs whose memory use NVML knows, each
- * once (as its first device), so sums over a node count a shared GPU once. */
+/* On the threadpool, before the heartbeat goes out: the GPUs whose memory use NVML knows or that
+ * are lost, each once (as its first device), so sums over a node count a shared GPU once. */
 static void sample_gpus(dt_agent_t *a)
 {
   size_t k = 0;
@@ -819,6 +819,11 @@ static void sample_gpus(dt_agent_t *a)
     u->memory_used_bytes = s.used_bytes;
     u->memory_total_bytes = s.total_bytes;
     u->utilization_pct = s.utilization_pct;
+    u->lost = s.lost;
+    u->ecc_uncorrected = s.ecc_uncorrected;
+    u->reset_pending = s.reset_pending;
+    u->remap_failed = s.remap_failed;
+    u->slowdown = s.slowdown;
     a->hb_usage[k++] = u;
   }
   a->hb_req.devices = a->hb_usage;

@@ -17,6 +17,10 @@ struct dt_gpu_usage {
   nvmlErrorString_fn error_string;
   nvmlDeviceGetMemoryInfo_fn memory_info;
   nvmlDeviceGetUtilizationRates_fn utilization;
+  nvmlDeviceGetTotalEccErrors_fn ecc_errors; /* the health queries: NULL where NVML lacks one */
+  nvmlDeviceGetRetiredPagesPendingStatus_fn retired_pending;
+  nvmlDeviceGetRemappedRows_fn remapped_rows;
+  nvmlDeviceGetCurrentClocksEventReasons_fn clocks_events;
 };
 
 static const char *nvml_error(const dt_gpu_usage_t *u, nvmlReturn_t r)
@@ -41,6 +45,15 @@ static void load(dt_gpu_usage_t *u, const char *path)
   u->memory_info = (nvmlDeviceGetMemoryInfo_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
   u->utilization = (nvmlDeviceGetUtilizationRates_fn)dlsym(lib, "nvmlDeviceGetUtilizationRates");
   u->by_pci = (nvmlDeviceGetHandleByPciBusId_v2_fn)dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+  u->ecc_errors = (nvmlDeviceGetTotalEccErrors_fn)dlsym(lib, "nvmlDeviceGetTotalEccErrors");
+  u->retired_pending = (nvmlDeviceGetRetiredPagesPendingStatus_fn)dlsym(
+      lib, "nvmlDeviceGetRetiredPagesPendingStatus");
+  u->remapped_rows = (nvmlDeviceGetRemappedRows_fn)dlsym(lib, "nvmlDeviceGetRemappedRows");
+  u->clocks_events = (nvmlDeviceGetCurrentClocksEventReasons_fn)dlsym(
+      lib, "nvmlDeviceGetCurrentClocksEventReasons");
+  if (!u->clocks_events)
+    u->clocks_events = (nvmlDeviceGetCurrentClocksEventReasons_fn)dlsym(
+        lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
   if (!init || !u->shutdown || !u->memory_info || !u->by_pci) {
     DT_WARN(WORKER, "NVML lacks an entry point the agent needs: GPU usage unknown");
     dlclose(lib);
@@ -80,13 +93,54 @@ int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const
   return 0;
 }
 
+/* Whether r says the GPU is gone: fallen off the bus, or needing a reset before any use. */
+static int gone(nvmlReturn_t r)
+{
+  return r == NVML_ERROR_GPU_IS_LOST || r == NVML_ERROR_RESET_REQUIRED;
+}
+
+/* The health and slowdown queries a GPU supports (others leave *s unknown: -1, 0). */
+static void sample_health(dt_gpu_usage_t *u, nvmlDevice_t d, dt_gpu_sample_t *s)
+{
+  unsigned long long ecc;
+  nvmlReturn_t r =
+      u->ecc_errors ? u->ecc_errors(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &ecc)
+                    : NVML_ERROR_NOT_SUPPORTED;
+  if (r == NVML_SUCCESS)
+    s->ecc_uncorrected = (int64_t)ecc;
+  s->lost |= gone(r);
+  unsigned corr, unc, pending, failed;
+  r = u->remapped_rows ? u->remapped_rows(d, &corr, &unc, &pending, &failed)
+                       : NVML_ERROR_NOT_SUPPORTED;
+  if (r == NVML_SUCCESS) {
+    s->reset_pending |= pending != 0;
+    s->remap_failed = failed != 0;
+  }
+  s->lost |= gone(r);
+  nvmlEnableState_t retired;
+  r = u->retired_pending ? u->retired_pending(d, &retired) : NVML_ERROR_NOT_SUPPORTED;
+  if (r == NVML_SUCCESS)
+    s->reset_pending |= retired == NVML_FEATURE_ENABLED;
+  s->lost |= gone(r);
+  unsigned long long reasons;
+  r = u->clocks_events ? u->clocks_events(d, &reasons) : NVML_ERROR_NOT_SUPPORTED;
+  if (r == NVML_SUCCESS)
+    s->slowdown = reasons & DT_GPU_SLOWDOWN;
+  s->lost |= gone(r);
+}
+
 int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
 {
-  *s = (dt_gpu_sample_t){.known = 0, .utilization_pct = -1};
+  *s = (dt_gpu_sample_t){.known = 0, .utilization_pct = -1, .ecc_uncorrected = -1};
   if (i < 0 || i >= u->n || !u->dev[i])
     return 0;
   nvmlMemory_t mem;
-  if (u->memory_info(u->dev[i], &mem) != NVML_SUCCESS)
+  nvmlReturn_t r = u->memory_info(u->dev[i], &mem);
+  if (gone(r)) {
+    s->lost = 1;
+    return 1;
+  }
+  if (r != NVML_SUCCESS)
     return 0;
   s->known = 1;
   s->used_bytes = mem.used;
@@ -94,6 +148,7 @@ int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
   nvmlUtilization_t util;
   if (u->utilization && u->utilization(u->dev[i], &util) == NVML_SUCCESS)
     s->utilization_pct = (int)util.gpu;
+  sample_health(u, u->dev[i], s);
   return 1;
 }
 

@@ -1,5 +1,6 @@
-/* gpu_usage.h — the memory in use and the utilisation of this node's GPUs, through NVML
- * loaded at run time (nvml_api.h says why it is not linked).
+/* gpu_usage.h — the memory in use, the utilisation and the health (lost, uncorrected ECC errors,
+ * memory repairs pending or failed) of this node's GPUs, through NVML loaded at run time
+ * (nvml_api.h says why it is not linked).
  *
  * GPUs are named by PCI address, which is how a CUDA ordinal (ordered fastest first, renumbered
  * by CUDA_VISIBLE_DEVICES) and an NVML handle (PCI order, every GPU) meet. Without NVML, or for
@@ -16,7 +17,19 @@ typedef struct {
   uint64_t used_bytes; /* in use, by any process */
   uint64_t total_bytes;
   int utilization_pct; /* -1 unknown (some GPUs, MIG instances, do not report it) */
+  /* Health (DeviceUsage's fields of the same names, distrain.proto): */
+  int lost;                /* a query said the GPU fell off the bus or needs a reset */
+  int64_t ecc_uncorrected; /* uncorrected ECC errors since the driver loaded; -1 unknown */
+  int reset_pending;       /* a row remapping or page retirement waits for a reset */
+  int remap_failed;        /* a row remapping failed: no spare rows left */
+  uint64_t slowdown;       /* NVML's clocks event reasons of trouble (DT_GPU_SLOWDOWN) */
 } dt_gpu_sample_t;
+
+/* The clocks event reasons that mean trouble with the GPU's cooling or power, kept in
+ * dt_gpu_sample_t.slowdown (bits as nvml.h's, DeviceUsage.slowdown's): hardware slowdown (0x8),
+ * software thermal (0x20), hardware thermal (0x40), hardware power brake (0x80). Others (idle,
+ * application clocks, the software power cap a GPU at its power limit meets) are left out. */
+#define DT_GPU_SLOWDOWN 0xe8ull
 
 typedef struct dt_gpu_usage dt_gpu_usage_t;
 
@@ -25,7 +38,8 @@ typedef struct dt_gpu_usage dt_gpu_usage_t;
  * be used. 0, or DT_ENOMEM. */
 int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const *pci_bus_ids,
                         int n);
-/* Samples GPU i (0 <= i < n) into *s; whether its memory use is known. */
+/* Samples GPU i (0 <= i < n) into *s: its memory use and utilisation, and its health where the
+ * GPU reports it. Whether there is anything to report: its memory use is known, or it is lost. */
 int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s);
 /* Shuts NVML down and unloads it. NULL is fine. */
 void dt_gpu_usage_destroy(dt_gpu_usage_t *u);

@@ -10,7 +10,10 @@
 #define DT_AGENT_NVML_API_H
 
 typedef int nvmlReturn_t; /* an enum in nvml.h; int-sized */
-#define NVML_SUCCESS 0
+#define NVML_SUCCESS              0
+#define NVML_ERROR_NOT_SUPPORTED  3
+#define NVML_ERROR_GPU_IS_LOST    15 /* fallen off the bus or otherwise inaccessible */
+#define NVML_ERROR_RESET_REQUIRED 16 /* needs a reset before it can be used again */
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
@@ -25,6 +28,29 @@ typedef struct nvmlUtilization_st {
   unsigned int memory; /* percent of it device memory was being read or written */
 } nvmlUtilization_t;
 
+typedef enum nvmlEnableState_enum {
+  NVML_FEATURE_DISABLED = 0,
+  NVML_FEATURE_ENABLED = 1
+} nvmlEnableState_t;
+
+typedef enum nvmlMemoryErrorType_enum {
+  NVML_MEMORY_ERROR_TYPE_CORRECTED = 0,
+  NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1,
+  NVML_MEMORY_ERROR_TYPE_COUNT
+} nvmlMemoryErrorType_t;
+
+typedef enum nvmlEccCounterType_enum {
+  NVML_VOLATILE_ECC = 0,  /* reset each time the driver loads */
+  NVML_AGGREGATE_ECC = 1, /* the device's lifetime */
+  NVML_ECC_COUNTER_TYPE_COUNT
+} nvmlEccCounterType_t;
+
+/* Clocks event reasons (bits of nvmlDeviceGetCurrentClocksEventReasons) that mean trouble: */
+#define nvmlClocksThrottleReasonHwSlowdown           0x0000000000000008LL
+#define nvmlClocksEventReasonSwThermalSlowdown       0x0000000000000020LL
+#define nvmlClocksThrottleReasonHwThermalSlowdown    0x0000000000000040LL
+#define nvmlClocksThrottleReasonHwPowerBrakeSlowdown 0x0000000000000080LL
+
 /* The functions, as pointer types for dlsym. */
 typedef nvmlReturn_t (*nvmlInit_v2_fn)(void);
 typedef nvmlReturn_t (*nvmlShutdown_fn)(void);
@@ -34,5 +60,20 @@ typedef nvmlReturn_t (*nvmlDeviceGetHandleByPciBusId_v2_fn)(const char *pciBusId
 typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfo_fn)(nvmlDevice_t device, nvmlMemory_t *memory);
 typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRates_fn)(nvmlDevice_t device,
                                                          nvmlUtilization_t *utilization);
+/* Health: ECC since Fermi, page retirement since Kepler, row remapping since Ampere (and not
+ * under MIG with active instances); NVML_ERROR_NOT_SUPPORTED where a GPU lacks one. */
+typedef nvmlReturn_t (*nvmlDeviceGetTotalEccErrors_fn)(nvmlDevice_t device,
+                                                       nvmlMemoryErrorType_t errorType,
+                                                       nvmlEccCounterType_t counterType,
+                                                       unsigned long long *eccCounts);
+typedef nvmlReturn_t (*nvmlDeviceGetRetiredPagesPendingStatus_fn)(nvmlDevice_t device,
+                                                                  nvmlEnableState_t *isPending);
+/* nvmlDeviceGetCurrentClocksEventReasons (drivers r535 on), or before it under its older name
+ * nvmlDeviceGetCurrentClocksThrottleReasons: the same function. */
+typedef nvmlReturn_t (*nvmlDeviceGetCurrentClocksEventReasons_fn)(
+    nvmlDevice_t device, unsigned long long *clocksEventReasons);
+typedef nvmlReturn_t (*nvmlDeviceGetRemappedRows_fn)(nvmlDevice_t device, unsigned int *corrRows,
+                                                     unsigned int *uncRows, unsigned int *isPending,
+                                                     unsigned int *failureOccurred);
 
 #endif
