@@ -12,7 +12,8 @@
 #
 # Installs distrain-coordinator, distrain-worker, distrain-train (beside distrain-worker, where
 # the agent looks for it), distrain-prep, distrain-convert and distrainctl;
-# distrain-coordinator.service and distrain-worker.service; /etc/distrain/coordinator.env and
+# distrain-coordinator.service and distrain-worker.service; Prometheus alerting rules
+# (PREFIX/share/distrain/distrain-alerts.yml); /etc/distrain/coordinator.env and
 # worker.env (examples, never overwriting files already there); and /etc/distrain/token (mode
 # 0600) if there is none.
 # Needs no running systemd: it only writes files, then says what to run.
@@ -84,6 +85,10 @@ for unit in distrain-coordinator.service distrain-worker.service; do
   mv "$destdir$unitdir/$unit.tmp" "$destdir$unitdir/$unit"
 done
 
+echo "== Prometheus alerting rules -> $destdir$prefix/share/distrain"
+install -d -m 0755 "$destdir$prefix/share/distrain"
+install -m 0644 "$here/prometheus/distrain-alerts.yml" "$destdir$prefix/share/distrain/"
+
 echo "== configuration -> $destdir$confdir"
 install -d -m 0755 "$destdir$confdir"
 for env in coordinator.env worker.env; do
@@ -123,4 +128,5 @@ Jobs' checkpoint directories must be writable by both services (ProtectSystem=st
     [Service]
     ReadWritePaths=/path/to/checkpoints
 Check with: systemctl status distrain-coordinator; journalctl -u distrain-worker -f
+Alerts: add $prefix/share/distrain/distrain-alerts.yml to rule_files in prometheus.yml.
 EOF

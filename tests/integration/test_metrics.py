@@ -176,6 +176,15 @@ class T1_Endpoint(MetricsTest):
         reasons = {lb["reason"] for _, lb, _ in samples_of(fams, "distrain_restarts_total")}
         self.assertEqual(reasons, {"node_dead", "trainer_failed", "nonfinite", "loss_spike",
                                    "grad_spike", "hang", "grow", "stopped"})
+        # deploy/prometheus/distrain-alerts.yml reads metrics that exist, with these reasons
+        # and states (its promtool test, alerts_test.yml, checks the rules themselves)
+        with open(os.path.join(cp.SRC, "deploy", "prometheus", "distrain-alerts.yml")) as f:
+            rules = f.read()
+        used = set(re.findall(r"\b(distrain_[a-z_]+)", rules))
+        self.assertGreaterEqual(len(used), 8)
+        self.assertEqual(used - set(fams), set())
+        for words in re.findall(r'(?:reason|state)(?:=|=~|!~)"([^"]+)"', rules):
+            self.assertLessEqual(set(words.split("|")), reasons | set(st), words)
 
         # HEAD: the headers of GET, no body
         status, headers, body = http(self.base + "/metrics", method="HEAD")

@@ -156,6 +156,9 @@ class T1_Install(unittest.TestCase):
         self.assertRegex(tok, r"^[0-9a-f]{48}\n$")
         for env in ("coordinator.env", "worker.env"):
             self.assertTrue(os.path.isfile(os.path.join(conf, env)), env)
+        with open(os.path.join(d, "opt/distrain/share/distrain/distrain-alerts.yml")) as f:
+            self.assertIn("alert: DistrainGpuUnhealthy", f.read())
+        self.assertIn("/opt/distrain/share/distrain/distrain-alerts.yml to rule_files", r.stdout)
         # A second run keeps what the operator changed, and the token.
         with open(os.path.join(conf, "worker.env"), "a") as f:
             f.write("DISTRAIN_WORKER_OPTS=--coordinator mine:7470\n")
