@@ -1181,6 +1181,9 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
            elastic->grad_spike_factor == 0.0)
     bad(&v, "elastic.spike_skip (%d) needs elastic.spike_factor or elastic.grad_spike_factor",
         elastic->spike_skip);
+  if (elastic->straggler_drain_s < 0 || elastic->straggler_drain_s > 604800)
+    bad(&v, "elastic.straggler_drain_s (%d) must be in [1, 604800] (0: off)",
+        elastic->straggler_drain_s);
   if (!str_empty(elastic->bad_step) && strcmp(elastic->bad_step, "rollback") != 0 &&
       strcmp(elastic->bad_step, "skip") != 0)
     bad(&v, "elastic.bad_step must be rollback or skip, got '%s'", elastic->bad_step);

@@ -871,6 +871,53 @@ static void slowed_gpu(const dt_node_t *nd, int device, char *buf, size_t n)
     }
 }
 
+/* elastic.straggler_drain_s after rank r of j became a straggler (its compute `ratio` x the
+ * median rank's): its node is drained, the job saving its step and going on without it as from
+ * any drain, where the job then runs faster: every step waits for the straggler, so with it the
+ * job trains at about dp / ratio ranks' pace, without it at dp' (the placement on its other
+ * nodes and the idle ones). Else it stays, and the log says why. Judged once a straggler. */
+static int judge_straggler(dt_coord_t *c, dt_job_t *j, int r, double ratio)
+{
+  dt_rank_slot_t *s = &j->ranks[r];
+  dt_node_t *nd = c->st.nodes[s->node];
+  const Distrain__V1__JobSpec *spec = j->job->spec;
+  const Distrain__V1__ElasticSpec *el = spec->elastic;
+  s->drain_judged = 1;
+  if (nd->drained)
+    return 0;
+  const int jidx = dt_coord_job_index(&c->st, j);
+  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0, dp = 0;
+  if (!devs)
+    return 0;
+  for (size_t i = 0; i < c->st.n_nodes && (el->max_nodes <= 0 || n < el->max_nodes); i++)
+    if (c->st.nodes[i] != nd && node_serves(c->st.nodes[i], jidx, device_kind(spec)))
+      devs[n++] = (int)c->st.nodes[i]->info->n_devices;
+  if (n >= el->min_nodes) {
+    dt_placement_t pl;
+    dp = DT_MAX(0, dt_jobspec_place(spec, 1, requested_dp(j), devs, n, &pl, NULL, 0));
+    dt_placement_free(&pl);
+  }
+  free(devs);
+  char without[64] = "it cannot be placed without it";
+  if (dp > 0)
+    snprintf(without, sizeof without, "without it at dp %d of %d", dp, j->dp);
+  if ((double)dp <= j->dp / ratio) {
+    DT_WARN(COORD,
+            "job %s: rank %d on %s (%s) has been a straggler for %d s (elastic.straggler_drain_s), "
+            "%.1fx the median rank's compute; its node stays: the job runs at 1/%.1f of its pace "
+            "with it, %s",
+            j->id, r, nd->id, nd->info->hostname, el->straggler_drain_s, ratio, ratio, without);
+    return 0;
+  }
+  char reason[256];
+  snprintf(reason, sizeof reason,
+           "straggler: rank %d of job %s, %.1fx the median rank's compute for %d s "
+           "(elastic.straggler_drain_s); the job runs faster %s",
+           r, j->id, ratio, el->straggler_drain_s, without);
+  dt_coord_drain(c, nd, reason);
+  return 1;
+}
+
 static void check_stragglers(dt_coord_t *c, dt_job_t *j)
 {
   const double now = dt_coord_now_ms();
@@ -898,6 +945,8 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
     if (s->compute_ms > STRAGGLER_FACTOR * median && s->compute_ms - median > 1.0) {
       if (++s->slow_checks >= STRAGGLER_CHECKS && !s->straggler) {
         s->straggler = 1;
+        s->straggler_since_ms = now;
+        s->drain_judged = 0;
         char cause[192] = "";
         slowed_gpu(nd, s->local_rank, cause, sizeof cause);
         DT_WARN(COORD,
@@ -905,6 +954,11 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
                 "median rank %.1f ms (reported, not restarted)%s",
                 j->id, r, nd->id, nd->info->hostname, s->compute_ms, median, cause);
       }
+      const int after_s = j->job->spec->elastic->straggler_drain_s;
+      if (s->straggler && after_s > 0 && !s->drain_judged &&
+          now - s->straggler_since_ms >= 1000.0 * after_s &&
+          judge_straggler(c, j, r, s->compute_ms / median))
+        return; /* its job is stopping */
     } else {
       s->slow_checks = 0;
       if (s->straggler && s->compute_ms < 1.2 * median) {

@@ -54,9 +54,11 @@ typedef struct {
   Distrain__V1__TrainerProgress *progress; /* its latest progress report (owned), or NULL */
   double report_age_ms;                    /* its report's age when the heartbeat came... */
   double heard_ms;                         /* ...at this time (0: no heartbeat yet) */
-  double compute_ms; /* per step (StepMetrics.compute_ms), a moving average; 0: none yet */
-  int slow_checks;   /* consecutive straggler checks that found it slow */
-  int straggler;     /* reported as one (status, log) */
+  double compute_ms;         /* per step (StepMetrics.compute_ms), a moving average; 0: none yet */
+  int slow_checks;           /* consecutive straggler checks that found it slow */
+  int straggler;             /* reported as one (status, log) */
+  double straggler_since_ms; /* since when (monotonic), while it is one */
+  int drain_judged;          /* elastic.straggler_drain_s has passed and its node was judged */
 } dt_rank_slot_t;
 
 /* One rank of a job and the node it runs on (the job's by-node index). */

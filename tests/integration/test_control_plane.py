@@ -2731,6 +2731,54 @@ class T11_Straggler(ClusterTest):
                                                                         slow[0].node_id))
         self.call("StopJob", pb.StopJobRequest(job_id=job_id))
 
+    def straggler_job(self, min_nodes):
+        """The job above with elastic.straggler_drain_s 2, on h0 and a slow h1, running."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.start_agent("h1", env={"DISTRAIN_FAULT_SLOW_MS": "40"})
+        self.wait_nodes(2)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), 100000, shape=SLOW, every=0, dp=2)
+        spec.elastic.straggler_drain_s = 2
+        spec.elastic.min_nodes = min_nodes
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(job_id, [pb.JOB_RUNNING], 20, min_step=1)
+        return job_id
+
+    def test_straggler_node_drained_where_the_job_runs_faster(self):
+        """elastic.straggler_drain_s 2 and a spare node (h2, registered once the job runs on h0
+        and h1): 2 s after h1's rank is reported a straggler, h1 is drained with the reason; the
+        job saves its step and goes on at dp 2 on h0 and h2, the restart not counted."""
+        job_id = self.straggler_job(min_nodes=1)
+        self.start_agent("h2")
+        self.wait_nodes(3)
+        h1 = wait_until(lambda: [n for n in self.nodes() if n.info.hostname == "h1" and
+                                 n.drained], 30, "h1 drained")[0]
+        self.assertRegex(h1.drain_reason, r"^straggler: rank \d of job %s, [\d.]+x the median "
+                         r"rank's compute for 2 s \(elastic.straggler_drain_s\); the job runs "
+                         r"faster without it at dp 2 of 2$" % job_id)
+        j = wait_until(lambda: (lambda x: x if x.generation == 2 and x.state == pb.JOB_RUNNING
+                                else None)(self.get_job(job_id)), 30, "generation 2 running")
+        self.assertEqual(sorted(r.hostname for r in j.ranks), ["h0", "h2"])
+        self.assertEqual(j.restarts, 0)
+        self.assertIn("drained", j.last_restart)
+        self.call("StopJob", pb.StopJobRequest(job_id=job_id))
+
+    def test_straggler_node_stays_where_the_job_needs_it(self):
+        """The same with elastic.min_nodes 2 and no spare node: the job cannot run without h1,
+        so h1 stays, and the coordinator's log says why."""
+        job_id = self.straggler_job(min_nodes=2)
+        log = os.path.join(self.tmp, "coordinator.log")
+        line = wait_until(lambda: re.search(r".*its node stays.*", tail(log)), 30,
+                          "the straggler judged").group(0)
+        self.assertRegex(line, r"job %s: rank \d on node-\d \(h1\) has been a straggler for 2 s "
+                         r"\(elastic.straggler_drain_s\), [\d.]+x the median rank's compute; its "
+                         r"node stays: the job runs at 1/[\d.]+ of its pace with it, it cannot be "
+                         r"placed without it$" % job_id)
+        self.assertFalse(any(n.drained for n in self.nodes()))
+        j = self.get_job(job_id)
+        self.assertEqual((j.state, j.generation), (pb.JOB_RUNNING, 1))
+        self.call("StopJob", pb.StopJobRequest(job_id=job_id))
+
 
 # ---------------------------------------------------------------------------------------------
 # 12. A GPU node's devices and usage, from its heartbeats to distrainctl nodes

@@ -807,6 +807,10 @@ static const struct {
      "elastic.spike_skip (2) needs elastic.spike_factor or elastic.grad_spike_factor"},
     {{"elastic.grad_spike_factor=0.5"}, "elastic.grad_spike_factor (0.5) must be > 1 (0: off)"},
     {{"elastic.bad_step=retry"}, "elastic.bad_step must be rollback or skip, got 'retry'"},
+    {{"elastic.straggler_drain_s=-1"},
+     "elastic.straggler_drain_s (-1) must be in [1, 604800] (0: off)"},
+    {{"elastic.straggler_drain_s=604801"},
+     "elastic.straggler_drain_s (604801) must be in [1, 604800] (0: off)"},
 };
 
 START_TEST(test_validate_rules)
@@ -1187,6 +1191,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "elastic.spike_skip=200");
   set_ok(s, "elastic.bad_step=skip");
   set_ok(s, "elastic.grad_spike_factor=4");
+  set_ok(s, "elastic.straggler_drain_s=604800"); /* the coordinator's: no trainer flag */
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
   ck_assert_str_eq(flag_value(argv, "--spike-factor"), "2.5");
