@@ -203,16 +203,8 @@ class GpuCluster(cp.ClusterTest):
             self.skipTest("NCCL between trainers needs two GPUs")
         sets = ("parallel.dp=2", "training.micro_batch=2", "elastic.hang_timeout_s=4",
                 "elastic.max_restarts=2")
-        steps, every = 40, 5
-        args, _, metrics = self.local_args("stall_ref", 2, 1, "cuda", sets, steps, every)
-        r = self.ctl(*args, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
-        ref = self.losses(metrics)
-        self.assertEqual(sorted(ref), list(range(1, steps + 1)))
-
-        args, run_dir, metrics = self.local_args("stall", 2, 1, "cuda", sets, steps, every)
-        p = subprocess.Popen([self.bin["distrainctl"]] + args, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp)
+        every = 5
+        ref, run_dir, metrics, p = self.faulted_run("stall", sets, 40, every)
         victim = None
         try:
             cp.wait_until(lambda: len(self.losses(metrics)) >= 2 * every, 120,
@@ -234,8 +226,26 @@ class GpuCluster(cp.ClusterTest):
             coord = f.read()
         self.assertRegex(coord, r"RUNNING -> RECOVERING \(generation 1\): hang: rank 0 has "
                          r"waited [\d.]+ s in [\w/]+ \w+ #\d+; rank 1 sent no report", coord[-3000:])
+        self.assert_same_losses(ref, metrics)
+
+    def faulted_run(self, tag, sets, steps, every):
+        """The test's job on 2 nodes x 1 GPU run whole, then started again for a fault to be
+        injected into: (the first run's losses, the second's run directory, its metrics file,
+        its distrainctl process)."""
+        args, _, metrics = self.local_args(tag + "_ref", 2, 1, "cuda", sets, steps, every)
+        r = self.ctl(*args, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        ref = self.losses(metrics)
+        self.assertEqual(sorted(ref), list(range(1, steps + 1)))
+        args, run_dir, metrics = self.local_args(tag, 2, 1, "cuda", sets, steps, every)
+        p = subprocess.Popen([self.bin["distrainctl"]] + args, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp)
+        return ref, run_dir, metrics, p
+
+    def assert_same_losses(self, ref, metrics):
+        """Every step of the reference run, each loss within 1e-5 (relative)."""
         got = self.losses(metrics)
-        self.assertEqual(sorted(got), list(range(1, steps + 1)))
+        self.assertEqual(sorted(got), sorted(ref))
         for step in ref:
             self.assertLess(abs(ref[step] - got[step]) / abs(ref[step]), 1e-5, (step, ref, got))
 
@@ -259,16 +269,7 @@ class GpuCluster(cp.ClusterTest):
         step's loss equals the uninterrupted run's (the global batch is kept)."""
         self.emulated_health()
         sets = ("parallel.dp=2", "training.micro_batch=2", "elastic.min_nodes=1")
-        steps, every = 40, 5
-        args, _, metrics = self.local_args("ecc_ref", 2, 1, "cuda", sets, steps, every)
-        r = self.ctl(*args, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
-        ref = self.losses(metrics)
-        self.assertEqual(sorted(ref), list(range(1, steps + 1)))
-
-        args, run_dir, metrics = self.local_args("ecc", 2, 1, "cuda", sets, steps, every)
-        p = subprocess.Popen([self.bin["distrainctl"]] + args, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp)
+        ref, run_dir, metrics, p = self.faulted_run("ecc", sets, 40, 5)
         try:
             cp.wait_until(lambda: len(self.losses(metrics)) >= 2, 120, "2 steps")
             self.health("0000:00:01.0 ecc=2\n")  # run --local: node-1 has GPU 1
@@ -287,10 +288,7 @@ class GpuCluster(cp.ClusterTest):
         self.assertRegex(coord, r"RECOVERING -> RENDEZVOUS \(generation 2\): world 1 \(pp 1 x dp 1 x "
                          r"cp 1 x tp 1\), grad accum 2, on %s, resuming" % good, coord[-3000:])
         self.assertNotIn("lifting its drain", coord)  # (its agent's last heartbeats: no sample)
-        got = self.losses(metrics)
-        self.assertEqual(sorted(got), list(range(1, steps + 1)))
-        for step in ref:
-            self.assertLess(abs(ref[step] - got[step]) / abs(ref[step]), 1e-5, (step, ref, got))
+        self.assert_same_losses(ref, metrics)
 
     def test_unhealthy_gpu_drains_its_node_until_it_clears(self):
         """Each problem NVML reports drains the GPU's node with it as the reason (distrainctl
