@@ -484,7 +484,7 @@ static void appendf(char *buf, size_t n, size_t *off, const char *fmt, ...)
 
 int dt_ctl_gpu_unhealthy(const Distrain__V1__DeviceUsage *u)
 {
-  return u->lost || u->ecc_uncorrected > 0 || u->reset_pending || u->remap_failed;
+  return u->lost || u->ecc_uncorrected > 0 || u->reset_pending || u->remap_failed || u->xid;
 }
 
 int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage, char *buf,
@@ -513,9 +513,13 @@ int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage,
       appendf(buf, n, &off, "%sa row remapping failed (no spare memory rows left)", sep);
       sep = ", ";
     }
-    if (u->reset_pending)
+    if (u->reset_pending) {
       appendf(buf, n, &off, "%smemory repairs wait for a reset (row remapping or page retirement)",
               sep);
+      sep = ", ";
+    }
+    if (u->xid)
+      appendf(buf, n, &off, "%sXid %d (reported until its agent restarts)", sep, u->xid);
   }
   return bad;
 }
@@ -624,11 +628,11 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
     fprintf(out,
             "%s{\"index\": %d, \"memory_used_bytes\": %llu, \"memory_total_bytes\": %llu, "
             "\"utilization_pct\": %d, \"lost\": %s, \"ecc_uncorrected\": %lld, "
-            "\"reset_pending\": %s, \"remap_failed\": %s, \"slowdown\": ",
+            "\"reset_pending\": %s, \"remap_failed\": %s, \"xid\": %d, \"slowdown\": ",
             i ? ", " : "", u->index, (unsigned long long)u->memory_used_bytes,
             (unsigned long long)u->memory_total_bytes, u->utilization_pct,
             u->lost ? "true" : "false", (long long)u->ecc_uncorrected,
-            u->reset_pending ? "true" : "false", u->remap_failed ? "true" : "false");
+            u->reset_pending ? "true" : "false", u->remap_failed ? "true" : "false", u->xid);
     char words[128];
     dt_ctl_gpu_slowdown(u->slowdown, words, sizeof words);
     dt_json_string(out, words);

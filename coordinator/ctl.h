@@ -55,8 +55,8 @@ int dt_ctl_trainer_active(const Distrain__V1__TrainerStatus *ts);
  * is). */
 int dt_ctl_node_busy(const Distrain__V1__Node *nd);
 /* Whether a GPU's latest sample shows a problem (DeviceUsage's health: lost, uncorrected ECC
- * errors, memory repairs pending or failed). The coordinator drains a node with one (its
- * heartbeat handler); distrainctl nodes shows them. */
+ * errors, memory repairs pending or failed, a critical Xid). The coordinator drains a node with one
+ * (its heartbeat handler); distrainctl nodes shows them. */
 int dt_ctl_gpu_unhealthy(const Distrain__V1__DeviceUsage *u);
 /* A node's GPUs' problems as words into buf ("GPU 1: 2 uncorrected ECC errors since the driver
  * loaded; GPU 3: ..."; "" for none); how many GPUs have one. */

@@ -133,7 +133,7 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
        "Fraction of NVML's last sample period the GPU was busy (absent where unknown)."},
       {"distrain_gpu_healthy",
        "0 while NVML reports a problem with the GPU (lost, uncorrected ECC errors, memory "
-       "repairs pending or failed): its node is drained until it clears."},
+       "repairs pending or failed, a critical Xid): its node is drained until it clears."},
       {"distrain_gpu_ecc_uncorrected_errors",
        "Uncorrected ECC errors since the driver loaded (NVML's volatile count; absent where "
        "unknown)."},

@@ -2812,7 +2812,7 @@ class T12_GpuUsage(ClusterTest):
                                          "memory_bytes": 80 * gib} for i in range(2)])
         # (an agent that reports no health, as one older than the fields: healthy)
         healthy = {"lost": False, "ecc_uncorrected": 0, "reset_pending": False,
-                   "remap_failed": False, "slowdown": ""}
+                   "remap_failed": False, "xid": 0, "slowdown": ""}
         self.assertEqual(j["usage"], [
             {"index": 0, "memory_used_bytes": 12 * gib, "memory_total_bytes": 80 * gib,
              "utilization_pct": 90} | healthy,

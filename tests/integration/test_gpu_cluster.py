@@ -293,7 +293,8 @@ class GpuCluster(cp.ClusterTest):
     def test_unhealthy_gpu_drains_its_node_until_it_clears(self):
         """Each problem NVML reports drains the GPU's node with it as the reason (distrainctl
         nodes, Prometheus), undrain is refused while it lasts, and the drain lifts itself once the
-        GPU reports none; an operator's drain is the operator's to lift."""
+        GPU reports none; an operator's drain is the operator's to lift; a critical Xid is
+        reported until the agent restarts."""
         self.emulated_health()
         hport_file = os.path.join(self.tmp, "http.port")
         self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
@@ -313,7 +314,7 @@ class GpuCluster(cp.ClusterTest):
         self.assertEqual(n1["usage"][0] | {"memory_used_bytes": 0}, {
             "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 8 * GIB,
             "utilization_pct": 20, "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
-            "remap_failed": False, "slowdown": ""})
+            "remap_failed": False, "xid": 0, "slowdown": ""})
 
         def metric(name, nid):
             with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
@@ -374,7 +375,7 @@ class GpuCluster(cp.ClusterTest):
         self.assertEqual(n1["usage"], [{
             "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 0, "utilization_pct": -1,
             "lost": True, "ecc_uncorrected": -1, "reset_pending": False, "remap_failed": False,
-            "slowdown": ""}])
+            "xid": 0, "slowdown": ""}])
         self.assertIsNone(metric("distrain_gpu_memory_total_bytes", id1))
         r = self.ctl("nodes", *auth)
         self.assertRegex(r.stdout, r"%s .*\[drained: swap a DIMM\]  \[unhealthy: %s\]"
@@ -389,6 +390,26 @@ class GpuCluster(cp.ClusterTest):
         r = self.ctl("undrain", id1, *auth)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertFalse(self.nodes_json()["h1"]["drained"])
+
+        # A critical Xid event (an application's, 13, is not one): drained, and it stays
+        # reported whatever NVML says next, until the agent restarts (after a reset, a reboot).
+        self.health("0000:00:01.0 xid=13\n")
+        time.sleep(1)
+        self.assertFalse(self.nodes_json()["h1"]["drained"])
+        self.health("0000:00:01.0 xid=79\n")
+        xid = "GPU 0: Xid 79 (reported until its agent restarts)"
+        n1 = node("h1", lambda n: n["drained"])
+        self.assertEqual((n1["drain_reason"], n1["usage"][0]["xid"]),
+                         ("GPU health: " + xid + tail, 79))
+        self.health("")
+        time.sleep(1)
+        self.assertTrue(self.nodes_json()["h1"]["drained"])
+        self.assertIn("GPU 0: Xid 79, a critical error of the GPU (NVML): it stays reported until "
+                      "this agent restarts", cp.tail(os.path.join(self.tmp, "agent-h1.log")))
+        self.agents["h1"].terminate()
+        self.assertEqual(self.agents["h1"].wait(timeout=30), 0)
+        self.start_agent("h1", ["--gpus", "1"])
+        node("h1", lambda n: not n["drained"] and n["state"] == "ALIVE" and n["usage"])
 
     def test_straggler_is_told_its_gpu_is_slowed(self):
         """dp=2 on 2 agents x 1 GPU, one agent's trainer 400 ms slower a step
@@ -487,7 +508,7 @@ class GpuCluster(cp.ClusterTest):
             self.assertEqual(got, [{"index": i, "memory_used_bytes": (g + 1) * GIB,
                                     "memory_total_bytes": 8 * GIB, "utilization_pct": 10 * (g + 1),
                                     "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
-                                    "remap_failed": False, "slowdown": ""}
+                                    "remap_failed": False, "xid": 0, "slowdown": ""}
                                    for i, g in enumerate(order) if g not in order[:i]])
         r = self.ctl("nodes", "--coordinator", self.addr, "--token-file", self.token_file)
         self.assertRegex(r.stdout, r"listed .*3x ")

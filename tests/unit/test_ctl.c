@@ -277,6 +277,7 @@ START_TEST(test_nodes_json)
   gpu.use[0].slowdown = 0x28;
   gpu.use[1].ecc_uncorrected = 3;
   gpu.use[1].reset_pending = 1;
+  gpu.use[1].xid = 79;
   gpu.node.n_trainers = 1;
   gpu.node.last_heartbeat_ms = 1700000000123;
   node_make(&cpu, "node-1", "cpu \"b\"", "cpu", 1);
@@ -296,15 +297,14 @@ START_TEST(test_nodes_json)
            "\"memory_bytes\": 85520809984}], \"usage\": ["
            "{\"index\": 0, \"memory_used_bytes\": 13207024435, \"memory_total_bytes\": "
            "85520809984, \"utilization_pct\": 87, \"lost\": false, \"ecc_uncorrected\": 0, "
-           "\"reset_pending\": false, \"remap_failed\": false, \"slowdown\": \"hardware "
-           "slowdown, software thermal slowdown\"}, "
+           "\"reset_pending\": false, \"remap_failed\": false, \"xid\": 0, "
+           "\"slowdown\": \"hardware slowdown, software thermal slowdown\"}, "
            "{\"index\": 1, \"memory_used_bytes\": 1048576, \"memory_total_bytes\": 85520809984, "
            "\"utilization_pct\": -1, \"lost\": false, \"ecc_uncorrected\": 3, "
-           "\"reset_pending\": true, \"remap_failed\": false, \"slowdown\": \"\"}], "
-           "\"gpu_problems\": \"GPU 1: 3 "
-           "uncorrected ECC errors since the driver loaded, memory repairs wait for a reset (row "
-           "remapping or page retirement)\", \"trainers\": 1, \"last_heartbeat_ms\": "
-           "1700000000123}, "
+           "\"reset_pending\": true, \"remap_failed\": false, \"xid\": 79, \"slowdown\": \"\"}], "
+           "\"gpu_problems\": \"GPU 1: 3 uncorrected ECC errors since the driver loaded, memory "
+           "repairs wait for a reset (row remapping or page retirement), Xid 79 (reported until "
+           "its agent restarts)\", \"trainers\": 1, \"last_heartbeat_ms\": 1700000000123}, "
            "{\"node_id\": \"node-1\", \"hostname\": \"cpu \\\"b\\\"\", \"state\": \"DRAINED\", "
            "\"drained\": true, \"drain_reason\": \"for \\\"good\\\"\", "
            "\"device_kind\": \"cpu\", \"devices\": ["

@@ -102,6 +102,26 @@ START_TEST(test_health)
   ck_assert(!s.reset_pending && !s.remap_failed && !s.lost);
   ck_assert_int_eq(s.ecc_uncorrected, 0);
 
+  /* Xid events: an application's ignored, a critical one kept (logged) while the agent runs,
+   * whatever the next samples say; "0000:86:00.0" has none. */
+  set_health(path, "0000:00:01.0 xid=13\n0000:86:00.0 xid=79\n");
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert_int_eq(s.xid, 0);
+  ck_assert(dt_gpu_usage_sample(u, 1, &s));
+  ck_assert_int_eq(s.xid, 0);
+  set_health(path, "0000:00:01.0 xid=79\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s)); /* any GPU's sample takes the events */
+  ck_assert_int_eq(s.xid, 0);
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert_int_eq(s.xid, 79);
+  set_health(path, "");
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert_int_eq(s.xid, 79);
+  ck_assert(!s.lost && !s.reset_pending && !s.remap_failed);
+  for (unsigned long long x = 0; x < 200; x++)
+    ck_assert_int_eq(dt_gpu_usage_app_xid(x),
+                     x == 13 || x == 31 || x == 43 || x == 45 || x == 68 || x == 109);
+
   /* Lost: reported (sample returns 1) with its memory unknown. */
   set_health(path, "0000:3B:00.0 lost=1\n");
   ck_assert(dt_gpu_usage_sample(u, 0, &s));

@@ -824,6 +824,7 @@ static void sample_gpus(dt_agent_t *a)
     u->reset_pending = s.reset_pending;
     u->remap_failed = s.remap_failed;
     u->slowdown = s.slowdown;
+    u->xid = s.xid;
     a->hb_usage[k++] = u;
   }
   a->hb_req.devices = a->hb_usage;

@@ -6,6 +6,7 @@
 
 #include "dt_error.h"
 #include "dt_log.h"
+#include "dt_util.h"
 #include "nvml_api.h"
 
 struct dt_gpu_usage {
@@ -21,6 +22,10 @@ struct dt_gpu_usage {
   nvmlDeviceGetRetiredPagesPendingStatus_fn retired_pending;
   nvmlDeviceGetRemappedRows_fn remapped_rows;
   nvmlDeviceGetCurrentClocksEventReasons_fn clocks_events;
+  nvmlEventSet_t events; /* the GPUs' Xid events, or NULL */
+  nvmlEventSetWait_v2_fn event_wait;
+  nvmlEventSetFree_fn event_free;
+  int *xid; /* (n) each GPU's newest critical Xid, 0: none */
 };
 
 static const char *nvml_error(const dt_gpu_usage_t *u, nvmlReturn_t r)
@@ -54,6 +59,8 @@ static void load(dt_gpu_usage_t *u, const char *path)
   if (!u->clocks_events)
     u->clocks_events = (nvmlDeviceGetCurrentClocksEventReasons_fn)dlsym(
         lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  u->event_wait = (nvmlEventSetWait_v2_fn)dlsym(lib, "nvmlEventSetWait_v2");
+  u->event_free = (nvmlEventSetFree_fn)dlsym(lib, "nvmlEventSetFree");
   if (!init || !u->shutdown || !u->memory_info || !u->by_pci) {
     DT_WARN(WORKER, "NVML lacks an entry point the agent needs: GPU usage unknown");
     dlclose(lib);
@@ -68,6 +75,46 @@ static void load(dt_gpu_usage_t *u, const char *path)
   u->lib = lib;
 }
 
+int dt_gpu_usage_app_xid(unsigned long long xid)
+{
+  return xid == 13 || xid == 31 || xid == 43 || xid == 45 || xid == 68 || xid == 109;
+}
+
+/* Registers the GPUs' Xid events with one set, polled by every sample; where NVML cannot (no such
+ * entry point, a GPU that does not support it) those GPUs have none. */
+static void watch_xids(dt_gpu_usage_t *u)
+{
+  void *lib = u->lib;
+  nvmlEventSetCreate_fn create = (nvmlEventSetCreate_fn)dlsym(lib, "nvmlEventSetCreate");
+  nvmlDeviceRegisterEvents_fn reg =
+      (nvmlDeviceRegisterEvents_fn)dlsym(lib, "nvmlDeviceRegisterEvents");
+  if (!create || !reg || !u->event_wait || !u->event_free || create(&u->events) != NVML_SUCCESS) {
+    u->events = NULL;
+    return;
+  }
+  for (int i = 0; i < u->n; i++)
+    if (u->dev[i] && reg(u->dev[i], nvmlEventTypeXidCriticalError, u->events) != NVML_SUCCESS)
+      DT_INFO(WORKER, "GPU %d: NVML reports no Xid events for it", i);
+}
+
+/* Takes the Xid events waiting (at most 64 a call), keeping each GPU's newest critical one. */
+static void take_xids(dt_gpu_usage_t *u)
+{
+  nvmlEventData_t e;
+  for (int k = 0; u->events && k < 64 && u->event_wait(u->events, &e, 0) == NVML_SUCCESS; k++) {
+    if (!(e.eventType & nvmlEventTypeXidCriticalError) || dt_gpu_usage_app_xid(e.eventData))
+      continue;
+    for (int i = 0; i < u->n; i++)
+      if (u->dev[i] && u->dev[i] == e.device) {
+        u->xid[i] = (int)DT_MIN(e.eventData, 100000ull);
+        DT_WARN(WORKER,
+                "GPU %d: Xid %llu, a critical error of the GPU (NVML): it stays reported "
+                "until this agent restarts",
+                i, e.eventData);
+      }
+  }
+}
+
 int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const *pci_bus_ids,
                         int n)
 {
@@ -76,7 +123,10 @@ int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const
     return DT_ENOMEM;
   u->n = n;
   u->dev = calloc(n > 0 ? (size_t)n : 1, sizeof *u->dev);
-  if (!u->dev) {
+  u->xid = calloc(n > 0 ? (size_t)n : 1, sizeof *u->xid);
+  if (!u->dev || !u->xid) {
+    free(u->dev);
+    free(u->xid);
     free(u);
     return DT_ENOMEM;
   }
@@ -89,6 +139,8 @@ int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const
       u->dev[i] = NULL;
     }
   }
+  if (u->lib)
+    watch_xids(u);
   *out = u;
   return 0;
 }
@@ -134,6 +186,8 @@ int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
   *s = (dt_gpu_sample_t){.known = 0, .utilization_pct = -1, .ecc_uncorrected = -1};
   if (i < 0 || i >= u->n || !u->dev[i])
     return 0;
+  take_xids(u);
+  s->xid = u->xid[i];
   nvmlMemory_t mem;
   nvmlReturn_t r = u->memory_info(u->dev[i], &mem);
   if (gone(r)) {
@@ -157,9 +211,12 @@ void dt_gpu_usage_destroy(dt_gpu_usage_t *u)
   if (!u)
     return;
   if (u->lib) {
+    if (u->events)
+      u->event_free(u->events);
     u->shutdown();
     dlclose(u->lib);
   }
   free(u->dev);
+  free(u->xid);
   free(u);
 }

@@ -23,6 +23,8 @@ typedef struct {
   int reset_pending;       /* a row remapping or page retirement waits for a reset */
   int remap_failed;        /* a row remapping failed: no spare rows left */
   uint64_t slowdown;       /* NVML's clocks event reasons of trouble (DT_GPU_SLOWDOWN) */
+  int xid;                 /* the newest critical Xid since create (dt_gpu_usage_app_xid's
+                            * application errors left out); 0: none */
 } dt_gpu_sample_t;
 
 /* The clocks event reasons that mean trouble with the GPU's cooling or power, kept in
@@ -39,8 +41,15 @@ typedef struct dt_gpu_usage dt_gpu_usage_t;
 int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const *pci_bus_ids,
                         int n);
 /* Samples GPU i (0 <= i < n) into *s: its memory use and utilisation, and its health where the
- * GPU reports it. Whether there is anything to report: its memory use is known, or it is lost. */
+ * GPU reports it. Whether there is anything to report: its memory use is known, or it is lost.
+ * Each call first takes the Xid events NVML has for the GPUs (logged as they come): a GPU's
+ * newest critical one stays in its samples until create is called again (the agent restarts). */
 int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s);
+/* Whether an Xid is an application's error (13, 31, 43, 45, 68, 109: a graphics engine exception,
+ * a GPU memory page fault, ...), after which the GPU is fine, as NVIDIA's Kubernetes device
+ * plugin and its Xid catalog judge them; every other Xid NVML reports as critical is the GPU's
+ * (ECC, fallen off the bus, NVLink, GSP errors, ...). */
+int dt_gpu_usage_app_xid(unsigned long long xid);
 /* Shuts NVML down and unloads it. NULL is fine. */
 void dt_gpu_usage_destroy(dt_gpu_usage_t *u);
 

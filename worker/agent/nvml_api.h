@@ -12,10 +12,22 @@
 typedef int nvmlReturn_t; /* an enum in nvml.h; int-sized */
 #define NVML_SUCCESS              0
 #define NVML_ERROR_NOT_SUPPORTED  3
+#define NVML_ERROR_TIMEOUT        10
 #define NVML_ERROR_GPU_IS_LOST    15 /* fallen off the bus or otherwise inaccessible */
 #define NVML_ERROR_RESET_REQUIRED 16 /* needs a reset before it can be used again */
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+#define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+
+typedef struct nvmlEventData_st {
+  nvmlDevice_t device;          /* where the event occurred */
+  unsigned long long eventType; /* which event */
+  unsigned long long eventData; /* an Xid event's Xid (999: unknown) */
+  unsigned int gpuInstanceId;   /* MIG: the GPU instance, or 0xFFFFFFFF */
+  unsigned int computeInstanceId;
+} nvmlEventData_t;
 
 typedef struct nvmlMemory_st {
   unsigned long long total; /* bytes */
@@ -68,6 +80,14 @@ typedef nvmlReturn_t (*nvmlDeviceGetTotalEccErrors_fn)(nvmlDevice_t device,
                                                        unsigned long long *eccCounts);
 typedef nvmlReturn_t (*nvmlDeviceGetRetiredPagesPendingStatus_fn)(nvmlDevice_t device,
                                                                   nvmlEnableState_t *isPending);
+/* Events (Xid errors): a set, the GPUs registered with it, a wait (timeout 0: a poll). */
+typedef nvmlReturn_t (*nvmlEventSetCreate_fn)(nvmlEventSet_t *set);
+typedef nvmlReturn_t (*nvmlDeviceRegisterEvents_fn)(nvmlDevice_t device,
+                                                    unsigned long long eventTypes,
+                                                    nvmlEventSet_t set);
+typedef nvmlReturn_t (*nvmlEventSetWait_v2_fn)(nvmlEventSet_t set, nvmlEventData_t *data,
+                                               unsigned int timeoutms);
+typedef nvmlReturn_t (*nvmlEventSetFree_fn)(nvmlEventSet_t set);
 /* nvmlDeviceGetCurrentClocksEventReasons (drivers r535 on), or before it under its older name
  * nvmlDeviceGetCurrentClocksThrottleReasons: the same function. */
 typedef nvmlReturn_t (*nvmlDeviceGetCurrentClocksEventReasons_fn)(
