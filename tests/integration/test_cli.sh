@@ -312,6 +312,30 @@ run keep_every_bad "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 4 --ckpt-dir "
   --save-every 2 --keep 1 --keep-every 3
 expect_error keep_every_bad 1 "--keep-every" "a multiple of --save-every"
 
+# A checkpoint filesystem too small for the checkpoints a run keeps (a 256 KiB tmpfs in a mount
+# namespace of its own; each checkpoint of MODEL is 95 KB): warned before the first step, with
+# the sizes; the save that finds it full fails the run naming its file. With --keep 1 the same
+# run fits, and no warning.
+small() { # small NAME ARGS...: the trainer with $T/small/$NAME a fresh 256 KiB tmpfs
+  local name=$1
+  shift
+  mkdir -p "$T/small/$name"
+  run "$name" unshare -rm sh -c 'mount -t tmpfs -o size=256k none "$0" && shift && exec "$@"' \
+    "$T/small/$name" - "$TRAIN" --train "$DATA" "${MODEL[@]}" --save-every 1 --ckpt-dir \
+    "$T/small/$name/ckpt" "$@"
+}
+if unshare -rm true 2>/dev/null; then
+  small ckpt_full --steps 6 --keep 0
+  expect_error ckpt_full 1 "0.25 MiB free, but each checkpoint takes 0.09 MiB" \
+    "holds up to 7 at once (--keep 0: all): 0.63 MiB"
+  expect_error ckpt_full 1 "$T/small/ckpt_full/ckpt/step-00000003/shard-" "No space left on device"
+  small ckpt_fits --steps 6 --keep 1
+  [[ $RC -eq 0 ]] && ! grep -q "free, but" "$T/ckpt_fits.err" &&
+    ok "--keep 1: the same run fits, no warning" || bad "--keep 1 on 256 KiB: exit $RC"
+else
+  ok "skipped: no mount namespace here (unshare -rm) for a small checkpoint filesystem"
+fi
+
 # ------------------------------------------------------------------------------------------
 # Divergence: a huge learning rate makes the loss non-finite
 # ------------------------------------------------------------------------------------------

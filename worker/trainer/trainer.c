@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "blend.h"
@@ -304,6 +305,36 @@ static int prepare_ckpt_dir(const char *dir, int resuming, int in_job)
     return DT_EEXIST;
   }
   return 0;
+}
+
+/* Warns before the first step (from `step`, of a model of `params` parameters) where the
+ * checkpoint directory's filesystem cannot hold the checkpoints the run will keep: each holds every
+ * parameter's weight and two AdamW moments in fp32 (12 bytes a parameter over all the shards), and
+ * --keep K holds K + 1 at once while the newest is written (pruned after its commit; 0: all of
+ * them; milestones not counted). A warning, not an error: a shared filesystem's free space moves,
+ * and space may be freed before the run needs it; a save that finds it full fails the run naming
+ * the file. */
+static void check_ckpt_space(const dt_train_opts_t *o, int64_t step, int64_t params)
+{
+  struct statvfs fs;
+  if (statvfs(o->ckpt_dir, &fs) != 0)
+    return;
+  const int64_t left = DT_MAX(0, o->steps - step);
+  const int64_t saves = (o->save_every > 0 ? left / o->save_every : 0) + 1; /* and the last */
+  const int64_t held = o->keep > 0 ? DT_MIN(saves, (int64_t)o->keep + 1) : saves;
+  const double each = 12.0 * (double)params;
+  const double room = (double)fs.f_bavail * fs.f_frsize, need = (double)held * each;
+  if (room >= need)
+    return;
+  const double unit = need >= (1 << 30) ? 1 << 30 : 1 << 20;
+  const char *u = unit > (1 << 20) ? "GiB" : "MiB";
+  DT_WARN(CKPT,
+          "%s: %.2f %s free, but each checkpoint takes %.2f %s (the weights and AdamW's two "
+          "moments in fp32) and this run holds up to %lld at once (--keep %d%s): %.2f %s. A save "
+          "fails once the disk is full: free space, lower --keep (checkpoint.keep) or use "
+          "another --ckpt-dir",
+          o->ckpt_dir, room / unit, u, each / unit, u, (long long)held, o->keep,
+          o->keep > 0 ? "" : ": all", need / unit, u);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1725,6 +1756,8 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
     }
   }
+  if (o->ckpt_dir && t->lead)
+    check_ckpt_space(o, t->state.step, (int64_t)t->model.global_params);
   if (t->train.nsrc > 1) {
     const size_t rows = (size_t)o->grad_accum * o->batch;
     t->mb_src = calloc(rows, sizeof *t->mb_src);
