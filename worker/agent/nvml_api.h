@@ -2,10 +2,12 @@
  *
  * NVML (libnvidia-ml.so.1) ships with the NVIDIA driver, not with the CUDA toolkit: a CPU
  * machine has neither the library nor nvml.h, and the agent must run there. So the agent
- * dlopens the library at run time (gpu_usage.c) and declares what it calls here, as in NVML
- * API version 12 (nvml.h of CUDA 12.x, drivers r525 and later). These entry points and structs
- * have kept this form since the _v2 entry points of NVML API version 6, so older drivers serve
- * them too. Add a declaration only from nvml.h, exactly as it is there. */
+ * dlopens the library at run time (gpu_usage.c) and declares what it calls here, as in nvml.h
+ * of CUDA 12.x and 13 (NVML API versions 12 and 13, drivers r525 and later). The memory,
+ * utilisation and lookup entry points and structs have kept this form since NVML API version 6;
+ * the health queries, the clocks event reasons and the Xid events are looked up one by one, and
+ * a driver whose NVML lacks one goes without it. Add a declaration only from nvml.h, exactly as
+ * it is there. */
 #ifndef DT_AGENT_NVML_API_H
 #define DT_AGENT_NVML_API_H
 
