@@ -228,18 +228,20 @@ class GpuCluster(cp.ClusterTest):
                          r"waited [\d.]+ s in [\w/]+ \w+ #\d+; rank 1 sent no report", coord[-3000:])
         self.assert_same_losses(ref, metrics)
 
-    def faulted_run(self, tag, sets, steps, every):
+    def faulted_run(self, tag, sets, steps, every, slow_ms=0):
         """The test's job on 2 nodes x 1 GPU run whole, then started again for a fault to be
-        injected into: (the first run's losses, the second's run directory, its metrics file,
-        its distrainctl process)."""
+        injected into (its trainers slow_ms slower a step, DISTRAIN_FAULT_SLOW_MS, so that the
+        fault lands mid-run): (the first run's losses, the second's run directory, its metrics
+        file, its distrainctl process)."""
         args, _, metrics = self.local_args(tag + "_ref", 2, 1, "cuda", sets, steps, every)
         r = self.ctl(*args, timeout=600)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
         ref = self.losses(metrics)
         self.assertEqual(sorted(ref), list(range(1, steps + 1)))
         args, run_dir, metrics = self.local_args(tag, 2, 1, "cuda", sets, steps, every)
+        env = dict(self.env, DISTRAIN_FAULT_SLOW_MS=str(slow_ms)) if slow_ms else self.env
         p = subprocess.Popen([self.bin["distrainctl"]] + args, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp)
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=self.tmp)
         return ref, run_dir, metrics, p
 
     def assert_same_losses(self, ref, metrics):
@@ -269,7 +271,7 @@ class GpuCluster(cp.ClusterTest):
         step's loss equals the uninterrupted run's (the global batch is kept)."""
         self.emulated_health()
         sets = ("parallel.dp=2", "training.micro_batch=2", "elastic.min_nodes=1")
-        ref, run_dir, metrics, p = self.faulted_run("ecc", sets, 40, 5)
+        ref, run_dir, metrics, p = self.faulted_run("ecc", sets, 40, 5, slow_ms=50)
         try:
             cp.wait_until(lambda: len(self.losses(metrics)) >= 2, 120, "2 steps")
             self.health("0000:00:01.0 ecc=2\n")  # run --local: node-1 has GPU 1
