@@ -262,23 +262,32 @@ static int requested_dp(const dt_job_t *j)
   return j->job->requested_dp > 0 ? j->job->requested_dp : j->job->spec->parallel->dp;
 }
 
-/* The largest dp in (j->dp, requested] that the job's nodes and the idle alive ones (up to
- * max_nodes) can hold, or 0. */
-static int larger_dp(dt_coord_t *c, dt_job_t *j)
+/* The largest dp in [lo, requested] that the job's nodes and the idle alive ones but `without`
+ * (up to max_nodes, at least min_nodes of them) can hold, or 0. */
+static int placeable_dp(dt_coord_t *c, dt_job_t *j, int lo, const dt_node_t *without)
 {
   const Distrain__V1__JobSpec *spec = j->job->spec;
-  const int jidx = dt_coord_job_index(&c->st, j), max_nodes = spec->elastic->max_nodes;
-  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0;
+  const Distrain__V1__ElasticSpec *el = spec->elastic;
+  const int jidx = dt_coord_job_index(&c->st, j);
+  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0, dp = 0;
   if (!devs)
     return 0;
-  for (size_t i = 0; i < c->st.n_nodes && (max_nodes <= 0 || n < max_nodes); i++)
-    if (node_serves(c->st.nodes[i], jidx, device_kind(spec)))
+  for (size_t i = 0; i < c->st.n_nodes && (el->max_nodes <= 0 || n < el->max_nodes); i++)
+    if (c->st.nodes[i] != without && node_serves(c->st.nodes[i], jidx, device_kind(spec)))
       devs[n++] = (int)c->st.nodes[i]->info->n_devices;
-  dt_placement_t pl;
-  const int dp = dt_jobspec_place(spec, j->dp + 1, requested_dp(j), devs, n, &pl, NULL, 0);
-  dt_placement_free(&pl);
+  if (n >= el->min_nodes) {
+    dt_placement_t pl;
+    dp = DT_MAX(0, dt_jobspec_place(spec, lo, requested_dp(j), devs, n, &pl, NULL, 0));
+    dt_placement_free(&pl);
+  }
   free(devs);
-  return DT_MAX(dp, 0);
+  return dp;
+}
+
+/* The largest dp in (j->dp, requested] the nodes can hold now, or 0. */
+static int larger_dp(dt_coord_t *c, dt_job_t *j)
+{
+  return placeable_dp(c, j, j->dp + 1, NULL);
 }
 
 /* After a checkpoint commit: a job running below its submitted dp (it shrank when a node was
@@ -880,24 +889,11 @@ static int judge_straggler(dt_coord_t *c, dt_job_t *j, int r, double ratio)
 {
   dt_rank_slot_t *s = &j->ranks[r];
   dt_node_t *nd = c->st.nodes[s->node];
-  const Distrain__V1__JobSpec *spec = j->job->spec;
-  const Distrain__V1__ElasticSpec *el = spec->elastic;
+  const Distrain__V1__ElasticSpec *el = j->job->spec->elastic;
   s->drain_judged = 1;
   if (nd->drained)
     return 0;
-  const int jidx = dt_coord_job_index(&c->st, j);
-  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), n = 0, dp = 0;
-  if (!devs)
-    return 0;
-  for (size_t i = 0; i < c->st.n_nodes && (el->max_nodes <= 0 || n < el->max_nodes); i++)
-    if (c->st.nodes[i] != nd && node_serves(c->st.nodes[i], jidx, device_kind(spec)))
-      devs[n++] = (int)c->st.nodes[i]->info->n_devices;
-  if (n >= el->min_nodes) {
-    dt_placement_t pl;
-    dp = DT_MAX(0, dt_jobspec_place(spec, 1, requested_dp(j), devs, n, &pl, NULL, 0));
-    dt_placement_free(&pl);
-  }
-  free(devs);
+  const int dp = placeable_dp(c, j, 1, nd);
   char without[64] = "it cannot be placed without it";
   if (dp > 0)
     snprintf(without, sizeof without, "without it at dp %d of %d", dp, j->dp);
