@@ -277,11 +277,11 @@ static int placeable_dp(dt_coord_t *c, dt_job_t *j, int lo, const dt_node_t *wit
       devs[n++] = (int)c->st.nodes[i]->info->n_devices;
   if (n >= el->min_nodes) {
     dt_placement_t pl;
-    dp = DT_MAX(0, dt_jobspec_place(spec, lo, requested_dp(j), devs, n, &pl, NULL, 0));
+    dp = dt_jobspec_place(spec, lo, requested_dp(j), devs, n, &pl, NULL, 0);
     dt_placement_free(&pl);
   }
   free(devs);
-  return dp;
+  return DT_MAX(dp, 0);
 }
 
 /* The largest dp in (j->dp, requested] the nodes can hold now, or 0. */
