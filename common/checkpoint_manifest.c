@@ -78,8 +78,9 @@ out:
   return ret;
 }
 
-/* Lists the committed steps under dir (unsorted). */
-static int list_steps(const char *dir, int64_t **steps_out, int *n_out)
+/* Lists the step directories under dir (unsorted): the committed ones (incomplete 0), or those
+ * neither committed nor marked bad (incomplete 1: saves that never finished). */
+static int list_steps(const char *dir, int incomplete, int64_t **steps_out, int *n_out)
 {
   *steps_out = NULL;
   *n_out = 0;
@@ -93,9 +94,10 @@ static int list_steps(const char *dir, int64_t **steps_out, int *n_out)
     int64_t s;
     if (strncmp(e->d_name, "step-", 5) != 0 || dt_parse_i64(e->d_name + 5, &s) != 0 || s < 0)
       continue;
-    char manifest[4200];
+    char manifest[4200], bad[4200];
     snprintf(manifest, sizeof manifest, "%s/%s/" MANIFEST_NAME, dir, e->d_name);
-    if (!dt__path_exists(manifest))
+    snprintf(bad, sizeof bad, "%s/%s/" MANIFEST_NAME ".bad", dir, e->d_name);
+    if (incomplete ? dt__path_exists(manifest) || dt__path_exists(bad) : !dt__path_exists(manifest))
       continue;
     if (n == cap) {
       cap = cap ? cap * 2 : 16;
@@ -125,7 +127,7 @@ int dt_ckpt_latest(const char *dir, int64_t *step)
 {
   int64_t *steps;
   int n;
-  DT_CHECK(list_steps(dir, &steps, &n));
+  DT_CHECK(list_steps(dir, 0, &steps, &n));
   if (n == 0)
     return DT_ENOENT;
   int64_t best = steps[0];
@@ -136,13 +138,53 @@ int dt_ckpt_latest(const char *dir, int64_t *step)
   return 0;
 }
 
+/* Removes a step directory's files and the directory (what can be removed). */
+static void remove_files(const char *sdir)
+{
+  char path[4400];
+  DIR *d = opendir(sdir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)))
+      if (e->d_name[0] != '.') {
+        snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
+        unlink(path);
+      }
+    closedir(d);
+  }
+  rmdir(sdir);
+}
+
+int dt_ckpt_discard(const char *dir, int64_t step)
+{
+  char sdir[4096], manifest[4200];
+  dt_ckpt_step_dir(sdir, sizeof sdir, dir, step);
+  snprintf(manifest, sizeof manifest, "%s/" MANIFEST_NAME, sdir);
+  if (dt__path_exists(manifest)) {
+    DT_ERROR(CKPT, "%s: step %lld is committed; not discarding it", sdir, (long long)step);
+    return DT_EEXIST;
+  }
+  remove_files(sdir);
+  return 0;
+}
+
+int dt_ckpt_discard_incomplete(const char *dir, int64_t **steps, int *n)
+{
+  DT_CHECK(list_steps(dir, 1, steps, n));
+  if (*n > 0)
+    qsort(*steps, (size_t)*n, sizeof **steps, cmp_i64);
+  for (int i = 0; i < *n; i++)
+    dt_ckpt_discard(dir, (*steps)[i]);
+  return 0;
+}
+
 int dt_ckpt_prune(const char *dir, int keep, int keep_every)
 {
   if (keep <= 0)
     return 0;
   int64_t *steps;
   int n;
-  DT_CHECK(list_steps(dir, &steps, &n));
+  DT_CHECK(list_steps(dir, 0, &steps, &n));
   qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
   for (int i = 0; i + keep < n; i++) {
     char sdir[4096], path[4400];
@@ -154,17 +196,7 @@ int dt_ckpt_prune(const char *dir, int keep, int keep_every)
     snprintf(path, sizeof path, "%s/" MANIFEST_NAME, sdir);
     unlink(path);
     dt_fsync_parent(path);
-    DIR *d = opendir(sdir);
-    if (d) {
-      struct dirent *e;
-      while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-          snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
-          unlink(path);
-        }
-      closedir(d);
-    }
-    rmdir(sdir);
+    remove_files(sdir);
     DT_DEBUG(CKPT, "pruned %s", sdir);
   }
   free(steps);

@@ -42,6 +42,14 @@ int dt_ckpt_commit(const char *dir, int64_t step, int64_t num_params, int world,
                    const dt_ckpt_shard_info_t *shards);
 /* Finds the newest committed step under dir: 0 and *step set, or DT_ENOENT if none. */
 int dt_ckpt_latest(const char *dir, int64_t *step);
+/* Deletes the shards an abandoned save of step left (a writer could not write its own): the step
+ * directory and its files. DT_EEXIST, deleting nothing, where the step is committed. */
+int dt_ckpt_discard(const char *dir, int64_t step);
+/* Deletes every step directory under dir that is neither committed nor marked bad: saves cut
+ * short (their writers killed, or their step abandoned before its shards could be deleted).
+ * Only where no save can be in flight: before a run's first step. *steps (malloc'ed, ascending;
+ * free it) and *n: the steps deleted. */
+int dt_ckpt_discard_incomplete(const char *dir, int64_t **steps, int *n);
 /* Deletes committed steps older than the newest keep (keep <= 0: delete nothing), except the
  * multiples of keep_every (> 0: milestones that are never deleted; 0: none). */
 int dt_ckpt_prune(const char *dir, int keep, int keep_every);

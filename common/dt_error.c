@@ -57,9 +57,10 @@ int dt_err_from_errno(int errnum)
     return DT_ERANGE;
   case ECANCELED:
     return DT_ECANCELED;
-  case EIO:
   case ENOSPC:
   case EDQUOT:
+    return DT_ENOSPC;
+  case EIO:
     return DT_EIO;
   default:
     return DT_ESYS;

@@ -32,7 +32,8 @@
   X(ESYS, -21, "system call failed")                                                               \
   X(EINTERNAL, -22, "internal error")                                                              \
   X(EBUSY, -23, "resource exhausted, try again later")                                             \
-  X(ESPIKE, -24, "loss or gradient-norm spike (--spike-factor, --grad-spike-factor)")
+  X(ESPIKE, -24, "loss or gradient-norm spike (--spike-factor, --grad-spike-factor)")              \
+  X(ENOSPC, -25, "no space left on device (or disk quota exceeded)")
 
 typedef enum {
 #define DT__ERR_ENUM(name, val, msg) DT_##name = (val),

@@ -107,11 +107,19 @@ int dt_afile_open(dt_afile_t *af, const char *path)
   return 0;
 }
 
+/* A failed write: DT_ENOSPC for a full disk or quota (the callers tell it apart: a save may be
+ * skipped), DT_EIO otherwise. */
+static int write_error(int e)
+{
+  return dt_err_from_errno(e) == DT_ENOSPC ? DT_ENOSPC : DT_EIO;
+}
+
 int dt_afile_write(dt_afile_t *af, const void *buf, size_t n)
 {
   if (n && fwrite(buf, 1, n, af->fp) != n) {
-    DT_ERROR(INIT, "%s: write failed: %s", af->tmp, strerror(errno));
-    return DT_EIO;
+    const int e = errno;
+    DT_ERROR(INIT, "%s: write failed: %s", af->tmp, strerror(e));
+    return write_error(e);
   }
   return 0;
 }
@@ -120,12 +128,14 @@ int dt_afile_commit(dt_afile_t *af)
 {
   int ret = 0;
   if (fflush(af->fp) != 0 || fsync(fileno(af->fp)) != 0) {
-    DT_ERROR(INIT, "%s: flush/fsync failed: %s", af->tmp, strerror(errno));
-    ret = DT_EIO;
+    const int e = errno;
+    DT_ERROR(INIT, "%s: flush/fsync failed: %s", af->tmp, strerror(e));
+    ret = write_error(e);
   }
   if (fclose(af->fp) != 0 && ret == 0) {
-    DT_ERROR(INIT, "%s: close failed: %s", af->tmp, strerror(errno));
-    ret = DT_EIO;
+    const int e = errno;
+    DT_ERROR(INIT, "%s: close failed: %s", af->tmp, strerror(e));
+    ret = write_error(e);
   }
   af->fp = NULL;
   if (ret == 0 && rename(af->tmp, af->path) != 0) {

@@ -40,7 +40,8 @@ typedef struct {
 int dt_afile_open(dt_afile_t *af, const char *path);
 int dt_afile_commit(dt_afile_t *af);
 void dt_afile_abort(dt_afile_t *af);
-/* Writes n bytes; DT_EIO with the path logged on a short write. */
+/* Writes n bytes; DT_EIO with the path logged on a short write (DT_ENOSPC, as from commit, when
+ * the disk or the quota is full). */
 int dt_afile_write(dt_afile_t *af, const void *buf, size_t n);
 
 /* mkdir -p; 0 if it exists. */

@@ -316,7 +316,9 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
   dt_json_number(out, "%.9g", j->loss);
   fputs(", \"tokens_per_s\": ", out);
   dt_json_number(out, "%.1f", j->tokens_per_s);
-  fprintf(out, ", \"committed_step\": %lld, \"failed_nodes\": [", (long long)j->committed_step);
+  fprintf(out, ", \"committed_step\": %lld, \"checkpoint_error\": ", (long long)j->committed_step);
+  dt_json_string(out, j->checkpoint_error);
+  fprintf(out, ", \"failed_nodes\": [");
   for (size_t i = 0; i < j->n_failed_nodes; i++) {
     if (i)
       fputs(", ", out);
@@ -397,6 +399,8 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   if (j->committed_step > 0)
     fprintf(out, "checkpoint:  step %lld committed in %s\n", (long long)j->committed_step,
             j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
+  if (j->checkpoint_error[0])
+    fprintf(out, "checkpoint:  %s\n", j->checkpoint_error);
   for (size_t i = 0; i < j->n_failed_nodes; i++)
     fprintf(out, "failed node: %s\n", j->failed_nodes[i]);
   for (size_t i = 0, run; i < j->n_skipped_steps; i += run) { /* runs of steps on one line */

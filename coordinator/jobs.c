@@ -1145,6 +1145,30 @@ static void drop_stale_ckpts(dt_coord_t *c, dt_job_t *j, uint64_t gen)
   }
 }
 
+/* Every writer of p has reported, and the step cannot be saved for lack of space (error: a
+ * writer could not write its shard, or this coordinator its manifest): it is not committed, and
+ * the shards written for it are deleted, for they take the space the next save needs. The
+ * trainers train on; the job shows why until a later step commits. */
+static void abandon_ckpt(dt_coord_t *c, dt_job_t *j, dt_ckpt_pending_t *p, const char *error,
+                         int restore)
+{
+  const int64_t step = p->step;
+  char why[768];
+  snprintf(why, sizeof why, "step %lld not saved: %s", (long long)step, error);
+  dt_utf8_sanitize(why);
+  dt_ckpt_discard(j->job->spec->checkpoint->dir, step);
+  DT_WARN(COORD, "job %s: checkpoint %s; it trains on from its last committed step %lld", j->id,
+          why, (long long)j->job->committed_step);
+  dt_coord_event(c, j->id, 1, "checkpoint %s", why);
+  set_string(&j->job->checkpoint_error, why);
+  j->ckpt_failures++;
+  if (!restore)
+    dt_coord_store_drop_ckpt_reports(c->store, j->id, step, step);
+  dt_coord_store_put_job(c->store, j);
+  dt_ckpt_pending_free(p);
+  *p = j->ckpts[--j->n_ckpts];
+}
+
 int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen)
@@ -1220,6 +1244,11 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   }
   if (p->received < p->world)
     return 0;
+  for (int k = 0; k < p->received; k++) /* received == world: every report is in */
+    if (p->reports[k]->error[0]) {
+      abandon_ckpt(c, j, p, p->reports[k]->error, restore);
+      return 0;
+    }
   /* Every shard is in: write the manifest, which commits the step. */
   dt_ckpt_shard_info_t *shards = calloc((size_t)p->world, sizeof *shards);
   if (!shards)
@@ -1235,8 +1264,16 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
     snprintf(shards[k].name, sizeof shards[k].name, "%s", q->name);
     num_params = DT_MAX(num_params, q->hi);
   }
-  int rc = dt_ckpt_commit(j->job->spec->checkpoint->dir, p->step, num_params, p->world, shards);
+  const char *dir = j->job->spec->checkpoint->dir;
+  int rc = dt_ckpt_commit(dir, p->step, num_params, p->world, shards);
   free(shards);
+  if (rc == DT_ENOSPC) {
+    char why[600];
+    snprintf(why, sizeof why,
+             "the coordinator could not write its manifest: no space left on device in %s", dir);
+    abandon_ckpt(c, j, p, why, restore);
+    return 0;
+  }
   dt_ckpt_pending_free(p);
   int64_t step = p->step;
   const double first_ms = p->first_ms;
@@ -1255,6 +1292,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   }
   if (step > j->job->committed_step)
     j->job->committed_step = step;
+  set_string(&j->job->checkpoint_error, "");
   j->ckpt_seconds = (dt_coord_now_ms() - first_ms) / 1000.0;
   j->ckpt_wall_ms = dt_wall_ms();
   dt_coord_store_put_job(c->store, j);

@@ -372,6 +372,12 @@ static void write_jobs(FILE *out, dt_job_t **jobs, size_t n)
       dt_prom_sample(out, "distrain_checkpoint_timestamp_seconds",
                      (label_t[]){{"job_id", jobs[i]->id}}, 1,
                      (double)jobs[i]->ckpt_wall_ms / 1000.0);
+  dt_prom_family(out, "distrain_checkpoint_failures_total", "counter",
+                 "Checkpoint steps not saved since the coordinator started: a writer could not "
+                 "write its shard (its disk or quota full); the job trained on.");
+  for (size_t i = 0; i < n; i++)
+    dt_prom_sample(out, "distrain_checkpoint_failures_total", (label_t[]){{"job_id", jobs[i]->id}},
+                   1, (double)jobs[i]->ckpt_failures);
 }
 
 /* The trainer status rank r of j last sent, or NULL. */

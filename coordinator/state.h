@@ -120,7 +120,8 @@ typedef struct {
   uint64_t hist_gen;           /* the generation and step last counted in it */
   int64_t hist_step;
   uint64_t restarts_by[DT_RESTART_N];
-  double ckpt_seconds; /* newest commit: its first shard report to its manifest (-1: none) */
+  uint64_t ckpt_failures; /* steps abandoned: a writer could not write its shard */
+  double ckpt_seconds;    /* newest commit: its first shard report to its manifest (-1: none) */
   int64_t ckpt_wall_ms;
   /* ranks sorted by (node, rank), rebuilt lazily once per generation: a node's assignment
    * then costs O(log world + its ranks), not O(world) */

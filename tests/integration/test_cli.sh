@@ -292,6 +292,17 @@ expect_error ckpt_clobber 1 "$T/ck" "pass --resume"
 run ckpt_resume "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 3 --ckpt-dir "$T/ck" --resume --quiet
 [[ $RC -eq 0 && -f $T/ck/step-00000003/MANIFEST ]] && ok "--resume continued to step 3" ||
   bad "--resume: exit $RC"
+# A save cut short (a shard, no MANIFEST) that an earlier run left is deleted on resume; a step
+# marked bad is kept for inspection.
+mkdir -p "$T/ck/step-00000007" "$T/ck/step-00000001"
+echo partial >"$T/ck/step-00000007/shard-00000-of-00001.bin.tmp.99"
+echo bad >"$T/ck/step-00000001/MANIFEST.bad"
+run ckpt_incomplete "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 4 --ckpt-dir "$T/ck" --resume
+expect_error ckpt_incomplete 0 "$T/ck: deleted the incomplete save of step 7" \
+  "that an earlier run left (no MANIFEST: stopped mid-save)"
+[[ ! -e $T/ck/step-00000007 && -f $T/ck/step-00000001/MANIFEST.bad && -f $T/ck/step-00000004/MANIFEST ]] &&
+  ok "the incomplete step 7 deleted, the bad step 1 kept, step 4 committed" ||
+  bad "after the resume: $(ls "$T/ck" | tr '\n' ' ')"
 
 # Rotation: --keep 1 leaves the newest step, --keep-every 4 the steps 4 divides besides; on
 # resume too (the second run prunes what the first left by the same rule).
@@ -314,22 +325,74 @@ expect_error keep_every_bad 1 "--keep-every" "a multiple of --save-every"
 
 # A checkpoint filesystem too small for the checkpoints a run keeps (a 256 KiB tmpfs in a mount
 # namespace of its own; each checkpoint of MODEL is 95 KB): warned before the first step, with
-# the sizes; the save that finds it full fails the run naming its file. With --keep 1 the same
-# run fits, and no warning.
-small() { # small NAME ARGS...: the trainer with $T/small/$NAME a fresh 256 KiB tmpfs
-  local name=$1
-  shift
+# the sizes. A save that finds it full is abandoned (its shard deleted, the step not committed)
+# and training goes on; the next save tries again, and succeeds once there is room: the run's
+# last checkpoint is then the same as a run's on a large disk. A last save that cannot be
+# written fails the run. With --keep 1 the same run fits, and no warning.
+cat >"$T/small.sh" <<'EOF_SMALL'
+# small.sh DIR FILLER_KB ERR TRAIN ARGS...: TRAIN on DIR, a fresh 256 KiB tmpfs holding a file of
+# FILLER_KB KiB, deleted once ERR says a save was not saved; then DIR's committed steps and
+# newest manifest go to DIR.ls.
+dir=$1 filler=$2 err=$3
+shift 3
+mount -t tmpfs -o size=256k none "$dir" || exit 99
+[ "$filler" -gt 0 ] && head -c "$((filler * 1024))" /dev/zero >"$dir/filler"
+"$@" &
+pid=$!
+if [ "$filler" -gt 0 ]; then
+  while kill -0 "$pid" 2>/dev/null && ! grep -q "not saved" "$err"; do sleep 0.05; done
+  rm -f "$dir/filler"
+fi
+wait "$pid"
+rc=$?
+(cd "$dir/ckpt" && ls -d step-* && cat "$(ls -d step-*/MANIFEST | tail -1)") >"$dir.ls" 2>&1
+exit $rc
+EOF_SMALL
+small() { # small NAME FILLER_KB ARGS...: the trainer with $T/small/$NAME a fresh 256 KiB tmpfs
+  local name=$1 filler=$2
+  shift 2
   mkdir -p "$T/small/$name"
-  run "$name" unshare -rm sh -c 'mount -t tmpfs -o size=256k none "$0" && shift && exec "$@"' \
-    "$T/small/$name" - "$TRAIN" --train "$DATA" "${MODEL[@]}" --save-every 1 --ckpt-dir \
-    "$T/small/$name/ckpt" "$@"
+  run "$name" unshare -rm sh "$T/small.sh" "$T/small/$name" "$filler" "$T/$name.err" "$TRAIN" \
+    --train "$DATA" "${MODEL[@]}" --save-every 1 --ckpt-dir "$T/small/$name/ckpt" "$@"
 }
 if unshare -rm true 2>/dev/null; then
-  small ckpt_full --steps 6 --keep 0
+  small ckpt_full 0 --steps 6 --keep 0
   expect_error ckpt_full 1 "0.25 MiB free, but each checkpoint takes 0.09 MiB" \
     "holds up to 7 at once (--keep 0: all): 0.63 MiB"
-  expect_error ckpt_full 1 "$T/small/ckpt_full/ckpt/step-00000003/shard-" "No space left on device"
-  small ckpt_fits --steps 6 --keep 1
+  expect_error ckpt_full 1 "checkpoint step 3 not saved: rank 0 on $(hostname) could not write its shard: no space left on device in $T/small/ckpt_full/ckpt (0.0" \
+    "the shard needs 0.09 MiB). Training goes on and the save of step 4 tries again; a failure now resumes from step 2, the newest committed."
+  expect_error ckpt_full 1 "the run's last checkpoint, of step 6, was not saved (a writer's disk is full)" \
+    "Free space in $T/small/ckpt_full/ckpt and resume it (--resume; distrainctl resume JOB) from step 2"
+  grep -q "step     6/6" "$T/ckpt_full.err" && ok "ckpt_full: trained on to step 6" ||
+    bad "ckpt_full: no step 6 line"
+  [[ $(head -2 "$T/small/ckpt_full.ls" | tr '\n' ' ') == "step-00000001 step-00000002 " ]] &&
+    ok "ckpt_full: the abandoned steps' files deleted; steps 1 and 2 kept" ||
+    bad "ckpt_full: left $(tr '\n' ' ' <"$T/small/ckpt_full.ls")"
+  # 100 KiB taken by another file: step 2's save does not fit beside step 1 (--keep 1 holds
+  # two while the newer is written); the file is deleted once it is reported, and later saves
+  # succeed. The same run on a large disk is the reference.
+  DISTRAIN_FAULT_SLOW_MS=100 small ckpt_freed 100 --steps 12 --keep 1
+  run ckpt_ref "$TRAIN" --train "$DATA" "${MODEL[@]}" --save-every 1 --ckpt-dir "$T/ckpt_ref" \
+    --steps 12 --keep 1
+  ref=$(grep "^shard" "$T/ckpt_ref/step-00000012/MANIFEST")
+  if [[ $RC -eq 0 ]] && grep -q "checkpoint step 2 not saved" "$T/ckpt_freed.err" &&
+    [[ $(head -1 "$T/small/ckpt_freed.ls") == step-00000012 ]] && [[ -n $ref ]] &&
+    grep -qxF "$ref" "$T/small/ckpt_freed.ls" &&
+    [[ "$(grep -o 'step    12/12 | loss [0-9.]*' "$T/ckpt_freed.err")" == \
+      "$(grep -o 'step    12/12 | loss [0-9.]*' "$T/ckpt_ref.err")" ]]; then
+    ok "ckpt_freed: step 2 not saved, the disk freed, step 12 committed with the reference run's shard (size and CRC) and loss"
+  else
+    bad "ckpt_freed: exit $RC; $(grep -c 'not saved' "$T/ckpt_freed.err") not saved; $(tr '\n' ' ' <"$T/small/ckpt_freed.ls"); reference: $ref"
+    tail -3 "$T/ckpt_freed.err"
+  fi
+  # 160 KiB taken: the shard (24 pages) fits, its manifest does not; the step is abandoned
+  # the same way, and the next saves succeed once the file is deleted.
+  DISTRAIN_FAULT_SLOW_MS=100 small ckpt_manifest 160 --steps 4 --keep 1
+  [[ $RC -eq 0 ]] && grep -q "checkpoint step 1 not saved: rank 0 could not write its manifest: no space left on device in $T/small/ckpt_manifest/ckpt; training goes on" "$T/ckpt_manifest.err" &&
+    [[ $(head -1 "$T/small/ckpt_manifest.ls") == step-00000004 ]] &&
+    ok "ckpt_manifest: step 1's manifest did not fit: abandoned, step 4 committed" ||
+    bad "ckpt_manifest: exit $RC; $(grep 'not saved' "$T/ckpt_manifest.err"); $(head -1 "$T/small/ckpt_manifest.ls")"
+  small ckpt_fits 0 --steps 6 --keep 1
   [[ $RC -eq 0 ]] && ! grep -q "free, but" "$T/ckpt_fits.err" &&
     ok "--keep 1: the same run fits, no warning" || bad "--keep 1 on 256 KiB: exit $RC"
 else

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 try:
     import grpc
@@ -2637,6 +2638,67 @@ class T10e_Resume(ClusterTest):
         self.assertEqual(r.returncode, 1)
         self.assertIn("job %s is COMPLETED: only a STOPPED or FAILED job can be resumed" % job_id,
                       r.stderr)
+
+
+class T10g_CheckpointDiskFull(ClusterTest):
+    def test_save_on_a_full_disk_is_skipped_and_the_job_trains_on(self):
+        """A dp=2 ZeRO-1 job (two writers) whose rank on h0 finds its disk full saving step F
+        (DISTRAIN_FAULT_NOSPACE_STEP on that agent): the coordinator abandons the step (the
+        other writer's shard deleted, no manifest) and says so in its log, the job's
+        checkpoint_error and /metrics; the job trains on in its first generation, the next
+        save commits and clears the error, and every loss is the uninterrupted run's."""
+        hport_file = os.path.join(self.tmp, "http.port")
+        self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
+        steps = slow_steps(6.0)
+        every = max(steps // 4, 2)
+        steps, fault = 4 * every, 3 * every
+        self.start_agent("h0", env={"DISTRAIN_FAULT_NOSPACE_STEP": str(fault)})
+        self.start_agent("h1")
+        self.wait_nodes(2)
+        ckpt = os.path.join(self.tmp, "ckpt")
+        spec = job_spec(ckpt, steps, shape=SLOW, every=every, dp=2)
+        spec.parallel.zero_stage = 1
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        j = wait_until(lambda: (lambda x: x if x.checkpoint_error or x.state == pb.JOB_COMPLETED
+                                else None)(self.get_job(job_id)), 120, "the abandoned step")
+        self.assertRegex(j.checkpoint_error, r"^step %d not saved: rank \d on \S+ could not write "
+                         r"its shard: no space left on device in %s \([\d.]+ MiB free, the shard "
+                         r"needs [\d.]+ MiB\)$" % (fault, re.escape(ckpt)))
+        self.assertEqual(j.committed_step, 2 * every)
+        done = self.wait_state(job_id, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.generation, done.committed_step), (0, 1, steps))
+        self.assertEqual(done.checkpoint_error, "")
+        self.assertEqual(sorted(os.listdir(ckpt)), ["step-%08d" % s for s in
+                                                    (every, 2 * every, steps)])
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            self.assertRegex(f.read(), r"job %s: checkpoint step %d not saved: rank \d on \S+ "
+                             r"could not write its shard: .*; it trains on from its last committed "
+                             r"step %d" % (job_id, fault, 2 * every))
+        port = int(read_text(hport_file).strip())
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+            self.assertIn('distrain_checkpoint_failures_total{job_id="%s"} 1\n' % job_id,
+                          r.read().decode())
+        self.assertUninterrupted(job_id, steps, 2)
+
+    def test_last_save_on_a_full_disk_fails_the_job(self):
+        """The last step's save finds the disk full: the job fails at once, not restarted (a
+        restart would train to the same full disk), naming the disk and the step it resumes
+        from."""
+        self.start_coordinator()
+        self.start_agent("h0", env={"DISTRAIN_FAULT_NOSPACE_STEP": "8"})
+        self.wait_nodes(1)
+        ckpt = os.path.join(self.tmp, "ckpt")
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=job_spec(ckpt, 8, every=4))
+                           ).job_id
+        j = self.wait_state(job_id, [pb.JOB_FAILED], 60)
+        self.assertEqual((j.restarts, j.generation, j.committed_step), (0, 1, 4))
+        self.assertRegex(j.checkpoint_error, r"^step 8 not saved: rank 0 on ")
+        self.assertRegex(j.reason, r"rank 0 on node-\d exited with code 1: .*the run's last "
+                         r"checkpoint, of step 8, was not saved \(a writer's disk is full\).* "
+                         r"Free space in %s and resume it \(--resume; distrainctl resume JOB\) "
+                         r"from step 4, the newest committed \(the job's input or configuration: "
+                         r"not restarted\)" % re.escape(ckpt))
+        self.assertEqual(sorted(os.listdir(ckpt)), ["step-00000004"])
 
 
 class T10f_ClusterStopped(ClusterTest):

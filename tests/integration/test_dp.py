@@ -338,6 +338,36 @@ class DataParallel(unittest.TestCase):
         self.assertRegex(runs["async"][2], r"checkpoint step 2: the step paused [\d.]+ ms")
         self.assertIn("written and committed in the background", runs["async"][2])
 
+    def test_full_disk_on_one_writer(self):
+        """A dp=2 ZeRO-1 run whose rank 1 finds its disk full saving step 4
+        (DISTRAIN_FAULT_NOSPACE_STEP): the step is abandoned (rank 0's shard of it deleted, no
+        manifest), both ranks say so and train on to the end with the losses of a run that saved
+        every step. At the last step instead, both ranks fail: rank 0 commits for the run and
+        knows its last save is missing."""
+        ref = self.single_run(8, 1)
+        for fault, want_rc, want_steps in ((4, [0, 0], (2, 6, 8)), (8, [1, 1], (2, 4, 6))):
+            ckpt = os.path.join(self.tmp, "full_%d" % fault)
+            m = os.path.join(self.tmp, "full_%d.jsonl" % fault)
+            args = [a for a in base_args(4, 1, m) if a != "--quiet"] + [
+                "--ckpt-dir", ckpt, "--save-every", "2", "--keep", "0", "--zero-stage", "1"]
+            outs = wait_all(launch(2, lambda r: args, os.path.join(self.tmp, "kv_full%d" % fault),
+                                   lambda r: {"DISTRAIN_FAULT_NOSPACE_STEP": str(fault)} if r
+                                   else {}))
+            errs = "\n".join(e[-1500:] for _, _, e in outs)
+            self.assertEqual([rc for rc, _, _ in outs], want_rc, errs)
+            self.assertEqual(sorted(os.listdir(ckpt)), ["step-%08d" % s for s in want_steps])
+            why = (r"checkpoint step %d not saved: rank 1 on \S+ could not write its shard: no "
+                   r"space left on device in %s \([\d.]+ MiB free, the shard needs [\d.]+ MiB\)"
+                   % (fault, re.escape(ckpt)))
+            self.assertRegex(outs[0][2], why + "; training goes on")
+            self.assertRegex(outs[1][2], why + r"\. " + (
+                "Training goes on and the save of step 6 tries again; a failure now resumes "
+                "from step 2," if fault == 4 else "A failure now resumes from step 6,"))
+            self.assert_close(ref, read_metrics(m), "full disk at %d" % fault)
+            if fault == 8:
+                for _, _, err in outs:
+                    self.assertIn("the run's last checkpoint, of step 8, was not saved", err)
+
     def wait_steps(self, metrics, n):
         deadline = time.time() + 60
         while time.time() < deadline:

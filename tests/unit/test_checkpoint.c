@@ -738,6 +738,48 @@ START_TEST(test_ckpt_prune)
 }
 END_TEST
 
+/* Saves cut short (no MANIFEST) are deleted, ascending; committed steps and those marked bad
+ * stay, and dt_ckpt_discard refuses a committed step. */
+START_TEST(test_ckpt_discard_incomplete)
+{
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  dt_gpt2_t a;
+  dt_train_state_t st;
+  make_model(&a, &TINY, 93, 1);
+  int64_t *steps;
+  int n;
+  ck_assert_int_eq(dt_ckpt_discard_incomplete(dir, &steps, &n), 0); /* none */
+  ck_assert_int_eq(n, 0);
+  free(steps);
+  for (int64_t s = 10; s <= 20; s += 10) {
+    make_state(&st, s);
+    save_sharded(&a, &st, dir, 1);
+  }
+  snprintf(path, sizeof path, "%s/step-00000020", dir);
+  ck_assert_int_eq(dt_ckpt_mark_bad(path), 0);
+  dt_ckpt_shard_info_t info;
+  for (int64_t s = 30; s >= 5; s -= 25) { /* 30 and 5: written, never committed */
+    make_state(&st, s);
+    ck_assert_int_eq(dt_ckpt_write_shard(&a, &st, dir, 0, 1, 0, (int64_t)a.num_params, &info), 0);
+  }
+  ck_assert_int_eq(ut_count_entries(dir, "step-"), 4);
+  ck_assert_int_eq(dt_ckpt_discard_incomplete(dir, &steps, &n), 0);
+  ck_assert_int_eq(n, 2);
+  ck_assert(steps[0] == 5 && steps[1] == 30);
+  free(steps);
+  ck_assert_int_eq(ut_count_entries(dir, "step-"), 2);
+  snprintf(path, sizeof path, "%s/step-00000020/" DT_CKPT_MANIFEST_NAME ".bad", dir);
+  ck_assert(ut_exists(path));
+  ck_assert_int_eq(dt_ckpt_discard(dir, 10), DT_EEXIST);
+  int64_t step;
+  ck_assert_int_eq(dt_ckpt_latest(dir, &step), 0);
+  ck_assert_int_eq(step, 10);
+  dt_gpt2_destroy(&a);
+  ut_rm_rf(dir);
+}
+END_TEST
+
 /* keep_every: the steps it divides stay whatever keep says; the rest rotate as before. */
 START_TEST(test_ckpt_prune_keeps_milestones)
 {
@@ -1000,6 +1042,7 @@ static Suite *checkpoint_suite(void)
   tcase_add_test(t, test_ckpt_bad_range);
   tcase_add_test(t, test_ckpt_prune);
   tcase_add_test(t, test_ckpt_prune_keeps_milestones);
+  tcase_add_test(t, test_ckpt_discard_incomplete);
   tcase_add_test(t, test_ckpt_tensor_parallel_layouts);
   tcase_add_test(t, test_ckpt_reads_version_1_shards);
   suite_add_tcase(s, t);

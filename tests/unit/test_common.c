@@ -33,7 +33,7 @@ START_TEST(test_strerror_every_code)
   count++;
   DT_ERRNO_MAP(CHECK_ONE)
 #undef CHECK_ONE
-  ck_assert_int_eq(count, 24);
+  ck_assert_int_eq(count, 25);
   ck_assert_str_eq(dt_strerror(0), "success");
   ck_assert_str_eq(dt_err_name(0), "OK");
 }
@@ -56,7 +56,7 @@ END_TEST
 
 START_TEST(test_strerror_unknown)
 {
-  const int unknown[] = {-25, -999, 1, 5, -2147483647}; /* -25: just past the table */
+  const int unknown[] = {-26, -999, 1, 5, -2147483647}; /* -26: just past the table */
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     ck_assert_str_eq(dt_strerror(unknown[i]), "unknown error");
     ck_assert_str_eq(dt_err_name(unknown[i]), "DT_UNKNOWN");
@@ -79,8 +79,8 @@ START_TEST(test_err_from_errno)
   ck_assert_int_eq(dt_err_from_errno(ERANGE), DT_ERANGE);
   ck_assert_int_eq(dt_err_from_errno(ECANCELED), DT_ECANCELED);
   ck_assert_int_eq(dt_err_from_errno(EIO), DT_EIO);
-  ck_assert_int_eq(dt_err_from_errno(ENOSPC), DT_EIO);
-  ck_assert_int_eq(dt_err_from_errno(EDQUOT), DT_EIO);
+  ck_assert_int_eq(dt_err_from_errno(ENOSPC), DT_ENOSPC); /* a save may be skipped for it */
+  ck_assert_int_eq(dt_err_from_errno(EDQUOT), DT_ENOSPC);
   /* Anything else is a generic system failure, never success or a positive value. */
   ck_assert_int_eq(dt_err_from_errno(EBADF), DT_ESYS);
   ck_assert_int_eq(dt_err_from_errno(EPIPE), DT_ESYS);
@@ -452,6 +452,36 @@ START_TEST(test_afile_commit_replaces)
   ck_assert_int_eq(dt_afile_commit(&af), 0);
   ck_assert_int_eq(ut_file_size(path), 1);
   ck_assert_int_eq(ut_count_entries(dir, ".tmp"), 0);
+  ut_rm_rf(dir);
+}
+END_TEST
+
+/* A full disk (/dev/full standing in for the temporary) is DT_ENOSPC, from a write that
+ * reaches the disk and from the commit's flush alike, and no temporary is left. */
+START_TEST(test_afile_full_disk)
+{
+  if (access("/dev/full", W_OK) != 0)
+    return; /* not on this system: nothing to write to */
+  char dir[256], path[512];
+  ut_mkdtemp(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/file.bin", dir);
+  static char big[1 << 20];
+  for (int flush_at_commit = 0; flush_at_commit < 2; flush_at_commit++) {
+    dt_afile_t af;
+    ck_assert_int_eq(dt_afile_open(&af, path), 0);
+    fclose(af.fp);
+    af.fp = fopen("/dev/full", "wb");
+    ck_assert_ptr_nonnull(af.fp);
+    if (flush_at_commit) {
+      ck_assert_int_eq(dt_afile_write(&af, "x", 1), 0); /* buffered */
+      ck_assert_int_eq(dt_afile_commit(&af), DT_ENOSPC);
+    } else {
+      ck_assert_int_eq(dt_afile_write(&af, big, sizeof big), DT_ENOSPC);
+      dt_afile_abort(&af); /* as a writer does after a failed write */
+    }
+    ck_assert(!ut_exists(af.tmp));
+    ck_assert(!ut_exists(path));
+  }
   ut_rm_rf(dir);
 }
 END_TEST
@@ -882,6 +912,7 @@ static Suite *common_suite(void)
 
   t = tcase_create("files");
   tcase_add_test(t, test_afile_commit_replaces);
+  tcase_add_test(t, test_afile_full_disk);
   tcase_add_test(t, test_afile_abort_leaves_old);
   tcase_add_test(t, test_afile_missing_dir);
   tcase_add_test(t, test_mkdir_p);

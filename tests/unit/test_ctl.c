@@ -335,6 +335,18 @@ static char *print_transition(const Distrain__V1__Job *j, uint64_t *placed_gen)
   return buf;
 }
 
+/* What dt_ctl_print_job prints for j (json: its JSON form). */
+static char *print_job(const Distrain__V1__Job *j, int json)
+{
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(fp);
+  dt_ctl_print_job(fp, j, json);
+  fclose(fp);
+  return buf;
+}
+
 /* JSON has no NaN or infinity: a job whose loss diverged prints null there, and the document
  * stays readable (json_job printed "nan", which no JSON reader takes). */
 START_TEST(test_job_json_non_finite)
@@ -344,21 +356,44 @@ START_TEST(test_job_json_non_finite)
   j.reason = "diverged";
   j.loss = NAN;
   j.tokens_per_s = INFINITY;
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *fp = open_memstream(&buf, &len);
-  ck_assert_ptr_nonnull(fp);
-  dt_ctl_print_job(fp, &j, 1);
-  fclose(fp);
+  char *buf = print_job(&j, 1);
   ck_assert_msg(strstr(buf, "\"loss\": null, \"tokens_per_s\": null, \"committed_step\": 0"), "%s",
                 buf);
   ck_assert_ptr_null(strstr(buf, "nan"));
   ck_assert_ptr_null(strstr(buf, "inf"));
   free(buf);
-  fp = open_memstream(&buf, &len);
+  size_t len = 0;
+  FILE *fp = open_memstream(&buf, &len);
   dt_json_number(fp, "%.3f", 2.5);
   fclose(fp);
   ck_assert_str_eq(buf, "2.500");
+  free(buf);
+}
+END_TEST
+
+/* A step whose save was abandoned (a writer's disk full): status says why under the committed
+ * step, and JSON carries it; nothing is printed without one. */
+START_TEST(test_job_checkpoint_error)
+{
+  Distrain__V1__Job j = DISTRAIN__V1__JOB__INIT;
+  j.job_id = "job-1";
+  j.reason = "running";
+  j.committed_step = 200;
+  j.checkpoint_error = "step 300 not saved: rank 1 on h1 could not write its shard: no space";
+  char *buf = print_job(&j, 0);
+  ck_assert_msg(strstr(buf, "checkpoint:  step 200 committed in ?\n"
+                            "checkpoint:  step 300 not saved: rank 1 on h1 could not write its "
+                            "shard: no space\n"),
+                "%s", buf);
+  free(buf);
+  buf = print_job(&j, 1);
+  ck_assert_msg(strstr(buf, "\"committed_step\": 200, \"checkpoint_error\": \"step 300 not "
+                            "saved: rank 1 on h1"),
+                "%s", buf);
+  free(buf);
+  j.checkpoint_error = "";
+  buf = print_job(&j, 0);
+  ck_assert_msg(!strstr(buf, "not saved") && strstr(buf, "step 200 committed"), "%s", buf);
   free(buf);
 }
 END_TEST
@@ -503,6 +538,7 @@ static Suite *ctl_suite(void)
   tcase_add_test(t, test_nodes_gpu_health);
   tcase_add_test(t, test_nodes_json);
   tcase_add_test(t, test_job_json_non_finite);
+  tcase_add_test(t, test_job_checkpoint_error);
   tcase_add_test(t, test_transitions_show_the_placement);
   tcase_add_test(t, test_spec_paths_relative_to_the_file);
   suite_add_tcase(s, t);

@@ -315,7 +315,7 @@ static int coord_call(dt_link_t *l, const char *method, const ProtobufCMessage *
 }
 
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
-                              const dt_ckpt_shard_info_t *info, int *committed)
+                              const dt_ckpt_shard_info_t *info, const char *error, int *committed)
 {
   *committed = 0;
   Distrain__V1__ReportCheckpointRequest req = DISTRAIN__V1__REPORT_CHECKPOINT_REQUEST__INIT;
@@ -329,6 +329,8 @@ int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
   req.bytes = info->bytes;
   req.crc32c = info->crc32c;
   req.name = (char *)info->name;
+  if (error)
+    req.error = (char *)error;
   ProtobufCMessage *resp;
   char err[512];
   int rc = coord_call(l, "ReportCheckpoint", &req.base, &resp, (int)dt_param_CkptReportTimeoutMs(),

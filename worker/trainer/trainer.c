@@ -51,6 +51,8 @@ DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
 DT_PARAM(FaultNanStep, "FAULT_NAN_STEP", 0)
 /* Fault injection (tests): every step of this trainer takes this much longer (a straggler). */
 DT_PARAM(FaultSlowMs, "FAULT_SLOW_MS", 0)
+/* Fault injection (tests): this trainer's save of this step finds its disk full. */
+DT_PARAM(FaultNoSpaceStep, "FAULT_NOSPACE_STEP", 0)
 
 /* OpenBLAS's own thread control (not in cblas.h of every build). */
 extern void openblas_set_num_threads(int num_threads);
@@ -307,13 +309,35 @@ static int prepare_ckpt_dir(const char *dir, int resuming, int in_job)
   return 0;
 }
 
+/* Deletes the step directories an earlier run left without committing them (its writers killed
+ * mid-save): each may hold a whole checkpoint's worth of shards that nothing will read. Rank 0,
+ * before the first step, when no save of this run can be in flight; an earlier generation's
+ * writers can no longer commit (the coordinator takes the current generation's reports only). */
+static int discard_incomplete(const char *dir)
+{
+  int64_t *steps;
+  int n;
+  DT_CHECK(dt_ckpt_discard_incomplete(dir, &steps, &n));
+  char which[128] = "";
+  if (n > 1)
+    snprintf(which, sizeof which, "%d incomplete saves, of steps %lld to %lld,", n,
+             (long long)steps[0], (long long)steps[n - 1]);
+  else if (n == 1)
+    snprintf(which, sizeof which, "the incomplete save of step %lld", (long long)steps[0]);
+  if (n > 0)
+    DT_WARN(CKPT, "%s: deleted %s that an earlier run left (no MANIFEST: stopped mid-save)", dir,
+            which);
+  free(steps);
+  return 0;
+}
+
 /* Warns before the first step (from `step`, of a model of `params` parameters) where the
  * checkpoint directory's filesystem cannot hold the checkpoints the run will keep: each holds every
  * parameter's weight and two AdamW moments in fp32 (12 bytes a parameter over all the shards), and
  * --keep K holds K + 1 at once while the newest is written (pruned after its commit; 0: all of
  * them; milestones not counted). A warning, not an error: a shared filesystem's free space moves,
- * and space may be freed before the run needs it; a save that finds it full fails the run naming
- * the file. */
+ * and space may be freed before the run needs it; a save that finds it full is skipped (no_space)
+ * and only the last one's failure fails the run. */
 static void check_ckpt_space(const dt_train_opts_t *o, int64_t step, int64_t params)
 {
   struct statvfs fs;
@@ -328,13 +352,14 @@ static void check_ckpt_space(const dt_train_opts_t *o, int64_t step, int64_t par
     return;
   const double unit = need >= (1 << 30) ? 1 << 30 : 1 << 20;
   const char *u = unit > (1 << 20) ? "GiB" : "MiB";
-  DT_WARN(CKPT,
-          "%s: %.2f %s free, but each checkpoint takes %.2f %s (the weights and AdamW's two "
-          "moments in fp32) and this run holds up to %lld at once (--keep %d%s): %.2f %s. A save "
-          "fails once the disk is full: free space, lower --keep (checkpoint.keep) or use "
-          "another --ckpt-dir",
-          o->ckpt_dir, room / unit, u, each / unit, u, (long long)held, o->keep,
-          o->keep > 0 ? "" : ": all", need / unit, u);
+  DT_WARN(
+      CKPT,
+      "%s: %.2f %s free, but each checkpoint takes %.2f %s (the weights and AdamW's two "
+      "moments in fp32) and this run holds up to %lld at once (--keep %d%s): %.2f %s. Saves that "
+      "find the disk full are skipped, and the run fails if its last one is: free space, "
+      "lower --keep (checkpoint.keep) or use another --ckpt-dir",
+      o->ckpt_dir, room / unit, u, each / unit, u, (long long)held, o->keep,
+      o->keep > 0 ? "" : ": all", need / unit, u);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -424,9 +449,10 @@ typedef struct {
   pthread_t saver;
   int saving;
   struct save_job *save;
-  int device_logged; /* the device memory line (device_memory) was printed */
-  dt_bpe_t *bpe;     /* --vocab-file: prints the sample's tokens as text */
-  int *prompt;       /* --prompt's tokens (prompt_n), or NULL */
+  int64_t unsaved_step; /* the newest save's step when this writer's disk was full, else 0 */
+  int device_logged;    /* the device memory line (device_memory) was printed */
+  dt_bpe_t *bpe;        /* --vocab-file: prints the sample's tokens as text */
+  int *prompt;          /* --prompt's tokens (prompt_n), or NULL */
   int prompt_n;
   dt_evalset_t evalset; /* --eval */
   int eval_T;           /* the window its rows are evaluated in (<= --seq) */
@@ -961,48 +987,91 @@ static void write_metrics(FILE *fp, const dt_step_metrics_t *s, int pipelined)
   fflush(fp);
 }
 
+/* One shard to write and commit, with a snapshot of its data: the step goes on meanwhile. */
+typedef struct save_job {
+  trainer_t *t;
+  dt_train_state_t state; /* of the step saved */
+  dt_gpt2_run_t *runs;
+  size_t nruns;
+  const float *params, *m, *v; /* in t->snap */
+  int64_t vlo;
+  int wrank, writers, rc;
+  int async;     /* on a thread of its own */
+  int abandoned; /* the step was not committed: a writer's disk was full (known here to the
+                  * committing rank of a run without a coordinator, and to the writer itself) */
+  double t0;     /* when the save started */
+} save_job_t;
+
+/* A writer's shard, or why it could not write it, to the committing rank of a run without a
+ * coordinator (through the key-value store). */
+typedef struct {
+  dt_ckpt_shard_info_t info;
+  char error[512];
+} shard_report_t;
+
 /* Commits a step once every writer's shard is in: itself when standalone (rank 0, after
  * collecting the other writers' reports through the key-value store), through the coordinator
- * (which writes the manifest) under one. */
-static int commit_checkpoint(trainer_t *t, int64_t step, const dt_ckpt_shard_info_t *info,
-                             int writers, int wrank, int *committed)
+ * (which writes the manifest) under one. error non-NULL: this writer could not write its shard
+ * (its disk full), and the step is abandoned instead: its shards are deleted. */
+static int commit_checkpoint(save_job_t *j, const dt_ckpt_shard_info_t *info, const char *error,
+                             int *committed)
 {
+  trainer_t *t = j->t;
   const dt_train_opts_t *o = t->o;
-  const int64_t P = (int64_t)t->model.global_params;
+  const int64_t P = (int64_t)t->model.global_params, step = j->state.step;
+  const int writers = j->writers;
+  j->abandoned = error != NULL;
   if (dt_link_has_coordinator(o->link))
-    return dt_link_report_checkpoint(o->link, step, writers, info, committed);
-  if (writers == 1) {
-    DT_CHECK(dt_ckpt_commit(o->ckpt_dir, step, P, 1, info));
-    *committed = 1;
-    return 0;
-  }
-  char key[64];
-  snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, wrank);
-  DT_CHECK(o->kv->put(o->kv->ud, key, info, sizeof *info));
-  if (!t->lead)
-    return 0;
+    return dt_link_report_checkpoint(o->link, step, writers, info, error, committed);
+  shard_report_t mine = {.info = *info};
+  snprintf(mine.error, sizeof mine.error, "%s", error ? error : "");
+  char key[64], bad[sizeof mine.error];
+  memcpy(bad, mine.error, sizeof bad);
   dt_ckpt_shard_info_t *all = calloc((size_t)writers, sizeof *all);
   if (!all)
     return DT_ENOMEM;
+  all[0] = *info;
   int rc = 0;
-  for (int r = 0; r < writers && rc == 0; r++) {
-    void *val;
-    size_t len;
-    snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, r);
-    rc = o->kv->get(o->kv->ud, key, &val, &len, 600000);
-    if (rc == 0 && len == sizeof *all)
-      memcpy(&all[r], val, sizeof *all);
-    else if (rc == 0)
-      rc = DT_EFORMAT;
-    if (rc == 0)
-      free(val);
+  if (writers > 1) { /* the lead collects the writers' reports */
+    snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, j->wrank);
+    rc = o->kv->put(o->kv->ud, key, &mine, sizeof mine);
+    if (!t->lead) {
+      free(all);
+      return rc;
+    }
+    for (int r = 0; r < writers && rc == 0; r++) {
+      void *val;
+      size_t len;
+      snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, r);
+      rc = o->kv->get(o->kv->ud, key, &val, &len, 600000);
+      if (rc == 0 && len == sizeof mine) {
+        const shard_report_t *got = val;
+        all[r] = got->info;
+        if (!bad[0] && got->error[0])
+          memcpy(bad, got->error, sizeof bad), bad[sizeof bad - 1] = 0;
+      } else if (rc == 0) {
+        rc = DT_EFORMAT;
+      }
+      if (rc == 0)
+        free(val);
+    }
   }
-  if (rc == 0)
+  if (rc == 0 && !bad[0]) {
     rc = dt_ckpt_commit(o->ckpt_dir, step, P, writers, all);
+    if (rc == DT_ENOSPC)
+      snprintf(bad, sizeof bad,
+               "rank %d could not write its manifest: no space left on device in %s", o->rank,
+               o->ckpt_dir);
+    *committed = rc == 0;
+  }
+  if (bad[0] && (rc == 0 || rc == DT_ENOSPC)) {
+    j->abandoned = 1;
+    if (strcmp(bad, mine.error) != 0) /* a writer that failed says so itself */
+      DT_WARN(CKPT, "checkpoint step %lld not saved: %s; training goes on", (long long)step, bad);
+    rc = dt_ckpt_discard(o->ckpt_dir, step);
+  }
   free(all);
-  DT_CHECK(rc);
-  *committed = 1;
-  return 0;
+  return rc;
 }
 
 /* Where writer wrank's shard starts in the concatenation of all shards (in writer order): the
@@ -1026,18 +1095,49 @@ static int shard_offset(trainer_t *t, int writes, int wrank, int64_t count, int6
   return rc;
 }
 
-/* One shard to write and commit, with a snapshot of its data: the step goes on meanwhile. */
-typedef struct save_job {
-  trainer_t *t;
-  dt_train_state_t state; /* of the step saved */
-  dt_gpt2_run_t *runs;
-  size_t nruns;
-  const float *params, *m, *v; /* in t->snap */
-  int64_t vlo;
-  int wrank, writers, rc;
-  int async; /* on a thread of its own */
-  double t0; /* when the save started */
-} save_job_t;
+/* Where a failure now resumes from: "step K, the newest committed", or the start. */
+static void resumes_from(const char *dir, char *buf, size_t n)
+{
+  int64_t last = 0;
+  if (dt_ckpt_latest(dir, &last) == 0 && last > 0)
+    snprintf(buf, n, "step %lld, the newest committed", (long long)last);
+  else
+    snprintf(buf, n, "the start (no step committed)");
+}
+
+/* This writer's shard did not fit on its disk: says so, with the sizes, and why as the report to
+ * the committing rank or the coordinator. The run goes on; the next save tries again. */
+static void no_space(const save_job_t *j, char *why, size_t n)
+{
+  const trainer_t *t = j->t;
+  const dt_train_opts_t *o = t->o;
+  int64_t len = 0, step = j->state.step, next = o->steps;
+  for (size_t i = 0; i < j->nruns; i++)
+    len += j->runs[i].len;
+  const double need = (double)len * sizeof(float) * (j->m ? 3 : 1) / (1 << 20);
+  struct statvfs fs;
+  char host[256] = "?", room[64] = "";
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = 0;
+  if (statvfs(o->ckpt_dir, &fs) == 0)
+    snprintf(room, sizeof room, "%.2f MiB free, ", (double)fs.f_bavail * fs.f_frsize / (1 << 20));
+  snprintf(why, n,
+           "rank %d on %s could not write its shard: no space left on device in %s (%sthe "
+           "shard needs %.2f MiB)",
+           o->rank, host, o->ckpt_dir, room, need);
+  if (o->save_every > 0 && step + o->save_every - step % o->save_every < next)
+    next = step + o->save_every - step % o->save_every;
+  char then[96] = "";
+  if (next > step)
+    snprintf(then, sizeof then, "Training goes on and the save of step %lld tries again; ",
+             (long long)next);
+  char from[64];
+  resumes_from(o->ckpt_dir, from, sizeof from);
+  DT_ERROR(CKPT,
+           "checkpoint step %lld not saved: %s. %s%s failure now resumes from %s. Free space "
+           "there, or keep fewer checkpoints (--keep, checkpoint.keep)",
+           (long long)step, why, then, then[0] ? "a" : "A", from);
+}
 
 static void *save_main(void *arg)
 {
@@ -1045,15 +1145,25 @@ static void *save_main(void *arg)
   trainer_t *t = j->t;
   dt_ckpt_shard_info_t info;
   int committed = 0;
-  j->rc = dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &j->state, t->o->ckpt_dir,
-                             j->wrank, j->writers, j->vlo, j->runs, j->nruns, j->params, j->m, j->v,
-                             &info);
+  char why[512];
+  j->rc = dt_param_FaultNoSpaceStep() == j->state.step
+              ? DT_ENOSPC
+              : dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &j->state,
+                                   t->o->ckpt_dir, j->wrank, j->writers, j->vlo, j->runs, j->nruns,
+                                   j->params, j->m, j->v, &info);
+  const int nospace = j->rc == DT_ENOSPC; /* not the run's failure: the step is abandoned */
+  if (nospace) {
+    no_space(j, why, sizeof why);
+    memset(&info, 0, sizeof info);
+    info.rank = j->wrank;
+    j->rc = 0;
+  }
   if (j->rc == 0)
-    j->rc = commit_checkpoint(t, j->state.step, &info, j->writers, j->wrank, &committed);
+    j->rc = commit_checkpoint(j, &info, nospace ? why : NULL, &committed);
   if (j->rc == 0 && committed)
     j->rc = dt_ckpt_prune(t->o->ckpt_dir, t->o->keep, t->o->keep_every);
   const int milestone = t->o->keep_every > 0 && j->state.step % t->o->keep_every == 0;
-  if (j->rc == 0 && t->lead && !t->o->quiet)
+  if (j->rc == 0 && t->lead && !t->o->quiet && !j->abandoned)
     DT_INFO(CKPT, "checkpoint step %lld: written and committed%s in %.1f ms%s",
             (long long)j->state.step, j->async ? " in the background" : "", dt_now_ms() - j->t0,
             milestone ? " (kept for good: a multiple of --keep-every)" : "");
@@ -1071,6 +1181,7 @@ static int save_wait(trainer_t *t)
   t->saving = 0;
   t->save = NULL;
   const int rc = j->rc;
+  t->unsaved_step = j->abandoned ? j->state.step : 0;
   free(j->runs);
   free(j);
   return rc;
@@ -1756,8 +1867,10 @@ static int setup(trainer_t *t, const dt_train_opts_t *o)
       DT_CHECK(dt_dataloader_seek(&t->train, t->state.data));
     }
   }
-  if (o->ckpt_dir && t->lead)
+  if (o->ckpt_dir && t->lead) {
+    DT_CHECK(discard_incomplete(o->ckpt_dir));
     check_ckpt_space(o, t->state.step, (int64_t)t->model.global_params);
+  }
   if (t->train.nsrc > 1) {
     const size_t rows = (size_t)o->grad_accum * o->batch;
     t->mb_src = calloc(rows, sizeof *t->mb_src);
@@ -2359,12 +2472,34 @@ static int stopped(trainer_t *t)
 {
   if (t->world)
     DT_CHECK(dt_comm_barrier(t->world));
-  if (t->lead)
+  if (t->lead && t->unsaved_step != t->state.step) /* else last_save_missing says why */
     DT_WARN(TRAIN, "stopped on request after step %lld of %d: %s", (long long)t->state.step,
             t->o->steps,
             t->o->ckpt_dir ? "its checkpoint is committed (continue with --resume)"
                            : "nothing saved (no --ckpt-dir)");
   return DT_TRAIN_STOPPED;
+}
+
+/* The run's last save (its last step's, or a requested stop's) was abandoned, its disk full:
+ * the run fails rather than end as if saved. At its last step the job is not restarted either
+ * (a restart would train the same steps to the same full disk): the user frees space and
+ * resumes it. ret: the run's result so far. */
+static int last_save_missing(trainer_t *t, int ret)
+{
+  if ((ret != 0 && ret != DT_TRAIN_STOPPED) || !t->unsaved_step || t->unsaved_step != t->state.step)
+    return ret;
+  char from[64];
+  resumes_from(t->o->ckpt_dir, from, sizeof from);
+  const int stop = ret == DT_TRAIN_STOPPED;
+  DT_ERROR(
+      CKPT,
+      "the run's last checkpoint, of step %lld%s, was not saved (a writer's disk is full): the "
+      "run fails rather than end without it. Free space in %s and %s from %s",
+      (long long)t->state.step, stop ? " (stopped on request)" : "", t->o->ckpt_dir,
+      stop ? "the job restarts" : "resume it (--resume; distrainctl resume JOB)", from);
+  if (!stop)
+    dt_link_input_error(t->o->link);
+  return DT_ENOSPC;
 }
 
 int dt_train_run(const dt_train_opts_t *o)
@@ -2421,6 +2556,7 @@ int dt_train_run(const dt_train_opts_t *o)
     ret = stopped(&t);
   else if (ret == 0)
     ret = finish(&t);
+  ret = last_save_missing(&t, ret);
 out:
   teardown(&t);
   return ret;
