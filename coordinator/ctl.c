@@ -488,7 +488,8 @@ static void appendf(char *buf, size_t n, size_t *off, const char *fmt, ...)
 
 int dt_ctl_gpu_unhealthy(const Distrain__V1__DeviceUsage *u)
 {
-  return u->lost || u->ecc_uncorrected > 0 || u->reset_pending || u->remap_failed || u->xid;
+  return u->lost || u->ecc_uncorrected > 0 || u->reset_pending || u->remap_failed || u->xid ||
+         u->nvlink_down;
 }
 
 int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage, char *buf,
@@ -522,13 +523,22 @@ int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage,
               sep);
       sep = ", ";
     }
-    if (u->xid)
+    if (u->xid) {
       appendf(buf, n, &off, "%sXid %d (reported until its agent restarts)", sep, u->xid);
+      sep = ", ";
+    }
+    if (u->nvlink_down) {
+      appendf(buf, n, &off, "%sNVLink%s ", sep, u->nvlink_down & (u->nvlink_down - 1) ? "s" : "");
+      for (int l = 0, k = 0; l < 64; l++)
+        if (u->nvlink_down >> l & 1)
+          appendf(buf, n, &off, "%s%d", k++ ? ", " : "", l);
+      appendf(buf, n, &off, " down (active when its agent started)");
+    }
   }
   return bad;
 }
 
-void dt_ctl_gpu_slowdown(uint64_t bits, char *buf, size_t n)
+int dt_ctl_gpu_slowed(const Distrain__V1__DeviceUsage *u, char *buf, size_t n)
 {
   static const struct {
     uint64_t bit;
@@ -537,12 +547,17 @@ void dt_ctl_gpu_slowdown(uint64_t bits, char *buf, size_t n)
            {0x20, "software thermal slowdown"},
            {0x40, "hardware thermal slowdown"},
            {0x80, "hardware power brake"}};
+  const int narrow = u->pcie_width > 0 && u->pcie_width < u->pcie_max_width;
   size_t off = 0;
-  if (n)
+  if (buf && n)
     buf[0] = '\0';
-  for (size_t i = 0; i < DT_ARRAY_SIZE(k); i++)
-    if (bits & k[i].bit)
+  for (size_t i = 0; buf && i < DT_ARRAY_SIZE(k); i++)
+    if (u->slowdown & k[i].bit)
       appendf(buf, n, &off, "%s%s", off ? ", " : "", k[i].words);
+  if (buf && narrow)
+    appendf(buf, n, &off, "%sPCIe link x%u of x%u", off ? ", " : "", u->pcie_width,
+            u->pcie_max_width);
+  return u->slowdown != 0 || narrow;
 }
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -592,12 +607,11 @@ static void devices_summary(const Distrain__V1__Node *nd, char *buf, size_t n)
       appendf(buf, n, &off, ", util %d%%", (util + n_util / 2) / n_util);
     if (known < ndev)
       appendf(buf, n, &off, " (%zu of %zu reporting)", known, ndev);
-    for (size_t i = 0; i < nd->n_usage; i++)
-      if (nd->usage[i]->slowdown) {
-        char words[128];
-        dt_ctl_gpu_slowdown(nd->usage[i]->slowdown, words, sizeof words);
+    for (size_t i = 0; i < nd->n_usage; i++) {
+      char words[160];
+      if (dt_ctl_gpu_slowed(nd->usage[i], words, sizeof words))
         appendf(buf, n, &off, ", GPU %d slowed (%s)", nd->usage[i]->index, words);
-      }
+    }
   } else if (total) {
     appendf(buf, n, &off, ", %.1f GiB", (double)total / GIB);
   }
@@ -632,13 +646,15 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
     fprintf(out,
             "%s{\"index\": %d, \"memory_used_bytes\": %llu, \"memory_total_bytes\": %llu, "
             "\"utilization_pct\": %d, \"lost\": %s, \"ecc_uncorrected\": %lld, "
-            "\"reset_pending\": %s, \"remap_failed\": %s, \"xid\": %d, \"slowdown\": ",
+            "\"reset_pending\": %s, \"remap_failed\": %s, \"xid\": %d, \"nvlink_down\": %llu, "
+            "\"pcie_width\": %u, \"pcie_max_width\": %u, \"slowdown\": ",
             i ? ", " : "", u->index, (unsigned long long)u->memory_used_bytes,
             (unsigned long long)u->memory_total_bytes, u->utilization_pct,
             u->lost ? "true" : "false", (long long)u->ecc_uncorrected,
-            u->reset_pending ? "true" : "false", u->remap_failed ? "true" : "false", u->xid);
-    char words[128];
-    dt_ctl_gpu_slowdown(u->slowdown, words, sizeof words);
+            u->reset_pending ? "true" : "false", u->remap_failed ? "true" : "false", u->xid,
+            (unsigned long long)u->nvlink_down, u->pcie_width, u->pcie_max_width);
+    char words[160];
+    dt_ctl_gpu_slowed(u, words, sizeof words);
     dt_json_string(out, words);
     fputc('}', out);
   }

@@ -55,16 +55,17 @@ int dt_ctl_trainer_active(const Distrain__V1__TrainerStatus *ts);
  * is). */
 int dt_ctl_node_busy(const Distrain__V1__Node *nd);
 /* Whether a GPU's latest sample shows a problem (DeviceUsage's health: lost, uncorrected ECC
- * errors, memory repairs pending or failed, a critical Xid). The coordinator drains a node with one
- * (its heartbeat handler); distrainctl nodes shows them. */
+ * errors, memory repairs pending or failed, a critical Xid, an NVLink gone down). The coordinator
+ * drains a node with one (its heartbeat handler); distrainctl nodes shows them. */
 int dt_ctl_gpu_unhealthy(const Distrain__V1__DeviceUsage *u);
 /* A node's GPUs' problems as words into buf ("GPU 1: 2 uncorrected ECC errors since the driver
  * loaded; GPU 3: ..."; "" for none); how many GPUs have one. */
 int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage, char *buf,
                         size_t n);
-/* DeviceUsage.slowdown's reasons in words ("hardware thermal slowdown, hardware power brake";
- * "" for none) into buf. */
-void dt_ctl_gpu_slowdown(uint64_t bits, char *buf, size_t n);
+/* Whether a GPU's latest sample shows it slowed, not unhealthy: its clocks slowed by cooling or
+ * power (DeviceUsage.slowdown), its PCIe link trained below its width. In words into buf
+ * ("hardware thermal slowdown, PCIe link x8 of x16"; "" for none; buf may be NULL). */
+int dt_ctl_gpu_slowed(const Distrain__V1__DeviceUsage *u, char *buf, size_t n);
 const char *dt_ctl_state_name(Distrain__V1__JobState s);
 /* A followed job's new state (or generation), as a line; and, where *placed_gen is not its
  * generation and it has ranks, the generation's placement as the RENDEZVOUS reason words it

@@ -868,16 +868,15 @@ static int cmp_double(const void *a, const void *b)
 #define STRAGGLER_CHECKS 3
 
 /* The likely cause of a straggler on device `device` of node nd, where its GPU's latest sample
- * shows its clocks slowed ("; its GPU 1 reports its clocks slowed: hardware thermal slowdown"),
- * into buf; else buf is left as it is. */
+ * shows it slowed ("; its GPU 1 reports itself slowed: hardware thermal slowdown"), into buf;
+ * else buf is left as it is. */
 static void slowed_gpu(const dt_node_t *nd, int device, char *buf, size_t n)
 {
-  for (size_t i = 0; i < nd->n_usage; i++)
-    if (nd->usage[i]->index == device && nd->usage[i]->slowdown) {
-      char words[128];
-      dt_ctl_gpu_slowdown(nd->usage[i]->slowdown, words, sizeof words);
-      snprintf(buf, n, "; its GPU %d reports its clocks slowed: %s", device, words);
-    }
+  for (size_t i = 0; i < nd->n_usage; i++) {
+    char words[160];
+    if (nd->usage[i]->index == device && dt_ctl_gpu_slowed(nd->usage[i], words, sizeof words))
+      snprintf(buf, n, "; its GPU %d reports itself slowed: %s", device, words);
+  }
 }
 
 /* elastic.straggler_drain_s after rank r of j became a straggler (its compute `ratio` x the
@@ -943,7 +942,7 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
         s->straggler = 1;
         s->straggler_since_ms = now;
         s->drain_judged = 0;
-        char cause[192] = "";
+        char cause[256] = "";
         slowed_gpu(nd, s->local_rank, cause, sizeof cause);
         DT_WARN(COORD,
                 "job %s: rank %d on %s (%s) is a straggler: %.1f ms of compute per step, the "

@@ -133,13 +133,15 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
        "Fraction of NVML's last sample period the GPU was busy (absent where unknown)."},
       {"distrain_gpu_healthy",
        "0 while NVML reports a problem with the GPU (lost, uncorrected ECC errors, memory "
-       "repairs pending or failed, a critical Xid): its node is drained until it clears."},
+       "repairs pending or failed, a critical Xid, an NVLink down): its node is drained until it "
+       "clears."},
       {"distrain_gpu_ecc_uncorrected_errors",
        "Uncorrected ECC errors since the driver loaded (NVML's volatile count; absent where "
        "unknown)."},
       {"distrain_gpu_slowed",
-       "1 while NVML reports the GPU's clocks slowed by trouble with cooling or power (hardware "
-       "slowdown, thermal slowdown, power brake)."},
+       "1 while NVML reports the GPU slowed: its clocks by trouble with cooling or power "
+       "(hardware slowdown, thermal slowdown, power brake), or its PCIe link trained below its "
+       "width."},
   };
   for (size_t f = 0; f < DT_ARRAY_SIZE(gpu); f++) {
     dt_prom_family(out, gpu[f].name, "gauge", gpu[f].help);
@@ -164,7 +166,7 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
         else if (f == 4 && u->ecc_uncorrected >= 0)
           dt_prom_sample(out, gpu[f].name, l, 2, (double)u->ecc_uncorrected);
         else if (f == 5)
-          dt_prom_sample(out, gpu[f].name, l, 2, u->slowdown != 0);
+          dt_prom_sample(out, gpu[f].name, l, 2, dt_ctl_gpu_slowed(u, NULL, 0));
       }
     }
   }

@@ -316,7 +316,8 @@ class GpuCluster(cp.ClusterTest):
         self.assertEqual(n1["usage"][0] | {"memory_used_bytes": 0}, {
             "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 8 * GIB,
             "utilization_pct": 20, "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
-            "remap_failed": False, "xid": 0, "slowdown": ""})
+            "remap_failed": False, "xid": 0, "nvlink_down": 0, "pcie_width": 16,
+            "pcie_max_width": 16, "slowdown": ""})
 
         def metric(name, nid):
             with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
@@ -353,11 +354,13 @@ class GpuCluster(cp.ClusterTest):
                       "leaving it out; the drain lifts itself once its GPUs report no problem)"
                       % (id1, ecc), r.stderr)
 
-        # A further problem: the reason follows it.
-        self.health("0000:00:01.0 ecc=2 pending=1\n")
+        # Further problems: the reason follows them.
+        self.health("0000:00:01.0 ecc=2 pending=1 nvlink_down=0x4\n")
         n1 = node("h1", lambda n: "memory repairs" in n["drain_reason"])
         self.assertEqual(n1["drain_reason"], "GPU health: " + ecc + ", memory repairs wait for a "
-                         "reset (row remapping or page retirement)" + tail)
+                         "reset (row remapping or page retirement), NVLink 2 down (active when "
+                         "its agent started)" + tail)
+        self.assertEqual(n1["usage"][0]["nvlink_down"], 4)
 
         # Reset: the drain lifts itself.
         self.health("")
@@ -377,7 +380,7 @@ class GpuCluster(cp.ClusterTest):
         self.assertEqual(n1["usage"], [{
             "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 0, "utilization_pct": -1,
             "lost": True, "ecc_uncorrected": -1, "reset_pending": False, "remap_failed": False,
-            "xid": 0, "slowdown": ""}])
+            "xid": 0, "nvlink_down": 0, "pcie_width": 0, "pcie_max_width": 0, "slowdown": ""}])
         self.assertIsNone(metric("distrain_gpu_memory_total_bytes", id1))
         r = self.ctl("nodes", *auth)
         self.assertRegex(r.stdout, r"%s .*\[drained: swap a DIMM\]  \[unhealthy: %s\]"
@@ -415,11 +418,12 @@ class GpuCluster(cp.ClusterTest):
 
     def test_straggler_is_told_its_gpu_is_slowed(self):
         """dp=2 on 2 agents x 1 GPU, one agent's trainer 400 ms slower a step
-        (DISTRAIN_FAULT_SLOW_MS) and its GPU reporting a hardware thermal slowdown: the
-        straggler's report names its GPU's slowed clocks as the likely cause; distrainctl nodes
-        and Prometheus show the slowdown; the node is not drained (no health problem)."""
+        (DISTRAIN_FAULT_SLOW_MS) and its GPU reporting a hardware thermal slowdown and its PCIe
+        link trained down to x8: the straggler's report names them as the likely cause;
+        distrainctl nodes and Prometheus show the slowdown; the node is not drained (no health
+        problem)."""
         self.emulated_health()
-        self.health("0000:00:01.0 slow=0x40\n")
+        self.health("0000:00:01.0 slow=0x40 pcie=8\n")
         hport_file = os.path.join(self.tmp, "http.port")
         self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
         base = "http://127.0.0.1:%d" % int(cp.read_text(hport_file).strip())
@@ -440,14 +444,15 @@ class GpuCluster(cp.ClusterTest):
                              "a straggler").group(0)
         self.assertRegex(line, r"job %s: rank \d on node-\d \(h1\) is a straggler: [\d.]+ ms of "
                          r"compute per step, the median rank [\d.]+ ms \(reported, not "
-                         r"restarted\); its GPU 0 reports its clocks slowed: hardware thermal "
-                         r"slowdown$" % job)
+                         r"restarted\); its GPU 0 reports itself slowed: hardware thermal "
+                         r"slowdown, PCIe link x8 of x16$" % job)
         n1 = self.nodes_json()["h1"]
         self.assertEqual((n1["state"], n1["usage"][0]["slowdown"], n1["gpu_problems"]),
-                         ("ALIVE", "hardware thermal slowdown", ""))
+                         ("ALIVE", "hardware thermal slowdown, PCIe link x8 of x16", ""))
         self.assertEqual(self.nodes_json()["h0"]["usage"][0]["slowdown"], "")
         r = self.ctl("nodes", *auth)
-        self.assertRegex(r.stdout, r"h1 .*, GPU 0 slowed \(hardware thermal slowdown\)\n")
+        self.assertRegex(r.stdout, r"h1 .*, GPU 0 slowed \(hardware thermal slowdown, PCIe link x8 "
+                         r"of x16\)\n")
         with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
             text = resp.read().decode()
         self.assertRegex(text, r'\ndistrain_gpu_slowed\{node="%s",gpu="0"\} 1\n' % n1["node_id"])
@@ -510,7 +515,8 @@ class GpuCluster(cp.ClusterTest):
             self.assertEqual(got, [{"index": i, "memory_used_bytes": (g + 1) * GIB,
                                     "memory_total_bytes": 8 * GIB, "utilization_pct": 10 * (g + 1),
                                     "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
-                                    "remap_failed": False, "xid": 0, "slowdown": ""}
+                                    "remap_failed": False, "xid": 0, "nvlink_down": 0,
+                                    "pcie_width": 16, "pcie_max_width": 16, "slowdown": ""}
                                    for i, g in enumerate(order) if g not in order[:i]])
         r = self.ctl("nodes", "--coordinator", self.addr, "--token-file", self.token_file)
         self.assertRegex(r.stdout, r"listed .*3x ")

@@ -14,15 +14,18 @@
  * lost (1: every query of it fails GPU_IS_LOST), ecc (the volatile uncorrected count), pending
  * and failed (the row remapper's flags), retired (1: page retirement supported and pending) and
  * slow (clocks event reasons, e.g. 0x40: hardware thermal slowdown; always with the idle and
- * software power cap bits, which are no trouble) and xid (an Xid event, delivered once for each
- * new value; "0000:86:00.0" registers no events). */
+ * software power cap bits, which are no trouble), xid (an Xid event, delivered once for each
+ * new value; "0000:86:00.0" registers no events), nvlink_down (a mask of its 18 NVLinks that are
+ * inactive) and pcie (its PCIe link's width, of 16; "0000:86:00.0" has neither). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nvml_api.h"
 
-#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_FOUND        6
+#define FAKE_NVLINKS                18 /* an H100 SXM's */
 
 /* What the test reads back (through dlsym on the same library). */
 int fake_nvml_inits, fake_nvml_shutdowns;
@@ -155,6 +158,33 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned lon
     return r;
   *reasons = 0x1 | 0x4 | health(d, "slow"); /* idle, software power cap: no trouble */
   return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *on)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r != NVML_SUCCESS)
+    return r;
+  if (link >= FAKE_NVLINKS)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  *on = health(d, "nvlink_down") >> link & 1 ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *width)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r == NVML_SUCCESS)
+    *width = health(d, "pcie") ? (unsigned)health(d, "pcie") : 16;
+  return r;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *width)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r == NVML_SUCCESS)
+    *width = 16;
+  return r;
 }
 
 /* One event set (the agent makes one): which GPUs are registered, and the Xid each was last

@@ -211,6 +211,10 @@ START_TEST(test_nodes_gpu_health)
   ecc.use[1].ecc_uncorrected = 1;
   ecc.use[0].ecc_uncorrected = -1; /* unknown: no problem */
   ecc.use[0].slowdown = 0xc0;      /* no problem either: shown with the usage */
+  ecc.use[0].pcie_width = 8;       /* nor a PCIe link trained down */
+  ecc.use[0].pcie_max_width = 16;
+  ecc.use[1].pcie_width = 16; /* at its width: not slowed */
+  ecc.use[1].pcie_max_width = 16;
   node_make(&lost, "node-1", "gpu-b", "cuda", 2);
   node_gpu(&lost, 0, "NVIDIA H100", 80 * GIB);
   node_gpu(&lost, 1, "NVIDIA H100", 80 * GIB);
@@ -220,6 +224,7 @@ START_TEST(test_nodes_gpu_health)
   lost.use[1].remap_failed = 1;
   lost.use[1].reset_pending = 1;
   lost.use[1].ecc_uncorrected = 7;
+  lost.use[1].nvlink_down = 0x11;
   node_make(&drained, "node-2", "gpu-c", "cuda", 1);
   node_gpu(&drained, 0, "NVIDIA H100", 80 * GIB);
   node_usage(&drained, 0, 1 * GIB, 80 * GIB, 0);
@@ -235,7 +240,19 @@ START_TEST(test_nodes_gpu_health)
   ck_assert_str_eq(buf, "GPU 0: lost (it fell off the bus or needs a reset); GPU 1: 7 uncorrected "
                         "ECC errors since the driver loaded, a row remapping failed (no spare "
                         "memory rows left), memory repairs wait for a reset (row remapping or "
-                        "page retirement)");
+                        "page retirement), NVLinks 0, 4 down (active when its agent started)");
+  lost.use[1].nvlink_down = 0x8;
+  ck_assert_int_eq(dt_ctl_gpu_problems(lost.node.usage + 1, 1, buf, sizeof buf), 1);
+  ck_assert_msg(strstr(buf, "), NVLink 3 down (active when its agent started)"), "%s", buf);
+  lost.use[1].nvlink_down = 0;
+  lost.use[1].ecc_uncorrected = lost.use[1].remap_failed = lost.use[1].reset_pending = 0;
+  ck_assert_int_eq(dt_ctl_gpu_problems(lost.node.usage + 1, 1, buf, sizeof buf), 0);
+  lost.use[1].nvlink_down = 1ull << 35; /* the 36th link: the last nvml.h knows */
+  ck_assert_int_eq(dt_ctl_gpu_problems(lost.node.usage + 1, 1, buf, sizeof buf), 1);
+  ck_assert_str_eq(buf, "GPU 1: NVLink 35 down (active when its agent started)");
+  lost.use[1].nvlink_down = 0;
+  lost.use[1].ecc_uncorrected = 7;
+  lost.use[1].remap_failed = lost.use[1].reset_pending = 1;
   ck_assert_int_eq(dt_ctl_gpu_problems(ecc.node.usage, 1, buf, sizeof buf), 0);
   ck_assert_str_eq(buf, "");
   ck_assert_int_eq(dt_ctl_gpu_problems(lost.node.usage, 2, buf, 12), 2); /* cut, not overrun */
@@ -247,8 +264,8 @@ START_TEST(test_nodes_gpu_health)
   nth_line(out, 1, line, sizeof line);
   ck_assert_str_eq(devices_col(line),
                    "2x NVIDIA H100, mem 20.0/160.0 GiB, util 50%, GPU 0 slowed (hardware thermal "
-                   "slowdown, hardware power brake)  [unhealthy: GPU 1: 1 uncorrected ECC error "
-                   "since the driver loaded]");
+                   "slowdown, hardware power brake, PCIe link x8 of x16)  [unhealthy: GPU 1: 1 "
+                   "uncorrected ECC error since the driver loaded]");
   nth_line(out, 2, line, sizeof line);
   ck_assert_msg(strstr(line, "2x NVIDIA H100, mem 5.0/80.0 GiB, util 30% (1 of 2 reporting)  "
                              "[unhealthy: GPU 0: lost (it fell off the bus or needs a reset); "
@@ -278,6 +295,9 @@ START_TEST(test_nodes_json)
   gpu.use[1].ecc_uncorrected = 3;
   gpu.use[1].reset_pending = 1;
   gpu.use[1].xid = 79;
+  gpu.use[1].nvlink_down = 0x6;
+  gpu.use[1].pcie_width = 4;
+  gpu.use[1].pcie_max_width = 16;
   gpu.node.n_trainers = 1;
   gpu.node.last_heartbeat_ms = 1700000000123;
   node_make(&cpu, "node-1", "cpu \"b\"", "cpu", 1);
@@ -297,14 +317,17 @@ START_TEST(test_nodes_json)
            "\"memory_bytes\": 85520809984}], \"usage\": ["
            "{\"index\": 0, \"memory_used_bytes\": 13207024435, \"memory_total_bytes\": "
            "85520809984, \"utilization_pct\": 87, \"lost\": false, \"ecc_uncorrected\": 0, "
-           "\"reset_pending\": false, \"remap_failed\": false, \"xid\": 0, "
+           "\"reset_pending\": false, \"remap_failed\": false, \"xid\": 0, \"nvlink_down\": 0, "
+           "\"pcie_width\": 0, \"pcie_max_width\": 0, "
            "\"slowdown\": \"hardware slowdown, software thermal slowdown\"}, "
            "{\"index\": 1, \"memory_used_bytes\": 1048576, \"memory_total_bytes\": 85520809984, "
            "\"utilization_pct\": -1, \"lost\": false, \"ecc_uncorrected\": 3, "
-           "\"reset_pending\": true, \"remap_failed\": false, \"xid\": 79, \"slowdown\": \"\"}], "
+           "\"reset_pending\": true, \"remap_failed\": false, \"xid\": 79, \"nvlink_down\": 6, "
+           "\"pcie_width\": 4, \"pcie_max_width\": 16, \"slowdown\": \"PCIe link x4 of x16\"}], "
            "\"gpu_problems\": \"GPU 1: 3 uncorrected ECC errors since the driver loaded, memory "
            "repairs wait for a reset (row remapping or page retirement), Xid 79 (reported until "
-           "its agent restarts)\", \"trainers\": 1, \"last_heartbeat_ms\": 1700000000123}, "
+           "its agent restarts), NVLinks 1, 2 down (active when its agent started)\", "
+           "\"trainers\": 1, \"last_heartbeat_ms\": 1700000000123}, "
            "{\"node_id\": \"node-1\", \"hostname\": \"cpu \\\"b\\\"\", \"state\": \"DRAINED\", "
            "\"drained\": true, \"drain_reason\": \"for \\\"good\\\"\", "
            "\"device_kind\": \"cpu\", \"devices\": ["

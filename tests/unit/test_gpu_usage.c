@@ -58,13 +58,19 @@ static void set_health(const char *path, const char *text)
   ck_assert_int_eq(fclose(f), 0);
 }
 
-START_TEST(test_health)
+/* A fresh, empty FAKE_NVML_HEALTH file at path (a mkstemp template). */
+static void health_file(char *path)
 {
-  char path[] = "/tmp/test_gpu_usage_XXXXXX";
   int fd = mkstemp(path);
   ck_assert_int_ge(fd, 0);
   close(fd);
   setenv("FAKE_NVML_HEALTH", path, 1);
+}
+
+START_TEST(test_health)
+{
+  char path[] = "/tmp/test_gpu_usage_XXXXXX";
+  health_file(path);
   const char *ids[] = {"0000:3B:00.0", "0000:86:00.0", "0000:00:01.0"};
   dt_gpu_usage_t *u = NULL;
   ck_assert_int_eq(dt_gpu_usage_create(&u, FAKE_NVML, ids, 3), 0);
@@ -137,6 +143,62 @@ START_TEST(test_health)
 }
 END_TEST
 
+/* NVLinks: those active at create are watched, and one gone inactive is reported; a link down
+ * already at create is not, but a GPU with fewer active links than another is logged. The PCIe
+ * width, now and at most, where the GPU reports it. */
+START_TEST(test_links)
+{
+  char path[] = "/tmp/test_gpu_usage_XXXXXX";
+  health_file(path);
+  set_health(path, "0000:00:01.0 nvlink_down=0x4\n");
+  const char *ids[] = {"0000:3B:00.0", "0000:86:00.0", "0000:00:01.0"};
+  dt_gpu_usage_t *u = NULL;
+  char logp[] = "/tmp/test_gpu_usage_log_XXXXXX"; /* the log of create: stderr */
+  const int lf = mkstemp(logp), saved = dup(2);
+  ck_assert(lf >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(lf, 2);
+  ck_assert_int_eq(dt_gpu_usage_create(&u, FAKE_NVML, ids, 3), 0);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char log[4096] = "";
+  ck_assert_int_ge(pread(lf, log, sizeof log - 1, 0), 0);
+  close(lf);
+  unlink(logp);
+  ck_assert_msg(strstr(log, "GPU 2 has 17 NVLinks active, another GPU of this node 18: a link "
+                            "may be down (nvidia-smi nvlink --status)"),
+                "%s", log);
+  ck_assert_msg(!strstr(log, "GPU 0 has") && !strstr(log, "GPU 1 has"), "%s", log);
+  dt_gpu_sample_t s;
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_uint_eq(s.nvlink_down, 0);
+  ck_assert(s.pcie_width == 16 && s.pcie_max_width == 16);
+  ck_assert(dt_gpu_usage_sample(u, 1, &s)); /* neither supported */
+  ck_assert_uint_eq(s.nvlink_down, 0);
+  ck_assert(s.pcie_width == 0 && s.pcie_max_width == 0);
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert_uint_eq(s.nvlink_down, 0); /* link 2 was down at create: not watched */
+
+  set_health(path, "0000:3B:00.0 nvlink_down=0x20021 pcie=8\n0000:00:01.0 nvlink_down=0x6\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_uint_eq(s.nvlink_down, 0x20021);
+  ck_assert(s.pcie_width == 8 && s.pcie_max_width == 16);
+  ck_assert(!s.lost && !s.reset_pending && s.ecc_uncorrected == 0);
+  ck_assert(dt_gpu_usage_sample(u, 2, &s));
+  ck_assert_uint_eq(s.nvlink_down, 0x2);
+  ck_assert(s.pcie_width == 16);
+
+  set_health(path, ""); /* up again: no longer reported */
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_uint_eq(s.nvlink_down, 0);
+  ck_assert(s.pcie_width == 16);
+  dt_gpu_usage_destroy(u);
+  unsetenv("FAKE_NVML_HEALTH");
+  unlink(path);
+}
+END_TEST
+
 START_TEST(test_without_nvml)
 {
   const char *ids[] = {"0000:3B:00.0"};
@@ -158,6 +220,7 @@ static Suite *gpu_usage_suite(void)
   TCase *t = tcase_create("nvml");
   tcase_add_test(t, test_samples_by_pci_address);
   tcase_add_test(t, test_health);
+  tcase_add_test(t, test_links);
   tcase_add_test(t, test_without_nvml);
   suite_add_tcase(s, t);
   return s;

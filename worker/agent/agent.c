@@ -825,6 +825,9 @@ static void sample_gpus(dt_agent_t *a)
     u->remap_failed = s.remap_failed;
     u->slowdown = s.slowdown;
     u->xid = s.xid;
+    u->nvlink_down = s.nvlink_down;
+    u->pcie_width = (uint32_t)s.pcie_width;
+    u->pcie_max_width = (uint32_t)s.pcie_max_width;
     a->hb_usage[k++] = u;
   }
   a->hb_req.devices = a->hb_usage;

@@ -26,6 +26,10 @@ struct dt_gpu_usage {
   nvmlEventSetWait_v2_fn event_wait;
   nvmlEventSetFree_fn event_free;
   int *xid; /* (n) each GPU's newest critical Xid, 0: none */
+  nvmlDeviceGetNvLinkState_fn nvlink_state;
+  nvmlDeviceGetCurrPcieLinkWidth_fn pcie_width;
+  nvmlDeviceGetMaxPcieLinkWidth_fn pcie_max_width;
+  uint64_t *links; /* (n) each GPU's NVLinks active at create (bit i: link i) */
 };
 
 static const char *nvml_error(const dt_gpu_usage_t *u, nvmlReturn_t r)
@@ -59,6 +63,9 @@ static void load(dt_gpu_usage_t *u, const char *path)
   if (!u->clocks_events)
     u->clocks_events = (nvmlDeviceGetCurrentClocksEventReasons_fn)dlsym(
         lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  u->nvlink_state = (nvmlDeviceGetNvLinkState_fn)dlsym(lib, "nvmlDeviceGetNvLinkState");
+  u->pcie_width = (nvmlDeviceGetCurrPcieLinkWidth_fn)dlsym(lib, "nvmlDeviceGetCurrPcieLinkWidth");
+  u->pcie_max_width = (nvmlDeviceGetMaxPcieLinkWidth_fn)dlsym(lib, "nvmlDeviceGetMaxPcieLinkWidth");
   u->event_wait = (nvmlEventSetWait_v2_fn)dlsym(lib, "nvmlEventSetWait_v2");
   u->event_free = (nvmlEventSetFree_fn)dlsym(lib, "nvmlEventSetFree");
   if (!init || !u->shutdown || !u->memory_info || !u->by_pci) {
@@ -115,6 +122,46 @@ static void take_xids(dt_gpu_usage_t *u)
   }
 }
 
+/* The NVLinks active on GPU d (bit i: link i), 0 where it has none or NVML cannot say; *links:
+ * how many links NVML knows of on it, active or not. */
+static uint64_t active_links(const dt_gpu_usage_t *u, nvmlDevice_t d, int *links)
+{
+  uint64_t active = 0;
+  *links = 0;
+  for (unsigned l = 0; u->nvlink_state && l < NVML_NVLINK_MAX_LINKS; l++) {
+    nvmlEnableState_t on;
+    if (u->nvlink_state(d, l, &on) != NVML_SUCCESS)
+      continue;
+    ++*links;
+    if (on == NVML_FEATURE_ENABLED)
+      active |= 1ull << l;
+  }
+  return active;
+}
+
+/* Counts the links active on each GPU as the agent starts: only those are watched (a link down
+ * already is no change to report), so a GPU with NVLinks but fewer active than another of the
+ * node's is named in the log. */
+static void watch_links(dt_gpu_usage_t *u)
+{
+  int most = 0;
+  int *links = calloc(u->n > 0 ? (size_t)u->n : 1, sizeof *links);
+  if (!links)
+    return; /* no links watched: none reported down */
+  for (int i = 0; i < u->n; i++)
+    if (u->dev[i]) {
+      u->links[i] = active_links(u, u->dev[i], &links[i]);
+      most = DT_MAX(most, __builtin_popcountll(u->links[i]));
+    }
+  for (int i = 0; i < u->n; i++)
+    if (links[i] > 0 && __builtin_popcountll(u->links[i]) < most)
+      DT_WARN(WORKER,
+              "GPU %d has %d NVLinks active, another GPU of this node %d: a link may be down "
+              "(nvidia-smi nvlink --status)",
+              i, __builtin_popcountll(u->links[i]), most);
+  free(links);
+}
+
 int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const *pci_bus_ids,
                         int n)
 {
@@ -124,10 +171,9 @@ int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const
   u->n = n;
   u->dev = calloc(n > 0 ? (size_t)n : 1, sizeof *u->dev);
   u->xid = calloc(n > 0 ? (size_t)n : 1, sizeof *u->xid);
-  if (!u->dev || !u->xid) {
-    free(u->dev);
-    free(u->xid);
-    free(u);
+  u->links = calloc(n > 0 ? (size_t)n : 1, sizeof *u->links);
+  if (!u->dev || !u->xid || !u->links) {
+    dt_gpu_usage_destroy(u);
     return DT_ENOMEM;
   }
   load(u, lib);
@@ -139,8 +185,10 @@ int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const
       u->dev[i] = NULL;
     }
   }
-  if (u->lib)
+  if (u->lib) {
     watch_xids(u);
+    watch_links(u);
+  }
   *out = u;
   return 0;
 }
@@ -151,9 +199,10 @@ static int gone(nvmlReturn_t r)
   return r == NVML_ERROR_GPU_IS_LOST || r == NVML_ERROR_RESET_REQUIRED;
 }
 
-/* The health and slowdown queries a GPU supports (others leave *s unknown: -1, 0). */
-static void sample_health(dt_gpu_usage_t *u, nvmlDevice_t d, dt_gpu_sample_t *s)
+/* The health, slowdown and link queries GPU i supports (others leave *s unknown: -1, 0). */
+static void sample_health(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
 {
+  nvmlDevice_t d = u->dev[i];
   unsigned long long ecc;
   nvmlReturn_t r =
       u->ecc_errors ? u->ecc_errors(d, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &ecc)
@@ -179,6 +228,19 @@ static void sample_health(dt_gpu_usage_t *u, nvmlDevice_t d, dt_gpu_sample_t *s)
   if (r == NVML_SUCCESS)
     s->slowdown = reasons & DT_GPU_SLOWDOWN;
   s->lost |= gone(r);
+  for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; l++) {
+    nvmlEnableState_t on;
+    if (!(u->links[i] >> l & 1))
+      continue;
+    r = u->nvlink_state(d, l, &on);
+    if (r == NVML_SUCCESS && on != NVML_FEATURE_ENABLED)
+      s->nvlink_down |= 1ull << l;
+    s->lost |= gone(r);
+  }
+  unsigned width, max_width;
+  if (u->pcie_width && u->pcie_max_width && u->pcie_width(d, &width) == NVML_SUCCESS &&
+      u->pcie_max_width(d, &max_width) == NVML_SUCCESS)
+    s->pcie_width = (int)width, s->pcie_max_width = (int)max_width;
 }
 
 int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
@@ -202,7 +264,7 @@ int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
   nvmlUtilization_t util;
   if (u->utilization && u->utilization(u->dev[i], &util) == NVML_SUCCESS)
     s->utilization_pct = (int)util.gpu;
-  sample_health(u, u->dev[i], s);
+  sample_health(u, i, s);
   return 1;
 }
 
@@ -218,5 +280,6 @@ void dt_gpu_usage_destroy(dt_gpu_usage_t *u)
   }
   free(u->dev);
   free(u->xid);
+  free(u->links);
   free(u);
 }

@@ -1,5 +1,6 @@
 /* gpu_usage.h — the memory in use, the utilisation and the health (lost, uncorrected ECC errors,
- * memory repairs pending or failed) of this node's GPUs, through NVML loaded at run time
+ * memory repairs pending or failed, critical Xids, NVLinks gone down) and the links (PCIe width)
+ * of this node's GPUs, through NVML loaded at run time
  * (nvml_api.h says why it is not linked).
  *
  * GPUs are named by PCI address, which is how a CUDA ordinal (ordered fastest first, renumbered
@@ -25,6 +26,9 @@ typedef struct {
   uint64_t slowdown;       /* NVML's clocks event reasons of trouble (DT_GPU_SLOWDOWN) */
   int xid;                 /* the newest critical Xid since create (dt_gpu_usage_app_xid's
                             * application errors left out); 0: none */
+  uint64_t nvlink_down;    /* NVLinks (bit i: link i) active at create, inactive now */
+  int pcie_width;          /* the PCIe link's lanes now and at most; 0: unknown */
+  int pcie_max_width;
 } dt_gpu_sample_t;
 
 /* The clocks event reasons that mean trouble with the GPU's cooling or power, kept in
@@ -40,10 +44,11 @@ typedef struct dt_gpu_usage dt_gpu_usage_t;
  * be used. 0, or DT_ENOMEM. */
 int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const *pci_bus_ids,
                         int n);
-/* Samples GPU i (0 <= i < n) into *s: its memory use and utilisation, and its health where the
- * GPU reports it. Whether there is anything to report: its memory use is known, or it is lost.
- * Each call first takes the Xid events NVML has for the GPUs (logged as they come): a GPU's
- * newest critical one stays in its samples until create is called again (the agent restarts). */
+/* Samples GPU i (0 <= i < n) into *s: its memory use and utilisation, and its health and links
+ * where the GPU reports them (its NVLinks: those active at create, each queried). Whether there is
+ * anything to report: its memory use is known, or it is lost. Each call first takes the Xid events
+ * NVML has for the GPUs (logged as they come): a GPU's newest critical one stays in its samples
+ * until create is called again (the agent restarts). */
 int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s);
 /* Whether an Xid is an application's error (13, 31, 43, 45, 68, 109: a graphics engine exception,
  * a GPU memory page fault, ...), after which the GPU is fine, as NVIDIA's Kubernetes device

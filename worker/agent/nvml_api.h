@@ -5,7 +5,8 @@
  * dlopens the library at run time (gpu_usage.c) and declares what it calls here, as in nvml.h
  * of CUDA 12.x and 13 (NVML API versions 12 and 13, drivers r525 and later). The memory,
  * utilisation and lookup entry points and structs have kept this form since NVML API version 6;
- * the health queries, the clocks event reasons and the Xid events are looked up one by one, and
+ * the health queries, the clocks event reasons, the Xid events and the NVLink and PCIe link
+ * queries are looked up one by one, and
  * a driver whose NVML lacks one goes without it. Add a declaration only from nvml.h, exactly as
  * it is there. */
 #ifndef DT_AGENT_NVML_API_H
@@ -94,6 +95,15 @@ typedef nvmlReturn_t (*nvmlEventSetFree_fn)(nvmlEventSet_t set);
  * nvmlDeviceGetCurrentClocksThrottleReasons: the same function. */
 typedef nvmlReturn_t (*nvmlDeviceGetCurrentClocksEventReasons_fn)(
     nvmlDevice_t device, unsigned long long *clocksEventReasons);
+/* Links: NVLink's state per link (Pascal on; NOT_SUPPORTED or INVALID_ARGUMENT for a link the
+ * GPU does not have), and the PCIe link's width now and at most (lanes; Fermi on). */
+#define NVML_NVLINK_MAX_LINKS 36
+typedef nvmlReturn_t (*nvmlDeviceGetNvLinkState_fn)(nvmlDevice_t device, unsigned int link,
+                                                    nvmlEnableState_t *isActive);
+typedef nvmlReturn_t (*nvmlDeviceGetCurrPcieLinkWidth_fn)(nvmlDevice_t device,
+                                                          unsigned int *currLinkWidth);
+typedef nvmlReturn_t (*nvmlDeviceGetMaxPcieLinkWidth_fn)(nvmlDevice_t device,
+                                                         unsigned int *maxLinkWidth);
 typedef nvmlReturn_t (*nvmlDeviceGetRemappedRows_fn)(nvmlDevice_t device, unsigned int *corrRows,
                                                      unsigned int *uncRows, unsigned int *isPending,
                                                      unsigned int *failureOccurred);
