@@ -372,17 +372,18 @@ if unshare -rm true 2>/dev/null; then
   # two while the newer is written); the file is deleted once it is reported, and later saves
   # succeed. The same run on a large disk is the reference.
   DISTRAIN_FAULT_SLOW_MS=100 small ckpt_freed 100 --steps 12 --keep 1
+  freed_rc=$RC
   run ckpt_ref "$TRAIN" --train "$DATA" "${MODEL[@]}" --save-every 1 --ckpt-dir "$T/ckpt_ref" \
     --steps 12 --keep 1
   ref=$(grep "^shard" "$T/ckpt_ref/step-00000012/MANIFEST")
-  if [[ $RC -eq 0 ]] && grep -q "checkpoint step 2 not saved" "$T/ckpt_freed.err" &&
+  if [[ $freed_rc -eq 0 && $RC -eq 0 ]] && grep -q "checkpoint step 2 not saved" "$T/ckpt_freed.err" &&
     [[ $(head -1 "$T/small/ckpt_freed.ls") == step-00000012 ]] && [[ -n $ref ]] &&
     grep -qxF "$ref" "$T/small/ckpt_freed.ls" &&
     [[ "$(grep -o 'step    12/12 | loss [0-9.]*' "$T/ckpt_freed.err")" == \
       "$(grep -o 'step    12/12 | loss [0-9.]*' "$T/ckpt_ref.err")" ]]; then
     ok "ckpt_freed: step 2 not saved, the disk freed, step 12 committed with the reference run's shard (size and CRC) and loss"
   else
-    bad "ckpt_freed: exit $RC; $(grep -c 'not saved' "$T/ckpt_freed.err") not saved; $(tr '\n' ' ' <"$T/small/ckpt_freed.ls"); reference: $ref"
+    bad "ckpt_freed: exit $freed_rc (reference $RC); $(grep -c 'not saved' "$T/ckpt_freed.err") not saved; $(tr '\n' ' ' <"$T/small/ckpt_freed.ls"); reference: $ref"
     tail -3 "$T/ckpt_freed.err"
   fi
   # 160 KiB taken: the shard (24 pages) fits, its manifest does not; the step is abandoned

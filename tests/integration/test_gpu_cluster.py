@@ -296,7 +296,8 @@ class GpuCluster(cp.ClusterTest):
         """Each problem NVML reports drains the GPU's node with it as the reason (distrainctl
         nodes, Prometheus), undrain is refused while it lasts, and the drain lifts itself once the
         GPU reports none; an operator's drain is the operator's to lift; a critical Xid is
-        reported until the agent restarts."""
+        reported until the agent restarts, unless the restarted agent ignores it
+        (--ignore-xids)."""
         self.emulated_health()
         hport_file = os.path.join(self.tmp, "http.port")
         self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
@@ -413,8 +414,23 @@ class GpuCluster(cp.ClusterTest):
                       "this agent restarts", cp.tail(os.path.join(self.tmp, "agent-h1.log")))
         self.agents["h1"].terminate()
         self.assertEqual(self.agents["h1"].wait(timeout=30), 0)
-        self.start_agent("h1", ["--gpus", "1"])
+        self.start_agent("h1", ["--gpus", "1", "--ignore-xids", "63,79"])
         node("h1", lambda n: not n["drained"] and n["state"] == "ALIVE" and n["usage"])
+
+        # An Xid the operator chose to ignore (--ignore-xids) is logged, and drains nothing.
+        self.health("0000:00:01.0 xid=79\n")
+        agent_log = os.path.join(self.tmp, "agent-h1.log")
+        cp.wait_until(lambda: "GPU 0: Xid 79 (NVML), ignored (--ignore-xids)" in
+                      cp.tail(agent_log), 20, "the ignored Xid logged")
+        time.sleep(1)
+        self.assertEqual((self.nodes_json()["h1"]["drained"],
+                          self.nodes_json()["h1"]["usage"][0]["xid"]), (False, 0))
+        self.health("")
+        bad = self.start_agent("badxid", ["--ignore-xids", "79,x"])
+        self.assertEqual(bad.wait(timeout=30), 2)
+        self.assertIn("distrain-worker: --ignore-xids 79,x: expected at most 32 Xid numbers from "
+                      "1 to 999 separated by commas", cp.tail(os.path.join(self.tmp,
+                                                                            "agent-badxid.log")))
 
     def test_straggler_is_told_its_gpu_is_slowed(self):
         """dp=2 on 2 agents x 1 GPU, one agent's trainer 400 ms slower a step

@@ -199,6 +199,28 @@ START_TEST(test_links)
 }
 END_TEST
 
+/* --ignore-xids: an Xid the operator named is not kept; another critical one is. */
+START_TEST(test_ignored_xids)
+{
+  char path[] = "/tmp/test_gpu_usage_XXXXXX";
+  health_file(path);
+  const char *ids[] = {"0000:3B:00.0"};
+  dt_gpu_usage_t *u = NULL;
+  ck_assert_int_eq(dt_gpu_usage_create(&u, FAKE_NVML, ids, 1), 0);
+  dt_gpu_usage_ignore_xids(u, (const int[]){63, 79}, 2);
+  dt_gpu_sample_t s;
+  set_health(path, "0000:3B:00.0 xid=79\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_int_eq(s.xid, 0);
+  set_health(path, "0000:3B:00.0 xid=74\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert_int_eq(s.xid, 74);
+  dt_gpu_usage_destroy(u);
+  unsetenv("FAKE_NVML_HEALTH");
+  unlink(path);
+}
+END_TEST
+
 START_TEST(test_without_nvml)
 {
   const char *ids[] = {"0000:3B:00.0"};
@@ -221,6 +243,7 @@ static Suite *gpu_usage_suite(void)
   tcase_add_test(t, test_samples_by_pci_address);
   tcase_add_test(t, test_health);
   tcase_add_test(t, test_links);
+  tcase_add_test(t, test_ignored_xids);
   tcase_add_test(t, test_without_nvml);
   suite_add_tcase(s, t);
   return s;

@@ -1212,6 +1212,8 @@ static void usage_work(uv_work_t *w)
     ids[i] = a->gpus[i].pci_bus_id;
   if (dt_gpu_usage_create(&a->usage_loaded, NULL, ids, a->n_gpus) != 0)
     a->usage_loaded = NULL;
+  else
+    dt_gpu_usage_ignore_xids(a->usage_loaded, a->cfg.ignore_xids, a->cfg.n_ignore_xids);
   free(ids);
 }
 

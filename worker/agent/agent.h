@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "distrain.pb-c.h"
+#include "gpu_usage.h"
 #include "rpc.h"
 
 typedef struct {
@@ -36,6 +37,8 @@ typedef struct {
    * whose trainers share it. Trainers see the offered GPUs only (their CUDA_VISIBLE_DEVICES),
    * and none when the agent offers CPU devices. */
   const char *gpus;
+  /* Xids the GPUs' health leaves out besides an application's (--ignore-xids; gpu_usage.h) */
+  int ignore_xids[DT_GPU_IGNORED_XIDS], n_ignore_xids;
   int grace_ms; /* SIGTERM -> SIGKILL */
   /* Called on the loop after every successful registration (NULL: none); the first one is
    * when the agent is ready (systemd's READY=1). */

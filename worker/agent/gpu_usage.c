@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dt_error.h"
 #include "dt_log.h"
@@ -25,7 +26,8 @@ struct dt_gpu_usage {
   nvmlEventSet_t events; /* the GPUs' Xid events, or NULL */
   nvmlEventSetWait_v2_fn event_wait;
   nvmlEventSetFree_fn event_free;
-  int *xid; /* (n) each GPU's newest critical Xid, 0: none */
+  int *xid;                                  /* (n) each GPU's newest critical Xid, 0: none */
+  int ignore[DT_GPU_IGNORED_XIDS], n_ignore; /* dt_gpu_usage_ignore_xids */
   nvmlDeviceGetNvLinkState_fn nvlink_state;
   nvmlDeviceGetCurrPcieLinkWidth_fn pcie_width;
   nvmlDeviceGetMaxPcieLinkWidth_fn pcie_max_width;
@@ -104,6 +106,20 @@ static void watch_xids(dt_gpu_usage_t *u)
       DT_INFO(WORKER, "GPU %d: NVML reports no Xid events for it", i);
 }
 
+void dt_gpu_usage_ignore_xids(dt_gpu_usage_t *u, const int *xids, int n)
+{
+  u->n_ignore = DT_MIN(n, DT_GPU_IGNORED_XIDS);
+  memcpy(u->ignore, xids, (size_t)u->n_ignore * sizeof *xids);
+}
+
+static int ignored(const dt_gpu_usage_t *u, unsigned long long xid)
+{
+  for (int k = 0; k < u->n_ignore; k++)
+    if ((unsigned long long)u->ignore[k] == xid)
+      return 1;
+  return 0;
+}
+
 /* Takes the Xid events waiting (at most 64 a call), keeping each GPU's newest critical one. */
 static void take_xids(dt_gpu_usage_t *u)
 {
@@ -112,7 +128,9 @@ static void take_xids(dt_gpu_usage_t *u)
     if (!(e.eventType & nvmlEventTypeXidCriticalError) || dt_gpu_usage_app_xid(e.eventData))
       continue;
     for (int i = 0; i < u->n; i++)
-      if (u->dev[i] && u->dev[i] == e.device) {
+      if (u->dev[i] && u->dev[i] == e.device && ignored(u, e.eventData)) {
+        DT_INFO(WORKER, "GPU %d: Xid %llu (NVML), ignored (--ignore-xids)", i, e.eventData);
+      } else if (u->dev[i] && u->dev[i] == e.device) {
         u->xid[i] = (int)DT_MIN(e.eventData, 100000ull);
         DT_WARN(WORKER,
                 "GPU %d: Xid %llu, a critical error of the GPU (NVML): it stays reported "

@@ -55,6 +55,11 @@ int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s);
  * plugin and its Xid catalog judge them; every other Xid NVML reports as critical is the GPU's
  * (ECC, fallen off the bus, NVLink, GSP errors, ...). */
 int dt_gpu_usage_app_xid(unsigned long long xid);
+/* Xids not to count as a GPU's problem besides an application's (distrain-worker --ignore-xids:
+ * an operator's judgement, as NVIDIA's device plugin takes one); logged as they come, not kept.
+ * At most DT_GPU_IGNORED_XIDS (more are left out). */
+#define DT_GPU_IGNORED_XIDS 32
+void dt_gpu_usage_ignore_xids(dt_gpu_usage_t *u, const int *xids, int n);
 /* Shuts NVML down and unloads it. NULL is fine. */
 void dt_gpu_usage_destroy(dt_gpu_usage_t *u);
 

@@ -1,11 +1,13 @@
 /* main.c — distrain-worker: flags, signals, and the loop.
  *
  *   distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]
- *                   [--gpus all|none|N,N,...] [--work-dir DIR] [--trainer PATH]
- *                   [--hostname NAME] [--grace-ms N] [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
+ *                   [--gpus all|none|N,N,...] [--ignore-xids N,N,...] [--work-dir DIR]
+ *                   [--trainer PATH] [--hostname NAME] [--grace-ms N]
+ *                   [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
  *
  * --gpus chooses the GPUs the node offers (agent.h: every one by default; a list, where a GPU
  * named twice is two devices sharing it); --cpu-devices is what it offers without GPUs.
+ * --ignore-xids names Xid errors the GPUs' health leaves out (gpu_usage.h).
  *
  * The --tls-* flags (rpc.h, "TLS") reach its trainers through the environment, so they too
  * talk TLS to the coordinator.
@@ -18,6 +20,7 @@
  * its first successful registration with the coordinator, keeps STATUS= current (node id,
  * trainers and their steps), pings the watchdog from the loop and sends STOPPING=1 on a
  * signal. */
+#include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -73,12 +76,36 @@ static void on_signal(uv_signal_t *h, int signum)
   dt_agent_close(a, on_closed, NULL);
 }
 
+/* --ignore-xids: Xid numbers separated by commas, into cfg; an error said, -1, on a bad list. */
+static int parse_xids(const char *list, dt_agent_config_t *cfg)
+{
+  cfg->n_ignore_xids = 0;
+  for (const char *s = list;;) {
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (end == s || (*end && *end != ',') || errno || v < 1 || v > 999 ||
+        cfg->n_ignore_xids == DT_GPU_IGNORED_XIDS) {
+      fprintf(stderr,
+              "distrain-worker: --ignore-xids %s: expected at most %d Xid numbers from 1 to 999 "
+              "separated by commas\n",
+              list, DT_GPU_IGNORED_XIDS);
+      return -1;
+    }
+    cfg->ignore_xids[cfg->n_ignore_xids++] = (int)v;
+    if (!*end)
+      return 0;
+    s = end + 1;
+  }
+}
+
 static void usage(FILE *out)
 {
   fprintf(out,
           "usage: distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]\n"
-          "                       [--gpus all|none|N,N,...] [--work-dir DIR] [--trainer PATH]\n"
-          "                       [--hostname NAME] [--grace-ms N]\n"
+          "                       [--gpus all|none|N,N,...] [--ignore-xids N,N,...]\n"
+          "                       [--work-dir DIR] [--trainer PATH] [--hostname NAME]\n"
+          "                       [--grace-ms N]\n"
           "                       " DT_RPC_TLS_USAGE "\n");
 }
 
@@ -90,6 +117,7 @@ int main(int argc, char **argv)
                                        {"token-file", required_argument, 0, 't'},
                                        {"cpu-devices", required_argument, 0, 'n'},
                                        {"gpus", required_argument, 0, 'G'},
+                                       {"ignore-xids", required_argument, 0, 'X'},
                                        {"work-dir", required_argument, 0, 'w'},
                                        {"trainer", required_argument, 0, 'x'},
                                        {"hostname", required_argument, 0, 'H'},
@@ -115,6 +143,10 @@ int main(int argc, char **argv)
       break;
     case 'G':
       cfg.gpus = optarg;
+      break;
+    case 'X':
+      if (parse_xids(optarg, &cfg) != 0)
+        return 2;
       break;
     case 'H':
       cfg.hostname = optarg;
