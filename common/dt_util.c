@@ -249,6 +249,27 @@ int dt_parse_i64(const char *s, int64_t *out)
   return 0;
 }
 
+int dt_parse_int_list(const char *s, int lo, int hi, int *out, int n_max, int *count)
+{
+  *count = 0;
+  char buf[32];
+  for (const char *p = s;;) {
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    int64_t v;
+    if (len >= sizeof buf || *count == n_max)
+      return DT_EINVAL;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    if (dt_parse_i64(buf, &v) != 0 || v < lo || v > hi)
+      return DT_EINVAL;
+    out[(*count)++] = (int)v;
+    if (!comma)
+      return 0;
+    p = comma + 1;
+  }
+}
+
 int dt_parse_step_range(const char *s, int *first, int *count)
 {
   char buf[64];

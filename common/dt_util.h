@@ -55,6 +55,9 @@ uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t n);
 /* Strict number parsing: the whole string must be a number in range (for doubles: finite;
  * subnormal and underflowing values are taken as strtod rounds them). 0 or DT_EINVAL. */
 int dt_parse_i64(const char *s, int64_t *out);
+/* A comma-separated list of integers in [lo, hi] ("0,2,3"; no spaces, no empty entries) into
+ * out (room for n_max), *count of them. 0, or DT_EINVAL for a bad entry or more than n_max. */
+int dt_parse_int_list(const char *s, int lo, int hi, int *out, int n_max, int *count);
 int dt_parse_f64(const char *s, double *out);
 /* Whether an address ("host:port", "[v6]:port", ":port", or a gRPC target such as
  * "dns:///host:port") ends with a port number above 65535: resolvers take such a number modulo

@@ -64,6 +64,21 @@ START_TEST(test_strerror_unknown)
 }
 END_TEST
 
+/* Comma-separated integer lists, as --gpus and --ignore-xids take them. */
+START_TEST(test_parse_int_list)
+{
+  int v[3], n;
+  ck_assert_int_eq(dt_parse_int_list("3", 0, 7, v, 3, &n), 0);
+  ck_assert(n == 1 && v[0] == 3);
+  ck_assert_int_eq(dt_parse_int_list("0,7,2", 0, 7, v, 3, &n), 0);
+  ck_assert(n == 3 && v[0] == 0 && v[1] == 7 && v[2] == 2);
+  const char *bad[] = {"",   ",", "1,",  ",1",  "1,,2",    "8",
+                       "-1", "x", "1,x", "1;2", "0,1,2,3", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    ck_assert_msg(dt_parse_int_list(bad[i], 0, 7, v, 3, &n) == DT_EINVAL, "'%s'", bad[i]);
+}
+END_TEST
+
 START_TEST(test_err_from_errno)
 {
   ck_assert_int_eq(dt_err_from_errno(0), 0);
@@ -886,6 +901,7 @@ static Suite *common_suite(void)
   tcase_add_test(t, test_error_codes_distinct);
   tcase_add_test(t, test_strerror_unknown);
   tcase_add_test(t, test_err_from_errno);
+  tcase_add_test(t, test_parse_int_list);
   suite_add_tcase(s, t);
 
   t = tcase_create("param");

@@ -1240,22 +1240,14 @@ static int parse_gpus(const char *spec, int n, int *gpu, int n_max, int *count)
       gpu[(*count)++] = i;
     return 0;
   }
-  for (const char *s = spec;;) {
-    char *end;
-    errno = 0;
-    const long v = strtol(s, &end, 10);
-    if (end == s || (*end && *end != ',') || errno || v < 0 || v >= n || *count == n_max) {
-      DT_ERROR(WORKER,
-               "--gpus %s: expected all, none, or at most %d GPU numbers from 0 to %d separated "
-               "by commas (this node's CUDA runtime shows %d GPU%s)",
-               spec, n_max, n - 1, n, n == 1 ? "" : "s");
-      return DT_EINVAL;
-    }
-    gpu[(*count)++] = (int)v;
-    if (!*end)
-      return 0;
-    s = end + 1;
+  if (dt_parse_int_list(spec, 0, n - 1, gpu, n_max, count) != 0) {
+    DT_ERROR(WORKER,
+             "--gpus %s: expected all, none, or at most %d GPU numbers from 0 to %d separated "
+             "by commas (this node's CUDA runtime shows %d GPU%s)",
+             spec, n_max, n - 1, n, n == 1 ? "" : "s");
+    return DT_EINVAL;
   }
+  return 0;
 }
 
 /* The trainers' CUDA_VISIBLE_DEVICES: the distinct offered GPUs, named as this process's own

@@ -127,16 +127,19 @@ static void take_xids(dt_gpu_usage_t *u)
   for (int k = 0; u->events && k < 64 && u->event_wait(u->events, &e, 0) == NVML_SUCCESS; k++) {
     if (!(e.eventType & nvmlEventTypeXidCriticalError) || dt_gpu_usage_app_xid(e.eventData))
       continue;
-    for (int i = 0; i < u->n; i++)
-      if (u->dev[i] && u->dev[i] == e.device && ignored(u, e.eventData)) {
+    for (int i = 0; i < u->n; i++) {
+      if (!u->dev[i] || u->dev[i] != e.device)
+        continue;
+      if (ignored(u, e.eventData)) {
         DT_INFO(WORKER, "GPU %d: Xid %llu (NVML), ignored (--ignore-xids)", i, e.eventData);
-      } else if (u->dev[i] && u->dev[i] == e.device) {
-        u->xid[i] = (int)DT_MIN(e.eventData, 100000ull);
-        DT_WARN(WORKER,
-                "GPU %d: Xid %llu, a critical error of the GPU (NVML): it stays reported "
-                "until this agent restarts",
-                i, e.eventData);
+        continue;
       }
+      u->xid[i] = (int)DT_MIN(e.eventData, 100000ull);
+      DT_WARN(WORKER,
+              "GPU %d: Xid %llu, a critical error of the GPU (NVML): it stays reported until "
+              "this agent restarts",
+              i, e.eventData);
+    }
   }
 }
 

@@ -20,7 +20,6 @@
  * its first successful registration with the coordinator, keeps STATUS= current (node id,
  * trainers and their steps), pings the watchdog from the loop and sends STOPPING=1 on a
  * signal. */
-#include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -79,24 +78,14 @@ static void on_signal(uv_signal_t *h, int signum)
 /* --ignore-xids: Xid numbers separated by commas, into cfg; an error said, -1, on a bad list. */
 static int parse_xids(const char *list, dt_agent_config_t *cfg)
 {
-  cfg->n_ignore_xids = 0;
-  for (const char *s = list;;) {
-    char *end;
-    errno = 0;
-    const long v = strtol(s, &end, 10);
-    if (end == s || (*end && *end != ',') || errno || v < 1 || v > 999 ||
-        cfg->n_ignore_xids == DT_GPU_IGNORED_XIDS) {
-      fprintf(stderr,
-              "distrain-worker: --ignore-xids %s: expected at most %d Xid numbers from 1 to 999 "
-              "separated by commas\n",
-              list, DT_GPU_IGNORED_XIDS);
-      return -1;
-    }
-    cfg->ignore_xids[cfg->n_ignore_xids++] = (int)v;
-    if (!*end)
-      return 0;
-    s = end + 1;
-  }
+  if (dt_parse_int_list(list, 1, 999, cfg->ignore_xids, DT_GPU_IGNORED_XIDS, &cfg->n_ignore_xids) ==
+      0)
+    return 0;
+  fprintf(stderr,
+          "distrain-worker: --ignore-xids %s: expected at most %d Xid numbers from 1 to 999 "
+          "separated by commas\n",
+          list, DT_GPU_IGNORED_XIDS);
+  return -1;
 }
 
 static void usage(FILE *out)
