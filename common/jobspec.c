@@ -1155,6 +1155,11 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
         "checkpoint.keep_every (%d) must be a multiple of checkpoint.every (%d): only the steps "
         "saved can be kept",
         checkpoint->keep_every, checkpoint->every);
+  if (checkpoint->last_save_wait_s < -1 || checkpoint->last_save_wait_s > 86400)
+    bad(&v,
+        "checkpoint.last_save_wait_s (%d) must be in [1, 86400] s, or 0 (the default, 600) or "
+        "-1 (a last save that finds its disk full fails the job at once)",
+        checkpoint->last_save_wait_s);
 
   /* elastic */
   if (elastic->min_nodes < 1)
@@ -1579,6 +1584,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
     av_int(&a, "--keep", ck->keep);
     if (ck->keep_every > 0)
       av_int(&a, "--keep-every", ck->keep_every);
+    if (ck->last_save_wait_s != 0) /* 0: the trainer's default */
+      av_int(&a, "--last-save-wait", ck->last_save_wait_s > 0 ? ck->last_save_wait_s : 0);
   }
   if (t->threads > 0)
     av_int(&a, "--threads", t->threads);

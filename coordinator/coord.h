@@ -142,7 +142,9 @@ void dt_coord_notify_node(dt_coord_t *c, dt_node_t *n);
 /* Records a checkpoint shard report (kept in the store first, unless restore: it is being read
  * back from there); writes the manifest when the step is complete. A manifest that cannot be
  * written abandons the step (its reports leave memory, and the store unless restore) and
- * fails the report that completed it. */
+ * fails the report that completed it. *committed: 1 this report completed the step and
+ * committed it; -1 it completed the step, which is abandoned (a writer's disk or the
+ * manifest's full: the job's checkpoint_error says why); 0 the step waits for more. */
 int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
                                const Distrain__V1__ReportCheckpointRequest *r, int *committed,
                                char *err, size_t errlen);

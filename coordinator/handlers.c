@@ -671,7 +671,10 @@ static void handle_report_ckpt(dt_rpc_call_t *call, const ProtobufCMessage *m, v
     return;
   }
   Distrain__V1__ReportCheckpointResponse resp = DISTRAIN__V1__REPORT_CHECKPOINT_RESPONSE__INIT;
-  resp.committed = committed;
+  resp.committed = committed > 0;
+  resp.abandoned = committed < 0;
+  if (resp.abandoned)
+    resp.error = j->job->checkpoint_error;
   dt_rpc_call_reply(call, &resp.base);
 }
 

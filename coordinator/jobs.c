@@ -1246,6 +1246,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   for (int k = 0; k < p->received; k++) /* received == world: every report is in */
     if (p->reports[k]->error[0]) {
       abandon_ckpt(c, j, p, p->reports[k]->error, restore);
+      *committed = -1;
       return 0;
     }
   /* Every shard is in: write the manifest, which commits the step. */
@@ -1271,6 +1272,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
     snprintf(why, sizeof why,
              "the coordinator could not write its manifest: no space left on device in %s", dir);
     abandon_ckpt(c, j, p, why, restore);
+    *committed = -1;
     return 0;
   }
   dt_ckpt_pending_free(p);

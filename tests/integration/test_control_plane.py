@@ -2681,24 +2681,53 @@ class T10g_CheckpointDiskFull(ClusterTest):
         self.assertUninterrupted(job_id, steps, 2)
 
     def test_last_save_on_a_full_disk_fails_the_job(self):
-        """The last step's save finds the disk full: the job fails at once, not restarted (a
+        """The last step's save finds h1's disk full in a dp=2 ZeRO-1 job that does not wait
+        for room (checkpoint.last_save_wait_s -1): the job fails at once, not restarted (a
         restart would train to the same full disk), naming the disk and the step it resumes
-        from."""
+        from. Both ranks say so, h0's too, which wrote its shard and learns it from the other."""
+        self.start_coordinator()
+        self.start_agent("h0")
+        self.start_agent("h1", env={"DISTRAIN_FAULT_NOSPACE_STEP": "8"})
+        self.wait_nodes(2)
+        ckpt = os.path.join(self.tmp, "ckpt")
+        spec = job_spec(ckpt, 8, every=4, dp=2)
+        spec.parallel.zero_stage = 1  # two writers
+        spec.checkpoint.last_save_wait_s = -1
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        j = self.wait_state(job_id, [pb.JOB_FAILED], 60)
+        self.assertEqual((j.restarts, j.generation, j.committed_step), (0, 1, 4))
+        self.assertRegex(j.checkpoint_error, r"^step 8 not saved: rank \d on \S+ could not "
+                         r"write its shard")
+        self.assertRegex(j.reason, r"rank \d on node-\d exited with code 1: .*the run's last "
+                         r"checkpoint, of step 8, was not saved \(a writer's disk is full\).* "
+                         r"Free space in %s and resume it \(--resume; distrainctl resume JOB\) "
+                         r"from step 4, the newest committed \(the job's input or configuration: "
+                         r"not restarted\)" % re.escape(ckpt))
+        self.assertEqual(sorted(os.listdir(ckpt)), ["step-00000004"])
+        for r in (0, 1):
+            log = read_text(glob.glob(os.path.join(self.tmp, "work-*", job_id,
+                                                   "rank-%d.log" % r))[0])
+            self.assertIn("the run's last checkpoint, of step 8, was not saved", log)
+
+    def test_last_save_on_a_full_disk_waits_for_room(self):
+        """The last step's save finds the disk full (its first write only, so that room comes
+        at once): by default the trainer waits for room and writes the step again, and the job
+        completes with it committed, its checkpoint_error cleared."""
         self.start_coordinator()
         self.start_agent("h0", env={"DISTRAIN_FAULT_NOSPACE_STEP": "8"})
         self.wait_nodes(1)
         ckpt = os.path.join(self.tmp, "ckpt")
         job_id = self.call("SubmitJob", pb.SubmitJobRequest(spec=job_spec(ckpt, 8, every=4))
                            ).job_id
-        j = self.wait_state(job_id, [pb.JOB_FAILED], 60)
-        self.assertEqual((j.restarts, j.generation, j.committed_step), (0, 1, 4))
-        self.assertRegex(j.checkpoint_error, r"^step 8 not saved: rank 0 on ")
-        self.assertRegex(j.reason, r"rank 0 on node-\d exited with code 1: .*the run's last "
-                         r"checkpoint, of step 8, was not saved \(a writer's disk is full\).* "
-                         r"Free space in %s and resume it \(--resume; distrainctl resume JOB\) "
-                         r"from step 4, the newest committed \(the job's input or configuration: "
-                         r"not restarted\)" % re.escape(ckpt))
-        self.assertEqual(sorted(os.listdir(ckpt)), ["step-00000004"])
+        j = self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        self.assertEqual((j.restarts, j.generation, j.committed_step), (0, 1, 8))
+        self.assertEqual(j.checkpoint_error, "")
+        self.assertEqual(self.committed_steps(ckpt), [4, 8])
+        log = read_text(glob.glob(os.path.join(self.tmp, "work-*", job_id, "rank-0.log"))[0])
+        self.assertIn("the run's last checkpoint, of step 8, was not saved (a writer's disk is "
+                      "full): waiting up to 600 s for room in %s" % ckpt, log)
+        self.assertRegex(log, r"the run's last checkpoint, of step 8, is saved: written again "
+                         r"after \d+ s")
 
 
 class T10f_ClusterStopped(ClusterTest):

@@ -339,34 +339,70 @@ class DataParallel(unittest.TestCase):
         self.assertIn("written and committed in the background", runs["async"][2])
 
     def test_full_disk_on_one_writer(self):
-        """A dp=2 ZeRO-1 run whose rank 1 finds its disk full saving step 4
-        (DISTRAIN_FAULT_NOSPACE_STEP): the step is abandoned (rank 0's shard of it deleted, no
-        manifest), both ranks say so and train on to the end with the losses of a run that saved
-        every step. At the last step instead, both ranks fail: rank 0 commits for the run and
-        knows its last save is missing."""
-        ref = self.single_run(8, 1)
-        for fault, want_rc, want_steps in ((4, [0, 0], (2, 6, 8)), (8, [1, 1], (2, 4, 6))):
-            ckpt = os.path.join(self.tmp, "full_%d" % fault)
-            m = os.path.join(self.tmp, "full_%d.jsonl" % fault)
+        """A dp=3 ZeRO-1 run whose rank 2 finds its disk full saving step F
+        (DISTRAIN_FAULT_NOSPACE_STEP, its first write of the step): the step is abandoned (the
+        other shards of it deleted, no manifest), ranks 2 and 0 (which commits for the run) say
+        so, and the run trains on to the end with the losses of a run that saved every step. At
+        the last step with --last-save-wait 0 every rank fails alike, rank 1 too, which wrote
+        its shard and learns only from the others; by default the ranks wait for room (here at
+        once) and write the step again, and the run ends saved."""
+        ref = self.single_run(12, 1)
+        for fault, wait, want_rc, want_steps in ((4, ["--last-save-wait", "0"], 0, (2, 6, 8)),
+                                                 (8, ["--last-save-wait", "0"], 1, (2, 4, 6)),
+                                                 (8, [], 0, (2, 4, 6, 8))):
+            what = "full disk at %d%s" % (fault, " (no wait)" if wait else "")
+            ckpt = os.path.join(self.tmp, "full_%d_%d" % (fault, len(wait)))
+            m = os.path.join(self.tmp, "full_%d_%d.jsonl" % (fault, len(wait)))
             args = [a for a in base_args(4, 1, m) if a != "--quiet"] + [
-                "--ckpt-dir", ckpt, "--save-every", "2", "--keep", "0", "--zero-stage", "1"]
-            outs = wait_all(launch(2, lambda r: args, os.path.join(self.tmp, "kv_full%d" % fault),
-                                   lambda r: {"DISTRAIN_FAULT_NOSPACE_STEP": str(fault)} if r
-                                   else {}))
+                "--ckpt-dir", ckpt, "--save-every", "2", "--keep", "0", "--zero-stage", "1"] + wait
+            outs = wait_all(launch(3, lambda r: args, ckpt + ".kv", lambda r: {
+                "DISTRAIN_FAULT_NOSPACE_STEP": str(fault)} if r == 2 else {}))
             errs = "\n".join(e[-1500:] for _, _, e in outs)
-            self.assertEqual([rc for rc, _, _ in outs], want_rc, errs)
-            self.assertEqual(sorted(os.listdir(ckpt)), ["step-%08d" % s for s in want_steps])
-            why = (r"checkpoint step %d not saved: rank 1 on \S+ could not write its shard: no "
+            self.assertEqual([rc for rc, _, _ in outs], [want_rc] * 3, errs)
+            self.assertEqual(sorted(os.listdir(ckpt)), ["step-%08d" % s for s in want_steps], what)
+            why = (r"checkpoint step %d not saved: rank 2 on \S+ could not write its shard: no "
                    r"space left on device in %s \([\d.]+ MiB free, the shard needs [\d.]+ MiB\)"
                    % (fault, re.escape(ckpt)))
             self.assertRegex(outs[0][2], why + "; training goes on")
-            self.assertRegex(outs[1][2], why + r"\. " + (
+            self.assertRegex(outs[2][2], why + r"\. " + (
                 "Training goes on and the save of step 6 tries again; a failure now resumes "
                 "from step 2," if fault == 4 else "A failure now resumes from step 6,"))
-            self.assert_close(ref, read_metrics(m), "full disk at %d" % fault)
-            if fault == 8:
+            self.assert_close(ref, read_metrics(m), what)
+            last = "the run's last checkpoint, of step 8, was not saved (a writer's disk is full"
+            if want_rc:
                 for _, _, err in outs:
-                    self.assertIn("the run's last checkpoint, of step 8, was not saved", err)
+                    self.assertIn(last + "): the run fails rather than end without it. Free "
+                                  "space in %s and resume it" % ckpt, err)
+            elif fault == 8:
+                self.assertIn(last + "): waiting up to 600 s for room in %s" % ckpt, outs[0][2])
+                self.assertRegex(outs[0][2], r"the run's last checkpoint, of step 8, is saved: "
+                                 r"written again after \d+ s")
+                self.assertTrue(os.path.exists(os.path.join(ckpt, "step-00000008", "MANIFEST")))
+
+    def test_stop_whose_save_finds_a_full_disk(self):
+        """SIGTERM to a dp=3 run whose rank 2 finds its disk full saving (every save,
+        DISTRAIN_FAULT_NOSPACE_STEP=-1): the ranks stop after the same step as ever (exit 3, a
+        stop, not a failure: the stop's grace period is no time to wait for room), nothing of
+        the step is left on disk, and rank 0 says that the stop's checkpoint was not saved
+        instead of that it is committed."""
+        ckpt = os.path.join(self.tmp, "stop_full")
+        m = os.path.join(self.tmp, "stop_full.jsonl")
+        args = [a for a in base_args(4, 1, m) if a != "--quiet"] + [
+            "--ckpt-dir", ckpt, "--zero-stage", "1"]
+        procs = launch(3, lambda r: args, ckpt + ".kv", lambda r: dict(
+            {"DISTRAIN_FAULT_SLOW_MS": "300"}, **({"DISTRAIN_FAULT_NOSPACE_STEP": "-1"}
+                                                   if r == 2 else {})))
+        self.wait_steps(m, 2)
+        procs[1].send_signal(signal.SIGTERM)
+        outs = wait_all(procs)
+        self.assertEqual([rc for rc, _, _ in outs], [3, 3, 3],
+                         "\n".join(e[-1500:] for _, _, e in outs))
+        self.assertRegex(outs[0][2], r"stopped on request after step \d+ of %d: its checkpoint "
+                         r"was not saved \(a writer's disk is full in %s\): a restart "
+                         r"\(--resume\) resumes from the start \(no step committed\)"
+                         % (STEPS, re.escape(ckpt)))
+        self.assertNotIn("is committed", outs[0][2])
+        self.assertEqual(os.listdir(ckpt), [])
 
     def wait_steps(self, metrics, n):
         deadline = time.time() + 60

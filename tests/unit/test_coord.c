@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "checkpoint_manifest.h"
@@ -993,6 +994,34 @@ START_TEST(test_restart_makes_stored_strings_utf8)
 }
 END_TEST
 
+/* A writer whose disk was full reports an error: the report that completes the step learns it
+ * was abandoned (-1, which ReportCheckpointResponse.abandoned carries), the job says why and
+ * the step's directory is gone; the same step written again (a run's last save, once its disk
+ * has room) commits and clears the error. */
+START_TEST(test_abandoned_step_is_told_and_written_again)
+{
+  dt_job_t *j;
+  fx_t *f = two_nodes_dp2(NULL, &j);
+  char name[32], sdir[512];
+  Distrain__V1__ReportCheckpointRequest q = shard_report(f, j, 1, 40, 1, 2, name);
+  q.error = "rank 1 on h1 could not write its shard: no space left on device in /ckpt";
+  char err[256];
+  int committed = 5;
+  ck_assert_int_eq(dt_coord_checkpoint_report(&f->c, j, 0, &q, &committed, err, sizeof err), 0);
+  ck_assert_int_eq(committed, 0); /* rank 0's report is still to come */
+  ck_assert_int_eq(report_ckpt(f, j, 1, 40, 0, 2, &committed), 0);
+  ck_assert_int_eq(committed, -1);
+  ck_assert_str_eq(j->job->checkpoint_error, "step 40 not saved: rank 1 on h1 could not write "
+                                             "its shard: no space left on device in /ckpt");
+  ck_assert_int_eq(j->job->committed_step, 0);
+  ck_assert_int_eq(j->n_ckpts, 0);
+  dt_ckpt_step_dir(sdir, sizeof sdir, f->ckpt, 40);
+  ck_assert_int_ne(access(sdir, F_OK), 0);
+  commit(f, j, 40);
+  ck_assert_str_eq(j->job->checkpoint_error, "");
+}
+END_TEST
+
 /* A manifest that cannot be written (the step's directory gone, a full disk) leaves the step
  * uncommitted, and never stops the coordinator from starting on its state: its reports leave
  * the store when the live commit fails; reports restored from the store (the coordinator died
@@ -1196,6 +1225,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_restart_makes_stored_strings_utf8);
   tcase_add_test(t, test_restart_plans_waiting_jobs);
   tcase_add_test(t, test_recovering_job_says_what_it_waits_for);
+  tcase_add_test(t, test_abandoned_step_is_told_and_written_again);
   tcase_add_test(t, test_unwritable_manifest_abandons_the_step);
   tcase_add_test(t, test_checkpoint_reports_are_bounded);
   tcase_add_test(t, test_metrics_across_generations);

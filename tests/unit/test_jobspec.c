@@ -790,6 +790,10 @@ static const struct {
      "saved can be kept"},
     {{"checkpoint.keep_every=100", "checkpoint.every=0"},
      "checkpoint.keep_every (100) must be a multiple of checkpoint.every (0)"},
+    {{"checkpoint.last_save_wait_s=-2"},
+     "checkpoint.last_save_wait_s (-2) must be in [1, 86400] s, or 0 (the default, 600) or -1 (a "
+     "last save that finds its disk full fails the job at once)"},
+    {{"checkpoint.last_save_wait_s=86401"}, "checkpoint.last_save_wait_s (86401) must be in"},
     {{"elastic.min_nodes=0"}, "elastic.min_nodes (0) must be >= 1"},
     {{"elastic.min_nodes=3", "elastic.max_nodes=2"},
      "elastic.max_nodes (2) must be >= elastic.min_nodes (3)"},
@@ -1142,7 +1146,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val-every") && !has_arg(argv, "--val-batches"));
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
   ck_assert(!has_arg(argv, "--val-sets"));
-  ck_assert(!has_arg(argv, "--keep-every"));
+  ck_assert(!has_arg(argv, "--keep-every") && !has_arg(argv, "--last-save-wait"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file") && !has_arg(argv, "--merge-file"));
   ck_assert(!has_arg(argv, "--prompt"));
@@ -1172,6 +1176,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.val=v.bin");
   set_ok(s, "data.val_sets=web=w.bin,code=c/*.bin");
   set_ok(s, "checkpoint.keep_every=1000");
+  set_ok(s, "checkpoint.last_save_wait_s=-1");
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
   set_ok(s, "data.merge_file=gpt2/merges.txt");
   set_ok(s, "training.prompt=Once upon a time");
@@ -1207,6 +1212,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--val"), "v.bin");
   ck_assert_str_eq(flag_value(argv, "--val-sets"), "web=w.bin,code=c/*.bin");
   ck_assert_str_eq(flag_value(argv, "--keep-every"), "1000");
+  ck_assert_str_eq(flag_value(argv, "--last-save-wait"), "0"); /* -1: no wait */
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
   ck_assert_str_eq(flag_value(argv, "--merge-file"), "gpt2/merges.txt");
   ck_assert_str_eq(flag_value(argv, "--prompt"), "Once upon a time");

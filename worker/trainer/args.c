@@ -66,6 +66,9 @@ static void usage(FILE *out)
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
       "  --keep-every N              also keep every checkpoint of a step N divides, whatever\n"
       "                              --keep says (N a multiple of --save-every)\n"
+      "  --last-save-wait S          the last step's save found a disk full: wait up to S s for\n"
+      "                              room and write it again before failing (default 600; 0:\n"
+      "                              fail at once)\n"
       "  --ckpt-sync                 write each checkpoint in the step (default: the step pauses\n"
       "                              only to copy its shard; a thread writes and commits it)\n"
       "output:\n"
@@ -159,6 +162,7 @@ enum {
   OPT_SAVE_EVERY,
   OPT_KEEP,
   OPT_KEEP_EVERY,
+  OPT_LAST_SAVE_WAIT,
   OPT_RESUME,
   OPT_CKPT_SYNC,
   OPT_EXPORT,
@@ -235,6 +239,7 @@ static const struct option g_opts[] = {
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"keep", required_argument, 0, OPT_KEEP},
     {"keep-every", required_argument, 0, OPT_KEEP_EVERY},
+    {"last-save-wait", required_argument, 0, OPT_LAST_SAVE_WAIT},
     {"resume", optional_argument, 0, OPT_RESUME},
     {"ckpt-sync", no_argument, 0, OPT_CKPT_SYNC},
     {"export-llmc", required_argument, 0, OPT_EXPORT},
@@ -537,6 +542,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_KEEP_EVERY:
       rc = parse_int(c, optarg, &o->keep_every);
+      break;
+    case OPT_LAST_SAVE_WAIT:
+      rc = parse_int(c, optarg, &o->last_save_wait);
       break;
     case OPT_RESUME:
       o->resume = 1;

@@ -315,9 +315,11 @@ static int coord_call(dt_link_t *l, const char *method, const ProtobufCMessage *
 }
 
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
-                              const dt_ckpt_shard_info_t *info, const char *error, int *committed)
+                              const dt_ckpt_shard_info_t *info, const char *error, int *committed,
+                              char *why, size_t n)
 {
   *committed = 0;
+  why[0] = 0;
   Distrain__V1__ReportCheckpointRequest req = DISTRAIN__V1__REPORT_CHECKPOINT_REQUEST__INIT;
   req.job_id = l->job_id;
   req.generation = l->generation;
@@ -340,7 +342,10 @@ int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
              err);
     return rc;
   }
-  *committed = ((Distrain__V1__ReportCheckpointResponse *)resp)->committed;
+  const Distrain__V1__ReportCheckpointResponse *r = (const void *)resp;
+  *committed = r->abandoned ? -1 : r->committed;
+  if (r->abandoned)
+    snprintf(why, n, "%s", r->error);
   protobuf_c_message_free_unpacked(resp, NULL);
   return 0;
 }

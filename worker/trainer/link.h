@@ -36,11 +36,14 @@ void dt_link_skipped(dt_link_t *l, const int64_t *steps, size_t n);
 /* The coming failure is the job's input's (a missing data file, a checkpoint of another
  * model, an option this node cannot honour): restarting would fail the same way. */
 void dt_link_input_error(dt_link_t *l);
-/* Reports a written shard; *committed is set when this report completed the step. error
- * non-NULL: writer info->rank could not write its shard (its disk full), and says why; the
- * coordinator abandons the step (ReportCheckpointRequest.error). */
+/* Reports a written shard. error non-NULL: writer info->rank could not write its shard (its
+ * disk full), and says why; the coordinator abandons the step (ReportCheckpointRequest.error).
+ * *committed: 1 this report completed the step and committed it, -1 it completed the step
+ * and the step was abandoned (why: the coordinator's reason, "step S not saved: ..."), 0 the
+ * step waits for other writers. */
 int dt_link_report_checkpoint(dt_link_t *l, int64_t step, int world,
-                              const dt_ckpt_shard_info_t *info, const char *error, int *committed);
+                              const dt_ckpt_shard_info_t *info, const char *error, int *committed,
+                              char *why, size_t n);
 
 /* The coordinator's key-value store (scoped to this trainer's job and generation). */
 int dt_link_kv(dt_link_t *l, struct dt_kv *kv);

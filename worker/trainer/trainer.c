@@ -51,7 +51,8 @@ DT_PARAM(CommTimeoutMs, "COMM_TIMEOUT_MS", 300000)
 DT_PARAM(FaultNanStep, "FAULT_NAN_STEP", 0)
 /* Fault injection (tests): every step of this trainer takes this much longer (a straggler). */
 DT_PARAM(FaultSlowMs, "FAULT_SLOW_MS", 0)
-/* Fault injection (tests): this trainer's save of this step finds its disk full. */
+/* Fault injection (tests): this trainer's save of this step (-1: of every step) finds its disk
+ * full, the first time it is written. */
 DT_PARAM(FaultNoSpaceStep, "FAULT_NOSPACE_STEP", 0)
 
 /* OpenBLAS's own thread control (not in cblas.h of every build). */
@@ -113,6 +114,7 @@ void dt_train_opts_default(dt_train_opts_t *o)
   o->weight_decay = 0.0f;
   o->grad_clip = 0.0f;
   o->keep = 0;
+  o->last_save_wait = 600;
   o->pp_schedule = DT_PIPE_1F1B;
   o->sample_temp = 0.8f;
   o->sample_top_p = 1.0f;
@@ -161,6 +163,9 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--save-every, --keep and --val-every must be >= 0, --val-batches >= 1";
   else if (o->save_every > 0 && !o->ckpt_dir)
     msg = "--save-every needs --ckpt-dir";
+  else if (o->last_save_wait < 0 || o->last_save_wait > 86400)
+    msg = "--last-save-wait must be in [0, 86400] s (0: a last save that finds its disk full "
+          "fails the run at once)";
   else if (o->keep_every < 0)
     msg = "--keep-every must be >= 0 (0: no step is kept beyond the newest --keep)";
   else if (o->keep_every > 0 && (o->save_every == 0 || o->keep_every % o->save_every != 0))
@@ -356,8 +361,9 @@ static void check_ckpt_space(const dt_train_opts_t *o, int64_t step, int64_t par
       CKPT,
       "%s: %.2f %s free, but each checkpoint takes %.2f %s (the weights and AdamW's two "
       "moments in fp32) and this run holds up to %lld at once (--keep %d%s): %.2f %s. Saves that "
-      "find the disk full are skipped, and the run fails if its last one is: free space, "
-      "lower --keep (checkpoint.keep) or use another --ckpt-dir",
+      "find the disk full are skipped; the last one waits for room (--last-save-wait) and the "
+      "run fails if none comes: free space, lower --keep (checkpoint.keep) or use another "
+      "--ckpt-dir",
       o->ckpt_dir, room / unit, u, each / unit, u, (long long)held, o->keep,
       o->keep > 0 ? "" : ": all", need / unit, u);
 }
@@ -449,7 +455,9 @@ typedef struct {
   pthread_t saver;
   int saving;
   struct save_job *save;
-  int64_t unsaved_step; /* the newest save's step when this writer's disk was full, else 0 */
+  int64_t unsaved_step; /* the newest save's step when it was abandoned (known here), else 0 */
+  int save_try;         /* the last step's save written again: how many times (wait_for_room) */
+  double shard_mib;     /* this writer's newest shard's size */
   int device_logged;    /* the device memory line (device_memory) was printed */
   dt_bpe_t *bpe;        /* --vocab-file: prints the sample's tokens as text */
   int *prompt;          /* --prompt's tokens (prompt_n), or NULL */
@@ -996,6 +1004,7 @@ typedef struct save_job {
   const float *params, *m, *v; /* in t->snap */
   int64_t vlo;
   int wrank, writers, rc;
+  double mib;    /* the shard's size */
   int async;     /* on a thread of its own */
   int abandoned; /* the step was not committed: a writer's disk was full (known here to the
                   * committing rank of a run without a coordinator, and to the writer itself) */
@@ -1021,8 +1030,18 @@ static int commit_checkpoint(save_job_t *j, const dt_ckpt_shard_info_t *info, co
   const int64_t P = (int64_t)t->model.global_params, step = j->state.step;
   const int writers = j->writers;
   j->abandoned = error != NULL;
-  if (dt_link_has_coordinator(o->link))
-    return dt_link_report_checkpoint(o->link, step, writers, info, error, committed);
+  if (dt_link_has_coordinator(o->link)) {
+    char why[1024];
+    const int rc =
+        dt_link_report_checkpoint(o->link, step, writers, info, error, committed, why, sizeof why);
+    if (rc == 0 && *committed < 0) { /* this report completed the step, and it is abandoned */
+      j->abandoned = 1;
+      *committed = 0;
+      if (!error) /* a writer that failed says so itself */
+        DT_WARN(CKPT, "checkpoint %s; training goes on", why);
+    }
+    return rc;
+  }
   shard_report_t mine = {.info = *info};
   snprintf(mine.error, sizeof mine.error, "%s", error ? error : "");
   char key[64], bad[sizeof mine.error];
@@ -1033,7 +1052,7 @@ static int commit_checkpoint(save_job_t *j, const dt_ckpt_shard_info_t *info, co
   all[0] = *info;
   int rc = 0;
   if (writers > 1) { /* the lead collects the writers' reports */
-    snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, j->wrank);
+    snprintf(key, sizeof key, "ckpt/%lld/%d/%d", (long long)step, t->save_try, j->wrank);
     rc = o->kv->put(o->kv->ud, key, &mine, sizeof mine);
     if (!t->lead) {
       free(all);
@@ -1042,7 +1061,7 @@ static int commit_checkpoint(save_job_t *j, const dt_ckpt_shard_info_t *info, co
     for (int r = 0; r < writers && rc == 0; r++) {
       void *val;
       size_t len;
-      snprintf(key, sizeof key, "ckpt/%lld/%d", (long long)step, r);
+      snprintf(key, sizeof key, "ckpt/%lld/%d/%d", (long long)step, t->save_try, r);
       rc = o->kv->get(o->kv->ud, key, &val, &len, 600000);
       if (rc == 0 && len == sizeof mine) {
         const shard_report_t *got = val;
@@ -1111,10 +1130,7 @@ static void no_space(const save_job_t *j, char *why, size_t n)
 {
   const trainer_t *t = j->t;
   const dt_train_opts_t *o = t->o;
-  int64_t len = 0, step = j->state.step, next = o->steps;
-  for (size_t i = 0; i < j->nruns; i++)
-    len += j->runs[i].len;
-  const double need = (double)len * sizeof(float) * (j->m ? 3 : 1) / (1 << 20);
+  int64_t step = j->state.step, next = o->steps;
   struct statvfs fs;
   char host[256] = "?", room[64] = "";
   gethostname(host, sizeof host);
@@ -1124,7 +1140,7 @@ static void no_space(const save_job_t *j, char *why, size_t n)
   snprintf(why, n,
            "rank %d on %s could not write its shard: no space left on device in %s (%sthe "
            "shard needs %.2f MiB)",
-           o->rank, host, o->ckpt_dir, room, need);
+           o->rank, host, o->ckpt_dir, room, j->mib);
   if (o->save_every > 0 && step + o->save_every - step % o->save_every < next)
     next = step + o->save_every - step % o->save_every;
   char then[96] = "";
@@ -1146,7 +1162,8 @@ static void *save_main(void *arg)
   dt_ckpt_shard_info_t info;
   int committed = 0;
   char why[512];
-  j->rc = dt_param_FaultNoSpaceStep() == j->state.step
+  const int64_t full = dt_param_FaultNoSpaceStep();
+  j->rc = (full == j->state.step || full < 0) && !t->save_try
               ? DT_ENOSPC
               : dt_ckpt_write_runs(&t->cfg, (int64_t)t->model.global_params, &j->state,
                                    t->o->ckpt_dir, j->wrank, j->writers, j->vlo, j->runs, j->nruns,
@@ -1163,10 +1180,14 @@ static void *save_main(void *arg)
   if (j->rc == 0 && committed)
     j->rc = dt_ckpt_prune(t->o->ckpt_dir, t->o->keep, t->o->keep_every);
   const int milestone = t->o->keep_every > 0 && j->state.step % t->o->keep_every == 0;
+  /* Under a coordinator the writer whose report completes the step learns it committed. */
+  const int pending = !committed && dt_link_has_coordinator(t->o->link);
   if (j->rc == 0 && t->lead && !t->o->quiet && !j->abandoned)
-    DT_INFO(CKPT, "checkpoint step %lld: written and committed%s in %.1f ms%s",
-            (long long)j->state.step, j->async ? " in the background" : "", dt_now_ms() - j->t0,
-            milestone ? " (kept for good: a multiple of --keep-every)" : "");
+    DT_INFO(CKPT, "checkpoint step %lld: written%s%s in %.1f ms%s%s", (long long)j->state.step,
+            pending ? "" : " and committed", j->async ? " in the background" : "",
+            dt_now_ms() - j->t0, milestone ? " (kept for good: a multiple of --keep-every)" : "",
+            pending ? " (its shard: the coordinator commits the step once every writer's is in)"
+                    : "");
   return NULL;
 }
 
@@ -1182,6 +1203,7 @@ static int save_wait(trainer_t *t)
   t->save = NULL;
   const int rc = j->rc;
   t->unsaved_step = j->abandoned ? j->state.step : 0;
+  t->shard_mib = j->mib;
   free(j->runs);
   free(j);
   return rc;
@@ -1241,6 +1263,8 @@ static int save_checkpoint(trainer_t *t)
   int rc = dt_gpt2_runs(&t->model, tr, rg.lo, rg.hi, 1, &j->runs, &j->nruns);
   if (rc == 0)
     rc = snapshot(t, &rg, j);
+  for (size_t i = 0; rc == 0 && i < j->nruns; i++)
+    j->mib += (double)j->runs[i].len * sizeof(float) * (j->m ? 3 : 1) / (1 << 20);
   if (rc != 0) {
     free(j->runs);
     free(j);
@@ -1250,7 +1274,7 @@ static int save_checkpoint(trainer_t *t)
   j->async = !t->o->ckpt_sync;
   if (j->async && pthread_create(&t->saver, NULL, save_main, j) == 0) {
     t->saving = 1;
-    if (t->lead && !t->o->quiet)
+    if (t->lead && !t->o->quiet && !t->save_try)
       DT_INFO(CKPT,
               "checkpoint step %lld: the step paused %.1f ms (%.1f ms for the previous save, "
               "%.1f ms to snapshot %.1f MiB)",
@@ -2466,39 +2490,109 @@ static int stop_agreed(trainer_t *t, int *stop)
   return 0;
 }
 
+/* Whether the save of the step the run ends at was abandoned, a writer's disk full: that
+ * writer knows, and the rank that completed the step (rank 0 standalone, under a coordinator
+ * the writer whose report came last); every rank learns it here, so that all end alike. */
+static int unsaved_agreed(trainer_t *t)
+{
+  float flag = t->unsaved_step && t->unsaved_step == t->state.step ? 1.0f : 0.0f;
+  if (t->world)
+    DT_CHECK(dt_comm_all_reduce(t->world, &flag, 1, DT_COMM_SUM));
+  t->unsaved_step = flag > 0.0f ? t->state.step : 0;
+  return 0;
+}
+
+/* Whether every writer's disk has room for its shard now, and whether the wait is over (rank
+ * 0's clock decides for all): agreed by every rank. */
+static int room_agreed(trainer_t *t, double deadline, int *room, int *over)
+{
+  float v[2] = {0.0f, t->lead && dt_now_ms() >= deadline ? 1.0f : 0.0f};
+  struct statvfs fs;
+  if (t->shard_mib > 0 && (statvfs(t->o->ckpt_dir, &fs) != 0 ||
+                           (double)fs.f_bavail * fs.f_frsize / (1 << 20) < t->shard_mib))
+    v[0] = 1.0f;
+  if (t->world)
+    DT_CHECK(dt_comm_all_reduce(t->world, v, 2, DT_COMM_SUM));
+  *room = v[0] == 0.0f;
+  *over = v[1] > 0.0f;
+  return 0;
+}
+
+/* The run's last save was abandoned (unsaved_agreed): rather than fail and lose the steps since
+ * the newest committed, every rank waits up to --last-save-wait seconds, looking each second
+ * whether every writer's disk has room for its shard; when they do, the step is written again
+ * from the state still in memory (a try that finds a disk full again is abandoned like the
+ * first, and the next waits twice as long, up to 30 s, for disks shared by several writers). */
+static int wait_for_room(trainer_t *t)
+{
+  const dt_train_opts_t *o = t->o;
+  const double t0 = dt_now_ms(), deadline = t0 + 1000.0 * o->last_save_wait;
+  if (t->lead)
+    DT_WARN(CKPT,
+            "the run's last checkpoint, of step %lld, was not saved (a writer's disk is full): "
+            "waiting up to %d s for room in %s to write it again (--last-save-wait, "
+            "checkpoint.last_save_wait_s)",
+            (long long)t->state.step, o->last_save_wait, o->ckpt_dir);
+  double gap_s = 1.0;
+  int room, over = 0;
+  while (t->unsaved_step && !over) {
+    DT_CHECK(room_agreed(t, deadline, &room, &over));
+    if (room && !over) {
+      t->save_try++;
+      DT_CHECK(save_checkpoint(t));
+      DT_CHECK(save_wait(t));
+      DT_CHECK(unsaved_agreed(t));
+      if (t->unsaved_step)
+        gap_s = gap_s * 2 < 30.0 ? gap_s * 2 : 30.0;
+    }
+    if (t->unsaved_step && !over)
+      usleep((useconds_t)(gap_s * 1e6));
+  }
+  if (!t->unsaved_step && t->lead)
+    DT_INFO(CKPT, "the run's last checkpoint, of step %lld, is saved: written again after %.0f s",
+            (long long)t->state.step, (dt_now_ms() - t0) / 1000.0);
+  return 0;
+}
+
 /* The end of a requested stop. Past the barrier every rank's save has returned, so the last
- * shard is in and the step committed before any rank exits: a restart resumes from it. */
+ * shard is in and the step committed (or abandoned, as every rank knows) before any rank
+ * exits: a restart resumes from it. A stop does not wait for room (its grace period is short):
+ * a save abandoned ends it all the same, and the restart resumes from the newest committed. */
 static int stopped(trainer_t *t)
 {
   if (t->world)
     DT_CHECK(dt_comm_barrier(t->world));
-  if (t->lead && t->unsaved_step != t->state.step) /* else last_save_missing says why */
+  char from[64];
+  if (t->lead && t->unsaved_step) {
+    resumes_from(t->o->ckpt_dir, from, sizeof from);
+    DT_ERROR(CKPT,
+             "stopped on request after step %lld of %d: its checkpoint was not saved (a "
+             "writer's disk is full in %s): a restart (--resume) resumes from %s",
+             (long long)t->state.step, t->o->steps, t->o->ckpt_dir, from);
+  } else if (t->lead) {
     DT_WARN(TRAIN, "stopped on request after step %lld of %d: %s", (long long)t->state.step,
             t->o->steps,
             t->o->ckpt_dir ? "its checkpoint is committed (continue with --resume)"
                            : "nothing saved (no --ckpt-dir)");
+  }
   return DT_TRAIN_STOPPED;
 }
 
-/* The run's last save (its last step's, or a requested stop's) was abandoned, its disk full:
- * the run fails rather than end as if saved. At its last step the job is not restarted either
- * (a restart would train the same steps to the same full disk): the user frees space and
- * resumes it. ret: the run's result so far. */
-static int last_save_missing(trainer_t *t, int ret)
+/* The run's last save was abandoned, its disk full, and no room came while it waited: the run
+ * fails rather than end as if saved, and the job is not restarted either (a restart would train
+ * the same steps to the same full disk): the user frees space and resumes it. */
+static int last_save_missing(trainer_t *t)
 {
-  if ((ret != 0 && ret != DT_TRAIN_STOPPED) || !t->unsaved_step || t->unsaved_step != t->state.step)
-    return ret;
-  char from[64];
+  char from[64], waited[64] = "";
   resumes_from(t->o->ckpt_dir, from, sizeof from);
-  const int stop = ret == DT_TRAIN_STOPPED;
-  DT_ERROR(
-      CKPT,
-      "the run's last checkpoint, of step %lld%s, was not saved (a writer's disk is full): the "
-      "run fails rather than end without it. Free space in %s and %s from %s",
-      (long long)t->state.step, stop ? " (stopped on request)" : "", t->o->ckpt_dir,
-      stop ? "the job restarts" : "resume it (--resume; distrainctl resume JOB)", from);
-  if (!stop)
-    dt_link_input_error(t->o->link);
+  if (t->o->last_save_wait > 0)
+    snprintf(waited, sizeof waited, " and no room came in %d s", t->o->last_save_wait);
+  DT_ERROR(CKPT,
+           "the run's last checkpoint, of step %lld, was not saved (a writer's disk is full%s): "
+           "the run fails rather than end without it. Free space in %s and resume it "
+           "(--resume; distrainctl resume JOB) from %s",
+           (long long)t->state.step, waited, t->o->ckpt_dir, from);
+  dt_link_input_error(t->o->link);
   return DT_ENOSPC;
 }
 
@@ -2552,11 +2646,16 @@ int dt_train_run(const dt_train_opts_t *o)
   }
   if (ret == 0)
     ret = save_wait(&t); /* the last checkpoint is committed before the run ends */
-  if (ret == 0 && t.state.step < end)
+  if (ret == 0 && o->ckpt_dir)
+    ret = unsaved_agreed(&t);
+  if (ret == 0 && t.state.step < end) {
     ret = stopped(&t);
-  else if (ret == 0)
-    ret = finish(&t);
-  ret = last_save_missing(&t, ret);
+  } else if (ret == 0) {
+    if (t.unsaved_step && o->last_save_wait > 0)
+      ret = wait_for_room(&t);
+    if (ret == 0)
+      ret = t.unsaved_step ? last_save_missing(&t) : finish(&t);
+  }
 out:
   teardown(&t);
   return ret;

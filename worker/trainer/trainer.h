@@ -109,6 +109,7 @@ typedef struct {
   int save_every, keep;
   int keep_every;          /* > 0: the steps it divides are kept whatever keep says (milestones) */
   int ckpt_sync;           /* write checkpoints in the step, not on a thread of their own */
+  int last_save_wait;      /* s the run's last save waits for room on a full disk (0: fails) */
   int resume;              /* resume from the newest committed step (of resume_path or ckpt_dir) */
   const char *resume_path; /* a checkpoint dir or step dir; NULL means ckpt_dir */
   const char *export_llmc;
