@@ -548,7 +548,15 @@ int dt_ctl_gpu_slowed(const Distrain__V1__DeviceUsage *u, char *buf, size_t n)
            {0x40, "hardware thermal slowdown"},
            {0x80, "hardware power brake"}};
   const int narrow = u->pcie_width > 0 && u->pcie_width < u->pcie_max_width;
+  const struct {
+    int64_t per_min, max;
+    const char *what, *unit;
+  } rate[] = {{u->pcie_replays_per_min, DT_CTL_PCIE_REPLAYS_MAX, "PCIe link replaying", "replays"},
+              {u->nvlink_replays_per_min, DT_CTL_NVLINK_REPLAYS_MAX, "NVLink errors",
+               "replays and recoveries"},
+              {u->nvlink_crc_per_min, DT_CTL_NVLINK_CRC_MAX, "NVLink CRC errors", "errors"}};
   size_t off = 0;
+  int slowed = u->slowdown != 0 || narrow;
   if (buf && n)
     buf[0] = '\0';
   for (size_t i = 0; buf && i < DT_ARRAY_SIZE(k); i++)
@@ -557,7 +565,15 @@ int dt_ctl_gpu_slowed(const Distrain__V1__DeviceUsage *u, char *buf, size_t n)
   if (buf && narrow)
     appendf(buf, n, &off, "%sPCIe link x%u of x%u", off ? ", " : "", u->pcie_width,
             u->pcie_max_width);
-  return u->slowdown != 0 || narrow;
+  for (size_t i = 0; i < DT_ARRAY_SIZE(rate); i++) {
+    if (rate[i].per_min <= rate[i].max)
+      continue;
+    slowed = 1;
+    if (buf)
+      appendf(buf, n, &off, "%s%s (%lld %s a minute)", off ? ", " : "", rate[i].what,
+              (long long)rate[i].per_min, rate[i].unit);
+  }
+  return slowed;
 }
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -647,12 +663,15 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
             "%s{\"index\": %d, \"memory_used_bytes\": %llu, \"memory_total_bytes\": %llu, "
             "\"utilization_pct\": %d, \"lost\": %s, \"ecc_uncorrected\": %lld, "
             "\"reset_pending\": %s, \"remap_failed\": %s, \"xid\": %d, \"nvlink_down\": %llu, "
-            "\"pcie_width\": %u, \"pcie_max_width\": %u, \"slowdown\": ",
+            "\"pcie_width\": %u, \"pcie_max_width\": %u, \"pcie_replays_per_min\": %lld, "
+            "\"nvlink_replays_per_min\": %lld, \"nvlink_crc_per_min\": %lld, \"slowdown\": ",
             i ? ", " : "", u->index, (unsigned long long)u->memory_used_bytes,
             (unsigned long long)u->memory_total_bytes, u->utilization_pct,
             u->lost ? "true" : "false", (long long)u->ecc_uncorrected,
             u->reset_pending ? "true" : "false", u->remap_failed ? "true" : "false", u->xid,
-            (unsigned long long)u->nvlink_down, u->pcie_width, u->pcie_max_width);
+            (unsigned long long)u->nvlink_down, u->pcie_width, u->pcie_max_width,
+            (long long)u->pcie_replays_per_min, (long long)u->nvlink_replays_per_min,
+            (long long)u->nvlink_crc_per_min);
     char words[160];
     dt_ctl_gpu_slowed(u, words, sizeof words);
     dt_json_string(out, words);

@@ -63,8 +63,12 @@ int dt_ctl_gpu_unhealthy(const Distrain__V1__DeviceUsage *u);
 int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage, char *buf,
                         size_t n);
 /* Whether a GPU's latest sample shows it slowed, not unhealthy: its clocks slowed by cooling or
- * power (DeviceUsage.slowdown), its PCIe link trained below its width. In words into buf
- * ("hardware thermal slowdown, PCIe link x8 of x16"; "" for none; buf may be NULL). */
+ * power (DeviceUsage.slowdown), its PCIe link trained below its width, a link's error rate past
+ * DCGM's health limits (DT_CTL_*_MAX). In words into buf ("hardware thermal slowdown, PCIe link
+ * x8 of x16, PCIe link replaying (40 replays a minute)"; "" for none; buf may be NULL). */
+#define DT_CTL_PCIE_REPLAYS_MAX   8    /* a minute */
+#define DT_CTL_NVLINK_REPLAYS_MAX 1    /* replays and recoveries, a minute */
+#define DT_CTL_NVLINK_CRC_MAX     6000 /* a minute: 100 a second */
 int dt_ctl_gpu_slowed(const Distrain__V1__DeviceUsage *u, char *buf, size_t n);
 const char *dt_ctl_state_name(Distrain__V1__JobState s);
 /* A followed job's new state (or generation), as a line; and, where *placed_gen is not its

@@ -140,8 +140,17 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
        "unknown)."},
       {"distrain_gpu_slowed",
        "1 while NVML reports the GPU slowed: its clocks by trouble with cooling or power "
-       "(hardware slowdown, thermal slowdown, power brake), or its PCIe link trained below its "
-       "width."},
+       "(hardware slowdown, thermal slowdown, power brake), its PCIe link trained below its "
+       "width, or a link's errors past DCGM's health limits (PCIe replays, NVLink replays and "
+       "recoveries, NVLink CRC errors)."},
+      {"distrain_gpu_pcie_replays_per_minute",
+       "PCIe replays over the last whole minute (NVML; absent where unknown)."},
+      {"distrain_gpu_nvlink_replays_per_minute",
+       "NVLink replays and recoveries over the last whole minute, over the NVLinks active when "
+       "the agent started (NVML; absent where unknown)."},
+      {"distrain_gpu_nvlink_crc_errors_per_minute",
+       "NVLink CRC errors (flow-control digits and data) over the last whole minute (NVML; "
+       "absent where unknown)."},
   };
   for (size_t f = 0; f < DT_ARRAY_SIZE(gpu); f++) {
     dt_prom_family(out, gpu[f].name, "gauge", gpu[f].help);
@@ -167,6 +176,12 @@ static void write_nodes(FILE *out, const dt_coord_t *c)
           dt_prom_sample(out, gpu[f].name, l, 2, (double)u->ecc_uncorrected);
         else if (f == 5)
           dt_prom_sample(out, gpu[f].name, l, 2, dt_ctl_gpu_slowed(u, NULL, 0));
+        else if (f == 6 && u->pcie_replays_per_min >= 0)
+          dt_prom_sample(out, gpu[f].name, l, 2, (double)u->pcie_replays_per_min);
+        else if (f == 7 && u->nvlink_replays_per_min >= 0)
+          dt_prom_sample(out, gpu[f].name, l, 2, (double)u->nvlink_replays_per_min);
+        else if (f == 8 && u->nvlink_crc_per_min >= 0)
+          dt_prom_sample(out, gpu[f].name, l, 2, (double)u->nvlink_crc_per_min);
       }
     }
   }

@@ -2903,7 +2903,8 @@ class T12_GpuUsage(ClusterTest):
         # (an agent that reports no health, as one older than the fields: healthy)
         healthy = {"lost": False, "ecc_uncorrected": 0, "reset_pending": False,
                    "remap_failed": False, "xid": 0, "nvlink_down": 0, "pcie_width": 0,
-                   "pcie_max_width": 0, "slowdown": ""}
+                   "pcie_max_width": 0, "pcie_replays_per_min": 0, "nvlink_replays_per_min": 0,
+                   "nvlink_crc_per_min": 0, "slowdown": ""}
         self.assertEqual(j["usage"], [
             {"index": 0, "memory_used_bytes": 12 * gib, "memory_total_bytes": 80 * gib,
              "utilization_pct": 90} | healthy,

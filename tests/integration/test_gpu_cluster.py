@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -82,7 +83,10 @@ class GpuCluster(cp.ClusterTest):
         shutil.copy(os.path.join(cp.BUILD, "tests", "unit", "libfake_nvml.so"),
                     os.path.join(lib, "libnvidia-ml.so.1"))
         self.gpus = 4
-        self.env.update(DT_EMUL_GPUS=str(self.gpus), LD_LIBRARY_PATH=lib)
+        # No window of link error counts ends in a test (their rates stay unknown, -1) but where
+        # the test shortens it.
+        self.env.update(DT_EMUL_GPUS=str(self.gpus), LD_LIBRARY_PATH=lib,
+                        DISTRAIN_GPU_ERROR_WINDOW_MS="3600000")
 
     def ctl(self, *args, timeout=60, env=None):
         return subprocess.run([self.bin["distrainctl"]] + list(args),
@@ -318,7 +322,8 @@ class GpuCluster(cp.ClusterTest):
             "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 8 * GIB,
             "utilization_pct": 20, "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
             "remap_failed": False, "xid": 0, "nvlink_down": 0, "pcie_width": 16,
-            "pcie_max_width": 16, "slowdown": ""})
+            "pcie_max_width": 16, "pcie_replays_per_min": -1, "nvlink_replays_per_min": -1,
+            "nvlink_crc_per_min": -1, "slowdown": ""})
 
         def metric(name, nid):
             with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
@@ -381,7 +386,9 @@ class GpuCluster(cp.ClusterTest):
         self.assertEqual(n1["usage"], [{
             "index": 0, "memory_used_bytes": 0, "memory_total_bytes": 0, "utilization_pct": -1,
             "lost": True, "ecc_uncorrected": -1, "reset_pending": False, "remap_failed": False,
-            "xid": 0, "nvlink_down": 0, "pcie_width": 0, "pcie_max_width": 0, "slowdown": ""}])
+            "xid": 0, "nvlink_down": 0, "pcie_width": 0, "pcie_max_width": 0,
+            "pcie_replays_per_min": -1, "nvlink_replays_per_min": -1, "nvlink_crc_per_min": -1,
+            "slowdown": ""}])
         self.assertIsNone(metric("distrain_gpu_memory_total_bytes", id1))
         r = self.ctl("nodes", *auth)
         self.assertRegex(r.stdout, r"%s .*\[drained: swap a DIMM\]  \[unhealthy: %s\]"
@@ -434,17 +441,29 @@ class GpuCluster(cp.ClusterTest):
 
     def test_straggler_is_told_its_gpu_is_slowed(self):
         """dp=2 on 2 agents x 1 GPU, one agent's trainer 400 ms slower a step
-        (DISTRAIN_FAULT_SLOW_MS) and its GPU reporting a hardware thermal slowdown and its PCIe
-        link trained down to x8: the straggler's report names them as the likely cause;
-        distrainctl nodes and Prometheus show the slowdown; the node is not drained (no health
-        problem)."""
+        (DISTRAIN_FAULT_SLOW_MS) and its GPU reporting a hardware thermal slowdown, its PCIe
+        link trained down to x8 and replaying (its counter rising 10 every 100 ms, its agent
+        reading it every second): the straggler's report names them as the likely cause;
+        distrainctl nodes and Prometheus show the slowdown and the replay rate; the node is not
+        drained (no health problem)."""
         self.emulated_health()
-        self.health("0000:00:01.0 slow=0x40 pcie=8\n")
+        replaying = threading.Event()
+
+        def replay():
+            n = 0
+            while not replaying.wait(0.1):
+                n += 10
+                self.health("0000:00:01.0 slow=0x40 pcie=8 pcie_replays=%d\n" % n)
+        bumper = threading.Thread(target=replay)
+        bumper.start()
+        self.addCleanup(bumper.join)
+        self.addCleanup(replaying.set)
         hport_file = os.path.join(self.tmp, "http.port")
         self.start_coordinator(args=["--http", "127.0.0.1:0", "--http-port-file", hport_file])
         base = "http://127.0.0.1:%d" % int(cp.read_text(hport_file).strip())
         self.start_agent("h0", ["--gpus", "0"])
-        self.start_agent("h1", ["--gpus", "1"], env={"DISTRAIN_FAULT_SLOW_MS": "400"})
+        self.start_agent("h1", ["--gpus", "1"], env={"DISTRAIN_FAULT_SLOW_MS": "400",
+                                                      "DISTRAIN_GPU_ERROR_WINDOW_MS": "1000"})
         self.wait_nodes(2)
         auth = ("--coordinator", self.addr, "--token-file", self.token_file)
         path = os.path.join(self.tmp, "dp2.yaml")
@@ -461,17 +480,23 @@ class GpuCluster(cp.ClusterTest):
         self.assertRegex(line, r"job %s: rank \d on node-\d \(h1\) is a straggler: [\d.]+ ms of "
                          r"compute per step, the median rank [\d.]+ ms \(reported, not "
                          r"restarted\); its GPU 0 reports itself slowed: hardware thermal "
-                         r"slowdown, PCIe link x8 of x16$" % job)
+                         r"slowdown, PCIe link x8 of x16, PCIe link replaying \(\d+ replays a "
+                         r"minute\)$" % job)
         n1 = self.nodes_json()["h1"]
-        self.assertEqual((n1["state"], n1["usage"][0]["slowdown"], n1["gpu_problems"]),
-                         ("ALIVE", "hardware thermal slowdown, PCIe link x8 of x16", ""))
+        self.assertEqual((n1["state"], n1["gpu_problems"]), ("ALIVE", ""))
+        self.assertRegex(n1["usage"][0]["slowdown"], r"^hardware thermal slowdown, PCIe link x8 "
+                         r"of x16, PCIe link replaying \(\d+ replays a minute\)$")
+        self.assertGreater(n1["usage"][0]["pcie_replays_per_min"], 8)
+        self.assertEqual(n1["usage"][0]["nvlink_replays_per_min"], 0)
         self.assertEqual(self.nodes_json()["h0"]["usage"][0]["slowdown"], "")
         r = self.ctl("nodes", *auth)
         self.assertRegex(r.stdout, r"h1 .*, GPU 0 slowed \(hardware thermal slowdown, PCIe link x8 "
-                         r"of x16\)\n")
+                         r"of x16, PCIe link replaying \(\d+ replays a minute\)\)\n")
         with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
             text = resp.read().decode()
         self.assertRegex(text, r'\ndistrain_gpu_slowed\{node="%s",gpu="0"\} 1\n' % n1["node_id"])
+        self.assertRegex(text, r'\ndistrain_gpu_pcie_replays_per_minute\{node="%s",gpu="0"\} '
+                         r'[1-9]\d+\n' % n1["node_id"])
         self.assertRegex(text, r'\ndistrain_gpu_slowed\{node="%s",gpu="0"\} 0\n'
                          % self.nodes_json()["h0"]["node_id"])
         self.assertEqual(self.ctl("stop", job, "--now", *auth).returncode, 0)
@@ -532,7 +557,9 @@ class GpuCluster(cp.ClusterTest):
                                     "memory_total_bytes": 8 * GIB, "utilization_pct": 10 * (g + 1),
                                     "lost": False, "ecc_uncorrected": 0, "reset_pending": False,
                                     "remap_failed": False, "xid": 0, "nvlink_down": 0,
-                                    "pcie_width": 16, "pcie_max_width": 16, "slowdown": ""}
+                                    "pcie_width": 16, "pcie_max_width": 16,
+                                    "pcie_replays_per_min": -1, "nvlink_replays_per_min": -1,
+                                    "nvlink_crc_per_min": -1, "slowdown": ""}
                                    for i, g in enumerate(order) if g not in order[:i]])
         r = self.ctl("nodes", "--coordinator", self.addr, "--token-file", self.token_file)
         self.assertRegex(r.stdout, r"listed .*3x ")

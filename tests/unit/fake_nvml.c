@@ -16,7 +16,9 @@
  * slow (clocks event reasons, e.g. 0x40: hardware thermal slowdown; always with the idle and
  * software power cap bits, which are no trouble), xid (an Xid event, delivered once for each
  * new value; "0000:86:00.0" registers no events), nvlink_down (a mask of its 18 NVLinks that are
- * inactive) and pcie (its PCIe link's width, of 16; "0000:86:00.0" has neither). */
+ * inactive), pcie (its PCIe link's width, of 16), pcie_replays (its PCIe replay counter),
+ * nvlink_replays and nvlink_crc (NVLink 0's transmit replay and flow-control CRC error counters;
+ * the other links' and counters' are 0); "0000:86:00.0" has none of the link queries. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +187,30 @@ nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *width)
   if (r == NVML_SUCCESS)
     *width = 16;
   return r;
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *value)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r == NVML_SUCCESS)
+    *value = (unsigned)health(d, "pcie_replays");
+  return r;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link,
+                                             nvmlNvLinkErrorCounter_t counter,
+                                             unsigned long long *value)
+{
+  nvmlReturn_t r = health_query(d);
+  if (r != NVML_SUCCESS)
+    return r;
+  if (link >= FAKE_NVLINKS || counter >= NVML_NVLINK_ERROR_COUNT)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  *value = link != 0                                  ? 0
+           : counter == NVML_NVLINK_ERROR_DL_REPLAY   ? health(d, "nvlink_replays")
+           : counter == NVML_NVLINK_ERROR_DL_CRC_FLIT ? health(d, "nvlink_crc")
+                                                      : 0;
+  return NVML_SUCCESS;
 }
 
 /* One event set (the agent makes one): which GPUs are registered, and the Xid each was last

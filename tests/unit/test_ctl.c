@@ -279,6 +279,34 @@ START_TEST(test_nodes_gpu_health)
 }
 END_TEST
 
+/* A link's error rate slows its GPU past DCGM's health limits (more than 8 PCIe replays, 1
+ * NVLink replay or recovery, 6000 NVLink CRC errors a minute), not at them; unknown (-1) is
+ * nothing. */
+START_TEST(test_gpu_slowed_by_link_errors)
+{
+  Distrain__V1__DeviceUsage u = DISTRAIN__V1__DEVICE_USAGE__INIT;
+  char buf[256];
+  u.pcie_replays_per_min = u.nvlink_replays_per_min = u.nvlink_crc_per_min = -1;
+  ck_assert(!dt_ctl_gpu_slowed(&u, buf, sizeof buf));
+  u.pcie_replays_per_min = 8;
+  u.nvlink_replays_per_min = 1;
+  u.nvlink_crc_per_min = 6000;
+  ck_assert(!dt_ctl_gpu_slowed(&u, buf, sizeof buf));
+  ck_assert_str_eq(buf, "");
+  u.nvlink_crc_per_min = 6001;
+  ck_assert(dt_ctl_gpu_slowed(&u, NULL, 0));
+  ck_assert(dt_ctl_gpu_slowed(&u, buf, sizeof buf));
+  ck_assert_str_eq(buf, "NVLink CRC errors (6001 errors a minute)");
+  u.pcie_replays_per_min = 9;
+  u.nvlink_replays_per_min = 2;
+  u.slowdown = 0x40;
+  ck_assert(dt_ctl_gpu_slowed(&u, buf, sizeof buf));
+  ck_assert_str_eq(buf, "hardware thermal slowdown, PCIe link replaying (9 replays a minute), "
+                        "NVLink errors (2 replays and recoveries a minute), NVLink CRC errors "
+                        "(6001 errors a minute)");
+}
+END_TEST
+
 /* ------------------------------------------------------------------------------------------ */
 /* JSON                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -298,6 +326,8 @@ START_TEST(test_nodes_json)
   gpu.use[1].nvlink_down = 0x6;
   gpu.use[1].pcie_width = 4;
   gpu.use[1].pcie_max_width = 16;
+  gpu.use[1].pcie_replays_per_min = 40;
+  gpu.use[1].nvlink_replays_per_min = -1;
   gpu.node.n_trainers = 1;
   gpu.node.last_heartbeat_ms = 1700000000123;
   node_make(&cpu, "node-1", "cpu \"b\"", "cpu", 1);
@@ -318,12 +348,15 @@ START_TEST(test_nodes_json)
            "{\"index\": 0, \"memory_used_bytes\": 13207024435, \"memory_total_bytes\": "
            "85520809984, \"utilization_pct\": 87, \"lost\": false, \"ecc_uncorrected\": 0, "
            "\"reset_pending\": false, \"remap_failed\": false, \"xid\": 0, \"nvlink_down\": 0, "
-           "\"pcie_width\": 0, \"pcie_max_width\": 0, "
+           "\"pcie_width\": 0, \"pcie_max_width\": 0, \"pcie_replays_per_min\": 0, "
+           "\"nvlink_replays_per_min\": 0, \"nvlink_crc_per_min\": 0, "
            "\"slowdown\": \"hardware slowdown, software thermal slowdown\"}, "
            "{\"index\": 1, \"memory_used_bytes\": 1048576, \"memory_total_bytes\": 85520809984, "
            "\"utilization_pct\": -1, \"lost\": false, \"ecc_uncorrected\": 3, "
            "\"reset_pending\": true, \"remap_failed\": false, \"xid\": 79, \"nvlink_down\": 6, "
-           "\"pcie_width\": 4, \"pcie_max_width\": 16, \"slowdown\": \"PCIe link x4 of x16\"}], "
+           "\"pcie_width\": 4, \"pcie_max_width\": 16, \"pcie_replays_per_min\": 40, "
+           "\"nvlink_replays_per_min\": -1, \"nvlink_crc_per_min\": 0, \"slowdown\": \"PCIe "
+           "link x4 of x16, PCIe link replaying (40 replays a minute)\"}], "
            "\"gpu_problems\": \"GPU 1: 3 uncorrected ECC errors since the driver loaded, memory "
            "repairs wait for a reset (row remapping or page retirement), Xid 79 (reported until "
            "its agent restarts), NVLinks 1, 2 down (active when its agent started)\", "
@@ -559,6 +592,7 @@ static Suite *ctl_suite(void)
   TCase *t = tcase_create("nodes");
   tcase_add_test(t, test_nodes_table);
   tcase_add_test(t, test_nodes_gpu_health);
+  tcase_add_test(t, test_gpu_slowed_by_link_errors);
   tcase_add_test(t, test_nodes_json);
   tcase_add_test(t, test_job_json_non_finite);
   tcase_add_test(t, test_job_checkpoint_error);

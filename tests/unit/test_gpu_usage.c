@@ -7,10 +7,12 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <check.h>
 
+#include "dt_util.h"
 #include "gpu_usage.h"
 
 START_TEST(test_samples_by_pci_address)
@@ -199,6 +201,52 @@ START_TEST(test_links)
 }
 END_TEST
 
+/* Link error rates: unknown until a window (200 ms here, main) has passed, then each counter's
+ * rise over the last window scaled to a minute; a counter that went back (reset) counts 0, a
+ * GPU without the queries stays unknown. The counters are read once a window: a sample within
+ * it repeats the last rates. */
+START_TEST(test_link_error_rates)
+{
+  char path[] = "/tmp/test_gpu_usage_XXXXXX";
+  health_file(path);
+  set_health(path, "0000:3B:00.0 pcie_replays=5 nvlink_replays=1 nvlink_crc=10\n");
+  const char *ids[] = {"0000:3B:00.0", "0000:86:00.0"};
+  dt_gpu_usage_t *u = NULL;
+  ck_assert_int_eq(dt_gpu_usage_create(&u, FAKE_NVML, ids, 2), 0);
+  dt_gpu_sample_t s;
+  for (int i = 0; i < 2; i++) {
+    ck_assert(dt_gpu_usage_sample(u, i, &s));
+    ck_assert(s.pcie_replays_per_min == -1 && s.nvlink_replays_per_min == -1 &&
+              s.nvlink_crc_per_min == -1);
+  }
+  const double t0 = dt_now_ms();
+  set_health(path, "0000:3B:00.0 pcie_replays=25 nvlink_replays=3 nvlink_crc=10\n");
+  usleep(250 * 1000);
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  const double window = dt_now_ms() - t0; /* at least the sample's window, about as long */
+  ck_assert_msg(s.pcie_replays_per_min >= (int64_t)(20 * 60000.0 / (window + 50)) &&
+                    s.pcie_replays_per_min <= (int64_t)(20 * 60000.0 / 200 + 1),
+                "%lld replays a minute over %.0f ms", (long long)s.pcie_replays_per_min, window);
+  ck_assert_msg(llabs(10 * s.nvlink_replays_per_min - s.pcie_replays_per_min) <= 10,
+                "%lld NVLink replays a minute to %lld PCIe ones: a tenth of them",
+                (long long)s.nvlink_replays_per_min, (long long)s.pcie_replays_per_min);
+  ck_assert_int_eq(s.nvlink_crc_per_min, 0);
+  const int64_t replays = s.pcie_replays_per_min;
+  set_health(path, "0000:3B:00.0 pcie_replays=0 nvlink_replays=3 nvlink_crc=10\n");
+  ck_assert(dt_gpu_usage_sample(u, 0, &s)); /* within the new window: the same rates */
+  ck_assert_int_eq(s.pcie_replays_per_min, replays);
+  usleep(250 * 1000);
+  ck_assert(dt_gpu_usage_sample(u, 0, &s)); /* reset: 0, not a negative rate */
+  ck_assert(s.pcie_replays_per_min == 0 && s.nvlink_replays_per_min == 0);
+  ck_assert(dt_gpu_usage_sample(u, 1, &s)); /* not supported: unknown */
+  ck_assert(s.pcie_replays_per_min == -1 && s.nvlink_replays_per_min == -1 &&
+            s.nvlink_crc_per_min == -1);
+  dt_gpu_usage_destroy(u);
+  unsetenv("FAKE_NVML_HEALTH");
+  unlink(path);
+}
+END_TEST
+
 /* --ignore-xids: an Xid the operator named is not kept; another critical one is. */
 START_TEST(test_ignored_xids)
 {
@@ -243,6 +291,7 @@ static Suite *gpu_usage_suite(void)
   tcase_add_test(t, test_samples_by_pci_address);
   tcase_add_test(t, test_health);
   tcase_add_test(t, test_links);
+  tcase_add_test(t, test_link_error_rates);
   tcase_add_test(t, test_ignored_xids);
   tcase_add_test(t, test_without_nvml);
   suite_add_tcase(s, t);
@@ -251,6 +300,7 @@ static Suite *gpu_usage_suite(void)
 
 int main(void)
 {
+  setenv("DISTRAIN_GPU_ERROR_WINDOW_MS", "200", 1); /* test_link_error_rates' windows */
   SRunner *sr = srunner_create(gpu_usage_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

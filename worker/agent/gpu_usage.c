@@ -7,8 +7,22 @@
 
 #include "dt_error.h"
 #include "dt_log.h"
+#include "dt_param.h"
 #include "dt_util.h"
 #include "nvml_api.h"
+
+/* How often a GPU's link error counters are read: their rates are over the last such window,
+ * scaled to a minute (tests shorten it). */
+DT_PARAM(GpuErrorWindowMs, "GPU_ERROR_WINDOW_MS", 60000)
+
+/* A GPU's link error counters (dt_gpu_sample_t's order: PCIe replays, NVLink replays and
+ * recoveries, NVLink CRC errors) when its current window began, and their rates a minute over
+ * the last whole window; -1: unknown. */
+enum { PCIE_REPLAYS, NVLINK_REPLAYS, NVLINK_CRC, LINK_COUNTERS };
+typedef struct {
+  double t0_ms; /* 0: not read yet */
+  int64_t base[LINK_COUNTERS], per_min[LINK_COUNTERS];
+} link_errors_t;
 
 struct dt_gpu_usage {
   void *lib; /* NULL: no NVML, every sample unknown */
@@ -32,6 +46,9 @@ struct dt_gpu_usage {
   nvmlDeviceGetCurrPcieLinkWidth_fn pcie_width;
   nvmlDeviceGetMaxPcieLinkWidth_fn pcie_max_width;
   uint64_t *links; /* (n) each GPU's NVLinks active at create (bit i: link i) */
+  nvmlDeviceGetPcieReplayCounter_fn pcie_replays;
+  nvmlDeviceGetNvLinkErrorCounter_fn nvlink_errors;
+  link_errors_t *errors; /* (n) */
 };
 
 static const char *nvml_error(const dt_gpu_usage_t *u, nvmlReturn_t r)
@@ -68,6 +85,9 @@ static void load(dt_gpu_usage_t *u, const char *path)
   u->nvlink_state = (nvmlDeviceGetNvLinkState_fn)dlsym(lib, "nvmlDeviceGetNvLinkState");
   u->pcie_width = (nvmlDeviceGetCurrPcieLinkWidth_fn)dlsym(lib, "nvmlDeviceGetCurrPcieLinkWidth");
   u->pcie_max_width = (nvmlDeviceGetMaxPcieLinkWidth_fn)dlsym(lib, "nvmlDeviceGetMaxPcieLinkWidth");
+  u->pcie_replays = (nvmlDeviceGetPcieReplayCounter_fn)dlsym(lib, "nvmlDeviceGetPcieReplayCounter");
+  u->nvlink_errors =
+      (nvmlDeviceGetNvLinkErrorCounter_fn)dlsym(lib, "nvmlDeviceGetNvLinkErrorCounter");
   u->event_wait = (nvmlEventSetWait_v2_fn)dlsym(lib, "nvmlEventSetWait_v2");
   u->event_free = (nvmlEventSetFree_fn)dlsym(lib, "nvmlEventSetFree");
   if (!init || !u->shutdown || !u->memory_info || !u->by_pci) {
@@ -193,10 +213,14 @@ int dt_gpu_usage_create(dt_gpu_usage_t **out, const char *lib, const char *const
   u->dev = calloc(n > 0 ? (size_t)n : 1, sizeof *u->dev);
   u->xid = calloc(n > 0 ? (size_t)n : 1, sizeof *u->xid);
   u->links = calloc(n > 0 ? (size_t)n : 1, sizeof *u->links);
-  if (!u->dev || !u->xid || !u->links) {
+  u->errors = calloc(n > 0 ? (size_t)n : 1, sizeof *u->errors);
+  if (!u->dev || !u->xid || !u->links || !u->errors) {
     dt_gpu_usage_destroy(u);
     return DT_ENOMEM;
   }
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < LINK_COUNTERS; k++)
+      u->errors[i].per_min[k] = -1;
   load(u, lib);
   for (int i = 0; u->lib && i < n; i++) {
     nvmlReturn_t r = u->by_pci(pci_bus_ids[i], &u->dev[i]);
@@ -264,9 +288,63 @@ static void sample_health(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
     s->pcie_width = (int)width, s->pcie_max_width = (int)max_width;
 }
 
+/* GPU i's link error counters now, into now[] (-1 where NVML does not count them): its PCIe
+ * replays; over the NVLinks watched (active at create), replays and recoveries, and CRC errors. */
+static void read_link_errors(const dt_gpu_usage_t *u, int i, int64_t now[LINK_COUNTERS])
+{
+  static const struct {
+    nvmlNvLinkErrorCounter_t counter;
+    int slot;
+  } k[] = {{NVML_NVLINK_ERROR_DL_REPLAY, NVLINK_REPLAYS},
+           {NVML_NVLINK_ERROR_DL_RECOVERY, NVLINK_REPLAYS},
+           {NVML_NVLINK_ERROR_DL_CRC_FLIT, NVLINK_CRC},
+           {NVML_NVLINK_ERROR_DL_CRC_DATA, NVLINK_CRC}};
+  nvmlDevice_t d = u->dev[i];
+  for (int c = 0; c < LINK_COUNTERS; c++)
+    now[c] = -1;
+  unsigned replays;
+  if (u->pcie_replays && u->pcie_replays(d, &replays) == NVML_SUCCESS)
+    now[PCIE_REPLAYS] = replays;
+  for (unsigned l = 0; u->nvlink_errors && l < NVML_NVLINK_MAX_LINKS; l++)
+    for (size_t j = 0; u->links[i] >> l & 1 && j < DT_ARRAY_SIZE(k); j++) {
+      unsigned long long v;
+      if (u->nvlink_errors(d, l, k[j].counter, &v) == NVML_SUCCESS)
+        now[k[j].slot] = (now[k[j].slot] > 0 ? now[k[j].slot] : 0) + (int64_t)v;
+    }
+}
+
+/* GPU i's link error rates into *s: the counters are read once a window (their queries, one per
+ * NVLink and counter, are too many for every heartbeat), and each rate is its counter's rise
+ * over the last whole window, a minute's worth (a counter that went back, reset, counts 0). */
+static void link_error_rates(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
+{
+  link_errors_t *e = &u->errors[i];
+  const double now = dt_now_ms();
+  if (!e->t0_ms || now - e->t0_ms >= (double)dt_param_GpuErrorWindowMs()) {
+    int64_t cur[LINK_COUNTERS];
+    read_link_errors(u, i, cur);
+    for (int k = 0; e->t0_ms && k < LINK_COUNTERS; k++) {
+      const int64_t rise = cur[k] > e->base[k] ? cur[k] - e->base[k] : 0;
+      e->per_min[k] = cur[k] < 0 || e->base[k] < 0
+                          ? -1
+                          : (int64_t)((double)rise * 60000.0 / (now - e->t0_ms) + 0.5);
+    }
+    memcpy(e->base, cur, sizeof cur);
+    e->t0_ms = now;
+  }
+  s->pcie_replays_per_min = e->per_min[PCIE_REPLAYS];
+  s->nvlink_replays_per_min = e->per_min[NVLINK_REPLAYS];
+  s->nvlink_crc_per_min = e->per_min[NVLINK_CRC];
+}
+
 int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
 {
-  *s = (dt_gpu_sample_t){.known = 0, .utilization_pct = -1, .ecc_uncorrected = -1};
+  *s = (dt_gpu_sample_t){.known = 0,
+                         .utilization_pct = -1,
+                         .ecc_uncorrected = -1,
+                         .pcie_replays_per_min = -1,
+                         .nvlink_replays_per_min = -1,
+                         .nvlink_crc_per_min = -1};
   if (i < 0 || i >= u->n || !u->dev[i])
     return 0;
   take_xids(u);
@@ -286,6 +364,7 @@ int dt_gpu_usage_sample(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
   if (u->utilization && u->utilization(u->dev[i], &util) == NVML_SUCCESS)
     s->utilization_pct = (int)util.gpu;
   sample_health(u, i, s);
+  link_error_rates(u, i, s);
   return 1;
 }
 
@@ -302,5 +381,6 @@ void dt_gpu_usage_destroy(dt_gpu_usage_t *u)
   free(u->dev);
   free(u->xid);
   free(u->links);
+  free(u->errors);
   free(u);
 }

@@ -1,6 +1,6 @@
 /* gpu_usage.h — the memory in use, the utilisation and the health (lost, uncorrected ECC errors,
- * memory repairs pending or failed, critical Xids, NVLinks gone down) and the links (PCIe width)
- * of this node's GPUs, through NVML loaded at run time
+ * memory repairs pending or failed, critical Xids, NVLinks gone down) and the links (PCIe width,
+ * PCIe and NVLink error rates) of this node's GPUs, through NVML loaded at run time
  * (nvml_api.h says why it is not linked).
  *
  * GPUs are named by PCI address, which is how a CUDA ordinal (ordered fastest first, renumbered
@@ -29,6 +29,11 @@ typedef struct {
   uint64_t nvlink_down;    /* NVLinks (bit i: link i) active at create, inactive now */
   int pcie_width;          /* the PCIe link's lanes now and at most; 0: unknown */
   int pcie_max_width;
+  /* Link errors a minute over the last whole window (DISTRAIN_GPU_ERROR_WINDOW_MS, a minute);
+   * -1: unknown (not counted, or no window has passed) */
+  int64_t pcie_replays_per_min;
+  int64_t nvlink_replays_per_min; /* replays and recoveries over the NVLinks active at create */
+  int64_t nvlink_crc_per_min;     /* CRC errors (flow-control digits and data) over them */
 } dt_gpu_sample_t;
 
 /* The clocks event reasons that mean trouble with the GPU's cooling or power, kept in

@@ -6,7 +6,7 @@
  * of CUDA 12.x and 13 (NVML API versions 12 and 13, drivers r525 and later). The memory,
  * utilisation and lookup entry points and structs have kept this form since NVML API version 6;
  * the health queries, the clocks event reasons, the Xid events and the NVLink and PCIe link
- * queries are looked up one by one, and
+ * queries (state, width, error counters) are looked up one by one, and
  * a driver whose NVML lacks one goes without it. Add a declaration only from nvml.h, exactly as
  * it is there. */
 #ifndef DT_AGENT_NVML_API_H
@@ -104,6 +104,20 @@ typedef nvmlReturn_t (*nvmlDeviceGetCurrPcieLinkWidth_fn)(nvmlDevice_t device,
                                                           unsigned int *currLinkWidth);
 typedef nvmlReturn_t (*nvmlDeviceGetMaxPcieLinkWidth_fn)(nvmlDevice_t device,
                                                          unsigned int *maxLinkWidth);
+/* Link error counters: the PCIe link's replays (Kepler on), and an NVLink's data-link errors
+ * (Pascal on). */
+typedef enum nvmlNvLinkErrorCounter_enum {
+  NVML_NVLINK_ERROR_DL_REPLAY = 0,   /* transmit replays */
+  NVML_NVLINK_ERROR_DL_RECOVERY = 1, /* transmit recoveries */
+  NVML_NVLINK_ERROR_DL_CRC_FLIT = 2, /* receive flow-control digit CRC errors */
+  NVML_NVLINK_ERROR_DL_CRC_DATA = 3, /* receive data CRC errors */
+  NVML_NVLINK_ERROR_DL_ECC_DATA = 4,
+  NVML_NVLINK_ERROR_COUNT
+} nvmlNvLinkErrorCounter_t;
+typedef nvmlReturn_t (*nvmlDeviceGetPcieReplayCounter_fn)(nvmlDevice_t device, unsigned int *value);
+typedef nvmlReturn_t (*nvmlDeviceGetNvLinkErrorCounter_fn)(nvmlDevice_t device, unsigned int link,
+                                                           nvmlNvLinkErrorCounter_t counter,
+                                                           unsigned long long *counterValue);
 typedef nvmlReturn_t (*nvmlDeviceGetRemappedRows_fn)(nvmlDevice_t device, unsigned int *corrRows,
                                                      unsigned int *uncRows, unsigned int *isPending,
                                                      unsigned int *failureOccurred);
