@@ -332,8 +332,9 @@ expect_error keep_every_bad 1 "--keep-every" "a multiple of --save-every"
 # comes, it fails the run. With --keep 1 the same run fits, and no warning.
 cat >"$T/small.sh" <<'EOF_SMALL'
 # small.sh DIR FILLER_KB ERR TRAIN ARGS...: TRAIN on DIR, a fresh 256 KiB tmpfs holding a file of
-# FILLER_KB KiB, deleted once ERR says a save was not saved; then DIR's committed steps and
-# newest manifest go to DIR.ls.
+# FILLER_KB KiB, deleted once ERR says a save was not saved (with STOP_ON set, TRAIN is sent
+# SIGTERM once ERR says that instead); then DIR's committed steps and newest manifest go to
+# DIR.ls.
 dir=$1 filler=$2 err=$3
 shift 3
 mount -t tmpfs -o size=256k none "$dir" || exit 99
@@ -343,6 +344,10 @@ pid=$!
 if [ "$filler" -gt 0 ]; then
   while kill -0 "$pid" 2>/dev/null && ! grep -q "not saved" "$err"; do sleep 0.05; done
   rm -f "$dir/filler"
+fi
+if [ -n "$STOP_ON" ]; then
+  while kill -0 "$pid" 2>/dev/null && ! grep -q "$STOP_ON" "$err"; do sleep 0.05; done
+  kill -TERM "$pid"
 fi
 wait "$pid"
 rc=$?
@@ -366,6 +371,10 @@ if unshare -rm true 2>/dev/null; then
     "for room in $T/small/ckpt_full/ckpt to write it again (--last-save-wait, checkpoint.last_save_wait_s)"
   expect_error ckpt_full 1 "the run's last checkpoint, of step 6, was not saved (a writer's disk is full and no room came in 1 s)" \
     "Free space in $T/small/ckpt_full/ckpt and resume it (--resume; distrainctl resume JOB) from step 2"
+  # A stop while the last save waits for room ends the run as a stop (exit 3), unsaved.
+  STOP_ON="waiting up to" small ckpt_full_stop 0 --steps 4 --keep 0
+  expect_error ckpt_full_stop 3 "stopped on request after step 4 of 4: its checkpoint was not saved (a writer's disk is full in $T/small/ckpt_full_stop/ckpt)" \
+    "a restart (--resume) resumes from step 2, the newest committed"
   grep -q "step     6/6" "$T/ckpt_full.err" && ok "ckpt_full: trained on to step 6" ||
     bad "ckpt_full: no step 6 line"
   [[ $(head -2 "$T/small/ckpt_full.ls" | tr '\n' ' ') == "step-00000001 step-00000002 " ]] &&

@@ -2502,19 +2502,21 @@ static int unsaved_agreed(trainer_t *t)
   return 0;
 }
 
-/* Whether every writer's disk has room for its shard now, and whether the wait is over (rank
- * 0's clock decides for all): agreed by every rank. */
-static int room_agreed(trainer_t *t, double deadline, int *room, int *over)
+/* Whether every writer's disk has room for its shard now, whether the wait is over (rank 0's
+ * clock decides for all) and whether any rank was asked to stop: agreed by every rank. */
+static int room_agreed(trainer_t *t, double deadline, int *room, int *over, int *stop)
 {
-  float v[2] = {0.0f, t->lead && dt_now_ms() >= deadline ? 1.0f : 0.0f};
+  float v[3] = {0.0f, t->lead && dt_now_ms() >= deadline ? 1.0f : 0.0f,
+                dt_stop_requested() ? 1.0f : 0.0f};
   struct statvfs fs;
   if (t->shard_mib > 0 && (statvfs(t->o->ckpt_dir, &fs) != 0 ||
                            (double)fs.f_bavail * fs.f_frsize / (1 << 20) < t->shard_mib))
     v[0] = 1.0f;
   if (t->world)
-    DT_CHECK(dt_comm_all_reduce(t->world, v, 2, DT_COMM_SUM));
+    DT_CHECK(dt_comm_all_reduce(t->world, v, 3, DT_COMM_SUM));
   *room = v[0] == 0.0f;
-  *over = v[1] > 0.0f;
+  *stop = v[2] > 0.0f;
+  *over = v[1] > 0.0f || *stop;
   return 0;
 }
 
@@ -2522,8 +2524,9 @@ static int room_agreed(trainer_t *t, double deadline, int *room, int *over)
  * the newest committed, every rank waits up to --last-save-wait seconds, looking each second
  * whether every writer's disk has room for its shard; when they do, the step is written again
  * from the state still in memory (a try that finds a disk full again is abandoned like the
- * first, and the next waits twice as long, up to 30 s, for disks shared by several writers). */
-static int wait_for_room(trainer_t *t)
+ * first, and the next waits twice as long, up to 30 s, for disks shared by several writers).
+ * A stop requested meanwhile ends the wait (*stop): the run ends as stopped. */
+static int wait_for_room(trainer_t *t, int *stop)
 {
   const dt_train_opts_t *o = t->o;
   const double t0 = dt_now_ms(), deadline = t0 + 1000.0 * o->last_save_wait;
@@ -2536,7 +2539,7 @@ static int wait_for_room(trainer_t *t)
   double gap_s = 1.0;
   int room, over = 0;
   while (t->unsaved_step && !over) {
-    DT_CHECK(room_agreed(t, deadline, &room, &over));
+    DT_CHECK(room_agreed(t, deadline, &room, &over, stop));
     if (room && !over) {
       t->save_try++;
       DT_CHECK(save_checkpoint(t));
@@ -2652,8 +2655,10 @@ int dt_train_run(const dt_train_opts_t *o)
     ret = stopped(&t);
   } else if (ret == 0) {
     if (t.unsaved_step && o->last_save_wait > 0)
-      ret = wait_for_room(&t);
-    if (ret == 0)
+      ret = wait_for_room(&t, &stop);
+    if (ret == 0 && t.unsaved_step && stop)
+      ret = stopped(&t);
+    else if (ret == 0)
       ret = t.unsaved_step ? last_save_missing(&t) : finish(&t);
   }
 out:
