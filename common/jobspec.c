@@ -1147,6 +1147,7 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (str_empty(checkpoint->dir))
     bad(&v, "checkpoint.dir must name a directory (recovery restarts from it)");
   DT__NONNEG(&v, checkpoint, every, " (0 disables periodic checkpoints)");
+  DT__NONNEG(&v, checkpoint, every_s, " (0: saves by steps only)");
   DT__NONNEG(&v, checkpoint, keep, " (0 keeps every checkpoint)");
   DT__NONNEG(&v, checkpoint, keep_every, " (0: no milestones beyond the newest keep)");
   if (checkpoint->keep_every > 0 &&
@@ -1581,6 +1582,8 @@ int dt_jobspec_trainer_argv(const spec_t *spec, int dp_size, int resume, char **
   if (!str_empty(ck->dir)) {
     av_str(&a, "--ckpt-dir", ck->dir);
     av_int(&a, "--save-every", ck->every);
+    if (ck->every_s > 0)
+      av_int(&a, "--save-every-s", ck->every_s);
     av_int(&a, "--keep", ck->keep);
     if (ck->keep_every > 0)
       av_int(&a, "--keep-every", ck->keep_every);

@@ -322,6 +322,9 @@ fi
 run keep_every_bad "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 4 --ckpt-dir "$T/keep_bad" \
   --save-every 2 --keep 1 --keep-every 3
 expect_error keep_every_bad 1 "--keep-every" "a multiple of --save-every"
+run save_every_s_bad "$TRAIN" --train "$DATA" "${MODEL[@]}" --steps 4 --save-every-s 60
+expect_error save_every_s_bad 1 "--save-every-s must be >= 0 and needs --ckpt-dir" \
+  "(0: saves by steps only)"
 
 # A checkpoint filesystem too small for the checkpoints a run keeps (a 256 KiB tmpfs in a mount
 # namespace of its own; each checkpoint of MODEL is 95 KB): warned before the first step, with

@@ -379,6 +379,26 @@ class DataParallel(unittest.TestCase):
                                  r"written again after \d+ s")
                 self.assertTrue(os.path.exists(os.path.join(ckpt, "step-00000008", "MANIFEST")))
 
+    def test_saves_by_time_are_agreed(self):
+        """--save-every-s 1 on a dp=2 ZeRO-1 run (two writers) whose steps take 250 ms: rank 0's
+        clock decides and both ranks save after the same steps, so every step saved is committed
+        (a disagreement would leave a step without its manifest, or hang), some before the last;
+        the losses are one process's."""
+        ref = self.single_run(8, 1)
+        ckpt = os.path.join(self.tmp, "by_time")
+        m = os.path.join(self.tmp, "by_time.jsonl")
+        args = [a for a in base_args(4, 1, m) if a != "--quiet"] + [
+            "--ckpt-dir", ckpt, "--save-every-s", "1", "--keep", "0", "--zero-stage", "1"]
+        outs = wait_all(launch(2, lambda r: args, ckpt + ".kv",
+                               {"DISTRAIN_FAULT_SLOW_MS": "250"}))
+        assert_ranks_ok(outs, "saves by time")
+        steps = sorted(int(d[5:]) for d in os.listdir(ckpt))
+        self.assertEqual(steps[-1], STEPS)
+        self.assertGreater(len(steps), 1, steps)
+        for s in steps:
+            self.assertTrue(os.path.exists(os.path.join(ckpt, "step-%08d" % s, "MANIFEST")), s)
+        self.assert_close(ref, read_metrics(m), "saves by time")
+
     def test_stop_whose_save_finds_a_full_disk(self):
         """SIGTERM to a dp=3 run whose rank 2 finds its disk full saving (every save,
         DISTRAIN_FAULT_NOSPACE_STEP=-1): the ranks stop after the same step as ever (exit 3, a

@@ -784,6 +784,7 @@ static const struct {
     {{"checkpoint.dir="}, "checkpoint.dir must name a directory"},
     {{"checkpoint.every=-1"}, "checkpoint.every (-1) must be >= 0"},
     {{"checkpoint.keep=-1"}, "checkpoint.keep (-1) must be >= 0"},
+    {{"checkpoint.every_s=-1"}, "checkpoint.every_s (-1) must be >= 0 (0: saves by steps only)"},
     {{"checkpoint.keep_every=-1"}, "checkpoint.keep_every (-1) must be >= 0"},
     {{"checkpoint.keep_every=150", "checkpoint.every=100"},
      "checkpoint.keep_every (150) must be a multiple of checkpoint.every (100): only the steps "
@@ -1147,6 +1148,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert(!has_arg(argv, "--val") && !has_arg(argv, "--shuffle"));
   ck_assert(!has_arg(argv, "--val-sets"));
   ck_assert(!has_arg(argv, "--keep-every") && !has_arg(argv, "--last-save-wait"));
+  ck_assert(!has_arg(argv, "--save-every-s"));
   ck_assert(!has_arg(argv, "--threads") && !has_arg(argv, "--resume"));
   ck_assert(!has_arg(argv, "--vocab-file") && !has_arg(argv, "--merge-file"));
   ck_assert(!has_arg(argv, "--prompt"));
@@ -1177,6 +1179,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "data.val_sets=web=w.bin,code=c/*.bin");
   set_ok(s, "checkpoint.keep_every=1000");
   set_ok(s, "checkpoint.last_save_wait_s=-1");
+  set_ok(s, "checkpoint.every_s=1800");
   set_ok(s, "data.vocab_file=gpt2/vocab.json");
   set_ok(s, "data.merge_file=gpt2/merges.txt");
   set_ok(s, "training.prompt=Once upon a time");
@@ -1213,6 +1216,7 @@ START_TEST(test_trainer_argv_variants)
   ck_assert_str_eq(flag_value(argv, "--val-sets"), "web=w.bin,code=c/*.bin");
   ck_assert_str_eq(flag_value(argv, "--keep-every"), "1000");
   ck_assert_str_eq(flag_value(argv, "--last-save-wait"), "0"); /* -1: no wait */
+  ck_assert_str_eq(flag_value(argv, "--save-every-s"), "1800");
   ck_assert_str_eq(flag_value(argv, "--vocab-file"), "gpt2/vocab.json");
   ck_assert_str_eq(flag_value(argv, "--merge-file"), "gpt2/merges.txt");
   ck_assert_str_eq(flag_value(argv, "--prompt"), "Once upon a time");

@@ -64,6 +64,8 @@ static void usage(FILE *out)
       "  --weight-decay X --beta1 X --beta2 X --eps X --grad-clip X (0: off)\n"
       "checkpoints:\n"
       "  --ckpt-dir DIR --save-every N --keep N --resume[=PATH] --export-llmc PATH\n"
+      "  --save-every-s S            also save once S seconds have passed since the last save\n"
+      "                              began (time-based; --save-every N: by steps)\n"
       "  --keep-every N              also keep every checkpoint of a step N divides, whatever\n"
       "                              --keep says (N a multiple of --save-every)\n"
       "  --last-save-wait S          the last step's save found a disk full: wait up to S s for\n"
@@ -160,6 +162,7 @@ enum {
   OPT_CLIP,
   OPT_CKPT_DIR,
   OPT_SAVE_EVERY,
+  OPT_SAVE_EVERY_S,
   OPT_KEEP,
   OPT_KEEP_EVERY,
   OPT_LAST_SAVE_WAIT,
@@ -237,6 +240,7 @@ static const struct option g_opts[] = {
     {"grad-clip", required_argument, 0, OPT_CLIP},
     {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
+    {"save-every-s", required_argument, 0, OPT_SAVE_EVERY_S},
     {"keep", required_argument, 0, OPT_KEEP},
     {"keep-every", required_argument, 0, OPT_KEEP_EVERY},
     {"last-save-wait", required_argument, 0, OPT_LAST_SAVE_WAIT},
@@ -536,6 +540,9 @@ int dt_train_parse_args(int argc, char **argv, dt_train_opts_t *o)
       break;
     case OPT_SAVE_EVERY:
       rc = parse_int(c, optarg, &o->save_every);
+      break;
+    case OPT_SAVE_EVERY_S:
+      rc = parse_int(c, optarg, &o->save_every_s);
       break;
     case OPT_KEEP:
       rc = parse_int(c, optarg, &o->keep);

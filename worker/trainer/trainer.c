@@ -163,6 +163,8 @@ int dt_train_opts_validate(const dt_train_opts_t *o, char *why, size_t n)
     msg = "--save-every, --keep and --val-every must be >= 0, --val-batches >= 1";
   else if (o->save_every > 0 && !o->ckpt_dir)
     msg = "--save-every needs --ckpt-dir";
+  else if (o->save_every_s < 0 || (o->save_every_s > 0 && !o->ckpt_dir))
+    msg = "--save-every-s must be >= 0 and needs --ckpt-dir (0: saves by steps only)";
   else if (o->last_save_wait < 0 || o->last_save_wait > 86400)
     msg = "--last-save-wait must be in [0, 86400] s (0: a last save that finds its disk full "
           "fails the run at once)";
@@ -350,7 +352,10 @@ static void check_ckpt_space(const dt_train_opts_t *o, int64_t step, int64_t par
     return;
   const int64_t left = DT_MAX(0, o->steps - step);
   const int64_t saves = (o->save_every > 0 ? left / o->save_every : 0) + 1; /* and the last */
-  const int64_t held = o->keep > 0 ? DT_MIN(saves, (int64_t)o->keep + 1) : saves;
+  /* Saves by time (--save-every-s) are not counted but where --keep bounds them. */
+  const int64_t held = o->keep > 0 && o->save_every_s > 0 ? (int64_t)o->keep + 1
+                       : o->keep > 0                      ? DT_MIN(saves, (int64_t)o->keep + 1)
+                                                          : saves;
   const double each = 12.0 * (double)params;
   const double room = (double)fs.f_bavail * fs.f_frsize, need = (double)held * each;
   if (room >= need)
@@ -458,6 +463,7 @@ typedef struct {
   int64_t unsaved_step; /* the newest save's step when it was abandoned (known here), else 0 */
   int save_try;         /* the last step's save written again: how many times (wait_for_room) */
   double shard_mib;     /* this writer's newest shard's size */
+  double saved_ms;      /* when the newest save began (--save-every-s counts from it) */
   int device_logged;    /* the device memory line (device_memory) was printed */
   dt_bpe_t *bpe;        /* --vocab-file: prints the sample's tokens as text */
   int *prompt;          /* --prompt's tokens (prompt_n), or NULL */
@@ -1007,7 +1013,8 @@ typedef struct save_job {
   double mib;    /* the shard's size */
   int async;     /* on a thread of its own */
   int abandoned; /* the step was not committed: a writer's disk was full (known here to the
-                  * committing rank of a run without a coordinator, and to the writer itself) */
+                  * writer itself, and to the rank that completed the step: rank 0 without a
+                  * coordinator, the writer whose report came last under one) */
   double t0;     /* when the save started */
 } save_job_t;
 
@@ -1144,7 +1151,9 @@ static void no_space(const save_job_t *j, char *why, size_t n)
   if (o->save_every > 0 && step + o->save_every - step % o->save_every < next)
     next = step + o->save_every - step % o->save_every;
   char then[96] = "";
-  if (next > step)
+  if (next > step && o->save_every_s > 0) /* a save by time may come first */
+    snprintf(then, sizeof then, "Training goes on and the next save tries again; ");
+  else if (next > step)
     snprintf(then, sizeof then, "Training goes on and the save of step %lld tries again; ",
              (long long)next);
   char from[64];
@@ -1243,6 +1252,7 @@ static int snapshot(trainer_t *t, const dt_ckpt_range_t *rg, save_job_t *j)
 static int save_checkpoint(trainer_t *t)
 {
   const double t0 = dt_now_ms();
+  t->saved_ms = t0;
   DT_CHECK(save_wait(t));
   const double waited = dt_now_ms() - t0;
   dt_ckpt_range_t rg;
@@ -2479,14 +2489,18 @@ static void teardown(trainer_t *t)
   dt_train_device_close(t->opened);
 }
 
-/* Whether any rank was asked to stop (stop.h): each rank's flag, summed over the world at the
- * same point of every step, so that all of them stop after the same one. */
-static int stop_agreed(trainer_t *t, int *stop)
+/* At the end of every step, agreed by every rank (summed over the world at the same point, so
+ * that all of them act after the same step): whether any rank was asked to stop (stop.h), and
+ * whether --save-every-s has passed since the last save began (rank 0's clock decides). */
+static int step_agreed(trainer_t *t, int *stop, int *save_due)
 {
-  float flag = dt_stop_requested() ? 1.0f : 0.0f;
+  const double every_ms = 1000.0 * t->o->save_every_s;
+  float flag[2] = {dt_stop_requested() ? 1.0f : 0.0f,
+                   t->lead && every_ms > 0 && dt_now_ms() - t->saved_ms >= every_ms ? 1.0f : 0.0f};
   if (t->world)
-    DT_CHECK(dt_comm_all_reduce(t->world, &flag, 1, DT_COMM_SUM));
-  *stop = flag > 0.0f;
+    DT_CHECK(dt_comm_all_reduce(t->world, flag, 2, DT_COMM_SUM));
+  *stop = flag[0] > 0.0f;
+  *save_due = flag[1] > 0.0f;
   return 0;
 }
 
@@ -2629,11 +2643,12 @@ int dt_train_run(const dt_train_opts_t *o)
     }
   }
   const int end = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
-  int stop = 0;
+  int stop = 0, save_due = 0;
+  t.saved_ms = dt_now_ms(); /* --save-every-s counts from the first step */
   while (ret == 0 && t.state.step < end && !stop) {
     dt_step_metrics_t sm;
     DT_CHECK_GOTO(step(&t, &sm), ret, out);
-    DT_CHECK_GOTO(stop_agreed(&t, &stop), ret, out);
+    DT_CHECK_GOTO(step_agreed(&t, &stop, &save_due), ret, out);
     const int last = t.state.step == end;
     if (o->val_every > 0 && (t.state.step % o->val_every == 0 || last))
       DT_CHECK_GOTO(validate(&t, &sm), ret, out);
@@ -2644,7 +2659,8 @@ int dt_train_run(const dt_train_opts_t *o)
       DT_CHECK_GOTO(sample_during(&t), ret, out); /* the last step's comes after the run */
     if (t.prof && t.state.step == o->profile_from + o->profile_steps - 1)
       profile_report(&t);
-    if (o->ckpt_dir && ((o->save_every > 0 && t.state.step % o->save_every == 0) || last || stop))
+    if (o->ckpt_dir &&
+        ((o->save_every > 0 && t.state.step % o->save_every == 0) || last || stop || save_due))
       DT_CHECK_GOTO(save_checkpoint(&t), ret, out);
   }
   if (ret == 0)

@@ -107,6 +107,7 @@ typedef struct {
   /* checkpoints */
   const char *ckpt_dir;
   int save_every, keep;
+  int save_every_s;        /* > 0: also save once this many seconds have passed since the last */
   int keep_every;          /* > 0: the steps it divides are kept whatever keep says (milestones) */
   int ckpt_sync;           /* write checkpoints in the step, not on a thread of their own */
   int last_save_wait;      /* s the run's last save waits for room on a full disk (0: fails) */
