@@ -248,6 +248,19 @@ static void write_named(FILE *fp, const char *key, Distrain__V1__NamedLoss *cons
   }
 }
 
+/* A duration as the status lines show it: "1h05m", "4m12s", "37s" ("?" out of range). */
+static void fmt_duration(char *buf, size_t n, double seconds)
+{
+  if (!(seconds >= 0) || seconds > 1e7)
+    snprintf(buf, n, "?");
+  else if (seconds >= 3600)
+    snprintf(buf, n, "%dh%02dm", (int)(seconds / 3600), (int)fmod(seconds / 60, 60));
+  else if (seconds >= 60)
+    snprintf(buf, n, "%dm%02ds", (int)(seconds / 60), (int)fmod(seconds, 60));
+  else
+    snprintf(buf, n, "%.0fs", seconds);
+}
+
 /* A step's validation as the trainer's step line has it (dt_valsets_line). */
 static void fmt_val(char *buf, size_t n, const Distrain__V1__StepMetrics *s)
 {
@@ -316,7 +329,8 @@ static void json_job(FILE *out, const Distrain__V1__Job *j)
   dt_json_number(out, "%.9g", j->loss);
   fputs(", \"tokens_per_s\": ", out);
   dt_json_number(out, "%.1f", j->tokens_per_s);
-  fprintf(out, ", \"committed_step\": %lld, \"checkpoint_error\": ", (long long)j->committed_step);
+  fprintf(out, ", \"committed_step\": %lld, \"committed_ms\": %lld, \"checkpoint_error\": ",
+          (long long)j->committed_step, (long long)j->committed_ms);
   dt_json_string(out, j->checkpoint_error);
   fprintf(out, ", \"failed_nodes\": [");
   for (size_t i = 0; i < j->n_failed_nodes; i++) {
@@ -396,9 +410,21 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
   if (j->last_eval)
     fprintf(out, "evaluation:  step %lld: acc_norm %.4f, acc %.4f\n", (long long)j->last_eval->step,
             j->last_eval->eval_acc_norm, j->last_eval->eval_acc);
-  if (j->committed_step > 0)
-    fprintf(out, "checkpoint:  step %lld committed in %s\n", (long long)j->committed_step,
-            j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?");
+  if (j->committed_step > 0) {
+    /* How much a failure now would cost: the time and steps since the newest commit. */
+    char ago[48] = "", since[48] = "";
+    if (j->committed_ms > 0) {
+      const double age = (double)time(NULL) - (double)j->committed_ms / 1000.0;
+      fmt_duration(ago, sizeof ago, age > 0 ? age : 0); /* the clocks may disagree a little */
+      strncat(ago, " ago", sizeof ago - strlen(ago) - 1);
+    }
+    if (j->state == DISTRAIN__V1__JOB_STATE__JOB_RUNNING && j->step > j->committed_step)
+      snprintf(since, sizeof since, " (%lld steps since)",
+               (long long)(j->step - j->committed_step));
+    fprintf(out, "checkpoint:  step %lld committed%s%s in %s%s\n", (long long)j->committed_step,
+            ago[0] ? " " : "", ago, j->spec && j->spec->checkpoint ? j->spec->checkpoint->dir : "?",
+            since);
+  }
   if (j->checkpoint_error[0])
     fprintf(out, "checkpoint:  %s\n", j->checkpoint_error);
   for (size_t i = 0; i < j->n_failed_nodes; i++)
@@ -744,18 +770,6 @@ static void write_metric(FILE *fp, const Distrain__V1__StepMetrics *m)
   fputs("}\n", fp);
 }
 
-static void fmt_eta(char *buf, size_t n, double seconds)
-{
-  if (!(seconds >= 0) || seconds > 1e7)
-    snprintf(buf, n, "?");
-  else if (seconds >= 3600)
-    snprintf(buf, n, "%dh%02dm", (int)(seconds / 3600), (int)fmod(seconds / 60, 60));
-  else if (seconds >= 60)
-    snprintf(buf, n, "%dm%02ds", (int)(seconds / 60), (int)fmod(seconds, 60));
-  else
-    snprintf(buf, n, "%.0fs", seconds);
-}
-
 void dt_ctl_print_transition(FILE *out, const char *job_id, const Distrain__V1__Job *j,
                              uint64_t *placed_gen)
 {
@@ -880,7 +894,7 @@ int dt_ctl_follow_until(dt_rpc_client_t *c, const dt_ctl_opts_t *o, const char *
         if (!o->json && (s->has_val || s->n_val_sets || s->has_eval || s->step % every == 0 ||
                          s->step == steps)) {
           char eta[32];
-          fmt_eta(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
+          fmt_duration(eta, sizeof eta, (steps - s->step) * ms_ewma / 1000.0);
           char mfu[32] = "", src[DT_BLEND_MAX * (DT_NAME_MAX + 16)];
           if (s->mfu > 0)
             snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * s->mfu);

@@ -1296,6 +1296,7 @@ int dt_coord_checkpoint_report(dt_coord_t *c, dt_job_t *j, int restore,
   set_string(&j->job->checkpoint_error, "");
   j->ckpt_seconds = (dt_coord_now_ms() - first_ms) / 1000.0;
   j->ckpt_wall_ms = dt_wall_ms();
+  j->job->committed_ms = (int64_t)j->ckpt_wall_ms;
   dt_coord_store_put_job(c->store, j);
   dt_coord_store_drop_ckpt_reports(c->store, j->id, 0, step);
   *committed = 1;

@@ -442,10 +442,27 @@ START_TEST(test_job_checkpoint_error)
                             "shard: no space\n"),
                 "%s", buf);
   free(buf);
-  buf = print_job(&j, 1);
-  ck_assert_msg(strstr(buf, "\"committed_step\": 200, \"checkpoint_error\": \"step 300 not "
-                            "saved: rank 1 on h1"),
+  /* When it was committed, and while the job runs the steps since: what a failure would cost. */
+  j.committed_ms = ((int64_t)time(NULL) - 252) * 1000;
+  j.state = DISTRAIN__V1__JOB_STATE__JOB_RUNNING;
+  j.step = 237;
+  buf = print_job(&j, 0);
+  ck_assert_msg(strstr(buf, "checkpoint:  step 200 committed 4m1") &&
+                    strstr(buf, "s ago in ? (37 steps since)\n"),
                 "%s", buf);
+  free(buf);
+  buf = print_job(&j, 1);
+  char want[128];
+  snprintf(want, sizeof want,
+           "\"committed_step\": 200, \"committed_ms\": %lld, \"checkpoint_error\": \"step 300 "
+           "not saved: rank 1 on h1",
+           (long long)j.committed_ms);
+  ck_assert_msg(strstr(buf, want), "%s", buf);
+  free(buf);
+  j.committed_ms = ((int64_t)time(NULL) + 5) * 1000; /* the coordinator's clock ahead */
+  buf = print_job(&j, 0);
+  ck_assert_msg(strstr(buf, "checkpoint:  step 200 committed 0s ago in ? (37 steps since)\n"), "%s",
+                buf);
   free(buf);
   j.checkpoint_error = "";
   buf = print_job(&j, 0);
