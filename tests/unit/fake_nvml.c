@@ -18,7 +18,8 @@
  * new value; "0000:86:00.0" registers no events), nvlink_down (a mask of its 18 NVLinks that are
  * inactive), pcie (its PCIe link's width, of 16), pcie_replays (its PCIe replay counter),
  * nvlink_replays and nvlink_crc (NVLink 0's transmit replay and flow-control CRC error counters;
- * the other links' and counters' are 0); "0000:86:00.0" has none of the link queries. */
+ * the other links' and counters' are 0; a link down does not answer them); "0000:86:00.0" has
+ * none of the link queries. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_FOUND        6
+#define NVML_ERROR_UNKNOWN          999
 #define FAKE_NVLINKS                18 /* an H100 SXM's */
 
 /* What the test reads back (through dlsym on the same library). */
@@ -206,6 +208,8 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link,
     return r;
   if (link >= FAKE_NVLINKS || counter >= NVML_NVLINK_ERROR_COUNT)
     return NVML_ERROR_INVALID_ARGUMENT;
+  if (health(d, "nvlink_down") >> link & 1)
+    return NVML_ERROR_UNKNOWN; /* a link down does not answer */
   *value = link != 0                                  ? 0
            : counter == NVML_NVLINK_ERROR_DL_REPLAY   ? health(d, "nvlink_replays")
            : counter == NVML_NVLINK_ERROR_DL_CRC_FLIT ? health(d, "nvlink_crc")

@@ -238,6 +238,20 @@ START_TEST(test_link_error_rates)
   usleep(250 * 1000);
   ck_assert(dt_gpu_usage_sample(u, 0, &s)); /* reset: 0, not a negative rate */
   ck_assert(s.pcie_replays_per_min == 0 && s.nvlink_replays_per_min == 0);
+  /* NVLink 0 goes down (its counters do not answer) and comes back with more replays than it
+   * had: unknown over the windows its count is missing from, not a rise out of nothing. */
+  set_health(path, "0000:3B:00.0 nvlink_down=0x1\n");
+  usleep(250 * 1000);
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(s.nvlink_replays_per_min == -1 && s.nvlink_crc_per_min == -1);
+  ck_assert_int_eq(s.pcie_replays_per_min, 0);
+  set_health(path, "0000:3B:00.0 nvlink_replays=5 nvlink_crc=10\n");
+  usleep(250 * 1000);
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(s.nvlink_replays_per_min == -1 && s.nvlink_crc_per_min == -1);
+  usleep(250 * 1000);
+  ck_assert(dt_gpu_usage_sample(u, 0, &s));
+  ck_assert(s.nvlink_replays_per_min == 0 && s.nvlink_crc_per_min == 0);
   ck_assert(dt_gpu_usage_sample(u, 1, &s)); /* not supported: unknown */
   ck_assert(s.pcie_replays_per_min == -1 && s.nvlink_replays_per_min == -1 &&
             s.nvlink_crc_per_min == -1);

@@ -289,7 +289,9 @@ static void sample_health(dt_gpu_usage_t *u, int i, dt_gpu_sample_t *s)
 }
 
 /* GPU i's link error counters now, into now[] (-1 where NVML does not count them): its PCIe
- * replays; over the NVLinks watched (active at create), replays and recoveries, and CRC errors. */
+ * replays; over the NVLinks watched (active at create), replays and recoveries, and CRC errors.
+ * A sum some link of which did not answer (down, or the GPU lost) is unknown too: without that
+ * link's count it would make the next window's rise look larger. */
 static void read_link_errors(const dt_gpu_usage_t *u, int i, int64_t now[LINK_COUNTERS])
 {
   static const struct {
@@ -305,12 +307,18 @@ static void read_link_errors(const dt_gpu_usage_t *u, int i, int64_t now[LINK_CO
   unsigned replays;
   if (u->pcie_replays && u->pcie_replays(d, &replays) == NVML_SUCCESS)
     now[PCIE_REPLAYS] = replays;
+  int failed[LINK_COUNTERS] = {0};
   for (unsigned l = 0; u->nvlink_errors && l < NVML_NVLINK_MAX_LINKS; l++)
     for (size_t j = 0; u->links[i] >> l & 1 && j < DT_ARRAY_SIZE(k); j++) {
       unsigned long long v;
       if (u->nvlink_errors(d, l, k[j].counter, &v) == NVML_SUCCESS)
         now[k[j].slot] = (now[k[j].slot] > 0 ? now[k[j].slot] : 0) + (int64_t)v;
+      else
+        failed[k[j].slot] = 1;
     }
+  for (int c = 0; c < LINK_COUNTERS; c++)
+    if (failed[c])
+      now[c] = -1;
 }
 
 /* GPU i's link error rates into *s: the counters are read once a window (their queries, one per
