@@ -2963,6 +2963,44 @@ class T14_Logs(ClusterTest):
         return subprocess.run(self.hidden_ctl(*args), capture_output=True, text=True,
                               env=self.env, cwd=self.tmp, timeout=60)
 
+    def test_old_logs_are_deleted_with_keep_logs_days(self):
+        """distrain-worker --keep-logs-days 2: at start, the rank logs of each job none of whose
+        logs was written for 2 days are deleted, and its directory once nothing else is in it;
+        a job with a newer log keeps its old ones too, and another file in a job's directory
+        and a file that is not a job's log stay. Once a job's trainer exits here, the check
+        runs again (a job whose logs aged meanwhile goes)."""
+        work = os.path.join(self.tmp, "work-h0")
+        old = time.time() - 3 * 86400
+
+        def put(rel, mtime=None):
+            path = os.path.join(work, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write("a line\n")
+            if mtime:
+                os.utime(path, (mtime, mtime))
+            return path
+        gone = [put("job-7/rank-0.log", old), put("job-7/rank-1.log", old),
+                put("job-8/rank-0.log", old)]
+        kept = [put("job-8/notes.txt", old), put("job-9/rank-0.log"), put("job-9/rank-1.log", old),
+                put("rank-0.log", old), put("job-10/rank-0.log.1", old)]
+        self.start_coordinator()
+        self.start_agent("h0", args=["--keep-logs-days", "2"])
+        self.wait_nodes(1)
+        self.assertEqual([p for p in gone if os.path.exists(p)], [])
+        self.assertEqual([p for p in kept if not os.path.exists(p)], [])
+        self.assertFalse(os.path.exists(os.path.join(work, "job-7")))
+        self.assertIn("deleted 3 rank logs of jobs not written for 2 days (--keep-logs-days), "
+                      "and 1 job directory left empty, from %s" % work,
+                      read_text(os.path.join(self.tmp, "agent-h0.log")))
+        os.utime(kept[1], (old, old))  # job-9's newest log ages; a job's trainer exits here
+        job_id = self.call("SubmitJob", pb.SubmitJobRequest(
+            spec=job_spec(os.path.join(self.tmp, "ckpt"), 2, every=0))).job_id
+        self.wait_state(job_id, [pb.JOB_COMPLETED], 60)
+        wait_until(lambda: not os.path.exists(os.path.join(work, "job-9")), 10,
+                   "job-9's aged logs to be deleted after the trainer exited")
+        self.assertTrue(os.path.exists(os.path.join(work, job_id, "rank-0.log")))
+
     def test_logs_of_remote_ranks_follow_and_errors(self):
         """A dp=2 job on two agents: `logs JOB --rank 1 --follow` started while it runs streams
         rank 1's log (its first lines come before the job ends) and exits 0 once the job has

@@ -1,13 +1,16 @@
 /* agent.c — see agent.h. */
 #include "agent.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dt_log.h"
@@ -356,6 +359,63 @@ static void farewell(dt_agent_t *a, trainer_t *t)
 
 /* Publishes the final state: after the last report, so that a SUCCEEDED rank 0 carries its
  * last steps and an older generation's steps reach the coordinator before the next starts. */
+/* The rank logs (rank-<R>.log, nothing else) in job directory dir: how many there are, and
+ * whether all of them were last written before cutoff; with del, those are deleted. */
+static int job_logs(const char *dir, time_t cutoff, int del, int *all_old)
+{
+  DIR *job = opendir(dir);
+  int n = 0;
+  *all_old = job != NULL;
+  for (struct dirent *f; job && (f = readdir(job));) {
+    char path[PATH_MAX + 260]; /* dir, "/", a name of up to 255 bytes */
+    int rank, end = 0;
+    struct stat st;
+    if (sscanf(f->d_name, "rank-%d.log%n", &rank, &end) != 1 || f->d_name[end] != '\0')
+      continue;
+    snprintf(path, sizeof path, "%s/%s", dir, f->d_name);
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    *all_old &= st.st_mtime < cutoff;
+    n += !del || unlink(path) == 0;
+  }
+  if (job)
+    closedir(job);
+  return n;
+}
+
+/* --keep-logs-days: deletes the rank logs under <work_dir>/<job>/ of each job none of whose
+ * trainers is here and none of whose logs was written for that many days (a job's logs go
+ * together), then its directory if nothing else is left in it. A few stats a job: done on the
+ * loop. */
+static void prune_logs(dt_agent_t *a)
+{
+  const int days = a->cfg.keep_logs_days;
+  DIR *work = days > 0 ? opendir(a->cfg.work_dir) : NULL;
+  if (!work)
+    return;
+  const time_t cutoff = time(NULL) - (time_t)days * 86400;
+  int deleted = 0, jobs = 0;
+  for (struct dirent *e; (e = readdir(work));) {
+    int here = 0, all_old;
+    for (trainer_t *t = a->trainers; t && !here; t = t->next)
+      here = strcmp(t->job_id, e->d_name) == 0;
+    char dir[PATH_MAX];
+    if (here || !dt_logs_job_ok(e->d_name) ||
+        snprintf(dir, sizeof dir, "%s/%s", a->cfg.work_dir, e->d_name) >= (int)sizeof dir ||
+        !job_logs(dir, cutoff, 0, &all_old) || !all_old)
+      continue;
+    deleted += job_logs(dir, cutoff, 1, &all_old);
+    jobs += rmdir(dir) == 0; /* only once empty */
+  }
+  closedir(work);
+  if (deleted)
+    DT_INFO(WORKER,
+            "deleted %d rank log%s of jobs not written for %d day%s (--keep-logs-days), and %d "
+            "job director%s left empty, from %s",
+            deleted, deleted == 1 ? "" : "s", days, days == 1 ? "" : "s", jobs,
+            jobs == 1 ? "y" : "ies", a->cfg.work_dir);
+}
+
 static void trainer_exited(trainer_t *t)
 {
   dt_agent_t *a = t->agent;
@@ -371,6 +431,7 @@ static void trainer_exited(trainer_t *t)
   if (t->n_pending && !a->hb_busy)
     on_heartbeat(&a->hb_timer); /* now, not a heartbeat period later */
   reconcile(a);                 /* a waiting generation may start now */
+  prune_logs(a);
 }
 
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal)
@@ -1386,6 +1447,7 @@ int dt_agent_start(dt_agent_t **out, uv_loop_t *loop, const dt_agent_config_t *c
   }
   DT_CHECK_GOTO(dt_rpc_read_token(cfg->token_file, a->token, sizeof a->token), ret, fail);
   DT_CHECK_GOTO(dt_mkdir_p(cfg->work_dir), ret, fail);
+  prune_logs(a);
   load_node_id(a);
   DT_CHECK_GOTO(detect_devices(a), ret, fail);
   DT_CHECK_GOTO(dt_rpc_client_create(cfg->coordinator, a->token,

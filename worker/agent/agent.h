@@ -40,6 +40,10 @@ typedef struct {
   /* Xids the GPUs' health leaves out besides an application's (--ignore-xids; gpu_usage.h) */
   int ignore_xids[DT_GPU_IGNORED_XIDS], n_ignore_xids;
   int grace_ms; /* SIGTERM -> SIGKILL */
+  /* > 0: the rank logs (<work_dir>/<job>/rank-<R>.log) of a job with no trainer here none of
+   * whose logs was written for this many days are deleted, and the job's directory once it
+   * holds nothing else: at start and whenever a trainer exits (--keep-logs-days; 0: kept) */
+  int keep_logs_days;
   /* Called on the loop after every successful registration (NULL: none); the first one is
    * when the agent is ready (systemd's READY=1). */
   void (*on_registered)(void *ud);

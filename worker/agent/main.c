@@ -2,12 +2,13 @@
  *
  *   distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]
  *                   [--gpus all|none|N,N,...] [--ignore-xids N,N,...] [--work-dir DIR]
- *                   [--trainer PATH] [--hostname NAME] [--grace-ms N]
+ *                   [--trainer PATH] [--hostname NAME] [--grace-ms N] [--keep-logs-days N]
  *                   [--tls-cert PEM --tls-key PEM] [--tls-ca PEM]
  *
  * --gpus chooses the GPUs the node offers (agent.h: every one by default; a list, where a GPU
  * named twice is two devices sharing it); --cpu-devices is what it offers without GPUs.
- * --ignore-xids names Xid errors the GPUs' health leaves out (gpu_usage.h).
+ * --ignore-xids names Xid errors the GPUs' health leaves out (gpu_usage.h). --keep-logs-days
+ * deletes the rank logs of jobs gone from the node that long (agent.h).
  *
  * The --tls-* flags (rpc.h, "TLS") reach its trainers through the environment, so they too
  * talk TLS to the coordinator.
@@ -94,7 +95,7 @@ static void usage(FILE *out)
           "usage: distrain-worker --coordinator HOST:PORT --token-file FILE [--cpu-devices N]\n"
           "                       [--gpus all|none|N,N,...] [--ignore-xids N,N,...]\n"
           "                       [--work-dir DIR] [--trainer PATH] [--hostname NAME]\n"
-          "                       [--grace-ms N]\n"
+          "                       [--grace-ms N] [--keep-logs-days N]\n"
           "                       " DT_RPC_TLS_USAGE "\n");
 }
 
@@ -111,6 +112,7 @@ int main(int argc, char **argv)
                                        {"trainer", required_argument, 0, 'x'},
                                        {"hostname", required_argument, 0, 'H'},
                                        {"grace-ms", required_argument, 0, 'g'},
+                                       {"keep-logs-days", required_argument, 0, 'k'},
                                        DT_RPC_TLS_OPTIONS,
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -147,6 +149,11 @@ int main(int argc, char **argv)
       break;
     case 'g':
       if (dt_parse_int_flag("distrain-worker", "grace-ms", optarg, 0, 1000000, &cfg.grace_ms) != 0)
+        return 2;
+      break;
+    case 'k':
+      if (dt_parse_int_flag("distrain-worker", "keep-logs-days", optarg, 1, 36500,
+                            &cfg.keep_logs_days) != 0)
         return 2;
       break;
     case DT_RPC_OPT_TLS_CERT:
