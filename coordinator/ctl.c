@@ -650,7 +650,7 @@ static void devices_summary(const Distrain__V1__Node *nd, char *buf, size_t n)
     if (known < ndev)
       appendf(buf, n, &off, " (%zu of %zu reporting)", known, ndev);
     for (size_t i = 0; i < nd->n_usage; i++) {
-      char words[160];
+      char words[DT_CTL_SLOWED_MAX];
       if (dt_ctl_gpu_slowed(nd->usage[i], words, sizeof words))
         appendf(buf, n, &off, ", GPU %d slowed (%s)", nd->usage[i]->index, words);
     }
@@ -698,7 +698,7 @@ static void json_node(FILE *out, const Distrain__V1__Node *nd)
             (unsigned long long)u->nvlink_down, u->pcie_width, u->pcie_max_width,
             (long long)u->pcie_replays_per_min, (long long)u->nvlink_replays_per_min,
             (long long)u->nvlink_crc_per_min);
-    char words[160];
+    char words[DT_CTL_SLOWED_MAX];
     dt_ctl_gpu_slowed(u, words, sizeof words);
     dt_json_string(out, words);
     fputc('}', out);
@@ -728,7 +728,7 @@ void dt_ctl_print_nodes(FILE *out, Distrain__V1__Node **nodes, size_t n, int jso
   const time_t now = time(NULL);
   for (size_t i = 0; i < n; i++) {
     const Distrain__V1__Node *nd = nodes[i];
-    char seen[32], dev[1024];
+    char seen[32], dev[4096];
     snprintf(seen, sizeof seen, "%llds ago", (long long)(now - nd->last_heartbeat_ms / 1000));
     devices_summary(nd, dev, sizeof dev);
     fprintf(out, "%-10s %-20s %-8s %8zu  %-14s  %s", nd->node_id,

@@ -69,6 +69,7 @@ int dt_ctl_gpu_problems(Distrain__V1__DeviceUsage *const *usage, size_t n_usage,
 #define DT_CTL_PCIE_REPLAYS_MAX   8    /* a minute */
 #define DT_CTL_NVLINK_REPLAYS_MAX 1    /* replays and recoveries, a minute */
 #define DT_CTL_NVLINK_CRC_MAX     6000 /* a minute: 100 a second */
+#define DT_CTL_SLOWED_MAX         320  /* bytes that hold the words of every cause at once */
 int dt_ctl_gpu_slowed(const Distrain__V1__DeviceUsage *u, char *buf, size_t n);
 const char *dt_ctl_state_name(Distrain__V1__JobState s);
 /* A followed job's new state (or generation), as a line; and, where *placed_gen is not its

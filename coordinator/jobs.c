@@ -873,7 +873,7 @@ static int cmp_double(const void *a, const void *b)
 static void slowed_gpu(const dt_node_t *nd, int device, char *buf, size_t n)
 {
   for (size_t i = 0; i < nd->n_usage; i++) {
-    char words[160];
+    char words[DT_CTL_SLOWED_MAX];
     if (nd->usage[i]->index == device && dt_ctl_gpu_slowed(nd->usage[i], words, sizeof words))
       snprintf(buf, n, "; its GPU %d reports itself slowed: %s", device, words);
   }
@@ -942,7 +942,7 @@ static void check_stragglers(dt_coord_t *c, dt_job_t *j)
         s->straggler = 1;
         s->straggler_since_ms = now;
         s->drain_judged = 0;
-        char cause[256] = "";
+        char cause[DT_CTL_SLOWED_MAX + 64] = "";
         slowed_gpu(nd, s->local_rank, cause, sizeof cause);
         DT_WARN(COORD,
                 "job %s: rank %d on %s (%s) is a straggler: %.1f ms of compute per step, the "

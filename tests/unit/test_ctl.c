@@ -2,6 +2,7 @@
  * and as JSON, for GPU nodes with and without usage, mixed and CPU nodes, from Node messages
  * built here as ListNodes would return them; a followed job's transitions and placement, from
  * Job messages as GetJob would return them; a job file's relative paths made absolute. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,17 @@ START_TEST(test_gpu_slowed_by_link_errors)
   ck_assert_str_eq(buf, "hardware thermal slowdown, PCIe link replaying (9 replays a minute), "
                         "NVLink errors (2 replays and recoveries a minute), NVLink CRC errors "
                         "(6001 errors a minute)");
+  /* Every cause at once, with long counts, fits the callers' buffer whole. */
+  u.slowdown = 0xe8;
+  u.pcie_width = 4;
+  u.pcie_max_width = 16;
+  u.pcie_replays_per_min = u.nvlink_replays_per_min = u.nvlink_crc_per_min = INT64_MAX;
+  char whole[DT_CTL_SLOWED_MAX];
+  ck_assert(dt_ctl_gpu_slowed(&u, whole, sizeof whole));
+  const char *tail = "NVLink CRC errors (9223372036854775807 errors a minute)";
+  ck_assert_msg(strlen(whole) < sizeof whole - 1 && strlen(whole) > strlen(tail) &&
+                    strcmp(whole + strlen(whole) - strlen(tail), tail) == 0,
+                "%s", whole);
 }
 END_TEST
 
