@@ -357,8 +357,6 @@ static void farewell(dt_agent_t *a, trainer_t *t)
             t->status.rank, err);
 }
 
-/* Publishes the final state: after the last report, so that a SUCCEEDED rank 0 carries its
- * last steps and an older generation's steps reach the coordinator before the next starts. */
 /* The rank logs (rank-<R>.log, nothing else) in job directory dir: how many there are, and
  * whether all of them were last written before cutoff; with del, those are deleted. */
 static int job_logs(const char *dir, time_t cutoff, int del, int *all_old)
@@ -416,6 +414,8 @@ static void prune_logs(dt_agent_t *a)
             jobs == 1 ? "y" : "ies", a->cfg.work_dir);
 }
 
+/* Publishes the final state: after the last report, so that a SUCCEEDED rank 0 carries its
+ * last steps and an older generation's steps reach the coordinator before the next starts. */
 static void trainer_exited(trainer_t *t)
 {
   dt_agent_t *a = t->agent;
