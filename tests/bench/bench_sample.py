@@ -10,7 +10,10 @@ tokens a second; each run is repeated --rounds times and the fastest kept. Exits
 124M's shape in bf16).
 
     /usr/bin/python3 tests/bench/bench_sample.py --build build [--seq 1024] [--sample 480] \
-        [--device cpu|cuda] [--precision fp32|bf16]
+        [--device cpu|cuda] [--precision fp32|bf16] [--cp N]
+
+--cp N runs N context-parallel ranks (local processes, --threads each; the time is the slowest
+rank's, the text rank 0's).
 """
 
 import argparse
@@ -34,11 +37,18 @@ def write_shard(path, n, vocab):
         f.write(array.array("H", [rng.randrange(vocab) for _ in range(n)]).tobytes())
 
 
-def run(cmd):
-    """(seconds, the sample's text) of one run."""
+def run(cmd, ranks, tmp):
+    """(seconds, the sample's text) of one run of `ranks` processes (rank 0's text)."""
+    kv = tempfile.mkdtemp(prefix="kv_", dir=tmp)  # the ranks' rendezvous, a fresh one a run
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, WORLD_SIZE=str(ranks), RANK=str(r),
+                                       DISTRAIN_KV_DIR=kv)) for r in range(ranks)]
+    outs = [q.communicate() for q in procs]
     dt = time.perf_counter() - t0
+    p = subprocess.CompletedProcess(cmd, max(q.returncode for q in procs), *outs[0])
+    if ranks > 1 and p.returncode != 0:
+        p.stderr = "\n".join(err for _, err in outs)
     if p.returncode != 0 and ("no usable CUDA GPU" in p.stderr or
                               "was built without CUDA" in p.stderr):
         print("no GPU (or a build without CUDA): skipped")
@@ -65,6 +75,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--cp", type=int, default=1)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="dt-bench-sample-") as tmp:
         shard = os.path.join(tmp, "val.bin")
@@ -75,14 +86,15 @@ def main():
                str(args.seq), "--val", shard, "--batch", "1", "--seq", str(args.seq),
                "--sample", str(args.sample), "--sample-top-k", "1", "--threads",
                str(args.threads), "--device", args.device, "--precision", args.precision,
-               "--quiet"]
+               "--quiet"] + (["--cp", str(args.cp)] if args.cp > 1 else [])
         print("model L%d NH%d C%d V%d, window %d, prompt 32 + %d tokens, greedy, %s %s, %d "
-              "threads" % (args.layers, args.heads, args.channels, args.vocab, args.seq,
-                           args.sample, args.device, args.precision, args.threads))
+              "threads%s" % (args.layers, args.heads, args.channels, args.vocab, args.seq,
+                             args.sample, args.device, args.precision, args.threads,
+                             " x %d context-parallel ranks" % args.cp if args.cp > 1 else ""))
         best, texts = {}, {}
         for _ in range(args.rounds):
             for name, extra in (("key/value cache", []), ("whole windows", ["--sample-no-cache"])):
-                dt, texts[name] = run(cmd + extra)
+                dt, texts[name] = run(cmd + extra, args.cp, tmp)
                 best[name] = min(best.get(name, dt), dt)
         if len(set(texts.values())) != 1:
             raise SystemExit("bench_sample: the two runs printed different tokens")

@@ -282,8 +282,8 @@ class GpuTrainer(unittest.TestCase):
         random.Random(1).shuffle(order)
         write_shard(shard, [order[i % 100] for i in range(20000)])
 
-        def sample(heads, extra, env, tag):
-            """The sample's tokens, or None where wgmma needs another GPU."""
+        def sample(heads, extra, env, tag, world=1):
+            """The sample's tokens (rank 0's), or None where wgmma needs another GPU."""
             if not os.path.exists(model % heads):
                 p = subprocess.run([dp.trainer(), "--device", "cpu", "--train", shard, "--layers",
                                     "2", "--heads", str(heads), "--channels", "128", "--vocab",
@@ -292,11 +292,18 @@ class GpuTrainer(unittest.TestCase):
                                     "--threads", "1", "--quiet", "--export-llmc", model % heads],
                                    capture_output=True, text=True, timeout=300)
                 self.assertEqual(p.returncode, 0, p.stderr[-2000:])
-            p = subprocess.run([dp.trainer(), "--steps", "0", "--init", "llmc:" + model % heads,
-                                "--device", "cuda", "--val", shard, "--batch", "1", "--seq", "64",
-                                "--sample", "40", "--sample-top-k", "1", "--threads", "1"]
-                               + extra, capture_output=True, text=True, timeout=300,
-                               env=dict(os.environ, **env))
+            argv = [dp.trainer(), "--steps", "0", "--init", "llmc:" + model % heads, "--device",
+                    "cuda", "--val", shard, "--batch", "1", "--seq", "64", "--sample", "40",
+                    "--sample-top-k", "1", "--threads", "1"] + extra
+            if world == 1:
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                                   env=dict(os.environ, **env))
+            else:  # every rank on GPU 0
+                kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp)
+                outs = dp.wait_all(dp.launch(world, lambda r: argv, kv,
+                                             lambda r: dict(env, LOCAL_RANK="0")), timeout=300)
+                dp.assert_ranks_ok(outs, tag)
+                p = subprocess.CompletedProcess(argv, *outs[0])
             if p.returncode != 0 and "needs a GPU of compute capability 9.0" in p.stderr:
                 self.assertFalse(EMULATED, "the emulated GPU is 9.0")
                 return None
@@ -326,6 +333,9 @@ class GpuTrainer(unittest.TestCase):
                 else:
                     agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 40)
                     self.assertGreaterEqual(agree, 16, "%s: %s vs %s" % (tag, got, want))
+                if attn == "flash" and prec == "bf16":  # cp=2: each rank the one GPU's forwards
+                    self.assertEqual(sample(heads, extra + ["--cp", "2"], env, tag + "_cp2", 2),
+                                     got, tag + " under cp=2")
 
     def test_layouts_on_one_gpu(self):
         for world, dps, extra in ((2, 2, ["--zero-stage", "3"]), (2, 2, ["--zero-stage", "2"]),

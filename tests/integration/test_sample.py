@@ -15,8 +15,9 @@ logits of the last --seq tokens before it. Checks:
     some token falls outside the filter at half its value (top-k 2, top-p 0.25): it keeps no
     fewer tokens than asked;
   - the key/value cache (--seq 64, past the window): greedy decoding the reference's argmax, on
-    one process, tp=2 and pp=2, the tokens of whole windows (cp=2, --sample-no-cache), and at
-    temperature 2 the same draws as whole windows;
+    one process, tp=2, pp=2, cp=2 and 4 (the prompt in pieces), tp=2 with SP (padded feeds),
+    cp=2 x tp=2 with SP and an interleaved pipeline (a 4-layer model), the tokens of whole
+    windows (--sample-no-cache), and at temperature 2 the same draws as whole windows;
   - --sample-every: samples during training that leave the run as it was, each of the model as
     it was after its step, also through a pipeline;
   - the header names the filters; bad values are refused with one line.
@@ -123,9 +124,9 @@ class Sample(unittest.TestCase):
         """--seq 64: the 32-token prompt in one forward through the key/value cache, then a row
         a token until the text fills the window, then whole windows sliding on: greedy decoding
         is the reference's argmax from the last 64 tokens all the way, on one process and under
-        tp=2 and pp=2 (each stage its layers' cache); cp=2 (whole windows: no cache under
-        context parallelism, the log says why) and --sample-no-cache give the same tokens, and
-        at temperature 2 the cache draws the tokens whole windows draw."""
+        tp=2 and pp=2 (each stage its layers' cache), cp=2 and 4 (every rank the whole
+        sequence's cache), SP and --sample-no-cache, and at temperature 2 the cache draws the
+        tokens whole windows draw, on one process and under cp=2."""
         W, n = 2 * SEQ, 48  # the prompt is --val's first 32 tokens, up to the window's half
 
         def run(world, *extra):
@@ -137,11 +138,17 @@ class Sample(unittest.TestCase):
             self.assertEqual(len(log), 1, outs[0][2])
             return self.tokens(outs[0][1], n=n), log[0]
 
+        def cached(positions, split=1, feeds="in one forward", cp=False):
+            """The log of a cache of rank 0's share (1 / split: its tp slice or pp stage)."""
+            mib = self.L * positions * 3 * 64 // split * 4 / 2**20  # q, k, v rows, fp32, C = 64
+            return ("a key/value cache of 64 positions (%.2f MiB): the prompt %s, then one row a "
+                    "token while the text fits the window%s" % (
+                        mib, feeds, " (every context-parallel rank runs the whole sequence)"
+                        if cp else ""))
+
         greedy = ("--sample-top-k", "1")
         toks, log = run(1, *greedy)
-        mib = self.L * W * 3 * 64 * 4 / 2**20  # each layer's q, k, v rows, fp32 (C = 64)
-        self.assertEqual(log, "a key/value cache of 64 positions (%.2f MiB): the prompt in one "
-                         "forward, then one row a token while the text fits the window" % mib)
+        self.assertEqual(log, cached(W))
         ctx = list(self.prompt)
         for i, tok in enumerate(toks):
             lg = self.logits(ctx, W)
@@ -150,15 +157,57 @@ class Sample(unittest.TestCase):
             self.assertEqual(tok, int(np.argmax(lg)), "token %d" % i)
             ctx.append(tok)
         self.assertGreater(len(set(toks)), 1)
-        for world, extra, why in ((2, ("--tp", "2"), None), (2, ("--pp", "2"), None),
-                                  (2, ("--cp", "2"), "no key/value cache with context parallelism"),
-                                  (1, ("--sample-no-cache",), "--sample-no-cache")):
-            got, log = run(world, *(greedy + extra))
+        whole = "a forward of the whole window a token (--sample-no-cache)"
+        # cp=4 holds activations for 16 positions: the prompt in two forwards; under --sp each
+        # feed is padded to rows the 2 tp ranks split (the last position's padding would pass
+        # max_seq: whole windows from there)
+        for world, extra, want in (
+                (2, ("--tp", "2"), cached(W, 2)), (2, ("--pp", "2"), cached(W, 2)),
+                (2, ("--cp", "2"), cached(W, cp=True)),
+                (4, ("--cp", "4"), cached(W, feeds="in forwards of up to 16 rows", cp=True)),
+                (2, ("--tp", "2", "--sp"), cached(W, 2)),
+                (4, ("--tp", "2", "--sp", "--cp", "2"), cached(W, 2, cp=True)),
+                (1, ("--sample-no-cache",), whole), (2, ("--cp", "2", "--sample-no-cache"), whole)):
+            got, got_log = run(world, *(greedy + extra))
             self.assertEqual(got, toks, extra)
-            self.assertEqual(log, "a forward of the whole window a token (%s)" % why if why else
-                             log.startswith("a key/value cache") and log, extra)
+            self.assertEqual(got_log, want, extra)
         hot = ("--sample-temp", "2")
         self.assertEqual(run(1, *hot)[0], run(1, *hot, "--sample-no-cache")[0])
+        self.assertEqual(run(2, *hot, "--cp", "2")[0], run(1, *hot, "--sample-no-cache")[0])
+
+    def test_key_value_cache_through_virtual_stages(self):
+        """An interleaved pipeline (pp=2, 2 chunks a stage) of a 4-layer model trained as the
+        class's: each stage caches its two chunks' layers apart and feeds every chunk the same
+        positions; greedy decoding past the window gives one process's tokens (cached and
+        whole windows alike)."""
+        model = os.path.join(self.tmp.name, "model4.bin")
+        p = subprocess.run([os.path.join(BUILD, "worker/trainer/distrain-train"), "--train",
+                            self.shard, "--layers", "4", "--heads", "4", "--channels", "64",
+                            "--vocab", str(V), "--max-seq", "64", "--batch", "4", "--seq",
+                            str(SEQ), "--steps", "20", "--lr", "1e-2", "--init", "seed:1",
+                            "--threads", "1", "--quiet", "--export-llmc", model],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+        def run(world, *extra):
+            argv = self.args("--seq", str(2 * SEQ), "--sample", "48", "--sample-top-k", "1",
+                             *extra)
+            argv[argv.index("llmc:" + self.model)] = "llmc:" + model
+            kv = tempfile.mkdtemp(prefix="kv_", dir=self.tmp.name)
+            outs = dp.wait_all(dp.launch(world, lambda r: argv, kv))
+            dp.assert_ranks_ok(outs, str(extra))
+            return self.tokens(outs[0][1], n=48), re.findall(r"sample: (.*)", outs[0][2])
+
+        toks, log = run(1)
+        self.assertTrue(log[0].startswith("a key/value cache"), log)
+        self.assertGreater(len(set(toks)), 1)
+        pipe = ("--pp", "2", "--pp-schedule", "interleaved", "--grad-accum", "2")
+        got, log = run(2, *pipe)
+        self.assertTrue(log[0].startswith("a key/value cache"), log)
+        self.assertEqual(got, toks)
+        got, log = run(2, *pipe, "--sample-no-cache")
+        self.assertEqual(log, ["a forward of the whole window a token (--sample-no-cache)"])
+        self.assertEqual(got, toks)
 
     def test_sample_every(self):
         """--sample-every 4 over 10 steps: samples after steps 4 and 8, then the one at the end;

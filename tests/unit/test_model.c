@@ -432,6 +432,20 @@ static void logits_row(const dt_gpt2_t *m, int r, float *out)
   }
 }
 
+/* The logits of the newest forward's rows (positions first ...) against the whole window's. */
+static void expect_rows(const dt_gpt2_t *m, int first, int rows, float (*ref)[50], float tol)
+{
+  float got[50];
+  for (int r = 0; r < rows; r++) {
+    const float *want = ref[first + r];
+    logits_row(m, r, got);
+    for (int v = 0; v < CFG.vocab; v++)
+      ck_assert_msg(fabsf(got[v] - want[v]) <= tol * (1.0f + fabsf(want[v])),
+                    "position %d (fed with %d rows), logit %d: %.9g, whole window %.9g", first + r,
+                    rows, v, (double)got[v], (double)want[v]);
+  }
+}
+
 /* The 12 tokens' logits from one forward of them, against the cache's: the first 8 in one
  * forward (the same products as the whole window's, on fewer rows), then one token at a time
  * (each a forward of one row at its position, attending over the cached keys): equal within
@@ -493,15 +507,42 @@ START_TEST(test_kv_cache)
       ck_assert_mem_eq(got, ref[r], sizeof got);
     }
     dt_gpt2_destroy(&m);
+
+    /* Activations for 8 positions, a cache of 12: the 12 tokens in forwards of at most kv_feed
+     * rows (8; with materialized attention the (rows, 12) probabilities of a head must fit its
+     * (8, 8): 5) give the whole window's logits. A forward of more rows is refused; after a
+     * seek back the positions are fed again (what a padded feed's padding gets). */
+    ck_assert_int_eq(choose(dt_device_cpu(), cases[c].bf16, cases[c].flash, &m), 0);
+    ck_assert_int_eq(dt_gpt2_init_weights(&m, 3), 0);
+    ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 1, 8, (int[]){1}, 0), 0);
+    ck_assert_int_eq(dt_gpt2_kv_begin(&m, 12, why, sizeof why), 0);
+    ck_assert_int_eq(m.kv_feed, cases[c].flash ? 8 : 5);
+    ck_assert_int_eq(
+        dt_gpt2_stage_forward(&m, 0, 0, TOKENS[0], NULL, 1, m.kv_feed + 1, 0.0f, &unused),
+        DT_EINVAL);
+    for (int pos = 0; pos < N; pos = m.kv_pos) {
+      const int fed = N - pos < m.kv_feed ? N - pos : m.kv_feed;
+      ck_assert_int_eq(
+          dt_gpt2_stage_forward(&m, 0, 0, &TOKENS[0][pos], NULL, 1, fed, 0.0f, &unused), 0);
+      expect_rows(&m, pos, fed, ref, cases[c].tol);
+    }
+    ck_assert_int_eq(dt_gpt2_kv_seek(&m, N - 2), 0); /* the last two again */
+    ck_assert_int_eq(dt_gpt2_stage_forward(&m, 0, 0, &TOKENS[0][N - 2], NULL, 1, 2, 0.0f, &unused),
+                     0);
+    expect_rows(&m, N - 2, 2, ref, cases[c].tol);
+    ck_assert_int_eq(m.kv_pos, N);
+    ck_assert_int_eq(dt_gpt2_kv_seek(&m, N + 1), DT_EINVAL); /* only back */
+    dt_gpt2_destroy(&m);
   }
-  /* no more positions than the activations hold */
+  /* a row of probabilities over the cache's positions must fit the activations */
   dt_gpt2_t m;
   char why[256];
-  ck_assert_int_eq(choose(dt_device_cpu(), 0, 1, &m), 0);
-  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 2, 8, (int[]){1}, 0), 0);
+  ck_assert_int_eq(choose(dt_device_cpu(), 0, 0, &m), 0);
+  ck_assert_int_eq(dt_gpt2_alloc_activations(&m, 1, 2, (int[]){1}, 0), 0);
   ck_assert_int_eq(dt_gpt2_kv_begin(&m, 12, why, sizeof why), DT_EINVAL);
-  ck_assert_str_eq(why, "a key/value cache of 12 positions (max_seq 16, activations for 8 "
-                        "positions)");
+  ck_assert_str_eq(why, "a key/value cache of 12 positions (max_seq 16, activations for 2 "
+                        "positions: no row fits them)");
+  ck_assert_int_eq(dt_gpt2_kv_seek(&m, 0), DT_EINVAL); /* no cache */
   dt_gpt2_destroy(&m);
   /* materialized attention needs the device's context-parallel entry for queries past 0 */
   dt_device_t *dev = edited_cpu();

@@ -1147,11 +1147,11 @@ static int linear_backward(dt_gpt2_t *m, dt_gpt2_acts_t *a, void *dinp, int dinp
   return gelu_in ? k->gelu_backward(m->dev, dinp, gelu_in, dinp, (size_t)N * C) : 0;
 }
 
-/* Layer l's forward from its input x with parameters p (acquired by the caller); also what
- * activation checkpointing reruns before the layer's backward (deterministic kernels and
- * collectives: the same bits as the first time). */
-static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x, int B, int T,
-                         const dt_gpt2_view_t *p)
+/* Layer l of slot a (the stage's layer u) forward from its input x with parameters p (acquired
+ * by the caller); also what activation checkpointing reruns before the layer's backward
+ * (deterministic kernels and collectives: the same bits as the first time). */
+static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, int u, const float *x, int B,
+                         int T, const dt_gpt2_view_t *p)
 {
   const dt_ops_t *k = m->ops;
   const dims_t d = dims(m);
@@ -1168,7 +1168,7 @@ static int layer_forward(dt_gpt2_t *m, dt_gpt2_acts_t *a, int l, const float *x,
   DT_CHECK(gather_rows(m, a, y.ln1, N, &in)); /* NULL with ln1_16 (no SP then) */
   if (m->kv) { /* the T new positions' q, k, v into the cache, their queries against it */
     const int pos = m->kv_pos;
-    void *cache = (char *)m->kv + (size_t)l * m->kv_cap * 3 * Cl * qkv_bytes(m);
+    void *cache = (char *)m->kv + (size_t)u * m->kv_cap * 3 * Cl * qkv_bytes(m);
     DT_CHECK(linear_forward(m, a, (char *)cache + (size_t)pos * 3 * Cl * qkv_bytes(m), qkv16(m),
                             NULL, in, y.ln1_16, p, DT_T_QKVW, p->t[DT_T_QKVB], T, C, 3 * Cl, 3 * Cl,
                             NULL));
@@ -1282,11 +1282,12 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
     DT_CHECK(acquire(m, DT_UNIT_EMBED, 0, &p, &unused));
     float *e = m->sp ? a->tmp : a->encoded; /* SP: all rows, then this rank's sum */
     const float *sum;
-    /* context parallel: each half of the rows is one chunk, at its own positions */
-    const int halves = m->cp.cp > 1 ? 2 : 1, Th = T / halves;
+    /* context parallel: each half of the rows is one chunk, at its own positions (but through
+     * the key/value cache, which runs the whole sequence on every rank) */
+    const int halves = m->cp.cp > 1 && !m->kv ? 2 : 1, Th = T / halves;
     for (int j = 0; j < halves; j++) {
       const size_t rows = (size_t)j * B * Th,
-                   pos = m->cp.cp > 1 ? (size_t)cp_chunk(m, j) * Th : (size_t)m->kv_pos;
+                   pos = halves > 1 ? (size_t)cp_chunk(m, j) * Th : (size_t)m->kv_pos;
       DT_CHECK(k->encoder_forward(m->dev, e + rows * C, inputs + rows, p.t[DT_T_WTE], d.vlo, d.Vl,
                                   lead ? p.t[DT_T_WPE] + pos * C : NULL, B, Th, C));
     }
@@ -1298,7 +1299,7 @@ static int forward_stage(dt_gpt2_t *m, dt_gpt2_acts_t *a, int chunk, const int *
   }
   for (int l = 0; l < L; l++) {
     DT_CHECK(acquire(m, u0 + l, 0, &p, &unused));
-    DT_CHECK(layer_forward(m, a, l, layer_input(m, a, l), B, T, &p));
+    DT_CHECK(layer_forward(m, a, l, u0 + l, layer_input(m, a, l), B, T, &p));
     DT_CHECK(release(m, u0 + l, 0));
   }
   const float *x = layer_input(m, a, L);
@@ -1383,10 +1384,11 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
                           int B, int T, float grad_scale, float *loss)
 {
   dt_gpt2_acts_t *a = slot_acts(m, chunk, slot);
-  if (m->kv && (B != 1 || targets || T > m->kv_cap - m->kv_pos))
-    return DT_EINVAL; /* the cache takes one sequence, up to its capacity */
+  if (m->kv &&
+      (B != 1 || targets || T > m->kv_feed || T % m->kv_unit != 0 || T > m->kv_cap - m->kv_pos))
+    return DT_EINVAL; /* the cache takes one sequence, rows it can split, up to its capacity */
   DT_CHECK(forward_stage(m, a, chunk, inputs, B, T));
-  m->kv_pos += m->kv ? T : 0;
+  m->kv_pos += m->kv && chunk == m->stage.chunks - 1 ? T : 0;
   if (!heads(m, chunk) || !targets)
     return 0;
   /* d(mean loss)/d(loss_i) = 1/N, times the caller's scale (1/K for K micro-batches). */
@@ -1398,25 +1400,30 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
 
 int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen)
 {
-  const char *no = m->stage.chunks > 1 ? "virtual pipeline stages"
-                   : m->cp.cp > 1      ? "context parallelism"
-                   : m->sp             ? "sequence parallelism"
-                   : !m->flash && !m->ops->attention_forward_cp
-                       ? "materialized attention on this device (no attention_forward_cp)"
-                       : NULL;
-  if (no) {
-    snprintf(why, whylen, "no key/value cache with %s", no);
+  if (!m->flash && !m->ops->attention_forward_cp) {
+    snprintf(why, whylen,
+             "no key/value cache with materialized attention on this device (no "
+             "attention_forward_cp)");
     return DT_ENOTSUP;
   }
-  const int T = m->acts ? m->acts[0].T : 0; /* the positions the activations hold */
-  if (cap < 1 || cap > m->cfg.max_seq || cap > T) {
+  /* A forward's rows: at most the positions the activations hold for one sequence (the local
+   * ones under context parallelism), whose stream rows SP splits among the tp ranks; with
+   * materialized attention also the (rows, cap) probabilities of each head in its buffer. */
+  const dt_gpt2_acts_t *a = m->acts;
+  const int unit = m->sp ? m->tp.tp : 1, NH = dims(m).NHl;
+  const int room = DT_MIN(cap + unit - 1, m->cfg.max_seq); /* a padded feed at the end too */
+  size_t feed = a ? (size_t)a->T : 0;
+  if (a && !m->flash && room > 0)
+    feed = DT_MIN(feed, att_elems(m, a->B, NH, a->T) / ((size_t)NH * (size_t)room));
+  feed -= feed % (size_t)unit;
+  if (cap < 1 || cap > m->cfg.max_seq || feed < 1) {
     snprintf(why, whylen,
-             "a key/value cache of %d positions (max_seq %d, activations for %d positions)", cap,
-             m->cfg.max_seq, T);
+             "a key/value cache of %d positions (max_seq %d, activations for %d positions%s)", cap,
+             m->cfg.max_seq, a ? a->T : 0, a && cap >= 1 && feed < 1 ? ": no row fits them" : "");
     return DT_EINVAL;
   }
   dt_gpt2_kv_end(m);
-  const size_t bytes = (size_t)m->L * (size_t)cap * 3 * (size_t)dims(m).Cl * qkv_bytes(m);
+  const size_t bytes = (size_t)m->L * (size_t)room * 3 * (size_t)dims(m).Cl * qkv_bytes(m);
   const int rc = m->dev->alloc(m->dev, bytes, "the key/value cache of text generation", &m->kv);
   if (rc != 0) {
     snprintf(why, whylen,
@@ -1426,8 +1433,18 @@ int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen)
     return rc;
   }
   m->kv_bytes = bytes;
-  m->kv_cap = cap;
+  m->kv_cap = room;
   m->kv_pos = 0;
+  m->kv_feed = (int)feed;
+  m->kv_unit = unit;
+  return 0;
+}
+
+int dt_gpt2_kv_seek(dt_gpt2_t *m, int pos)
+{
+  if (!m->kv || pos < 0 || pos > m->kv_pos)
+    return DT_EINVAL;
+  m->kv_pos = pos;
   return 0;
 }
 
@@ -1436,7 +1453,7 @@ void dt_gpt2_kv_end(dt_gpt2_t *m)
   m->dev->free(m->dev, m->kv);
   m->kv = NULL;
   m->kv_bytes = 0;
-  m->kv_cap = m->kv_pos = 0;
+  m->kv_cap = m->kv_pos = m->kv_feed = m->kv_unit = 0;
 }
 
 float *dt_gpt2_stage_input(dt_gpt2_t *m, int chunk, int slot)
@@ -1497,7 +1514,7 @@ int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs,
     const layer_acts_t y = layer_acts(m, a, l);
     DT_CHECK(acquire(m, u0 + l, 1, &p, &g));
     if (m->recompute) /* activation checkpointing: this layer's activations again */
-      DT_CHECK(layer_forward(m, a, l, x, B, T, &p));
+      DT_CHECK(layer_forward(m, a, l, u0 + l, x, B, T, &p));
     /* MLP branch: the residual gradient flows unchanged into the branch output (SP: all rows
      * of it). The row-parallel bias gradient is the same sum on every tp rank (replicated). */
     DT_CHECK(gather_rows(m, a, a->dresidual, N, &dout));

@@ -303,12 +303,14 @@ typedef struct {
   const float *last_losses; /* dt_gpt2_last_losses */
   int recompute;            /* activation checkpointing */
   int sp;                   /* sequence parallelism over the tp group */
-  /* Text generation's key/value cache (dt_gpt2_kv_begin): each layer's q, k, v rows of the
-   * positions so far, (L, kv_cap, 3C) in the qkv activations' type; NULL when not generating
-   * so; kv_bytes its size. kv_pos: the position the next token fed takes. */
+  /* Text generation's key/value cache (dt_gpt2_kv_begin): each of the stage's layers' q, k, v
+   * rows of the positions so far, (L, kv_cap, 3C) in the qkv activations' type; NULL when not
+   * generating so; kv_bytes its size. kv_pos: the position the next token fed takes; kv_feed:
+   * the most rows one forward takes, a multiple of kv_unit (tp under sequence parallelism,
+   * whose forwards split their rows among the tp ranks: a feed is padded to it; else 1). */
   void *kv;
   size_t kv_bytes;
-  int kv_cap, kv_pos;
+  int kv_cap, kv_pos, kv_feed, kv_unit;
   size_t bytes_params, bytes_grads, bytes_optim, bytes_acts; /* counted by the allocator */
   const dt_gpt2_hooks_t *hooks;                              /* NULL: the full buffers above */
 } dt_gpt2_t;
@@ -414,17 +416,24 @@ int dt_gpt2_stage_forward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, 
  * input in dt_gpt2_stage_grad. */
 int dt_gpt2_stage_backward(dt_gpt2_t *m, int chunk, int slot, const int *inputs, int B, int T);
 /* Text generation with a key/value cache: after dt_gpt2_kv_begin, dt_gpt2_stage_forward of
- * one sequence's T tokens (B = 1, no targets) takes them as positions [kv_pos, kv_pos + T),
- * after the ones fed before: each layer computes only those rows, adds their keys and values
- * to the cache and attends over all cached ones (the flash or materialized kernels' queries at
- * q0 = kv_pos), then kv_pos advances by T; the logits are the T rows'. A prompt fed whole, then
- * a token at a time, gives the logits of forwards of the whole window up to fp32 rounding (the
- * GEMMs see fewer rows), at a cost a token that does not grow with the window but for
- * attention. cap (<= max_seq, and <= the T the activations were allocated for) positions at most;
- * one chunk (no virtual stages), no context or sequence parallelism: DT_ENOTSUP with the reason in
- * why otherwise (and another error, with why, where it cannot be allocated). dt_gpt2_kv_end frees
- * it and returns to whole-window forwards. */
+ * one sequence's T tokens (B = 1, no targets; T <= kv_feed, a multiple of kv_unit) takes them
+ * as positions [kv_pos, kv_pos + T), after the ones fed before: each layer computes only those
+ * rows, adds their keys and values to the cache and attends over all cached ones (the flash or
+ * materialized kernels' queries at q0 = kv_pos), then kv_pos advances by T (after the stage's
+ * last chunk: every chunk of a virtual pipeline takes the same positions); the logits are the T
+ * rows'. A prompt fed in pieces, then a token at a time, gives the logits of forwards of the
+ * whole window up to fp32 rounding (the GEMMs see fewer rows), at a cost a token that does not
+ * grow with the window but for attention. Under context parallelism every rank of the group
+ * runs the whole sequence alone (its cache holds every position, not its chunks'); under
+ * sequence parallelism a feed of fewer real tokens than a multiple of kv_unit is padded after
+ * them (the causal mask keeps the padding out of their rows) and dt_gpt2_kv_seek moves kv_pos
+ * back to the first padding position, which the next feed overwrites. cap positions (<= max_seq)
+ * and the padding of one feed, up to max_seq. DT_ENOTSUP with the reason in why where the device
+ * cannot (materialized attention without attention_forward_cp), another error, with why, where
+ * the cache cannot be allocated or no row fits the activations. dt_gpt2_kv_end frees it and
+ * returns to whole-window forwards. */
 int dt_gpt2_kv_begin(dt_gpt2_t *m, int cap, char *why, size_t whylen);
+int dt_gpt2_kv_seek(dt_gpt2_t *m, int pos); /* 0 <= pos <= kv_pos, else DT_EINVAL */
 void dt_gpt2_kv_end(dt_gpt2_t *m);
 /* The per-token losses (n = B*T of them) of the last forward with targets through the model's
  * last chunk (its slot 0), copied to host memory: the evaluations read them one by one. */

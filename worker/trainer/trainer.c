@@ -719,12 +719,16 @@ static int cache_begin(trainer_t *t, int plen, int print, int *cached)
     return rc;
   }
   *cached = rc == 0;
-  if (print && *cached)
+  if (print && *cached) {
+    char feeds[64] = "one forward";
+    if (plen > m->kv_feed)
+      snprintf(feeds, sizeof feeds, "forwards of up to %d rows", m->kv_feed);
     DT_INFO(TRAIN,
-            "sample: a key/value cache of %d positions (%.2f MiB): the prompt in one forward, "
-            "then one row a token while the text fits the window",
-            T, (double)m->kv_bytes / 1048576.0);
-  else if (print)
+            "sample: a key/value cache of %d positions (%.2f MiB): the prompt in %s, then one "
+            "row a token while the text fits the window%s",
+            T, (double)m->kv_bytes / 1048576.0, feeds,
+            t->cp > 1 ? " (every context-parallel rank runs the whole sequence)" : "");
+  } else if (print)
     DT_INFO(TRAIN, "sample: a forward of the whole window a token (%s)",
             plen >= T ? "the prompt fills the window" : why);
   return 0;
@@ -738,10 +742,12 @@ static int cache_begin(trainer_t *t, int plen, int print, int *cached)
  * keeps the padding out of the real positions' logits; the run checked that the unit divides
  * the sequence length), split among the context-parallel ranks as training splits a sequence;
  * the one holding the window's last position samples and sends the token to the others.
- * While the text fits the window, each token is fed once instead (the prompt in one forward,
- * then a row a token) through a key/value cache (dt_gpt2_kv_begin), where the layout has one
- * and --sample-no-cache does not turn it off: the same logits up to rounding, at the cost of
- * one position a token. during: the step a --sample-every sample follows (0: the end's). */
+ * While the text fits the window, each token is fed once instead (the prompt in forwards of
+ * as many rows as the activations hold, then a row a token) through a key/value cache
+ * (dt_gpt2_kv_begin), unless the device has none or --sample-no-cache turns it off: the same
+ * logits up to rounding, at the cost of one position a token (under context parallelism every
+ * rank runs them whole; under SP each is padded to rows the tp ranks split). during: the step a
+ * --sample-every sample follows (0: the end's). */
 static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *rng, int print,
                     int64_t during)
 {
@@ -784,14 +790,25 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
       dt_gpt2_kv_end(m);
       cached = 0;
     }
-    if (cached) { /* the tokens not in the cache yet: the prompt at first, then the newest */
-      const int *in = ctx + m->kv_pos, fed = len - m->kv_pos;
+    /* the tokens not in the cache yet (the prompt at first, in pieces the activations hold,
+     * then the newest), each piece padded to rows SP splits (ctx is 0 past the text) */
+    while (cached && m->kv_pos < len) {
+      const int pos = m->kv_pos, fed = DT_MIN(len - pos, m->kv_feed);
+      const int piece = (fed + m->kv_unit - 1) / m->kv_unit * m->kv_unit;
+      if (piece > m->kv_cap - pos) { /* its padding past max_seq: whole windows on */
+        dt_gpt2_kv_end(m);
+        cached = 0;
+        break;
+      }
       if (t->pipe)
-        DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, in, NULL, 1, fed, &unused), ret, out);
+        DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, ctx + pos, NULL, 1, piece, &unused), ret, out);
       else
-        DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, in, NULL, 1, fed, 0.0f, &unused), ret, out);
+        DT_CHECK_GOTO(dt_gpt2_stage_forward(m, 0, 0, ctx + pos, NULL, 1, piece, 0.0f, &unused), ret,
+                      out);
+      DT_CHECK_GOTO(dt_gpt2_kv_seek(m, pos + fed), ret, out);
       r = fed - 1;
-    } else {
+    }
+    if (!cached) {
       const int *in = chunks_of(t, ctx + start, 1, rows, t->cp_inputs);
       if (t->pipe)
         DT_CHECK_GOTO(dt_pipeline_eval(t->pipe, m, in, NULL, 1, rows / cp, &unused), ret, out);
@@ -800,8 +817,8 @@ static int generate(trainer_t *t, const int *prompt, int plen, int n, dt_rng_t *
                       out);
     }
     /* position tlen - 1: in chunk k of 2 cp (of h positions), which this rank holds as its
-     * first or second half */
-    if (cp > 1) {
+     * first or second half (through the cache every rank holds it) */
+    if (cp > 1 && !cached) {
       const int h = rows / (2 * cp), k = (tlen - 1) / h;
       owner = k < cp ? k : 2 * cp - 1 - k;
       r = (k < cp ? 0 : h) + (tlen - 1) % h;
