@@ -1190,6 +1190,8 @@ int dt_jobspec_validate(const spec_t *spec, char *err, size_t errlen)
   if (elastic->straggler_drain_s < 0 || elastic->straggler_drain_s > 604800)
     bad(&v, "elastic.straggler_drain_s (%d) must be in [1, 604800] (0: off)",
         elastic->straggler_drain_s);
+  if (elastic->priority < -1000 || elastic->priority > 1000)
+    bad(&v, "elastic.priority (%d) must be in [-1000, 1000]", elastic->priority);
   if (!str_empty(elastic->bad_step) && strcmp(elastic->bad_step, "rollback") != 0 &&
       strcmp(elastic->bad_step, "skip") != 0)
     bad(&v, "elastic.bad_step must be rollback or skip, got '%s'", elastic->bad_step);

@@ -387,8 +387,12 @@ void dt_ctl_print_job(FILE *out, const Distrain__V1__Job *j, int json)
     return;
   }
   const int steps = j->spec && j->spec->training ? j->spec->training->steps : 0;
-  fprintf(out, "job:         %s%s%s\n", j->job_id, j->spec && j->spec->name[0] ? "  " : "",
+  const int prio = j->spec && j->spec->elastic ? j->spec->elastic->priority : 0;
+  fprintf(out, "job:         %s%s%s", j->job_id, j->spec && j->spec->name[0] ? "  " : "",
           j->spec ? j->spec->name : "");
+  if (prio) /* the default, 0, goes unsaid */
+    fprintf(out, "  (elastic.priority %d)", prio);
+  fputc('\n', out);
   fprintf(out, "state:       %s (generation %llu, %d restart%s)\n", dt_ctl_state_name(j->state),
           (unsigned long long)j->generation, j->restarts, j->restarts == 1 ? "" : "s");
   fprintf(out, "reason:      %s\n", j->reason);

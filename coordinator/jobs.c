@@ -4,7 +4,10 @@
  *   RUNNING/RENDEZVOUS --(rank failed, node dead)--> RECOVERING --(re-plan)--> RENDEZVOUS
  *   RUNNING --(every rank SUCCEEDED)--> COMPLETED;  any --(stop)--> STOPPED;
  *   RECOVERING --(restarts > max_restarts)--> FAILED
+ *   RUNNING --(preempted by a job of higher elastic.priority: its step saved)--> RECOVERING
  *
+ * Waiting jobs are planned highest elastic.priority first (then in submission order); one that
+ * the idle nodes cannot hold preempts running jobs of lower priority whose nodes make it fit.
  * Every planning step bumps the generation. Re-planning keeps tp x pp x cp and shrinks dp to
  * what the healthy nodes hold, as long as the global batch still divides (gradient
  * accumulation makes up the difference), and resumes from the newest committed checkpoint. */
@@ -182,8 +185,8 @@ static Distrain__V1__WatchAssignmentResponse *build_assignments(dt_coord_t *c, d
   dt_job_t *j = c->st.jobs[n->job];
   if (dt_coord_state_terminal(j->job->state) ||
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_PENDING ||
-      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
-    return r;
+      j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING || j->preempted_by[0])
+    return r; /* a preempted job's trainers save their step and stop (r->stopped_job) */
   Distrain__V1__Assignment *a = calloc(1, sizeof *a);
   r->assignments = calloc(1, sizeof *r->assignments);
   if (!a || !r->assignments) {
@@ -257,6 +260,11 @@ static int node_serves(const dt_node_t *nd, int jidx, const char *kind)
          (!kind || (nd->info->n_devices > 0 && strcmp(nd->info->devices[0]->kind, kind) == 0));
 }
 
+static int priority(const dt_job_t *j)
+{
+  return j->job->spec->elastic->priority;
+}
+
 static int requested_dp(const dt_job_t *j)
 {
   return j->job->requested_dp > 0 ? j->job->requested_dp : j->job->spec->parallel->dp;
@@ -297,7 +305,8 @@ static int larger_dp(dt_coord_t *c, dt_job_t *j)
 static void maybe_grow(dt_coord_t *c, dt_job_t *j)
 {
   if (j->job->state != DISTRAIN__V1__JOB_STATE__JOB_RUNNING || j->dp >= requested_dp(j) ||
-      j->job->committed_step >= j->job->spec->training->steps) /* it has just finished */
+      j->job->committed_step >= j->job->spec->training->steps || /* it has just finished */
+      j->preempted_by[0])
     return;
   const int dp = larger_dp(c, j);
   if (!dp)
@@ -311,11 +320,125 @@ static void maybe_grow(dt_coord_t *c, dt_job_t *j)
   dt_coord_schedule_soon(c);
 }
 
+static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const char *reason);
+
+/* Stops job v for job j, of higher priority, that needs its nodes: its trainers lose their
+ * assignment (stopped_job: SIGTERM, so that each saves its step and exits 3, which recovers v
+ * uncounted); a job still in rendezvous, with no step to save, recovers at once. */
+static void preempt(dt_coord_t *c, dt_job_t *v, const dt_job_t *j)
+{
+  const int vidx = dt_coord_job_index(&c->st, v);
+  char why[160];
+  snprintf(why, sizeof why, "preempted by %s (elastic.priority %d over %d)", j->id, priority(j),
+           priority(v));
+  DT_INFO(COORD, "job %s %s: its trainers save their step and stop; it waits for nodes", v->id,
+          why);
+  dt_coord_event(c, v->id, 1, "%s: it saves its step and waits for nodes", why);
+  snprintf(v->preempted_by, sizeof v->preempted_by, "%s", j->id);
+  if (v->job->state == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS) {
+    recover(c, v, DT_RESTART_PREEMPTED, why);
+    return;
+  }
+  dt_coord_store_begin(c->store);
+  for (size_t i = 0; i < c->st.n_nodes; i++) {
+    dt_node_t *n = c->st.nodes[i];
+    if (n && n->job == vidx) {
+      n->stopped_job = v->id;
+      dt_coord_assignments_changed(c, n);
+    }
+  }
+  dt_coord_store_commit(c->store);
+}
+
+/* Sorts jobs by elastic.priority, descending (dir 1) or ascending (-1), keeping the order of
+ * equals (an insertion sort: a handful of jobs wait at a time). */
+static void sort_by_priority(dt_job_t **jobs, size_t n, int dir)
+{
+  for (size_t i = 1; i < n; i++) {
+    dt_job_t *x = jobs[i];
+    size_t k = i;
+    for (; k > 0 && dir * (priority(x) - priority(jobs[k - 1])) > 0; k--)
+      jobs[k] = jobs[k - 1];
+    jobs[k] = x;
+  }
+}
+
+/* For job j, which the idle nodes cannot hold: the running jobs of lower elastic.priority,
+ * lowest first and among equals the newest first, as few as make j fit on their nodes and the
+ * idle ones, are preempted. Returns 1 (why says so) when some are (or already were, for j)
+ * stopping, 2 when those preempted have given their nodes up at once (all in rendezvous), 0
+ * when none would make it fit. */
+static int preempt_for(dt_coord_t *c, dt_job_t *j, char *why, size_t whylen)
+{
+  const Distrain__V1__JobSpec *spec = j->job->spec;
+  const Distrain__V1__ElasticSpec *el = spec->elastic;
+  const char *kind = device_kind(spec);
+  const int max_nodes = el->max_nodes > 0 ? el->max_nodes : (int)c->st.n_nodes;
+  dt_job_t **victims = malloc((c->st.n_jobs + 1) * sizeof *victims);
+  int *devs = malloc((c->st.n_nodes + 1) * sizeof *devs), nv = 0, n = 0, fits = 0, stopping = 0;
+  int ret = 0;
+  if (!victims || !devs)
+    goto out;
+  for (size_t i = c->st.n_jobs; i-- > 0;) { /* the newest first among equals */
+    dt_job_t *v = c->st.jobs[i];
+    const Distrain__V1__JobState s = v->job->state;
+    stopping += strcmp(v->preempted_by, j->id) == 0;
+    if (v != j && priority(v) < priority(j) && !v->preempted_by[0] &&
+        (s == DISTRAIN__V1__JOB_STATE__JOB_RUNNING || s == DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS))
+      victims[nv++] = v;
+  }
+  if (stopping) {
+    snprintf(why, whylen, "waiting for the job%s it preempted to save %s step and stop",
+             stopping > 1 ? "s" : "", stopping > 1 ? "their" : "its");
+    ret = 1;
+    goto out;
+  }
+  sort_by_priority(victims, (size_t)nv, -1);
+  for (size_t i = 0; i < c->st.n_nodes && n < max_nodes; i++)
+    if (node_serves(c->st.nodes[i], -1, kind))
+      devs[n++] = (int)c->st.nodes[i]->info->n_devices;
+  int k = 0;
+  for (; k < nv && !fits; k++) {
+    const int vidx = dt_coord_job_index(&c->st, victims[k]);
+    for (size_t i = 0; i < c->st.n_nodes && n < max_nodes; i++) {
+      const dt_node_t *nd = c->st.nodes[i];
+      if (nd && nd->job == vidx && node_serves(nd, vidx, kind))
+        devs[n++] = (int)nd->info->n_devices;
+    }
+    if (n >= el->min_nodes) {
+      dt_placement_t pl;
+      fits = dt_jobspec_place(spec, 1, requested_dp(j), devs, n, &pl, NULL, 0) > 0;
+      dt_placement_free(&pl);
+    }
+  }
+  if (!fits)
+    goto out;
+  size_t len = (size_t)snprintf(why, whylen, "preempting");
+  for (int i = 0; i < k; i++) {
+    if (len < whylen)
+      len += (size_t)snprintf(why + len, whylen - len, "%s %s (elastic.priority %d)", i ? "," : "",
+                              victims[i]->id, priority(victims[i]));
+    preempt(c, victims[i], j);
+  }
+  if (len < whylen)
+    snprintf(why + len, whylen - len, ": %s, then %s %s nodes to this job",
+             k > 1 ? "they save their step" : "it saves its step", k > 1 ? "leave" : "leaves",
+             k > 1 ? "their" : "its");
+  ret = 2; /* unless one still runs (a job in rendezvous recovers at once) */
+  for (int i = 0; i < k; i++)
+    ret = victims[i]->preempted_by[0] ? 1 : ret;
+out:
+  free(victims);
+  free(devs);
+  return ret;
+}
+
 /* Between a recovering job's cause and what its new generation waits for, in its reason. */
 #define WAITING_MARK "; next generation: "
 
-/* Tries to place job j on idle alive nodes. Returns 1 when planned. */
-static int plan_job(dt_coord_t *c, dt_job_t *j)
+/* Tries to place job j on idle alive nodes, unless held_by, a job of higher or equal priority
+ * waiting for the jobs it preempted to free their nodes, comes first. Returns 1 when planned. */
+static int plan_job(dt_coord_t *c, dt_job_t *j, const dt_job_t *held_by)
 {
   Distrain__V1__JobSpec *spec = j->job->spec;
   const Distrain__V1__ElasticSpec *el = spec->elastic;
@@ -326,6 +449,11 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   char why[256] = "";
   if (!idle || !devs)
     goto out;
+  if (held_by) { /* the nodes the jobs it preempted free are its */
+    snprintf(why, sizeof why, "waiting: %s (elastic.priority %d) takes the nodes freed first",
+             held_by->id, priority(held_by));
+    goto wait;
+  }
   const char *kind = device_kind(spec);
   for (size_t i = 0; i < c->st.n_nodes; i++) {
     const dt_node_t *nd = c->st.nodes[i];
@@ -413,6 +541,16 @@ static int plan_job(dt_coord_t *c, dt_job_t *j)
   planned = 1;
   goto out;
 wait:;
+  /* Where jobs of lower priority hold the nodes it needs, they make room (why says so). */
+  char preempting[256];
+  const int preempted = held_by ? 0 : preempt_for(c, j, preempting, sizeof preempting);
+  if (preempted == 2) { /* their nodes are free now */
+    free(idle);
+    free(devs);
+    return plan_job(c, j, NULL);
+  }
+  if (preempted)
+    snprintf(why, sizeof why, "%s", preempting);
   /* A waiting job says why; a recovering one keeps its cause first (what failed, which
    * restart) and says what it waits for after it. */
   const char *had = j->job->reason ? j->job->reason : "";
@@ -468,14 +606,42 @@ int dt_coord_submit_job(dt_coord_t *c, const Distrain__V1__JobSpec *spec, dt_job
   return 0;
 }
 
+/* Whether a job j preempted is still stopping. */
+static int preempting(const dt_coord_t *c, const dt_job_t *j)
+{
+  for (size_t i = 0; i < c->st.n_jobs; i++)
+    if (strcmp(c->st.jobs[i]->preempted_by, j->id) == 0)
+      return 1;
+  return 0;
+}
+
+/* Plans the waiting jobs, highest elastic.priority first, then in submission order; once one
+ * waits for the jobs it preempted to stop, those after it wait too (the nodes freed, and the
+ * idle ones it counted on, are its). */
 void dt_coord_schedule(dt_coord_t *c)
 {
+  dt_job_t **waiting = malloc((c->st.n_jobs + 1) * sizeof *waiting);
+  size_t n = 0;
   for (size_t i = 0; i < c->st.n_jobs; i++) {
-    dt_job_t *j = c->st.jobs[i];
-    Distrain__V1__JobState s = j->job->state;
-    if (s == DISTRAIN__V1__JOB_STATE__JOB_PENDING || s == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
-      plan_job(c, j);
+    Distrain__V1__JobState s = c->st.jobs[i]->job->state;
+    if (s == DISTRAIN__V1__JOB_STATE__JOB_PENDING || s == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING) {
+      if (!waiting) /* no memory to order them: in submission order */
+        plan_job(c, c->st.jobs[i], NULL);
+      else
+        waiting[n++] = c->st.jobs[i];
+    }
   }
+  sort_by_priority(waiting, n, 1);
+  const dt_job_t *held_by = NULL;
+  for (size_t i = 0; i < n; i++) { /* a job planned may preempt or recover another */
+    dt_job_t *w = waiting[i];
+    if (w->job->state != DISTRAIN__V1__JOB_STATE__JOB_PENDING &&
+        w->job->state != DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
+      continue;
+    if (!plan_job(c, w, held_by) && !held_by && preempting(c, w))
+      held_by = w;
+  }
+  free(waiting);
 }
 
 /* Where a new generation of j starts: "checkpoint step N", or "the beginning (...)". */
@@ -493,13 +659,14 @@ static void restart_point(const dt_job_t *j, char *buf, size_t n)
 static void recover(dt_coord_t *c, dt_job_t *j, dt_restart_reason_t why, const char *reason)
 {
   j->blame_deadline_ms = 0;
+  j->preempted_by[0] = '\0';
   if (dt_coord_state_terminal(j->job->state) ||
       j->job->state == DISTRAIN__V1__JOB_STATE__JOB_RECOVERING)
     return;
   const int max_restarts = j->job->spec->elastic->max_restarts;
   char from[64];
   restart_point(j, from, sizeof from);
-  if (why == DT_RESTART_STOPPED) {
+  if (why == DT_RESTART_STOPPED || why == DT_RESTART_PREEMPTED) {
     j->restarts_by[why]++;
     dt_coord_job_transition(c, j, DISTRAIN__V1__JOB_STATE__JOB_RECOVERING,
                             "%s; restarting from %s, not counted against max_restarts", reason,
@@ -1038,16 +1205,20 @@ void dt_coord_trainer_status(dt_coord_t *c, dt_node_t *n)
       }
       const int saved = ts->exit_code == DT_TRAIN_EXIT_STOPPED && !ts->term_signal;
       if (saved || stopped) {
-        /* Asked to stop (SIGTERM: its node preempted or drained, its agent stopped), after a
-         * step all ranks saved: the others stop after it too. One its agent stopped is no
-         * failure either when it did not save in time (killed after the agent's grace period):
-         * the operator's doing. */
-        if (n->drained || !saved) {
+        /* Asked to stop (SIGTERM: its node preempted or drained, its job preempted by one of
+         * higher priority, its agent stopped), after a step all ranks saved: the others stop
+         * after it too. One its agent stopped is no failure either when it did not save in time
+         * (killed after the agent's grace period): the operator's doing. */
+        const int preempted = j->preempted_by[0] != '\0';
+        if (n->drained || preempted || !saved) {
           const size_t len = strlen(reason);
-          snprintf(reason + len, sizeof reason - len, " (%s)",
-                   n->drained ? "its node is being drained" : "stopped by its agent");
+          if (preempted)
+            snprintf(reason + len, sizeof reason - len, " (preempted by %s)", j->preempted_by);
+          else
+            snprintf(reason + len, sizeof reason - len, " (%s)",
+                     n->drained ? "its node is being drained" : "stopped by its agent");
         }
-        recover(c, j, DT_RESTART_STOPPED, reason);
+        recover(c, j, preempted ? DT_RESTART_PREEMPTED : DT_RESTART_STOPPED, reason);
         replan = 1;
         continue;
       }

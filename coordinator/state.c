@@ -15,7 +15,8 @@ const char *const dt_restart_reason_names[DT_RESTART_N] = {[DT_RESTART_NODE_DEAD
                                                            [DT_RESTART_GRAD_SPIKE] = "grad_spike",
                                                            [DT_RESTART_HANG] = "hang",
                                                            [DT_RESTART_GROW] = "grow",
-                                                           [DT_RESTART_STOPPED] = "stopped"};
+                                                           [DT_RESTART_STOPPED] = "stopped",
+                                                           [DT_RESTART_PREEMPTED] = "preempted"};
 
 /* Upper bounds of distrain_step_duration_seconds: a tiny CPU model's 1 ms to a large model's
  * minute-long steps. */

@@ -85,6 +85,7 @@ typedef enum {
   DT_RESTART_HANG,       /* a collective blocked past the hang timeout */
   DT_RESTART_GROW,       /* nodes came back: grown to a larger dp at a checkpoint */
   DT_RESTART_STOPPED,    /* a trainer was asked to stop (SIGTERM) and saved its step first */
+  DT_RESTART_PREEMPTED,  /* the same, for a job of higher elastic.priority that needed its nodes */
   DT_RESTART_N
 } dt_restart_reason_t;
 
@@ -106,6 +107,9 @@ typedef struct {
    * node of the job to be declared dead, then goes ahead with blame_reason. */
   double blame_deadline_ms;
   char blame_reason[512];
+  /* Stopped for a job of higher elastic.priority (its id), until its trainers have saved their
+   * step and it is planned again; "" otherwise. */
+  char preempted_by[32];
   int n_running, n_done;      /* ranks of this generation RUNNING / SUCCEEDED */
   double hang_checked_ms;     /* when a report past the hang timeout was last analysed */
   double straggle_checked_ms; /* when the ranks' compute times were last compared */

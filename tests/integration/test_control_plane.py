@@ -2605,6 +2605,45 @@ class T10d_Drain(ClusterTest):
         self.assertEqual(sorted(n.info.hostname for n in self.nodes()), ["h0", "other"])
 
 
+class T10h_Priority(ClusterTest):
+    def test_higher_priority_job_preempts_and_nothing_is_lost(self):
+        """A dp=2 job of priority 0 on both nodes; a job of elastic.priority 5 that needs both
+        is submitted: the first is preempted (its trainers save their step and stop), the
+        second runs to the end on its nodes, then the first resumes from the step it saved,
+        uncounted, with the uninterrupted losses bit for bit. A job of equal priority waits."""
+        self.start_coordinator()
+        steps = slow_steps(4.0)
+        for h in ("h0", "h1"):
+            self.start_agent(h)
+        self.wait_nodes(2)
+        common = ("--coordinator", self.addr, "--token-file", self.token_file)
+        spec = job_spec(os.path.join(self.tmp, "ckpt"), steps, shape=SLOW, every=0, dp=2)
+        low = self.call("SubmitJob", pb.SubmitJobRequest(spec=spec)).job_id
+        self.wait_state(low, [pb.JOB_RUNNING], 30, min_step=steps // 4)
+        same = job_spec(os.path.join(self.tmp, "ckpt_same"), 3)
+        same = self.call("SubmitJob", pb.SubmitJobRequest(spec=same)).job_id
+        hi = job_spec(os.path.join(self.tmp, "ckpt_hi"), 5, shape=dict(TINY, batch=8), dp=2)
+        hi.elastic.min_nodes, hi.elastic.priority = 2, 5
+        hi = self.call("SubmitJob", pb.SubmitJobRequest(spec=hi)).job_id
+        self.assertEqual(self.wait_state(hi, [pb.JOB_COMPLETED], 60).world_size, 2)
+        self.assertIn("job:         %s  py  (elastic.priority 5)" % hi,
+                      self.ctl("status", hi, *common).stdout)
+        done = self.wait_state(low, [pb.JOB_COMPLETED], 120)
+        self.assertEqual((done.restarts, done.generation), (0, 2))
+        self.assertRegex(done.last_restart, r"rank \d on node-\d exited with code 3: .* \(preempted "
+                         r"by %s\); restarting from checkpoint step \d+, not counted" % hi)
+        self.assertUninterrupted(low, steps, 2)
+        self.assertEqual(self.wait_state(same, [pb.JOB_COMPLETED], 60).restarts, 0)
+        with open(os.path.join(self.tmp, "coordinator.log")) as f:
+            log = f.read()
+        self.assertIn("job %s preempted by %s (elastic.priority 5 over 0): its trainers save "
+                      "their step and stop" % (low, hi), log)
+        # the waiting jobs in order: the preemptor first, then the one preempted (submitted
+        # first), then the one of equal priority
+        order = re.findall(r"job (job-\d+): (?:PENDING|RECOVERING) -> RENDEZVOUS", log)
+        self.assertEqual(order, [low, hi, low, same])
+
+
 class T10e_Resume(ClusterTest):
     def test_stopped_job_resumes_where_it_stopped(self):
         """distrainctl stop, then distrainctl resume at once: resume waits while the trainer

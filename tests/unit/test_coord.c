@@ -589,6 +589,122 @@ START_TEST(test_drained_node_stops_its_job_and_gets_no_work)
 }
 END_TEST
 
+/* elastic.priority: a job the idle nodes cannot hold preempts the running jobs of lower
+ * priority that make it fit (the lowest, then the newest first; no more than needed): their
+ * trainers lose their assignment and are told to save (stopped_job); once they have (status 3)
+ * each waits, uncounted, while the preemptor runs on its nodes, then resumes from the step it
+ * saved. A job of equal priority, or one that would not fit anyway, preempts nothing; waiting
+ * jobs are planned highest priority first. */
+START_TEST(test_priority_preempts_lower_jobs)
+{
+  fx_t *f = fx_new();
+  dt_node_t *n[3] = {add_node(f, "h0", 1), add_node(f, "h1", 1), add_node(f, "h2", 1)};
+  dt_job_t *low = submit(f, "elastic.priority=-1", NULL); /* one node each */
+  dt_job_t *a = submit(f, NULL), *b = submit(f, NULL);
+  dt_coord_schedule(&f->c);
+  dt_job_t *run[3] = {low, a, b};
+  for (int i = 0; i < 3; i++) {
+    all_running(f, run[i], 5);
+    commit(f, run[i], 4);
+  }
+  /* Equal priority, or more nodes than there are: it waits, nothing is preempted. */
+  dt_job_t *same = submit(f, "elastic.priority=-1", NULL);
+  dt_job_t *big = submit(f, "parallel.dp=4", "training.micro_batch=2", "elastic.min_nodes=4",
+                         "elastic.priority=9", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_str_eq(same->job->reason, "waiting for nodes: 0 idle, min_nodes 1 (3 more busy with "
+                                      "other jobs)");
+  ck_assert_str_eq(big->job->reason, "waiting for nodes: 0 idle, min_nodes 4 (3 more busy with "
+                                     "other jobs)");
+  for (int i = 0; i < 3; i++)
+    ck_assert_str_eq(run[i]->preempted_by, "");
+  dt_coord_job_transition(&f->c, same, DISTRAIN__V1__JOB_STATE__JOB_STOPPED, "stopped");
+  dt_coord_job_transition(&f->c, big, DISTRAIN__V1__JOB_STATE__JOB_STOPPED, "stopped");
+
+  /* Priority 5 on two nodes: the priority -1 job's, then the newer priority 0 job's. */
+  dt_job_t *hi = submit(f, "parallel.dp=2", "training.micro_batch=4", "elastic.min_nodes=2",
+                        "elastic.priority=5", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(hi), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  char want[256];
+  snprintf(want, sizeof want,
+           "preempting %s (elastic.priority -1), %s (elastic.priority 0): they save their step, "
+           "then leave their nodes to this job",
+           low->id, b->id);
+  ck_assert_str_eq(hi->job->reason, want);
+  ck_assert_str_eq(low->preempted_by, hi->id);
+  ck_assert_str_eq(b->preempted_by, hi->id);
+  ck_assert_str_eq(a->preempted_by, "");
+  for (int i = 0; i < 3; i++) {
+    Distrain__V1__WatchAssignmentResponse *w = dt_coord_assignments_for(&f->c, n[i]);
+    const dt_job_t *on = f->c.st.jobs[n[i]->job];
+    ck_assert_uint_eq(w->n_assignments, on == a ? 1 : 0);
+    if (on != a)
+      ck_assert_str_eq(w->stopped_job, on->id);
+    dt_coord_free_assignments(w);
+  }
+  ck_assert_int_eq(state(low), DISTRAIN__V1__JOB_STATE__JOB_RUNNING); /* until they have saved */
+  dt_coord_schedule(&f->c); /* nothing more is preempted meanwhile */
+  ck_assert_str_eq(hi->job->reason, "waiting for the jobs it preempted to save their step and "
+                                    "stop");
+  ck_assert_str_eq(a->preempted_by, "");
+
+  /* They save step 6 and stop: the preemptor takes their nodes; they wait, uncounted. */
+  dt_job_t *victims[2] = {low, b};
+  for (int i = 0; i < 2; i++) {
+    commit(f, victims[i], 6);
+    heartbeat(f, f->c.st.nodes[victims[i]->ranks[0].node], victims[i], 0,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                         .exit_code = DT_TRAIN_EXIT_STOPPED});
+    if (i == 0) { /* its node stays free for the preemptor, which waits for the other */
+      snprintf(want, sizeof want,
+               "; next generation: waiting: %s (elastic.priority 5) takes "
+               "the nodes freed first",
+               hi->id);
+      ck_assert_msg(strstr(low->job->reason, want), "%s", low->job->reason);
+      ck_assert_int_lt(n[low->ranks[0].node]->job, 0);
+    }
+  }
+  ck_assert_int_eq(state(hi), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(hi->world, 2);
+  for (int i = 0; i < 2; i++) {
+    dt_job_t *v = victims[i];
+    ck_assert_int_eq(state(v), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+    ck_assert_int_eq(v->job->restarts, 0);
+    ck_assert_int_eq(v->restarts_by[DT_RESTART_PREEMPTED], 1);
+    ck_assert_str_eq(v->preempted_by, "");
+    snprintf(want, sizeof want, "(preempted by %s); restarting from checkpoint step 6", hi->id);
+    ck_assert_msg(strstr(v->job->reason, want), "%s", v->job->reason);
+  }
+  /* The preemptor done, they resume from the step they saved. */
+  for (int i = 0; i < hi->world; i++)
+    heartbeat(f, f->c.st.nodes[hi->ranks[i].node], hi, i,
+              (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_SUCCEEDED});
+  ck_assert_int_eq(state(hi), DISTRAIN__V1__JOB_STATE__JOB_COMPLETED);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(state(victims[i]), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+    ck_assert_int_eq(victims[i]->resume_step, 6);
+  }
+  fx_free(f);
+
+  /* One node, two jobs waiting for it: the higher priority goes first, though submitted last;
+   * a job preempted in rendezvous (no step to save yet) gives its nodes up at once. */
+  f = fx_new();
+  add_node(f, "h0", 1);
+  dt_job_t *first = submit(f, NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(first), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  dt_job_t *x = submit(f, "elastic.priority=1", NULL), *y = submit(f, "elastic.priority=2", NULL);
+  dt_coord_schedule(&f->c); /* y preempts `first`, still in rendezvous; the next pass places y */
+  ck_assert_int_eq(state(first), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  ck_assert_int_eq(first->restarts_by[DT_RESTART_PREEMPTED], 1);
+  dt_coord_schedule(&f->c);
+  ck_assert_int_eq(state(y), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(state(x), DISTRAIN__V1__JOB_STATE__JOB_PENDING);
+  fx_free(f);
+}
+END_TEST
+
 /* A one-node job on a drained node waits for nodes, saying that one is drained, and runs
  * again when it is undrained. A trainer there that did not save in time (SIGKILLed after its
  * agent's grace period) is no failure either. */
@@ -1215,6 +1331,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_stale_generation_status_is_ignored);
   tcase_add_test(t, test_drained_node_stops_its_job_and_gets_no_work);
   tcase_add_test(t, test_drained_node_job_waits_for_undrain);
+  tcase_add_test(t, test_priority_preempts_lower_jobs);
   tcase_add_test(t, test_drain_during_rendezvous_restarts_at_once);
   tcase_add_test(t, test_store_from_version_1_is_upgraded);
   tcase_add_test(t, test_stopped_or_failed_job_resumes_from_its_checkpoint);

@@ -816,6 +816,8 @@ static const struct {
      "elastic.straggler_drain_s (-1) must be in [1, 604800] (0: off)"},
     {{"elastic.straggler_drain_s=604801"},
      "elastic.straggler_drain_s (604801) must be in [1, 604800] (0: off)"},
+    {{"elastic.priority=-1001"}, "elastic.priority (-1001) must be in [-1000, 1000]"},
+    {{"elastic.priority=1001"}, "elastic.priority (1001) must be in [-1000, 1000]"},
 };
 
 START_TEST(test_validate_rules)
@@ -1200,6 +1202,7 @@ START_TEST(test_trainer_argv_variants)
   set_ok(s, "elastic.bad_step=skip");
   set_ok(s, "elastic.grad_spike_factor=4");
   set_ok(s, "elastic.straggler_drain_s=604800"); /* the coordinator's: no trainer flag */
+  set_ok(s, "elastic.priority=-1000");           /* the coordinator's too */
   ck_assert_int_eq(dt_jobspec_trainer_argv(s, 1, 0, &argv, &argc), 0);
   ck_assert_str_eq(flag_value(argv, "--peak-tflops"), "756.5");
   ck_assert_str_eq(flag_value(argv, "--spike-factor"), "2.5");
