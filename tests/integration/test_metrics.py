@@ -175,7 +175,7 @@ class T1_Endpoint(MetricsTest):
              if n.endswith("_count")], [0])
         reasons = {lb["reason"] for _, lb, _ in samples_of(fams, "distrain_restarts_total")}
         self.assertEqual(reasons, {"node_dead", "trainer_failed", "nonfinite", "loss_spike",
-                                   "grad_spike", "hang", "grow", "stopped"})
+                                   "grad_spike", "hang", "grow", "stopped", "preempted"})
         # deploy/prometheus/distrain-alerts.yml reads metrics that exist, with these reasons
         # and states (its promtool test, alerts_test.yml, checks the rules themselves)
         with open(os.path.join(cp.SRC, "deploy", "prometheus", "distrain-alerts.yml")) as f:
