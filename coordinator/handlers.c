@@ -195,6 +195,8 @@ static void handle_heartbeat(dt_rpc_call_t *call, const ProtobufCMessage *m, voi
     n->usage = calloc(req->n_devices, sizeof *n->usage);
   for (size_t i = 0; n->usage && i < req->n_devices; i++) {
     Distrain__V1__DeviceUsage *u = dt_pb_copy(&req->devices[i]->base);
+    if (u && !u->link_rates) /* an older agent's: unknown, not 0 */
+      u->pcie_replays_per_min = u->nvlink_replays_per_min = u->nvlink_crc_per_min = -1;
     if (u)
       n->usage[n->n_usage++] = u;
   }

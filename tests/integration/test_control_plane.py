@@ -2918,7 +2918,9 @@ class T12_GpuUsage(ClusterTest):
         """A Python client stands in for a GPU node's agent: the devices it registers and the
         usage each heartbeat carries are what ListNodes and distrainctl nodes show; the newest
         heartbeat's usage replaces the last, and a dead node's is not shown; a GPU reporting
-        uncorrected ECC errors drains the node until a heartbeat without them."""
+        uncorrected ECC errors drains the node until a heartbeat without them. The link error
+        rates of an agent that does not send them (one older than they are) are unknown (-1),
+        not 0 errors."""
         self.start_coordinator()
         gib = 1 << 30
         name = "NVIDIA H100 80GB HBM3"
@@ -2928,10 +2930,15 @@ class T12_GpuUsage(ClusterTest):
         usage = [pb.DeviceUsage(index=0, memory_used_bytes=12 * gib, memory_total_bytes=80 * gib,
                                 utilization_pct=90),
                  pb.DeviceUsage(index=1, memory_used_bytes=4 * gib, memory_total_bytes=80 * gib,
-                                utilization_pct=-1)]
+                                utilization_pct=-1, link_rates=True)]
         self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=1, devices=usage))
         [n] = self.nodes()
-        self.assertEqual(list(n.usage), usage)
+        listed = [pb.DeviceUsage() for _ in usage]
+        for u, v in zip(usage, listed):
+            v.CopyFrom(u)
+            if not u.link_rates:  # sent by an agent older than them
+                v.pcie_replays_per_min = v.nvlink_replays_per_min = v.nvlink_crc_per_min = -1
+        self.assertEqual(list(n.usage), listed)
 
         args = ["--coordinator", self.addr, "--token-file", self.token_file]
         r = self.ctl("nodes", "--json", *args)
@@ -2939,16 +2946,18 @@ class T12_GpuUsage(ClusterTest):
         [j] = json.loads(r.stdout)
         self.assertEqual(j["devices"], [{"kind": "cuda", "index": i, "name": name,
                                          "memory_bytes": 80 * gib} for i in range(2)])
-        # (an agent that reports no health, as one older than the fields: healthy)
+        # (an agent that reports no health, as one older than the fields: healthy; its link
+        # rates unknown)
         healthy = {"lost": False, "ecc_uncorrected": 0, "reset_pending": False,
                    "remap_failed": False, "xid": 0, "nvlink_down": 0, "pcie_width": 0,
-                   "pcie_max_width": 0, "pcie_replays_per_min": 0, "nvlink_replays_per_min": 0,
-                   "nvlink_crc_per_min": 0, "slowdown": ""}
+                   "pcie_max_width": 0, "slowdown": ""}
+        rates = {k: -1 for k in ("pcie_replays_per_min", "nvlink_replays_per_min",
+                                 "nvlink_crc_per_min")}
         self.assertEqual(j["usage"], [
             {"index": 0, "memory_used_bytes": 12 * gib, "memory_total_bytes": 80 * gib,
-             "utilization_pct": 90} | healthy,
+             "utilization_pct": 90} | healthy | rates,
             {"index": 1, "memory_used_bytes": 4 * gib, "memory_total_bytes": 80 * gib,
-             "utilization_pct": -1} | healthy])
+             "utilization_pct": -1} | healthy | {k: 0 for k in rates}])
         self.assertEqual((j["gpu_problems"], j["drained"]), ("", False))
         r = self.ctl("nodes", *args)
         self.assertIn("2x %s, mem 16.0/160.0 GiB, util 90%%" % name, r.stdout)
@@ -2968,7 +2977,7 @@ class T12_GpuUsage(ClusterTest):
         self.assertEqual((n.drained, n.drain_reason), (False, ""))
 
         self.call("Heartbeat", pb.HeartbeatRequest(node_id=node_id, seq=4, devices=usage[:1]))
-        self.assertEqual(list(self.nodes()[0].usage), usage[:1])
+        self.assertEqual(list(self.nodes()[0].usage), listed[:1])
         wait_until(lambda: self.nodes()[0].state == pb.NODE_DEAD, 10, "the node to be dead")
         self.assertEqual(list(self.nodes()[0].usage), [])
         r = self.ctl("nodes", *args)

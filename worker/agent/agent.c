@@ -889,6 +889,7 @@ static void sample_gpus(dt_agent_t *a)
     u->nvlink_down = s.nvlink_down;
     u->pcie_width = (uint32_t)s.pcie_width;
     u->pcie_max_width = (uint32_t)s.pcie_max_width;
+    u->link_rates = 1;
     u->pcie_replays_per_min = s.pcie_replays_per_min;
     u->nvlink_replays_per_min = s.nvlink_replays_per_min;
     u->nvlink_crc_per_min = s.nvlink_crc_per_min;
