@@ -5,15 +5,19 @@ Measured on a loopback cluster (a coordinator and two agents of one CPU device, 
 small model checkpointing every --every steps, asynchronously): for each failure kind, --trials
 times (a trainer SIGKILLed; a trainer SIGSTOPped, i.e. a hang, with hang_timeout_s
 --hang-timeout), and for a trainer SIGTERMed (a preemption: every rank saves its step and exits,
-which is no failure) and a node drained with `distrainctl drain` (a spare agent added for it:
-the job moves there the same way):
-  detection   the failure -> the job leaves RUNNING (the coordinator's verdict)
+which is no failure), a node drained with `distrainctl drain` (a spare agent added for it:
+the job moves there the same way), and the job preempted by one of higher elastic.priority
+that needs both nodes (50 steps of the same model; the first job resumes once it is done):
+  detection   the failure -> the job leaves RUNNING (the coordinator's verdict); for the
+              preemption, the other job's submission -> then
   recovery    the verdict -> the first step of the new generation (trainers restarted,
-              rendezvous, checkpoint read)
+              rendezvous, checkpoint read); for the preemption, -> the other job's first step
+              on the nodes
   lost work   the steps trained before the failure that the new generation trains again (those
               past the checkpoint it resumes from), in seconds
 and the checkpoint stall per save (the trainer's "the step paused" lines). The simulation
-below takes the failures' costs (SIGKILL, SIGSTOP), not the SIGTERM's or the drain's.
+below takes the failures' costs (SIGKILL, SIGSTOP), not the SIGTERM's, the drain's or the
+preemption's.
 
 Then a simulation: a job of --days of compute whose interruptions arrive as a Poisson process
 with mean time between failures --mtbf-h (Llama 3: about 3 h at 16K GPUs), checkpointing every
@@ -124,25 +128,36 @@ def wait_for(pred, timeout, what):
     raise SystemExit("bench_recovery: timed out waiting for " + what)
 
 
-def measure(c, kind, every, hang_s):
-    """One failure of the kind in a fresh job; returns (detection s, recovery s, lost steps)."""
-    job_yaml = os.path.join(c.tmp, "job.yaml")
+def write_job(c, name, every, hang_s, steps=100000, priority=0):
+    """A dp=2 job on both nodes, checkpointing every `every` steps; returns its spec's path."""
+    job_yaml = os.path.join(c.tmp, name + ".yaml")
     with open(job_yaml, "w") as f:
         f.write("name: bench\n"
                 "model: {layers: 2, heads: 2, channels: 64, vocab: 256, max_seq: 64, "
                 "init: \"seed:1\"}\n"
                 "data: {train: \"%s\"}\n"
-                "training: {batch: 8, seq: 64, micro_batch: 4, steps: 100000, val_every: 0, "
+                "training: {batch: 8, seq: 64, micro_batch: 4, steps: %d, val_every: 0, "
                 "threads: 1, sample: 0}\n"
                 "optimizer: {lr: 1.0e-3, schedule: constant}\n"
                 "parallel: {dp: 2}\n"
                 "checkpoint: {dir: \"%s\", every: %d, keep: 2}\n"
                 "elastic: {min_nodes: 2, max_nodes: 2, max_restarts: 100, heartbeat_ms: 200, "
-                "hang_timeout_s: %d}\n"
-                % (os.path.join(c.tmp, "tokens.bin"),
-                   os.path.join(c.tmp, "ckpt-%s-%d" % (kind, random.getrandbits(32))), every,
-                   hang_s))
-    job_id = c.ctl("submit", job_yaml).strip()
+                "hang_timeout_s: %d, priority: %d}\n"
+                % (os.path.join(c.tmp, "tokens.bin"), steps,
+                   os.path.join(c.tmp, "ckpt-%s-%d" % (name, random.getrandbits(32))), every,
+                   hang_s, priority))
+    return job_yaml
+
+
+def first_step(c, job_id):
+    """The job's state once every rank of a generation after the first has taken a step."""
+    return (lambda j: j if j["generation"] > 1 and j.get("ranks") and min(
+        r["step"] for r in j["ranks"]) > j["committed_step"] else None)(c.job(job_id))
+
+
+def measure(c, kind, every, hang_s):
+    """One failure of the kind in a fresh job; returns (detection s, recovery s, lost steps)."""
+    job_id = c.ctl("submit", write_job(c, kind, every, hang_s)).strip()
     # Past two checkpoints, a random distance into the interval.
     target = 2 * every + random.randint(1, every - 1)
     wait_for(lambda: (lambda j: j["state"] == "RUNNING" and j["step"] >= target)(c.job(job_id)),
@@ -153,16 +168,22 @@ def measure(c, kind, every, hang_s):
     if kind == "drain":  # the node of rank 1
         node = [r["node_id"] for r in c.job(job_id)["ranks"] if r["rank"] == 1][0]
         c.ctl("drain", node)
+    elif kind == "preempt":  # a job of higher priority that needs both nodes
+        hi = c.ctl("submit", write_job(c, "hi", 1000, hang_s, steps=50, priority=5)).strip()
     else:
         os.kill(pid, {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[kind])
     wait_for(lambda: (lambda j: j["state"] != "RUNNING" or j["generation"] > 1)(c.job(job_id)),
              hang_s + 30, "the failure to be detected")
     t_detect = time.monotonic()
+    if kind == "preempt":  # the other job's first step, then it finishes
+        wait_for(lambda: (lambda j: j["step"] > 0 or j["state"] == "COMPLETED")(c.job(hi)), 120,
+                 "the preempting job's first step")
+        t_recover = time.monotonic()
+        wait_for(lambda: c.job(hi)["state"] == "COMPLETED", 120, "the preempting job to finish")
     # Every rank of the new generation has taken a step (the per-rank steps are its own).
-    j = wait_for(lambda: (lambda j: j if j["generation"] > 1 and j.get("ranks") and min(
-        r["step"] for r in j["ranks"]) > j["committed_step"] else None)(c.job(job_id)), 120,
-                 "the first step of generation 2")
-    t_recover = time.monotonic()
+    j = wait_for(lambda: first_step(c, job_id), 120, "the first step of generation 2")
+    if kind != "preempt":
+        t_recover = time.monotonic()
     if kind == "stop":  # its agent killed it already, normally
         try:
             os.kill(pid, signal.SIGKILL)
@@ -215,7 +236,7 @@ def main():
                         "--seed", "0"], check=True, stdout=subprocess.DEVNULL)
         c = Cluster(build, tmp, 200)
         time.sleep(1.0)
-        rows = {"kill": [], "stop": [], "term": []}
+        rows = {"kill": [], "stop": [], "term": [], "preempt": []}
         for t in range(args.trials):
             for kind in rows:
                 rows[kind].append(measure(c, kind, args.every, args.hang_timeout))
@@ -241,7 +262,8 @@ def main():
           "every %d steps of %.1f ms, %d trials per kind):" % (args.every, step_ms, args.trials))
     print("%-22s %14s %14s %14s" % ("failure", "detection s", "recovery s", "lost work s"))
     kinds = {"kill": "trainer SIGKILL", "stop": "trainer SIGSTOP (hang)",
-             "term": "trainer SIGTERM", "drain": "distrainctl drain"}
+             "term": "trainer SIGTERM", "drain": "distrainctl drain",
+             "preempt": "preempted (priority)"}
     det, rec = [], []
     for k, name in kinds.items():
         d = [x[0] for x in rows[k]]

@@ -163,7 +163,8 @@ class Eval(unittest.TestCase):
         self.assertNotEqual(acc, acc_norm, "the two picks should differ somewhere on this set")
         self.assertIn("eval %s: acc_norm %.4f (%d/%d), acc %.4f (%d/%d)"
                       % (self.evalfile, acc_norm / n, acc_norm, n, acc / n, acc, n), p.stderr)
-        self.assertIn("windows of %d positions" % SEQ, p.stderr)
+        self.assertIn("evaluated the longest first in windows of up to %d positions" % SEQ,
+                      p.stderr)
 
     def run_layout(self, tag, world, batch, extra):
         args = self.train_args(tag, batch, 3, "--eval-every", "2", *extra)

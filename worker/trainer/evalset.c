@@ -232,10 +232,10 @@ void dt_evalset_free(dt_evalset_t *e)
   memset(e, 0, sizeof *e);
 }
 
-void dt_evalset_row(const dt_evalset_t *e, int r, int T, int *inputs, int *targets, int *first,
-                    int *count)
+/* The example row r belongs to: the last one whose first row is <= r. */
+static int example_of(const dt_evalset_t *e, int r)
 {
-  int ex = 0; /* the example: the last one whose first row is <= r */
+  int ex = 0;
   for (int lo = 0, hi = e->n - 1; lo <= hi;) {
     const int mid = (lo + hi) / 2;
     if (e->ex[mid].row0 <= r) {
@@ -245,7 +245,18 @@ void dt_evalset_row(const dt_evalset_t *e, int r, int T, int *inputs, int *targe
       hi = mid - 1;
     }
   }
-  const uint16_t *c = e->stream + e->ex[ex].ctx, *w = e->stream + e->row[r];
+  return ex;
+}
+
+int dt_evalset_row_positions(const dt_evalset_t *e, int r)
+{
+  return e->stream[e->ex[example_of(e, r)].ctx] + e->stream[e->row[r]] - 1;
+}
+
+void dt_evalset_row(const dt_evalset_t *e, int r, int T, int *inputs, int *targets, int *first,
+                    int *count)
+{
+  const uint16_t *c = e->stream + e->ex[example_of(e, r)].ctx, *w = e->stream + e->row[r];
   const int nctx = c[0], nw = w[0], n = nctx + nw; /* the row: n tokens, n - 1 positions */
   memset(inputs, 0, (size_t)T * sizeof *inputs);
   memset(targets, 0, (size_t)T * sizeof *targets);

@@ -60,4 +60,6 @@ void dt_evalset_free(dt_evalset_t *e);
  * first + count - 1. */
 void dt_evalset_row(const dt_evalset_t *e, int r, int T, int *inputs, int *targets, int *first,
                     int *count);
+/* The positions row r takes: its tokens but the last. */
+int dt_evalset_row_positions(const dt_evalset_t *e, int r);
 #endif

@@ -469,7 +469,9 @@ typedef struct {
   int *prompt;          /* --prompt's tokens (prompt_n), or NULL */
   int prompt_n;
   dt_evalset_t evalset; /* --eval */
-  int eval_T;           /* the window its rows are evaluated in (<= --seq) */
+  int eval_T;           /* the longest window its rows are evaluated in (<= --seq) */
+  int eval_unit;        /* a window's positions are a multiple of it (window_unit) */
+  int *eval_order;      /* (rows) the rows, the longest first: a micro-batch's are alike */
   FILE *eval_out;       /* --eval-out (rank 0) */
 } trainer_t;
 
@@ -854,33 +856,41 @@ out:
 }
 
 /* The summed loss of each row of the eval set (a completion after its context) into sums
- * (rows). Rows go B to a micro-batch, the micro-batches round-robin over the data-parallel
- * ranks, each row in a window of eval_T positions (padded with token 0 after its end, which
- * the causal mask keeps out of its positions) split as a training sequence is. The rank that
- * holds a row's losses whole (the last stage's first tp rank; under context parallelism the
- * first cp rank, after gathering the others' chunks) adds them up in position order, as one
- * process would, and the sums reach every rank through one all-reduce in which each row has
- * that one term. */
+ * (rows). Rows go B to a micro-batch, longest first (eval_order), the micro-batches round-robin
+ * over the data-parallel ranks, each micro-batch in a window of its longest row's positions
+ * (rounded up to eval_unit; the rows padded with token 0 after their ends, which the causal
+ * mask keeps out of their positions) split as a training sequence is: sorted, the rows of a
+ * micro-batch are alike in length, and the padding computed is little. The rank that holds a
+ * row's losses whole (the last stage's first tp rank; under context parallelism the first cp
+ * rank, after gathering the others' chunks) adds them up in position order, as one process
+ * would, and the sums reach every rank through one all-reduce in which each row has that one
+ * term. */
 static int eval_row_losses(trainer_t *t, float *sums)
 {
   const dt_evalset_t *e = &t->evalset;
   dt_gpt2_t *m = &t->model;
-  const int B = t->o->batch, T = t->eval_T, cp = t->cp, h = T / (2 * cp);
-  const size_t local = (size_t)B * (size_t)(T / cp);
+  const int B = t->o->batch, cp = t->cp, unit = t->eval_unit;
+  const size_t most = (size_t)B * (size_t)(t->eval_T / cp); /* a rank's positions, at most */
   const int sums_here = m->stage.last && m->tp.rank == 0 && t->cprank == 0;
-  int *in = malloc((size_t)B * T * sizeof *in), *tg = malloc((size_t)B * T * sizeof *tg);
+  int *in = malloc((size_t)B * t->eval_T * sizeof *in);
+  int *tg = malloc((size_t)B * t->eval_T * sizeof *tg);
   int *first = malloc((size_t)B * sizeof *first), *count = malloc((size_t)B * sizeof *count);
-  float *losses = malloc(local * sizeof *losses);
-  float *gathered = cp > 1 ? malloc(local * (size_t)cp * sizeof *gathered) : losses;
+  float *losses = malloc(most * sizeof *losses);
+  float *gathered = cp > 1 ? malloc(most * (size_t)cp * sizeof *gathered) : losses;
   int ret = in && tg && first && count && losses && gathered ? 0 : DT_ENOMEM;
   memset(sums, 0, (size_t)e->rows * sizeof *sums);
   for (int base = 0; ret == 0 && base < e->rows; base += B * t->dpsize) {
     const int row0 = base + t->dprank * B;
+    int need = 1; /* this micro-batch's window: its longest row's positions */
+    for (int b = 0; b < B && row0 + b < e->rows; b++)
+      need = DT_MAX(need, dt_evalset_row_positions(e, t->eval_order[row0 + b]));
+    const int T = DT_MIN((need + unit - 1) / unit * unit, t->eval_T), h = T / (2 * cp);
+    const size_t local = (size_t)B * (size_t)(T / cp);
     for (int b = 0; b < B; b++) {
       int *bin = in + (size_t)b * T, *btg = tg + (size_t)b * T;
       count[b] = 0;
       if (row0 + b < e->rows) {
-        dt_evalset_row(e, row0 + b, T, bin, btg, &first[b], &count[b]);
+        dt_evalset_row(e, t->eval_order[row0 + b], T, bin, btg, &first[b], &count[b]);
       } else { /* past the last row: padding, summed nowhere */
         memset(bin, 0, (size_t)T * sizeof *bin);
         memset(btg, 0, (size_t)T * sizeof *btg);
@@ -909,7 +919,7 @@ static int eval_row_losses(trainer_t *t, float *sums)
         acc += gathered[at];
       }
       if (count[b] > 0)
-        sums[row0 + b] = (float)acc;
+        sums[t->eval_order[row0 + b]] = (float)acc;
     }
   }
   if (ret == 0 && t->world)
@@ -1625,9 +1635,20 @@ static int open_val(trainer_t *t, const char *flag, const char *pattern, dt_data
   return 0;
 }
 
-/* --eval: the set, checked against the model's vocabulary and the sequence length, and the
+/* Rows by their positions, the longest first, then in order. */
+typedef struct {
+  int len, row;
+} row_len_t;
+
+static int cmp_rows(const void *pa, const void *pb)
+{
+  const row_len_t *a = pa, *b = pb;
+  return a->len != b->len ? b->len - a->len : a->row - b->row;
+}
+
+/* --eval: the set, checked against the model's vocabulary and the sequence length; the longest
  * window its rows are evaluated in: the longest row's positions (its tokens but the last),
- * rounded up to split as a training sequence does (unit), at most --seq. */
+ * rounded up to split as a training sequence does (unit), at most --seq; and the rows' order. */
 static int open_eval(trainer_t *t, int unit)
 {
   const dt_train_opts_t *o = t->o;
@@ -1641,12 +1662,27 @@ static int open_eval(trainer_t *t, int unit)
     return DT_ERANGE;
   }
   t->eval_T = DT_MIN((need + unit - 1) / unit * unit, o->seq);
+  t->eval_unit = unit;
+  const int rows = t->evalset.rows;
+  row_len_t *by = malloc((size_t)rows * sizeof *by);
+  if (!by || !(t->eval_order = malloc((size_t)rows * sizeof *t->eval_order))) {
+    free(by);
+    return DT_ENOMEM;
+  }
+  for (int r = 0; r < rows; r++)
+    by[r] = (row_len_t){dt_evalset_row_positions(&t->evalset, r), r};
+  qsort(by, (size_t)rows, sizeof *by, cmp_rows);
+  for (int r = 0; r < rows; r++)
+    t->eval_order[r] = by[r].row;
+  free(by);
   if (t->lead && o->eval_out && !(t->eval_out = fopen(o->eval_out, "a"))) {
     DT_ERROR(TRAIN, "--eval-out %s: %s", o->eval_out, strerror(errno));
     return DT_EACCES;
   }
   if (t->lead)
-    DT_INFO(TRAIN, "eval %s: %d examples, %d completions, evaluated in windows of %d positions",
+    DT_INFO(TRAIN,
+            "eval %s: %d examples, %d completions, evaluated the longest first in windows of up "
+            "to %d positions",
             o->eval_path, t->evalset.n, t->evalset.rows, t->eval_T);
   return 0;
 }
@@ -2484,6 +2520,7 @@ static void teardown(trainer_t *t)
     dt_dataloader_free(&t->vs[i]);
   dt_valsets_free(&t->valsets);
   dt_evalset_free(&t->evalset);
+  free(t->eval_order);
   if (t->eval_out)
     fclose(t->eval_out);
   dt_bpe_destroy(t->bpe);
