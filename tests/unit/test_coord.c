@@ -705,6 +705,39 @@ START_TEST(test_priority_preempts_lower_jobs)
 }
 END_TEST
 
+/* A coordinator restarted while a preempted job saves its step (what it preempted is not
+ * stored): the preemptor, still waiting, preempts it again; the trainers' exit then hands the
+ * node over as before, uncounted. */
+START_TEST(test_preemption_outlives_a_coordinator_restart)
+{
+  fx_t *f = fx_new();
+  add_node(f, "h0", 1);
+  dt_job_t *low = submit(f, NULL);
+  dt_coord_schedule(&f->c);
+  all_running(f, low, 5);
+  dt_job_t *hi = submit(f, "elastic.priority=1", NULL);
+  dt_coord_schedule(&f->c);
+  ck_assert_str_eq(low->preempted_by, hi->id);
+  char id[2][32];
+  snprintf(id[0], sizeof id[0], "%s", low->id);
+  snprintf(id[1], sizeof id[1], "%s", hi->id);
+  fx_restart(f);
+  uv_run(&f->loop, UV_RUN_NOWAIT);
+  low = dt_coord_job_by_id(&f->c.st, id[0]);
+  hi = dt_coord_job_by_id(&f->c.st, id[1]);
+  dt_coord_schedule(&f->c);
+  ck_assert_str_eq(low->preempted_by, hi->id);
+  commit(f, low, 6);
+  heartbeat(f, f->c.st.nodes[low->ranks[0].node], low, 0,
+            (status_t){.state = DISTRAIN__V1__TRAINER_STATE__TRAINER_FAILED,
+                       .exit_code = DT_TRAIN_EXIT_STOPPED});
+  ck_assert_int_eq(state(hi), DISTRAIN__V1__JOB_STATE__JOB_RENDEZVOUS);
+  ck_assert_int_eq(state(low), DISTRAIN__V1__JOB_STATE__JOB_RECOVERING);
+  ck_assert_int_eq(low->job->restarts, 0);
+  fx_free(f);
+}
+END_TEST
+
 /* A one-node job on a drained node waits for nodes, saying that one is drained, and runs
  * again when it is undrained. A trainer there that did not save in time (SIGKILLed after its
  * agent's grace period) is no failure either. */
@@ -1332,6 +1365,7 @@ static Suite *coord_suite(void)
   tcase_add_test(t, test_drained_node_stops_its_job_and_gets_no_work);
   tcase_add_test(t, test_drained_node_job_waits_for_undrain);
   tcase_add_test(t, test_priority_preempts_lower_jobs);
+  tcase_add_test(t, test_preemption_outlives_a_coordinator_restart);
   tcase_add_test(t, test_drain_during_rendezvous_restarts_at_once);
   tcase_add_test(t, test_store_from_version_1_is_upgraded);
   tcase_add_test(t, test_stopped_or_failed_job_resumes_from_its_checkpoint);
