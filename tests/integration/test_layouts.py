@@ -11,15 +11,22 @@ through a shared DISTRAIN_KV_DIR):
     and the data-parallel comm thread on or off: the per-step losses equal one process's on
     the same global batch within 1e-5 relative (bf16: 3e-3, its roundings fall elsewhere);
   * DT_LAYOUTS / 2 pairs: 3 steps in one layout with a checkpoint, --resume in another for 3
-    more: one process's 6 losses within 1e-5.
+    more: one process's 6 losses within 1e-5;
+  * DT_LAYOUTS / 2 layouts of the golden model trained 20 steps (so that its next token depends
+    on the context), each evaluating a multiple-choice set (rows of many lengths, in windows of
+    each micro-batch's longest) and generating 40 tokens greedily after a 32-token prompt, past
+    the 64-token window, through the key/value cache: one process's summed completion losses within 1e-5 and its tokens.
 A failure names the layout; DT_LAYOUT_SEED (default 1) draws other ones.
 
     /usr/bin/python3 tests/integration/test_layouts.py --build build
 """
 
 import argparse
+import json
 import os
 import random
+import re
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -27,6 +34,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_dp as dp  # noqa: E402  (the multi-rank launcher and the golden model's flags)
+from test_eval import random_examples, write_evalfile  # noqa: E402  (llm.c's eval file)
 
 SEED = int(os.environ.get("DT_LAYOUT_SEED", "1"))
 COUNT = int(os.environ.get("DT_LAYOUTS", "16"))
@@ -117,6 +125,44 @@ class Layouts(unittest.TestCase):
                 got = self.run_ranks(w1, 6 // d1, 2, 3, e1 + ckpt, what=what)
                 got += self.run_ranks(w2, 6 // d2, 2, 6, e2 + ckpt + ["--resume"], what=what)
                 self.assert_close(ref, got, 1e-5, what)
+
+
+    def test_random_layouts_sample_and_evaluate_as_one_process(self):
+        tmp = self.tmp.name
+        model, evalfile = os.path.join(tmp, "trained.bin"), os.path.join(tmp, "eval.bin")
+        metrics = os.path.join(tmp, "train.jsonl")
+        p = subprocess.run(dp.base_args(4, 1, metrics, 20) + ["--export-llmc", model],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        write_evalfile(evalfile, random_examples(7, 12))
+
+        def run(world, extra, what):
+            """Rank 0's sample tokens and per-example summed losses."""
+            out = os.path.join(tmp, "eval_%d.jsonl" % random.getrandbits(32))
+            argv = [dp.trainer(), "--init", "llmc:" + model, "--steps", "0", "--val",
+                    os.path.join(dp.GOLDEN, "tiny_val.bin"), "--seq", "64", "--batch", "2",
+                    "--eval", evalfile, "--eval-out", out, "--sample", "40", "--sample-top-k",
+                    "1", "--threads", "1", "--quiet"] + extra
+            outs = dp.wait_all(dp.launch(world, lambda r: argv, tempfile.mkdtemp(dir=tmp)))
+            dp.assert_ranks_ok(outs, what)
+            self.assertIn("sample: a key/value cache of 64 positions", outs[0][2], what)
+            m = re.search(r"---- sample \(.*\) ----\n(.*)\n---- end of sample", outs[0][1])
+            self.assertIsNotNone(m, what + ": " + outs[0][1][-500:])
+            with open(out) as f:
+                return m.group(1), [json.loads(line)["loss_sum"] for line in f]
+
+        text, sums = run(1, [], "one process")
+        self.assertGreater(len(set(re.findall(r"\[\d+\]", text))), 1)  # the context matters
+        rng = random.Random(SEED + 2000)
+        for i in range(max(COUNT // 2, 1)):
+            world, _, extra, env = draw(rng, False)
+            what = "seed %d layout %d: world %d %s" % (SEED, i, world, " ".join(extra))
+            with self.subTest(what):
+                got_text, got_sums = run(world, extra, what)
+                self.assertEqual(got_text, text, what)
+                for a, b in zip(sums, got_sums):
+                    for x, y in zip(a, b):
+                        self.assertLessEqual(abs(x - y) / abs(x), 1e-5, what)
 
 
 if __name__ == "__main__":
