@@ -165,6 +165,10 @@ class Sample(unittest.TestCase):
                 (2, ("--tp", "2"), cached(W, 2)), (2, ("--pp", "2"), cached(W, 2)),
                 (2, ("--cp", "2"), cached(W, cp=True)),
                 (4, ("--cp", "4"), cached(W, feeds="in forwards of up to 16 rows", cp=True)),
+                # materialized attention: a feed's (rows, 64) probabilities in the (5, 16, 16)
+                # of a cp=2 rank's zig-zag halves, 20 rows
+                (2, ("--cp", "2", "--attention", "materialized"),
+                 cached(W, feeds="in forwards of up to 20 rows", cp=True)),
                 (2, ("--tp", "2", "--sp"), cached(W, 2)),
                 (4, ("--tp", "2", "--sp", "--cp", "2"), cached(W, 2, cp=True)),
                 (1, ("--sample-no-cache",), whole), (2, ("--cp", "2", "--sample-no-cache"), whole)):
