@@ -881,9 +881,8 @@ static int eval_row_losses(trainer_t *t, float *sums)
   memset(sums, 0, (size_t)e->rows * sizeof *sums);
   for (int base = 0; ret == 0 && base < e->rows; base += B * t->dpsize) {
     const int row0 = base + t->dprank * B;
-    int need = 1; /* this micro-batch's window: its longest row's positions */
-    for (int b = 0; b < B && row0 + b < e->rows; b++)
-      need = DT_MAX(need, dt_evalset_row_positions(e, t->eval_order[row0 + b]));
+    /* this micro-batch's window: its first row's positions, the longest (eval_order) */
+    const int need = row0 < e->rows ? dt_evalset_row_positions(e, t->eval_order[row0]) : 1;
     const int T = DT_MIN((need + unit - 1) / unit * unit, t->eval_T), h = T / (2 * cp);
     const size_t local = (size_t)B * (size_t)(T / cp);
     for (int b = 0; b < B; b++) {
